@@ -1,0 +1,1 @@
+"""Executors: plugins written against `minijit.extend` (torch, triton, nvfuser, ...)."""

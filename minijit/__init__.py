@@ -1,0 +1,69 @@
+"""minijit: a small trace-based JIT compiler for PyTorch.
+
+Example::
+
+    import torch, minijit
+
+    def f(x, w):
+        return torch.nn.functional.gelu(x @ w).sum()
+
+    jf = minijit.jit(f)
+    jf(torch.randn(4, 8), torch.randn(8, 3))
+    print(minijit.last_traces(jf)[-1])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from minijit.errors import (
+    AliasError,
+    GuardError,
+    MetaError,
+    MinijitError,
+    UnsupportedOpError,
+    UnsupportedSyntaxError,
+)
+from minijit.ir import Trace
+from minijit.runtime import CacheInfo, JitFunction
+
+__all__ = [
+    "AliasError", "CacheInfo", "GuardError", "MetaError", "MinijitError", "UnsupportedOpError",
+    "UnsupportedSyntaxError", "cache_info", "jit", "last_traces",
+]
+
+
+def jit(fn: Callable[..., Any], *, executors: Sequence[Any] | None = None,
+        cache: str = "constant values") -> JitFunction:
+    """Compile `fn` on its first call with each new kind of input; later calls reuse the trace.
+
+    `executors` is a priority list of executors or their names (the torch executor is
+    always appended as the fallback); `cache` is "constant values" or "no caching".
+
+    Example::
+
+        jf = minijit.jit(lambda a, b: a + b)
+        jf(torch.ones(2), torch.ones(2))
+    """
+    return JitFunction(fn, executors, cache)
+
+
+def last_traces(jfn: JitFunction) -> list[Trace]:
+    """The traces of the last call of `jfn`, one per pass, each headed by the pass name and time.
+
+    Example::
+
+        print(minijit.last_traces(jf)[-1])  # the final, executed trace
+    """
+    return jfn.last_traces()
+
+
+def cache_info(jfn: JitFunction) -> CacheInfo:
+    """Hits, misses and entries of `jfn`'s cache.
+
+    Example::
+
+        minijit.cache_info(jf).hits
+    """
+    return jfn.cache_info()

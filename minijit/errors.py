@@ -1,0 +1,32 @@
+"""The errors minijit raises. Each message says what went wrong, where, and what to do."""
+
+from __future__ import annotations
+
+
+class MinijitError(Exception):
+    """Base class of every error minijit raises on purpose."""
+
+
+class UnsupportedOpError(MinijitError):
+    """A torch callable or symbol that no minijit op or executor can run."""
+
+
+class UnsupportedSyntaxError(MinijitError):
+    """A Python construct (opcode, builtin on a proxy, ...) the interpreter refuses."""
+
+
+class AliasError(MinijitError):
+    """Inputs alias in a way the trace cannot handle safely."""
+
+
+class MetaError(MinijitError):
+    """An op was called with inputs it cannot accept (shapes, dtypes, devices)."""
+
+
+class GuardError(MinijitError):
+    """Inputs do not match what a trace was specialised on."""
+
+
+def where(source: object | None) -> str:
+    """Format a source location for an error message, or '' when unknown."""
+    return f" at {source}" if source is not None else ""

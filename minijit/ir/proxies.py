@@ -1,0 +1,238 @@
+"""Proxies: the symbolic stand-ins for tensors and numbers while a function is traced.
+
+A proxy has a name (how the printed trace refers to it) and the metadata that the
+ops' meta functions need. Tensor methods and operators on a `TensorProxy` are
+dispatched through `TENSOR_METHODS`, a table that `minijit.ops` fills in, so this
+module knows nothing about torch functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from minijit.errors import UnsupportedSyntaxError
+from minijit.ir.context import new_name, where_now
+
+# method name -> callable(self, *args, **kwargs); filled in by minijit.ops.
+TENSOR_METHODS: dict[str, Callable[..., Any]] = {}
+
+_DTYPE_SHORT = {
+    torch.float64: "f64", torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16",
+    torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8",
+    torch.uint8: "u8", torch.bool: "b8", torch.complex64: "c64", torch.complex128: "c128",
+}
+
+
+def dtype_short_name(dtype: torch.dtype) -> str:
+    """`torch.float32` -> 'f32', as printed in trace comments."""
+    return _DTYPE_SHORT.get(dtype, str(dtype).removeprefix("torch."))
+
+
+class Proxy:
+    """Anything with a name in a trace."""
+
+    __slots__ = ("name",)
+    name_prefix = "p"
+
+    def __init__(self, name: str | None = None):
+        self.name = name if name is not None else new_name(self.name_prefix)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name}: {self.type_string()}>"
+
+    def type_string(self) -> str:
+        """A short description of the proxy's type for trace comments."""
+        return type(self).__name__
+
+
+class NumberProxy(Proxy):
+    """A Python number whose value the trace does not specialise on ("symbolic values")."""
+
+    __slots__ = ("python_type", "value")
+
+    def __init__(self, value: int | float | bool, python_type: type, name: str | None = None):
+        super().__init__(name)
+        self.value = value
+        self.python_type = python_type
+
+    def type_string(self) -> str:
+        return f"{self.python_type.__name__} {self.value}"
+
+    def __bool__(self) -> bool:
+        raise UnsupportedSyntaxError(
+            f"branching on the symbolic value {self.name}{where_now()} is not supported; "
+            "use cache='constant values' to specialise on it"
+        )
+
+
+class IntegerProxy(NumberProxy):
+    """A symbolic Python int (or bool)."""
+
+    __slots__ = ()
+    name_prefix = "i"
+
+    def __init__(self, value: int, name: str | None = None):
+        super().__init__(value, type(value), name)
+
+    def __index__(self) -> int:
+        raise UnsupportedSyntaxError(
+            f"the symbolic int {self.name}{where_now()} was used where a concrete int is needed"
+        )
+
+
+class FloatProxy(NumberProxy):
+    """A symbolic Python float."""
+
+    __slots__ = ()
+    name_prefix = "f"
+
+    def __init__(self, value: float, name: str | None = None):
+        super().__init__(value, float, name)
+
+
+class TensorProxy(Proxy):
+    """A tensor in a trace: shape, dtype, device and whether it requires grad."""
+
+    __slots__ = ("device", "dtype", "requires_grad", "shape")
+    name_prefix = "t"
+
+    def __init__(
+        self,
+        shape: tuple[int | IntegerProxy, ...],
+        dtype: torch.dtype,
+        device: torch.device,
+        requires_grad: bool = False,
+        name: str | None = None,
+    ):
+        super().__init__(name)
+        self.shape = tuple(shape)
+        self.dtype = dtype
+        self.device = device if isinstance(device, torch.device) else torch.device(device)
+        self.requires_grad = requires_grad
+
+    @classmethod
+    def like(cls, t: TensorProxy, **changes: Any) -> TensorProxy:
+        """A new proxy with `t`'s metadata, changed where `changes` says."""
+        meta = dict(shape=t.shape, dtype=t.dtype, device=t.device, requires_grad=t.requires_grad)
+        meta.update(changes)
+        return cls(**meta)
+
+    def type_string(self) -> str:
+        dims = ", ".join(d.name if isinstance(d, Proxy) else str(d) for d in self.shape)
+        return f"{self.device.type} {dtype_short_name(self.dtype)}[{dims}]"
+
+    # Metadata queries run at trace time and return Python values.
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def dim(self) -> int:
+        return len(self.shape)
+
+    def size(self, dim: int | None = None) -> Any:
+        if dim is None:
+            return torch.Size(self.shape) if all(type(d) is int for d in self.shape) else self.shape
+        return self.shape[dim]
+
+    def numel(self) -> Any:
+        n = 1
+        for d in self.shape:
+            n = n * d
+        return n
+
+    def is_floating_point(self) -> bool:
+        return self.dtype.is_floating_point
+
+    def is_complex(self) -> bool:
+        return self.dtype.is_complex
+
+    def element_size(self) -> int:
+        return self.dtype.itemsize
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    def __bool__(self) -> bool:
+        raise UnsupportedSyntaxError(
+            f"the truth value of tensor {self.name}{where_now()} depends on its data, which "
+            "a trace cannot branch on; compute both branches with torch.where, or move the "
+            "check outside the jitted function"
+        )
+
+    def __index__(self) -> int:
+        raise UnsupportedSyntaxError(
+            f"tensor {self.name}{where_now()} was used as a Python int; data-dependent values "
+            "are not supported in traces"
+        )
+
+    __int__ = __float__ = __index__
+
+    def __getattr__(self, attr: str) -> Any:
+        method = TENSOR_METHODS.get(attr)
+        if method is None:
+            raise AttributeError(f"'TensorProxy' has no attribute or supported method {attr!r}{where_now()}")
+        if attr in _PROPERTIES:
+            return method(self)
+        return _BoundMethod(method, self)
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __eq__(self, other: Any) -> Any:
+        return TENSOR_METHODS["eq"](self, other)
+
+    def __ne__(self, other: Any) -> Any:
+        return TENSOR_METHODS["ne"](self, other)
+
+
+# Tensor attributes that behave like properties (x.T, x.mT) rather than methods.
+_PROPERTIES = {"T", "mT", "real", "imag", "data"}
+
+
+class _BoundMethod:
+    """`proxy.method` as a callable; keeps the table's function for the interpreter to look at."""
+
+    __slots__ = ("fn", "self")
+
+    def __init__(self, fn: Callable[..., Any], self_: TensorProxy):
+        self.fn = fn
+        self.self = self_
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(self.self, *args, **kwargs)
+
+
+def _operator(method: str, reflected: bool = False) -> Callable[..., Any]:
+    if reflected:
+        def op(self: TensorProxy, other: Any) -> Any:
+            return TENSOR_METHODS[method](other, self)
+    else:
+        def op(self: TensorProxy, *args: Any) -> Any:
+            return TENSOR_METHODS[method](self, *args)
+    return op
+
+
+_OPERATORS = {
+    "add": "add", "sub": "sub", "mul": "mul", "truediv": "div", "floordiv": "floor_divide",
+    "mod": "remainder", "pow": "pow", "matmul": "matmul", "and": "bitwise_and",
+    "or": "bitwise_or", "xor": "bitwise_xor", "lshift": "bitwise_left_shift",
+    "rshift": "bitwise_right_shift",
+}
+for _dunder, _method in _OPERATORS.items():
+    setattr(TensorProxy, f"__{_dunder}__", _operator(_method))
+    setattr(TensorProxy, f"__r{_dunder}__", _operator(_method, reflected=True))
+    setattr(TensorProxy, f"__i{_dunder}__", _operator(f"{_method}_"))
+for _dunder, _method in {
+    "lt": "lt", "le": "le", "gt": "gt", "ge": "ge", "neg": "neg", "pos": "positive",
+    "abs": "abs", "invert": "bitwise_not", "getitem": "getitem", "setitem": "setitem",
+}.items():
+    setattr(TensorProxy, f"__{_dunder}__", _operator(_method))

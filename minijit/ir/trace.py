@@ -1,0 +1,180 @@
+"""The trace: inputs, a list of bound symbols, outputs; printable as Python that runs."""
+
+from __future__ import annotations
+
+import keyword
+import types
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from minijit.ir.context import tracing
+from minijit.ir.printing import Constants, to_source
+from minijit.ir.proxies import Proxy
+from minijit.ir.pytree import tree_iter
+from minijit.ir.symbol import BoundSymbol, SourceLocation, Symbol
+
+# Names the printed source uses for its own purposes; proxies never take them.
+_RESERVED = {"torch", "prims", "ltorch", "float", "complex", "slice", "_"} | set(keyword.kwlist)
+
+
+class _Names:
+    """The set of names used by a family of traces (a trace and those derived from it)."""
+
+    def __init__(self) -> None:
+        self.used: set[str] = set(_RESERVED)
+        self.counters: dict[str, int] = {}
+
+    def fresh(self, prefix: str) -> str:
+        n = self.counters.get(prefix, 0)
+        while f"{prefix}{n}" in self.used:
+            n += 1
+        self.counters[prefix] = n + 1
+        name = f"{prefix}{n}"
+        self.used.add(name)
+        return name
+
+    def claim(self, wanted: str) -> str:
+        """`wanted` if it is a free identifier, else a numbered variant of it."""
+        if not wanted.isidentifier() or wanted.startswith("_c"):
+            wanted = "a"
+        if wanted not in self.used:
+            self.used.add(wanted)
+            return wanted
+        return self.fresh(wanted + "_")
+
+
+class Trace:
+    """A recorded program: `args` in, `bound_symbols` in order, `output` out.
+
+    `python()` prints it as a Python function; `python_callable()` compiles exactly
+    that source. Passes build new traces with `derive`, which shares the name
+    registry so proxies created by a pass never clash with existing ones.
+
+    Example::
+
+        t = Trace()
+        with tracing(t):
+            x = t.add_input(TensorProxy((2,), torch.float32, torch.device("cpu")), "x")
+            ...
+        print(t)
+    """
+
+    def __init__(self, fn_name: str = "computation", *, _names: _Names | None = None):
+        self.fn_name = fn_name
+        self.args: list[Proxy] = []
+        self.output: Any = None
+        self.bound_symbols: list[BoundSymbol] = []
+        self.names = _names if _names is not None else _Names()
+        self.source: SourceLocation | None = None
+        self.pass_name = "capture"
+        self.elapsed_ms = 0.0
+        # Facts later stages need (e.g. which inputs are mutated); free-form.
+        self.info: dict[str, Any] = {}
+        self._scopes: list[list[BoundSymbol]] = [self.bound_symbols]
+
+    # -- building -------------------------------------------------------------
+    def new_name(self, prefix: str) -> str:
+        """A fresh, unused name starting with `prefix`."""
+        return self.names.fresh(prefix)
+
+    def add_input(self, proxy: Proxy, wanted_name: str | None = None) -> Proxy:
+        """Append `proxy` to the inputs, renaming it to `wanted_name` (or a variant) if given."""
+        if wanted_name is not None:
+            self.names.used.discard(proxy.name)
+            proxy.name = self.names.claim(wanted_name)
+        self.args.append(proxy)
+        return proxy
+
+    def record(self, sym: Symbol, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run `sym`'s meta (its decomposition, for composite ops) and append the bound symbol."""
+        if sym.is_prim:
+            output = sym.meta(*args, **kwargs)
+            subsymbols: list[BoundSymbol] = []
+        else:
+            subsymbols = []
+            self._scopes.append(subsymbols)
+            try:
+                output = sym.meta(*args, **kwargs)
+            finally:
+                self._scopes.pop()
+            # A composite op that computed nothing and hands back one of its inputs
+            # (x.contiguous(), x.to(x.dtype)) is not worth a line in the trace.
+            if not subsymbols and _is_passthrough(output, args, kwargs):
+                return output
+        self._scopes[-1].append(BoundSymbol(sym, args, kwargs, output, tuple(subsymbols), self.source))
+        return output
+
+    def derive(self, bound_symbols: Iterable[BoundSymbol], *, pass_name: str,
+               output: Any = None, args: list[Proxy] | None = None) -> Trace:
+        """A new trace with the same inputs and names, the given bound symbols, and `output`."""
+        t = Trace(self.fn_name, _names=self.names)
+        t.args = list(self.args if args is None else args)
+        t.output = self.output if output is None else output
+        t.bound_symbols = list(bound_symbols)
+        t._scopes = [t.bound_symbols]
+        t.pass_name = pass_name
+        t.info = dict(self.info)
+        return t
+
+    # -- printing and running -------------------------------------------------
+    def python_and_constants(self, subsymbol_depth: int = 1) -> tuple[str, dict[str, Any]]:
+        """The trace's source, and the constants it refers to by name."""
+        constants = Constants()
+        params = ", ".join(p.name for p in self.args)
+        lines = [f"def {self.fn_name}({params}):"]
+        last_source: SourceLocation | None = None
+        for bsym in self.bound_symbols:
+            if bsym.source is not None and bsym.source != last_source:
+                lines.append("  " + bsym.source.comment())
+                last_source = bsym.source
+            lines += bsym.python_lines(constants, "  ", subsymbol_depth=subsymbol_depth)
+        lines.append(f"  return {to_source(self.output, constants)}")
+        return "\n".join(lines) + "\n", constants.values
+
+    def python(self, subsymbol_depth: int = 1) -> str:
+        """The trace as Python source: a function of the inputs that returns the outputs."""
+        return self.python_and_constants(subsymbol_depth)[0]
+
+    def python_ctx(self) -> dict[str, Any]:
+        """The global names the printed source needs, for symbols that carry implementations."""
+        ctx: dict[str, Any] = {"torch": torch}
+        namespaces: dict[str, dict[str, Callable[..., Any]]] = {}
+        for bsym in self.bound_symbols:
+            if bsym.sym.fn is not None:
+                namespaces.setdefault(bsym.sym.namespace, {})[bsym.sym.name] = bsym.sym.fn
+        for ns, fns in namespaces.items():
+            ctx[ns] = types.SimpleNamespace(**fns)
+        return ctx
+
+    def python_callable(self, ctx: dict[str, Any] | None = None) -> Callable[..., Any]:
+        """Compile the printed source into a function; `ctx` adds or overrides global names."""
+        source, constants = self.python_and_constants(subsymbol_depth=0)
+        env = self.python_ctx()
+        env.update(constants)
+        if ctx:
+            env.update(ctx)
+        filename = f"<minijit trace {self.fn_name}:{self.pass_name}>"
+        exec(compile(source, filename, "exec"), env)
+        fn = env[self.fn_name]
+        fn.__minijit_source__ = source
+        return fn
+
+    def __str__(self) -> str:
+        header = f"# {self.pass_name} ({self.elapsed_ms:.2f} ms)\n"
+        return header + self.python()
+
+    def __repr__(self) -> str:
+        return f"<Trace {self.fn_name}:{self.pass_name}, {len(self.bound_symbols)} bound symbols>"
+
+
+def _is_passthrough(output: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    outs = [x for x in tree_iter(output) if isinstance(x, Proxy)]
+    if not outs:
+        return False
+    ins = {id(x) for x in tree_iter((args, kwargs)) if isinstance(x, Proxy)}
+    return all(id(x) in ins for x in outs)
+
+
+__all__ = ["Trace", "tracing"]

@@ -1,0 +1,6 @@
+"""Ops: `prims` (the functional core) and `ltorch` (torch-level ops decomposed into prims)."""
+
+from minijit.ops import ltorch, prims
+from minijit.ops.registry import ALL_LTORCH, EAGER_IMPLS, TORCH_TO_LTORCH, ltorch_op, ltorch_symbol_for
+
+__all__ = ["ALL_LTORCH", "EAGER_IMPLS", "TORCH_TO_LTORCH", "ltorch", "ltorch_op", "ltorch_symbol_for", "prims"]

@@ -1,0 +1,12 @@
+"""ltorch: torch-level ops, each declared once with its decomposition into prims.
+
+Importing this package declares every op and fills the table from torch callables
+(`torch.add`, `torch.Tensor.add`, `torch.nn.functional.gelu`, ...) to symbols.
+"""
+
+from minijit.ops.ltorch import elementwise, inplace, nn, reductions, shape  # noqa: F401 - declares the ops
+from minijit.ops.registry import ALL_LTORCH
+
+inplace.declare_inplace_variants()
+
+globals().update(ALL_LTORCH)

@@ -1,0 +1,192 @@
+"""Elementwise ltorch ops: unary and binary math, comparisons, where, clamp, lerp."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from minijit.ir import TensorProxy
+from minijit.ops import prims
+from minijit.ops.registry import ALL_LTORCH, ltorch_op
+from minijit.ops.utils import broadcast_shapes, elementwise, expand_to, float_dtype, result_dtype, to_dtype
+
+
+def _declare_unary(name: str, promote_int_to_float: bool) -> None:
+    prim = getattr(prims, name)
+
+    def decomposition(a: TensorProxy) -> TensorProxy:
+        dtype = float_dtype(a.dtype) if promote_int_to_float else a.dtype
+        return elementwise(prim, a, compute_dtype=dtype)
+
+    decomposition.__name__ = name
+    decomposition.__doc__ = f"torch.{name}, elementwise."
+    fns = [getattr(torch, name), getattr(torch.Tensor, name)]
+    globals()[name] = ltorch_op(name, torch_fns=fns, methods=[name])(decomposition)
+
+
+_FLOAT_UNARY = (
+    "exp", "exp2", "expm1", "log", "log1p", "log2", "log10", "sin", "cos", "tan", "asin", "acos",
+    "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "sqrt", "rsqrt", "reciprocal",
+    "erf", "erfc", "erfinv", "lgamma", "digamma",
+)
+_SAME_DTYPE_UNARY = ("abs", "neg", "floor", "ceil", "round", "trunc", "sign", "bitwise_not")
+_BOOL_UNARY = ("isfinite", "isnan", "isinf", "signbit", "logical_not")
+
+for _name in _FLOAT_UNARY:
+    _declare_unary(_name, promote_int_to_float=True)
+for _name in _SAME_DTYPE_UNARY + _BOOL_UNARY:
+    _declare_unary(_name, promote_int_to_float=False)
+
+
+@ltorch_op(torch_fns=[torch.positive, torch.Tensor.positive], methods=["positive"])
+def positive(a: TensorProxy) -> TensorProxy:
+    """torch.positive: returns its input."""
+    return a
+
+
+def _declare_binary(name: str, *, float_result: bool = False) -> None:
+    prim = getattr(prims, name)
+
+    def decomposition(a: Any, b: Any) -> TensorProxy:
+        dtype = result_dtype(a, b)
+        if float_result:
+            dtype = float_dtype(dtype)
+        return elementwise(prim, a, b, compute_dtype=dtype)
+
+    decomposition.__name__ = name
+    decomposition.__doc__ = f"torch.{name}, elementwise with broadcasting and type promotion."
+    fns = [getattr(torch, name), getattr(torch.Tensor, name)]
+    globals()[name] = ltorch_op(name, torch_fns=fns, methods=[name])(decomposition)
+
+
+for _name in ("remainder", "fmod", "maximum", "minimum", "bitwise_and", "bitwise_or", "bitwise_xor",
+              "bitwise_left_shift", "bitwise_right_shift", "floor_divide"):
+    _declare_binary(_name)
+_declare_binary("atan2", float_result=True)
+_declare_binary("copysign", float_result=True)
+# Comparisons compute in the promoted dtype; the prims return bool.
+for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
+    _declare_binary(_name)
+
+
+@ltorch_op(torch_fns=[torch.add, torch.Tensor.add], methods=["add"])
+def add(a: Any, b: Any, *, alpha: Any = None) -> TensorProxy:
+    """torch.add: a + alpha * b."""
+    if alpha is not None and alpha != 1:
+        b = mul(b, alpha)
+    return elementwise(prims.add, a, b)
+
+
+@ltorch_op(torch_fns=[torch.sub, torch.subtract, torch.Tensor.sub], methods=["sub"])
+def sub(a: Any, b: Any, *, alpha: Any = None) -> TensorProxy:
+    """torch.sub: a - alpha * b."""
+    if alpha is not None and alpha != 1:
+        b = mul(b, alpha)
+    return elementwise(prims.sub, a, b)
+
+
+@ltorch_op(torch_fns=[torch.rsub], methods=[])
+def rsub(a: Any, b: Any, *, alpha: Any = None) -> TensorProxy:
+    """torch.rsub: b - alpha * a."""
+    return sub(b, a, alpha=alpha)
+
+
+@ltorch_op(torch_fns=[torch.mul, torch.multiply, torch.Tensor.mul], methods=["mul", "multiply"])
+def mul(a: Any, b: Any) -> TensorProxy:
+    """torch.mul."""
+    return elementwise(prims.mul, a, b)
+
+
+@ltorch_op(torch_fns=[torch.div, torch.divide, torch.true_divide, torch.Tensor.div], methods=["div", "divide", "true_divide"])
+def div(a: Any, b: Any, *, rounding_mode: str | None = None) -> TensorProxy:
+    """torch.div with rounding_mode None (true division), 'trunc' or 'floor'."""
+    if rounding_mode is None:
+        return elementwise(prims.div, a, b, compute_dtype=float_dtype(result_dtype(a, b)))
+    if rounding_mode == "floor":
+        return elementwise(prims.floor_divide, a, b)
+    if rounding_mode == "trunc":
+        trunc = ALL_LTORCH["trunc"]
+        dtype = result_dtype(a, b)
+        if dtype.is_floating_point:
+            return trunc(elementwise(prims.div, a, b, compute_dtype=dtype))
+        q = elementwise(prims.div, a, b, compute_dtype=float_dtype(dtype))
+        return to_dtype(trunc(q), dtype)
+    raise ValueError(f"div: rounding_mode must be None, 'trunc' or 'floor', got {rounding_mode!r}")
+
+
+@ltorch_op(torch_fns=[torch.pow, torch.Tensor.pow], methods=["pow"])
+def pow(a: Any, b: Any) -> TensorProxy:  # noqa: A001 - mirrors torch.pow
+    """torch.pow."""
+    if isinstance(a, TensorProxy) and not isinstance(b, TensorProxy) and b == 2:
+        return mul(a, a)
+    return elementwise(prims.pow, a, b)
+
+
+def _declare_logical(name: str) -> None:
+    prim = getattr(prims, name)
+
+    def decomposition(a: Any, b: Any) -> TensorProxy:
+        return elementwise(prim, a, b, compute_dtype=torch.bool)
+
+    decomposition.__name__ = name
+    decomposition.__doc__ = f"torch.{name}: compares truth values elementwise."
+    fns = [getattr(torch, name), getattr(torch.Tensor, name)]
+    globals()[name] = ltorch_op(name, torch_fns=fns, methods=[name])(decomposition)
+
+
+for _name in ("logical_and", "logical_or", "logical_xor"):
+    _declare_logical(_name)
+
+
+@ltorch_op(torch_fns=[torch.where, torch.Tensor.where], methods=["where"])
+def where(condition: TensorProxy, input: Any, other: Any) -> TensorProxy:  # noqa: A002 - torch's names
+    """torch.where(condition, input, other) with broadcasting and promotion."""
+    dtype = result_dtype(input, other)
+    shape = broadcast_shapes(*(t.shape for t in (condition, input, other) if isinstance(t, TensorProxy)))
+    args = [expand_to(to_dtype(x, dtype), shape) for x in (input, other)]
+    cond = expand_to(to_dtype(condition, torch.bool), shape)
+    return prims.where(cond, *args)
+
+
+@ltorch_op(torch_fns=[torch.clamp, torch.clip, torch.Tensor.clamp, torch.Tensor.clip], methods=["clamp", "clip"])
+def clamp(a: TensorProxy, min: Any = None, max: Any = None) -> TensorProxy:  # noqa: A002
+    """torch.clamp: elementwise bounds (either may be None)."""
+    if min is None and max is None:
+        raise ValueError("clamp: at least one of min and max must be given")
+    out = a
+    if min is not None:
+        dtype = result_dtype(a, min)
+        out = elementwise(prims.maximum, out, min, compute_dtype=dtype)
+    if max is not None:
+        dtype = result_dtype(out, max)
+        out = elementwise(prims.minimum, out, max, compute_dtype=dtype)
+    return out
+
+
+@ltorch_op(torch_fns=[torch.lerp, torch.Tensor.lerp], methods=["lerp"])
+def lerp(start: TensorProxy, end: TensorProxy, weight: Any) -> TensorProxy:
+    """torch.lerp: start + weight * (end - start)."""
+    dtype = result_dtype(start, end)
+    return elementwise(prims.lerp, start, end, weight, compute_dtype=dtype)
+
+
+@ltorch_op(torch_fns=[torch.addcmul, torch.Tensor.addcmul], methods=["addcmul"])
+def addcmul(a: TensorProxy, t1: TensorProxy, t2: TensorProxy, *, value: Any = 1) -> TensorProxy:
+    """torch.addcmul: a + value * t1 * t2."""
+    prod = mul(t1, t2)
+    return add(a, prod if value == 1 else mul(prod, value))
+
+
+@ltorch_op(torch_fns=[torch.addcdiv, torch.Tensor.addcdiv], methods=["addcdiv"])
+def addcdiv(a: TensorProxy, t1: TensorProxy, t2: TensorProxy, *, value: Any = 1) -> TensorProxy:
+    """torch.addcdiv: a + value * t1 / t2."""
+    quot = div(t1, t2)
+    return add(a, quot if value == 1 else mul(quot, value))
+
+
+@ltorch_op(torch_fns=[torch.square, torch.Tensor.square], methods=["square"])
+def square(a: TensorProxy) -> TensorProxy:
+    """torch.square."""
+    return mul(a, a)
+

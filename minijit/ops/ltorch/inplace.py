@@ -1,0 +1,95 @@
+"""In-place ltorch ops (`add_`, `mul_`, `copy_`, `zero_`, ...), recorded as in-place symbols.
+
+Each decomposes into its functional op and a `prims.copy_` of the result into the
+mutated tensor. The `functionalize` pass later removes the copies (DESIGN.md,
+invariant 1). Like eager torch, a result that cannot be cast to the tensor's
+dtype, or that would change its shape, is an error.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from minijit.errors import MetaError
+from minijit.ir import TensorProxy
+from minijit.ir.context import where_now
+from minijit.ops import prims
+from minijit.ops.registry import ALL_LTORCH, ltorch_op
+from minijit.ops.utils import expand_to, to_dtype
+
+INPLACE = prims.INPLACE
+
+
+def _category(dtype: torch.dtype) -> int:
+    return 0 if dtype == torch.bool else 3 if dtype.is_complex else 2 if dtype.is_floating_point else 1
+
+
+def write_into(target: TensorProxy, value: Any, op: str) -> TensorProxy:
+    """Record `target <- value` (cast and broadcast like torch's in-place ops); returns target."""
+    if isinstance(value, TensorProxy):
+        if _category(value.dtype) > _category(target.dtype):
+            raise MetaError(f"ltorch.{op}: result type {value.dtype} can't be cast to the desired output type "
+                            f"{target.dtype} of the tensor written in place{where_now()}")
+        if value.ndim > target.ndim or any(
+            v != 1 and v != t for v, t in zip(reversed(value.shape), reversed(target.shape))
+        ):
+            raise MetaError(f"ltorch.{op}: a result of shape {tuple(value.shape)} cannot be written in place "
+                            f"into a tensor of shape {tuple(target.shape)}{where_now()}")
+        value = expand_to(to_dtype(value, target.dtype), target.shape)
+    else:
+        value = prims.full(target.shape, value, dtype=target.dtype, device=target.device)
+    return prims.copy_(value, target)
+
+
+def _declare_inplace(name: str) -> None:
+    functional = ALL_LTORCH[name]
+
+    def decomposition(a: TensorProxy, *args: Any, **kwargs: Any) -> TensorProxy:
+        return write_into(a, functional(a, *args, **kwargs), f"{name}_")
+
+    decomposition.__name__ = f"{name}_"
+    decomposition.__doc__ = f"Tensor.{name}_: {name} written into the first argument."
+    fns = [getattr(torch.Tensor, f"{name}_")]
+    if hasattr(torch, f"{name}_"):
+        fns.append(getattr(torch, f"{name}_"))
+    ltorch_op(f"{name}_", torch_fns=fns, methods=[f"{name}_"], tags=[INPLACE])(decomposition)
+
+
+_INPLACE_OF = (
+    "add", "sub", "mul", "div", "pow", "remainder", "fmod", "floor_divide", "clamp", "clip", "lerp",
+    "addcmul", "addcdiv", "abs", "neg", "exp", "log", "sqrt", "rsqrt", "sin", "cos", "tanh",
+    "reciprocal", "floor", "ceil", "round", "trunc", "sign", "square", "bitwise_and", "bitwise_or",
+    "bitwise_xor", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge", "logical_not",
+    "sigmoid", "relu", "exp2", "expm1", "log1p", "erf", "atan2",
+)
+
+
+def declare_inplace_variants() -> None:
+    """Declare `<op>_` for every op in _INPLACE_OF that exists (called once all ops are declared)."""
+    for name in _INPLACE_OF:
+        if name in ALL_LTORCH and f"{name}_" not in ALL_LTORCH and hasattr(torch.Tensor, f"{name}_"):
+            _declare_inplace(name)
+
+
+@ltorch_op(torch_fns=[torch.Tensor.copy_], methods=["copy_"], tags=[INPLACE])
+def copy_(a: TensorProxy, src: Any, non_blocking: bool = False) -> TensorProxy:
+    """Tensor.copy_: writes src (cast and broadcast) into a."""
+    if isinstance(src, TensorProxy) and src.dtype != a.dtype:
+        src = prims.convert_element_type(src, a.dtype)
+    return prims.copy_(expand_to(src, a.shape), a)
+
+
+@ltorch_op(torch_fns=[torch.Tensor.zero_, torch.zero_], methods=["zero_"], tags=[INPLACE])
+def zero_(a: TensorProxy) -> TensorProxy:
+    """Tensor.zero_."""
+    return prims.copy_(prims.full(a.shape, 0, dtype=a.dtype, device=a.device), a)
+
+
+@ltorch_op(torch_fns=[torch.Tensor.fill_, torch.fill_], methods=["fill_"], tags=[INPLACE])
+def fill_(a: TensorProxy, value: Any) -> TensorProxy:
+    """Tensor.fill_ with a number or a 0-d tensor."""
+    if isinstance(value, TensorProxy):
+        return prims.copy_(expand_to(to_dtype(value, a.dtype), a.shape), a)
+    return prims.copy_(prims.full(a.shape, value, dtype=a.dtype, device=a.device), a)

@@ -1,0 +1,424 @@
+"""prims: the small functional core every other op decomposes into.
+
+Each prim is a `Symbol` with a meta function that checks its inputs and returns
+proxies for its outputs. Prims do no implicit broadcasting or type promotion:
+elementwise prims take tensors of one shape and one dtype (plus Python numbers);
+`minijit.ops.ltorch` inserts the `broadcast_in_dim` and `convert_element_type`
+calls that torch performs implicitly. The exceptions to "functional" are `copy_`
+and `copy_to_out_`, which write into an existing tensor (DESIGN.md, invariants 1, 2).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from minijit.errors import MetaError
+from minijit.ir import IntegerProxy, NumberProxy, Symbol, TensorProxy
+from minijit.ir.context import where_now
+
+Number = int | float | bool | complex | NumberProxy
+Shape = tuple[int | IntegerProxy, ...]
+
+ALL_PRIMS: dict[str, Symbol] = {}
+
+# Tags describing effects that passes must respect.
+INPLACE = "inplace"  # writes into an argument; never removed or reordered past readers
+RANDOM = "random"  # gives a new value each call; never deduplicated
+
+
+def _prim(name: str, meta: Callable[..., Any], tags: Sequence[str] = ()) -> Symbol:
+    sym = Symbol(name, meta, namespace="prims", is_prim=True, tags=frozenset(tags))
+    ALL_PRIMS[name] = sym
+    return sym
+
+
+def _fail(op: str, msg: str) -> MetaError:
+    return MetaError(f"prims.{op}: {msg}{where_now()}")
+
+
+def _check_tensor(op: str, x: Any, what: str = "input") -> TensorProxy:
+    if not isinstance(x, TensorProxy):
+        raise _fail(op, f"expected a tensor for {what}, got {type(x).__name__}")
+    return x
+
+
+def _check_same(op: str, tensors: Sequence[TensorProxy], dtype: bool = True) -> None:
+    first = tensors[0]
+    for t in tensors[1:]:
+        if t.shape != first.shape:
+            raise _fail(op, f"shapes differ: {tuple(first.shape)} and {tuple(t.shape)}")
+        if t.device != first.device:
+            raise _fail(op, f"devices differ: {first.device} and {t.device}")
+        if dtype and t.dtype != first.dtype:
+            raise _fail(op, f"dtypes differ: {first.dtype} and {t.dtype}")
+
+
+def _canonical_dim(op: str, dim: int, ndim: int) -> int:
+    if not -max(ndim, 1) <= dim < max(ndim, 1):
+        raise _fail(op, f"dimension {dim} is out of range for a tensor of rank {ndim}")
+    return dim % max(ndim, 1)
+
+
+# -- elementwise ---------------------------------------------------------------
+
+def _elementwise_meta(op: str, result_dtype: Callable[[torch.dtype], torch.dtype] | None) -> Callable[..., Any]:
+    def meta(*args: Any) -> TensorProxy:
+        tensors = [a for a in args if isinstance(a, TensorProxy)]
+        if not tensors:
+            raise _fail(op, "needs at least one tensor argument")
+        for a in args:
+            if not isinstance(a, TensorProxy | int | float | bool | complex | NumberProxy):
+                raise _fail(op, f"unsupported argument of type {type(a).__name__}")
+        _check_same(op, tensors)
+        t = tensors[0]
+        dtype = result_dtype(t.dtype) if result_dtype else t.dtype
+        return TensorProxy(t.shape, dtype, t.device, any(x.requires_grad for x in tensors))
+    return meta
+
+
+def _to_bool(_: torch.dtype) -> torch.dtype:
+    return torch.bool
+
+
+def _to_real(dtype: torch.dtype) -> torch.dtype:
+    return dtype.to_real() if dtype.is_complex else dtype
+
+
+UNARY = (
+    "abs", "neg", "exp", "exp2", "expm1", "log", "log1p", "log2", "log10", "sin", "cos", "tan",
+    "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "sqrt", "rsqrt",
+    "reciprocal", "erf", "erfc", "erfinv", "lgamma", "digamma", "floor", "ceil", "round", "trunc",
+    "sign", "bitwise_not", "logical_not", "isfinite", "isnan", "isinf", "signbit", "real", "imag",
+)
+BINARY = (
+    "add", "sub", "mul", "div", "floor_divide", "remainder", "fmod", "pow", "maximum", "minimum",
+    "atan2", "copysign", "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_left_shift",
+    "bitwise_right_shift", "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or",
+    "logical_xor",
+)
+TERNARY = ("where", "lerp")
+_BOOL_RESULT = {
+    "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor", "logical_not",
+    "isfinite", "isnan", "isinf", "signbit",
+}
+_REAL_RESULT = {"abs", "real", "imag"}
+
+for _name in UNARY + BINARY + ("lerp",):
+    _rule = _to_bool if _name in _BOOL_RESULT else _to_real if _name in _REAL_RESULT else None
+    globals()[_name] = _prim(_name, _elementwise_meta(_name, _rule))
+
+
+def _where_meta(pred: TensorProxy, a: Any, b: Any) -> TensorProxy:
+    _check_tensor("where", pred, "the condition")
+    if pred.dtype != torch.bool:
+        raise _fail("where", f"the condition must be bool, got {pred.dtype}")
+    values = [x for x in (a, b) if isinstance(x, TensorProxy)]
+    _check_same("where", values)
+    _check_same("where", [pred, *values], dtype=False)
+    like = values[0] if values else pred
+    dtype = values[0].dtype if values else torch.get_default_dtype()
+    return TensorProxy(pred.shape, dtype, like.device, any(v.requires_grad for v in values))
+
+
+where = _prim("where", _where_meta)
+
+
+# -- dtype, shape and layout -----------------------------------------------------
+
+def _convert_element_type_meta(x: Any, dtype: torch.dtype) -> Any:
+    if not isinstance(dtype, torch.dtype):
+        raise _fail("convert_element_type", f"expected a torch.dtype, got {dtype!r}")
+    if isinstance(x, TensorProxy):
+        return TensorProxy.like(x, dtype=dtype, requires_grad=x.requires_grad and (dtype.is_floating_point or dtype.is_complex))
+    raise _fail("convert_element_type", f"expected a tensor, got {type(x).__name__}")
+
+
+convert_element_type = _prim("convert_element_type", _convert_element_type_meta)
+
+
+def _broadcast_in_dim_meta(x: TensorProxy, shape: Shape, broadcast_dims: Sequence[int]) -> TensorProxy:
+    _check_tensor("broadcast_in_dim", x)
+    if len(broadcast_dims) != x.ndim:
+        raise _fail("broadcast_in_dim", f"broadcast_dims {tuple(broadcast_dims)} must name one output dim per input dim ({x.ndim})")
+    last = -1
+    for d, size in zip(broadcast_dims, x.shape, strict=True):
+        if not last < d < len(shape):
+            raise _fail("broadcast_in_dim", f"broadcast_dims {tuple(broadcast_dims)} must be increasing and < {len(shape)}")
+        if size != 1 and size != shape[d]:
+            raise _fail("broadcast_in_dim", f"cannot broadcast {tuple(x.shape)} to {tuple(shape)}")
+        last = d
+    return TensorProxy.like(x, shape=tuple(shape))
+
+
+broadcast_in_dim = _prim("broadcast_in_dim", _broadcast_in_dim_meta)
+
+
+def _numel(shape: Shape) -> Any:
+    return math.prod(shape) if all(type(d) is int for d in shape) else None
+
+
+def _reshape_meta(x: TensorProxy, shape: Shape) -> TensorProxy:
+    _check_tensor("reshape", x)
+    if any(type(d) is int and d < 0 for d in shape):
+        raise _fail("reshape", f"shape {tuple(shape)} has a negative size; ltorch resolves -1 before this prim")
+    a, b = _numel(x.shape), _numel(shape)
+    if a is not None and b is not None and a != b:
+        raise _fail("reshape", f"cannot reshape {tuple(x.shape)} ({a} elements) to {tuple(shape)} ({b} elements)")
+    return TensorProxy.like(x, shape=tuple(shape))
+
+
+reshape = _prim("reshape", _reshape_meta)
+
+
+def _transpose_meta(x: TensorProxy, permutation: Sequence[int]) -> TensorProxy:
+    _check_tensor("transpose", x)
+    if sorted(permutation) != list(range(x.ndim)):
+        raise _fail("transpose", f"{tuple(permutation)} is not a permutation of the {x.ndim} dims")
+    return TensorProxy.like(x, shape=tuple(x.shape[p] for p in permutation))
+
+
+transpose = _prim("transpose", _transpose_meta)
+
+
+def _slice_meta(x: TensorProxy, start_indices: Sequence[int], end_indices: Sequence[int],
+                strides: Sequence[int] | None = None) -> TensorProxy:
+    _check_tensor("slice", x)
+    strides = strides if strides is not None else [1] * x.ndim
+    if not len(start_indices) == len(end_indices) == len(strides) == x.ndim:
+        raise _fail("slice", "start_indices, end_indices and strides need one entry per dim")
+    shape = []
+    for start, end, step, size in zip(start_indices, end_indices, strides, x.shape, strict=True):
+        if (type(size) is int and not (0 <= start <= end <= size)) or step < 1:
+            raise _fail("slice", f"bad slice {start}:{end}:{step} of a dim of size {size}")
+        shape.append((end - start + step - 1) // step)
+    return TensorProxy.like(x, shape=tuple(shape))
+
+
+slice_prim = _prim("slice", _slice_meta)
+
+
+def _squeeze_meta(x: TensorProxy, dims: Sequence[int]) -> TensorProxy:
+    _check_tensor("squeeze", x)
+    dims = {_canonical_dim("squeeze", d, x.ndim) for d in dims}
+    for d in dims:
+        if x.shape[d] != 1:
+            raise _fail("squeeze", f"dim {d} has size {x.shape[d]}, not 1")
+    return TensorProxy.like(x, shape=tuple(s for i, s in enumerate(x.shape) if i not in dims))
+
+
+squeeze = _prim("squeeze", _squeeze_meta)
+
+
+def _cat_meta(tensors: Sequence[TensorProxy], dim: int) -> TensorProxy:
+    if not tensors:
+        raise _fail("cat", "needs at least one tensor")
+    for t in tensors:
+        _check_tensor("cat", t)
+    first = tensors[0]
+    dim = _canonical_dim("cat", dim, first.ndim)
+    size = 0
+    for t in tensors:
+        if t.ndim != first.ndim or any(a != b for i, (a, b) in enumerate(zip(t.shape, first.shape)) if i != dim):
+            raise _fail("cat", f"shapes {tuple(first.shape)} and {tuple(t.shape)} differ outside dim {dim}")
+        if t.dtype != first.dtype or t.device != first.device:
+            raise _fail("cat", "all tensors need the same dtype and device")
+        size = size + t.shape[dim]
+    shape = list(first.shape)
+    shape[dim] = size
+    return TensorProxy(tuple(shape), first.dtype, first.device, any(t.requires_grad for t in tensors))
+
+
+cat = _prim("cat", _cat_meta)
+
+
+def _shape_meta(x: TensorProxy) -> tuple[Any, ...]:
+    _check_tensor("shape", x)
+    return tuple(x.shape)
+
+
+shape = _prim("shape", _shape_meta)
+
+
+# -- reductions ---------------------------------------------------------------
+
+def _reduced_shape(op: str, x: TensorProxy, dims: Sequence[int]) -> tuple[Any, ...]:
+    dims = {_canonical_dim(op, d, x.ndim) for d in dims}
+    return tuple(s for i, s in enumerate(x.shape) if i not in dims)
+
+
+def _reduction_meta(op: str) -> Callable[..., TensorProxy]:
+    def meta(x: TensorProxy, dims: Sequence[int]) -> TensorProxy:
+        _check_tensor(op, x)
+        return TensorProxy.like(x, shape=_reduced_shape(op, x, dims))
+    return meta
+
+
+sum = _prim("sum", _reduction_meta("sum"))  # noqa: A001 - the prim is called sum
+prod = _prim("prod", _reduction_meta("prod"))
+amax = _prim("amax", _reduction_meta("amax"))
+amin = _prim("amin", _reduction_meta("amin"))
+
+
+def _arg_reduction_meta(op: str) -> Callable[..., TensorProxy]:
+    def meta(x: TensorProxy, dim: int) -> TensorProxy:
+        _check_tensor(op, x)
+        return TensorProxy.like(x, shape=_reduced_shape(op, x, [dim]), dtype=torch.int64, requires_grad=False)
+    return meta
+
+
+argmax = _prim("argmax", _arg_reduction_meta("argmax"))
+argmin = _prim("argmin", _arg_reduction_meta("argmin"))
+
+
+def _var_mean_meta(x: TensorProxy, dims: Sequence[int], correction: Number) -> tuple[TensorProxy, TensorProxy]:
+    _check_tensor("var_mean", x)
+    if not (x.dtype.is_floating_point or x.dtype.is_complex):
+        raise _fail("var_mean", f"needs a floating point tensor, got {x.dtype}")
+    shape_ = _reduced_shape("var_mean", x, dims)
+    return TensorProxy.like(x, shape=shape_, dtype=_to_real(x.dtype)), TensorProxy.like(x, shape=shape_)
+
+
+var_mean = _prim("var_mean", _var_mean_meta)
+
+
+# -- linear algebra -------------------------------------------------------------
+
+def _matmul_meta(a: TensorProxy, b: TensorProxy) -> TensorProxy:
+    _check_tensor("matmul", a)
+    _check_tensor("matmul", b)
+    if a.dtype != b.dtype or a.device != b.device:
+        raise _fail("matmul", f"operands differ: {a.dtype} on {a.device} and {b.dtype} on {b.device}")
+    if a.ndim == 0 or b.ndim == 0:
+        raise _fail("matmul", "both operands need at least one dimension")
+    if a.ndim == 1 and b.ndim == 1:
+        if a.shape[0] != b.shape[0]:
+            raise _fail("matmul", f"vector sizes differ: {a.shape[0]} and {b.shape[0]}")
+        return TensorProxy((), a.dtype, a.device, a.requires_grad or b.requires_grad)
+    k_a = a.shape[-1]
+    k_b = b.shape[0] if b.ndim == 1 else b.shape[-2]
+    if k_a != k_b:
+        raise _fail("matmul", f"cannot multiply {tuple(a.shape)} by {tuple(b.shape)}")
+    if a.ndim == 1:
+        out = (*tuple(b.shape[:-2]), b.shape[-1])
+    elif b.ndim == 1:
+        out = tuple(a.shape[:-1])
+    else:
+        batch_a, batch_b = a.shape[:-2], b.shape[:-2]
+        if batch_a and batch_b and batch_a != batch_b:
+            raise _fail("matmul", f"batch dims differ: {tuple(batch_a)} and {tuple(batch_b)}; ltorch broadcasts them")
+        out = (*tuple(batch_a or batch_b), a.shape[-2], b.shape[-1])
+    return TensorProxy(out, a.dtype, a.device, a.requires_grad or b.requires_grad)
+
+
+matmul = _prim("matmul", _matmul_meta)
+
+
+# -- creation and randomness -------------------------------------------------------
+
+def _full_meta(shape: Shape, fill_value: Number, *, dtype: torch.dtype, device: torch.device) -> TensorProxy:
+    return TensorProxy(tuple(shape), dtype, torch.device(device))
+
+
+full = _prim("full", _full_meta)
+
+
+def _iota_meta(length: int, *, start: Number, step: Number, dtype: torch.dtype, device: torch.device) -> TensorProxy:
+    return TensorProxy((length,), dtype, torch.device(device))
+
+
+iota = _prim("iota", _iota_meta)
+
+
+def _random_seed_meta() -> IntegerProxy:
+    return IntegerProxy(0)
+
+
+random_seed = _prim("random_seed", _random_seed_meta, tags=[RANDOM])
+
+
+def _uniform_meta(shape: Shape, low: Number, high: Number, *, dtype: torch.dtype, device: torch.device,
+                  seed: int | IntegerProxy, offset: int) -> TensorProxy:
+    if not dtype.is_floating_point:
+        raise _fail("uniform", f"needs a floating point dtype, got {dtype}")
+    return TensorProxy(tuple(shape), dtype, torch.device(device))
+
+
+uniform = _prim("uniform", _uniform_meta)
+
+
+# -- indexing -------------------------------------------------------------------
+
+def _check_index(op: str, index: TensorProxy, ndim: int = 1) -> None:
+    _check_tensor(op, index, "index")
+    if index.dtype not in (torch.int64, torch.int32):
+        raise _fail(op, f"the index must be int64 or int32, got {index.dtype}")
+    if ndim is not None and index.ndim != ndim:
+        raise _fail(op, f"the index must have {ndim} dimension(s), got {index.ndim}")
+
+
+def _take_meta(x: TensorProxy, index: TensorProxy, dim: int) -> TensorProxy:
+    _check_tensor("take", x)
+    _check_index("take", index)
+    dim = _canonical_dim("take", dim, x.ndim)
+    shape_ = list(x.shape)
+    shape_[dim] = index.shape[0]
+    return TensorProxy.like(x, shape=tuple(shape_))
+
+
+take = _prim("take", _take_meta)
+
+
+def _take_along_axis_meta(x: TensorProxy, index: TensorProxy, dim: int) -> TensorProxy:
+    _check_tensor("take_along_axis", x)
+    _check_index("take_along_axis", index, ndim=x.ndim)
+    return TensorProxy.like(x, shape=index.shape)
+
+
+take_along_axis = _prim("take_along_axis", _take_along_axis_meta)
+
+
+def _index_update_meta(op: str) -> Callable[..., TensorProxy]:
+    def meta(x: TensorProxy, index: TensorProxy, value: TensorProxy, dim: int) -> TensorProxy:
+        _check_tensor(op, x)
+        _check_tensor(op, value, "value")
+        _check_index(op, index, ndim=None if op == "scatter_add" else 1)
+        if x.dtype != value.dtype:
+            raise _fail(op, f"value dtype {value.dtype} differs from the tensor's {x.dtype}")
+        _canonical_dim(op, dim, x.ndim)
+        return TensorProxy.like(x, requires_grad=x.requires_grad or value.requires_grad)
+    return meta
+
+
+index_add = _prim("index_add", _index_update_meta("index_add"))
+index_copy = _prim("index_copy", _index_update_meta("index_copy"))
+scatter_add = _prim("scatter_add", _index_update_meta("scatter_add"))
+
+
+# -- writes into existing tensors (the only non-functional prims) ---------------------------
+
+def _copy_meta(src: TensorProxy, dst: TensorProxy) -> TensorProxy:
+    _check_tensor("copy_", src, "source")
+    _check_tensor("copy_", dst, "destination")
+    if src.shape != dst.shape:
+        raise _fail("copy_", f"source shape {tuple(src.shape)} differs from destination {tuple(dst.shape)}")
+    return dst
+
+
+copy_ = _prim("copy_", _copy_meta, tags=[INPLACE])
+
+
+def _copy_to_out_meta(computed: TensorProxy, *, out: TensorProxy) -> TensorProxy:
+    _check_tensor("copy_to_out_", computed, "computed")
+    _check_tensor("copy_to_out_", out, "out")
+    if computed.shape != out.shape or computed.dtype != out.dtype:
+        raise _fail("copy_to_out_", f"computed {computed.type_string()} does not match out {out.type_string()}")
+    return out
+
+
+# `copy_to_out_(computed, out=x)`: x now holds computed. An executor may produce
+# `computed` directly in x's memory when the analysis allows it (DESIGN.md, invariant 2).
+copy_to_out_ = _prim("copy_to_out_", _copy_to_out_meta, tags=[INPLACE])

@@ -1,0 +1,69 @@
+"""Declaring ltorch ops, and the table from torch callables to them.
+
+An ltorch op is declared once, with `@ltorch_op(torch_fns=..., methods=...)` on its
+decomposition. The decomposition takes exactly the arguments of the torch callable
+it stands for, so the torch executor can run the op by calling `impl` (by default
+the first of `torch_fns`) with the bound symbol's arguments unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from minijit.ir import TENSOR_METHODS, Symbol
+
+# torch callable (function, method descriptor, builtin) -> ltorch symbol
+TORCH_TO_LTORCH: dict[Any, Symbol] = {}
+# ltorch op name -> symbol
+ALL_LTORCH: dict[str, Symbol] = {}
+# ltorch op name -> the eager callable that implements it with the same signature
+EAGER_IMPLS: dict[str, Callable[..., Any]] = {}
+
+
+def ltorch_op(
+    name: str | None = None,
+    *,
+    torch_fns: Sequence[Any] = (),
+    methods: Sequence[str] = (),
+    impl: Callable[..., Any] | None = None,
+    tags: Sequence[str] = (),
+) -> Callable[[Callable[..., Any]], Symbol]:
+    """Declare an ltorch op from its decomposition.
+
+    `torch_fns` are the torch callables that the interpreter maps to this op;
+    `methods` the `Tensor` method names that dispatch to it on proxies; `impl` the
+    eager implementation with the decomposition's signature (default: the first
+    torch callable).
+
+    Example::
+
+        @ltorch_op(torch_fns=[torch.relu, torch.nn.functional.relu], methods=["relu"])
+        def relu(a): ...
+    """
+
+    def register(decomposition: Callable[..., Any]) -> Symbol:
+        op_name = name or decomposition.__name__
+        if op_name in ALL_LTORCH:
+            raise ValueError(f"ltorch op {op_name!r} is declared twice")
+        sym = Symbol(op_name, decomposition, namespace="ltorch", tags=frozenset(tags))
+        sym.__doc__ = decomposition.__doc__
+        ALL_LTORCH[op_name] = sym
+        for fn in torch_fns:
+            TORCH_TO_LTORCH[fn] = sym
+        for method in methods:
+            TENSOR_METHODS[method] = sym
+        eager = impl if impl is not None else (torch_fns[0] if torch_fns else None)
+        if eager is not None:
+            EAGER_IMPLS[op_name] = eager
+        return sym
+
+    return register
+
+
+def ltorch_symbol_for(fn: Any) -> Symbol | None:
+    """The ltorch symbol that stands for the torch callable `fn`, if any."""
+    try:
+        return TORCH_TO_LTORCH.get(fn)
+    except TypeError:  # unhashable
+        return None

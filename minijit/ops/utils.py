@@ -1,0 +1,135 @@
+"""Type promotion and broadcasting as torch does them, for ltorch decompositions."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from minijit.errors import MetaError
+from minijit.ir import FloatProxy, IntegerProxy, NumberProxy, TensorProxy
+from minijit.ir.context import where_now
+from minijit.ops import prims
+
+_CATEGORY = {bool: 0, int: 1, float: 2, complex: 3}
+
+
+def _dtype_category(dtype: torch.dtype) -> int:
+    if dtype == torch.bool:
+        return 0
+    if dtype.is_complex:
+        return 3
+    if dtype.is_floating_point:
+        return 2
+    return 1
+
+
+def _number_type(x: Any) -> type:
+    if isinstance(x, NumberProxy):
+        return x.python_type
+    return type(x)
+
+
+def result_dtype(*args: Any) -> torch.dtype:
+    """The dtype torch gives an elementwise op on `args` (tensors and Python numbers).
+
+    Tensors with dims outrank 0-d tensors, which outrank Python numbers, unless a
+    lower-ranked argument is of a higher category (bool < int < float < complex).
+    """
+    dims: torch.dtype | None = None
+    zero_dim: torch.dtype | None = None
+    number_cat = -1
+    for a in args:
+        if isinstance(a, TensorProxy):
+            if a.ndim > 0:
+                dims = a.dtype if dims is None else torch.promote_types(dims, a.dtype)
+            else:
+                zero_dim = a.dtype if zero_dim is None else torch.promote_types(zero_dim, a.dtype)
+        elif a is not None:
+            number_cat = max(number_cat, _CATEGORY.get(_number_type(a), -1))
+    result = dims
+    if zero_dim is not None:
+        if result is None or _dtype_category(zero_dim) > _dtype_category(result):
+            result = zero_dim if result is None else torch.promote_types(result, zero_dim)
+    if number_cat >= 0 and (result is None or number_cat > _dtype_category(result)):
+        default = {0: torch.bool, 1: torch.int64, 2: torch.get_default_dtype(),
+                   3: torch.complex64 if torch.get_default_dtype() == torch.float32 else torch.complex128}[number_cat]
+        if result is not None and number_cat == 3 and result in (torch.float64,):
+            default = torch.complex128
+        result = default
+    if result is None:
+        raise MetaError(f"cannot determine a result dtype from {args!r}{where_now()}")
+    return result
+
+
+def float_dtype(dtype: torch.dtype) -> torch.dtype:
+    """`dtype` if floating or complex, else the default float dtype (int -> float ops)."""
+    return dtype if dtype.is_floating_point or dtype.is_complex else torch.get_default_dtype()
+
+
+def broadcast_shapes(*shapes: Sequence[Any]) -> tuple[Any, ...]:
+    """The shape that all `shapes` broadcast to, or a MetaError naming them."""
+    ndim = max((len(s) for s in shapes), default=0)
+    out: list[Any] = [1] * ndim
+    for s in shapes:
+        for i, d in enumerate(s, start=ndim - len(s)):
+            if d == 1:
+                continue
+            if out[i] == 1:
+                out[i] = d
+            elif out[i] != d:
+                raise MetaError(f"shapes {', '.join(str(tuple(x)) for x in shapes)} cannot be broadcast together{where_now()}")
+    return tuple(out)
+
+
+def expand_to(x: Any, shape: Sequence[Any]) -> Any:
+    """`x` broadcast to `shape` with `prims.broadcast_in_dim` (numbers pass through)."""
+    if not isinstance(x, TensorProxy) or tuple(x.shape) == tuple(shape):
+        return x
+    offset = len(shape) - x.ndim
+    return prims.broadcast_in_dim(x, tuple(shape), tuple(range(offset, len(shape))))
+
+
+def to_dtype(x: Any, dtype: torch.dtype) -> Any:
+    """`x` converted to `dtype` (tensors through `prims.convert_element_type`; numbers unchanged)."""
+    if isinstance(x, TensorProxy) and x.dtype != dtype:
+        return prims.convert_element_type(x, dtype)
+    return x
+
+
+def elementwise(prim: Any, *args: Any, compute_dtype: torch.dtype | None = None,
+                out_dtype: torch.dtype | None = None) -> TensorProxy:
+    """Promote, broadcast and call an elementwise prim, then cast to `out_dtype` if given."""
+    tensors = [a for a in args if isinstance(a, TensorProxy)]
+    dtype = compute_dtype if compute_dtype is not None else result_dtype(*args)
+    shape = broadcast_shapes(*(t.shape for t in tensors))
+    if not tensors:
+        raise MetaError(f"{prim.id} needs a tensor argument{where_now()}")
+    converted = [expand_to(to_dtype(a, dtype), shape) for a in args]
+    out = prim(*converted)
+    return to_dtype(out, out_dtype) if out_dtype is not None else out
+
+
+def canonical_dim(dim: int, ndim: int) -> int:
+    """`dim` wrapped into range(ndim), or a MetaError (0-d tensors accept dim 0 and -1)."""
+    bound = max(ndim, 1)
+    if not -bound <= dim < bound:
+        raise MetaError(f"dimension {dim} is out of range for a tensor of rank {ndim}{where_now()}")
+    return dim % bound
+
+
+def canonical_dims(dims: int | Sequence[int] | None, ndim: int) -> tuple[int, ...]:
+    """A tuple of wrapped dims; None or () means every dim."""
+    if dims is None:
+        return tuple(range(ndim))
+    if isinstance(dims, int):
+        dims = (dims,)
+    if len(dims) == 0:
+        return tuple(range(ndim))
+    return tuple(sorted({canonical_dim(d, ndim) for d in dims}))
+
+
+def is_number(x: Any) -> bool:
+    """True for Python numbers and number proxies."""
+    return isinstance(x, int | float | complex | IntegerProxy | FloatProxy) and not isinstance(x, TensorProxy)

@@ -1,0 +1,63 @@
+"""Cache keys: everything about a call's arguments that a trace specialises on, as one hashable.
+
+In "constant values" mode a trace is specialised on each tensor's shape, dtype,
+device and requires_grad, and on the type and value of every Python number,
+string and None among the arguments. The key is built in one pass over the
+arguments and looked up in a dict: a cache hit costs one hash (DESIGN.md, lessons).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+Tensor = torch.Tensor
+
+
+def _leaf_key(x: Any, out: list[Any]) -> None:
+    t = type(x)
+    if t is Tensor or isinstance(x, Tensor):
+        out.append(x.shape)
+        out.append(x.dtype)
+        out.append(x.device)
+        out.append(x.requires_grad)
+    elif t is tuple or t is list:
+        out.append(t)
+        out.append(len(x))
+        for v in x:
+            _leaf_key(v, out)
+    elif t is dict:
+        out.append(t)
+        for k, v in x.items():
+            out.append(k)
+            _leaf_key(v, out)
+    elif t is int or t is float or t is bool or t is str or x is None or t is complex:
+        out.append(t)
+        out.append(x)
+    elif t is torch.dtype or t is torch.device or t is slice:
+        out.append(x)
+    else:
+        # Any other object is specialised on by identity; the interpreter guards what it reads from it.
+        out.append(t)
+        out.append(id(x))
+
+
+def cache_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """The hashable key of a call: tensor metadata and Python values, in argument order."""
+    out: list[Any] = [torch.is_grad_enabled()]
+    for a in args:
+        _leaf_key(a, out)
+    if kwargs:
+        for k, v in kwargs.items():
+            out.append(k)
+            _leaf_key(v, out)
+    return tuple(out)
+
+
+def describe_key_difference(old: tuple[Any, ...], new: tuple[Any, ...]) -> str:
+    """A short description of the first place where two keys differ."""
+    for i, (a, b) in enumerate(zip(old, new)):
+        if a != b:
+            return f"item {i}: {a!r} != {b!r}"
+    return "different argument structure"
