@@ -1,0 +1,57 @@
+"""Test helpers: trace a call of an ltorch op on proxies and run its decomposition into prims."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from minijit.extend import OperatorExecutor, get_executor
+from minijit.ir import TensorProxy, Trace, tracing, tree_iter, tree_map
+from minijit.runtime import trace_callable
+from minijit.transforms import claim_executors, dce
+
+_prims_only: OperatorExecutor | None = None
+
+
+def prims_only_executor() -> OperatorExecutor:
+    """An executor with the torch executor's prim implementations and nothing else."""
+    global _prims_only
+    if _prims_only is None:
+        _prims_only = OperatorExecutor("primsonly")
+        for sym_id, impl in get_executor("torch").implementations.items():
+            if sym_id.startswith("prims."):
+                _prims_only.implementations[sym_id] = impl
+    return _prims_only
+
+
+def trace_call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Trace:
+    """Trace `fn(*args, **kwargs)` with every tensor argument replaced by a trace input."""
+    trace = Trace("op")
+    with tracing(trace):
+        def to_proxy(x: Any) -> Any:
+            if isinstance(x, torch.Tensor):
+                return trace.add_input(TensorProxy(tuple(x.shape), x.dtype, x.device, x.requires_grad))
+            return x
+        pargs, pkwargs = tree_map(to_proxy, (args, kwargs))
+        trace.output = fn(*pargs, **pkwargs)
+    return trace
+
+
+def tensors_of(args: Any) -> list[torch.Tensor]:
+    """The tensors among (nested) arguments, in trace-input order."""
+    return [x for x in tree_iter(args) if isinstance(x, torch.Tensor)]
+
+
+def run_decomposed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Trace `fn`, lower every op to prims, and run the prims with the torch executor."""
+    trace = trace_call(fn, *args, **kwargs)
+    final = dce(claim_executors(dce(trace), [prims_only_executor()]))
+    return final.python_callable()(*tensors_of((args, kwargs)))
+
+
+def run_trace_source(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Trace `fn` and run the ltorch-level trace from its printed source."""
+    trace = trace_call(fn, *args, **kwargs)
+    return trace_callable(trace)(*tensors_of((args, kwargs)))
