@@ -12,6 +12,7 @@ leaves in x; `ltorch.setitem` (in inplace.py) writes it back with one `prims.cop
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -52,7 +53,7 @@ def _constant_index(op: str, values: Sequence[Any], device: torch.device) -> Ten
     flat = as_tensor.flatten().tolist()
     n = len(flat)
     step = flat[1] - flat[0] if n > 1 else 1
-    if n and all(b - a == step for a, b in zip(flat, flat[1:])):
+    if n and all(b - a == step for a, b in itertools.pairwise(flat)):
         index = prims.iota(n, start=flat[0], step=step, dtype=torch.int64, device=device)
     elif n:
         index = prims.cat([prims.full((1,), v, dtype=torch.int64, device=device) for v in flat], 0)
@@ -336,8 +337,8 @@ def take_along_dim(input: TensorProxy, indices: TensorProxy, dim: int | None = N
         raise _fail("take_along_dim", f"input {list(input.shape)} and indices {list(idx.shape)} need the same number of dims")
     d = canonical_dim(dim, input.ndim)
     shape = list(broadcast_shapes(*(tuple(1 if i == d else s for i, s in enumerate(t.shape)) for t in (input, idx))))
-    x = expand_to(input, tuple(shape[:d] + [input.shape[d]] + shape[d + 1:]))
-    i = expand_to(to_dtype(idx, torch.int64), tuple(shape[:d] + [idx.shape[d]] + shape[d + 1:]))
+    x = expand_to(input, tuple([*shape[:d], input.shape[d], *shape[d + 1:]]))
+    i = expand_to(to_dtype(idx, torch.int64), tuple([*shape[:d], idx.shape[d], *shape[d + 1:]]))
     return prims.take_along_axis(x, i, d)
 
 

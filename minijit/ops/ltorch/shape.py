@@ -10,6 +10,7 @@ returns a new proxy, even when its value equals the input (`x.repeat(1)`,
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -87,7 +88,7 @@ def t(a: TensorProxy) -> TensorProxy:
     return transpose(a, 0, 1) if a.ndim == 2 else a
 
 
-@ltorch_op(torch_fns=[torch.permute, torch.Tensor.permute], methods=["permute"], tags=[VIEW])
+@ltorch_op(torch_fns=[torch.permute, torch.Tensor.permute], methods=["permute"], impl=torch.Tensor.permute, tags=[VIEW])
 def permute(a: TensorProxy, *dims: int | Sequence[int]) -> TensorProxy:
     """torch.permute (dims as one sequence or as separate ints)."""
     perm = tuple(canonical_dim(d, a.ndim) for d in _dims_arg(dims))
@@ -382,7 +383,7 @@ def tensor_split(input: TensorProxy, indices_or_sections: int | Sequence[int], d
         return _split_at(input, d, _bounds_of_sizes(sizes))
     points = [0, *indices_or_sections, n]
     bounds = []
-    for lo, hi in zip(points, points[1:]):
+    for lo, hi in itertools.pairwise(points):
         lo, hi, _ = slice(lo, hi).indices(n)
         bounds.append((lo, max(lo, hi)))
     return _split_at(input, d, bounds)
