@@ -252,11 +252,39 @@ def _masked_update(op: str, a: TensorProxy, mask: TensorProxy, value: Any) -> Te
     return prims.where(full_mask, dtype_scalar(value, a.dtype), a)
 
 
+def _is_index_put(key: Any) -> bool:
+    """Whether eager torch assigns through `key` with index_put (which does not cast the value)."""
+    if isinstance(key, list):
+        return True
+    items = key if isinstance(key, tuple) else (key,)
+    for item in items:
+        if isinstance(item, list | tuple) or (isinstance(item, TensorProxy) and item.ndim > 0):
+            return True
+        if isinstance(item, bool) and len(items) > 1:
+            return True
+    return False
+
+
+def _check_same_dtype(op: str, a: TensorProxy, value: Any) -> None:
+    if isinstance(value, TensorProxy) and value.dtype != a.dtype:
+        raise _fail(op, f"index put requires the source and destination dtypes match, got {a.dtype} for the "
+                        f"destination and {value.dtype} for the source")
+
+
 def indexed_update(op: str, a: TensorProxy, key: Any, value: Any) -> TensorProxy:
-    """The tensor that `a[key] = value` leaves in `a`, computed without writing into `a`."""
+    """The tensor that `a[key] = value` leaves in `a`, computed without writing into `a`.
+
+    As in eager torch, a tensor value is cast to a's dtype where the assignment is a
+    copy (basic indexing, a bool mask with a 0-d value) and must already have a's
+    dtype where it is an index_put (index tensors, lists).
+    """
     mask = _mask_key(key)
     if mask is not None:
+        if isinstance(value, TensorProxy) and value.ndim > 0:
+            _check_same_dtype(op, a, value)
         return _masked_update(op, a, mask, value)
+    if _is_index_put(key):
+        _check_same_dtype(op, a, value)
     # Index the tensor of a's linear positions with the same key: that gives, in the
     # shape of a[key], where each element of a[key] lives in a, so one index_copy
     # into the flattened tensor performs the whole assignment, whatever the key.
