@@ -11,8 +11,10 @@ import torch
 
 from minijit.extend import Executor, resolve_executors
 from minijit.ir import Trace, tree_iter
-from minijit.runtime.cache_key import cache_key
+from minijit.runtime.cache_key import POSITIONAL_TENSOR_KEYS, cache_key
 from minijit.runtime.pipeline import CompiledEntry, compile_for
+
+Tensor = torch.Tensor
 
 CACHE_MODES = ("constant values", "no caching")
 
@@ -42,6 +44,19 @@ class JitFunction:
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # The hit path for the common call, plain tensors passed positionally: the key is
+        # built inline (no helper calls) and the compiled trace takes the arguments as they are.
+        if not kwargs and len(args) < 16:
+            key = POSITIONAL_TENSOR_KEYS[len(args)](*args)
+            if key is not None:
+                entry = self._entries.get(key)
+                if entry is not None:
+                    self._info.hits += 1
+                    self._last = entry
+                    return entry.computation(*args)
+        return self._call_general(args, kwargs)
+
+    def _call_general(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         key = cache_key(args, kwargs)
         entry = self._entries.get(key)
         if entry is None:
@@ -51,7 +66,7 @@ class JitFunction:
         self._last = entry
         if entry.direct_call:
             return entry.computation(*args)
-        return entry.computation(*[x for x in tree_iter((args, kwargs)) if isinstance(x, torch.Tensor)])
+        return entry.computation(*[x for x in tree_iter((args, kwargs)) if isinstance(x, Tensor)])
 
     def _miss(self, key: tuple[Any, ...], args: tuple[Any, ...], kwargs: dict[str, Any]) -> CompiledEntry:
         self._info.misses += 1
