@@ -53,14 +53,6 @@ def cache_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
     return tuple(out)
 
 
-def describe_key_difference(old: tuple[Any, ...], new: tuple[Any, ...]) -> str:
-    """A short description of the first place where two keys differ."""
-    for i, (a, b) in enumerate(zip(old, new)):
-        if a != b:
-            return f"item {i}: {a!r} != {b!r}"
-    return "different argument structure"
-
-
 def _make_positional_tensor_key(arity: int) -> Any:
     """Compile a key function for `arity` plain tensors passed positionally (None for anything else).
 
@@ -77,7 +69,7 @@ def _make_positional_tensor_key(arity: int) -> Any:
         f"    return (is_grad_enabled(), {parts})\n"
     )
     env: dict[str, Any] = {"Tensor": Tensor, "is_grad_enabled": torch.is_grad_enabled}
-    exec(compile(source, f"<minijit cache key, {arity} tensors>", "exec"), env)  # noqa: S102 - fixed template
+    exec(compile(source, f"<minijit cache key, {arity} tensors>", "exec"), env)
     return env["key"]
 
 
