@@ -15,21 +15,27 @@ import torch
 Tensor = torch.Tensor
 
 
-def _leaf_key(x: Any, out: list[Any]) -> None:
+def _leaf_key(x: Any, out: list[Any], symbolic: bool) -> None:
     t = type(x)
     if t is Tensor or isinstance(x, Tensor):
-        # Must equal what JitFunction.__call__'s inline fast path builds for a plain tensor.
-        out += (x.shape, x.dtype, x.device, x.requires_grad)
+        if symbolic:
+            # Sizes 0 and 1 stay specialised (broadcasting depends on them); others are symbolic.
+            out += (tuple(d if d <= 1 else -1 for d in x.shape), x.dtype, x.device, x.requires_grad)
+        else:
+            # Must equal what the per-arity key functions below build for a plain tensor.
+            out += (x.shape, x.dtype, x.device, x.requires_grad)
     elif t is tuple or t is list:
         out.append(t)
         out.append(len(x))
         for v in x:
-            _leaf_key(v, out)
+            _leaf_key(v, out, symbolic)
     elif t is dict:
         out.append(t)
         for k, v in x.items():
             out.append(k)
-            _leaf_key(v, out)
+            _leaf_key(v, out, symbolic)
+    elif symbolic and (t is int or t is float):
+        out.append(t)
     elif t is int or t is float or t is bool or t is str or x is None or t is complex:
         out.append(t)
         out.append(x)
@@ -41,15 +47,19 @@ def _leaf_key(x: Any, out: list[Any]) -> None:
         out.append(id(x))
 
 
-def cache_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
-    """The hashable key of a call: tensor metadata and Python values, in argument order."""
+def cache_key(args: tuple[Any, ...], kwargs: dict[str, Any], symbolic: bool = False) -> tuple[Any, ...]:
+    """The hashable key of a call: tensor metadata and Python values, in argument order.
+
+    With `symbolic`, sizes above 1 and the values of Python ints and floats are left out:
+    the entries under such a key are told apart by their guards.
+    """
     out: list[Any] = [torch.is_grad_enabled()]
     for a in args:
-        _leaf_key(a, out)
+        _leaf_key(a, out, symbolic)
     if kwargs:
         for k, v in kwargs.items():
             out.append(k)
-            _leaf_key(v, out)
+            _leaf_key(v, out, symbolic)
     return tuple(out)
 
 
