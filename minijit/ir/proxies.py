@@ -138,7 +138,24 @@ def record_constraint(a: NumberProxy, op: str, b: Any, result: bool) -> None:
             exprs.append(x.expr)
         else:
             exprs.append(repr(x))
-    add_constraint(f"({exprs[0]} {op} {exprs[1]}) == {result}")
+    add_constraint(canonical_constraint(exprs[0], op, exprs[1], result, isinstance(b, NumberProxy)))
+
+
+# (op, result) -> the same fact as a true comparison: `(a != b) is False` is `a == b`.
+_NEGATED = {"==": "!=", "!=": "==", "<": ">=", "<=": ">", ">": "<=", ">=": "<"}
+_SWAPPED = {"==": "==", "!=": "!=", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
+
+
+def canonical_constraint(left: str, op: str, right: str, result: bool, symmetric: bool = True) -> str:
+    """One spelling per fact, so the guard checks each fact once: `a == b` and `b == a` are one.
+
+    With `symmetric` False (the right side is a literal) the symbolic side stays on the left.
+    """
+    if not result:
+        op = _NEGATED[op]
+    if symmetric and left > right:
+        left, right, op = right, left, _SWAPPED[op]
+    return f"{left} {op} {right}"
 
 
 def _number_operator(method: str, reflected: bool = False) -> Callable[..., Any]:

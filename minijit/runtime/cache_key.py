@@ -19,8 +19,8 @@ def _leaf_key(x: Any, out: list[Any], symbolic: bool) -> None:
     t = type(x)
     if t is Tensor or isinstance(x, Tensor):
         if symbolic:
-            # Sizes 0 and 1 stay specialised (broadcasting depends on them); others are symbolic.
-            out += (tuple(d if d <= 1 else -1 for d in x.shape), x.dtype, x.device, x.requires_grad)
+            # Sizes are checked by the entries' guards; the key keeps only the rank.
+            out += (x.ndim, x.dtype, x.device, x.requires_grad)
         else:
             # Must equal what the per-arity key functions below build for a plain tensor.
             out += (x.shape, x.dtype, x.device, x.requires_grad)
@@ -63,7 +63,7 @@ def cache_key(args: tuple[Any, ...], kwargs: dict[str, Any], symbolic: bool = Fa
     return tuple(out)
 
 
-def _make_positional_tensor_key(arity: int) -> Any:
+def _make_positional_tensor_key(arity: int, symbolic: bool = False) -> Any:
     """Compile a key function for `arity` plain tensors passed positionally (None for anything else).
 
     Straight-line code with no loop is about a third faster than the general key, and this
@@ -71,7 +71,8 @@ def _make_positional_tensor_key(arity: int) -> Any:
     """
     params = ", ".join(f"a{i}" for i in range(arity))
     checks = " or ".join(f"type(a{i}) is not Tensor" for i in range(arity)) or "False"
-    parts = "".join(f"a{i}.shape, a{i}.dtype, a{i}.device, a{i}.requires_grad, " for i in range(arity))
+    size = "ndim" if symbolic else "shape"
+    parts = "".join(f"a{i}.{size}, a{i}.dtype, a{i}.device, a{i}.requires_grad, " for i in range(arity))
     source = (
         f"def key({params}):\n"
         f"    if {checks}:\n"
@@ -83,5 +84,6 @@ def _make_positional_tensor_key(arity: int) -> Any:
     return env["key"]
 
 
-# Key functions for calls with 0 to 15 positional tensors, by arity.
+# Key functions for calls with 0 to 15 positional tensors, by arity, for each cache mode.
 POSITIONAL_TENSOR_KEYS = [_make_positional_tensor_key(n) for n in range(16)]
+POSITIONAL_TENSOR_SYMBOLIC_KEYS = [_make_positional_tensor_key(n, symbolic=True) for n in range(16)]

@@ -13,11 +13,6 @@ import torch
 def _describe_value(label: str, x: Any, out: dict[str, tuple[str, Any]], symbolic: bool) -> None:
     if isinstance(x, torch.Tensor) and symbolic:
         out[f"{label} rank"] = (label, ("rank", x.ndim))
-        for i, d in enumerate(x.shape):
-            if d <= 1:
-                out[f"{label} size {i}"] = (f"{label}.shape[{i}]", ("value", ("int", d)))
-            else:
-                out[f"{label} size {i}"] = (f"{label}.shape[{i}]", ("size", "> 1"))
         out[f"{label} dtype"] = (label, ("dtype", x.dtype))
         out[f"{label} device"] = (label, ("device", x.device))
         out[f"{label} requires_grad"] = (label, ("requires_grad", x.requires_grad))
@@ -116,8 +111,6 @@ def prologue_source(description: dict[str, tuple[str, Any]], constraints: list[s
             lines.append(f"  assert {expr} is <the {value}>")
         elif aspect == "rank":
             lines.append(f"  assert {expr}.ndim == {value}")
-        elif aspect == "size":
-            lines.append(f"  assert {expr} {value}")
         elif aspect == "type":
             lines.append(f"  assert type({expr}) is {value}")
         else:

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from minijit.ir import FloatProxy, IntegerProxy, Proxy, TensorProxy, Trace, tree_iter, tree_map
+from minijit.ir.context import add_constraint
 from minijit.ops import prims
 
 Tensor = torch.Tensor
@@ -59,10 +60,8 @@ def proxify_arguments(trace: Trace, fn: Callable[..., Any], args: tuple[Any, ...
         def to_proxy(x: Any) -> Any:
             if isinstance(x, Tensor):
                 p = trace.add_input(TensorProxy(tuple(x.shape), x.dtype, x.device, x.requires_grad), wanted_name())
-                if symbolic and any(d > 1 for d in p.shape):
-                    p.shape = tuple(d if d <= 1 else IntegerProxy(d, expr=f"{p.name}.shape[{i}]")
-                                    for i, d in enumerate(p.shape))
-                    prims.shape(p)
+                if symbolic:
+                    _make_sizes_symbolic(p)
                 return p
             if symbolic and is_symbolic_number(x):
                 cls = IntegerProxy if type(x) is int else FloatProxy
@@ -73,6 +72,25 @@ def proxify_arguments(trace: Trace, fn: Callable[..., Any], args: tuple[Any, ...
 
         proxied.append(tree_map(to_proxy, value))
     return tuple(proxied[: len(args)]), dict(zip(kwargs, proxied[len(args):], strict=True))
+
+
+def _make_sizes_symbolic(p: TensorProxy) -> None:
+    """Sizes 0 and 1 stay constants (broadcasting depends on them); the others become IntegerProxy.
+
+    Either way the guard checks the kind of size: `x.shape[0] == 1` or `x.shape[1] > 1`.
+    """
+    shape: list[Any] = []
+    for i, d in enumerate(p.shape):
+        expr = f"{p.name}.shape[{i}]"
+        if d <= 1:
+            add_constraint(f"{expr} == {d}")
+            shape.append(d)
+        else:
+            add_constraint(f"{expr} > 1")
+            shape.append(IntegerProxy(d, expr=expr))
+    p.shape = tuple(shape)
+    if any(isinstance(d, IntegerProxy) for d in shape):
+        prims.shape(p)
 
 
 def flat_inputs(args: tuple[Any, ...], kwargs: dict[str, Any], symbolic: bool) -> list[Any]:

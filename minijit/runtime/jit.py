@@ -13,7 +13,7 @@ import torch
 
 from minijit.extend import Executor, resolve_executors
 from minijit.ir import Trace
-from minijit.runtime.cache_key import POSITIONAL_TENSOR_KEYS, cache_key
+from minijit.runtime.cache_key import POSITIONAL_TENSOR_KEYS, POSITIONAL_TENSOR_SYMBOLIC_KEYS, cache_key
 from minijit.runtime.explain import describe_call, explain_miss, failed_constraints, prologue_source
 from minijit.runtime.inputs import flat_inputs
 from minijit.runtime.pipeline import CompiledEntry, compile_for
@@ -70,14 +70,23 @@ class JitFunction:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # The hit path for the common call, plain tensors passed positionally: one compiled
         # key function, one dict lookup, and the compiled trace takes the arguments as they are.
-        if not kwargs and len(args) < 16 and not self._symbolic:
-            key = POSITIONAL_TENSOR_KEYS[len(args)](*args)
-            if key is not None:
-                entry = self._entries.get(key)
-                if entry is not None:
-                    self._info.hits += 1
-                    self._last = entry
-                    return entry.computation(*args)
+        if not kwargs and len(args) < 16:
+            if self._symbolic:
+                key = POSITIONAL_TENSOR_SYMBOLIC_KEYS[len(args)](*args)
+                if key is not None:
+                    for entry in self._symbolic_entries.get(key, ()):
+                        if entry.guard(*args):
+                            self._info.hits += 1
+                            self._last = entry
+                            return entry.computation(*args)
+            else:
+                key = POSITIONAL_TENSOR_KEYS[len(args)](*args)
+                if key is not None:
+                    entry = self._entries.get(key)
+                    if entry is not None:
+                        self._info.hits += 1
+                        self._last = entry
+                        return entry.computation(*args)
         if self._symbolic:
             return self._call_symbolic(args, kwargs)
         return self._call_general(args, kwargs)

@@ -50,7 +50,7 @@ def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
     with recording_constraints() as constraints:
         entry = _compile(fn, args, kwargs, executors, symbolic)
     if symbolic:
-        constraints = [c for c in constraints if not _IMPLIED_BY_KEY.match(c)]
+        constraints = [c for c in constraints if not _IMPLIED.match(c) or c.endswith(("== 0", "== 1", "> 1"))]
         entry.constraints = constraints
         entry.guard = compile_guard(entry.traces[0], constraints)
     return entry
@@ -82,16 +82,21 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
     return CompiledEntry(computation, traces, direct)
 
 
-# A size compared with 0 or 1: the symbolic cache key already fixes the answer
-# (it keeps sizes 0 and 1 and marks the others), so the guard need not check it.
-_IMPLIED_BY_KEY = re.compile(r"^\(\w+\.shape\[\d+\] (==|!=|<=|>) [01]\) == (True|False)$")
+# A symbolic input size (> 1) compared with 0 or 1: implied by the `x.shape[i] > 1` constraint
+# every symbolic size starts with, so the guard need not check it again.
+_IMPLIED = re.compile(r"^(0|1) (==|!=|<=|>=|<|>) \w+\.shape\[\d+\]$|^\w+\.shape\[\d+\] (==|!=|<=|>=|<|>) (0|1)$")
 
 
 def compile_guard(trace: Trace, constraints: list[str]) -> Callable[..., bool]:
     """One function of the trace inputs that is True when every recorded constraint still holds."""
-    params = ", ".join(input_names(trace))
+    names = input_names(trace)
     body = " and ".join(constraints) if constraints else "True"
-    source = f"def guard({params}):\n    return {body}\n"
+    # Read each input's shape once: `x.shape` costs more than indexing the tuple it gives.
+    shaped = [n for n in names if f"{n}.shape[" in body]
+    for n in shaped:
+        body = body.replace(f"{n}.shape[", f"{n}_shape[")
+    reads = "".join(f"    {n}_shape = {n}.shape\n" for n in shaped)
+    source = f"def guard({', '.join(names)}):\n{reads}    return {body}\n"
     env: dict[str, Any] = {}
     exec(compile(source, f"<minijit guard {trace.fn_name}>", "exec"), env)
     guard = env["guard"]

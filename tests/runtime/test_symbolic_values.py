@@ -34,7 +34,7 @@ def test_size_one_is_specialised_and_explained():
     jf(torch.randn(3, 1), torch.randn(1), 2.0)  # broadcasting behaves differently with size 1
     info = minijit.cache_info(jf)
     assert info.misses == 2
-    assert "arg 'x.shape[1]': value 1 (int) was size > 1" in info.miss_reasons[1]
+    assert info.miss_reasons[1] == "constraint failed: x.shape[1] > 1; w.shape[0] > 1"
 
 
 def test_broken_equality_constraint_retraces():
@@ -47,7 +47,7 @@ def test_broken_equality_constraint_retraces():
     assert minijit.cache_info(jf).misses == 1
     with pytest.raises(minijit.MetaError, match="cannot be broadcast"):
         jf(torch.ones(4, 5), torch.ones(3))
-    assert "constraint failed: (a.shape[1] != b.shape[0]) == False" in minijit.cache_info(jf).miss_reasons[1]
+    assert "constraint failed: a.shape[1] == b.shape[0]" in minijit.cache_info(jf).miss_reasons[1]
 
 
 def test_branch_on_a_size_is_guarded():
@@ -62,8 +62,8 @@ def test_branch_on_a_size_is_guarded():
         torch.testing.assert_close(jf(x), f(x))
     info = minijit.cache_info(jf)
     assert (info.misses, info.hits) == (2, 3)
-    assert "constraint failed: (x.shape[0] > 4) == True" in info.miss_reasons[1]
-    assert "assert (x.shape[0] > 4) == True" in jf.last_prologue()  # the last call (n=9) used the first entry
+    assert "constraint failed: x.shape[0] > 4" in info.miss_reasons[1]
+    assert "assert x.shape[0] > 4" in jf.last_prologue()  # the last call (n=9) used the first entry
 
 
 def test_python_int_used_as_a_size_is_specialised():
