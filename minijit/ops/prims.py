@@ -246,6 +246,15 @@ def _shape_meta(x: TensorProxy) -> tuple[Any, ...]:
 shape = _prim("shape", _shape_meta)
 
 
+def _detach_meta(x: TensorProxy) -> TensorProxy:
+    _check_tensor("detach", x)
+    return TensorProxy.like(x, requires_grad=False)
+
+
+# The same values with requires_grad=False: where gradients stop (torch.detach, x.data).
+detach = _prim("detach", _detach_meta)
+
+
 # -- reductions ---------------------------------------------------------------
 
 def _reduced_shape(op: str, x: TensorProxy, dims: Sequence[int]) -> tuple[Any, ...]:
