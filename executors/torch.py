@@ -117,6 +117,9 @@ _PRIM_IMPLS: dict[str, Any] = {
     "lerp": torch.lerp,
 }
 
+for _op, (_, _fn) in prims.NUMBER_OPS.items():
+    _PRIM_IMPLS[f"num_{_op}"] = _fn
+
 for _name, _sym in prims.ALL_PRIMS.items():
     _impl = _PRIM_IMPLS.get(_name) or getattr(torch, _name, None)
     if _impl is None:

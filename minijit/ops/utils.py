@@ -85,7 +85,9 @@ def broadcast_shapes(*shapes: Sequence[Any]) -> tuple[Any, ...]:
 
 def expand_to(x: Any, shape: Sequence[Any]) -> Any:
     """`x` broadcast to `shape` with `prims.broadcast_in_dim` (numbers pass through)."""
-    if not isinstance(x, TensorProxy) or tuple(x.shape) == tuple(shape):
+    # Compare lengths first: comparing sizes of different ranks would record needless
+    # constraints between unrelated symbolic sizes.
+    if not isinstance(x, TensorProxy) or (x.ndim == len(shape) and tuple(x.shape) == tuple(shape)):
         return x
     offset = len(shape) - x.ndim
     return prims.broadcast_in_dim(x, tuple(shape), tuple(range(offset, len(shape))))
