@@ -201,10 +201,12 @@ def getitem(a: TensorProxy, key: Any) -> TensorProxy:
 
 
 def _mask_key(key: Any) -> TensorProxy | None:
-    """The mask if `key` is one bool (or uint8) tensor, alone or in a 1-tuple."""
+    """The mask if `key` is one bool tensor, alone or in a 1-tuple (uint8 masks are refused, as eager does)."""
     if isinstance(key, tuple) and len(key) == 1:
         key = key[0]
-    if isinstance(key, TensorProxy) and key.dtype in _MASK_DTYPES:
+    if isinstance(key, TensorProxy) and key.dtype == torch.uint8:
+        raise _fail("setitem", "only supports boolean masks, but got a mask of dtype torch.uint8")
+    if isinstance(key, TensorProxy) and key.dtype == torch.bool:
         return key
     return None
 
@@ -238,7 +240,7 @@ def _masked_update(op: str, a: TensorProxy, mask: TensorProxy, value: Any) -> Te
     if k > a.ndim or tuple(mask.shape) != tuple(a.shape[:k]):
         raise _fail(op, f"the mask's shape {list(mask.shape)} does not match the indexed tensor's {list(a.shape)}")
     rest = tuple(a.shape[k:])
-    full_mask = prims.broadcast_in_dim(to_dtype(mask, torch.bool), tuple(a.shape), tuple(range(k)))
+    full_mask = prims.broadcast_in_dim(mask, tuple(a.shape), tuple(range(k)))
     if isinstance(value, TensorProxy):
         v = _drop_leading_ones(value, len(rest))
         if v.ndim > len(rest):
