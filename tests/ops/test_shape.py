@@ -7,6 +7,7 @@ import warnings
 import pytest
 import torch
 
+import minijit
 from minijit.errors import MetaError, UnsupportedOpError
 from minijit.ops import ltorch
 from minijit.ops.ltorch.shape import VIEW
@@ -176,3 +177,25 @@ def test_errors_like_eager(fn, shape, error, match):
             fn(x.clone())
     with pytest.raises(error, match=match):
         trace_call(fn, x)
+
+
+def _assign_rows(x):
+    x[1:, 0] = 5.0
+    return x
+
+
+@pytest.mark.parametrize("fn", [
+    pytest.param(lambda x: x.reshape(-1), id="reshape"),
+    pytest.param(lambda x: x.view(x.shape[0], -1).t(), id="view"),
+    pytest.param(lambda x: x[1:, None, ::2], id="getitem_slices"),
+    pytest.param(lambda x: x[-1].unsqueeze(0).expand(2, -1), id="getitem_int"),
+    pytest.param(lambda x: x.flip(0).tril().narrow(1, 1, 2), id="flip_tril_narrow"),
+    pytest.param(lambda x: x.repeat(2, 1).flatten(), id="repeat"),
+    pytest.param(_assign_rows, id="setitem"),
+])
+def test_symbolic_sizes_reuse_one_trace(fn):
+    jf = minijit.jit(fn, cache="symbolic values")
+    for shape in [(4, 6), (6, 8), (5, 7)]:
+        x = torch.arange(float(shape[0] * shape[1])).reshape(shape)
+        torch.testing.assert_close(jf(x.clone()), fn(x.clone()), rtol=0, atol=0)
+    assert minijit.cache_info(jf).misses == 1

@@ -106,6 +106,24 @@ def _key_items(op: str, a: TensorProxy, key: Any) -> list[Any]:
     return items + fill
 
 
+def slice_bounds(s: slice, size: Any) -> tuple[Any, Any, int]:
+    """(start, stop, step) of a positive-step slice of a dim of `size`, clamped like Python's.
+
+    Written with comparisons rather than `slice.indices`, so that a symbolic size is
+    only constrained by the comparisons the result depends on.
+    """
+    def bound(v: int | None, default: Any) -> Any:
+        if v is None:
+            return default
+        if v < 0:
+            v = v + size
+            return 0 if v < 0 else v
+        return size if v > size else v
+
+    start, stop = bound(s.start, 0), bound(s.stop, size)
+    return start, (start if stop < start else stop), 1 if s.step is None else s.step
+
+
 def _basic_index(op: str, a: TensorProxy, items: list[Any]) -> tuple[TensorProxy, list[tuple[int, TensorProxy]]]:
     """Apply the ints, slices, None and bools of `items`; return the result and where each index tensor now applies."""
     starts, stops, steps = [0] * a.ndim, list(a.shape), [1] * a.ndim
@@ -113,6 +131,7 @@ def _basic_index(op: str, a: TensorProxy, items: list[Any]) -> tuple[TensorProxy
     new_dims: list[int] = []  # output dims inserted by None/True/False
     empty_dims: list[int] = []  # output dims inserted by False (size 0)
     tensors: list[tuple[int, TensorProxy]] = []
+    sliced = False
     in_dim = out_dim = 0
     for item in items:
         if item is None or item is True or item is False:
@@ -128,17 +147,20 @@ def _basic_index(op: str, a: TensorProxy, items: list[Any]) -> tuple[TensorProxy
         elif isinstance(item, slice):
             if item.step is not None and item.step <= 0:
                 raise _fail(op, f"slice step must be greater than zero, got {item.step}")
-            start, stop, step = item.indices(size)
-            starts[in_dim], stops[in_dim], steps[in_dim] = start, max(start, stop), step
+            if item != slice(None):
+                starts[in_dim], stops[in_dim], steps[in_dim] = slice_bounds(item, size)
+                sliced = True
             out_dim += 1
         else:
             if not -size <= item < size:
                 raise _fail(op, f"index {item} is out of bounds for dimension {in_dim} with size {size}")
-            starts[in_dim], stops[in_dim] = item % size, item % size + 1
+            start = item + size if item < 0 else item
+            starts[in_dim], stops[in_dim] = start, start + 1
             squeezed.append(in_dim)
+            sliced = True
         in_dim += 1
     out = a
-    if starts != [0] * a.ndim or stops != list(a.shape) or steps != [1] * a.ndim:
+    if sliced:
         out = prims.slice_prim(out, starts, stops, steps)
     if squeezed:
         out = prims.squeeze(out, tuple(squeezed))

@@ -45,7 +45,9 @@ def fresh(a: TensorProxy) -> TensorProxy:
 def reshape_to(a: TensorProxy, shape: Sequence[Any]) -> TensorProxy:
     """`a` reshaped to the already resolved `shape` (no prim when it already has it)."""
     shape = tuple(shape)
-    return a if shape == tuple(a.shape) else prims.reshape(a, shape)
+    # Lengths first: comparing sizes of different ranks would record needless constraints
+    # between unrelated symbolic sizes.
+    return a if len(shape) == a.ndim and shape == tuple(a.shape) else prims.reshape(a, shape)
 
 
 def slice_dim(a: TensorProxy, dim: int, start: int, stop: int, step: int = 1) -> TensorProxy:
@@ -237,7 +239,7 @@ def _expand(op: str, a: TensorProxy, sizes: tuple[Any, ...]) -> TensorProxy:
         elif old != 1 and old != size:
             raise _fail(op, f"the size {old} of dim {i - offset} must match {size} in {list(sizes)} "
                             f"(only size-1 dims expand), tensor shape {tuple(a.shape)}")
-    if tuple(shape) == tuple(a.shape):
+    if offset == 0 and tuple(shape) == tuple(a.shape):
         return a
     return prims.broadcast_in_dim(a, tuple(shape), tuple(range(offset, len(shape))))
 
@@ -342,7 +344,8 @@ def split(tensor: TensorProxy, split_size_or_sections: int | Sequence[int], dim:
         size = split_size_or_sections
         if size < 0 or (size == 0 and n != 0):
             raise _fail("split", f"split size {size} must be positive for a dim of size {n}")
-        sizes = [size] * (n // size) + ([n % size] if n % size else []) if size else [0]
+        count = int(n // size) if size else 0  # the number of outputs: specialised on symbolic sizes
+        sizes = [size] * count + ([n - count * size] if n != count * size else []) if size else [0]
     else:
         sizes = list(split_size_or_sections)
         if any(s < 0 for s in sizes) or sum(sizes) != n:
