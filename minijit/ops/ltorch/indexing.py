@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from minijit.errors import MetaError, UnsupportedOpError
-from minijit.ir import NumberProxy, TensorProxy
+from minijit.ir import IntegerProxy, NumberProxy, TensorProxy
 from minijit.ir.context import where_now
 from minijit.ops import prims
 from minijit.ops.ltorch.shape import VIEW, _unsqueezed, movedim, permute, reshape_to, slice_dim
@@ -62,6 +62,11 @@ def _constant_index(op: str, values: Sequence[Any], device: torch.device) -> Ten
     return reshape_to(index, tuple(as_tensor.shape))
 
 
+def _is_int(x: Any) -> bool:
+    # Symbolic ints index like ints; the comparisons that clamp them record constraints.
+    return type(x) is int or isinstance(x, IntegerProxy)
+
+
 def _key_items(op: str, a: TensorProxy, key: Any) -> list[Any]:
     """The key as a list of items, with list indices turned into index tensors and the Ellipsis expanded."""
     if isinstance(key, list):
@@ -84,15 +89,12 @@ def _key_items(op: str, a: TensorProxy, key: Any) -> list[Any]:
                 raise _mask_error(op)
             if item.dtype not in _INDEX_DTYPES:
                 raise _fail(op, f"tensors used as indices must be integer or bool tensors, got {item.dtype}")
-        elif isinstance(item, NumberProxy):
-            raise UnsupportedOpError(f"ltorch.{op}: indexing with the symbolic number {item.name}{where_now()} "
-                                     "is not supported; use index_select or narrow")
         elif isinstance(item, slice):
             for part in (item.start, item.stop, item.step):
-                if part is not None and type(part) is not int:
-                    raise UnsupportedOpError(f"ltorch.{op}: slice bounds must be Python ints, got "
+                if part is not None and not _is_int(part):
+                    raise UnsupportedOpError(f"ltorch.{op}: slice bounds must be ints, got "
                                              f"{type(part).__name__}{where_now()}")
-        elif type(item) is not int:
+        elif not _is_int(item):
             raise _fail(op, f"unsupported index of type {type(item).__name__}: {item!r}")
         consumed += 1
     if ellipses > 1:
@@ -147,7 +149,7 @@ def _basic_index(op: str, a: TensorProxy, items: list[Any]) -> tuple[TensorProxy
         elif isinstance(item, slice):
             if item.step is not None and item.step <= 0:
                 raise _fail(op, f"slice step must be greater than zero, got {item.step}")
-            if item != slice(None):
+            if item.start is not None or item.stop is not None or item.step is not None:
                 starts[in_dim], stops[in_dim], steps[in_dim] = slice_bounds(item, size)
                 sliced = True
             out_dim += 1
@@ -257,7 +259,7 @@ def _value_tensor(op: str, a: TensorProxy, value: Any, shape: tuple[Any, ...],
     raise _fail(op, f"cannot assign a value of type {type(value).__name__}")
 
 
-def _masked_update(op: str, a: TensorProxy, mask: TensorProxy, value: Any) -> TensorProxy:
+def _masked_update(op: str, a: TensorProxy, mask: TensorProxy, value: Any, accumulate: bool) -> TensorProxy:
     k = mask.ndim
     if k > a.ndim or tuple(mask.shape) != tuple(a.shape[:k]):
         raise _fail(op, f"the mask's shape {list(mask.shape)} does not match the indexed tensor's {list(a.shape)}")
@@ -270,10 +272,12 @@ def _masked_update(op: str, a: TensorProxy, mask: TensorProxy, value: Any) -> Te
                 f"ltorch.{op}: assigning a tensor of shape {list(value.shape)} through a boolean mask{where_now()} "
                 "needs as many values as the mask has True entries, which a trace cannot know; "
                 "use torch.where(mask, values, x) with values of x's shape")
-        return prims.where(full_mask, _value_tensor(op, a, v, rest, tuple(a.shape)), a)
-    if isinstance(value, NumberProxy):
-        return prims.where(full_mask, prims.full(a.shape, value, dtype=a.dtype, device=a.device), a)
-    return prims.where(full_mask, dtype_scalar(value, a.dtype), a)
+        fill = _value_tensor(op, a, v, rest, tuple(a.shape))
+    elif isinstance(value, NumberProxy) or accumulate:
+        fill = prims.full(a.shape, value, dtype=a.dtype, device=a.device)
+    else:
+        fill = dtype_scalar(value, a.dtype)
+    return prims.where(full_mask, prims.add(a, fill) if accumulate else fill, a)
 
 
 def _is_index_put(key: Any) -> bool:
@@ -295,8 +299,8 @@ def _check_same_dtype(op: str, a: TensorProxy, value: Any) -> None:
                         f"destination and {value.dtype} for the source")
 
 
-def indexed_update(op: str, a: TensorProxy, key: Any, value: Any) -> TensorProxy:
-    """The tensor that `a[key] = value` leaves in `a`, computed without writing into `a`.
+def indexed_update(op: str, a: TensorProxy, key: Any, value: Any, accumulate: bool = False) -> TensorProxy:
+    """The tensor that `a[key] = value` (or `+= value` with `accumulate`) leaves in `a`, computed without writing into `a`.
 
     As in eager torch, a tensor value is cast to a's dtype where the assignment is a
     copy (basic indexing, a bool mask with a 0-d value) and must already have a's
@@ -306,19 +310,81 @@ def indexed_update(op: str, a: TensorProxy, key: Any, value: Any) -> TensorProxy
     if mask is not None:
         if isinstance(value, TensorProxy) and value.ndim > 0:
             _check_same_dtype(op, a, value)
-        return _masked_update(op, a, mask, value)
+        return _masked_update(op, a, mask, value, accumulate)
     if _is_index_put(key):
         _check_same_dtype(op, a, value)
     # Index the tensor of a's linear positions with the same key: that gives, in the
     # shape of a[key], where each element of a[key] lives in a, so one index_copy
-    # into the flattened tensor performs the whole assignment, whatever the key.
+    # (index_add, which sums repeated positions, to accumulate) into the flattened
+    # tensor performs the whole assignment, whatever the key.
     numel = a.numel()
     positions = reshape_to(prims.iota(numel, start=0, step=1, dtype=torch.int64, device=a.device), a.shape)
     locations = index_with_key(op, positions, key)
     v = _value_tensor(op, a, value, tuple(locations.shape))
     n = locations.numel()
-    updated = prims.index_copy(reshape_to(a, (numel,)), reshape_to(locations, (n,)), reshape_to(v, (n,)), 0)
+    prim = prims.index_add if accumulate else prims.index_copy
+    updated = prim(reshape_to(a, (numel,)), reshape_to(locations, (n,)), reshape_to(v, (n,)), 0)
     return reshape_to(updated, a.shape)
+
+
+@ltorch_op(torch_fns=[torch.index_put, torch.Tensor.index_put], methods=["index_put"])
+def index_put(input: TensorProxy, indices: Sequence[TensorProxy | None], values: TensorProxy,  # noqa: A002
+              accumulate: bool = False) -> TensorProxy:
+    """torch.index_put: `input[indices] = values` (or `+= values`, summing repeats, with accumulate) on a copy."""
+    if not isinstance(values, TensorProxy):
+        raise _fail("index_put", f"expects a values tensor, got {type(values).__name__}")
+    _check_same_dtype("index_put", input, values)
+    key = tuple(slice(None) if t is None else t for t in indices)
+    return indexed_update("index_put", input, key, values, accumulate)
+
+
+def _strides(shape: Sequence[Any]) -> list[Any]:
+    strides: list[Any] = [1] * len(shape)
+    for k in range(len(shape) - 2, -1, -1):
+        strides[k] = strides[k + 1] * shape[k + 1]
+    return strides
+
+
+@ltorch_op(torch_fns=[torch.scatter, torch.Tensor.scatter], methods=["scatter"])
+def scatter(input: TensorProxy, dim: int, index: TensorProxy, src: Any = None, *, value: Any = None,  # noqa: A002
+            reduce: str | None = None) -> TensorProxy:
+    """torch.scatter: input with src[i][j] (or `value`) written at [index[i][j]][j] (for dim 0)."""
+    if reduce is not None:
+        raise UnsupportedOpError(f"ltorch.scatter: reduce={reduce!r} is not supported{where_now()}; "
+                                 "use scatter_add or scatter_reduce")
+    if (src is None) == (value is None):
+        raise _fail("scatter", "expects exactly one of src and value")
+    src = value if src is None else src
+    d = canonical_dim(dim, input.ndim)
+    idx = _as_index("scatter", index, ndim=None)
+    if idx.dtype != torch.int64:
+        raise _fail("scatter", f"expects an int64 index, got {idx.dtype}")
+    if isinstance(src, TensorProxy):
+        if src.dtype != input.dtype:
+            raise _fail("scatter", f"expects src of the input's dtype {input.dtype}, got {src.dtype}")
+        _check_gather_shapes("scatter", input, idx, d, src)
+        if tuple(src.shape) != tuple(idx.shape):
+            src = prims.slice_prim(src, [0] * src.ndim, list(idx.shape), [1] * src.ndim)
+    else:
+        _check_gather_shapes("scatter", input, idx, d)
+        src = prims.full(idx.shape, src, dtype=input.dtype, device=input.device)
+    if input.ndim == 0:
+        return reshape_to(scatter(reshape_to(input, (1,)), 0, reshape_to(idx, (1,)), reshape_to(src, (1,))), ())
+    # The linear position in input of every element of index: its own coordinates,
+    # with the one along `dim` replaced by the index value.
+    strides = _strides(input.shape)
+    linear = None
+    for k in range(input.ndim):
+        if k == d:
+            coord = idx
+        else:
+            ramp = prims.iota(idx.shape[k], start=0, step=1, dtype=torch.int64, device=input.device)
+            coord = prims.broadcast_in_dim(ramp, tuple(idx.shape), (k,))
+        term = prims.mul(coord, strides[k]) if not (type(strides[k]) is int and strides[k] == 1) else coord
+        linear = term if linear is None else prims.add(linear, term)
+    numel, n = input.numel(), idx.numel()
+    updated = prims.index_copy(reshape_to(input, (numel,)), reshape_to(linear, (n,)), reshape_to(src, (n,)), 0)
+    return reshape_to(updated, input.shape)
 
 
 # -- index ops ----------------------------------------------------------------

@@ -65,7 +65,7 @@ _INPLACE_OF = (
     "logical_and", "logical_or", "logical_xor", "clamp_min", "clamp_max", "hardtanh", "silu", "gelu",
     "leaky_relu", "elu", "mish", "hardsigmoid", "hardswish", "celu", "selu", "nan_to_num", "xlogy",
     "hypot", "frac", "sinc", "logit", "heaviside", "float_power", "sgn", "fix", "deg2rad", "rad2deg",
-    "tril", "triu", "index_copy", "index_add", "index_fill", "masked_fill", "scatter_add",
+    "tril", "triu", "index_copy", "index_add", "index_fill", "masked_fill", "scatter_add", "scatter", "index_put",
 )
 # Tensor method aliases whose in-place form computes another op: clip_ is clamp_, and so on.
 _INPLACE_ALIASES = {
