@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from minijit.errors import MetaError, UnsupportedOpError
+from minijit.ops.ltorch.shape import VIEW
 from tests.ops.eager_check import DTYPES, check_against_eager, make, tt
 from tests.oputil import trace_call
 
@@ -66,6 +67,18 @@ def test_getitem_int32_index_and_0d_tensor():
     check_against_eager(lambda x, i, j, z: x[:, j, i[2:]], make((3, 4, 5)), *_index_tensors(torch.int32))
     check_against_eager(lambda x: x[...], make(()))
     check_against_eager(lambda x: x[None, ..., None], make(()))
+
+
+@pytest.mark.parametrize(("key", "symbol"), [
+    pytest.param(lambda i: (slice(1), None, ..., -1), "getitem", id="basic"),
+    pytest.param(lambda i: (0, i), "index", id="tensor"),
+    pytest.param(lambda i: [1, 0], "index", id="list"),
+])
+def test_basic_keys_are_views_and_advanced_keys_copies(key, symbol):
+    trace = trace_call(lambda x, i: x[key(i)], make((3, 4)), torch.tensor([1]))
+    (bsym,) = trace.bound_symbols
+    assert bsym.sym.name == symbol
+    assert (VIEW in bsym.sym.tags) == (symbol == "getitem")
 
 
 def test_getitem_of_basic_key_is_a_view_proxy():

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from minijit.errors import MetaError, UnsupportedOpError
-from minijit.ir import IntegerProxy, NumberProxy, TensorProxy
+from minijit.ir import TENSOR_METHODS, IntegerProxy, NumberProxy, TensorProxy
 from minijit.ir.context import where_now
 from minijit.ops import prims
 from minijit.ops.ltorch.shape import VIEW, _unsqueezed, movedim, permute, reshape_to, slice_dim
@@ -67,13 +67,18 @@ def _is_int(x: Any) -> bool:
     return type(x) is int or isinstance(x, IntegerProxy)
 
 
-def _key_items(op: str, a: TensorProxy, key: Any) -> list[Any]:
-    """The key as a list of items, with list indices turned into index tensors and the Ellipsis expanded."""
+def _key_tuple(key: Any) -> tuple[Any, ...]:
+    """The key as a tuple of indices."""
     if isinstance(key, list):
         # Like torch (for now), a list holding sequences, slices, None or tensors is a tuple of indices.
         legacy = any(k is None or k is Ellipsis or isinstance(k, list | tuple | slice | TensorProxy) for k in key)
-        key = tuple(key) if legacy else (key,)
-    items = list(key) if isinstance(key, tuple) else [key]
+        return tuple(key) if legacy else (key,)
+    return key if isinstance(key, tuple) else (key,)
+
+
+def _key_items(op: str, a: TensorProxy, key: Any) -> list[Any]:
+    """The key as a list of items, with list indices turned into index tensors and the Ellipsis expanded."""
+    items = list(_key_tuple(key))
     consumed = 0
     ellipses = 0
     for i, item in enumerate(items):
@@ -217,11 +222,31 @@ def _getitem_eager(a: torch.Tensor, key: Any) -> torch.Tensor:
     return a[key]
 
 
-@ltorch_op("getitem", torch_fns=[torch.Tensor.__getitem__], methods=["getitem"],
-           impl=_getitem_eager, tags=[VIEW])
+def _is_advanced(key: Any) -> bool:
+    """Whether `key` holds index tensors or lists, which make `a[key]` a copy rather than a view."""
+    return any(isinstance(item, TensorProxy | list | tuple) for item in _key_tuple(key))
+
+
+@ltorch_op("getitem", impl=_getitem_eager, tags=[VIEW])
 def getitem(a: TensorProxy, key: Any) -> TensorProxy:
-    """`a[key]` with ints, slices, None, Ellipsis and integer index tensors (a bool mask is unsupported)."""
+    """`a[key]` with ints, slices, None, Ellipsis and bools: a view of `a`."""
+    if _is_advanced(key):
+        raise _fail("getitem", "index tensors make a copy; use ltorch.index for such keys")
     return index_with_key("getitem", a, key)
+
+
+@ltorch_op("index", impl=_getitem_eager)
+def index(a: TensorProxy, key: Any) -> TensorProxy:
+    """`a[key]` with integer index tensors or lists among the indices: a new tensor (a bool mask is unsupported)."""
+    return index_with_key("getitem", a, key)
+
+
+def _getitem_method(a: TensorProxy, key: Any) -> TensorProxy:
+    """`a[key]` on a proxy: `getitem` (a view) or `index` (a copy), so functionalization can tell them apart."""
+    return (index if _is_advanced(key) else getitem)(a, key)
+
+
+TENSOR_METHODS["getitem"] = _getitem_method
 
 
 def _mask_key(key: Any) -> TensorProxy | None:
