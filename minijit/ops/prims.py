@@ -143,7 +143,8 @@ convert_element_type = _prim("convert_element_type", _convert_element_type_meta)
 def _broadcast_in_dim_meta(x: TensorProxy, shape: Shape, broadcast_dims: Sequence[int]) -> TensorProxy:
     _check_tensor("broadcast_in_dim", x)
     if len(broadcast_dims) != x.ndim:
-        raise _fail("broadcast_in_dim", f"broadcast_dims {tuple(broadcast_dims)} must name one output dim per input dim ({x.ndim})")
+        raise _fail("broadcast_in_dim",
+                    f"broadcast_dims {tuple(broadcast_dims)} must name one output dim per input dim ({x.ndim})")
     last = -1
     for d, size in zip(broadcast_dims, x.shape, strict=True):
         if not last < d < len(shape):
@@ -155,6 +156,16 @@ def _broadcast_in_dim_meta(x: TensorProxy, shape: Shape, broadcast_dims: Sequenc
 
 
 broadcast_in_dim = _prim("broadcast_in_dim", _broadcast_in_dim_meta)
+
+
+def _device_put_meta(x: TensorProxy, device: torch.device) -> TensorProxy:
+    _check_tensor("device_put", x)
+    if not isinstance(device, torch.device):
+        raise _fail("device_put", f"expected a torch.device, got {device!r}")
+    return TensorProxy.like(x, device=device)
+
+
+device_put = _prim("device_put", _device_put_meta)
 
 
 def _numel(shape: Shape) -> Any:
@@ -283,6 +294,15 @@ def _var_mean_meta(x: TensorProxy, dims: Sequence[int], correction: Number) -> t
 
 
 var_mean = _prim("var_mean", _var_mean_meta)
+
+
+def _cumsum_meta(x: TensorProxy, dim: int) -> TensorProxy:
+    _check_tensor("cumsum", x)
+    _canonical_dim("cumsum", dim, x.ndim)
+    return TensorProxy.like(x)
+
+
+cumsum = _prim("cumsum", _cumsum_meta)
 
 
 # -- linear algebra -------------------------------------------------------------
