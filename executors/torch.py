@@ -98,6 +98,8 @@ _PRIM_IMPLS: dict[str, Any] = {
     "minimum": _with_number_operand(torch.minimum),
     # copy=True: a same-dtype conversion is how ltorch.clone makes a new tensor.
     "convert_element_type": lambda x, dtype: x.to(dtype, copy=True),
+    "device_put": lambda x, device: x.to(device),
+    "cumsum": torch.cumsum,
     "broadcast_in_dim": _broadcast_in_dim,
     "reshape": torch.reshape,
     "transpose": torch.permute,
