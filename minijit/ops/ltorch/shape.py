@@ -270,7 +270,7 @@ def clone(input: TensorProxy, *, memory_format: torch.memory_format = torch.pres
     return fresh(input)
 
 
-@ltorch_op(torch_fns=[torch.detach, torch.Tensor.detach], methods=["detach"], tags=[VIEW])
+@ltorch_op(torch_fns=[torch.detach, torch.Tensor.detach], methods=["detach", "data"], tags=[VIEW])
 def detach(input: TensorProxy) -> TensorProxy:  # noqa: A002
     """torch.detach: the same values, cut from autograd (prims.detach, requires_grad=False)."""
     return prims.detach(input)
