@@ -196,7 +196,9 @@ def fail(op: str, msg: str) -> MetaError:
 def reshape_to(x: TensorProxy, shape: Sequence[Any]) -> TensorProxy:
     """`x` reshaped to `shape` with `prims.reshape`, or `x` itself when the shape already matches."""
     shape = tuple(shape)
-    return x if tuple(x.shape) == shape else prims.reshape(x, shape)
+    # Lengths first: comparing sizes of different ranks would record needless constraints
+    # between unrelated symbolic sizes.
+    return x if len(shape) == x.ndim and tuple(x.shape) == shape else prims.reshape(x, shape)
 
 
 def unsqueeze_at(x: TensorProxy, dims: Sequence[int]) -> TensorProxy:

@@ -23,9 +23,17 @@ from minijit.errors import MetaError, UnsupportedOpError
 from minijit.ir import TENSOR_METHODS, IntegerProxy, NumberProxy, TensorProxy
 from minijit.ir.context import where_now
 from minijit.ops import prims
-from minijit.ops.ltorch.shape import VIEW, _unsqueezed, movedim, permute, reshape_to, slice_dim
+from minijit.ops.ltorch.shape import VIEW, movedim, permute, slice_dim
 from minijit.ops.registry import ltorch_op
-from minijit.ops.utils import broadcast_shapes, canonical_dim, dtype_scalar, expand_to, to_dtype
+from minijit.ops.utils import (
+    broadcast_shapes,
+    canonical_dim,
+    dtype_scalar,
+    expand_to,
+    reshape_to,
+    to_dtype,
+    unsqueeze_at,
+)
 
 _INDEX_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8)
 _MASK_DTYPES = (torch.bool, torch.uint8)
@@ -172,7 +180,7 @@ def _basic_index(op: str, a: TensorProxy, items: list[Any]) -> tuple[TensorProxy
     if squeezed:
         out = prims.squeeze(out, tuple(squeezed))
     if new_dims:
-        out = _unsqueezed(out, new_dims)
+        out = unsqueeze_at(out, new_dims)
     for d in empty_dims:
         out = slice_dim(out, d, 0, 0)
     return out, tensors

@@ -21,7 +21,7 @@ from minijit.ir import TensorProxy
 from minijit.ir.context import where_now
 from minijit.ops import prims
 from minijit.ops.registry import ltorch_op
-from minijit.ops.utils import canonical_dim, infer_shape, shape_arg
+from minijit.ops.utils import canonical_dim, infer_shape, reshape_to, shape_arg, unsqueeze_at
 
 VIEW = "view"  # the output may alias the input (functionalization tracks it)
 
@@ -42,14 +42,6 @@ def fresh(a: TensorProxy) -> TensorProxy:
     return prims.convert_element_type(a, a.dtype)
 
 
-def reshape_to(a: TensorProxy, shape: Sequence[Any]) -> TensorProxy:
-    """`a` reshaped to the already resolved `shape` (no prim when it already has it)."""
-    shape = tuple(shape)
-    # Lengths first: comparing sizes of different ranks would record needless constraints
-    # between unrelated symbolic sizes.
-    return a if len(shape) == a.ndim and shape == tuple(a.shape) else prims.reshape(a, shape)
-
-
 def slice_dim(a: TensorProxy, dim: int, start: int, stop: int, step: int = 1) -> TensorProxy:
     """`a` sliced along one dim (start <= stop, already clamped into range)."""
     starts = [0] * a.ndim
@@ -57,17 +49,6 @@ def slice_dim(a: TensorProxy, dim: int, start: int, stop: int, step: int = 1) ->
     steps = [1] * a.ndim
     starts[dim], stops[dim], steps[dim] = start, stop, step
     return prims.slice_prim(a, starts, stops, steps)
-
-
-def _unsqueezed(a: TensorProxy, dims: Sequence[int]) -> TensorProxy:
-    """`a` with new size-1 dims at the (output) positions `dims`."""
-    out_ndim = a.ndim + len(dims)
-    dims = sorted(d % out_ndim for d in dims)
-    kept = [i for i in range(out_ndim) if i not in dims]
-    shape = [1] * out_ndim
-    for i, s in zip(kept, a.shape, strict=True):
-        shape[i] = s
-    return prims.broadcast_in_dim(a, tuple(shape), tuple(kept))
 
 
 # -- transposes ---------------------------------------------------------------
@@ -214,7 +195,7 @@ def squeeze(input: TensorProxy, dim: int | Sequence[int] | None = None) -> Tenso
 @ltorch_op(torch_fns=[torch.unsqueeze, torch.Tensor.unsqueeze], methods=["unsqueeze"], tags=[VIEW])
 def unsqueeze(input: TensorProxy, dim: int) -> TensorProxy:  # noqa: A002
     """torch.unsqueeze: inserts a size-1 dim at `dim` (in range -ndim-1 .. ndim)."""
-    return _unsqueezed(input, [canonical_dim(dim, input.ndim + 1)])
+    return unsqueeze_at(input, [canonical_dim(dim, input.ndim + 1)])
 
 
 @ltorch_op(torch_fns=[torch.Tensor.expand], methods=["expand"], tags=[VIEW])
@@ -429,13 +410,13 @@ def stack(tensors: Sequence[TensorProxy], dim: int = 0) -> TensorProxy:
         if not isinstance(t, TensorProxy) or t.shape != tensors[0].shape:
             raise _fail("stack", f"expects tensors of one shape, got {[getattr(x, 'shape', x) for x in tensors]}")
     d = canonical_dim(dim, tensors[0].ndim + 1)
-    return _joined("stack", [_unsqueezed(t, [d]) for t in tensors], d)
+    return _joined("stack", [unsqueeze_at(t, [d]) for t in tensors], d)
 
 
 def _at_least(a: TensorProxy, ndim: int) -> TensorProxy:
     if a.ndim >= ndim:
         return a
-    return reshape_to(a, (1,) * (ndim - a.ndim) + tuple(a.shape)) if a.ndim == 0 else _unsqueezed(a, [0])
+    return reshape_to(a, (1,) * (ndim - a.ndim) + tuple(a.shape)) if a.ndim == 0 else unsqueeze_at(a, [0])
 
 
 @ltorch_op(torch_fns=[torch.hstack])
