@@ -231,13 +231,17 @@ def _getitem_eager(a: torch.Tensor, key: Any) -> torch.Tensor:
 
 
 def _is_advanced(key: Any) -> bool:
-    """Whether `key` holds index tensors or lists, which make `a[key]` a copy rather than a view."""
-    return any(isinstance(item, TensorProxy | list | tuple) for item in _key_tuple(key))
+    """Whether `key` holds index tensors or lists, which make `a[key]` a copy rather than a view.
+
+    Like eager torch, a 0-d integer tensor alone selects like an int, giving a view.
+    """
+    return any(isinstance(item, list | tuple) or (isinstance(item, TensorProxy) and item.ndim > 0)
+               for item in _key_tuple(key))
 
 
 @ltorch_op("getitem", impl=_getitem_eager, tags=[VIEW])
 def getitem(a: TensorProxy, key: Any) -> TensorProxy:
-    """`a[key]` with ints, slices, None, Ellipsis and bools: a view of `a`."""
+    """`a[key]` with ints, slices, None, Ellipsis, bools and 0-d int tensors: a view of `a`."""
     if _is_advanced(key):
         raise _fail("getitem", "index tensors make a copy; use ltorch.index for such keys")
     return index_with_key("getitem", a, key)

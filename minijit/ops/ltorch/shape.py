@@ -30,15 +30,12 @@ def _fail(op: str, msg: str) -> MetaError:
     return MetaError(f"ltorch.{op}: {msg}{where_now()}")
 
 
-def _dims_arg(args: Sequence[Any]) -> tuple[int, ...]:
-    """Dims given as separate ints, one int, or one sequence."""
-    if len(args) == 1 and isinstance(args[0], tuple | list | torch.Size):
-        return tuple(args[0])
-    return tuple(args)
-
-
 def fresh(a: TensorProxy) -> TensorProxy:
-    """A new tensor equal to `a`, for ops that never alias their input."""
+    """A new tensor equal to `a`, for ops that never alias their input.
+
+    It is a same-dtype `convert_element_type`, which the torch executor runs as a copy;
+    a pass may only drop such a conversion once the trace is functional.
+    """
     return prims.convert_element_type(a, a.dtype)
 
 
@@ -53,7 +50,8 @@ def slice_dim(a: TensorProxy, dim: int, start: int, stop: int, step: int = 1) ->
 
 # -- transposes ---------------------------------------------------------------
 
-@ltorch_op(torch_fns=[torch.transpose, torch.swapaxes, torch.swapdims, torch.Tensor.transpose],
+@ltorch_op(torch_fns=[torch.transpose, torch.swapaxes, torch.swapdims, torch.Tensor.transpose, torch.Tensor.swapaxes,
+                      torch.Tensor.swapdims],
            methods=["transpose", "swapaxes", "swapdims"], tags=[VIEW])
 def transpose(a: TensorProxy, dim0: int, dim1: int) -> TensorProxy:
     """torch.transpose: swaps two dims."""
@@ -74,7 +72,7 @@ def t(a: TensorProxy) -> TensorProxy:
 @ltorch_op(torch_fns=[torch.permute, torch.Tensor.permute], methods=["permute"], impl=torch.Tensor.permute, tags=[VIEW])
 def permute(a: TensorProxy, *dims: int | Sequence[int]) -> TensorProxy:
     """torch.permute (dims as one sequence or as separate ints)."""
-    perm = tuple(canonical_dim(d, a.ndim) for d in _dims_arg(dims))
+    perm = tuple(canonical_dim(d, a.ndim) for d in shape_arg(dims))
     if sorted(perm) != list(range(a.ndim)):
         raise _fail("permute", f"{perm} is not a permutation of the {a.ndim} dims")
     return prims.transpose(a, perm) if perm != tuple(range(a.ndim)) else a
@@ -442,7 +440,7 @@ def reversed_index(n: int, device: torch.device) -> TensorProxy:
 @ltorch_op(torch_fns=[torch.flip, torch.Tensor.flip], methods=["flip"], impl=torch.Tensor.flip)
 def flip(input: TensorProxy, *dims: int | Sequence[int]) -> TensorProxy:  # noqa: A002
     """torch.flip / Tensor.flip: reverses the order along `dims` (one take per dim)."""
-    ds = sorted({canonical_dim(d, input.ndim) for d in _dims_arg(dims)})
+    ds = sorted({canonical_dim(d, input.ndim) for d in shape_arg(dims)})
     out = input
     for d in ds:
         if input.shape[d] > 1:
