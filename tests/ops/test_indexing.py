@@ -197,3 +197,65 @@ def test_index_op_errors_like_eager(fn, args, match):
         fn(*args)
     with pytest.raises(MetaError, match=match):
         trace_call(fn, *args)
+
+
+class _Tensor:
+    """A placeholder in a random key for the k-th index tensor argument."""
+
+    def __init__(self, k):
+        self.k = k
+
+
+def _random_key(rng, shape):
+    """A random key for a tensor of `shape`, and the index tensors it uses."""
+    tensors, items, dim, ellipsis = [], [], 0, False
+    for _ in range(rng.randint(0, len(shape) + 1)):
+        size = shape[dim] if dim < len(shape) else 1
+        r = rng.random()
+        if r < 0.25:
+            item = rng.randint(-size, size - 1)
+        elif r < 0.55:
+            item = slice(rng.choice([None, rng.randint(-size - 2, size + 2)]),
+                         rng.choice([None, rng.randint(-size - 2, size + 2)]), rng.choice([None, 1, 2, 3]))
+        elif r < 0.62:
+            item = None
+        elif r < 0.68 and not ellipsis:
+            item, ellipsis = ..., True
+        else:
+            tensors.append(torch.randint(-size, size, rng.choice([(2,), (3,), (1,), (2, 1), ()]),
+                                         generator=torch.Generator().manual_seed(rng.randint(0, 1000))))
+            item = _Tensor(len(tensors) - 1)
+        items.append(item)
+        dim += item is not None and item is not ...
+    return items, tensors
+
+
+def _key(items, tensors):
+    return tuple(tensors[it.k] if isinstance(it, _Tensor) else it for it in items)
+
+
+def _assign_key(items):
+    def fn(x, v, *tensors):
+        x[_key(items, tensors)] = v
+        return x
+    return fn
+
+
+def test_random_keys_match_eager():
+    import random
+
+    rng = random.Random(0)
+    checked = 0
+    while checked < 60:
+        shape = tuple(rng.randint(1, 4) for _ in range(rng.randint(0, 4)))
+        x = make(shape)
+        items, tensors = _random_key(rng, shape)
+        try:
+            result = x[_key(items, tensors)]
+        except IndexError:
+            continue  # eager refuses the key (an index out of range)
+        checked += 1
+        check_against_eager(lambda x, *ts: x[_key(items, ts)], x, *tensors)
+        positions = torch.arange(x.numel()).reshape(shape)[_key(items, tensors)]
+        if positions.unique().numel() == positions.numel():  # repeated positions: eager is order-dependent
+            check_against_eager(_assign_key(items), x, make(tuple(result.shape), seed=1), *tensors)

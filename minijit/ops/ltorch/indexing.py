@@ -140,9 +140,14 @@ def slice_bounds(s: slice, size: Any) -> tuple[Any, Any, int]:
 
 
 def _basic_index(op: str, a: TensorProxy, items: list[Any]) -> tuple[TensorProxy, list[tuple[int, TensorProxy]]]:
-    """Apply the ints, slices, None and bools of `items`; return the result and where each index tensor now applies."""
+    """Apply the ints, slices, None and bools of `items`; return the result and where each index tensor now applies.
+
+    A 0-d integer tensor selects like an int, as in eager torch (with a take, since its
+    value is only known when the trace runs).
+    """
     starts, stops, steps = [0] * a.ndim, list(a.shape), [1] * a.ndim
-    squeezed: list[int] = []  # input dims removed by an int
+    squeezed: list[int] = []  # input dims removed by an int or a 0-d index tensor
+    selected: list[tuple[int, TensorProxy]] = []  # (input dim, 0-d index tensor)
     new_dims: list[int] = []  # output dims inserted by None/True/False
     empty_dims: list[int] = []  # output dims inserted by False (size 0)
     tensors: list[tuple[int, TensorProxy]] = []
@@ -156,7 +161,10 @@ def _basic_index(op: str, a: TensorProxy, items: list[Any]) -> tuple[TensorProxy
             out_dim += 1
             continue
         size = a.shape[in_dim]
-        if isinstance(item, TensorProxy):
+        if isinstance(item, TensorProxy) and item.ndim == 0:
+            selected.append((in_dim, item))
+            squeezed.append(in_dim)
+        elif isinstance(item, TensorProxy):
             tensors.append((out_dim, item))
             out_dim += 1
         elif isinstance(item, slice):
@@ -177,6 +185,8 @@ def _basic_index(op: str, a: TensorProxy, items: list[Any]) -> tuple[TensorProxy
     out = a
     if sliced:
         out = prims.slice_prim(out, starts, stops, steps)
+    for d, index in selected:
+        out = prims.take(out, reshape_to(_nonnegative(index, a.shape[d]), (1,)), d)
     if squeezed:
         out = prims.squeeze(out, tuple(squeezed))
     if new_dims:
