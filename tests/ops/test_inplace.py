@@ -7,6 +7,8 @@ import torch
 
 from minijit.errors import MetaError, UnsupportedOpError
 from minijit.ops import prims
+from minijit.ops.ltorch.inplace import METADATA_INPLACE
+from minijit.ops.registry import ALL_LTORCH
 from tests.ops.eager_check import DTYPES, check_against_eager, make
 from tests.ops.test_indexing import KEYS, _index_tensors
 from tests.oputil import trace_call
@@ -218,3 +220,24 @@ def test_inplace_errors(fn, args, error, match):
             fn(*(a.clone() for a in args))
     with pytest.raises(error, match=match):
         trace_call(fn, *args)
+
+
+def _unary_inplace_names():
+    x = torch.full((2,), 0.5)
+    names = []
+    for name, sym in sorted(ALL_LTORCH.items()):
+        if not name.endswith("_") or prims.INPLACE not in sym.tags or name[:-1] in METADATA_INPLACE:
+            continue
+        try:
+            getattr(x.clone(), name)()
+        except (TypeError, RuntimeError, AttributeError):
+            continue  # needs more arguments, or is not a value-writing op
+        names.append(name)
+    return names
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("name", _unary_inplace_names())
+def test_every_unary_inplace_variant_matches_eager(name, dtype):
+    x = torch.linspace(0.1, 0.9, 6, dtype=dtype).reshape(2, 3)  # inside every unary op's domain
+    check_against_eager(lambda x: getattr(x, name)(), x, exact=False)

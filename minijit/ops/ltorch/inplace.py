@@ -64,7 +64,7 @@ _INPLACE_OF = (
     "erfinv", "lgamma", "digamma", "bitwise_not", "bitwise_left_shift", "bitwise_right_shift", "copysign",
     "logical_and", "logical_or", "logical_xor", "clamp_min", "clamp_max", "hardtanh", "silu", "gelu",
     "leaky_relu", "elu", "mish", "hardsigmoid", "hardswish", "celu", "selu", "nan_to_num", "xlogy",
-    "hypot", "frac", "sinc", "logit", "heaviside", "float_power", "sgn", "fix", "deg2rad", "rad2deg",
+    "hypot", "frac", "sinc", "logit", "heaviside", "sgn", "fix", "deg2rad", "rad2deg",
     "tril", "triu", "index_copy", "index_add", "index_fill", "masked_fill", "scatter_add", "scatter", "index_put",
 )
 # Tensor method aliases whose in-place form computes another op: clip_ is clamp_, and so on.
@@ -95,8 +95,10 @@ def _metadata_inplace(name: str) -> None:
               tags=[INPLACE])(decomposition)
 
 
-for _name in ("squeeze", "unsqueeze", "t", "transpose", "swapdims", "swapaxes", "resize", "resize_as",
-              "as_strided", "detach", "requires_grad"):
+# In-place ops that change a tensor's shape or autograd metadata rather than its values.
+METADATA_INPLACE = ("squeeze", "unsqueeze", "t", "transpose", "swapdims", "swapaxes", "resize", "resize_as",
+                    "as_strided", "detach", "requires_grad")
+for _name in METADATA_INPLACE:
     _metadata_inplace(_name)
 
 
