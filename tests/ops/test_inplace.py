@@ -109,6 +109,25 @@ def test_setitem_is_one_inplace_symbol():
     assert bsym.subsymbols[-1].sym is prims.copy_
 
 
+@pytest.mark.parametrize(("key", "one_dim"), [
+    pytest.param(lambda i: (slice(None), None, 2), True, id="int"),
+    pytest.param(lambda i: (..., slice(1, None, 2)), True, id="slice"),
+    pytest.param(lambda i: (slice(None), i), True, id="tensor"),
+    pytest.param(lambda i: (0, slice(1, 3)), False, id="two_dims"),
+])
+def test_setitem_on_one_dim_is_one_index_copy(key, one_dim):
+    def fn(x, i, v):
+        x[key(i)] = v
+        return x
+
+    x, i, v = make((3, 4)), torch.tensor([3, 0]), make((1,))
+    trace = trace_call(fn, x, i, v)
+    (bsym,) = trace.bound_symbols
+    (index_copy,) = [s for s in bsym.subsymbols if s.sym is prims.index_copy]
+    assert (index_copy.args[0] is trace.args[0]) == one_dim  # along the dim of x, not into x flattened
+    check_against_eager(fn, x, i, v)
+
+
 @pytest.mark.parametrize("key", [
     pytest.param(lambda i: slice(1, 3), id="slice"),
     pytest.param(lambda i: (0, slice(None, None, 2)), id="int_slice"),

@@ -360,6 +360,9 @@ def indexed_update(op: str, a: TensorProxy, key: Any, value: Any, accumulate: bo
         return _masked_update(op, a, mask, value, accumulate)
     if _is_index_put(key):
         _check_same_dtype(op, a, value)
+    updated = _one_dim_update(op, a, key, value, accumulate)
+    if updated is not None:
+        return updated
     # Index the tensor of a's linear positions with the same key: that gives, in the
     # shape of a[key], where each element of a[key] lives in a, so one index_copy
     # (index_add, which sums repeated positions, to accumulate) into the flattened
@@ -372,6 +375,58 @@ def indexed_update(op: str, a: TensorProxy, key: Any, value: Any, accumulate: bo
     prim = prims.index_add if accumulate else prims.index_copy
     updated = prim(reshape_to(a, (numel,)), reshape_to(locations, (n,)), reshape_to(v, (n,)), 0)
     return reshape_to(updated, a.shape)
+
+
+def _is_full_slice(item: Any) -> bool:
+    return isinstance(item, slice) and item.start is None and item.stop is None and item.step is None
+
+
+def _one_dim_update(op: str, a: TensorProxy, key: Any, value: Any, accumulate: bool) -> TensorProxy | None:
+    """`indexed_update` for keys that index at most one dim (`x[:, 3] = v`, `x[..., i] = v`), else None.
+
+    One index_copy (index_add) along that dim, with no tensor of a's size holding positions.
+    """
+    raw = _key_tuple(key)
+    for item in raw:
+        if item is False or isinstance(item, list | tuple):
+            return None
+        if isinstance(item, TensorProxy) and (item.ndim > 1 or item.dtype not in _INDEX_DTYPES):
+            return None
+    if sum(1 for item in raw if not (item is None or item is True or item is Ellipsis or _is_full_slice(item))) > 1:
+        return None
+    result_shape: list[Any] = []
+    dim, index, in_dim = None, None, 0
+    for item in _key_items(op, a, key):
+        if item is None or item is True:
+            result_shape.append(1)
+            continue
+        size = a.shape[in_dim]
+        if _is_full_slice(item):
+            result_shape.append(size)
+        elif isinstance(item, slice):
+            if item.step is not None and item.step <= 0:
+                raise _fail(op, f"slice step must be greater than zero, got {item.step}")
+            start, stop, step = slice_bounds(item, size)
+            n = (stop - start + step - 1) // step
+            dim, index = in_dim, prims.iota(n, start=start, step=step, dtype=torch.int64, device=a.device)
+            result_shape.append(n)
+        elif isinstance(item, TensorProxy):
+            dim, index = in_dim, reshape_to(_nonnegative(item, size), (item.numel(),))
+            result_shape.extend(item.shape)
+        else:
+            if not -size <= item < size:
+                raise _fail(op, f"index {item} is out of bounds for dimension {in_dim} with size {size}")
+            start = item + size if item < 0 else item
+            dim, index = in_dim, prims.iota(1, start=start, step=1, dtype=torch.int64, device=a.device)
+        in_dim += 1
+    v = _value_tensor(op, a, value, tuple(result_shape))
+    if dim is None:  # the key selects all of a
+        v = reshape_to(v, a.shape)
+        return prims.add(a, v) if accumulate else v
+    box = list(a.shape)
+    box[dim] = index.shape[0]
+    prim = prims.index_add if accumulate else prims.index_copy
+    return prim(a, index, reshape_to(v, tuple(box)), dim)
 
 
 @ltorch_op(torch_fns=[torch.index_put, torch.Tensor.index_put], methods=["index_put"])
