@@ -16,6 +16,7 @@ The order, for every call made by interpreted code:
 from __future__ import annotations
 
 import functools
+import itertools
 import types
 from collections.abc import Callable
 from typing import Any
@@ -122,7 +123,7 @@ def call(fn: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> 
 
 def _instantiate(cls: type, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> Any:
     """`cls(*args, **kwargs)` with Python `__new__`/`__init__` interpreted (plain `type` metaclass only)."""
-    if type(cls) is not type:
+    if type(cls).__call__ is not type.__call__:
         meta_call = type(cls).__call__
         if type(meta_call) is types.FunctionType and should_interpret(meta_call):
             return run_function(meta_call, (cls, *args), kwargs)
@@ -153,7 +154,32 @@ def _instantiate(cls: type, args: tuple[Any, ...] | list[Any], kwargs: dict[str,
 def _call_native(fn: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> Any:
     if has_proxy(args, kwargs):
         _check_native_call_with_proxy(fn)
+    try:
+        consumes = _ITERABLE_CONSUMERS.get(fn)
+    except TypeError:
+        consumes = None
+    if consumes is not None and args:
+        from minijit.frontend.opcodes.build import interpreted_iterable
+
+        if consumes == "all":
+            args = [interpreted_iterable(a) for a in args]
+        elif consumes == "first" or len(args) == 1:
+            args = [interpreted_iterable(args[0]), *args[1:]]
     return fn(*args, **kwargs)
+
+
+# Native callables that iterate over their positional arguments ("first": only the first one;
+# "single": the first when it is the only one). An argument whose class iterates in Python is
+# wrapped so that its __iter__/__next__ run through the interpreter.
+_ITERABLE_CONSUMERS: dict[Any, str] = {
+    list: "first", tuple: "first", set: "first", frozenset: "first", sorted: "first", sum: "first",
+    any: "first", all: "first", enumerate: "first", min: "single", max: "single", zip: "all", map: "all",
+    itertools.chain: "all", itertools.islice: "first", itertools.cycle: "first", itertools.product: "all",
+    itertools.permutations: "first", itertools.combinations: "first", itertools.accumulate: "first",
+    itertools.groupby: "first", itertools.zip_longest: "all", itertools.starmap: "all", itertools.tee: "first",
+    itertools.chain.from_iterable: "first", itertools.dropwhile: "all", itertools.takewhile: "all",
+    itertools.filterfalse: "all", itertools.compress: "all", itertools.pairwise: "first",
+}
 
 
 def _check_native_call_with_proxy(fn: Any) -> None:

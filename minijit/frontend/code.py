@@ -134,7 +134,8 @@ def _decode(code: types.CodeType) -> CodeInfo:
         handler = HANDLERS.get(ins.opname) or _unsupported_handler(ins.opname)
         index = ins.offset // 2
         line = positions[index][0] if index < len(positions) else None
-        insts[index] = Inst(ins.opname, ins.arg, ins.argval, ins.offset, index + 1 + _CACHES[ins.opcode], line, handler)
+        argval = code.co_consts[ins.arg] if ins.opname == "KW_NAMES" else ins.argval
+        insts[index] = Inst(ins.opname, ins.arg, argval, ins.offset, index + 1 + _CACHES[ins.opcode], line, handler)
     # Instructions the compiler marks with no line (e.g. cleanup code) belong to the line before.
     last = code.co_firstlineno
     for inst in insts:

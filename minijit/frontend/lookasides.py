@@ -199,6 +199,63 @@ def build_class(func: types.FunctionType, name: str, *bases: Any, **kwds: Any) -
     return cls
 
 
+def _protocols() -> Any:
+    from minijit.frontend.opcodes import protocols
+
+    return protocols
+
+
+@lookaside(len)
+def len_(obj: Any, /) -> int:
+    """len, running a Python `__len__` through the interpreter."""
+    return _protocols().length(obj)
+
+
+@lookaside(bool)
+def bool_(*args: Any) -> bool:
+    """bool, running a Python `__bool__`/`__len__` through the interpreter."""
+    return _protocols().truth(args[0]) if len(args) == 1 else bool(*args)
+
+
+@lookaside(getattr)
+def getattr_(obj: Any, name: str, *default: Any) -> Any:
+    """getattr, with Python properties and `__getattr__` interpreted."""
+    if type(name) is not str:
+        return getattr(obj, name, *default)
+    try:
+        return _protocols().load_attr(obj, name)
+    except AttributeError:
+        if default:
+            return default[0]
+        raise
+
+
+@lookaside(setattr)
+def setattr_(obj: Any, name: str, value: Any, /) -> None:
+    """setattr, with Python property setters and `__setattr__` interpreted."""
+    if type(name) is not str:
+        setattr(obj, name, value)
+    else:
+        _protocols().store_attr(obj, name, value)
+
+
+def _dunder_lookaside(native: Any, dunder: str) -> Callable[..., Any]:
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if len(args) == 1 and not kwargs and dunder in _protocols().python_members(type(args[0])):
+            result = _protocols().call_dunder(args[0], dunder)
+            if native in (str, repr) and not isinstance(result, str):
+                raise TypeError(f"{dunder} returned non-string (type {type(result).__name__})")
+            return result
+        return native(*args, **kwargs)
+
+    run.__doc__ = f"{native.__name__}, running a Python `{dunder}` through the interpreter."
+    return run
+
+
+for _native, _dunder in ((repr, "__repr__"), (str, "__str__"), (hash, "__hash__"), (abs, "__abs__")):
+    LOOKASIDES[_native] = _dunder_lookaside(_native, _dunder)
+
+
 @lookaside(globals)
 def globals_() -> dict[str, Any]:
     """globals() of the interpreted frame."""

@@ -58,13 +58,14 @@ def call_(frame: Frame, inst: Inst) -> None:
 
 
 def function_str(fn: Any) -> str:
-    """How CPython names a callable in argument errors: `f()`, `C.m()`, or the object."""
+    """How CPython names a callable in argument errors: `module.qualname()`, or `type object`."""
     qualname = getattr(fn, "__qualname__", None)
-    if isinstance(fn, types.MethodType | types.FunctionType | types.BuiltinFunctionType) and qualname:
-        return f"{qualname}()"
-    if isinstance(fn, type):
-        return f"{fn.__qualname__}()"
-    return f"{type(fn).__name__} object"
+    if not isinstance(qualname, str):
+        return f"{type(fn).__name__} object"
+    module = getattr(fn, "__module__", None)
+    if isinstance(module, str) and module != "builtins":
+        return f"{module}.{qualname}()"
+    return f"{qualname}()"
 
 
 @handles("CALL_FUNCTION_EX")
