@@ -115,7 +115,7 @@ def call(fn: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> 
         return call(fn.func, (*fn.args, *args), {**fn.keywords, **kwargs})
     if isinstance(fn, type):
         return _instantiate(fn, args, kwargs)
-    dunder_call = getattr(t, "__call__", None)
+    dunder_call = next((vars(k)["__call__"] for k in t.__mro__ if "__call__" in vars(k)), None)
     if type(dunder_call) is types.FunctionType and should_interpret(dunder_call):
         return run_function(dunder_call, (fn, *args), kwargs)
     return _call_native(fn, args, kwargs)
@@ -232,7 +232,7 @@ def torch_name(fn: Any) -> str:
             for name in dir(ns):
                 try:
                     value = getattr(ns, name)
-                except Exception:  # noqa: S112 - some torch attributes raise on access
+                except Exception:
                     continue
                 if callable(value):
                     _PUBLIC_TORCH_NAMES.setdefault(id(value), f"{prefix}.{name}")

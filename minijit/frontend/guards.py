@@ -10,7 +10,7 @@ cache miss, never a wrong result (DESIGN.md invariant 7).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from minijit.ir import Proxy
@@ -29,10 +29,10 @@ class GuardEntry:
     """
 
     kind: str
-    namespace: Any
+    namespace: Any = field(repr=False)
     name: str
     value: Any
-    shadow: dict[str, Any] | None = None
+    shadow: dict[str, Any] | None = field(default=None, repr=False)
 
     def __str__(self) -> str:
         where = {"global": "global", "builtin": "builtin", "cell": "closure variable"}[self.kind]

@@ -226,7 +226,7 @@ class InterpretedGenerator:
         if self.started and not self.finished and not self.running:
             try:
                 self.close()
-            except Exception:  # noqa: S110 - like CPython, an error in finalization is not propagated
+            except Exception:
                 pass
 
     def _delegate(self) -> Any:

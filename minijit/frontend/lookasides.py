@@ -89,7 +89,7 @@ def super_(*args: Any) -> super:
         return super(*args)
     frame = current_frame()
     code = frame.code if frame is not None else None
-    if code is None or code.co_argcount == 0 and not code.co_flags & 0x04:
+    if code is None or (code.co_argcount == 0 and not code.co_flags & 0x04):
         raise RuntimeError("super(): no arguments")
     first = frame.localsplus[0]
     if isinstance(first, types.CellType) and code.co_varnames[0] in code.co_cellvars:

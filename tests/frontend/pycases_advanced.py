@@ -1,6 +1,6 @@
 """Differential cases: generators, exceptions, with, classes, dataclasses, match statements."""
 
-# ruff: noqa: E731, E741, F841, PLR, SIM105
+# ruff: noqa: F841, RUF005, UP028
 from __future__ import annotations
 
 import contextlib
@@ -260,7 +260,7 @@ def finally_with_return_break_continue(n):
         try:
             return "try"
         finally:
-            return "finally wins"  # noqa: B012
+            return "finally wins"
 
     for i in range(n):
         try:
@@ -345,7 +345,7 @@ def bare_reraise():
 
 @case()
 def reraise_outside_handler():
-    raise  # noqa: PLE0704
+    raise
 
 
 @case()

@@ -81,8 +81,8 @@ def _match_class(subject: Any, cls: Any, count: int, names: tuple[str, ...]) -> 
     if count:
         match_args = getattr(cls, "__match_args__", None)
         if match_args is None:
-            if cls in _SELF_MATCHING or any(issubclass(cls, c) and c in cls.__mro__ for c in _SELF_MATCHING) \
-                    and count == 1:
+            if cls in _SELF_MATCHING or (any(issubclass(cls, c) and c in cls.__mro__ for c in _SELF_MATCHING) \
+                    and count == 1):
                 attrs.append(subject)
                 count = 0
             else:
