@@ -96,9 +96,6 @@ def call(fn: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> 
             return run_function(fn, args, kwargs)
         return _call_native(fn, args, kwargs)
     if t is types.MethodType:
-        sym = ltorch_symbol_for(fn)
-        if sym is not None:
-            return sym(*args, **kwargs)
         return call(fn.__func__, (fn.__self__, *args), kwargs)
     if t is _BoundMethod:
         return fn(*args, **kwargs)

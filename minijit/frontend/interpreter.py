@@ -269,6 +269,7 @@ class InterpretedGenerator:
         try:
             if exc is None and push:
                 frame.stack.append(value)
+            frame.line = None  # the consumer's line is current now: set the generator's again
             signal = run_frame(frame, exc)
         except StopIteration as stop:
             self.finished = True

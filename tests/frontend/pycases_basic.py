@@ -347,7 +347,7 @@ def closure_over_class_scope():
     class K:
         a = 5
         try:
-            b = [a * i for i in range(3)]  # noqa: F821 - class scope is invisible in comprehensions
+            b = [a * i for i in range(3)]  # the class scope is invisible here
         except NameError as e:
             b = str(e)
         c = a + 1
@@ -618,3 +618,68 @@ def augmented_assignments(n):
 @case(3)
 def string_join_generators(n):
     return ",".join(str(i) for i in range(n)), "-".join(sorted({"b", "a"}))
+
+
+@case(300)
+def deep_recursion(n):
+    def sum_to(k):
+        return 0 if k == 0 else k + sum_to(k - 1)
+    return sum_to(n)
+
+
+@case(2)
+def class_body_reads_enclosing_function_variable(n):
+    def make():
+        x = n
+
+        class C:
+            y = x * 10  # LOAD_CLASSDEREF: x is a cell of make()
+            x = "class-level"
+            z = x
+        return C
+    C = make()
+    return C.y, C.z, C.x
+
+
+@case()
+def annotations_on_inner_function():
+    def g(x: int, *, y: "list[str]" = None) -> str:
+        return str(x)
+    return g.__annotations__, g(5), g.__kwdefaults__
+
+
+@case(3)
+def yield_inside_with(n):
+    log = []
+
+    class Ctx:
+        def __enter__(self):
+            log.append("enter")
+
+        def __exit__(self, *a):
+            log.append(f"exit {a[0].__name__ if a[0] else None}")
+
+    def gen():
+        with Ctx():
+            for i in range(n):
+                yield i
+    g = gen()
+    first = next(g)
+    g.close()
+    return first, log, list(gen())
+
+
+@case("The Quick Brown Fox")
+def string_methods(s):
+    return (s.lower(), s.swapcase(), s.partition(" "), s.rsplit(" ", 1), s.startswith(("The", "A")), s.find("Q"),
+            s.zfill(25), s.expandtabs(), s.casefold(), s.title(), s.isidentifier(), s.strip("Tx"), list(s)[:3],
+            s.translate(str.maketrans("aeiou", "AEIOU")), sorted(s.split(), key=str.lower))
+
+
+@case(6)
+def comprehension_with_walrus_and_filter(n):
+    total = 0
+    pairs = {(k := i % 3): [j for j in range(i) if j % 2] for i in range(n)}
+    evens = {v for i in range(n) if (v := i * 2) > 3}
+    total = sum(len(v) for v in pairs.values())
+    return pairs, evens, k, total

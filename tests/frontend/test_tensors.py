@@ -262,3 +262,40 @@ def test_user_exceptions_propagate_unchanged():
 
     with pytest.raises(KeyError, match="shape three"):
         minijit.jit(fails)(torch.randn(3))
+
+
+def _squares(xs):
+    for x in xs:
+        yield torch.tanh(x)
+
+
+def consumes_generator(a, b):
+    return [t * 2.0 for t in _squares([a, b])]
+
+
+def test_generator_ops_carry_the_generator_lines():
+    trace = _capture(consumes_generator, torch.randn(2), torch.randn(2))
+    lines = [(b.sym.name, b.source.lineno) for b in trace.bound_symbols]
+    tanh_line = _line_of(_squares, "torch.tanh")
+    mul_line = _line_of(consumes_generator, "t * 2.0")
+    assert lines == [("tanh", tanh_line), ("mul", mul_line), ("tanh", tanh_line), ("mul", mul_line)]
+
+
+def _echo():
+    received = None
+    while True:
+        received = torch.sin((yield received))
+
+
+def drives_generator(x):
+    g = _echo()
+    next(g)
+    y = g.send(x)
+    return g.send(y + 1.0)
+
+
+def test_resumed_generator_sets_its_line_again():
+    trace = _capture(drives_generator, torch.randn(2))
+    lines = [(b.sym.name, b.source.lineno) for b in trace.bound_symbols]
+    sin_line = _line_of(_echo, "torch.sin")
+    assert lines == [("sin", sin_line), ("add", _line_of(drives_generator, "y + 1.0")), ("sin", sin_line)]

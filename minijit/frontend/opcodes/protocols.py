@@ -13,6 +13,7 @@ import types
 from typing import Any
 
 from minijit.frontend.calls import call, should_interpret
+from minijit.frontend.interpreter import InterpretedGenerator
 
 # class -> names of the dunders and properties it (or a base) defines in interpretable Python.
 _PY_MEMBERS: dict[type, frozenset[str]] = {}
@@ -70,7 +71,11 @@ for _symbol, _op, _dunder in _NAMES:
 def binary_op(a: Any, b: Any, index: int) -> Any:
     """`a <op> b` for BINARY_OP's argument `index` (in-place forms for 13 and up)."""
     symbol, native, dunder, other = BINARY_OPS[index]
-    if not (python_members(type(a)) or python_members(type(b))):
+    ma = _PY_MEMBERS.get(type(a))
+    mb = _PY_MEMBERS.get(type(b))
+    if ma is None or mb is None:
+        ma, mb = python_members(type(a)), python_members(type(b))
+    if not (ma or mb):
         return native(a, b)
     if index >= 13:
         inplace = _method(a, dunder)
@@ -114,7 +119,11 @@ COMPARISONS = {
 def compare(a: Any, b: Any, symbol: str) -> Any:
     """`a <symbol> b` for the six rich comparisons."""
     native, dunder, reflected = COMPARISONS[symbol]
-    if not (python_members(type(a)) or python_members(type(b))):
+    ma = _PY_MEMBERS.get(type(a))
+    mb = _PY_MEMBERS.get(type(b))
+    if ma is None or mb is None:
+        ma, mb = python_members(type(a)), python_members(type(b))
+    if not (ma or mb):
         return native(a, b)
     ta, tb = type(a), type(b)
     tried_reflected = False
@@ -164,6 +173,8 @@ def truth(value: Any) -> bool:
         return True
     if value is False or value is None:
         return False
+    if type(value) is int:
+        return value != 0
     members = python_members(type(value))
     if "__bool__" in members:
         result = call_dunder(value, "__bool__")
@@ -237,11 +248,13 @@ def get_iter(obj: Any) -> Any:
 
 def next_item(it: Any) -> Any:
     """next(it), with a Python `__next__` interpreted (raises StopIteration at the end)."""
-    from minijit.frontend.interpreter import InterpretedGenerator
-
-    if type(it) is InterpretedGenerator:
+    cls = type(it)
+    if cls is InterpretedGenerator:
         return it.__next__()
-    if "__next__" in python_members(type(it)):
+    members = _PY_MEMBERS.get(cls)
+    if members is None:
+        members = python_members(cls)
+    if "__next__" in members:
         return call_dunder(it, "__next__")
     try:
         return next(it)
