@@ -1,6 +1,6 @@
 """Differential cases: strings, numbers, loops, recursion, closures, comprehensions, calls."""
 
-# ruff: noqa: F841, RUF021, UP032, UP033, E742
+# ruff: noqa: F841, RUF013, RUF021, UP028, UP032, UP033, UP037, E742
 from __future__ import annotations
 
 import functools
