@@ -61,8 +61,7 @@ def _unwind(frame: Frame, inst: Inst, exc: BaseException) -> None:
     else:
         set_context(exc, state.handled)
     entry = inst.except_entry
-    if entry is None or isinstance(exc, MinijitError):
-        # A MinijitError means the trace cannot be built; user `except` clauses must not hide it.
+    if entry is None:
         state.passthrough = exc
         raise exc
     target, depth, push_lasti = entry
@@ -71,6 +70,15 @@ def _unwind(frame: Frame, inst: Inst, exc: BaseException) -> None:
         frame.stack.append(inst.offset)
     frame.stack.append(exc)
     frame.ip = target
+    if isinstance(exc, MinijitError):
+        # A MinijitError means no trace can be built: `finally` blocks and `__exit__` still run (so
+        # e.g. grad mode is restored), but no user `except` may swallow it. Typed `except` clauses
+        # never match it (CHECK_EXC_MATCH); a bare `except:` is skipped here, straight to its cleanup.
+        handler = frame.insts[target]
+        after = frame.insts[handler.next]
+        if handler.opname == "PUSH_EXC_INFO" and after.opname == "POP_TOP":
+            handler.handler(frame, handler)
+            _unwind(frame, after, exc)
 
 
 def set_context(exc: BaseException, handled: BaseException | None) -> None:

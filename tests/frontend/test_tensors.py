@@ -299,3 +299,26 @@ def test_resumed_generator_sets_its_line_again():
     lines = [(b.sym.name, b.source.lineno) for b in trace.bound_symbols]
     sin_line = _line_of(_echo, "torch.sin")
     assert lines == [("sin", sin_line), ("add", _line_of(drives_generator, "y + 1.0")), ("sin", sin_line)]
+
+
+LOG: list[str] = []
+
+
+def fails_inside_handlers(x):
+    try:
+        with torch.no_grad():
+            try:
+                torch.fft.fft(x)
+            except:  # noqa: E722 - must not swallow minijit's error
+                LOG.append("bare except ran")
+            LOG.append("after bare except")
+    finally:
+        LOG.append("finally ran")
+
+
+def test_minijit_error_runs_finally_and_exit_but_no_except():
+    LOG.clear()
+    with pytest.raises(UnsupportedOpError):
+        minijit.jit(fails_inside_handlers)(torch.randn(4))
+    assert LOG == ["finally ran"]
+    assert torch.is_grad_enabled()  # no_grad's __exit__ ran

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from minijit.errors import MinijitError
 from minijit.frontend.calls import bind_method, call
 from minijit.frontend.code import Inst
 from minijit.frontend.frame import STATE, Frame
@@ -74,7 +75,9 @@ def check_exc_match(frame: Frame, inst: Inst) -> None:
     for c in classes:
         if not (isinstance(c, type) and issubclass(c, BaseException)):
             raise TypeError("catching classes that do not inherit from BaseException is not allowed")
-    frame.stack.append(issubclass(type(frame.stack[-1]), cls))
+    exc = frame.stack[-1]
+    # A MinijitError must reach the user: their `except` clauses never catch it.
+    frame.stack.append(issubclass(type(exc), cls) and not isinstance(exc, MinijitError))
 
 
 @handles("LOAD_ASSERTION_ERROR")
@@ -104,7 +107,9 @@ def with_except_start(frame: Frame, inst: Inst) -> None:
     """Leaving a `with` by an exception: call `__exit__(type, exc, tb)` (stack: exit, lasti, prev, exc)."""
     exc = frame.stack[-1]
     exit_ = frame.stack[-4]
-    frame.stack.append(call(exit_, (type(exc), exc, exc.__traceback__), {}))
+    suppress = call(exit_, (type(exc), exc, exc.__traceback__), {})
+    # __exit__ runs (restoring grad mode, closing files), but it cannot suppress a MinijitError.
+    frame.stack.append(False if isinstance(exc, MinijitError) else suppress)
 
 
 __all__: list[str] = []
