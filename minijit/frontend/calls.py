@@ -150,6 +150,12 @@ def _instantiate(cls: type, args: tuple[Any, ...] | list[Any], kwargs: dict[str,
 
 def _call_native(fn: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> Any:
     if has_proxy(args, kwargs):
+        owner = getattr(fn, "__self__", None)
+        if isinstance(owner, torch.Tensor) and type(fn) is types.BuiltinMethodType:
+            # real_tensor.method(proxy): the same as torch.Tensor.method(real_tensor, proxy)
+            sym = ltorch_symbol_for(getattr(torch.Tensor, fn.__name__, None))
+            if sym is not None:
+                return sym(owner, *args, **kwargs)
         _check_native_call_with_proxy(fn)
     try:
         consumes = _ITERABLE_CONSUMERS.get(fn)
@@ -234,6 +240,8 @@ def torch_name(fn: Any) -> str:
                 if callable(value):
                     _PUBLIC_TORCH_NAMES.setdefault(id(value), f"{prefix}.{name}")
     name = _PUBLIC_TORCH_NAMES.get(id(fn))
+    if name is None and isinstance(getattr(fn, "__self__", None), torch.Tensor):
+        name = f"torch.Tensor.{fn.__name__}"
     return name if name is not None else _callable_name(fn)
 
 

@@ -322,3 +322,36 @@ def test_minijit_error_runs_finally_and_exit_but_no_except():
         minijit.jit(fails_inside_handlers)(torch.randn(4))
     assert LOG == ["finally ran"]
     assert torch.is_grad_enabled()  # no_grad's __exit__ ran
+
+
+class GeluBlock(torch.nn.Module):
+    """A module without parameters: called through nn.Module.__call__, which is interpreted too."""
+
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x, y):
+        return F.gelu(x * self.scale) + y
+
+
+def test_module_call_is_interpreted():
+    block = GeluBlock(2.0)
+    x, y = torch.randn(3), torch.randn(3)
+    jf = minijit.jit(lambda a, b: block(a, b))
+    torch.testing.assert_close(jf(x, y), block(x, y))
+    bsyms = minijit.last_traces(jf)[0].bound_symbols
+    assert [b.sym.name for b in bsyms] == ["mul", "gelu", "add"]
+    assert bsyms[1].source.lineno == _line_of(GeluBlock.forward, "F.gelu")
+
+
+REAL = torch.randn(3)
+
+
+def real_tensor_method_on_proxy(x):
+    return REAL.cumsum(x)
+
+
+def test_method_of_a_real_tensor_with_a_proxy_argument_is_refused():
+    with pytest.raises(UnsupportedOpError, match=r"torch\.Tensor\.cumsum is not supported"):
+        minijit.jit(real_tensor_method_on_proxy)(torch.randn(3))
