@@ -296,6 +296,12 @@ def vars_(*args: Any) -> Any:
     return vars(*args) if args else locals_()
 
 
+@lookaside(dir)
+def dir_(*args: Any) -> list[str]:
+    """dir(); with no argument, the names of the interpreted frame's locals."""
+    return dir(*args) if args else sorted(locals_())
+
+
 @lookaside(sys.exc_info)
 def exc_info() -> tuple[Any, Any, Any]:
     """sys.exc_info() as seen by the interpreted code."""

@@ -8,7 +8,7 @@ import pytest
 
 from minijit.frontend import interpret
 from minijit.ir import Trace, tracing
-from tests.frontend import pycases_advanced, pycases_basic, pycases_classes, pycases_stdlib  # noqa: F401 - register
+from tests.frontend import pycases_advanced, pycases_basic, pycases_classes, pycases_more, pycases_stdlib  # noqa: F401 - register
 from tests.frontend.cases import CASES
 
 
