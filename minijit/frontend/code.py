@@ -56,7 +56,7 @@ class CodeInfo:
     """Everything the interpreter needs about a code object, computed once."""
 
     __slots__ = ("binder_code", "code", "filename", "insts", "is_user", "locations", "n_args",
-                 "n_localsplus", "names")
+                 "n_localsplus", "names", "sourceless")
 
     def __init__(self, code: types.CodeType, insts: list[Inst | None], is_user: bool):
         self.code = code
@@ -70,6 +70,10 @@ class CodeInfo:
         self.binder_code: types.CodeType | None = None
         self.filename = short_filename(code.co_filename)
         self.locations: dict[int, SourceLocation] = {}
+        # Generated code (dataclass __init__, exec'd strings) has no text to show; its lines are
+        # only used when no user line is known, else the calling user line stays the location.
+        self.sourceless = code.co_filename.startswith("<") and not linecache.getline(code.co_filename,
+                                                                                        code.co_firstlineno)
 
     def location(self, line: int) -> SourceLocation:
         """The SourceLocation of `line` in this code's file (cached)."""

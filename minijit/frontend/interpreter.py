@@ -33,6 +33,8 @@ def run_frame(frame: Frame, throw: BaseException | None = None) -> str:
     """
     insts = frame.insts
     trace = current_trace() if frame.info.is_user else None
+    if trace is not None and frame.info.sourceless and trace.source is not None:
+        trace = None
     if throw is not None:
         assert frame.suspended_at is not None
         STATE.passthrough = throw  # gen.throw() raises the exception as given, without a new context

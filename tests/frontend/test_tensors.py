@@ -355,3 +355,19 @@ def real_tensor_method_on_proxy(x):
 def test_method_of_a_real_tensor_with_a_proxy_argument_is_refused():
     with pytest.raises(UnsupportedOpError, match=r"torch\.Tensor\.cumsum is not supported"):
         minijit.jit(real_tensor_method_on_proxy)(torch.randn(3))
+
+
+_GENERATED: dict = {}
+exec("def generated_scale(t):\n    return t * 3.0\n", _GENERATED)  # code without a source file
+
+
+def calls_generated_code(x):
+    y = _GENERATED["generated_scale"](x)
+    return y
+
+
+def test_generated_code_keeps_the_callers_line():
+    trace = _capture(calls_generated_code, torch.randn(2))
+    (mul,) = trace.bound_symbols
+    assert (mul.source.lineno, mul.source.text) == (_line_of(calls_generated_code, "generated_scale"),
+                                                    'y = _GENERATED["generated_scale"](x)')
