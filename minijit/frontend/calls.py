@@ -92,6 +92,9 @@ def call(fn: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> 
         sym = ltorch_symbol_for(fn)
         if sym is not None:
             return sym(*args, **kwargs)
+        lookaside = LOOKASIDES.get(fn)
+        if lookaside is not None:
+            return lookaside(*args, **kwargs)
         if should_interpret(fn):
             return run_function(fn, args, kwargs)
         return _call_native(fn, args, kwargs)

@@ -74,6 +74,25 @@ def _classinfo_only_subclasses(classinfo: Any) -> bool:
     return not any(isinstance(c, type) and issubclass(torch.Tensor, c) for c in classes)
 
 
+@lookaside(torch.is_tensor)
+def is_tensor(obj: Any) -> bool:
+    """torch.is_tensor, True for a TensorProxy."""
+    return isinstance(obj, TensorProxy) or torch.is_tensor(obj)
+
+
+def _tensor_query(native: Callable[..., Any], method: str) -> Callable[..., Any]:
+    def query(obj: Any) -> Any:
+        return getattr(obj, method)() if isinstance(obj, TensorProxy) else native(obj)
+
+    query.__doc__ = f"torch.{native.__name__}, answered from a TensorProxy's metadata."
+    return query
+
+
+for _native_query, _method in ((torch.is_floating_point, "is_floating_point"), (torch.is_complex, "is_complex"),
+                               (torch.numel, "numel")):
+    LOOKASIDES[_native_query] = _tensor_query(_native_query, _method)
+
+
 @lookaside(type)
 def type_(*args: Any, **kwargs: Any) -> Any:
     """type(x) is torch.Tensor for a TensorProxy; otherwise the builtin."""

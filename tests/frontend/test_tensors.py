@@ -371,3 +371,14 @@ def test_generated_code_keeps_the_callers_line():
     (mul,) = trace.bound_symbols
     assert (mul.source.lineno, mul.source.text) == (_line_of(calls_generated_code, "generated_scale"),
                                                     'y = _GENERATED["generated_scale"](x)')
+
+
+def metadata_queries(x):
+    if torch.is_tensor(x) and torch.is_floating_point(x) and not torch.is_complex(x) and torch.numel(x) == 6:
+        return x * 2.0
+    return x
+
+
+def test_torch_metadata_queries_on_proxies():
+    x = torch.randn(2, 3)
+    torch.testing.assert_close(minijit.jit(metadata_queries)(x), metadata_queries(x))
