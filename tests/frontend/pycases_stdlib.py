@@ -1,9 +1,9 @@
 """Differential cases: standard-library code written in Python, run through the interpreter."""
 
-# ruff: noqa: PLR
 from __future__ import annotations
 
 import colorsys
+import contextlib
 import copy
 import difflib
 import fractions
@@ -152,3 +152,100 @@ def difflib_matching(a, b):
 def string_template():
     t = string.Template("$who likes ${what}")
     return t.substitute(who="tim", what="kung pao"), t.safe_substitute(who="x"), string.capwords(" a  b c ")
+
+
+@case()
+def argparse_parsing():
+    import argparse
+
+    p = argparse.ArgumentParser(prog="tool")
+    p.add_argument("--n", type=int, default=3)
+    p.add_argument("files", nargs="*")
+    sub = p.add_subparsers(dest="cmd")
+    sub.add_parser("run").add_argument("-v", action="store_true")
+    return vars(p.parse_args(["--n", "5", "a", "b", "run", "-v"])), p.format_usage()
+
+
+@case()
+def pprint_nested():
+    import pprint
+
+    return pprint.pformat({"a": list(range(30)), "b": {"c": ("x" * 50, [1, {2: 3}])}}, width=40)
+
+
+@case()
+def urllib_parse_functions():
+    import urllib.parse as up
+
+    u = up.urlparse("http://u:p@host:80/a/b?x=1&y=2#f")
+    return u, up.parse_qs(u.query), up.quote("a b/c"), up.urljoin("http://a/b/c", "../d"), u.port
+
+
+@case()
+def ipaddress_networks():
+    import ipaddress
+
+    n = ipaddress.ip_network("10.0.0.0/29")
+    return [str(h) for h in n.hosts()], ipaddress.ip_address("::1").is_loopback, str(n.supernet())
+
+
+@case()
+def tomllib_loads():
+    import tomllib
+
+    return tomllib.loads('a = 1\n[t]\nb = "x"\nc = [1, 2, {d = 3}]\n[[arr]]\ne=1\n[[arr]]\ne=2\n')
+
+
+@case()
+def configparser_interpolation():
+    import configparser
+
+    c = configparser.ConfigParser(interpolation=configparser.ExtendedInterpolation())
+    c.read_string("[a]\nx = 1\ny = ${x}2\n[b]\nz=${a:y}3\n")
+    return {s: dict(c[s]) for s in c.sections()}
+
+
+@case()
+def pathlib_pure_paths():
+    import pathlib
+
+    p = pathlib.PurePosixPath("/a/b/c.tar.gz")
+    return p.parent, p.suffixes, p.stem, p.with_name("d"), p.relative_to("/a"), list(p.parts), p.match("*.gz")
+
+
+@case()
+def exitstack_callbacks():
+    out = []
+    with contextlib.ExitStack() as stack:
+        stack.callback(out.append, "first registered")
+        stack.enter_context(contextlib.nullcontext())
+        stack.callback(out.append, "last registered")
+    return out
+
+
+@case(5)
+def random_with_seed(seed):
+    import random
+
+    r = random.Random(seed)
+    xs = list(range(10))
+    r.shuffle(xs)
+    return xs, r.choice("abc"), r.sample(range(100), 3), r.randint(1, 6), round(r.gauss(0, 1), 9)
+
+
+@case()
+def abstract_base_classes():
+    import abc
+
+    class Base(abc.ABC):
+        @abc.abstractmethod
+        def f(self): ...
+
+    class Impl(Base):
+        def f(self):
+            return "impl"
+    try:
+        Base()
+    except TypeError as e:
+        err = str(e)
+    return Impl().f(), err, isinstance(Impl(), Base)
