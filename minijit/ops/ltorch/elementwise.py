@@ -187,6 +187,8 @@ def addcdiv(a: TensorProxy, t1: TensorProxy, t2: TensorProxy, *, value: Any = 1)
 
 @ltorch_op(torch_fns=[torch.square, torch.Tensor.square], methods=["square"])
 def square(a: TensorProxy) -> TensorProxy:
-    """torch.square."""
+    """torch.square (bool squares to int64, as torch computes it with pow)."""
+    if a.dtype == torch.bool:
+        a = to_dtype(a, torch.int64)
     return mul(a, a)
 
