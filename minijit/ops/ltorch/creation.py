@@ -90,9 +90,10 @@ def to(input: TensorProxy, *args: Any, **kwargs: Any) -> TensorProxy:  # noqa: A
     kwargs.pop("memory_format", None)  # strides do not change values
     if kwargs:
         raise fail("to", f"unexpected keyword arguments {sorted(kwargs)}")
-    if flags.get("copy"):
-        raise fail("to", "copy=True is not supported; the functional trace needs no explicit copies")
-    return convert("to", input, dtype, None if device is None else _device(device))
+    out = convert("to", input, dtype, None if device is None else _device(device))
+    if flags.get("copy") and out is input:
+        raise fail("to", "copy=True without a dtype or device change is not supported")
+    return out
 
 
 def _declare_cast(name: str, dtype: torch.dtype) -> Any:
@@ -119,8 +120,8 @@ def type_as(input: TensorProxy, other: TensorProxy) -> TensorProxy:  # noqa: A00
     return convert("type_as", _tensor("type_as", input), _tensor("type_as", other).dtype, None)
 
 
-@ltorch_op(torch_fns=[torch.Tensor.type], methods=["type"])
-def type(input: TensorProxy, dtype: Any = None, non_blocking: bool = False, **kwargs: Any) -> TensorProxy:  # noqa: A001, A002
+@ltorch_op("type", torch_fns=[torch.Tensor.type], methods=["type"])
+def type_(input: TensorProxy, dtype: Any = None, non_blocking: bool = False, **kwargs: Any) -> TensorProxy:  # noqa: A002
     """Tensor.type(dtype): the tensor as dtype (the string forms and the no-argument query are not supported)."""
     if not isinstance(dtype, torch.dtype):
         raise fail("type", f"only Tensor.type(<torch.dtype>) is supported, got {dtype!r}")
