@@ -24,6 +24,8 @@ CASES = [
     ("view_varargs", lambda x: x.view(2, -1), [(2, 3, 4)]),
     ("view_tuple", lambda x: x.view((2, -1, 2)), [(2, 3, 4)]),
     ("view_as", lambda x, y: x.view_as(y), [(2, 6), (3, 4)]),
+    ("view_after_contiguous", lambda x: x.transpose(0, 1).contiguous().view(-1, 2), [(2, 3, 2)]),
+    ("view_as_after_contiguous", lambda x, y: x.t().contiguous().view_as(y), [(2, 6), (3, 4)]),
     ("reshape_as", lambda x, y: x.reshape_as(y), [(2, 6), (4, 3)]),
     ("flatten", lambda x: x.flatten(), [(2, 3, 4)]),
     ("flatten_range", lambda x: tt.flatten(x, 1, -2), [(2, 3, 4, 5)]),

@@ -128,7 +128,10 @@ def reshape(a: TensorProxy, *shape: Any) -> TensorProxy:
     return reshape_to(a, infer_shape("reshape", shape_arg(shape), a.numel()))
 
 
-@ltorch_op(torch_fns=[torch.Tensor.view], methods=["view"], tags=[VIEW])
+# Traces do not track memory layout (`contiguous()` records nothing), so a view runs as a
+# reshape: `x.t().contiguous().view(-1)` must work although the tensor the trace passes
+# to it is not contiguous. Where eager's view succeeds, reshape returns the same view.
+@ltorch_op(torch_fns=[torch.Tensor.view], methods=["view"], impl=torch.Tensor.reshape, tags=[VIEW])
 def view(a: TensorProxy, *shape: Any) -> TensorProxy:
     """Tensor.view(shape); the dtype-reinterpreting form `view(dtype)` is not supported."""
     if len(shape) == 1 and isinstance(shape[0], torch.dtype):
@@ -137,7 +140,7 @@ def view(a: TensorProxy, *shape: Any) -> TensorProxy:
     return reshape_to(a, infer_shape("view", shape_arg(shape), a.numel()))
 
 
-@ltorch_op(torch_fns=[torch.Tensor.view_as], methods=["view_as"], tags=[VIEW])
+@ltorch_op(torch_fns=[torch.Tensor.view_as], methods=["view_as"], impl=torch.Tensor.reshape_as, tags=[VIEW])
 def view_as(a: TensorProxy, other: TensorProxy) -> TensorProxy:
     """Tensor.view_as: a view with other's shape."""
     return reshape_to(a, infer_shape("view_as", other.shape, a.numel()))
