@@ -110,18 +110,7 @@ def _copy_to_out_(computed: torch.Tensor, *, out: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _with_number_operand(fn: Any) -> Any:
-    # torch.maximum and torch.minimum take only tensors; the prims also take a Python number.
-    def impl(a: Any, b: Any) -> torch.Tensor:
-        like = a if isinstance(a, torch.Tensor) else b
-        a, b = (x if isinstance(x, torch.Tensor) else torch.tensor(x, dtype=like.dtype, device=like.device) for x in (a, b))
-        return fn(a, b)
-    return impl
-
-
 _PRIM_IMPLS: dict[str, Any] = {
-    "maximum": _with_number_operand(torch.maximum),
-    "minimum": _with_number_operand(torch.minimum),
     # copy=True: a same-dtype conversion is how ltorch.clone makes a new tensor.
     "convert_element_type": lambda x, dtype: x.to(dtype, copy=True),
     "device_put": lambda x, device: x.to(device),
