@@ -55,7 +55,7 @@ class Frame:
 class State:
     """Per-interpretation state: the frame stack, the handled exception, guards and known cells."""
 
-    __slots__ = ("frames", "guards", "handled", "internal_cells", "passthrough", "recursion")
+    __slots__ = ("escapes", "frames", "guards", "handled", "internal_cells", "passthrough")
 
     def __init__(self) -> None:
         self.frames: list[Frame] = []
@@ -68,7 +68,8 @@ class State:
         self.guards: dict[tuple[str, int, str], Any] = {}
         # ids of cells created by the interpreted code; their contents are not guarded.
         self.internal_cells: set[int] = set()
-        self.recursion = 0
+        # exception -> the user locations it propagated out of, innermost first (for its note).
+        self.escapes: dict[BaseException, list[Any]] = {}
 
 
 STATE = State()

@@ -64,6 +64,8 @@ def _unwind(frame: Frame, inst: Inst, exc: BaseException) -> None:
         set_context(exc, state.handled)
     entry = inst.except_entry
     if entry is None:
+        if frame.info.is_user:
+            state.escapes.setdefault(exc, []).append(frame.info.location(inst.line))
         state.passthrough = exc
         raise exc
     target, depth, push_lasti = entry
@@ -340,21 +342,29 @@ def interpret(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
     from minijit.frontend.calls import call
 
     state = STATE
-    saved = (state.handled, state.passthrough, state.guards, state.internal_cells)
+    saved = (state.handled, state.passthrough, state.guards, state.internal_cells, state.escapes)
     state.handled = sys.exc_info()[1]
     state.passthrough = None
     state.guards = {}
     state.internal_cells = set()
+    state.escapes = {}
     trace = current_trace()
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(max(limit, 12 * _RECURSION_LIMIT))
     try:
         return call(fn, args, kwargs)
+    except BaseException as exc:
+        # The traceback shows the interpreter's frames; the note shows the user's.
+        locations = state.escapes.get(exc)
+        if locations:
+            lines = "\n".join(f"  {loc.filename}:{loc.lineno}  {loc.text}" for loc in reversed(locations))
+            exc.add_note(f"raised in code traced by minijit (most recent call last):\n{lines}")
+        raise
     finally:
         sys.setrecursionlimit(limit)
         if trace is not None:
             trace.info.setdefault("guards", []).extend(state.guards.values())
-        state.handled, state.passthrough, state.guards, state.internal_cells = saved
+        state.handled, state.passthrough, state.guards, state.internal_cells, state.escapes = saved
 
 
 __all__ = ["InterpretedGenerator", "interpret", "raise_passthrough", "run_frame", "run_function", "set_context"]

@@ -255,14 +255,24 @@ def test_proxy_misuse_is_a_clear_error(fn):
     assert os.path.basename(__file__) in str(info.value)
 
 
-def test_user_exceptions_propagate_unchanged():
-    def fails(x):
-        if x.shape[0] == 3:
-            raise KeyError("shape three")
-        return x
+def _check_shape(x):
+    if x.shape[0] == 3:
+        raise KeyError("shape three")
 
-    with pytest.raises(KeyError, match="shape three"):
-        minijit.jit(fails)(torch.randn(3))
+
+def fails_in_helper(x):
+    _check_shape(x)
+    return x
+
+
+def test_user_exceptions_propagate_unchanged_with_a_note_of_user_lines():
+    with pytest.raises(KeyError, match="shape three") as info:
+        minijit.jit(fails_in_helper)(torch.randn(3))
+    (note,) = info.value.__notes__
+    name = os.path.basename(__file__)
+    outer = f"{name}:{_line_of(fails_in_helper, '_check_shape(x)')}  _check_shape(x)"
+    inner = f"{name}:{_line_of(_check_shape, 'raise KeyError')}  raise KeyError(\"shape three\")"
+    assert note.index(outer) < note.index(inner)
 
 
 def _squares(xs):
