@@ -342,12 +342,13 @@ def interpret(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
     from minijit.frontend.calls import call
 
     state = STATE
-    saved = (state.handled, state.passthrough, state.guards, state.internal_cells, state.escapes)
+    saved = (state.handled, state.passthrough, state.guards, state.internal_cells, state.escapes, state.guard_roots)
     state.handled = sys.exc_info()[1]
     state.passthrough = None
     state.guards = {}
     state.internal_cells = set()
     state.escapes = {}
+    state.guard_roots = set()
     trace = current_trace()
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(max(limit, 12 * _RECURSION_LIMIT))
@@ -364,7 +365,8 @@ def interpret(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
         sys.setrecursionlimit(limit)
         if trace is not None:
             trace.info.setdefault("guards", []).extend(state.guards.values())
-        state.handled, state.passthrough, state.guards, state.internal_cells, state.escapes = saved
+        (state.handled, state.passthrough, state.guards, state.internal_cells, state.escapes,
+         state.guard_roots) = saved
 
 
 __all__ = ["InterpretedGenerator", "interpret", "raise_passthrough", "run_frame", "run_function", "set_context"]
