@@ -332,3 +332,25 @@ def builtins_consume_python_iterables():
     xs.sort(key=lambda v: -v)
     return (sorted(c), min(c), max(c, key=lambda v: v % 3), list(map(str, c)), list(filter(None, c)),
             functools.reduce(lambda a, b: a * b, c), sum(c), list(zip(c, "ab")), xs, dict.fromkeys(c))
+
+
+@case()
+def getattr_fallbacks_after_property_and_getattribute():
+    class Lazy:
+        @property
+        def missing(self):
+            raise AttributeError("not yet")
+
+        def __getattr__(self, name):
+            return f"fallback {name}"
+
+    class Both:
+        def __getattribute__(self, name):
+            if name == "boom":
+                raise AttributeError(name)
+            return f"ga {name}"
+
+        def __getattr__(self, name):
+            return f"getattr {name}"
+
+    return Lazy().missing, Lazy().other, Both().x, Both().boom, getattr(Lazy(), "missing", "default")

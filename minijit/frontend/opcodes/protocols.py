@@ -271,17 +271,27 @@ def load_attr(obj: Any, name: str) -> Any:
     members = python_members(cls)
     if not members or isinstance(obj, type):
         return getattr(obj, name)
+    if "__getattribute__" in members:
+        try:
+            return call_dunder(obj, "__getattribute__", name)
+        except AttributeError:
+            if "__getattr__" not in members:
+                raise
+            return call_dunder(obj, "__getattr__", name)
     if "property" in members:
         desc = class_attr(cls, name)
         if type(desc) is property and type(desc.fget) is types.FunctionType and should_interpret(desc.fget):
-            return call(desc.fget, (obj,), {})
-    if "__getattr__" in members and "__getattribute__" not in members:
+            try:
+                return call(desc.fget, (obj,), {})
+            except AttributeError:
+                if "__getattr__" not in members:
+                    raise
+                return call_dunder(obj, "__getattr__", name)
+    if "__getattr__" in members:
         try:
             return cls.__getattribute__(obj, name)
         except AttributeError:
             return call_dunder(obj, "__getattr__", name)
-    if "__getattribute__" in members:
-        return call_dunder(obj, "__getattribute__", name)
     return getattr(obj, name)
 
 
