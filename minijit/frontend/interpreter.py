@@ -170,14 +170,17 @@ class InterpretedGenerator:
 
     @property
     def __name__(self) -> str:
+        """The generator function's name."""
         return self.frame.code.co_name
 
     @property
     def gi_running(self) -> bool:
+        """True while the generator's body runs."""
         return self.running
 
     @property
     def gi_code(self) -> types.CodeType:
+        """The generator function's code."""
         return self.frame.code
 
     def __iter__(self) -> InterpretedGenerator:
