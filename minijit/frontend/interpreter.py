@@ -65,7 +65,10 @@ def _unwind(frame: Frame, inst: Inst, exc: BaseException) -> None:
     entry = inst.except_entry
     if entry is None:
         if frame.info.is_user:
-            state.escapes.setdefault(exc, []).append(frame.info.location(inst.line))
+            passed = state.escapes.setdefault(exc, [])
+            location = frame.info.location(inst.line)
+            if not passed or passed[-1] != location:  # a comprehension's frame shares its line
+                passed.append(location)
         state.passthrough = exc
         raise exc
     target, depth, push_lasti = entry

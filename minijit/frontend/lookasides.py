@@ -94,6 +94,14 @@ for _native_query, _method in ((torch.is_floating_point, "is_floating_point"), (
     LOOKASIDES[_native_query] = _tensor_query(_native_query, _method)
 
 
+@lookaside(round)
+def round_(number: Any, ndigits: Any = None) -> Any:
+    """round(t) of a TensorProxy is t.round() (Tensor defines __round__)."""
+    if isinstance(number, TensorProxy):
+        return number.round() if ndigits is None else number.round(decimals=ndigits)
+    return round(number) if ndigits is None else round(number, ndigits)
+
+
 @lookaside(type)
 def type_(*args: Any, **kwargs: Any) -> Any:
     """type(x) is torch.Tensor for a TensorProxy; otherwise the builtin."""

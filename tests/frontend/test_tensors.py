@@ -13,7 +13,7 @@ import torch.nn.functional as F
 import minijit
 from minijit.errors import UnsupportedOpError, UnsupportedSyntaxError
 from minijit.frontend import interpret
-from minijit.ir import TensorProxy, Trace, tracing, tree_map
+from minijit.ir import TENSOR_METHODS, TensorProxy, Trace, tracing, tree_map
 from minijit.ops.registry import ltorch_symbol_for
 
 torch.manual_seed(0)
@@ -380,3 +380,15 @@ def metadata_queries(x):
 def test_torch_metadata_queries_on_proxies():
     x = torch.randn(2, 3)
     torch.testing.assert_close(minijit.jit(metadata_queries)(x), metadata_queries(x))
+
+
+def iterates_rows(x):
+    out = [row * float(i) for i, row in enumerate(x)]
+    a, b = x
+    return out, a - b, round(x)
+
+
+@pytest.mark.skipif("getitem" not in TENSOR_METHODS, reason="needs the ltorch getitem op")
+def test_iterating_over_a_tensor_gives_its_rows():
+    x = torch.randn(2, 3)
+    torch.testing.assert_close(minijit.jit(iterates_rows)(x), iterates_rows(x))
