@@ -96,9 +96,9 @@ for _native_query, _method in ((torch.is_floating_point, "is_floating_point"), (
 
 @lookaside(round)
 def round_(number: Any, ndigits: Any = None) -> Any:
-    """round(t) of a TensorProxy is t.round() (Tensor defines __round__)."""
+    """round(); a TensorProxy fails like a tensor does (Tensor has no __round__)."""
     if isinstance(number, TensorProxy):
-        return number.round() if ndigits is None else number.round(decimals=ndigits)
+        raise TypeError("type Tensor doesn't define __round__ method")
     return round(number) if ndigits is None else round(number, ndigits)
 
 
