@@ -13,7 +13,7 @@ from __future__ import annotations
 import collections.abc
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from minijit.errors import MinijitError, UnsupportedSyntaxError
@@ -334,11 +334,13 @@ def _make_exception(typ: Any, val: Any) -> BaseException:
     raise TypeError(f"exceptions must be classes or instances deriving from BaseException, not {type(typ).__name__}")
 
 
-def interpret(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def interpret(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+              guard_roots: Iterable[Any] = ()) -> Any:
     """Run `fn(*args, **kwargs)` through the interpreter, recording tensor ops into the current trace.
 
     Works outside tracing too (then it only runs the function). The guards for the
-    globals and closure values the code read go to `trace.info["guards"]`.
+    globals and closure values the code read go to `trace.info["guards"]`; so do the
+    attributes read from `guard_roots` (e.g. every module of a jitted nn.Module).
 
     Example::
 
@@ -354,7 +356,7 @@ def interpret(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
     state.guards = {}
     state.internal_cells = set()
     state.escapes = {}
-    state.guard_roots = set()
+    state.guard_roots = {id(root) for root in guard_roots}
     trace = current_trace()
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(max(limit, 12 * _RECURSION_LIMIT))

@@ -55,6 +55,7 @@ def proxify_arguments(trace: Trace, fn: Callable[..., Any], args: tuple[Any, ...
     leaf_names: list[str] | None = getattr(fn, "param_names", None)
     for name, value in zip(parameter_names(fn, args, kwargs), values, strict=True):
         count = [0]
+        is_module_params = name == "params" and leaf_names is not None
 
         def wanted_name(name: str = name, count: list[int] = count) -> str:
             count[0] += 1
@@ -62,10 +63,14 @@ def proxify_arguments(trace: Trace, fn: Callable[..., Any], args: tuple[Any, ...
                 return leaf_names[count[0] - 1]
             return name if count[0] == 1 else f"{name}_{count[0] - 1}"
 
-        def to_proxy(x: Any) -> Any:
+        def to_proxy(x: Any, is_module_params: bool = is_module_params) -> Any:
             if isinstance(x, Tensor):
                 p = trace.add_input(TensorProxy(tuple(x.shape), x.dtype, x.device, x.requires_grad), wanted_name())
-                if symbolic:
+                if symbolic and is_module_params:
+                    # A module's parameters keep their sizes: specialise on them, checked by the guard.
+                    for i, d in enumerate(p.shape):
+                        add_constraint(f"{p.name}.shape[{i}] == {d}")
+                elif symbolic:
                     _make_sizes_symbolic(p)
                 return p
             if symbolic and is_symbolic_number(x):

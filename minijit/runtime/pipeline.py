@@ -70,7 +70,7 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
             if isinstance(fn, ModuleForward):
                 params, _flags, *user_args = pargs
                 with fn.swapped_in(params):
-                    trace.output = interpret(fn.module, tuple(user_args), pkwargs)
+                    trace.output = interpret(fn.module, tuple(user_args), pkwargs, guard_roots=fn.module.modules())
             else:
                 trace.output = interpret(fn, pargs, pkwargs)
         trace.capture_tensor = None

@@ -7,6 +7,8 @@ import sys
 import types
 from typing import Any
 
+import torch
+
 from minijit.frontend.code import Inst, is_library_file
 from minijit.frontend.frame import NULL, STATE, Frame
 from minijit.frontend.guards import attribute_source, may_have_guarded_attributes, record
@@ -262,12 +264,22 @@ def attribute(frame: Frame, obj: Any, name: str) -> Any:
             _guard_attributes_of(value)
         return value
     value = load_attr(obj, name)
-    if id(obj) in STATE.guard_roots and frame.info.is_user:
+    # Attributes read from a guarded object are guarded; a module's attributes are guarded even
+    # when torch's own layer code reads them (nn.Dropout reading self.p).
+    if id(obj) in STATE.guard_roots and (frame.info.is_user or _public_module_attribute(obj, name)):
         source = attribute_source(obj, name)
         if source is not None:
-            record(STATE.guards, "attribute", source[0], name, value, source[1])
+            # Guard what is stored: for a method read through an instance that is the class's
+            # function (a bound method is a new object on every read).
+            stored = value if source[1] is None else vars(source[0]).get(name, value)
+            record(STATE.guards, "attribute", source[0], name, stored, source[1])
             _guard_attributes_of(value)
     return value
+
+
+def _public_module_attribute(obj: Any, name: str) -> bool:
+    """A module attribute torch's layer code reads (nn.Dropout's `p`), not its bookkeeping (`_modules`)."""
+    return isinstance(obj, torch.nn.Module) and not name.startswith("_")
 
 
 @handles("LOAD_ATTR")
