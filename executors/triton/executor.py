@@ -250,7 +250,7 @@ class TritonExecutor(FusionExecutor):
             return None
 
     def _compile(self, region: Region) -> FusedRegion:
-        loads, stores, aliases = build_graph(region)
+        _, stores, aliases = build_graph(region)
         input_shapes = {i: tuple(p.shape) for i, p in enumerate(region.inputs) if isinstance(p, TensorProxy)}
         domain = None
         for b in region.members:
