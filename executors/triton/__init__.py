@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from executors.triton.executor import FusedRegion, TritonExecutor, interpreting
+from executors.triton.executor import KERNELS, FusedRegion, TritonExecutor, interpreting
 from minijit.extend import register_executor
 
 ex = TritonExecutor()
@@ -51,4 +51,4 @@ def kernel_source(traced: Any, name: str) -> str:
     raise KeyError(f"no Triton region or kernel named {name!r} in the trace; its regions: {found}")
 
 
-__all__ = ["FusedRegion", "TritonExecutor", "ex", "interpreting", "kernel_source", "triton_executor"]
+__all__ = ["KERNELS", "FusedRegion", "TritonExecutor", "ex", "interpreting", "kernel_source", "triton_executor"]

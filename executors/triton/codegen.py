@@ -155,9 +155,8 @@ def build_graph(region: Region) -> tuple[list[Node], list[Store], dict[int, int]
         if name in COPIES:
             src = bsym.args[0]
             dst = bsym.args[1] if name == "copy_" else bsym.kwargs["out"]
-            if dst.name in index and env.get(dst.name) is loads[index[dst.name]]:
-                if index[dst.name] in copies:
-                    raise NotFusible(f"two copies into {dst.name}")
+            if dst.name in index:
+                # Later reads of dst see src (through env); the input ends up holding the last copy.
                 copies[index[dst.name]] = env[src.name]
             env[dst.name] = env[src.name]
             continue
@@ -193,6 +192,16 @@ def build_graph(region: Region) -> tuple[list[Node], list[Store], dict[int, int]
 def next_pow2(n: int) -> int:
     """The smallest power of two >= n (and >= 1)."""
     return 1 << max(0, (max(n, 1) - 1).bit_length())
+
+
+def narrow(value: str, dtype: torch.dtype) -> str:
+    """Source converting a computed value to `dtype`, rounding to nearest even."""
+    if dtype == torch.bfloat16:
+        # Round the float32 bits explicitly: Triton's interpreter truncates float32 -> bfloat16.
+        bits = f"{value}.to(tl.float32).to(tl.uint32, bitcast=True)"
+        rounded = f"(({bits} + 0x7FFF + (({bits} >> 16) & 1)) & 0xFFFF0000)"
+        return f"{rounded}.to(tl.float32, bitcast=True).to(tl.bfloat16)"
+    return f"{value}.to({_TL[dtype]})"
 
 
 def _literal(x: Any) -> str:
@@ -273,7 +282,7 @@ class KernelWriter:
                 self.lines.append(f"{name} = {x} != 0")
             elif node.dtype in (torch.float16, torch.bfloat16):
                 # Round to the narrow dtype, as the cast does, then keep computing in float32.
-                self.lines.append(f"{name} = {x}.to({_TL[node.dtype]}).to(tl.float32)")
+                self.lines.append(f"{name} = {narrow(x, node.dtype)}.to(tl.float32)")
             else:
                 self.lines.append(f"{name} = {x}.to({_TL[node.dtype]})")
             return name
@@ -316,7 +325,7 @@ class KernelWriter:
             proj = self.store_projection(node.shape)
             value = self.gen(node, proj)
             offset = self.index_expr(proj, [f"{ptr}_s{d}" for d in range(len(proj))])
-            cast = f"({value} != 0)" if dtype == torch.bool else f"{value}.to({_TL[dtype]})"
+            cast = f"({value} != 0)" if dtype == torch.bool else narrow(value, dtype)
             body.append(f"tl.store({ptr} + {offset}, {cast}, mask={self.mask_for(proj)})")
         params = [f"in{i}" for i in sorted(self.used_inputs)] + [p for _, p, _ in stores]
         strides = [f"in{i}_s{d}" for i in sorted(self.used_inputs) for d in range(len(self.input_shapes[i]))]

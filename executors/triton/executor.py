@@ -229,7 +229,9 @@ class TritonExecutor(FusionExecutor):
             outs = {p.name for p in b.proxy_outputs()}
             if name in REDUCTIONS:
                 x = b.args[0]
-                if x.name in derived or (domain is not None and tuple(x.shape) != domain):
+                # A row result cannot be reduced again (its shape differs from the domain), but a
+                # full-shape value computed from one can (softmax: exp(x - max) is summed).
+                if domain is not None and tuple(x.shape) != domain:
                     return False
                 domain = tuple(x.shape)
                 derived |= outs
