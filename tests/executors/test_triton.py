@@ -20,11 +20,11 @@ if importlib.util.find_spec("triton") is None:
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
-import minijit  # noqa: E402
-from executors.triton import KERNELS, kernel_source  # noqa: E402
-from executors.triton import ex as triton_ex  # noqa: E402
-from minijit.extend import prims  # noqa: E402
-from minijit.ops import ltorch  # noqa: E402
+import minijit
+from executors.triton import KERNELS, kernel_source
+from executors.triton import ex as triton_ex
+from minijit.extend import prims
+from minijit.ops import ltorch
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
