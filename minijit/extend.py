@@ -44,7 +44,7 @@ from minijit.ops.registry import ALL_LTORCH, EAGER_IMPLS, ltorch_symbol_for
 from minijit.transforms.fusion import Region
 
 __all__ = [
-    "BoundSymbol", "Executor", "ExecutorUnavailableError", "FusionExecutor", "Implementation", "OperatorExecutor",
+    "BoundSymbol", "Executor", "ExecutorUnavailableError", "MinijitError", "FusionExecutor", "Implementation", "OperatorExecutor",
     "Proxy", "Region", "Symbol", "TensorProxy", "add_default_executor", "get_default_executors", "get_executor",
     "ltorch_eager_implementations", "prims", "register_executor", "resolve_executors", "resolve_symbol",
 ]
@@ -151,11 +151,14 @@ class OperatorExecutor(Executor):
         symbol's signature may rewrite the call into other symbols (typically this
         executor's operators), which are claimed in turn.
 
-        `grad_transform=(forward, backward)` gives the gradient of the claimed call:
-        `forward(*args, **kwargs)` returns `(outputs, residuals)` and
-        `backward(residuals, *cotangents)` one gradient (or None) per positional
-        argument, both written with minijit symbols. Without it, the symbol's own
-        VJP rule applies, so a claimed op still trains.
+        A claimed op trains with the symbol's own VJP rule (the grad transform runs
+        before executors claim the forward and backward traces, whose symbols are
+        claimed like any other). `grad_transform=(forward, backward)`, as for
+        `register_operator`, is kept on the `Implementation` but not yet used for an
+        existing symbol: a VJP rule is per symbol, and replacing a prim's or ltorch
+        op's rule for every executor would be wrong. Give custom gradients to your
+        own operators (`register_operator(..., grad_transform=...)`) and claim calls
+        with an `execution_transform` that calls them.
 
         Example::
 
@@ -167,8 +170,6 @@ class OperatorExecutor(Executor):
         sym = resolve_symbol(sym_or_fn)
         self.implementations[sym.id] = Implementation(fn, checker, execution_transform, grad_transform)
         self._impl_symbols.pop(sym.id, None)
-        if grad_transform is not None:
-            _register_grad_transform(sym, grad_transform)
 
     def register_operator(self, name: str, *, like: Any = None, meta: Callable[..., Any] | None = None,
                           fn: Callable[..., Any],
@@ -179,7 +180,13 @@ class OperatorExecutor(Executor):
         `like=`, from an existing symbol, torch callable or plain function written with
         minijit-traceable ops, whose result metadata is reused. Call the returned symbol
         in a function traced by minijit to use it (outside tracing it runs `fn`).
-        `grad_transform` is as for `register_implementation`.
+
+        `grad_transform=(forward, backward)` makes the operator differentiable: it is
+        registered as the operator's VJP rule with the grad transform
+        (`minijit.transforms.vjp`). `forward(*args)` calls the operator and returns
+        `(outputs, residuals)`; `backward(residuals, *cotangents)` returns one gradient
+        (or None) per positional argument; both are written with minijit symbols
+        (other operators of the executor included).
 
         Example::
 
@@ -194,7 +201,7 @@ class OperatorExecutor(Executor):
                 sym_like = ltorch_symbol_for(like)
                 meta = _meta_like(sym_like) if sym_like is not None else _meta_like(Symbol(name, like, namespace="like"))
         sym = Symbol(name, meta, namespace=self.namespace, is_prim=True, fn=fn)
-        self.implementations[sym.id] = Implementation(fn)
+        self.implementations[sym.id] = Implementation(fn, grad_transform=grad_transform)
         self.operators[name] = sym
         if grad_transform is not None:
             _register_grad_transform(sym, grad_transform)
