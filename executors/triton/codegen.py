@@ -131,8 +131,37 @@ class Store:
     output_index: int | None
 
 
-def build_graph(region: Region) -> tuple[list[Node], list[Store], dict[int, int]]:
-    """The region's dataflow graph: input loads, stores (outputs and copies), and output -> input aliases.
+def view_of_input(node: Node) -> tuple[int, list[Node]] | None:
+    """(input index, remaps from it, outermost last) when `node` only re-indexes an input, else None."""
+    chain: list[Node] = []
+    while node.op == "remap":
+        chain.append(node)
+        node = node.args[0]
+    if node.op != "load" or not chain:
+        return None
+    return node.attrs["input"], chain[::-1]
+
+
+def apply_view(t: torch.Tensor, chain: list[Node]) -> torch.Tensor:
+    """`t` re-indexed by a chain of remap nodes, as a torch view (no copy)."""
+    for node in chain:
+        prim, params = node.attrs["prim"], node.attrs["params"]
+        if prim == "broadcast_in_dim":
+            shape, bdims = params[0], params[1]
+            view = [1] * len(shape)
+            for size, d in zip(t.shape, bdims):
+                view[d] = size
+            t = t.reshape(view).expand(tuple(shape))
+        elif prim == "transpose":
+            t = t.permute(tuple(params[0]))
+        else:
+            t = t.reshape(node.shape)
+    return t
+
+
+def build_graph(region: Region) -> tuple[list[Node], list[Store], dict[int, int], dict[int, tuple[int, list[Node]]]]:
+    """The region's dataflow graph: input loads, stores (outputs and copies), output -> input aliases,
+    and outputs that are views of inputs (a broadcast kept for backward is not worth a kernel store).
 
     Raises `NotFusible` for a region that the kernels cannot express.
     """
@@ -168,7 +197,8 @@ def build_graph(region: Region) -> tuple[list[Node], list[Store], dict[int, int]
             dims = remap_dims(bsym)
             if dims is None:
                 raise NotFusible(f"{name} is not a broadcast, permutation or size-1 reshape")
-            node = Node("remap", tuple(out.shape), out.dtype, (arg(bsym.args[0]),), {"dims": dims})
+            node = Node("remap", tuple(out.shape), out.dtype, (arg(bsym.args[0]),),
+                        {"dims": dims, "prim": name, "params": bsym.args[1:]})
         elif name in REDUCTIONS:
             node = Node("reduce", tuple(out.shape), out.dtype, (arg(bsym.args[0]),), {"kind": name})
         else:
@@ -177,16 +207,17 @@ def build_graph(region: Region) -> tuple[list[Node], list[Store], dict[int, int]
 
     stores: list[Store] = []
     aliases: dict[int, int] = {}
+    views: dict[int, tuple[int, list[Node]]] = {}
     for k, p in enumerate(region.outputs):
-        if p.name in index and index[p.name] in copies:
-            aliases[k] = index[p.name]
-        elif p.name in index:
-            aliases[k] = index[p.name]  # an input passed through unchanged
+        if p.name in index:
+            aliases[k] = index[p.name]  # written by a copy, or passed through unchanged
+        elif (view := view_of_input(env[p.name])) is not None and view[0] not in copies:
+            views[k] = view
         else:
             stores.append(Store(env[p.name], None, k))
     for target, node in copies.items():
         stores.append(Store(node, target, None))
-    return [n for n in loads if n is not None], stores, aliases
+    return [n for n in loads if n is not None], stores, aliases, views
 
 
 def next_pow2(n: int) -> int:

@@ -25,6 +25,7 @@ from executors.triton.codegen import (
     Node,
     NotFusible,
     Store,
+    apply_view,
     build_graph,
     kind,
     next_pow2,
@@ -111,12 +112,13 @@ class FusedRegion:
     """The callable a Triton region runs as: launches its kernels, returns the region's outputs."""
 
     def __init__(self, region: Region, kernels: list[_Kernel], n_outputs: int, aliases: dict[int, int],
-                 direct_copy_ok: dict[int, bool]):
+                 direct_copy_ok: dict[int, bool], views: dict[int, tuple[int, list[Node]]]):
         self.region_name = region.name
         self.kernels = kernels
         self.n_outputs = n_outputs
         self.aliases = aliases
         self.direct_copy_ok = direct_copy_ok
+        self.views = views
         self.sources = [k.source for k in kernels]
         self.note = "triton kernels: " + ", ".join(k.name for k in kernels)
 
@@ -146,6 +148,8 @@ class FusedRegion:
             target.copy_(t)
         for k, i in self.aliases.items():
             outputs[k] = inputs[i]
+        for k, (i, chain) in self.views.items():
+            outputs[k] = apply_view(inputs[i], chain)
         return tuple(outputs)
 
 
@@ -252,7 +256,7 @@ class TritonExecutor(FusionExecutor):
             return None
 
     def _compile(self, region: Region) -> FusedRegion:
-        _, stores, aliases = build_graph(region)
+        _, stores, aliases, views = build_graph(region)
         input_shapes = {i: tuple(p.shape) for i, p in enumerate(region.inputs) if isinstance(p, TensorProxy)}
         domain = None
         for b in region.members:
@@ -284,7 +288,7 @@ class TritonExecutor(FusionExecutor):
             loads_by_kernel[len(kernels)] = list(writer.load_projections.items())
             kernels.append(_Kernel(writer, group, source, name, params))
         direct = {t: _direct_copy_ok(t, k, kernels, loads_by_kernel) for t, k in store_kernel.items()}
-        return FusedRegion(region, kernels, len(region.outputs), aliases, direct)
+        return FusedRegion(region, kernels, len(region.outputs), aliases, direct, views)
 
 
 def _direct_copy_ok(target: int, kernel_index: int, kernels: list[_Kernel],

@@ -263,3 +263,20 @@ def test_unavailable_without_interpreter_or_cuda(monkeypatch):
     assert "no CUDA device" in triton_ex.unavailable_reason()
     with pytest.raises(minijit.MinijitError, match="'triton' cannot run here: there is no CUDA device"):
         minijit.jit(lambda x: x, executors=["triton"])
+
+
+def test_outputs_that_only_reindex_an_input_are_views_not_kernel_stores():
+    x = make((4, 8), torch.float32, "contiguous")
+    w = make((8,), torch.float32, "contiguous")
+
+    def f(x, w):
+        wb = prims.broadcast_in_dim(w, (4, 8), (1,))
+        return wb, ltorch.transpose(wb, 0, 1), x * wb
+
+    jf = minijit.jit(f, executors=["triton"])
+    wb, wt, y = jf(x, w)
+    torch.testing.assert_close(wb, w.expand(4, 8))
+    torch.testing.assert_close(wt, w.expand(4, 8).t())
+    torch.testing.assert_close(y, x * w)
+    assert wb.stride() == (0, 1) and wb.data_ptr() == w.data_ptr()
+    assert kernel_source(jf, "fusion_0").count("tl.store(") == 1
