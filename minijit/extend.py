@@ -92,6 +92,14 @@ class Executor:
         """Why this executor cannot run here (missing package, no GPU), or None if it can."""
         return None
 
+    def produce_into(self, producer: BoundSymbol, out: TensorProxy) -> BoundSymbol | None:
+        """A version of `producer` (a bound symbol this executor runs) that writes its result into `out`'s memory.
+
+        Called only where the copy_to_out_ analysis found it safe (DESIGN.md, invariant 2);
+        `producer` may read `out` itself but no other view of it. None: keep the real copy.
+        """
+        return None
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"
 
@@ -221,7 +229,10 @@ class OperatorExecutor(Executor):
         exe = self._impl_symbols.get(sym.id)
         if exe is None:
             impl = self.implementations[sym.id]
-            exe = Symbol(sym.name, sym.meta, namespace=self.namespace, is_prim=True, tags=sym.tags, fn=impl.fn)
+            # A prim and an ltorch op may share a name (transpose, reshape) and a trace both;
+            # the printed trace calls them through one namespace, so the prim gets a prefix.
+            name = f"prims_{sym.name}" if sym.namespace == "prims" and sym.name in ALL_LTORCH else sym.name
+            exe = Symbol(name, sym.meta, namespace=self.namespace, is_prim=True, tags=sym.tags, fn=impl.fn)
             self._impl_symbols[sym.id] = exe
         return exe
 
