@@ -87,6 +87,8 @@ def _copy_to_out_(computed: torch.Tensor, *, out: torch.Tensor) -> torch.Tensor:
 _PRIM_IMPLS: dict[str, Any] = {
     # copy=True: a same-dtype conversion is how ltorch.clone makes a new tensor.
     "convert_element_type": lambda x, dtype: x.to(dtype, copy=True),
+    "device_put": lambda x, device: x.to(device),
+    "cumsum": torch.cumsum,
     "broadcast_in_dim": _broadcast_in_dim,
     "reshape": torch.reshape,
     "transpose": torch.permute,

@@ -160,6 +160,16 @@ def _broadcast_in_dim_meta(x: TensorProxy, shape: Shape, broadcast_dims: Sequenc
 broadcast_in_dim = _prim("broadcast_in_dim", _broadcast_in_dim_meta)
 
 
+def _device_put_meta(x: TensorProxy, device: torch.device) -> TensorProxy:
+    _check_tensor("device_put", x)
+    if not isinstance(device, torch.device):
+        raise _fail("device_put", f"expected a torch.device, got {device!r}")
+    return TensorProxy.like(x, device=device)
+
+
+device_put = _prim("device_put", _device_put_meta)
+
+
 def _numel(shape: Shape) -> Any:
     return math.prod(shape) if all(type(d) is int for d in shape) else None
 
@@ -295,6 +305,15 @@ def _var_mean_meta(x: TensorProxy, dims: Sequence[int], correction: Number) -> t
 
 
 var_mean = _prim("var_mean", _var_mean_meta)
+
+
+def _cumsum_meta(x: TensorProxy, dim: int) -> TensorProxy:
+    _check_tensor("cumsum", x)
+    _canonical_dim("cumsum", dim, x.ndim)
+    return TensorProxy.like(x)
+
+
+cumsum = _prim("cumsum", _cumsum_meta)
 
 
 # -- linear algebra -------------------------------------------------------------

@@ -188,3 +188,53 @@ def dtype_scalar(value: Any, dtype: torch.dtype) -> Any:
     if isinstance(value, complex):
         value = value.real
     return int(value)
+
+
+def fail(op: str, msg: str) -> MetaError:
+    """A MetaError for ltorch op `op`, naming it and the user line being traced."""
+    return MetaError(f"{op}: {msg}{where_now()}")
+
+
+def reshape_to(x: TensorProxy, shape: Sequence[Any]) -> TensorProxy:
+    """`x` reshaped to `shape` with `prims.reshape`, or `x` itself when the shape already matches."""
+    shape = tuple(shape)
+    return x if tuple(x.shape) == shape else prims.reshape(x, shape)
+
+
+def unsqueeze_at(x: TensorProxy, dims: Sequence[int]) -> TensorProxy:
+    """`x` with size-1 dims inserted so that they sit at positions `dims` of the result."""
+    ndim = x.ndim + len(dims)
+    wanted = {canonical_dim(d, ndim) for d in dims}
+    sizes = iter(x.shape)
+    return reshape_to(x, tuple(1 if i in wanted else next(sizes) for i in range(ndim)))
+
+
+def is_low_precision(dtype: torch.dtype) -> bool:
+    """True for float16 and bfloat16, which torch's kernels compute in float32."""
+    return dtype in (torch.float16, torch.bfloat16)
+
+
+def compute_dtype_for(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a numerically sensitive decomposition computes in: float32 for half types."""
+    return torch.float32 if is_low_precision(dtype) else dtype
+
+
+def numel_of(shape: Sequence[Any], dims: Sequence[int] | None = None) -> Any:
+    """The product of `shape`'s sizes (over `dims` if given); may be a number proxy."""
+    n: Any = 1
+    for i, s in enumerate(shape):
+        if dims is None or i in dims:
+            n = n * s
+    return n
+
+
+def parse_shape(op: str, size: Sequence[Any]) -> tuple[Any, ...]:
+    """A shape from `*size` call forms: `f(2, 3)`, `f((2, 3))`, `f([2, 3])`, `f(torch.Size(...))`."""
+    if len(size) == 1 and isinstance(size[0], tuple | list | torch.Size):
+        size = tuple(size[0])
+    for s in size:
+        if not isinstance(s, int | IntegerProxy) or isinstance(s, bool):
+            raise fail(op, f"sizes must be ints, got {size!r}")
+        if isinstance(s, int) and s < 0:
+            raise fail(op, f"negative size in {tuple(size)}")
+    return tuple(size)
