@@ -50,7 +50,9 @@ def _apply_execution_transform(trace: Trace, bsym: BoundSymbol, transform: Any) 
                                f"return a computed value{where(bsym.source)}")
         # Later bound symbols refer to the original outputs by name.
         n.name = o.name
-    return [b.replace(source=b.source or bsym.source) for b in scratch.bound_symbols]
+    note = f"for {bsym.sym.id}"
+    return [b.replace(source=b.source or bsym.source, note=f"{b.note}; {note}" if b.note else note)
+            for b in scratch.bound_symbols]
 
 
 def claim_executors(trace: Trace, executors: Sequence[Any]) -> Trace:
