@@ -322,7 +322,11 @@ class KernelWriter:
             self.ops.append(prim)
             args = [self.gen(a, proj) if isinstance(a, Node) else _literal(a) for a in node.args]
             name = self.fresh()
-            self.lines.append(f"{name} = {ELEMENTWISE[prim][0].format(*args)}")
+            template = ELEMENTWISE[prim][0]
+            if prim in ("maximum", "minimum") and node.dtype.is_floating_point:
+                # torch.maximum/minimum propagate NaN; Triton's do not unless asked.
+                template = template.replace(")", ", propagate_nan=tl.PropagateNan.ALL)")
+            self.lines.append(f"{name} = {template.format(*args)}")
             return name
         if node.op == "reduce":
             row_identity = tuple(range(len(self.domain) - 1))
@@ -336,6 +340,11 @@ class KernelWriter:
             fn, neutral = REDUCTIONS[node.attrs["kind"]]
             self.ops.append(node.attrs["kind"])
             self.lines.append(f"{name} = {fn}(tl.where(mask, {x}, {neutral}), axis=1, keep_dims=True)")
+            if node.attrs["kind"] in ("amax", "amin"):
+                # torch.amax/amin return NaN for a row holding one; tl.max/tl.min skip it.
+                nans = self.fresh()
+                self.lines.append(f"{nans} = tl.sum(tl.where(mask & ({x} != {x}), 1, 0), axis=1, keep_dims=True)")
+                self.lines.append(f"{name} = tl.where({nans} > 0, float('nan'), {name})")
             return name
         raise NotFusible(node.op)
 

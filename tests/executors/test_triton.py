@@ -280,3 +280,21 @@ def test_outputs_that_only_reindex_an_input_are_views_not_kernel_stores():
     torch.testing.assert_close(y, x * w)
     assert wb.stride() == (0, 1) and wb.data_ptr() == w.data_ptr()
     assert kernel_source(jf, "fusion_0").count("tl.store(") == 1
+
+
+def test_nan_propagates_like_eager():
+    x = make((4, 8), torch.float32, "contiguous")
+    y = make((4, 8), torch.float32, "contiguous")
+    x[1, 3] = float("nan")
+    y[2, 5] = float("nan")
+
+    def f(x, y):
+        return prims.amax(x, (1,)), prims.amin(y, (1,)), x.maximum(y), x.minimum(y)
+
+    def eager(x, y):
+        return x.amax(1), y.amin(1), x.maximum(y), x.minimum(y)
+
+    jf = minijit.jit(f, executors=["triton"])
+    for out, ref in zip(jf(x, y), eager(x, y)):
+        torch.testing.assert_close(out, ref, equal_nan=True)
+    assert_fused(jf)
