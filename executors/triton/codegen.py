@@ -297,7 +297,7 @@ class KernelWriter:
             self.used_inputs.add(i)
             self.load_projections.setdefault(i, set()).add(proj)
             offset = self.index_expr(proj, [f"in{i}_s{d}" for d in range(len(proj))])
-            self.lines.append(f"{name} = tl.load(in{i} + {offset}, mask={self.mask_for(proj)}, other=0)"
+            self.lines.append(f"{name} = tl.load(in{i} + {offset}, mask={self.mask_for(proj)}, other=1)"
                               f".to({compute_dtype(node.dtype)})")
             return name
         if node.op == "remap":

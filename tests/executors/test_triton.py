@@ -298,3 +298,30 @@ def test_nan_propagates_like_eager():
     for out, ref in zip(jf(x, y), eager(x, y)):
         torch.testing.assert_close(out, ref, equal_nan=True)
     assert_fused(jf)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("minijit.transforms.grad") is None,
+                    reason="the grad transform (minijit.transforms.grad) is not part of this build")
+@pytest.mark.parametrize("layout", ["contiguous", "strided"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_backward_regions_match_eager(dtype, layout):
+    x = make((6, 16), dtype, layout).requires_grad_()
+    w = make((16,), dtype, "contiguous").requires_grad_()
+
+    def f(x, w):
+        h = (x * w).tanh() + x.exp() * 0.5
+        return softmax(h), (h * h).sum(-1)
+
+    def eager(x, w):
+        h = (x * w).tanh() + x.exp() * 0.5
+        return torch.softmax(h, -1), (h * h).sum(-1)
+
+    jf = minijit.jit(f, executors=["triton"])
+    outs, refs = jf(x, w), eager(x, w)
+    gs = [torch.randn_like(r) for r in refs]
+    grads = torch.autograd.grad(outs, (x, w), gs)
+    ref_grads = torch.autograd.grad(refs, (x, w), gs)
+    for out, ref in zip((*outs, *grads), (*refs, *ref_grads)):
+        torch.testing.assert_close(out, ref, **TOL[dtype])
+    backward = jf.last_backward_traces()[-1].python()
+    assert "tritonex.fusion_" in backward, backward
