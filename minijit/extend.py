@@ -323,7 +323,10 @@ def add_default_executor(executor: Executor | str, *, first: bool = True) -> Non
     ex = get_executor(executor) if isinstance(executor, str) else register_executor(executor)
     if ex.name in _DEFAULTS:
         _DEFAULTS.remove(ex.name)
-    _DEFAULTS.insert(0, ex.name) if first else _DEFAULTS.append(ex.name)
+    if first:
+        _DEFAULTS.insert(0, ex.name)
+    else:
+        _DEFAULTS.append(ex.name)
 
 
 def remove_default_executor(executor: Executor | str) -> None:

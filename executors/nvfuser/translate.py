@@ -149,7 +149,7 @@ def define_region(nv: Any, fd: Any, region: Region, metas: Sequence[InputMeta | 
         elif name == "transpose":
             result = fd.ops.permute(value(args[0]), dims=list(args[1]))
         elif name == "squeeze":
-            result = fd.ops.squeeze(value(args[0]), dims=list(args[1]))
+            result = fd.ops.squeeze(value(args[0]), dims=[d % args[0].ndim for d in args[1]])
         elif name in REDUCTIONS:
             dims = [d % max(args[0].ndim, 1) for d in args[1]]
             op = getattr(fd.ops, REDUCTIONS[name])

@@ -189,3 +189,16 @@ def test_reference_model_rejects_a_wrong_definition():
         fd.execute([torch.ones(2, 2, dtype=torch.float64)])
     with pytest.raises(ValueError, match="not contiguous"):
         fd.execute([torch.ones(2, 4)[:, ::2]])
+
+
+def test_copy_to_out_prim():
+    x, y = rand((4, 5), torch.float32), rand((4, 5), torch.float32)
+    x_ref = x * y
+
+    def f(x, y):
+        t = prims.mul(x, y)
+        prims.copy_to_out_(t, out=x)
+        return prims.exp(t)
+
+    run(f, lambda x, y: x_ref.exp(), x, y)
+    torch.testing.assert_close(x, x_ref)

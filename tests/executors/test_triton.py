@@ -325,3 +325,22 @@ def test_backward_regions_match_eager(dtype, layout):
         torch.testing.assert_close(out, ref, **TOL[dtype])
     backward = jf.last_backward_traces()[-1].python()
     assert "tritonex.fusion_" in backward, backward
+
+
+def test_copy_to_out_and_integer_ops():
+    x = make((4, 8), torch.float32, "contiguous")
+    n = torch.randint(-5, 6, (4, 8), device=DEVICE)
+    x_ref, n_ref = x.clone(), n.clone()
+
+    def f(x, n):
+        y = x * 2
+        m = (n * 3 + 1).maximum(n)
+        prims.copy_to_out_(y, out=x)   # the form functionalize leaves at the end of a trace
+        return ltorch.where(n > 0, m, n - 1), x
+
+    jf = minijit.jit(f, executors=["triton"])
+    r, xo = jf(x, n)
+    torch.testing.assert_close(r, torch.where(n_ref > 0, (n_ref * 3 + 1).maximum(n_ref), n_ref - 1))
+    torch.testing.assert_close(x, x_ref * 2)
+    assert xo is x and r.dtype == torch.int64
+    assert_fused(jf)
