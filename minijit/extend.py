@@ -41,12 +41,13 @@ from minijit.errors import MinijitError
 from minijit.ir import BoundSymbol, Proxy, Symbol, TensorProxy, Trace, current_trace, tracing, tree_iter
 from minijit.ops import prims
 from minijit.ops.registry import ALL_LTORCH, EAGER_IMPLS, ltorch_symbol_for
-from minijit.transforms.fusion import Region
+from minijit.transforms.fusion import Region, region_writes
 
 __all__ = [
-    "BoundSymbol", "Executor", "ExecutorUnavailableError", "MinijitError", "FusionExecutor", "Implementation", "OperatorExecutor",
-    "Proxy", "Region", "Symbol", "TensorProxy", "add_default_executor", "get_default_executors", "get_executor",
-    "ltorch_eager_implementations", "prims", "register_executor", "resolve_executors", "resolve_symbol",
+    "BoundSymbol", "Executor", "ExecutorUnavailableError", "FusionExecutor", "Implementation", "MinijitError",
+    "OperatorExecutor", "Proxy", "Region", "Symbol", "TensorProxy", "add_default_executor", "get_default_executors",
+    "get_executor", "ltorch_eager_implementations", "prims", "region_writes", "register_executor",
+    "remove_default_executor", "resolve_executors", "resolve_symbol",
 ]
 
 
@@ -256,6 +257,11 @@ class FusionExecutor(Executor):
             def fuse(self, region):
                 return my_compile(region)   # a callable: region inputs -> region outputs
     """
+
+    # Whether regions may absorb `copy_to_out_` (writing the copied value straight into the
+    # target inside the region, where the executor's own analysis finds it safe). With False,
+    # copies stay outside regions, for the copy_to_out_ analysis pass to decide.
+    fuse_copies_to_out = True
 
     def fusible(self, bsym: BoundSymbol) -> bool:
         """Whether this executor can run this (prim-level) call inside a fused region."""

@@ -80,6 +80,8 @@ class NvFuserExecutor(FusionExecutor):
 
     def fusible(self, bsym: BoundSymbol) -> bool:
         """Elementwise prims, casts, broadcasts, reshapes, permutes, reductions, var_mean, full, copies."""
+        if bsym.sym.name == "copy_to_out_" and not self.fuse_copies_to_out:
+            return False
         return fusible(bsym, self.device_type)
 
     def fuse(self, region: Region) -> FusedRegion | None:

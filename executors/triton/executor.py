@@ -200,6 +200,8 @@ class TritonExecutor(FusionExecutor):
         if name not in ELEMENTWISE and name not in REMAPS and name not in COPIES and name not in REDUCTIONS \
                 and name != "convert_element_type":
             return False
+        if name == "copy_to_out_" and not self.fuse_copies_to_out:
+            return False
         values = [*bsym.args, *bsym.kwargs.values()]
         tensors = [x for x in values if isinstance(x, TensorProxy)]
         outs = [p for p in bsym.proxy_outputs()]

@@ -50,6 +50,27 @@ def written_names(bsym: BoundSymbol) -> set[str]:
     return {p.name for p in bsym.proxy_outputs() if p.name in args}
 
 
+def region_writes(bsym: BoundSymbol) -> list[Proxy]:
+    """The inputs a fused region's bound symbol writes into: the targets of its member copies.
+
+    For passes that check writes into inputs (the copy_to_out_ check): a region runs
+    its `copy_`/`copy_to_out_` members itself, so its one bound symbol writes several
+    tensors, none of them an `out=` argument.
+    """
+    inputs = {p.name for p in bsym.proxy_args()}
+    targets: dict[str, Proxy] = {}
+    for member in bsym.subsymbols:
+        if member.sym.name == "copy_to_out_":
+            dst = member.kwargs.get("out")
+        elif member.sym.name == "copy_":
+            dst = member.args[1]
+        else:
+            continue
+        if isinstance(dst, Proxy) and dst.name in inputs:
+            targets.setdefault(dst.name, dst)
+    return list(targets.values())
+
+
 def _region(name: str, members: list[BoundSymbol], used_outside: set[str]) -> Region:
     produced: dict[str, Proxy] = {}
     inputs: dict[str, Proxy] = {}

@@ -202,3 +202,28 @@ def test_copy_to_out_prim():
 
     run(f, lambda x, y: x_ref.exp(), x, y)
     torch.testing.assert_close(x, x_ref)
+
+
+def test_copies_stay_outside_regions_when_asked():
+    from minijit.extend import region_writes
+
+    x, y = rand((4, 5), torch.float32), rand((4, 5), torch.float32)
+
+    def f(x, y):
+        t = prims.mul(x, y)
+        prims.copy_to_out_(t, out=x)
+        return prims.exp(t)
+
+    jf = minijit.jit(f, executors=[ref_ex])
+    jf(x.clone(), y)
+    (region,) = [b for b in minijit.last_traces(jf)[-1].bound_symbols if b.sym.namespace == "nvrefex"]
+    assert [p.name for p in region_writes(region)] == ["x"]
+
+    no_copies = NvFuserExecutor("nvrefnocopy", backend=fake_nvfuser, device_type="cpu")
+    no_copies.fuse_copies_to_out = False
+    x_ref = x * y
+    jf = minijit.jit(f, executors=[no_copies])
+    torch.testing.assert_close(jf(x, y), x_ref.exp())
+    torch.testing.assert_close(x, x_ref)
+    src = minijit.last_traces(jf)[-1].python()
+    assert "nvrefnocopyex.fusion_0" in src and "torchex.copy_to_out_(" in src, src
