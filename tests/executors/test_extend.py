@@ -13,6 +13,8 @@ import torch
 
 import minijit
 import minijit.extend as extend
+from minijit.transforms import claim_executors
+from tests.oputil import tensors_of, trace_call
 from minijit.extend import (
     ExecutorUnavailableError,
     FusionExecutor,
@@ -263,6 +265,13 @@ def test_unrelated_non_fusible_work_is_hoisted_not_splitting_the_region():
     assert ex.regions == [["mul", "exp"]]
 
 
+def claim_traced(fn, *args, executors):
+    """Trace fn on proxies (no functionalization: in-place ops stay where they are), claim, and run."""
+    trace = trace_call(fn, *args)
+    final_trace = claim_executors(trace, [*executors, get_executor("torch")])
+    return final_trace, final_trace.python_callable()(*tensors_of(args))
+
+
 def test_write_into_a_tensor_the_region_read_is_not_hoisted_before_it():
     """DESIGN.md invariant 1: a read of x's old value stays before the copy into x."""
     ex = EagerFuser()
@@ -275,31 +284,36 @@ def test_write_into_a_tensor_the_region_read_is_not_hoisted_before_it():
 
     x, y = torch.randn(4), torch.randn(4)
     x_eager = x.clone()
-    a_ref = x_eager * 2
-    x_eager.sub_(1)
-    b_ref = a_ref.exp() * y
-    jf = minijit.jit(f, executors=[ex])
-    a, b = jf(x, y)
+    a_ref, b_ref = f(x_eager, y)
+    trace, (a, b) = claim_traced(f, x, y, executors=[ex])
     torch.testing.assert_close(a, a_ref)
     torch.testing.assert_close(b, b_ref)
     torch.testing.assert_close(x, x_eager)
     assert ex.regions == [["mul"], ["exp", "mul"]]
+    names = [b.sym.id for b in trace.bound_symbols]
+    assert names == ["eagerfuseex.fusion_0", "torchex.sub_", "eagerfuseex.fusion_1"], names
 
 
-def test_read_of_copied_tensor_stays_after_the_region():
+def test_unrelated_write_is_hoisted_but_a_read_of_the_copied_tensor_stays_after_the_region():
     ex = EagerFuser()
 
-    def f(x, y):
+    def f(x, y, z):
         x.mul_(y)           # mul + copy_ into x, both fusible
-        return x.sub(1)     # not fusible: reads the new x, so it stays after the region
+        z.sub_(1)           # not fusible, touches nothing the region reads or writes: hoisted
+        w = y.exp()         # fusible: joins the region
+        return x.sub(1), w  # x.sub: not fusible, reads the new x, so it stays after the region
 
-    x, y = torch.randn(4), torch.randn(4)
-    ref_x = x * y
-    jf = minijit.jit(f, executors=[ex])
-    out = jf(x, y)
-    torch.testing.assert_close(out, ref_x - 1)
-    torch.testing.assert_close(x, ref_x)
-    assert ex.regions == [["mul", "copy_"]]
+    x, y, z = torch.randn(4), torch.randn(4), torch.randn(4)
+    xe, ze = x.clone(), z.clone()
+    refs = f(xe, y, ze)
+    trace, outs = claim_traced(f, x, y, z, executors=[ex])
+    for out, ref in zip(outs, refs):
+        torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(x, xe)
+    torch.testing.assert_close(z, ze)
+    assert ex.regions == [["mul", "copy_", "exp"]]
+    names = [b.sym.id for b in trace.bound_symbols]
+    assert names == ["torchex.sub_", "eagerfuseex.fusion_0", "torchex.sub"], names
 
 
 def test_declined_region_falls_back_to_later_executors():
