@@ -13,8 +13,6 @@ import torch
 
 import minijit
 import minijit.extend as extend
-from minijit.transforms import claim_executors
-from tests.oputil import tensors_of, trace_call
 from minijit.extend import (
     ExecutorUnavailableError,
     FusionExecutor,
@@ -22,6 +20,8 @@ from minijit.extend import (
     get_executor,
     register_executor,
 )
+from minijit.transforms import claim_executors
+from tests.oputil import tensors_of, trace_call
 
 F = torch.nn.functional
 
