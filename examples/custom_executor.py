@@ -106,6 +106,7 @@ def eager_block(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def main() -> None:
+    """Jit the block with the executor, print the trace, and compare with eager."""
     torch.manual_seed(0)
     x = torch.randn(4, 16, requires_grad=True)
     weight = torch.randn(16, requires_grad=True)

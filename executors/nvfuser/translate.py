@@ -64,6 +64,7 @@ class InputMeta:
 
     @staticmethod
     def of(t: torch.Tensor) -> InputMeta:
+        """The metadata of a tensor."""
         return InputMeta(tuple(t.shape), tuple(t.stride()), t.dtype)
 
 

@@ -115,6 +115,7 @@ class Node:
     attrs: dict[str, Any] = field(default_factory=dict)
 
     def depends_on_reduction(self) -> bool:
+        """Whether a row reduction feeds this value (it must then be computed in the row kernel)."""
         memo = self.attrs.get("_reduces")
         if memo is None:
             memo = self.op == "reduce" or any(isinstance(a, Node) and a.depends_on_reduction() for a in self.args)
@@ -263,25 +264,30 @@ class KernelWriter:
         self.ops: list[str] = []
 
     def fresh(self) -> str:
+        """A new local variable name."""
         self.counter += 1
         return f"v{self.counter}"
 
     @property
     def last_dim(self) -> int:
+        """The iteration dim that indexes columns in a row kernel."""
         return len(self.domain) - 1
 
     def index_expr(self, dims: tuple[int | None, ...], strides: list[str]) -> str:
+        """The element offset of a tensor indexed by iteration dims `dims` (None: index 0)."""
         terms = [f"i{d} * {s}" for d, s in zip(dims, strides) if d is not None]
         if not terms:
             return "(rows * 0)" if self.row else "(offs * 0)"
         return " + ".join(terms)
 
     def mask_for(self, dims: tuple[int | None, ...]) -> str:
+        """The mask of a load or store indexed by `dims` (rows only, or the whole tile)."""
         if self.row and self.last_dim not in dims:
             return "rmask"
         return "mask"
 
     def gen(self, node: Node, proj: tuple[int | None, ...]) -> str:
+        """The variable holding `node` under projection `proj`, emitting its code once."""
         key = (id(node), proj)
         name = self.memo.get(key)
         if name is not None:

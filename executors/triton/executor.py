@@ -50,6 +50,7 @@ class _KernelCache:
         self.directory = Path(tempfile.gettempdir()) / f"minijit_triton_{os.getuid() if hasattr(os, 'getuid') else 0}"
 
     def get(self, name: str, source: str) -> Any:
+        """The compiled kernel `name` with this source (written to a file and imported on first use)."""
         kernel = self.kernels.get(name)
         if kernel is None:
             # triton.jit reads the kernel's source through inspect, so it must live in a real file.
@@ -96,6 +97,7 @@ class _Kernel:
         self.empty = math.prod(dom) == 0
 
     def launch(self, inputs: Sequence[Any], destinations: list[torch.Tensor]) -> None:
+        """Run the kernel on the region's inputs, storing into `destinations` (one per store)."""
         if self.empty:
             return
         kernel = KERNELS.get(self.name, self.source)

@@ -148,14 +148,17 @@ class FusionDefinition:
 
     def define_tensor(self, shape: list[int], contiguity: list[bool | None], dtype: DataType,
                       stride_order: list[int] | None = None) -> Value:
+        """A tensor input, checked against the actual input at execute time."""
         v = self._new(("_input", (len(self.inputs),), {}))
         self.inputs.append((v.index, dict(shape=shape, contiguity=contiguity, dtype=dtype, stride_order=stride_order)))
         return v
 
     def define_scalar(self, value: Any, dtype: DataType) -> Value:
+        """A constant scalar."""
         return self._new(("_scalar", (value, dtype), {}))
 
     def add_output(self, value: Value, alias_input: Value | None = None) -> None:
+        """An output; with alias_input, written into that input instead of returned."""
         self.outputs.append((value, alias_input))
 
     def _check_input(self, t: torch.Tensor, spec: dict[str, Any]) -> None:
@@ -174,6 +177,7 @@ class FusionDefinition:
             expected = t.stride(d) * t.shape[d]
 
     def execute(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Run the recorded ops with torch on `inputs`; return the non-aliased outputs."""
         values: list[Any] = []
 
         def get(x: Any) -> Any:
