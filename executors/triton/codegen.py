@@ -202,6 +202,15 @@ def build_graph(region: Region) -> tuple[list[Node], list[Store], dict[int, int]
                         {"dims": dims, "prim": name, "params": bsym.args[1:]})
         elif name in REDUCTIONS:
             node = Node("reduce", tuple(out.shape), out.dtype, (arg(bsym.args[0]),), {"kind": name})
+        elif name == "var_mean":
+            x, correction = arg(bsym.args[0]), bsym.args[2]
+            var, mean = out
+            pair: dict[str, Node] = {}
+            for part, proxy in (("var", var), ("mean", mean)):
+                pair[part] = Node("reduce", tuple(proxy.shape), proxy.dtype, (x,),
+                                  {"kind": part, "correction": correction, "pair": pair})
+                env[proxy.name] = pair[part]
+            continue
         else:
             raise NotFusible(f"prims.{name}")
         env[out.name] = node
@@ -313,6 +322,9 @@ class KernelWriter:
         if node.op == "cast":
             (src,) = node.args
             x = self.gen(src, proj)
+            if node.dtype not in (torch.float16, torch.bfloat16, torch.bool) and \
+                    compute_dtype(node.dtype) == compute_dtype(src.dtype):
+                return x  # bf16 -> f32 and the like: already computed in the target dtype
             name = self.fresh()
             self.ops.append("to")
             if node.dtype == torch.bool:
@@ -342,6 +354,8 @@ class KernelWriter:
             if tuple(src.shape) != self.domain:
                 raise NotFusible("reductions over different shapes")
             x = self.gen(src, tuple(range(len(self.domain))))
+            if node.attrs["kind"] in ("var", "mean"):
+                return self._var_mean(node, x, proj)
             name = self.fresh()
             fn, neutral = REDUCTIONS[node.attrs["kind"]]
             self.ops.append(node.attrs["kind"])
@@ -353,6 +367,19 @@ class KernelWriter:
                 self.lines.append(f"{name} = tl.where({nans} > 0, float('nan'), {name})")
             return name
         raise NotFusible(node.op)
+
+    def _var_mean(self, node: Node, x: str, proj: tuple[int | None, ...]) -> str:
+        """Both halves of a var_mean (two passes over the row held in registers); returns `node`'s."""
+        pair = node.attrs["pair"]
+        n = self.domain[-1]
+        mean, diff, var = self.fresh(), self.fresh(), self.fresh()
+        self.ops.append("var_mean")
+        self.lines.append(f"{mean} = tl.sum(tl.where(mask, {x}, 0.0), axis=1, keep_dims=True) / {n}")
+        self.lines.append(f"{diff} = tl.where(mask, {x} - {mean}, 0.0)")
+        self.lines.append(f"{var} = tl.sum({diff} * {diff}, axis=1, keep_dims=True) / {_literal(n - node.attrs['correction'])}")
+        self.memo[(id(pair["mean"]), proj)] = mean
+        self.memo[(id(pair["var"]), proj)] = var
+        return mean if node is pair["mean"] else var
 
     def store_projection(self, shape: tuple[int, ...]) -> tuple[int | None, ...]:
         """How a stored value of `shape` is indexed in this domain."""
@@ -369,6 +396,8 @@ class KernelWriter:
         body: list[str] = []
         for node, ptr, dtype in stores:
             proj = self.store_projection(node.shape)
+            if node.op == "cast" and node.dtype == dtype and node.args[0].shape == node.shape:
+                node = node.args[0]  # the store rounds to its dtype itself
             value = self.gen(node, proj)
             offset = self.index_expr(proj, [f"{ptr}_s{d}" for d in range(len(proj))])
             cast = f"({value} != 0)" if dtype == torch.bool else narrow(value, dtype)

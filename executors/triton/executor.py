@@ -200,7 +200,7 @@ class TritonExecutor(FusionExecutor):
             return False
         name = bsym.sym.name
         if name not in ELEMENTWISE and name not in REMAPS and name not in COPIES and name not in REDUCTIONS \
-                and name != "convert_element_type":
+                and name not in ("convert_element_type", "var_mean"):
             return False
         if name == "copy_to_out_" and not self.fuse_copies_to_out:
             return False
@@ -219,8 +219,10 @@ class TritonExecutor(FusionExecutor):
                 return False
             data = tensors[1:] if name == "where" else tensors
             return all(kind(t.dtype) in ELEMENTWISE[name][1] for t in data)
-        if name in REDUCTIONS:
+        if name in REDUCTIONS or name == "var_mean":
             x = bsym.args[0]
+            if name == "var_mean" and not isinstance(bsym.args[2], int | float):
+                return False
             dims = tuple(bsym.args[1]) if len(bsym.args) > 1 else tuple(bsym.kwargs.get("dims", ()))
             return (x.dtype in FLOATS and x.ndim >= 1 and tuple(d % x.ndim for d in dims) == (x.ndim - 1,)
                     and 0 < x.shape[-1] <= MAX_ROW)
@@ -235,7 +237,7 @@ class TritonExecutor(FusionExecutor):
         for b in [*members, bsym]:
             name = b.sym.name
             outs = {p.name for p in b.proxy_outputs()}
-            if name in REDUCTIONS:
+            if name in REDUCTIONS or name == "var_mean":
                 x = b.args[0]
                 # A row result cannot be reduced again (its shape differs from the domain), but a
                 # full-shape value computed from one can (softmax: exp(x - max) is summed).
@@ -264,7 +266,7 @@ class TritonExecutor(FusionExecutor):
         input_shapes = {i: tuple(p.shape) for i, p in enumerate(region.inputs) if isinstance(p, TensorProxy)}
         domain = None
         for b in region.members:
-            if b.sym.name in REDUCTIONS:
+            if b.sym.name in REDUCTIONS or b.sym.name == "var_mean":
                 domain = tuple(b.args[0].shape)
                 break
         groups: dict[tuple[bool, tuple[int, ...]], list[Store]] = {}

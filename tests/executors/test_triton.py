@@ -345,3 +345,26 @@ def test_copy_to_out_and_integer_ops():
     torch.testing.assert_close(xo, x_ref * 2)
     assert r.dtype == torch.int64
     assert_fused(jf)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "strided"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_norms_are_one_row_kernel(dtype, layout):
+    """var_mean (layer_norm) and sum of squares (rms_norm) along the last dim, with their affine parts."""
+    F = torch.nn.functional
+    x = make((6, 24), dtype, layout)
+    w, b = make((24,), dtype, "contiguous"), make((24,), dtype, "contiguous")
+
+    def f(x, w, b):
+        var, mean = prims.var_mean(x, (1,), 1)
+        return ltorch.layer_norm(x, (24,), w, b, 1e-5), ltorch.rms_norm(x, (24,), w, 1e-6), var, mean
+
+    def eager(x, w, b):
+        var, mean = torch.var_mean(x, 1, correction=1)
+        return F.layer_norm(x, (24,), w, b, 1e-5), F.rms_norm(x, (24,), w, 1e-6), var, mean
+
+    jf = minijit.jit(f, executors=["triton"])
+    for out, ref in zip(jf(x, w, b), eager(x, w, b)):
+        assert out.dtype == ref.dtype
+        torch.testing.assert_close(out, ref, **TOL[dtype])
+    assert_fused(jf)
