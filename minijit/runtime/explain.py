@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -91,7 +91,8 @@ def explain_miss(new: dict[str, tuple[str, Any]], previous: list[dict[str, tuple
     return "; ".join(closest)
 
 
-def prologue_source(description: dict[str, tuple[str, Any]], constraints: list[str] = ()) -> str:  # type: ignore[assignment]
+def prologue_source(description: dict[str, tuple[str, Any]], constraints: Sequence[str] = (),
+                    values: Sequence[Any] = ()) -> str:
     """The checks a call must pass to reuse a cache entry, written as Python asserts."""
     params = dict.fromkeys(re.split(r"[.\[]", expr)[0] for expr, _ in description.values() if not expr.startswith("torch."))
     lines = [f"def prologue({', '.join(params)}):"]
@@ -116,15 +117,5 @@ def prologue_source(description: dict[str, tuple[str, Any]], constraints: list[s
         else:
             lines.append(f"  assert len({expr}) == {value!r}")
     lines += [f"  assert {c}" for c in constraints]
+    lines += [f"  assert unchanged({v})" for v in values]
     return "\n".join(lines) + "\n"
-
-
-def failed_constraints(entry: Any, flat: list[Any]) -> str:
-    """Which of an entry's recorded constraints a call's inputs break, in words."""
-    params = ", ".join(p.name for p in entry.traces[0].args)
-    failed = []
-    for constraint in entry.constraints:
-        check = eval(f"lambda {params}: {constraint}")  # the constraint is our own generated source
-        if not check(*flat):
-            failed.append(constraint)
-    return "constraint failed: " + "; ".join(failed) if failed else "a guard failed"
