@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from minijit.errors import MinijitError
-from minijit.ir import BoundSymbol, Proxy, Symbol, TensorProxy, Trace, current_trace, tracing, tree_iter
+from minijit.ir import BoundSymbol, Proxy, Symbol, TensorProxy, Trace, current_trace, tracing
 from minijit.ops import prims
 from minijit.ops.registry import ALL_LTORCH, EAGER_IMPLS, ltorch_symbol_for
 from minijit.transforms.fusion import Region, region_writes
@@ -426,7 +426,3 @@ def _load_entry_points(only: str | None = None) -> None:
     if only is None:
         _entry_points_loaded = True
 
-
-def tensor_args(bsym: BoundSymbol) -> list[TensorProxy]:
-    """The tensor proxies among a bound symbol's arguments, in order."""
-    return [x for x in tree_iter((bsym.args, bsym.kwargs)) if isinstance(x, TensorProxy)]
