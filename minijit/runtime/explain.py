@@ -46,8 +46,19 @@ def describe_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[st
     except (TypeError, ValueError):
         items = [(f"arg{i}", a) for i, a in enumerate(args)] + list(kwargs.items())
     out: dict[str, tuple[str, Any]] = {"grad mode": ("torch.is_grad_enabled()", ("value", ("bool", torch.is_grad_enabled())))}
+    # A module's forward takes its parameters and training flags first: name them by path.
+    module_names = {"params": getattr(fn, "slots", None), "flags": getattr(fn, "module_paths", None)}
     for name, value in items:
-        _describe_value(name, value, out, symbolic)
+        paths = module_names.get(name)
+        if paths is None:
+            _describe_value(name, value, out, symbolic)
+            continue
+        for path, v in zip(paths, value, strict=True):
+            if isinstance(path, tuple):  # a parameter or buffer slot: (path, owner, kind, name)
+                label = f"self.{path[0]}"
+            else:
+                label = ".".join(filter(None, ("self", path, "training")))
+            _describe_value(label, v, out, symbolic)
     return out
 
 
@@ -61,7 +72,9 @@ def _format(aspect: str, value: Any) -> str:
 
 
 def _argument(label: str) -> str:
-    return label if label.startswith("torch.") else f"arg '{label}'"
+    if label.startswith(("torch.", "self.")):
+        return label
+    return f"arg '{label}'"
 
 
 def explain_difference(new: dict[str, tuple[str, Any]], old: dict[str, tuple[str, Any]]) -> list[str]:

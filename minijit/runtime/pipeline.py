@@ -12,6 +12,7 @@ from minijit.ir import Trace, tracing
 from minijit.ir.context import recording_constraints
 from minijit.runtime.guards import compile_guard, drop_implied
 from minijit.runtime.inputs import proxify_arguments
+from minijit.runtime.module import ModuleForward
 from minijit.transforms import claim_executors, dce
 
 
@@ -65,7 +66,12 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
             trace.fn_name = "computation"
         with tracing(trace):
             pargs, pkwargs = proxify_arguments(trace, fn, args, kwargs, symbolic)
-            trace.output = interpret(fn, pargs, pkwargs)
+            if isinstance(fn, ModuleForward):
+                params, _flags, *user_args = pargs
+                with fn.swapped_in(params):
+                    trace.output = interpret(fn.module, tuple(user_args), pkwargs)
+            else:
+                trace.output = interpret(fn, pargs, pkwargs)
         return trace
 
     # The passes, in order. Each is a pure Trace -> Trace function.
