@@ -52,6 +52,14 @@ ELEMENTWISE: dict[str, tuple[str, str]] = {
     "tanh": ("(tl.where({0} >= 0, 1.0, -1.0) * (1.0 - tl.exp(-2.0 * tl.abs({0}))) / (1.0 + tl.exp(-2.0 * tl.abs({0}))))", _F),
     "sign": ("tl.where({0} > 0, 1.0, tl.where({0} < 0, -1.0, 0.0 * {0}))", _F),
     "trunc": ("tl.where({0} >= 0, tl.floor({0}), tl.ceil({0}))", _F),
+    # log1p/expm1 near 0 through u = 1 + x (or exp(x)) and the correction x / (u - 1), which
+    # cancels u's rounding error (Goldberg); far from 0 the direct formula is accurate.
+    "log1p": ("tl.where(tl.abs({0}) < 0.5, tl.where(1.0 + {0} == 1.0, {0}, tl.log(1.0 + {0}) * ({0} / ((1.0 + {0}) - 1.0))), "
+              "tl.log(1.0 + {0}))", _F),
+    "expm1": ("tl.where(tl.abs({0}) < 0.5, tl.where(tl.exp({0}) == 1.0, {0}, (tl.exp({0}) - 1.0) * ({0} / tl.log(tl.exp({0})))), "
+              "tl.exp({0}) - 1.0)", _F),
+    # pow with a number exponent (the executor claims no other): see `pow_source`.
+    "pow": ("", _F),
     "maximum": ("tl.maximum({0}, {1})", _F + _I), "minimum": ("tl.minimum({0}, {1})", _F + _I),
     "eq": ("({0} == {1})", _F + _I + _B), "ne": ("({0} != {1})", _F + _I + _B), "lt": ("({0} < {1})", _F + _I),
     "le": ("({0} <= {1})", _F + _I), "gt": ("({0} > {1})", _F + _I), "ge": ("({0} >= {1})", _F + _I),
@@ -235,6 +243,29 @@ def next_pow2(n: int) -> int:
     return 1 << max(0, (max(n, 1) - 1).bit_length())
 
 
+def pow_exponent_ok(exponent: Any) -> bool:
+    """Whether `pow_source` handles `x ** exponent` exactly like torch (including negative x)."""
+    if isinstance(exponent, bool) or not isinstance(exponent, int | float) or not math.isfinite(exponent):
+        return False
+    return float(exponent) != int(exponent) or abs(exponent) <= 4
+
+
+def pow_source(exponent: float) -> str:
+    """A template for `{0} ** exponent`: products for small integer exponents, exp2/log2 otherwise."""
+    if float(exponent) == int(exponent):
+        n = int(exponent)
+        if n == 0:
+            return "tl.where({0} == {0}, 1.0, 1.0)"  # x ** 0 is 1, NaN included
+        product = " * ".join(["{0}"] * abs(n))
+        return f"({product})" if n > 0 else f"(1.0 / ({product}))"
+    if exponent == 0.5:
+        return "tl.sqrt({0})"
+    if exponent == -0.5:
+        return "tl.rsqrt({0})"
+    # A negative base gives NaN through log2, as torch.pow does for non-integer exponents.
+    return f"tl.exp2({_literal(float(exponent))} * tl.log2({{0}}))"
+
+
 def narrow(value: str, dtype: torch.dtype) -> str:
     """Source converting a computed value to `dtype`, rounding to nearest even."""
     if dtype == torch.bfloat16:
@@ -341,6 +372,8 @@ class KernelWriter:
             args = [self.gen(a, proj) if isinstance(a, Node) else _literal(a) for a in node.args]
             name = self.fresh()
             template = ELEMENTWISE[prim][0]
+            if prim == "pow":
+                template = pow_source(node.args[1])
             if prim in ("maximum", "minimum") and node.dtype.is_floating_point:
                 # torch.maximum/minimum propagate NaN; Triton's do not unless asked.
                 template = template.replace(")", ", propagate_nan=tl.PropagateNan.ALL)")

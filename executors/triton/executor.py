@@ -29,6 +29,7 @@ from executors.triton.codegen import (
     build_graph,
     kind,
     next_pow2,
+    pow_exponent_ok,
     remap_dims,
 )
 from minijit.extend import BoundSymbol, FusionExecutor, Proxy, Region, TensorProxy
@@ -216,6 +217,8 @@ class TritonExecutor(FusionExecutor):
             if any(isinstance(x, Proxy) and not isinstance(x, TensorProxy) for x in values):
                 return False
             if any(isinstance(x, complex) for x in values):
+                return False
+            if name == "pow" and not (isinstance(bsym.args[0], TensorProxy) and pow_exponent_ok(bsym.args[1])):
                 return False
             data = tensors[1:] if name == "where" else tensors
             return all(kind(t.dtype) in ELEMENTWISE[name][1] for t in data)

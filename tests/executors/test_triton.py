@@ -63,6 +63,10 @@ UNARY = {
     "cos": lambda x: x.cos(), "erf": lambda x: x.erf(), "tanh": lambda x: x.tanh(), "floor": lambda x: x.floor(),
     "ceil": lambda x: x.ceil(), "trunc": lambda x: x.trunc(), "abs": lambda x: x.abs(), "neg": lambda x: -x,
     "reciprocal": lambda x: (x.abs() + 0.5).reciprocal(), "sign": lambda x: x.sign(),
+    "log1p": lambda x: (x * 0.4).log1p(), "log1p_small": lambda x: (x * 1e-4).log1p(),
+    "expm1": lambda x: x.expm1(), "expm1_small": lambda x: (x * 1e-4).expm1(),
+    "pow_int": lambda x: x.pow(3), "pow_neg_int": lambda x: (x.abs() + 0.5).pow(-2), "pow_half": lambda x: x.abs().pow(0.5),
+    "pow_frac": lambda x: x.pow(1.5), "pow_zero": lambda x: x.pow(0),
 }
 BINARY = {
     "add": lambda x, y: x + y, "sub": lambda x, y: x - y, "mul": lambda x, y: x * y,
@@ -90,7 +94,7 @@ def check_all(fns, args, dtype):
         if ref.dtype == torch.bool:
             assert torch.equal(out, ref), name
         else:
-            torch.testing.assert_close(out, ref, **TOL[dtype], msg=lambda m, name=name: f"{name}: {m}")
+            torch.testing.assert_close(out, ref, **TOL[dtype], equal_nan=True, msg=lambda m, name=name: f"{name}: {m}")
     return jf
 
 
