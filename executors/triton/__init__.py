@@ -16,14 +16,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from executors.triton.executor import KERNELS, FusedRegion, TritonExecutor, interpreting
 from minijit.extend import register_executor
 
 ex = TritonExecutor()
-# A default executor only where it can compile for a GPU; elsewhere ask for it by name.
-register_executor(ex, default=torch.cuda.is_available())
+# Not a default executor yet: its kernels have only run under the interpreter so far. Ask for it
+# by name, or make it a default with `minijit.extend.add_default_executor("triton")`.
+register_executor(ex)
 triton_executor = ex
 
 

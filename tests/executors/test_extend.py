@@ -346,4 +346,4 @@ def test_ops_namespace_is_not_shadowed():
     assert "torchex.mul" in final(jf)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        minijit.jit(lambda x: x)  # CPU defaults: no warnings (triton/nvfuser are not defaults without CUDA)
+        minijit.jit(lambda x: x)  # the defaults: no warnings (triton/nvfuser are opt-in)
