@@ -1,13 +1,15 @@
-"""The small GPT of tests/transforms/test_grad_models.py, forward and backward with executors=["triton"].
+"""GPTs with executors=["triton"]: examples/gpt.py, and the grad branch's functional GPT, against eager.
 
-Runs through Triton's interpreter on CPU (tiny sizes); skipped where triton or the
-grad transform's model test is missing.
+Runs through Triton's interpreter on CPU (tiny sizes); parts are skipped where triton or
+the grad transform is missing.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,14 +19,51 @@ if importlib.util.find_spec("triton") is None:
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
-models = pytest.importorskip("tests.transforms.test_grad_models", reason="the grad transform's GPT model test is not here")
+import minijit
 
-import minijit  # noqa: E402
+pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning",
+                                        "ignore:divide by zero encountered:RuntimeWarning")
+HAS_GRAD = importlib.util.find_spec("minijit.transforms.grad") is not None
 
-pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+
+def load_gpt_example():
+    path = Path(__file__).resolve().parents[2] / "examples" / "gpt.py"
+    if not path.exists():
+        pytest.skip("examples/gpt.py is not here")
+    spec = importlib.util.spec_from_file_location("gpt_example", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
 
 
-def test_gpt_forward_backward_with_triton_matches_eager():
+def test_gpt_example_forward_with_triton_matches_eager():
+    gpt = load_gpt_example()
+    config = gpt.GPTConfig(vocab_size=16, block_size=8, n_layer=1, n_head=2, n_embd=16)
+    torch.manual_seed(0)
+    model = gpt.GPT(config)
+    jmodel = minijit.jit(model, executors=["triton"])
+    idx, targets = torch.randint(0, 16, (2, 8)), torch.randint(0, 16, (2, 8))
+    with torch.no_grad():
+        logits, loss = jmodel(idx, targets)
+        want_logits, want_loss = model(idx, targets)
+    torch.testing.assert_close(logits, want_logits, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(loss, want_loss, rtol=1e-4, atol=1e-5)
+    src = minijit.last_traces(jmodel)[-1].python()
+    # Residual add + layer norm (one row kernel each), and gelu, are fused.
+    assert src.count("tritonex.fusion_") >= 4 and "triton_red_add_mul_sub_var_mean_rsqrt" in src, src
+
+
+@pytest.mark.skipif(not HAS_GRAD, reason="the grad transform (minijit.transforms.grad) is not part of this build")
+def test_gpt_example_trains_with_triton_like_eager():
+    gpt = load_gpt_example()
+    config = gpt.GPTConfig(vocab_size=16, block_size=8, n_layer=1, n_head=2, n_embd=16)
+    gpt.train(steps=2, executors=["triton"], config=config, batch=2, seq=8, verbose=False)  # asserts equality
+
+
+@pytest.mark.skipif(not HAS_GRAD, reason="the grad transform (minijit.transforms.grad) is not part of this build")
+def test_functional_gpt_forward_backward_with_triton_matches_eager():
+    models = pytest.importorskip("tests.transforms.test_grad_models", reason="the grad branch's GPT model test is not here")
     init = models._init(torch.float32)
     jit_params = [p.clone().requires_grad_() for p in init]
     eager_params = [p.clone().requires_grad_() for p in init]
