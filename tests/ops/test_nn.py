@@ -284,3 +284,34 @@ def test_normalize_forms() -> None:
 def test_bad_input_raises_meta_error_naming_the_op(fn, args, message) -> None:
     with pytest.raises(MetaError, match=message):
         trace_call(fn, *(torch.randn(s) for s in args))
+
+
+def _gpt_block(x, w_qkv, w_proj, w_fc, w_out, ln1_w, ln1_b, ln2_w, ln2_b):
+    B, T, C = x.shape
+    h = F.layer_norm(x, (C,), ln1_w, ln1_b)
+    q, k, v = F.linear(h, w_qkv).split(C, dim=-1)
+    q, k, v = (t.view(B, T, 2, C // 2).transpose(1, 2) for t in (q, k, v))
+    attn = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, C)
+    x = x + F.dropout(F.linear(attn, w_proj), 0.1, training=False)
+    h = F.rms_norm(F.layer_norm(x, (C,), ln2_w, ln2_b), (C,))
+    x = x + F.linear(F.gelu(F.linear(h, w_fc), approximate="tanh"), w_out)
+    logits = x @ w_qkv[:C].T
+    loss = F.cross_entropy(logits.view(-1, C), torch.arange(B * T) % C, label_smoothing=0.1)
+    return x.softmax(-1).max(-1).values, loss, torch.zeros(B, T, dtype=torch.long) + x.argmax(-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpt_block_through_jit_matches_eager(dtype) -> None:
+    import minijit
+
+    C = 8
+    shapes = [(2, 5, C), (3 * C, C), (C, C), (4 * C, C), (C, 4 * C), (C,), (C,), (C,), (C,)]
+    args = [torch.randn(s, dtype=dtype) for s in shapes]
+    jf = minijit.jit(_gpt_block)
+    actual, expected = jf(*args), _gpt_block(*args)
+    atol, rtol = TOLERANCES[dtype]
+    for a, e in zip(actual, expected):
+        torch.testing.assert_close(a, e, atol=atol * 4, rtol=rtol * 4)
+    # Claimed at the ltorch level: one eager call per high-level op, not its decomposition.
+    source = minijit.last_traces(jf)[-1].python(subsymbol_depth=0)
+    assert source.count("torchex.scaled_dot_product_attention(") == 1 and source.count("torchex.layer_norm(") == 2

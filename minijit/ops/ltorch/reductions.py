@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -127,6 +127,13 @@ argmax = _declare_arg_extremum("argmax", prims.argmax)
 argmin = _declare_arg_extremum("argmin", prims.argmin)
 
 
+class ValuesIndices(NamedTuple):
+    """(values, indices), as torch.max/min with a dim return them (so `.values` and `.indices` work)."""
+
+    values: Any
+    indices: Any
+
+
 def _declare_max_min(name: str, reduce: Any, arg_reduce: Any, binary: Any) -> Any:
     def decomposition(input: TensorProxy, dim: Any = None, keepdim: bool = False) -> Any:  # noqa: A002
         _check_tensor(name, input)
@@ -138,10 +145,10 @@ def _declare_max_min(name: str, reduce: Any, arg_reduce: Any, binary: Any) -> An
             raise fail(name, f"dim must be an int, got {dim!r}")
         values = reduce(input, dim, keepdim)
         indexed = to_dtype(input, torch.uint8) if input.dtype == torch.bool else input
-        return values, arg_reduce(indexed, dim, keepdim)
+        return ValuesIndices(values, arg_reduce(indexed, dim, keepdim))
 
     decomposition.__name__ = name
-    decomposition.__doc__ = (f"torch.{name}: over all elements; with dim, a (values, indices) pair; "
+    decomposition.__doc__ = (f"torch.{name}: over all elements; with dim, a (values, indices) named tuple; "
                              f"with a tensor, the elementwise {binary.name}.")
     fns = [getattr(torch, name), getattr(torch.Tensor, name)]
     return ltorch_op(name, torch_fns=fns, methods=[name])(decomposition)
