@@ -9,18 +9,10 @@ import torch
 
 from minijit.errors import MetaError
 from minijit.ops import ltorch
-from tests.ops.opinfo_util import FLOAT_DTYPES, OpCase, assert_matches, run_case
+from tests.ops.opinfo_util import CREATION_CASES, FLOAT_DTYPES, OpCase, assert_matches, case_params, run_case
 from tests.oputil import run_decomposed, run_trace_source, trace_call
 
-CASES = [
-    OpCase("to"),
-    *(OpCase(name) for name in ("float", "double", "half", "bfloat16", "long", "int", "bool")),
-    *(OpCase(name) for name in ("zeros", "ones", "full", "arange", "zeros_like", "ones_like", "full_like",
-                                "new_zeros", "new_ones", "new_full")),
-    *(OpCase(name, compare_values=False) for name in ("empty", "empty_like", "new_empty", "rand_like",
-                                                      "randn_like")),
-]
-PARAMS = [pytest.param(case, dtype, id=f"{case.id}-{str(dtype)[6:]}") for case in CASES for dtype in case.dtypes()]
+PARAMS = case_params(CREATION_CASES)
 
 
 @pytest.mark.parametrize(("case", "dtype"), PARAMS)

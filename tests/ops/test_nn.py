@@ -10,36 +10,11 @@ import torch
 from minijit.errors import MetaError
 from minijit.ops import ltorch
 from minijit.ops.registry import ltorch_symbol_for
-from tests.ops.opinfo_util import FLOAT_DTYPES, TOLERANCES, OpCase, assert_matches, run_case
+from tests.ops.opinfo_util import FLOAT_DTYPES, NN_CASES, TOLERANCES, OpCase, assert_matches, case_params, run_case
 from tests.oputil import run_decomposed, run_trace_source, trace_call
 
 F = torch.nn.functional
-
-
-def _skip_dropout(sample) -> str | None:
-    return "random (dropout_p > 0)" if sample.kwargs.get("dropout_p", 0) else None
-
-
-def _skip_max_norm(sample) -> str | None:
-    return "max_norm (mutates weight)" if sample.kwargs.get("max_norm") is not None else None
-
-
-CASES = [
-    OpCase("matmul"), OpCase("mm"), OpCase("bmm"), OpCase("baddbmm"), OpCase("addmm"),
-    OpCase("nn.functional.linear"),
-    OpCase("nn.functional.relu"), OpCase("nn.functional.relu6"), OpCase("nn.functional.leaky_relu"),
-    OpCase("nn.functional.elu"), OpCase("nn.functional.gelu"), OpCase("nn.functional.silu"), OpCase("sigmoid"),
-    OpCase("nn.functional.softplus"), OpCase("nn.functional.hardtanh"), OpCase("tanh"),
-    OpCase("softmax"), OpCase("softmax", "with_dtype"), OpCase("log_softmax"), OpCase("log_softmax", "with_dtype"),
-    OpCase("nn.functional.layer_norm"), OpCase("nn.functional.rms_norm"), OpCase("nn.functional.group_norm"),
-    OpCase("nn.functional.normalize"), OpCase("nn.functional.pad", "constant"),
-    OpCase("nn.functional.embedding", skip=_skip_max_norm, min_share=0.6, adapter=lambda sym: lambda w, i, **k: sym(i, w, **k)),
-    OpCase("nn.functional.cross_entropy"), OpCase("nn.functional.nll_loss"), OpCase("nn.functional.mse_loss"),
-    OpCase("nn.functional.l1_loss"), OpCase("nn.functional.binary_cross_entropy_with_logits"),
-    OpCase("nn.functional.scaled_dot_product_attention", skip=_skip_dropout, min_share=0.5,
-           tolerances={torch.float32: (3e-5, 1e-4)}),
-]
-PARAMS = [pytest.param(case, dtype, id=f"{case.id}-{str(dtype)[6:]}") for case in CASES for dtype in case.dtypes()]
+PARAMS = case_params(NN_CASES)
 
 
 @pytest.mark.parametrize(("case", "dtype"), PARAMS)
@@ -116,6 +91,7 @@ def test_torch_callables_map_to_ltorch_ops() -> None:
         assert ltorch_symbol_for(fn).name == name
 
 
+@pytest.mark.filterwarnings("ignore:Implicit dimension choice:UserWarning")
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("dim", [0, -1, None])
 def test_softmax_forms_and_stability(dtype, dim) -> None:

@@ -7,23 +7,13 @@ import torch
 
 from minijit.errors import MetaError
 from minijit.ops import ltorch
-from tests.ops.opinfo_util import OpCase, assert_matches, run_case
+from tests.ops.opinfo_util import REDUCTION_CASES, OpCase, assert_matches, case_params, run_case
 from tests.oputil import run_decomposed, run_trace_source, trace_call
 
 # eager torch warns about var/std with too few elements; the comparison covers those cases
 pytestmark = pytest.mark.filterwarnings("ignore:.*degrees of freedom:UserWarning")
 
-CASES = [
-    OpCase("sum"), OpCase("mean"), OpCase("prod"), OpCase("amax"), OpCase("amin"),
-    OpCase("max", "binary"), OpCase("max", "reduction_no_dim"), OpCase("max", "reduction_with_dim"),
-    OpCase("min", "binary"), OpCase("min", "reduction_no_dim"), OpCase("min", "reduction_with_dim"),
-    OpCase("argmax"), OpCase("argmin"),
-    OpCase("var"), OpCase("var", "unbiased"), OpCase("std"), OpCase("std", "unbiased"),
-    OpCase("var_mean"), OpCase("var_mean", "unbiased"), OpCase("std_mean"), OpCase("std_mean", "unbiased"),
-    OpCase("all"), OpCase("any"), OpCase("logsumexp"), OpCase("cumsum"),
-    OpCase("norm"), OpCase("norm", "fro"), OpCase("norm", "inf"), OpCase("linalg.vector_norm"),
-]
-PARAMS = [pytest.param(case, dtype, id=f"{case.id}-{str(dtype)[6:]}") for case in CASES for dtype in case.dtypes()]
+PARAMS = case_params(REDUCTION_CASES)
 
 
 @pytest.mark.parametrize(("case", "dtype"), PARAMS)
