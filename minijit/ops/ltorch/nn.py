@@ -513,7 +513,7 @@ def _batched(op: str, input: TensorProxy, target: TensorProxy) -> tuple[TensorPr
     if input.ndim == 0:
         raise fail(op, "input must have a class dimension")
     if input.ndim == 1:
-        if target.ndim not in (0, 1) or (target.ndim == 1 and target.dtype.is_floating_point is False):
+        if target.ndim not in (0, 1) or (target.ndim == 1 and not target.dtype.is_floating_point):
             raise fail(op, f"for an unbatched input of shape {tuple(input.shape)} the target must be 0-d, "
                            f"got shape {tuple(target.shape)}")
         return unsqueeze_at(input, (0,)), unsqueeze_at(target, (0,)), True
@@ -707,5 +707,6 @@ def pad(input: TensorProxy, pad: Sequence[int], mode: str = "constant", value: f
         pieces = [p for p in (parts[0], x, parts[1]) if p is not None]
         if len(pieces) > 1:
             x = prims.cat(pieces, d)
-    return x if x is not input else mul(input, 1)
+    # torch returns a new tensor even for zero padding; a same-dtype conversion is a copy.
+    return x if x is not input else prims.convert_element_type(input, input.dtype)
 
