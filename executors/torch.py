@@ -115,6 +115,8 @@ _PRIM_IMPLS: dict[str, Any] = {
     "convert_element_type": lambda x, dtype: x.to(dtype, copy=True),
     "device_put": lambda x, device: x.to(device),
     "cumsum": torch.cumsum,
+    "topk": lambda x, k, dim, largest, is_sorted: tuple(torch.topk(x, k, dim, largest, is_sorted)),
+    "sort": lambda x, dim, descending, stable: tuple(torch.sort(x, dim=dim, descending=descending, stable=stable)),
     "broadcast_in_dim": _broadcast_in_dim,
     "reshape": torch.reshape,
     "transpose": torch.permute,

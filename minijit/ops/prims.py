@@ -316,6 +316,28 @@ def _cumsum_meta(x: TensorProxy, dim: int) -> TensorProxy:
 cumsum = _prim("cumsum", _cumsum_meta)
 
 
+def _topk_meta(x: TensorProxy, k: int, dim: int, largest: bool, sorted: bool) -> tuple[TensorProxy, TensorProxy]:  # noqa: A002
+    _check_tensor("topk", x)
+    d = _canonical_dim("topk", dim, x.ndim)
+    size = x.shape[d] if x.ndim else 1
+    if type(k) is int and type(size) is int and not 0 <= k <= size:
+        raise _fail("topk", f"k={k} is out of range for a dim of size {size}")
+    shape_ = tuple(k if i == d else s for i, s in enumerate(x.shape))
+    return TensorProxy.like(x, shape=shape_), TensorProxy.like(x, shape=shape_, dtype=torch.int64, requires_grad=False)
+
+
+topk = _prim("topk", _topk_meta)
+
+
+def _sort_meta(x: TensorProxy, dim: int, descending: bool, stable: bool) -> tuple[TensorProxy, TensorProxy]:
+    _check_tensor("sort", x)
+    _canonical_dim("sort", dim, x.ndim)
+    return TensorProxy.like(x), TensorProxy.like(x, dtype=torch.int64, requires_grad=False)
+
+
+sort = _prim("sort", _sort_meta)
+
+
 # -- linear algebra -------------------------------------------------------------
 
 def _matmul_meta(a: TensorProxy, b: TensorProxy) -> TensorProxy:
