@@ -31,7 +31,7 @@ from minijit.ops import prims
 from minijit.ops.registry import ALL_LTORCH, EAGER_IMPLS, ltorch_symbol_for
 
 __all__ = [
-    "Executor", "Implementation", "OperatorExecutor", "Symbol", "TensorProxy", "get_default_executors",
+    "BoundSymbol", "Executor", "Implementation", "OperatorExecutor", "Symbol", "TensorProxy", "get_default_executors",
     "get_executor", "ltorch_eager_implementations", "prims", "register_executor", "resolve_executors",
     "resolve_symbol",
 ]
@@ -64,6 +64,14 @@ class Executor:
 
     def unavailable_reason(self) -> str | None:
         """Why this executor cannot run here (missing package, no GPU), or None if it can."""
+        return None
+
+    def produce_into(self, producer: BoundSymbol, out: TensorProxy) -> BoundSymbol | None:
+        """A version of `producer` (a bound symbol this executor runs) that writes its result into `out`'s memory.
+
+        Called only where the copy_to_out_ analysis found it safe (DESIGN.md, invariant 2);
+        `producer` may read `out` itself but no other view of it. None: keep the real copy.
+        """
         return None
 
     def __repr__(self) -> str:

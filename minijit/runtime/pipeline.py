@@ -12,7 +12,8 @@ import torch
 
 from minijit.frontend import interpret
 from minijit.ir import TensorProxy, Trace, tracing, tree_map
-from minijit.transforms import claim_executors, dce
+from minijit.transforms import check_copies, claim_executors, dce, functionalize, write_copies_in_place
+from minijit.transforms.copy_analysis import CHECK_COPIES
 
 
 @dataclass
@@ -85,9 +86,13 @@ def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
 
     # The passes, in order. Each is a pure Trace -> Trace function.
     trace = _timed(capture, traces)
+    trace = _timed(lambda: functionalize(trace), traces)
     trace = _timed(lambda: dce(trace), traces)
     trace = _timed(lambda: claim_executors(trace, executors), traces)
     trace = _timed(lambda: dce(trace), traces)
+    trace = _timed(lambda: write_copies_in_place(trace, executors), traces)
+    if CHECK_COPIES:
+        check_copies(trace)
 
     start = time.perf_counter()
     computation = trace.python_callable()

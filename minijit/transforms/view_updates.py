@@ -1,0 +1,193 @@
+"""Views for functionalization: which outputs alias their input, replaying a view, writing a view back.
+
+A view op's output shares memory with its first tensor argument. Functionalization
+(DESIGN.md, invariant 1) needs two things per view op: *replay* (recompute the view
+from the base's new value, by calling the op again) and *scatter* (the inverse
+update: given the base's current value and the view's new value, the base's new
+value). Scatter rules live in two tables:
+
+- `PRIM_SCATTER`, keyed by prim name, for the view prims (transpose, reshape,
+  squeeze, slice, broadcast_in_dim as unsqueeze);
+- `VIEW_RULES`, keyed by ltorch op name. Most ltorch view ops decompose into view
+  prims, and their rule, `invert_decomposition`, walks the decomposition back from
+  the output to the input and applies the prim rules in reverse. `view_or_copy`
+  marks ops that return a copy when their decomposition is not made of views only
+  (`x[idx_tensor]`, like eager). Adding a view op means adding one entry here.
+
+A view-tagged op without an entry is treated as `invert_decomposition`; one whose
+decomposition cannot be inverted is an `UnsupportedOpError` naming the op and line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from minijit.errors import InplaceError, UnsupportedOpError, where
+from minijit.ir import BoundSymbol, Proxy, TensorProxy, tree_flatten
+from minijit.ops import prims
+
+VIEW = "view"  # the tag ltorch view ops carry (minijit/ops/ltorch/shape.py)
+
+# (view bsym, its output, current value of its input, new value of its output) -> new value of its input
+ScatterRule = Callable[[BoundSymbol, Proxy, TensorProxy, TensorProxy], TensorProxy]
+
+
+def first_tensor_arg(bsym: BoundSymbol) -> TensorProxy | None:
+    """The tensor a view op views: its first tensor argument."""
+    for x in tree_flatten(bsym.args):
+        if isinstance(x, TensorProxy):
+            return x
+    return None
+
+
+def output_position(bsym: BoundSymbol, out: Proxy) -> int:
+    """Where `out` sits among `bsym`'s flattened outputs."""
+    for i, o in enumerate(tree_flatten(bsym.output)):
+        if o is out:
+            return i
+    raise ValueError(f"{out!r} is not an output of {bsym.sym.id}")
+
+
+def replay(bsym: BoundSymbol, out: Proxy, new_input: TensorProxy) -> TensorProxy:
+    """Record `bsym` again on `new_input` (in the current trace) and return its output at `out`'s position."""
+    old_input = first_tensor_arg(bsym)
+    done = [False]
+
+    def swap(x: Any) -> Any:
+        if not done[0] and x is old_input:
+            done[0] = True
+            return new_input
+        return x
+
+    args = [swap(a) for a in bsym.args]
+    result = bsym.sym(*args, **bsym.kwargs)
+    return tree_flatten(result)[output_position(bsym, out)]
+
+
+# -- prim rules ----------------------------------------------------------------------
+
+def _scatter_transpose(bsym: BoundSymbol, out: Proxy, current: TensorProxy, new: TensorProxy) -> TensorProxy:
+    perm = bsym.args[1]
+    inverse = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inverse[p] = i
+    return prims.transpose(new, tuple(inverse))
+
+
+def _scatter_reshape(bsym: BoundSymbol, out: Proxy, current: TensorProxy, new: TensorProxy) -> TensorProxy:
+    return prims.reshape(new, tuple(current.shape))
+
+
+def _scatter_slice(bsym: BoundSymbol, out: Proxy, current: TensorProxy, new: TensorProxy) -> TensorProxy:
+    return prims.slice_scatter(current, new, *bsym.args[1:], **bsym.kwargs)
+
+
+def _scatter_broadcast(bsym: BoundSymbol, out: Proxy, current: TensorProxy, new: TensorProxy) -> TensorProxy:
+    _, shape, dims = bsym.args[:3]
+    for size, d in zip(current.shape, dims, strict=True):
+        if size != shape[d]:
+            raise InplaceError(
+                f"{bsym.sym.id}{where(bsym.source)}: unsupported operation: more than one element of the "
+                "written-to tensor refers to a single memory location (an in-place write into an expanded "
+                "tensor, as in eager); clone() the tensor before writing into it")
+    if any(shape[d] != 1 for d in range(len(shape)) if d not in dims):
+        raise InplaceError(f"{bsym.sym.id}{where(bsym.source)}: an in-place write into an expanded tensor")
+    return prims.reshape(new, tuple(current.shape))
+
+
+PRIM_SCATTER: dict[str, ScatterRule] = {
+    "transpose": _scatter_transpose,
+    "reshape": _scatter_reshape,
+    "squeeze": _scatter_reshape,
+    "slice": _scatter_slice,
+    "broadcast_in_dim": _scatter_broadcast,
+}
+
+
+# -- ltorch rules ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ViewRule:
+    """How an ltorch view op's output relates to its input.
+
+    `scatter` writes a new value of the output back into the input. With
+    `may_copy`, the op returns a copy (not a view) when its decomposition is not
+    made of view ops only, as `x[index_tensor]` does in eager.
+    """
+
+    scatter: ScatterRule
+    may_copy: bool = False
+
+
+def view_path(bsym: BoundSymbol, out: Proxy) -> list[tuple[BoundSymbol, Proxy]] | None:
+    """The steps (sub-bsym, its output) from `bsym`'s input to `out` inside its decomposition, or None.
+
+    None means `out` is not reached from the input through view ops only.
+    """
+    source = first_tensor_arg(bsym)
+    producers = {id(o): sub for sub in bsym.subsymbols for o in sub.proxy_outputs()}
+    steps: list[tuple[BoundSymbol, Proxy]] = []
+    cur: Any = out
+    while cur is not source:
+        sub = producers.get(id(cur))
+        if sub is None or not is_view_step(sub, cur):
+            return None
+        steps.append((sub, cur))
+        cur = first_tensor_arg(sub)
+    return steps[::-1]
+
+
+def is_view_step(bsym: BoundSymbol, out: Proxy) -> bool:
+    """Whether `out` (an output of `bsym`) is a view of `bsym`'s first tensor argument."""
+    if bsym.sym.is_prim:
+        return bsym.sym.name in PRIM_SCATTER and bsym.sym.namespace == "prims"
+    if VIEW not in bsym.sym.tags:
+        return False
+    rule = VIEW_RULES.get(bsym.sym.name)
+    if rule is not None and rule.scatter is not invert_decomposition:
+        return True
+    if view_path(bsym, out) is not None:
+        return True
+    # A view torch always returns as a view, but made of ops we cannot invert: reads of it
+    # replay fine, a write through it raises in invert_decomposition.
+    return not (rule is not None and rule.may_copy)
+
+
+def scatter(bsym: BoundSymbol, out: Proxy, current: TensorProxy, new: TensorProxy) -> TensorProxy:
+    """The new value of `bsym`'s input after its output `out` became `new` (records into the current trace)."""
+    if bsym.sym.is_prim:
+        return PRIM_SCATTER[bsym.sym.name](bsym, out, current, new)
+    rule = VIEW_RULES.get(bsym.sym.name)
+    return (rule.scatter if rule is not None else invert_decomposition)(bsym, out, current, new)
+
+
+def invert_decomposition(bsym: BoundSymbol, out: Proxy, current: TensorProxy, new: TensorProxy) -> TensorProxy:
+    """Scatter rule of a view op made of view ops: replay its steps forward, scatter back in reverse."""
+    path = view_path(bsym, out)
+    if path is None:
+        raise UnsupportedOpError(
+            f"{bsym.sym.id}{where(bsym.source)}: an in-place write through this view cannot update its base, "
+            "because its decomposition is not made of invertible view ops; clone() the view before writing "
+            "into it, or add a rule to VIEW_RULES in minijit/transforms/view_updates.py")
+    inputs = [current]
+    for step, step_out in path[:-1]:
+        inputs.append(replay(step, step_out, inputs[-1]))
+    for (step, step_out), step_input in zip(reversed(path), reversed(inputs), strict=True):
+        new = scatter(step, step_out, step_input, new)
+    return new
+
+
+_ALWAYS_VIEWS = (
+    "transpose", "t", "permute", "swapaxes", "swapdims", "movedim", "moveaxis", "T", "mT", "H", "mH",
+    "view", "view_as", "squeeze", "unsqueeze", "flatten", "unflatten", "expand", "expand_as", "select",
+    "narrow", "split", "split_with_sizes", "tensor_split", "chunk", "unbind", "diagonal", "unfold",
+    "alias", "detach",
+)
+_VIEW_OR_COPY = ("getitem", "reshape", "reshape_as", "contiguous")
+
+VIEW_RULES: dict[str, ViewRule] = {
+    **{name: ViewRule(invert_decomposition) for name in _ALWAYS_VIEWS},
+    **{name: ViewRule(invert_decomposition, may_copy=True) for name in _VIEW_OR_COPY},
+}
