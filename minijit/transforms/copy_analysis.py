@@ -44,7 +44,7 @@ VIEW_TAG = "view"
 
 def may_alias_input(bsym: BoundSymbol) -> bool:
     """Whether an output of `bsym` may share memory with one of its tensor arguments at run time."""
-    name = bsym.sym.name
+    name = bsym.sym.name.removeprefix("prims_")
     if VIEW_TAG in bsym.sym.tags or name in _VIEW_LIKE:
         return True
     if name in _MAYBE_SELF:
@@ -138,7 +138,9 @@ def analyze_copies(trace: Trace) -> list[CopyDecision]:
         def decide(ok: bool, reason: str, computed: Any = computed, out: Any = out, k: int = k, p: Any = p) -> None:
             decisions.append(CopyDecision(k, p, computed, out, ok, reason))
 
-        if roots.get(id(computed)):
+        if any(computed is a for a in trace.args):
+            decide(False, f"{computed.name} is a trace input")
+        elif roots.get(id(computed)):
             decide(False, f"{computed.name} may alias input(s) {', '.join(sorted(roots[id(computed)]))}")
         elif p is None:
             decide(False, f"{computed.name} is not computed by the trace")
