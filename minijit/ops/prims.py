@@ -143,7 +143,8 @@ convert_element_type = _prim("convert_element_type", _convert_element_type_meta)
 def _broadcast_in_dim_meta(x: TensorProxy, shape: Shape, broadcast_dims: Sequence[int]) -> TensorProxy:
     _check_tensor("broadcast_in_dim", x)
     if len(broadcast_dims) != x.ndim:
-        raise _fail("broadcast_in_dim", f"broadcast_dims {tuple(broadcast_dims)} must name one output dim per input dim ({x.ndim})")
+        raise _fail("broadcast_in_dim",
+                    f"broadcast_dims {tuple(broadcast_dims)} must name one output dim per input dim ({x.ndim})")
     last = -1
     for d, size in zip(broadcast_dims, x.shape, strict=True):
         if not last < d < len(shape):

@@ -24,6 +24,8 @@ class CompiledEntry:
     traces: list[Trace] = field(default_factory=list)
     # True when every argument is a tensor passed positionally: the call can skip flattening.
     direct_call: bool = False
+    # The checks a call must pass to use this entry, as Python source (for minijit.show).
+    prologue: str = ""
 
 
 def _timed(trace_fn: Callable[[], Trace], traces: list[Trace]) -> Trace:
