@@ -19,7 +19,7 @@ def _program(x, y, k, flag, mode):
     return z.sum(dim=-1) if z.ndim > 1 else z
 
 
-@pytest.mark.parametrize("cache", ["constant values", "no caching"])
+@pytest.mark.parametrize("cache", ["constant values", "symbolic values", "no caching"])
 def test_random_calls_match_eager(cache):
     rng = random.Random(1234)
     jf = minijit.jit(_program, cache=cache)
