@@ -35,7 +35,16 @@ from minijit.ir import BoundSymbol, Proxy, TensorProxy, Trace, tracing, tree_fla
 from minijit.ops import prims
 from minijit.ops.prims import INPLACE
 from minijit.transforms.copy_analysis import alias_roots
-from minijit.transforms.view_updates import PRIM_SCATTER, VIEW, first_tensor_arg, is_view_step, replay, scatter
+from minijit.transforms.view_updates import (
+    PRIM_SCATTER,
+    VIEW,
+    ExpandedWrite,
+    first_tensor_arg,
+    is_view_step,
+    replay,
+    scatter,
+    scatter_by_positions,
+)
 
 __all__ = ["functionalize"]
 
@@ -137,9 +146,31 @@ class _Functionalizer:
             self.value[id(dst)] = new
             self.version[id(dst)] = self.version.get(id(dst), 0) + 1
             return
-        parent_now = self.resolve(view.parent)
-        self.write(view.parent, scatter(view.bsym, view.out, parent_now, new), op)
+        try:
+            parent_new = scatter(view.bsym, view.out, self.resolve(view.parent), new)
+        except ExpandedWrite:
+            # Through an expanded view: scatter straight into the base by element positions.
+            uniform = self._is_fill(new)
+            self.write(base, scatter_by_positions(self.resolve(base), self.chain(dst), new, op, uniform=uniform), op)
+        else:
+            self.write(view.parent, parent_new, op)
         self.cache[id(dst)] = (self.version[id(base)], new)
+
+    def _is_fill(self, value: TensorProxy) -> bool:
+        """Whether `value` was made by prims.full (one value everywhere)."""
+        for bsym in reversed(self.new.bound_symbols):
+            if any(o is value for o in bsym.proxy_outputs()):
+                return bsym.sym.id == "prims.full"
+        return False
+
+    def chain(self, p: TensorProxy) -> list[tuple[BoundSymbol, Proxy]]:
+        """The view steps from p's base out to p."""
+        steps = []
+        view = self.views.get(id(p))
+        while view is not None:
+            steps.append((view.bsym, view.out))
+            view = self.views.get(id(view.parent))
+        return steps[::-1]
 
     # -- bound symbols -----------------------------------------------------------
     def visit(self, bsym: BoundSymbol, top: BoundSymbol) -> None:

@@ -20,13 +20,17 @@ decomposition cannot be inverted is an `UnsupportedOpError` naming the op and li
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from minijit.errors import InplaceError, UnsupportedOpError, where
 from minijit.ir import BoundSymbol, Proxy, TensorProxy, tree_flatten
 from minijit.ops import prims
+from minijit.ops.registry import EAGER_IMPLS
 
 VIEW = "view"  # the tag ltorch view ops carry (minijit/ops/ltorch/shape.py)
 
@@ -84,16 +88,19 @@ def _scatter_slice(bsym: BoundSymbol, out: Proxy, current: TensorProxy, new: Ten
     return prims.slice_scatter(current, new, *bsym.args[1:], **bsym.kwargs)
 
 
+class ExpandedWrite(InplaceError):
+    """A write through an expanded view: one element of the base appears several times in the view."""
+
+
 def _scatter_broadcast(bsym: BoundSymbol, out: Proxy, current: TensorProxy, new: TensorProxy) -> TensorProxy:
     _, shape, dims = bsym.args[:3]
-    for size, d in zip(current.shape, dims, strict=True):
-        if size != shape[d]:
-            raise InplaceError(
-                f"{bsym.sym.id}{where(bsym.source)}: unsupported operation: more than one element of the "
-                "written-to tensor refers to a single memory location (an in-place write into an expanded "
-                "tensor, as in eager); clone() the tensor before writing into it")
-    if any(shape[d] != 1 for d in range(len(shape)) if d not in dims):
-        raise InplaceError(f"{bsym.sym.id}{where(bsym.source)}: an in-place write into an expanded tensor")
+    expanded = any(size != shape[d] for size, d in zip(current.shape, dims, strict=True))
+    if expanded or any(shape[d] != 1 for d in range(len(shape)) if d not in dims):
+        # Writing a part of the expanded view (`x.expand(2, 3)[0]`) is fine in eager; the
+        # functionalizer then scatters by element positions (scatter_by_positions).
+        raise ExpandedWrite(f"{bsym.sym.id}{where(bsym.source)}: unsupported operation: more than one element of "
+                            "the written-to tensor refers to a single memory location (an in-place write into an "
+                            "expanded tensor, as in eager); clone() the tensor before writing into it")
     return prims.reshape(new, tuple(current.shape))
 
 
@@ -177,6 +184,41 @@ def invert_decomposition(bsym: BoundSymbol, out: Proxy, current: TensorProxy, ne
     for (step, step_out), step_input in zip(reversed(path), reversed(inputs), strict=True):
         new = scatter(step, step_out, step_input, new)
     return new
+
+
+def scatter_by_positions(base: TensorProxy, chain: list[tuple[BoundSymbol, Proxy]], new: TensorProxy,
+                         op: BoundSymbol, *, uniform: bool = False) -> TensorProxy:
+    """The new value of `base` after the view `chain` (steps from base outwards) of it became `new`.
+
+    Replays the chain on the tensor of base's element positions, then writes `new`
+    at those positions with one index_copy. Works through any view, expanded ones
+    included, as long as the written view itself has no repeated element (checked
+    at trace time by running the chain's eager implementations) or `new` is
+    `uniform` (one value everywhere, as `zero_` and `fill_` write, which eager allows).
+    """
+    numel = math.prod(base.shape)
+    if not uniform and _has_repeated_elements(base, chain):
+        raise InplaceError(f"{op.sym.id}{where(op.source)}: an in-place write into an expanded tensor, where more "
+                           "than one element of the written-to tensor refers to a single memory location; minijit "
+                           "supports it only for one value written everywhere (zero_, fill_), and eager refuses most "
+                           "such writes; clone() the tensor before writing into it")
+    positions = prims.reshape(prims.iota(numel, start=0, step=1, dtype=torch.int64, device=base.device), base.shape)
+    for step, out in chain:
+        positions = replay(step, out, positions)
+    n = math.prod(new.shape)
+    flat = prims.index_copy(prims.reshape(base, (numel,)), prims.reshape(positions, (n,)), prims.reshape(new, (n,)), 0)
+    return prims.reshape(flat, tuple(base.shape))
+
+
+def _has_repeated_elements(base: TensorProxy, chain: list[tuple[BoundSymbol, Proxy]]) -> bool:
+    value: Any = torch.empty(tuple(base.shape))
+    for step, out in chain:
+        impl = EAGER_IMPLS.get(step.sym.name) if step.sym.namespace == "ltorch" else None
+        if impl is None:
+            return False  # cannot tell at trace time; the index_copy then keeps one of the values
+        args = [value if a is first_tensor_arg(step) else a for a in step.args]
+        value = tree_flatten(impl(*args, **step.kwargs))[output_position(step, out)]
+    return bool(torch._debug_has_internal_overlap(value) == 1)
 
 
 _ALWAYS_VIEWS = (
