@@ -38,9 +38,12 @@ from minijit.transforms.copy_analysis import alias_roots
 from minijit.transforms.view_updates import (
     PRIM_SCATTER,
     VIEW,
+    VIEW_RULES,
     ExpandedWrite,
+    eager_returns_view,
     first_tensor_arg,
     is_view_step,
+    layout_free,
     replay,
     scatter,
     scatter_by_positions,
@@ -141,20 +144,38 @@ class _Functionalizer:
             raise InplaceError(f"{op.sym.id}{where(op.source)}: {what} that requires grad is being used in an "
                                f"in-place operation (input {base.name}, as in eager); use torch.no_grad() or "
                                "write into a clone")
+        try:
+            self._write_through_views(dst, new)
+        except ExpandedWrite:
+            # Through an expanded view (`x.expand(2, 3)[0].add_(1)`): scatter straight into
+            # the base by element positions. The failed attempt recorded only functional,
+            # unused bound symbols (dce drops them) and changed no state.
+            uniform = self._is_fill(new)
+            self._write_through_views(base, scatter_by_positions(self.resolve(base), self.chain(dst), new, op,
+                                                                 uniform=uniform))
+            if base is not dst:
+                self.cache[id(dst)] = (self.version[id(base)], new)
+
+    def _write_through_views(self, dst: TensorProxy, new: TensorProxy) -> None:
         view = self.views.get(id(dst))
         if view is None:
             self.value[id(dst)] = new
             self.version[id(dst)] = self.version.get(id(dst), 0) + 1
             return
-        try:
-            parent_new = scatter(view.bsym, view.out, self.resolve(view.parent), new)
-        except ExpandedWrite:
-            # Through an expanded view: scatter straight into the base by element positions.
-            uniform = self._is_fill(new)
-            self.write(base, scatter_by_positions(self.resolve(base), self.chain(dst), new, op, uniform=uniform), op)
-        else:
-            self.write(view.parent, parent_new, op)
-        self.cache[id(dst)] = (self.version[id(base)], new)
+        self._write_through_views(view.parent, scatter(view.bsym, view.out, self.resolve(view.parent), new))
+        self.cache[id(dst)] = (self.version[id(view.base)], new)
+
+    def _aliases(self, parent: TensorProxy, bsym: BoundSymbol, out: TensorProxy) -> bool:
+        """Whether `out` shares memory with `parent` in eager: reshape and friends copy what they cannot view.
+
+        Decided assuming that bases (inputs and computed tensors) are contiguous.
+        """
+        rule = VIEW_RULES.get(bsym.sym.name)
+        if rule is None or not rule.may_copy or bsym.sym.is_prim:
+            return True
+        parent = self.canon(parent)
+        verdict = eager_returns_view(self.base_of(parent), [*self.chain(parent), (bsym, out)])
+        return verdict is not False
 
     def _is_fill(self, value: TensorProxy) -> bool:
         """Whether `value` was made by prims.full (one value everywhere)."""
@@ -204,14 +225,14 @@ class _Functionalizer:
             self.new.bound_symbols.append(bsym)
             result = bsym.output
         else:
-            result = bsym.sym(*args, **kwargs)
+            result = layout_free(bsym.sym)(*args, **kwargs)
         parent = first_tensor_arg(bsym)
         is_view = parent is not None and _is_view_op(bsym)
         for old, new in zip(tree_flatten(bsym.output), tree_flatten(result), strict=True):
             if not isinstance(old, Proxy):
                 continue
             self.produced.add(id(old))
-            if is_view and isinstance(old, TensorProxy) and is_view_step(bsym, old):
+            if is_view and isinstance(old, TensorProxy) and is_view_step(bsym, old) and self._aliases(parent, bsym, old):
                 parent_c = self.canon(parent)
                 base = self.base_of(parent_c)
                 self.views[id(old)] = _View(parent_c, bsym, old, base)

@@ -28,9 +28,9 @@ from typing import Any
 import torch
 
 from minijit.errors import InplaceError, UnsupportedOpError, where
-from minijit.ir import BoundSymbol, Proxy, TensorProxy, tree_flatten
+from minijit.ir import BoundSymbol, Proxy, Symbol, TensorProxy, tree_flatten
 from minijit.ops import prims
-from minijit.ops.registry import EAGER_IMPLS
+from minijit.ops.registry import ALL_LTORCH, EAGER_IMPLS
 
 VIEW = "view"  # the tag ltorch view ops carry (minijit/ops/ltorch/shape.py)
 
@@ -66,8 +66,19 @@ def replay(bsym: BoundSymbol, out: Proxy, new_input: TensorProxy) -> TensorProxy
         return x
 
     args = [swap(a) for a in bsym.args]
-    result = bsym.sym(*args, **bsym.kwargs)
+    result = layout_free(bsym.sym)(*args, **bsym.kwargs)
     return tree_flatten(result)[output_position(bsym, out)]
+
+
+# Recomputed values may have any memory layout (a scattered base is often a transpose),
+# and `Tensor.view` refuses some layouts; functionally it is the same as reshape.
+_LAYOUT_FREE = {"view": "reshape", "view_as": "reshape_as"}
+
+
+def layout_free(sym: Symbol) -> Symbol:
+    """`sym`, or the op computing the same values on tensors of any layout (view -> reshape)."""
+    other = _LAYOUT_FREE.get(sym.name) if sym.namespace == "ltorch" else None
+    return ALL_LTORCH.get(other, sym) if other is not None else sym
 
 
 # -- prim rules ----------------------------------------------------------------------
@@ -211,23 +222,50 @@ def scatter_by_positions(base: TensorProxy, chain: list[tuple[BoundSymbol, Proxy
 
 
 def _has_repeated_elements(base: TensorProxy, chain: list[tuple[BoundSymbol, Proxy]]) -> bool:
-    value: Any = torch.empty(tuple(base.shape))
+    value = eager_chain(base, chain)
+    # Unknown chains (prims, proxies among the arguments) count as free of repeats.
+    return value is not None and bool(torch._debug_has_internal_overlap(value[-1]) == 1)
+
+
+def eager_chain(base: TensorProxy, chain: list[tuple[BoundSymbol, Proxy]]) -> list[torch.Tensor] | None:
+    """The chain's views run by their eager implementations on a contiguous meta tensor like `base`.
+
+    Returns the base and each step's result, or None where a step has no eager
+    implementation or depends on a proxy other than the tensor it views.
+    """
+    values = [torch.empty(tuple(base.shape), dtype=base.dtype, device="meta")]
     for step, out in chain:
         impl = EAGER_IMPLS.get(step.sym.name) if step.sym.namespace == "ltorch" else None
-        if impl is None:
-            return False  # cannot tell at trace time; the index_copy then keeps one of the values
-        args = [value if a is first_tensor_arg(step) else a for a in step.args]
-        value = tree_flatten(impl(*args, **step.kwargs))[output_position(step, out)]
-    return bool(torch._debug_has_internal_overlap(value) == 1)
+        viewed = first_tensor_arg(step)
+        if impl is None or any(isinstance(a, Proxy) and a is not viewed for a in tree_flatten((step.args, step.kwargs))):
+            return None
+        args = [values[-1] if a is viewed else a for a in step.args]
+        try:
+            values.append(tree_flatten(impl(*args, **step.kwargs))[output_position(step, out)])
+        except Exception:
+            return None
+    return values
+
+
+def eager_returns_view(base: TensorProxy, chain: list[tuple[BoundSymbol, Proxy]]) -> bool | None:
+    """Whether eager torch makes the last step of `chain` a view (True) or a copy (False) of a contiguous base.
+
+    `reshape`, `flatten` and `x[...]` copy a tensor that they cannot view; None: unknown.
+    """
+    values = eager_chain(base, chain)
+    if values is None:
+        return None
+    last, before = values[-1], values[-2]
+    return last is before or last._is_view()
 
 
 _ALWAYS_VIEWS = (
     "transpose", "t", "permute", "swapaxes", "swapdims", "movedim", "moveaxis", "T", "mT", "H", "mH",
-    "view", "view_as", "squeeze", "unsqueeze", "flatten", "unflatten", "expand", "expand_as", "select",
+    "view", "view_as", "squeeze", "unsqueeze", "unflatten", "expand", "expand_as", "select",
     "narrow", "split", "split_with_sizes", "tensor_split", "chunk", "unbind", "diagonal", "unfold",
     "alias", "detach",
 )
-_VIEW_OR_COPY = ("getitem", "reshape", "reshape_as", "contiguous")
+_VIEW_OR_COPY = ("getitem", "reshape", "reshape_as", "contiguous", "flatten", "ravel")
 
 VIEW_RULES: dict[str, ViewRule] = {
     **{name: ViewRule(invert_decomposition) for name in _ALWAYS_VIEWS},
