@@ -73,8 +73,7 @@ class _IdSet:
 _NO_OUT = {"isfinite", "isnan", "isinf", "real", "imag"}
 _POINTWISE_OUT = {getattr(torch, n) for n in (*prims.UNARY, *prims.BINARY, *prims.TERNARY)
                   if hasattr(torch, n) and n not in _NO_OUT}
-_POINTWISE_OUT |= {torch.clamp, torch.clip, torch.addcmul, torch.addcdiv, torch.sigmoid, torch.square,
-                   torch.Tensor.add, torch.Tensor.sub, torch.Tensor.mul, torch.Tensor.div}
+_POINTWISE_OUT |= {torch.clamp, torch.clip, torch.addcmul, torch.addcdiv, torch.sigmoid, torch.square}
 _OUT_NOT_POINTWISE = {torch.matmul, torch.mm, torch.bmm, torch.cat}
 
 
