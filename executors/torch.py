@@ -36,7 +36,7 @@ class TorchExecutor(OperatorExecutor):
             return None
         others = [p for p in producer.proxy_args() if p is not out]
         reads_out = len(others) != len(list(producer.proxy_args()))
-        if _is_pointwise_with_out(fn):
+        if _is_pointwise_with_out(fn) and _accepts_out(fn, producer, out):
             # TensorIterator allows an input to be exactly the output; the analysis guarantees
             # that no other view of `out` is read (DESIGN.md, invariant 2).
             return producer.replace(kwargs={**producer.kwargs, "out": out})
@@ -82,6 +82,34 @@ def _is_pointwise_with_out(fn: Any) -> bool:
         return fn in _POINTWISE_OUT
     except TypeError:  # unhashable callable
         return False
+
+
+_OUT_PROBES: dict[Any, bool] = {}
+
+
+def _accepts_out(fn: Any, producer: BoundSymbol, out: TensorProxy) -> bool:
+    """Whether `fn` takes `out=` with these kinds of arguments (`torch.where(c, 0, x, out=)` does not).
+
+    Probed once per signature on one-element tensors.
+    """
+    def probe(x: Any) -> Any:
+        return torch.zeros((1,) * x.ndim, dtype=x.dtype) if isinstance(x, TensorProxy) else x
+
+    def kind(x: Any) -> Any:
+        return ("t", x.dtype, x.ndim) if isinstance(x, TensorProxy) else type(x)
+
+    key = (fn, tuple(kind(a) for a in producer.args), tuple((k, kind(v)) for k, v in producer.kwargs.items()),
+           out.dtype, out.ndim)
+    ok = _OUT_PROBES.get(key)
+    if ok is None:
+        try:
+            fn(*[probe(a) for a in producer.args], **{k: probe(v) for k, v in producer.kwargs.items()},
+               out=probe(out))
+            ok = True
+        except Exception:
+            ok = False
+        _OUT_PROBES[key] = ok
+    return ok
 
 
 def _inplace_method(fn: Any) -> Any:

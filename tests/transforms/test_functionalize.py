@@ -136,16 +136,69 @@ def _mutated_returned_twice(x, y):
     return x, x.t(), y
 
 
+def _reshape_of_transpose_copies(x, y):
+    r = x.t().reshape(-1)  # eager copies: a transpose cannot be viewed flat
+    r.add_(1)
+    w = x[1:3].reshape(8)  # a view: rows are contiguous
+    w.mul_(y[0, 0])
+    return r, w
+
+
+def _flat_view_strided_write(x, y):
+    x.view(-1)[::2].zero_()
+    v = x.view(2, 8)
+    x[0].add_(1)
+    return v
+
+
+def _write_through_expand(x, y):
+    y.unsqueeze(0).expand(2, 4, 4)[1].mul_(3)
+    x.expand(3, 4, 4).zero_()
+    return y
+
+
+def _diagonal(x, y):
+    x.diagonal().add_(1)
+    return x.diagonal(1) * 1
+
+
+def _setitems(x, y):
+    x[0] = y[1]
+    x[:, 1:3] += 1
+    x[x > 0] = 0
+    y[..., None][2] = 7.0
+    return x
+
+
+def _unbind_chunk_split(x, y):
+    a, b = x.unbind(0)[:2]
+    a.add_(1)
+    c, d = y.chunk(2, 1)
+    d.mul_(2)
+    p, q = x.split([1, 3])
+    q[1:].mul_(0)
+    return b, c, p
+
+
+def _view_chain(x, y):
+    x.movedim(0, 1).mT.select(0, 2).narrow(0, 1, 2).zero_()
+    x.unsqueeze(-1).squeeze(-1).T.add_(y)
+    return x
+
+
 PROGRAMS = [_add_, _iadd, _alpha, _twice, _copy, _zero_fill, _clamp_lerp, _addc, _intermediate, _broadcast_src,
             _view_write, _view_then_base, _sibling_views, _view_of_view, _view_of_intermediate,
             _copy_then_mutate_source, _swap_through_views, _old_view_returned, _copy_self_transposed, _no_mutation,
-            _mutated_returned_twice]
+            _mutated_returned_twice, _reshape_of_transpose_copies, _flat_view_strided_write, _write_through_expand,
+            _diagonal, _setitems, _unbind_chunk_split, _view_chain]
 MUTATES = {_add_: {"x"}, _iadd: {"x"}, _alpha: {"x"}, _twice: {"x"}, _copy: {"x"}, _zero_fill: {"x", "y"},
            _clamp_lerp: {"x", "y"}, _addc: {"x", "y"}, _intermediate: set(), _broadcast_src: {"x"},
            _view_write: {"x"}, _view_then_base: {"x"}, _sibling_views: {"x"},
            _view_of_view: {"x"}, _view_of_intermediate: set(), _copy_then_mutate_source: {"x", "y"},
            _swap_through_views: {"x", "y"}, _old_view_returned: {"x", "y"}, _copy_self_transposed: {"x", "y"},
-           _no_mutation: set(), _mutated_returned_twice: {"x"}}
+           _no_mutation: set(), _mutated_returned_twice: {"x"}, _reshape_of_transpose_copies: {"x"},
+           _flat_view_strided_write: {"x"}, _write_through_expand: {"x", "y"}, _diagonal: {"x"},
+           _setitems: {"x", "y"}, _unbind_chunk_split: {"x", "y"}, _view_chain: {"x"}}
 
 
 @pytest.mark.parametrize("fn", PROGRAMS, ids=lambda f: f.__name__.strip("_"))
@@ -157,6 +210,23 @@ def test_matches_eager_with_one_copy_per_mutated_input(fn):
     assert functional.pass_name == "functionalize"
     for bsym in functional.bound_symbols:
         assert bsym.sym.name == "copy_to_out_" or prims.INPLACE not in bsym.sym.tags, bsym.sym.id
+
+
+def test_setitem_with_an_index_tensor():
+    def f(x, idx, v):
+        x[idx] = v
+        x[idx] += 2
+        return x.sum(0)
+    run_both(f, torch.randn(5, 3), torch.tensor([0, 3]), torch.randn(2, 3))
+
+
+def test_write_into_overlapping_expanded_view_is_refused():
+    def f(x, y):
+        x.expand(2, 3).copy_(y)  # eager refuses it as well
+    with pytest.raises(RuntimeError, match="more than one element of the written-to tensor"):
+        f(torch.randn(3), torch.randn(2, 3))
+    with pytest.raises(InplaceError, match=r"ltorch.copy_.*expanded tensor.*clone\(\)"):
+        minijit.jit(f)(torch.randn(3), torch.randn(2, 3))
 
 
 def test_float16_input_written_from_float32():
