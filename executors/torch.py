@@ -197,18 +197,25 @@ def _scatter_add(x: torch.Tensor, index: torch.Tensor, value: torch.Tensor, dim:
 
 
 # In-place forms of the prims above: x is both the first argument and where the result goes.
-_PRIM_INPLACE = {
-    _index_add: lambda x, index, value, dim: x.index_add_(dim, index, value),
-    _index_copy: lambda x, index, value, dim: x.index_copy_(dim, index, value),
-    _scatter_add: lambda x, index, value, dim: x.scatter_add_(dim, index, value),
-}
-
-
 def _slice_scatter(x: torch.Tensor, value: torch.Tensor, start_indices: Sequence[int], end_indices: Sequence[int],
                    strides: Sequence[int] | None = None) -> torch.Tensor:
     out = x.clone()
     _slice(out, start_indices, end_indices, strides).copy_(value)
     return out
+
+
+def _slice_scatter_into(x: torch.Tensor, value: torch.Tensor, start_indices: Sequence[int],
+                        end_indices: Sequence[int], strides: Sequence[int] | None = None) -> torch.Tensor:
+    _slice(x, start_indices, end_indices, strides).copy_(value)
+    return x
+
+
+_PRIM_INPLACE = {
+    _index_add: lambda x, index, value, dim: x.index_add_(dim, index, value),
+    _index_copy: lambda x, index, value, dim: x.index_copy_(dim, index, value),
+    _scatter_add: lambda x, index, value, dim: x.scatter_add_(dim, index, value),
+    _slice_scatter: _slice_scatter_into,
+}
 
 
 def _copy_(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:

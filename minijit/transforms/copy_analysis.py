@@ -164,19 +164,26 @@ def analyze_copies(trace: Trace) -> list[CopyDecision]:
 def write_copies_in_place(trace: Trace, executors: Sequence[Any]) -> Trace:
     """Let each safe copy's producer write straight into the copy's `out`, where its executor can.
 
+    Where the producer updates an intermediate that an earlier producer made from
+    `out` (`t1 = slice_scatter(x, ...); t2 = slice_scatter(t1, ...)`), the whole
+    chain may run in place, each step into its first argument, the first into `out`.
     Each copy_to_out_ gets a note saying what was decided (shown in the printed trace).
     """
     bsyms = list(trace.bound_symbols)
     by_namespace = {ex.namespace: ex for ex in executors}
+    chains = _InPlaceChains(trace, by_namespace)
     for d in analyze_copies(trace):
         note = f"copy: {d.reason}"
         if d.in_place and d.producer_index is not None:
             producer = bsyms[d.producer_index]
             ex = by_namespace.get(producer.sym.namespace)
             replacement = ex.produce_into(producer, d.out) if ex is not None else None
-            if replacement is not None:
-                bsyms[d.producer_index] = replacement
-                note = f"in place: {replacement.sym.id} writes {d.computed.name} into {d.out.name}"
+            steps = [(d.producer_index, replacement)] if replacement is not None else chains.find(d)
+            if steps:
+                for i, rep in steps:
+                    bsyms[i] = rep
+                via = f" (through {len(steps) - 1} intermediate(s) updated in place)" if len(steps) > 1 else ""
+                note = f"in place: {bsyms[d.producer_index].sym.id} writes {d.computed.name} into {d.out.name}{via}"
             else:
                 note = f"copy: no executor writes {producer.sym.id} into {d.out.name}"
         copy = bsyms[d.copy_index]
@@ -184,51 +191,121 @@ def write_copies_in_place(trace: Trace, executors: Sequence[Any]) -> Trace:
     return trace.derive(bsyms, pass_name="write copies in place")
 
 
-def check_copies(trace: Trace) -> None:
-    """Raise CopyToOutError if `trace` writes into an input in a way that breaks invariants 1 and 2.
+class _InPlaceChains:
+    """Chains of producers that can each update their first argument in place, the first one updating an input."""
 
-    Checked: at most one copy_to_out_ per input storage; no read of an input's old
-    value (the input or a view of it) after the first write into its memory; a
-    write into an input other than the copy stores the copy's `computed`.
+    def __init__(self, trace: Trace, by_namespace: dict[str, Any]):
+        self.trace = trace
+        self.bsyms = trace.bound_symbols
+        self.by_namespace = by_namespace
+        self.producer: dict[int, int] = {}
+        # Buffers: every input and every output of a non-view symbol is one; views share their source's.
+        self.buffers: dict[int, frozenset[int]] = {id(p): frozenset({id(p)}) for p in trace.args}
+        self.reads: dict[int, list[int]] = {}  # buffer -> indices of the bound symbols reading it
+        for i, bsym in enumerate(self.bsyms):
+            for p in read_proxies(bsym):
+                for b in self.buffers.get(id(p), ()):
+                    self.reads.setdefault(b, []).append(i)
+            aliasing = written_tensor(bsym) is None and may_alias_input(bsym)
+            shared = frozenset().union(*(self.buffers.get(id(p), frozenset()) for p in bsym.proxy_args()))
+            for o in bsym.proxy_outputs():
+                self.producer.setdefault(id(o), i)
+                self.buffers[id(o)] = shared if aliasing else frozenset({id(o)})
+        for p in tree_iter(trace.output):
+            for b in self.buffers.get(id(p), ()) if isinstance(p, Proxy) else ():
+                self.reads.setdefault(b, []).append(len(self.bsyms))
+
+    def find(self, d: CopyDecision) -> list[tuple[int, BoundSymbol]] | None:
+        """(index, in-place replacement) for each producer of the chain ending in d.computed, or None."""
+        steps: list[tuple[int, BoundSymbol]] = []
+        i = d.producer_index
+        while i is not None:
+            bsym = self.bsyms[i]
+            target = bsym.args[0] if bsym.args else None
+            if not isinstance(target, TensorProxy) or target.name in {a.name for a in self.trace.args} - {d.out.name}:
+                return None
+            buffer = self.buffers.get(id(target), frozenset())
+            others = [p for p in read_proxies(bsym) if p is not target]
+            # The step overwrites target's buffer: no other argument may share it, and
+            # nothing may read it afterwards (DESIGN.md, invariant 2, for intermediates too).
+            if any(self.buffers.get(id(p), frozenset()) & buffer for p in others):
+                return None
+            if any(r > i for b in buffer for r in self.reads.get(b, ()) if r != d.copy_index):
+                return None
+            ex = self.by_namespace.get(bsym.sym.namespace)
+            rep = ex.produce_into(bsym, target) if ex is not None else None
+            if rep is None:
+                return None
+            steps.append((i, rep))
+            if target is d.out:
+                return steps
+            if len(buffer) != 1 or next(iter(buffer)) != id(target):
+                return None  # a view of something: stop rather than reason about partial buffers
+            i = self.producer.get(id(target))
+        return None
+
+
+def check_copies(trace: Trace) -> None:
+    """Raise CopyToOutError if `trace` writes into memory in a way that breaks invariants 1 and 2.
+
+    Follows which memory each proxy lives in (an input's, or a buffer an op
+    allocated; views and `out=`/in-place results share their source's). Checked: at
+    most one copy_to_out_ per input storage; no read of a value after a write into
+    its memory overwrote it (an input's old value, or an intermediate updated in
+    place); every write into an input's memory ends with a copy_to_out_ into it.
     """
     bsyms = trace.bound_symbols
-    roots = alias_roots(trace)
     leaders = input_leaders(trace)
+    mem: dict[int, frozenset[Any]] = {id(p): frozenset({leaders[p.name]}) for p in trace.args}
+    holders: dict[Any, list[Proxy]] = {}  # memory -> proxies living in it
+    for p in trace.args:
+        holders.setdefault(leaders[p.name], []).append(p)
+    stale: dict[int, int] = {}  # id(proxy) -> index of the write that overwrote it
     copies: dict[str, list[int]] = {}
-    first_write: dict[str, int] = {}
-    for i, bsym in enumerate(bsyms):
-        target = written_tensor(bsym)
-        if target is None:
-            continue
-        for r in roots.get(id(target), ()):
-            first_write.setdefault(r, i)
-            if bsym.sym.name == "copy_to_out_":
-                copies.setdefault(r, []).append(i)
+    written: dict[str, int] = {}
     problems: list[str] = []
-    for r, idx in copies.items():
-        if len(idx) > 1:
-            problems.append(f"input {r} is written by {len(idx)} copies: " + "; ".join(_show(trace, bsyms[i]) for i in idx))
     for i, bsym in enumerate(bsyms):
         for p in read_proxies(bsym):
-            for r in roots.get(id(p), ()):
-                w = first_write.get(r)
-                if w is not None and i > w:
-                    problems.append(f"{_show(trace, bsym)} reads {p.name}, the old value of input {r} "
-                                    f"(or a view of it), after {_show(trace, bsyms[w])} wrote into {r}")
+            w = stale.get(id(p))
+            if w is not None:
+                what = f"the old value of input {p.name}" if any(p is a for a in trace.args) else p.name
+                problems.append(f"{_show(trace, bsym)} reads {what} after {_show(trace, bsyms[w])} overwrote "
+                                "its memory")
+        target = written_tensor(bsym)
+        outs = list(bsym.proxy_outputs())
+        if target is not None:
+            where_to = mem.get(id(target), frozenset({id(target)}))
+            # What the memory holds afterwards: a copy stores `computed` (whose proxy stays valid
+            # where it lives there already); any other write stores its own output.
+            kept = [bsym.args[0]] if bsym.sym.name == "copy_to_out_" else outs
+            no_op = bsym.sym.name == "copy_to_out_" and mem.get(id(bsym.args[0])) == where_to
+            for m in () if no_op else where_to:
+                for p in holders.get(m, ()):
+                    if not any(p is o for o in kept):
+                        stale.setdefault(id(p), i)
+            for m in where_to:
+                if m in leaders.values():
+                    written.setdefault(m, i)
+                    if bsym.sym.name == "copy_to_out_":
+                        copies.setdefault(m, []).append(i)
+            new_mem = where_to
+        elif may_alias_input(bsym):
+            new_mem = frozenset().union(*(mem.get(id(p), frozenset()) for p in bsym.proxy_args()))
+        else:
+            new_mem = frozenset()
+        for o in outs:
+            mem[id(o)] = new_mem or frozenset({id(o)})
+            for m in mem[id(o)]:
+                holders.setdefault(m, []).append(o)
     for p in tree_iter(trace.output):
-        for r in roots.get(id(p), ()) if isinstance(p, Proxy) else ():
-            if r in first_write:
-                problems.append(f"the trace returns {p.name}, the old value of input {r}, which "
-                                f"{_show(trace, bsyms[first_write[r]])} overwrites")
-    for r, w in first_write.items():
-        writer = bsyms[w]
-        if writer.sym.name != "copy_to_out_" and copies.get(r):
-            final = bsyms[copies[r][0]].args[0]
-            if not any(o is final for o in writer.proxy_outputs()):
-                problems.append(f"{_show(trace, writer)} writes into input {r}, which must end up holding "
-                                f"{final.name}")
-        elif writer.sym.name != "copy_to_out_" and r in leaders.values():
-            problems.append(f"{_show(trace, writer)} writes into input {r} without a copy_to_out_ saying so")
+        if isinstance(p, Proxy) and id(p) in stale:
+            problems.append(f"the trace returns {p.name}, whose memory {_show(trace, bsyms[stale[id(p)]])} overwrote")
+    for m, idx in copies.items():
+        if len(idx) > 1:
+            problems.append(f"input {m} is written by {len(idx)} copies: " + "; ".join(_show(trace, bsyms[i]) for i in idx))
+    for m, i in written.items():
+        if m not in copies:
+            problems.append(f"{_show(trace, bsyms[i])} writes into input {m} without a copy_to_out_ saying so")
     if problems:
         raise CopyToOutError(f"trace {trace.fn_name} ({trace.pass_name}) breaks the copy_to_out_ rules "
                              "(DESIGN.md, invariants 1 and 2):\n  " + "\n  ".join(dict.fromkeys(problems)))
