@@ -34,6 +34,8 @@ from minijit.errors import AliasError, InplaceError, UnsupportedOpError, where
 from minijit.ir import BoundSymbol, Proxy, TensorProxy, Trace, tracing, tree_flatten, tree_map
 from minijit.ops import prims
 from minijit.ops.prims import INPLACE
+from minijit.ops.registry import ALL_LTORCH
+from minijit.ops.utils import expand_to, to_dtype
 from minijit.transforms.copy_analysis import alias_roots
 from minijit.transforms.view_updates import (
     PRIM_SCATTER,
@@ -200,6 +202,8 @@ class _Functionalizer:
             self.write(bsym.args[1], self.resolve(bsym.args[0]), top)
         elif name == "prims.copy_to_out_":
             self.write(bsym.kwargs["out"], self.resolve(bsym.args[0]), top)
+        elif name == "ltorch.setitem" and _is_basic_key(bsym.args[1]) and self.setitem_into_view(bsym, top):
+            pass
         elif INPLACE in bsym.sym.tags or (not bsym.sym.is_prim and _writes_into_arguments(bsym)):
             if not bsym.subsymbols:
                 raise UnsupportedOpError(f"{name}{where(bsym.source)}: an in-place op without a decomposition "
@@ -212,6 +216,41 @@ class _Functionalizer:
                                              "computed by its decomposition")
         else:
             self.emit(bsym)
+
+    def setitem_into_view(self, bsym: BoundSymbol, top: BoundSymbol) -> bool:
+        """`a[key] = value` with ints, slices, None and Ellipsis: a write into the view a[key].
+
+        Writing only the region (one slice_scatter, in place into an input where allowed)
+        beats the decomposition's update of the whole tensor, and works through expanded
+        views. Returns False (use the decomposition) where the value does not fit.
+        """
+        a, key, value = bsym.args
+        getitem = ALL_LTORCH.get("getitem")
+        if getitem is None or not isinstance(a, TensorProxy):
+            return False
+        a = self.canon(a)
+        value = self.resolve(value)
+        if isinstance(value, TensorProxy):
+            while value.ndim > 0 and value.shape[0] == 1 and value.ndim > len(a.shape):
+                value = prims.reshape(value, tuple(value.shape[1:]))
+        count = len(self.new.bound_symbols)
+        region = getitem(self.resolve(a), key)
+        if isinstance(value, TensorProxy):
+            if value.ndim > region.ndim or any(v != 1 and v != r for v, r in zip(reversed(value.shape),
+                                                                               reversed(region.shape))):
+                return False
+            new = expand_to(to_dtype(value, a.dtype), region.shape)
+        else:
+            new = prims.full(region.shape, value, dtype=a.dtype, device=a.device)
+        if len(self.new.bound_symbols) == count or region is self.resolve(a):
+            self.write(a, new, top)  # the key selects all of a
+            return True
+        view_bsym = self.new.bound_symbols[count]
+        base = self.base_of(a)
+        self.views[id(region)] = _View(a, view_bsym, region, base)
+        self.cache[id(region)] = (self.version.get(id(base), 0), region)
+        self.write(region, new, top)
+        return True
 
     def _known(self, p: Proxy) -> bool:
         return id(p) in self.views or id(p) in self.inputs or id(p) in self.value or id(p) in self.produced
@@ -298,6 +337,14 @@ class _Functionalizer:
                 prims.copy_to_out_(finals[n], out=outs[n])
                 pending.remove(n)
         return output
+
+
+def _is_basic_key(key: Any) -> bool:
+    """Whether an index is made of ints, slices, None and Ellipsis only (basic indexing: a view)."""
+    items = key if isinstance(key, tuple) else (key,)
+    return all(type(k) is int or k is None or k is Ellipsis or
+               (type(k) is slice and all(type(v) is int or v is None for v in (k.start, k.stop, k.step)))
+               for k in items)
 
 
 def _is_view_op(bsym: BoundSymbol) -> bool:
