@@ -233,8 +233,9 @@ class _Functionalizer:
         if isinstance(value, TensorProxy):
             while value.ndim > 0 and value.shape[0] == 1 and value.ndim > len(a.shape):
                 value = prims.reshape(value, tuple(value.shape[1:]))
+        a_now = self.resolve(a)  # may record a replay: before counting the region's bound symbol
         count = len(self.new.bound_symbols)
-        region = getitem(self.resolve(a), key)
+        region = getitem(a_now, key)
         if isinstance(value, TensorProxy):
             if value.ndim > region.ndim or any(v != 1 and v != r for v, r in zip(reversed(value.shape),
                                                                                reversed(region.shape))):
@@ -242,7 +243,7 @@ class _Functionalizer:
             new = expand_to(to_dtype(value, a.dtype), region.shape)
         else:
             new = prims.full(region.shape, value, dtype=a.dtype, device=a.device)
-        if len(self.new.bound_symbols) == count or region is self.resolve(a):
+        if len(self.new.bound_symbols) == count or region is a_now:
             self.write(a, new, top)  # the key selects all of a
             return True
         view_bsym = self.new.bound_symbols[count]
