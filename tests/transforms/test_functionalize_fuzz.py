@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import random
+import warnings
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -116,6 +117,9 @@ def _op_table(rng: random.Random) -> list[tuple[str, int, Callable[[], tuple[str
         ops += [
             ("inplace", 2, c("{}.__setitem__(0, {}) or ...", lambda a, b: _setitem(a, 0, b))),
             ("inplace", 1, c("{}.__setitem__(slice(1, 3), 1.5) or ...", lambda a: _setitem(a, slice(1, 3), 1.5))),
+            ("inplace", 2, c("{0}.__setitem__((..., slice(None, None, 2)), {1}[..., 1::2]) or ...",
+                             lambda a, b: _setitem(a, (..., slice(None, None, 2)), b[..., 1::2]))),
+            ("inplace", 2, c("{0}.__setitem__({1} > 0, 0.0) or ...", lambda a, b: _setitem(a, b > 0, 0.0))),
         ]
     if _has("view", "reshape", "unsqueeze", "squeeze"):
         ops += [
@@ -176,8 +180,10 @@ def make_program(seed: int) -> tuple[Program, list[torch.Tensor]]:
             continue
         snapshot = [x.clone() for x in env]
         try:
-            out = fn(*(env[i] for i in args))
-        except (RuntimeError, IndexError, ValueError, TypeError):
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # e.g. index_put_ on an expanded tensor: deprecated, skip it
+                out = fn(*(env[i] for i in args))
+        except (RuntimeError, IndexError, ValueError, TypeError, UserWarning):
             for x, old in zip(env, snapshot, strict=True):  # an eager error may leave a partial write
                 if not x._is_view():
                     x.copy_(old)
