@@ -112,13 +112,23 @@ def _accepts_out(fn: Any, producer: BoundSymbol, out: TensorProxy) -> bool:
     return ok
 
 
+# torch functions whose Tensor method `<name>_` computes the same thing into its first argument
+# (listed, since some `<name>_` differ: `x.bernoulli_()` ignores x's values, `torch.bernoulli(x)` does not).
+_SAME_AS_INPLACE = {
+    "index_copy", "index_add", "index_fill", "index_put", "index_reduce", "masked_fill", "masked_scatter",
+    "scatter", "scatter_add", "scatter_reduce", "tril", "triu", "cumsum", "cumprod", "renorm", "put",
+    "clamp", "clip", "lerp", "addcmul", "addcdiv", "where", "nan_to_num", "logit", "hardtanh", "relu",
+    "sigmoid", "sinc", "xlogy", "hypot", "heaviside", "logaddexp",
+}
+
+
 def _inplace_method(fn: Any) -> Any:
     """The in-place Tensor method computing `fn(x, *rest)` into x, if there is one."""
     method = _PRIM_INPLACE.get(fn)
     if method is not None:
         return method
     name = getattr(fn, "__name__", None)
-    if name is None or not (fn is getattr(torch, name, None) or fn is getattr(torch.Tensor, name, None)):
+    if name not in _SAME_AS_INPLACE or not (fn is getattr(torch, name, None) or fn is getattr(torch.Tensor, name, None)):
         return None
     return getattr(torch.Tensor, f"{name}_", None)
 
