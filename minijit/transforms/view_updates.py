@@ -10,12 +10,17 @@ value). Scatter rules live in two tables:
   squeeze, slice, broadcast_in_dim as unsqueeze);
 - `VIEW_RULES`, keyed by ltorch op name. Most ltorch view ops decompose into view
   prims, and their rule, `invert_decomposition`, walks the decomposition back from
-  the output to the input and applies the prim rules in reverse. `view_or_copy`
-  marks ops that return a copy when their decomposition is not made of views only
-  (`x[idx_tensor]`, like eager). Adding a view op means adding one entry here.
+  the output to the input and applies the prim rules in reverse. `may_copy` marks
+  ops that, like eager, return a copy where they cannot return a view: `x[idx_tensor]`
+  (its decomposition gathers), `x.t().reshape(-1)` (decided by running the view
+  chain's eager implementations on meta tensors, `eager_returns_view`). Adding a
+  view op means adding one entry here.
 
-A view-tagged op without an entry is treated as `invert_decomposition`; one whose
-decomposition cannot be inverted is an `UnsupportedOpError` naming the op and line.
+A view-tagged op without an entry is treated as `invert_decomposition`; a write
+through one whose decomposition cannot be inverted is an `UnsupportedOpError`
+naming the op and line. A write through an expanded view (`x.expand(2, 3)[0]`)
+cannot go step by step; `scatter_by_positions` writes it into the base by element
+positions instead.
 """
 
 from __future__ import annotations
