@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from minijit.errors import InplaceError, UnsupportedOpError, where
-from minijit.ir import BoundSymbol, Proxy, Symbol, TensorProxy, tree_flatten
+from minijit.ir import BoundSymbol, Proxy, Symbol, TensorProxy, tree_flatten, tree_map
 from minijit.ops import prims
 from minijit.ops.registry import ALL_LTORCH, EAGER_IMPLS
 
@@ -187,19 +187,44 @@ def scatter(bsym: BoundSymbol, out: Proxy, current: TensorProxy, new: TensorProx
 
 
 def invert_decomposition(bsym: BoundSymbol, out: Proxy, current: TensorProxy, new: TensorProxy) -> TensorProxy:
-    """Scatter rule of a view op made of view ops: replay its steps forward, scatter back in reverse."""
+    """Scatter rule of a view op made of view ops: redo its decomposition on `current`, scatter back in reverse."""
     path = view_path(bsym, out)
     if path is None:
         raise UnsupportedOpError(
             f"{bsym.sym.id}{where(bsym.source)}: an in-place write through this view cannot update its base, "
             "because its decomposition is not made of invertible view ops; clone() the view before writing "
             "into it, or add a rule to VIEW_RULES in minijit/transforms/view_updates.py")
-    inputs = [current]
-    for step, step_out in path[:-1]:
-        inputs.append(replay(step, step_out, inputs[-1]))
-    for (step, step_out), step_input in zip(reversed(path), reversed(inputs), strict=True):
-        new = scatter(step, step_out, step_input, new)
+    # The decomposition's own proxies (sizes computed inside it, in symbolic mode) exist
+    # only inside `bsym`; record the decomposition again so that the scatters can use them.
+    mapping = _inline(bsym, current)
+
+    def remap(x: Any) -> Any:
+        return mapping.get(id(x), x) if isinstance(x, Proxy) else x
+
+    for step, step_out in reversed(path):
+        step_input = remap(first_tensor_arg(step))
+        if step.sym.is_prim:
+            args, kwargs = tree_map(remap, (step.args, step.kwargs))
+            new = PRIM_SCATTER[step.sym.name](step.replace(args=args, kwargs=kwargs), step_out, step_input, new)
+        else:
+            new = scatter(step, step_out, step_input, new)
     return new
+
+
+def _inline(bsym: BoundSymbol, new_input: TensorProxy) -> dict[int, Any]:
+    """Record `bsym`'s subsymbols on `new_input` in the current trace; old proxy id -> new proxy."""
+    mapping: dict[int, Any] = {id(first_tensor_arg(bsym)): new_input}
+
+    def remap(x: Any) -> Any:
+        return mapping.get(id(x), x) if isinstance(x, Proxy) else x
+
+    for sub in bsym.subsymbols:
+        args, kwargs = tree_map(remap, (sub.args, sub.kwargs))
+        result = layout_free(sub.sym)(*args, **kwargs)
+        for old, value in zip(tree_flatten(sub.output), tree_flatten(result), strict=True):
+            if isinstance(old, Proxy):
+                mapping[id(old)] = value
+    return mapping
 
 
 def scatter_by_positions(base: TensorProxy, chain: list[tuple[BoundSymbol, Proxy]], new: TensorProxy,

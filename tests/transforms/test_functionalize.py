@@ -424,3 +424,10 @@ def test_index_copy_then_sdpa():
     final = check_final_trace(jf, {"q", "k"})
     notes = [b.note for b in final.bound_symbols if b.sym.name == "copy_to_out_"]
     assert all(n.startswith("in place") for n in notes), final
+
+
+@pytest.mark.parametrize("fn", [_view_write, _setitems, _write_through_expand, _view_chain, _unbind_chunk_split],
+                         ids=lambda f: f.__name__.strip("_"))
+def test_symbolic_values_mode(fn):
+    _, jf = run_both(fn, torch.randn(4, 4), torch.randn(4, 4), cache="symbolic values")
+    check_final_trace(jf)
