@@ -295,6 +295,7 @@ _PRIM_IMPLS: dict[str, Any] = {
     "scatter_add": _scatter_add,
     "slice_scatter": _slice_scatter,
     "clone": torch.clone,
+    "tensor_constant": lambda value: value,
     "copy_": _copy_,
     "copy_to_out_": _copy_to_out_,
     "where": torch.where,

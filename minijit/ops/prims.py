@@ -450,6 +450,17 @@ def _clone_meta(x: TensorProxy) -> TensorProxy:
 
 # A fresh tensor with x's values: never an alias of x, unlike reshape or convert_element_type.
 clone = _prim("clone", _clone_meta)
+# -- tensors from outside the trace ---------------------------------------------------
+
+def _tensor_constant_meta(value: torch.Tensor) -> TensorProxy:
+    if not isinstance(value, torch.Tensor):
+        raise _fail("tensor_constant", f"expected a torch.Tensor, got {type(value).__name__}")
+    return TensorProxy(tuple(value.shape), value.dtype, value.device, requires_grad=False)
+
+
+# A real tensor the traced code got from outside its inputs (a global, a closure, a natively
+# created tensor). The trace holds it as a constant; it is read, never copied, at run time.
+tensor_constant = _prim("tensor_constant", _tensor_constant_meta)
 
 
 # -- writes into existing tensors (the only non-functional prims) ---------------------------

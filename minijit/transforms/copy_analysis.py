@@ -31,6 +31,7 @@ from minijit.errors import CopyToOutError, where
 from minijit.ir import BoundSymbol, Proxy, TensorProxy, Trace, tree_iter
 from minijit.ir.printing import Constants
 from minijit.ops.prims import INPLACE
+from minijit.transforms.fusion import region_writes
 
 CHECK_COPIES = os.environ.get("MINIJIT_CHECK_COPIES", "1") != "0"
 
@@ -54,17 +55,29 @@ def may_alias_input(bsym: BoundSymbol) -> bool:
     return False
 
 
-def written_tensor(bsym: BoundSymbol) -> TensorProxy | None:
-    """The tensor whose memory `bsym` writes into: its `out=` argument, or the target of an in-place op."""
+def written_tensors(bsym: BoundSymbol) -> list[TensorProxy]:
+    """The tensors whose memory `bsym` writes into: its `out=` argument, the target of an in-place op,
+    or the inputs a fused region copies into (its copy_to_out_ members)."""
     out = bsym.kwargs.get("out")
     if isinstance(out, TensorProxy):
-        return out
-    if INPLACE in bsym.sym.tags:
-        if bsym.sym.name == "copy_":
-            return bsym.args[1]
-        first = bsym.args[0] if bsym.args else None
-        return first if isinstance(first, TensorProxy) else None
-    return None
+        return [out]
+    if INPLACE not in bsym.sym.tags:
+        return []
+    if bsym.sym.name == "copy_":
+        return [bsym.args[1]]
+    if any(m.sym.name in ("copy_", "copy_to_out_") for m in bsym.subsymbols):
+        return [p for p in region_writes(bsym) if isinstance(p, TensorProxy)]
+    first = bsym.args[0] if bsym.args else None
+    return [first] if isinstance(first, TensorProxy) else []
+
+
+def _copies_into(bsym: BoundSymbol) -> set[int]:
+    """ids of the tensors that `bsym` (a copy_to_out_, or a region holding some) says hold a final value."""
+    if bsym.sym.name == "copy_to_out_":
+        return {id(bsym.kwargs["out"])}
+    if INPLACE in bsym.sym.tags and bsym.subsymbols:
+        return {id(m.kwargs["out"]) for m in bsym.subsymbols if m.sym.name == "copy_to_out_"}
+    return set()
 
 
 def read_proxies(bsym: BoundSymbol) -> Iterable[Proxy]:
@@ -89,7 +102,7 @@ def alias_roots(trace: Trace) -> dict[int, frozenset[str]]:
     leaders = input_leaders(trace)
     roots: dict[int, frozenset[str]] = {id(p): frozenset({leaders[p.name]}) for p in trace.args}
     for bsym in trace.bound_symbols:
-        if written_tensor(bsym) is None and may_alias_input(bsym):
+        if not written_tensors(bsym) and may_alias_input(bsym):
             shared = frozenset().union(*(roots.get(id(p), frozenset()) for p in bsym.proxy_args()))
             if shared:
                 for o in bsym.proxy_outputs():
@@ -206,7 +219,7 @@ class _InPlaceChains:
             for p in read_proxies(bsym):
                 for b in self.buffers.get(id(p), ()):
                     self.reads.setdefault(b, []).append(i)
-            aliasing = written_tensor(bsym) is None and may_alias_input(bsym)
+            aliasing = not written_tensors(bsym) and may_alias_input(bsym)
             shared = frozenset().union(*(self.buffers.get(id(p), frozenset()) for p in bsym.proxy_args()))
             for o in bsym.proxy_outputs():
                 self.producer.setdefault(id(o), i)
@@ -271,9 +284,11 @@ def check_copies(trace: Trace) -> None:
                 what = f"the old value of input {p.name}" if any(p is a for a in trace.args) else p.name
                 problems.append(f"{_show(trace, bsym)} reads {what} after {_show(trace, bsyms[w])} overwrote "
                                 "its memory")
-        target = written_tensor(bsym)
+        targets = written_tensors(bsym)
         outs = list(bsym.proxy_outputs())
-        if target is not None:
+        copied = _copies_into(bsym)
+        new_mem = frozenset()
+        for target in targets:
             where_to = mem.get(id(target), frozenset({id(target)}))
             # What the memory holds afterwards: a copy stores `computed` (whose proxy stays valid
             # where it lives there already); any other write stores its own output.
@@ -286,9 +301,12 @@ def check_copies(trace: Trace) -> None:
             for m in where_to:
                 if m in leaders.values():
                     written.setdefault(m, i)
-                    if bsym.sym.name == "copy_to_out_":
+                    if id(target) in copied:
                         copies.setdefault(m, []).append(i)
-            new_mem = where_to
+            new_mem = new_mem | where_to
+        if targets:
+            if len(targets) > 1:
+                new_mem = frozenset()  # a region: its outputs are its own values (or the inputs it wrote)
         elif may_alias_input(bsym):
             new_mem = frozenset().union(*(mem.get(id(p), frozenset()) for p in bsym.proxy_args()))
         else:
