@@ -451,6 +451,27 @@ index_copy = _prim("index_copy", _index_update_meta("index_copy"))
 scatter_add = _prim("scatter_add", _index_update_meta("scatter_add"))
 
 
+def _slice_scatter_meta(x: TensorProxy, value: TensorProxy, start_indices: Sequence[int], end_indices: Sequence[int],
+                        strides: Sequence[int] | None = None) -> TensorProxy:
+    region = _slice_meta(x, start_indices, end_indices, strides)
+    _check_tensor("slice_scatter", value, "value")
+    if tuple(value.shape) != tuple(region.shape) or value.dtype != x.dtype:
+        raise _fail("slice_scatter", f"value {value.type_string()} does not match the region {region.type_string()}")
+    return TensorProxy.like(x, requires_grad=x.requires_grad or value.requires_grad)
+
+
+# `slice_scatter(x, value, ...)`: a copy of x with the region `slice(x, ...)` replaced by value
+# (the inverse update of `slice`, used by functionalization to write a view back into its base).
+slice_scatter = _prim("slice_scatter", _slice_scatter_meta)
+
+
+def _clone_meta(x: TensorProxy) -> TensorProxy:
+    _check_tensor("clone", x)
+    return TensorProxy.like(x)
+
+
+# A fresh tensor with x's values: never an alias of x, unlike reshape or convert_element_type.
+clone = _prim("clone", _clone_meta)
 # -- tensors from outside the trace ---------------------------------------------------
 
 def _tensor_constant_meta(value: torch.Tensor) -> TensorProxy:

@@ -13,7 +13,8 @@ from minijit.ir.context import recording_constraints
 from minijit.runtime.guards import compile_guard, drop_implied
 from minijit.runtime.inputs import proxify_arguments, tensor_capturer
 from minijit.runtime.module import ModuleForward
-from minijit.transforms import claim_executors, dce
+from minijit.transforms import check_copies, claim_executors, dce, functionalize, write_copies_in_place
+from minijit.transforms.copy_analysis import CHECK_COPIES
 
 
 @dataclass
@@ -78,9 +79,13 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
 
     # The passes, in order. Each is a pure Trace -> Trace function.
     trace = _timed(capture, traces)
+    trace = _timed(lambda: functionalize(trace), traces)
     trace = _timed(lambda: dce(trace), traces)
     trace = _timed(lambda: claim_executors(trace, executors), traces)
     trace = _timed(lambda: dce(trace), traces)
+    trace = _timed(lambda: write_copies_in_place(trace, executors), traces)
+    if CHECK_COPIES:
+        check_copies(trace)
 
     start = time.perf_counter()
     computation = trace.python_callable()
