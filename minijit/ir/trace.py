@@ -11,7 +11,7 @@ import torch
 
 from minijit.ir.context import tracing
 from minijit.ir.printing import Constants, to_source
-from minijit.ir.proxies import Proxy
+from minijit.ir.proxies import NumberProxy, Proxy
 from minijit.ir.pytree import tree_iter, tree_map
 from minijit.ir.symbol import BoundSymbol, SourceLocation, Symbol
 
@@ -109,7 +109,14 @@ class Trace:
             # (x.contiguous(), x.to(x.dtype)) is not worth a line in the trace.
             if not subsymbols and _is_passthrough(output, args, kwargs):
                 return output
-        self._scopes[-1].append(BoundSymbol(sym, args, kwargs, output, tuple(subsymbols), self.source))
+        bsym = BoundSymbol(sym, args, kwargs, output, tuple(subsymbols), self.source)
+        if (sym.is_prim and len(self._scopes) > 1 and "random" not in sym.tags
+                and any(isinstance(x, NumberProxy) for x in tree_iter(output))):
+            # Arithmetic on symbolic sizes goes to the top level even inside a decomposition:
+            # later ops may use the size, also when an executor runs the decomposed op whole.
+            self._scopes[0].append(bsym)
+        else:
+            self._scopes[-1].append(bsym)
         return output
 
     def derive(self, bound_symbols: Iterable[BoundSymbol], *, pass_name: str,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from minijit.ir import Proxy, Trace, tree_iter
+from collections.abc import Iterator
+
+from minijit.ir import BoundSymbol, Proxy, Trace, tree_iter
 from minijit.ops.prims import INPLACE
 
 
@@ -14,4 +16,13 @@ def dce(trace: Trace) -> Trace:
         if INPLACE in bsym.sym.tags or any(p.name in needed for p in bsym.proxy_outputs()):
             kept.append(bsym)
             needed.update(p.name for p in bsym.proxy_args())
+            # An executor may run this op as its decomposition, whose members can read values
+            # computed at the top level (symbolic sizes): keep those too.
+            needed.update(_subsymbol_reads(bsym))
     return trace.derive(reversed(kept), pass_name="dce")
+
+
+def _subsymbol_reads(bsym: BoundSymbol) -> Iterator[str]:
+    for sub in bsym.subsymbols:
+        yield from (p.name for p in sub.proxy_args())
+        yield from _subsymbol_reads(sub)

@@ -263,6 +263,8 @@ def eager_chain(base: TensorProxy, chain: list[tuple[BoundSymbol, Proxy]]) -> li
     Returns the base and each step's result, or None where a step has no eager
     implementation or depends on a proxy other than the tensor it views.
     """
+    if any(isinstance(d, Proxy) for d in base.shape):
+        return None  # symbolic sizes: making a meta tensor would specialise on them
     values = [torch.empty(tuple(base.shape), dtype=base.dtype, device="meta")]
     for step, out in chain:
         impl = EAGER_IMPLS.get(step.sym.name) if step.sym.namespace == "ltorch" else None
