@@ -106,7 +106,7 @@ _PRIM_IMPLS: dict[str, Any] = {
     "random_seed": _random_seed,
     "uniform": _uniform,
     "take": _take,
-    "take_along_axis": torch.gather,
+    "take_along_axis": lambda x, index, dim: torch.gather(x, dim, index),
     "index_add": lambda x, index, value, dim: torch.index_add(x, dim, index, value),
     "index_copy": lambda x, index, value, dim: torch.index_copy(x, dim, index, value),
     "scatter_add": lambda x, index, value, dim: torch.scatter_add(x, dim, index, value),

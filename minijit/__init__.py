@@ -30,7 +30,7 @@ from minijit.runtime import CacheInfo, JitFunction
 
 __all__ = [
     "AliasError", "CacheInfo", "GuardError", "MetaError", "MinijitError", "UnsupportedOpError",
-    "UnsupportedSyntaxError", "cache_info", "jit", "last_traces",
+    "UnsupportedSyntaxError", "cache_info", "jit", "last_backward_traces", "last_traces",
 ]
 
 
@@ -57,6 +57,21 @@ def last_traces(jfn: JitFunction) -> list[Trace]:
         print(minijit.last_traces(jf)[-1])  # the final, executed trace
     """
     return jfn.last_traces()
+
+
+def last_backward_traces(jfn: JitFunction) -> list[Trace]:
+    """The backward traces of the last call of `jfn`, one per pass; empty when it did not differentiate.
+
+    A call differentiates when grad mode is on and an input requires grad; its
+    backward runs when `loss.backward()` or `torch.autograd.grad` reaches it.
+
+    Example::
+
+        jf = minijit.jit(lambda x, w: (x @ w).sum())
+        jf(torch.randn(4, 8), torch.randn(8, 3, requires_grad=True)).backward()
+        print(minijit.last_backward_traces(jf)[-1])  # the executed backward trace
+    """
+    return jfn.last_backward_traces()
 
 
 def cache_info(jfn: JitFunction) -> CacheInfo:

@@ -12,7 +12,10 @@ import torch
 
 from minijit.frontend import interpret
 from minijit.ir import TensorProxy, Trace, tracing, tree_map
+from minijit.runtime.autograd import CompiledGrad, autograd_callable
 from minijit.transforms import claim_executors, dce
+from minijit.transforms.grad import release_dead_values, requires_grad_inputs, split_forward_backward
+from minijit.transforms.simplify import remove_cast_round_trips
 
 
 @dataclass
@@ -23,6 +26,8 @@ class CompiledEntry:
     traces: list[Trace] = field(default_factory=list)
     # True when every argument is a tensor passed positionally: the call can skip flattening.
     direct_call: bool = False
+    # The backward traces, one per pass, when the entry differentiates (else empty).
+    backward_traces: list[Trace] = field(default_factory=list)
 
 
 def _timed(trace_fn: Callable[[], Trace], traces: list[Trace]) -> Trace:
@@ -86,11 +91,37 @@ def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
     # The passes, in order. Each is a pure Trace -> Trace function.
     trace = _timed(capture, traces)
     trace = _timed(lambda: dce(trace), traces)
+    direct = not kwargs and all(isinstance(a, torch.Tensor) for a in args)
+
+    if torch.is_grad_enabled() and requires_grad_inputs(trace):
+        return _compile_with_grad(trace, traces, executors, direct)
+
     trace = _timed(lambda: claim_executors(trace, executors), traces)
     trace = _timed(lambda: dce(trace), traces)
 
     start = time.perf_counter()
     computation = trace.python_callable()
     traces[-1].elapsed_ms += (time.perf_counter() - start) * 1e3
-    direct = not kwargs and all(isinstance(a, torch.Tensor) for a in args)
     return CompiledEntry(computation, traces, direct)
+
+
+def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[Any], direct: bool) -> CompiledEntry:
+    """Grad is needed: split into forward and backward, run the passes on both, compile both."""
+    start = time.perf_counter()
+    fwd, bwd = split_forward_backward(trace)
+    fwd.elapsed_ms = bwd.elapsed_ms = (time.perf_counter() - start) * 1e3
+    traces.append(fwd)
+    bwd_traces = [bwd]
+    for passes, t in ((traces, fwd), (bwd_traces, bwd)):
+        t = _timed(lambda t=t: remove_cast_round_trips(t), passes)
+        t = _timed(lambda t=t: dce(t), passes)
+        t = _timed(lambda t=t: claim_executors(t, executors), passes)
+        t = _timed(lambda t=t: dce(t), passes)
+        _timed(lambda t=t: release_dead_values(t), passes)
+    compiled = CompiledGrad(
+        forward=traces[-1].python_callable(),
+        backward=bwd_traces[-1].python_callable(),
+        differentiable_outputs=fwd.info["differentiable_outputs"],
+        name=trace.fn_name,
+    )
+    return CompiledEntry(autograd_callable(compiled), traces, direct, bwd_traces)

@@ -1,0 +1,248 @@
+"""VJP rules of ltorch ops whose direct backward is cheaper than differentiating their decomposition.
+
+With a rule, the op keeps one bound symbol in the forward trace (the torch executor
+runs it as one call: one `linear`, one `layer_norm`) and gets a compact backward.
+A rule's forward has the op's torch signature; the grad pass uses the rule only
+when the op's decomposition has the same parameter names (after the first), and
+the forward declines (`NotImplemented`) calls with arguments it does not handle.
+Half-precision backward formulas compute in float32 like torch's kernels and cast
+the gradient back to the input's dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from minijit.ir import TensorProxy
+from minijit.ops import prims
+from minijit.ops.registry import ALL_LTORCH
+from minijit.transforms.vjp.registry import (
+    cast_like,
+    compute_dtype,
+    reshape_to,
+    restore_reduced,
+    sum_to_shape,
+    vjp,
+    zeros_like,
+)
+from minijit.transforms.vjp.structural import matmul_grads
+
+P = prims
+Saved = tuple[Any, ...]
+
+
+def _op(name: str) -> Any:
+    return ALL_LTORCH[name]
+
+
+def _up(x: TensorProxy, dtype: torch.dtype) -> TensorProxy:
+    return x if x.dtype == dtype else P.convert_element_type(x, dtype)
+
+
+def _sum_keep(x: TensorProxy, dims: tuple[int, ...]) -> TensorProxy:
+    """Sum over `dims`, broadcast back to x's shape."""
+    return restore_reduced(P.sum(x, dims), x.shape, dims)
+
+
+@vjp("ltorch.matmul")
+def matmul_fwd(a: TensorProxy, b: TensorProxy) -> Any:
+    if a.ndim > 2 and b.ndim > 2 and tuple(a.shape[:-2]) != tuple(b.shape[:-2]):
+        return NotImplemented  # broadcast batch dims: differentiate the decomposition
+    return _op("matmul")(a, b), (a, b)
+
+
+@matmul_fwd.backward
+def matmul_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
+    return matmul_grads(*saved, g)
+
+
+@vjp("ltorch.linear")
+def linear_fwd(a: TensorProxy, weight: TensorProxy, bias: TensorProxy | None = None) -> Any:
+    if weight.ndim != 2:
+        return NotImplemented
+    return _op("linear")(a, weight, bias), (a, weight, bias)
+
+
+@linear_fwd.backward
+def linear_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
+    x, w, bias = saved
+    out_features, in_features = w.shape
+    gx = P.matmul(g, w)
+    g2 = reshape_to(g, (_leading(g.shape), out_features))
+    x2 = reshape_to(x, (_leading(x.shape), in_features))
+    gw = P.matmul(P.transpose(g2, (1, 0)), x2)
+    gb = sum_to_shape(g, bias.shape) if isinstance(bias, TensorProxy) else None
+    return gx, gw, gb
+
+
+def _leading(shape: tuple[Any, ...]) -> Any:
+    """The number of rows when all dims but the last are flattened."""
+    n = 1
+    for s in shape[:-1]:
+        n = n * s
+    return n
+
+
+@vjp("ltorch.gelu")
+def gelu_fwd(a: TensorProxy, approximate: str = "none") -> Any:
+    return _op("gelu")(a, approximate), (a, approximate)
+
+
+@gelu_fwd.backward
+def gelu_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
+    a, approximate = saved
+    dtype = compute_dtype(a.dtype)
+    x = _up(a, dtype)
+    if approximate == "tanh":
+        k = math.sqrt(2 / math.pi)
+        x2 = P.mul(x, x)
+        t = P.tanh(P.mul(P.add(x, P.mul(P.mul(x2, x), 0.044715)), k))
+        left = P.mul(P.add(t, 1), 0.5)
+        right = P.mul(P.mul(P.mul(x, 0.5), P.sub(1, P.mul(t, t))), P.mul(P.add(P.mul(x2, 3 * 0.044715), 1), k))
+        d = P.add(left, right)
+    else:
+        cdf = P.mul(P.add(P.erf(P.mul(x, 1 / math.sqrt(2))), 1), 0.5)
+        pdf = P.mul(P.exp(P.mul(P.mul(x, x), -0.5)), 1 / math.sqrt(2 * math.pi))
+        d = P.add(cdf, P.mul(x, pdf))
+    return cast_like(P.mul(_up(g, dtype), d), a), None
+
+
+@vjp("ltorch.silu")
+def silu_fwd(input: TensorProxy, inplace: bool = False) -> Any:  # noqa: A002 - torch's name
+    if inplace:
+        return NotImplemented
+    return _op("silu")(input, inplace), (input,)
+
+
+@silu_fwd.backward
+def silu_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
+    (a,) = saved
+    dtype = compute_dtype(a.dtype)
+    x = _up(a, dtype)
+    s = P.reciprocal(P.add(P.exp(P.neg(x)), 1))
+    d = P.mul(s, P.add(P.mul(x, P.sub(1, s)), 1))
+    return cast_like(P.mul(_up(g, dtype), d), a), None
+
+
+def _softmax_like(name: str, log: bool) -> None:
+    @vjp(f"ltorch.{name}")
+    def forward(input: TensorProxy, dim: Any = None, _stacklevel: int = 3, dtype: Any = None) -> Any:  # noqa: A002
+        if dim is None or dtype is not None:
+            return NotImplemented
+        out = _op(name)(input, dim, _stacklevel, dtype)
+        return out, (input, out, dim % max(input.ndim, 1))
+
+    @forward.backward
+    def backward(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
+        x, out, dim = saved
+        if x.ndim == 0:
+            return zeros_like(x), None, None, None
+        dtype = compute_dtype(x.dtype)
+        o, gg = _up(out, dtype), _up(g, dtype)
+        if log:
+            grad = P.sub(gg, P.mul(P.exp(o), _sum_keep(gg, (dim,))))
+        else:
+            grad = P.mul(o, P.sub(gg, _sum_keep(P.mul(o, gg), (dim,))))
+        return cast_like(grad, x), None, None, None
+
+
+_softmax_like("softmax", log=False)
+_softmax_like("log_softmax", log=True)
+
+
+@vjp("ltorch.layer_norm")
+def layer_norm_fwd(input: TensorProxy, normalized_shape: Any, weight: Any = None, bias: Any = None,  # noqa: A002
+                   eps: float = 1e-5) -> Any:
+    out = _op("layer_norm")(input, normalized_shape, weight, bias, eps)
+    n = len(normalized_shape) if not isinstance(normalized_shape, int) else 1
+    return out, (input, weight, bias, n, eps)
+
+
+@layer_norm_fwd.backward
+def layer_norm_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
+    a, weight, bias, n, eps = saved
+    dtype = compute_dtype(a.dtype)
+    x = _up(a, dtype)
+    dims = tuple(range(a.ndim - n, a.ndim))
+    batch = tuple(range(a.ndim - n))
+    count = 1
+    for d in dims:
+        count *= a.shape[d]
+    var, mean = P.var_mean(x, dims, 0)
+    rstd = restore_reduced(P.rsqrt(P.add(var, eps)), x.shape, dims)
+    xhat = P.mul(P.sub(x, restore_reduced(mean, x.shape, dims)), rstd)
+    gg = _up(g, dtype)
+    dxhat = gg
+    if isinstance(weight, TensorProxy):
+        dxhat = P.mul(gg, P.broadcast_in_dim(_up(weight, dtype), x.shape, dims))
+    mean_dxhat = P.div(_sum_keep(dxhat, dims), count)
+    mean_dxhat_xhat = P.div(_sum_keep(P.mul(dxhat, xhat), dims), count)
+    gx = P.mul(rstd, P.sub(P.sub(dxhat, mean_dxhat), P.mul(xhat, mean_dxhat_xhat)))
+    gw = gb = None
+    if isinstance(weight, TensorProxy):
+        gw = cast_like(P.sum(P.mul(gg, xhat), batch) if batch else P.mul(gg, xhat), weight)
+    if isinstance(bias, TensorProxy):
+        gb = cast_like(P.sum(gg, batch) if batch else gg, bias)
+    return cast_like(gx, a), None, gw, gb, None
+
+
+@vjp("ltorch.embedding")
+def embedding_fwd(input: TensorProxy, weight: TensorProxy, padding_idx: Any = None, max_norm: Any = None,  # noqa: A002
+                  norm_type: float = 2.0, scale_grad_by_freq: bool = False, sparse: bool = False) -> Any:
+    if max_norm is not None or scale_grad_by_freq or sparse or weight.ndim != 2:
+        return NotImplemented
+    out = _op("embedding")(input, weight, padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse)
+    return out, (input, weight, padding_idx)
+
+
+@embedding_fwd.backward
+def embedding_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
+    index, weight, padding_idx = saved
+    rows, dim = weight.shape
+    flat = reshape_to(index, (_leading((*index.shape, 1)),))
+    g2 = reshape_to(g, (flat.shape[0], dim))
+    if padding_idx is not None:
+        pad = P.broadcast_in_dim(P.eq(flat, padding_idx % rows), g2.shape, (0,))
+        g2 = P.where(pad, zeros_like(g2), g2)
+    gw = P.index_add(zeros_like(weight), flat, g2, 0)
+    return None, gw, None, None, None, None, None
+
+
+@vjp("ltorch.cross_entropy")
+def cross_entropy_fwd(input: TensorProxy, target: TensorProxy, weight: Any = None, size_average: Any = None,  # noqa: A002
+                      ignore_index: int = -100, reduce: Any = None, reduction: str = "mean",
+                      label_smoothing: float = 0.0) -> Any:
+    simple = (weight is None and size_average is None and reduce is None and label_smoothing == 0.0
+              and isinstance(target, TensorProxy) and not target.dtype.is_floating_point
+              and input.ndim == 2 and target.ndim == 1 and reduction in ("mean", "sum", "none"))
+    if not simple:
+        return NotImplemented
+    out = _op("cross_entropy")(input, target, weight, size_average, ignore_index, reduce, reduction, label_smoothing)
+    return out, (input, target, ignore_index, reduction)
+
+
+@cross_entropy_fwd.backward
+def cross_entropy_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
+    logits, target, ignore_index, reduction = saved
+    dtype = compute_dtype(logits.dtype)
+    x = _up(logits, dtype)
+    n, c = x.shape
+    shifted = P.sub(x, restore_reduced(P.amax(x, (1,)), x.shape, (1,)))
+    e = P.exp(shifted)
+    p = P.div(e, _sum_keep(e, (1,)))
+    classes = P.broadcast_in_dim(P.iota(c, start=0, step=1, dtype=target.dtype, device=target.device), (n, c), (1,))
+    onehot = P.convert_element_type(P.eq(classes, P.broadcast_in_dim(target, (n, c), (0,))), dtype)
+    valid = P.convert_element_type(P.ne(target, ignore_index), dtype)
+    gg = _up(g, dtype)
+    if reduction == "none":
+        scale = P.mul(valid, gg)
+    elif reduction == "sum":
+        scale = P.mul(valid, P.broadcast_in_dim(gg, (n,), ()))
+    else:
+        total = P.broadcast_in_dim(P.sum(valid, (0,)), (n,), ())
+        scale = P.div(P.mul(valid, P.broadcast_in_dim(gg, (n,), ())), total)
+    grad = P.mul(P.sub(p, onehot), P.broadcast_in_dim(scale, (n, c), (0,)))
+    return cast_like(grad, logits), None, None, None, None, None, None, None
