@@ -91,6 +91,7 @@ def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
     # The passes, in order. Each is a pure Trace -> Trace function.
     trace = _timed(capture, traces)
     trace = _timed(lambda: dce(trace), traces)
+    trace = _timed(lambda: remove_cast_round_trips(trace), traces)
     direct = not kwargs and all(isinstance(a, torch.Tensor) for a in args)
 
     if torch.is_grad_enabled() and requires_grad_inputs(trace):
@@ -112,8 +113,8 @@ def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[An
     fwd.elapsed_ms = bwd.elapsed_ms = (time.perf_counter() - start) * 1e3
     traces.append(fwd)
     bwd_traces = [bwd]
+    bwd = _timed(lambda: remove_cast_round_trips(bwd), bwd_traces)
     for passes, t in ((traces, fwd), (bwd_traces, bwd)):
-        t = _timed(lambda t=t: remove_cast_round_trips(t), passes)
         t = _timed(lambda t=t: dce(t), passes)
         t = _timed(lambda t=t: claim_executors(t, executors), passes)
         t = _timed(lambda t=t: dce(t), passes)

@@ -166,7 +166,12 @@ class _Splitter:
         inputs = {id(p) for p in bsym.proxy_args()}
         mapping = {id(n): o for n, o in zip(new_leaves, old_leaves)
                    if isinstance(n, Proxy) and n is not o and id(n) not in inputs}
-        self.fwd.bound_symbols[start:] = [_rename(b, mapping) for b in self.fwd.bound_symbols[start:]]
+        # Where the rule recorded the symbol itself, keep the original bound symbol: it has
+        # the user's argument form (keywords stay keywords), which executors call as is.
+        self.fwd.bound_symbols[start:] = [
+            bsym if b.sym is bsym.sym and b.output is bsym.output else b
+            for b in (_rename(b, mapping) for b in self.fwd.bound_symbols[start:])
+        ]
         saved = tree_map(lambda x: mapping.get(id(x), x) if isinstance(x, Proxy) else x, saved)
         self.tape.append(_TapeEntry(rule, bsym, args, saved))
         self.requires.update(p.name for p in bsym.proxy_outputs() if is_differentiable(p))
