@@ -7,6 +7,7 @@ direction, float32 -> bfloat16 -> float32, rounds and must stay.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -15,7 +16,6 @@ from minijit.ir import BoundSymbol, Proxy, TensorProxy, Trace, tree_flatten, tre
 from minijit.ops import prims
 
 _INT_BITS = {torch.bool: 1, torch.uint8: 8, torch.int8: 7, torch.int16: 15, torch.int32: 31, torch.int64: 63}
-_SIGNED = {torch.int8, torch.int16, torch.int32, torch.int64}
 
 
 def is_lossless_cast(src: torch.dtype, dst: torch.dtype) -> bool:
@@ -32,16 +32,18 @@ def is_lossless_cast(src: torch.dtype, dst: torch.dtype) -> bool:
         s, d = torch.finfo(src), torch.finfo(dst)
         # More mantissa bits, a larger range and smaller subnormals.
         return d.eps <= s.eps and d.max >= s.max and d.smallest_normal * d.eps <= s.smallest_normal * s.eps
-    if src not in _INT_BITS:
+    if src == torch.bool:
+        return True  # x != 0 in any dtype gives x back
+    if src not in _INT_BITS or dst == torch.bool:
         return False
-    bits = _INT_BITS[src]
     if dst.is_floating_point:
-        return torch.finfo(dst).nmant + 1 >= bits
-    if dst not in _INT_BITS or dst == torch.bool:
-        return False
-    if src in _SIGNED and dst not in _SIGNED:
-        return False
-    return _INT_BITS[dst] >= bits
+        return _significand_bits(dst) >= _INT_BITS[src]
+    # Integer casts wrap around, so a round trip through a type at least as wide is exact.
+    return dst in _INT_BITS and dst.itemsize >= src.itemsize
+
+
+def _significand_bits(dtype: torch.dtype) -> int:
+    return round(-math.log2(torch.finfo(dtype).eps)) + 1
 
 
 def _cast_of(bsym: BoundSymbol) -> tuple[TensorProxy, TensorProxy] | None:
