@@ -19,9 +19,11 @@ import torch
 from minijit.ir import TensorProxy
 from minijit.ops import prims
 from minijit.ops.registry import ALL_LTORCH
+from minijit.ops.utils import expand_to
 from minijit.transforms.vjp.registry import (
     cast_like,
     compute_dtype,
+    matrix_transpose,
     reshape_to,
     restore_reduced,
     sum_to_shape,
@@ -246,3 +248,44 @@ def cross_entropy_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
         scale = P.div(P.mul(valid, P.broadcast_in_dim(gg, (n,), ())), total)
     grad = P.mul(P.sub(p, onehot), P.broadcast_in_dim(scale, (n, c), (0,)))
     return cast_like(grad, logits), None, None, None, None, None, None, None
+
+
+@vjp("ltorch.scaled_dot_product_attention")
+def sdpa_fwd(query: TensorProxy, key: TensorProxy, value: TensorProxy, attn_mask: Any = None, dropout_p: float = 0.0,
+             is_causal: bool = False, scale: Any = None, enable_gqa: bool = False) -> Any:
+    same_batch = tuple(query.shape[:-2]) == tuple(key.shape[:-2]) == tuple(value.shape[:-2])
+    if dropout_p != 0.0 or enable_gqa or not same_batch or query.ndim < 2:
+        return NotImplemented
+    out = _op("scaled_dot_product_attention")(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    scale = scale if scale is not None else 1 / math.sqrt(query.shape[-1])
+    return out, (query, key, value, attn_mask, is_causal, scale)
+
+
+@sdpa_fwd.backward
+def sdpa_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
+    # Recompute the attention probabilities from q, k and the mask rather than saving them.
+    q_, k_, v_, mask, is_causal, scale = saved
+    dtype = compute_dtype(q_.dtype)
+    q, k, v, gg = (_up(t, dtype) for t in (q_, k_, v_, g))
+    s = P.mul(P.matmul(q, matrix_transpose(k)), scale)
+    big_l, big_s = s.shape[-2], s.shape[-1]
+    if is_causal:
+        rows = P.broadcast_in_dim(P.iota(big_l, start=0, step=1, dtype=torch.int64, device=s.device), (big_l, big_s), (0,))
+        cols = P.broadcast_in_dim(P.iota(big_s, start=0, step=1, dtype=torch.int64, device=s.device), (big_l, big_s), (1,))
+        keep = P.broadcast_in_dim(P.ge(rows, cols), s.shape, (s.ndim - 2, s.ndim - 1))
+        s = P.where(keep, s, float("-inf"))
+    if isinstance(mask, TensorProxy):
+        m = expand_to(mask, s.shape)
+        s = P.where(m, s, float("-inf")) if mask.dtype == torch.bool else P.add(s, _up(m, dtype))
+    last = (s.ndim - 1,)
+    e = P.exp(P.sub(s, restore_reduced(P.amax(s, last), s.shape, last)))
+    p = P.div(e, _sum_keep(e, last))
+    gv = P.matmul(matrix_transpose(p), gg)
+    gp = P.matmul(gg, matrix_transpose(v))
+    gs = P.mul(p, P.sub(gp, _sum_keep(P.mul(gp, p), last)))
+    gq = P.mul(P.matmul(gs, k), scale)
+    gk = P.mul(P.matmul(matrix_transpose(gs), q), scale)
+    gmask = None
+    if isinstance(mask, TensorProxy) and mask.dtype != torch.bool:
+        gmask = cast_like(sum_to_shape(gs, mask.shape), mask)
+    return cast_like(gq, q_), cast_like(gk, k_), cast_like(gv, v_), gmask
