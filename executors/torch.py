@@ -85,7 +85,10 @@ def _copy_to_out_(computed: torch.Tensor, *, out: torch.Tensor) -> torch.Tensor:
 
 
 _PRIM_IMPLS: dict[str, Any] = {
-    "convert_element_type": lambda x, dtype: x.to(dtype),
+    # copy=True: a same-dtype conversion is how ltorch.clone makes a new tensor.
+    "convert_element_type": lambda x, dtype: x.to(dtype, copy=True),
+    "device_put": lambda x, device: x.to(device),
+    "cumsum": torch.cumsum,
     "broadcast_in_dim": _broadcast_in_dim,
     "reshape": torch.reshape,
     "transpose": torch.permute,
@@ -115,6 +118,9 @@ _PRIM_IMPLS: dict[str, Any] = {
     "where": torch.where,
     "lerp": torch.lerp,
 }
+
+for _op, (_, _fn) in prims.NUMBER_OPS.items():
+    _PRIM_IMPLS[f"num_{_op}"] = _fn
 
 for _name, _sym in prims.ALL_PRIMS.items():
     _impl = _PRIM_IMPLS.get(_name) or getattr(torch, _name, None)

@@ -27,26 +27,30 @@ from minijit.errors import (
 )
 from minijit.ir import Trace
 from minijit.runtime import CacheInfo, JitFunction
+from minijit.runtime.jit import RetraceWarning
+from minijit.runtime.show import show, show_diff
 
 __all__ = [
-    "AliasError", "CacheInfo", "GuardError", "MetaError", "MinijitError", "UnsupportedOpError",
-    "UnsupportedSyntaxError", "cache_info", "jit", "last_backward_traces", "last_traces",
+    "AliasError", "CacheInfo", "GuardError", "MetaError", "MinijitError", "RetraceWarning", "UnsupportedOpError",
+    "UnsupportedSyntaxError", "cache_info", "jit", "last_backward_traces", "last_traces", "show", "show_diff",
 ]
 
 
 def jit(fn: Callable[..., Any], *, executors: Sequence[Any] | None = None,
-        cache: str = "constant values") -> JitFunction:
+        cache: str = "constant values", warn_retraces_after: int | None = None) -> JitFunction:
     """Compile `fn` on its first call with each new kind of input; later calls reuse the trace.
 
     `executors` is a priority list of executors or their names (the torch executor is
     always appended as the fallback); `cache` is "constant values" or "no caching".
+    With `warn_retraces_after=N` (or the environment variable MINIJIT_WARN_RETRACES=N)
+    every trace after the first N warns with a `RetraceWarning` naming what changed.
 
     Example::
 
         jf = minijit.jit(lambda a, b: a + b)
         jf(torch.ones(2), torch.ones(2))
     """
-    return JitFunction(fn, executors, cache)
+    return JitFunction(fn, executors, cache, warn_retraces_after)
 
 
 def last_traces(jfn: JitFunction) -> list[Trace]:
@@ -75,10 +79,10 @@ def last_backward_traces(jfn: JitFunction) -> list[Trace]:
 
 
 def cache_info(jfn: JitFunction) -> CacheInfo:
-    """Hits, misses and entries of `jfn`'s cache.
+    """Hits, misses, entries, and why each miss happened, in words.
 
     Example::
 
-        minijit.cache_info(jf).hits
+        print(minijit.cache_info(jf))   # ... miss 2: arg 'x': shape (8, 16) != (4, 16)
     """
     return jfn.cache_info()

@@ -50,3 +50,25 @@ def where_now() -> str:
     trace = current_trace()
     loc: Any = trace.source if trace is not None else None
     return f" at {loc}" if loc is not None else ""
+
+
+# The constraints a compile in "symbolic values" mode relied on (Python expressions over the
+# trace inputs that must be True for the trace to hold); None outside such a compile.
+_CONSTRAINTS: list[list[str]] = []
+
+
+@contextmanager
+def recording_constraints() -> Iterator[list[str]]:
+    """Collect the constraints recorded by symbolic numbers inside the block."""
+    constraints: list[str] = []
+    _CONSTRAINTS.append(constraints)
+    try:
+        yield constraints
+    finally:
+        _CONSTRAINTS.pop()
+
+
+def add_constraint(expr: str) -> None:
+    """Record that the trace being built relies on the Python expression `expr` being true."""
+    if _CONSTRAINTS and expr not in _CONSTRAINTS[-1]:
+        _CONSTRAINTS[-1].append(expr)

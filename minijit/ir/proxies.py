@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from minijit.errors import UnsupportedSyntaxError
-from minijit.ir.context import new_name, where_now
+from minijit.ir.context import add_constraint, new_name, where_now
 
 # method name -> callable(self, *args, **kwargs); filled in by minijit.ops.
 TENSOR_METHODS: dict[str, Callable[..., Any]] = {}
@@ -49,38 +49,151 @@ class Proxy:
 
 
 class NumberProxy(Proxy):
-    """A Python number whose value the trace does not specialise on ("symbolic values")."""
+    """A Python number the trace does not specialise on ("symbolic values" cache mode).
 
-    __slots__ = ("python_type", "value")
+    It carries the value seen while tracing and `expr`, a Python expression that
+    recomputes it from the trace inputs (`x.shape[1]`, `(n * 2)`). Arithmetic records
+    number prims (dispatched through `NUMBER_METHODS`, filled in by minijit.ops) and
+    gives new proxies. Comparisons, `bool()` and `int()` return concrete values and
+    record the fact they relied on as a constraint (`x.shape[1] == 1` is False), which
+    the cache entry's guard checks on later calls.
+    """
 
-    def __init__(self, value: int | float | bool, python_type: type, name: str | None = None):
+    __slots__ = ("expr", "python_type", "value")
+
+    def __init__(self, value: int | float | bool, python_type: type, name: str | None = None,
+                 expr: str | None = None):
         super().__init__(name)
         self.value = value
         self.python_type = python_type
+        self.expr = expr
 
     def type_string(self) -> str:
         return f"{self.python_type.__name__} {self.value}"
 
+    def _specialise(self) -> Any:
+        record_constraint(self, "==", self.value, True)
+        return self.value
+
     def __bool__(self) -> bool:
-        raise UnsupportedSyntaxError(
-            f"branching on the symbolic value {self.name}{where_now()} is not supported; "
-            "use cache='constant values' to specialise on it"
-        )
+        return bool(self._specialise())
+
+    def __int__(self) -> int:
+        return int(self._specialise())
+
+    def __float__(self) -> float:
+        return float(self._specialise())
+
+    def __hash__(self) -> int:
+        return hash(self.value)
+
+    def __eq__(self, other: Any) -> bool:  # type: ignore[override]
+        return _compare(self, "==", other)
+
+    def __ne__(self, other: Any) -> bool:  # type: ignore[override]
+        return _compare(self, "!=", other)
+
+    def __lt__(self, other: Any) -> bool:
+        return _compare(self, "<", other)
+
+    def __le__(self, other: Any) -> bool:
+        return _compare(self, "<=", other)
+
+    def __gt__(self, other: Any) -> bool:
+        return _compare(self, ">", other)
+
+    def __ge__(self, other: Any) -> bool:
+        return _compare(self, ">=", other)
+
+
+_COMPARISONS = {
+    "==": lambda a, b: a == b, "!=": lambda a, b: a != b, "<": lambda a, b: a < b,
+    "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, ">=": lambda a, b: a >= b,
+}
+
+
+def number_value(x: Any) -> Any:
+    """The concrete value of a number proxy, or `x` itself."""
+    return x.value if isinstance(x, NumberProxy) else x
+
+
+def _compare(a: NumberProxy, op: str, b: Any) -> bool:
+    if isinstance(b, TensorProxy):
+        return NotImplemented
+    result = bool(_COMPARISONS[op](a.value, number_value(b)))
+    record_constraint(a, op, b, result)
+    return result
+
+
+def record_constraint(a: NumberProxy, op: str, b: Any, result: bool) -> None:
+    """Note that the trace relied on `a <op> b` being `result` (checked by the cache guard)."""
+    exprs = []
+    for x in (a, b):
+        if isinstance(x, NumberProxy):
+            if x.expr is None:
+                raise UnsupportedSyntaxError(
+                    f"the value of {x.name}{where_now()} is only known when the trace runs; it cannot "
+                    "decide a branch or a shape"
+                )
+            exprs.append(x.expr)
+        else:
+            exprs.append(repr(x))
+    add_constraint(canonical_constraint(exprs[0], op, exprs[1], result, isinstance(b, NumberProxy)))
+
+
+# (op, result) -> the same fact as a true comparison: `(a != b) is False` is `a == b`.
+_NEGATED = {"==": "!=", "!=": "==", "<": ">=", "<=": ">", ">": "<=", ">=": "<"}
+_SWAPPED = {"==": "==", "!=": "!=", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
+
+
+def canonical_constraint(left: str, op: str, right: str, result: bool, symmetric: bool = True) -> str:
+    """One spelling per fact, so the guard checks each fact once: `a == b` and `b == a` are one.
+
+    With `symmetric` False (the right side is a literal) the symbolic side stays on the left.
+    """
+    if not result:
+        op = _NEGATED[op]
+    if symmetric and left > right:
+        left, right, op = right, left, _SWAPPED[op]
+    return f"{left} {op} {right}"
+
+
+def _number_operator(method: str, reflected: bool = False) -> Callable[..., Any]:
+    if reflected:
+        def op(self: NumberProxy, other: Any) -> Any:
+            if isinstance(other, TensorProxy):
+                return NotImplemented
+            return NUMBER_METHODS[method](other, self)
+    else:
+        def op(self: NumberProxy, *args: Any) -> Any:
+            if args and isinstance(args[0], TensorProxy):
+                return NotImplemented
+            return NUMBER_METHODS[method](self, *args)
+    return op
+
+
+# method name -> callable recording a number prim; filled in by minijit.ops.
+NUMBER_METHODS: dict[str, Callable[..., Any]] = {}
+
+for _dunder in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow"):
+    setattr(NumberProxy, f"__{_dunder}__", _number_operator(_dunder))
+    setattr(NumberProxy, f"__r{_dunder}__", _number_operator(_dunder, reflected=True))
+for _dunder in ("neg", "pos", "abs"):
+    setattr(NumberProxy, f"__{_dunder}__", _number_operator(_dunder))
 
 
 class IntegerProxy(NumberProxy):
-    """A symbolic Python int (or bool)."""
+    """A symbolic Python int."""
 
     __slots__ = ()
     name_prefix = "i"
 
-    def __init__(self, value: int, name: str | None = None):
-        super().__init__(value, type(value), name)
+    def __init__(self, value: int, name: str | None = None, expr: str | None = None):
+        super().__init__(value, type(value), name, expr)
 
     def __index__(self) -> int:
-        raise UnsupportedSyntaxError(
-            f"the symbolic int {self.name}{where_now()} was used where a concrete int is needed"
-        )
+        # Used where Python needs a real int (range(n), a list index): specialise on it.
+        return int(self._specialise())
 
 
 class FloatProxy(NumberProxy):
@@ -89,8 +202,8 @@ class FloatProxy(NumberProxy):
     __slots__ = ()
     name_prefix = "f"
 
-    def __init__(self, value: float, name: str | None = None):
-        super().__init__(value, float, name)
+    def __init__(self, value: float, name: str | None = None, expr: str | None = None):
+        super().__init__(value, float, name, expr)
 
 
 class TensorProxy(Proxy):

@@ -11,14 +11,16 @@ and `copy_to_out_`, which write into an existing tensor (DESIGN.md, invariants 1
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from minijit.errors import MetaError
-from minijit.ir import IntegerProxy, NumberProxy, Symbol, TensorProxy
+from minijit.ir import FloatProxy, IntegerProxy, NumberProxy, Symbol, TensorProxy
 from minijit.ir.context import where_now
+from minijit.ir.proxies import NUMBER_METHODS, number_value
 
 Number = int | float | bool | complex | NumberProxy
 Shape = tuple[int | IntegerProxy, ...]
@@ -143,7 +145,8 @@ convert_element_type = _prim("convert_element_type", _convert_element_type_meta)
 def _broadcast_in_dim_meta(x: TensorProxy, shape: Shape, broadcast_dims: Sequence[int]) -> TensorProxy:
     _check_tensor("broadcast_in_dim", x)
     if len(broadcast_dims) != x.ndim:
-        raise _fail("broadcast_in_dim", f"broadcast_dims {tuple(broadcast_dims)} must name one output dim per input dim ({x.ndim})")
+        raise _fail("broadcast_in_dim",
+                    f"broadcast_dims {tuple(broadcast_dims)} must name one output dim per input dim ({x.ndim})")
     last = -1
     for d, size in zip(broadcast_dims, x.shape, strict=True):
         if not last < d < len(shape):
@@ -155,6 +158,16 @@ def _broadcast_in_dim_meta(x: TensorProxy, shape: Shape, broadcast_dims: Sequenc
 
 
 broadcast_in_dim = _prim("broadcast_in_dim", _broadcast_in_dim_meta)
+
+
+def _device_put_meta(x: TensorProxy, device: torch.device) -> TensorProxy:
+    _check_tensor("device_put", x)
+    if not isinstance(device, torch.device):
+        raise _fail("device_put", f"expected a torch.device, got {device!r}")
+    return TensorProxy.like(x, device=device)
+
+
+device_put = _prim("device_put", _device_put_meta)
 
 
 def _numel(shape: Shape) -> Any:
@@ -243,6 +256,15 @@ def _shape_meta(x: TensorProxy) -> tuple[Any, ...]:
 shape = _prim("shape", _shape_meta)
 
 
+def _detach_meta(x: TensorProxy) -> TensorProxy:
+    _check_tensor("detach", x)
+    return TensorProxy.like(x, requires_grad=False)
+
+
+# The same values with requires_grad=False: where gradients stop (torch.detach, x.data).
+detach = _prim("detach", _detach_meta)
+
+
 # -- reductions ---------------------------------------------------------------
 
 def _reduced_shape(op: str, x: TensorProxy, dims: Sequence[int]) -> tuple[Any, ...]:
@@ -283,6 +305,15 @@ def _var_mean_meta(x: TensorProxy, dims: Sequence[int], correction: Number) -> t
 
 
 var_mean = _prim("var_mean", _var_mean_meta)
+
+
+def _cumsum_meta(x: TensorProxy, dim: int) -> TensorProxy:
+    _check_tensor("cumsum", x)
+    _canonical_dim("cumsum", dim, x.ndim)
+    return TensorProxy.like(x)
+
+
+cumsum = _prim("cumsum", _cumsum_meta)
 
 
 # -- linear algebra -------------------------------------------------------------
@@ -422,3 +453,37 @@ def _copy_to_out_meta(computed: TensorProxy, *, out: TensorProxy) -> TensorProxy
 # `copy_to_out_(computed, out=x)`: x now holds computed. An executor may produce
 # `computed` directly in x's memory when the analysis allows it (DESIGN.md, invariant 2).
 copy_to_out_ = _prim("copy_to_out_", _copy_to_out_meta, tags=[INPLACE])
+
+
+# -- arithmetic on symbolic Python numbers ("symbolic values" mode) ---------------------
+
+NUMBER_OPS = {
+    "add": ("+", operator.add), "sub": ("-", operator.sub), "mul": ("*", operator.mul),
+    "truediv": ("/", operator.truediv), "floordiv": ("//", operator.floordiv), "mod": ("%", operator.mod),
+    "pow": ("**", operator.pow), "neg": ("-", operator.neg), "pos": ("+", operator.pos), "abs": ("abs", abs),
+}
+
+
+def _number_meta(op: str) -> Callable[..., Any]:
+    symbol, fn = NUMBER_OPS[op]
+
+    def meta(*args: Any) -> NumberProxy:
+        values = [number_value(a) for a in args]
+        result = fn(*values)
+        exprs = [a.expr if isinstance(a, NumberProxy) else repr(a) for a in args]
+        if any(isinstance(a, NumberProxy) and a.expr is None for a in args):
+            expr = None
+        elif len(args) == 1:
+            expr = f"abs({exprs[0]})" if op == "abs" else f"({symbol}{exprs[0]})"
+        else:
+            expr = f"({exprs[0]} {symbol} {exprs[1]})"
+        if type(result) is int:
+            return IntegerProxy(result, expr=expr)
+        if type(result) is float:
+            return FloatProxy(result, expr=expr)
+        raise _fail(f"num_{op}", f"unsupported result type {type(result).__name__}")
+    return meta
+
+
+for _op in NUMBER_OPS:
+    NUMBER_METHODS[_op] = _prim(f"num_{_op}", _number_meta(_op))

@@ -85,7 +85,9 @@ def broadcast_shapes(*shapes: Sequence[Any]) -> tuple[Any, ...]:
 
 def expand_to(x: Any, shape: Sequence[Any]) -> Any:
     """`x` broadcast to `shape` with `prims.broadcast_in_dim` (numbers pass through)."""
-    if not isinstance(x, TensorProxy) or tuple(x.shape) == tuple(shape):
+    # Compare lengths first: comparing sizes of different ranks would record needless
+    # constraints between unrelated symbolic sizes.
+    if not isinstance(x, TensorProxy) or (x.ndim == len(shape) and tuple(x.shape) == tuple(shape)):
         return x
     offset = len(shape) - x.ndim
     return prims.broadcast_in_dim(x, tuple(shape), tuple(range(offset, len(shape))))
@@ -133,3 +135,106 @@ def canonical_dims(dims: int | Sequence[int] | None, ndim: int) -> tuple[int, ..
 def is_number(x: Any) -> bool:
     """True for Python numbers and number proxies."""
     return isinstance(x, int | float | complex | IntegerProxy | FloatProxy) and not isinstance(x, TensorProxy)
+
+
+def shape_arg(args: Sequence[Any]) -> tuple[Any, ...]:
+    """The shape given either as separate ints (`x.view(2, -1)`) or as one sequence (`x.view((2, -1))`)."""
+    if len(args) == 1 and isinstance(args[0], tuple | list | torch.Size):
+        return tuple(args[0])
+    return tuple(args)
+
+
+def infer_shape(op: str, shape: Sequence[Any], numel: Any) -> tuple[Any, ...]:
+    """`shape` with its one -1 entry resolved so the element count is `numel` (reshape, view)."""
+    shape = tuple(shape)
+    for d in shape:
+        if type(d) is not int and not isinstance(d, IntegerProxy):
+            raise MetaError(f"ltorch.{op}: shape {shape} must contain ints, got {type(d).__name__}{where_now()}")
+    unknown = [i for i, d in enumerate(shape) if type(d) is int and d == -1]
+    if len(unknown) > 1:
+        raise MetaError(f"ltorch.{op}: only one dimension can be inferred, shape {list(shape)}{where_now()}")
+    if any(type(d) is int and d < -1 for d in shape):
+        raise MetaError(f"ltorch.{op}: invalid shape dimension in {list(shape)}{where_now()}")
+    known = [d for i, d in enumerate(shape) if i not in unknown]
+    if type(numel) is not int or any(type(d) is not int for d in known):
+        if unknown:
+            raise MetaError(f"ltorch.{op}: cannot infer the -1 in {list(shape)} from symbolic sizes{where_now()}")
+        return shape
+    product = 1
+    for d in known:
+        product *= d
+    if unknown:
+        if product == 0 or numel % product != 0:
+            raise MetaError(f"ltorch.{op}: shape {list(shape)} is invalid for input of size {numel}{where_now()}")
+        return tuple(numel // product if i in unknown else d for i, d in enumerate(shape))
+    if product != numel:
+        raise MetaError(f"ltorch.{op}: shape {list(shape)} is invalid for input of size {numel}{where_now()}")
+    return shape
+
+
+def dtype_scalar(value: Any, dtype: torch.dtype) -> Any:
+    """A Python number of `dtype`'s category, so that a prim taking it does not promote (1.5 -> 1 for ints).
+
+    Mirrors the C++ cast torch applies when it fills a tensor of `dtype` with `value`.
+    """
+    if isinstance(value, NumberProxy):
+        return value
+    if dtype == torch.bool:
+        return bool(value)
+    if dtype.is_complex:
+        return complex(value)
+    if dtype.is_floating_point:
+        return value if isinstance(value, bool | int | float) else float(value.real)
+    if isinstance(value, complex):
+        value = value.real
+    return int(value)
+
+
+def fail(op: str, msg: str) -> MetaError:
+    """A MetaError for ltorch op `op`, naming it and the user line being traced."""
+    return MetaError(f"{op}: {msg}{where_now()}")
+
+
+def reshape_to(x: TensorProxy, shape: Sequence[Any]) -> TensorProxy:
+    """`x` reshaped to `shape` with `prims.reshape`, or `x` itself when the shape already matches."""
+    shape = tuple(shape)
+    return x if tuple(x.shape) == shape else prims.reshape(x, shape)
+
+
+def unsqueeze_at(x: TensorProxy, dims: Sequence[int]) -> TensorProxy:
+    """`x` with size-1 dims inserted so that they sit at positions `dims` of the result."""
+    ndim = x.ndim + len(dims)
+    wanted = {canonical_dim(d, ndim) for d in dims}
+    sizes = iter(x.shape)
+    return reshape_to(x, tuple(1 if i in wanted else next(sizes) for i in range(ndim)))
+
+
+def is_low_precision(dtype: torch.dtype) -> bool:
+    """True for float16 and bfloat16, which torch's kernels compute in float32."""
+    return dtype in (torch.float16, torch.bfloat16)
+
+
+def compute_dtype_for(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a numerically sensitive decomposition computes in: float32 for half types."""
+    return torch.float32 if is_low_precision(dtype) else dtype
+
+
+def numel_of(shape: Sequence[Any], dims: Sequence[int] | None = None) -> Any:
+    """The product of `shape`'s sizes (over `dims` if given); may be a number proxy."""
+    n: Any = 1
+    for i, s in enumerate(shape):
+        if dims is None or i in dims:
+            n = n * s
+    return n
+
+
+def parse_shape(op: str, size: Sequence[Any]) -> tuple[Any, ...]:
+    """A shape from `*size` call forms: `f(2, 3)`, `f((2, 3))`, `f([2, 3])`, `f(torch.Size(...))`."""
+    if len(size) == 1 and isinstance(size[0], tuple | list | torch.Size):
+        size = tuple(size[0])
+    for s in size:
+        if not isinstance(s, int | IntegerProxy) or isinstance(s, bool):
+            raise fail(op, f"sizes must be ints, got {size!r}")
+        if isinstance(s, int) and s < 0:
+            raise fail(op, f"negative size in {tuple(size)}")
+    return tuple(size)

@@ -15,23 +15,27 @@ import torch
 Tensor = torch.Tensor
 
 
-def _leaf_key(x: Any, out: list[Any]) -> None:
+def _leaf_key(x: Any, out: list[Any], symbolic: bool) -> None:
     t = type(x)
     if t is Tensor or isinstance(x, Tensor):
-        out.append(x.shape)
-        out.append(x.dtype)
-        out.append(x.device)
-        out.append(x.requires_grad)
+        if symbolic:
+            # Sizes are checked by the entries' guards; the key keeps only the rank.
+            out += (x.ndim, x.dtype, x.device, x.requires_grad)
+        else:
+            # Must equal what the per-arity key functions below build for a plain tensor.
+            out += (x.shape, x.dtype, x.device, x.requires_grad)
     elif t is tuple or t is list:
         out.append(t)
         out.append(len(x))
         for v in x:
-            _leaf_key(v, out)
+            _leaf_key(v, out, symbolic)
     elif t is dict:
         out.append(t)
         for k, v in x.items():
             out.append(k)
-            _leaf_key(v, out)
+            _leaf_key(v, out, symbolic)
+    elif symbolic and (t is int or t is float):
+        out.append(t)
     elif t is int or t is float or t is bool or t is str or x is None or t is complex:
         out.append(t)
         out.append(x)
@@ -43,21 +47,43 @@ def _leaf_key(x: Any, out: list[Any]) -> None:
         out.append(id(x))
 
 
-def cache_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
-    """The hashable key of a call: tensor metadata and Python values, in argument order."""
+def cache_key(args: tuple[Any, ...], kwargs: dict[str, Any], symbolic: bool = False) -> tuple[Any, ...]:
+    """The hashable key of a call: tensor metadata and Python values, in argument order.
+
+    With `symbolic`, sizes above 1 and the values of Python ints and floats are left out:
+    the entries under such a key are told apart by their guards.
+    """
     out: list[Any] = [torch.is_grad_enabled()]
     for a in args:
-        _leaf_key(a, out)
+        _leaf_key(a, out, symbolic)
     if kwargs:
         for k, v in kwargs.items():
             out.append(k)
-            _leaf_key(v, out)
+            _leaf_key(v, out, symbolic)
     return tuple(out)
 
 
-def describe_key_difference(old: tuple[Any, ...], new: tuple[Any, ...]) -> str:
-    """A short description of the first place where two keys differ."""
-    for i, (a, b) in enumerate(zip(old, new)):
-        if a != b:
-            return f"item {i}: {a!r} != {b!r}"
-    return "different argument structure"
+def _make_positional_tensor_key(arity: int, symbolic: bool = False) -> Any:
+    """Compile a key function for `arity` plain tensors passed positionally (None for anything else).
+
+    Straight-line code with no loop is about a third faster than the general key, and this
+    runs on every call. It builds the same key as `cache_key` for such calls.
+    """
+    params = ", ".join(f"a{i}" for i in range(arity))
+    checks = " or ".join(f"type(a{i}) is not Tensor" for i in range(arity)) or "False"
+    size = "ndim" if symbolic else "shape"
+    parts = "".join(f"a{i}.{size}, a{i}.dtype, a{i}.device, a{i}.requires_grad, " for i in range(arity))
+    source = (
+        f"def key({params}):\n"
+        f"    if {checks}:\n"
+        f"        return None\n"
+        f"    return (is_grad_enabled(), {parts})\n"
+    )
+    env: dict[str, Any] = {"Tensor": Tensor, "is_grad_enabled": torch.is_grad_enabled}
+    exec(compile(source, f"<minijit cache key, {arity} tensors>", "exec"), env)
+    return env["key"]
+
+
+# Key functions for calls with 0 to 15 positional tensors, by arity, for each cache mode.
+POSITIONAL_TENSOR_KEYS = [_make_positional_tensor_key(n) for n in range(16)]
+POSITIONAL_TENSOR_SYMBOLIC_KEYS = [_make_positional_tensor_key(n, symbolic=True) for n in range(16)]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import os
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -10,55 +12,133 @@ from typing import Any
 import torch
 
 from minijit.extend import Executor, resolve_executors
-from minijit.ir import Trace, tree_iter
-from minijit.runtime.cache_key import cache_key
+from minijit.ir import Trace
+from minijit.runtime.cache_key import POSITIONAL_TENSOR_KEYS, POSITIONAL_TENSOR_SYMBOLIC_KEYS, cache_key
+from minijit.runtime.explain import describe_call, explain_miss, failed_constraints, prologue_source
+from minijit.runtime.inputs import flat_inputs
 from minijit.runtime.pipeline import CompiledEntry, compile_for
 
-CACHE_MODES = ("constant values", "no caching")
+Tensor = torch.Tensor
+
+CACHE_MODES = ("constant values", "symbolic values", "no caching")
+
+
+class RetraceWarning(UserWarning):
+    """A jitted function traced again; the message says which input changed."""
 
 
 @dataclass
 class CacheInfo:
-    """What the cache of a jitted function holds and how it has been used."""
+    """What the cache of a jitted function holds and how it has been used.
+
+    `miss_reasons` has one line per miss, in order: why that call could not reuse a trace.
+    """
 
     hits: int = 0
     misses: int = 0
     entries: int = 0
     miss_reasons: list[str] = field(default_factory=list)
 
+    def __str__(self) -> str:
+        lines = [f"{self.hits} hit(s), {self.misses} miss(es), {self.entries} cache entr{'y' if self.entries == 1 else 'ies'}"]
+        lines += [f"  miss {i}: {reason}" for i, reason in enumerate(self.miss_reasons, start=1)]
+        return "\n".join(lines)
+
 
 class JitFunction:
     """A jitted function: call it like the original."""
 
-    def __init__(self, fn: Callable[..., Any], executors: Sequence[Executor | str] | None, cache: str):
+    def __init__(self, fn: Callable[..., Any], executors: Sequence[Executor | str] | None, cache: str,
+                 warn_retraces_after: int | None = None):
         if cache not in CACHE_MODES:
             raise ValueError(f"cache must be one of {CACHE_MODES}, got {cache!r}")
+        if warn_retraces_after is None and os.environ.get("MINIJIT_WARN_RETRACES"):
+            warn_retraces_after = int(os.environ["MINIJIT_WARN_RETRACES"])
+        self.warn_retraces_after = warn_retraces_after
         self.fn = fn
         self.executors = resolve_executors(list(executors) if executors is not None else None)
         self.cache_mode = cache
+        self._symbolic = cache == "symbolic values"
+        # "constant values": key -> entry. "symbolic values": key -> entries told apart by their guards.
         self._entries: dict[tuple[Any, ...], CompiledEntry] = {}
+        self._symbolic_entries: dict[tuple[Any, ...], list[CompiledEntry]] = {}
+        self._descriptions: list[dict[str, Any]] = []
         self._info = CacheInfo()
         self._last: CompiledEntry | None = None
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # The hit path for the common call, plain tensors passed positionally: one compiled
+        # key function, one dict lookup, and the compiled trace takes the arguments as they are.
+        if not kwargs and len(args) < 16:
+            if self._symbolic:
+                key = POSITIONAL_TENSOR_SYMBOLIC_KEYS[len(args)](*args)
+                if key is not None:
+                    for entry in self._symbolic_entries.get(key, ()):
+                        if entry.guard(*args):
+                            self._info.hits += 1
+                            self._last = entry
+                            return entry.computation(*args)
+            else:
+                key = POSITIONAL_TENSOR_KEYS[len(args)](*args)
+                if key is not None:
+                    entry = self._entries.get(key)
+                    if entry is not None:
+                        self._info.hits += 1
+                        self._last = entry
+                        return entry.computation(*args)
+        if self._symbolic:
+            return self._call_symbolic(args, kwargs)
+        return self._call_general(args, kwargs)
+
+    def _call_general(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         key = cache_key(args, kwargs)
         entry = self._entries.get(key)
         if entry is None:
-            entry = self._miss(key, args, kwargs)
+            entry = self._miss(args, kwargs, [])
+            if self.cache_mode != "no caching":
+                self._entries[key] = entry
+                self._info.entries = len(self._entries)
         else:
             self._info.hits += 1
         self._last = entry
         if entry.direct_call:
             return entry.computation(*args)
-        return entry.computation(*[x for x in tree_iter((args, kwargs)) if isinstance(x, torch.Tensor)])
+        return entry.computation(*flat_inputs(args, kwargs, symbolic=False))
 
-    def _miss(self, key: tuple[Any, ...], args: tuple[Any, ...], kwargs: dict[str, Any]) -> CompiledEntry:
+    def _call_symbolic(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        key = cache_key(args, kwargs, symbolic=True)
+        flat = flat_inputs(args, kwargs, symbolic=True)
+        candidates = self._symbolic_entries.setdefault(key, [])
+        for entry in candidates:
+            if entry.guard(*flat):
+                self._info.hits += 1
+                break
+        else:
+            entry = self._miss(args, kwargs, candidates)
+            candidates.append(entry)
+            self._info.entries += 1
+        self._last = entry
+        return entry.computation(*flat)
+
+    def _miss(self, args: tuple[Any, ...], kwargs: dict[str, Any], same_key: list[CompiledEntry]) -> CompiledEntry:
         self._info.misses += 1
-        entry = compile_for(self.fn, args, kwargs, self.executors)
+        description = describe_call(self.fn, args, kwargs, symbolic=self._symbolic)
+        if self.cache_mode == "no caching":
+            reason = "caching is off (cache='no caching')"
+        elif same_key:
+            flat = flat_inputs(args, kwargs, symbolic=True)
+            reason = failed_constraints(same_key[-1], flat)
+        else:
+            reason = explain_miss(description, self._descriptions)
+        self._info.miss_reasons.append(reason)
+        if self.warn_retraces_after is not None and self._info.misses > self.warn_retraces_after:
+            name = getattr(self.fn, "__qualname__", repr(self.fn))
+            warnings.warn(f"minijit traced {name} again (miss {self._info.misses}): {reason}", RetraceWarning, stacklevel=4)
+        entry = compile_for(self.fn, args, kwargs, self.executors, symbolic=self._symbolic)
+        entry.prologue = prologue_source(description, entry.constraints)
         if self.cache_mode != "no caching":
-            self._entries[key] = entry
-            self._info.entries = len(self._entries)
+            self._descriptions.append(description)
         return entry
 
     def last_traces(self) -> list[Trace]:
@@ -72,6 +152,12 @@ class JitFunction:
         if self._last is None:
             raise RuntimeError("the jitted function has not been called yet")
         return self._last.backward_traces
+
+    def last_prologue(self) -> str:
+        """The checks the last call's cache entry makes, as Python source."""
+        if self._last is None:
+            raise RuntimeError("the jitted function has not been called yet")
+        return self._last.prologue
 
     def cache_info(self) -> CacheInfo:
         """Hits, misses and entries of this function's cache."""

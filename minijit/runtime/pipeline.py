@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import inspect
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -11,8 +11,10 @@ from typing import Any
 import torch
 
 from minijit.frontend import interpret
-from minijit.ir import TensorProxy, Trace, tracing, tree_map
+from minijit.ir import Trace, tracing
+from minijit.ir.context import recording_constraints
 from minijit.runtime.autograd import CompiledGrad, autograd_callable
+from minijit.runtime.inputs import input_names, proxify_arguments
 from minijit.transforms import claim_executors, dce
 from minijit.transforms.grad import release_dead_values, requires_grad_inputs, split_forward_backward
 from minijit.transforms.simplify import remove_cast_round_trips
@@ -26,6 +28,11 @@ class CompiledEntry:
     traces: list[Trace] = field(default_factory=list)
     # True when every argument is a tensor passed positionally: the call can skip flattening.
     direct_call: bool = False
+    # The checks a call must pass to use this entry, as Python source (for minijit.show).
+    prologue: str = ""
+    # "symbolic values" mode: a function of the flat inputs checking the trace's constraints.
+    guard: Callable[..., bool] | None = None
+    constraints: list[str] = field(default_factory=list)
     # The backward traces, one per pass, when the entry differentiates (else empty).
     backward_traces: list[Trace] = field(default_factory=list)
 
@@ -38,45 +45,24 @@ def _timed(trace_fn: Callable[[], Trace], traces: list[Trace]) -> Trace:
     return trace
 
 
-def _parameter_names(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[str]:
-    """A name per positional argument and keyword, from fn's signature where it has one."""
-    try:
-        bound = inspect.signature(fn).bind(*args, **kwargs)
-    except (TypeError, ValueError):
-        return [f"arg{i}" for i in range(len(args))] + list(kwargs)
-    names: list[str] = []
-    for name, value in bound.arguments.items():
-        param = bound.signature.parameters[name]
-        if param.kind is inspect.Parameter.VAR_POSITIONAL:
-            names += [f"{name}{i}" for i in range(len(value))]
-        elif param.kind is not inspect.Parameter.VAR_KEYWORD:
-            names.append(name)
-    return names[: len(args)] + list(kwargs)
-
-
-def _proxify(trace: Trace, args: tuple[Any, ...], kwargs: dict[str, Any],
-             names: Sequence[str]) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """Replace every tensor among the arguments by a trace input named after its parameter."""
-    values = list(args) + list(kwargs.values())
-    proxied = []
-    for name, value in zip(names, values, strict=True):
-        count = [0]
-
-        def to_proxy(x: Any, name: str = name, count: list[int] = count) -> Any:
-            if not isinstance(x, torch.Tensor):
-                return x
-            p = TensorProxy(tuple(x.shape), x.dtype, x.device, x.requires_grad)
-            wanted = name if count[0] == 0 else f"{name}_{count[0]}"
-            count[0] += 1
-            return trace.add_input(p, wanted)
-
-        proxied.append(tree_map(to_proxy, value))
-    return tuple(proxied[: len(args)]), dict(zip(kwargs, proxied[len(args):], strict=True))
-
-
 def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-                executors: Sequence[Any]) -> CompiledEntry:
-    """Capture `fn` on proxies of `args`, run the passes, and compile the final trace."""
+                executors: Sequence[Any], symbolic: bool = False) -> CompiledEntry:
+    """Capture `fn` on proxies of `args`, run the passes, and compile the final trace.
+
+    With `symbolic`, sizes and Python numbers are traced as symbolic values, and the
+    entry's guard checks the constraints the trace relied on.
+    """
+    with recording_constraints() as constraints:
+        entry = _compile(fn, args, kwargs, executors, symbolic)
+    if symbolic:
+        constraints = [c for c in constraints if not _IMPLIED.match(c) or c.endswith(("== 0", "== 1", "> 1"))]
+        entry.constraints = constraints
+        entry.guard = compile_guard(entry.traces[0], constraints)
+    return entry
+
+
+def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+             executors: Sequence[Any], symbolic: bool) -> CompiledEntry:
     traces: list[Trace] = []
 
     def capture() -> Trace:
@@ -84,7 +70,7 @@ def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
         if not trace.fn_name.isidentifier():
             trace.fn_name = "computation"
         with tracing(trace):
-            pargs, pkwargs = _proxify(trace, args, kwargs, _parameter_names(fn, args, kwargs))
+            pargs, pkwargs = proxify_arguments(trace, fn, args, kwargs, symbolic)
             trace.output = interpret(fn, pargs, pkwargs)
         return trace
 
@@ -125,4 +111,26 @@ def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[An
         differentiable_outputs=fwd.info["differentiable_outputs"],
         name=trace.fn_name,
     )
-    return CompiledEntry(autograd_callable(compiled), traces, direct, bwd_traces)
+    return CompiledEntry(autograd_callable(compiled), traces, direct, backward_traces=bwd_traces)
+
+
+# A symbolic input size (> 1) compared with 0 or 1: implied by the `x.shape[i] > 1` constraint
+# every symbolic size starts with, so the guard need not check it again.
+_IMPLIED = re.compile(r"^(0|1) (==|!=|<=|>=|<|>) \w+\.shape\[\d+\]$|^\w+\.shape\[\d+\] (==|!=|<=|>=|<|>) (0|1)$")
+
+
+def compile_guard(trace: Trace, constraints: list[str]) -> Callable[..., bool]:
+    """One function of the trace inputs that is True when every recorded constraint still holds."""
+    names = input_names(trace)
+    body = " and ".join(constraints) if constraints else "True"
+    # Read each input's shape once: `x.shape` costs more than indexing the tuple it gives.
+    shaped = [n for n in names if f"{n}.shape[" in body]
+    for n in shaped:
+        body = body.replace(f"{n}.shape[", f"{n}_shape[")
+    reads = "".join(f"    {n}_shape = {n}.shape\n" for n in shaped)
+    source = f"def guard({', '.join(names)}):\n{reads}    return {body}\n"
+    env: dict[str, Any] = {}
+    exec(compile(source, f"<minijit guard {trace.fn_name}>", "exec"), env)
+    guard = env["guard"]
+    guard.__minijit_source__ = source
+    return guard

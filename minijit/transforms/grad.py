@@ -40,14 +40,21 @@ def is_differentiable(x: Any) -> bool:
     return isinstance(x, TensorProxy) and (x.dtype.is_floating_point or x.dtype.is_complex)
 
 
+# Symbols whose outputs are cut from autograd by definition (torch.detach, x.data).
+STOPS_GRADIENT = frozenset({"prims.detach"})
+
+
 def is_constant_for_vjp(bsym: BoundSymbol, requires_grad: Container[str]) -> bool:
     """True when `bsym` contributes nothing to any gradient.
 
     That is when none of its outputs is a differentiable tensor (`prims.shape`
-    returns ints, `argmax` int64, comparisons bool), or when none of its tensor
-    inputs is in `requires_grad` (the names of proxies that require grad).
-    Constant symbols stay in the forward and add nothing to the backward.
+    returns ints, `argmax` int64, comparisons bool), when none of its tensor
+    inputs is in `requires_grad` (the names of proxies that require grad), or
+    when it stops gradients (`prims.detach`). Constant symbols stay in the
+    forward and add nothing to the backward.
     """
+    if bsym.sym.id in STOPS_GRADIENT:
+        return True
     if not any(is_differentiable(p) for p in bsym.proxy_outputs()):
         return True
     return not any(isinstance(p, TensorProxy) and p.name in requires_grad for p in bsym.proxy_args())

@@ -101,6 +101,9 @@ CASES += [
     ("matmul", lambda: (_t(3, 4), _t(2, 4, 5))),
     ("matmul", lambda: (_t(2, 3, 4), _t(2, 4, 5))),
     ("matmul", lambda: (_t(2, 3, 4), _t(4))),
+    ("cumsum", lambda: (_t(3, 4), 1)),
+    ("cumsum", lambda: (_t(3, 4), 0)),
+    ("device_put", lambda: (_t(3, 4), torch.device("cpu"))),
     ("take", lambda: (_t(5, 3), torch.tensor([0, 2, 2, 4]), 0)),
     ("take_along_axis", lambda: (_t(3, 4), torch.randint(0, 4, (3, 6)), 1)),
     ("index_add", lambda: (_t(5, 3), torch.tensor([0, 2, 2]), _t(3, 3), 0)),
@@ -175,7 +178,10 @@ NOT_DIFFERENTIABLE = {
     "bitwise_not", "logical_not", "isfinite", "isnan", "isinf", "signbit", "bitwise_and", "bitwise_or",
     "bitwise_xor", "bitwise_left_shift", "bitwise_right_shift", "eq", "ne", "lt", "le", "gt", "ge",
     "logical_and", "logical_or", "logical_xor", "shape", "argmax", "argmin", "full", "iota", "random_seed",
-    "uniform", "copy_", "copy_to_out_",
+    "uniform", "copy_", "copy_to_out_", "detach",
+    # Arithmetic on symbolic Python numbers: their outputs are numbers, not tensors.
+    "num_add", "num_sub", "num_mul", "num_truediv", "num_floordiv", "num_mod", "num_pow", "num_neg", "num_pos",
+    "num_abs",
     # Known gaps: complex parts, and digamma (its derivative, trigamma, is not a prim).
     "real", "imag", "digamma",
 }

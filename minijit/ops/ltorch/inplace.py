@@ -16,6 +16,7 @@ from minijit.errors import MetaError
 from minijit.ir import TensorProxy
 from minijit.ir.context import where_now
 from minijit.ops import prims
+from minijit.ops.ltorch.indexing import indexed_update
 from minijit.ops.registry import ALL_LTORCH, ltorch_op
 from minijit.ops.utils import expand_to, to_dtype
 
@@ -93,3 +94,19 @@ def fill_(a: TensorProxy, value: Any) -> TensorProxy:
     if isinstance(value, TensorProxy):
         return prims.copy_(expand_to(to_dtype(value, a.dtype), a.shape), a)
     return prims.copy_(prims.full(a.shape, value, dtype=a.dtype, device=a.device), a)
+
+
+def _setitem_eager(a: torch.Tensor, key: Any, value: Any) -> torch.Tensor:
+    a[key] = value
+    return a
+
+
+@ltorch_op("setitem", torch_fns=[torch.Tensor.__setitem__], methods=["setitem"], impl=_setitem_eager, tags=[INPLACE])
+def setitem(a: TensorProxy, key: Any, value: Any) -> TensorProxy:
+    """`a[key] = value`: the updated tensor computed functionally, then one copy into `a`.
+
+    Like eager torch, the value is cast to a's dtype (as copy_ does) and broadcast to
+    the shape of `a[key]`; a boolean mask key works with a value that needs no
+    knowledge of how many entries are True.
+    """
+    return prims.copy_(indexed_update("setitem", a, key, value), a)

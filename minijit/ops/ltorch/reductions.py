@@ -1,16 +1,25 @@
-"""Reductions: sum, mean, amax, amin, prod, var, std, var_mean, max/min, argmax, ..."""
+"""Reductions: sum, mean, prod, amax/amin, max/min, argmax/argmin, var/std, all/any, logsumexp, cumsum, norms.
+
+Low-precision (float16, bfloat16) inputs are reduced in float32 and cast back, as
+torch's kernels accumulate in float32; dims follow torch (None or () means all dims).
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from minijit.errors import MetaError
 from minijit.ir import TensorProxy
 from minijit.ops import prims
+from minijit.ops.ltorch.elementwise import abs as abs_
+from minijit.ops.ltorch.elementwise import add, exp, isinf, log, maximum, minimum, mul, sqrt, sub, where
+from minijit.ops.ltorch.elementwise import pow as pow_
 from minijit.ops.registry import ltorch_op
-from minijit.ops.utils import canonical_dims, to_dtype
+from minijit.ops.utils import canonical_dims, compute_dtype_for, fail, numel_of, reshape_to, to_dtype
 
 
 def keep_dims(out: TensorProxy, shape: Sequence[Any], dims: Sequence[int]) -> TensorProxy:
@@ -19,12 +28,269 @@ def keep_dims(out: TensorProxy, shape: Sequence[Any], dims: Sequence[int]) -> Te
     return prims.reshape(out, kept) if kept != tuple(out.shape) else out
 
 
+def reduction_dims(op: str, dim: Any, ndim: int) -> tuple[int, ...]:
+    """torch's reduction dims (an int, a sequence, or None/() for all) as sorted non-negative ints."""
+    try:
+        return canonical_dims(dim, ndim)
+    except MetaError as e:
+        raise fail(op, str(e)) from None
+
+
+def _check_tensor(op: str, x: Any) -> TensorProxy:
+    if not isinstance(x, TensorProxy):
+        raise fail(op, f"expected a tensor, got {type(x).__name__}")
+    return x
+
+
+def _is_float(dtype: torch.dtype) -> bool:
+    return dtype.is_floating_point or dtype.is_complex
+
+
+def _finish(out: TensorProxy, dtype: torch.dtype, shape: Sequence[Any], dims: Sequence[int], keepdim: bool) -> TensorProxy:
+    out = to_dtype(out, dtype)
+    return keep_dims(out, shape, dims) if keepdim else out
+
+
 @ltorch_op(torch_fns=[torch.sum, torch.Tensor.sum], methods=["sum"])
 def sum(a: TensorProxy, dim: int | Sequence[int] | None = None, keepdim: bool = False, *,  # noqa: A001
         dtype: torch.dtype | None = None) -> TensorProxy:
     """torch.sum; bool and integer inputs sum in int64 as torch does."""
+    _check_tensor("sum", a)
     if dtype is None:
-        dtype = torch.int64 if not (a.dtype.is_floating_point or a.dtype.is_complex) else a.dtype
-    dims = canonical_dims(dim, a.ndim)
-    out = prims.sum(to_dtype(a, dtype), dims)
-    return keep_dims(out, a.shape, dims) if keepdim else out
+        dtype = a.dtype if _is_float(a.dtype) else torch.int64
+    dims = reduction_dims("sum", dim, a.ndim)
+    out = prims.sum(to_dtype(a, compute_dtype_for(dtype)), dims)
+    return _finish(out, dtype, a.shape, dims, keepdim)
+
+
+@ltorch_op(torch_fns=[torch.mean, torch.Tensor.mean], methods=["mean"])
+def mean(input: TensorProxy, dim: int | Sequence[int] | None = None, keepdim: bool = False, *,  # noqa: A002
+         dtype: torch.dtype | None = None) -> TensorProxy:
+    """torch.mean: sum over `dim` divided by the number of reduced elements (floating inputs only)."""
+    _check_tensor("mean", input)
+    dtype = dtype if dtype is not None else input.dtype
+    if not _is_float(dtype):
+        raise fail("mean", f"needs a floating point or complex input or dtype, got {dtype}")
+    dims = reduction_dims("mean", dim, input.ndim)
+    total = prims.sum(to_dtype(input, compute_dtype_for(dtype)), dims)
+    out = prims.div(total, numel_of(input.shape, dims))
+    return _finish(out, dtype, input.shape, dims, keepdim)
+
+
+@ltorch_op(torch_fns=[torch.prod, torch.Tensor.prod], methods=["prod"])
+def prod(input: TensorProxy, dim: int | None = None, keepdim: bool = False, *,  # noqa: A002
+         dtype: torch.dtype | None = None) -> TensorProxy:
+    """torch.prod over all elements or one dim; bool and integer inputs multiply in int64."""
+    _check_tensor("prod", input)
+    if dtype is None:
+        dtype = input.dtype if _is_float(input.dtype) else torch.int64
+    dims = reduction_dims("prod", dim, input.ndim)
+    out = prims.prod(to_dtype(input, compute_dtype_for(dtype)), dims)
+    return _finish(out, dtype, input.shape, dims, keepdim)
+
+
+def _declare_extremum(name: str, prim: Any) -> Any:
+    def decomposition(input: TensorProxy, dim: int | Sequence[int] = (), keepdim: bool = False) -> TensorProxy:  # noqa: A002
+        _check_tensor(name, input)
+        dims = reduction_dims(name, dim, input.ndim)
+        return _finish(prim(input, dims), input.dtype, input.shape, dims, keepdim)
+
+    decomposition.__name__ = name
+    decomposition.__doc__ = f"torch.{name}: the {name[1:]}imum over `dim` (all dims when empty); NaN propagates."
+    fns = [getattr(torch, name), getattr(torch.Tensor, name)]
+    return ltorch_op(name, torch_fns=fns, methods=[name])(decomposition)
+
+
+amax = _declare_extremum("amax", prims.amax)
+amin = _declare_extremum("amin", prims.amin)
+
+
+def _declare_arg_extremum(name: str, prim: Any) -> Any:
+    def decomposition(input: TensorProxy, dim: int | None = None, keepdim: bool = False) -> TensorProxy:  # noqa: A002
+        _check_tensor(name, input)
+        if input.dtype == torch.bool:
+            raise fail(name, "does not support bool input")
+        if dim is None:
+            out = prim(reshape_to(input, (numel_of(input.shape),)), 0)
+            return reshape_to(out, (1,) * input.ndim) if keepdim else out
+        d = reduction_dims(name, dim, input.ndim)
+        out = prim(input, d[0] if d else 0)
+        return keep_dims(out, input.shape, d) if keepdim else out
+
+    decomposition.__name__ = name
+    decomposition.__doc__ = f"torch.{name}: the index of the first {name[3:]}imum (over all elements when dim is None)."
+    fns = [getattr(torch, name), getattr(torch.Tensor, name)]
+    return ltorch_op(name, torch_fns=fns, methods=[name])(decomposition)
+
+
+argmax = _declare_arg_extremum("argmax", prims.argmax)
+argmin = _declare_arg_extremum("argmin", prims.argmin)
+
+
+def _declare_max_min(name: str, reduce: Any, arg_reduce: Any, binary: Any) -> Any:
+    def decomposition(input: TensorProxy, dim: Any = None, keepdim: bool = False) -> Any:  # noqa: A002
+        _check_tensor(name, input)
+        if isinstance(dim, TensorProxy):  # torch.max(input, other)
+            return binary(input, dim)
+        if dim is None:
+            return reduce(input)
+        if not isinstance(dim, int):
+            raise fail(name, f"dim must be an int, got {dim!r}")
+        values = reduce(input, dim, keepdim)
+        indexed = to_dtype(input, torch.uint8) if input.dtype == torch.bool else input
+        return values, arg_reduce(indexed, dim, keepdim)
+
+    decomposition.__name__ = name
+    decomposition.__doc__ = (f"torch.{name}: over all elements; with dim, a (values, indices) pair; "
+                             f"with a tensor, the elementwise {binary.name}.")
+    fns = [getattr(torch, name), getattr(torch.Tensor, name)]
+    return ltorch_op(name, torch_fns=fns, methods=[name])(decomposition)
+
+
+max = _declare_max_min("max", amax, argmax, maximum)  # noqa: A001 - mirrors torch.max
+min = _declare_max_min("min", amin, argmin, minimum)  # noqa: A001 - mirrors torch.min
+
+
+def _correction(op: str, dim: Any, unbiased: Any, correction: Any) -> tuple[Any, Any]:
+    """torch's var/std overloads: `(x, unbiased)`, `(x, dim, unbiased)`, `(x, dim, correction=c)`."""
+    if isinstance(dim, bool):
+        dim, unbiased = None, dim
+    if correction is not None and unbiased is not None:
+        raise fail(op, "give either unbiased or correction, not both")
+    if correction is None:
+        correction = 0 if unbiased is False else 1
+    return dim, correction
+
+
+def _var_mean(op: str, input: TensorProxy, dim: Any, unbiased: Any, keepdim: bool,  # noqa: A002
+              correction: Any) -> tuple[TensorProxy, TensorProxy]:
+    _check_tensor(op, input)
+    if not _is_float(input.dtype):
+        raise fail(op, f"only supports floating point and complex inputs, got {input.dtype}")
+    dim, correction = _correction(op, dim, unbiased, correction)
+    dims = reduction_dims(op, dim, input.ndim)
+    var, mean_ = prims.var_mean(to_dtype(input, compute_dtype_for(input.dtype)), dims, correction)
+    real = input.dtype.to_real() if input.dtype.is_complex else input.dtype
+    return _finish(var, real, input.shape, dims, keepdim), _finish(mean_, input.dtype, input.shape, dims, keepdim)
+
+
+@ltorch_op(torch_fns=[torch.var, torch.Tensor.var], methods=["var"])
+def var(input: TensorProxy, dim: Any = None, unbiased: bool | None = None, keepdim: bool = False, *,  # noqa: A002
+        correction: Any = None) -> TensorProxy:
+    """torch.var with `unbiased` or `correction` (default: Bessel's correction, 1)."""
+    return _var_mean("var", input, dim, unbiased, keepdim, correction)[0]
+
+
+@ltorch_op(torch_fns=[torch.std, torch.Tensor.std], methods=["std"])
+def std(input: TensorProxy, dim: Any = None, unbiased: bool | None = None, keepdim: bool = False, *,  # noqa: A002
+        correction: Any = None) -> TensorProxy:
+    """torch.std: the square root of torch.var."""
+    return sqrt(_var_mean("std", input, dim, unbiased, keepdim, correction)[0])
+
+
+@ltorch_op(torch_fns=[torch.var_mean])
+def var_mean(input: TensorProxy, dim: Any = None, unbiased: bool | None = None, keepdim: bool = False, *,  # noqa: A002
+             correction: Any = None) -> tuple[TensorProxy, TensorProxy]:
+    """torch.var_mean: (variance, mean) in one pass."""
+    return _var_mean("var_mean", input, dim, unbiased, keepdim, correction)
+
+
+@ltorch_op(torch_fns=[torch.std_mean])
+def std_mean(input: TensorProxy, dim: Any = None, unbiased: bool | None = None, keepdim: bool = False, *,  # noqa: A002
+             correction: Any = None) -> tuple[TensorProxy, TensorProxy]:
+    """torch.std_mean: (standard deviation, mean)."""
+    v, m = _var_mean("std_mean", input, dim, unbiased, keepdim, correction)
+    return sqrt(v), m
+
+
+def _declare_truth_reduction(name: str, prim: Any) -> Any:
+    def decomposition(input: TensorProxy, dim: Any = None, keepdim: bool = False) -> TensorProxy:  # noqa: A002
+        _check_tensor(name, input)
+        dims = reduction_dims(name, dim, input.ndim)
+        out = prim(to_dtype(input, torch.bool), dims)
+        # torch keeps uint8 for uint8 inputs (a legacy of byte masks); every other dtype gives bool.
+        return _finish(out, torch.uint8 if input.dtype == torch.uint8 else torch.bool, input.shape, dims, keepdim)
+
+    decomposition.__name__ = name
+    decomposition.__doc__ = f"torch.{name}: whether {name} elements over `dim` are nonzero."
+    fns = [getattr(torch, name), getattr(torch.Tensor, name)]
+    return ltorch_op(name, torch_fns=fns, methods=[name])(decomposition)
+
+
+all = _declare_truth_reduction("all", prims.amin)  # noqa: A001 - mirrors torch.all
+any = _declare_truth_reduction("any", prims.amax)  # noqa: A001 - mirrors torch.any
+
+
+@ltorch_op(torch_fns=[torch.logsumexp, torch.Tensor.logsumexp], methods=["logsumexp"])
+def logsumexp(input: TensorProxy, dim: Any, keepdim: bool = False) -> TensorProxy:  # noqa: A002
+    """torch.logsumexp, stabilised by subtracting the (finite) maximum."""
+    _check_tensor("logsumexp", input)
+    dtype = input.dtype if _is_float(input.dtype) else torch.get_default_dtype()
+    dims = reduction_dims("logsumexp", dim, input.ndim)
+    x = to_dtype(input, compute_dtype_for(dtype))
+    top = keep_dims(prims.amax(x, dims), x.shape, dims)
+    # An infinite maximum would give inf - inf = nan; shifting by 0 there is exact anyway.
+    top = where(isinf(top), 0, top)
+    out = add(log(prims.sum(exp(sub(x, top)), dims)), reshape_to(top, tuple(s for i, s in enumerate(x.shape) if i not in dims)))
+    return _finish(out, dtype, input.shape, dims, keepdim)
+
+
+@ltorch_op(torch_fns=[torch.cumsum, torch.Tensor.cumsum], methods=["cumsum"])
+def cumsum(input: TensorProxy, dim: int, *, dtype: torch.dtype | None = None) -> TensorProxy:  # noqa: A002
+    """torch.cumsum along `dim`; bool and integer inputs accumulate in int64."""
+    _check_tensor("cumsum", input)
+    if dtype is None:
+        dtype = input.dtype if _is_float(input.dtype) else torch.int64
+    if not isinstance(dim, int):
+        raise fail("cumsum", f"dim must be an int, got {dim!r}")
+    d = reduction_dims("cumsum", dim, input.ndim)[0]
+    return to_dtype(prims.cumsum(to_dtype(input, compute_dtype_for(dtype)), d), dtype)
+
+
+def vector_norm_of(op: str, x: TensorProxy, ord: Any, dim: Any, keepdim: bool, dtype: torch.dtype | None) -> TensorProxy:  # noqa: A002
+    """The `ord`-norm of `x` over `dim` (all dims for None), as torch.linalg.vector_norm computes it."""
+    _check_tensor(op, x)
+    if dtype is not None:
+        x = to_dtype(x, dtype)
+    if not _is_float(x.dtype):
+        raise fail(op, f"needs a floating point or complex input, got {x.dtype}")
+    if not isinstance(ord, int | float) or isinstance(ord, bool):
+        raise fail(op, f"ord must be a number, got {ord!r}")
+    dims = reduction_dims(op, dim, x.ndim)
+    real = x.dtype.to_real() if x.dtype.is_complex else x.dtype
+    a = to_dtype(abs_(x), compute_dtype_for(real))
+    if ord == math.inf:
+        out = prims.amax(a, dims)
+    elif ord == -math.inf:
+        out = prims.amin(a, dims)
+    elif ord == 0:
+        out = prims.sum(to_dtype(to_dtype(a, torch.bool), a.dtype), dims)
+    elif ord == 1:
+        out = prims.sum(a, dims)
+    elif ord == 2:
+        out = sqrt(prims.sum(mul(a, a), dims))
+    else:
+        out = pow_(prims.sum(pow_(a, ord), dims), 1.0 / ord)
+    return _finish(out, real, x.shape, dims, keepdim)
+
+
+@ltorch_op(torch_fns=[torch.linalg.vector_norm])
+def vector_norm(x: TensorProxy, ord: Any = 2, dim: Any = None, keepdim: bool = False, *,  # noqa: A002
+                dtype: torch.dtype | None = None) -> TensorProxy:
+    """torch.linalg.vector_norm: (sum |x|^ord)^(1/ord), with ord = ±inf and 0 as torch defines them."""
+    return vector_norm_of("linalg.vector_norm", x, ord, dim, keepdim, dtype)
+
+
+@ltorch_op(torch_fns=[torch.norm, torch.Tensor.norm], methods=["norm"])
+def norm(input: TensorProxy, p: Any = "fro", dim: Any = None, keepdim: bool = False,  # noqa: A002
+         dtype: torch.dtype | None = None) -> TensorProxy:
+    """torch.norm: vector norms of any order, and the Frobenius norm ('fro', over at most two dims)."""
+    if p is None:
+        p = "fro"
+    if p == "fro":
+        if dim is not None and not isinstance(dim, int) and len(dim) > 2:
+            raise fail("norm", f"the Frobenius norm takes at most two dims, got {dim!r}")
+        p = 2
+    elif isinstance(p, str):
+        raise fail("norm", f"p={p!r} is not supported; use 'fro' or a number")
+    return vector_norm_of("norm", input, p, dim, keepdim, dtype)

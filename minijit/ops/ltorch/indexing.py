@@ -1,0 +1,426 @@
+"""Indexing ops: `x[key]`, index_select, gather, take, masked_fill, scatter_add, index_add/copy/fill.
+
+`x[key]` is applied in two steps, as torch does: first the basic indices (ints
+select, slices slice, None and True insert dims, Ellipsis fills), then the integer
+index tensors ("advanced indexing"), which gather along the dims they index. The
+dims an index tensor produces replace its dim when the index tensors sit next to
+each other after the basic step, and go first otherwise.
+
+`indexed_update(x, key, value)` computes, functionally, the tensor that `x[key] = value`
+leaves in x; `ltorch.setitem` (in inplace.py) writes it back with one `prims.copy_`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from minijit.errors import MetaError, UnsupportedOpError
+from minijit.ir import NumberProxy, TensorProxy
+from minijit.ir.context import where_now
+from minijit.ops import prims
+from minijit.ops.ltorch.shape import VIEW, _unsqueezed, movedim, permute, reshape_to, slice_dim
+from minijit.ops.registry import ltorch_op
+from minijit.ops.utils import broadcast_shapes, canonical_dim, dtype_scalar, expand_to, to_dtype
+
+_INDEX_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8)
+_MASK_DTYPES = (torch.bool, torch.uint8)
+
+
+def _fail(op: str, msg: str) -> MetaError:
+    return MetaError(f"ltorch.{op}: {msg}{where_now()}")
+
+
+def _mask_error(op: str) -> UnsupportedOpError:
+    return UnsupportedOpError(
+        f"ltorch.{op}: indexing with a boolean mask{where_now()} gives a result whose shape depends on "
+        "the mask's values, which a trace cannot know; use torch.where(mask, x, other) or "
+        "x.masked_fill(~mask, value) to keep the shape, or move the masking outside the jitted function"
+    )
+
+
+def _constant_index(op: str, values: Sequence[Any], device: torch.device) -> TensorProxy:
+    """An int64 index tensor holding the (nested) list of ints `values`, built from prims."""
+    as_tensor = torch.tensor(values)
+    if as_tensor.dtype == torch.bool:
+        raise _mask_error(op)
+    if as_tensor.dtype != torch.int64:
+        raise _fail(op, f"a list index must hold ints, got {values!r}")
+    flat = as_tensor.flatten().tolist()
+    n = len(flat)
+    step = flat[1] - flat[0] if n > 1 else 1
+    if n and all(b - a == step for a, b in itertools.pairwise(flat)):
+        index = prims.iota(n, start=flat[0], step=step, dtype=torch.int64, device=device)
+    elif n:
+        index = prims.cat([prims.full((1,), v, dtype=torch.int64, device=device) for v in flat], 0)
+    else:
+        index = prims.full((0,), 0, dtype=torch.int64, device=device)
+    return reshape_to(index, tuple(as_tensor.shape))
+
+
+def _key_items(op: str, a: TensorProxy, key: Any) -> list[Any]:
+    """The key as a list of items, with list indices turned into index tensors and the Ellipsis expanded."""
+    if isinstance(key, list):
+        # Like torch (for now), a list holding sequences, slices, None or tensors is a tuple of indices.
+        legacy = any(k is None or k is Ellipsis or isinstance(k, list | tuple | slice | TensorProxy) for k in key)
+        key = tuple(key) if legacy else (key,)
+    items = list(key) if isinstance(key, tuple) else [key]
+    consumed = 0
+    ellipses = 0
+    for i, item in enumerate(items):
+        if item is None or item is True or item is False:
+            continue
+        if item is Ellipsis:
+            ellipses += 1
+            continue
+        if isinstance(item, list | tuple):
+            items[i] = item = _constant_index(op, item, a.device)
+        if isinstance(item, TensorProxy):
+            if item.dtype in _MASK_DTYPES:
+                raise _mask_error(op)
+            if item.dtype not in _INDEX_DTYPES:
+                raise _fail(op, f"tensors used as indices must be integer or bool tensors, got {item.dtype}")
+        elif isinstance(item, NumberProxy):
+            raise UnsupportedOpError(f"ltorch.{op}: indexing with the symbolic number {item.name}{where_now()} "
+                                     "is not supported; use index_select or narrow")
+        elif isinstance(item, slice):
+            for part in (item.start, item.stop, item.step):
+                if part is not None and type(part) is not int:
+                    raise UnsupportedOpError(f"ltorch.{op}: slice bounds must be Python ints, got "
+                                             f"{type(part).__name__}{where_now()}")
+        elif type(item) is not int:
+            raise _fail(op, f"unsupported index of type {type(item).__name__}: {item!r}")
+        consumed += 1
+    if ellipses > 1:
+        raise _fail(op, "an index can only have a single ellipsis ('...')")
+    if consumed > a.ndim:
+        raise _fail(op, f"too many indices for a tensor of dimension {a.ndim}")
+    fill = [slice(None)] * (a.ndim - consumed)
+    if ellipses:
+        at = next(j for j, item in enumerate(items) if item is Ellipsis)
+        return items[:at] + fill + items[at + 1:]
+    return items + fill
+
+
+def _basic_index(op: str, a: TensorProxy, items: list[Any]) -> tuple[TensorProxy, list[tuple[int, TensorProxy]]]:
+    """Apply the ints, slices, None and bools of `items`; return the result and where each index tensor now applies."""
+    starts, stops, steps = [0] * a.ndim, list(a.shape), [1] * a.ndim
+    squeezed: list[int] = []  # input dims removed by an int
+    new_dims: list[int] = []  # output dims inserted by None/True/False
+    empty_dims: list[int] = []  # output dims inserted by False (size 0)
+    tensors: list[tuple[int, TensorProxy]] = []
+    in_dim = out_dim = 0
+    for item in items:
+        if item is None or item is True or item is False:
+            new_dims.append(out_dim)
+            if item is False:
+                empty_dims.append(out_dim)
+            out_dim += 1
+            continue
+        size = a.shape[in_dim]
+        if isinstance(item, TensorProxy):
+            tensors.append((out_dim, item))
+            out_dim += 1
+        elif isinstance(item, slice):
+            if item.step is not None and item.step <= 0:
+                raise _fail(op, f"slice step must be greater than zero, got {item.step}")
+            start, stop, step = item.indices(size)
+            starts[in_dim], stops[in_dim], steps[in_dim] = start, max(start, stop), step
+            out_dim += 1
+        else:
+            if not -size <= item < size:
+                raise _fail(op, f"index {item} is out of bounds for dimension {in_dim} with size {size}")
+            starts[in_dim], stops[in_dim] = item % size, item % size + 1
+            squeezed.append(in_dim)
+        in_dim += 1
+    out = a
+    if starts != [0] * a.ndim or stops != list(a.shape) or steps != [1] * a.ndim:
+        out = prims.slice_prim(out, starts, stops, steps)
+    if squeezed:
+        out = prims.squeeze(out, tuple(squeezed))
+    if new_dims:
+        out = _unsqueezed(out, new_dims)
+    for d in empty_dims:
+        out = slice_dim(out, d, 0, 0)
+    return out, tensors
+
+
+def _nonnegative(index: TensorProxy, size: int) -> TensorProxy:
+    """`index` with negative entries counted from the end of a dim of `size` (as int64)."""
+    index = to_dtype(index, torch.int64)
+    return prims.where(prims.lt(index, 0), prims.add(index, size), index)
+
+
+def _advanced_index(a: TensorProxy, tensors: list[tuple[int, TensorProxy]]) -> TensorProxy:
+    """Gather along the dims that the index tensors index (positions in `a`, increasing)."""
+    shape = broadcast_shapes(*(t.shape for _, t in tensors))
+    positions = [p for p, _ in tensors]
+    index = [expand_to(_nonnegative(t, a.shape[p]), shape) for p, t in tensors]
+    if len(tensors) == 1:
+        src, dim, linear = a, positions[0], index[0]
+    else:
+        # Move the indexed dims to the front and merge them into one, so that one
+        # take with the row-major linear index gathers every indexed element.
+        rest = [d for d in range(a.ndim) if d not in positions]
+        moved = permute(a, tuple(positions + rest))
+        sizes = [a.shape[p] for p in positions]
+        src, dim = reshape_to(moved, (math.prod(sizes), *(a.shape[d] for d in rest))), 0
+        linear = None
+        for k, idx in enumerate(index):
+            stride = math.prod(sizes[k + 1:])
+            term = prims.mul(idx, stride) if stride != 1 else idx
+            linear = term if linear is None else prims.add(linear, term)
+    n = math.prod(shape)
+    taken = prims.take(src, reshape_to(linear, (n,)), dim)
+    out = reshape_to(taken, (*src.shape[:dim], *shape, *src.shape[dim + 1:]))
+    adjacent = positions == list(range(positions[0], positions[0] + len(positions)))
+    if len(tensors) > 1 and adjacent and positions[0] != 0 and shape:
+        out = movedim(out, tuple(range(len(shape))), tuple(range(positions[0], positions[0] + len(shape))))
+    return out
+
+
+def index_with_key(op: str, a: TensorProxy, key: Any) -> TensorProxy:
+    """`a[key]`: basic indexing, then integer index tensors."""
+    out, tensors = _basic_index(op, a, _key_items(op, a, key))
+    return _advanced_index(out, tensors) if tensors else out
+
+
+def _getitem_eager(a: torch.Tensor, key: Any) -> torch.Tensor:
+    return a[key]
+
+
+@ltorch_op("getitem", torch_fns=[torch.Tensor.__getitem__], methods=["getitem"],
+           impl=_getitem_eager, tags=[VIEW])
+def getitem(a: TensorProxy, key: Any) -> TensorProxy:
+    """`a[key]` with ints, slices, None, Ellipsis and integer index tensors (a bool mask is unsupported)."""
+    return index_with_key("getitem", a, key)
+
+
+def _mask_key(key: Any) -> TensorProxy | None:
+    """The mask if `key` is one bool (or uint8) tensor, alone or in a 1-tuple."""
+    if isinstance(key, tuple) and len(key) == 1:
+        key = key[0]
+    if isinstance(key, TensorProxy) and key.dtype in _MASK_DTYPES:
+        return key
+    return None
+
+
+def _drop_leading_ones(v: TensorProxy, ndim: int) -> TensorProxy:
+    while v.ndim > ndim and v.shape[0] == 1:
+        v = reshape_to(v, v.shape[1:])
+    return v
+
+
+def _value_tensor(op: str, a: TensorProxy, value: Any, shape: tuple[Any, ...],
+                  out_shape: tuple[Any, ...] | None = None) -> Any:
+    """`value` cast to a's dtype and broadcast to `shape` (leading size-1 dims dropped, as torch does).
+
+    With `out_shape`, the value is checked against `shape` and broadcast to `out_shape`.
+    """
+    out_shape = shape if out_shape is None else out_shape
+    if isinstance(value, TensorProxy):
+        v = _drop_leading_ones(value, len(shape))
+        if v.ndim > len(shape) or any(s != 1 and s != d for s, d in zip(reversed(v.shape), reversed(shape))):
+            raise _fail(op, f"shape mismatch: value tensor of shape {list(value.shape)} cannot be broadcast "
+                            f"to indexing result of shape {list(shape)}")
+        return expand_to(to_dtype(v, a.dtype), out_shape)
+    if isinstance(value, bool | int | float | complex | NumberProxy):
+        return prims.full(shape, value, dtype=a.dtype, device=a.device)
+    raise _fail(op, f"cannot assign a value of type {type(value).__name__}")
+
+
+def _masked_update(op: str, a: TensorProxy, mask: TensorProxy, value: Any) -> TensorProxy:
+    k = mask.ndim
+    if k > a.ndim or tuple(mask.shape) != tuple(a.shape[:k]):
+        raise _fail(op, f"the mask's shape {list(mask.shape)} does not match the indexed tensor's {list(a.shape)}")
+    rest = tuple(a.shape[k:])
+    full_mask = prims.broadcast_in_dim(to_dtype(mask, torch.bool), tuple(a.shape), tuple(range(k)))
+    if isinstance(value, TensorProxy):
+        v = _drop_leading_ones(value, len(rest))
+        if v.ndim > len(rest):
+            raise UnsupportedOpError(
+                f"ltorch.{op}: assigning a tensor of shape {list(value.shape)} through a boolean mask{where_now()} "
+                "needs as many values as the mask has True entries, which a trace cannot know; "
+                "use torch.where(mask, values, x) with values of x's shape")
+        return prims.where(full_mask, _value_tensor(op, a, v, rest, tuple(a.shape)), a)
+    if isinstance(value, NumberProxy):
+        return prims.where(full_mask, prims.full(a.shape, value, dtype=a.dtype, device=a.device), a)
+    return prims.where(full_mask, dtype_scalar(value, a.dtype), a)
+
+
+def indexed_update(op: str, a: TensorProxy, key: Any, value: Any) -> TensorProxy:
+    """The tensor that `a[key] = value` leaves in `a`, computed without writing into `a`."""
+    mask = _mask_key(key)
+    if mask is not None:
+        return _masked_update(op, a, mask, value)
+    # Index the tensor of a's linear positions with the same key: that gives, in the
+    # shape of a[key], where each element of a[key] lives in a, so one index_copy
+    # into the flattened tensor performs the whole assignment, whatever the key.
+    numel = a.numel()
+    positions = reshape_to(prims.iota(numel, start=0, step=1, dtype=torch.int64, device=a.device), a.shape)
+    locations = index_with_key(op, positions, key)
+    v = _value_tensor(op, a, value, tuple(locations.shape))
+    n = locations.numel()
+    updated = prims.index_copy(reshape_to(a, (numel,)), reshape_to(locations, (n,)), reshape_to(v, (n,)), 0)
+    return reshape_to(updated, a.shape)
+
+
+# -- index ops ----------------------------------------------------------------
+
+def _as_index(op: str, index: Any, ndim: int | None = 1) -> TensorProxy:
+    """An integer index tensor; a 0-d one becomes 1-d when `ndim` is 1."""
+    if not isinstance(index, TensorProxy):
+        raise _fail(op, f"expects an index tensor, got {type(index).__name__}")
+    if index.dtype not in _INDEX_DTYPES:
+        raise _fail(op, f"expects an integer index tensor, got {index.dtype}")
+    if ndim == 1:
+        if index.ndim > 1:
+            raise _fail(op, f"the index must be a vector, got shape {list(index.shape)}")
+        return reshape_to(index, (1,)) if index.ndim == 0 else index
+    return index
+
+
+@ltorch_op(torch_fns=[torch.index_select, torch.Tensor.index_select], methods=["index_select"])
+def index_select(input: TensorProxy, dim: int, index: TensorProxy) -> TensorProxy:  # noqa: A002
+    """torch.index_select: the slices of `dim` at `index`, in order."""
+    d = canonical_dim(dim, input.ndim)
+    idx = _as_index("index_select", index)
+    if input.ndim == 0:
+        return reshape_to(prims.take(reshape_to(input, (1,)), idx, 0), ())
+    return prims.take(input, idx, d)
+
+
+@ltorch_op(torch_fns=[torch.take, torch.Tensor.take], methods=["take"])
+def take(input: TensorProxy, index: TensorProxy) -> TensorProxy:  # noqa: A002
+    """torch.take: elements of the flattened input at `index`, in index's shape."""
+    idx = _as_index("take", index, ndim=None)
+    n = input.numel()
+    flat = reshape_to(input, (n,))
+    taken = prims.take(flat, reshape_to(_nonnegative(idx, n), (idx.numel(),)), 0)
+    return reshape_to(taken, idx.shape)
+
+
+def _check_gather_shapes(op: str, input: TensorProxy, index: TensorProxy, d: int, other: TensorProxy | None = None) -> None:  # noqa: A002
+    if index.ndim != input.ndim and not (index.ndim <= 1 and input.ndim <= 1):
+        raise _fail(op, f"index {list(index.shape)} and input {list(input.shape)} must have the same number of dims")
+    for i, (si, sx) in enumerate(zip(index.shape, input.shape)):
+        if i != d and si > sx:
+            raise _fail(op, f"size {si} of index dim {i} exceeds the input's {sx} (index {list(index.shape)}, "
+                            f"input {list(input.shape)})")
+    if other is not None and any(si > so for si, so in zip(index.shape, other.shape)):
+        raise _fail(op, f"index {list(index.shape)} is larger than src {list(other.shape)}")
+
+
+@ltorch_op(torch_fns=[torch.gather, torch.Tensor.gather], methods=["gather"])
+def gather(input: TensorProxy, dim: int, index: TensorProxy, *, sparse_grad: bool = False) -> TensorProxy:  # noqa: A002
+    """torch.gather: out[i][j] = input[index[i][j]][j] (for dim 0), in index's shape."""
+    d = canonical_dim(dim, input.ndim)
+    idx = _as_index("gather", index, ndim=None)
+    if idx.dtype != torch.int64:
+        raise _fail("gather", f"expects an int64 index, got {idx.dtype}")
+    _check_gather_shapes("gather", input, idx, d)
+    return prims.take_along_axis(input, idx, d)
+
+
+@ltorch_op(torch_fns=[torch.take_along_dim, torch.Tensor.take_along_dim], methods=["take_along_dim"])
+def take_along_dim(input: TensorProxy, indices: TensorProxy, dim: int | None = None) -> TensorProxy:  # noqa: A002
+    """torch.take_along_dim: gather with broadcasting (of the flattened tensors when dim is None)."""
+    idx = _as_index("take_along_dim", indices, ndim=None)
+    if dim is None:
+        flat = reshape_to(input, (input.numel(),))
+        return prims.take_along_axis(flat, to_dtype(reshape_to(idx, (idx.numel(),)), torch.int64), 0)
+    if idx.ndim != input.ndim:
+        raise _fail("take_along_dim", f"input {list(input.shape)} and indices {list(idx.shape)} need the same number of dims")
+    d = canonical_dim(dim, input.ndim)
+    shape = list(broadcast_shapes(*(tuple(1 if i == d else s for i, s in enumerate(t.shape)) for t in (input, idx))))
+    x = expand_to(input, tuple([*shape[:d], input.shape[d], *shape[d + 1:]]))
+    i = expand_to(to_dtype(idx, torch.int64), tuple([*shape[:d], idx.shape[d], *shape[d + 1:]]))
+    return prims.take_along_axis(x, i, d)
+
+
+@ltorch_op(torch_fns=[torch.masked_fill, torch.Tensor.masked_fill], methods=["masked_fill"])
+def masked_fill(input: TensorProxy, mask: TensorProxy, value: Any) -> TensorProxy:  # noqa: A002
+    """torch.masked_fill: `value` where mask is True (mask and input broadcast), input's dtype."""
+    if not isinstance(mask, TensorProxy) or mask.dtype != torch.bool:
+        raise _fail("masked_fill", f"only supports boolean masks, got {getattr(mask, 'dtype', type(mask).__name__)}")
+    shape = broadcast_shapes(input.shape, mask.shape)
+    if isinstance(value, TensorProxy):
+        if value.ndim != 0:
+            raise _fail("masked_fill", f"only supports a 0-dimensional value tensor, got shape {list(value.shape)}")
+        fill = expand_to(to_dtype(value, input.dtype), shape)
+    elif isinstance(value, NumberProxy):
+        fill = prims.full(shape, value, dtype=input.dtype, device=input.device)
+    else:
+        fill = dtype_scalar(value, input.dtype)
+    return prims.where(expand_to(mask, shape), fill, expand_to(input, shape))
+
+
+def _check_source(op: str, input: TensorProxy, source: TensorProxy, d: int, n: int) -> TensorProxy:  # noqa: A002
+    if not isinstance(source, TensorProxy):
+        raise _fail(op, f"expects a source tensor, got {type(source).__name__}")
+    if source.dtype != input.dtype:
+        raise _fail(op, f"self and source expected to have the same dtype, but got (self) {input.dtype} "
+                        f"and (source) {source.dtype}")
+    src = reshape_to(source, (1,)) if source.ndim == 0 and input.ndim <= 1 else source
+    expected = list(input.shape) if input.ndim else [1]
+    expected[d] = n
+    if list(src.shape) != expected:
+        raise _fail(op, f"source of shape {list(source.shape)} does not match the expected {expected}")
+    return src
+
+
+def _index_update(op: str, prim: Any, input: TensorProxy, dim: int, index: TensorProxy, source: TensorProxy) -> TensorProxy:  # noqa: A002
+    d = canonical_dim(dim, input.ndim)
+    idx = _as_index(op, index)
+    src = _check_source(op, input, source, d, idx.shape[0])
+    if input.ndim == 0:
+        return reshape_to(prim(reshape_to(input, (1,)), idx, src, 0), ())
+    return prim(input, idx, src, d)
+
+
+@ltorch_op(torch_fns=[torch.index_copy, torch.Tensor.index_copy], methods=["index_copy"])
+def index_copy(input: TensorProxy, dim: int, index: TensorProxy, source: TensorProxy) -> TensorProxy:  # noqa: A002
+    """torch.index_copy: the slices of `dim` at `index` replaced by source's."""
+    return _index_update("index_copy", prims.index_copy, input, dim, index, source)
+
+
+@ltorch_op(torch_fns=[torch.index_add, torch.Tensor.index_add], methods=["index_add"])
+def index_add(input: TensorProxy, dim: int, index: TensorProxy, source: TensorProxy, *, alpha: Any = 1) -> TensorProxy:  # noqa: A002
+    """torch.index_add: alpha * source added into the slices of `dim` at `index`."""
+    if isinstance(source, TensorProxy) and alpha != 1:
+        source = prims.mul(source, dtype_scalar(alpha, source.dtype))
+    return _index_update("index_add", prims.index_add, input, dim, index, source)
+
+
+@ltorch_op(torch_fns=[torch.index_fill, torch.Tensor.index_fill], methods=["index_fill"])
+def index_fill(input: TensorProxy, dim: int, index: TensorProxy, value: Any) -> TensorProxy:  # noqa: A002
+    """torch.index_fill: the slices of `dim` at `index` filled with `value`."""
+    d = canonical_dim(dim, input.ndim)
+    idx = _as_index("index_fill", index)
+    shape = list(input.shape) if input.ndim else [1]
+    shape[d] = idx.shape[0]
+    if isinstance(value, TensorProxy):
+        if value.ndim != 0:
+            raise _fail("index_fill", f"only supports a 0-dimensional value tensor, got shape {list(value.shape)}")
+        fill = expand_to(to_dtype(value, input.dtype), tuple(shape))
+    else:
+        fill = prims.full(tuple(shape), value, dtype=input.dtype, device=input.device)
+    flat = reshape_to(input, (1,)) if input.ndim == 0 else input
+    return reshape_to(prims.index_copy(flat, _nonnegative(idx, flat.shape[d]), fill, d), input.shape)
+
+
+@ltorch_op(torch_fns=[torch.scatter_add, torch.Tensor.scatter_add], methods=["scatter_add"])
+def scatter_add(input: TensorProxy, dim: int, index: TensorProxy, src: TensorProxy) -> TensorProxy:  # noqa: A002
+    """torch.scatter_add: src[i][j] added into input[index[i][j]][j] (for dim 0)."""
+    d = canonical_dim(dim, input.ndim)
+    idx = _as_index("scatter_add", index, ndim=None)
+    if idx.dtype != torch.int64:
+        raise _fail("scatter_add", f"expects an int64 index, got {idx.dtype}")
+    if not isinstance(src, TensorProxy) or src.dtype != input.dtype:
+        raise _fail("scatter_add", f"expects src of the input's dtype {input.dtype}, got {getattr(src, 'dtype', src)!r}")
+    _check_gather_shapes("scatter_add", input, idx, d, src)
+    return prims.scatter_add(input, idx, src, d)

@@ -1,0 +1,105 @@
+"""Trace inputs: which call arguments become inputs, their proxies, and flattening at call time.
+
+In "constant values" mode the inputs are the tensors among the arguments; shapes and
+Python numbers are constants of the trace. In "symbolic values" mode every dimension
+other than 0 and 1 is an `IntegerProxy` (bound by a `prims.shape` call at the top of
+the trace), and Python ints and floats among the arguments are inputs too.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from minijit.ir import FloatProxy, IntegerProxy, Proxy, TensorProxy, Trace, tree_iter, tree_map
+from minijit.ir.context import add_constraint
+from minijit.ops import prims
+
+Tensor = torch.Tensor
+
+
+def parameter_names(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[str]:
+    """A name per positional argument and keyword, from fn's signature where it has one."""
+    try:
+        bound = inspect.signature(fn).bind(*args, **kwargs)
+    except (TypeError, ValueError):
+        return [f"arg{i}" for i in range(len(args))] + list(kwargs)
+    names: list[str] = []
+    for name, value in bound.arguments.items():
+        param = bound.signature.parameters[name]
+        if param.kind is inspect.Parameter.VAR_POSITIONAL:
+            names += [f"{name}{i}" for i in range(len(value))]
+        elif param.kind is not inspect.Parameter.VAR_KEYWORD:
+            names.append(name)
+    return names[: len(args)] + list(kwargs)
+
+
+def is_symbolic_number(x: Any) -> bool:
+    """Python ints and floats (not bools) become symbolic inputs in "symbolic values" mode."""
+    return type(x) is int or type(x) is float
+
+
+def proxify_arguments(trace: Trace, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                      symbolic: bool) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Replace the arguments that are trace inputs by proxies named after their parameters.
+
+    Must be called while `trace` records: in symbolic mode it records the `prims.shape` calls.
+    """
+    values = list(args) + list(kwargs.values())
+    proxied = []
+    for name, value in zip(parameter_names(fn, args, kwargs), values, strict=True):
+        count = [0]
+
+        def wanted_name(name: str = name, count: list[int] = count) -> str:
+            count[0] += 1
+            return name if count[0] == 1 else f"{name}_{count[0] - 1}"
+
+        def to_proxy(x: Any) -> Any:
+            if isinstance(x, Tensor):
+                p = trace.add_input(TensorProxy(tuple(x.shape), x.dtype, x.device, x.requires_grad), wanted_name())
+                if symbolic:
+                    _make_sizes_symbolic(p)
+                return p
+            if symbolic and is_symbolic_number(x):
+                cls = IntegerProxy if type(x) is int else FloatProxy
+                p = trace.add_input(cls(x), wanted_name())
+                p.expr = p.name
+                return p
+            return x
+
+        proxied.append(tree_map(to_proxy, value))
+    return tuple(proxied[: len(args)]), dict(zip(kwargs, proxied[len(args):], strict=True))
+
+
+def _make_sizes_symbolic(p: TensorProxy) -> None:
+    """Sizes 0 and 1 stay constants (broadcasting depends on them); the others become IntegerProxy.
+
+    Either way the guard checks the kind of size: `x.shape[0] == 1` or `x.shape[1] > 1`.
+    """
+    shape: list[Any] = []
+    for i, d in enumerate(p.shape):
+        expr = f"{p.name}.shape[{i}]"
+        if d <= 1:
+            add_constraint(f"{expr} == {d}")
+            shape.append(d)
+        else:
+            add_constraint(f"{expr} > 1")
+            shape.append(IntegerProxy(d, expr=expr))
+    p.shape = tuple(shape)
+    if any(isinstance(d, IntegerProxy) for d in shape):
+        prims.shape(p)
+
+
+def flat_inputs(args: tuple[Any, ...], kwargs: dict[str, Any], symbolic: bool) -> list[Any]:
+    """The values that a compiled trace takes, in the order of its inputs."""
+    if symbolic:
+        return [x for x in tree_iter((args, kwargs)) if isinstance(x, Tensor) or is_symbolic_number(x)]
+    return [x for x in tree_iter((args, kwargs)) if isinstance(x, Tensor)]
+
+
+def input_names(trace: Trace) -> list[str]:
+    """The trace's input names, as the guard function's parameters."""
+    return [p.name for p in trace.args if isinstance(p, Proxy)]

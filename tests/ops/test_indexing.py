@@ -1,0 +1,169 @@
+"""`x[key]` and the index ops (index_select, gather, masked_fill, scatter_add, ...) against eager torch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minijit.errors import MetaError, UnsupportedOpError
+from tests.ops.eager_check import DTYPES, check_against_eager, make, tt
+from tests.oputil import trace_call
+
+S = slice(None)
+# Index tensors used by the keys: i (a vector with a negative entry), j (a 2-d index), z (0-d).
+I_VALUES, J_VALUES, Z_VALUE = [0, -1, 2, 1], [[1, 0], [-2, 2]], 1
+
+# (id, key built from the index tensors), applied to a tensor of shape (3, 4, 5).
+KEYS = [
+    ("int", lambda i, j, z: 1),
+    ("neg_int", lambda i, j, z: -1),
+    ("int_int", lambda i, j, z: (2, -4)),
+    ("all_ints", lambda i, j, z: (0, 1, 2)),
+    ("slice", lambda i, j, z: slice(1, 3)),
+    ("slice_step", lambda i, j, z: (S, slice(None, None, 2))),
+    ("slice_neg_bounds", lambda i, j, z: (slice(-2, None), slice(-100, -1, 3))),
+    ("slice_out_of_range", lambda i, j, z: (slice(1, 100), slice(7, 9))),
+    ("slice_empty", lambda i, j, z: slice(2, 1)),
+    ("none", lambda i, j, z: None),
+    ("none_mid", lambda i, j, z: (S, None, 1)),
+    ("nones", lambda i, j, z: (None, 0, None, S, None)),
+    ("ellipsis", lambda i, j, z: ...),
+    ("ellipsis_int", lambda i, j, z: (..., 1)),
+    ("int_ellipsis", lambda i, j, z: (0, ..., None)),
+    ("empty_tuple", lambda i, j, z: ()),
+    ("true", lambda i, j, z: (True, 1)),
+    ("false", lambda i, j, z: False),
+    ("tensor", lambda i, j, z: i),
+    ("tensor_dim1", lambda i, j, z: (S, i)),
+    ("tensor_2d", lambda i, j, z: (S, S, j)),
+    ("tensor_0d", lambda i, j, z: (S, z)),
+    ("tensor_with_slice", lambda i, j, z: (slice(0, 2), i, slice(1, 4))),
+    ("two_tensors_adjacent", lambda i, j, z: (S, j, j)),
+    ("two_tensors_first", lambda i, j, z: (j, i[:2, None])),
+    ("two_tensors_apart", lambda i, j, z: (j, S, j)),
+    ("tensors_around_int", lambda i, j, z: (i[:2], 0, i[:2])),
+    ("tensors_around_none", lambda i, j, z: (i[:3], None, i[:3])),
+    ("tensors_ellipsis", lambda i, j, z: (j, ..., i[:2, None])),
+    ("three_tensors", lambda i, j, z: (i[:3], z, i[1:])),
+    ("list", lambda i, j, z: [0, 2]),
+    ("list_unordered", lambda i, j, z: (S, [3, 0, 3])),
+    ("list_in_tuple", lambda i, j, z: ([2, 1], S, [-1, 0])),
+]
+
+
+def _index_tensors(dtype=torch.int64):
+    return torch.tensor(I_VALUES, dtype=dtype), torch.tensor(J_VALUES, dtype=dtype), torch.tensor(Z_VALUE, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("key", [pytest.param(k, id=name) for name, k in KEYS])
+def test_getitem_matches_eager(key, dtype):
+    x = make((3, 4, 5), dtype)
+    check_against_eager(lambda x, i, j, z: x[key(i, j, z)], x, *_index_tensors())
+
+
+def test_getitem_int32_index_and_0d_tensor():
+    check_against_eager(lambda x, i, j, z: x[:, j, i[2:]], make((3, 4, 5)), *_index_tensors(torch.int32))
+    check_against_eager(lambda x: x[...], make(()))
+    check_against_eager(lambda x: x[None, ..., None], make(()))
+
+
+def test_getitem_of_basic_key_is_a_view_proxy():
+    trace = trace_call(lambda x: x[:, 1:3, None], torch.ones(2, 4))
+    assert [b.sym.name for b in trace.bound_symbols] == ["getitem"]
+    assert [b.sym.name for b in trace.bound_symbols[0].subsymbols] == ["slice", "broadcast_in_dim"]
+
+
+@pytest.mark.parametrize(("key", "error", "match"), [
+    pytest.param(lambda x, m: x[m], UnsupportedOpError, "torch.where", id="bool_mask"),
+    pytest.param(lambda x, m: x[m[0]], UnsupportedOpError, "torch.where", id="bool_mask_1d"),
+    pytest.param(lambda x, m: x[m.ne(m)], UnsupportedOpError, "boolean mask", id="computed_mask"),
+    pytest.param(lambda x, m: x[0, m[0]], UnsupportedOpError, "boolean mask", id="mask_in_tuple"),
+    pytest.param(lambda x, m: x[[True, False, True]], UnsupportedOpError, "boolean mask", id="bool_list"),
+    pytest.param(lambda x, m: x[3], MetaError, "out of bounds", id="int_out_of_range"),
+    pytest.param(lambda x, m: x[0, 0, 0], MetaError, "too many indices", id="too_many"),
+    pytest.param(lambda x, m: x[..., ...], MetaError, "single ellipsis", id="two_ellipses"),
+    pytest.param(lambda x, m: x[::-1], MetaError, "step", id="negative_step"),
+    pytest.param(lambda x, m: x[x], MetaError, "integer or bool", id="float_index"),
+])
+def test_getitem_errors(key, error, match):
+    x, m = make((3, 4)), make((3, 4), torch.bool)
+    with pytest.raises(error, match=match):
+        trace_call(key, x, m)
+
+
+def test_getitem_uint8_mask_is_unsupported():
+    with pytest.raises(UnsupportedOpError, match="boolean mask"):
+        trace_call(lambda x, m: x[m], make((3,)), torch.tensor([1, 0, 1], dtype=torch.uint8))
+
+
+def _idx(values, dtype=torch.int64):
+    return torch.tensor(values, dtype=dtype)
+
+
+# (id, fn, args builder(dtype), dtypes, exact)
+ALL = DTYPES
+NUMERIC = (torch.float32, torch.float64, torch.bfloat16, torch.int64)
+INDEX_OPS = [
+    ("index_select", lambda x, i: tt.index_select(x, 1, i), lambda d: (make((3, 4), d), _idx([3, 0, 0])), ALL),
+    ("index_select_method_0d", lambda x, i: x.index_select(-1, i), lambda d: (make((3, 4), d), _idx(2)), ALL),
+    ("index_select_int32", lambda x, i: x.index_select(0, i), lambda d: (make((3, 4), d), _idx([2, 1], torch.int32)), ALL),
+    ("take", lambda x, i: tt.take(x, i), lambda d: (make((3, 4), d), _idx([[0, -1], [5, 11]])), ALL),
+    ("gather", lambda x, i: tt.gather(x, 1, i), lambda d: (make((3, 4), d), _idx([[0, 3], [1, 1], [2, 0]])), ALL),
+    ("gather_smaller", lambda x, i: x.gather(0, i), lambda d: (make((3, 4), d), _idx([[2, 0, 1]])), ALL),
+    ("take_along_dim", lambda x, i: tt.take_along_dim(x, i, 1), lambda d: (make((3, 4), d), _idx([[0], [3], [1]])), ALL),
+    ("take_along_dim_bcast", lambda x, i: x.take_along_dim(i, dim=0),
+     lambda d: (make((3, 1, 4), d), _idx([[[0, 2]], [[1, 1]]]).transpose(1, 2)), ALL),
+    ("take_along_dim_flat", lambda x, i: tt.take_along_dim(x, i), lambda d: (make((3, 4), d), _idx([11, 0, 5])), ALL),
+    ("masked_fill", lambda x, m: tt.masked_fill(x, m, 1), lambda d: (make((3, 4), d), make((3, 4), torch.bool, 1)), ALL),
+    ("masked_fill_float_value", lambda x, m: x.masked_fill(m, 2.5), lambda d: (make((3, 4), d), make((4,), torch.bool, 1)),
+     ALL),
+    ("masked_fill_bcast_input", lambda x, m: tt.masked_fill(x, m, -1), lambda d: (make((4,), d), make((3, 4), torch.bool)),
+     NUMERIC),
+    ("masked_fill_tensor_value", lambda x, m, v: x.masked_fill(m, v),
+     lambda d: (make((3, 4), d), make((3, 1), torch.bool, 1), make((), torch.float64, 2)), ALL),
+    ("scatter_add", lambda x, i, s: tt.scatter_add(x, 0, i, s),
+     lambda d: (make((3, 4), d), _idx([[0, 1, 2, 0], [2, 2, 0, 1]]), make((2, 4), d, 1)), NUMERIC),
+    ("scatter_add_small", lambda x, i, s: x.scatter_add(1, i, s),
+     lambda d: (make((3, 4), d), _idx([[3], [0]]), make((2, 3), d, 1)), NUMERIC),
+    ("index_add", lambda x, i, s: tt.index_add(x, 1, i, s),
+     lambda d: (make((3, 4), d), _idx([3, 0]), make((3, 2), d, 1)), NUMERIC),
+    ("index_add_alpha", lambda x, i, s: x.index_add(0, i, s, alpha=2),
+     lambda d: (make((3, 4), d), _idx([2, 0]), make((2, 4), d, 1)), NUMERIC),
+    ("index_copy", lambda x, i, s: tt.index_copy(x, 0, i, s),
+     lambda d: (make((3, 4), d), _idx([2, 0]), make((2, 4), d, 1)), ALL),
+    ("index_copy_method", lambda x, i, s: x.index_copy(-1, i, s),
+     lambda d: (make((3, 4), d), _idx([1, 3, 0]), make((3, 3), d, 1)), ALL),
+    ("index_fill", lambda x, i: tt.index_fill(x, 1, i, 3), lambda d: (make((3, 4), d), _idx([1, -1])), ALL),
+    ("index_fill_tensor", lambda x, i, v: x.index_fill(0, i, v),
+     lambda d: (make((3, 4), d), _idx([2]), make((), d, 3)), ALL),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(("fn", "make_args", "dtypes"), [pytest.param(fn, a, ds, id=n) for n, fn, a, ds in INDEX_OPS])
+def test_index_op_matches_eager(fn, make_args, dtypes, dtype):
+    if dtype not in dtypes:
+        pytest.skip(f"eager torch does not support {dtype} here")
+    check_against_eager(fn, *make_args(dtype))
+
+
+@pytest.mark.parametrize(("fn", "args", "match"), [
+    pytest.param(lambda x, i, s: x.index_copy(0, i, s), (make((3, 4)), _idx([0]), make((1, 4), torch.float64)),
+                 "same dtype", id="index_copy_dtype"),
+    pytest.param(lambda x, i, s: x.index_add(0, i, s), (make((3, 4)), _idx([0]), make((1, 3))), "source of shape",
+                 id="index_add_shape"),
+    pytest.param(lambda x, m: x.masked_fill(m, 0), (make((3, 4)), make((3, 4), torch.int64)), "boolean masks",
+                 id="masked_fill_int_mask"),
+    pytest.param(lambda x, m: x.masked_fill(m, m), (make((3,)), make((3,), torch.bool)), "0-dimensional",
+                 id="masked_fill_value_dims"),
+    pytest.param(lambda x, i: x.gather(0, i), (make((3, 4)), _idx([0, 1])), "same number of dims", id="gather_ndim"),
+    pytest.param(lambda x, i: x.gather(0, i), (make((3, 4)), _idx([[0, 1, 0, 0, 0]])), "exceeds", id="gather_size"),
+    pytest.param(lambda x, i, s: x.scatter_add(0, i, s), (make((3, 4)), _idx([[0]]), make((1, 1), torch.float64)),
+                 "dtype", id="scatter_add_dtype"),
+])
+def test_index_op_errors_like_eager(fn, args, match):
+    with pytest.raises(Exception):  # eager refuses it too
+        fn(*args)
+    with pytest.raises(MetaError, match=match):
+        trace_call(fn, *args)

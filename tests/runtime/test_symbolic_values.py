@@ -1,0 +1,78 @@
+"""The "symbolic values" cache mode: sizes and Python numbers are traced, so new sizes reuse the trace."""
+
+import pytest
+import torch
+
+import minijit
+
+
+def _affine(x, w, scale):
+    return (x * w + scale).sum(dim=-1) * scale
+
+
+def test_new_sizes_and_numbers_reuse_one_trace():
+    jf = minijit.jit(_affine, cache="symbolic values")
+    for n, d, scale in [(3, 4, 0.5), (5, 4, 2.0), (7, 9, -1.0), (2, 16, 3.5)]:
+        x, w = torch.randn(n, d), torch.randn(d)
+        torch.testing.assert_close(jf(x, w, scale), _affine(x, w, scale))
+    info = minijit.cache_info(jf)
+    assert (info.misses, info.hits) == (1, 3)
+
+
+def test_trace_binds_sizes_with_prims_shape():
+    jf = minijit.jit(_affine, cache="symbolic values")
+    jf(torch.randn(3, 4), torch.randn(4), 2.0)
+    capture = minijit.last_traces(jf)[0].python()
+    assert "(i0, i1) = prims.shape(x)" in capture
+    assert "(i2,) = prims.shape(w)" in capture
+    assert "def _affine(x, w, scale):" in capture
+
+
+def test_size_one_is_specialised_and_explained():
+    jf = minijit.jit(_affine, cache="symbolic values")
+    jf(torch.randn(3, 4), torch.randn(4), 2.0)
+    jf(torch.randn(3, 1), torch.randn(1), 2.0)  # broadcasting behaves differently with size 1
+    info = minijit.cache_info(jf)
+    assert info.misses == 2
+    assert info.miss_reasons[1] == "constraint failed: x.shape[1] > 1; w.shape[0] > 1"
+
+
+def test_broken_equality_constraint_retraces():
+    def f(a, b):
+        return a + b  # relies on a.shape[-1] == b.shape[-1]
+
+    jf = minijit.jit(f, cache="symbolic values")
+    torch.testing.assert_close(jf(torch.ones(2, 3), torch.ones(3)), torch.full((2, 3), 2.0))
+    torch.testing.assert_close(jf(torch.ones(4, 5), torch.ones(5)), torch.full((4, 5), 2.0))
+    assert minijit.cache_info(jf).misses == 1
+    with pytest.raises(minijit.MetaError, match="cannot be broadcast"):
+        jf(torch.ones(4, 5), torch.ones(3))
+    assert "constraint failed: a.shape[1] == b.shape[0]" in minijit.cache_info(jf).miss_reasons[1]
+
+
+def test_branch_on_a_size_is_guarded():
+    def f(x):
+        if x.shape[0] > 4:
+            return x * 2
+        return x - 1
+
+    jf = minijit.jit(f, cache="symbolic values")
+    for n in (6, 8, 3, 2, 9):
+        x = torch.randn(n)
+        torch.testing.assert_close(jf(x), f(x))
+    info = minijit.cache_info(jf)
+    assert (info.misses, info.hits) == (2, 3)
+    assert "constraint failed: x.shape[0] > 4" in info.miss_reasons[1]
+    assert "assert x.shape[0] > 4" in jf.last_prologue()  # the last call (n=9) used the first entry
+
+
+def test_python_int_used_as_a_size_is_specialised():
+    def f(x, n):
+        return x.sum(dim=0) * len(range(n))
+
+    jf = minijit.jit(f, cache="symbolic values")
+    x = torch.randn(3, 2)
+    torch.testing.assert_close(jf(x, 2), f(x, 2))
+    torch.testing.assert_close(jf(x, 2), f(x, 2))
+    torch.testing.assert_close(jf(x, 5), f(x, 5))
+    assert minijit.cache_info(jf).misses == 2
