@@ -112,6 +112,32 @@ def gelu_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
     return cast_like(P.mul(_up(g, dtype), d), a), None
 
 
+@vjp("ltorch.relu")
+def relu_fwd(input: TensorProxy, inplace: bool = False) -> Any:  # noqa: A002 - torch's name
+    if inplace:
+        return NotImplemented
+    out = _op("relu")(input, inplace)
+    return out, (out,)
+
+
+@relu_fwd.backward
+def relu_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
+    (out,) = saved
+    return P.where(P.gt(out, 0), g, zeros_like(g)), None
+
+
+@vjp("ltorch.sigmoid")
+def sigmoid_fwd(input: TensorProxy) -> Any:  # noqa: A002 - torch's name
+    out = _op("sigmoid")(input)
+    return out, (out,)
+
+
+@sigmoid_fwd.backward
+def sigmoid_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
+    (out,) = saved
+    return (P.mul(g, P.mul(out, P.sub(1, out))),)
+
+
 @vjp("ltorch.silu")
 def silu_fwd(input: TensorProxy, inplace: bool = False) -> Any:  # noqa: A002 - torch's name
     if inplace:
@@ -132,7 +158,7 @@ def silu_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
 def _softmax_like(name: str, log: bool) -> None:
     @vjp(f"ltorch.{name}")
     def forward(input: TensorProxy, dim: Any = None, _stacklevel: int = 3, dtype: Any = None) -> Any:  # noqa: A002
-        if dim is None or dtype is not None:
+        if dim is None:
             return NotImplemented
         out = _op(name)(input, dim, _stacklevel, dtype)
         return out, (input, out, dim % max(input.ndim, 1))
@@ -142,7 +168,7 @@ def _softmax_like(name: str, log: bool) -> None:
         x, out, dim = saved
         if x.ndim == 0:
             return zeros_like(x), None, None, None
-        dtype = compute_dtype(x.dtype)
+        dtype = compute_dtype(out.dtype)  # with dtype=, the op computes in that dtype
         o, gg = _up(out, dtype), _up(g, dtype)
         if log:
             grad = P.sub(gg, P.mul(P.exp(o), _sum_keep(gg, (dim,))))
@@ -289,3 +315,22 @@ def sdpa_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
     if isinstance(mask, TensorProxy) and mask.dtype != torch.bool:
         gmask = cast_like(sum_to_shape(gs, mask.shape), mask)
     return cast_like(gq, q_), cast_like(gk, k_), cast_like(gv, v_), gmask
+
+
+@vjp("ltorch.index_fill")
+def index_fill_fwd(input: TensorProxy, dim: int, index: TensorProxy, value: Any) -> Any:  # noqa: A002
+    # A direct rule because the decomposition writes with index_copy, whose gradient counts a
+    # repeated index once per repeat; index_fill fills each position once.
+    out = _op("index_fill")(input, dim, index, value)
+    return out, (dim, index, value)
+
+
+@index_fill_fwd.backward
+def index_fill_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
+    dim, index, value = saved
+    g_input = _op("index_fill")(g, dim, index, 0)
+    g_value = None
+    if isinstance(value, TensorProxy):
+        filled = P.sub(g, g_input)  # g where the fill landed, 0 elsewhere
+        g_value = cast_like(P.sum(filled, tuple(range(filled.ndim))), value)
+    return g_input, None, None, g_value
