@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from minijit.ir import Proxy, Trace, tree_iter
+from minijit.ir import BoundSymbol, Proxy, Trace, tree_iter
 from minijit.ops.prims import INPLACE
 
 
@@ -13,5 +13,13 @@ def dce(trace: Trace) -> Trace:
     for bsym in reversed(trace.bound_symbols):
         if INPLACE in bsym.sym.tags or any(p.name in needed for p in bsym.proxy_outputs()):
             kept.append(bsym)
-            needed.update(p.name for p in bsym.proxy_args())
+            _mark_used(bsym, needed)
     return trace.derive(reversed(kept), pass_name="dce")
+
+
+def _mark_used(bsym: BoundSymbol, needed: set[str]) -> None:
+    # A decomposition may be expanded later (claimed at prim level, or differentiated), so
+    # what its subsymbols read is needed too: a symbolic size bound by prims.shape, say.
+    needed.update(p.name for p in bsym.proxy_args())
+    for sub in bsym.subsymbols:
+        _mark_used(sub, needed)

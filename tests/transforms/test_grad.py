@@ -308,3 +308,43 @@ def test_split_returns_one_gradient_per_input():
     fwd, bwd = split_forward_backward(t)
     assert len(bwd.output) == 2 and bwd.output[1] is None
     assert fwd.output[0] is t.output
+
+
+# -- symbolic values ---------------------------------------------------------------------------------
+
+def test_symbolic_values_unsqueeze_add_differentiates():
+    # prims.shape binds several symbolic sizes; the backward reads them as residuals.
+    def f(a, b):
+        return (a.unsqueeze(0) + b).tanh().sum()
+
+    jf = minijit.jit(f, cache="symbolic values")
+    for n, m in ((3, 4), (5, 2)):
+        a = torch.randn(n, dtype=F64, requires_grad=True)
+        b = torch.randn(m, n, dtype=F64, requires_grad=True)
+        _ = jf(a, b)
+        want = torch.autograd.grad(f(a, b), (a, b))
+        got = torch.autograd.grad(jf(a, b), (a, b))
+        torch.testing.assert_close(got, want)
+    assert minijit.cache_info(jf).misses == 1
+    assert "shape" in minijit.last_traces(jf)[-1].python()
+
+
+def test_symbolic_values_linear_and_reductions():
+    def f(x, w, b):
+        h = ltorch.linear(x, w, b)
+        var, mean = prims.var_mean(h, (1,), 1)
+        return (var + mean * h.sum(0).mean()).sum()
+
+    def e(x, w, b):
+        h = F.linear(x, w, b)
+        var, mean = torch.var_mean(h, 1, correction=1)
+        return (var + mean * h.sum(0).mean()).sum()
+
+    jf = minijit.jit(f, cache="symbolic values")
+    for rows in (4, 6):
+        x = torch.randn(rows, 5, dtype=F64)
+        w, b = _params((3, 5), (3,))
+        got = torch.autograd.grad(jf(x, w, b), (w, b))
+        want = torch.autograd.grad(e(x, w, b), (w, b))
+        torch.testing.assert_close(got, want)
+    assert minijit.cache_info(jf).misses == 1

@@ -41,8 +41,9 @@ def broadcast_in_dim_fwd(x: TensorProxy, shape: Sequence[Any], broadcast_dims: S
 @broadcast_in_dim_fwd.backward
 def broadcast_in_dim_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
     in_shape, out_shape, bdims = saved
+    # Sum over the added and the expanded dims; an added dim of size 1 needs only the reshape.
     expanded = [d for size, d in zip(in_shape, bdims) if size == 1 and out_shape[d] != 1]
-    new = [d for d in range(len(out_shape)) if d not in bdims]
+    new = [d for d in range(len(out_shape)) if d not in bdims and out_shape[d] != 1]
     dims = tuple(sorted(new + expanded))
     out = P.sum(g, dims) if dims else g
     if tuple(out.shape) != tuple(in_shape):
