@@ -348,3 +348,26 @@ def test_symbolic_values_linear_and_reductions():
         want = torch.autograd.grad(e(x, w, b), (w, b))
         torch.testing.assert_close(got, want)
     assert minijit.cache_info(jf).misses == 1
+
+
+@pytest.mark.parametrize(("op", "arg"), [("split", 2), ("split", [1, 3, 1]), ("chunk", 3), ("unbind", None)])
+@pytest.mark.parametrize("use", ["all", "some"])
+def test_multi_output_pieces_under_grad(op, arg, use):
+    x = torch.randn(5, 4, dtype=F64, requires_grad=True)
+
+    def body(x, cut):
+        pieces = cut(x)
+        chosen = pieces if use == "all" else pieces[1:2]
+        total = chosen[0].sin().sum()
+        for p in chosen[1:]:
+            total = total + p.exp().sum()
+        return total
+
+    sym = getattr(ltorch, op)
+    jit_cut = (lambda x: sym(x)) if arg is None else (lambda x: sym(x, arg, 0))
+    eager_cut = (lambda x: getattr(torch, op)(x)) if arg is None else (lambda x: getattr(torch, op)(x, arg, 0))
+    jf = minijit.jit(lambda x: body(x, jit_cut))
+    _compare_grads(lambda x: body(x, jit_cut), lambda x: body(x, eager_cut), (x,))
+    jf(x)
+    bwd = minijit.last_backward_traces(jf)[-1].python()
+    assert bwd.count("torchex.cat(") <= 1, bwd  # the pieces' gradients are joined once

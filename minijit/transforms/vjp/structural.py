@@ -10,6 +10,7 @@ import torch
 from minijit.errors import MinijitError
 from minijit.ir import TensorProxy
 from minijit.ops import prims
+from minijit.ops.registry import ALL_LTORCH
 from minijit.transforms.vjp.registry import matrix_transpose, reshape_to, restore_reduced, vjp, zeros_like
 
 P = prims
@@ -336,3 +337,54 @@ def device_put_fwd(x: TensorProxy, device: torch.device) -> tuple[TensorProxy, S
 @device_put_fwd.backward
 def device_put_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
     return (prims.device_put(g, saved[0]), None)
+
+
+# -- ltorch ops that cut a tensor into pieces (multi-output) ---------------------------------------
+
+def _pieces_fwd(name: str, x: TensorProxy, dim: int, *args: Any) -> tuple[Any, Saved]:
+    out = ALL_LTORCH[name](x, *args)
+    d = dim % max(x.ndim, 1)
+    return out, (d, tuple(tuple(p.shape) for p in out), x.dtype, x.device)
+
+
+def _pieces_bwd(saved: Saved, gs: Sequence[TensorProxy | None], keeps_dim: bool) -> TensorProxy:
+    """The cotangents of the pieces, joined back along the cut dim (zeros where a piece was unused)."""
+    dim, shapes, dtype, device = saved
+    parts = []
+    for shape, g in zip(shapes, gs):
+        if g is None:
+            g = P.full(shape, 0, dtype=dtype, device=device)
+        if not keeps_dim:
+            g = reshape_to(g, (*shape[:dim], 1, *shape[dim:]))
+        parts.append(g)
+    return parts[0] if len(parts) == 1 else P.cat(parts, dim)
+
+
+@vjp("ltorch.split")
+def split_fwd(tensor: TensorProxy, split_size_or_sections: Any, dim: int = 0) -> tuple[Any, Saved]:
+    return _pieces_fwd("split", tensor, dim, split_size_or_sections, dim)
+
+
+@split_fwd.backward
+def split_bwd(saved: Saved, *gs: TensorProxy | None) -> tuple[Any, ...]:
+    return (_pieces_bwd(saved, gs, keeps_dim=True), None, None)
+
+
+@vjp("ltorch.chunk")
+def chunk_fwd(input: TensorProxy, chunks: int, dim: int = 0) -> tuple[Any, Saved]:  # noqa: A002 - torch's name
+    return _pieces_fwd("chunk", input, dim, chunks, dim)
+
+
+@chunk_fwd.backward
+def chunk_bwd(saved: Saved, *gs: TensorProxy | None) -> tuple[Any, ...]:
+    return (_pieces_bwd(saved, gs, keeps_dim=True), None, None)
+
+
+@vjp("ltorch.unbind")
+def unbind_fwd(input: TensorProxy, dim: int = 0) -> tuple[Any, Saved]:  # noqa: A002 - torch's name
+    return _pieces_fwd("unbind", input, dim, dim)
+
+
+@unbind_fwd.backward
+def unbind_bwd(saved: Saved, *gs: TensorProxy | None) -> tuple[Any, ...]:
+    return (_pieces_bwd(saved, gs, keeps_dim=False), None)
