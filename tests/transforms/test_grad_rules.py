@@ -62,7 +62,7 @@ def test_layer_norm_backward(affine, normalized):
     want = torch.autograd.grad(out, inputs, g)
 
     def bwd(x, w, b, g):
-        gx, _, gw, gb, _ = _bwd("layer_norm")((x, w, b, len(normalized), 1e-5), g)
+        gx, _, gw, gb, _ = _bwd("layer_norm")((x, w, b, list(normalized), 1e-5), g)
         return (gx, gw, gb) if affine else (gx,)
 
     got = run_decomposed(bwd, x.detach(), w.detach() if affine else None, b.detach() if affine else None, g)

@@ -20,6 +20,15 @@ from minijit.ir import TensorProxy
 from minijit.ops import prims
 from minijit.ops.registry import ALL_LTORCH
 from minijit.ops.utils import expand_to
+from minijit.transforms.vjp.backward_ops import (
+    embedding_dense_backward,
+    gelu_backward,
+    log_softmax_backward,
+    native_layer_norm,
+    native_layer_norm_backward,
+    softmax_backward,
+    threshold_backward,
+)
 from minijit.transforms.vjp.registry import (
     cast_like,
     compute_dtype,
@@ -28,7 +37,6 @@ from minijit.transforms.vjp.registry import (
     restore_reduced,
     sum_to_shape,
     vjp,
-    zeros_like,
 )
 from minijit.transforms.vjp.structural import matmul_grads
 
@@ -96,20 +104,7 @@ def gelu_fwd(a: TensorProxy, approximate: str = "none") -> Any:
 @gelu_fwd.backward
 def gelu_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
     a, approximate = saved
-    dtype = compute_dtype(a.dtype)
-    x = _up(a, dtype)
-    if approximate == "tanh":
-        k = math.sqrt(2 / math.pi)
-        x2 = P.mul(x, x)
-        t = P.tanh(P.mul(P.add(x, P.mul(P.mul(x2, x), 0.044715)), k))
-        left = P.mul(P.add(t, 1), 0.5)
-        right = P.mul(P.mul(P.mul(x, 0.5), P.sub(1, P.mul(t, t))), P.mul(P.add(P.mul(x2, 3 * 0.044715), 1), k))
-        d = P.add(left, right)
-    else:
-        cdf = P.mul(P.add(P.erf(P.mul(x, 1 / math.sqrt(2))), 1), 0.5)
-        pdf = P.mul(P.exp(P.mul(P.mul(x, x), -0.5)), 1 / math.sqrt(2 * math.pi))
-        d = P.add(cdf, P.mul(x, pdf))
-    return cast_like(P.mul(_up(g, dtype), d), a), None
+    return gelu_backward(g, a, approximate=approximate), None
 
 
 @vjp("ltorch.relu")
@@ -123,7 +118,7 @@ def relu_fwd(input: TensorProxy, inplace: bool = False) -> Any:  # noqa: A002 - 
 @relu_fwd.backward
 def relu_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
     (out,) = saved
-    return P.where(P.gt(out, 0), g, zeros_like(g)), None
+    return threshold_backward(g, out, 0), None
 
 
 @vjp("ltorch.sigmoid")
@@ -166,14 +161,7 @@ def _softmax_like(name: str, log: bool) -> None:
     @forward.backward
     def backward(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
         x, out, dim = saved
-        if x.ndim == 0:
-            return zeros_like(x), None, None, None
-        dtype = compute_dtype(out.dtype)  # with dtype=, the op computes in that dtype
-        o, gg = _up(out, dtype), _up(g, dtype)
-        if log:
-            grad = P.sub(gg, P.mul(P.exp(o), _sum_keep(gg, (dim,))))
-        else:
-            grad = P.mul(o, P.sub(gg, _sum_keep(P.mul(o, gg), (dim,))))
+        grad = (log_softmax_backward if log else softmax_backward)(g, out, dim, out.dtype)
         return cast_like(grad, x), None, None, None
 
 
@@ -185,36 +173,19 @@ _softmax_like("log_softmax", log=True)
 def layer_norm_fwd(input: TensorProxy, normalized_shape: Any, weight: Any = None, bias: Any = None,  # noqa: A002
                    eps: float = 1e-5) -> Any:
     out = _op("layer_norm")(input, normalized_shape, weight, bias, eps)
-    n = len(normalized_shape) if not isinstance(normalized_shape, int) else 1
-    return out, (input, weight, bias, n, eps)
+    shape = [normalized_shape] if isinstance(normalized_shape, int) else list(normalized_shape)
+    return out, (input, weight, bias, shape, eps)
 
 
 @layer_norm_fwd.backward
 def layer_norm_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
-    a, weight, bias, n, eps = saved
-    dtype = compute_dtype(a.dtype)
-    x = _up(a, dtype)
-    dims = tuple(range(a.ndim - n, a.ndim))
-    batch = tuple(range(a.ndim - n))
-    count = 1
-    for d in dims:
-        count *= a.shape[d]
-    var, mean = P.var_mean(x, dims, 0)
-    rstd = restore_reduced(P.rsqrt(P.add(var, eps)), x.shape, dims)
-    xhat = P.mul(P.sub(x, restore_reduced(mean, x.shape, dims)), rstd)
-    gg = _up(g, dtype)
-    dxhat = gg
-    if isinstance(weight, TensorProxy):
-        dxhat = P.mul(gg, P.broadcast_in_dim(_up(weight, dtype), x.shape, dims))
-    mean_dxhat = P.div(_sum_keep(dxhat, dims), count)
-    mean_dxhat_xhat = P.div(_sum_keep(P.mul(dxhat, xhat), dims), count)
-    gx = P.mul(rstd, P.sub(P.sub(dxhat, mean_dxhat), P.mul(xhat, mean_dxhat_xhat)))
-    gw = gb = None
-    if isinstance(weight, TensorProxy):
-        gw = cast_like(P.sum(P.mul(gg, xhat), batch) if batch else P.mul(gg, xhat), weight)
-    if isinstance(bias, TensorProxy):
-        gb = cast_like(P.sum(gg, batch) if batch else gg, bias)
-    return cast_like(gx, a), None, gw, gb, None
+    # Recompute mean and rstd (one aten call) rather than keep them from the forward, which
+    # ran F.layer_norm as one call and does not return them.
+    a, weight, bias, normalized_shape, eps = saved
+    _, mean, rstd = native_layer_norm(a, normalized_shape, weight, bias, eps)
+    mask = [True, isinstance(weight, TensorProxy), isinstance(bias, TensorProxy)]
+    gx, gw, gb = native_layer_norm_backward(g, a, normalized_shape, mean, rstd, weight, bias, mask)
+    return gx, None, gw, gb, None
 
 
 @vjp("ltorch.embedding")
@@ -229,14 +200,9 @@ def embedding_fwd(input: TensorProxy, weight: TensorProxy, padding_idx: Any = No
 @embedding_fwd.backward
 def embedding_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
     index, weight, padding_idx = saved
-    rows, dim = weight.shape
-    flat = reshape_to(index, (_leading((*index.shape, 1)),))
-    g2 = reshape_to(g, (flat.shape[0], dim))
-    if padding_idx is not None:
-        pad = P.broadcast_in_dim(P.eq(flat, padding_idx % rows), g2.shape, (0,))
-        g2 = P.where(pad, zeros_like(g2), g2)
-    gw = P.index_add(zeros_like(weight), flat, g2, 0)
-    return None, gw, None, None, None, None, None
+    rows = weight.shape[0]
+    pad = padding_idx % rows if padding_idx is not None else -1
+    return None, embedding_dense_backward(g, index, rows, pad, False), None, None, None, None, None
 
 
 @vjp("ltorch.cross_entropy")
@@ -254,16 +220,18 @@ def cross_entropy_fwd(input: TensorProxy, target: TensorProxy, weight: Any = Non
 
 @cross_entropy_fwd.backward
 def cross_entropy_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
+    # d loss_i / d logits_i = softmax(logits_i) - onehot(target_i), scaled by the reduction;
+    # the one-hot is subtracted with one scatter_add (ignored rows are scaled by 0).
     logits, target, ignore_index, reduction = saved
     dtype = compute_dtype(logits.dtype)
-    x = _up(logits, dtype)
-    n, c = x.shape
-    shifted = P.sub(x, restore_reduced(P.amax(x, (1,)), x.shape, (1,)))
-    e = P.exp(shifted)
-    p = P.div(e, _sum_keep(e, (1,)))
-    classes = P.broadcast_in_dim(P.iota(c, start=0, step=1, dtype=target.dtype, device=target.device), (n, c), (1,))
-    onehot = P.convert_element_type(P.eq(classes, P.broadcast_in_dim(target, (n, c), (0,))), dtype)
-    valid = P.convert_element_type(P.ne(target, ignore_index), dtype)
+    n, c = logits.shape
+    p = _up(_op("softmax")(logits, 1, dtype=dtype) if dtype != logits.dtype else _op("softmax")(logits, 1), dtype)
+    valid_b = P.ne(target, ignore_index)
+    safe_target = P.where(valid_b, target, P.full(target.shape, 0, dtype=target.dtype, device=target.device))
+    index = P.reshape(safe_target, (n, 1))
+    minus_one = P.full((n, 1), -1, dtype=dtype, device=logits.device)
+    p = P.scatter_add(p, index, minus_one, 1)
+    valid = P.convert_element_type(valid_b, dtype)
     gg = _up(g, dtype)
     if reduction == "none":
         scale = P.mul(valid, gg)
@@ -272,7 +240,7 @@ def cross_entropy_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
     else:
         total = P.broadcast_in_dim(P.sum(valid, (0,)), (n,), ())
         scale = P.div(P.mul(valid, P.broadcast_in_dim(gg, (n,), ())), total)
-    grad = P.mul(P.sub(p, onehot), P.broadcast_in_dim(scale, (n, c), (0,)))
+    grad = P.mul(p, P.broadcast_in_dim(scale, (n, c), (0,)))
     return cast_like(grad, logits), None, None, None, None, None, None, None
 
 
