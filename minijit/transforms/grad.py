@@ -126,11 +126,11 @@ class _Splitter:
 
     # -- forward ------------------------------------------------------------------------------
     def forward(self, bsym: BoundSymbol) -> None:
-        if prims.INPLACE in bsym.sym.tags:
-            self._inplace(bsym)
-            return
         if is_constant_for_vjp(bsym, self.requires):
             self.fwd.bound_symbols.append(bsym)
+            return
+        if prims.INPLACE in bsym.sym.tags:
+            self._inplace(bsym)
             return
         rule = rule_for(bsym.sym)
         bound = _bind(bsym, rule) if rule is not None else None
@@ -146,13 +146,24 @@ class _Splitter:
         )
 
     def _inplace(self, bsym: BoundSymbol) -> None:
-        # Writes into existing tensors are side effects kept in the forward; gradients follow
-        # the functional values (functionalization rewrote later reads to use them).
+        # After functionalization the only writes left copy final values into inputs, at the
+        # end; they are side effects kept in the forward, and gradients follow the values.
+        # A write into an input that requires grad, or into an intermediate tensor (an
+        # unfunctionalized trace, whose later reads would see the wrong value), is refused.
+        inputs = {p.name for p in self.trace.args}
         for p in tree_flatten(bsym.output):
-            if isinstance(p, TensorProxy) and p.name in self.inputs_requiring:
+            if not isinstance(p, TensorProxy):
+                continue
+            if p.name in self.inputs_requiring:
                 raise MinijitError(
                     f"{bsym.sym.id}{where(bsym.source)} writes in place into {p.name}, an input that requires grad; "
                     "like eager torch, a leaf that requires grad cannot be modified in place"
+                )
+            if p.name not in inputs:
+                raise MinijitError(
+                    f"{bsym.sym.id}{where(bsym.source)} writes in place into the intermediate tensor {p.name}, which "
+                    "depends on inputs that require grad; differentiating it needs the functionalize pass, so use "
+                    "the out-of-place op instead"
                 )
         self.fwd.bound_symbols.append(bsym)
 

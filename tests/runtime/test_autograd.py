@@ -133,3 +133,21 @@ def test_backward_runs_compiled_trace():
     x = torch.randn(3, dtype=F64, requires_grad=True)
     out = minijit.jit(lambda x: x.exp().sum())(x)
     assert type(out.grad_fn).__name__.startswith("_JitFunction")
+
+
+def test_in_place_on_intermediate_that_requires_grad_is_handled_or_refused():
+    # Either the trace was functionalized (the gradient is eager's) or it is a clear error.
+    def f(x):
+        h = x * 2
+        h.add_(x)
+        return (h * h).sum()
+
+    x = torch.randn(3, dtype=F64, requires_grad=True)
+    try:
+        out = minijit.jit(f)(x)
+    except minijit.MinijitError as e:
+        assert "in place" in str(e)
+        return
+    (got,) = torch.autograd.grad(out, x)
+    (want,) = torch.autograd.grad(f(x), x)
+    torch.testing.assert_close(got, want)
