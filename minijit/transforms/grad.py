@@ -285,10 +285,74 @@ def split_forward_backward(trace: Trace) -> tuple[Trace, Trace]:
         splitter.forward(bsym)
     bwd, saved = splitter.backward()
     fwd = splitter.fwd
+    bwd, saved = _recompute_cheap_residuals(fwd, bwd, saved, splitter.requires)
     fwd.output = (trace.output, tuple(saved))
     fwd.pass_name = "split forward/backward"
     fwd.info["differentiable_outputs"] = differentiable_outputs(trace, splitter.requires)
     return fwd, bwd
+
+
+# Ops that cost one pass over memory: recomputing them in the backward beats keeping their output.
+_CHEAP_PRIMS = frozenset(prims.UNARY + prims.BINARY) | {
+    "where", "lerp", "convert_element_type", "broadcast_in_dim", "reshape", "transpose", "squeeze"}
+
+
+def _is_cheap(bsym: BoundSymbol) -> bool:
+    """True for pointwise and layout ops (or ops that decompose only into those); never random ones."""
+    if prims.RANDOM in bsym.sym.tags or prims.INPLACE in bsym.sym.tags:
+        return False
+    if bsym.sym.is_prim:
+        return bsym.sym.namespace == "prims" and bsym.sym.name in _CHEAP_PRIMS
+    return bool(bsym.subsymbols) and all(_is_cheap(s) for s in bsym.subsymbols)
+
+
+def _recompute_cheap_residuals(fwd: Trace, bwd: Trace, saved: list[Proxy],
+                               requires: Container[str]) -> tuple[Trace, list[Proxy]]:
+    """Recompute in the backward each saved output of a cheap op whose inputs are available there anyway.
+
+    Only differentiated ops are recomputed: constant ones stay in the forward alone
+    (DESIGN.md, invariant 4).
+    "Available" means saved already, an input of the trace (which the caller keeps alive),
+    or recomputed itself; so this never saves more and usually saves less (the output of
+    `gelu` between two linears, say). A recomputed op is placed right before its first reader.
+    """
+    producer = {p.name: b for b in fwd.bound_symbols for p in b.proxy_outputs()}
+    inputs = {p.name: p for p in fwd.args}
+    available = {p.name for p in saved} | set(inputs)
+    recompute: dict[str, BoundSymbol] = {}
+    for p in saved:
+        b = producer.get(p.name)
+        if (b is not None and isinstance(p, TensorProxy) and p.name in requires and _is_cheap(b)
+                and len(list(b.proxy_outputs())) == 1 and all(a.name in available for a in b.proxy_args())):
+            recompute[p.name] = b
+    if not recompute:
+        return bwd, saved
+    kept = [p for p in saved if p.name not in recompute]
+    kept_names = {p.name for p in kept}
+    for b in recompute.values():
+        for a in b.proxy_args():
+            if a.name not in kept_names and a.name not in recompute:
+                kept.append(a)
+                kept_names.add(a.name)
+    ordered: list[BoundSymbol] = []
+    emitted: set[str] = set()
+
+    def emit_producer_of(name: str) -> None:
+        if name in recompute and name not in emitted:
+            emitted.add(name)
+            for a in recompute[name].proxy_args():
+                emit_producer_of(a.name)
+            ordered.append(recompute[name])
+
+    for b in bwd.bound_symbols:
+        for a in b.proxy_args():
+            emit_producer_of(a.name)
+        ordered.append(b)
+    for p in tree_flatten(bwd.output):
+        if isinstance(p, Proxy):
+            emit_producer_of(p.name)
+    cotangents = bwd.args[len(saved):]
+    return bwd.derive(ordered, pass_name=bwd.pass_name, args=[*kept, *cotangents]), kept
 
 
 def differentiable_outputs(trace: Trace, requires: Container[str]) -> tuple[int, ...]:

@@ -371,3 +371,24 @@ def test_multi_output_pieces_under_grad(op, arg, use):
     jf(x)
     bwd = minijit.last_backward_traces(jf)[-1].python()
     assert bwd.count("torchex.cat(") <= 1, bwd  # the pieces' gradients are joined once
+
+
+def test_cheap_pointwise_output_is_recomputed_not_saved():
+    # gelu's input is saved for gelu's backward anyway: its output, needed by the second
+    # linear's backward, is recomputed there rather than kept alive between forward and backward.
+    def f(x, w1, w2):
+        return ltorch.linear(ltorch.gelu(ltorch.linear(x, w1)), w2).sum()
+
+    x = torch.randn(4, 5, dtype=F64)
+    w1, w2 = _params((6, 5), (3, 6))
+    jf = minijit.jit(f)
+    out = jf(x, w1, w2)
+    fwd = minijit.last_traces(jf)[-1]
+    (gelu,) = [b for b in fwd.bound_symbols if b.sym.name == "gelu"]
+    saved_names = {p.name for p in fwd.output[1]}
+    assert gelu.output.name not in saved_names
+    assert gelu.args[0].name in saved_names
+    assert "torchex.gelu(" in minijit.last_backward_traces(jf)[-1].python()
+    got = torch.autograd.grad(out, (w1, w2))
+    want = torch.autograd.grad(F.linear(F.gelu(F.linear(x, w1)), w2).sum(), (w1, w2))
+    torch.testing.assert_close(got, want)
