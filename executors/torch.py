@@ -29,13 +29,15 @@ def _slice(x: torch.Tensor, start_indices: Sequence[int], end_indices: Sequence[
     return x[tuple(slice(s, e, st) for s, e, st in zip(start_indices, end_indices, strides, strict=True))]
 
 
+# The reduction prims keep their input's dtype (the meta says so); torch.sum and torch.prod
+# would otherwise give int64 for bool and small integer inputs.
 def _sum(x: torch.Tensor, dims: Sequence[int]) -> torch.Tensor:
-    return torch.sum(x, tuple(dims)) if dims else x.clone()
+    return torch.sum(x, tuple(dims), dtype=x.dtype) if dims else x.clone()
 
 
 def _prod(x: torch.Tensor, dims: Sequence[int]) -> torch.Tensor:
     for d in sorted(dims, reverse=True):
-        x = torch.prod(x, d)
+        x = torch.prod(x, d, dtype=x.dtype)
     return x if dims else x.clone()
 
 
@@ -72,6 +74,30 @@ def _uniform(shape: Sequence[int], low: float, high: float, *, dtype: torch.dtyp
 
 def _take(x: torch.Tensor, index: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.index_select(x, dim, index)
+
+
+def _scalars_as_tensors(fn: Any) -> Any:
+    """`fn(a, b)` for torch functions that refuse Python numbers, which prims allow as scalars."""
+    def impl(a: Any, b: Any) -> torch.Tensor:
+        if not isinstance(a, torch.Tensor):
+            a = torch.tensor(a, dtype=b.dtype, device=b.device)
+        elif not isinstance(b, torch.Tensor):
+            b = torch.tensor(b, dtype=a.dtype, device=a.device)
+        return fn(a, b)
+    return impl
+
+
+def _maximum(a: Any, b: Any) -> torch.Tensor:
+    # clamp_min propagates NaN like maximum and takes a Python number without a tensor allocation.
+    if not isinstance(b, torch.Tensor):
+        return torch.clamp_min(a, b)
+    return torch.clamp_min(b, a) if not isinstance(a, torch.Tensor) else torch.maximum(a, b)
+
+
+def _minimum(a: Any, b: Any) -> torch.Tensor:
+    if not isinstance(b, torch.Tensor):
+        return torch.clamp_max(a, b)
+    return torch.clamp_max(b, a) if not isinstance(a, torch.Tensor) else torch.minimum(a, b)
 
 
 def _copy_(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
@@ -116,6 +142,11 @@ _PRIM_IMPLS: dict[str, Any] = {
     "copy_": _copy_,
     "copy_to_out_": _copy_to_out_,
     "where": torch.where,
+    "maximum": _maximum,
+    "minimum": _minimum,
+    **{name: _scalars_as_tensors(getattr(torch, name))
+       for name in ("fmod", "atan2", "copysign", "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or",
+                    "logical_xor")},
     "lerp": torch.lerp,
 }
 

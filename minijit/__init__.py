@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import torch
+
 from minijit.errors import (
     AliasError,
     GuardError,
@@ -28,6 +30,7 @@ from minijit.errors import (
 from minijit.ir import Trace
 from minijit.runtime import CacheInfo, JitFunction
 from minijit.runtime.jit import RetraceWarning
+from minijit.runtime.module import JitModule, ModuleForward
 from minijit.runtime.show import show, show_diff
 
 __all__ = [
@@ -37,8 +40,11 @@ __all__ = [
 
 
 def jit(fn: Callable[..., Any], *, executors: Sequence[Any] | None = None,
-        cache: str = "constant values", warn_retraces_after: int | None = None) -> JitFunction:
-    """Compile `fn` on its first call with each new kind of input; later calls reuse the trace.
+        cache: str = "constant values", warn_retraces_after: int | None = None) -> JitFunction | JitModule:
+    """Compile `fn` (a function or an `nn.Module`) on its first call with each new kind of input.
+
+    Later calls with inputs like those reuse the compiled trace. For a module, its
+    parameters and buffers are inputs of the trace, read on every call.
 
     `executors` is a priority list of executors or their names (the torch executor is
     always appended as the fallback); `cache` is "constant values" or "no caching".
@@ -50,20 +56,27 @@ def jit(fn: Callable[..., Any], *, executors: Sequence[Any] | None = None,
         jf = minijit.jit(lambda a, b: a + b)
         jf(torch.ones(2), torch.ones(2))
     """
+    if isinstance(fn, torch.nn.Module):
+        forward = ModuleForward(fn)
+        return JitModule(fn, JitFunction(forward, executors, cache, warn_retraces_after), forward)
     return JitFunction(fn, executors, cache, warn_retraces_after)
 
 
-def last_traces(jfn: JitFunction) -> list[Trace]:
+def _jit_function(jfn: JitFunction | JitModule) -> JitFunction:
+    return jfn._jit if isinstance(jfn, JitModule) else jfn
+
+
+def last_traces(jfn: JitFunction | JitModule) -> list[Trace]:
     """The traces of the last call of `jfn`, one per pass, each headed by the pass name and time.
 
     Example::
 
         print(minijit.last_traces(jf)[-1])  # the final, executed trace
     """
-    return jfn.last_traces()
+    return _jit_function(jfn).last_traces()
 
 
-def last_backward_traces(jfn: JitFunction) -> list[Trace]:
+def last_backward_traces(jfn: JitFunction | JitModule) -> list[Trace]:
     """The backward traces of the last call of `jfn`, one per pass; empty when it did not differentiate.
 
     A call differentiates when grad mode is on and an input requires grad; its
@@ -75,14 +88,14 @@ def last_backward_traces(jfn: JitFunction) -> list[Trace]:
         jf(torch.randn(4, 8), torch.randn(8, 3, requires_grad=True)).backward()
         print(minijit.last_backward_traces(jf)[-1])  # the executed backward trace
     """
-    return jfn.last_backward_traces()
+    return _jit_function(jfn).last_backward_traces()
 
 
-def cache_info(jfn: JitFunction) -> CacheInfo:
+def cache_info(jfn: JitFunction | JitModule) -> CacheInfo:
     """Hits, misses, entries, and why each miss happened, in words.
 
     Example::
 
         print(minijit.cache_info(jf))   # ... miss 2: arg 'x': shape (8, 16) != (4, 16)
     """
-    return jfn.cache_info()
+    return _jit_function(jfn).cache_info()

@@ -1,5 +1,10 @@
-"""Capture: run the user's function on proxies and record a trace."""
+"""Capture: run the user's function through a bytecode interpreter on proxies and record a trace.
 
-from minijit.frontend.interpreter import interpret
+`interpret(fn, args, kwargs)` is the entry point; `guards.build_guard` turns the
+guard entries it leaves in `trace.info["guards"]` into one checking function.
+"""
 
-__all__ = ["interpret"]
+from minijit.frontend.guards import GuardEntry, build_guard
+from minijit.frontend.interpreter import InterpretedGenerator, interpret
+
+__all__ = ["GuardEntry", "InterpretedGenerator", "build_guard", "interpret"]

@@ -1,11 +1,360 @@
-"""Placeholder: calls the function directly. Replaced by the bytecode interpreter."""
+"""The core of the bytecode interpreter: run a frame, unwind exceptions, run generators.
+
+`interpret(fn, args, kwargs)` calls `fn` the way CPython would, except that Python
+functions (the user's and those they call) are executed here, one instruction at a
+time, by the handlers in `minijit.frontend.opcodes`. That lets every call go
+through `minijit.frontend.calls.call`, which replaces torch callables by ltorch
+symbols (recording them into the active trace), and lets the trace know the user's
+source line of every bound symbol.
+"""
 
 from __future__ import annotations
 
+import collections.abc
+import sys
+import types
 from collections.abc import Callable
 from typing import Any
 
+from minijit.errors import MinijitError, UnsupportedSyntaxError
+from minijit.frontend.code import ASYNC_FLAGS, Inst, binder_for, code_info
+from minijit.frontend.frame import GENERATOR, NULL, RETURN, STATE, YIELD, Frame
+from minijit.ir import current_trace
+from minijit.ir.context import where_now
+
+_RECURSION_LIMIT = 1000  # interpreted frames; each one costs a few Python frames of the interpreter
+
+
+def run_frame(frame: Frame, throw: BaseException | None = None) -> str:
+    """Execute `frame` until it returns, yields or creates a generator; returns which of the three.
+
+    With `throw`, first raise that exception at the instruction the frame is suspended at
+    (how `generator.throw` enters a generator).
+    """
+    insts = frame.insts
+    trace = current_trace() if frame.info.is_user else None
+    if trace is not None and frame.info.sourceless and trace.source is not None:
+        trace = None
+    if throw is not None:
+        assert frame.suspended_at is not None
+        STATE.passthrough = throw  # gen.throw() raises the exception as given, without a new context
+        _unwind(frame, frame.suspended_at, throw)
+    while True:
+        inst = insts[frame.ip]
+        if inst.line != frame.line:
+            frame.line = inst.line
+            if trace is not None:
+                trace.source = frame.info.location(inst.line)
+        frame.ip = inst.next
+        try:
+            signal = inst.handler(frame, inst)
+        except BaseException as exc:  # user code may catch any exception, so the loop must see all
+            _unwind(frame, inst, exc)
+            continue
+        if signal is not None:
+            return signal
+
+
+def _unwind(frame: Frame, inst: Inst, exc: BaseException) -> None:
+    """Jump to the handler of the exception table entry covering `inst`, or re-raise `exc`."""
+    state = STATE
+    if exc is state.passthrough:
+        state.passthrough = None
+    else:
+        set_context(exc, state.handled)
+    entry = inst.except_entry
+    if entry is None:
+        state.passthrough = exc
+        raise exc
+    target, depth, push_lasti = entry
+    del frame.stack[depth:]
+    if push_lasti:
+        frame.stack.append(inst.offset)
+    frame.stack.append(exc)
+    frame.ip = target
+    if isinstance(exc, MinijitError):
+        # A MinijitError means no trace can be built: `finally` blocks and `__exit__` still run (so
+        # e.g. grad mode is restored), but no user `except` may swallow it. Typed `except` clauses
+        # never match it (CHECK_EXC_MATCH); a bare `except:` is skipped here, straight to its cleanup.
+        handler = frame.insts[target]
+        after = frame.insts[handler.next]
+        if handler.opname == "PUSH_EXC_INFO" and after.opname == "POP_TOP":
+            handler.handler(frame, handler)
+            _unwind(frame, after, exc)
+
+
+def set_context(exc: BaseException, handled: BaseException | None) -> None:
+    """Chain `exc` to the exception being handled, as CPython does when an exception is raised."""
+    if handled is None or handled is exc:
+        return
+    # Break a cycle the new link would create (CPython does the same).
+    o = handled
+    while (ctx := o.__context__) is not None:
+        if ctx is exc:
+            o.__context__ = None
+            break
+        o = ctx
+    exc.__context__ = handled
+
+
+def raise_passthrough(exc: BaseException) -> None:
+    """Raise `exc` without giving it a new `__context__` (a re-raise)."""
+    STATE.passthrough = exc
+    raise exc
+
+
+def new_frame(fn: types.FunctionType, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> Frame:
+    """A frame for calling the Python function `fn` with its arguments bound."""
+    info = code_info(fn.__code__)
+    bound = binder_for(fn, info)(*args, **kwargs)
+    localsplus = list(bound)
+    localsplus += [NULL] * (info.n_localsplus - len(localsplus))
+    builtins = fn.__builtins__
+    if not isinstance(builtins, dict):
+        builtins = builtins.__dict__
+    return Frame(info, fn, localsplus, fn.__globals__, builtins)
+
+
+def run_function(fn: types.FunctionType, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> Any:
+    """Interpret a call of the Python function `fn` and return its result (a generator for generator functions)."""
+    frame = new_frame(fn, args, kwargs)
+    return run_new_frame(frame)
+
+
+def run_new_frame(frame: Frame) -> Any:
+    """Run a fresh frame to its return (or to the creation of its generator)."""
+    state = STATE
+    if len(state.frames) >= _RECURSION_LIMIT:
+        raise RecursionError("maximum recursion depth exceeded (in the minijit interpreter)")
+    trace = current_trace()
+    saved_source = trace.source if trace is not None else None
+    state.frames.append(frame)
+    try:
+        signal = run_frame(frame)
+    finally:
+        state.frames.pop()
+        if trace is not None:
+            trace.source = saved_source
+    if signal is RETURN:
+        return frame.retval
+    if signal is GENERATOR:
+        if frame.code.co_flags & ASYNC_FLAGS:
+            raise UnsupportedSyntaxError(
+                f"coroutines and async generators ({frame.code.co_qualname}, opcode RETURN_GENERATOR in an "
+                f"async def){where_now()} are not supported by the minijit interpreter")
+        return InterpretedGenerator(frame)
+    raise UnsupportedSyntaxError(f"a yield outside a generator in {frame.code.co_qualname}{where_now()}")
+
+
+class InterpretedGenerator:
+    """A generator whose frame is run by the interpreter; behaves like a native generator.
+
+    Native code (list(), zip(), next()) drives it through `__next__`/`send`, which
+    resume the interpreter, so the generator's body is always interpreted.
+    """
+
+    __slots__ = ("__weakref__", "exc_value", "finished", "frame", "running", "started")
+
+    def __init__(self, frame: Frame):
+        self.frame = frame
+        self.running = False
+        self.started = False
+        self.finished = False
+        # The exception being handled inside the generator while it is suspended (its own exc_info).
+        self.exc_value: BaseException | None = None
+
+    def __repr__(self) -> str:
+        return f"<interpreted generator object {self.frame.code.co_qualname} at {id(self):#x}>"
+
+    @property
+    def __name__(self) -> str:
+        return self.frame.code.co_name
+
+    @property
+    def gi_running(self) -> bool:
+        return self.running
+
+    @property
+    def gi_code(self) -> types.CodeType:
+        return self.frame.code
+
+    def __iter__(self) -> InterpretedGenerator:
+        return self
+
+    def __next__(self) -> Any:
+        return self._resume(None, None)
+
+    def send(self, value: Any) -> Any:
+        """Resume the generator with `value` as the result of its `yield`."""
+        if not self.started and value is not None and not self.finished:
+            raise TypeError("can't send non-None value to a just-started generator")
+        return self._resume(value, None)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        """Raise an exception at the generator's `yield` (delegating to a `yield from` target first)."""
+        exc = _make_exception(typ, val)
+        if tb is not None:
+            exc = exc.with_traceback(tb)
+        if self.finished:
+            raise exc
+        delegate = self._delegate()
+        if delegate is not None:
+            if isinstance(exc, GeneratorExit):
+                _close_iter(delegate)
+            else:
+                throw = getattr(delegate, "throw", None)
+                if throw is not None:
+                    try:
+                        return self._call_running(throw, exc)
+                    except StopIteration as stop:
+                        # The delegate finished: leave the SEND loop with its value, as CPython does.
+                        frame = self.frame
+                        frame.stack.pop()
+                        # 3.11 lays out `yield from` as SEND; YIELD_VALUE; RESUME 2; JUMP_BACKWARD_NO_INTERRUPT.
+                        send_inst = frame.insts[frame.suspended_at.offset // 2 - 1]
+                        frame.ip = send_inst.argval // 2
+                        return self._resume(stop.value, None, push=True)
+                    except BaseException as raised:  # the delegate's exception enters this generator
+                        return self._resume(None, raised)
+        return self._resume(None, exc)
+
+    def close(self) -> None:
+        """Raise GeneratorExit inside the generator; it must not yield again."""
+        if self.finished:
+            return
+        if not self.started:
+            self.finished = True
+            return
+        try:
+            self.throw(GeneratorExit)
+        except (GeneratorExit, StopIteration):
+            return
+        raise RuntimeError("generator ignored GeneratorExit")
+
+    def __del__(self) -> None:
+        # CPython closes an unfinished generator when it is collected (running its finally blocks).
+        if self.started and not self.finished and not self.running:
+            try:
+                self.close()
+            except Exception:
+                pass
+
+    def _delegate(self) -> Any:
+        """The iterator a suspended `yield from` delegates to, if any."""
+        frame = self.frame
+        at = frame.suspended_at
+        if at is None or at.opname != "YIELD_VALUE":
+            return None
+        nxt = frame.insts[at.next]
+        if nxt is not None and nxt.opname == "RESUME" and nxt.arg >= 2 and frame.stack:
+            return frame.stack[-1]
+        return None
+
+    def _call_running(self, fn: Callable[..., Any], *args: Any) -> Any:
+        if self.running:
+            raise ValueError("generator already executing")
+        self.running = True
+        try:
+            return fn(*args)
+        finally:
+            self.running = False
+
+    def _resume(self, value: Any, exc: BaseException | None, push: bool = True) -> Any:
+        if self.running:
+            raise ValueError("generator already executing")
+        if self.finished:
+            if exc is not None:
+                raise exc
+            raise StopIteration
+        frame = self.frame
+        state = STATE
+        trace = current_trace()
+        saved_source = trace.source if trace is not None else None
+        outer_handled = state.handled
+        if self.exc_value is not None:
+            state.handled = self.exc_value
+        self.running = True
+        self.started = True
+        state.frames.append(frame)
+        try:
+            if exc is None and push:
+                frame.stack.append(value)
+            frame.line = None  # the consumer's line is current now: set the generator's again
+            signal = run_frame(frame, exc)
+        except StopIteration as stop:
+            self.finished = True
+            err = RuntimeError("generator raised StopIteration")
+            err.__cause__ = err.__context__ = stop
+            raise_passthrough(err)
+        except BaseException:
+            self.finished = True
+            raise
+        finally:
+            self.running = False
+            state.frames.pop()
+            if trace is not None:
+                trace.source = saved_source
+            self.exc_value = state.handled if state.handled is not outer_handled else None
+            state.handled = outer_handled
+        if signal is YIELD:
+            return frame.retval
+        self.finished = True
+        result = frame.retval
+        raise_passthrough(StopIteration() if result is None else StopIteration(result))
+
+
+collections.abc.Generator.register(InterpretedGenerator)
+
+
+def _close_iter(it: Any) -> None:
+    close = getattr(it, "close", None)
+    if close is not None:
+        close()
+
+
+def _make_exception(typ: Any, val: Any) -> BaseException:
+    if isinstance(typ, BaseException):
+        if val is not None:
+            raise TypeError("instance exception may not have a separate value")
+        return typ
+    if isinstance(typ, type) and issubclass(typ, BaseException):
+        if isinstance(val, typ):
+            return val
+        if val is None:
+            return typ()
+        return typ(*val) if isinstance(val, tuple) else typ(val)
+    raise TypeError(f"exceptions must be classes or instances deriving from BaseException, not {type(typ).__name__}")
+
 
 def interpret(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Run `fn(*args, **kwargs)` on proxies, recording into the current trace."""
-    return fn(*args, **kwargs)
+    """Run `fn(*args, **kwargs)` through the interpreter, recording tensor ops into the current trace.
+
+    Works outside tracing too (then it only runs the function). The guards for the
+    globals and closure values the code read go to `trace.info["guards"]`.
+
+    Example::
+
+        with tracing(trace):
+            out = interpret(f, (x_proxy,), {})
+    """
+    from minijit.frontend.calls import call
+
+    state = STATE
+    saved = (state.handled, state.passthrough, state.guards, state.internal_cells)
+    state.handled = sys.exc_info()[1]
+    state.passthrough = None
+    state.guards = {}
+    state.internal_cells = set()
+    trace = current_trace()
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 12 * _RECURSION_LIMIT))
+    try:
+        return call(fn, args, kwargs)
+    finally:
+        sys.setrecursionlimit(limit)
+        if trace is not None:
+            trace.info.setdefault("guards", []).extend(state.guards.values())
+        state.handled, state.passthrough, state.guards, state.internal_cells = saved
+
+
+__all__ = ["InterpretedGenerator", "interpret", "raise_passthrough", "run_frame", "run_function", "set_context"]

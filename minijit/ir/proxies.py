@@ -138,6 +138,8 @@ def record_constraint(a: NumberProxy, op: str, b: Any, result: bool) -> None:
             exprs.append(x.expr)
         else:
             exprs.append(repr(x))
+    if exprs[0] == exprs[1]:
+        return  # a value compared with itself: true for every input
     add_constraint(canonical_constraint(exprs[0], op, exprs[1], result, isinstance(b, NumberProxy)))
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -46,8 +46,19 @@ def describe_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[st
     except (TypeError, ValueError):
         items = [(f"arg{i}", a) for i, a in enumerate(args)] + list(kwargs.items())
     out: dict[str, tuple[str, Any]] = {"grad mode": ("torch.is_grad_enabled()", ("value", ("bool", torch.is_grad_enabled())))}
+    # A module's forward takes its parameters and training flags first: name them by path.
+    module_names = {"params": getattr(fn, "slots", None), "flags": getattr(fn, "module_paths", None)}
     for name, value in items:
-        _describe_value(name, value, out, symbolic)
+        paths = module_names.get(name)
+        if paths is None:
+            _describe_value(name, value, out, symbolic)
+            continue
+        for path, v in zip(paths, value, strict=True):
+            if isinstance(path, tuple):  # a parameter or buffer slot: (path, owner, kind, name)
+                label = f"self.{path[0]}"
+            else:
+                label = ".".join(filter(None, ("self", path, "training")))
+            _describe_value(label, v, out, symbolic)
     return out
 
 
@@ -61,7 +72,9 @@ def _format(aspect: str, value: Any) -> str:
 
 
 def _argument(label: str) -> str:
-    return label if label.startswith("torch.") else f"arg '{label}'"
+    if label.startswith(("torch.", "self.")):
+        return label
+    return f"arg '{label}'"
 
 
 def explain_difference(new: dict[str, tuple[str, Any]], old: dict[str, tuple[str, Any]]) -> list[str]:
@@ -91,7 +104,8 @@ def explain_miss(new: dict[str, tuple[str, Any]], previous: list[dict[str, tuple
     return "; ".join(closest)
 
 
-def prologue_source(description: dict[str, tuple[str, Any]], constraints: list[str] = ()) -> str:  # type: ignore[assignment]
+def prologue_source(description: dict[str, tuple[str, Any]], constraints: Sequence[str] = (),
+                    values: Sequence[Any] = ()) -> str:
     """The checks a call must pass to reuse a cache entry, written as Python asserts."""
     params = dict.fromkeys(re.split(r"[.\[]", expr)[0] for expr, _ in description.values() if not expr.startswith("torch."))
     lines = [f"def prologue({', '.join(params)}):"]
@@ -116,15 +130,5 @@ def prologue_source(description: dict[str, tuple[str, Any]], constraints: list[s
         else:
             lines.append(f"  assert len({expr}) == {value!r}")
     lines += [f"  assert {c}" for c in constraints]
+    lines += [f"  assert unchanged({v})" for v in values]
     return "\n".join(lines) + "\n"
-
-
-def failed_constraints(entry: Any, flat: list[Any]) -> str:
-    """Which of an entry's recorded constraints a call's inputs break, in words."""
-    params = ", ".join(p.name for p in entry.traces[0].args)
-    failed = []
-    for constraint in entry.constraints:
-        check = eval(f"lambda {params}: {constraint}")  # the constraint is our own generated source
-        if not check(*flat):
-            failed.append(constraint)
-    return "constraint failed: " + "; ".join(failed) if failed else "a guard failed"

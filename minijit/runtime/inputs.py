@@ -50,11 +50,15 @@ def proxify_arguments(trace: Trace, fn: Callable[..., Any], args: tuple[Any, ...
     """
     values = list(args) + list(kwargs.values())
     proxied = []
+    # A module's forward names its parameters after their paths (`fc1_weight`).
+    leaf_names: list[str] | None = getattr(fn, "param_names", None)
     for name, value in zip(parameter_names(fn, args, kwargs), values, strict=True):
         count = [0]
 
         def wanted_name(name: str = name, count: list[int] = count) -> str:
             count[0] += 1
+            if name == "params" and leaf_names is not None:
+                return leaf_names[count[0] - 1]
             return name if count[0] == 1 else f"{name}_{count[0] - 1}"
 
         def to_proxy(x: Any) -> Any:

@@ -14,7 +14,8 @@ import torch
 from minijit.extend import Executor, resolve_executors
 from minijit.ir import Trace
 from minijit.runtime.cache_key import POSITIONAL_TENSOR_KEYS, POSITIONAL_TENSOR_SYMBOLIC_KEYS, cache_key
-from minijit.runtime.explain import describe_call, explain_miss, failed_constraints, prologue_source
+from minijit.runtime.explain import describe_call, explain_miss, prologue_source
+from minijit.runtime.guards import explain_guard_failure
 from minijit.runtime.inputs import flat_inputs
 from minijit.runtime.pipeline import CompiledEntry, compile_for
 
@@ -59,76 +60,52 @@ class JitFunction:
         self.executors = resolve_executors(list(executors) if executors is not None else None)
         self.cache_mode = cache
         self._symbolic = cache == "symbolic values"
-        # "constant values": key -> entry. "symbolic values": key -> entries told apart by their guards.
-        self._entries: dict[tuple[Any, ...], CompiledEntry] = {}
-        self._symbolic_entries: dict[tuple[Any, ...], list[CompiledEntry]] = {}
+        self._keys = POSITIONAL_TENSOR_SYMBOLIC_KEYS if self._symbolic else POSITIONAL_TENSOR_KEYS
+        # key -> the entries compiled for calls with that key, told apart by their guards.
+        self._entries: dict[tuple[Any, ...], list[CompiledEntry]] = {}
         self._descriptions: list[dict[str, Any]] = []
         self._info = CacheInfo()
         self._last: CompiledEntry | None = None
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        # The hit path for the common call, plain tensors passed positionally: one compiled
-        # key function, one dict lookup, and the compiled trace takes the arguments as they are.
+        # The hit path for the common call, plain tensors passed positionally: one compiled key
+        # function, one dict lookup, the entry's guard if it has one, and the compiled trace,
+        # which takes the arguments as they are.
         if not kwargs and len(args) < 16:
-            if self._symbolic:
-                key = POSITIONAL_TENSOR_SYMBOLIC_KEYS[len(args)](*args)
-                if key is not None:
-                    for entry in self._symbolic_entries.get(key, ()):
-                        if entry.guard(*args):
-                            self._info.hits += 1
-                            self._last = entry
-                            return entry.computation(*args)
-            else:
-                key = POSITIONAL_TENSOR_KEYS[len(args)](*args)
-                if key is not None:
-                    entry = self._entries.get(key)
-                    if entry is not None:
+            key = self._keys[len(args)](*args)
+            if key is not None:
+                for entry in self._entries.get(key, ()):
+                    if entry.guard is None or entry.guard(*args):
                         self._info.hits += 1
                         self._last = entry
                         return entry.computation(*args)
-        if self._symbolic:
-            return self._call_symbolic(args, kwargs)
         return self._call_general(args, kwargs)
 
     def _call_general(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        key = cache_key(args, kwargs)
-        entry = self._entries.get(key)
-        if entry is None:
-            entry = self._miss(args, kwargs, [])
-            if self.cache_mode != "no caching":
-                self._entries[key] = entry
-                self._info.entries = len(self._entries)
-        else:
-            self._info.hits += 1
-        self._last = entry
-        if entry.direct_call:
-            return entry.computation(*args)
-        return entry.computation(*flat_inputs(args, kwargs, symbolic=False))
-
-    def _call_symbolic(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        key = cache_key(args, kwargs, symbolic=True)
-        flat = flat_inputs(args, kwargs, symbolic=True)
-        candidates = self._symbolic_entries.setdefault(key, [])
+        key = cache_key(args, kwargs, symbolic=self._symbolic)
+        flat = flat_inputs(args, kwargs, symbolic=self._symbolic)
+        candidates = self._entries.get(key, [])
         for entry in candidates:
-            if entry.guard(*flat):
+            if entry.guard is None or entry.guard(*flat):
                 self._info.hits += 1
                 break
         else:
-            entry = self._miss(args, kwargs, candidates)
-            candidates.append(entry)
-            self._info.entries += 1
+            entry = self._miss(args, kwargs, flat, candidates)
+            if self.cache_mode != "no caching":
+                self._entries.setdefault(key, []).append(entry)
+                self._info.entries += 1
         self._last = entry
         return entry.computation(*flat)
 
-    def _miss(self, args: tuple[Any, ...], kwargs: dict[str, Any], same_key: list[CompiledEntry]) -> CompiledEntry:
+    def _miss(self, args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[Any],
+              same_key: list[CompiledEntry]) -> CompiledEntry:
         self._info.misses += 1
         description = describe_call(self.fn, args, kwargs, symbolic=self._symbolic)
         if self.cache_mode == "no caching":
             reason = "caching is off (cache='no caching')"
         elif same_key:
-            flat = flat_inputs(args, kwargs, symbolic=True)
-            reason = failed_constraints(same_key[-1], flat)
+            reason = explain_guard_failure(same_key[-1], flat)
         else:
             reason = explain_miss(description, self._descriptions)
         self._info.miss_reasons.append(reason)
@@ -136,7 +113,7 @@ class JitFunction:
             name = getattr(self.fn, "__qualname__", repr(self.fn))
             warnings.warn(f"minijit traced {name} again (miss {self._info.misses}): {reason}", RetraceWarning, stacklevel=4)
         entry = compile_for(self.fn, args, kwargs, self.executors, symbolic=self._symbolic)
-        entry.prologue = prologue_source(description, entry.constraints)
+        entry.prologue = prologue_source(description, entry.constraints, entry.value_guards)
         if self.cache_mode != "no caching":
             self._descriptions.append(description)
         return entry

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -14,7 +13,9 @@ from minijit.frontend import interpret
 from minijit.ir import Trace, tracing
 from minijit.ir.context import recording_constraints
 from minijit.runtime.autograd import CompiledGrad, autograd_callable
-from minijit.runtime.inputs import input_names, proxify_arguments
+from minijit.runtime.guards import compile_guard, drop_implied
+from minijit.runtime.inputs import proxify_arguments
+from minijit.runtime.module import ModuleForward
 from minijit.transforms import claim_executors, dce
 from minijit.transforms.grad import release_dead_values, requires_grad_inputs, split_forward_backward
 from minijit.transforms.simplify import remove_cast_round_trips
@@ -26,13 +27,15 @@ class CompiledEntry:
 
     computation: Callable[..., Any]
     traces: list[Trace] = field(default_factory=list)
-    # True when every argument is a tensor passed positionally: the call can skip flattening.
-    direct_call: bool = False
     # The checks a call must pass to use this entry, as Python source (for minijit.show).
     prologue: str = ""
     # "symbolic values" mode: a function of the flat inputs checking the trace's constraints.
+    # A function of the flat inputs that is True when the trace still holds for them: the
+    # constraints on symbolic values, and the values (globals, closures) the trace read. None
+    # when there is nothing to check beyond the cache key.
     guard: Callable[..., bool] | None = None
     constraints: list[str] = field(default_factory=list)
+    value_guards: list[Any] = field(default_factory=list)
     # The backward traces, one per pass, when the entry differentiates (else empty).
     backward_traces: list[Trace] = field(default_factory=list)
 
@@ -54,10 +57,9 @@ def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
     """
     with recording_constraints() as constraints:
         entry = _compile(fn, args, kwargs, executors, symbolic)
-    if symbolic:
-        constraints = [c for c in constraints if not _IMPLIED.match(c) or c.endswith(("== 0", "== 1", "> 1"))]
-        entry.constraints = constraints
-        entry.guard = compile_guard(entry.traces[0], constraints)
+    entry.constraints = drop_implied(constraints)
+    entry.value_guards = list(entry.traces[0].info.get("guards", ()))
+    entry.guard = compile_guard(entry.traces[0], entry.constraints, entry.value_guards)
     return entry
 
 
@@ -71,17 +73,21 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
             trace.fn_name = "computation"
         with tracing(trace):
             pargs, pkwargs = proxify_arguments(trace, fn, args, kwargs, symbolic)
-            trace.output = interpret(fn, pargs, pkwargs)
+            if isinstance(fn, ModuleForward):
+                params, _flags, *user_args = pargs
+                with fn.swapped_in(params):
+                    trace.output = interpret(fn.module, tuple(user_args), pkwargs)
+            else:
+                trace.output = interpret(fn, pargs, pkwargs)
         return trace
 
     # The passes, in order. Each is a pure Trace -> Trace function.
     trace = _timed(capture, traces)
     trace = _timed(lambda: dce(trace), traces)
     trace = _timed(lambda: remove_cast_round_trips(trace), traces)
-    direct = not kwargs and all(isinstance(a, torch.Tensor) for a in args)
 
     if torch.is_grad_enabled() and requires_grad_inputs(trace):
-        return _compile_with_grad(trace, traces, executors, direct)
+        return _compile_with_grad(trace, traces, executors)
 
     trace = _timed(lambda: claim_executors(trace, executors), traces)
     trace = _timed(lambda: dce(trace), traces)
@@ -89,10 +95,10 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
     start = time.perf_counter()
     computation = trace.python_callable()
     traces[-1].elapsed_ms += (time.perf_counter() - start) * 1e3
-    return CompiledEntry(computation, traces, direct)
+    return CompiledEntry(computation, traces)
 
 
-def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[Any], direct: bool) -> CompiledEntry:
+def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[Any]) -> CompiledEntry:
     """Grad is needed: split into forward and backward, run the passes on both, compile both."""
     start = time.perf_counter()
     fwd, bwd = split_forward_backward(trace)
@@ -111,26 +117,5 @@ def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[An
         differentiable_outputs=fwd.info["differentiable_outputs"],
         name=trace.fn_name,
     )
-    return CompiledEntry(autograd_callable(compiled), traces, direct, backward_traces=bwd_traces)
+    return CompiledEntry(autograd_callable(compiled), traces, backward_traces=bwd_traces)
 
-
-# A symbolic input size (> 1) compared with 0 or 1: implied by the `x.shape[i] > 1` constraint
-# every symbolic size starts with, so the guard need not check it again.
-_IMPLIED = re.compile(r"^(0|1) (==|!=|<=|>=|<|>) \w+\.shape\[\d+\]$|^\w+\.shape\[\d+\] (==|!=|<=|>=|<|>) (0|1)$")
-
-
-def compile_guard(trace: Trace, constraints: list[str]) -> Callable[..., bool]:
-    """One function of the trace inputs that is True when every recorded constraint still holds."""
-    names = input_names(trace)
-    body = " and ".join(constraints) if constraints else "True"
-    # Read each input's shape once: `x.shape` costs more than indexing the tuple it gives.
-    shaped = [n for n in names if f"{n}.shape[" in body]
-    for n in shaped:
-        body = body.replace(f"{n}.shape[", f"{n}_shape[")
-    reads = "".join(f"    {n}_shape = {n}.shape\n" for n in shaped)
-    source = f"def guard({', '.join(names)}):\n{reads}    return {body}\n"
-    env: dict[str, Any] = {}
-    exec(compile(source, f"<minijit guard {trace.fn_name}>", "exec"), env)
-    guard = env["guard"]
-    guard.__minijit_source__ = source
-    return guard

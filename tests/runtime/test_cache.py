@@ -63,3 +63,44 @@ def test_kwargs_and_nested_arguments():
     assert minijit.cache_info(jf).misses == 3
     header = minijit.last_traces(jf)[-1].python().splitlines()[0]
     assert header == "def g(xs, xs_1):"
+
+
+SCALE = 2.0
+
+
+def _uses_global(x):
+    return x * SCALE
+
+
+def test_a_changed_global_is_a_miss_with_its_reason():
+    global SCALE
+    jf = minijit.jit(_uses_global)
+    x = torch.randn(3)
+    try:
+        torch.testing.assert_close(jf(x), x * 2.0)
+        torch.testing.assert_close(jf(x), x * 2.0)
+        SCALE = 3.0
+        torch.testing.assert_close(jf(x), x * 3.0)
+        info = minijit.cache_info(jf)
+        assert (info.hits, info.misses) == (1, 2)
+        assert info.miss_reasons[1] == "global SCALE = 2.0 changed"
+        SCALE = 2.0
+        torch.testing.assert_close(jf(x), x * 2.0)  # the first entry holds again
+        assert minijit.cache_info(jf).hits == 2
+    finally:
+        SCALE = 2.0
+
+
+def test_a_changed_closure_value_is_a_miss():
+    def make(k):
+        def f(x):
+            return x + k
+        return f
+
+    f = make(1)
+    jf = minijit.jit(f)
+    x = torch.zeros(2)
+    torch.testing.assert_close(jf(x), x + 1)
+    f.__closure__[0].cell_contents = 5
+    torch.testing.assert_close(jf(x), x + 5)
+    assert minijit.cache_info(jf).misses == 2

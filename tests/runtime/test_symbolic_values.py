@@ -76,3 +76,20 @@ def test_python_int_used_as_a_size_is_specialised():
     torch.testing.assert_close(jf(x, 2), f(x, 2))
     torch.testing.assert_close(jf(x, 5), f(x, 5))
     assert minijit.cache_info(jf).misses == 2
+
+
+def test_unsqueeze_add_trace_from_the_issue():
+    def foo(a, b):
+        a = a.unsqueeze(1)
+        return a + b
+
+    jf = minijit.jit(foo, cache="symbolic values")
+    for sa, sb in [((1, 3, 4), (3, 3, 4)), ((1, 5, 6), (5, 5, 6)), ((1, 2, 7), (4, 2, 7))]:
+        a, b = torch.randn(sa), torch.randn(sb)
+        torch.testing.assert_close(jf(a, b), foo(a, b))
+    assert minijit.cache_info(jf).misses == 1
+    capture = minijit.last_traces(jf)[0].python()
+    assert "(_, i0, i1) = prims.shape(a)" in capture
+    prologue = jf.last_prologue()
+    assert "a.shape[1] == a.shape[1]" not in prologue
+    assert "assert a.shape[1] == b.shape[1]" in prologue

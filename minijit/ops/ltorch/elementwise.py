@@ -6,7 +6,9 @@ from typing import Any
 
 import torch
 
+from minijit.errors import MetaError
 from minijit.ir import TensorProxy
+from minijit.ir.context import where_now
 from minijit.ops import prims
 from minijit.ops.registry import ALL_LTORCH, ltorch_op
 from minijit.ops.utils import broadcast_shapes, elementwise, expand_to, float_dtype, result_dtype, to_dtype
@@ -80,7 +82,11 @@ def add(a: Any, b: Any, *, alpha: Any = None) -> TensorProxy:
 
 @ltorch_op(torch_fns=[torch.sub, torch.subtract, torch.Tensor.sub], methods=["sub"])
 def sub(a: Any, b: Any, *, alpha: Any = None) -> TensorProxy:
-    """torch.sub: a - alpha * b."""
+    """torch.sub: a - alpha * b (bool operands are an error, as in torch)."""
+    for x in (a, b):
+        if (x.dtype if isinstance(x, TensorProxy) else type(x)) in (torch.bool, bool):
+            raise MetaError(f"sub: subtraction with a bool tensor is not supported; use logical_not or ~ to invert "
+                            f"a mask{where_now()}")
     if alpha is not None and alpha != 1:
         b = mul(b, alpha)
     return elementwise(prims.sub, a, b)
@@ -142,6 +148,9 @@ for _name in ("logical_and", "logical_or", "logical_xor"):
 @ltorch_op(torch_fns=[torch.where, torch.Tensor.where], methods=["where"])
 def where(condition: TensorProxy, input: Any, other: Any) -> TensorProxy:  # noqa: A002 - torch's names
     """torch.where(condition, input, other) with broadcasting and promotion."""
+    if not isinstance(condition, TensorProxy) or condition.dtype not in (torch.bool, torch.uint8):
+        got = condition.dtype if isinstance(condition, TensorProxy) else type(condition).__name__
+        raise MetaError(f"where: expected a bool condition tensor, got {got}{where_now()}")
     dtype = result_dtype(input, other)
     shape = broadcast_shapes(*(t.shape for t in (condition, input, other) if isinstance(t, TensorProxy)))
     args = [expand_to(to_dtype(x, dtype), shape) for x in (input, other)]
@@ -187,6 +196,8 @@ def addcdiv(a: TensorProxy, t1: TensorProxy, t2: TensorProxy, *, value: Any = 1)
 
 @ltorch_op(torch_fns=[torch.square, torch.Tensor.square], methods=["square"])
 def square(a: TensorProxy) -> TensorProxy:
-    """torch.square."""
+    """torch.square (bool squares to int64, as torch computes it with pow)."""
+    if a.dtype == torch.bool:
+        a = to_dtype(a, torch.int64)
     return mul(a, a)
 

@@ -127,6 +127,8 @@ def _scaled_sum(op: str, input: TensorProxy, product: TensorProxy, beta: Any, al
         broadcast_shapes(input.shape, product.shape)
     except MetaError:
         raise fail(op, f"input of shape {tuple(input.shape)} does not broadcast to {tuple(product.shape)}") from None
+    if not (product.dtype.is_floating_point or product.dtype.is_complex):  # torch truncates the scalars
+        beta, alpha = int(beta), int(alpha)
     scaled = product if alpha == 1 else mul(product, alpha)
     if beta == 0:  # torch ignores input then, NaNs included
         return expand_to(scaled, broadcast_shapes(input.shape, product.shape))
@@ -184,6 +186,8 @@ def hardtanh(input: TensorProxy, min_val: float = -1.0, max_val: float = 1.0, in
     _no_inplace("hardtanh", inplace)
     if _tensor("hardtanh", input).dtype == torch.bool:
         raise fail("hardtanh", "does not support bool input")
+    if not input.dtype.is_floating_point:  # torch truncates the bounds for integer inputs
+        min_val, max_val = int(min_val), int(max_val)
     return clamp(input, min_val, max_val)
 
 
@@ -257,6 +261,8 @@ def _softmax_parts(op: str, input: TensorProxy, dim: Any, dtype: torch.dtype | N
     if not out_dtype.is_floating_point:
         raise fail(op, f"needs a floating point input or dtype, got {out_dtype}")
     x = to_dtype(to_dtype(input, out_dtype), compute_dtype_for(out_dtype))
+    if x.ndim and x.shape[d] == 0:  # nothing to normalize, and no max to take
+        return x, d, out_dtype
     shifted = sub(x, keep_dims(prims.amax(x, (d,)), x.shape, (d,)))
     return shifted, d, out_dtype
 
@@ -590,8 +596,11 @@ def scaled_dot_product_attention(query: TensorProxy, key: TensorProxy, value: Te
         k, v = _repeat_heads(k, groups), _repeat_heads(v, groups)
     L, S = q.shape[-2], k.shape[-2]
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    # Half types compute in float32 throughout, as torch's CPU and flash kernels accumulate.
+    compute = compute_dtype_for(q.dtype)
+    q, k, v = to_dtype(q, compute), to_dtype(k, compute), to_dtype(v, compute)
     perm = (*range(k.ndim - 2), k.ndim - 1, k.ndim - 2)
-    scores = to_dtype(mul(matmul(q, prims.transpose(k, perm)), scale), compute_dtype_for(q.dtype))
+    scores = mul(matmul(q, prims.transpose(k, perm)), scale)
     if is_causal:
         rows = prims.iota(L, start=0, step=1, dtype=torch.int64, device=q.device)
         cols = prims.iota(S, start=0, step=1, dtype=torch.int64, device=q.device)
@@ -607,7 +616,7 @@ def scaled_dot_product_attention(query: TensorProxy, key: TensorProxy, value: Te
     probs = where(fully_masked, 0, probs)
     if dropout_p > 0:
         probs = dropout_mask_scale(probs, dropout_p)
-    return matmul(to_dtype(probs, q.dtype), v)
+    return to_dtype(matmul(probs, v), query.dtype)
 
 
 # -- padding -------------------------------------------------------------------------------------------------

@@ -1,0 +1,266 @@
+"""How the interpreter calls things: lookasides first, then interpret Python code, else run natively.
+
+The order, for every call made by interpreted code:
+
+1. a torch callable with an ltorch symbol is replaced by that symbol (it records into the trace);
+2. a lookaside (`minijit.frontend.lookasides.LOOKASIDES`) replaces builtins that need the
+   interpreter's view of things (`super()`, `isinstance(proxy, torch.Tensor)`, `map` of a Python
+   function, ...);
+3. Python functions, bound methods, partials, classes with a Python `__init__` and objects with a
+   Python `__call__` are interpreted, unless their code belongs to minijit, torch (except the
+   `torch.nn` layers' forwards) or a library module that is better run natively;
+4. anything else runs natively, after checking that no proxy is passed into C code that cannot
+   take one (a torch function without an ltorch symbol is an UnsupportedOpError).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from minijit.errors import UnsupportedOpError, UnsupportedSyntaxError
+from minijit.frontend.interpreter import run_function
+from minijit.frontend.lookasides import LOOKASIDES
+from minijit.ir import Proxy
+from minijit.ir.context import where_now
+from minijit.ir.proxies import _BoundMethod
+from minijit.ops.registry import ltorch_symbol_for
+
+# Modules whose Python code runs natively: minijit and torch themselves, and library modules that
+# inspect the calling frame, hold no user callbacks, or are simply faster run natively.
+_NATIVE_MODULES = (
+    "minijit", "torch", "typing", "typing_extensions", "importlib", "inspect", "logging", "warnings",
+    "threading", "weakref", "_weakrefset", "abc", "enum", "re", "sre_", "copyreg", "collections",
+    "dataclasses", "os", "posixpath", "genericpath", "linecache", "tokenize", "traceback", "contextvars",
+    "numpy", "unittest", "_pytest", "pytest", "pluggy", "codecs", "encodings", "locale", "io", "_collections_abc",
+    "functools", "ast", "dis", "opcode", "sympy", "site", "sysconfig",
+)
+# ... except these, which hold user-visible Python code worth tracing through (nn layer forwards).
+_INTERPRETED_TORCH_MODULES = ("torch.nn.modules",)
+
+# Modules whose C callables may receive proxies: they only store them or call their Python dunders.
+_PROXY_SAFE_MODULES = {"builtins", "operator", "_operator", "functools", "_functools", "itertools",
+                       "collections", "_collections", "copy", "_abc", "abc", "types"}
+_PROXY_SAFE_TYPES = (list, dict, tuple, set, frozenset, str, object, type, slice)
+
+_INTERPRET_CODE: dict[types.CodeType, bool] = {}
+
+
+def _module_of(globals_: dict[str, Any]) -> str:
+    name = globals_.get("__name__")
+    return name if isinstance(name, str) else ""
+
+
+def _matches(module: str, prefixes: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") or (p.endswith("_") and module.startswith(p))
+               for p in prefixes)
+
+
+def should_interpret(fn: types.FunctionType) -> bool:
+    """True when the Python function `fn` is run by the interpreter rather than natively."""
+    code = fn.__code__
+    decision = _INTERPRET_CODE.get(code)
+    if decision is None:
+        module = _module_of(fn.__globals__)
+        decision = not _matches(module, _NATIVE_MODULES) or _matches(module, _INTERPRETED_TORCH_MODULES)
+        _INTERPRET_CODE[code] = decision
+    return decision
+
+
+def has_proxy(args: Any, kwargs: dict[str, Any] | None = None) -> bool:
+    """True when a proxy is among the arguments (looking into lists, tuples and dicts)."""
+    for a in args:
+        if isinstance(a, Proxy):
+            return True
+        t = type(a)
+        if (t is list or t is tuple) and has_proxy(a):
+            return True
+        if t is dict and has_proxy(a.values()):
+            return True
+    return bool(kwargs) and has_proxy(kwargs.values())
+
+
+def call(fn: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> Any:
+    """Call `fn(*args, **kwargs)` on behalf of interpreted code."""
+    t = type(fn)
+    if t is types.FunctionType:
+        sym = ltorch_symbol_for(fn)
+        if sym is not None:
+            return sym(*args, **kwargs)
+        lookaside = LOOKASIDES.get(fn)
+        if lookaside is not None:
+            return lookaside(*args, **kwargs)
+        if should_interpret(fn):
+            return run_function(fn, args, kwargs)
+        return _call_native(fn, args, kwargs)
+    if t is types.MethodType:
+        return call(fn.__func__, (fn.__self__, *args), kwargs)
+    if t is _BoundMethod:
+        return fn(*args, **kwargs)
+    try:
+        sym = ltorch_symbol_for(fn)
+        lookaside = LOOKASIDES.get(fn)
+    except TypeError:  # unhashable callable
+        sym = lookaside = None
+    if sym is not None:
+        return sym(*args, **kwargs)
+    if lookaside is not None:
+        return lookaside(*args, **kwargs)
+    if t is functools.partial:
+        return call(fn.func, (*fn.args, *args), {**fn.keywords, **kwargs})
+    if isinstance(fn, type):
+        return _instantiate(fn, args, kwargs)
+    dunder_call = next((vars(k)["__call__"] for k in t.__mro__ if "__call__" in vars(k)), None)
+    if type(dunder_call) is types.FunctionType and should_interpret(dunder_call):
+        return run_function(dunder_call, (fn, *args), kwargs)
+    return _call_native(fn, args, kwargs)
+
+
+def _instantiate(cls: type, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> Any:
+    """`cls(*args, **kwargs)` with Python `__new__`/`__init__` interpreted (plain `type` metaclass only)."""
+    if type(cls).__call__ is not type.__call__:
+        meta_call = type(cls).__call__
+        if type(meta_call) is types.FunctionType and should_interpret(meta_call):
+            return run_function(meta_call, (cls, *args), kwargs)
+        return _call_native(cls, args, kwargs)
+    new = cls.__new__
+    init = cls.__init__
+    py_new = type(new) is types.FunctionType and should_interpret(new)
+    py_init = type(init) is types.FunctionType and should_interpret(init)
+    if not (py_new or py_init):
+        return _call_native(cls, args, kwargs)
+    if py_new:
+        obj = run_function(new, (cls, *args), kwargs)
+    elif new is object.__new__:
+        obj = object.__new__(cls)
+    else:
+        obj = new(cls, *args, **kwargs)
+    if not isinstance(obj, cls):
+        return obj
+    if py_init:
+        result = run_function(init, (obj, *args), kwargs)
+        if result is not None:
+            raise TypeError(f"__init__() should return None, not '{type(result).__name__}'")
+    elif init is not object.__init__:
+        init(obj, *args, **kwargs)
+    return obj
+
+
+def _call_native(fn: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> Any:
+    if has_proxy(args, kwargs):
+        owner = getattr(fn, "__self__", None)
+        if isinstance(owner, torch.Tensor) and type(fn) is types.BuiltinMethodType:
+            # real_tensor.method(proxy): the same as torch.Tensor.method(real_tensor, proxy)
+            sym = ltorch_symbol_for(getattr(torch.Tensor, fn.__name__, None))
+            if sym is not None:
+                return sym(owner, *args, **kwargs)
+        _check_native_call_with_proxy(fn)
+    try:
+        consumes = _ITERABLE_CONSUMERS.get(fn)
+    except TypeError:
+        consumes = None
+    if consumes is not None and args:
+        from minijit.frontend.opcodes.build import interpreted_iterable
+
+        if consumes == "all":
+            args = [interpreted_iterable(a) for a in args]
+        elif consumes == "first" or len(args) == 1:
+            args = [interpreted_iterable(args[0]), *args[1:]]
+    return fn(*args, **kwargs)
+
+
+# Native callables that iterate over their positional arguments ("first": only the first one;
+# "single": the first when it is the only one). An argument whose class iterates in Python is
+# wrapped so that its __iter__/__next__ run through the interpreter.
+_ITERABLE_CONSUMERS: dict[Any, str] = {
+    list: "first", tuple: "first", set: "first", frozenset: "first", sorted: "first", sum: "first",
+    any: "first", all: "first", enumerate: "first", min: "single", max: "single", zip: "all", map: "all",
+    itertools.chain: "all", itertools.islice: "first", itertools.cycle: "first", itertools.product: "all",
+    itertools.permutations: "first", itertools.combinations: "first", itertools.accumulate: "first",
+    itertools.groupby: "first", itertools.zip_longest: "all", itertools.starmap: "all", itertools.tee: "first",
+    itertools.chain.from_iterable: "first", itertools.dropwhile: "all", itertools.takewhile: "all",
+    itertools.filterfalse: "all", itertools.compress: "all", itertools.pairwise: "first",
+}
+
+
+def _check_native_call_with_proxy(fn: Any) -> None:
+    """Refuse to pass a proxy into native code that would not treat it as a tensor."""
+    if is_torch_callable(fn):
+        raise UnsupportedOpError(f"{torch_name(fn)} is not supported by minijit{where_now()}")
+    if type(fn) is types.FunctionType:
+        return  # native Python code only reaches proxies through their Python methods
+    if isinstance(fn, type):
+        return
+    owner = getattr(fn, "__self__", None)
+    objclass = getattr(fn, "__objclass__", None)
+    module = getattr(fn, "__module__", None)
+    if module is None and owner is not None:
+        module = type(owner).__module__ if not isinstance(owner, types.ModuleType) else owner.__name__
+    if module in _PROXY_SAFE_MODULES or isinstance(owner, _PROXY_SAFE_TYPES) or objclass in _PROXY_SAFE_TYPES:
+        return
+    if isinstance(owner, type) or isinstance(owner, Proxy):
+        return
+    raise UnsupportedSyntaxError(
+        f"{_callable_name(fn)} was called with a tensor proxy{where_now()}; it is native code that cannot "
+        "take a traced tensor. Use a torch operation instead, or call it outside the jitted function")
+
+
+def is_torch_callable(fn: Any) -> bool:
+    """True for torch's functions, Tensor methods and torch's Python functions."""
+    if type(fn) is types.FunctionType:
+        return _module_of(fn.__globals__).startswith("torch")
+    objclass = getattr(fn, "__objclass__", None)
+    if isinstance(objclass, type) and issubclass(objclass, torch._C.TensorBase):
+        return True
+    owner = getattr(fn, "__self__", None)
+    if isinstance(owner, torch.Tensor):
+        return True
+    module = getattr(fn, "__module__", None)
+    if module is None and isinstance(owner, types.ModuleType):
+        module = owner.__name__
+    return isinstance(module, str) and (module == "torch" or module.startswith("torch."))
+
+
+_PUBLIC_TORCH_NAMES: dict[int, str] = {}
+
+
+def torch_name(fn: Any) -> str:
+    """The public name of a torch callable (`torch.fft.fft`, `torch.Tensor.add`), for messages."""
+    if not _PUBLIC_TORCH_NAMES:
+        namespaces = {"torch": torch, "torch.nn.functional": torch.nn.functional, "torch.fft": torch.fft,
+                      "torch.linalg": torch.linalg, "torch.special": torch.special, "torch.Tensor": torch.Tensor}
+        for prefix, ns in namespaces.items():
+            for name in dir(ns):
+                try:
+                    value = getattr(ns, name)
+                except Exception:
+                    continue
+                if callable(value):
+                    _PUBLIC_TORCH_NAMES.setdefault(id(value), f"{prefix}.{name}")
+    name = _PUBLIC_TORCH_NAMES.get(id(fn))
+    if name is None and isinstance(getattr(fn, "__self__", None), torch.Tensor):
+        name = f"torch.Tensor.{fn.__name__}"
+    return name if name is not None else _callable_name(fn)
+
+
+def _callable_name(fn: Any) -> str:
+    objclass = getattr(fn, "__objclass__", None)
+    qualname = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
+    if objclass is not None:
+        return f"{objclass.__module__}.{qualname}"
+    module = getattr(fn, "__module__", None)
+    return f"{module}.{qualname}" if module else str(qualname)
+
+
+def bind_method(fn: Any, obj: Any) -> Callable[..., Any]:
+    """`fn` (found on `type(obj)`) bound to `obj`, as attribute lookup would."""
+    get = getattr(type(fn), "__get__", None)
+    return get(fn, obj, type(obj)) if get is not None else fn
+
+
+__all__ = ["bind_method", "call", "has_proxy", "is_torch_callable", "should_interpret", "torch_name"]

@@ -1,0 +1,82 @@
+"""The interpreter's frame and the state shared by the frames of one interpretation."""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+from minijit.frontend.code import CodeInfo, Inst
+
+
+class _Null:
+    """CPython's NULL on the value stack and in unbound local slots."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "NULL"
+
+
+NULL: Any = _Null()
+
+# What a handler returns to stop the frame's loop (any other handler returns None).
+RETURN = "return"
+YIELD = "yield"
+GENERATOR = "generator"
+
+
+class Frame:
+    """One activation of interpreted code: slots for locals/cells, a value stack, a position."""
+
+    __slots__ = ("builtins", "code", "func", "globals", "info", "insts", "ip", "kw_names", "line",
+                 "locals", "localsplus", "retval", "stack", "suspended_at")
+
+    def __init__(self, info: CodeInfo, func: types.FunctionType | None, localsplus: list[Any],
+                 globals_: dict[str, Any], builtins: dict[str, Any], locals_: Any = None):
+        self.info = info
+        self.code = info.code
+        self.insts = info.insts
+        self.func = func
+        self.localsplus = localsplus
+        self.stack: list[Any] = []
+        self.ip = 0
+        self.globals = globals_
+        self.builtins = builtins
+        self.locals = locals_  # the namespace mapping of class bodies (LOAD_NAME/STORE_NAME)
+        self.kw_names: tuple[str, ...] | None = None
+        self.line: int | None = None
+        self.retval: Any = None
+        self.suspended_at: Inst | None = None  # the YIELD_VALUE (or RETURN_GENERATOR) a generator waits at
+
+    def __repr__(self) -> str:
+        return f"<Frame {self.code.co_qualname} at {self.info.filename}:{self.line}>"
+
+
+class State:
+    """Per-interpretation state: the frame stack, the handled exception, guards and known cells."""
+
+    __slots__ = ("frames", "guards", "handled", "internal_cells", "passthrough", "recursion")
+
+    def __init__(self) -> None:
+        self.frames: list[Frame] = []
+        # The exception being handled (what sys.exc_info() would say inside the interpreted code).
+        self.handled: BaseException | None = None
+        # An exception that must keep its __context__ when the next frame sees it (re-raised or
+        # propagating out of a callee): only freshly raised exceptions get the handled one as context.
+        self.passthrough: BaseException | None = None
+        # (kind, id(namespace), name) -> GuardEntry, first read wins.
+        self.guards: dict[tuple[str, int, str], Any] = {}
+        # ids of cells created by the interpreted code; their contents are not guarded.
+        self.internal_cells: set[int] = set()
+        self.recursion = 0
+
+
+STATE = State()
+
+
+def current_frame() -> Frame | None:
+    """The innermost interpreted frame, or None when no interpreted code runs."""
+    return STATE.frames[-1] if STATE.frames else None
+
+
+__all__ = ["GENERATOR", "NULL", "RETURN", "STATE", "YIELD", "Frame", "State", "current_frame"]

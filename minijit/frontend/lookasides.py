@@ -1,0 +1,354 @@
+"""Lookasides: replacements for builtins whose native behaviour would be wrong for interpreted code.
+
+A builtin runs in C and sees the interpreter's own frames and the proxies' real
+types. The functions here give interpreted code what native code would see:
+`super()` finds `__class__` in the interpreted frame, `isinstance(t, torch.Tensor)`
+is True for a TensorProxy, `map(f, xs)` interprets `f`, `class` statements run their
+bodies through the interpreter.
+"""
+
+from __future__ import annotations
+
+import builtins
+import functools
+import sys
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from minijit.frontend.frame import NULL, STATE, current_frame
+from minijit.ir import NumberProxy, TensorProxy
+
+LOOKASIDES: dict[Any, Callable[..., Any]] = {}
+
+
+def lookaside(*originals: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register the decorated function as the replacement of `originals` in interpreted calls."""
+
+    def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+        for original in originals:
+            LOOKASIDES[original] = fn
+        return fn
+
+    return register
+
+
+def _call(fn: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+    from minijit.frontend.calls import call
+
+    return call(fn, args, kwargs)
+
+
+def interpreted(fn: Any) -> Any:
+    """`fn` wrapped so that native code calling it runs it through the interpreter."""
+    if fn is None or type(fn) in (types.BuiltinFunctionType, types.WrapperDescriptorType, types.MethodDescriptorType):
+        return fn
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        return _call(fn, args, kwargs)
+
+    return run
+
+
+def _classinfo_has(classinfo: Any, target: type) -> bool:
+    if isinstance(classinfo, tuple):
+        return any(_classinfo_has(c, target) for c in classinfo)
+    return isinstance(classinfo, type) and issubclass(target, classinfo)
+
+
+@lookaside(isinstance)
+def isinstance_(obj: Any, classinfo: Any) -> bool:
+    """isinstance, with a TensorProxy an instance of torch.Tensor and a NumberProxy of its Python type."""
+    if isinstance(obj, TensorProxy) and _classinfo_has(classinfo, torch.Tensor):
+        return not _classinfo_only_subclasses(classinfo)
+    if isinstance(obj, NumberProxy) and _classinfo_has(classinfo, obj.python_type):
+        return True
+    return isinstance(obj, classinfo)
+
+
+def _classinfo_only_subclasses(classinfo: Any) -> bool:
+    # isinstance(t, nn.Parameter) stays False: a proxy is a plain tensor.
+    classes = classinfo if isinstance(classinfo, tuple) else (classinfo,)
+    return not any(isinstance(c, type) and issubclass(torch.Tensor, c) for c in classes)
+
+
+@lookaside(torch.is_tensor)
+def is_tensor(obj: Any) -> bool:
+    """torch.is_tensor, True for a TensorProxy."""
+    return isinstance(obj, TensorProxy) or torch.is_tensor(obj)
+
+
+def _tensor_query(native: Callable[..., Any], method: str) -> Callable[..., Any]:
+    def query(obj: Any) -> Any:
+        return getattr(obj, method)() if isinstance(obj, TensorProxy) else native(obj)
+
+    query.__doc__ = f"torch.{native.__name__}, answered from a TensorProxy's metadata."
+    return query
+
+
+for _native_query, _method in ((torch.is_floating_point, "is_floating_point"), (torch.is_complex, "is_complex"),
+                               (torch.numel, "numel")):
+    LOOKASIDES[_native_query] = _tensor_query(_native_query, _method)
+
+
+@lookaside(type)
+def type_(*args: Any, **kwargs: Any) -> Any:
+    """type(x) is torch.Tensor for a TensorProxy; otherwise the builtin."""
+    if len(args) == 1 and not kwargs and isinstance(args[0], TensorProxy):
+        return torch.Tensor
+    return type(*args, **kwargs)
+
+
+@lookaside(super)
+def super_(*args: Any) -> super:
+    """Zero-argument super() reads `__class__` and the first argument from the interpreted frame."""
+    if args:
+        return super(*args)
+    frame = current_frame()
+    code = frame.code if frame is not None else None
+    if code is None or (code.co_argcount == 0 and not code.co_flags & 0x04):
+        raise RuntimeError("super(): no arguments")
+    first = frame.localsplus[0]
+    if isinstance(first, types.CellType) and code.co_varnames[0] in code.co_cellvars:
+        first = first.cell_contents
+    if first is NULL:
+        raise RuntimeError("super(): arg[0] deleted")
+    if "__class__" not in code.co_freevars:
+        raise RuntimeError("super(): __class__ cell not found")
+    index = frame.info.names.index("__class__", len(frame.info.names) - len(code.co_freevars))
+    try:
+        cls = frame.localsplus[index].cell_contents
+    except ValueError:
+        raise RuntimeError("super(): empty __class__ cell") from None
+    return super(cls, first)
+
+
+@lookaside(map)
+def map_(fn: Any, *iterables: Any) -> map:
+    """map, with a Python `fn` interpreted."""
+    return map(interpreted(fn), *iterables)
+
+
+@lookaside(filter)
+def filter_(fn: Any, iterable: Any) -> filter:
+    """filter, with a Python predicate interpreted."""
+    return filter(interpreted(fn), iterable)
+
+
+@lookaside(sorted)
+def sorted_(iterable: Any, /, *, key: Any = None, reverse: bool = False) -> list[Any]:
+    """sorted, with a Python key function interpreted."""
+    return sorted(iterable, key=interpreted(key), reverse=reverse)
+
+
+@lookaside(list.sort)
+def list_sort(self: list[Any], /, *, key: Any = None, reverse: bool = False) -> None:
+    """list.sort, with a Python key function interpreted."""
+    self.sort(key=interpreted(key), reverse=reverse)
+
+
+def _min_max(native: Callable[..., Any]) -> Callable[..., Any]:
+    def min_max(*args: Any, **kwargs: Any) -> Any:
+        if "key" in kwargs:
+            kwargs["key"] = interpreted(kwargs["key"])
+        return native(*args, **kwargs)
+
+    min_max.__doc__ = f"{native.__name__}, with a Python key function interpreted."
+    return min_max
+
+
+LOOKASIDES[min] = _min_max(min)
+LOOKASIDES[max] = _min_max(max)
+
+
+@lookaside(functools.reduce)
+def reduce_(fn: Any, *args: Any) -> Any:
+    """functools.reduce, with a Python function interpreted."""
+    return functools.reduce(interpreted(fn), *args)
+
+
+@lookaside(iter)
+def iter_(obj: Any, *sentinel: Any) -> Any:
+    """iter, running a Python `__iter__` through the interpreter."""
+    if sentinel:
+        return iter(interpreted(obj), *sentinel)
+    from minijit.frontend.opcodes.protocols import get_iter
+
+    return get_iter(obj)
+
+
+@lookaside(next)
+def next_(it: Any, *default: Any) -> Any:
+    """next, running a Python `__next__` through the interpreter."""
+    from minijit.frontend.opcodes.protocols import next_item
+
+    if not default:
+        return next_item(it)
+    try:
+        return next_item(it)
+    except StopIteration:
+        return default[0]
+
+
+@lookaside(builtins.__build_class__)
+def build_class(func: types.FunctionType, name: str, *bases: Any, **kwds: Any) -> type:
+    """The `class` statement: prepare the namespace, interpret the body, call the metaclass."""
+    from minijit.frontend.code import code_info
+    from minijit.frontend.frame import Frame
+    from minijit.frontend.interpreter import run_new_frame
+
+    if not isinstance(func, types.FunctionType):
+        raise TypeError("__build_class__: func must be a function")
+    orig_bases = bases
+    bases = types.resolve_bases(bases)
+    meta, ns, kwds = types.prepare_class(name, bases, kwds)
+    if bases is not orig_bases and bases != orig_bases:
+        ns["__orig_bases__"] = orig_bases
+    info = code_info(func.__code__)
+    localsplus = [NULL] * info.n_localsplus
+    builtins_ns = func.__builtins__ if isinstance(func.__builtins__, dict) else func.__builtins__.__dict__
+    frame = Frame(info, func, localsplus, func.__globals__, builtins_ns, ns)
+    cell = run_new_frame(frame)
+    cls = _call(meta, (name, bases, ns), kwds)
+    if isinstance(cell, types.CellType) and isinstance(cls, type):
+        if cell.cell_contents is not cls:
+            raise TypeError(f"__class__ set to {cell.cell_contents!r} defining {name!r} as {cls!r}")
+    return cls
+
+
+def _protocols() -> Any:
+    from minijit.frontend.opcodes import protocols
+
+    return protocols
+
+
+@lookaside(len)
+def len_(obj: Any, /) -> int:
+    """len, running a Python `__len__` through the interpreter."""
+    return _protocols().length(obj)
+
+
+@lookaside(bool)
+def bool_(*args: Any) -> bool:
+    """bool, running a Python `__bool__`/`__len__` through the interpreter."""
+    return _protocols().truth(args[0]) if len(args) == 1 else bool(*args)
+
+
+@lookaside(getattr)
+def getattr_(obj: Any, name: str, *default: Any) -> Any:
+    """getattr, with Python properties and `__getattr__` interpreted."""
+    if type(name) is not str:
+        return getattr(obj, name, *default)
+    try:
+        return _protocols().load_attr(obj, name)
+    except AttributeError:
+        if default:
+            return default[0]
+        raise
+
+
+@lookaside(setattr)
+def setattr_(obj: Any, name: str, value: Any, /) -> None:
+    """setattr, with Python property setters and `__setattr__` interpreted."""
+    if type(name) is not str:
+        setattr(obj, name, value)
+    else:
+        _protocols().store_attr(obj, name, value)
+
+
+def _dunder_lookaside(native: Any, dunder: str) -> Callable[..., Any]:
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if len(args) == 1 and not kwargs and dunder in _protocols().python_members(type(args[0])):
+            result = _protocols().call_dunder(args[0], dunder)
+            if native in (str, repr) and not isinstance(result, str):
+                raise TypeError(f"{dunder} returned non-string (type {type(result).__name__})")
+            return result
+        return native(*args, **kwargs)
+
+    run.__doc__ = f"{native.__name__}, running a Python `{dunder}` through the interpreter."
+    return run
+
+
+for _native, _dunder in ((repr, "__repr__"), (str, "__str__"), (hash, "__hash__"), (abs, "__abs__")):
+    LOOKASIDES[_native] = _dunder_lookaside(_native, _dunder)
+
+
+@lookaside(globals)
+def globals_() -> dict[str, Any]:
+    """globals() of the interpreted frame."""
+    frame = current_frame()
+    return frame.globals if frame is not None else globals()
+
+
+@lookaside(locals)
+def locals_() -> Any:
+    """locals() of the interpreted frame (a snapshot dict, or the class body's namespace)."""
+    frame = current_frame()
+    if frame is None:
+        return {}
+    if frame.locals is not None:
+        return frame.locals
+    out = {}
+    n_free = len(frame.code.co_freevars)
+    cells = set(frame.code.co_cellvars)
+    for i, name in enumerate(frame.info.names):
+        value = frame.localsplus[i]
+        if value is NULL:
+            continue
+        if name in cells or i >= len(frame.info.names) - n_free:
+            if not isinstance(value, types.CellType):
+                out[name] = value
+                continue
+            try:
+                value = value.cell_contents
+            except ValueError:
+                continue
+        out[name] = value
+    return out
+
+
+@lookaside(vars)
+def vars_(*args: Any) -> Any:
+    """vars(); with no argument, the interpreted frame's locals."""
+    return vars(*args) if args else locals_()
+
+
+@lookaside(dir)
+def dir_(*args: Any) -> list[str]:
+    """dir(); with no argument, the names of the interpreted frame's locals."""
+    return dir(*args) if args else sorted(locals_())
+
+
+@lookaside(sys.exc_info)
+def exc_info() -> tuple[Any, Any, Any]:
+    """sys.exc_info() as seen by the interpreted code."""
+    exc = STATE.handled
+    return (None, None, None) if exc is None else (type(exc), exc, exc.__traceback__)
+
+
+@lookaside(sys.exception)
+def exception() -> BaseException | None:
+    """sys.exception() as seen by the interpreted code."""
+    return STATE.handled
+
+
+def _dynamic(native: Callable[..., Any]) -> Callable[..., Any]:
+    def run(source: Any, globals: Any = None, locals: Any = None, /) -> Any:  # noqa: A002
+        if globals is None:
+            frame = current_frame()
+            if frame is not None:
+                globals = frame.globals  # noqa: A001
+                locals = locals_() if locals is None else locals  # noqa: A001
+        return native(source, globals, locals)
+
+    run.__doc__ = f"{native.__name__} in the interpreted frame's namespaces (the code itself runs natively)."
+    return run
+
+
+LOOKASIDES[eval] = _dynamic(eval)
+LOOKASIDES[exec] = _dynamic(exec)
+
+
+__all__ = ["LOOKASIDES", "interpreted", "lookaside"]

@@ -1,0 +1,146 @@
+"""Control flow: jumps, `for` loops, return, generators (`yield`, `yield from` via SEND)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from minijit.frontend.code import Inst
+from minijit.frontend.frame import GENERATOR, RETURN, YIELD, Frame
+from minijit.frontend.opcodes.protocols import get_iter, next_item, truth
+from minijit.frontend.opcodes.table import handles
+
+
+# -- jumps --------------------------------------------------------------------------------------
+@handles("JUMP_FORWARD", "JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT")
+def jump(frame: Frame, inst: Inst) -> None:
+    """Jump unconditionally."""
+    frame.ip = inst.argval // 2
+
+
+@handles("POP_JUMP_FORWARD_IF_TRUE", "POP_JUMP_BACKWARD_IF_TRUE")
+def pop_jump_if_true(frame: Frame, inst: Inst) -> None:
+    """Pop; jump if it was true."""
+    if truth(frame.stack.pop()):
+        frame.ip = inst.argval // 2
+
+
+@handles("POP_JUMP_FORWARD_IF_FALSE", "POP_JUMP_BACKWARD_IF_FALSE")
+def pop_jump_if_false(frame: Frame, inst: Inst) -> None:
+    """Pop; jump if it was false."""
+    if not truth(frame.stack.pop()):
+        frame.ip = inst.argval // 2
+
+
+@handles("POP_JUMP_FORWARD_IF_NONE", "POP_JUMP_BACKWARD_IF_NONE")
+def pop_jump_if_none(frame: Frame, inst: Inst) -> None:
+    """Pop; jump if it was None."""
+    if frame.stack.pop() is None:
+        frame.ip = inst.argval // 2
+
+
+@handles("POP_JUMP_FORWARD_IF_NOT_NONE", "POP_JUMP_BACKWARD_IF_NOT_NONE")
+def pop_jump_if_not_none(frame: Frame, inst: Inst) -> None:
+    """Pop; jump if it was not None."""
+    if frame.stack.pop() is not None:
+        frame.ip = inst.argval // 2
+
+
+@handles("JUMP_IF_TRUE_OR_POP")
+def jump_if_true_or_pop(frame: Frame, inst: Inst) -> None:
+    """`a or b`: keep a true top and jump, else pop it."""
+    if truth(frame.stack[-1]):
+        frame.ip = inst.argval // 2
+    else:
+        frame.stack.pop()
+
+
+@handles("JUMP_IF_FALSE_OR_POP")
+def jump_if_false_or_pop(frame: Frame, inst: Inst) -> None:
+    """`a and b`: keep a false top and jump, else pop it."""
+    if not truth(frame.stack[-1]):
+        frame.ip = inst.argval // 2
+    else:
+        frame.stack.pop()
+
+
+# -- iteration ----------------------------------------------------------------------------------
+@handles("GET_ITER")
+def get_iter_(frame: Frame, inst: Inst) -> None:
+    """Replace the top by an iterator over it."""
+    frame.stack[-1] = get_iter(frame.stack[-1])
+
+
+@handles("FOR_ITER")
+def for_iter(frame: Frame, inst: Inst) -> None:
+    """Push the iterator's next item, or pop the exhausted iterator and jump past the loop."""
+    try:
+        value = next_item(frame.stack[-1])
+    except StopIteration:
+        frame.stack.pop()
+        frame.ip = inst.argval // 2
+        return
+    frame.stack.append(value)
+
+
+# -- return and generators ----------------------------------------------------------------------
+@handles("RETURN_VALUE")
+def return_value(frame: Frame, inst: Inst) -> str:
+    """Return the top of the stack from the frame."""
+    frame.retval = frame.stack.pop()
+    return RETURN
+
+
+@handles("RETURN_GENERATOR")
+def return_generator(frame: Frame, inst: Inst) -> str:
+    """Stop here and hand the caller a generator for this frame (generator functions start like this)."""
+    frame.suspended_at = inst
+    return GENERATOR
+
+
+@handles("YIELD_VALUE")
+def yield_value(frame: Frame, inst: Inst) -> str:
+    """Suspend the generator, giving the top of the stack to its consumer."""
+    frame.retval = frame.stack.pop()
+    frame.suspended_at = inst
+    return YIELD
+
+
+@handles("GET_YIELD_FROM_ITER")
+def get_yield_from_iter(frame: Frame, inst: Inst) -> None:
+    """`yield from x`: generators are used as they are, other iterables through iter()."""
+    from minijit.frontend.interpreter import InterpretedGenerator
+
+    value = frame.stack[-1]
+    if type(value).__name__ == "coroutine":
+        raise TypeError("cannot 'yield from' a coroutine object in a non-coroutine generator")
+    if not isinstance(value, InterpretedGenerator) and type(value).__name__ != "generator":
+        frame.stack[-1] = get_iter(value)
+
+
+@handles("SEND")
+def send(frame: Frame, inst: Inst) -> None:
+    """One step of `yield from`: send the top into the iterator below; on its return, jump with its value."""
+    value = frame.stack.pop()
+    receiver = frame.stack[-1]
+    try:
+        if value is None:
+            result = next_item(receiver)
+        else:
+            result = _send(receiver, value)
+    except StopIteration as stop:
+        frame.stack[-1] = stop.value
+        frame.ip = inst.argval // 2
+        return
+    frame.stack.append(result)
+
+
+def _send(receiver: Any, value: Any) -> Any:
+    method = getattr(receiver, "send", None)
+    if method is None:
+        raise AttributeError(f"'{type(receiver).__name__}' object has no attribute 'send'")
+    from minijit.frontend.calls import call
+
+    return call(method, (value,), {})
+
+
+__all__: list[str] = []

@@ -1,0 +1,306 @@
+"""Loads and stores: locals, cells, globals, names (class bodies), attributes; stack shuffling; imports."""
+
+from __future__ import annotations
+
+import builtins
+import sys
+import types
+from typing import Any
+
+from minijit.frontend.code import Inst, is_library_file
+from minijit.frontend.frame import NULL, STATE, Frame
+from minijit.frontend.guards import record
+from minijit.frontend.opcodes.protocols import load_attr, store_attr
+from minijit.frontend.opcodes.table import handles
+
+_UNBOUND = "cannot access local variable '{}' where it is not associated with a value"
+_UNBOUND_FREE = "cannot access free variable '{}' where it is not associated with a value in enclosing scope"
+
+
+# -- the stack ----------------------------------------------------------------------------------
+@handles("NOP", "RESUME", "EXTENDED_ARG")
+def nop(frame: Frame, inst: Inst) -> None:
+    """Nothing to do."""
+
+
+@handles("POP_TOP")
+def pop_top(frame: Frame, inst: Inst) -> None:
+    """Drop the top of the stack."""
+    frame.stack.pop()
+
+
+@handles("PUSH_NULL")
+def push_null(frame: Frame, inst: Inst) -> None:
+    """Push NULL (marks a call without `self`)."""
+    frame.stack.append(NULL)
+
+
+@handles("COPY")
+def copy(frame: Frame, inst: Inst) -> None:
+    """Push the i-th item from the top."""
+    frame.stack.append(frame.stack[-inst.arg])
+
+
+@handles("SWAP")
+def swap(frame: Frame, inst: Inst) -> None:
+    """Swap the top with the i-th item from the top."""
+    s = frame.stack
+    s[-1], s[-inst.arg] = s[-inst.arg], s[-1]
+
+
+# -- locals -------------------------------------------------------------------------------------
+@handles("LOAD_CONST")
+def load_const(frame: Frame, inst: Inst) -> None:
+    """Push a constant."""
+    frame.stack.append(inst.argval)
+
+
+@handles("LOAD_FAST")
+def load_fast(frame: Frame, inst: Inst) -> None:
+    """Push a local variable."""
+    value = frame.localsplus[inst.arg]
+    if value is NULL:
+        raise UnboundLocalError(_UNBOUND.format(inst.argval))
+    frame.stack.append(value)
+
+
+@handles("STORE_FAST")
+def store_fast(frame: Frame, inst: Inst) -> None:
+    """Pop into a local variable."""
+    frame.localsplus[inst.arg] = frame.stack.pop()
+
+
+@handles("DELETE_FAST")
+def delete_fast(frame: Frame, inst: Inst) -> None:
+    """del a local variable."""
+    if frame.localsplus[inst.arg] is NULL:
+        raise UnboundLocalError(_UNBOUND.format(inst.argval))
+    frame.localsplus[inst.arg] = NULL
+
+
+# -- cells --------------------------------------------------------------------------------------
+@handles("MAKE_CELL")
+def make_cell(frame: Frame, inst: Inst) -> None:
+    """Wrap a local slot into a new cell (keeping an argument's value)."""
+    value = frame.localsplus[inst.arg]
+    cell = types.CellType() if value is NULL else types.CellType(value)
+    STATE.internal_cells.add(id(cell))
+    frame.localsplus[inst.arg] = cell
+
+
+@handles("COPY_FREE_VARS")
+def copy_free_vars(frame: Frame, inst: Inst) -> None:
+    """Copy the function's closure cells into the frame's last slots."""
+    closure = frame.func.__closure__
+    start = frame.info.n_localsplus - inst.arg
+    frame.localsplus[start:start + inst.arg] = closure
+
+
+@handles("LOAD_CLOSURE")
+def load_closure(frame: Frame, inst: Inst) -> None:
+    """Push a cell itself (to build a closure)."""
+    frame.stack.append(frame.localsplus[inst.arg])
+
+
+def _deref(frame: Frame, inst: Inst) -> Any:
+    cell = frame.localsplus[inst.arg]
+    try:
+        value = cell.cell_contents
+    except ValueError:
+        if inst.arg >= frame.info.n_localsplus - len(frame.code.co_freevars):
+            raise NameError(_UNBOUND_FREE.format(inst.argval), name=inst.argval) from None
+        raise UnboundLocalError(_UNBOUND.format(inst.argval)) from None
+    if frame.info.is_user and id(cell) not in STATE.internal_cells:
+        record(STATE.guards, "cell", cell, inst.argval, value)
+    return value
+
+
+@handles("LOAD_DEREF")
+def load_deref(frame: Frame, inst: Inst) -> None:
+    """Push the contents of a cell."""
+    frame.stack.append(_deref(frame, inst))
+
+
+@handles("LOAD_CLASSDEREF")
+def load_classderef(frame: Frame, inst: Inst) -> None:
+    """In a class body: the name from the class namespace if bound there, else the cell's contents."""
+    try:
+        frame.stack.append(frame.locals[inst.argval])
+    except KeyError:
+        frame.stack.append(_deref(frame, inst))
+
+
+@handles("STORE_DEREF")
+def store_deref(frame: Frame, inst: Inst) -> None:
+    """Pop into a cell."""
+    frame.localsplus[inst.arg].cell_contents = frame.stack.pop()
+
+
+@handles("DELETE_DEREF")
+def delete_deref(frame: Frame, inst: Inst) -> None:
+    """Empty a cell."""
+    cell = frame.localsplus[inst.arg]
+    try:
+        del cell.cell_contents
+    except ValueError:
+        raise UnboundLocalError(_UNBOUND.format(inst.argval)) from None
+
+
+# -- globals and names --------------------------------------------------------------------------
+def _load_global(frame: Frame, name: str) -> Any:
+    g = frame.globals
+    try:
+        value = g[name]
+    except KeyError:
+        try:
+            value = frame.builtins[name]
+        except KeyError:
+            raise NameError(f"name '{name}' is not defined", name=name) from None
+        if frame.info.is_user:
+            record(STATE.guards, "builtin", frame.builtins, name, value, g)
+        return value
+    if frame.info.is_user:
+        record(STATE.guards, "global", g, name, value)
+    return value
+
+
+@handles("LOAD_GLOBAL")
+def load_global(frame: Frame, inst: Inst) -> None:
+    """Push a global (or builtin); the low bit of the argument asks for a NULL first."""
+    if inst.arg & 1:
+        frame.stack.append(NULL)
+    frame.stack.append(_load_global(frame, inst.argval))
+
+
+@handles("STORE_GLOBAL")
+def store_global(frame: Frame, inst: Inst) -> None:
+    """Pop into a global."""
+    frame.globals[inst.argval] = frame.stack.pop()
+
+
+@handles("DELETE_GLOBAL")
+def delete_global(frame: Frame, inst: Inst) -> None:
+    """del a global."""
+    try:
+        del frame.globals[inst.argval]
+    except KeyError:
+        raise NameError(f"name '{inst.argval}' is not defined", name=inst.argval) from None
+
+
+@handles("LOAD_NAME")
+def load_name(frame: Frame, inst: Inst) -> None:
+    """Push a name from the class namespace, else the globals, else the builtins."""
+    name = inst.argval
+    if frame.locals is not None:
+        try:
+            frame.stack.append(frame.locals[name])
+            return
+        except KeyError:
+            pass
+    frame.stack.append(_load_global(frame, name))
+
+
+@handles("STORE_NAME")
+def store_name(frame: Frame, inst: Inst) -> None:
+    """Pop into the class namespace."""
+    frame.locals[inst.argval] = frame.stack.pop()
+
+
+@handles("DELETE_NAME")
+def delete_name(frame: Frame, inst: Inst) -> None:
+    """del a name of the class namespace."""
+    try:
+        del frame.locals[inst.argval]
+    except KeyError:
+        raise NameError(f"name '{inst.argval}' is not defined", name=inst.argval) from None
+
+
+@handles("SETUP_ANNOTATIONS")
+def setup_annotations(frame: Frame, inst: Inst) -> None:
+    """Create `__annotations__` in a class namespace that has annotated names."""
+    if "__annotations__" not in frame.locals:
+        frame.locals["__annotations__"] = {}
+
+
+@handles("LOAD_BUILD_CLASS")
+def load_build_class(frame: Frame, inst: Inst) -> None:
+    """Push `__build_class__` (the call is looked aside to interpret the class body)."""
+    try:
+        frame.stack.append(frame.builtins["__build_class__"])
+    except KeyError:
+        raise NameError("__build_class__ not found") from None
+
+
+# -- attributes ---------------------------------------------------------------------------------
+_USER_MODULES: dict[str, bool] = {}
+
+
+def _is_user_module(module: types.ModuleType) -> bool:
+    name = module.__name__
+    decision = _USER_MODULES.get(name)
+    if decision is None:
+        path = getattr(module, "__file__", None)
+        decision = _USER_MODULES[name] = (isinstance(path, str) and not is_library_file(path)
+                                          and name.split(".")[0] not in ("torch", "minijit"))
+    return decision
+
+
+def attribute(frame: Frame, obj: Any, name: str) -> Any:
+    """obj.name for interpreted code; an attribute of a user module is guarded like a global."""
+    if type(obj) is types.ModuleType:
+        value = getattr(obj, name)
+        if frame.info.is_user and _is_user_module(obj):
+            record(STATE.guards, "global", obj.__dict__, name, value)
+        return value
+    return load_attr(obj, name)
+
+
+@handles("LOAD_ATTR")
+def load_attr_(frame: Frame, inst: Inst) -> None:
+    """Replace the top of the stack by its attribute."""
+    frame.stack[-1] = attribute(frame, frame.stack[-1], inst.argval)
+
+
+@handles("STORE_ATTR")
+def store_attr_(frame: Frame, inst: Inst) -> None:
+    """obj.name = value (obj on top, value below it)."""
+    obj = frame.stack.pop()
+    store_attr(obj, inst.argval, frame.stack.pop())
+
+
+@handles("DELETE_ATTR")
+def delete_attr(frame: Frame, inst: Inst) -> None:
+    """del obj.name."""
+    delattr(frame.stack.pop(), inst.argval)
+
+
+# -- imports ------------------------------------------------------------------------------------
+@handles("IMPORT_NAME")
+def import_name(frame: Frame, inst: Inst) -> None:
+    """`import x` / `from x import y`: call `__import__` with the level and fromlist on the stack."""
+    fromlist = frame.stack.pop()
+    level = frame.stack.pop()
+    importer = frame.builtins.get("__import__", builtins.__import__)
+    frame.stack.append(importer(inst.argval, frame.globals, frame.locals, fromlist, level))
+
+
+@handles("IMPORT_FROM")
+def import_from(frame: Frame, inst: Inst) -> None:
+    """Push an attribute of the module on top of the stack (falling back to a submodule)."""
+    module = frame.stack[-1]
+    name = inst.argval
+    try:
+        frame.stack.append(getattr(module, name))
+        return
+    except AttributeError:
+        pass
+    mod_name = getattr(module, "__name__", None)
+    full = f"{mod_name}.{name}"
+    if full in sys.modules:
+        frame.stack.append(sys.modules[full])
+        return
+    where = getattr(module, "__file__", None) or "unknown location"
+    raise ImportError(f"cannot import name '{name}' from '{mod_name}' ({where})", name=mod_name, path=where)
+
+
+__all__ = ["attribute"]

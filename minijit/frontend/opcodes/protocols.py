@@ -1,0 +1,307 @@
+"""Python's object protocols (operators, truth, iteration, attributes) with user dunders interpreted.
+
+Native `a + b` would run a user class's `__add__` in C, out of the interpreter's
+sight. These helpers take the native fast path when neither operand's class defines
+the protocol in (interpretable) Python, and otherwise follow CPython's rules in
+Python, calling the dunders through `call`.
+"""
+
+from __future__ import annotations
+
+import operator
+import types
+from typing import Any
+
+from minijit.frontend.calls import call, should_interpret
+from minijit.frontend.interpreter import InterpretedGenerator
+
+# class -> names of the dunders and properties it (or a base) defines in interpretable Python.
+_PY_MEMBERS: dict[type, frozenset[str]] = {}
+
+
+def python_members(cls: type) -> frozenset[str]:
+    """The special methods, `__getattr__` and properties of `cls` that the interpreter should run."""
+    members = _PY_MEMBERS.get(cls)
+    if members is None:
+        found: set[str] = set()
+        for klass in cls.__mro__:
+            for name, value in vars(klass).items():
+                if type(value) is types.FunctionType and name[:2] == "__" and should_interpret(value):
+                    found.add(name)
+                elif type(value) is property and type(value.fget) is types.FunctionType and should_interpret(value.fget):
+                    found.add("property")
+        members = _PY_MEMBERS[cls] = frozenset(found)
+    return members
+
+
+def class_attr(cls: type, name: str) -> Any:
+    """The attribute `name` as found in `cls`'s MRO (no descriptor binding), or None."""
+    for klass in cls.__mro__:
+        d = vars(klass)
+        if name in d:
+            return d[name]
+    return None
+
+
+def _method(obj: Any, name: str) -> Any:
+    """The unbound special method `name` of obj's class, or None."""
+    return class_attr(type(obj), name)
+
+
+def call_dunder(obj: Any, name: str, *args: Any) -> Any:
+    """type(obj).name(obj, *args) through the interpreter."""
+    fn = getattr(type(obj), name)
+    return call(fn, (obj, *args), {})
+
+
+# -- binary operators ---------------------------------------------------------------------------
+BINARY_OPS: list[tuple[str, Any, str, str]] = []  # index (BINARY_OP arg) -> (symbol, native op, dunder, reflected)
+_NAMES = [
+    ("+", "add", "add"), ("&", "and_", "and"), ("//", "floordiv", "floordiv"), ("<<", "lshift", "lshift"),
+    ("@", "matmul", "matmul"), ("*", "mul", "mul"), ("%", "mod", "mod"), ("|", "or_", "or"),
+    ("**", "pow", "pow"), (">>", "rshift", "rshift"), ("-", "sub", "sub"), ("/", "truediv", "truediv"),
+    ("^", "xor", "xor"),
+]
+for _symbol, _op, _dunder in _NAMES:
+    BINARY_OPS.append((_symbol, getattr(operator, _op), f"__{_dunder}__", f"__r{_dunder}__"))
+for _symbol, _op, _dunder in _NAMES:
+    BINARY_OPS.append((_symbol + "=", getattr(operator, "i" + _op.rstrip("_")), f"__i{_dunder}__", f"__{_dunder}__"))
+
+
+def binary_op(a: Any, b: Any, index: int) -> Any:
+    """`a <op> b` for BINARY_OP's argument `index` (in-place forms for 13 and up)."""
+    symbol, native, dunder, other = BINARY_OPS[index]
+    ma = _PY_MEMBERS.get(type(a))
+    mb = _PY_MEMBERS.get(type(b))
+    if ma is None or mb is None:
+        ma, mb = python_members(type(a)), python_members(type(b))
+    if not (ma or mb):
+        return native(a, b)
+    if index >= 13:
+        inplace = _method(a, dunder)
+        if inplace is not None:
+            result = call(inplace, (a, b), {})
+            if result is not NotImplemented:
+                return result
+        plain = BINARY_OPS[index - 13]
+        return _binary_slow(a, b, plain[2], plain[3], symbol)
+    return _binary_slow(a, b, dunder, other, symbol)
+
+
+def _binary_slow(a: Any, b: Any, dunder: str, reflected: str, symbol: str) -> Any:
+    ta, tb = type(a), type(b)
+    fa = class_attr(ta, dunder)
+    fb = class_attr(tb, reflected) if tb is not ta else None
+    if fb is not None and issubclass(tb, ta) and fb is not class_attr(ta, reflected):
+        result = call(fb, (b, a), {})
+        if result is not NotImplemented:
+            return result
+        fb = None
+    if fa is not None:
+        result = call(fa, (a, b), {})
+        if result is not NotImplemented:
+            return result
+    if fb is not None:
+        result = call(fb, (b, a), {})
+        if result is not NotImplemented:
+            return result
+    raise TypeError(f"unsupported operand type(s) for {symbol}: '{ta.__name__}' and '{tb.__name__}'")
+
+
+# -- comparisons --------------------------------------------------------------------------------
+COMPARISONS = {
+    "<": (operator.lt, "__lt__", "__gt__"), "<=": (operator.le, "__le__", "__ge__"),
+    "==": (operator.eq, "__eq__", "__eq__"), "!=": (operator.ne, "__ne__", "__ne__"),
+    ">": (operator.gt, "__gt__", "__lt__"), ">=": (operator.ge, "__ge__", "__le__"),
+}
+
+
+def compare(a: Any, b: Any, symbol: str) -> Any:
+    """`a <symbol> b` for the six rich comparisons."""
+    native, dunder, reflected = COMPARISONS[symbol]
+    ma = _PY_MEMBERS.get(type(a))
+    mb = _PY_MEMBERS.get(type(b))
+    if ma is None or mb is None:
+        ma, mb = python_members(type(a)), python_members(type(b))
+    if not (ma or mb):
+        return native(a, b)
+    ta, tb = type(a), type(b)
+    tried_reflected = False
+    if tb is not ta and issubclass(tb, ta):
+        fb = class_attr(tb, reflected)
+        if fb is not None:
+            tried_reflected = True
+            result = call(fb, (b, a), {})
+            if result is not NotImplemented:
+                return result
+    fa = class_attr(ta, dunder)
+    if fa is not None:
+        result = call(fa, (a, b), {})
+        if result is not NotImplemented:
+            return result
+    if not tried_reflected:
+        fb = class_attr(tb, reflected)
+        if fb is not None:
+            result = call(fb, (b, a), {})
+            if result is not NotImplemented:
+                return result
+    if symbol == "==":
+        return a is b
+    if symbol == "!=":
+        return a is not b
+    raise TypeError(f"'{symbol}' not supported between instances of '{ta.__name__}' and '{tb.__name__}'")
+
+
+# -- unary operators, truth ---------------------------------------------------------------------
+UNARY_OPS = {
+    "UNARY_POSITIVE": (operator.pos, "__pos__", "+"), "UNARY_NEGATIVE": (operator.neg, "__neg__", "-"),
+    "UNARY_INVERT": (operator.invert, "__invert__", "~"),
+}
+
+
+def unary_op(value: Any, opname: str) -> Any:
+    """`-x`, `+x`, `~x`."""
+    native, dunder, _ = UNARY_OPS[opname]
+    if dunder in python_members(type(value)):
+        return call_dunder(value, dunder)
+    return native(value)
+
+
+def truth(value: Any) -> bool:
+    """bool(value), with a Python `__bool__` / `__len__` interpreted."""
+    if value is True:
+        return True
+    if value is False or value is None:
+        return False
+    if type(value) is int:
+        return value != 0
+    members = python_members(type(value))
+    if "__bool__" in members:
+        result = call_dunder(value, "__bool__")
+        if type(result) is not bool:
+            raise TypeError(f"__bool__ should return bool, returned {type(result).__name__}")
+        return result
+    if "__len__" in members and _method(value, "__bool__") is None:
+        return length(value) != 0
+    return bool(value)
+
+
+def length(value: Any) -> int:
+    """len(value), with a Python `__len__` interpreted."""
+    if "__len__" in python_members(type(value)):
+        result = call_dunder(value, "__len__")
+        return operator.index(result) if type(result) is not int else result
+    return len(value)
+
+
+# -- containers ---------------------------------------------------------------------------------
+def get_item(container: Any, key: Any) -> Any:
+    """container[key]."""
+    if "__getitem__" in python_members(type(container)):
+        return call_dunder(container, "__getitem__", key)
+    return container[key]
+
+
+def set_item(container: Any, key: Any, value: Any) -> None:
+    """container[key] = value."""
+    if "__setitem__" in python_members(type(container)):
+        call_dunder(container, "__setitem__", key, value)
+    else:
+        container[key] = value
+
+
+def del_item(container: Any, key: Any) -> None:
+    """del container[key]."""
+    if "__delitem__" in python_members(type(container)):
+        call_dunder(container, "__delitem__", key)
+    else:
+        del container[key]
+
+
+def contains(container: Any, item: Any) -> bool:
+    """item in container."""
+    members = python_members(type(container))
+    if "__contains__" in members:
+        return truth(call_dunder(container, "__contains__", item))
+    if "__iter__" in members:
+        it = get_iter(container)
+        while True:
+            try:
+                x = next_item(it)
+            except StopIteration:
+                return False
+            if x is item or truth(compare(x, item, "==")):
+                return True
+    return item in container
+
+
+# -- iteration ----------------------------------------------------------------------------------
+def get_iter(obj: Any) -> Any:
+    """iter(obj), with a Python `__iter__` interpreted."""
+    if "__iter__" in python_members(type(obj)):
+        it = call_dunder(obj, "__iter__")
+        if _method(it, "__next__") is None:
+            raise TypeError(f"iter() returned non-iterator of type '{type(it).__name__}'")
+        return it
+    return iter(obj)
+
+
+def next_item(it: Any) -> Any:
+    """next(it), with a Python `__next__` interpreted (raises StopIteration at the end)."""
+    cls = type(it)
+    if cls is InterpretedGenerator:
+        return it.__next__()
+    members = _PY_MEMBERS.get(cls)
+    if members is None:
+        members = python_members(cls)
+    if "__next__" in members:
+        return call_dunder(it, "__next__")
+    try:
+        return next(it)
+    except TypeError:
+        if _method(it, "__next__") is None:
+            raise TypeError(f"'{type(it).__name__}' object is not an iterator") from None
+        raise
+
+
+# -- attributes ---------------------------------------------------------------------------------
+def load_attr(obj: Any, name: str) -> Any:
+    """getattr(obj, name), with Python properties and `__getattr__` interpreted."""
+    cls = type(obj)
+    members = python_members(cls)
+    if not members or isinstance(obj, type):
+        return getattr(obj, name)
+    if "property" in members:
+        desc = class_attr(cls, name)
+        if type(desc) is property and type(desc.fget) is types.FunctionType and should_interpret(desc.fget):
+            return call(desc.fget, (obj,), {})
+    if "__getattr__" in members and "__getattribute__" not in members:
+        try:
+            return cls.__getattribute__(obj, name)
+        except AttributeError:
+            return call_dunder(obj, "__getattr__", name)
+    if "__getattribute__" in members:
+        return call_dunder(obj, "__getattribute__", name)
+    return getattr(obj, name)
+
+
+def store_attr(obj: Any, name: str, value: Any) -> None:
+    """setattr(obj, name, value), with Python property setters and `__setattr__` interpreted."""
+    cls = type(obj)
+    members = python_members(cls)
+    if members and not isinstance(obj, type):
+        if "property" in members:
+            desc = class_attr(cls, name)
+            if type(desc) is property and type(desc.fset) is types.FunctionType and should_interpret(desc.fset):
+                call(desc.fset, (obj, value), {})
+                return
+        if "__setattr__" in members:
+            call_dunder(obj, "__setattr__", name, value)
+            return
+    setattr(obj, name, value)
+
+
+__all__ = [
+    "BINARY_OPS", "binary_op", "call_dunder", "class_attr", "compare", "contains", "del_item", "get_item",
+    "get_iter", "length", "load_attr", "next_item", "python_members", "set_item", "store_attr", "truth", "unary_op",
+]

@@ -1,0 +1,185 @@
+"""PyTorch OpInfo entries -> ltorch symbols -> sample inputs, and the check of one sample against eager.
+
+Op tests (and grad tests) name an OpInfo by `name` and `variant`, get the ltorch
+symbol that stands for its torch callable, draw its CPU samples for a dtype, and
+skip (but count) the samples that use features minijit does not support.
+
+Example::
+
+    case = OpCase("softmax", variant="with_dtype")
+    for sample in case.samples(torch.float32).supported:
+        check_sample(case, sample, torch.float32)
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+import torch
+
+from minijit.ir import Symbol
+from minijit.ops.registry import ALL_LTORCH, ltorch_symbol_for
+from tests.oputil import run_decomposed, run_trace_source
+
+# (atol, rtol) per dtype, loose enough for a decomposition that rounds differently from torch's kernel.
+TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+    torch.float64: (1e-7, 1e-7),
+    torch.float32: (1e-5, 1.3e-5),
+    torch.float16: (1e-2, 1e-2),
+    torch.bfloat16: (2e-2, 2e-2),
+}
+FLOAT_DTYPES = (torch.float32, torch.float64, torch.bfloat16)
+TEST_DTYPES = (*FLOAT_DTYPES, torch.int64, torch.bool)
+
+
+@cache
+def _op_db() -> dict[tuple[str, str], Any]:
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    return {(info.name, info.variant_test_name): info for info in op_db}
+
+
+def opinfo(name: str, variant: str = "") -> Any:
+    """The OpInfo called `name` (with `variant`, e.g. 'with_dtype')."""
+    return _op_db()[(name, variant)]
+
+
+def ltorch_symbol(info: Any) -> Symbol:
+    """The ltorch symbol for an OpInfo: the one its torch callable maps to, else the op of the same name."""
+    sym = ltorch_symbol_for(info.op)
+    if sym is None:
+        sym = ALL_LTORCH[info.name.split(".")[-1]]
+    return sym
+
+
+@dataclass
+class Samples:
+    """An OpInfo's samples for one dtype, split into the supported ones and counts of the skipped ones by reason."""
+
+    supported: list[Any]
+    skipped: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def supported_share(self) -> float:
+        total = len(self.supported) + sum(self.skipped.values())
+        return len(self.supported) / total if total else 0.0
+
+
+@dataclass
+class OpCase:
+    """One OpInfo entry as a test case: its symbol, the samples to skip, tolerances, the least supported share."""
+
+    name: str
+    variant: str = ""
+    # sample -> the reason to skip it, or None to test it
+    skip: Callable[[Any], str | None] | None = None
+    tolerances: dict[torch.dtype, tuple[float, float]] = field(default_factory=dict)
+    min_share: float = 0.75
+    symbol_name: str | None = None
+    # (symbol) -> a callable with the OpInfo op's signature, where the two differ (argument order, say)
+    adapter: Callable[[Symbol], Callable[..., Any]] | None = None
+    # False for ops whose values are unspecified (empty) or random: compare shape, dtype and device only
+    compare_values: bool = True
+
+    @property
+    def id(self) -> str:
+        return f"{self.name}.{self.variant}" if self.variant else self.name
+
+    @property
+    def info(self) -> Any:
+        return opinfo(self.name, self.variant)
+
+    @property
+    def symbol(self) -> Symbol:
+        return ALL_LTORCH[self.symbol_name] if self.symbol_name else ltorch_symbol(self.info)
+
+    def as_op(self) -> Callable[..., Any]:
+        """The symbol as a callable taking the OpInfo op's arguments."""
+        sym = self.symbol
+        return self.adapter(sym) if self.adapter else (lambda *args, **kwargs: sym(*args, **kwargs))
+
+    def dtypes(self, wanted: tuple[torch.dtype, ...] = TEST_DTYPES) -> list[torch.dtype]:
+        """The wanted dtypes that the OpInfo supports on CPU."""
+        supported = self.info.supported_dtypes("cpu")
+        return [d for d in wanted if d in supported]
+
+    def samples(self, dtype: torch.dtype) -> Samples:
+        """The OpInfo's CPU samples for `dtype`, less the skipped ones (counted by reason)."""
+        out = Samples([])
+        for sample in self.info.sample_inputs("cpu", dtype, requires_grad=False):
+            reason = self.skip(sample) if self.skip else None
+            if reason:
+                out.skipped[reason] += 1
+            else:
+                out.supported.append(sample)
+        return out
+
+    def tolerance(self, dtype: torch.dtype, result_dtype: torch.dtype | None = None) -> tuple[float, float]:
+        """(atol, rtol) for results in `result_dtype` computed from inputs in `dtype`: the looser of the two."""
+        if dtype in self.tolerances:
+            return self.tolerances[dtype]
+        a = TOLERANCES.get(dtype, (0.0, 0.0))
+        b = TOLERANCES.get(result_dtype, (0.0, 0.0)) if result_dtype is not None else a
+        return max(a[0], b[0]), max(a[1], b[1])
+
+
+def check_sample(case: OpCase, sample: Any, dtype: torch.dtype) -> None:
+    """The symbol's decomposition (prims only) and its ltorch-level trace both match eager torch on `sample`."""
+    expected = case.info.op(sample.input, *sample.args, **sample.kwargs)
+    fn = case.as_op()
+    for runner in (run_decomposed, run_trace_source):
+        actual = runner(fn, sample.input, *sample.args, **sample.kwargs)
+        what = f"{case.id} {runner.__name__} on {sample_summary(sample)}"
+        if case.compare_values:
+            assert_matches(actual, expected, lambda d: case.tolerance(dtype, d), what)
+        else:
+            assert_same_metadata(actual, expected, what)
+
+
+def assert_matches(actual: Any, expected: Any, tolerance: Callable[[torch.dtype], tuple[float, float]],
+                   what: str) -> None:
+    """Equal values, shapes and dtypes (tuples elementwise; NaNs equal); `tolerance(result dtype)` is (atol, rtol)."""
+    if isinstance(expected, tuple):
+        assert isinstance(actual, tuple) and len(actual) == len(expected), f"{what}: got {actual!r}"
+        for a, e in zip(actual, expected):
+            assert_matches(a, e, tolerance, what)
+        return
+    atol, rtol = tolerance(expected.dtype) if isinstance(expected, torch.Tensor) else (0.0, 0.0)
+    torch.testing.assert_close(actual, expected, atol=atol, rtol=rtol, equal_nan=True, msg=lambda m: f"{what}: {m}")
+
+
+def assert_same_metadata(actual: Any, expected: Any, what: str) -> None:
+    """Same shape, dtype and device (values are not compared)."""
+    assert isinstance(actual, torch.Tensor), f"{what}: got {actual!r}"
+    got = (actual.shape, actual.dtype, actual.device)
+    want = (expected.shape, expected.dtype, expected.device)
+    assert got == want, f"{what}: got {got}, expected {want}"
+
+
+def sample_summary(sample: Any) -> str:
+    """A short description of a sample for failure messages."""
+    def describe(x: Any) -> str:
+        if isinstance(x, torch.Tensor):
+            return f"{str(x.dtype).removeprefix('torch.')}{list(x.shape)}"
+        if isinstance(x, list | tuple):
+            return "(" + ", ".join(describe(v) for v in x) + ")"
+        return repr(x)
+
+    args = [describe(sample.input), *(describe(a) for a in sample.args)]
+    args += [f"{k}={describe(v)}" for k, v in sample.kwargs.items()]
+    return ", ".join(args)
+
+
+def run_case(case: OpCase, dtype: torch.dtype) -> Samples:
+    """Check every supported sample of `case` in `dtype`, and that enough of them are supported."""
+    samples = case.samples(dtype)
+    assert samples.supported, f"{case.id}: no supported samples for {dtype} (skipped: {dict(samples.skipped)})"
+    for sample in samples.supported:
+        check_sample(case, sample, dtype)
+    assert samples.supported_share >= case.min_share, (
+        f"{case.id} {dtype}: only {samples.supported_share:.0%} of samples supported; skipped {dict(samples.skipped)}")
+    return samples

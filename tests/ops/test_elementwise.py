@@ -1,0 +1,90 @@
+"""Elementwise ops against eager torch: OpInfo samples (broadcasting, promotion, 0-d), operators on proxies, errors."""
+
+from __future__ import annotations
+
+import operator
+
+import pytest
+import torch
+
+from minijit.errors import MetaError
+from minijit.ops import ltorch
+from tests.ops.opinfo_util import OpCase, assert_matches, run_case
+from tests.oputil import run_decomposed, run_trace_source, trace_call
+
+UNARY = (
+    "abs", "neg", "exp", "exp2", "expm1", "log", "log1p", "log2", "log10", "sin", "cos", "tan", "asin", "acos",
+    "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "sqrt", "rsqrt", "reciprocal", "erf", "erfc",
+    "erfinv", "lgamma", "digamma", "floor", "ceil", "round", "trunc", "sign", "bitwise_not", "isfinite", "isnan",
+    "isinf", "signbit", "logical_not", "positive", "square",
+)
+BINARY = (
+    "add", "sub", "rsub", "mul", "pow", "remainder", "fmod", "maximum", "minimum", "bitwise_and", "bitwise_or",
+    "bitwise_xor", "bitwise_left_shift", "bitwise_right_shift", "floor_divide", "atan2", "copysign", "eq", "ne",
+    "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor",
+)
+LOOSE_BF16 = {torch.bfloat16: (0.1, 0.05)}  # several roundings in bf16 where torch rounds once
+CASES = [
+    *(OpCase(name) for name in UNARY + BINARY),
+    OpCase("div", "no_rounding_mode"), OpCase("div", "trunc_rounding"), OpCase("div", "floor_rounding"),
+    OpCase("where", adapter=lambda sym: lambda x, cond, y: sym(cond, x, y)),
+    OpCase("clamp"), OpCase("lerp"), OpCase("addcmul", tolerances=LOOSE_BF16), OpCase("addcdiv", tolerances=LOOSE_BF16),
+]
+PARAMS = [pytest.param(case, dtype, id=f"{case.id}-{str(dtype)[6:]}") for case in CASES for dtype in case.dtypes()]
+
+
+@pytest.mark.parametrize(("case", "dtype"), PARAMS)
+def test_elementwise_op_matches_eager(case: OpCase, dtype: torch.dtype) -> None:
+    run_case(case, dtype)
+
+
+OPERATORS = [operator.add, operator.sub, operator.mul, operator.truediv, operator.pow, operator.lt, operator.ge,
+             operator.neg, operator.abs]
+
+
+@pytest.mark.parametrize("op", OPERATORS, ids=lambda op: op.__name__)
+@pytest.mark.parametrize(("a", "b"), [
+    ((2, 3), (3,)), ((), (2, 1)), ((4, 1), 2), (3.5, (2,)), ((1,), ()),
+], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
+def test_python_operators_on_proxies_broadcast_and_promote(op, a, b, dtype) -> None:
+    def make(x):
+        return torch.randint(1, 5, x).to(dtype) if isinstance(x, tuple) else x
+
+    x, y = make(a), make(b)
+    if op in (operator.neg, operator.abs) and not isinstance(x, torch.Tensor):
+        return
+    args = [v for v in (x, y) if isinstance(v, torch.Tensor)]
+
+    def fn(*tensors):
+        given = iter(tensors)
+        p, q = (next(given) if isinstance(v, torch.Tensor) else v for v in (x, y))
+        return op(p) if op in (operator.neg, operator.abs) else op(p, q)
+
+    expected = fn(*args)
+    for runner in (run_decomposed, run_trace_source):
+        assert_matches(runner(fn, *args), expected, lambda d: (2e-2, 2e-2) if d == torch.bfloat16 else (1e-6, 1e-6),
+                       f"{op.__name__} {runner.__name__}")
+
+
+def test_mixed_dtype_promotion_follows_torch() -> None:
+    x32, x64, i, b = torch.randn(3), torch.randn(3, dtype=torch.float64), torch.arange(3), torch.tensor(True)
+    for fn, args in [
+        (lambda p, q: p + q, (x32, x64)), (lambda p, q: p * q, (i, x32)), (lambda p, q: p * q, (x32, b)),
+        (lambda p, q: p / q, (i, i + 1)), (lambda p, q: ltorch.where(q, p, 2) if not isinstance(p, torch.Tensor)
+                                           else torch.where(q, p, 2), (i, b)),
+    ]:
+        expected = fn(*args)
+        actual = run_decomposed(fn, *args)
+        assert actual.dtype == expected.dtype
+        torch.testing.assert_close(actual, expected)
+
+
+@pytest.mark.parametrize(("fn", "message"), [
+    (lambda a, b: a + b, "cannot be broadcast together"),
+    (lambda a, b: (a > 0) - (b > 0), "sub: subtraction with a bool tensor"),
+    (lambda a, b: ltorch.where(a, a, b), "where: expected a bool condition tensor, got torch.float32"),
+])
+def test_bad_input_raises_meta_error(fn, message) -> None:
+    with pytest.raises(MetaError, match=message):
+        trace_call(fn, torch.randn(2, 3), torch.randn(4, 3))

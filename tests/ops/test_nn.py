@@ -1,0 +1,286 @@
+"""torch.nn.functional ops and matrix products against eager torch: OpInfo samples, extra call forms, errors."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from minijit.errors import MetaError
+from minijit.ops import ltorch
+from minijit.ops.registry import ltorch_symbol_for
+from tests.ops.opinfo_util import FLOAT_DTYPES, TOLERANCES, OpCase, assert_matches, run_case
+from tests.oputil import run_decomposed, run_trace_source, trace_call
+
+F = torch.nn.functional
+
+
+def _skip_dropout(sample) -> str | None:
+    return "random (dropout_p > 0)" if sample.kwargs.get("dropout_p", 0) else None
+
+
+def _skip_max_norm(sample) -> str | None:
+    return "max_norm (mutates weight)" if sample.kwargs.get("max_norm") is not None else None
+
+
+CASES = [
+    OpCase("matmul"), OpCase("mm"), OpCase("bmm"), OpCase("baddbmm"), OpCase("addmm"),
+    OpCase("nn.functional.linear"),
+    OpCase("nn.functional.relu"), OpCase("nn.functional.relu6"), OpCase("nn.functional.leaky_relu"),
+    OpCase("nn.functional.elu"), OpCase("nn.functional.gelu"), OpCase("nn.functional.silu"), OpCase("sigmoid"),
+    OpCase("nn.functional.softplus"), OpCase("nn.functional.hardtanh"), OpCase("tanh"),
+    OpCase("softmax"), OpCase("softmax", "with_dtype"), OpCase("log_softmax"), OpCase("log_softmax", "with_dtype"),
+    OpCase("nn.functional.layer_norm"), OpCase("nn.functional.rms_norm"), OpCase("nn.functional.group_norm"),
+    OpCase("nn.functional.normalize"), OpCase("nn.functional.pad", "constant"),
+    OpCase("nn.functional.embedding", skip=_skip_max_norm, min_share=0.6, adapter=lambda sym: lambda w, i, **k: sym(i, w, **k)),
+    OpCase("nn.functional.cross_entropy"), OpCase("nn.functional.nll_loss"), OpCase("nn.functional.mse_loss"),
+    OpCase("nn.functional.l1_loss"), OpCase("nn.functional.binary_cross_entropy_with_logits"),
+    OpCase("nn.functional.scaled_dot_product_attention", skip=_skip_dropout, min_share=0.5,
+           tolerances={torch.float32: (3e-5, 1e-4)}),
+]
+PARAMS = [pytest.param(case, dtype, id=f"{case.id}-{str(dtype)[6:]}") for case in CASES for dtype in case.dtypes()]
+
+
+@pytest.mark.parametrize(("case", "dtype"), PARAMS)
+def test_nn_op_matches_eager(case: OpCase, dtype: torch.dtype) -> None:
+    run_case(case, dtype)
+
+
+def _check(fn, *args, dtype=torch.float32, expected_fn=None, **kwargs) -> None:
+    """fn on proxies (decomposed and ltorch-level) against the same fn (or expected_fn) on tensors."""
+    expected = (expected_fn or fn)(*args, **kwargs)
+    atol, rtol = TOLERANCES.get(dtype, (0, 0))
+    for runner in (run_decomposed, run_trace_source):
+        actual = runner(fn, *args, **kwargs)
+        assert_matches(actual, expected, lambda d: (atol, rtol), runner.__name__)
+
+
+def _is_tensor(x):
+    return isinstance(x, torch.Tensor)
+
+
+def _ltorch_or_eager(name):
+    """A function that calls F.<name> on tensors and ltorch.<name> on proxies."""
+    return lambda *a, **k: (getattr(F, name) if _is_tensor(a[0]) else getattr(ltorch, name))(*a, **k)
+
+
+MATMUL_SHAPES = [
+    ((3,), (3,)), ((3,), (3, 4)), ((2, 3), (3,)), ((3,), (2, 3, 4)), ((2, 5, 3), (3,)), ((2, 3), (3, 4)),
+    ((2, 1, 3, 4), (5, 4, 2)), ((1, 3, 4), (6, 4, 2)), ((3, 4), (6, 4, 2)), ((6, 3, 4), (4, 2)),
+]
+
+
+@pytest.mark.parametrize(("a", "b"), MATMUL_SHAPES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
+def test_matmul_broadcasts_batch_dims_and_vectors(a, b, dtype) -> None:
+    x = torch.randint(-3, 4, a).to(dtype)
+    y = torch.randint(-3, 4, b).to(dtype)
+    _check(lambda p, q: p @ q, x, y, dtype=dtype)
+
+
+def test_linear_and_addmm_forms() -> None:
+    x, w, b = torch.randn(2, 5, 4), torch.randn(3, 4), torch.randn(3)
+    _check(lambda p, q, r: F.linear(p, q, r) if isinstance(p, torch.Tensor) else ltorch.linear(p, q, r), x, w, b)
+    m = torch.randn(4, 3)
+    _check(lambda p, q, r: p.addmm(q, r, beta=0, alpha=2), torch.full((4, 3), float("nan")), torch.randn(4, 5),
+           torch.randn(5, 3))
+    _check(lambda p, q, r: p.baddbmm(q, r, beta=0.5), m, torch.randn(2, 4, 5), torch.randn(2, 5, 3))
+
+
+ACTIVATIONS = [
+    (ltorch.relu, F.relu, {}), (ltorch.relu6, F.relu6, {}), (ltorch.leaky_relu, F.leaky_relu, {"negative_slope": 0.2}),
+    (ltorch.elu, F.elu, {"alpha": 0.5}), (ltorch.gelu, F.gelu, {"approximate": "tanh"}), (ltorch.gelu, F.gelu, {}),
+    (ltorch.silu, F.silu, {}), (ltorch.sigmoid, torch.sigmoid, {}), (ltorch.softplus, F.softplus, {"beta": 2.0}),
+    (ltorch.hardtanh, F.hardtanh, {"min_val": -0.25}), (ltorch.tanh, F.tanh, {}),
+]
+
+
+@pytest.mark.parametrize(("sym", "fn", "kwargs"), ACTIVATIONS, ids=lambda x: getattr(x, "name", ""))
+@pytest.mark.parametrize("shape", [(), (1,), (4, 1, 3)])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_activations_on_edge_values(sym, fn, kwargs, shape, dtype) -> None:
+    # Eager's vectorized exact gelu gives NaN at +inf, an artifact not worth copying.
+    infinite = (5.0, -5.0) if sym is ltorch.gelu else (float("inf"), -float("inf"))
+    special = torch.tensor([0.0, -0.0, 30.0, -30.0, float("nan"), *infinite, 1e-3], dtype=dtype)
+    x = torch.randn(shape, dtype=dtype)
+    if x.numel() >= special.numel():
+        x.view(-1)[: special.numel()] = special
+    _check(lambda a: sym(a, **kwargs), x, dtype=dtype, expected_fn=lambda a: fn(a, **kwargs))
+
+
+def test_torch_callables_map_to_ltorch_ops() -> None:
+    for fn, name in [(F.tanh, "tanh"), (F.sigmoid, "sigmoid"), (torch.relu, "relu"), (torch.softmax, "softmax"),
+                     (torch.Tensor.log_softmax, "log_softmax"), (F.scaled_dot_product_attention,
+                                                                 "scaled_dot_product_attention")]:
+        assert ltorch_symbol_for(fn).name == name
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("dim", [0, -1, None])
+def test_softmax_forms_and_stability(dtype, dim) -> None:
+    x = torch.randn(3, 4, 5, dtype=dtype) * 50  # large values: unstable without subtracting the max
+    _check(lambda a: a.softmax(dim) if dim is not None else F.softmax(a), x, dtype=dtype,
+           expected_fn=lambda a: F.softmax(a, dim))
+    _check(lambda a: a.log_softmax(-1, dtype=torch.float64), x, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_norms_with_and_without_affine(dtype) -> None:
+    layer_norm, rms_norm, group_norm = (_ltorch_or_eager(n) for n in ("layer_norm", "rms_norm", "group_norm"))
+    x, w, b = torch.randn(2, 3, 8, dtype=dtype), torch.randn(8, dtype=dtype), torch.randn(8, dtype=dtype)
+    _check(lambda a, c, d: layer_norm(a, (8,), c, d, 1e-3), x, w, b, dtype=dtype)
+    _check(lambda a, c: layer_norm(a, (3, 8), eps=1e-3) * c, x, w, dtype=dtype)
+    _check(lambda a, c: rms_norm(a, [8], c), x, w, dtype=dtype)
+    _check(lambda a: rms_norm(a, (3, 8), eps=1e-6), x, dtype=dtype)
+    g = torch.randn(2, 6, 4, 3, dtype=dtype)
+    _check(lambda a, c, d: group_norm(a, 3, c, d), g, torch.randn(6, dtype=dtype), torch.randn(6, dtype=dtype),
+           dtype=dtype)
+
+
+CE_SETTINGS = list(itertools.product(
+    ["class", "prob"], [False, True], ["none", "mean", "sum"], [0.0, 0.25], [(4, 5), (5,), (2, 5, 3, 2)]))
+
+
+@pytest.mark.parametrize(("target_kind", "weighted", "reduction", "label_smoothing", "shape"), CE_SETTINGS)
+def test_cross_entropy_settings(target_kind, weighted, reduction, label_smoothing, shape) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(shape, dtype=torch.float64)
+    c = shape[0] if len(shape) == 1 else shape[1]
+    if target_kind == "class":
+        target_shape = () if len(shape) == 1 else (shape[0], *shape[2:])
+        target = torch.randint(0, c, target_shape)
+        if len(shape) > 1:
+            target.view(-1)[0] = -7  # ignored
+    else:
+        target = torch.rand(shape, dtype=torch.float64).softmax(0 if len(shape) == 1 else 1)
+    weight = torch.rand(c, dtype=torch.float64) if weighted else None
+    kwargs = dict(reduction=reduction, label_smoothing=label_smoothing)
+    if target_kind == "class":
+        kwargs["ignore_index"] = -7
+    _check(_ltorch_or_eager("cross_entropy"), x, target, weight, dtype=torch.float64, **kwargs)
+    if target_kind == "class" and label_smoothing == 0:
+        logp = x.log_softmax(0 if len(shape) == 1 else 1)
+        kwargs.pop("label_smoothing")
+        _check(_ltorch_or_eager("nll_loss"), logp, target, weight, dtype=torch.float64, **kwargs)
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_pointwise_losses(reduction) -> None:
+    x, y, w = torch.randn(4, 3), torch.randn(4, 3), torch.rand(4, 3)
+    for name in ("mse_loss", "l1_loss"):
+        _check(_ltorch_or_eager(name), x, y, reduction=reduction)
+        _check(_ltorch_or_eager(name), x, y, reduction=reduction, weight=w)
+    t = torch.rand(4, 3)
+    fn = _ltorch_or_eager("binary_cross_entropy_with_logits")
+    _check(fn, x * 30, t, reduction=reduction)
+    _check(fn, x, t, torch.rand(3), reduction=reduction, pos_weight=torch.rand(3) * 3)
+
+
+ATTENTION_SETTINGS = [
+    dict(), dict(is_causal=True), dict(scale=0.3), dict(mask="bool"), dict(mask="float"), dict(mask="bool_row"),
+    dict(is_causal=True, L=3, S=5), dict(mask="float", L=5, S=3), dict(gqa=True), dict(gqa=True, is_causal=True),
+]
+
+
+@pytest.mark.parametrize("setting", ATTENTION_SETTINGS, ids=str)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_scaled_dot_product_attention(setting, dtype) -> None:
+    setting = dict(setting)
+    L, S, E = setting.pop("L", 4), setting.pop("S", 4), 8
+    hq, hk = (4, 2) if setting.pop("gqa", False) else (2, 2)
+    q = torch.randn(2, hq, L, E, dtype=dtype)
+    k, v = torch.randn(2, hk, S, E, dtype=dtype), torch.randn(2, hk, S, E, dtype=dtype)
+    mask = setting.pop("mask", None)
+    kwargs = dict(setting, enable_gqa=hq != hk)
+    args = [q, k, v]
+    if mask in ("bool", "bool_row"):
+        m = torch.rand(L, S) > 0.3
+        if mask == "bool_row":
+            m[1] = False  # a query that sees no key: torch gives zeros
+        args.append(m)
+    elif mask == "float":
+        m = torch.randn(2, 1, L, S, dtype=dtype)
+        m[0, 0, 0] = -float("inf")
+        args.append(m)
+    _check(_ltorch_or_eager("scaled_dot_product_attention"), *args, dtype=dtype, **kwargs)
+
+
+def test_attention_dropout_is_seeded_and_keeps_shape() -> None:
+    q = torch.randn(2, 3, 4, 8)
+    fn = lambda a: ltorch.scaled_dot_product_attention(a, a, a, dropout_p=0.5)
+    torch.manual_seed(1)
+    first = run_decomposed(fn, q)
+    torch.manual_seed(1)
+    second = run_decomposed(fn, q)
+    torch.manual_seed(2)
+    third = run_decomposed(fn, q)
+    assert first.shape == q.shape and torch.equal(first, second) and not torch.equal(first, third)
+
+
+@pytest.mark.parametrize("p", [0.0, 0.3, 1.0])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_dropout(p, dtype) -> None:
+    x = torch.ones(20000, dtype=dtype)
+    torch.manual_seed(0)
+    out = run_decomposed(lambda a: ltorch.dropout(a, p), x)
+    assert out.dtype == dtype and out.shape == x.shape
+    if p == 0:
+        assert torch.equal(out, x)
+        return
+    kept = out != 0
+    if p < 1:
+        torch.testing.assert_close(out[kept], torch.full_like(out[kept], 1 / (1 - p)), atol=0, rtol=1e-2)
+    assert abs(kept.double().mean().item() - (1 - p)) < 0.02
+
+
+def test_dropout_outside_training_is_the_input() -> None:
+    x = torch.randn(3, 4)
+    trace = trace_call(lambda a: ltorch.dropout(a, 0.5, training=False), x)
+    assert trace.output is trace.args[0] and not trace.bound_symbols
+    trace = trace_call(lambda a: ltorch.dropout(a, 0.0), x)
+    assert trace.output is trace.args[0]
+
+
+def test_embedding_with_int32_and_0d_indices() -> None:
+    w = torch.randn(10, 4)
+    for idx in (torch.tensor(3), torch.tensor([[1, 9], [0, 0]], dtype=torch.int32)):
+        _check(_ltorch_or_eager("embedding"), idx, w)
+    _check(lambda i, q: F.embedding(i, q, padding_idx=0) if _is_tensor(i) else ltorch.embedding(i, q, 0),
+           torch.tensor([0, 2]), w)
+
+
+@pytest.mark.parametrize("pad", [(1, 2), (0, 0, 2, 1), (-1, 1, 1, -2), (1, 1, 1, 1, 1, 1)])
+def test_constant_pad(pad) -> None:
+    x = torch.randn(2, 3, 4)
+    _check(lambda a: F.pad(a, pad, value=2.5) if _is_tensor(a) else ltorch.pad(a, pad, value=2.5), x)
+
+
+def test_normalize_forms() -> None:
+    x = torch.randn(3, 4)
+    x[1] = 0  # the eps clamp keeps the zero row finite
+    _check(lambda a: F.normalize(a) if _is_tensor(a) else ltorch.normalize(a), x)
+    _check(lambda a: F.normalize(a, 1.0, 0) if _is_tensor(a) else ltorch.normalize(a, 1.0, 0), x)
+
+
+@pytest.mark.parametrize(("fn", "args", "message"), [
+    (lambda a, b: a @ b, ((2, 3), (4, 5)), "matmul: shapes \\(2, 3\\) and \\(4, 5\\) cannot be multiplied"),
+    (lambda a, b: a @ b, ((2, 2, 3), (3, 3, 1)), "matmul: batch dims"),
+    (lambda a, b: ltorch.matmul(a, b.sum()), ((2, 3), (3,)), "matmul: both arguments need at least 1 dimension"),
+    (lambda a, b: ltorch.mm(a, b), ((2, 3, 1), (1, 3)), "mm: expects two matrices"),
+    (lambda a, b: ltorch.bmm(a, b), ((2, 3, 1), (3, 1, 3)), "bmm: batch sizes differ"),
+    (lambda a, b: ltorch.layer_norm(a, (4,), b), ((2, 3), (3,)), "layer_norm: normalized_shape \\(4,\\)"),
+    (lambda a, b: ltorch.embedding(a, b), ((2,), (4, 3)), "embedding: indices must be int64 or int32"),
+    (lambda a, b: ltorch.cross_entropy(a, b.long()), ((2, 3), (3,)), "cross_entropy: expected a target of shape"),
+    (lambda a, b: ltorch.cross_entropy(a, b), ((2, 3), (2, 4)), "cross_entropy: probability targets"),
+    (lambda a, b: ltorch.scaled_dot_product_attention(a, b, b), ((2, 4, 3), (2, 5, 4)),
+     "scaled_dot_product_attention: shapes do not fit"),
+    (lambda a, b: ltorch.softmax(a.long(), 0), ((2,), (2,)), "softmax: needs a floating point"),
+    (lambda a, b: ltorch.relu(a, inplace=True), ((2,), (2,)), "relu: inplace=True is not supported"),
+    (lambda a, b: ltorch.pad(a, (1, 1), mode="reflect"), ((2,), (2,)), "pad: mode 'reflect' is not supported"),
+    (lambda a, b: ltorch.group_norm(a, 4), ((2, 6), (2,)), "group_norm: .* cannot be split into 4 groups"),
+    (lambda a, b: ltorch.dropout(a, 1.5), ((2,), (2,)), "dropout: p must be between 0 and 1"),
+])
+def test_bad_input_raises_meta_error_naming_the_op(fn, args, message) -> None:
+    with pytest.raises(MetaError, match=message):
+        trace_call(fn, *(torch.randn(s) for s in args))

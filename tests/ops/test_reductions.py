@@ -1,0 +1,93 @@
+"""Reductions against eager torch: OpInfo samples, call forms of overloaded ops, and errors naming the op."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minijit.errors import MetaError
+from minijit.ops import ltorch
+from tests.ops.opinfo_util import OpCase, assert_matches, run_case
+from tests.oputil import run_decomposed, run_trace_source, trace_call
+
+CASES = [
+    OpCase("sum"), OpCase("mean"), OpCase("prod"), OpCase("amax"), OpCase("amin"),
+    OpCase("max", "binary"), OpCase("max", "reduction_no_dim"), OpCase("max", "reduction_with_dim"),
+    OpCase("min", "binary"), OpCase("min", "reduction_no_dim"), OpCase("min", "reduction_with_dim"),
+    OpCase("argmax"), OpCase("argmin"),
+    OpCase("var"), OpCase("var", "unbiased"), OpCase("std"), OpCase("std", "unbiased"),
+    OpCase("var_mean"), OpCase("var_mean", "unbiased"), OpCase("std_mean"), OpCase("std_mean", "unbiased"),
+    OpCase("all"), OpCase("any"), OpCase("logsumexp"), OpCase("cumsum"),
+    OpCase("norm"), OpCase("norm", "fro"), OpCase("norm", "inf"), OpCase("linalg.vector_norm"),
+]
+PARAMS = [pytest.param(case, dtype, id=f"{case.id}-{str(dtype)[6:]}") for case in CASES for dtype in case.dtypes()]
+
+
+@pytest.mark.parametrize(("case", "dtype"), PARAMS)
+def test_reduction_matches_eager(case: OpCase, dtype: torch.dtype) -> None:
+    run_case(case, dtype)
+
+
+def _check_forms(forms, x):
+    for form in forms:
+        expected = form(x)
+        for runner in (run_decomposed, run_trace_source):
+            actual = runner(form, x)
+            assert_matches(actual, tuple(expected) if isinstance(expected, tuple) else expected,
+                           lambda d: (1e-5, 1e-5), f"{runner.__name__}")
+
+
+@pytest.mark.parametrize("shape", [(), (1,), (3, 1, 4), (2, 3, 4)])
+def test_call_forms_of_overloaded_reductions(shape) -> None:
+    # The same lambdas run on tensors (eager) and on proxies (methods dispatch to ltorch).
+    x = torch.randn(shape)
+    last = -1
+    forms = [
+        lambda a: a.sum(), lambda a: a.sum(last), lambda a: a.sum(dim=last, keepdim=True),
+        lambda a: a.mean(), lambda a: a.mean(last, True), lambda a: a.var(), lambda a: a.var(last, False),
+        lambda a: a.std(unbiased=False), lambda a: a.var(dim=last, correction=0, keepdim=True),
+        lambda a: a.amax(), lambda a: a.max(), lambda a: a.max(last), lambda a: a.min(dim=last, keepdim=True),
+        lambda a: a.max(a * 2), lambda a: a.argmax(), lambda a: a.argmin(last, keepdim=True),
+        lambda a: a.norm(), lambda a: a.logsumexp(last), lambda a: a.cumsum(last), lambda a: a.all(),
+    ]
+    if len(shape) >= 2:
+        forms += [lambda a: a.sum(dim=(0, 1), keepdim=True), lambda a: a.norm(p="fro", dim=(0, 1)),
+                  lambda a: a.var(dim=(0, 1), unbiased=True)]
+    _check_forms(forms, x)
+
+
+def test_torch_function_forms() -> None:
+    x = torch.randn(3, 4)
+    forms = [
+        (ltorch.max, torch.max, (1,)), (ltorch.var_mean, torch.var_mean, (1, True)),
+        (ltorch.std_mean, torch.std_mean, ()), (ltorch.var, torch.var, (True,)),
+        (ltorch.vector_norm, torch.linalg.vector_norm, (3.5,)), (ltorch.norm, torch.norm, (float("inf"),)),
+        (ltorch.sum, torch.sum, (0,)),
+    ]
+    for sym, fn, args in forms:
+        expected = fn(x, *args)
+        actual = run_decomposed(lambda a, sym=sym, args=args: sym(a, *args), x)
+        assert_matches(actual, tuple(expected) if isinstance(expected, tuple) else expected,
+                       lambda d: (1e-5, 1e-5), sym.name)
+
+
+def test_low_precision_mean_accumulates_in_float32() -> None:
+    # 4096 copies of 1.01 summed in bfloat16 would stall far below 4096 * 1.01.
+    x = torch.full((4096,), 1.01, dtype=torch.bfloat16)
+    actual = run_decomposed(lambda a: ltorch.mean(a), x)
+    torch.testing.assert_close(actual, torch.mean(x), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize(("fn", "message"), [
+    (lambda a: ltorch.sum(a, 3), "sum: dimension 3 is out of range"),
+    (lambda a: ltorch.mean(a.long()), "mean: needs a floating point"),
+    (lambda a: ltorch.var(a.long()), "var: only supports floating point"),
+    (lambda a: ltorch.argmax(a > 0), "argmax: does not support bool"),
+    (lambda a: ltorch.max(a, (0, 1)), "max: dim must be an int"),
+    (lambda a: ltorch.norm(a, "nuc"), "norm: p='nuc' is not supported"),
+    (lambda a: ltorch.var(a, 0, True, correction=1), "var: give either unbiased or correction"),
+    (lambda a: ltorch.cumsum(a, -3), "cumsum: dimension -3 is out of range"),
+])
+def test_bad_input_raises_meta_error_naming_the_op(fn, message) -> None:
+    with pytest.raises(MetaError, match=message):
+        trace_call(fn, torch.randn(2, 3))
