@@ -125,7 +125,10 @@ class OperatorExecutor(Executor):
         exe = self._impl_symbols.get(sym.id)
         if exe is None:
             impl = self.implementations[sym.id]
-            exe = Symbol(sym.name, sym.meta, namespace=self.namespace, is_prim=True, tags=sym.tags, fn=impl.fn)
+            # A prim and an ltorch op may share a name (transpose, reshape) and a trace both;
+            # the printed trace calls them through one namespace, so the prim gets a prefix.
+            name = f"prims_{sym.name}" if sym.namespace == "prims" and sym.name in ALL_LTORCH else sym.name
+            exe = Symbol(name, sym.meta, namespace=self.namespace, is_prim=True, tags=sym.tags, fn=impl.fn)
             self._impl_symbols[sym.id] = exe
         return exe
 

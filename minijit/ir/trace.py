@@ -103,6 +103,11 @@ class Trace:
             # (x.contiguous(), x.to(x.dtype)) is not worth a line in the trace.
             if not subsymbols and _is_passthrough(output, args, kwargs):
                 return output
+        if not torch.is_grad_enabled():
+            # Computed under torch.no_grad() inside the traced function: the grad pass treats
+            # these values as constants, as eager autograd would.
+            self.info.setdefault("no_grad", set()).update(
+                p.name for p in tree_iter(output) if isinstance(p, Proxy))
         self._scopes[-1].append(BoundSymbol(sym, args, kwargs, output, tuple(subsymbols), self.source))
         return output
 

@@ -44,16 +44,19 @@ def is_differentiable(x: Any) -> bool:
 STOPS_GRADIENT = frozenset({"prims.detach"})
 
 
-def is_constant_for_vjp(bsym: BoundSymbol, requires_grad: Container[str]) -> bool:
+def is_constant_for_vjp(bsym: BoundSymbol, requires_grad: Container[str], no_grad: Container[str] = ()) -> bool:
     """True when `bsym` contributes nothing to any gradient.
 
     That is when none of its outputs is a differentiable tensor (`prims.shape`
     returns ints, `argmax` int64, comparisons bool), when none of its tensor
-    inputs is in `requires_grad` (the names of proxies that require grad), or
-    when it stops gradients (`prims.detach`). Constant symbols stay in the
-    forward and add nothing to the backward.
+    inputs is in `requires_grad` (the names of proxies that require grad),
+    when it stops gradients (`prims.detach`), or when it was recorded under
+    `torch.no_grad()` (its outputs are in `no_grad`). Constant symbols stay in
+    the forward and add nothing to the backward.
     """
     if bsym.sym.id in STOPS_GRADIENT:
+        return True
+    if no_grad and any(p.name in no_grad for p in bsym.proxy_outputs()):
         return True
     if not any(is_differentiable(p) for p in bsym.proxy_outputs()):
         return True
@@ -119,6 +122,7 @@ class _Splitter:
         self.trace = trace
         self.requires = {p.name for p in trace.args if is_differentiable(p) and p.requires_grad}
         self.inputs_requiring = set(self.requires)
+        self.no_grad: set[str] = trace.info.get("no_grad", set())
         self.fwd = Trace(trace.fn_name, _names=trace.names)
         self.fwd.args = list(trace.args)
         self.fwd.info = dict(trace.info)
@@ -126,7 +130,7 @@ class _Splitter:
 
     # -- forward ------------------------------------------------------------------------------
     def forward(self, bsym: BoundSymbol) -> None:
-        if is_constant_for_vjp(bsym, self.requires):
+        if is_constant_for_vjp(bsym, self.requires, self.no_grad):
             self.fwd.bound_symbols.append(bsym)
             return
         if prims.INPLACE in bsym.sym.tags:

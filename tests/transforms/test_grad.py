@@ -394,3 +394,49 @@ def test_cheap_pointwise_output_is_recomputed_not_saved():
     got = torch.autograd.grad(out, (w1, w2))
     want = torch.autograd.grad(F.linear(F.gelu(F.linear(x, w1)), w2).sum(), (w1, w2))
     torch.testing.assert_close(got, want)
+
+
+# -- with the interpreter: torch code, modules, no_grad regions --------------------------------------
+
+def test_no_grad_region_inside_the_function_is_constant():
+    def f(x):
+        with torch.no_grad():
+            s = x.sum()
+        return (x * s).sum()
+
+    x = torch.randn(3, dtype=F64, requires_grad=True)
+    (got,) = torch.autograd.grad(minijit.jit(f)(x), x)
+    (want,) = torch.autograd.grad(f(x), x)
+    torch.testing.assert_close(got, want)
+
+
+def test_detach_stops_gradients():
+    def f(x):
+        return (x * x.detach()).sum()
+
+    x = torch.randn(3, dtype=F64, requires_grad=True)
+    (got,) = torch.autograd.grad(minijit.jit(f)(x), x)
+    torch.testing.assert_close(got, x.detach())
+
+
+def test_module_trains_like_eager():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.LayerNorm(16), torch.nn.Linear(16, 4))
+    ref = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.LayerNorm(16), torch.nn.Linear(16, 4))
+    ref.load_state_dict(model.state_dict())
+    jm = minijit.jit(model)
+    opt, ref_opt = torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(ref.parameters(), lr=0.1)
+    for _ in range(3):
+        x, target = torch.randn(5, 8), torch.randint(0, 4, (5,))
+        loss = F.cross_entropy(jm(x), target)
+        ref_loss = F.cross_entropy(ref(x), target)
+        torch.testing.assert_close(loss, ref_loss, atol=1e-6, rtol=1e-5)
+        loss.backward()
+        ref_loss.backward()
+        for p, q in zip(model.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, atol=1e-6, rtol=1e-5)
+        opt.step()
+        ref_opt.step()
+        opt.zero_grad()
+        ref_opt.zero_grad()
+    assert minijit.last_backward_traces(jm)
