@@ -11,9 +11,129 @@ from typing import Any
 
 import torch
 
-from minijit.extend import OperatorExecutor, ltorch_eager_implementations, prims, register_executor
+from minijit.extend import (
+    BoundSymbol,
+    OperatorExecutor,
+    Symbol,
+    TensorProxy,
+    ltorch_eager_implementations,
+    prims,
+    register_executor,
+)
 
-ex = OperatorExecutor("torch", version=torch.__version__)
+
+class TorchExecutor(OperatorExecutor):
+    """The torch executor; writes a result straight into a mutated input where the analysis allows it."""
+
+    def __init__(self) -> None:
+        super().__init__("torch", version=torch.__version__)
+        self._inplace_symbols: dict[str, Symbol] = {}
+
+    def produce_into(self, producer: BoundSymbol, out: TensorProxy) -> BoundSymbol | None:
+        """`torch.add(a, b, out=x)` for pointwise ops, `x.index_copy_(...)` where x is the first argument."""
+        fn = producer.sym.fn
+        if fn is None or "out" in producer.kwargs or len(list(producer.proxy_outputs())) != 1:
+            return None
+        others = [p for p in producer.proxy_args() if p is not out]
+        reads_out = len(others) != len(list(producer.proxy_args()))
+        if _is_pointwise_with_out(fn) and _accepts_out(fn, producer, out):
+            # TensorIterator allows an input to be exactly the output; the analysis guarantees
+            # that no other view of `out` is read (DESIGN.md, invariant 2).
+            return producer.replace(kwargs={**producer.kwargs, "out": out})
+        method = _inplace_method(fn)
+        if method is not None and producer.args and producer.args[0] is out and out not in _ids(producer.args[1:]):
+            return producer.replace(sym=self._inplace_symbol(producer.sym, method))
+        if fn in _OUT_NOT_POINTWISE and not reads_out:
+            return producer.replace(kwargs={**producer.kwargs, "out": out})
+        return None
+
+    def _inplace_symbol(self, sym: Symbol, method: Any) -> Symbol:
+        exe = self._inplace_symbols.get(sym.id)
+        if exe is None:
+            exe = Symbol(f"{sym.name}_", None, namespace=self.namespace, is_prim=True,
+                         tags=sym.tags | {prims.INPLACE}, fn=method)
+            self._inplace_symbols[sym.id] = exe
+        return exe
+
+
+def _ids(values: Any) -> _IdSet:
+    return _IdSet(values)
+
+
+class _IdSet:
+    """Membership by identity (proxies overload ==)."""
+
+    def __init__(self, values: Any) -> None:
+        self.ids = {id(v) for v in values}
+
+    def __contains__(self, x: Any) -> bool:
+        return id(x) in self.ids
+
+
+_NO_OUT = {"isfinite", "isnan", "isinf", "real", "imag"}
+_POINTWISE_OUT = {getattr(torch, n) for n in (*prims.UNARY, *prims.BINARY, *prims.TERNARY)
+                  if hasattr(torch, n) and n not in _NO_OUT}
+_POINTWISE_OUT |= {torch.clamp, torch.clip, torch.addcmul, torch.addcdiv, torch.sigmoid, torch.square}
+_OUT_NOT_POINTWISE = {torch.matmul, torch.mm, torch.bmm, torch.cat}
+
+
+def _is_pointwise_with_out(fn: Any) -> bool:
+    try:
+        return fn in _POINTWISE_OUT
+    except TypeError:  # unhashable callable
+        return False
+
+
+_OUT_PROBES: dict[Any, bool] = {}
+
+
+def _accepts_out(fn: Any, producer: BoundSymbol, out: TensorProxy) -> bool:
+    """Whether `fn` takes `out=` with these kinds of arguments (`torch.where(c, 0, x, out=)` does not).
+
+    Probed once per signature on one-element tensors.
+    """
+    def probe(x: Any) -> Any:
+        return torch.zeros((1,) * x.ndim, dtype=x.dtype) if isinstance(x, TensorProxy) else x
+
+    def kind(x: Any) -> Any:
+        return ("t", x.dtype, x.ndim) if isinstance(x, TensorProxy) else type(x)
+
+    key = (fn, tuple(kind(a) for a in producer.args), tuple((k, kind(v)) for k, v in producer.kwargs.items()),
+           out.dtype, out.ndim)
+    ok = _OUT_PROBES.get(key)
+    if ok is None:
+        try:
+            fn(*[probe(a) for a in producer.args], **{k: probe(v) for k, v in producer.kwargs.items()},
+               out=probe(out))
+            ok = True
+        except Exception:
+            ok = False
+        _OUT_PROBES[key] = ok
+    return ok
+
+
+# torch functions whose Tensor method `<name>_` computes the same thing into its first argument
+# (listed, since some `<name>_` differ: `x.bernoulli_()` ignores x's values, `torch.bernoulli(x)` does not).
+_SAME_AS_INPLACE = {
+    "index_copy", "index_add", "index_fill", "index_put", "index_reduce", "masked_fill", "masked_scatter",
+    "scatter", "scatter_add", "scatter_reduce", "tril", "triu", "cumsum", "cumprod", "renorm", "put",
+    "clamp", "clip", "lerp", "addcmul", "addcdiv", "where", "nan_to_num", "logit", "hardtanh", "relu",
+    "sigmoid", "sinc", "xlogy", "hypot", "heaviside", "logaddexp",
+}
+
+
+def _inplace_method(fn: Any) -> Any:
+    """The in-place Tensor method computing `fn(x, *rest)` into x, if there is one."""
+    method = _PRIM_INPLACE.get(fn)
+    if method is not None:
+        return method
+    name = getattr(fn, "__name__", None)
+    if name not in _SAME_AS_INPLACE or not (fn is getattr(torch, name, None) or fn is getattr(torch.Tensor, name, None)):
+        return None
+    return getattr(torch.Tensor, f"{name}_", None)
+
+
+ex = TorchExecutor()
 
 
 def _broadcast_in_dim(x: torch.Tensor, shape: Sequence[int], broadcast_dims: Sequence[int]) -> torch.Tensor:
@@ -76,6 +196,40 @@ def _take(x: torch.Tensor, index: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.index_select(x, dim, index)
 
 
+def _index_add(x: torch.Tensor, index: torch.Tensor, value: torch.Tensor, dim: int) -> torch.Tensor:
+    return torch.index_add(x, dim, index, value)
+
+
+def _index_copy(x: torch.Tensor, index: torch.Tensor, value: torch.Tensor, dim: int) -> torch.Tensor:
+    return torch.index_copy(x, dim, index, value)
+
+
+def _scatter_add(x: torch.Tensor, index: torch.Tensor, value: torch.Tensor, dim: int) -> torch.Tensor:
+    return torch.scatter_add(x, dim, index, value)
+
+
+# In-place forms of the prims above: x is both the first argument and where the result goes.
+def _slice_scatter(x: torch.Tensor, value: torch.Tensor, start_indices: Sequence[int], end_indices: Sequence[int],
+                   strides: Sequence[int] | None = None) -> torch.Tensor:
+    out = x.clone()
+    _slice(out, start_indices, end_indices, strides).copy_(value)
+    return out
+
+
+def _slice_scatter_into(x: torch.Tensor, value: torch.Tensor, start_indices: Sequence[int],
+                        end_indices: Sequence[int], strides: Sequence[int] | None = None) -> torch.Tensor:
+    _slice(x, start_indices, end_indices, strides).copy_(value)
+    return x
+
+
+_PRIM_INPLACE = {
+    _index_add: lambda x, index, value, dim: x.index_add_(dim, index, value),
+    _index_copy: lambda x, index, value, dim: x.index_copy_(dim, index, value),
+    _scatter_add: lambda x, index, value, dim: x.scatter_add_(dim, index, value),
+    _slice_scatter: _slice_scatter_into,
+}
+
+
 def _scalars_as_tensors(fn: Any) -> Any:
     """`fn(a, b)` for torch functions that refuse Python numbers, which prims allow as scalars."""
     def impl(a: Any, b: Any) -> torch.Tensor:
@@ -115,6 +269,8 @@ _PRIM_IMPLS: dict[str, Any] = {
     "convert_element_type": lambda x, dtype: x.to(dtype, copy=True),
     "device_put": lambda x, device: x.to(device),
     "cumsum": torch.cumsum,
+    "topk": lambda x, k, dim, largest, is_sorted: tuple(torch.topk(x, k, dim, largest, is_sorted)),
+    "sort": lambda x, dim, descending, stable: tuple(torch.sort(x, dim=dim, descending=descending, stable=stable)),
     "broadcast_in_dim": _broadcast_in_dim,
     "reshape": torch.reshape,
     "transpose": torch.permute,
@@ -136,9 +292,12 @@ _PRIM_IMPLS: dict[str, Any] = {
     "uniform": _uniform,
     "take": _take,
     "take_along_axis": lambda x, index, dim: torch.gather(x, dim, index),
-    "index_add": lambda x, index, value, dim: torch.index_add(x, dim, index, value),
-    "index_copy": lambda x, index, value, dim: torch.index_copy(x, dim, index, value),
-    "scatter_add": lambda x, index, value, dim: torch.scatter_add(x, dim, index, value),
+    "index_add": _index_add,
+    "index_copy": _index_copy,
+    "scatter_add": _scatter_add,
+    "slice_scatter": _slice_scatter,
+    "clone": torch.clone,
+    "tensor_constant": lambda value: value,
     "copy_": _copy_,
     "copy_to_out_": _copy_to_out_,
     "where": torch.where,

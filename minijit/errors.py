@@ -23,6 +23,14 @@ class MetaError(MinijitError):
     """An op was called with inputs it cannot accept (shapes, dtypes, devices)."""
 
 
+class InplaceError(MinijitError):
+    """An in-place op that eager PyTorch refuses too (a leaf that requires grad, an expanded tensor)."""
+
+
+class CopyToOutError(MinijitError):
+    """A trace breaks the copy_to_out_ rules: a write into an input before a read of its old value."""
+
+
 class GuardError(MinijitError):
     """Inputs do not match what a trace was specialised on."""
 

@@ -2,9 +2,19 @@
 
 An executor runs symbols. An `OperatorExecutor` has an implementation per symbol it
 claims, each with an optional checker that can refuse a particular call (by dtype,
-say). The claiming pass asks the executors in priority order, for each bound
-symbol, whether they run it; where none does, it asks again for the symbol's
-decomposition; the torch executor comes last and runs everything.
+say); it can also declare new operators (a custom kernel as a symbol of its own).
+A `FusionExecutor` instead claims the prims it can fuse and turns each region of
+consecutive fusible bound symbols into one callable (see `minijit.transforms.fusion`).
+The claiming pass asks the executors in priority order, for each bound symbol,
+whether they run it; where none does, it asks again for the symbol's decomposition;
+the torch executor comes last and runs everything.
+
+Executors are found by name: the built-in ones (`torch`, `triton`, `nvfuser`), the
+ones registered with `register_executor`, and third-party plugins declared in the
+`minijit.executors` entry-point group of an installed package::
+
+    [project.entry-points."minijit.executors"]
+    myex = "my_package.my_module:ex"
 
 Example::
 
@@ -21,20 +31,28 @@ Example::
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+import importlib.metadata
+import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from minijit.errors import MinijitError
-from minijit.ir import BoundSymbol, Symbol, TensorProxy
+from minijit.ir import BoundSymbol, Proxy, Symbol, TensorProxy, Trace, current_trace, tracing
 from minijit.ops import prims
 from minijit.ops.registry import ALL_LTORCH, EAGER_IMPLS, ltorch_symbol_for
+from minijit.transforms.fusion import Region, region_writes
 
 __all__ = [
-    "Executor", "Implementation", "OperatorExecutor", "Symbol", "TensorProxy", "get_default_executors",
-    "get_executor", "ltorch_eager_implementations", "prims", "register_executor", "resolve_executors",
-    "resolve_symbol",
+    "BoundSymbol", "Executor", "ExecutorUnavailableError", "FusionExecutor", "Implementation", "MinijitError",
+    "OperatorExecutor", "Proxy", "Region", "Symbol", "TensorProxy", "add_default_executor", "get_default_executors",
+    "get_executor", "ltorch_eager_implementations", "prims", "region_writes", "register_executor",
+    "remove_default_executor", "resolve_executors", "resolve_symbol",
 ]
+
+
+class ExecutorUnavailableError(MinijitError):
+    """An executor the user asked for cannot run in this process (missing package, no GPU)."""
 
 
 def ltorch_eager_implementations() -> dict[str, Callable[..., Any]]:
@@ -44,10 +62,19 @@ def ltorch_eager_implementations() -> dict[str, Callable[..., Any]]:
 
 @dataclass
 class Implementation:
-    """How an executor runs one symbol: `fn` takes the bound symbol's arguments."""
+    """How an executor runs one symbol.
 
-    fn: Callable[..., Any]
+    `fn` takes the bound symbol's arguments. `execution_transform`, if given, takes
+    them too but is traced instead: the symbols it calls (e.g. operators of this
+    executor) replace the bound symbol and are claimed in turn. `grad_transform`
+    is the executor's own VJP rule for the symbol, as a `(forward, backward)` pair
+    (see `OperatorExecutor.register_implementation`).
+    """
+
+    fn: Callable[..., Any] | None
     checker: Callable[..., bool] | None = None
+    execution_transform: Callable[..., Any] | None = None
+    grad_transform: tuple[Callable[..., Any], Callable[..., Any]] | None = None
 
 
 class Executor:
@@ -66,6 +93,14 @@ class Executor:
         """Why this executor cannot run here (missing package, no GPU), or None if it can."""
         return None
 
+    def produce_into(self, producer: BoundSymbol, out: TensorProxy) -> BoundSymbol | None:
+        """A version of `producer` (a bound symbol this executor runs) that writes its result into `out`'s memory.
+
+        Called only where the copy_to_out_ analysis found it safe (DESIGN.md, invariant 2);
+        `producer` may read `out` itself but no other view of it. None: keep the real copy.
+        """
+        return None
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"
 
@@ -82,33 +117,103 @@ def resolve_symbol(sym_or_fn: Any) -> Symbol:
     return sym
 
 
+def _meta_like(sym: Symbol) -> Callable[..., Any]:
+    """A prim-style meta that gives the outputs `sym` would give, without recording its decomposition."""
+    if sym.is_prim:
+        return sym.meta
+
+    def meta(*args: Any, **kwargs: Any) -> Any:
+        # Share the enclosing trace's names so the outputs never clash with its proxies.
+        outer = current_trace()
+        scratch = Trace("meta", _names=outer.names if outer is not None else None)
+        with tracing(scratch):
+            return sym.meta(*args, **kwargs)
+
+    return meta
+
+
 class OperatorExecutor(Executor):
-    """An executor that runs individual symbols with its own implementations."""
+    """An executor that runs individual symbols with its own implementations.
+
+    Example::
+
+        ex = OperatorExecutor("mykernels", version="0.1")
+        fused_rms = ex.register_operator("fused_rms_norm", like=my_reference_rms_norm, fn=my_kernel)
+        ex.register_implementation(torch.nn.functional.gelu, my_gelu)
+    """
 
     def __init__(self, name: str, version: str | None = None):
         super().__init__(name, version)
         self.implementations: dict[str, Implementation] = {}
         self._impl_symbols: dict[str, Symbol] = {}
+        self.operators: dict[str, Symbol] = {}
 
-    def register_implementation(self, sym_or_fn: Any, fn: Callable[..., Any],
-                                checker: Callable[..., bool] | None = None) -> None:
+    def register_implementation(self, sym_or_fn: Any, fn: Callable[..., Any] | None = None, *,
+                                checker: Callable[..., bool] | None = None,
+                                execution_transform: Callable[..., Any] | None = None,
+                                grad_transform: tuple[Callable[..., Any], Callable[..., Any]] | None = None) -> None:
         """Claim a symbol (or the symbol a torch callable stands for) with `fn`.
 
         `checker(*args, **kwargs)` runs on proxies when a trace is compiled and may
         refuse a call; the claiming pass then tries the next executor or the
-        symbol's decomposition.
+        symbol's decomposition. Instead of `fn`, an `execution_transform` with the
+        symbol's signature may rewrite the call into other symbols (typically this
+        executor's operators), which are claimed in turn.
+
+        A claimed op trains with the symbol's own VJP rule (the grad transform runs
+        before executors claim the forward and backward traces, whose symbols are
+        claimed like any other). `grad_transform=(forward, backward)`, as for
+        `register_operator`, is kept on the `Implementation` but not yet used for an
+        existing symbol: a VJP rule is per symbol, and replacing a prim's or ltorch
+        op's rule for every executor would be wrong. Give custom gradients to your
+        own operators (`register_operator(..., grad_transform=...)`) and claim calls
+        with an `execution_transform` that calls them.
+
+        Example::
+
+            ex.register_implementation(torch.nn.functional.gelu, my_gelu,
+                                       checker=lambda a, approximate="none": a.dtype == torch.float32)
         """
+        if fn is None and execution_transform is None:
+            raise ValueError("register_implementation needs fn or execution_transform")
         sym = resolve_symbol(sym_or_fn)
-        self.implementations[sym.id] = Implementation(fn, checker)
+        self.implementations[sym.id] = Implementation(fn, checker, execution_transform, grad_transform)
         self._impl_symbols.pop(sym.id, None)
 
-    def register_operator(self, name: str, *, meta: Callable[..., Any], fn: Callable[..., Any]) -> Symbol:
-        """Create a new symbol `name` (outputs from `meta`) that this executor runs with `fn`.
+    def register_operator(self, name: str, *, like: Any = None, meta: Callable[..., Any] | None = None,
+                          fn: Callable[..., Any],
+                          grad_transform: tuple[Callable[..., Any], Callable[..., Any]] | None = None) -> Symbol:
+        """Create a new symbol `name` that this executor runs with `fn`.
 
-        Call the returned symbol in a function traced by minijit to use it.
+        Its outputs come from `meta` (a function of proxies returning proxies) or, with
+        `like=`, from an existing symbol, torch callable or plain function written with
+        minijit-traceable ops, whose result metadata is reused. Call the returned symbol
+        in a function traced by minijit to use it (outside tracing it runs `fn`).
+
+        `grad_transform=(forward, backward)` makes the operator differentiable: it is
+        registered as the operator's VJP rule with the grad transform
+        (`minijit.transforms.vjp`). `forward(*args)` calls the operator and returns
+        `(outputs, residuals)`; `backward(residuals, *cotangents)` returns one gradient
+        (or None) per positional argument; both are written with minijit symbols
+        (other operators of the executor included).
+
+        Example::
+
+            rms = ex.register_operator("rms_norm_kernel", like=reference_rms_norm, fn=triton_rms_norm)
         """
-        sym = Symbol(name, meta, namespace=self.namespace, is_prim=True)
-        self.implementations[sym.id] = Implementation(fn)
+        if (like is None) == (meta is None):
+            raise ValueError("register_operator needs exactly one of like= and meta=")
+        if meta is None:
+            if isinstance(like, Symbol):
+                meta = _meta_like(like)
+            else:
+                sym_like = ltorch_symbol_for(like)
+                meta = _meta_like(sym_like) if sym_like is not None else _meta_like(Symbol(name, like, namespace="like"))
+        sym = Symbol(name, meta, namespace=self.namespace, is_prim=True, fn=fn)
+        self.implementations[sym.id] = Implementation(fn, grad_transform=grad_transform)
+        self.operators[name] = sym
+        if grad_transform is not None:
+            _register_grad_transform(sym, grad_transform)
         return sym
 
     def implementation_for(self, bsym: BoundSymbol) -> Implementation | None:
@@ -133,49 +238,191 @@ class OperatorExecutor(Executor):
         return exe
 
 
+class FusionExecutor(Executor):
+    """An executor that fuses regions of consecutive bound symbols into one callable each.
+
+    A subclass says which calls it can fuse (`fusible`), may refuse to grow a region
+    (`can_join`), and turns a region into a callable (`fuse`). The claiming pass gives
+    it every prim it finds fusible, and every composite symbol whose whole
+    decomposition is fusible (as that decomposition); the fusion pass then groups
+    them into regions (`minijit.transforms.fusion.partition`), each printed as one
+    bound symbol `(t4, t7) = tritonex.fusion_0(t1, t2)` with its members as comments.
+
+    Example::
+
+        class MyFuser(FusionExecutor):
+            def fusible(self, bsym):
+                return bsym.sym.id in ("prims.add", "prims.mul")
+
+            def fuse(self, region):
+                return my_compile(region)   # a callable: region inputs -> region outputs
+    """
+
+    # Whether regions may absorb `copy_to_out_` (writing the copied value straight into the
+    # target inside the region, where the executor's own analysis finds it safe). With False,
+    # copies stay outside regions, for the copy_to_out_ analysis pass to decide.
+    fuse_copies_to_out = True
+
+    def fusible(self, bsym: BoundSymbol) -> bool:
+        """Whether this executor can run this (prim-level) call inside a fused region."""
+        return False
+
+    def can_join(self, members: Sequence[BoundSymbol], bsym: BoundSymbol) -> bool:
+        """Whether the fusible `bsym` may join the region made of `members` (default: always)."""
+        return True
+
+    def fuse(self, region: Region) -> Callable[..., Any] | None:
+        """A callable running `region` (inputs -> outputs, a tuple), or None to decline the region."""
+        raise NotImplementedError
+
+    def claims(self, bsym: BoundSymbol) -> bool:
+        """Whether this executor fuses `bsym`: a fusible prim, or a composite whose leaves all are."""
+        if self.fusible(bsym):
+            return True
+        return bool(bsym.subsymbols) and all(self.claims(s) for s in bsym.subsymbols)
+
+
+# -- grad hook -----------------------------------------------------------------------
+
+def _register_grad_transform(sym: Symbol, grad_transform: tuple[Callable[..., Any], Callable[..., Any]]) -> None:
+    """Register `(forward, backward)` as `sym`'s VJP rule with the grad transform, where it exists."""
+    try:
+        vjp_registry = importlib.import_module("minijit.transforms.vjp.registry")
+    except ImportError:
+        # The grad transform is not part of this build: the pair stays on the Implementation.
+        return
+    forward, backward = grad_transform
+    vjp_registry.VJP_RULES.pop(sym.id, None)
+    rule = vjp_registry.vjp(sym)(forward)
+    rule.backward(backward)
+
+
+# -- registry --------------------------------------------------------------------------
+
 _REGISTRY: dict[str, Executor] = {}
 _DEFAULTS: list[str] = []
+_BUILTIN_MODULES = {"torch": "executors.torch", "triton": "executors.triton", "nvfuser": "executors.nvfuser"}
+_WARNED: set[str] = set()
+_entry_points_loaded = False
 
 
 def register_executor(executor: Executor, *, default: bool = False) -> Executor:
-    """Make `executor` known by name (and, with default=True, used by `jit` unless told otherwise)."""
+    """Make `executor` known by name (and, with default=True, used by `jit` unless told otherwise).
+
+    Example::
+
+        register_executor(OperatorExecutor("myex"))
+    """
     _REGISTRY[executor.name] = executor
     if default and executor.name not in _DEFAULTS:
         _DEFAULTS.append(executor.name)
     return executor
 
 
+def add_default_executor(executor: Executor | str, *, first: bool = True) -> None:
+    """Use `executor` in every `jit` that names no executors (ahead of the others, unless first=False).
+
+    Example::
+
+        add_default_executor("triton")
+    """
+    ex = get_executor(executor) if isinstance(executor, str) else register_executor(executor)
+    if ex.name in _DEFAULTS:
+        _DEFAULTS.remove(ex.name)
+    if first:
+        _DEFAULTS.insert(0, ex.name)
+    else:
+        _DEFAULTS.append(ex.name)
+
+
+def remove_default_executor(executor: Executor | str) -> None:
+    """Stop using `executor` in `jit` calls that name no executors."""
+    name = executor if isinstance(executor, str) else executor.name
+    if name in _DEFAULTS:
+        _DEFAULTS.remove(name)
+
+
 def get_executor(name: str) -> Executor:
-    """The registered executor called `name`."""
+    """The executor called `name`: registered, built in, or from the `minijit.executors` entry points.
+
+    Example::
+
+        get_executor("torch")
+    """
     _load_builtin_executors()
+    if name not in _REGISTRY and name in _BUILTIN_MODULES:
+        importlib.import_module(_BUILTIN_MODULES[name])
+    if name not in _REGISTRY:
+        _load_entry_points(only=name)
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise MinijitError(f"no executor named {name!r}; known: {sorted(_REGISTRY)}") from None
+        raise MinijitError(f"no executor named {name!r}; known: {sorted(_REGISTRY)} (third-party executors "
+                           "register with minijit.extend.register_executor or the 'minijit.executors' "
+                           "entry-point group)") from None
 
 
 def get_default_executors() -> list[Executor]:
     """The executors `jit` uses when given none, in priority order (torch last)."""
     _load_builtin_executors()
+    _load_entry_points()
     return [_REGISTRY[n] for n in _DEFAULTS]
 
 
-def resolve_executors(executors: list[Executor | str] | None) -> list[Executor]:
-    """Executors by name or object, with the torch executor appended as the fallback."""
+def resolve_executors(executors: Sequence[Executor | str] | None) -> list[Executor]:
+    """Executors by name or object, with the torch executor appended as the fallback.
+
+    An executor the user named that cannot run here is an `ExecutorUnavailableError`
+    naming it and the reason; an unavailable default executor is left out with a
+    warning (once per process).
+    """
     if executors is None:
-        chosen = get_default_executors()
+        chosen = []
+        for ex in get_default_executors():
+            reason = ex.unavailable_reason()
+            if reason is None:
+                chosen.append(ex)
+            elif ex.name not in _WARNED:
+                _WARNED.add(ex.name)
+                warnings.warn(f"minijit: the default executor {ex.name!r} is unavailable and is skipped: {reason}",
+                              stacklevel=3)
     else:
         chosen = [get_executor(e) if isinstance(e, str) else e for e in executors]
-    for ex in chosen:
-        reason = ex.unavailable_reason()
-        if reason is not None:
-            raise MinijitError(f"executor {ex.name!r} cannot run here: {reason}")
+        for ex in chosen:
+            if not isinstance(ex, Executor):
+                raise MinijitError(f"executors must be Executor objects or names, got {ex!r}")
+            reason = ex.unavailable_reason()
+            if reason is not None:
+                raise ExecutorUnavailableError(f"executor {ex.name!r} cannot run here: {reason}")
     torch_ex = get_executor("torch")
     return [e for e in chosen if e is not torch_ex] + [torch_ex]
 
 
 def _load_builtin_executors() -> None:
     # The built-in executors live in the `executors` package, which imports this module;
-    # importing them lazily here keeps the layers pointing one way.
+    # importing them lazily here keeps the layers pointing one way. Importing them is
+    # cheap: triton and nvfuser themselves are only imported when a region is compiled.
     if "torch" not in _REGISTRY:
-        importlib.import_module("executors.torch")
+        for module in _BUILTIN_MODULES.values():
+            importlib.import_module(module)
+
+
+def _load_entry_points(only: str | None = None) -> None:
+    """Load third-party executors from the `minijit.executors` entry-point group."""
+    global _entry_points_loaded
+    if _entry_points_loaded and only is None:
+        return
+    for ep in importlib.metadata.entry_points(group="minijit.executors"):
+        if (only is not None and ep.name != only) or ep.name in _REGISTRY:
+            continue
+        try:
+            ex = ep.load()
+        except Exception as e:  # a broken plugin must not break minijit
+            warnings.warn(f"minijit: could not load the executor plugin {ep.name!r} ({ep.value}): {e!r}",
+                          stacklevel=3)
+            continue
+        if isinstance(ex, Executor) and ex.name not in _REGISTRY:
+            register_executor(ex)
+    if only is None:
+        _entry_points_loaded = True
+

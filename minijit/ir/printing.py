@@ -51,6 +51,8 @@ def to_source(value: Any, constants: Constants) -> str:
         return f"({inner},)" if len(value) == 1 else f"({inner})"
     if t is list:
         return "[" + ", ".join(to_source(v, constants) for v in value) + "]"
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a named tuple keeps its type
+        return f"{constants.name_for(t)}({', '.join(to_source(v, constants) for v in value)})"
     if t is dict and all(type(k) is str for k in value):
         return "{" + ", ".join(f"{k!r}: {to_source(v, constants)}" for k, v in value.items()) + "}"
     if t is slice:
@@ -69,7 +71,7 @@ def output_source(value: Any) -> str | None:
     """The left-hand side that binds an op's output: a name, a tuple pattern, or None."""
     if isinstance(value, Proxy):
         return value.name
-    if type(value) in (tuple, list):
+    if type(value) in (tuple, list) or (isinstance(value, tuple) and hasattr(value, "_fields")):
         if not value:
             return None
         parts = [output_source(v) or "_" for v in value]

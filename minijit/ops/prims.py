@@ -316,6 +316,28 @@ def _cumsum_meta(x: TensorProxy, dim: int) -> TensorProxy:
 cumsum = _prim("cumsum", _cumsum_meta)
 
 
+def _topk_meta(x: TensorProxy, k: int, dim: int, largest: bool, sorted: bool) -> tuple[TensorProxy, TensorProxy]:  # noqa: A002
+    _check_tensor("topk", x)
+    d = _canonical_dim("topk", dim, x.ndim)
+    size = x.shape[d] if x.ndim else 1
+    if type(k) is int and type(size) is int and not 0 <= k <= size:
+        raise _fail("topk", f"k={k} is out of range for a dim of size {size}")
+    shape_ = tuple(k if i == d else s for i, s in enumerate(x.shape))
+    return TensorProxy.like(x, shape=shape_), TensorProxy.like(x, shape=shape_, dtype=torch.int64, requires_grad=False)
+
+
+topk = _prim("topk", _topk_meta)
+
+
+def _sort_meta(x: TensorProxy, dim: int, descending: bool, stable: bool) -> tuple[TensorProxy, TensorProxy]:
+    _check_tensor("sort", x)
+    _canonical_dim("sort", dim, x.ndim)
+    return TensorProxy.like(x), TensorProxy.like(x, dtype=torch.int64, requires_grad=False)
+
+
+sort = _prim("sort", _sort_meta)
+
+
 # -- linear algebra -------------------------------------------------------------
 
 def _matmul_meta(a: TensorProxy, b: TensorProxy) -> TensorProxy:
@@ -427,6 +449,40 @@ def _index_update_meta(op: str) -> Callable[..., TensorProxy]:
 index_add = _prim("index_add", _index_update_meta("index_add"))
 index_copy = _prim("index_copy", _index_update_meta("index_copy"))
 scatter_add = _prim("scatter_add", _index_update_meta("scatter_add"))
+
+
+def _slice_scatter_meta(x: TensorProxy, value: TensorProxy, start_indices: Sequence[int], end_indices: Sequence[int],
+                        strides: Sequence[int] | None = None) -> TensorProxy:
+    region = _slice_meta(x, start_indices, end_indices, strides)
+    _check_tensor("slice_scatter", value, "value")
+    if tuple(value.shape) != tuple(region.shape) or value.dtype != x.dtype:
+        raise _fail("slice_scatter", f"value {value.type_string()} does not match the region {region.type_string()}")
+    return TensorProxy.like(x, requires_grad=x.requires_grad or value.requires_grad)
+
+
+# `slice_scatter(x, value, ...)`: a copy of x with the region `slice(x, ...)` replaced by value
+# (the inverse update of `slice`, used by functionalization to write a view back into its base).
+slice_scatter = _prim("slice_scatter", _slice_scatter_meta)
+
+
+def _clone_meta(x: TensorProxy) -> TensorProxy:
+    _check_tensor("clone", x)
+    return TensorProxy.like(x)
+
+
+# A fresh tensor with x's values: never an alias of x, unlike reshape or convert_element_type.
+clone = _prim("clone", _clone_meta)
+# -- tensors from outside the trace ---------------------------------------------------
+
+def _tensor_constant_meta(value: torch.Tensor) -> TensorProxy:
+    if not isinstance(value, torch.Tensor):
+        raise _fail("tensor_constant", f"expected a torch.Tensor, got {type(value).__name__}")
+    return TensorProxy(tuple(value.shape), value.dtype, value.device, requires_grad=False)
+
+
+# A real tensor the traced code got from outside its inputs (a global, a closure, a natively
+# created tensor). The trace holds it as a constant; it is read, never copied, at run time.
+tensor_constant = _prim("tensor_constant", _tensor_constant_meta)
 
 
 # -- writes into existing tensors (the only non-functional prims) ---------------------------

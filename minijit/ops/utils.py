@@ -155,14 +155,12 @@ def infer_shape(op: str, shape: Sequence[Any], numel: Any) -> tuple[Any, ...]:
         raise MetaError(f"ltorch.{op}: only one dimension can be inferred, shape {list(shape)}{where_now()}")
     if any(type(d) is int and d < -1 for d in shape):
         raise MetaError(f"ltorch.{op}: invalid shape dimension in {list(shape)}{where_now()}")
-    known = [d for i, d in enumerate(shape) if i not in unknown]
-    if type(numel) is not int or any(type(d) is not int for d in known):
-        if unknown:
-            raise MetaError(f"ltorch.{op}: cannot infer the -1 in {list(shape)} from symbolic sizes{where_now()}")
-        return shape
-    product = 1
-    for d in known:
-        product *= d
+    # With symbolic sizes the arithmetic below records number prims, and the checks
+    # record the constraints the trace relies on.
+    product: Any = 1
+    for i, d in enumerate(shape):
+        if i not in unknown:
+            product = d if type(product) is int and product == 1 else product * d
     if unknown:
         if product == 0 or numel % product != 0:
             raise MetaError(f"ltorch.{op}: shape {list(shape)} is invalid for input of size {numel}{where_now()}")
@@ -198,7 +196,9 @@ def fail(op: str, msg: str) -> MetaError:
 def reshape_to(x: TensorProxy, shape: Sequence[Any]) -> TensorProxy:
     """`x` reshaped to `shape` with `prims.reshape`, or `x` itself when the shape already matches."""
     shape = tuple(shape)
-    return x if tuple(x.shape) == shape else prims.reshape(x, shape)
+    # Lengths first: comparing sizes of different ranks would record needless constraints
+    # between unrelated symbolic sizes.
+    return x if len(shape) == x.ndim and tuple(x.shape) == shape else prims.reshape(x, shape)
 
 
 def unsqueeze_at(x: TensorProxy, dims: Sequence[int]) -> TensorProxy:

@@ -14,9 +14,10 @@ from minijit.ir import Trace, tracing
 from minijit.ir.context import recording_constraints
 from minijit.runtime.autograd import CompiledGrad, autograd_callable
 from minijit.runtime.guards import compile_guard, drop_implied
-from minijit.runtime.inputs import proxify_arguments
+from minijit.runtime.inputs import proxify_arguments, tensor_capturer
 from minijit.runtime.module import ModuleForward
-from minijit.transforms import claim_executors, dce
+from minijit.transforms import check_copies, claim_executors, dce, functionalize, write_copies_in_place
+from minijit.transforms.copy_analysis import CHECK_COPIES
 from minijit.transforms.grad import release_dead_values, requires_grad_inputs, split_forward_backward
 from minijit.transforms.simplify import remove_cast_round_trips
 
@@ -71,18 +72,21 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
         trace = Trace(getattr(fn, "__name__", "computation").replace("<lambda>", "lambda_fn"))
         if not trace.fn_name.isidentifier():
             trace.fn_name = "computation"
+        trace.capture_tensor = tensor_capturer(trace)
         with tracing(trace):
             pargs, pkwargs = proxify_arguments(trace, fn, args, kwargs, symbolic)
             if isinstance(fn, ModuleForward):
                 params, _flags, *user_args = pargs
                 with fn.swapped_in(params):
-                    trace.output = interpret(fn.module, tuple(user_args), pkwargs)
+                    trace.output = interpret(fn.module, tuple(user_args), pkwargs, guard_roots=fn.module.modules())
             else:
                 trace.output = interpret(fn, pargs, pkwargs)
+        trace.capture_tensor = None
         return trace
 
     # The passes, in order. Each is a pure Trace -> Trace function.
     trace = _timed(capture, traces)
+    trace = _timed(lambda: functionalize(trace), traces)
     trace = _timed(lambda: dce(trace), traces)
     trace = _timed(lambda: remove_cast_round_trips(trace), traces)
 
@@ -91,6 +95,9 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
 
     trace = _timed(lambda: claim_executors(trace, executors), traces)
     trace = _timed(lambda: dce(trace), traces)
+    trace = _timed(lambda: write_copies_in_place(trace, executors), traces)
+    if CHECK_COPIES:
+        check_copies(trace)
 
     start = time.perf_counter()
     computation = trace.python_callable()
@@ -110,6 +117,10 @@ def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[An
         t = _timed(lambda t=t: dce(t), passes)
         t = _timed(lambda t=t: claim_executors(t, executors), passes)
         t = _timed(lambda t=t: dce(t), passes)
+        if passes is traces:  # only the forward writes into inputs
+            t = _timed(lambda t=t: write_copies_in_place(t, executors), passes)
+            if CHECK_COPIES:
+                check_copies(t)
         _timed(lambda t=t: release_dead_values(t), passes)
     compiled = CompiledGrad(
         forward=traces[-1].python_callable(),

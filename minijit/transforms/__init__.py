@@ -1,6 +1,8 @@
 """Passes: each a function from Trace to Trace, named for what it does."""
 
 from minijit.transforms.claim import claim_executors
+from minijit.transforms.copy_analysis import check_copies, write_copies_in_place
 from minijit.transforms.dce import dce
+from minijit.transforms.functionalize import functionalize
 
-__all__ = ["claim_executors", "dce"]
+__all__ = ["check_copies", "claim_executors", "dce", "functionalize", "write_copies_in_place"]

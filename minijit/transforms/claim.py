@@ -1,7 +1,13 @@
 """Executor claiming: each bound symbol goes to the first executor that runs it.
 
-Where no executor claims a composite symbol, its decomposition (subsymbols) is
-claimed instead; a prim that nobody runs is an error naming the op and source line.
+Executors are asked in priority order. An operator executor claims a bound symbol
+when it has an implementation whose checker accepts the call (or rewrites it with
+an execution transform, whose calls are claimed in turn). A fusion executor claims
+a fusible prim, or a composite symbol whose whole decomposition is fusible (it then
+takes the decomposition); its claimed bound symbols are grouped into regions by
+`minijit.transforms.fusion.partition`. Where no executor claims a composite symbol,
+its decomposition is claimed instead; a prim that nobody runs is an error naming
+the op and source line.
 """
 
 from __future__ import annotations
@@ -9,26 +15,96 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from minijit.errors import UnsupportedOpError, where
-from minijit.ir import BoundSymbol, Trace
+from minijit.errors import MinijitError, UnsupportedOpError, where
+from minijit.ir import BoundSymbol, Proxy, Trace, tracing, tree_iter
+from minijit.transforms.fusion import Region, partition, region_bound_symbol
+
+Entry = tuple[BoundSymbol, Any]
+
+
+def _is_fusion(ex: Any) -> bool:
+    return hasattr(ex, "fuse") and hasattr(ex, "claims")
+
+
+def _fusible_leaves(bsym: BoundSymbol, ex: Any) -> list[BoundSymbol]:
+    if ex.fusible(bsym):
+        return [bsym]
+    return [leaf for sub in bsym.subsymbols for leaf in _fusible_leaves(sub, ex)]
+
+
+def _apply_execution_transform(trace: Trace, bsym: BoundSymbol, transform: Any) -> list[BoundSymbol]:
+    """The bound symbols `transform(*args, **kwargs)` records, computing `bsym`'s outputs under their names."""
+    scratch = trace.derive([], pass_name="execution transform")
+    scratch.source = bsym.source
+    with tracing(scratch):
+        out = transform(*bsym.args, **bsym.kwargs)
+    new = [x for x in tree_iter(out) if isinstance(x, Proxy)]
+    old = [x for x in tree_iter(bsym.output) if isinstance(x, Proxy)]
+    if len(new) != len(old):
+        raise MinijitError(f"the execution transform of {bsym.sym.id} returned {len(new)} proxies, "
+                           f"expected {len(old)}{where(bsym.source)}")
+    inputs = {p.name for p in bsym.proxy_args()}
+    for n, o in zip(new, old):
+        if n.name in inputs and n.name != o.name:
+            raise MinijitError(f"the execution transform of {bsym.sym.id} returns its input {n.name}; "
+                               f"return a computed value{where(bsym.source)}")
+        # Later bound symbols refer to the original outputs by name.
+        n.name = o.name
+    note = f"for {bsym.sym.id}"
+    return [b.replace(source=b.source or bsym.source, note=f"{b.note}; {note}" if b.note else note)
+            for b in scratch.bound_symbols]
 
 
 def claim_executors(trace: Trace, executors: Sequence[Any]) -> Trace:
     """Replace every bound symbol by an executable one from the highest-priority executor that claims it."""
-    claimed: list[BoundSymbol] = []
+    executors = list(executors)
 
-    def visit(bsym: BoundSymbol) -> None:
-        for ex in executors:
+    def visit(bsym: BoundSymbol, exs: Sequence[Any], out: list[Entry], transformed: frozenset[tuple[str, str]]) -> None:
+        for ex in exs:
+            if _is_fusion(ex):
+                if ex.claims(bsym):
+                    out.extend((leaf, ex) for leaf in _fusible_leaves(bsym, ex))
+                    return
+                continue
             impl = ex.implementation_for(bsym)
-            if impl is not None:
-                claimed.append(bsym.replace(sym=ex.executable_symbol(bsym.sym)))
+            if impl is None:
+                continue
+            key = (ex.name, bsym.sym.id)
+            if impl.execution_transform is not None and key not in transformed:
+                for sub in _apply_execution_transform(trace, bsym, impl.execution_transform):
+                    visit(sub, exs, out, transformed | {key})
                 return
+            if impl.fn is None:
+                continue
+            out.append((bsym.replace(sym=ex.executable_symbol(bsym.sym)), ex))
+            return
         if not bsym.subsymbols:
-            names = ", ".join(ex.name for ex in executors)
+            names = ", ".join(ex.name for ex in exs)
             raise UnsupportedOpError(f"no executor ({names}) can run {bsym.sym.id}{where(bsym.source)}")
         for sub in bsym.subsymbols:
-            visit(sub)
+            visit(sub, exs, out, transformed)
 
+    entries: list[Entry] = []
     for bsym in trace.bound_symbols:
-        visit(bsym)
-    return trace.derive(claimed, pass_name="claim executors")
+        visit(bsym, executors, entries, frozenset())
+
+    for i, ex in enumerate(executors):
+        if not _is_fusion(ex) or not any(owner is ex for _, owner in entries):
+            continue
+        counter = [0]
+
+        def fuse(region: Region, ex: Any = ex, rest: Sequence[Any] = executors[i + 1:],
+                 counter: list[int] = counter) -> list[Entry]:
+            region.name = f"fusion_{counter[0]}"
+            fn = ex.fuse(region)
+            if fn is None:
+                # Declined: its members go to the executors after this one.
+                out: list[Entry] = []
+                for member in region.members:
+                    visit(member, rest, out, frozenset())
+                return out
+            counter[0] += 1
+            return [(region_bound_symbol(region, ex.namespace, fn), ex)]
+
+        entries = partition(entries, ex, trace.output, fuse)
+    return trace.derive([b for b, _ in entries], pass_name="claim executors")

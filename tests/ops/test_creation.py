@@ -9,30 +9,10 @@ import torch
 
 from minijit.errors import MetaError
 from minijit.ops import ltorch
-from tests.ops.opinfo_util import FLOAT_DTYPES, OpCase, assert_matches, run_case
+from tests.ops.opinfo_util import CREATION_CASES, FLOAT_DTYPES, OpCase, assert_matches, case_params, run_case
 from tests.oputil import run_decomposed, run_trace_source, trace_call
 
-
-def _skip_copy(sample) -> str | None:
-    """Tensor.to(..., copy=True) is supported only where the dtype changes anyway."""
-    args = list(sample.args)
-    target = args.pop(0)
-    if isinstance(target, str | torch.device):
-        target = args.pop(0) if args and isinstance(args[0], torch.dtype) else sample.input.dtype
-    dtype = target.dtype if isinstance(target, torch.Tensor) else target
-    copy = args[1] if len(args) > 1 else sample.kwargs.get("copy", False)
-    return "copy=True without a conversion" if copy and dtype == sample.input.dtype else None
-
-
-CASES = [
-    OpCase("to", skip=_skip_copy, min_share=0.5),
-    *(OpCase(name) for name in ("float", "double", "half", "bfloat16", "long", "int", "bool")),
-    *(OpCase(name) for name in ("zeros", "ones", "full", "arange", "zeros_like", "ones_like", "full_like",
-                                "new_zeros", "new_ones", "new_full")),
-    *(OpCase(name, compare_values=False) for name in ("empty", "empty_like", "new_empty", "rand_like",
-                                                      "randn_like")),
-]
-PARAMS = [pytest.param(case, dtype, id=f"{case.id}-{str(dtype)[6:]}") for case in CASES for dtype in case.dtypes()]
+PARAMS = case_params(CREATION_CASES)
 
 
 @pytest.mark.parametrize(("case", "dtype"), PARAMS)
@@ -66,9 +46,12 @@ def test_cast_forms(form, shape) -> None:
     _check(form, torch.randn(shape) * 4)
 
 
-def test_cast_to_the_same_dtype_records_nothing() -> None:
+def test_cast_to_the_same_dtype_records_nothing_unless_copy_is_asked() -> None:
     trace = trace_call(lambda a: a.to(torch.float32).float().to("cpu"), torch.randn(2))
     assert trace.output is trace.args[0] and not trace.bound_symbols
+    x = torch.randn(2)
+    copied = run_decomposed(lambda a: a.to(torch.float32, copy=True), x)
+    assert torch.equal(copied, x) and copied.data_ptr() != x.data_ptr()
 
 
 @pytest.mark.parametrize("form", [
@@ -124,7 +107,6 @@ def test_random_ops_follow_the_torch_seed() -> None:
 
 
 @pytest.mark.parametrize(("fn", "message"), [
-    (lambda a: a.to(torch.float32, copy=True), "to: copy=True without a dtype or device change"),
     (lambda a: a.to("cpu", torch.float32, False, False, 5), "to: unexpected arguments"),
     (lambda a: a.type("torch.FloatTensor"), "type: only Tensor.type"),
     (lambda a: ltorch.zeros(2, -1), "zeros: negative size"),

@@ -9,28 +9,10 @@ import torch
 
 from minijit.errors import MetaError
 from minijit.ops import ltorch
-from tests.ops.opinfo_util import OpCase, assert_matches, run_case
+from tests.ops.opinfo_util import ELEMENTWISE_CASES, OpCase, assert_matches, case_params, run_case
 from tests.oputil import run_decomposed, run_trace_source, trace_call
 
-UNARY = (
-    "abs", "neg", "exp", "exp2", "expm1", "log", "log1p", "log2", "log10", "sin", "cos", "tan", "asin", "acos",
-    "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "sqrt", "rsqrt", "reciprocal", "erf", "erfc",
-    "erfinv", "lgamma", "digamma", "floor", "ceil", "round", "trunc", "sign", "bitwise_not", "isfinite", "isnan",
-    "isinf", "signbit", "logical_not", "positive", "square",
-)
-BINARY = (
-    "add", "sub", "rsub", "mul", "pow", "remainder", "fmod", "maximum", "minimum", "bitwise_and", "bitwise_or",
-    "bitwise_xor", "bitwise_left_shift", "bitwise_right_shift", "floor_divide", "atan2", "copysign", "eq", "ne",
-    "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor",
-)
-LOOSE_BF16 = {torch.bfloat16: (0.1, 0.05)}  # several roundings in bf16 where torch rounds once
-CASES = [
-    *(OpCase(name) for name in UNARY + BINARY),
-    OpCase("div", "no_rounding_mode"), OpCase("div", "trunc_rounding"), OpCase("div", "floor_rounding"),
-    OpCase("where", adapter=lambda sym: lambda x, cond, y: sym(cond, x, y)),
-    OpCase("clamp"), OpCase("lerp"), OpCase("addcmul", tolerances=LOOSE_BF16), OpCase("addcdiv", tolerances=LOOSE_BF16),
-]
-PARAMS = [pytest.param(case, dtype, id=f"{case.id}-{str(dtype)[6:]}") for case in CASES for dtype in case.dtypes()]
+PARAMS = case_params(ELEMENTWISE_CASES)
 
 
 @pytest.mark.parametrize(("case", "dtype"), PARAMS)

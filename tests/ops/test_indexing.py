@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from minijit.errors import MetaError, UnsupportedOpError
+from minijit.ops.ltorch.shape import VIEW
 from tests.ops.eager_check import DTYPES, check_against_eager, make, tt
 from tests.oputil import trace_call
 
@@ -68,10 +69,23 @@ def test_getitem_int32_index_and_0d_tensor():
     check_against_eager(lambda x: x[None, ..., None], make(()))
 
 
+@pytest.mark.parametrize(("key", "symbol"), [
+    pytest.param(lambda i: (slice(1), None, ..., -1), "getitem", id="basic"),
+    pytest.param(lambda i: (0, i), "index", id="tensor"),
+    pytest.param(lambda i: (i[0], None), "getitem", id="tensor_0d"),
+    pytest.param(lambda i: [1, 0], "index", id="list"),
+])
+def test_basic_keys_are_views_and_advanced_keys_copies(key, symbol):
+    trace = trace_call(lambda x, i: x[key(i)], make((3, 4)), torch.tensor([1]))
+    bsym = trace.bound_symbols[-1]
+    assert bsym.sym.name == symbol
+    assert (VIEW in bsym.sym.tags) == (symbol == "getitem")
+
+
 def test_getitem_of_basic_key_is_a_view_proxy():
     trace = trace_call(lambda x: x[:, 1:3, None], torch.ones(2, 4))
     assert [b.sym.name for b in trace.bound_symbols] == ["getitem"]
-    assert [b.sym.name for b in trace.bound_symbols[0].subsymbols] == ["slice", "broadcast_in_dim"]
+    assert [b.sym.name for b in trace.bound_symbols[0].subsymbols] == ["slice", "reshape"]
 
 
 @pytest.mark.parametrize(("key", "error", "match"), [
@@ -134,6 +148,18 @@ INDEX_OPS = [
      lambda d: (make((3, 4), d), _idx([2, 0]), make((2, 4), d, 1)), ALL),
     ("index_copy_method", lambda x, i, s: x.index_copy(-1, i, s),
      lambda d: (make((3, 4), d), _idx([1, 3, 0]), make((3, 3), d, 1)), ALL),
+    ("scatter", lambda x, i, s: tt.scatter(x, 0, i, s),
+     lambda d: (make((3, 4), d), _idx([[0, 2, 1], [2, 0, 0]]), make((2, 4), d, 1)), ALL),
+    ("scatter_value", lambda x, i: x.scatter(1, i, 2), lambda d: (make((3, 4), d), _idx([[3, 0], [1, 2]])), ALL),
+    ("scatter_value_kw", lambda x, i: tt.scatter(x, -1, i, value=-1), lambda d: (make((2, 4), d), _idx([[3], [1]])), ALL),
+    ("index_put", lambda x, i, j, v: tt.index_put(x, (i, j), v),
+     lambda d: (make((3, 4), d), _idx([0, 2, -1]), _idx([1, 1, 3]), make((3,), d, 1)), ALL),
+    ("index_put_accumulate", lambda x, i, v: x.index_put((i,), v, accumulate=True),
+     lambda d: (make((3, 4), d), _idx([0, 2, 0]), make((4,), d, 1)), NUMERIC),
+    ("index_put_mask", lambda x, m, v: x.index_put((m,), v), lambda d: (make((3, 4), d), make((3, 4), torch.bool, 1),
+                                                                        make((), d, 2)), ALL),
+    ("index_put_mask_accumulate", lambda x, m, v: x.index_put((m,), v, True),
+     lambda d: (make((3, 4), d), make((3,), torch.bool, 1), make((4,), d, 2)), NUMERIC),
     ("index_fill", lambda x, i: tt.index_fill(x, 1, i, 3), lambda d: (make((3, 4), d), _idx([1, -1])), ALL),
     ("index_fill_tensor", lambda x, i, v: x.index_fill(0, i, v),
      lambda d: (make((3, 4), d), _idx([2]), make((), d, 3)), ALL),
@@ -159,6 +185,10 @@ def test_index_op_matches_eager(fn, make_args, dtypes, dtype):
                  id="masked_fill_value_dims"),
     pytest.param(lambda x, i: x.gather(0, i), (make((3, 4)), _idx([0, 1])), "same number of dims", id="gather_ndim"),
     pytest.param(lambda x, i: x.gather(0, i), (make((3, 4)), _idx([[0, 1, 0, 0, 0]])), "exceeds", id="gather_size"),
+    pytest.param(lambda x, i, v: x.index_put((i,), v), (make((3, 4)), _idx([0]), make((4,), torch.float64)),
+                 "dtypes match", id="index_put_dtype"),
+    pytest.param(lambda x, i, s: x.scatter(0, i, s), (make((3, 4)), _idx([[0]]), make((1, 1), torch.float64)),
+                 "dtype", id="scatter_dtype"),
     pytest.param(lambda x, i, s: x.scatter_add(0, i, s), (make((3, 4)), _idx([[0]]), make((1, 1), torch.float64)),
                  "dtype", id="scatter_add_dtype"),
 ])
@@ -167,3 +197,65 @@ def test_index_op_errors_like_eager(fn, args, match):
         fn(*args)
     with pytest.raises(MetaError, match=match):
         trace_call(fn, *args)
+
+
+class _Tensor:
+    """A placeholder in a random key for the k-th index tensor argument."""
+
+    def __init__(self, k):
+        self.k = k
+
+
+def _random_key(rng, shape):
+    """A random key for a tensor of `shape`, and the index tensors it uses."""
+    tensors, items, dim, ellipsis = [], [], 0, False
+    for _ in range(rng.randint(0, len(shape) + 1)):
+        size = shape[dim] if dim < len(shape) else 1
+        r = rng.random()
+        if r < 0.25:
+            item = rng.randint(-size, size - 1)
+        elif r < 0.55:
+            item = slice(rng.choice([None, rng.randint(-size - 2, size + 2)]),
+                         rng.choice([None, rng.randint(-size - 2, size + 2)]), rng.choice([None, 1, 2, 3]))
+        elif r < 0.62:
+            item = None
+        elif r < 0.68 and not ellipsis:
+            item, ellipsis = ..., True
+        else:
+            tensors.append(torch.randint(-size, size, rng.choice([(2,), (3,), (1,), (2, 1), ()]),
+                                         generator=torch.Generator().manual_seed(rng.randint(0, 1000))))
+            item = _Tensor(len(tensors) - 1)
+        items.append(item)
+        dim += item is not None and item is not ...
+    return items, tensors
+
+
+def _key(items, tensors):
+    return tuple(tensors[it.k] if isinstance(it, _Tensor) else it for it in items)
+
+
+def _assign_key(items):
+    def fn(x, v, *tensors):
+        x[_key(items, tensors)] = v
+        return x
+    return fn
+
+
+def test_random_keys_match_eager():
+    import random
+
+    rng = random.Random(0)
+    checked = 0
+    while checked < 60:
+        shape = tuple(rng.randint(1, 4) for _ in range(rng.randint(0, 4)))
+        x = make(shape)
+        items, tensors = _random_key(rng, shape)
+        try:
+            result = x[_key(items, tensors)]
+        except IndexError:
+            continue  # eager refuses the key (an index out of range)
+        checked += 1
+        check_against_eager(lambda x, *ts: x[_key(items, ts)], x, *tensors)
+        positions = torch.arange(x.numel()).reshape(shape)[_key(items, tensors)]
+        if positions.unique().numel() == positions.numel():  # repeated positions: eager is order-dependent
+            check_against_eager(_assign_key(items), x, make(tuple(result.shape), seed=1), *tensors)

@@ -7,6 +7,7 @@ import warnings
 import pytest
 import torch
 
+import minijit
 from minijit.errors import MetaError, UnsupportedOpError
 from minijit.ops import ltorch
 from minijit.ops.ltorch.shape import VIEW
@@ -23,6 +24,8 @@ CASES = [
     ("view_varargs", lambda x: x.view(2, -1), [(2, 3, 4)]),
     ("view_tuple", lambda x: x.view((2, -1, 2)), [(2, 3, 4)]),
     ("view_as", lambda x, y: x.view_as(y), [(2, 6), (3, 4)]),
+    ("view_after_contiguous", lambda x: x.transpose(0, 1).contiguous().view(-1, 2), [(2, 3, 2)]),
+    ("view_as_after_contiguous", lambda x, y: x.t().contiguous().view_as(y), [(2, 6), (3, 4)]),
     ("reshape_as", lambda x, y: x.reshape_as(y), [(2, 6), (4, 3)]),
     ("flatten", lambda x: x.flatten(), [(2, 3, 4)]),
     ("flatten_range", lambda x: tt.flatten(x, 1, -2), [(2, 3, 4, 5)]),
@@ -53,6 +56,7 @@ CASES = [
     ("contiguous", lambda x: x.t().contiguous(), [(2, 3)]),
     ("clone", lambda x: tt.clone(x), [(2, 3)]),
     ("detach", lambda x: x.detach(), [(2, 3)]),
+    ("data", lambda x: x.data, [(2, 3)]),
     ("narrow", lambda x: x.narrow(1, 1, 2), [(2, 4)]),
     ("narrow_neg", lambda x: tt.narrow(x, 0, -2, 2), [(3, 4)]),
     ("select", lambda x: x.select(1, -1), [(2, 3, 4)]),
@@ -123,9 +127,9 @@ def test_join_promotes_like_eager(fn, shapes, dtype_a, dtype_b):
 
 
 def test_detach_output_does_not_require_grad():
-    trace = trace_call(lambda x: x.detach(), torch.ones(2, requires_grad=True))
+    trace = trace_call(lambda x: (x.detach(), x.data), torch.ones(2, requires_grad=True))
     assert trace.args[0].requires_grad
-    assert not trace.output.requires_grad
+    assert [t.requires_grad for t in trace.output] == [False, False]
 
 
 def test_no_op_views_record_nothing():
@@ -176,3 +180,25 @@ def test_errors_like_eager(fn, shape, error, match):
             fn(x.clone())
     with pytest.raises(error, match=match):
         trace_call(fn, x)
+
+
+def _assign_rows(x):
+    x[1:, 0] = 5.0
+    return x
+
+
+@pytest.mark.parametrize("fn", [
+    pytest.param(lambda x: x.reshape(-1), id="reshape"),
+    pytest.param(lambda x: x.view(x.shape[0], -1).t(), id="view"),
+    pytest.param(lambda x: x[1:, None, ::2], id="getitem_slices"),
+    pytest.param(lambda x: x[-1].unsqueeze(0).expand(2, -1), id="getitem_int"),
+    pytest.param(lambda x: x.flip(0).tril().narrow(1, 1, 2), id="flip_tril_narrow"),
+    pytest.param(lambda x: x.repeat(2, 1).flatten(), id="repeat"),
+    pytest.param(_assign_rows, id="setitem"),
+])
+def test_symbolic_sizes_reuse_one_trace(fn):
+    jf = minijit.jit(fn, cache="symbolic values")
+    for shape in [(4, 6), (6, 8), (5, 7)]:
+        x = torch.arange(float(shape[0] * shape[1])).reshape(shape)
+        torch.testing.assert_close(jf(x.clone()), fn(x.clone()), rtol=0, atol=0)
+    assert minijit.cache_info(jf).misses == 1

@@ -20,12 +20,20 @@ from typing import Any
 import torch
 
 from minijit.errors import MetaError, UnsupportedOpError
-from minijit.ir import NumberProxy, TensorProxy
+from minijit.ir import TENSOR_METHODS, IntegerProxy, NumberProxy, TensorProxy
 from minijit.ir.context import where_now
 from minijit.ops import prims
-from minijit.ops.ltorch.shape import VIEW, _unsqueezed, movedim, permute, reshape_to, slice_dim
+from minijit.ops.ltorch.shape import VIEW, movedim, permute, slice_dim
 from minijit.ops.registry import ltorch_op
-from minijit.ops.utils import broadcast_shapes, canonical_dim, dtype_scalar, expand_to, to_dtype
+from minijit.ops.utils import (
+    broadcast_shapes,
+    canonical_dim,
+    dtype_scalar,
+    expand_to,
+    reshape_to,
+    to_dtype,
+    unsqueeze_at,
+)
 
 _INDEX_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8)
 _MASK_DTYPES = (torch.bool, torch.uint8)
@@ -62,13 +70,23 @@ def _constant_index(op: str, values: Sequence[Any], device: torch.device) -> Ten
     return reshape_to(index, tuple(as_tensor.shape))
 
 
-def _key_items(op: str, a: TensorProxy, key: Any) -> list[Any]:
-    """The key as a list of items, with list indices turned into index tensors and the Ellipsis expanded."""
+def _is_int(x: Any) -> bool:
+    # Symbolic ints index like ints; the comparisons that clamp them record constraints.
+    return type(x) is int or isinstance(x, IntegerProxy)
+
+
+def _key_tuple(key: Any) -> tuple[Any, ...]:
+    """The key as a tuple of indices."""
     if isinstance(key, list):
         # Like torch (for now), a list holding sequences, slices, None or tensors is a tuple of indices.
         legacy = any(k is None or k is Ellipsis or isinstance(k, list | tuple | slice | TensorProxy) for k in key)
-        key = tuple(key) if legacy else (key,)
-    items = list(key) if isinstance(key, tuple) else [key]
+        return tuple(key) if legacy else (key,)
+    return key if isinstance(key, tuple) else (key,)
+
+
+def _key_items(op: str, a: TensorProxy, key: Any) -> list[Any]:
+    """The key as a list of items, with list indices turned into index tensors and the Ellipsis expanded."""
+    items = list(_key_tuple(key))
     consumed = 0
     ellipses = 0
     for i, item in enumerate(items):
@@ -84,15 +102,12 @@ def _key_items(op: str, a: TensorProxy, key: Any) -> list[Any]:
                 raise _mask_error(op)
             if item.dtype not in _INDEX_DTYPES:
                 raise _fail(op, f"tensors used as indices must be integer or bool tensors, got {item.dtype}")
-        elif isinstance(item, NumberProxy):
-            raise UnsupportedOpError(f"ltorch.{op}: indexing with the symbolic number {item.name}{where_now()} "
-                                     "is not supported; use index_select or narrow")
         elif isinstance(item, slice):
             for part in (item.start, item.stop, item.step):
-                if part is not None and type(part) is not int:
-                    raise UnsupportedOpError(f"ltorch.{op}: slice bounds must be Python ints, got "
+                if part is not None and not _is_int(part):
+                    raise UnsupportedOpError(f"ltorch.{op}: slice bounds must be ints, got "
                                              f"{type(part).__name__}{where_now()}")
-        elif type(item) is not int:
+        elif not _is_int(item):
             raise _fail(op, f"unsupported index of type {type(item).__name__}: {item!r}")
         consumed += 1
     if ellipses > 1:
@@ -106,13 +121,37 @@ def _key_items(op: str, a: TensorProxy, key: Any) -> list[Any]:
     return items + fill
 
 
+def slice_bounds(s: slice, size: Any) -> tuple[Any, Any, int]:
+    """(start, stop, step) of a positive-step slice of a dim of `size`, clamped like Python's.
+
+    Written with comparisons rather than `slice.indices`, so that a symbolic size is
+    only constrained by the comparisons the result depends on.
+    """
+    def bound(v: int | None, default: Any) -> Any:
+        if v is None:
+            return default
+        if v < 0:
+            v = v + size
+            return 0 if v < 0 else v
+        return size if v > size else v
+
+    start, stop = bound(s.start, 0), bound(s.stop, size)
+    return start, (start if stop < start else stop), 1 if s.step is None else s.step
+
+
 def _basic_index(op: str, a: TensorProxy, items: list[Any]) -> tuple[TensorProxy, list[tuple[int, TensorProxy]]]:
-    """Apply the ints, slices, None and bools of `items`; return the result and where each index tensor now applies."""
+    """Apply the ints, slices, None and bools of `items`; return the result and where each index tensor now applies.
+
+    A 0-d integer tensor selects like an int, as in eager torch (with a take, since its
+    value is only known when the trace runs).
+    """
     starts, stops, steps = [0] * a.ndim, list(a.shape), [1] * a.ndim
-    squeezed: list[int] = []  # input dims removed by an int
+    squeezed: list[int] = []  # input dims removed by an int or a 0-d index tensor
+    selected: list[tuple[int, TensorProxy]] = []  # (input dim, 0-d index tensor)
     new_dims: list[int] = []  # output dims inserted by None/True/False
     empty_dims: list[int] = []  # output dims inserted by False (size 0)
     tensors: list[tuple[int, TensorProxy]] = []
+    sliced = False
     in_dim = out_dim = 0
     for item in items:
         if item is None or item is True or item is False:
@@ -122,28 +161,36 @@ def _basic_index(op: str, a: TensorProxy, items: list[Any]) -> tuple[TensorProxy
             out_dim += 1
             continue
         size = a.shape[in_dim]
-        if isinstance(item, TensorProxy):
+        if isinstance(item, TensorProxy) and item.ndim == 0:
+            selected.append((in_dim, item))
+            squeezed.append(in_dim)
+        elif isinstance(item, TensorProxy):
             tensors.append((out_dim, item))
             out_dim += 1
         elif isinstance(item, slice):
             if item.step is not None and item.step <= 0:
                 raise _fail(op, f"slice step must be greater than zero, got {item.step}")
-            start, stop, step = item.indices(size)
-            starts[in_dim], stops[in_dim], steps[in_dim] = start, max(start, stop), step
+            if item.start is not None or item.stop is not None or item.step is not None:
+                starts[in_dim], stops[in_dim], steps[in_dim] = slice_bounds(item, size)
+                sliced = True
             out_dim += 1
         else:
             if not -size <= item < size:
                 raise _fail(op, f"index {item} is out of bounds for dimension {in_dim} with size {size}")
-            starts[in_dim], stops[in_dim] = item % size, item % size + 1
+            start = item + size if item < 0 else item
+            starts[in_dim], stops[in_dim] = start, start + 1
             squeezed.append(in_dim)
+            sliced = True
         in_dim += 1
     out = a
-    if starts != [0] * a.ndim or stops != list(a.shape) or steps != [1] * a.ndim:
+    if sliced:
         out = prims.slice_prim(out, starts, stops, steps)
+    for d, index in selected:
+        out = prims.take(out, reshape_to(_nonnegative(index, a.shape[d]), (1,)), d)
     if squeezed:
         out = prims.squeeze(out, tuple(squeezed))
     if new_dims:
-        out = _unsqueezed(out, new_dims)
+        out = unsqueeze_at(out, new_dims)
     for d in empty_dims:
         out = slice_dim(out, d, 0, 0)
     return out, tensors
@@ -193,18 +240,44 @@ def _getitem_eager(a: torch.Tensor, key: Any) -> torch.Tensor:
     return a[key]
 
 
-@ltorch_op("getitem", torch_fns=[torch.Tensor.__getitem__], methods=["getitem"],
-           impl=_getitem_eager, tags=[VIEW])
+def _is_advanced(key: Any) -> bool:
+    """Whether `key` holds index tensors or lists, which make `a[key]` a copy rather than a view.
+
+    Like eager torch, a 0-d integer tensor alone selects like an int, giving a view.
+    """
+    return any(isinstance(item, list | tuple) or (isinstance(item, TensorProxy) and item.ndim > 0)
+               for item in _key_tuple(key))
+
+
+@ltorch_op("getitem", impl=_getitem_eager, tags=[VIEW])
 def getitem(a: TensorProxy, key: Any) -> TensorProxy:
-    """`a[key]` with ints, slices, None, Ellipsis and integer index tensors (a bool mask is unsupported)."""
+    """`a[key]` with ints, slices, None, Ellipsis, bools and 0-d int tensors: a view of `a`."""
+    if _is_advanced(key):
+        raise _fail("getitem", "index tensors make a copy; use ltorch.index for such keys")
     return index_with_key("getitem", a, key)
 
 
+@ltorch_op("index", impl=_getitem_eager)
+def index(a: TensorProxy, key: Any) -> TensorProxy:
+    """`a[key]` with integer index tensors or lists among the indices: a new tensor (a bool mask is unsupported)."""
+    return index_with_key("getitem", a, key)
+
+
+def _getitem_method(a: TensorProxy, key: Any) -> TensorProxy:
+    """`a[key]` on a proxy: `getitem` (a view) or `index` (a copy), so functionalization can tell them apart."""
+    return (index if _is_advanced(key) else getitem)(a, key)
+
+
+TENSOR_METHODS["getitem"] = _getitem_method
+
+
 def _mask_key(key: Any) -> TensorProxy | None:
-    """The mask if `key` is one bool (or uint8) tensor, alone or in a 1-tuple."""
+    """The mask if `key` is one bool tensor, alone or in a 1-tuple (uint8 masks are refused, as eager does)."""
     if isinstance(key, tuple) and len(key) == 1:
         key = key[0]
-    if isinstance(key, TensorProxy) and key.dtype in _MASK_DTYPES:
+    if isinstance(key, TensorProxy) and key.dtype == torch.uint8:
+        raise _fail("setitem", "only supports boolean masks, but got a mask of dtype torch.uint8")
+    if isinstance(key, TensorProxy) and key.dtype == torch.bool:
         return key
     return None
 
@@ -233,12 +306,12 @@ def _value_tensor(op: str, a: TensorProxy, value: Any, shape: tuple[Any, ...],
     raise _fail(op, f"cannot assign a value of type {type(value).__name__}")
 
 
-def _masked_update(op: str, a: TensorProxy, mask: TensorProxy, value: Any) -> TensorProxy:
+def _masked_update(op: str, a: TensorProxy, mask: TensorProxy, value: Any, accumulate: bool) -> TensorProxy:
     k = mask.ndim
     if k > a.ndim or tuple(mask.shape) != tuple(a.shape[:k]):
         raise _fail(op, f"the mask's shape {list(mask.shape)} does not match the indexed tensor's {list(a.shape)}")
     rest = tuple(a.shape[k:])
-    full_mask = prims.broadcast_in_dim(to_dtype(mask, torch.bool), tuple(a.shape), tuple(range(k)))
+    full_mask = prims.broadcast_in_dim(mask, tuple(a.shape), tuple(range(k)))
     if isinstance(value, TensorProxy):
         v = _drop_leading_ones(value, len(rest))
         if v.ndim > len(rest):
@@ -246,27 +319,174 @@ def _masked_update(op: str, a: TensorProxy, mask: TensorProxy, value: Any) -> Te
                 f"ltorch.{op}: assigning a tensor of shape {list(value.shape)} through a boolean mask{where_now()} "
                 "needs as many values as the mask has True entries, which a trace cannot know; "
                 "use torch.where(mask, values, x) with values of x's shape")
-        return prims.where(full_mask, _value_tensor(op, a, v, rest, tuple(a.shape)), a)
-    if isinstance(value, NumberProxy):
-        return prims.where(full_mask, prims.full(a.shape, value, dtype=a.dtype, device=a.device), a)
-    return prims.where(full_mask, dtype_scalar(value, a.dtype), a)
+        fill = _value_tensor(op, a, v, rest, tuple(a.shape))
+    elif isinstance(value, NumberProxy) or accumulate:
+        fill = prims.full(a.shape, value, dtype=a.dtype, device=a.device)
+    else:
+        fill = dtype_scalar(value, a.dtype)
+    return prims.where(full_mask, prims.add(a, fill) if accumulate else fill, a)
 
 
-def indexed_update(op: str, a: TensorProxy, key: Any, value: Any) -> TensorProxy:
-    """The tensor that `a[key] = value` leaves in `a`, computed without writing into `a`."""
+def _is_index_put(key: Any) -> bool:
+    """Whether eager torch assigns through `key` with index_put (which does not cast the value)."""
+    if isinstance(key, list):
+        return True
+    items = key if isinstance(key, tuple) else (key,)
+    for item in items:
+        if isinstance(item, list | tuple) or (isinstance(item, TensorProxy) and item.ndim > 0):
+            return True
+        if isinstance(item, bool) and len(items) > 1:
+            return True
+    return False
+
+
+def _check_same_dtype(op: str, a: TensorProxy, value: Any) -> None:
+    if isinstance(value, TensorProxy) and value.dtype != a.dtype:
+        raise _fail(op, f"index put requires the source and destination dtypes match, got {a.dtype} for the "
+                        f"destination and {value.dtype} for the source")
+
+
+def indexed_update(op: str, a: TensorProxy, key: Any, value: Any, accumulate: bool = False) -> TensorProxy:
+    """The tensor that `a[key] = value` (or `+= value` with `accumulate`) leaves in `a`, computed without writing into `a`.
+
+    As in eager torch, a tensor value is cast to a's dtype where the assignment is a
+    copy (basic indexing, a bool mask with a 0-d value) and must already have a's
+    dtype where it is an index_put (index tensors, lists).
+    """
     mask = _mask_key(key)
     if mask is not None:
-        return _masked_update(op, a, mask, value)
+        if isinstance(value, TensorProxy) and value.ndim > 0:
+            _check_same_dtype(op, a, value)
+        return _masked_update(op, a, mask, value, accumulate)
+    if _is_index_put(key):
+        _check_same_dtype(op, a, value)
+    updated = _one_dim_update(op, a, key, value, accumulate)
+    if updated is not None:
+        return updated
     # Index the tensor of a's linear positions with the same key: that gives, in the
     # shape of a[key], where each element of a[key] lives in a, so one index_copy
-    # into the flattened tensor performs the whole assignment, whatever the key.
+    # (index_add, which sums repeated positions, to accumulate) into the flattened
+    # tensor performs the whole assignment, whatever the key.
     numel = a.numel()
     positions = reshape_to(prims.iota(numel, start=0, step=1, dtype=torch.int64, device=a.device), a.shape)
     locations = index_with_key(op, positions, key)
     v = _value_tensor(op, a, value, tuple(locations.shape))
     n = locations.numel()
-    updated = prims.index_copy(reshape_to(a, (numel,)), reshape_to(locations, (n,)), reshape_to(v, (n,)), 0)
+    prim = prims.index_add if accumulate else prims.index_copy
+    updated = prim(reshape_to(a, (numel,)), reshape_to(locations, (n,)), reshape_to(v, (n,)), 0)
     return reshape_to(updated, a.shape)
+
+
+def _is_full_slice(item: Any) -> bool:
+    return isinstance(item, slice) and item.start is None and item.stop is None and item.step is None
+
+
+def _one_dim_update(op: str, a: TensorProxy, key: Any, value: Any, accumulate: bool) -> TensorProxy | None:
+    """`indexed_update` for keys that index at most one dim (`x[:, 3] = v`, `x[..., i] = v`), else None.
+
+    One index_copy (index_add) along that dim, with no tensor of a's size holding positions.
+    """
+    raw = _key_tuple(key)
+    for item in raw:
+        if item is False or isinstance(item, list | tuple):
+            return None
+        if isinstance(item, TensorProxy) and (item.ndim > 1 or item.dtype not in _INDEX_DTYPES):
+            return None
+    if sum(1 for item in raw if not (item is None or item is True or item is Ellipsis or _is_full_slice(item))) > 1:
+        return None
+    result_shape: list[Any] = []
+    dim, index, in_dim = None, None, 0
+    for item in _key_items(op, a, key):
+        if item is None or item is True:
+            result_shape.append(1)
+            continue
+        size = a.shape[in_dim]
+        if _is_full_slice(item):
+            result_shape.append(size)
+        elif isinstance(item, slice):
+            if item.step is not None and item.step <= 0:
+                raise _fail(op, f"slice step must be greater than zero, got {item.step}")
+            start, stop, step = slice_bounds(item, size)
+            n = (stop - start + step - 1) // step
+            dim, index = in_dim, prims.iota(n, start=start, step=step, dtype=torch.int64, device=a.device)
+            result_shape.append(n)
+        elif isinstance(item, TensorProxy):
+            dim, index = in_dim, reshape_to(_nonnegative(item, size), (item.numel(),))
+            result_shape.extend(item.shape)
+        else:
+            if not -size <= item < size:
+                raise _fail(op, f"index {item} is out of bounds for dimension {in_dim} with size {size}")
+            start = item + size if item < 0 else item
+            dim, index = in_dim, prims.iota(1, start=start, step=1, dtype=torch.int64, device=a.device)
+        in_dim += 1
+    v = _value_tensor(op, a, value, tuple(result_shape))
+    if dim is None:  # the key selects all of a
+        v = reshape_to(v, a.shape)
+        return prims.add(a, v) if accumulate else v
+    box = list(a.shape)
+    box[dim] = index.shape[0]
+    prim = prims.index_add if accumulate else prims.index_copy
+    return prim(a, index, reshape_to(v, tuple(box)), dim)
+
+
+@ltorch_op(torch_fns=[torch.index_put, torch.Tensor.index_put], methods=["index_put"])
+def index_put(input: TensorProxy, indices: Sequence[TensorProxy | None], values: TensorProxy,  # noqa: A002
+              accumulate: bool = False) -> TensorProxy:
+    """torch.index_put: `input[indices] = values` (or `+= values`, summing repeats, with accumulate) on a copy."""
+    if not isinstance(values, TensorProxy):
+        raise _fail("index_put", f"expects a values tensor, got {type(values).__name__}")
+    _check_same_dtype("index_put", input, values)
+    key = tuple(slice(None) if t is None else t for t in indices)
+    return indexed_update("index_put", input, key, values, accumulate)
+
+
+def _strides(shape: Sequence[Any]) -> list[Any]:
+    strides: list[Any] = [1] * len(shape)
+    for k in range(len(shape) - 2, -1, -1):
+        strides[k] = strides[k + 1] * shape[k + 1]
+    return strides
+
+
+@ltorch_op(torch_fns=[torch.scatter, torch.Tensor.scatter], methods=["scatter"])
+def scatter(input: TensorProxy, dim: int, index: TensorProxy, src: Any = None, *, value: Any = None,  # noqa: A002
+            reduce: str | None = None) -> TensorProxy:
+    """torch.scatter: input with src[i][j] (or `value`) written at [index[i][j]][j] (for dim 0)."""
+    if reduce is not None:
+        raise UnsupportedOpError(f"ltorch.scatter: reduce={reduce!r} is not supported{where_now()}; "
+                                 "use scatter_add or scatter_reduce")
+    if (src is None) == (value is None):
+        raise _fail("scatter", "expects exactly one of src and value")
+    src = value if src is None else src
+    d = canonical_dim(dim, input.ndim)
+    idx = _as_index("scatter", index, ndim=None)
+    if idx.dtype != torch.int64:
+        raise _fail("scatter", f"expects an int64 index, got {idx.dtype}")
+    if isinstance(src, TensorProxy):
+        if src.dtype != input.dtype:
+            raise _fail("scatter", f"expects src of the input's dtype {input.dtype}, got {src.dtype}")
+        _check_gather_shapes("scatter", input, idx, d, src)
+        if tuple(src.shape) != tuple(idx.shape):
+            src = prims.slice_prim(src, [0] * src.ndim, list(idx.shape), [1] * src.ndim)
+    else:
+        _check_gather_shapes("scatter", input, idx, d)
+        src = prims.full(idx.shape, src, dtype=input.dtype, device=input.device)
+    if input.ndim == 0:
+        return reshape_to(scatter(reshape_to(input, (1,)), 0, reshape_to(idx, (1,)), reshape_to(src, (1,))), ())
+    # The linear position in input of every element of index: its own coordinates,
+    # with the one along `dim` replaced by the index value.
+    strides = _strides(input.shape)
+    linear = None
+    for k in range(input.ndim):
+        if k == d:
+            coord = idx
+        else:
+            ramp = prims.iota(idx.shape[k], start=0, step=1, dtype=torch.int64, device=input.device)
+            coord = prims.broadcast_in_dim(ramp, tuple(idx.shape), (k,))
+        term = prims.mul(coord, strides[k]) if not (type(strides[k]) is int and strides[k] == 1) else coord
+        linear = term if linear is None else prims.add(linear, term)
+    numel, n = input.numel(), idx.numel()
+    updated = prims.index_copy(reshape_to(input, (numel,)), reshape_to(linear, (n,)), reshape_to(src, (n,)), 0)
+    return reshape_to(updated, input.shape)
 
 
 # -- index ops ----------------------------------------------------------------

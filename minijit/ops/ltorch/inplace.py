@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from minijit.errors import MetaError
+from minijit.errors import MetaError, UnsupportedOpError
 from minijit.ir import TensorProxy
 from minijit.ir.context import where_now
 from minijit.ops import prims
@@ -33,25 +33,21 @@ def write_into(target: TensorProxy, value: Any, op: str) -> TensorProxy:
         if _category(value.dtype) > _category(target.dtype):
             raise MetaError(f"ltorch.{op}: result type {value.dtype} can't be cast to the desired output type "
                             f"{target.dtype} of the tensor written in place{where_now()}")
-        if value.ndim > target.ndim or any(
-            v != 1 and v != t for v, t in zip(reversed(value.shape), reversed(target.shape))
-        ):
-            raise MetaError(f"ltorch.{op}: a result of shape {tuple(value.shape)} cannot be written in place "
-                            f"into a tensor of shape {tuple(target.shape)}{where_now()}")
+        _check_broadcasts(op, value, target)
         value = expand_to(to_dtype(value, target.dtype), target.shape)
     else:
         value = prims.full(target.shape, value, dtype=target.dtype, device=target.device)
     return prims.copy_(value, target)
 
 
-def _declare_inplace(name: str) -> None:
-    functional = ALL_LTORCH[name]
+def _declare_inplace(name: str, functional_name: str) -> None:
+    functional = ALL_LTORCH[functional_name]
 
     def decomposition(a: TensorProxy, *args: Any, **kwargs: Any) -> TensorProxy:
         return write_into(a, functional(a, *args, **kwargs), f"{name}_")
 
     decomposition.__name__ = f"{name}_"
-    decomposition.__doc__ = f"Tensor.{name}_: {name} written into the first argument."
+    decomposition.__doc__ = f"Tensor.{name}_: {functional_name} written into the first argument."
     fns = [getattr(torch.Tensor, f"{name}_")]
     if hasattr(torch, f"{name}_"):
         fns.append(getattr(torch, f"{name}_"))
@@ -64,22 +60,61 @@ _INPLACE_OF = (
     "reciprocal", "floor", "ceil", "round", "trunc", "sign", "square", "bitwise_and", "bitwise_or",
     "bitwise_xor", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge", "logical_not",
     "sigmoid", "relu", "exp2", "expm1", "log1p", "erf", "atan2",
+    "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "log2", "log10", "erfc",
+    "erfinv", "lgamma", "digamma", "bitwise_not", "bitwise_left_shift", "bitwise_right_shift", "copysign",
+    "logical_and", "logical_or", "logical_xor", "clamp_min", "clamp_max", "hardtanh", "silu", "gelu",
+    "leaky_relu", "elu", "mish", "hardsigmoid", "hardswish", "celu", "selu", "nan_to_num", "xlogy",
+    "hypot", "frac", "sinc", "logit", "heaviside", "sgn", "fix", "deg2rad", "rad2deg",
+    "tril", "triu", "index_copy", "index_add", "index_fill", "masked_fill", "scatter_add", "scatter", "index_put",
 )
+# Tensor method aliases whose in-place form computes another op: clip_ is clamp_, and so on.
+_INPLACE_ALIASES = {
+    "clip": "clamp", "multiply": "mul", "subtract": "sub", "divide": "div", "true_divide": "div",
+    "absolute": "abs", "negative": "neg", "arctan2": "atan2", "arcsin": "asin", "arccos": "acos",
+    "arctan": "atan", "arcsinh": "asinh", "arccosh": "acosh", "arctanh": "atanh", "greater": "gt",
+    "greater_equal": "ge", "less": "lt", "less_equal": "le", "not_equal": "ne",
+}
 
 
 def declare_inplace_variants() -> None:
-    """Declare `<op>_` for every op in _INPLACE_OF that exists (called once all ops are declared)."""
-    for name in _INPLACE_OF:
-        if name in ALL_LTORCH and f"{name}_" not in ALL_LTORCH and hasattr(torch.Tensor, f"{name}_"):
-            _declare_inplace(name)
+    """Declare `<op>_` for every op in _INPLACE_OF (and alias) that exists (called once all ops are declared)."""
+    names = [(n, n) for n in _INPLACE_OF] + list(_INPLACE_ALIASES.items())
+    for name, functional_name in names:
+        if functional_name in ALL_LTORCH and f"{name}_" not in ALL_LTORCH and hasattr(torch.Tensor, f"{name}_"):
+            _declare_inplace(name, functional_name)
+
+
+def _metadata_inplace(name: str) -> None:
+    def decomposition(a: TensorProxy, *args: Any, **kwargs: Any) -> TensorProxy:
+        raise UnsupportedOpError(f"ltorch.{name}_: changing a tensor's shape or autograd metadata in place"
+                                 f"{where_now()} is not supported; write x = x.{name}(...) instead")
+
+    decomposition.__name__ = f"{name}_"
+    decomposition.__doc__ = f"Tensor.{name}_: unsupported (it changes the tensor's metadata in place)."
+    ltorch_op(f"{name}_", torch_fns=[getattr(torch.Tensor, f"{name}_")], methods=[f"{name}_"],
+              tags=[INPLACE])(decomposition)
+
+
+# In-place ops that change a tensor's shape or autograd metadata rather than its values.
+METADATA_INPLACE = ("squeeze", "unsqueeze", "t", "transpose", "swapdims", "swapaxes", "resize", "resize_as",
+                    "as_strided", "detach", "requires_grad")
+for _name in METADATA_INPLACE:
+    _metadata_inplace(_name)
+
+
+def _check_broadcasts(op: str, value: TensorProxy, target: TensorProxy) -> None:
+    if value.ndim > target.ndim or any(v != 1 and v != t for v, t in zip(reversed(value.shape), reversed(target.shape))):
+        raise MetaError(f"ltorch.{op}: a value of shape {tuple(value.shape)} cannot be broadcast to the "
+                        f"tensor of shape {tuple(target.shape)} written in place{where_now()}")
 
 
 @ltorch_op(torch_fns=[torch.Tensor.copy_], methods=["copy_"], tags=[INPLACE])
 def copy_(a: TensorProxy, src: Any, non_blocking: bool = False) -> TensorProxy:
-    """Tensor.copy_: writes src (cast and broadcast) into a."""
-    if isinstance(src, TensorProxy) and src.dtype != a.dtype:
-        src = prims.convert_element_type(src, a.dtype)
-    return prims.copy_(expand_to(src, a.shape), a)
+    """Tensor.copy_: writes src (cast to a's dtype whatever it is, and broadcast) into a."""
+    if not isinstance(src, TensorProxy):
+        raise MetaError(f"ltorch.copy_: expects a tensor source, got {type(src).__name__}{where_now()}")
+    _check_broadcasts("copy_", src, a)
+    return prims.copy_(expand_to(to_dtype(src, a.dtype), a.shape), a)
 
 
 @ltorch_op(torch_fns=[torch.Tensor.zero_, torch.zero_], methods=["zero_"], tags=[INPLACE])
@@ -90,8 +125,11 @@ def zero_(a: TensorProxy) -> TensorProxy:
 
 @ltorch_op(torch_fns=[torch.Tensor.fill_, torch.fill_], methods=["fill_"], tags=[INPLACE])
 def fill_(a: TensorProxy, value: Any) -> TensorProxy:
-    """Tensor.fill_ with a number or a 0-d tensor."""
+    """Tensor.fill_ with a number or a 0-d tensor (cast to a's dtype)."""
     if isinstance(value, TensorProxy):
+        if value.ndim != 0:
+            raise MetaError(f"ltorch.fill_: only supports a 0-dimensional value tensor, got shape "
+                            f"{list(value.shape)}{where_now()}")
         return prims.copy_(expand_to(to_dtype(value, a.dtype), a.shape), a)
     return prims.copy_(prims.full(a.shape, value, dtype=a.dtype, device=a.device), a)
 

@@ -31,6 +31,7 @@ from minijit.ops.ltorch.elementwise import (
     log1p,
     logical_not,
     maximum,
+    minimum,
     mul,
     neg,
     reciprocal,
@@ -245,6 +246,63 @@ def softplus(input: TensorProxy, beta: float = 1.0, threshold: float = 20.0) -> 
     return _activation("softplus", input, body)
 
 
+@ltorch_op(torch_fns=[F.logsigmoid])
+def logsigmoid(input: TensorProxy) -> TensorProxy:  # noqa: A002
+    """F.logsigmoid: log(sigmoid(x)) = min(x, 0) - log(1 + exp(-|x|)), which never overflows."""
+    return _activation("logsigmoid", input, lambda x: sub(minimum(x, 0), log1p(exp(neg(abs(x))))))
+
+
+@ltorch_op(torch_fns=[F.hardsigmoid])
+def hardsigmoid(input: TensorProxy, inplace: bool = False) -> TensorProxy:  # noqa: A002
+    """F.hardsigmoid: relu6(x + 3) / 6."""
+    _no_inplace("hardsigmoid", inplace)
+    return div(clamp(add(_tensor("hardsigmoid", input), 3), 0, 6), 6)
+
+
+@ltorch_op(torch_fns=[F.hardswish])
+def hardswish(input: TensorProxy, inplace: bool = False) -> TensorProxy:  # noqa: A002
+    """F.hardswish: x * relu6(x + 3) / 6."""
+    _no_inplace("hardswish", inplace)
+    return mul(input, hardsigmoid(input))
+
+
+@ltorch_op(torch_fns=[F.mish])
+def mish(input: TensorProxy, inplace: bool = False) -> TensorProxy:  # noqa: A002
+    """F.mish: x * tanh(softplus(x))."""
+    _no_inplace("mish", inplace)
+    return _activation("mish", input, lambda x: mul(x, tanh(where(gt(x, 20), x, log1p(exp(x))))))
+
+
+_SELU_ALPHA = 1.6732632423543772848170429916717
+_SELU_SCALE = 1.0507009873554804934193349852946
+
+
+@ltorch_op(torch_fns=[F.selu, torch.selu])
+def selu(input: TensorProxy, inplace: bool = False) -> TensorProxy:  # noqa: A002
+    """F.selu: scale * elu(x, alpha) with the self-normalizing constants."""
+    _no_inplace("selu", inplace)
+    return _activation("selu", input, lambda x: mul(where(gt(x, 0), x, mul(expm1(x), _SELU_ALPHA)), _SELU_SCALE))
+
+
+@ltorch_op(torch_fns=[F.celu, torch.celu])
+def celu(input: TensorProxy, alpha: float = 1.0, inplace: bool = False) -> TensorProxy:  # noqa: A002
+    """F.celu: x where x > 0, else alpha * (exp(x / alpha) - 1)."""
+    _no_inplace("celu", inplace)
+    return _activation("celu", input, lambda x: where(gt(x, 0), x, mul(expm1(div(x, alpha)), alpha)))
+
+
+@ltorch_op(torch_fns=[F.softsign])
+def softsign(input: TensorProxy) -> TensorProxy:  # noqa: A002
+    """F.softsign: x / (1 + |x|)."""
+    return div(input, add(abs(_tensor("softsign", input)), 1))
+
+
+@ltorch_op(torch_fns=[F.tanhshrink])
+def tanhshrink(input: TensorProxy) -> TensorProxy:  # noqa: A002
+    """F.tanhshrink: x - tanh(x)."""
+    return sub(input, tanh(_tensor("tanhshrink", input)))
+
+
 # F.tanh is its own function object; it stands for the same op as torch.tanh.
 TORCH_TO_LTORCH[F.tanh] = ALL_LTORCH["tanh"]
 
@@ -455,7 +513,7 @@ def _batched(op: str, input: TensorProxy, target: TensorProxy) -> tuple[TensorPr
     if input.ndim == 0:
         raise fail(op, "input must have a class dimension")
     if input.ndim == 1:
-        if target.ndim not in (0, 1) or (target.ndim == 1 and target.dtype.is_floating_point is False):
+        if target.ndim not in (0, 1) or (target.ndim == 1 and not target.dtype.is_floating_point):
             raise fail(op, f"for an unbatched input of shape {tuple(input.shape)} the target must be 0-d, "
                            f"got shape {tuple(target.shape)}")
         return unsqueeze_at(input, (0,)), unsqueeze_at(target, (0,)), True
@@ -649,5 +707,6 @@ def pad(input: TensorProxy, pad: Sequence[int], mode: str = "constant", value: f
         pieces = [p for p in (parts[0], x, parts[1]) if p is not None]
         if len(pieces) > 1:
             x = prims.cat(pieces, d)
-    return x if x is not input else mul(input, 1)
+    # torch returns a new tensor even for zero padding; a same-dtype conversion is a copy.
+    return x if x is not input else prims.convert_element_type(input, input.dtype)
 

@@ -1,4 +1,4 @@
-"""Reductions: sum, mean, prod, amax/amin, max/min, argmax/argmin, var/std, all/any, logsumexp, cumsum, norms.
+"""Reductions: sum, mean, prod, amax/amin, max/min, argmax/argmin, var/std, all/any, logsumexp, cumsum, norms, topk/sort.
 
 Low-precision (float16, bfloat16) inputs are reduced in float32 and cast back, as
 torch's kernels accumulate in float32; dims follow torch (None or () means all dims).
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -127,6 +127,13 @@ argmax = _declare_arg_extremum("argmax", prims.argmax)
 argmin = _declare_arg_extremum("argmin", prims.argmin)
 
 
+class ValuesIndices(NamedTuple):
+    """(values, indices), as torch.max/min with a dim return them (so `.values` and `.indices` work)."""
+
+    values: Any
+    indices: Any
+
+
 def _declare_max_min(name: str, reduce: Any, arg_reduce: Any, binary: Any) -> Any:
     def decomposition(input: TensorProxy, dim: Any = None, keepdim: bool = False) -> Any:  # noqa: A002
         _check_tensor(name, input)
@@ -138,10 +145,10 @@ def _declare_max_min(name: str, reduce: Any, arg_reduce: Any, binary: Any) -> An
             raise fail(name, f"dim must be an int, got {dim!r}")
         values = reduce(input, dim, keepdim)
         indexed = to_dtype(input, torch.uint8) if input.dtype == torch.bool else input
-        return values, arg_reduce(indexed, dim, keepdim)
+        return ValuesIndices(values, arg_reduce(indexed, dim, keepdim))
 
     decomposition.__name__ = name
-    decomposition.__doc__ = (f"torch.{name}: over all elements; with dim, a (values, indices) pair; "
+    decomposition.__doc__ = (f"torch.{name}: over all elements; with dim, a (values, indices) named tuple; "
                              f"with a tensor, the elementwise {binary.name}.")
     fns = [getattr(torch, name), getattr(torch.Tensor, name)]
     return ltorch_op(name, torch_fns=fns, methods=[name])(decomposition)
@@ -149,6 +156,31 @@ def _declare_max_min(name: str, reduce: Any, arg_reduce: Any, binary: Any) -> An
 
 max = _declare_max_min("max", amax, argmax, maximum)  # noqa: A001 - mirrors torch.max
 min = _declare_max_min("min", amin, argmin, minimum)  # noqa: A001 - mirrors torch.min
+
+
+@ltorch_op(torch_fns=[torch.topk, torch.Tensor.topk], methods=["topk"])
+def topk(input: TensorProxy, k: int, dim: int = -1, largest: bool = True,  # noqa: A002
+         sorted: bool = True) -> ValuesIndices:  # noqa: A002
+    """torch.topk: the k largest (or smallest) elements along dim and their indices."""
+    _check_tensor("topk", input)
+    (d,) = reduction_dims("topk", dim, input.ndim)
+    return ValuesIndices(*prims.topk(input, k, d, largest, sorted))
+
+
+@ltorch_op(torch_fns=[torch.sort, torch.Tensor.sort], methods=["sort"])
+def sort(input: TensorProxy, dim: int = -1, descending: bool = False, stable: bool = False) -> ValuesIndices:  # noqa: A002
+    """torch.sort along dim: the sorted values and the indices they came from."""
+    _check_tensor("sort", input)
+    (d,) = reduction_dims("sort", dim, input.ndim)
+    return ValuesIndices(*prims.sort(input, d, descending, bool(stable)))
+
+
+@ltorch_op(torch_fns=[torch.argsort, torch.Tensor.argsort], methods=["argsort"])
+def argsort(input: TensorProxy, dim: int = -1, descending: bool = False, stable: bool = False) -> TensorProxy:  # noqa: A002
+    """torch.argsort: the indices that sort input along dim."""
+    _check_tensor("argsort", input)
+    (d,) = reduction_dims("argsort", dim, input.ndim)
+    return prims.sort(input, d, descending, bool(stable))[1]
 
 
 def _correction(op: str, dim: Any, unbiased: Any, correction: Any) -> tuple[Any, Any]:

@@ -21,7 +21,7 @@ from minijit.ir import TensorProxy
 from minijit.ir.context import where_now
 from minijit.ops import prims
 from minijit.ops.registry import ltorch_op
-from minijit.ops.utils import canonical_dim, infer_shape, shape_arg
+from minijit.ops.utils import canonical_dim, infer_shape, reshape_to, shape_arg, unsqueeze_at
 
 VIEW = "view"  # the output may alias the input (functionalization tracks it)
 
@@ -30,22 +30,13 @@ def _fail(op: str, msg: str) -> MetaError:
     return MetaError(f"ltorch.{op}: {msg}{where_now()}")
 
 
-def _dims_arg(args: Sequence[Any]) -> tuple[int, ...]:
-    """Dims given as separate ints, one int, or one sequence."""
-    if len(args) == 1 and isinstance(args[0], tuple | list | torch.Size):
-        return tuple(args[0])
-    return tuple(args)
-
-
 def fresh(a: TensorProxy) -> TensorProxy:
-    """A new tensor equal to `a`, for ops that never alias their input."""
+    """A new tensor equal to `a`, for ops that never alias their input.
+
+    It is a same-dtype `convert_element_type`, which the torch executor runs as a copy;
+    a pass may only drop such a conversion once the trace is functional.
+    """
     return prims.convert_element_type(a, a.dtype)
-
-
-def reshape_to(a: TensorProxy, shape: Sequence[Any]) -> TensorProxy:
-    """`a` reshaped to the already resolved `shape` (no prim when it already has it)."""
-    shape = tuple(shape)
-    return a if shape == tuple(a.shape) else prims.reshape(a, shape)
 
 
 def slice_dim(a: TensorProxy, dim: int, start: int, stop: int, step: int = 1) -> TensorProxy:
@@ -57,20 +48,10 @@ def slice_dim(a: TensorProxy, dim: int, start: int, stop: int, step: int = 1) ->
     return prims.slice_prim(a, starts, stops, steps)
 
 
-def _unsqueezed(a: TensorProxy, dims: Sequence[int]) -> TensorProxy:
-    """`a` with new size-1 dims at the (output) positions `dims`."""
-    out_ndim = a.ndim + len(dims)
-    dims = sorted(d % out_ndim for d in dims)
-    kept = [i for i in range(out_ndim) if i not in dims]
-    shape = [1] * out_ndim
-    for i, s in zip(kept, a.shape, strict=True):
-        shape[i] = s
-    return prims.broadcast_in_dim(a, tuple(shape), tuple(kept))
-
-
 # -- transposes ---------------------------------------------------------------
 
-@ltorch_op(torch_fns=[torch.transpose, torch.swapaxes, torch.swapdims, torch.Tensor.transpose],
+@ltorch_op(torch_fns=[torch.transpose, torch.swapaxes, torch.swapdims, torch.Tensor.transpose, torch.Tensor.swapaxes,
+                      torch.Tensor.swapdims],
            methods=["transpose", "swapaxes", "swapdims"], tags=[VIEW])
 def transpose(a: TensorProxy, dim0: int, dim1: int) -> TensorProxy:
     """torch.transpose: swaps two dims."""
@@ -91,7 +72,7 @@ def t(a: TensorProxy) -> TensorProxy:
 @ltorch_op(torch_fns=[torch.permute, torch.Tensor.permute], methods=["permute"], impl=torch.Tensor.permute, tags=[VIEW])
 def permute(a: TensorProxy, *dims: int | Sequence[int]) -> TensorProxy:
     """torch.permute (dims as one sequence or as separate ints)."""
-    perm = tuple(canonical_dim(d, a.ndim) for d in _dims_arg(dims))
+    perm = tuple(canonical_dim(d, a.ndim) for d in shape_arg(dims))
     if sorted(perm) != list(range(a.ndim)):
         raise _fail("permute", f"{perm} is not a permutation of the {a.ndim} dims")
     return prims.transpose(a, perm) if perm != tuple(range(a.ndim)) else a
@@ -147,7 +128,10 @@ def reshape(a: TensorProxy, *shape: Any) -> TensorProxy:
     return reshape_to(a, infer_shape("reshape", shape_arg(shape), a.numel()))
 
 
-@ltorch_op(torch_fns=[torch.Tensor.view], methods=["view"], tags=[VIEW])
+# Traces do not track memory layout (`contiguous()` records nothing), so a view runs as a
+# reshape: `x.t().contiguous().view(-1)` must work although the tensor the trace passes
+# to it is not contiguous. Where eager's view succeeds, reshape returns the same view.
+@ltorch_op(torch_fns=[torch.Tensor.view], methods=["view"], impl=torch.Tensor.reshape, tags=[VIEW])
 def view(a: TensorProxy, *shape: Any) -> TensorProxy:
     """Tensor.view(shape); the dtype-reinterpreting form `view(dtype)` is not supported."""
     if len(shape) == 1 and isinstance(shape[0], torch.dtype):
@@ -156,7 +140,7 @@ def view(a: TensorProxy, *shape: Any) -> TensorProxy:
     return reshape_to(a, infer_shape("view", shape_arg(shape), a.numel()))
 
 
-@ltorch_op(torch_fns=[torch.Tensor.view_as], methods=["view_as"], tags=[VIEW])
+@ltorch_op(torch_fns=[torch.Tensor.view_as], methods=["view_as"], impl=torch.Tensor.reshape_as, tags=[VIEW])
 def view_as(a: TensorProxy, other: TensorProxy) -> TensorProxy:
     """Tensor.view_as: a view with other's shape."""
     return reshape_to(a, infer_shape("view_as", other.shape, a.numel()))
@@ -212,7 +196,7 @@ def squeeze(input: TensorProxy, dim: int | Sequence[int] | None = None) -> Tenso
 @ltorch_op(torch_fns=[torch.unsqueeze, torch.Tensor.unsqueeze], methods=["unsqueeze"], tags=[VIEW])
 def unsqueeze(input: TensorProxy, dim: int) -> TensorProxy:  # noqa: A002
     """torch.unsqueeze: inserts a size-1 dim at `dim` (in range -ndim-1 .. ndim)."""
-    return _unsqueezed(input, [canonical_dim(dim, input.ndim + 1)])
+    return unsqueeze_at(input, [canonical_dim(dim, input.ndim + 1)])
 
 
 @ltorch_op(torch_fns=[torch.Tensor.expand], methods=["expand"], tags=[VIEW])
@@ -237,7 +221,7 @@ def _expand(op: str, a: TensorProxy, sizes: tuple[Any, ...]) -> TensorProxy:
         elif old != 1 and old != size:
             raise _fail(op, f"the size {old} of dim {i - offset} must match {size} in {list(sizes)} "
                             f"(only size-1 dims expand), tensor shape {tuple(a.shape)}")
-    if tuple(shape) == tuple(a.shape):
+    if offset == 0 and tuple(shape) == tuple(a.shape):
         return a
     return prims.broadcast_in_dim(a, tuple(shape), tuple(range(offset, len(shape))))
 
@@ -268,7 +252,7 @@ def clone(input: TensorProxy, *, memory_format: torch.memory_format = torch.pres
     return fresh(input)
 
 
-@ltorch_op(torch_fns=[torch.detach, torch.Tensor.detach], methods=["detach"], tags=[VIEW])
+@ltorch_op(torch_fns=[torch.detach, torch.Tensor.detach], methods=["detach", "data"], tags=[VIEW])
 def detach(input: TensorProxy) -> TensorProxy:  # noqa: A002
     """torch.detach: the same values, cut from autograd (prims.detach, requires_grad=False)."""
     return prims.detach(input)
@@ -342,7 +326,8 @@ def split(tensor: TensorProxy, split_size_or_sections: int | Sequence[int], dim:
         size = split_size_or_sections
         if size < 0 or (size == 0 and n != 0):
             raise _fail("split", f"split size {size} must be positive for a dim of size {n}")
-        sizes = [size] * (n // size) + ([n % size] if n % size else []) if size else [0]
+        count = int(n // size) if size else 0  # the number of outputs: specialised on symbolic sizes
+        sizes = [size] * count + ([n - count * size] if n != count * size else []) if size else [0]
     else:
         sizes = list(split_size_or_sections)
         if any(s < 0 for s in sizes) or sum(sizes) != n:
@@ -426,13 +411,13 @@ def stack(tensors: Sequence[TensorProxy], dim: int = 0) -> TensorProxy:
         if not isinstance(t, TensorProxy) or t.shape != tensors[0].shape:
             raise _fail("stack", f"expects tensors of one shape, got {[getattr(x, 'shape', x) for x in tensors]}")
     d = canonical_dim(dim, tensors[0].ndim + 1)
-    return _joined("stack", [_unsqueezed(t, [d]) for t in tensors], d)
+    return _joined("stack", [unsqueeze_at(t, [d]) for t in tensors], d)
 
 
 def _at_least(a: TensorProxy, ndim: int) -> TensorProxy:
     if a.ndim >= ndim:
         return a
-    return reshape_to(a, (1,) * (ndim - a.ndim) + tuple(a.shape)) if a.ndim == 0 else _unsqueezed(a, [0])
+    return reshape_to(a, (1,) * (ndim - a.ndim) + tuple(a.shape)) if a.ndim == 0 else unsqueeze_at(a, [0])
 
 
 @ltorch_op(torch_fns=[torch.hstack])
@@ -458,7 +443,7 @@ def reversed_index(n: int, device: torch.device) -> TensorProxy:
 @ltorch_op(torch_fns=[torch.flip, torch.Tensor.flip], methods=["flip"], impl=torch.Tensor.flip)
 def flip(input: TensorProxy, *dims: int | Sequence[int]) -> TensorProxy:  # noqa: A002
     """torch.flip / Tensor.flip: reverses the order along `dims` (one take per dim)."""
-    ds = sorted({canonical_dim(d, input.ndim) for d in _dims_arg(dims)})
+    ds = sorted({canonical_dim(d, input.ndim) for d in shape_arg(dims)})
     out = input
     for d in ds:
         if input.shape[d] > 1:

@@ -1,0 +1,470 @@
+"""From a fusion region to Triton kernel source.
+
+The region's members become a small dataflow graph (`Node`s), evaluated in program
+order so that a read of a tensor after a copy into it sees the copied value. Each
+region output is then computed by a kernel over an iteration domain:
+
+- a *pointwise* kernel iterates over the output's shape with flat indices;
+- a *row* kernel (when the region reduces along the last dim of tensors of shape S)
+  gives each program a block of rows of S, loads whole rows and reduces them with
+  `tl.sum`/`tl.max`/`tl.min`; row values (shape S[:-1]) broadcast back over the row.
+
+A value is generated under a *projection*: for each of its dims, the iteration dim
+that indexes it (or None for a broadcast dim, index 0). `broadcast_in_dim`,
+`transpose` and size-1 reshapes only change the projection, so a broadcast input is
+a zero-stride load and no intermediate is ever materialized. Values load in their
+dtype and compute in float32 (float16/bfloat16/float32; float64 stays float64);
+stores cast to the output's dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from minijit.extend import BoundSymbol, Region, TensorProxy
+
+FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+INTS = (torch.int32, torch.int64)
+DTYPES = (*FLOATS, *INTS, torch.bool)
+_TL = {
+    torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16", torch.float32: "tl.float32",
+    torch.float64: "tl.float64", torch.int32: "tl.int32", torch.int64: "tl.int64", torch.bool: "tl.int1",
+}
+REDUCTIONS = {"sum": ("tl.sum", "0.0"), "amax": ("tl.max", "float('-inf')"), "amin": ("tl.min", "float('inf')")}
+REMAPS = ("broadcast_in_dim", "reshape", "squeeze", "transpose")
+COPIES = ("copy_", "copy_to_out_")
+
+# Elementwise prims: template over the arguments' generated names, and the dtype kinds they accept.
+_F, _I, _B = "f", "i", "b"
+ELEMENTWISE: dict[str, tuple[str, str]] = {
+    "add": ("({0} + {1})", _F + _I), "sub": ("({0} - {1})", _F + _I), "mul": ("({0} * {1})", _F + _I),
+    "div": ("({0} / {1})", _F), "neg": ("(-{0})", _F + _I), "abs": ("tl.abs({0})", _F + _I),
+    "exp": ("tl.exp({0})", _F), "exp2": ("tl.exp2({0})", _F), "log": ("tl.log({0})", _F),
+    "log2": ("tl.log2({0})", _F), "log10": ("(tl.log({0}) * 0.4342944819032518)", _F),
+    "sqrt": ("tl.sqrt({0})", _F), "rsqrt": ("tl.rsqrt({0})", _F), "sin": ("tl.sin({0})", _F),
+    "cos": ("tl.cos({0})", _F), "erf": ("tl.math.erf({0})", _F), "floor": ("tl.floor({0})", _F),
+    "ceil": ("tl.ceil({0})", _F), "reciprocal": ("(1.0 / {0})", _F),
+    # tanh through exp of a non-positive argument, which cannot overflow.
+    "tanh": ("(tl.where({0} >= 0, 1.0, -1.0) * (1.0 - tl.exp(-2.0 * tl.abs({0}))) / (1.0 + tl.exp(-2.0 * tl.abs({0}))))", _F),
+    "sign": ("tl.where({0} > 0, 1.0, tl.where({0} < 0, -1.0, 0.0 * {0}))", _F),
+    "trunc": ("tl.where({0} >= 0, tl.floor({0}), tl.ceil({0}))", _F),
+    # log1p/expm1 near 0 through u = 1 + x (or exp(x)) and the correction x / (u - 1), which
+    # cancels u's rounding error (Goldberg); far from 0 the direct formula is accurate.
+    "log1p": ("tl.where(tl.abs({0}) < 0.5, tl.where(1.0 + {0} == 1.0, {0}, tl.log(1.0 + {0}) * ({0} / ((1.0 + {0}) - 1.0))), "
+              "tl.log(1.0 + {0}))", _F),
+    "expm1": ("tl.where(tl.abs({0}) < 0.5, tl.where(tl.exp({0}) == 1.0, {0}, (tl.exp({0}) - 1.0) * ({0} / tl.log(tl.exp({0})))), "
+              "tl.exp({0}) - 1.0)", _F),
+    # pow with a number exponent (the executor claims no other): see `pow_source`.
+    "pow": ("", _F),
+    "maximum": ("tl.maximum({0}, {1})", _F + _I), "minimum": ("tl.minimum({0}, {1})", _F + _I),
+    "eq": ("({0} == {1})", _F + _I + _B), "ne": ("({0} != {1})", _F + _I + _B), "lt": ("({0} < {1})", _F + _I),
+    "le": ("({0} <= {1})", _F + _I), "gt": ("({0} > {1})", _F + _I), "ge": ("({0} >= {1})", _F + _I),
+    "logical_and": ("(({0} != 0) & ({1} != 0))", _F + _I + _B), "logical_or": ("(({0} != 0) | ({1} != 0))", _F + _I + _B),
+    "logical_xor": ("(({0} != 0) ^ ({1} != 0))", _F + _I + _B), "logical_not": ("({0} == 0)", _F + _I + _B),
+    "isnan": ("({0} != {0})", _F), "isinf": ("(tl.abs({0}) == float('inf'))", _F),
+    "isfinite": ("(({0} == {0}) & (tl.abs({0}) != float('inf')))", _F),
+    "where": ("tl.where({0}, {1}, {2})", _F + _I + _B),
+}
+
+
+class NotFusible(Exception):
+    """The region cannot be compiled into kernels (the executor then declines it)."""
+
+
+def kind(dtype: torch.dtype) -> str:
+    """'f', 'i' or 'b': the family of a dtype."""
+    return _B if dtype == torch.bool else _F if dtype.is_floating_point else _I
+
+
+def compute_dtype(dtype: torch.dtype) -> str:
+    """The Triton dtype values of `dtype` are computed in (float32 for 16-bit floats)."""
+    return "tl.float32" if dtype in (torch.float16, torch.bfloat16) else _TL[dtype]
+
+
+def remap_dims(bsym: BoundSymbol) -> tuple[int | None, ...] | None:
+    """For a remap prim: the output dim each input dim reads (None: size 1), or None if it is not one."""
+    name = bsym.sym.name
+    x: TensorProxy = bsym.args[0]
+    out: TensorProxy = bsym.output
+    if name == "broadcast_in_dim":
+        bdims = bsym.args[2] if len(bsym.args) > 2 else bsym.kwargs["broadcast_dims"]
+        return tuple(None if s == 1 else d for s, d in zip(x.shape, bdims))
+    if name == "transpose":
+        perm = bsym.args[1] if len(bsym.args) > 1 else bsym.kwargs["permutation"]
+        inverse = [0] * len(perm)
+        for j, p in enumerate(perm):
+            inverse[p] = j
+        return tuple(None if x.shape[i] == 1 else inverse[i] for i in range(x.ndim))
+    if name in ("reshape", "squeeze"):
+        # Only reshapes that add or drop size-1 dims: the other dims keep their order.
+        out_dims = [j for j, s in enumerate(out.shape) if s != 1]
+        in_dims = [i for i, s in enumerate(x.shape) if s != 1]
+        if [x.shape[i] for i in in_dims] != [out.shape[j] for j in out_dims]:
+            return None
+        mapping: list[int | None] = [None] * x.ndim
+        for i, j in zip(in_dims, out_dims):
+            mapping[i] = j
+        return tuple(mapping)
+    return None
+
+
+@dataclass(eq=False)
+class Node:
+    """A value in a region: a load of an input, an op, a remap, a cast, or a row reduction."""
+
+    op: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    args: tuple[Any, ...] = ()
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+    def depends_on_reduction(self) -> bool:
+        """Whether a row reduction feeds this value (it must then be computed in the row kernel)."""
+        memo = self.attrs.get("_reduces")
+        if memo is None:
+            memo = self.op == "reduce" or any(isinstance(a, Node) and a.depends_on_reduction() for a in self.args)
+            self.attrs["_reduces"] = memo
+        return memo
+
+
+@dataclass
+class Store:
+    """A region result: `node` stored into a new tensor (`target` None) or into input `target`."""
+
+    node: Node
+    target: int | None
+    output_index: int | None
+
+
+def view_of_input(node: Node) -> tuple[int, list[Node]] | None:
+    """(input index, remaps from it, outermost last) when `node` only re-indexes an input, else None."""
+    chain: list[Node] = []
+    while node.op == "remap":
+        chain.append(node)
+        node = node.args[0]
+    if node.op != "load" or not chain:
+        return None
+    return node.attrs["input"], chain[::-1]
+
+
+def apply_view(t: torch.Tensor, chain: list[Node]) -> torch.Tensor:
+    """`t` re-indexed by a chain of remap nodes, as a torch view (no copy)."""
+    for node in chain:
+        prim, params = node.attrs["prim"], node.attrs["params"]
+        if prim == "broadcast_in_dim":
+            shape, bdims = params[0], params[1]
+            view = [1] * len(shape)
+            for size, d in zip(t.shape, bdims):
+                view[d] = size
+            t = t.reshape(view).expand(tuple(shape))
+        elif prim == "transpose":
+            t = t.permute(tuple(params[0]))
+        else:
+            t = t.reshape(node.shape)
+    return t
+
+
+def build_graph(region: Region) -> tuple[list[Node], list[Store], dict[int, int], dict[int, tuple[int, list[Node]]]]:
+    """The region's dataflow graph: input loads, stores (outputs and copies), output -> input aliases,
+    and outputs that are views of inputs (a broadcast kept for backward is not worth a kernel store).
+
+    Raises `NotFusible` for a region that the kernels cannot express.
+    """
+    index = {p.name: i for i, p in enumerate(region.inputs)}
+    loads = [Node("load", tuple(p.shape), p.dtype, attrs={"input": i}) if isinstance(p, TensorProxy) else None
+             for i, p in enumerate(region.inputs)]
+    env: dict[str, Node] = {p.name: n for p, n in zip(region.inputs, loads) if n is not None}
+    copies: dict[int, Node] = {}
+
+    def arg(x: Any) -> Any:
+        if isinstance(x, TensorProxy):
+            return env[x.name]
+        if isinstance(x, bool | int | float):
+            return x
+        raise NotFusible(f"unsupported argument {x!r}")
+
+    for bsym in region.members:
+        name = bsym.sym.name
+        out = bsym.output
+        if name in COPIES:
+            src = bsym.args[0]
+            dst = bsym.args[1] if name == "copy_" else bsym.kwargs["out"]
+            if dst.name in index:
+                # Later reads of dst see src (through env); the input ends up holding the last copy.
+                copies[index[dst.name]] = env[src.name]
+            env[dst.name] = env[src.name]
+            continue
+        if name in ELEMENTWISE:
+            node = Node("elementwise", tuple(out.shape), out.dtype, tuple(arg(a) for a in bsym.args), {"prim": name})
+        elif name == "convert_element_type":
+            node = Node("cast", tuple(out.shape), out.dtype, (arg(bsym.args[0]),))
+        elif name in REMAPS:
+            dims = remap_dims(bsym)
+            if dims is None:
+                raise NotFusible(f"{name} is not a broadcast, permutation or size-1 reshape")
+            node = Node("remap", tuple(out.shape), out.dtype, (arg(bsym.args[0]),),
+                        {"dims": dims, "prim": name, "params": bsym.args[1:]})
+        elif name in REDUCTIONS:
+            node = Node("reduce", tuple(out.shape), out.dtype, (arg(bsym.args[0]),), {"kind": name})
+        elif name == "var_mean":
+            x, correction = arg(bsym.args[0]), bsym.args[2]
+            var, mean = out
+            pair: dict[str, Node] = {}
+            for part, proxy in (("var", var), ("mean", mean)):
+                pair[part] = Node("reduce", tuple(proxy.shape), proxy.dtype, (x,),
+                                  {"kind": part, "correction": correction, "pair": pair})
+                env[proxy.name] = pair[part]
+            continue
+        else:
+            raise NotFusible(f"prims.{name}")
+        env[out.name] = node
+
+    stores: list[Store] = []
+    aliases: dict[int, int] = {}
+    views: dict[int, tuple[int, list[Node]]] = {}
+    for k, p in enumerate(region.outputs):
+        if p.name in index:
+            aliases[k] = index[p.name]  # written by a copy, or passed through unchanged
+        elif (view := view_of_input(env[p.name])) is not None and view[0] not in copies:
+            views[k] = view
+        else:
+            stores.append(Store(env[p.name], None, k))
+    for target, node in copies.items():
+        stores.append(Store(node, target, None))
+    return [n for n in loads if n is not None], stores, aliases, views
+
+
+def next_pow2(n: int) -> int:
+    """The smallest power of two >= n (and >= 1)."""
+    return 1 << max(0, (max(n, 1) - 1).bit_length())
+
+
+def pow_exponent_ok(exponent: Any) -> bool:
+    """Whether `pow_source` handles `x ** exponent` exactly like torch (including negative x)."""
+    if isinstance(exponent, bool) or not isinstance(exponent, int | float) or not math.isfinite(exponent):
+        return False
+    return float(exponent) != int(exponent) or abs(exponent) <= 4
+
+
+def pow_source(exponent: float) -> str:
+    """A template for `{0} ** exponent`: products for small integer exponents, exp2/log2 otherwise."""
+    if float(exponent) == int(exponent):
+        n = int(exponent)
+        if n == 0:
+            return "tl.where({0} == {0}, 1.0, 1.0)"  # x ** 0 is 1, NaN included
+        product = " * ".join(["{0}"] * abs(n))
+        return f"({product})" if n > 0 else f"(1.0 / ({product}))"
+    if exponent == 0.5:
+        return "tl.sqrt({0})"
+    if exponent == -0.5:
+        return "tl.rsqrt({0})"
+    # A negative base gives NaN through log2, as torch.pow does for non-integer exponents.
+    return f"tl.exp2({_literal(float(exponent))} * tl.log2({{0}}))"
+
+
+def narrow(value: str, dtype: torch.dtype) -> str:
+    """Source converting a computed value to `dtype`, rounding to nearest even."""
+    if dtype == torch.bfloat16:
+        # Round the float32 bits explicitly: Triton's interpreter truncates float32 -> bfloat16.
+        bits = f"{value}.to(tl.float32).to(tl.uint32, bitcast=True)"
+        rounded = f"(({bits} + 0x7FFF + (({bits} >> 16) & 1)) & 0xFFFF0000)"
+        return f"{rounded}.to(tl.float32, bitcast=True).to(tl.bfloat16)"
+    return f"{value}.to({_TL[dtype]})"
+
+
+def _literal(x: Any) -> str:
+    if isinstance(x, bool):
+        return "1" if x else "0"
+    if isinstance(x, float) and not math.isfinite(x):
+        return "float('nan')" if math.isnan(x) else ("float('inf')" if x > 0 else "float('-inf')")
+    return repr(x)
+
+
+class KernelWriter:
+    """Writes one kernel computing some stores over one iteration domain.
+
+    `row` kernels iterate over blocks of rows of `domain` (whole rows per program);
+    pointwise kernels over flat blocks of `domain`.
+    """
+
+    def __init__(self, domain: tuple[int, ...], row: bool, input_shapes: dict[int, tuple[int, ...]]):
+        self.domain = domain
+        self.row = row
+        self.input_shapes = input_shapes
+        self.lines: list[str] = []
+        self.memo: dict[tuple[int, tuple[int | None, ...]], str] = {}
+        self.used_inputs: set[int] = set()
+        # input index -> projections it is loaded with (for the copy_to_out_ safety check)
+        self.load_projections: dict[int, set[tuple[int | None, ...]]] = {}
+        self.counter = 0
+        self.ops: list[str] = []
+
+    def fresh(self) -> str:
+        """A new local variable name."""
+        self.counter += 1
+        return f"v{self.counter}"
+
+    @property
+    def last_dim(self) -> int:
+        """The iteration dim that indexes columns in a row kernel."""
+        return len(self.domain) - 1
+
+    def index_expr(self, dims: tuple[int | None, ...], strides: list[str]) -> str:
+        """The element offset of a tensor indexed by iteration dims `dims` (None: index 0)."""
+        terms = [f"i{d} * {s}" for d, s in zip(dims, strides) if d is not None]
+        if not terms:
+            return "(rows * 0)" if self.row else "(offs * 0)"
+        return " + ".join(terms)
+
+    def mask_for(self, dims: tuple[int | None, ...]) -> str:
+        """The mask of a load or store indexed by `dims` (rows only, or the whole tile)."""
+        if self.row and self.last_dim not in dims:
+            return "rmask"
+        return "mask"
+
+    def gen(self, node: Node, proj: tuple[int | None, ...]) -> str:
+        """The variable holding `node` under projection `proj`, emitting its code once."""
+        key = (id(node), proj)
+        name = self.memo.get(key)
+        if name is not None:
+            return name
+        name = self._gen(node, proj)
+        self.memo[key] = name
+        return name
+
+    def _gen(self, node: Node, proj: tuple[int | None, ...]) -> str:
+        if node.op == "load":
+            name = self.fresh()
+            i = node.attrs["input"]
+            self.used_inputs.add(i)
+            self.load_projections.setdefault(i, set()).add(proj)
+            offset = self.index_expr(proj, [f"in{i}_s{d}" for d in range(len(proj))])
+            self.lines.append(f"{name} = tl.load(in{i} + {offset}, mask={self.mask_for(proj)}, other=1)"
+                              f".to({compute_dtype(node.dtype)})")
+            return name
+        if node.op == "remap":
+            (src,) = node.args
+            dims = node.attrs["dims"]
+            return self.gen(src, tuple(None if d is None else proj[d] for d in dims))
+        if node.op == "cast":
+            (src,) = node.args
+            x = self.gen(src, proj)
+            if node.dtype not in (torch.float16, torch.bfloat16, torch.bool) and \
+                    compute_dtype(node.dtype) == compute_dtype(src.dtype):
+                return x  # bf16 -> f32 and the like: already computed in the target dtype
+            name = self.fresh()
+            self.ops.append("to")
+            if node.dtype == torch.bool:
+                self.lines.append(f"{name} = {x} != 0")
+            elif node.dtype in (torch.float16, torch.bfloat16):
+                # Round to the narrow dtype, as the cast does, then keep computing in float32.
+                self.lines.append(f"{name} = {narrow(x, node.dtype)}.to(tl.float32)")
+            else:
+                self.lines.append(f"{name} = {x}.to({_TL[node.dtype]})")
+            return name
+        if node.op == "elementwise":
+            prim = node.attrs["prim"]
+            self.ops.append(prim)
+            args = [self.gen(a, proj) if isinstance(a, Node) else _literal(a) for a in node.args]
+            name = self.fresh()
+            template = ELEMENTWISE[prim][0]
+            if prim == "pow":
+                template = pow_source(node.args[1])
+            if prim in ("maximum", "minimum") and node.dtype.is_floating_point:
+                # torch.maximum/minimum propagate NaN; Triton's do not unless asked.
+                template = template.replace(")", ", propagate_nan=tl.PropagateNan.ALL)")
+            self.lines.append(f"{name} = {template.format(*args)}")
+            return name
+        if node.op == "reduce":
+            row_identity = tuple(range(len(self.domain) - 1))
+            if not self.row or proj != row_identity:
+                raise NotFusible("a reduction whose result is not indexed by rows")
+            (src,) = node.args
+            if tuple(src.shape) != self.domain:
+                raise NotFusible("reductions over different shapes")
+            x = self.gen(src, tuple(range(len(self.domain))))
+            if node.attrs["kind"] in ("var", "mean"):
+                return self._var_mean(node, x, proj)
+            name = self.fresh()
+            fn, neutral = REDUCTIONS[node.attrs["kind"]]
+            self.ops.append(node.attrs["kind"])
+            self.lines.append(f"{name} = {fn}(tl.where(mask, {x}, {neutral}), axis=1, keep_dims=True)")
+            if node.attrs["kind"] in ("amax", "amin"):
+                # torch.amax/amin return NaN for a row holding one; tl.max/tl.min skip it.
+                nans = self.fresh()
+                self.lines.append(f"{nans} = tl.sum(tl.where(mask & ({x} != {x}), 1, 0), axis=1, keep_dims=True)")
+                self.lines.append(f"{name} = tl.where({nans} > 0, float('nan'), {name})")
+            return name
+        raise NotFusible(node.op)
+
+    def _var_mean(self, node: Node, x: str, proj: tuple[int | None, ...]) -> str:
+        """Both halves of a var_mean (two passes over the row held in registers); returns `node`'s."""
+        pair = node.attrs["pair"]
+        n = self.domain[-1]
+        mean, diff, var = self.fresh(), self.fresh(), self.fresh()
+        self.ops.append("var_mean")
+        self.lines.append(f"{mean} = tl.sum(tl.where(mask, {x}, 0.0), axis=1, keep_dims=True) / {n}")
+        self.lines.append(f"{diff} = tl.where(mask, {x} - {mean}, 0.0)")
+        self.lines.append(f"{var} = tl.sum({diff} * {diff}, axis=1, keep_dims=True) / {_literal(n - node.attrs['correction'])}")
+        self.memo[(id(pair["mean"]), proj)] = mean
+        self.memo[(id(pair["var"]), proj)] = var
+        return mean if node is pair["mean"] else var
+
+    def store_projection(self, shape: tuple[int, ...]) -> tuple[int | None, ...]:
+        """How a stored value of `shape` is indexed in this domain."""
+        if shape == self.domain:
+            return tuple(range(len(shape)))
+        if self.row and shape == self.domain[:-1]:
+            return tuple(range(len(shape)))
+        if self.row and shape == (*self.domain[:-1], 1):
+            return (*range(len(shape) - 1), None)
+        raise NotFusible(f"an output of shape {shape} in a kernel over {self.domain}")
+
+    def source(self, kernel_name: str, stores: list[tuple[Node, str, torch.dtype]]) -> tuple[str, list[str]]:
+        """The kernel's source and its parameter names; `stores` are (node, pointer name, dtype)."""
+        body: list[str] = []
+        for node, ptr, dtype in stores:
+            proj = self.store_projection(node.shape)
+            if node.op == "cast" and node.dtype == dtype and node.args[0].shape == node.shape:
+                node = node.args[0]  # the store rounds to its dtype itself
+            value = self.gen(node, proj)
+            offset = self.index_expr(proj, [f"{ptr}_s{d}" for d in range(len(proj))])
+            cast = f"({value} != 0)" if dtype == torch.bool else narrow(value, dtype)
+            body.append(f"tl.store({ptr} + {offset}, {cast}, mask={self.mask_for(proj)})")
+        params = [f"in{i}" for i in sorted(self.used_inputs)] + [p for _, p, _ in stores]
+        strides = [f"in{i}_s{d}" for i in sorted(self.used_inputs) for d in range(len(self.input_shapes[i]))]
+        strides += [f"{p}_s{d}" for n, p, _ in stores for d in range(len(n.shape))]
+        head = [f"def {kernel_name}({', '.join([*params, *strides])}, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):"]
+        idx = self._index_lines()
+        lines = head + ["    " + line for line in idx + self.lines + body]
+        return "@triton.jit\n" + "\n".join(lines) + "\n", [*params, *strides]
+
+    def _index_lines(self) -> list[str]:
+        dom = self.domain
+        if self.row:
+            n_rows = math.prod(dom[:-1])
+            lines = [
+                "rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]",
+                "cols = tl.arange(0, BLOCK_N)[None, :]",
+                f"rmask = rows < {n_rows}",
+                f"mask = rmask & (cols < {dom[-1]})",
+                f"i{len(dom) - 1} = cols",
+            ]
+            inner = 1
+            for d in reversed(range(len(dom) - 1)):
+                lines.append(f"i{d} = (rows // {inner}) % {dom[d]}")
+                inner *= dom[d]
+            return lines
+        lines = [
+            "offs = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)",
+            f"mask = offs < {math.prod(dom)}",
+        ]
+        inner = 1
+        for d in reversed(range(len(dom))):
+            lines.append(f"i{d} = (offs // {inner}) % {dom[d]}")
+            inner *= dom[d]
+        return lines

@@ -1,0 +1,340 @@
+"""The Triton fusion executor: claims pointwise prims and last-dim reductions, runs regions as kernels."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import math
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from executors.triton.codegen import (
+    COPIES,
+    DTYPES,
+    ELEMENTWISE,
+    FLOATS,
+    REDUCTIONS,
+    REMAPS,
+    KernelWriter,
+    Node,
+    NotFusible,
+    Store,
+    apply_view,
+    build_graph,
+    kind,
+    next_pow2,
+    pow_exponent_ok,
+    remap_dims,
+)
+from minijit.extend import BoundSymbol, FusionExecutor, Proxy, Region, TensorProxy
+
+# Rows longer than this are left to torch: a row kernel keeps a whole row in registers.
+MAX_ROW = 16384
+
+
+def interpreting() -> bool:
+    """Whether Triton runs kernels through its CPU interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+class _KernelCache:
+    """Compiled kernels by source hash: identical regions (one per layer, say) share a kernel."""
+
+    def __init__(self) -> None:
+        self.kernels: dict[str, Any] = {}
+        self.directory = Path(tempfile.gettempdir()) / f"minijit_triton_{os.getuid() if hasattr(os, 'getuid') else 0}"
+
+    def get(self, name: str, source: str) -> Any:
+        """The compiled kernel `name` with this source (written to a file and imported on first use)."""
+        kernel = self.kernels.get(name)
+        if kernel is None:
+            # triton.jit reads the kernel's source through inspect, so it must live in a real file.
+            self.directory.mkdir(parents=True, exist_ok=True)
+            path = self.directory / f"{name}.py"
+            text = "import triton\nimport triton.language as tl\n\n\n" + source
+            if not path.exists() or path.read_text() != text:
+                tmp = path.with_suffix(f".{os.getpid()}.tmp")
+                tmp.write_text(text)
+                tmp.replace(path)
+            spec = importlib.util.spec_from_file_location(f"minijit_triton_kernels.{name}", path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = module
+            spec.loader.exec_module(module)
+            kernel = getattr(module, name)
+            self.kernels[name] = kernel
+        return kernel
+
+
+KERNELS = _KernelCache()
+
+
+class _Kernel:
+    """One generated kernel of a region: its source, and how to launch it."""
+
+    def __init__(self, writer: KernelWriter, stores: list[Store], source: str, name: str, params: list[str]):
+        self.writer = writer
+        self.stores = stores
+        self.source = source
+        self.name = name
+        self.params = params
+        dom = writer.domain
+        budget = 1 << 16 if interpreting() else 4096
+        if writer.row:
+            self.block_n = next_pow2(dom[-1])
+            n_rows = math.prod(dom[:-1])
+            self.block_m = max(1, min(next_pow2(n_rows), budget // self.block_n))
+            self.grid = (max(1, -(-n_rows // self.block_m)),)
+        else:
+            numel = math.prod(dom)
+            self.block_m = 1
+            self.block_n = min(next_pow2(numel), budget if interpreting() else 1024)
+            self.grid = (max(1, -(-numel // self.block_n)),)
+        self.empty = math.prod(dom) == 0
+
+    def launch(self, inputs: Sequence[Any], destinations: list[torch.Tensor]) -> None:
+        """Run the kernel on the region's inputs, storing into `destinations` (one per store)."""
+        if self.empty:
+            return
+        kernel = KERNELS.get(self.name, self.source)
+        used = sorted(self.writer.used_inputs)
+        args: list[Any] = [inputs[i] for i in used] + destinations
+        for i in used:
+            args += list(inputs[i].stride())
+        for d in destinations:
+            args += list(d.stride())
+        kernel[self.grid](*args, BLOCK_M=self.block_m, BLOCK_N=self.block_n)
+
+
+class FusedRegion:
+    """The callable a Triton region runs as: launches its kernels, returns the region's outputs."""
+
+    def __init__(self, region: Region, kernels: list[_Kernel], n_outputs: int, aliases: dict[int, int],
+                 direct_copy_ok: dict[int, bool], views: dict[int, tuple[int, list[Node]]]):
+        self.region_name = region.name
+        self.kernels = kernels
+        self.n_outputs = n_outputs
+        self.aliases = aliases
+        self.direct_copy_ok = direct_copy_ok
+        self.views = views
+        self.sources = [k.source for k in kernels]
+        self.note = "triton kernels: " + ", ".join(k.name for k in kernels)
+
+    def __call__(self, *inputs: Any) -> tuple[Any, ...]:
+        tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
+        device = tensors[0].device if tensors else torch.device("cpu")
+        outputs: list[Any] = [None] * self.n_outputs
+        late_copies: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for kernel in self.kernels:
+            destinations = []
+            for s in kernel.stores:
+                if s.target is None:
+                    t = torch.empty(s.node.shape, dtype=s.node.dtype, device=device)
+                    outputs[s.output_index] = t
+                else:
+                    target = inputs[s.target]
+                    if self.direct_copy_ok[s.target] and not _overlaps(target, inputs, s.target):
+                        t = target
+                    else:
+                        # Invariant 2: where writing straight into the target could be seen by a
+                        # read of its old value, compute into a buffer and copy once at the end.
+                        t = torch.empty(s.node.shape, dtype=target.dtype, device=device)
+                        late_copies.append((target, t))
+                destinations.append(t)
+            kernel.launch(inputs, destinations)
+        for target, t in late_copies:
+            target.copy_(t)
+        for k, i in self.aliases.items():
+            outputs[k] = inputs[i]
+        for k, (i, chain) in self.views.items():
+            outputs[k] = apply_view(inputs[i], chain)
+        return tuple(outputs)
+
+
+def _overlaps(target: torch.Tensor, inputs: Sequence[Any], index: int) -> bool:
+    ptr = target.untyped_storage().data_ptr()
+    return any(isinstance(x, torch.Tensor) and i != index and x.untyped_storage().data_ptr() == ptr
+               for i, x in enumerate(inputs))
+
+
+def _row_like(shape: tuple[int, ...], domain: tuple[int, ...]) -> bool:
+    return shape in (domain, domain[:-1], (*domain[:-1], 1))
+
+
+class TritonExecutor(FusionExecutor):
+    """Fuses pointwise prims, casts, broadcasts and last-dim reductions (sum, amax, amin) into Triton kernels.
+
+    Example::
+
+        jf = minijit.jit(fn, executors=["triton"])
+        jf(x)
+        print(executors.triton.kernel_source(jf, "fusion_0"))
+    """
+
+    def __init__(self) -> None:
+        super().__init__("triton")
+
+    def unavailable_reason(self) -> str | None:
+        """Why Triton cannot run here: not installed, not importable, or no CUDA device (and no interpreter)."""
+        if importlib.util.find_spec("triton") is None:
+            return "the triton package is not installed (pip install 'minijit[triton]')"
+        if not interpreting() and not torch.cuda.is_available():
+            return ("there is no CUDA device (set TRITON_INTERPRET=1 before importing triton to run its kernels "
+                    "on CPU through the Triton interpreter, slowly)")
+        try:
+            import triton  # noqa: F401
+        except Exception as e:  # a broken install shows up as any exception
+            return f"importing triton failed: {e!r}"
+        return None
+
+    def _device_ok(self, t: TensorProxy) -> bool:
+        return t.device.type == ("cpu" if interpreting() else "cuda")
+
+    def fusible(self, bsym: BoundSymbol) -> bool:
+        """Pointwise prims, casts, broadcasts/permutes/size-1 reshapes, copies, and last-dim sum/amax/amin."""
+        if bsym.sym.namespace != "prims":
+            return False
+        name = bsym.sym.name
+        if name not in ELEMENTWISE and name not in REMAPS and name not in COPIES and name not in REDUCTIONS \
+                and name not in ("convert_element_type", "var_mean"):
+            return False
+        if name == "copy_to_out_" and not self.fuse_copies_to_out:
+            return False
+        values = [*bsym.args, *bsym.kwargs.values()]
+        tensors = [x for x in values if isinstance(x, TensorProxy)]
+        outs = [p for p in bsym.proxy_outputs()]
+        if not tensors or any(not isinstance(p, TensorProxy) for p in outs):
+            return False
+        for t in tensors + outs:
+            if t.dtype not in DTYPES or not self._device_ok(t) or any(type(d) is not int for d in t.shape):
+                return False
+        if name in ELEMENTWISE:
+            if any(isinstance(x, Proxy) and not isinstance(x, TensorProxy) for x in values):
+                return False
+            if any(isinstance(x, complex) for x in values):
+                return False
+            if name == "pow" and not (isinstance(bsym.args[0], TensorProxy) and pow_exponent_ok(bsym.args[1])):
+                return False
+            data = tensors[1:] if name == "where" else tensors
+            return all(kind(t.dtype) in ELEMENTWISE[name][1] for t in data)
+        if name in REDUCTIONS or name == "var_mean":
+            x = bsym.args[0]
+            if name == "var_mean" and not isinstance(bsym.args[2], int | float):
+                return False
+            dims = tuple(bsym.args[1]) if len(bsym.args) > 1 else tuple(bsym.kwargs.get("dims", ()))
+            return (x.dtype in FLOATS and x.ndim >= 1 and tuple(d % x.ndim for d in dims) == (x.ndim - 1,)
+                    and 0 < x.shape[-1] <= MAX_ROW)
+        if name in REMAPS:
+            return remap_dims(bsym) is not None
+        return True
+
+    def can_join(self, members: Sequence[BoundSymbol], bsym: BoundSymbol) -> bool:
+        """Keep one reduction domain per region, and row results only flowing back into rows of it."""
+        domain: tuple[int, ...] | None = None
+        derived: set[str] = set()
+        for b in [*members, bsym]:
+            name = b.sym.name
+            outs = {p.name for p in b.proxy_outputs()}
+            if name in REDUCTIONS or name == "var_mean":
+                x = b.args[0]
+                # A row result cannot be reduced again (its shape differs from the domain), but a
+                # full-shape value computed from one can (softmax: exp(x - max) is summed).
+                if domain is not None and tuple(x.shape) != domain:
+                    return False
+                domain = tuple(x.shape)
+                derived |= outs
+            elif any(p.name in derived for p in b.proxy_args()):
+                if not _row_use_ok(b, domain):
+                    return False
+                derived |= outs
+        return True
+
+    def fuse(self, region: Region) -> FusedRegion | None:
+        """Generate (or reuse) the region's kernels; None for a region not worth a kernel."""
+        names = {b.sym.name for b in region.members}
+        if names <= set(REMAPS):
+            return None  # views only: torch does them without copying
+        try:
+            return self._compile(region)
+        except NotFusible:
+            return None
+
+    def _compile(self, region: Region) -> FusedRegion:
+        _, stores, aliases, views = build_graph(region)
+        input_shapes = {i: tuple(p.shape) for i, p in enumerate(region.inputs) if isinstance(p, TensorProxy)}
+        domain = None
+        for b in region.members:
+            if b.sym.name in REDUCTIONS or b.sym.name == "var_mean":
+                domain = tuple(b.args[0].shape)
+                break
+        groups: dict[tuple[bool, tuple[int, ...]], list[Store]] = {}
+        for s in stores:
+            if domain is not None and (s.node.depends_on_reduction() or _row_like(s.node.shape, domain)):
+                groups.setdefault((True, domain), []).append(s)
+            else:
+                groups.setdefault((False, s.node.shape), []).append(s)
+        kernels: list[_Kernel] = []
+        loads_by_kernel: dict[int, list[tuple[int, set[Any]]]] = {}
+        store_kernel: dict[int, int] = {}
+        for (row, dom), group in groups.items():
+            writer = KernelWriter(dom, row, input_shapes)
+            ptrs = []
+            for j, s in enumerate(group):
+                dtype = s.node.dtype if s.target is None else region.inputs[s.target].dtype
+                ptrs.append((s.node, f"out{j}", dtype))
+                if s.target is not None:
+                    store_kernel[s.target] = len(kernels)
+            source, params = writer.source("KERNEL", ptrs)
+            digest = hashlib.sha256(source.encode()).hexdigest()[:10]
+            ops = "_".join(dict.fromkeys(writer.ops))[:40] or "copy"
+            name = f"triton_{'red' if row else 'pw'}_{ops}_{digest}"
+            source = source.replace("def KERNEL(", f"def {name}(", 1)
+            loads_by_kernel[len(kernels)] = list(writer.load_projections.items())
+            kernels.append(_Kernel(writer, group, source, name, params))
+        direct = {t: _direct_copy_ok(t, k, kernels, loads_by_kernel) for t, k in store_kernel.items()}
+        return FusedRegion(region, kernels, len(region.outputs), aliases, direct, views)
+
+
+def _direct_copy_ok(target: int, kernel_index: int, kernels: list[_Kernel],
+                    loads_by_kernel: dict[int, list[tuple[int, set[Any]]]]) -> bool:
+    """Whether a copy into input `target` may write straight into it (DESIGN.md, invariant 2).
+
+    Safe when every read of the target's old value happens in the kernel that writes it, at the
+    very element it writes (each program reads an element before writing it, and no other
+    program reads it); otherwise a later read could see the new value.
+    """
+    kernel = kernels[kernel_index]
+    store = next(s for s in kernel.stores if s.target == target)
+    store_proj = kernel.writer.store_projection(store.node.shape)
+    for k, loads in loads_by_kernel.items():
+        for i, projections in loads:
+            if i != target:
+                continue
+            if k != kernel_index or projections != {store_proj}:
+                return False
+    return True
+
+
+def _row_use_ok(b: BoundSymbol, domain: tuple[int, ...] | None) -> bool:
+    """Whether `b`, which reads a row result, keeps it indexed by rows of the reduction domain."""
+    if domain is None:
+        return False
+    out = b.output
+    if not isinstance(out, TensorProxy) or not _row_like(tuple(out.shape), domain):
+        return False
+    name = b.sym.name
+    if name == "transpose":
+        return False
+    if name == "broadcast_in_dim":
+        x = b.args[0]
+        dims = tuple(b.args[2] if len(b.args) > 2 else b.kwargs["broadcast_dims"])
+        return dims == tuple(range(x.ndim)) and _row_like(tuple(x.shape), domain)
+    return True
+
+
+__all__ = ["FusedRegion", "Node", "TritonExecutor", "interpreting"]

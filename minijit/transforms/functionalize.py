@@ -1,0 +1,366 @@
+"""Functionalization: in-place ops become functional ops, and writes into inputs become copies at the end.
+
+The captured trace records in-place ops (`x.add_(1)`, `x[0].zero_()`, `x.copy_(y)`)
+with mutation semantics: the bound symbol's output is the mutated proxy itself,
+and its decomposition ends with `prims.copy_(new_value, x)`. This pass rewrites
+the trace so that (DESIGN.md, invariant 1)
+
+- every in-place op is replaced by its decomposition minus the copy (so `add_`
+  becomes one `ltorch.add`), and later reads of the mutated tensor read the new
+  value;
+- a write into a view updates the view's base, through the inverse ("scatter") of
+  each view op between them (minijit/transforms/view_updates.py); other views of
+  that base read later are recomputed from the base's new value;
+- each mutated trace input gets exactly one `prims.copy_to_out_(final, out=x)`,
+  after everything else, ordered so that no copy overwrites an input whose old
+  value a later copy reads; intermediates need no copy at all;
+- the trace's output refers to final values.
+
+State, per tensor of the captured trace: a *base* tensor has a current value and a
+version (bumped by each write into it or into one of its views); a *view* records
+its parent, the view op that made it, and its base, and caches its current value
+together with the base version that value belongs to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from minijit.errors import AliasError, InplaceError, UnsupportedOpError, where
+from minijit.ir import BoundSymbol, Proxy, TensorProxy, Trace, tracing, tree_flatten, tree_map
+from minijit.ops import prims
+from minijit.ops.prims import INPLACE
+from minijit.ops.registry import ALL_LTORCH
+from minijit.ops.utils import expand_to, to_dtype
+from minijit.transforms.copy_analysis import alias_roots
+from minijit.transforms.view_updates import (
+    PRIM_SCATTER,
+    VIEW,
+    VIEW_RULES,
+    ExpandedWrite,
+    eager_returns_view,
+    first_tensor_arg,
+    is_view_step,
+    layout_free,
+    replay,
+    scatter,
+    scatter_by_positions,
+)
+
+__all__ = ["functionalize"]
+
+
+def functionalize(trace: Trace, *, input_aliases: Sequence[Sequence[int]] = (),
+                  grad_enabled: bool | None = None, non_leaf_inputs: Sequence[int] = ()) -> Trace:
+    """Replace in-place ops by functional ones; write each mutated input back once, at the end.
+
+    `input_aliases` lists groups of input positions that are the same memory (the
+    same tensor passed twice, or identical views); a write into one is seen by all,
+    and the group gets one copy. `grad_enabled` (default: torch's grad mode now)
+    turns on eager's refusal to mutate a leaf that requires grad; inputs listed in
+    `non_leaf_inputs` are not leaves and may be mutated.
+
+    Example::
+
+        # def f(x): x.add_(1); return x * 2
+        # t0 = ltorch.add(x, 1); t1 = ltorch.mul(t0, 2); prims.copy_to_out_(t0, out=x); return t1
+        functional = functionalize(captured)
+    """
+    if grad_enabled is None:
+        grad_enabled = torch.is_grad_enabled()
+    return _Functionalizer(trace, input_aliases, grad_enabled, set(non_leaf_inputs)).run()
+
+
+@dataclass
+class _View:
+    """A tensor made by a view op: `out` of `bsym` applied to `parent`, sharing memory with `base`."""
+
+    parent: TensorProxy
+    bsym: BoundSymbol
+    out: TensorProxy
+    base: TensorProxy
+
+
+class _Functionalizer:
+    def __init__(self, trace: Trace, input_aliases: Sequence[Sequence[int]], grad_enabled: bool,
+                 non_leaf_inputs: set[int]):
+        self.trace = trace
+        self.new = trace.derive([], pass_name="functionalize")
+        self.grad_enabled = grad_enabled
+        self.leaves = {id(p) for i, p in enumerate(trace.args)
+                       if isinstance(p, TensorProxy) and p.requires_grad and i not in non_leaf_inputs}
+        self.inputs = {id(p) for p in trace.args}
+        self.value: dict[int, Any] = {}  # id(original proxy) -> current value (bases and non-tensors)
+        self.version: dict[int, int] = {}  # id(base) -> number of writes so far
+        self.views: dict[int, _View] = {}
+        self.cache: dict[int, tuple[int, TensorProxy]] = {}  # id(view) -> (base version, value)
+        self.same_as: dict[int, TensorProxy] = {}  # id(aliased input) -> the input standing for its memory
+        groups = []
+        for group in input_aliases:
+            members = [trace.args[i] for i in group]
+            leader = members[0]
+            for m in members[1:]:
+                if not isinstance(m, TensorProxy) or (m.shape, m.dtype) != (leader.shape, leader.dtype):
+                    raise AliasError(f"inputs {leader.name} and {m.name} share memory but are not the same view "
+                                     "of it; minijit supports aliased inputs only when they are identical")
+                self.same_as[id(m)] = leader
+            groups.append([m.name for m in members])
+        self.new.info["input_alias_groups"] = groups
+
+    # -- values ----------------------------------------------------------------
+    def canon(self, p: Any) -> Any:
+        return self.same_as.get(id(p), p)
+
+    def resolve(self, p: Any) -> Any:
+        """The current value of the captured trace's proxy `p` (recomputing a stale view)."""
+        if not isinstance(p, Proxy):
+            return p
+        p = self.canon(p)
+        view = self.views.get(id(p))
+        if view is None:
+            return self.value.get(id(p), p)
+        version = self.version.get(id(view.base), 0)
+        cached = self.cache.get(id(p))
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        value = replay(view.bsym, view.out, self.resolve(view.parent))
+        self.cache[id(p)] = (version, value)
+        return value
+
+    def base_of(self, p: TensorProxy) -> TensorProxy:
+        view = self.views.get(id(p))
+        return view.base if view is not None else p
+
+    def write(self, dst: TensorProxy, new: TensorProxy, op: BoundSymbol) -> None:
+        """Record that `dst` (a base or a view) now holds `new`, updating its base."""
+        dst = self.canon(dst)
+        if new.dtype != dst.dtype:
+            new = prims.convert_element_type(new, dst.dtype)
+        base = self.base_of(dst)
+        if self.grad_enabled and id(base) in self.leaves:
+            what = "a view of a leaf Variable" if base is not dst else "a leaf Variable"
+            raise InplaceError(f"{op.sym.id}{where(op.source)}: {what} that requires grad is being used in an "
+                               f"in-place operation (input {base.name}, as in eager); use torch.no_grad() or "
+                               "write into a clone")
+        try:
+            self._write_through_views(dst, new)
+        except ExpandedWrite:
+            # Through an expanded view (`x.expand(2, 3)[0].add_(1)`): scatter straight into
+            # the base by element positions. The failed attempt recorded only functional,
+            # unused bound symbols (dce drops them) and changed no state.
+            uniform = self._is_fill(new)
+            self._write_through_views(base, scatter_by_positions(self.resolve(base), self.chain(dst), new, op,
+                                                                 uniform=uniform))
+            if base is not dst:
+                self.cache[id(dst)] = (self.version[id(base)], new)
+
+    def _write_through_views(self, dst: TensorProxy, new: TensorProxy) -> None:
+        view = self.views.get(id(dst))
+        if view is None:
+            self.value[id(dst)] = new
+            self.version[id(dst)] = self.version.get(id(dst), 0) + 1
+            return
+        self._write_through_views(view.parent, scatter(view.bsym, view.out, self.resolve(view.parent), new))
+        self.cache[id(dst)] = (self.version[id(view.base)], new)
+
+    def _aliases(self, parent: TensorProxy, bsym: BoundSymbol, out: TensorProxy) -> bool:
+        """Whether `out` shares memory with `parent` in eager: reshape and friends copy what they cannot view.
+
+        Decided assuming that bases (inputs and computed tensors) are contiguous.
+        """
+        rule = VIEW_RULES.get(bsym.sym.name)
+        if rule is None or not rule.may_copy or bsym.sym.is_prim:
+            return True
+        parent = self.canon(parent)
+        verdict = eager_returns_view(self.base_of(parent), [*self.chain(parent), (bsym, out)])
+        return verdict is not False
+
+    def _is_fill(self, value: TensorProxy) -> bool:
+        """Whether `value` was made by prims.full (one value everywhere)."""
+        for bsym in reversed(self.new.bound_symbols):
+            if any(o is value for o in bsym.proxy_outputs()):
+                return bsym.sym.id == "prims.full"
+        return False
+
+    def chain(self, p: TensorProxy) -> list[tuple[BoundSymbol, Proxy]]:
+        """The view steps from p's base out to p."""
+        steps = []
+        view = self.views.get(id(p))
+        while view is not None:
+            steps.append((view.bsym, view.out))
+            view = self.views.get(id(view.parent))
+        return steps[::-1]
+
+    # -- bound symbols -----------------------------------------------------------
+    def visit(self, bsym: BoundSymbol, top: BoundSymbol) -> None:
+        name = bsym.sym.id
+        if name == "prims.copy_":
+            self.write(bsym.args[1], self.resolve(bsym.args[0]), top)
+        elif name == "prims.copy_to_out_":
+            self.write(bsym.kwargs["out"], self.resolve(bsym.args[0]), top)
+        elif name == "ltorch.setitem" and _is_basic_key(bsym.args[1]) and self.setitem_into_view(bsym, top):
+            pass
+        elif INPLACE in bsym.sym.tags or (not bsym.sym.is_prim and _writes_into_arguments(bsym)):
+            if not bsym.subsymbols:
+                raise UnsupportedOpError(f"{name}{where(bsym.source)}: an in-place op without a decomposition "
+                                         "cannot be functionalized")
+            for sub in bsym.subsymbols:
+                self.visit(sub, top)
+            for old in tree_flatten(bsym.output):
+                if isinstance(old, Proxy) and id(old) not in self.value and not self._known(old):
+                    raise UnsupportedOpError(f"{name}{where(bsym.source)}: its output {old.name} is not "
+                                             "computed by its decomposition")
+        else:
+            self.emit(bsym)
+
+    def setitem_into_view(self, bsym: BoundSymbol, top: BoundSymbol) -> bool:
+        """`a[key] = value` with ints, slices, None and Ellipsis: a write into the view a[key].
+
+        Writing only the region (one slice_scatter, in place into an input where allowed)
+        beats the decomposition's update of the whole tensor, and works through expanded
+        views. Returns False (use the decomposition) where the value does not fit.
+        """
+        a, key, value = bsym.args
+        getitem = ALL_LTORCH.get("getitem")
+        if getitem is None or not isinstance(a, TensorProxy):
+            return False
+        a = self.canon(a)
+        value = self.resolve(value)
+        if isinstance(value, TensorProxy):
+            while value.ndim > 0 and value.shape[0] == 1 and value.ndim > len(a.shape):
+                value = prims.reshape(value, tuple(value.shape[1:]))
+        a_now = self.resolve(a)  # may record a replay: before counting the region's bound symbol
+        count = len(self.new.bound_symbols)
+        region = getitem(a_now, key)
+        if isinstance(value, TensorProxy):
+            if value.ndim > region.ndim or any(v != 1 and v != r for v, r in zip(reversed(value.shape),
+                                                                               reversed(region.shape))):
+                return False
+            new = expand_to(to_dtype(value, a.dtype), region.shape)
+        else:
+            new = prims.full(region.shape, value, dtype=a.dtype, device=a.device)
+        if len(self.new.bound_symbols) == count or region is a_now:
+            self.write(a, new, top)  # the key selects all of a
+            return True
+        view_bsym = self.new.bound_symbols[count]
+        base = self.base_of(a)
+        self.views[id(region)] = _View(a, view_bsym, region, base)
+        self.cache[id(region)] = (self.version.get(id(base), 0), region)
+        self.write(region, new, top)
+        return True
+
+    def _known(self, p: Proxy) -> bool:
+        return id(p) in self.views or id(p) in self.inputs or id(p) in self.value or id(p) in self.produced
+
+    def emit(self, bsym: BoundSymbol) -> None:
+        """Append `bsym` reading current values: as it is, or recorded again where an argument changed."""
+        args, kwargs = tree_map(self.resolve, (bsym.args, bsym.kwargs))
+        old_in = tree_flatten((bsym.args, bsym.kwargs))
+        new_in = tree_flatten((args, kwargs))
+        if all(a is b for a, b in zip(old_in, new_in, strict=True)):
+            self.new.bound_symbols.append(bsym)
+            result = bsym.output
+        else:
+            result = layout_free(bsym.sym)(*args, **kwargs)
+        parent = first_tensor_arg(bsym)
+        is_view = parent is not None and _is_view_op(bsym)
+        for old, new in zip(tree_flatten(bsym.output), tree_flatten(result), strict=True):
+            if not isinstance(old, Proxy):
+                continue
+            self.produced.add(id(old))
+            if is_view and isinstance(old, TensorProxy) and is_view_step(bsym, old) and self._aliases(parent, bsym, old):
+                parent_c = self.canon(parent)
+                base = self.base_of(parent_c)
+                self.views[id(old)] = _View(parent_c, bsym, old, base)
+                self.cache[id(old)] = (self.version.get(id(base), 0), new)
+            elif new is not old:
+                self.value[id(old)] = new
+
+    # -- the pass ------------------------------------------------------------------
+    def run(self) -> Trace:
+        self.produced: set[int] = set()
+        with tracing(self.new):
+            for bsym in self.trace.bound_symbols:
+                self.new.source = bsym.source
+                self.visit(bsym, bsym)
+            self.new.source = None
+            output = tree_map(self.resolve, self.trace.output)
+            self.new.output = self._write_back(output)
+        self.new.info["mutated_inputs"] = self.mutated
+        return self.new
+
+    def _write_back(self, output: Any) -> Any:
+        """Materialize outputs that alias overwritten inputs, then emit one ordered copy per mutated input."""
+        finals: dict[str, TensorProxy] = {}
+        outs: dict[str, TensorProxy] = {}
+        for p in self.trace.args:
+            if id(p) in self.same_as or self.version.get(id(p), 0) == 0:
+                continue
+            final = self.resolve(p)
+            if final is not p:
+                finals[p.name], outs[p.name] = final, p
+        self.mutated = list(finals)
+        if not finals:
+            return output
+        roots = alias_roots(self.new)
+        written = set(finals)
+
+        clones: dict[int, TensorProxy] = {}
+
+        def materialize(x: Any) -> Any:
+            if isinstance(x, TensorProxy) and roots.get(id(x), frozenset()) & written:
+                if id(x) not in clones:
+                    clones[id(x)] = prims.clone(x)
+                return clones[id(x)]
+            return x
+
+        output = tree_map(materialize, output)
+        # A copy into y must follow every copy whose value reads y's old value (invariant 1);
+        # a value that aliases its own destination, or a cycle of such reads, is cloned first.
+        reads = {n: set(roots.get(id(v), frozenset()) & written) for n, v in finals.items()}
+        for n in finals:
+            if n in reads[n]:
+                finals[n] = materialize(finals[n])
+                reads[n] = set()
+        pending = list(finals)
+        while pending:
+            ready = [n for n in pending if not any(n in reads[m] for m in pending if m != n)]
+            if not ready:
+                stuck = pending[0]
+                finals[stuck] = materialize(finals[stuck])
+                reads[stuck] = set()
+                continue
+            for n in ready:
+                prims.copy_to_out_(finals[n], out=outs[n])
+                pending.remove(n)
+        return output
+
+
+def _is_basic_key(key: Any) -> bool:
+    """Whether an index is made of ints, slices, None and Ellipsis only (basic indexing: a view)."""
+    items = key if isinstance(key, tuple) else (key,)
+    return all(type(k) is int or k is None or k is Ellipsis or
+               (type(k) is slice and all(type(v) is int or v is None for v in (k.start, k.stop, k.step)))
+               for k in items)
+
+
+def _is_view_op(bsym: BoundSymbol) -> bool:
+    if bsym.sym.is_prim:
+        return bsym.sym.namespace == "prims" and bsym.sym.name in PRIM_SCATTER
+    return VIEW in bsym.sym.tags
+
+
+def _writes_into_arguments(bsym: BoundSymbol) -> bool:
+    """Whether a composite's decomposition copies into one of its own arguments (an untagged in-place op)."""
+    args = {id(p) for p in bsym.proxy_args()}
+
+    def writes(b: BoundSymbol) -> bool:
+        if b.sym.id == "prims.copy_":
+            return id(b.args[1]) in args
+        return any(writes(s) for s in b.subsymbols)
+
+    return any(writes(s) for s in bsym.subsymbols)

@@ -1,0 +1,164 @@
+"""Region partitioning for fusion executors.
+
+A fusion executor claims bound symbols one by one (see `claim.py`); this pass then
+groups its claimed bound symbols into regions. A region grows over consecutive
+claimed bound symbols; a bound symbol that the executor did not claim and that
+does not depend on the region is hoisted in front of it instead of ending it, so
+unrelated work (a matmul of another branch, say) does not split a region.
+
+Hoisting keeps the copy ordering of DESIGN.md (invariant 1): a bound symbol that
+writes into a tensor the region reads is never moved in front of the region (the
+region would read the new value instead of the old one); and one that reads a
+value the region produces, including a tensor the region copies into, stays after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from minijit.ir import BoundSymbol, Proxy, Symbol, tree_iter
+from minijit.ops.prims import INPLACE
+
+
+@dataclass
+class Region:
+    """A group of bound symbols that one fusion executor runs as one callable.
+
+    `inputs` are the proxies the members read and do not produce (in order of first
+    use); `outputs` the proxies they produce that anything after the region uses,
+    including tensors written in place; `name` is unique within the trace.
+    """
+
+    name: str
+    members: list[BoundSymbol]
+    inputs: list[Proxy]
+    outputs: list[Proxy]
+
+    @property
+    def inplace(self) -> bool:
+        """Whether a member writes into an existing tensor."""
+        return any(INPLACE in b.sym.tags for b in self.members)
+
+
+def written_names(bsym: BoundSymbol) -> set[str]:
+    """The tensors an in-place bound symbol writes into: outputs that are also arguments."""
+    if INPLACE not in bsym.sym.tags:
+        return set()
+    args = {p.name for p in bsym.proxy_args()}
+    return {p.name for p in bsym.proxy_outputs() if p.name in args}
+
+
+def region_writes(bsym: BoundSymbol) -> list[Proxy]:
+    """The inputs a fused region's bound symbol writes into: the targets of its member copies.
+
+    For passes that check writes into inputs (the copy_to_out_ check): a region runs
+    its `copy_`/`copy_to_out_` members itself, so its one bound symbol writes several
+    tensors, none of them an `out=` argument.
+    """
+    inputs = {p.name for p in bsym.proxy_args()}
+    targets: dict[str, Proxy] = {}
+    for member in bsym.subsymbols:
+        if member.sym.name == "copy_to_out_":
+            dst = member.kwargs.get("out")
+        elif member.sym.name == "copy_":
+            dst = member.args[1]
+        else:
+            continue
+        if isinstance(dst, Proxy) and dst.name in inputs:
+            targets.setdefault(dst.name, dst)
+    return list(targets.values())
+
+
+def _region(name: str, members: list[BoundSymbol], used_outside: set[str]) -> Region:
+    produced: dict[str, Proxy] = {}
+    inputs: dict[str, Proxy] = {}
+    for bsym in members:
+        for p in bsym.proxy_args():
+            if p.name not in produced and p.name not in inputs:
+                inputs[p.name] = p
+        for p in bsym.proxy_outputs():
+            produced[p.name] = p
+    outputs = [p for n, p in produced.items() if n in used_outside]
+    return Region(name, list(members), list(inputs.values()), outputs)
+
+
+def region_bound_symbol(region: Region, namespace: str, fn: Callable[..., Any]) -> BoundSymbol:
+    """The bound symbol that runs `region` with `fn` (which returns a tuple of the outputs)."""
+    tags = frozenset({INPLACE}) if region.inplace else frozenset()
+    if len(region.outputs) == 1:
+        def run_one(*args: Any, _fn: Callable[..., Any] = fn) -> Any:
+            return _fn(*args)[0]
+        run_one.__wrapped__ = fn  # type: ignore[attr-defined]
+        output: Any = region.outputs[0]
+        call = run_one
+    else:
+        output, call = tuple(region.outputs), fn
+    sym = Symbol(region.name, None, namespace=namespace, is_prim=True, tags=tags, fn=call)
+    source = next((b.source for b in region.members if b.source is not None), None)
+    bsym = sym.bind(*region.inputs, output=output, subsymbols=tuple(region.members), source=source)
+    # An executor may say what the region runs as (its kernels' names) in the printed trace.
+    bsym.note = getattr(fn, "note", "")
+    return bsym
+
+
+def partition(entries: Sequence[tuple[BoundSymbol, Any]], executor: Any, trace_output: Any,
+              fuse: Callable[[Region], list[tuple[BoundSymbol, Any]]]) -> list[tuple[BoundSymbol, Any]]:
+    """Group the entries claimed by `executor` into regions; `fuse(region)` gives their replacement.
+
+    `entries` pairs each bound symbol with the executor that claimed it, in trace
+    order; `executor.can_join(members, bsym)` may refuse to grow a region, which
+    then ends and a new one starts.
+    """
+    used: dict[str, int] = {}
+    for bsym, _ in entries:
+        for p in bsym.proxy_args():
+            used[p.name] = used.get(p.name, 0) + 1
+    out_names = {p.name for p in tree_iter(trace_output) if isinstance(p, Proxy)}
+
+    result: list[tuple[BoundSymbol, Any]] = []
+    region: list[BoundSymbol] = []
+    deferred: list[tuple[BoundSymbol, Any]] = []
+    region_produced: set[str] = set()
+    region_read: set[str] = set()
+
+    def close() -> None:
+        result.extend(deferred)
+        deferred.clear()
+        if region:
+            member_reads: dict[str, int] = {}
+            for b in region:
+                for p in b.proxy_args():
+                    member_reads[p.name] = member_reads.get(p.name, 0) + 1
+            # A produced value is needed outside if something other than the members reads it.
+            used_outside = {n for n in region_produced if used.get(n, 0) > member_reads.get(n, 0) or n in out_names}
+            result.extend(fuse(_region("", list(region), used_outside)))
+            region.clear()
+            region_produced.clear()
+            region_read.clear()
+
+    for bsym, owner in entries:
+        if owner is executor:
+            if region and not executor.can_join(region, bsym):
+                close()
+            region.append(bsym)
+            region_read.update(p.name for p in bsym.proxy_args())
+            region_produced.update(p.name for p in bsym.proxy_outputs())
+            continue
+        if not region:
+            result.append((bsym, owner))
+            continue
+        reads = {p.name for p in bsym.proxy_args()}
+        depends = not reads.isdisjoint(region_produced)
+        # Invariant 1: never move a write of a tensor in front of the region's reads of its old value.
+        overwrites = not written_names(bsym).isdisjoint(region_read)
+        # A deferred bound symbol that a later non-member needs must keep its place relative to it:
+        # deferred ones run before the region, so that always holds.
+        if depends or overwrites:
+            close()
+            result.append((bsym, owner))
+        else:
+            deferred.append((bsym, owner))
+    close()
+    return result

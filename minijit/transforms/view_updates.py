@@ -1,0 +1,303 @@
+"""Views for functionalization: which outputs alias their input, replaying a view, writing a view back.
+
+A view op's output shares memory with its first tensor argument. Functionalization
+(DESIGN.md, invariant 1) needs two things per view op: *replay* (recompute the view
+from the base's new value, by calling the op again) and *scatter* (the inverse
+update: given the base's current value and the view's new value, the base's new
+value). Scatter rules live in two tables:
+
+- `PRIM_SCATTER`, keyed by prim name, for the view prims (transpose, reshape,
+  squeeze, slice, broadcast_in_dim as unsqueeze);
+- `VIEW_RULES`, keyed by ltorch op name. Most ltorch view ops decompose into view
+  prims, and their rule, `invert_decomposition`, walks the decomposition back from
+  the output to the input and applies the prim rules in reverse. `may_copy` marks
+  ops that, like eager, return a copy where they cannot return a view: `x[idx_tensor]`
+  (its decomposition gathers), `x.t().reshape(-1)` (decided by running the view
+  chain's eager implementations on meta tensors, `eager_returns_view`). Adding a
+  view op means adding one entry here.
+
+A view-tagged op without an entry is treated as `invert_decomposition`; a write
+through one whose decomposition cannot be inverted is an `UnsupportedOpError`
+naming the op and line. A write through an expanded view (`x.expand(2, 3)[0]`)
+cannot go step by step; `scatter_by_positions` writes it into the base by element
+positions instead.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from minijit.errors import InplaceError, UnsupportedOpError, where
+from minijit.ir import BoundSymbol, Proxy, Symbol, TensorProxy, tree_flatten, tree_map
+from minijit.ops import prims
+from minijit.ops.registry import ALL_LTORCH, EAGER_IMPLS
+
+VIEW = "view"  # the tag ltorch view ops carry (minijit/ops/ltorch/shape.py)
+
+# (view bsym, its output, current value of its input, new value of its output) -> new value of its input
+ScatterRule = Callable[[BoundSymbol, Proxy, TensorProxy, TensorProxy], TensorProxy]
+
+
+def first_tensor_arg(bsym: BoundSymbol) -> TensorProxy | None:
+    """The tensor a view op views: its first tensor argument."""
+    for x in tree_flatten(bsym.args):
+        if isinstance(x, TensorProxy):
+            return x
+    return None
+
+
+def output_position(bsym: BoundSymbol, out: Proxy) -> int:
+    """Where `out` sits among `bsym`'s flattened outputs."""
+    for i, o in enumerate(tree_flatten(bsym.output)):
+        if o is out:
+            return i
+    raise ValueError(f"{out!r} is not an output of {bsym.sym.id}")
+
+
+def replay(bsym: BoundSymbol, out: Proxy, new_input: TensorProxy) -> TensorProxy:
+    """Record `bsym` again on `new_input` (in the current trace) and return its output at `out`'s position."""
+    old_input = first_tensor_arg(bsym)
+    done = [False]
+
+    def swap(x: Any) -> Any:
+        if not done[0] and x is old_input:
+            done[0] = True
+            return new_input
+        return x
+
+    args = [swap(a) for a in bsym.args]
+    result = layout_free(bsym.sym)(*args, **bsym.kwargs)
+    return tree_flatten(result)[output_position(bsym, out)]
+
+
+# Recomputed values may have any memory layout (a scattered base is often a transpose),
+# and `Tensor.view` refuses some layouts; functionally it is the same as reshape.
+_LAYOUT_FREE = {"view": "reshape", "view_as": "reshape_as"}
+
+
+def layout_free(sym: Symbol) -> Symbol:
+    """`sym`, or the op computing the same values on tensors of any layout (view -> reshape)."""
+    other = _LAYOUT_FREE.get(sym.name) if sym.namespace == "ltorch" else None
+    return ALL_LTORCH.get(other, sym) if other is not None else sym
+
+
+# -- prim rules ----------------------------------------------------------------------
+
+def _scatter_transpose(bsym: BoundSymbol, out: Proxy, current: TensorProxy, new: TensorProxy) -> TensorProxy:
+    perm = bsym.args[1]
+    inverse = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inverse[p] = i
+    return prims.transpose(new, tuple(inverse))
+
+
+def _scatter_reshape(bsym: BoundSymbol, out: Proxy, current: TensorProxy, new: TensorProxy) -> TensorProxy:
+    return prims.reshape(new, tuple(current.shape))
+
+
+def _scatter_slice(bsym: BoundSymbol, out: Proxy, current: TensorProxy, new: TensorProxy) -> TensorProxy:
+    return prims.slice_scatter(current, new, *bsym.args[1:], **bsym.kwargs)
+
+
+class ExpandedWrite(InplaceError):
+    """A write through an expanded view: one element of the base appears several times in the view."""
+
+
+def _scatter_broadcast(bsym: BoundSymbol, out: Proxy, current: TensorProxy, new: TensorProxy) -> TensorProxy:
+    _, shape, dims = bsym.args[:3]
+    expanded = any(size != shape[d] for size, d in zip(current.shape, dims, strict=True))
+    if expanded or any(shape[d] != 1 for d in range(len(shape)) if d not in dims):
+        # Writing a part of the expanded view (`x.expand(2, 3)[0]`) is fine in eager; the
+        # functionalizer then scatters by element positions (scatter_by_positions).
+        raise ExpandedWrite(f"{bsym.sym.id}{where(bsym.source)}: unsupported operation: more than one element of "
+                            "the written-to tensor refers to a single memory location (an in-place write into an "
+                            "expanded tensor, as in eager); clone() the tensor before writing into it")
+    return prims.reshape(new, tuple(current.shape))
+
+
+PRIM_SCATTER: dict[str, ScatterRule] = {
+    "transpose": _scatter_transpose,
+    "reshape": _scatter_reshape,
+    "squeeze": _scatter_reshape,
+    "slice": _scatter_slice,
+    "broadcast_in_dim": _scatter_broadcast,
+}
+
+
+# -- ltorch rules ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ViewRule:
+    """How an ltorch view op's output relates to its input.
+
+    `scatter` writes a new value of the output back into the input. With
+    `may_copy`, the op returns a copy (not a view) when its decomposition is not
+    made of view ops only, as `x[index_tensor]` does in eager.
+    """
+
+    scatter: ScatterRule
+    may_copy: bool = False
+
+
+def view_path(bsym: BoundSymbol, out: Proxy) -> list[tuple[BoundSymbol, Proxy]] | None:
+    """The steps (sub-bsym, its output) from `bsym`'s input to `out` inside its decomposition, or None.
+
+    None means `out` is not reached from the input through view ops only.
+    """
+    source = first_tensor_arg(bsym)
+    producers = {id(o): sub for sub in bsym.subsymbols for o in sub.proxy_outputs()}
+    steps: list[tuple[BoundSymbol, Proxy]] = []
+    cur: Any = out
+    while cur is not source:
+        sub = producers.get(id(cur))
+        if sub is None or not is_view_step(sub, cur):
+            return None
+        steps.append((sub, cur))
+        cur = first_tensor_arg(sub)
+    return steps[::-1]
+
+
+def is_view_step(bsym: BoundSymbol, out: Proxy) -> bool:
+    """Whether `out` (an output of `bsym`) is a view of `bsym`'s first tensor argument."""
+    if bsym.sym.is_prim:
+        return bsym.sym.name in PRIM_SCATTER and bsym.sym.namespace == "prims"
+    if VIEW not in bsym.sym.tags:
+        return False
+    rule = VIEW_RULES.get(bsym.sym.name)
+    if rule is not None and rule.scatter is not invert_decomposition:
+        return True
+    if view_path(bsym, out) is not None:
+        return True
+    # A view torch always returns as a view, but made of ops we cannot invert: reads of it
+    # replay fine, a write through it raises in invert_decomposition.
+    return not (rule is not None and rule.may_copy)
+
+
+def scatter(bsym: BoundSymbol, out: Proxy, current: TensorProxy, new: TensorProxy) -> TensorProxy:
+    """The new value of `bsym`'s input after its output `out` became `new` (records into the current trace)."""
+    if bsym.sym.is_prim:
+        return PRIM_SCATTER[bsym.sym.name](bsym, out, current, new)
+    rule = VIEW_RULES.get(bsym.sym.name)
+    return (rule.scatter if rule is not None else invert_decomposition)(bsym, out, current, new)
+
+
+def invert_decomposition(bsym: BoundSymbol, out: Proxy, current: TensorProxy, new: TensorProxy) -> TensorProxy:
+    """Scatter rule of a view op made of view ops: redo its decomposition on `current`, scatter back in reverse."""
+    path = view_path(bsym, out)
+    if path is None:
+        raise UnsupportedOpError(
+            f"{bsym.sym.id}{where(bsym.source)}: an in-place write through this view cannot update its base, "
+            "because its decomposition is not made of invertible view ops; clone() the view before writing "
+            "into it, or add a rule to VIEW_RULES in minijit/transforms/view_updates.py")
+    # The decomposition's own proxies (sizes computed inside it, in symbolic mode) exist
+    # only inside `bsym`; record the decomposition again so that the scatters can use them.
+    mapping = _inline(bsym, current)
+
+    def remap(x: Any) -> Any:
+        return mapping.get(id(x), x) if isinstance(x, Proxy) else x
+
+    for step, step_out in reversed(path):
+        step_input = remap(first_tensor_arg(step))
+        if step.sym.is_prim:
+            args, kwargs = tree_map(remap, (step.args, step.kwargs))
+            new = PRIM_SCATTER[step.sym.name](step.replace(args=args, kwargs=kwargs), step_out, step_input, new)
+        else:
+            new = scatter(step, step_out, step_input, new)
+    return new
+
+
+def _inline(bsym: BoundSymbol, new_input: TensorProxy) -> dict[int, Any]:
+    """Record `bsym`'s subsymbols on `new_input` in the current trace; old proxy id -> new proxy."""
+    mapping: dict[int, Any] = {id(first_tensor_arg(bsym)): new_input}
+
+    def remap(x: Any) -> Any:
+        return mapping.get(id(x), x) if isinstance(x, Proxy) else x
+
+    for sub in bsym.subsymbols:
+        args, kwargs = tree_map(remap, (sub.args, sub.kwargs))
+        result = layout_free(sub.sym)(*args, **kwargs)
+        for old, value in zip(tree_flatten(sub.output), tree_flatten(result), strict=True):
+            if isinstance(old, Proxy):
+                mapping[id(old)] = value
+    return mapping
+
+
+def scatter_by_positions(base: TensorProxy, chain: list[tuple[BoundSymbol, Proxy]], new: TensorProxy,
+                         op: BoundSymbol, *, uniform: bool = False) -> TensorProxy:
+    """The new value of `base` after the view `chain` (steps from base outwards) of it became `new`.
+
+    Replays the chain on the tensor of base's element positions, then writes `new`
+    at those positions with one index_copy. Works through any view, expanded ones
+    included, as long as the written view itself has no repeated element (checked
+    at trace time by running the chain's eager implementations) or `new` is
+    `uniform` (one value everywhere, as `zero_` and `fill_` write, which eager allows).
+    """
+    numel = math.prod(base.shape)
+    if not uniform and _has_repeated_elements(base, chain):
+        raise InplaceError(f"{op.sym.id}{where(op.source)}: an in-place write into an expanded tensor, where more "
+                           "than one element of the written-to tensor refers to a single memory location; minijit "
+                           "supports it only for one value written everywhere (zero_, fill_), and eager refuses most "
+                           "such writes; clone() the tensor before writing into it")
+    positions = prims.reshape(prims.iota(numel, start=0, step=1, dtype=torch.int64, device=base.device), base.shape)
+    for step, out in chain:
+        positions = replay(step, out, positions)
+    n = math.prod(new.shape)
+    flat = prims.index_copy(prims.reshape(base, (numel,)), prims.reshape(positions, (n,)), prims.reshape(new, (n,)), 0)
+    return prims.reshape(flat, tuple(base.shape))
+
+
+def _has_repeated_elements(base: TensorProxy, chain: list[tuple[BoundSymbol, Proxy]]) -> bool:
+    value = eager_chain(base, chain)
+    # Unknown chains (prims, proxies among the arguments) count as free of repeats.
+    return value is not None and bool(torch._debug_has_internal_overlap(value[-1]) == 1)
+
+
+def eager_chain(base: TensorProxy, chain: list[tuple[BoundSymbol, Proxy]]) -> list[torch.Tensor] | None:
+    """The chain's views run by their eager implementations on a contiguous meta tensor like `base`.
+
+    Returns the base and each step's result, or None where a step has no eager
+    implementation or depends on a proxy other than the tensor it views.
+    """
+    values = [torch.empty(tuple(base.shape), dtype=base.dtype, device="meta")]
+    for step, out in chain:
+        impl = EAGER_IMPLS.get(step.sym.name) if step.sym.namespace == "ltorch" else None
+        viewed = first_tensor_arg(step)
+        if impl is None or any(isinstance(a, Proxy) and a is not viewed for a in tree_flatten((step.args, step.kwargs))):
+            return None
+        args = [values[-1] if a is viewed else a for a in step.args]
+        try:
+            values.append(tree_flatten(impl(*args, **step.kwargs))[output_position(step, out)])
+        except Exception:
+            return None
+    return values
+
+
+def eager_returns_view(base: TensorProxy, chain: list[tuple[BoundSymbol, Proxy]]) -> bool | None:
+    """Whether eager torch makes the last step of `chain` a view (True) or a copy (False) of a contiguous base.
+
+    `reshape`, `flatten` and `x[...]` copy a tensor that they cannot view; None: unknown.
+    """
+    values = eager_chain(base, chain)
+    if values is None:
+        return None
+    last, before = values[-1], values[-2]
+    return last is before or last._is_view()
+
+
+_ALWAYS_VIEWS = (
+    "transpose", "t", "permute", "swapaxes", "swapdims", "movedim", "moveaxis", "T", "mT", "H", "mH",
+    "view", "view_as", "squeeze", "unsqueeze", "unflatten", "expand", "expand_as", "select",
+    "narrow", "split", "split_with_sizes", "tensor_split", "chunk", "unbind", "diagonal", "unfold",
+    "alias", "detach",
+)
+_VIEW_OR_COPY = ("getitem", "reshape", "reshape_as", "contiguous", "flatten", "ravel")
+
+VIEW_RULES: dict[str, ViewRule] = {
+    **{name: ViewRule(invert_decomposition) for name in _ALWAYS_VIEWS},
+    **{name: ViewRule(invert_decomposition, may_copy=True) for name in _VIEW_OR_COPY},
+}
