@@ -43,6 +43,9 @@ KNOWN = {
     "transpose": "ltorch.transpose fails on 0-d inputs",
     "take_along_dim": "the decomposition does not wrap negative indices (the forward under grad runs it)",
     "digamma": "no VJP rule: trigamma is not a prim",
+    "topk": "no VJP rule for prims.topk yet",
+    "sort": "no VJP rule for prims.sort yet",
+    "scatter": "differentiating scatter is not supported yet",
 }
 
 

@@ -388,3 +388,13 @@ def unbind_fwd(input: TensorProxy, dim: int = 0) -> tuple[Any, Saved]:  # noqa: 
 @unbind_fwd.backward
 def unbind_bwd(saved: Saved, *gs: TensorProxy | None) -> tuple[Any, ...]:
     return (_pieces_bwd(saved, gs, keeps_dim=False), None)
+
+
+@vjp("prims.clone")
+def clone_fwd(x: TensorProxy) -> tuple[TensorProxy, Saved]:
+    return prims.clone(x), ()
+
+
+@clone_fwd.backward
+def clone_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
+    return (g,)
