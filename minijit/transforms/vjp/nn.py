@@ -302,3 +302,31 @@ def index_fill_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
         filled = P.sub(g, g_input)  # g where the fill landed, 0 elsewhere
         g_value = cast_like(P.sum(filled, tuple(range(filled.ndim))), value)
     return g_input, None, None, g_value
+
+
+@vjp("ltorch.rms_norm")
+def rms_norm_fwd(input: TensorProxy, normalized_shape: Any, weight: Any = None, eps: Any = None) -> Any:  # noqa: A002
+    out = _op("rms_norm")(input, normalized_shape, weight, eps)
+    n = 1 if isinstance(normalized_shape, int) else len(normalized_shape)
+    return out, (input, weight, n, eps)
+
+
+@rms_norm_fwd.backward
+def rms_norm_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
+    a, weight, n, eps = saved
+    dtype = compute_dtype(a.dtype)
+    x, gg = _up(a, dtype), _up(g, dtype)
+    dims = tuple(range(a.ndim - n, a.ndim))
+    count = 1
+    for d in dims:
+        count *= a.shape[d]
+    eps = torch.finfo(dtype).eps if eps is None else eps  # as the op: the compute dtype's epsilon
+    r = restore_reduced(P.rsqrt(P.add(P.div(P.sum(P.mul(x, x), dims), count), eps)), x.shape, dims)
+    y = P.mul(x, r)
+    dy = P.mul(gg, P.broadcast_in_dim(_up(weight, dtype), x.shape, dims)) if isinstance(weight, TensorProxy) else gg
+    gx = P.mul(r, P.sub(dy, P.mul(y, P.div(_sum_keep(P.mul(dy, y), dims), count))))
+    gw = None
+    if isinstance(weight, TensorProxy):
+        batch = tuple(range(a.ndim - n))
+        gw = cast_like(P.sum(P.mul(gg, y), batch) if batch else P.mul(gg, y), weight)
+    return cast_like(gx, a), None, gw, None
