@@ -341,7 +341,11 @@ def device_put_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
 
 # -- ltorch ops that cut a tensor into pieces (multi-output) ---------------------------------------
 
-def _pieces_fwd(name: str, x: TensorProxy, dim: int, *args: Any) -> tuple[Any, Saved]:
+def _pieces_fwd(name: str, x: TensorProxy, dim: int, *args: Any) -> Any:
+    if not all(type(s) is int for s in x.shape):
+        # Symbolic piece sizes are computed inside the op's decomposition, out of the
+        # backward's reach: differentiate the decomposition instead.
+        return NotImplemented
     out = ALL_LTORCH[name](x, *args)
     d = dim % max(x.ndim, 1)
     return out, (d, tuple(tuple(p.shape) for p in out), x.dtype, x.device)
@@ -361,7 +365,7 @@ def _pieces_bwd(saved: Saved, gs: Sequence[TensorProxy | None], keeps_dim: bool)
 
 
 @vjp("ltorch.split")
-def split_fwd(tensor: TensorProxy, split_size_or_sections: Any, dim: int = 0) -> tuple[Any, Saved]:
+def split_fwd(tensor: TensorProxy, split_size_or_sections: Any, dim: int = 0) -> Any:
     return _pieces_fwd("split", tensor, dim, split_size_or_sections, dim)
 
 
@@ -371,7 +375,7 @@ def split_bwd(saved: Saved, *gs: TensorProxy | None) -> tuple[Any, ...]:
 
 
 @vjp("ltorch.chunk")
-def chunk_fwd(input: TensorProxy, chunks: int, dim: int = 0) -> tuple[Any, Saved]:  # noqa: A002 - torch's name
+def chunk_fwd(input: TensorProxy, chunks: int, dim: int = 0) -> Any:  # noqa: A002 - torch's name
     return _pieces_fwd("chunk", input, dim, chunks, dim)
 
 
@@ -381,7 +385,7 @@ def chunk_bwd(saved: Saved, *gs: TensorProxy | None) -> tuple[Any, ...]:
 
 
 @vjp("ltorch.unbind")
-def unbind_fwd(input: TensorProxy, dim: int = 0) -> tuple[Any, Saved]:  # noqa: A002 - torch's name
+def unbind_fwd(input: TensorProxy, dim: int = 0) -> Any:  # noqa: A002 - torch's name
     return _pieces_fwd("unbind", input, dim, dim)
 
 
