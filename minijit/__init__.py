@@ -35,7 +35,7 @@ from minijit.runtime.show import show, show_diff
 
 __all__ = [
     "AliasError", "CacheInfo", "GuardError", "MetaError", "MinijitError", "RetraceWarning", "UnsupportedOpError",
-    "UnsupportedSyntaxError", "cache_info", "jit", "last_traces", "show", "show_diff",
+    "UnsupportedSyntaxError", "cache_info", "jit", "last_backward_traces", "last_traces", "show", "show_diff",
 ]
 
 
@@ -74,6 +74,21 @@ def last_traces(jfn: JitFunction | JitModule) -> list[Trace]:
         print(minijit.last_traces(jf)[-1])  # the final, executed trace
     """
     return _jit_function(jfn).last_traces()
+
+
+def last_backward_traces(jfn: JitFunction | JitModule) -> list[Trace]:
+    """The backward traces of the last call of `jfn`, one per pass; empty when it did not differentiate.
+
+    A call differentiates when grad mode is on and an input requires grad; its
+    backward runs when `loss.backward()` or `torch.autograd.grad` reaches it.
+
+    Example::
+
+        jf = minijit.jit(lambda x, w: (x @ w).sum())
+        jf(torch.randn(4, 8), torch.randn(8, 3, requires_grad=True)).backward()
+        print(minijit.last_backward_traces(jf)[-1])  # the executed backward trace
+    """
+    return _jit_function(jfn).last_backward_traces()
 
 
 def cache_info(jfn: JitFunction | JitModule) -> CacheInfo:

@@ -109,6 +109,11 @@ class Trace:
             # (x.contiguous(), x.to(x.dtype)) is not worth a line in the trace.
             if not subsymbols and _is_passthrough(output, args, kwargs):
                 return output
+        if not torch.is_grad_enabled():
+            # Computed under torch.no_grad() inside the traced function: the grad pass treats
+            # these values as constants, as eager autograd would.
+            self.info.setdefault("no_grad", set()).update(
+                p.name for p in tree_iter(output) if isinstance(p, Proxy))
         bsym = BoundSymbol(sym, args, kwargs, output, tuple(subsymbols), self.source)
         if (sym.is_prim and len(self._scopes) > 1 and "random" not in sym.tags
                 and any(isinstance(x, NumberProxy) for x in tree_iter(output))):

@@ -124,6 +124,12 @@ class JitFunction:
             raise RuntimeError("the jitted function has not been called yet")
         return self._last.traces
 
+    def last_backward_traces(self) -> list[Trace]:
+        """The backward traces of the last call, one per pass (empty when it did not differentiate)."""
+        if self._last is None:
+            raise RuntimeError("the jitted function has not been called yet")
+        return self._last.backward_traces
+
     def last_prologue(self) -> str:
         """The checks the last call's cache entry makes, as Python source."""
         if self._last is None:

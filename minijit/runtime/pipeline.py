@@ -7,14 +7,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from minijit.frontend import interpret
 from minijit.ir import Trace, tracing
 from minijit.ir.context import recording_constraints
+from minijit.runtime.autograd import CompiledGrad, autograd_callable
 from minijit.runtime.guards import compile_guard, drop_implied
 from minijit.runtime.inputs import proxify_arguments, tensor_capturer
 from minijit.runtime.module import ModuleForward
 from minijit.transforms import check_copies, claim_executors, dce, functionalize, write_copies_in_place
 from minijit.transforms.copy_analysis import CHECK_COPIES
+from minijit.transforms.grad import release_dead_values, requires_grad_inputs, split_forward_backward
+from minijit.transforms.simplify import remove_cast_round_trips
 
 
 @dataclass
@@ -32,6 +37,8 @@ class CompiledEntry:
     guard: Callable[..., bool] | None = None
     constraints: list[str] = field(default_factory=list)
     value_guards: list[Any] = field(default_factory=list)
+    # The backward traces, one per pass, when the entry differentiates (else empty).
+    backward_traces: list[Trace] = field(default_factory=list)
 
 
 def _timed(trace_fn: Callable[[], Trace], traces: list[Trace]) -> Trace:
@@ -81,6 +88,11 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
     trace = _timed(capture, traces)
     trace = _timed(lambda: functionalize(trace), traces)
     trace = _timed(lambda: dce(trace), traces)
+    trace = _timed(lambda: remove_cast_round_trips(trace), traces)
+
+    if torch.is_grad_enabled() and requires_grad_inputs(trace):
+        return _compile_with_grad(trace, traces, executors)
+
     trace = _timed(lambda: claim_executors(trace, executors), traces)
     trace = _timed(lambda: dce(trace), traces)
     trace = _timed(lambda: write_copies_in_place(trace, executors), traces)
@@ -91,3 +103,30 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
     computation = trace.python_callable()
     traces[-1].elapsed_ms += (time.perf_counter() - start) * 1e3
     return CompiledEntry(computation, traces)
+
+
+def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[Any]) -> CompiledEntry:
+    """Grad is needed: split into forward and backward, run the passes on both, compile both."""
+    start = time.perf_counter()
+    fwd, bwd = split_forward_backward(trace)
+    fwd.elapsed_ms = bwd.elapsed_ms = (time.perf_counter() - start) * 1e3
+    traces.append(fwd)
+    bwd_traces = [bwd]
+    bwd = _timed(lambda: remove_cast_round_trips(bwd), bwd_traces)
+    for passes, t in ((traces, fwd), (bwd_traces, bwd)):
+        t = _timed(lambda t=t: dce(t), passes)
+        t = _timed(lambda t=t: claim_executors(t, executors), passes)
+        t = _timed(lambda t=t: dce(t), passes)
+        if passes is traces:  # only the forward writes into inputs
+            t = _timed(lambda t=t: write_copies_in_place(t, executors), passes)
+            if CHECK_COPIES:
+                check_copies(t)
+        _timed(lambda t=t: release_dead_values(t), passes)
+    compiled = CompiledGrad(
+        forward=traces[-1].python_callable(),
+        backward=bwd_traces[-1].python_callable(),
+        differentiable_outputs=fwd.info["differentiable_outputs"],
+        name=trace.fn_name,
+    )
+    return CompiledEntry(autograd_callable(compiled), traces, backward_traces=bwd_traces)
+

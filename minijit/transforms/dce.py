@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 from minijit.ir import BoundSymbol, Proxy, Trace, tree_iter
 from minijit.ops.prims import INPLACE
 
@@ -15,14 +13,13 @@ def dce(trace: Trace) -> Trace:
     for bsym in reversed(trace.bound_symbols):
         if INPLACE in bsym.sym.tags or any(p.name in needed for p in bsym.proxy_outputs()):
             kept.append(bsym)
-            needed.update(p.name for p in bsym.proxy_args())
-            # An executor may run this op as its decomposition, whose members can read values
-            # computed at the top level (symbolic sizes): keep those too.
-            needed.update(_subsymbol_reads(bsym))
+            _mark_used(bsym, needed)
     return trace.derive(reversed(kept), pass_name="dce")
 
 
-def _subsymbol_reads(bsym: BoundSymbol) -> Iterator[str]:
+def _mark_used(bsym: BoundSymbol, needed: set[str]) -> None:
+    # A decomposition may be expanded later (claimed at prim level, or differentiated), so
+    # what its subsymbols read is needed too: a symbolic size bound by prims.shape, say.
+    needed.update(p.name for p in bsym.proxy_args())
     for sub in bsym.subsymbols:
-        yield from (p.name for p in sub.proxy_args())
-        yield from _subsymbol_reads(sub)
+        _mark_used(sub, needed)

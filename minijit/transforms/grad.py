@@ -1,0 +1,405 @@
+"""Grad: split a trace into a forward trace that saves residuals and a backward trace that uses them.
+
+`split_forward_backward` walks the trace's bound symbols in order, keeping track of
+which proxies require grad (the inputs that do, then the outputs of every symbol
+that is not constant for VJP):
+
+- a symbol that is constant for VJP (`is_constant_for_vjp`) is kept as it is in the
+  forward and adds nothing to the backward (DESIGN.md, invariant 4);
+- a symbol with a VJP rule (`minijit.transforms.vjp`) runs the rule's forward, which
+  records the symbol again and names its residuals; the backward later calls the
+  rule's backward on those residuals, so a high-level op (`ltorch.linear`) stays one
+  bound symbol in the forward and gets a compact backward;
+- a symbol without a rule is differentiated through its subsymbols (its decomposition);
+- a prim without a rule is an error naming the op and the user's source line.
+
+Residuals are kept per bound symbol (with all of its outputs), never keyed by one
+output, so multi-output symbols (`var_mean`, `shape`, `max` with indices) are safe.
+The backward trace takes the saved residuals and one cotangent per differentiable
+output and returns one gradient per forward input (None where there is none); only
+the residuals the backward actually reads are saved.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Container
+from dataclasses import dataclass
+from typing import Any
+
+from minijit.errors import MinijitError, UnsupportedOpError, where
+from minijit.ir import BoundSymbol, Proxy, Symbol, TensorProxy, Trace, tracing, tree_flatten, tree_map
+from minijit.ir.printing import Constants
+from minijit.ops import prims
+from minijit.transforms.dce import dce
+from minijit.transforms.vjp import VjpRule, rule_for
+
+
+def is_differentiable(x: Any) -> bool:
+    """True for tensor proxies of a floating point or complex dtype."""
+    return isinstance(x, TensorProxy) and (x.dtype.is_floating_point or x.dtype.is_complex)
+
+
+# Symbols whose outputs are cut from autograd by definition (torch.detach, x.data).
+STOPS_GRADIENT = frozenset({"prims.detach"})
+
+
+def is_constant_for_vjp(bsym: BoundSymbol, requires_grad: Container[str], no_grad: Container[str] = ()) -> bool:
+    """True when `bsym` contributes nothing to any gradient.
+
+    That is when none of its outputs is a differentiable tensor (`prims.shape`
+    returns ints, `argmax` int64, comparisons bool), when none of its tensor
+    inputs is in `requires_grad` (the names of proxies that require grad),
+    when it stops gradients (`prims.detach`), or when it was recorded under
+    `torch.no_grad()` (its outputs are in `no_grad`). Constant symbols stay in
+    the forward and add nothing to the backward.
+    """
+    if bsym.sym.id in STOPS_GRADIENT:
+        return True
+    if no_grad and any(p.name in no_grad for p in bsym.proxy_outputs()):
+        return True
+    if not any(is_differentiable(p) for p in bsym.proxy_outputs()):
+        return True
+    return not any(isinstance(p, TensorProxy) and p.name in requires_grad for p in bsym.proxy_args())
+
+
+@dataclass
+class _TapeEntry:
+    """What the backward needs of one differentiated bound symbol."""
+
+    rule: VjpRule
+    bsym: BoundSymbol
+    args: tuple[Any, ...]
+    saved: Any
+
+
+_SIGNATURES: dict[Callable[..., Any], inspect.Signature | None] = {}
+
+
+def _signature(fn: Callable[..., Any]) -> inspect.Signature | None:
+    if fn not in _SIGNATURES:
+        try:
+            _SIGNATURES[fn] = inspect.signature(fn)
+        except (TypeError, ValueError):
+            _SIGNATURES[fn] = None
+    return _SIGNATURES[fn]
+
+
+def _bind(bsym: BoundSymbol, rule: VjpRule) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+    """The bound symbol's arguments in the order of its signature, defaults filled in.
+
+    None when a composite op's signature is not the one the rule was written for
+    (then its decomposition is differentiated instead, which is always correct).
+    """
+    sig = _signature(bsym.sym.meta) if bsym.sym.meta is not None else None
+    if sig is None:
+        return bsym.args, bsym.kwargs
+    if not bsym.sym.is_prim:
+        rule_sig = _signature(rule.forward)
+        if rule_sig is None or list(sig.parameters)[1:] != list(rule_sig.parameters)[1:]:
+            return None
+    try:
+        bound = sig.bind(*bsym.args, **bsym.kwargs)
+    except TypeError:
+        return None
+    bound.apply_defaults()
+    return tuple(bound.args), dict(bound.kwargs)
+
+
+def _rename(bsym: BoundSymbol, mapping: dict[int, Proxy]) -> BoundSymbol:
+    def swap(x: Any) -> Any:
+        return mapping.get(id(x), x) if isinstance(x, Proxy) else x
+
+    return bsym.replace(args=tree_map(swap, bsym.args), kwargs=tree_map(swap, bsym.kwargs),
+                        output=tree_map(swap, bsym.output),
+                        subsymbols=tuple(_rename(s, mapping) for s in bsym.subsymbols))
+
+
+class _Splitter:
+    """The state of one forward/backward split."""
+
+    def __init__(self, trace: Trace):
+        self.trace = trace
+        self.requires = {p.name for p in trace.args if is_differentiable(p) and p.requires_grad}
+        self.inputs_requiring = set(self.requires)
+        self.no_grad: set[str] = trace.info.get("no_grad", set())
+        self.fwd = Trace(trace.fn_name, _names=trace.names)
+        self.fwd.args = list(trace.args)
+        self.fwd.info = dict(trace.info)
+        self.tape: list[_TapeEntry] = []
+
+    # -- forward ------------------------------------------------------------------------------
+    def forward(self, bsym: BoundSymbol) -> None:
+        if is_constant_for_vjp(bsym, self.requires, self.no_grad):
+            self.fwd.bound_symbols.append(bsym)
+            return
+        if prims.INPLACE in bsym.sym.tags:
+            self._inplace(bsym)
+            return
+        rule = rule_for(bsym.sym)
+        bound = _bind(bsym, rule) if rule is not None else None
+        if rule is not None and bound is not None and self._apply_rule(bsym, rule, *bound):
+            return
+        if bsym.subsymbols:
+            for sub in bsym.subsymbols:
+                self.forward(sub)
+            return
+        raise UnsupportedOpError(
+            f"cannot differentiate {bsym.sym.id}{where(bsym.source)}: it has no VJP rule and no decomposition; "
+            "compute it under torch.no_grad() or outside the jitted function"
+        )
+
+    def _inplace(self, bsym: BoundSymbol) -> None:
+        # After functionalization the only writes left copy final values into inputs, at the
+        # end; they are side effects kept in the forward, and gradients follow the values.
+        # A write into an input that requires grad, or into an intermediate tensor (an
+        # unfunctionalized trace, whose later reads would see the wrong value), is refused.
+        inputs = {p.name for p in self.trace.args}
+        for p in tree_flatten(bsym.output):
+            if not isinstance(p, TensorProxy):
+                continue
+            if p.name in self.inputs_requiring:
+                raise MinijitError(
+                    f"{bsym.sym.id}{where(bsym.source)} writes in place into {p.name}, an input that requires grad; "
+                    "like eager torch, a leaf that requires grad cannot be modified in place"
+                )
+            if p.name not in inputs:
+                raise MinijitError(
+                    f"{bsym.sym.id}{where(bsym.source)} writes in place into the intermediate tensor {p.name}, which "
+                    "depends on inputs that require grad; differentiating it needs the functionalize pass, so use "
+                    "the out-of-place op instead"
+                )
+        self.fwd.bound_symbols.append(bsym)
+
+    def _apply_rule(self, bsym: BoundSymbol, rule: VjpRule, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        start = len(self.fwd.bound_symbols)
+        self.fwd.source = bsym.source
+        with tracing(self.fwd):
+            result = rule.forward(*args, **kwargs)
+        if result is NotImplemented:
+            del self.fwd.bound_symbols[start:]
+            return False
+        out, saved = result
+        # The rule recorded the symbol again with fresh output proxies; give them the
+        # original ones, which the rest of the trace refers to.
+        new_leaves, old_leaves = tree_flatten(out), tree_flatten(bsym.output)
+        if len(new_leaves) != len(old_leaves):
+            raise MinijitError(f"the VJP rule of {bsym.sym.id} returned {len(new_leaves)} outputs, expected {len(old_leaves)}")
+        inputs = {id(p) for p in bsym.proxy_args()}
+        mapping = {id(n): o for n, o in zip(new_leaves, old_leaves)
+                   if isinstance(n, Proxy) and n is not o and id(n) not in inputs}
+        # Where the rule recorded the symbol itself, keep the original bound symbol: it has
+        # the user's argument form (keywords stay keywords), which executors call as is.
+        self.fwd.bound_symbols[start:] = [
+            bsym if b.sym is bsym.sym and b.output is bsym.output else b
+            for b in (_rename(b, mapping) for b in self.fwd.bound_symbols[start:])
+        ]
+        saved = tree_map(lambda x: mapping.get(id(x), x) if isinstance(x, Proxy) else x, saved)
+        self.tape.append(_TapeEntry(rule, bsym, args, saved))
+        self.requires.update(p.name for p in bsym.proxy_outputs() if is_differentiable(p))
+        return True
+
+    # -- backward -----------------------------------------------------------------------------
+    def backward(self) -> tuple[Trace, list[Proxy]]:
+        bwd = Trace(f"{self.trace.fn_name}_backward", _names=self.trace.names)
+        bwd.pass_name = "split forward/backward"
+        cotangents: dict[str, TensorProxy] = {}
+        ct_args: list[TensorProxy] = []
+        with tracing(bwd):
+            for leaf in tree_flatten(self.trace.output):
+                if is_differentiable(leaf) and leaf.name in self.requires:
+                    ct = TensorProxy.like(leaf, requires_grad=False)
+                    bwd.names.used.discard(ct.name)
+                    ct.name = bwd.names.claim(f"grad_{leaf.name}")
+                    ct_args.append(ct)
+                    self._accumulate(cotangents, leaf, ct, None)
+            for entry in reversed(self.tape):
+                outs = tree_flatten(entry.bsym.output)
+                gs = [cotangents.get(o.name) if isinstance(o, TensorProxy) else None for o in outs]
+                if all(g is None for g in gs):
+                    continue
+                bwd.source = entry.bsym.source
+                grads = entry.rule.bwd(entry.saved, *gs)
+                grads = tuple(grads) + (None,) * (len(entry.args) - len(grads))
+                for arg, grad in zip(entry.args, grads):
+                    if grad is None:
+                        continue
+                    for a, ga in zip(tree_flatten(arg), tree_flatten(grad)):
+                        if ga is not None and isinstance(a, TensorProxy) and a.name in self.requires:
+                            self._accumulate(cotangents, a, ga, entry.bsym)
+        bwd.output = tuple(cotangents.get(p.name) if p.name in self.inputs_requiring else None
+                           for p in self.trace.args)
+        saved: dict[int, Proxy] = {}
+        for entry in self.tape:
+            for x in tree_flatten(entry.saved):
+                if isinstance(x, Proxy):
+                    saved.setdefault(id(x), x)
+        bwd.args = [*saved.values(), *ct_args]
+        bwd = dce(bwd)
+        # Forward values a rule read without listing them (a symbolic size in `x.shape`) are residuals too.
+        for p in _free_proxies(bwd):
+            saved.setdefault(id(p), p)
+        used = {p.name for b in bwd.bound_symbols for p in b.proxy_args()}
+        used |= {p.name for p in tree_flatten(bwd.output) if isinstance(p, Proxy)}
+        saved_used = [p for p in saved.values() if p.name in used]
+        bwd.args = [*saved_used, *ct_args]
+        bwd.pass_name = "split forward/backward"
+        return bwd, saved_used
+
+    def _accumulate(self, cotangents: dict[str, TensorProxy], x: TensorProxy, g: Any, bsym: BoundSymbol | None) -> None:
+        if not isinstance(g, TensorProxy) or tuple(g.shape) != tuple(x.shape):
+            what = bsym.sym.id if bsym is not None else "an output"
+            got = g.type_string() if isinstance(g, TensorProxy) else type(g).__name__
+            raise MinijitError(f"the VJP rule of {what} gave a gradient {got} for {x.name}: {x.type_string()}")
+        if g.dtype != x.dtype:
+            g = prims.convert_element_type(g, x.dtype)
+        old = cotangents.get(x.name)
+        cotangents[x.name] = g if old is None else prims.add(old, g)
+
+
+def _free_proxies(trace: Trace) -> list[Proxy]:
+    """Proxies that `trace` reads but neither takes as input nor computes."""
+    defined = {p.name for p in trace.args}
+    free: dict[str, Proxy] = {}
+    for bsym in trace.bound_symbols:
+        for p in bsym.proxy_args():
+            if p.name not in defined:
+                free.setdefault(p.name, p)
+        defined.update(p.name for p in bsym.proxy_outputs())
+    for p in tree_flatten(trace.output):
+        if isinstance(p, Proxy) and p.name not in defined:
+            free.setdefault(p.name, p)
+    return list(free.values())
+
+
+def requires_grad_inputs(trace: Trace) -> list[Proxy]:
+    """The trace inputs that require grad (differentiable tensors with requires_grad)."""
+    return [p for p in trace.args if is_differentiable(p) and p.requires_grad]
+
+
+def split_forward_backward(trace: Trace) -> tuple[Trace, Trace]:
+    """The forward trace (returns `(outputs, saved)`) and backward trace (takes `*saved, *cotangents`).
+
+    The backward returns one gradient per input of `trace` (None for inputs that do
+    not require grad or that no output depends on). Cotangents come in the order of
+    the differentiable output leaves (`differentiable_outputs`).
+    """
+    splitter = _Splitter(trace)
+    for bsym in trace.bound_symbols:
+        splitter.forward(bsym)
+    bwd, saved = splitter.backward()
+    fwd = splitter.fwd
+    bwd, saved = _recompute_cheap_residuals(fwd, bwd, saved, splitter.requires)
+    fwd.output = (trace.output, tuple(saved))
+    fwd.pass_name = "split forward/backward"
+    fwd.info["differentiable_outputs"] = differentiable_outputs(trace, splitter.requires)
+    return fwd, bwd
+
+
+# Ops that cost one pass over memory: recomputing them in the backward beats keeping their output.
+_CHEAP_PRIMS = frozenset(prims.UNARY + prims.BINARY) | {
+    "where", "lerp", "convert_element_type", "broadcast_in_dim", "reshape", "transpose", "squeeze"}
+
+
+def _is_cheap(bsym: BoundSymbol) -> bool:
+    """True for pointwise and layout ops (or ops that decompose only into those); never random ones."""
+    if prims.RANDOM in bsym.sym.tags or prims.INPLACE in bsym.sym.tags:
+        return False
+    if bsym.sym.is_prim:
+        return bsym.sym.namespace == "prims" and bsym.sym.name in _CHEAP_PRIMS
+    return bool(bsym.subsymbols) and all(_is_cheap(s) for s in bsym.subsymbols)
+
+
+def _recompute_cheap_residuals(fwd: Trace, bwd: Trace, saved: list[Proxy],
+                               requires: Container[str]) -> tuple[Trace, list[Proxy]]:
+    """Recompute in the backward each saved output of a cheap op whose inputs are available there anyway.
+
+    Only differentiated ops are recomputed: constant ones stay in the forward alone
+    (DESIGN.md, invariant 4).
+    "Available" means saved already, an input of the trace (which the caller keeps alive),
+    or recomputed itself; so this never saves more and usually saves less (the output of
+    `gelu` between two linears, say). A recomputed op is placed right before its first reader.
+    """
+    producer = {p.name: b for b in fwd.bound_symbols for p in b.proxy_outputs()}
+    inputs = {p.name: p for p in fwd.args}
+    available = {p.name for p in saved} | set(inputs)
+    recompute: dict[str, BoundSymbol] = {}
+    for p in saved:
+        b = producer.get(p.name)
+        if (b is not None and isinstance(p, TensorProxy) and p.name in requires and _is_cheap(b)
+                and len(list(b.proxy_outputs())) == 1 and all(a.name in available for a in b.proxy_args())):
+            recompute[p.name] = b
+    if not recompute:
+        return bwd, saved
+    kept = [p for p in saved if p.name not in recompute]
+    kept_names = {p.name for p in kept}
+    for b in recompute.values():
+        for a in b.proxy_args():
+            if a.name not in kept_names and a.name not in recompute:
+                kept.append(a)
+                kept_names.add(a.name)
+    ordered: list[BoundSymbol] = []
+    emitted: set[str] = set()
+
+    def emit_producer_of(name: str) -> None:
+        if name in recompute and name not in emitted:
+            emitted.add(name)
+            for a in recompute[name].proxy_args():
+                emit_producer_of(a.name)
+            ordered.append(recompute[name])
+
+    for b in bwd.bound_symbols:
+        for a in b.proxy_args():
+            emit_producer_of(a.name)
+        ordered.append(b)
+    for p in tree_flatten(bwd.output):
+        if isinstance(p, Proxy):
+            emit_producer_of(p.name)
+    cotangents = bwd.args[len(saved):]
+    return bwd.derive(ordered, pass_name=bwd.pass_name, args=[*kept, *cotangents]), kept
+
+
+def differentiable_outputs(trace: Trace, requires: Container[str]) -> tuple[int, ...]:
+    """Positions among the output leaves that get a cotangent in the backward."""
+    return tuple(i for i, leaf in enumerate(tree_flatten(trace.output))
+                 if is_differentiable(leaf) and leaf.name in requires)
+
+
+# -- releasing dead values ---------------------------------------------------------------------
+
+PYTHON_DEL = Symbol("python_del", None, namespace="", is_prim=True)
+
+
+class DelBoundSymbol(BoundSymbol):
+    """`del a, b`: drops the trace's references to values nothing reads any more."""
+
+    def python_lines(self, constants: Constants, indent: str, comment_out: bool = False,
+                     subsymbol_depth: int = 1) -> list[str]:
+        names = ", ".join(p.name for p in self.args)
+        return [f"{indent}{'# ' if comment_out else ''}del {names}"]
+
+
+def release_dead_values(trace: Trace) -> Trace:
+    """Insert a `del` after the last use of each value that is not an output (DESIGN.md: memory).
+
+    Run last, on the trace that gets compiled: a backward trace then frees each saved
+    tensor and intermediate gradient as soon as nothing reads it.
+    """
+    keep = {p.name for p in tree_flatten(trace.output) if isinstance(p, Proxy)}
+    last_use: dict[str, int] = {}
+    for i, bsym in enumerate(trace.bound_symbols):
+        for p in bsym.proxy_args():
+            last_use[p.name] = i
+    dead_after: dict[int, list[Proxy]] = {}
+    seen: set[str] = set()
+    for i, bsym in enumerate(trace.bound_symbols):
+        for p in bsym.proxy_args():
+            if p.name not in keep and p.name not in seen and last_use[p.name] == i:
+                seen.add(p.name)
+                dead_after.setdefault(i, []).append(p)
+    out: list[BoundSymbol] = []
+    for i, bsym in enumerate(trace.bound_symbols):
+        out.append(bsym)
+        if i in dead_after:
+            out.append(DelBoundSymbol(PYTHON_DEL, tuple(dead_after[i]), {}, None))
+    return trace.derive(out, pass_name="release dead values")

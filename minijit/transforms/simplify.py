@@ -1,0 +1,94 @@
+"""Simplify: remove lossless cast round trips (DESIGN.md, invariant 5).
+
+`y = x.to(float32); z = y.to(bfloat16)` with x in bfloat16 gives z == x exactly,
+because every bfloat16 value is a float32 value: z is replaced by x. The other
+direction, float32 -> bfloat16 -> float32, rounds and must stay.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from minijit.ir import BoundSymbol, Proxy, TensorProxy, Trace, tree_flatten, tree_map
+from minijit.ops import prims
+
+_INT_BITS = {torch.bool: 1, torch.uint8: 8, torch.int8: 7, torch.int16: 15, torch.int32: 31, torch.int64: 63}
+
+
+def is_lossless_cast(src: torch.dtype, dst: torch.dtype) -> bool:
+    """True when every value of dtype `src` is exactly representable in dtype `dst`."""
+    if src == dst:
+        return True
+    if src.is_complex:
+        return dst.is_complex and is_lossless_cast(src.to_real(), dst.to_real())
+    if dst.is_complex:
+        return is_lossless_cast(src, dst.to_real())
+    if src.is_floating_point:
+        if not dst.is_floating_point:
+            return False
+        s, d = torch.finfo(src), torch.finfo(dst)
+        # More mantissa bits, a larger range and smaller subnormals.
+        return d.eps <= s.eps and d.max >= s.max and d.smallest_normal * d.eps <= s.smallest_normal * s.eps
+    if src == torch.bool:
+        return True  # x != 0 in any dtype gives x back
+    if src not in _INT_BITS or dst == torch.bool:
+        return False
+    if dst.is_floating_point:
+        return _significand_bits(dst) >= _INT_BITS[src]
+    # Integer casts wrap around, so a round trip through a type at least as wide is exact.
+    return dst in _INT_BITS and dst.itemsize >= src.itemsize
+
+
+def _significand_bits(dtype: torch.dtype) -> int:
+    return round(-math.log2(torch.finfo(dtype).eps)) + 1
+
+
+def _cast_of(bsym: BoundSymbol) -> tuple[TensorProxy, TensorProxy] | None:
+    """(input, output) when `bsym` only converts a tensor's dtype (a prim or an op decomposing to one)."""
+    if bsym.sym is prims.convert_element_type or (bsym.sym.is_prim and bsym.sym.name == "convert_element_type"):
+        x, out = bsym.args[0], bsym.output
+        if isinstance(x, TensorProxy) and isinstance(out, TensorProxy):
+            return x, out
+        return None
+    if not bsym.sym.is_prim and len(bsym.subsymbols) == 1:
+        inner = _cast_of(bsym.subsymbols[0])
+        if inner is not None and inner[1] is bsym.output and any(inner[0] is a for a in bsym.proxy_args()):
+            return inner
+    return None
+
+
+def remove_cast_round_trips(trace: Trace) -> Trace:
+    """Replace `cast(cast(x, d1), x.dtype)` by x when the cast to d1 is lossless."""
+    source_of: dict[str, TensorProxy] = {}  # cast output name -> the tensor it was cast from
+    replace: dict[str, Proxy] = {}
+
+    def swap(x: Any) -> Any:
+        return replace.get(x.name, x) if isinstance(x, Proxy) else x
+
+    # Returning an input itself where the user got a fresh tensor would alias the two.
+    inputs = {p.name for p in trace.args}
+    outputs = {p.name for p in tree_flatten(trace.output) if isinstance(p, Proxy)}
+    kept: list[BoundSymbol] = []
+    for bsym in trace.bound_symbols:
+        if replace:
+            bsym = _substitute(bsym, swap)
+        cast = _cast_of(bsym)
+        if cast is not None:
+            x, out = cast
+            origin = source_of.get(x.name)
+            aliases_input = out.name in outputs and origin is not None and origin.name in inputs
+            if (origin is not None and origin.dtype == out.dtype and is_lossless_cast(origin.dtype, x.dtype)
+                    and not aliases_input):
+                replace[out.name] = origin
+                continue
+            source_of[out.name] = x
+        kept.append(bsym)
+    return trace.derive(kept, pass_name="remove cast round trips", output=tree_map(swap, trace.output))
+
+
+def _substitute(bsym: BoundSymbol, swap: Any) -> BoundSymbol:
+    return bsym.replace(args=tree_map(swap, bsym.args), kwargs=tree_map(swap, bsym.kwargs),
+                        subsymbols=tuple(_substitute(s, swap) for s in bsym.subsymbols))

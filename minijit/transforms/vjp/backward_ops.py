@@ -1,0 +1,139 @@
+"""Backward ops: what the VJP rules call where torch has one kernel for a whole backward formula.
+
+Each is declared like any ltorch op, with its decomposition into prims (the formula,
+for executors that fuse prims) and the aten callable the torch executor runs in one
+call (DESIGN.md, lessons: claim at the right level, in the backward as in the forward).
+Their signatures are those of the aten ops.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from minijit.ir import TensorProxy
+from minijit.ops import prims
+from minijit.ops.registry import ltorch_op
+from minijit.transforms.vjp.registry import cast_like, compute_dtype, restore_reduced, zeros_like
+
+P = prims
+aten = torch.ops.aten
+
+
+def _up(x: TensorProxy, dtype: torch.dtype) -> TensorProxy:
+    return x if x.dtype == dtype else P.convert_element_type(x, dtype)
+
+
+def _sum_keep(x: TensorProxy, dims: tuple[int, ...]) -> TensorProxy:
+    return restore_reduced(P.sum(x, dims), x.shape, dims)
+
+
+@ltorch_op("gelu_backward", impl=aten.gelu_backward.default)
+def gelu_backward(grad_output: TensorProxy, self: TensorProxy, *, approximate: str = "none") -> TensorProxy:
+    """aten.gelu_backward: grad_output * gelu'(self)."""
+    dtype = compute_dtype(self.dtype)
+    x = _up(self, dtype)
+    if approximate == "tanh":
+        k = math.sqrt(2 / math.pi)
+        x2 = P.mul(x, x)
+        t = P.tanh(P.mul(P.add(x, P.mul(P.mul(x2, x), 0.044715)), k))
+        left = P.mul(P.add(t, 1), 0.5)
+        right = P.mul(P.mul(P.mul(x, 0.5), P.sub(1, P.mul(t, t))), P.mul(P.add(P.mul(x2, 3 * 0.044715), 1), k))
+        d = P.add(left, right)
+    else:
+        cdf = P.mul(P.add(P.erf(P.mul(x, 1 / math.sqrt(2))), 1), 0.5)
+        pdf = P.mul(P.exp(P.mul(P.mul(x, x), -0.5)), 1 / math.sqrt(2 * math.pi))
+        d = P.add(cdf, P.mul(x, pdf))
+    return cast_like(P.mul(_up(grad_output, dtype), d), self)
+
+
+@ltorch_op("threshold_backward", impl=aten.threshold_backward.default)
+def threshold_backward(grad_output: TensorProxy, self: TensorProxy, threshold: float) -> TensorProxy:
+    """aten.threshold_backward: grad_output where self > threshold, else 0 (relu's backward)."""
+    return P.where(P.gt(self, threshold), grad_output, zeros_like(grad_output))
+
+
+def _softmax_backward_meta(log: bool) -> Any:
+    def decomposition(grad_output: TensorProxy, output: TensorProxy, dim: int, input_dtype: torch.dtype) -> TensorProxy:
+        dtype = compute_dtype(output.dtype)
+        o, g = _up(output, dtype), _up(grad_output, dtype)
+        d = (dim % max(o.ndim, 1),)
+        if log:
+            grad = P.sub(g, P.mul(P.exp(o), _sum_keep(g, d)))
+        else:
+            grad = P.mul(o, P.sub(g, _sum_keep(P.mul(o, g), d)))
+        return grad if grad.dtype == input_dtype else P.convert_element_type(grad, input_dtype)
+    return decomposition
+
+
+softmax_backward = ltorch_op("softmax_backward", impl=aten._softmax_backward_data.default)(_softmax_backward_meta(False))
+log_softmax_backward = ltorch_op("log_softmax_backward", impl=aten._log_softmax_backward_data.default)(
+    _softmax_backward_meta(True))
+
+
+def _stats_dtype(x: TensorProxy) -> torch.dtype:
+    # aten's layer norm keeps mean and rstd in float32 for half inputs on CUDA, in the input's dtype on CPU.
+    return compute_dtype(x.dtype) if x.device.type == "cuda" else x.dtype
+
+
+@ltorch_op("native_layer_norm", impl=aten.native_layer_norm.default)
+def native_layer_norm(input: TensorProxy, normalized_shape: Sequence[int], weight: Any, bias: Any,  # noqa: A002
+                      eps: float) -> tuple[TensorProxy, TensorProxy, TensorProxy]:
+    """aten.native_layer_norm: the normalized output, and the mean and rstd it used (kept dims of size 1)."""
+    n = len(normalized_shape)
+    dims = tuple(range(input.ndim - n, input.ndim))
+    dtype = compute_dtype(input.dtype)
+    x = _up(input, dtype)
+    var, mean = P.var_mean(x, dims, 0)
+    rstd = P.rsqrt(P.add(var, eps))
+    out = P.mul(P.sub(x, restore_reduced(mean, x.shape, dims)), restore_reduced(rstd, x.shape, dims))
+    if isinstance(weight, TensorProxy):
+        out = P.mul(out, P.broadcast_in_dim(_up(weight, dtype), x.shape, dims))
+    if isinstance(bias, TensorProxy):
+        out = P.add(out, P.broadcast_in_dim(_up(bias, dtype), x.shape, dims))
+    kept = (*input.shape[: input.ndim - n], *(1,) * n)
+    stats = _stats_dtype(input)
+    return (cast_like(out, input), _up(P.reshape(mean, kept), stats), _up(P.reshape(rstd, kept), stats))
+
+
+@ltorch_op("native_layer_norm_backward", impl=aten.native_layer_norm_backward.default)
+def native_layer_norm_backward(grad_out: TensorProxy, input: TensorProxy, normalized_shape: Sequence[int],  # noqa: A002
+                               mean: TensorProxy, rstd: TensorProxy, weight: Any, bias: Any,
+                               output_mask: Sequence[bool]) -> tuple[Any, Any, Any]:
+    """aten.native_layer_norm_backward: the gradients of input, weight and bias (None where not asked for)."""
+    n = len(normalized_shape)
+    dims = tuple(range(input.ndim - n, input.ndim))
+    batch = tuple(range(input.ndim - n))
+    count = math.prod(input.shape[d] for d in dims)
+    dtype = compute_dtype(input.dtype)
+    x, g = _up(input, dtype), _up(grad_out, dtype)
+    r = P.broadcast_in_dim(_up(rstd, dtype), x.shape, tuple(range(x.ndim)))
+    xhat = P.mul(P.sub(x, P.broadcast_in_dim(_up(mean, dtype), x.shape, tuple(range(x.ndim)))), r)
+    dxhat = P.mul(g, P.broadcast_in_dim(_up(weight, dtype), x.shape, dims)) if isinstance(weight, TensorProxy) else g
+    gx = gw = gb = None
+    if output_mask[0]:
+        mean_dxhat = P.div(_sum_keep(dxhat, dims), count)
+        mean_dxhat_xhat = P.div(_sum_keep(P.mul(dxhat, xhat), dims), count)
+        gx = cast_like(P.mul(r, P.sub(P.sub(dxhat, mean_dxhat), P.mul(xhat, mean_dxhat_xhat))), input)
+    if output_mask[1] and isinstance(weight, TensorProxy):
+        gw = cast_like(P.sum(P.mul(g, xhat), batch) if batch else P.mul(g, xhat), weight)
+    if output_mask[2] and isinstance(bias, TensorProxy):
+        gb = cast_like(P.sum(g, batch) if batch else g, bias)
+    return gx, gw, gb
+
+
+@ltorch_op("embedding_dense_backward", impl=aten.embedding_dense_backward.default)
+def embedding_dense_backward(grad_output: TensorProxy, indices: TensorProxy, num_weights: int, padding_idx: int,
+                             scale_grad_by_freq: bool) -> TensorProxy:
+    """aten.embedding_dense_backward: the rows of grad_output summed into a (num_weights, dim) gradient."""
+    dim = grad_output.shape[-1]
+    flat = P.reshape(indices, (math.prod(indices.shape),))
+    g2 = P.reshape(grad_output, (flat.shape[0], dim))
+    if padding_idx >= 0:
+        pad = P.broadcast_in_dim(P.eq(flat, padding_idx), g2.shape, (0,))
+        g2 = P.where(pad, zeros_like(g2), g2)
+    zeros = P.full((num_weights, dim), 0, dtype=grad_output.dtype, device=grad_output.device)
+    return P.index_add(zeros, flat, g2, 0)

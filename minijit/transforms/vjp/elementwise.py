@@ -1,0 +1,275 @@
+"""VJP rules of the elementwise prims: unary math, binary math, where and lerp.
+
+Elementwise prims take operands of one shape and dtype (numbers allowed), so the
+gradients need no broadcasting or casting. Bool-valued prims (comparisons,
+isnan, ...) need no rule: their outputs are not differentiable, which makes
+them constant for VJP.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from minijit.ir import TensorProxy
+from minijit.ops import prims
+from minijit.transforms.vjp.registry import is_tensor, vjp, zeros_like
+
+P = prims
+Derivative = Callable[[TensorProxy, TensorProxy], Any]
+
+
+def _unary(prim: Any, derivative: Derivative | None) -> None:
+    """Register `prim(x)` whose gradient is `g * derivative(x, out)` (None: zero gradient)."""
+
+    @vjp(prim)
+    def forward(x: TensorProxy) -> tuple[TensorProxy, tuple[Any, ...]]:
+        out = prim(x)
+        return out, (x, out)
+
+    @forward.backward
+    def backward(saved: tuple[Any, ...], g: TensorProxy) -> tuple[TensorProxy]:
+        x, out = saved
+        if derivative is None:  # piecewise constant: torch's gradient is zero everywhere
+            return (zeros_like(x),)
+        return (P.mul(g, derivative(x, out)),)
+
+
+def _one_minus_square(x: TensorProxy) -> TensorProxy:
+    return P.sub(1, P.mul(x, x))
+
+
+_UNARY_DERIVATIVES: dict[str, Derivative | None] = {
+    "abs": lambda x, out: P.sign(x),
+    "exp": lambda x, out: out,
+    "exp2": lambda x, out: P.mul(out, math.log(2.0)),
+    "expm1": lambda x, out: P.add(out, 1),
+    "log": lambda x, out: P.reciprocal(x),
+    "log1p": lambda x, out: P.reciprocal(P.add(x, 1)),
+    "log2": lambda x, out: P.reciprocal(P.mul(x, math.log(2.0))),
+    "log10": lambda x, out: P.reciprocal(P.mul(x, math.log(10.0))),
+    "sin": lambda x, out: P.cos(x),
+    "cos": lambda x, out: P.neg(P.sin(x)),
+    "tan": lambda x, out: P.add(P.mul(out, out), 1),
+    "asin": lambda x, out: P.rsqrt(_one_minus_square(x)),
+    "acos": lambda x, out: P.neg(P.rsqrt(_one_minus_square(x))),
+    "atan": lambda x, out: P.reciprocal(P.add(P.mul(x, x), 1)),
+    "sinh": lambda x, out: P.cosh(x),
+    "cosh": lambda x, out: P.sinh(x),
+    "tanh": lambda x, out: _one_minus_square(out),
+    "asinh": lambda x, out: P.rsqrt(P.add(P.mul(x, x), 1)),
+    "acosh": lambda x, out: P.rsqrt(P.sub(P.mul(x, x), 1)),
+    "atanh": lambda x, out: P.reciprocal(_one_minus_square(x)),
+    "sqrt": lambda x, out: P.div(0.5, out),
+    "rsqrt": lambda x, out: P.mul(P.mul(P.mul(out, out), out), -0.5),
+    "reciprocal": lambda x, out: P.neg(P.mul(out, out)),
+    "erf": lambda x, out: P.mul(P.exp(P.neg(P.mul(x, x))), 2 / math.sqrt(math.pi)),
+    "erfc": lambda x, out: P.mul(P.exp(P.neg(P.mul(x, x))), -2 / math.sqrt(math.pi)),
+    "erfinv": lambda x, out: P.mul(P.exp(P.mul(out, out)), math.sqrt(math.pi) / 2),
+    "lgamma": lambda x, out: P.digamma(x),
+    "floor": None, "ceil": None, "round": None, "trunc": None, "sign": None,
+}
+
+for _name, _derivative in _UNARY_DERIVATIVES.items():
+    _unary(getattr(prims, _name), _derivative)
+
+
+@vjp(prims.neg)
+def neg_fwd(x: TensorProxy) -> tuple[TensorProxy, tuple[()]]:
+    return prims.neg(x), ()
+
+
+@neg_fwd.backward
+def neg_bwd(saved: tuple[()], g: TensorProxy) -> tuple[TensorProxy]:
+    return (prims.neg(g),)
+
+
+# -- binary ------------------------------------------------------------------------
+
+def _tensor_grads(args: tuple[Any, ...], grads: tuple[Callable[[], Any], ...]) -> tuple[Any, ...]:
+    """Evaluate the gradient of each tensor argument lazily; numbers get None."""
+    return tuple(make() if is_tensor(a) else None for a, make in zip(args, grads, strict=True))
+
+
+@vjp(prims.add)
+def add_fwd(a: Any, b: Any) -> tuple[TensorProxy, tuple[Any, ...]]:
+    return prims.add(a, b), (a, b)
+
+
+@add_fwd.backward
+def add_bwd(saved: tuple[Any, ...], g: TensorProxy) -> tuple[Any, ...]:
+    return _tensor_grads(saved, (lambda: g, lambda: g))
+
+
+@vjp(prims.sub)
+def sub_fwd(a: Any, b: Any) -> tuple[TensorProxy, tuple[Any, ...]]:
+    return prims.sub(a, b), (a, b)
+
+
+@sub_fwd.backward
+def sub_bwd(saved: tuple[Any, ...], g: TensorProxy) -> tuple[Any, ...]:
+    return _tensor_grads(saved, (lambda: g, lambda: P.neg(g)))
+
+
+@vjp(prims.mul)
+def mul_fwd(a: Any, b: Any) -> tuple[TensorProxy, tuple[Any, ...]]:
+    return prims.mul(a, b), (a, b)
+
+
+@mul_fwd.backward
+def mul_bwd(saved: tuple[Any, ...], g: TensorProxy) -> tuple[Any, ...]:
+    a, b = saved
+    return _tensor_grads(saved, (lambda: P.mul(g, b), lambda: P.mul(g, a)))
+
+
+@vjp(prims.div)
+def div_fwd(a: Any, b: Any) -> tuple[TensorProxy, tuple[Any, ...]]:
+    out = prims.div(a, b)
+    return out, (a, b, out)
+
+
+@div_fwd.backward
+def div_bwd(saved: tuple[Any, ...], g: TensorProxy) -> tuple[Any, ...]:
+    a, b, out = saved
+    return _tensor_grads((a, b), (lambda: P.div(g, b), lambda: P.neg(P.div(P.mul(g, out), b))))
+
+
+@vjp(prims.pow)
+def pow_fwd(a: Any, b: Any) -> tuple[TensorProxy, tuple[Any, ...]]:
+    out = prims.pow(a, b)
+    return out, (a, b, out)
+
+
+@pow_fwd.backward
+def pow_bwd(saved: tuple[Any, ...], g: TensorProxy) -> tuple[Any, ...]:
+    a, b, out = saved
+
+    def grad_base() -> TensorProxy:
+        # d/da a**b = b * a**(b-1); torch defines it as 0 where b == 0 (even at a == 0).
+        d = P.mul(b, P.pow(a, P.sub(b, 1) if is_tensor(b) else b - 1))
+        if is_tensor(b):
+            d = P.where(P.eq(b, 0), zeros_like(d), d)
+        elif b == 0:
+            d = zeros_like(d)
+        return P.mul(g, d)
+
+    def grad_exponent() -> TensorProxy:
+        # d/db a**b = a**b * log(a); 0 where a == 0 and b >= 0, as torch does.
+        d = P.mul(out, P.log(a) if is_tensor(a) else math.log(a) if a > 0 else float("nan"))
+        if is_tensor(a):
+            d = P.where(P.logical_and(P.eq(a, 0), P.ge(b, 0)), zeros_like(d), d)
+        elif a == 0:
+            d = P.where(P.ge(b, 0), zeros_like(d), d)
+        return P.mul(g, d)
+
+    return _tensor_grads((a, b), (grad_base, grad_exponent))
+
+
+def _min_max(prim: Any, wins: Any) -> None:
+    """maximum/minimum: the gradient goes to the winning operand, split evenly on ties."""
+
+    @vjp(prim)
+    def forward(a: Any, b: Any) -> tuple[TensorProxy, tuple[Any, ...]]:
+        return prim(a, b), (a, b)
+
+    @forward.backward
+    def backward(saved: tuple[Any, ...], g: TensorProxy) -> tuple[Any, ...]:
+        a, b = saved
+        half = P.mul(g, 0.5)
+        zero = zeros_like(g)
+
+        def share(x: Any, y: Any) -> TensorProxy:
+            return P.where(wins(x, y), g, P.where(P.eq(x, y), half, zero))
+
+        return _tensor_grads(saved, (lambda: share(a, b), lambda: share(b, a)))
+
+
+_min_max(prims.maximum, P.gt)
+_min_max(prims.minimum, P.lt)
+
+
+@vjp(prims.atan2)
+def atan2_fwd(a: Any, b: Any) -> tuple[TensorProxy, tuple[Any, ...]]:
+    return prims.atan2(a, b), (a, b)
+
+
+@atan2_fwd.backward
+def atan2_bwd(saved: tuple[Any, ...], g: TensorProxy) -> tuple[Any, ...]:
+    a, b = saved
+    scale = P.div(g, P.add(P.mul(a, a) if is_tensor(a) else a * a, P.mul(b, b) if is_tensor(b) else b * b))
+    return _tensor_grads(saved, (lambda: P.mul(scale, b), lambda: P.neg(P.mul(scale, a))))
+
+
+@vjp(prims.copysign)
+def copysign_fwd(a: Any, b: Any) -> tuple[TensorProxy, tuple[Any, ...]]:
+    out = prims.copysign(a, b)
+    return out, (a, b, out)
+
+
+@copysign_fwd.backward
+def copysign_bwd(saved: tuple[Any, ...], g: TensorProxy) -> tuple[Any, ...]:
+    a, b, out = saved
+
+    def grad_a() -> TensorProxy:
+        ratio = P.div(out, a)  # +1 or -1; torch gives 0 where a == 0
+        return P.where(P.eq(a, 0), zeros_like(g), P.mul(g, ratio))
+
+    return _tensor_grads((a, b), (grad_a, lambda: zeros_like(b)))
+
+
+def _rounded_quotient(prim: Any, rounding: Any) -> None:
+    """remainder/fmod: a - rounding(a / b) * b, so d/da = 1 and d/db = -rounding(a / b)."""
+
+    @vjp(prim)
+    def forward(a: Any, b: Any) -> tuple[TensorProxy, tuple[Any, ...]]:
+        return prim(a, b), (a, b)
+
+    @forward.backward
+    def backward(saved: tuple[Any, ...], g: TensorProxy) -> tuple[Any, ...]:
+        a, b = saved
+        return _tensor_grads(saved, (lambda: g, lambda: P.neg(P.mul(g, rounding(P.div(a, b))))))
+
+
+_rounded_quotient(prims.remainder, P.floor)
+_rounded_quotient(prims.fmod, P.trunc)
+
+
+@vjp(prims.floor_divide)
+def floor_divide_fwd(a: Any, b: Any) -> tuple[TensorProxy, tuple[Any, ...]]:
+    return prims.floor_divide(a, b), (a, b)
+
+
+@floor_divide_fwd.backward
+def floor_divide_bwd(saved: tuple[Any, ...], g: TensorProxy) -> tuple[Any, ...]:
+    return tuple(zeros_like(x) if is_tensor(x) else None for x in saved)
+
+
+# -- ternary -------------------------------------------------------------------------
+
+@vjp(prims.where)
+def where_fwd(pred: TensorProxy, a: Any, b: Any) -> tuple[TensorProxy, tuple[Any, ...]]:
+    return prims.where(pred, a, b), (pred, a, b)
+
+
+@where_fwd.backward
+def where_bwd(saved: tuple[Any, ...], g: TensorProxy) -> tuple[Any, ...]:
+    pred, a, b = saved
+    zero = zeros_like(g)
+    grads = _tensor_grads((a, b), (lambda: P.where(pred, g, zero), lambda: P.where(pred, zero, g)))
+    return (None, *grads)
+
+
+@vjp(prims.lerp)
+def lerp_fwd(start: Any, end: Any, weight: Any) -> tuple[TensorProxy, tuple[Any, ...]]:
+    return prims.lerp(start, end, weight), (start, end, weight)
+
+
+@lerp_fwd.backward
+def lerp_bwd(saved: tuple[Any, ...], g: TensorProxy) -> tuple[Any, ...]:
+    start, end, weight = saved
+    return _tensor_grads(saved, (
+        lambda: P.mul(g, P.sub(1, weight) if is_tensor(weight) else 1 - weight),
+        lambda: P.mul(g, weight),
+        lambda: P.mul(g, P.sub(end, start)),
+    ))

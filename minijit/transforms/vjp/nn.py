@@ -1,0 +1,332 @@
+"""VJP rules of ltorch ops whose direct backward is cheaper than differentiating their decomposition.
+
+With a rule, the op keeps one bound symbol in the forward trace (the torch executor
+runs it as one call: one `linear`, one `layer_norm`) and gets a compact backward.
+A rule's forward has the op's torch signature; the grad pass uses the rule only
+when the op's decomposition has the same parameter names (after the first), and
+the forward declines (`NotImplemented`) calls with arguments it does not handle.
+Half-precision backward formulas compute in float32 like torch's kernels and cast
+the gradient back to the input's dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from minijit.ir import TensorProxy
+from minijit.ops import prims
+from minijit.ops.registry import ALL_LTORCH
+from minijit.ops.utils import expand_to
+from minijit.transforms.vjp.backward_ops import (
+    embedding_dense_backward,
+    gelu_backward,
+    log_softmax_backward,
+    native_layer_norm,
+    native_layer_norm_backward,
+    softmax_backward,
+    threshold_backward,
+)
+from minijit.transforms.vjp.registry import (
+    cast_like,
+    compute_dtype,
+    matrix_transpose,
+    reshape_to,
+    restore_reduced,
+    sum_to_shape,
+    vjp,
+)
+from minijit.transforms.vjp.structural import matmul_grads
+
+P = prims
+Saved = tuple[Any, ...]
+
+
+def _op(name: str) -> Any:
+    return ALL_LTORCH[name]
+
+
+def _up(x: TensorProxy, dtype: torch.dtype) -> TensorProxy:
+    return x if x.dtype == dtype else P.convert_element_type(x, dtype)
+
+
+def _sum_keep(x: TensorProxy, dims: tuple[int, ...]) -> TensorProxy:
+    """Sum over `dims`, broadcast back to x's shape."""
+    return restore_reduced(P.sum(x, dims), x.shape, dims)
+
+
+@vjp("ltorch.matmul")
+def matmul_fwd(a: TensorProxy, b: TensorProxy) -> Any:
+    if a.ndim > 2 and b.ndim > 2 and tuple(a.shape[:-2]) != tuple(b.shape[:-2]):
+        return NotImplemented  # broadcast batch dims: differentiate the decomposition
+    return _op("matmul")(a, b), (a, b)
+
+
+@matmul_fwd.backward
+def matmul_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
+    return matmul_grads(*saved, g)
+
+
+@vjp("ltorch.linear")
+def linear_fwd(a: TensorProxy, weight: TensorProxy, bias: TensorProxy | None = None) -> Any:
+    if weight.ndim != 2:
+        return NotImplemented
+    return _op("linear")(a, weight, bias), (a, weight, bias)
+
+
+@linear_fwd.backward
+def linear_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
+    x, w, bias = saved
+    out_features, in_features = w.shape
+    gx = P.matmul(g, w)
+    g2 = reshape_to(g, (_leading(g.shape), out_features))
+    x2 = reshape_to(x, (_leading(x.shape), in_features))
+    gw = P.matmul(P.transpose(g2, (1, 0)), x2)
+    gb = sum_to_shape(g, bias.shape) if isinstance(bias, TensorProxy) else None
+    return gx, gw, gb
+
+
+def _leading(shape: tuple[Any, ...]) -> Any:
+    """The number of rows when all dims but the last are flattened."""
+    n = 1
+    for s in shape[:-1]:
+        n = n * s
+    return n
+
+
+@vjp("ltorch.gelu")
+def gelu_fwd(a: TensorProxy, approximate: str = "none") -> Any:
+    return _op("gelu")(a, approximate), (a, approximate)
+
+
+@gelu_fwd.backward
+def gelu_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
+    a, approximate = saved
+    return gelu_backward(g, a, approximate=approximate), None
+
+
+@vjp("ltorch.relu")
+def relu_fwd(input: TensorProxy, inplace: bool = False) -> Any:  # noqa: A002 - torch's name
+    if inplace:
+        return NotImplemented
+    out = _op("relu")(input, inplace)
+    return out, (out,)
+
+
+@relu_fwd.backward
+def relu_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
+    (out,) = saved
+    return threshold_backward(g, out, 0), None
+
+
+@vjp("ltorch.sigmoid")
+def sigmoid_fwd(input: TensorProxy) -> Any:  # noqa: A002 - torch's name
+    out = _op("sigmoid")(input)
+    return out, (out,)
+
+
+@sigmoid_fwd.backward
+def sigmoid_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
+    (out,) = saved
+    return (P.mul(g, P.mul(out, P.sub(1, out))),)
+
+
+@vjp("ltorch.silu")
+def silu_fwd(input: TensorProxy, inplace: bool = False) -> Any:  # noqa: A002 - torch's name
+    if inplace:
+        return NotImplemented
+    return _op("silu")(input, inplace), (input,)
+
+
+@silu_fwd.backward
+def silu_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
+    (a,) = saved
+    dtype = compute_dtype(a.dtype)
+    x = _up(a, dtype)
+    s = P.reciprocal(P.add(P.exp(P.neg(x)), 1))
+    d = P.mul(s, P.add(P.mul(x, P.sub(1, s)), 1))
+    return cast_like(P.mul(_up(g, dtype), d), a), None
+
+
+def _softmax_like(name: str, log: bool) -> None:
+    @vjp(f"ltorch.{name}")
+    def forward(input: TensorProxy, dim: Any = None, _stacklevel: int = 3, dtype: Any = None) -> Any:  # noqa: A002
+        if dim is None:
+            return NotImplemented
+        out = _op(name)(input, dim, _stacklevel, dtype)
+        return out, (input, out, dim % max(input.ndim, 1))
+
+    @forward.backward
+    def backward(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
+        x, out, dim = saved
+        grad = (log_softmax_backward if log else softmax_backward)(g, out, dim, out.dtype)
+        return cast_like(grad, x), None, None, None
+
+
+_softmax_like("softmax", log=False)
+_softmax_like("log_softmax", log=True)
+
+
+@vjp("ltorch.layer_norm")
+def layer_norm_fwd(input: TensorProxy, normalized_shape: Any, weight: Any = None, bias: Any = None,  # noqa: A002
+                   eps: float = 1e-5) -> Any:
+    out = _op("layer_norm")(input, normalized_shape, weight, bias, eps)
+    shape = [normalized_shape] if isinstance(normalized_shape, int) else list(normalized_shape)
+    return out, (input, weight, bias, shape, eps)
+
+
+@layer_norm_fwd.backward
+def layer_norm_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
+    # Recompute mean and rstd (one aten call) rather than keep them from the forward, which
+    # ran F.layer_norm as one call and does not return them.
+    a, weight, bias, normalized_shape, eps = saved
+    _, mean, rstd = native_layer_norm(a, normalized_shape, weight, bias, eps)
+    mask = [True, isinstance(weight, TensorProxy), isinstance(bias, TensorProxy)]
+    gx, gw, gb = native_layer_norm_backward(g, a, normalized_shape, mean, rstd, weight, bias, mask)
+    return gx, None, gw, gb, None
+
+
+@vjp("ltorch.embedding")
+def embedding_fwd(input: TensorProxy, weight: TensorProxy, padding_idx: Any = None, max_norm: Any = None,  # noqa: A002
+                  norm_type: float = 2.0, scale_grad_by_freq: bool = False, sparse: bool = False) -> Any:
+    if max_norm is not None or scale_grad_by_freq or sparse or weight.ndim != 2:
+        return NotImplemented
+    out = _op("embedding")(input, weight, padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse)
+    return out, (input, weight, padding_idx)
+
+
+@embedding_fwd.backward
+def embedding_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
+    index, weight, padding_idx = saved
+    rows = weight.shape[0]
+    pad = padding_idx % rows if padding_idx is not None else -1
+    return None, embedding_dense_backward(g, index, rows, pad, False), None, None, None, None, None
+
+
+@vjp("ltorch.cross_entropy")
+def cross_entropy_fwd(input: TensorProxy, target: TensorProxy, weight: Any = None, size_average: Any = None,  # noqa: A002
+                      ignore_index: int = -100, reduce: Any = None, reduction: str = "mean",
+                      label_smoothing: float = 0.0) -> Any:
+    simple = (weight is None and size_average is None and reduce is None and label_smoothing == 0.0
+              and isinstance(target, TensorProxy) and not target.dtype.is_floating_point
+              and input.ndim == 2 and target.ndim == 1 and reduction in ("mean", "sum", "none"))
+    if not simple:
+        return NotImplemented
+    out = _op("cross_entropy")(input, target, weight, size_average, ignore_index, reduce, reduction, label_smoothing)
+    return out, (input, target, ignore_index, reduction)
+
+
+@cross_entropy_fwd.backward
+def cross_entropy_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
+    # d loss_i / d logits_i = softmax(logits_i) - onehot(target_i), scaled by the reduction;
+    # the one-hot is subtracted with one scatter_add (ignored rows are scaled by 0).
+    logits, target, ignore_index, reduction = saved
+    dtype = compute_dtype(logits.dtype)
+    n, c = logits.shape
+    p = _up(_op("softmax")(logits, 1, dtype=dtype) if dtype != logits.dtype else _op("softmax")(logits, 1), dtype)
+    valid_b = P.ne(target, ignore_index)
+    safe_target = P.where(valid_b, target, P.full(target.shape, 0, dtype=target.dtype, device=target.device))
+    index = P.reshape(safe_target, (n, 1))
+    minus_one = P.full((n, 1), -1, dtype=dtype, device=logits.device)
+    p = P.scatter_add(p, index, minus_one, 1)
+    valid = P.convert_element_type(valid_b, dtype)
+    gg = _up(g, dtype)
+    if reduction == "none":
+        scale = P.mul(valid, gg)
+    elif reduction == "sum":
+        scale = P.mul(valid, P.broadcast_in_dim(gg, (n,), ()))
+    else:
+        total = P.broadcast_in_dim(P.sum(valid, (0,)), (n,), ())
+        scale = P.div(P.mul(valid, P.broadcast_in_dim(gg, (n,), ())), total)
+    grad = P.mul(p, P.broadcast_in_dim(scale, (n, c), (0,)))
+    return cast_like(grad, logits), None, None, None, None, None, None, None
+
+
+@vjp("ltorch.scaled_dot_product_attention")
+def sdpa_fwd(query: TensorProxy, key: TensorProxy, value: TensorProxy, attn_mask: Any = None, dropout_p: float = 0.0,
+             is_causal: bool = False, scale: Any = None, enable_gqa: bool = False) -> Any:
+    same_batch = tuple(query.shape[:-2]) == tuple(key.shape[:-2]) == tuple(value.shape[:-2])
+    if dropout_p != 0.0 or enable_gqa or not same_batch or query.ndim < 2:
+        return NotImplemented
+    out = _op("scaled_dot_product_attention")(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    scale = scale if scale is not None else 1 / math.sqrt(query.shape[-1])
+    return out, (query, key, value, attn_mask, is_causal, scale)
+
+
+@sdpa_fwd.backward
+def sdpa_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
+    # Recompute the attention probabilities from q, k and the mask rather than saving them.
+    q_, k_, v_, mask, is_causal, scale = saved
+    dtype = compute_dtype(q_.dtype)
+    q, k, v, gg = (_up(t, dtype) for t in (q_, k_, v_, g))
+    s = P.mul(P.matmul(q, matrix_transpose(k)), scale)
+    big_l, big_s = s.shape[-2], s.shape[-1]
+    if is_causal:
+        rows = P.broadcast_in_dim(P.iota(big_l, start=0, step=1, dtype=torch.int64, device=s.device), (big_l, big_s), (0,))
+        cols = P.broadcast_in_dim(P.iota(big_s, start=0, step=1, dtype=torch.int64, device=s.device), (big_l, big_s), (1,))
+        keep = P.broadcast_in_dim(P.ge(rows, cols), s.shape, (s.ndim - 2, s.ndim - 1))
+        s = P.where(keep, s, float("-inf"))
+    if isinstance(mask, TensorProxy):
+        m = expand_to(mask, s.shape)
+        s = P.where(m, s, float("-inf")) if mask.dtype == torch.bool else P.add(s, _up(m, dtype))
+    last = (s.ndim - 1,)
+    e = P.exp(P.sub(s, restore_reduced(P.amax(s, last), s.shape, last)))
+    p = P.div(e, _sum_keep(e, last))
+    gv = P.matmul(matrix_transpose(p), gg)
+    gp = P.matmul(gg, matrix_transpose(v))
+    gs = P.mul(p, P.sub(gp, _sum_keep(P.mul(gp, p), last)))
+    gq = P.mul(P.matmul(gs, k), scale)
+    gk = P.mul(P.matmul(matrix_transpose(gs), q), scale)
+    gmask = None
+    if isinstance(mask, TensorProxy) and mask.dtype != torch.bool:
+        gmask = cast_like(sum_to_shape(gs, mask.shape), mask)
+    return cast_like(gq, q_), cast_like(gk, k_), cast_like(gv, v_), gmask
+
+
+@vjp("ltorch.index_fill")
+def index_fill_fwd(input: TensorProxy, dim: int, index: TensorProxy, value: Any) -> Any:  # noqa: A002
+    # A direct rule because the decomposition writes with index_copy, whose gradient counts a
+    # repeated index once per repeat; index_fill fills each position once.
+    out = _op("index_fill")(input, dim, index, value)
+    return out, (dim, index, value)
+
+
+@index_fill_fwd.backward
+def index_fill_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
+    dim, index, value = saved
+    g_input = _op("index_fill")(g, dim, index, 0)
+    g_value = None
+    if isinstance(value, TensorProxy):
+        filled = P.sub(g, g_input)  # g where the fill landed, 0 elsewhere
+        g_value = cast_like(P.sum(filled, tuple(range(filled.ndim))), value)
+    return g_input, None, None, g_value
+
+
+@vjp("ltorch.rms_norm")
+def rms_norm_fwd(input: TensorProxy, normalized_shape: Any, weight: Any = None, eps: Any = None) -> Any:  # noqa: A002
+    out = _op("rms_norm")(input, normalized_shape, weight, eps)
+    n = 1 if isinstance(normalized_shape, int) else len(normalized_shape)
+    return out, (input, weight, n, eps)
+
+
+@rms_norm_fwd.backward
+def rms_norm_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
+    a, weight, n, eps = saved
+    dtype = compute_dtype(a.dtype)
+    x, gg = _up(a, dtype), _up(g, dtype)
+    dims = tuple(range(a.ndim - n, a.ndim))
+    count = 1
+    for d in dims:
+        count *= a.shape[d]
+    eps = torch.finfo(dtype).eps if eps is None else eps  # as the op: the compute dtype's epsilon
+    r = restore_reduced(P.rsqrt(P.add(P.div(P.sum(P.mul(x, x), dims), count), eps)), x.shape, dims)
+    y = P.mul(x, r)
+    dy = P.mul(gg, P.broadcast_in_dim(_up(weight, dtype), x.shape, dims)) if isinstance(weight, TensorProxy) else gg
+    gx = P.mul(r, P.sub(dy, P.mul(y, P.div(_sum_keep(P.mul(dy, y), dims), count))))
+    gw = None
+    if isinstance(weight, TensorProxy):
+        batch = tuple(range(a.ndim - n))
+        gw = cast_like(P.sum(P.mul(gg, y), batch) if batch else P.mul(gg, y), weight)
+    return cast_like(gx, a), None, gw, None
