@@ -246,7 +246,8 @@ class _Functionalizer:
         if len(self.new.bound_symbols) == count or region is a_now:
             self.write(a, new, top)  # the key selects all of a
             return True
-        view_bsym = self.new.bound_symbols[count]
+        # The getitem's bound symbol (arithmetic on symbolic sizes may have been recorded before it).
+        view_bsym = next(b for b in self.new.bound_symbols[count:] if any(o is region for o in b.proxy_outputs()))
         base = self.base_of(a)
         self.views[id(region)] = _View(a, view_bsym, region, base)
         self.cache[id(region)] = (self.version.get(id(base), 0), region)
