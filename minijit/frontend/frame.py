@@ -55,7 +55,8 @@ class Frame:
 class State:
     """Per-interpretation state: the frame stack, the handled exception, guards and known cells."""
 
-    __slots__ = ("escapes", "frames", "guard_roots", "guards", "handled", "internal_cells", "passthrough")
+    __slots__ = ("escapes", "frames", "guard_roots", "guards", "handled", "internal_cells", "outside_objects",
+                 "passthrough")
 
     def __init__(self) -> None:
         self.frames: list[Frame] = []
@@ -70,6 +71,8 @@ class State:
         self.internal_cells: set[int] = set()
         # ids of guarded objects whose attribute reads are guarded too (CONFIG.scale, Cls.attr).
         self.guard_roots: set[int] = set()
+        # ids of the non-tensor objects passed in: writes into them would outlive the call.
+        self.outside_objects: set[int] = set()
         # exception -> the user locations it propagated out of, innermost first (for its note).
         self.escapes: dict[BaseException, list[Any]] = {}
 

@@ -350,13 +350,15 @@ def interpret(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
     from minijit.frontend.calls import call
 
     state = STATE
-    saved = (state.handled, state.passthrough, state.guards, state.internal_cells, state.escapes, state.guard_roots)
+    saved = (state.handled, state.passthrough, state.guards, state.internal_cells, state.escapes, state.guard_roots,
+             state.outside_objects)
     state.handled = sys.exc_info()[1]
     state.passthrough = None
     state.guards = {}
     state.internal_cells = set()
     state.escapes = {}
     state.guard_roots = {id(root) for root in guard_roots}
+    state.outside_objects = {id(x) for x in (*args, *kwargs.values()) if hasattr(x, "__dict__")}
     trace = current_trace()
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(max(limit, 12 * _RECURSION_LIMIT))
@@ -374,7 +376,7 @@ def interpret(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
         if trace is not None:
             trace.info.setdefault("guards", []).extend(state.guards.values())
         (state.handled, state.passthrough, state.guards, state.internal_cells, state.escapes,
-         state.guard_roots) = saved
+         state.guard_roots, state.outside_objects) = saved
 
 
 __all__ = ["InterpretedGenerator", "interpret", "raise_passthrough", "run_frame", "run_function", "set_context"]

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from minijit.errors import UnsupportedOpError
+from minijit.errors import UnsupportedOpError, UnsupportedSyntaxError
 from minijit.ir import FloatProxy, IntegerProxy, Proxy, TensorProxy, Trace, tree_iter, tree_map
 from minijit.ir.context import add_constraint, where_now
 from minijit.ops import prims
@@ -138,3 +138,36 @@ def tensor_capturer(trace: Trace) -> Callable[[Tensor], Proxy]:
         return proxy
 
     return capture
+
+
+def snapshot_containers(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+    """The lists, dicts and sets among the (proxied) arguments, each with a shallow copy of its contents."""
+    found: list[Any] = []
+
+    def walk(label: str, x: Any) -> None:
+        t = type(x)
+        if t is list or t is dict or t is set:
+            found.append((label, x, list(x.items()) if t is dict else list(x)))
+        if t is list or t is tuple:
+            for v in x:
+                walk(label, v)
+        elif t is dict:
+            for v in x.values():
+                walk(label, v)
+
+    for name, value in zip(parameter_names(fn, args, kwargs), (*args, *kwargs.values()), strict=True):
+        walk(name, value)
+    return found
+
+
+def check_containers_unchanged(snapshot: list[Any]) -> None:
+    """Refuse a traced function that changed a list, dict or set it was given: that would not be replayed."""
+    for label, container, contents in snapshot:
+        now = list(container.items()) if type(container) is dict else list(container)
+        same = len(now) == len(contents) and all(
+            (a[0] == b[0] and a[1] is b[1]) if type(container) is dict else a is b for a, b in zip(now, contents))
+        if not same:
+            raise UnsupportedSyntaxError(
+                f"the jitted function modified the {type(container).__name__} passed as argument '{label}' in place; "
+                "minijit would not repeat that on later calls. Return the new values instead"
+            )

@@ -14,7 +14,12 @@ from minijit.ir import Trace, tracing
 from minijit.ir.context import recording_constraints
 from minijit.runtime.autograd import CompiledGrad, autograd_callable
 from minijit.runtime.guards import compile_guard, drop_implied
-from minijit.runtime.inputs import proxify_arguments, tensor_capturer
+from minijit.runtime.inputs import (
+    check_containers_unchanged,
+    proxify_arguments,
+    snapshot_containers,
+    tensor_capturer,
+)
 from minijit.runtime.module import ModuleForward
 from minijit.transforms import check_copies, claim_executors, dce, functionalize, write_copies_in_place
 from minijit.transforms.copy_analysis import CHECK_COPIES
@@ -75,12 +80,14 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
         trace.capture_tensor = tensor_capturer(trace)
         with tracing(trace):
             pargs, pkwargs = proxify_arguments(trace, fn, args, kwargs, symbolic)
+            containers = snapshot_containers(fn, pargs, pkwargs)
             if isinstance(fn, ModuleForward):
                 params, _flags, *user_args = pargs
                 with fn.swapped_in(params):
                     trace.output = interpret(fn.module, tuple(user_args), pkwargs, guard_roots=fn.module.modules())
             else:
                 trace.output = interpret(fn, pargs, pkwargs)
+            check_containers_unchanged(containers)
         trace.capture_tensor = None
         return trace
 

@@ -9,11 +9,14 @@ from typing import Any
 
 import torch
 
+from minijit.errors import UnsupportedSyntaxError
 from minijit.frontend.code import Inst, is_library_file
 from minijit.frontend.frame import NULL, STATE, Frame
 from minijit.frontend.guards import attribute_source, may_have_guarded_attributes, record
 from minijit.frontend.opcodes.protocols import load_attr, store_attr
 from minijit.frontend.opcodes.table import handles
+from minijit.ir import current_trace
+from minijit.ir.context import where_now
 
 _UNBOUND = "cannot access local variable '{}' where it is not associated with a value"
 _UNBOUND_FREE = "cannot access free variable '{}' where it is not associated with a value in enclosing scope"
@@ -182,15 +185,31 @@ def load_global(frame: Frame, inst: Inst) -> None:
     frame.stack.append(_load_global(frame, inst.argval))
 
 
+def refuse_outliving_write(frame: Frame, what: str) -> None:
+    """Refuse, while tracing user code, a write that would outlive the call.
+
+    A compiled trace replays only tensor computations: a global assigned or an outside
+    object's attribute set while tracing would happen once, then never again on cache
+    hits. Rather than drop it silently, say so.
+    """
+    if current_trace() is not None and frame.info.is_user:
+        raise UnsupportedSyntaxError(
+            f"{what}{where_now()} is a side effect that minijit would not repeat on later calls; "
+            "return the value from the jitted function and assign it outside instead"
+        )
+
+
 @handles("STORE_GLOBAL")
 def store_global(frame: Frame, inst: Inst) -> None:
     """Pop into a global."""
+    refuse_outliving_write(frame, f"assigning the global {inst.argval!r}")
     frame.globals[inst.argval] = frame.stack.pop()
 
 
 @handles("DELETE_GLOBAL")
 def delete_global(frame: Frame, inst: Inst) -> None:
     """del a global."""
+    refuse_outliving_write(frame, f"deleting the global {inst.argval!r}")
     try:
         del frame.globals[inst.argval]
     except KeyError:
@@ -292,13 +311,18 @@ def load_attr_(frame: Frame, inst: Inst) -> None:
 def store_attr_(frame: Frame, inst: Inst) -> None:
     """obj.name = value (obj on top, value below it)."""
     obj = frame.stack.pop()
+    if id(obj) in STATE.guard_roots or id(obj) in STATE.outside_objects:
+        refuse_outliving_write(frame, f"setting the attribute {inst.argval!r} of a {type(obj).__name__} from outside the call")
     store_attr(obj, inst.argval, frame.stack.pop())
 
 
 @handles("DELETE_ATTR")
 def delete_attr(frame: Frame, inst: Inst) -> None:
     """del obj.name."""
-    delattr(frame.stack.pop(), inst.argval)
+    obj = frame.stack.pop()
+    if id(obj) in STATE.guard_roots or id(obj) in STATE.outside_objects:
+        refuse_outliving_write(frame, f"deleting the attribute {inst.argval!r} of a {type(obj).__name__} from outside the call")
+    delattr(obj, inst.argval)
 
 
 # -- imports ------------------------------------------------------------------------------------
