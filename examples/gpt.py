@@ -99,7 +99,7 @@ class GPT(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def forward(self, idx, targets=None):
-        b, t = idx.size()
+        _, t = idx.size()
         assert t <= self.config.block_size, f"sequence of length {t} is longer than {self.config.block_size}"
         pos = torch.arange(0, t, dtype=torch.long, device=idx.device)
         x = self.drop(self.wte(idx) + self.wpe(pos))

@@ -139,6 +139,7 @@ _PRIM_IMPLS: dict[str, Any] = {
     "index_add": lambda x, index, value, dim: torch.index_add(x, dim, index, value),
     "index_copy": lambda x, index, value, dim: torch.index_copy(x, dim, index, value),
     "scatter_add": lambda x, index, value, dim: torch.scatter_add(x, dim, index, value),
+    "tensor_constant": lambda value: value,
     "copy_": _copy_,
     "copy_to_out_": _copy_to_out_,
     "where": torch.where,

@@ -1,7 +1,33 @@
 """Capture: run the user's function through a bytecode interpreter on proxies and record a trace.
 
-`interpret(fn, args, kwargs)` is the entry point; `guards.build_guard` turns the
-guard entries it leaves in `trace.info["guards"]` into one checking function.
+`interpret(fn, args, kwargs)` runs `fn` like CPython 3.11 would, one instruction at a
+time, so that every call can be inspected before it happens. The pieces:
+
+- `code`: decodes a code object once into `Inst`s (handler, argument, successor, line,
+  exception-table entry), and binds arguments through CPython itself (a "binder" copy of
+  the function whose body returns its argument slots: exact errors for free).
+- `frame`: the `Frame` (slots, value stack, position) and the per-interpretation `STATE`
+  (frame stack, the exception being handled, the guards read so far).
+- `interpreter`: the loop (`run_frame`), exception unwinding through the 3.11 exception
+  table, generators (`InterpretedGenerator`), and the `interpret` entry point.
+- `opcodes/`: one handler per opcode, one module per family, and `HANDLERS`, the table.
+- `calls`: what a call does: ltorch symbol for a torch callable, lookaside, interpret
+  Python code, or run natively after checking that no proxy goes where it cannot.
+- `lookasides`: replacements for builtins that must see the interpreter's view
+  (`super()`, `isinstance(proxy, torch.Tensor)`, `map(f, ...)`, class bodies, ...).
+- `guards`: `GuardEntry` (a value the trace read and where from) and `build_guard`, which
+  compiles one function checking that they all still hold.
+
+The trace's bound symbols get the innermost user line as their source (`trace.source`),
+and `trace.info["guards"]` lists the guard entries of the run.
+
+Example::
+
+    trace = Trace()
+    with tracing(trace):
+        x = trace.add_input(TensorProxy((2,), torch.float32, torch.device("cpu")), "x")
+        trace.output = interpret(fn, (x,), {})
+    check = build_guard(trace.info["guards"])
 """
 
 from minijit.frontend.guards import GuardEntry, build_guard

@@ -102,6 +102,16 @@ def call(fn: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> 
         return call(fn.__func__, (fn.__self__, *args), kwargs)
     if t is _BoundMethod:
         return fn(*args, **kwargs)
+    if t is types.BuiltinMethodType:
+        owner = fn.__self__
+        if owner is not None and not isinstance(owner, types.ModuleType):
+            # A C method bound to an object (xs.sort): look aside its unbound form (list.sort).
+            try:
+                lookaside = LOOKASIDES.get(getattr(type(owner), fn.__name__, None))
+            except TypeError:
+                lookaside = None
+            if lookaside is not None:
+                return lookaside(owner, *args, **kwargs)
     try:
         sym = ltorch_symbol_for(fn)
         lookaside = LOOKASIDES.get(fn)

@@ -55,7 +55,7 @@ class Frame:
 class State:
     """Per-interpretation state: the frame stack, the handled exception, guards and known cells."""
 
-    __slots__ = ("frames", "guards", "handled", "internal_cells", "passthrough", "recursion")
+    __slots__ = ("escapes", "frames", "guard_roots", "guards", "handled", "internal_cells", "passthrough")
 
     def __init__(self) -> None:
         self.frames: list[Frame] = []
@@ -64,11 +64,14 @@ class State:
         # An exception that must keep its __context__ when the next frame sees it (re-raised or
         # propagating out of a callee): only freshly raised exceptions get the handled one as context.
         self.passthrough: BaseException | None = None
-        # (kind, id(namespace), name) -> GuardEntry, first read wins.
-        self.guards: dict[tuple[str, int, str], Any] = {}
+        # (kind, id(namespace), name, id(shadow)) -> GuardEntry, first read wins.
+        self.guards: dict[tuple[str, int, str, int], Any] = {}
         # ids of cells created by the interpreted code; their contents are not guarded.
         self.internal_cells: set[int] = set()
-        self.recursion = 0
+        # ids of guarded objects whose attribute reads are guarded too (CONFIG.scale, Cls.attr).
+        self.guard_roots: set[int] = set()
+        # exception -> the user locations it propagated out of, innermost first (for its note).
+        self.escapes: dict[BaseException, list[Any]] = {}
 
 
 STATE = State()

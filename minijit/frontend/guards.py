@@ -9,6 +9,7 @@ cache miss, never a wrong result (DESIGN.md invariant 7).
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,7 +26,10 @@ class GuardEntry:
 
     `kind` is "global" (`namespace` is a globals dict or a module's `__dict__`), "builtin"
     (`namespace` is the builtins dict and `shadow` the globals dict that must still not
-    define the name) or "cell" (`namespace` is a closure cell; `name` is the variable's name).
+    define the name), "cell" (`namespace` is a closure cell; `name` is the variable's name)
+    or "attribute" (`namespace` is an object or class reached from a guarded value, read
+    through its `__dict__`; `shadow`, if any, is the instance dict that must not define
+    the name when the value came from the class).
     """
 
     kind: str
@@ -35,7 +39,8 @@ class GuardEntry:
     shadow: dict[str, Any] | None = field(default=None, repr=False)
 
     def __str__(self) -> str:
-        where = {"global": "global", "builtin": "builtin", "cell": "closure variable"}[self.kind]
+        where = {"global": "global", "builtin": "builtin", "cell": "closure variable",
+                 "attribute": "attribute"}[self.kind]
         return f"{where} {self.name} = {_short_repr(self.value)}"
 
 
@@ -73,10 +78,32 @@ def _skipped(namespace: Any) -> bool:
     return False
 
 
-def record(guards: dict[tuple[str, int, str], GuardEntry], kind: str, namespace: Any, name: str, value: Any,
+def may_have_guarded_attributes(value: Any) -> bool:
+    """True for objects whose attribute reads are worth guarding: instances of user classes, classes."""
+    if isinstance(value, Proxy | types.ModuleType | types.FunctionType | types.BuiltinFunctionType) or is_constant(value):
+        return False
+    cls = value if isinstance(value, type) else type(value)
+    module = getattr(cls, "__module__", "") or ""
+    return module.split(".")[0] not in _SKIPPED_MODULES and module != "builtins" and hasattr(value, "__dict__")
+
+
+def attribute_source(obj: Any, name: str) -> tuple[Any, dict[str, Any] | None] | None:
+    """Where `obj.name` is stored as plain data: (obj, None) for its own `__dict__`, (class, instance dict)
+    for a class attribute read through an instance; None when it is computed (properties, __getattr__)."""
+    own = getattr(obj, "__dict__", None)
+    if own is not None and name in own:
+        return obj, None
+    if not isinstance(obj, type) and isinstance(own, dict):
+        cls = type(obj)
+        if name in vars(cls) and not hasattr(vars(cls)[name], "__set__"):
+            return cls, own
+    return None
+
+
+def record(guards: dict[tuple[str, int, str, int], GuardEntry], kind: str, namespace: Any, name: str, value: Any,
            shadow: dict[str, Any] | None = None) -> None:
     """Add a guard entry unless the value is a proxy, lives in torch/minijit, or was already read."""
-    key = (kind, id(namespace), name)
+    key = (kind, id(namespace), name, id(shadow))
     if key in guards or isinstance(value, Proxy) or _skipped(namespace):
         return
     guards[key] = GuardEntry(kind, namespace, name, value, shadow)
@@ -104,6 +131,8 @@ def build_guard(entries: list[GuardEntry]) -> Callable[[], bool] | None:
         env[ns] = entry.namespace
         if entry.kind == "cell":
             read = f"{ns}.cell_contents"
+        elif entry.kind == "attribute":
+            read = f"{ns}.__dict__.get({entry.name!r}, _MISSING)"
         else:
             read = f"{ns}.get({entry.name!r}, _MISSING)"
         snapshot = _snapshot(entry.value)
@@ -116,7 +145,7 @@ def build_guard(entries: list[GuardEntry]) -> Callable[[], bool] | None:
         else:
             env[val] = entry.value
             term = f"{read} is {val}"
-        if entry.kind == "builtin":
+        if entry.shadow is not None:
             env[f"_g{i}"] = entry.shadow
             term = f"{entry.name!r} not in _g{i} and {term}"
         terms.append(term)

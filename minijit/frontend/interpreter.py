@@ -13,7 +13,7 @@ from __future__ import annotations
 import collections.abc
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from minijit.errors import MinijitError, UnsupportedSyntaxError
@@ -64,6 +64,11 @@ def _unwind(frame: Frame, inst: Inst, exc: BaseException) -> None:
         set_context(exc, state.handled)
     entry = inst.except_entry
     if entry is None:
+        if frame.info.is_user:
+            passed = state.escapes.setdefault(exc, [])
+            location = frame.info.location(inst.line)
+            if not passed or passed[-1] != location:  # a comprehension's frame shares its line
+                passed.append(location)
         state.passthrough = exc
         raise exc
     target, depth, push_lasti = entry
@@ -168,14 +173,17 @@ class InterpretedGenerator:
 
     @property
     def __name__(self) -> str:
+        """The generator function's name."""
         return self.frame.code.co_name
 
     @property
     def gi_running(self) -> bool:
+        """True while the generator's body runs."""
         return self.running
 
     @property
     def gi_code(self) -> types.CodeType:
+        """The generator function's code."""
         return self.frame.code
 
     def __iter__(self) -> InterpretedGenerator:
@@ -326,11 +334,13 @@ def _make_exception(typ: Any, val: Any) -> BaseException:
     raise TypeError(f"exceptions must be classes or instances deriving from BaseException, not {type(typ).__name__}")
 
 
-def interpret(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def interpret(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+              guard_roots: Iterable[Any] = ()) -> Any:
     """Run `fn(*args, **kwargs)` through the interpreter, recording tensor ops into the current trace.
 
     Works outside tracing too (then it only runs the function). The guards for the
-    globals and closure values the code read go to `trace.info["guards"]`.
+    globals and closure values the code read go to `trace.info["guards"]`; so do the
+    attributes read from `guard_roots` (e.g. every module of a jitted nn.Module).
 
     Example::
 
@@ -340,21 +350,31 @@ def interpret(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
     from minijit.frontend.calls import call
 
     state = STATE
-    saved = (state.handled, state.passthrough, state.guards, state.internal_cells)
+    saved = (state.handled, state.passthrough, state.guards, state.internal_cells, state.escapes, state.guard_roots)
     state.handled = sys.exc_info()[1]
     state.passthrough = None
     state.guards = {}
     state.internal_cells = set()
+    state.escapes = {}
+    state.guard_roots = {id(root) for root in guard_roots}
     trace = current_trace()
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(max(limit, 12 * _RECURSION_LIMIT))
     try:
         return call(fn, args, kwargs)
+    except BaseException as exc:
+        # The traceback shows the interpreter's frames; the note shows the user's.
+        locations = state.escapes.get(exc)
+        if locations:
+            lines = "\n".join(f"  {loc.filename}:{loc.lineno}  {loc.text}" for loc in reversed(locations))
+            exc.add_note(f"raised in code traced by minijit (most recent call last):\n{lines}")
+        raise
     finally:
         sys.setrecursionlimit(limit)
         if trace is not None:
             trace.info.setdefault("guards", []).extend(state.guards.values())
-        state.handled, state.passthrough, state.guards, state.internal_cells = saved
+        (state.handled, state.passthrough, state.guards, state.internal_cells, state.escapes,
+         state.guard_roots) = saved
 
 
 __all__ = ["InterpretedGenerator", "interpret", "raise_passthrough", "run_frame", "run_function", "set_context"]

@@ -41,6 +41,12 @@ def _call(fn: Any, args: Any, kwargs: dict[str, Any]) -> Any:
     return call(fn, args, kwargs)
 
 
+def _iterable(obj: Any) -> Any:
+    from minijit.frontend.opcodes.build import interpreted_iterable
+
+    return interpreted_iterable(obj)
+
+
 def interpreted(fn: Any) -> Any:
     """`fn` wrapped so that native code calling it runs it through the interpreter."""
     if fn is None or type(fn) in (types.BuiltinFunctionType, types.WrapperDescriptorType, types.MethodDescriptorType):
@@ -61,17 +67,12 @@ def _classinfo_has(classinfo: Any, target: type) -> bool:
 @lookaside(isinstance)
 def isinstance_(obj: Any, classinfo: Any) -> bool:
     """isinstance, with a TensorProxy an instance of torch.Tensor and a NumberProxy of its Python type."""
+    # A proxy is a plain tensor: isinstance(t, nn.Parameter) stays False.
     if isinstance(obj, TensorProxy) and _classinfo_has(classinfo, torch.Tensor):
-        return not _classinfo_only_subclasses(classinfo)
+        return True
     if isinstance(obj, NumberProxy) and _classinfo_has(classinfo, obj.python_type):
         return True
     return isinstance(obj, classinfo)
-
-
-def _classinfo_only_subclasses(classinfo: Any) -> bool:
-    # isinstance(t, nn.Parameter) stays False: a proxy is a plain tensor.
-    classes = classinfo if isinstance(classinfo, tuple) else (classinfo,)
-    return not any(isinstance(c, type) and issubclass(torch.Tensor, c) for c in classes)
 
 
 @lookaside(torch.is_tensor)
@@ -91,6 +92,14 @@ def _tensor_query(native: Callable[..., Any], method: str) -> Callable[..., Any]
 for _native_query, _method in ((torch.is_floating_point, "is_floating_point"), (torch.is_complex, "is_complex"),
                                (torch.numel, "numel")):
     LOOKASIDES[_native_query] = _tensor_query(_native_query, _method)
+
+
+@lookaside(round)
+def round_(number: Any, ndigits: Any = None) -> Any:
+    """round(); a TensorProxy fails like a tensor does (Tensor has no __round__)."""
+    if isinstance(number, TensorProxy):
+        raise TypeError("type Tensor doesn't define __round__ method")
+    return round(number) if ndigits is None else round(number, ndigits)
 
 
 @lookaside(type)
@@ -128,19 +137,19 @@ def super_(*args: Any) -> super:
 @lookaside(map)
 def map_(fn: Any, *iterables: Any) -> map:
     """map, with a Python `fn` interpreted."""
-    return map(interpreted(fn), *iterables)
+    return map(interpreted(fn), *[_iterable(it) for it in iterables])
 
 
 @lookaside(filter)
 def filter_(fn: Any, iterable: Any) -> filter:
     """filter, with a Python predicate interpreted."""
-    return filter(interpreted(fn), iterable)
+    return filter(interpreted(fn), _iterable(iterable))
 
 
 @lookaside(sorted)
 def sorted_(iterable: Any, /, *, key: Any = None, reverse: bool = False) -> list[Any]:
     """sorted, with a Python key function interpreted."""
-    return sorted(iterable, key=interpreted(key), reverse=reverse)
+    return sorted(_iterable(iterable), key=interpreted(key), reverse=reverse)
 
 
 @lookaside(list.sort)
@@ -153,6 +162,8 @@ def _min_max(native: Callable[..., Any]) -> Callable[..., Any]:
     def min_max(*args: Any, **kwargs: Any) -> Any:
         if "key" in kwargs:
             kwargs["key"] = interpreted(kwargs["key"])
+        if len(args) == 1:
+            args = (_iterable(args[0]),)
         return native(*args, **kwargs)
 
     min_max.__doc__ = f"{native.__name__}, with a Python key function interpreted."
@@ -166,7 +177,7 @@ LOOKASIDES[max] = _min_max(max)
 @lookaside(functools.reduce)
 def reduce_(fn: Any, *args: Any) -> Any:
     """functools.reduce, with a Python function interpreted."""
-    return functools.reduce(interpreted(fn), *args)
+    return functools.reduce(interpreted(fn), _iterable(args[0]) if args else (), *args[1:])
 
 
 @lookaside(iter)

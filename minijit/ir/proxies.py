@@ -161,17 +161,33 @@ def canonical_constraint(left: str, op: str, right: str, result: bool, symmetric
 
 
 def _number_operator(method: str, reflected: bool = False) -> Callable[..., Any]:
+    # Only numbers combine with a number proxy; anything else (a tensor, a list to repeat)
+    # gets NotImplemented so that Python tries the other operand (a list repeat then
+    # specialises the proxy through __index__).
     if reflected:
         def op(self: NumberProxy, other: Any) -> Any:
-            if isinstance(other, TensorProxy):
+            if not isinstance(other, int | float | NumberProxy):
                 return NotImplemented
+            if _is_identity(method, other, reflected=True) and self.python_type is int:
+                return self
             return NUMBER_METHODS[method](other, self)
     else:
         def op(self: NumberProxy, *args: Any) -> Any:
-            if args and isinstance(args[0], TensorProxy):
+            if args and not isinstance(args[0], int | float | NumberProxy):
                 return NotImplemented
+            if args and _is_identity(method, args[0], reflected=False) and self.python_type is int:
+                return self
             return NUMBER_METHODS[method](self, *args)
     return op
+
+
+def _is_identity(method: str, other: Any, reflected: bool) -> bool:
+    """x + 0, x - 0, x * 1, x // 1 (and 0 + x, 1 * x) are x: no need to record them."""
+    if type(other) is not int:
+        return False
+    if method == "add" or (method == "sub" and not reflected):
+        return other == 0
+    return (method == "mul" and other == 1) or (method == "floordiv" and not reflected and other == 1)
 
 
 # method name -> callable recording a number prim; filled in by minijit.ops.

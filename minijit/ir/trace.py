@@ -12,7 +12,7 @@ import torch
 from minijit.ir.context import tracing
 from minijit.ir.printing import Constants, to_source
 from minijit.ir.proxies import Proxy
-from minijit.ir.pytree import tree_iter
+from minijit.ir.pytree import tree_iter, tree_map
 from minijit.ir.symbol import BoundSymbol, SourceLocation, Symbol
 
 # Names the printed source uses for its own purposes; proxies never take them.
@@ -72,6 +72,9 @@ class Trace:
         self.elapsed_ms = 0.0
         # Facts later stages need (e.g. which inputs are mutated); free-form.
         self.info: dict[str, Any] = {}
+        # Turns a real torch.Tensor met among an op's arguments (a global, a closure value, a
+        # tensor created natively) into a proxy; set by whoever records the trace.
+        self.capture_tensor: Callable[[torch.Tensor], Proxy] | None = None
         self._scopes: list[list[BoundSymbol]] = [self.bound_symbols]
 
     # -- building -------------------------------------------------------------
@@ -89,6 +92,9 @@ class Trace:
 
     def record(self, sym: Symbol, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Run `sym`'s meta (its decomposition, for composite ops) and append the bound symbol."""
+        if self.capture_tensor is not None and any(isinstance(x, torch.Tensor) for x in tree_iter((args, kwargs))):
+            capture = self.capture_tensor
+            args, kwargs = tree_map(lambda x: capture(x) if isinstance(x, torch.Tensor) else x, (args, kwargs))
         if sym.is_prim:
             output = sym.meta(*args, **kwargs)
             subsymbols: list[BoundSymbol] = []

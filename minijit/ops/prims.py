@@ -429,6 +429,19 @@ index_copy = _prim("index_copy", _index_update_meta("index_copy"))
 scatter_add = _prim("scatter_add", _index_update_meta("scatter_add"))
 
 
+# -- tensors from outside the trace ---------------------------------------------------
+
+def _tensor_constant_meta(value: torch.Tensor) -> TensorProxy:
+    if not isinstance(value, torch.Tensor):
+        raise _fail("tensor_constant", f"expected a torch.Tensor, got {type(value).__name__}")
+    return TensorProxy(tuple(value.shape), value.dtype, value.device, requires_grad=False)
+
+
+# A real tensor the traced code got from outside its inputs (a global, a closure, a natively
+# created tensor). The trace holds it as a constant; it is read, never copied, at run time.
+tensor_constant = _prim("tensor_constant", _tensor_constant_meta)
+
+
 # -- writes into existing tensors (the only non-functional prims) ---------------------------
 
 def _copy_meta(src: TensorProxy, dst: TensorProxy) -> TensorProxy:

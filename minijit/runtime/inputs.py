@@ -14,8 +14,9 @@ from typing import Any
 
 import torch
 
+from minijit.errors import UnsupportedOpError
 from minijit.ir import FloatProxy, IntegerProxy, Proxy, TensorProxy, Trace, tree_iter, tree_map
-from minijit.ir.context import add_constraint
+from minijit.ir.context import add_constraint, where_now
 from minijit.ops import prims
 
 Tensor = torch.Tensor
@@ -54,6 +55,7 @@ def proxify_arguments(trace: Trace, fn: Callable[..., Any], args: tuple[Any, ...
     leaf_names: list[str] | None = getattr(fn, "param_names", None)
     for name, value in zip(parameter_names(fn, args, kwargs), values, strict=True):
         count = [0]
+        is_module_params = name == "params" and leaf_names is not None
 
         def wanted_name(name: str = name, count: list[int] = count) -> str:
             count[0] += 1
@@ -61,10 +63,14 @@ def proxify_arguments(trace: Trace, fn: Callable[..., Any], args: tuple[Any, ...
                 return leaf_names[count[0] - 1]
             return name if count[0] == 1 else f"{name}_{count[0] - 1}"
 
-        def to_proxy(x: Any) -> Any:
+        def to_proxy(x: Any, is_module_params: bool = is_module_params) -> Any:
             if isinstance(x, Tensor):
                 p = trace.add_input(TensorProxy(tuple(x.shape), x.dtype, x.device, x.requires_grad), wanted_name())
-                if symbolic:
+                if symbolic and is_module_params:
+                    # A module's parameters keep their sizes: specialise on them, checked by the guard.
+                    for i, d in enumerate(p.shape):
+                        add_constraint(f"{p.name}.shape[{i}] == {d}")
+                elif symbolic:
                     _make_sizes_symbolic(p)
                 return p
             if symbolic and is_symbolic_number(x):
@@ -107,3 +113,28 @@ def flat_inputs(args: tuple[Any, ...], kwargs: dict[str, Any], symbolic: bool) -
 def input_names(trace: Trace) -> list[str]:
     """The trace's input names, as the guard function's parameters."""
     return [p.name for p in trace.args if isinstance(p, Proxy)]
+
+
+def tensor_capturer(trace: Trace) -> Callable[[Tensor], Proxy]:
+    """The `trace.capture_tensor` hook: a real tensor becomes `prims.tensor_constant(tensor)`, once per tensor."""
+    captured: dict[int, Proxy] = {}
+
+    def capture(t: Tensor) -> Proxy:
+        proxy = captured.get(id(t))
+        if proxy is None:
+            if t.requires_grad and torch.is_grad_enabled():
+                raise UnsupportedOpError(
+                    f"a tensor that requires grad reached the trace from outside the function's inputs"
+                    f"{where_now()}; its gradient would be lost. Pass it as an argument (or register it "
+                    "as a parameter of the jitted module)"
+                )
+            trace.capture_tensor = None  # the constant's own call must not capture again
+            try:
+                proxy = prims.tensor_constant(t)
+            finally:
+                trace.capture_tensor = capture
+            captured[id(t)] = proxy
+            trace.info.setdefault("captured_tensors", []).append(t)  # keeps it alive with the trace
+        return proxy
+
+    return capture

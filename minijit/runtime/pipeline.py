@@ -11,7 +11,7 @@ from minijit.frontend import interpret
 from minijit.ir import Trace, tracing
 from minijit.ir.context import recording_constraints
 from minijit.runtime.guards import compile_guard, drop_implied
-from minijit.runtime.inputs import proxify_arguments
+from minijit.runtime.inputs import proxify_arguments, tensor_capturer
 from minijit.runtime.module import ModuleForward
 from minijit.transforms import claim_executors, dce
 
@@ -64,14 +64,16 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
         trace = Trace(getattr(fn, "__name__", "computation").replace("<lambda>", "lambda_fn"))
         if not trace.fn_name.isidentifier():
             trace.fn_name = "computation"
+        trace.capture_tensor = tensor_capturer(trace)
         with tracing(trace):
             pargs, pkwargs = proxify_arguments(trace, fn, args, kwargs, symbolic)
             if isinstance(fn, ModuleForward):
                 params, _flags, *user_args = pargs
                 with fn.swapped_in(params):
-                    trace.output = interpret(fn.module, tuple(user_args), pkwargs)
+                    trace.output = interpret(fn.module, tuple(user_args), pkwargs, guard_roots=fn.module.modules())
             else:
                 trace.output = interpret(fn, pargs, pkwargs)
+        trace.capture_tensor = None
         return trace
 
     # The passes, in order. Each is a pure Trace -> Trace function.

@@ -313,3 +313,44 @@ def lambda_closures_and_defaults():
         fs[name] = lambda x, k=k: x * k
     compose = lambda f, g: lambda x: f(g(x))
     return fs["double"](5), fs["triple"](5), compose(fs["double"], fs["triple"])(1)
+
+
+@case()
+def builtins_consume_python_iterables():
+    class Countdown:
+        def __init__(self, n):
+            self.n = n
+
+        def __iter__(self):
+            k = self.n
+            while k:
+                yield k
+                k -= 1
+
+    c = Countdown(4)
+    xs = [3, 1, 2]
+    xs.sort(key=lambda v: -v)
+    return (sorted(c), min(c), max(c, key=lambda v: v % 3), list(map(str, c)), list(filter(None, c)),
+            functools.reduce(lambda a, b: a * b, c), sum(c), list(zip(c, "ab")), xs, dict.fromkeys(c))
+
+
+@case()
+def getattr_fallbacks_after_property_and_getattribute():
+    class Lazy:
+        @property
+        def missing(self):
+            raise AttributeError("not yet")
+
+        def __getattr__(self, name):
+            return f"fallback {name}"
+
+    class Both:
+        def __getattribute__(self, name):
+            if name == "boom":
+                raise AttributeError(name)
+            return f"ga {name}"
+
+        def __getattr__(self, name):
+            return f"getattr {name}"
+
+    return Lazy().missing, Lazy().other, Both().x, Both().boom, getattr(Lazy(), "missing", "default")

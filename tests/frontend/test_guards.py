@@ -36,6 +36,28 @@ def make_closure(k):
 
 def reads_module(x):
     return x * cfg.FACTOR
+
+class Config:
+    mode = "train"
+
+    def __init__(self):
+        self.scale = 2.0
+        self.inner = Inner()
+
+class Inner:
+    def __init__(self):
+        self.bias = 1
+
+CONFIG = Config()
+
+def reads_attributes(x):
+    if CONFIG.mode == "train" and Config.mode == "train":
+        return x * CONFIG.scale + CONFIG.inner.bias
+    return x
+
+def reads_local_object(x):
+    c = Config()
+    return x * c.scale
 '''
 
 
@@ -130,3 +152,26 @@ def test_cells_created_while_interpreting_are_not_guarded():
 
 def test_no_entries_no_guard():
     assert build_guard([]) is None
+
+
+@pytest.mark.parametrize("change", [
+    lambda g: setattr(g["CONFIG"], "scale", 3.0),
+    lambda g: setattr(g["CONFIG"].inner, "bias", 2),
+    lambda g: setattr(g["CONFIG"], "inner", g["Inner"]()),
+    lambda g: setattr(g["Config"], "mode", "eval"),  # class attribute, read through the instance and the class
+    lambda g: setattr(g["CONFIG"], "mode", "eval"),  # the instance now shadows the class attribute
+])
+def test_attributes_of_guarded_objects_are_guarded(change):
+    g = _module()
+    entries = _guards_of(g["reads_attributes"], "x")
+    assert {("attribute", "scale"), ("attribute", "bias"), ("attribute", "mode")} <= {(e.kind, e.name) for e in entries}
+    check = build_guard(entries)
+    assert check()
+    change(g)
+    assert not check()
+
+
+def test_attributes_of_objects_created_while_tracing_are_not_guarded():
+    g = _module()
+    entries = _guards_of(g["reads_local_object"], "x")
+    assert not [e for e in entries if e.kind == "attribute"]

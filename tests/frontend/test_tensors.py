@@ -13,7 +13,7 @@ import torch.nn.functional as F
 import minijit
 from minijit.errors import UnsupportedOpError, UnsupportedSyntaxError
 from minijit.frontend import interpret
-from minijit.ir import TensorProxy, Trace, tracing, tree_map
+from minijit.ir import TENSOR_METHODS, TensorProxy, Trace, tracing, tree_map
 from minijit.ops.registry import ltorch_symbol_for
 
 torch.manual_seed(0)
@@ -255,14 +255,24 @@ def test_proxy_misuse_is_a_clear_error(fn):
     assert os.path.basename(__file__) in str(info.value)
 
 
-def test_user_exceptions_propagate_unchanged():
-    def fails(x):
-        if x.shape[0] == 3:
-            raise KeyError("shape three")
-        return x
+def _check_shape(x):
+    if x.shape[0] == 3:
+        raise KeyError("shape three")
 
-    with pytest.raises(KeyError, match="shape three"):
-        minijit.jit(fails)(torch.randn(3))
+
+def fails_in_helper(x):
+    _check_shape(x)
+    return x
+
+
+def test_user_exceptions_propagate_unchanged_with_a_note_of_user_lines():
+    with pytest.raises(KeyError, match="shape three") as info:
+        minijit.jit(fails_in_helper)(torch.randn(3))
+    (note,) = info.value.__notes__
+    name = os.path.basename(__file__)
+    outer = f"{name}:{_line_of(fails_in_helper, '_check_shape(x)')}  _check_shape(x)"
+    inner = f"{name}:{_line_of(_check_shape, 'raise KeyError')}  raise KeyError(\"shape three\")"
+    assert note.index(outer) < note.index(inner)
 
 
 def _squares(xs):
@@ -370,3 +380,15 @@ def metadata_queries(x):
 def test_torch_metadata_queries_on_proxies():
     x = torch.randn(2, 3)
     torch.testing.assert_close(minijit.jit(metadata_queries)(x), metadata_queries(x))
+
+
+def iterates_rows(x):
+    out = [row * float(i) for i, row in enumerate(x)]
+    a, b = x
+    return out, a - b
+
+
+@pytest.mark.skipif("getitem" not in TENSOR_METHODS, reason="needs the ltorch getitem op")
+def test_iterating_over_a_tensor_gives_its_rows():
+    x = torch.randn(2, 3)
+    torch.testing.assert_close(minijit.jit(iterates_rows)(x), iterates_rows(x))

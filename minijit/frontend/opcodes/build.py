@@ -9,6 +9,7 @@ from minijit.frontend.code import Inst
 from minijit.frontend.frame import Frame
 from minijit.frontend.opcodes.protocols import call_dunder, next_item, python_members
 from minijit.frontend.opcodes.table import handles
+from minijit.ir import TensorProxy
 
 
 def _pop_n(frame: Frame, n: int) -> list[Any]:
@@ -180,10 +181,12 @@ class _InterpretedIterator:
 
 def interpreted_iterable(obj: Any) -> Any:
     """`obj`, or a wrapper that makes native iteration over it run its Python `__iter__`/`__next__`."""
+    from minijit.frontend.opcodes.protocols import get_iter
+
+    if isinstance(obj, TensorProxy):
+        return get_iter(obj)
     members = python_members(type(obj))
     if "__iter__" in members or "__next__" in members:
-        from minijit.frontend.opcodes.protocols import get_iter
-
         return _InterpretedIterator(get_iter(obj))
     return obj
 

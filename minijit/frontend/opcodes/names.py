@@ -7,9 +7,11 @@ import sys
 import types
 from typing import Any
 
+import torch
+
 from minijit.frontend.code import Inst, is_library_file
 from minijit.frontend.frame import NULL, STATE, Frame
-from minijit.frontend.guards import record
+from minijit.frontend.guards import attribute_source, may_have_guarded_attributes, record
 from minijit.frontend.opcodes.protocols import load_attr, store_attr
 from minijit.frontend.opcodes.table import handles
 
@@ -112,6 +114,7 @@ def _deref(frame: Frame, inst: Inst) -> Any:
         raise UnboundLocalError(_UNBOUND.format(inst.argval)) from None
     if frame.info.is_user and id(cell) not in STATE.internal_cells:
         record(STATE.guards, "cell", cell, inst.argval, value)
+        _guard_attributes_of(value)
     return value
 
 
@@ -161,7 +164,14 @@ def _load_global(frame: Frame, name: str) -> Any:
         return value
     if frame.info.is_user:
         record(STATE.guards, "global", g, name, value)
+        _guard_attributes_of(value)
     return value
+
+
+def _guard_attributes_of(value: Any) -> None:
+    """Make attribute reads from `value` (a guarded object) guarded too."""
+    if may_have_guarded_attributes(value):
+        STATE.guard_roots.add(id(value))
 
 
 @handles("LOAD_GLOBAL")
@@ -251,8 +261,25 @@ def attribute(frame: Frame, obj: Any, name: str) -> Any:
         value = getattr(obj, name)
         if frame.info.is_user and _is_user_module(obj):
             record(STATE.guards, "global", obj.__dict__, name, value)
+            _guard_attributes_of(value)
         return value
-    return load_attr(obj, name)
+    value = load_attr(obj, name)
+    # Attributes read from a guarded object are guarded; a module's attributes are guarded even
+    # when torch's own layer code reads them (nn.Dropout reading self.p).
+    if id(obj) in STATE.guard_roots and (frame.info.is_user or _public_module_attribute(obj, name)):
+        source = attribute_source(obj, name)
+        if source is not None:
+            # Guard what is stored: for a method read through an instance that is the class's
+            # function (a bound method is a new object on every read).
+            stored = value if source[1] is None else vars(source[0]).get(name, value)
+            record(STATE.guards, "attribute", source[0], name, stored, source[1])
+            _guard_attributes_of(value)
+    return value
+
+
+def _public_module_attribute(obj: Any, name: str) -> bool:
+    """A module attribute torch's layer code reads (nn.Dropout's `p`), not its bookkeeping (`_modules`)."""
+    return isinstance(obj, torch.nn.Module) and not name.startswith("_")
 
 
 @handles("LOAD_ATTR")

@@ -14,6 +14,7 @@ from typing import Any
 
 from minijit.frontend.calls import call, should_interpret
 from minijit.frontend.interpreter import InterpretedGenerator
+from minijit.ir import TensorProxy
 
 # class -> names of the dunders and properties it (or a base) defines in interpretable Python.
 _PY_MEMBERS: dict[type, frozenset[str]] = {}
@@ -236,8 +237,17 @@ def contains(container: Any, item: Any) -> bool:
 
 
 # -- iteration ----------------------------------------------------------------------------------
+def _tensor_rows(t: TensorProxy) -> Any:
+    if not t.shape:
+        raise TypeError("iteration over a 0-d tensor")
+    for i in range(t.shape[0]):
+        yield t[i]
+
+
 def get_iter(obj: Any) -> Any:
-    """iter(obj), with a Python `__iter__` interpreted."""
+    """iter(obj), with a Python `__iter__` interpreted; a TensorProxy iterates over its rows, like a tensor."""
+    if isinstance(obj, TensorProxy):
+        return _tensor_rows(obj)
     if "__iter__" in python_members(type(obj)):
         it = call_dunder(obj, "__iter__")
         if _method(it, "__next__") is None:
@@ -271,17 +281,27 @@ def load_attr(obj: Any, name: str) -> Any:
     members = python_members(cls)
     if not members or isinstance(obj, type):
         return getattr(obj, name)
+    if "__getattribute__" in members:
+        try:
+            return call_dunder(obj, "__getattribute__", name)
+        except AttributeError:
+            if "__getattr__" not in members:
+                raise
+            return call_dunder(obj, "__getattr__", name)
     if "property" in members:
         desc = class_attr(cls, name)
         if type(desc) is property and type(desc.fget) is types.FunctionType and should_interpret(desc.fget):
-            return call(desc.fget, (obj,), {})
-    if "__getattr__" in members and "__getattribute__" not in members:
+            try:
+                return call(desc.fget, (obj,), {})
+            except AttributeError:
+                if "__getattr__" not in members:
+                    raise
+                return call_dunder(obj, "__getattr__", name)
+    if "__getattr__" in members:
         try:
             return cls.__getattribute__(obj, name)
         except AttributeError:
             return call_dunder(obj, "__getattr__", name)
-    if "__getattribute__" in members:
-        return call_dunder(obj, "__getattribute__", name)
     return getattr(obj, name)
 
 

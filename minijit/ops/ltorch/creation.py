@@ -224,8 +224,15 @@ def arange(start: Any, end: Any = None, step: Any = 1, *, out: Any = None, dtype
     if end is None:
         start, end = 0, start
     for v in (start, end, step):
-        if isinstance(v, NumberProxy | TensorProxy) or not isinstance(v, int | float):
+        if isinstance(v, TensorProxy) or not isinstance(v, int | float | NumberProxy):
             raise fail("arange", f"start, end and step must be Python numbers, got {(start, end, step)!r}")
+    if any(isinstance(v, NumberProxy) for v in (start, end, step)):
+        integral = all(isinstance(v, int) or getattr(v, "python_type", None) is int for v in (start, end, step))
+        if integral and type(step) is int and step != 0 and (dtype is None or not dtype.is_floating_point):
+            # A symbolic integer range: its length is symbolic too ("symbolic values" mode).
+            length = (end - start + step - 1) // step if step > 0 else (start - end - step - 1) // (-step)
+            return prims.iota(length, start=start, step=step, dtype=dtype or torch.int64, device=_device(device))
+        start, end, step = (float(v) if isinstance(v, NumberProxy) else v for v in (start, end, step))
     if dtype is not None and not (dtype.is_floating_point or dtype.is_complex):
         start, end, step = int(start), int(end), int(step)  # torch truncates the bounds for integer results
     if step == 0:
