@@ -188,3 +188,16 @@ def test_unavailable_without_a_cpp_compiler(monkeypatch):
 
 def test_found_by_name():
     assert get_executor("inductor") is inductor_ex
+
+
+def test_symbolic_sizes_compile_one_dynamic_region():
+    def f(x, y):
+        return (x.sin() * y + 1).exp().sum(-1)
+
+    jf = minijit.jit(f, executors=["inductor"], cache="symbolic values")
+    for n in (5, 7):
+        x, y = torch.randn(3, n), torch.randn(3, n)
+        torch.testing.assert_close(jf(x, y), f(x, y))
+    src = final_source(jf)
+    assert src.count("inductorex.fusion_") == 1 and "torchex." not in src, src
+    assert minijit.cache_info(jf).misses == 1
