@@ -403,7 +403,8 @@ def write_markdown(path: Path, head: list[str], rows: list[list[str]], info: dic
     lines += ["", "## Machine", ""]
     lines += [f"- {k}: {v}" for k, v in info.items()]
     lines += [f"- load average (1 min) at start / end: {loads[0]} / {loads[1]}",
-              f"- options: repeats={opts.repeats}, quick={opts.quick}, first call={'no' if opts.no_first_call else 'yes'}; "
+              f"- options: repeats={opts.repeats}, quick={opts.quick}, first call={'no' if opts.no_first_call else 'yes'}, "
+              f"torch.compile first call={'yes' if opts.first_call_torch_compile else 'no'}; "
               f"the run took {elapsed / 60:.1f} min", ""]
     lines += ["## Notes", "",
               "- **Noise.** This machine has 2 cores and other processes (test suites, other sessions) were running "
