@@ -33,6 +33,8 @@ class RegionSource:
     # passed through unchanged), or None when the compiled function returns it.
     passthrough: list[int | None]
     n_returned: int
+    # The inputs the region writes into, directly or through a view of them made in the region.
+    written: list[int]
 
 
 def literal(x: Any) -> str:
@@ -102,6 +104,8 @@ def region_source(region: Region) -> RegionSource:
     writer = _Writer(region)
     input_index = {p.name: k for k, p in enumerate(region.inputs)}
     env: dict[str, Any] = {"torch": torch}
+    roots = dict(input_index)
+    written: set[int] = set()
     lines = [f"def region({', '.join(f'i{k}' for k in range(len(region.inputs)))}):"]
     for bsym in region.members:
         fn_name = bsym.sym.id.replace(".", "_")
@@ -109,6 +113,7 @@ def region_source(region: Region) -> RegionSource:
         args = [writer.value(a) for a in bsym.args]
         args += [f"{k}={writer.value(v)}" for k, v in bsym.kwargs.items()]
         lines.append(f"    {writer.target(bsym.output)} = {fn_name}({', '.join(args)})")
+        _track_writes(bsym, roots, written)
     passthrough: list[int | None] = []
     returned: list[str] = []
     for p in region.outputs:
@@ -121,7 +126,23 @@ def region_source(region: Region) -> RegionSource:
             returned.append(writer.value(p))
     ret = ", ".join(returned)
     lines.append(f"    return ({ret},)" if len(returned) == 1 else f"    return ({ret})")
-    return RegionSource("\n".join(lines) + "\n", env, passthrough, len(returned))
+    return RegionSource("\n".join(lines) + "\n", env, passthrough, len(returned), sorted(written))
+
+
+# Prims that only give another view of a tensor (a region of nothing else is not worth compiling).
+VIEWS = {"broadcast_in_dim", "reshape", "transpose", "slice", "squeeze"}
+
+
+def _track_writes(bsym: BoundSymbol, roots: dict[str, int], written: set[int]) -> None:
+    """Follow views of inputs (`roots`: proxy name -> input index) and note the inputs copies write into."""
+    name = bsym.sym.name
+    if name in VIEWS and bsym.args and isinstance(bsym.args[0], Proxy) and bsym.args[0].name in roots:
+        for p in bsym.proxy_outputs():
+            roots[p.name] = roots[bsym.args[0].name]
+    elif name in ("copy_", "copy_to_out_"):
+        dst = bsym.kwargs.get("out") if name == "copy_to_out_" else bsym.args[1]
+        if isinstance(dst, Proxy) and dst.name in roots:
+            written.add(roots[dst.name])
 
 
 def make_function(src: RegionSource) -> Callable[..., Any]:

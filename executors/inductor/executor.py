@@ -7,7 +7,10 @@ implementations of its prims, see `codegen.py`) and compiled with
 semantics of eager code (it functionalizes the graph and Inductor stores the new
 values straight into the input buffers), so a region writes its results into the
 caller's tensors itself, with no copy afterwards, and a mutated input ends up
-exactly as eager would leave it (DESIGN.md, invariants 1 and 2).
+exactly as eager would leave it (DESIGN.md, invariants 1 and 2). torch.compile does
+not guard against inputs that share memory, so a call where a tensor the region
+writes overlaps another input runs the same function uncompiled (torch calls in
+trace order, eager's semantics).
 
 Compilation is eager: `fuse` compiles the region and runs it once on example
 inputs (zeros with the proxies' shapes, dtypes and devices, contiguous), because
@@ -32,7 +35,7 @@ from typing import Any
 
 import torch
 
-from executors.inductor.codegen import NotFusible, RegionSource, make_function, region_source
+from executors.inductor.codegen import VIEWS, NotFusible, RegionSource, make_function, region_source
 from minijit.extend import BoundSymbol, FusionExecutor, Proxy, Region, TensorProxy, prims
 
 # Prims left to other executors: ones that return Python values (shape and the number
@@ -40,8 +43,6 @@ from minijit.extend import BoundSymbol, FusionExecutor, Proxy, Region, TensorPro
 # tensors captured into the trace (a cache keyed by source must not bake one in), and
 # device moves.
 EXCLUDED = {"shape", "random_seed", "uniform", "tensor_constant", "device_put", *(f"num_{op}" for op in prims.NUMBER_OPS)}
-# Prims that only give another view of a tensor: a region of nothing else is not worth compiling.
-VIEWS = {"broadcast_in_dim", "reshape", "transpose", "slice", "squeeze"}
 COPIES = {"copy_", "copy_to_out_"}
 # Devices Inductor generates code for.
 DEVICES = {"cpu", "cuda"}
@@ -50,8 +51,11 @@ DEVICES = {"cpu", "cuda"}
 class CompiledRegion:
     """The callable a region runs as: the compiled function, plus the in-place outputs passed through."""
 
-    def __init__(self, compiled: Callable[..., Any], src: RegionSource, key: str, compile_s: float):
+    def __init__(self, compiled: Callable[..., Any], src: RegionSource, key: str, compile_s: float,
+                 plain: Callable[..., Any]):
         self.compiled = compiled
+        self.plain = plain
+        self.written = src.written
         self.source = src.source
         self.passthrough = src.passthrough
         self.key = key
@@ -61,7 +65,11 @@ class CompiledRegion:
         self._direct = all(i is None for i in src.passthrough)
 
     def __call__(self, *inputs: Any) -> tuple[Any, ...]:
-        result = self.compiled(*inputs)
+        # torch.compile assumes the inputs it was compiled for do not overlap (their storages
+        # are not guarded); where a tensor the region writes shares memory with another input,
+        # the uncompiled function (torch calls in trace order) gives eager's result instead.
+        fn = self.plain if self.written and _writes_overlap(inputs, self.written) else self.compiled
+        result = fn(*inputs)
         if self._direct:
             return result
         returned = iter(result)
@@ -210,7 +218,18 @@ class InductorExecutor(FusionExecutor):
             compiled = torch.compile(fn, backend="inductor", dynamic=dynamic, fullgraph=True)
             # torch.compile is lazy: run once so the compilation happens now, inside the timed pass.
             compiled(*[_example(p) for p in region.inputs])
-        return CompiledRegion(compiled, src, key, time.perf_counter() - start)
+        return CompiledRegion(compiled, src, key, time.perf_counter() - start, fn)
+
+
+def _writes_overlap(inputs: Sequence[Any], written: list[int]) -> bool:
+    """Whether an input the region writes into shares its storage with any other input."""
+    count: dict[int, int] = {}
+    for x in inputs:
+        if isinstance(x, torch.Tensor):
+            p = x.untyped_storage().data_ptr()
+            count[p] = count.get(p, 0) + 1
+    return any(count.get(inputs[i].untyped_storage().data_ptr(), 0) > 1 for i in written
+               if isinstance(inputs[i], torch.Tensor))
 
 
 def _tensor_ok(t: TensorProxy) -> bool:

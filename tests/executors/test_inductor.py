@@ -201,3 +201,22 @@ def test_symbolic_sizes_compile_one_dynamic_region():
     src = final_source(jf)
     assert src.count("inductorex.fusion_") == 1 and "torchex." not in src, src
     assert minijit.cache_info(jf).misses == 1
+
+
+def write_then_read(a, b):
+    a.mul_(2).add_(1)
+    return (b * 3).sin()
+
+
+@pytest.mark.parametrize("alias", ["none", "same", "view"])
+def test_written_input_overlapping_another_input_matches_eager(alias):
+    def make():
+        torch.manual_seed(0)
+        x = torch.randn(4)
+        return {"none": (x, torch.randn(4)), "same": (x, x), "view": (x, x[1:3])}[alias]
+
+    (a, b), (ea, eb) = make(), make()
+    jf = minijit.jit(write_then_read, executors=["inductor"])
+    torch.testing.assert_close(jf(a, b), write_then_read(ea, eb))
+    torch.testing.assert_close(a, ea)
+    assert "inductorex.fusion_" in final_source(jf)
