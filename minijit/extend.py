@@ -301,7 +301,8 @@ def _register_grad_transform(sym: Symbol, grad_transform: tuple[Callable[..., An
 
 _REGISTRY: dict[str, Executor] = {}
 _DEFAULTS: list[str] = []
-_BUILTIN_MODULES = {"torch": "executors.torch", "triton": "executors.triton", "nvfuser": "executors.nvfuser"}
+_BUILTIN_MODULES = {"torch": "executors.torch", "triton": "executors.triton", "nvfuser": "executors.nvfuser",
+                    "inductor": "executors.inductor"}
 _WARNED: set[str] = set()
 _entry_points_loaded = False
 

@@ -1,0 +1,152 @@
+"""A region as a plain Python function of torch calls, with canonical names so equal regions share it.
+
+The members of a region are prim-level bound symbols. Each becomes one call of the
+torch executor's implementation of its prim (`prims_add(i0, 1)`); inputs are named
+`i0, i1, ...` in order of first use and values `v0, v1, ...` in order of definition,
+so two regions that do the same thing on different proxies print the same source:
+that source (plus the inputs' metadata) is the key of the compiled-region cache.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from minijit.extend import BoundSymbol, Proxy, Region, TensorProxy, get_executor
+
+
+class NotFusible(Exception):
+    """The region holds a value that cannot be written into the generated source."""
+
+
+@dataclass
+class RegionSource:
+    """The generated function of a region: its source, the globals it needs, and how outputs map."""
+
+    source: str
+    globals: dict[str, Any]
+    # Per region output: the index of the region input it is (a tensor written in place and
+    # passed through unchanged), or None when the compiled function returns it.
+    passthrough: list[int | None]
+    n_returned: int
+    # The inputs the region writes into, directly or through a view of them made in the region.
+    written: list[int]
+
+
+def literal(x: Any) -> str:
+    """Python source for a constant argument; raises NotFusible for values without a faithful literal."""
+    if x is None or isinstance(x, bool | int | str):
+        return repr(x)
+    if isinstance(x, float):
+        return repr(x) if math.isfinite(x) else f"float({str(x)!r})"
+    if isinstance(x, complex):
+        return f"complex({literal(x.real)}, {literal(x.imag)})"
+    if isinstance(x, torch.dtype):
+        return str(x)
+    if isinstance(x, torch.device):
+        return f"torch.device({str(x)!r})"
+    if isinstance(x, tuple):
+        items = ", ".join(literal(i) for i in x)
+        return f"({items},)" if len(x) == 1 else f"({items})"
+    if isinstance(x, list):
+        return "[" + ", ".join(literal(i) for i in x) + "]"
+    raise NotFusible(f"no literal for {type(x).__name__} {x!r}")
+
+
+class _Writer:
+    """Renames proxies canonically while the region's calls are written out."""
+
+    def __init__(self, region: Region):
+        self.names: dict[str, str] = {p.name: f"i{k}" for k, p in enumerate(region.inputs)}
+        self.count = 0
+
+    def value(self, x: Any) -> str:
+        if isinstance(x, Proxy):
+            if x.name not in self.names:
+                raise NotFusible(f"{x.name} is read before the region defines it")
+            return self.names[x.name]
+        if isinstance(x, tuple | list):
+            items = [self.value(i) for i in x]
+            if isinstance(x, list):
+                return "[" + ", ".join(items) + "]"
+            return f"({items[0]},)" if len(items) == 1 else "(" + ", ".join(items) + ")"
+        if isinstance(x, dict):
+            raise NotFusible("dict argument")
+        return literal(x)
+
+    def target(self, out: Any) -> str:
+        if isinstance(out, Proxy):
+            name = f"v{self.count}"
+            self.count += 1
+            self.names[out.name] = name
+            return name
+        if out is None:
+            return "_"
+        if isinstance(out, tuple | list):
+            parts = [self.target(o) for o in out]
+            return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
+        raise NotFusible(f"output {out!r}")
+
+
+def _implementation(bsym: BoundSymbol) -> Callable[..., Any]:
+    impl = get_executor("torch").implementations.get(bsym.sym.id)
+    if impl is None or impl.fn is None:
+        raise NotFusible(f"the torch executor has no implementation of {bsym.sym.id}")
+    return impl.fn
+
+
+def region_source(region: Region) -> RegionSource:
+    """The region as `def region(i0, ...): ...; return (...)`, a function of torch calls."""
+    writer = _Writer(region)
+    input_index = {p.name: k for k, p in enumerate(region.inputs)}
+    env: dict[str, Any] = {"torch": torch}
+    roots = dict(input_index)
+    written: set[int] = set()
+    lines = [f"def region({', '.join(f'i{k}' for k in range(len(region.inputs)))}):"]
+    for bsym in region.members:
+        fn_name = bsym.sym.id.replace(".", "_")
+        env[fn_name] = _implementation(bsym)
+        args = [writer.value(a) for a in bsym.args]
+        args += [f"{k}={writer.value(v)}" for k, v in bsym.kwargs.items()]
+        lines.append(f"    {writer.target(bsym.output)} = {fn_name}({', '.join(args)})")
+        _track_writes(bsym, roots, written)
+    passthrough: list[int | None] = []
+    returned: list[str] = []
+    for p in region.outputs:
+        # A tensor written in place keeps its input's name: hand back the caller's tensor itself
+        # instead of returning an alias out of the compiled graph.
+        if p.name in input_index and isinstance(p, TensorProxy):
+            passthrough.append(input_index[p.name])
+        else:
+            passthrough.append(None)
+            returned.append(writer.value(p))
+    ret = ", ".join(returned)
+    lines.append(f"    return ({ret},)" if len(returned) == 1 else f"    return ({ret})")
+    return RegionSource("\n".join(lines) + "\n", env, passthrough, len(returned), sorted(written))
+
+
+# Prims that only give another view of a tensor (a region of nothing else is not worth compiling).
+VIEWS = {"broadcast_in_dim", "reshape", "transpose", "slice", "squeeze"}
+
+
+def _track_writes(bsym: BoundSymbol, roots: dict[str, int], written: set[int]) -> None:
+    """Follow views of inputs (`roots`: proxy name -> input index) and note the inputs copies write into."""
+    name = bsym.sym.name
+    if name in VIEWS and bsym.args and isinstance(bsym.args[0], Proxy) and bsym.args[0].name in roots:
+        for p in bsym.proxy_outputs():
+            roots[p.name] = roots[bsym.args[0].name]
+    elif name in ("copy_", "copy_to_out_"):
+        dst = bsym.kwargs.get("out") if name == "copy_to_out_" else bsym.args[1]
+        if isinstance(dst, Proxy) and dst.name in roots:
+            written.add(roots[dst.name])
+
+
+def make_function(src: RegionSource) -> Callable[..., Any]:
+    """The generated function itself (a fresh function object, so torch.compile caches it on its own)."""
+    namespace = dict(src.globals)
+    exec(compile(src.source, "<minijit inductor region>", "exec"), namespace)
+    return namespace["region"]

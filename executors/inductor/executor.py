@@ -1,0 +1,263 @@
+"""The Inductor fusion executor: regions of prims become plain torch functions compiled by torch.compile.
+
+Each region is written out as a Python function of torch calls (the torch executor's
+implementations of its prims, see `codegen.py`) and compiled with
+`torch.compile(fn, backend="inductor", fullgraph=True)`. In-place members
+(`copy_`, `copy_to_out_`) stay in that function: torch.compile keeps the mutation
+semantics of eager code (it functionalizes the graph and Inductor stores the new
+values straight into the input buffers), so a region writes its results into the
+caller's tensors itself, with no copy afterwards, and a mutated input ends up
+exactly as eager would leave it (DESIGN.md, invariants 1 and 2). torch.compile does
+not guard against inputs that share memory, so a call where a tensor the region
+writes overlaps another input runs the same function uncompiled (torch calls in
+trace order, eager's semantics).
+
+Compilation is eager: `fuse` compiles the region and runs it once on example
+inputs (zeros with the proxies' shapes, dtypes and devices, contiguous), because
+torch.compile is lazy. `fuse` runs inside the "claim executors" pass, so Inductor's
+compile time shows up in that trace's `elapsed_ms` in `minijit.last_traces`. A later
+call with inputs that differ in ways the proxies do not record (strides, grad mode)
+makes torch.compile's own guards recompile that region lazily, outside the timings.
+
+Compiled regions live in a module-level cache keyed by the region's canonical
+source and its inputs' metadata, so equal regions share one compiled function
+across layers, cache entries and jitted functions.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from executors.inductor.codegen import VIEWS, NotFusible, RegionSource, make_function, region_source
+from minijit.extend import BoundSymbol, FusionExecutor, Proxy, Region, TensorProxy, prims
+
+# Prims left to other executors: ones that return Python values (shape and the number
+# prims), random numbers (their seeds are values of the trace, not of the graph), real
+# tensors captured into the trace (a cache keyed by source must not bake one in), and
+# device moves.
+EXCLUDED = {"shape", "random_seed", "uniform", "tensor_constant", "device_put", *(f"num_{op}" for op in prims.NUMBER_OPS)}
+COPIES = {"copy_", "copy_to_out_"}
+# Devices Inductor generates code for.
+DEVICES = {"cpu", "cuda"}
+
+
+class CompiledRegion:
+    """The callable a region runs as: the compiled function, plus the in-place outputs passed through."""
+
+    def __init__(self, compiled: Callable[..., Any], src: RegionSource, key: str, compile_s: float,
+                 plain: Callable[..., Any]):
+        self.compiled = compiled
+        self.plain = plain
+        self.written = src.written
+        self.source = src.source
+        self.passthrough = src.passthrough
+        self.key = key
+        self.compile_s = compile_s
+        self.uses = 0
+        self.note = f"inductor (compiled in {compile_s * 1e3:.0f} ms)"
+        self._direct = all(i is None for i in src.passthrough)
+
+    def __call__(self, *inputs: Any) -> tuple[Any, ...]:
+        # torch.compile assumes the inputs it was compiled for do not overlap (their storages
+        # are not guarded); where a tensor the region writes shares memory with another input,
+        # the uncompiled function (torch calls in trace order) gives eager's result instead.
+        fn = self.plain if self.written and _writes_overlap(inputs, self.written) else self.compiled
+        result = fn(*inputs)
+        if self._direct:
+            return result
+        returned = iter(result)
+        return tuple(next(returned) if i is None else inputs[i] for i in self.passthrough)
+
+
+class _RegionCache:
+    """Compiled regions by signature, shared by every jitted function in the process."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, CompiledRegion] = {}
+        self.hits = 0
+        self.misses = 0
+        self.lock = threading.Lock()
+
+    def clear(self) -> None:
+        """Forget every compiled region (the next equal region compiles again)."""
+        with self.lock:
+            self.entries.clear()
+            self.hits = self.misses = 0
+
+
+CACHE = _RegionCache()
+
+
+def cache_info() -> dict[str, int]:
+    """How the compiled-region cache has done: hits, misses (compilations) and size.
+
+    Example::
+
+        executors.inductor.cache_info()   # {'hits': 3, 'misses': 2, 'size': 2}
+    """
+    return {"hits": CACHE.hits, "misses": CACHE.misses, "size": len(CACHE.entries)}
+
+
+def _dims(t: TensorProxy) -> list[int]:
+    return [d if type(d) is int else int(d.value) for d in t.shape]
+
+
+def _symbolic(t: TensorProxy) -> bool:
+    return any(type(d) is not int for d in t.shape)
+
+
+def _metadata(p: Proxy) -> str:
+    if not isinstance(p, TensorProxy):
+        raise NotFusible(f"non-tensor input {p.name}")
+    dims = ",".join(str(d) if type(d) is int else "?" for d in p.shape)
+    return f"{p.dtype}[{dims}]{p.device}{'g' if p.requires_grad else ''}"
+
+
+def _example(p: TensorProxy) -> torch.Tensor:
+    # Zeros, not empty: index inputs of gathers must be in bounds for the one example run.
+    t = torch.zeros(_dims(p), dtype=p.dtype, device=p.device)
+    if p.requires_grad and (p.dtype.is_floating_point or p.dtype.is_complex):
+        # A non-leaf, like most tensors a region writes into in place while grad is on.
+        t = t.requires_grad_().clone()
+    return t
+
+
+class InductorExecutor(FusionExecutor):
+    """Fuses every prim it can into regions compiled by TorchInductor (C++/OpenMP on CPU).
+
+    Not a default executor: name it. Matmuls stay with the torch executor (set
+    `fuse_matmul = True` to put them in regions), as do ops whose whole decomposition
+    is not fusible (`linear`, `scaled_dot_product_attention` run as one torch call).
+
+    Example::
+
+        jf = minijit.jit(adam_step, executors=["inductor"])
+        jf(params, grads, exp_avgs, exp_avg_sqs)   # one compiled region updates every parameter
+    """
+
+    fuse_matmul = False
+    # Regions with fewer compute members (views not counted) run as torch calls: one torch
+    # op gains nothing from Inductor and costs torch.compile's per-call guard check.
+    min_ops = 2
+
+    def __init__(self) -> None:
+        super().__init__("inductor", version=torch.__version__)
+        self._reason: str | bool | None = False
+
+    def unavailable_reason(self) -> str | None:
+        """Why Inductor cannot compile here (no torch._inductor, no C++ compiler), or None."""
+        if self._reason is False:
+            self._reason = _find_unavailable_reason()
+        return self._reason  # type: ignore[return-value]
+
+    def fusible(self, bsym: BoundSymbol) -> bool:
+        """Prims on tensors of a device Inductor compiles for, with no symbolic-number arguments."""
+        sym = bsym.sym
+        if sym.namespace != "prims" or sym.name in EXCLUDED:
+            return False
+        if sym.name == "matmul" and not self.fuse_matmul:
+            return False
+        if sym.name == "copy_to_out_" and not self.fuse_copies_to_out:
+            return False
+        for x in _flatten([*bsym.args, *bsym.kwargs.values()]):
+            if isinstance(x, Proxy) and not isinstance(x, TensorProxy):
+                return False  # a symbolic number: the graph would specialise on it
+            if isinstance(x, TensorProxy) and not _tensor_ok(x):
+                return False
+        outs = bsym.proxy_outputs()
+        return bool(outs) and all(isinstance(p, TensorProxy) and _tensor_ok(p) for p in outs)
+
+    def can_join(self, members: Sequence[BoundSymbol], bsym: BoundSymbol) -> bool:
+        """Any fusible prim may join: Inductor splits a region into kernels itself."""
+        return True
+
+    def fuse(self, region: Region) -> CompiledRegion | None:
+        """Compile (or reuse) the region; None for regions too small to gain or that Inductor refuses."""
+        compute = [b for b in region.members if b.sym.name not in VIEWS]
+        if len(compute) < self.min_ops:
+            return None
+        try:
+            src = region_source(region)
+            key = src.source + "|" + ";".join(_metadata(p) for p in region.inputs) + f"|grad={torch.is_grad_enabled()}"
+        except NotFusible:
+            return None
+        with CACHE.lock:
+            hit = CACHE.entries.get(key)
+            if hit is not None:
+                CACHE.hits += 1
+                hit.uses += 1
+                return hit
+        try:
+            compiled = self._compile(region, src, key)
+        except Exception as e:  # Inductor refusing a graph leaves the region to the torch executor
+            warnings.warn(f"minijit: inductor could not compile {region.name} ({len(region.members)} prims), "
+                          f"running it with torch instead: {type(e).__name__}: {str(e)[:300]}", stacklevel=2)
+            return None
+        with CACHE.lock:
+            CACHE.misses += 1
+            compiled.uses += 1
+            CACHE.entries[key] = compiled
+        return compiled
+
+    def _compile(self, region: Region, src: RegionSource, key: str) -> CompiledRegion:
+        import torch._inductor.config as inductor_config
+
+        dynamic = any(_symbolic(p) for p in region.inputs if isinstance(p, TensorProxy))
+        fn = make_function(src)
+        start = time.perf_counter()
+        # One compile thread: a worker pool costs seconds to start and competes with the
+        # program for cores; a CPU region is one C++ file anyway.
+        with inductor_config.patch(compile_threads=1):
+            compiled = torch.compile(fn, backend="inductor", dynamic=dynamic, fullgraph=True)
+            # torch.compile is lazy: run once so the compilation happens now, inside the timed pass.
+            compiled(*[_example(p) for p in region.inputs])
+        return CompiledRegion(compiled, src, key, time.perf_counter() - start, fn)
+
+
+def _writes_overlap(inputs: Sequence[Any], written: list[int]) -> bool:
+    """Whether an input the region writes into shares its storage with any other input."""
+    count: dict[int, int] = {}
+    for x in inputs:
+        if isinstance(x, torch.Tensor):
+            p = x.untyped_storage().data_ptr()
+            count[p] = count.get(p, 0) + 1
+    return any(count.get(inputs[i].untyped_storage().data_ptr(), 0) > 1 for i in written
+               if isinstance(inputs[i], torch.Tensor))
+
+
+def _tensor_ok(t: TensorProxy) -> bool:
+    return t.device.type in DEVICES and not t.dtype.is_complex
+
+
+def _flatten(values: Sequence[Any]) -> list[Any]:
+    out: list[Any] = []
+    for v in values:
+        if isinstance(v, tuple | list):
+            out.extend(_flatten(v))
+        else:
+            out.append(v)
+    return out
+
+
+def _find_unavailable_reason() -> str | None:
+    if importlib.util.find_spec("torch._inductor") is None:
+        return "this torch build has no torch._inductor"
+    try:
+        from torch._inductor import cpp_builder
+
+        compiler = cpp_builder.get_cpp_compiler()
+    except Exception as e:  # any failure to find or run the compiler means no CPU kernels
+        return f"Inductor found no working C++ compiler for CPU kernels: {type(e).__name__}: {e}"
+    if not compiler:
+        return "Inductor found no C++ compiler for CPU kernels"
+    return None
+
+
+__all__ = ["CACHE", "CompiledRegion", "InductorExecutor", "cache_info"]

@@ -1,0 +1,481 @@
+"""One benchmark suite: each workload under eager, minijit.jit, minijit.jit with Inductor, torch.compile (and Thunder).
+
+Steady-state figures come from one process, the variants interleaved (repeat r times:
+time every variant once) so that machine noise hits them alike; the median per
+iteration is reported with its ratio to eager (>1 is faster). First-call figures
+(tracing and compiling included, imports excluded) come from fresh subprocesses, each
+with an empty Inductor cache directory. Correctness is the largest absolute
+difference from eager over every result (outputs, gradients, mutated inputs), each
+variant run once from the same fresh state.
+
+Run: python scripts/bench.py [--quick] [--repeats N] [--no-first-call] [--out docs/benchmarks.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import minijit  # noqa: E402
+
+VARIANTS = ("eager", "minijit", "minijit+inductor", "torch.compile", "thunder")
+FIRST_CALL = {"mlp": ("minijit", "minijit+inductor", "torch.compile"), "adam": ("minijit", "minijit+inductor", "torch.compile")}
+
+
+# -- workloads -------------------------------------------------------------------------
+
+def add_one(a):
+    return a + 1
+
+
+def pointwise_chain(x):
+    y = x.sin()
+    y = y * 2.0
+    y = y + 1.0
+    y = y.exp()
+    y = y - x
+    y = y.tanh()
+    y = y * 0.5
+    y = y + x
+    return y.relu()
+
+
+def mlp_loss(x, w1, b1, w2, b2):
+    return F.linear(F.gelu(F.linear(x, w1, b1)), w2, b2).square().mean()
+
+
+def adam_step(params, grads, exp_avgs, exp_avg_sqs):
+    # torch.optim.Adam's update at step 3 (lr 1e-3, betas (0.9, 0.999), eps 1e-8), bias corrections folded in.
+    step_size = 1e-3 / (1 - 0.9 ** 3)
+    bias_correction2_sqrt = math.sqrt(1 - 0.999 ** 3)
+    for p, g, m, v in zip(params, grads, exp_avgs, exp_avg_sqs):
+        m.lerp_(g, 0.1)
+        v.mul_(0.999).addcmul_(g, g, value=0.001)
+        denom = (v.sqrt() / bias_correction2_sqrt).add_(1e-8)
+        p.addcdiv_(m, denom, value=-step_size)
+
+
+def gpt_block_loss(x, ln1_w, ln1_b, w_attn, b_attn, w_proj, b_proj, ln2_w, ln2_b, w_fc, b_fc, w_fc2, b_fc2):
+    B, T, C = x.shape
+    h = F.layer_norm(x, (C,), ln1_w, ln1_b)
+    q, k, v = F.linear(h, w_attn, b_attn).split(C, dim=2)
+    q = q.view(B, T, 4, C // 4).transpose(1, 2)
+    k = k.view(B, T, 4, C // 4).transpose(1, 2)
+    v = v.view(B, T, 4, C // 4).transpose(1, 2)
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    x = x + F.linear(y.transpose(1, 2).reshape(B, T, C), w_proj, b_proj)
+    x = x + F.linear(F.gelu(F.linear(F.layer_norm(x, (C,), ln2_w, ln2_b), w_fc, b_fc)), w_fc2, b_fc2)
+    return x.square().mean()
+
+
+def index_copy_sdpa(q, k, v, mask, idx, src):
+    q.index_copy_(2, idx, src)
+    k.index_copy_(2, idx, src)
+    return F.scaled_dot_product_attention(q, k, v, mask)
+
+
+def _randn(*shape, scale=1.0, grad=False):
+    t = torch.randn(*shape) * scale
+    return t.requires_grad_() if grad else t
+
+
+@dataclass
+class Workload:
+    """A benchmark: the function, fresh arguments by seed, and how one iteration runs it."""
+
+    key: str
+    title: str
+    fn: Callable[..., Any]
+    make: Callable[[], list[Any]]
+    # "forward": call; "train": call, then backward of the loss; "inplace": call under no_grad.
+    kind: str
+    iters: int = 1  # iterations per timed sample (set from eager's time per iteration)
+
+    def args(self, seed: int = 0) -> list[Any]:
+        torch.manual_seed(seed)
+        return self.make()
+
+    def step(self, fn: Callable[..., Any], args: list[Any]) -> list[torch.Tensor]:
+        """One iteration; returns every result to compare with eager."""
+        if self.kind == "train":
+            leaves = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+            for t in leaves:
+                t.grad = None
+            loss = fn(*args)
+            loss.backward()
+            return [loss.detach(), *(t.grad for t in leaves)]
+        if self.kind == "inplace":
+            with torch.no_grad():
+                out = fn(*args)
+            flat = [t for a in args for t in (a if isinstance(a, list) else [a])]
+            return [*([out] if isinstance(out, torch.Tensor) else []), *flat]
+        return [fn(*args)]
+
+
+def workloads() -> list[Workload]:
+    """The workloads of issue 8, at the issue's sizes."""
+    def adam_args():
+        shapes = [(1000, 1000)] * 20
+        return [[torch.randn(s) for s in shapes], [torch.randn(s) * 0.01 for s in shapes],
+                [torch.randn(s) * 0.01 for s in shapes], [torch.rand(s) * 1e-4 for s in shapes]]
+
+    def gpt_args():
+        C = 256
+        p = [torch.ones(C), torch.zeros(C), _randn(3 * C, C, scale=0.02), torch.zeros(3 * C),
+             _randn(C, C, scale=0.02), torch.zeros(C), torch.ones(C), torch.zeros(C),
+             _randn(4 * C, C, scale=0.02), torch.zeros(4 * C), _randn(C, 4 * C, scale=0.02), torch.zeros(C)]
+        return [torch.randn(4, 128, C), *(t.requires_grad_() for t in p)]
+
+    def mutation_args():
+        B, H, T, D = 4, 4, 128, 64
+        mask = torch.ones(T, T, dtype=torch.bool).tril()
+        return [torch.randn(B, H, T, D), torch.randn(B, H, T, D), torch.randn(B, H, T, D), mask,
+                torch.arange(0, T, 8), torch.randn(B, H, T // 8, D)]
+
+    return [
+        Workload("overhead", "per call, a + 1 on 1 element", add_one, lambda: [torch.randn(1)], "forward"),
+        Workload("pointwise", "9-op pointwise chain, 4M f32", pointwise_chain, lambda: [torch.randn(4 * 2**20)],
+                 "forward"),
+        Workload("mlp", "MLP 1024-4096-1024 fwd+bwd, batch 64", mlp_loss,
+                 lambda: [torch.randn(64, 1024), _randn(4096, 1024, scale=0.02, grad=True),
+                          _randn(4096, grad=True), _randn(1024, 4096, scale=0.02, grad=True),
+                          _randn(1024, grad=True)], "train"),
+        Workload("adam", "Adam in-place, 20 x 1M", adam_step, adam_args, "inplace"),
+        Workload("gpt", "GPT block fwd+bwd (B=4, T=128, C=256)", gpt_block_loss, gpt_args, "train"),
+        Workload("mutation", "index_copy_ x2 + sdpa (issue 5)", index_copy_sdpa, mutation_args, "inplace"),
+    ]
+
+
+# -- variants --------------------------------------------------------------------------
+
+def build(variant: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The callable a variant runs `fn` as; raises with the reason where the variant cannot run."""
+    if variant == "eager":
+        return fn
+    if variant == "minijit":
+        return minijit.jit(fn)
+    if variant == "minijit+inductor":
+        return minijit.jit(fn, executors=["inductor"])
+    if variant == "torch.compile":
+        return torch.compile(fn)
+    if variant == "thunder":
+        if importlib.util.find_spec("thunder") is None:
+            raise NotAvailable("not installed")
+        import thunder
+
+        return thunder.jit(fn)
+    raise ValueError(variant)
+
+
+class NotAvailable(Exception):
+    """A variant that cannot run here, for a reason given as is."""
+
+
+def _reason(e: BaseException) -> str:
+    if isinstance(e, NotAvailable):
+        return str(e)
+    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"{type(e).__name__}: {text[:70]}" if text else type(e).__name__
+
+
+def max_abs_diff(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
+    """The largest |got - want| over all results (inf where shapes or counts differ)."""
+    if len(got) != len(want):
+        return math.inf
+    worst = 0.0
+    for g, w in zip(got, want):
+        if g is None or w is None:
+            if g is not w:
+                return math.inf
+            continue
+        if g.shape != w.shape:
+            return math.inf
+        if g.numel():
+            worst = max(worst, (g.detach().double() - w.detach().double()).abs().max().item())
+    return worst
+
+
+def time_iters(work: Workload, fn: Callable[..., Any], args: list[Any]) -> float:
+    """Seconds per iteration over one sample of `work.iters` iterations."""
+    start = time.perf_counter()
+    for _ in range(work.iters):
+        work.step(fn, args)
+    return (time.perf_counter() - start) / work.iters
+
+
+@dataclass
+class Result:
+    """A variant's figures on one workload."""
+
+    seconds: float | None = None  # median steady-state seconds per iteration
+    diff: float | None = None
+    note: str | None = None  # why there are no figures ("n/a: ...")
+    first_call: float | None = None
+    first_call_note: str | None = None
+
+
+def steady_state(work: Workload, variants: list[str], repeats: int, sample_s: float) -> dict[str, Result]:
+    """Build each variant, check it against eager once, warm up, then time the variants interleaved.
+
+    Each sample runs as many iterations as take eager about `sample_s` seconds.
+    """
+    results: dict[str, Result] = {}
+    runners: dict[str, tuple[Callable[..., Any], list[Any]]] = {}
+    want = work.step(work.fn, work.args(0))
+    probe = work.args(1)
+    work.iters = 1
+    eager_s = min(time_iters(work, work.fn, probe) for _ in range(3))
+    work.iters = max(1, min(20000, round(sample_s / max(eager_s, 1e-9))))
+    for variant in variants:
+        try:
+            fn = build(variant, work.fn)
+            got = work.step(fn, work.args(0))
+            args = work.args(1)
+            for _ in range(2):
+                work.step(fn, args)
+        except Exception as e:  # a variant that cannot run this workload is reported, not fatal
+            results[variant] = Result(note=f"n/a: {_reason(e)}")
+            continue
+        results[variant] = Result(diff=max_abs_diff(got, want))
+        runners[variant] = (fn, args)
+    samples: dict[str, list[float]] = {v: [] for v in runners}
+    for _ in range(repeats):
+        for variant, (fn, args) in runners.items():
+            samples[variant].append(time_iters(work, fn, args))
+    for variant, times in samples.items():
+        results[variant].seconds = statistics.median(times)
+    return results
+
+
+def first_call_in_subprocess(key: str, variant: str, timeout: float) -> tuple[float | None, str | None]:
+    """Seconds of the first call (tracing and compiling included) in a fresh process with a cold Inductor cache."""
+    with tempfile.TemporaryDirectory(prefix="minijit_bench_") as cache_dir:
+        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache_dir, PYTHONPATH=str(ROOT))
+        try:
+            proc = subprocess.run([sys.executable, __file__, "--first-call", key, variant], capture_output=True,
+                                  text=True, env=env, timeout=timeout, cwd=ROOT)
+        except subprocess.TimeoutExpired:
+            return None, f"n/a: over {timeout:.0f} s"
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith("{"):
+            data = json.loads(line)
+            return data.get("seconds"), data.get("note")
+    return None, f"n/a: exit {proc.returncode}: {(proc.stderr.strip().splitlines() or [''])[-1][:90]}"
+
+
+def first_call_here(key: str, variant: str) -> None:
+    """The --first-call mode: time building the variant and its first iteration, print JSON."""
+    work = next(w for w in workloads() if w.key == key)
+    args = work.args(0)
+    try:
+        start = time.perf_counter()
+        fn = build(variant, work.fn)
+        work.step(fn, args)
+        print(json.dumps({"seconds": time.perf_counter() - start}))
+    except Exception as e:
+        print(json.dumps({"seconds": None, "note": f"n/a: {_reason(e)}"}))
+
+
+# -- report ----------------------------------------------------------------------------
+
+def fmt_time(seconds: float) -> str:
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.1f} µs"
+    if seconds < 1:
+        return f"{seconds * 1e3:.1f} ms"
+    return f"{seconds:.2f} s"
+
+
+def cell(res: Result, eager: Result) -> str:
+    if res.seconds is None:
+        return res.note or "n/a"
+    if eager.seconds is None:
+        return fmt_time(res.seconds)
+    return f"{eager.seconds / res.seconds:.2f}× ({fmt_time(res.seconds)})"
+
+
+def fmt_diff(d: float | None) -> str:
+    if d is None:
+        return "-"
+    return "0" if d == 0 else f"{d:.1e}"
+
+
+def table_rows(works: list[Workload], all_results: dict[str, dict[str, Result]], variants: list[str]) -> list[list[str]]:
+    rows = []
+    for work in works:
+        res = all_results[work.key]
+        eager = res["eager"]
+        row = [work.title, fmt_time(eager.seconds) if eager.seconds else (eager.note or "n/a")]
+        row += [cell(res[v], eager) for v in variants if v != "eager"]
+        row.append(" / ".join(fmt_diff(res[v].diff) for v in variants if v != "eager"))
+        rows.append(row)
+    for key, fc_variants in FIRST_CALL.items():
+        if key not in all_results:
+            continue
+        work = next(w for w in works if w.key == key)
+        res = all_results[key]
+        if all(res[v].first_call is None and res[v].first_call_note is None for v in fc_variants):
+            continue
+        row = [f"first call, {work.title}", "—"]
+        for v in variants[1:]:
+            if v in fc_variants:
+                fc = res[v].first_call
+                row.append(fmt_time(fc) if fc is not None else (res[v].first_call_note or "n/a"))
+            else:
+                row.append(res[v].note or "—")
+        row.append("")
+        rows.append(row)
+    return rows
+
+
+def headers(variants: list[str]) -> list[str]:
+    shown = [v for v in variants if v != "eager"]
+    return ["workload", "eager", *shown, "max abs diff vs eager (" + " / ".join(s.replace("minijit+", "") for s in shown) + ")"]
+
+
+def print_table(head: list[str], rows: list[list[str]]) -> None:
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        print(" | ".join(head))
+        for r in rows:
+            print(" | ".join(r))
+        return
+    table = Table(title="minijit benchmarks (speed-up over eager, >1 is faster; steady state)")
+    for h in head:
+        table.add_column(h)
+    for r in rows:
+        table.add_row(*r)
+    Console(width=200).print(table)
+
+
+def machine() -> dict[str, str]:
+    model = platform.processor() or "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    except OSError:
+        rev = "?"
+    return {"cpu": model, "cores": str(os.cpu_count()), "torch threads": str(torch.get_num_threads()),
+            "python": platform.python_version(), "torch": torch.__version__, "minijit": f"0.1.0 ({rev or '?'})",
+            "thunder": "not installed" if importlib.util.find_spec("thunder") is None else "installed",
+            "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")}
+
+
+def write_markdown(path: Path, head: list[str], rows: list[list[str]], info: dict[str, str], loads: tuple[str, str],
+                   opts: argparse.Namespace, elapsed: float) -> None:
+    lines = ["# Benchmarks", "",
+             "Written by `python scripts/bench.py` (last run below). Each cell: speed-up over eager in the same run "
+             "(>1 is faster) and the median time per iteration. First-call rows: seconds from the start of the first "
+             "call to its end (tracing and compiling included, imports excluded), each in a fresh process with an "
+             "empty Inductor cache.", "",
+             "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    lines += ["", "## Machine", ""]
+    lines += [f"- {k}: {v}" for k, v in info.items()]
+    lines += [f"- load average (1 min) at start / end: {loads[0]} / {loads[1]}",
+              f"- options: repeats={opts.repeats}, quick={opts.quick}, first call={'no' if opts.no_first_call else 'yes'}, "
+              f"torch.compile first call={'yes' if opts.first_call_torch_compile else 'no'}; "
+              f"the run took {elapsed / 60:.1f} min", ""]
+    lines += ["## Notes", "",
+              "- **Noise.** This machine has 2 cores and other processes (test suites, other sessions) were running "
+              "during the run (see the load average): figures are noisy, and differences under ~1.5× on the big "
+              "workloads are within the noise. The variants are interleaved so that noise hits them alike.",
+              "- **Backward.** This branch has no minijit grad transform yet: the fwd+bwd workloads run the jitted "
+              "forward and let torch autograd differentiate the ops it executes (eager ops for the torch executor, "
+              "AOTAutograd-compiled backward graphs for the Inductor regions).",
+              "- **Inductor executor.** Regions are compiled eagerly while the trace is claimed, so their compile time "
+              "is in the first call (and in the \"claim executors\" timing of `minijit.last_traces`). Matmuls and "
+              "attention stay with the torch executor; pointwise ops, reductions, LayerNorm, GELU and the in-place "
+              "updates are fused (the whole Adam step is one region writing straight into the parameters).",
+              "- **torch.compile** is `torch.compile(fn)` with default options; its first call (a cold Inductor "
+              "compile of the whole function, about as long as the minijit+inductor one) is timed only with "
+              "`--first-call-torch-compile`, to keep the run under 10 minutes. **Thunder** is not installed here.",
+              "- Samples: each runs as many iterations as take eager about 0.25 s (0.1 s with --quick); the median "
+              "of the interleaved samples is reported.",
+              "- Correctness column: largest absolute difference from eager over outputs, gradients and mutated "
+              "inputs, one iteration from the same state, per variant in column order.", ""]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="shorter samples (0.1 s of eager instead of 0.25 s), 2 repeats")
+    parser.add_argument("--repeats", type=int, default=None, help="interleaved samples per variant (default 3, quick 2)")
+    parser.add_argument("--no-first-call", action="store_true", help="skip the fresh-process first-call figures")
+    parser.add_argument("--first-call-torch-compile", action="store_true",
+                        help="also time torch.compile's first call (a cold Inductor compile: minutes on 2 cores)")
+    parser.add_argument("--first-call-timeout", type=float, default=240.0)
+    parser.add_argument("--only", default=None, help="comma-separated workload keys (overhead,pointwise,mlp,adam,gpt,mutation)")
+    parser.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"), help="markdown file to write ('' for none)")
+    parser.add_argument("--first-call", nargs=2, metavar=("WORKLOAD", "VARIANT"), help=argparse.SUPPRESS)
+    opts = parser.parse_args()
+    if opts.first_call:
+        first_call_here(*opts.first_call)
+        return
+    opts.repeats = opts.repeats or (2 if opts.quick else 3)
+    warnings.filterwarnings("ignore")
+    start = time.perf_counter()
+    load_start = f"{os.getloadavg()[0]:.1f}"
+    works = workloads()
+    if opts.only:
+        keys = opts.only.split(",")
+        works = [w for w in works if w.key in keys]
+    variants = list(VARIANTS)
+    all_results: dict[str, dict[str, Result]] = {}
+    for work in works:
+        print(f"[{time.perf_counter() - start:6.0f} s] steady state: {work.title}", file=sys.stderr, flush=True)
+        all_results[work.key] = steady_state(work, variants, opts.repeats, 0.1 if opts.quick else 0.25)
+    if not opts.no_first_call:
+        for key, fc_variants in FIRST_CALL.items():
+            if key not in all_results:
+                continue
+            for v in fc_variants:
+                if all_results[key][v].note:
+                    continue
+                if v == "torch.compile" and not opts.first_call_torch_compile:
+                    all_results[key][v].first_call_note = "not run (--first-call-torch-compile)"
+                    continue
+                print(f"[{time.perf_counter() - start:6.0f} s] first call: {key} / {v}", file=sys.stderr, flush=True)
+                sec, note = first_call_in_subprocess(key, v, opts.first_call_timeout)
+                all_results[key][v].first_call, all_results[key][v].first_call_note = sec, note
+    head, rows = headers(variants), table_rows(works, all_results, variants)
+    print_table(head, rows)
+    elapsed = time.perf_counter() - start
+    if opts.out:
+        write_markdown(Path(opts.out), head, rows, machine(), (load_start, f"{os.getloadavg()[0]:.1f}"), opts, elapsed)
+        print(f"wrote {opts.out} ({elapsed / 60:.1f} min)")
+
+
+if __name__ == "__main__":
+    main()

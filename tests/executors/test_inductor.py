@@ -1,0 +1,222 @@
+"""The Inductor executor against eager torch: values, gradients, in-place updates, the region cache.
+
+Inductor compiles C++ per region (seconds each), so the file compiles only three
+regions, in module-scoped fixtures that several tests share. Backward runs through
+torch autograd of the compiled regions (AOTAutograd): this branch has no minijit grad
+transform, and the tests only call `.backward()`, so they hold with one too.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import minijit
+from executors.inductor import CACHE, InductorExecutor, cache_info
+from executors.inductor import ex as inductor_ex
+from minijit.extend import ExecutorUnavailableError, get_executor, resolve_executors
+
+if inductor_ex.unavailable_reason() is not None:
+    pytest.skip(f"inductor is unavailable: {inductor_ex.unavailable_reason()}", allow_module_level=True)
+
+
+def final_source(jf):
+    return minijit.last_traces(jf)[-1].python()
+
+
+def block(x, w, b, g):
+    """LayerNorm, a linear (left to torch), GELU, a residual and a softmax: two regions around the matmul."""
+    h = F.layer_norm(x, (x.shape[-1],), g, None, 1e-5)
+    y = F.gelu(F.linear(h, w, b)) + x * 0.5
+    return torch.softmax(y * 2.0, dim=-1).sum(0) - y.mean()
+
+
+def block_inputs(seed=0):
+    torch.manual_seed(seed)
+    return [torch.randn(6, 8), torch.randn(8, 8) * 0.3, torch.randn(8), torch.rand(8) + 0.5]
+
+
+def adam_step(params, grads, exp_avgs, exp_avg_sqs):
+    """An in-place Adam-like update over a list of parameters (no return value)."""
+    for p, g, m, v in zip(params, grads, exp_avgs, exp_avg_sqs):
+        m.mul_(0.9).add_(g, alpha=0.1)
+        v.mul_(0.999).addcmul_(g, g, value=0.001)
+        p.addcdiv_(m, v.sqrt().add_(1e-8), value=-0.01)
+
+
+def adam_step_again(params, grads, exp_avgs, exp_avg_sqs):
+    """The same update written as another Python function (a different jitted function)."""
+    for p, g, m, v in zip(params, grads, exp_avgs, exp_avg_sqs):
+        m.mul_(0.9).add_(g, alpha=0.1)
+        v.mul_(0.999).addcmul_(g, g, value=0.001)
+        p.addcdiv_(m, v.sqrt().add_(1e-8), value=-0.01)
+
+
+def flat(groups):
+    return [t for group in groups for t in group]
+
+
+def adam_state(seed=0):
+    torch.manual_seed(seed)
+    shapes = [(4, 3), (5,), (2, 2, 2)]
+    return [[torch.randn(s) for s in shapes], [torch.randn(s) for s in shapes],
+            [torch.randn(s) for s in shapes], [torch.rand(s) for s in shapes]]
+
+
+@pytest.fixture(scope="module")
+def trained():
+    """The block run under jit with inputs requiring grad, and its backward, next to eager's."""
+    leaves = [t.requires_grad_() for t in block_inputs()]
+    jf = minijit.jit(block, executors=["inductor"])
+    out = jf(*leaves)
+    out.sum().backward()
+    got_grads = [t.grad.clone() for t in leaves]
+    eager_leaves = [t.detach().clone().requires_grad_() for t in block_inputs()]
+    want = block(*eager_leaves)
+    want.sum().backward()
+    return jf, out, got_grads, want, [t.grad for t in eager_leaves]
+
+
+@pytest.fixture(scope="module")
+def adam_run():
+    """One jitted Adam step (compiled once) next to eager's, with the tensors it mutated."""
+    state, eager_state = adam_state(), adam_state()
+    versions = [t._version for group in state for t in group]
+    jf = minijit.jit(adam_step, executors=["inductor"])
+    with torch.no_grad():
+        jf(*state)
+        adam_step(*eager_state)
+    return jf, state, eager_state, versions
+
+
+def test_forward_matches_eager(trained):
+    _, out, _, want, _ = trained
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+
+
+def test_backward_matches_eager(trained):
+    _, _, got, _, want = trained
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+
+
+def test_matmul_stays_with_torch_and_regions_are_compiled(trained):
+    jf = trained[0]
+    src = final_source(jf)
+    assert "torchex.linear" in src, src
+    assert src.count("inductorex.fusion_") == 2, src
+    # No pointwise op of the block is left to eager torch.
+    assert "torchex.gelu" not in src and "torchex.softmax" not in src and "torchex.layer_norm" not in src, src
+
+
+def test_inplace_update_lands_in_inputs_like_eager(adam_run):
+    _, state, eager_state, versions = adam_run
+    for got_group, want_group in zip(state, eager_state):
+        for got, want in zip(got_group, want_group):
+            torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    # grads are only read; every other tensor was written in place, and autograd can see it.
+    new_versions = [t._version for group in state for t in group]
+    n = len(state[0])
+    assert new_versions[n:2 * n] == versions[n:2 * n]
+    assert all(a > b for i, (a, b) in enumerate(zip(new_versions, versions)) if not n <= i < 2 * n)
+
+
+def test_whole_adam_step_is_one_region(adam_run):
+    src = final_source(adam_run[0])
+    assert src.count("inductorex.fusion_") == 1, src
+    assert "torchex." not in src, src
+
+
+def test_second_call_reuses_the_entry_and_matches_eager(adam_run):
+    jf = adam_run[0]
+    state, eager_state = adam_state(1), adam_state(1)
+    before = cache_info()
+    with torch.no_grad():
+        jf(*state)
+        adam_step(*eager_state)
+    assert cache_info() == before
+    for got, want in zip(flat(state), flat(eager_state)):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_region_cache_is_shared_across_jitted_functions(adam_run):
+    first = minijit.last_traces(adam_run[0])[-1].bound_symbols[0].sym.fn
+    before = cache_info()
+    state, eager_state = adam_state(2), adam_state(2)
+    jf = minijit.jit(adam_step_again, executors=["inductor"])
+    with torch.no_grad():
+        jf(*state)
+        adam_step(*eager_state)
+    after = cache_info()
+    assert after["misses"] == before["misses"] and after["hits"] == before["hits"] + 1
+    assert minijit.last_traces(jf)[-1].bound_symbols[0].sym.fn is first
+    for got, want in zip(flat(state), flat(eager_state)):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_compile_time_is_in_the_claim_pass_timing(adam_run):
+    traces = minijit.last_traces(adam_run[0])
+    claim = next(t for t in traces if t.pass_name == "claim executors")
+    region = claim.bound_symbols[0].sym.fn
+    assert region in CACHE.entries.values()
+    assert region.compile_s > 0 and claim.elapsed_ms >= region.compile_s * 1e3
+
+
+def test_single_op_regions_run_as_torch_calls():
+    x = torch.randn(3)
+    jf = minijit.jit(lambda a: a + 1, executors=["inductor"])
+    before = cache_info()
+    torch.testing.assert_close(jf(x), x + 1)
+    assert cache_info() == before
+    src = final_source(jf)
+    assert "torchex." in src and "inductorex." not in src, src
+
+
+def test_unavailable_without_a_cpp_compiler(monkeypatch):
+    from torch._inductor import cpp_builder
+
+    def no_compiler():
+        raise RuntimeError("no g++ here")
+
+    monkeypatch.setattr(cpp_builder, "get_cpp_compiler", no_compiler)
+    ex = InductorExecutor()
+    assert "no g++ here" in ex.unavailable_reason()
+    with pytest.raises(ExecutorUnavailableError, match=r"inductor.*no g\+\+ here"):
+        resolve_executors([ex])
+
+
+def test_found_by_name():
+    assert get_executor("inductor") is inductor_ex
+
+
+def test_symbolic_sizes_compile_one_dynamic_region():
+    def f(x, y):
+        return (x.sin() * y + 1).exp().sum(-1)
+
+    jf = minijit.jit(f, executors=["inductor"], cache="symbolic values")
+    for n in (5, 7):
+        x, y = torch.randn(3, n), torch.randn(3, n)
+        torch.testing.assert_close(jf(x, y), f(x, y))
+    src = final_source(jf)
+    assert src.count("inductorex.fusion_") == 1 and "torchex." not in src, src
+    assert minijit.cache_info(jf).misses == 1
+
+
+def write_then_read(a, b):
+    a.mul_(2).add_(1)
+    return (b * 3).sin()
+
+
+@pytest.mark.parametrize("alias", ["none", "same", "view"])
+def test_written_input_overlapping_another_input_matches_eager(alias):
+    def make():
+        torch.manual_seed(0)
+        x = torch.randn(4)
+        return {"none": (x, torch.randn(4)), "same": (x, x), "view": (x, x[1:3])}[alias]
+
+    (a, b), (ea, eb) = make(), make()
+    jf = minijit.jit(write_then_read, executors=["inductor"])
+    torch.testing.assert_close(jf(a, b), write_then_read(ea, eb))
+    torch.testing.assert_close(a, ea)
+    assert "inductorex.fusion_" in final_source(jf)
