@@ -171,3 +171,35 @@ def check_containers_unchanged(snapshot: list[Any]) -> None:
                 f"the jitted function modified the {type(container).__name__} passed as argument '{label}' in place; "
                 "minijit would not repeat that on later calls. Return the new values instead"
             )
+
+
+def _storage_key(t: Tensor) -> int:
+    ptr = t.untyped_storage().data_ptr()
+    return ptr if ptr else id(t)  # empty storages share address 0 without sharing memory
+
+
+def alias_pattern(*values: Any) -> tuple[int, ...]:
+    """Which inputs share storage: the position of the first input with the same storage, per input.
+
+    Part of the guard of traces that write into their inputs (DESIGN.md, invariant 1): a trace
+    functionalized for distinct inputs is wrong for aliased ones, and the other way round.
+    """
+    first: dict[int, int] = {}
+    return tuple(first.setdefault(_storage_key(v), i) if isinstance(v, Tensor) else i for i, v in enumerate(values))
+
+
+def alias_groups(values: list[Any]) -> tuple[list[list[int]], list[list[int]]]:
+    """Groups of input positions sharing storage: (identical views, other overlaps)."""
+    by_storage: dict[int, list[int]] = {}
+    for i, v in enumerate(values):
+        if isinstance(v, Tensor):
+            by_storage.setdefault(_storage_key(v), []).append(i)
+    identical, partial = [], []
+    for group in by_storage.values():
+        if len(group) < 2:
+            continue
+        lead = values[group[0]]
+        same = all((values[i].data_ptr(), values[i].shape, values[i].stride(), values[i].dtype)
+                   == (lead.data_ptr(), lead.shape, lead.stride(), lead.dtype) for i in group)
+        (identical if same else partial).append(group)
+    return identical, partial

@@ -9,13 +9,17 @@ from typing import Any
 
 import torch
 
+from minijit.errors import AliasError
 from minijit.frontend import interpret
 from minijit.ir import Trace, tracing
 from minijit.ir.context import recording_constraints
 from minijit.runtime.autograd import CompiledGrad, autograd_callable
 from minijit.runtime.guards import compile_guard, drop_implied
 from minijit.runtime.inputs import (
+    alias_groups,
+    alias_pattern,
     check_containers_unchanged,
+    flat_inputs,
     proxify_arguments,
     snapshot_containers,
     tensor_capturer,
@@ -65,7 +69,8 @@ def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
         entry = _compile(fn, args, kwargs, executors, symbolic)
     entry.constraints = drop_implied(constraints)
     entry.value_guards = list(entry.traces[0].info.get("guards", ()))
-    entry.guard = compile_guard(entry.traces[0], entry.constraints, entry.value_guards)
+    entry.guard = compile_guard(entry.traces[0], entry.constraints, entry.value_guards,
+                                entry.traces[-1].info.get("alias_pattern"))
     return entry
 
 
@@ -93,7 +98,7 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
 
     # The passes, in order. Each is a pure Trace -> Trace function.
     trace = _timed(capture, traces)
-    trace = _timed(lambda: functionalize(trace), traces)
+    trace = _timed(lambda: functionalize_for_call(trace, flat_inputs(args, kwargs, symbolic)), traces)
     trace = _timed(lambda: dce(trace), traces)
     trace = _timed(lambda: remove_cast_round_trips(trace), traces)
 
@@ -137,3 +142,31 @@ def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[An
     )
     return CompiledEntry(autograd_callable(compiled), traces, backward_traces=bwd_traces)
 
+
+
+def functionalize_for_call(trace: Trace, flat: list[Any]) -> Trace:
+    """`functionalize`, told which inputs of this call share memory (DESIGN.md, invariant 1).
+
+    The same tensor passed twice (or identical views) is one memory that a write updates
+    for every name; overlapping views that differ are refused where the trace writes into one.
+    """
+    identical, partial = alias_groups(flat)
+    functional = functionalize(trace)
+    mutated = set(functional.info.get("mutated_inputs", ()))
+    if not mutated:
+        return functional  # aliasing cannot matter: the guard need not look at it
+    if identical:
+        # Functionalized for this aliasing only: the guard below keeps other calls away.
+        functional = functionalize(trace, input_aliases=identical)
+        mutated = set(functional.info.get("mutated_inputs", ())) | mutated
+    for group in partial:
+        names = [trace.args[i].name for i in group]
+        written = [n for n in names if n in mutated]
+        if written:
+            raise AliasError(
+                f"inputs {', '.join(names)} overlap in memory without being the same view, and the function writes "
+                f"into {written[0]} in place; minijit cannot order that write against the other reads. "
+                "Pass a clone of one of them"
+            )
+    functional.info["alias_pattern"] = alias_pattern(*flat)
+    return functional

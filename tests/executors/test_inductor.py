@@ -208,12 +208,19 @@ def write_then_read(a, b):
     return (b * 3).sin()
 
 
-@pytest.mark.parametrize("alias", ["none", "same", "view"])
+def test_written_input_overlapping_a_different_view_is_refused():
+    x = torch.randn(4)
+    jf = minijit.jit(write_then_read, executors=["inductor"])
+    with pytest.raises(minijit.AliasError, match="overlap in memory"):
+        jf(x, x[1:3])
+
+
+@pytest.mark.parametrize("alias", ["none", "same"])
 def test_written_input_overlapping_another_input_matches_eager(alias):
     def make():
         torch.manual_seed(0)
         x = torch.randn(4)
-        return {"none": (x, torch.randn(4)), "same": (x, x), "view": (x, x[1:3])}[alias]
+        return {"none": (x, torch.randn(4)), "same": (x, x)}[alias]
 
     (a, b), (ea, eb) = make(), make()
     jf = minijit.jit(write_then_read, executors=["inductor"])
