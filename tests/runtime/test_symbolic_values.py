@@ -93,3 +93,24 @@ def test_unsqueeze_add_trace_from_the_issue():
     prologue = jf.last_prologue()
     assert "a.shape[1] == a.shape[1]" not in prologue
     assert "assert a.shape[1] == b.shape[1]" in prologue
+
+
+def test_unsqueeze_add_backward_serves_other_sizes():
+    def foo(a, b):
+        a = a.unsqueeze(1)
+        return a + b
+
+    jf = minijit.jit(foo, cache="symbolic values")
+    for sa, sb in [((1, 3, 4), (3, 3, 4)), ((1, 5, 6), (5, 5, 6))]:
+        a, b = torch.randn(sa, requires_grad=True), torch.randn(sb, requires_grad=True)
+        ea, eb = a.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
+        out, expected = jf(a, b), foo(ea, eb)
+        torch.testing.assert_close(out, expected)
+        g = torch.randn_like(expected)
+        out.backward(g)
+        expected.backward(g)
+        torch.testing.assert_close(a.grad, ea.grad)
+        torch.testing.assert_close(b.grad, eb.grad)
+    assert minijit.cache_info(jf).misses == 1
+    assert "prims.shape(a)" in str(minijit.last_traces(jf)[0])
+    assert minijit.last_backward_traces(jf)
