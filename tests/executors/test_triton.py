@@ -329,8 +329,17 @@ def test_backward_regions_match_eager(dtype, layout):
     gs = [torch.randn_like(r) for r in refs]
     grads = torch.autograd.grad(outs, (x, w), gs)
     ref_grads = torch.autograd.grad(refs, (x, w), gs)
-    for out, ref in zip((*outs, *grads), (*refs, *ref_grads)):
-        torch.testing.assert_close(out, ref, **TOL[dtype])
+    # The exact answer, in float64 from the same inputs: the kernels compute in float32, eager
+    # in the input dtype, so in half precision each is held to its distance from the exact one.
+    x64, w64 = (t.detach().double().requires_grad_() for t in (x, w))
+    exact = eager(x64, w64)
+    exact = (*exact, *torch.autograd.grad(exact, (x64, w64), [g.double() for g in gs]))
+    for out, ref, ex in zip((*outs, *grads), (*refs, *ref_grads), exact):
+        if dtype == torch.float32:
+            torch.testing.assert_close(out, ref, **TOL[dtype])
+        else:
+            eager_error = (ref.double() - ex).abs().max().item()
+            assert (out.double() - ex).abs().max().item() <= 2 * eager_error + TOL[dtype]["atol"]
     backward = jf.last_backward_traces()[-1].python()
     assert "tritonex.fusion_" in backward, backward
 
