@@ -160,14 +160,11 @@ class OperatorExecutor(Executor):
         symbol's signature may rewrite the call into other symbols (typically this
         executor's operators), which are claimed in turn.
 
-        A claimed op trains with the symbol's own VJP rule (the grad transform runs
-        before executors claim the forward and backward traces, whose symbols are
-        claimed like any other). `grad_transform=(forward, backward)`, as for
-        `register_operator`, is kept on the `Implementation` but not yet used for an
-        existing symbol: a VJP rule is per symbol, and replacing a prim's or ltorch
-        op's rule for every executor would be wrong. Give custom gradients to your
-        own operators (`register_operator(..., grad_transform=...)`) and claim calls
-        with an `execution_transform` that calls them.
+        A claimed op trains with the symbol's own VJP rule, unless a
+        `grad_transform=(forward, backward)` is given (as for `register_operator`):
+        then, for the calls this executor claims (its checker accepts them and no
+        executor before it claims them), the grad pass uses that pair instead. The
+        symbol's rule stays what other executors get.
 
         Example::
 

@@ -120,7 +120,7 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
 def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[Any]) -> CompiledEntry:
     """Grad is needed: split into forward and backward, run the passes on both, compile both."""
     start = time.perf_counter()
-    fwd, bwd = split_forward_backward(trace)
+    fwd, bwd = split_forward_backward(trace, executors)
     fwd.elapsed_ms = bwd.elapsed_ms = (time.perf_counter() - start) * 1e3
     traces.append(fwd)
     bwd_traces = [bwd]

@@ -23,7 +23,7 @@ the residuals the backward actually reads are saved.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Container
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,8 +118,9 @@ def _rename(bsym: BoundSymbol, mapping: dict[int, Proxy]) -> BoundSymbol:
 class _Splitter:
     """The state of one forward/backward split."""
 
-    def __init__(self, trace: Trace):
+    def __init__(self, trace: Trace, executors: Sequence[Any] = ()):
         self.trace = trace
+        self.executors = executors
         self.requires = {p.name for p in trace.args if is_differentiable(p) and p.requires_grad}
         self.inputs_requiring = set(self.requires)
         self.no_grad: set[str] = trace.info.get("no_grad", set())
@@ -136,7 +137,7 @@ class _Splitter:
         if prims.INPLACE in bsym.sym.tags:
             self._inplace(bsym)
             return
-        rule = rule_for(bsym.sym)
+        rule = self._executor_rule(bsym) or rule_for(bsym.sym)
         bound = _bind(bsym, rule) if rule is not None else None
         if rule is not None and bound is not None and self._apply_rule(bsym, rule, *bound):
             return
@@ -148,6 +149,20 @@ class _Splitter:
             f"cannot differentiate {bsym.sym.id}{where(bsym.source)}: it has no VJP rule and no decomposition; "
             "compute it under torch.no_grad() or outside the jitted function"
         )
+
+    def _executor_rule(self, bsym: BoundSymbol) -> VjpRule | None:
+        """The grad transform of the executor that will claim `bsym`, if it gave one for this symbol."""
+        for ex in self.executors:
+            find = getattr(ex, "implementation_for", None)
+            impl = find(bsym) if find is not None else None
+            if impl is not None:
+                transform = getattr(impl, "grad_transform", None)
+                if transform is None:
+                    return None  # the executor runs it with the symbol's own rule
+                rule = VjpRule(bsym.sym.id, transform[0])
+                rule.backward(transform[1])
+                return rule
+        return None
 
     def _inplace(self, bsym: BoundSymbol) -> None:
         # After functionalization the only writes left copy final values into inputs, at the
@@ -277,14 +292,15 @@ def requires_grad_inputs(trace: Trace) -> list[Proxy]:
     return [p for p in trace.args if is_differentiable(p) and p.requires_grad]
 
 
-def split_forward_backward(trace: Trace) -> tuple[Trace, Trace]:
+def split_forward_backward(trace: Trace, executors: Sequence[Any] = ()) -> tuple[Trace, Trace]:
     """The forward trace (returns `(outputs, saved)`) and backward trace (takes `*saved, *cotangents`).
 
     The backward returns one gradient per input of `trace` (None for inputs that do
     not require grad or that no output depends on). Cotangents come in the order of
-    the differentiable output leaves (`differentiable_outputs`).
+    the differentiable output leaves (`differentiable_outputs`). Where the first of
+    `executors` that claims a call has a grad transform for it, that is its VJP rule.
     """
-    splitter = _Splitter(trace)
+    splitter = _Splitter(trace, executors)
     for bsym in trace.bound_symbols:
         splitter.forward(bsym)
     bwd, saved = splitter.backward()

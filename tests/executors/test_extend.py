@@ -329,14 +329,29 @@ def test_declined_region_falls_back_to_later_executors():
     assert "eagerfuseex" not in final(jf) and "torchex.prims_exp(" in final(jf)
 
 
-def test_grad_transform_is_stored_on_the_implementation():
+def test_grad_transform_of_a_claimed_symbol_is_used_for_its_calls():
     ex = OperatorExecutor("gradex")
-    fwd = lambda a: (a.exp(), (a,))
-    bwd = lambda saved, g: (g * saved[0].exp(),)
-    op = ex.register_operator("my_exp", like=lambda a: a.exp(), fn=torch.exp, grad_transform=(fwd, bwd))
-    assert ex.implementations[op.id].fn is torch.exp
-    ex.register_implementation(torch.exp, torch.exp, grad_transform=(fwd, bwd))
-    assert ex.implementations["ltorch.exp"].grad_transform == (fwd, bwd)
+    grad_op = ex.register_operator("exp_grad", like=lambda a, g: a * g, fn=lambda e, g: e * g)
+
+    def forward(a):
+        out = a.exp()
+        return out, (out,)
+
+    def backward(saved, g):
+        return (grad_op(saved[0], g),)
+
+    # Claims exp only in float64; its grad transform then replaces exp's own VJP rule.
+    ex.register_implementation(torch.exp, torch.exp, checker=lambda a: a.dtype == torch.float64,
+                               grad_transform=(forward, backward))
+    jf = minijit.jit(lambda a: (a.exp() * 3).sum(), executors=[ex])
+    for dtype, uses_transform in ((torch.float64, True), (torch.float32, False)):
+        a = torch.randn(5, dtype=dtype, requires_grad=True)
+        ea = a.detach().clone().requires_grad_()
+        jf(a).backward()
+        (ea.exp() * 3).sum().backward()
+        torch.testing.assert_close(a.grad, ea.grad)
+        backward_source = minijit.last_backward_traces(jf)[-1].python()
+        assert ("gradexex.exp_grad" in backward_source) == uses_transform, backward_source
 
 
 def test_ops_namespace_is_not_shadowed():
