@@ -407,12 +407,11 @@ def write_markdown(path: Path, head: list[str], rows: list[list[str]], info: dic
               f"torch.compile first call={'yes' if opts.first_call_torch_compile else 'no'}; "
               f"the run took {elapsed / 60:.1f} min", ""]
     lines += ["## Notes", "",
-              "- **Noise.** This machine has 2 cores and other processes (test suites, other sessions) were running "
-              "during the run (see the load average): figures are noisy, and differences under ~1.5× on the big "
+              "- **Noise.** This machine has 2 cores and other processes may be running "
+              "during a run (see the load average): figures are noisy, and differences under ~1.5× on the big "
               "workloads are within the noise. The variants are interleaved so that noise hits them alike.",
-              "- **Backward.** This branch has no minijit grad transform yet: the fwd+bwd workloads run the jitted "
-              "forward and let torch autograd differentiate the ops it executes (eager ops for the torch executor, "
-              "AOTAutograd-compiled backward graphs for the Inductor regions).",
+              "- **Backward.** The fwd+bwd workloads run minijit's compiled forward and backward traces (the grad "
+              "transform), joined to torch autograd by one autograd.Function per call.",
               "- **Inductor executor.** Regions are compiled eagerly while the trace is claimed, so their compile time "
               "is in the first call (and in the \"claim executors\" timing of `minijit.last_traces`). Matmuls and "
               "attention stay with the torch executor; pointwise ops, reductions, LayerNorm, GELU and the in-place "
