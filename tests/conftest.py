@@ -2,6 +2,10 @@
 
 import os
 
-# Triton reads TRITON_INTERPRET when it is imported, and other modules (torch._inductor) may
-# import it before the Triton tests run: set it for the whole session, before any import.
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import torch
+
+# Without a GPU, Triton kernels run through Triton's CPU interpreter. Triton reads
+# TRITON_INTERPRET when it is imported, and other modules (torch._inductor) may import it
+# before the Triton tests run: so it is set here, for the whole session, before any test.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")

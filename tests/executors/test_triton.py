@@ -8,7 +8,6 @@ on contiguous and strided inputs. Ops are grouped into a few functions so that e
 from __future__ import annotations
 
 import importlib.util
-import os
 
 import pytest
 import torch
@@ -16,10 +15,7 @@ import torch
 if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed (pip install 'minijit[triton]' to run these tests)", allow_module_level=True)
 
-# Must be set before triton compiles anything: kernels run on CPU through Triton's interpreter.
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
-
+# TRITON_INTERPRET is set for the whole session in tests/conftest.py when there is no GPU.
 import minijit
 from executors.triton import KERNELS, kernel_source
 from executors.triton import ex as triton_ex

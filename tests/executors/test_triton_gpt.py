@@ -7,7 +7,6 @@ the grad transform is missing.
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 from pathlib import Path
 
@@ -16,9 +15,7 @@ import torch
 
 if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed (pip install 'minijit[triton]' to run these tests)", allow_module_level=True)
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
-
+# TRITON_INTERPRET is set for the whole session in tests/conftest.py when there is no GPU.
 import minijit
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning",
