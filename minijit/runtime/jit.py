@@ -65,6 +65,7 @@ class JitFunction:
         self._entries: dict[tuple[Any, ...], list[CompiledEntry]] = {}
         self._descriptions: list[dict[str, Any]] = []
         self._info = CacheInfo()
+        self._hits = 0  # kept apart from _info: the hit path updates one attribute
         self._last: CompiledEntry | None = None
         functools.update_wrapper(self, fn)
 
@@ -75,9 +76,11 @@ class JitFunction:
         if not kwargs and len(args) < 16:
             key = self._keys[len(args)](*args)
             if key is not None:
-                for entry in self._entries.get(key, ()):
+                entries = self._entries.get(key)
+                if entries is not None:
+                    entry = entries[0]  # other entries under this key: the general path tries them
                     if entry.guard is None or entry.guard(*args):
-                        self._info.hits += 1
+                        self._hits += 1
                         self._last = entry
                         return entry.computation(*args)
         return self._call_general(args, kwargs)
@@ -88,7 +91,7 @@ class JitFunction:
         candidates = self._entries.get(key, [])
         for entry in candidates:
             if entry.guard is None or entry.guard(*flat):
-                self._info.hits += 1
+                self._hits += 1
                 break
         else:
             entry = self._miss(args, kwargs, flat, candidates)
@@ -138,4 +141,5 @@ class JitFunction:
 
     def cache_info(self) -> CacheInfo:
         """Hits, misses and entries of this function's cache."""
+        self._info.hits = self._hits
         return self._info
