@@ -309,21 +309,6 @@ _PRIM_IMPLS: dict[str, Any] = {
     "lerp": torch.lerp,
 }
 
-def _tensor_operands(fn: Any) -> Any:
-    """`fn(a, b)` where torch needs both operands as tensors: a Python number becomes a 0-d tensor."""
-    def run(a: Any, b: Any) -> torch.Tensor:
-        if not isinstance(a, torch.Tensor):
-            a = torch.tensor(a, dtype=b.dtype, device=b.device)
-        elif not isinstance(b, torch.Tensor):
-            b = torch.tensor(b, dtype=a.dtype, device=a.device)
-        return fn(a, b)
-    return run
-
-
-# Elementwise prims accept a Python number for either operand; these torch functions do not.
-for _name in ("maximum", "minimum", "atan2", "fmod", "copysign", "eq", "ne", "lt", "le", "gt", "ge"):
-    _PRIM_IMPLS[_name] = _tensor_operands(getattr(torch, _name))
-
 for _op, (_, _fn) in prims.NUMBER_OPS.items():
     _PRIM_IMPLS[f"num_{_op}"] = _fn
 

@@ -69,13 +69,19 @@ for _symbol, _op, _dunder in _NAMES:
     BINARY_OPS.append((_symbol + "=", getattr(operator, "i" + _op.rstrip("_")), f"__i{_dunder}__", f"__{_dunder}__"))
 
 
-def binary_op(a: Any, b: Any, index: int) -> Any:
-    """`a <op> b` for BINARY_OP's argument `index` (in-place forms for 13 and up)."""
-    symbol, native, dunder, other = BINARY_OPS[index]
+def _members_of(a: Any, b: Any) -> tuple[Any, Any]:
+    """The Python-level dunders of both operands' types (cached per type)."""
     ma = _PY_MEMBERS.get(type(a))
     mb = _PY_MEMBERS.get(type(b))
     if ma is None or mb is None:
         ma, mb = python_members(type(a)), python_members(type(b))
+    return ma, mb
+
+
+def binary_op(a: Any, b: Any, index: int) -> Any:
+    """`a <op> b` for BINARY_OP's argument `index` (in-place forms for 13 and up)."""
+    symbol, native, dunder, other = BINARY_OPS[index]
+    ma, mb = _members_of(a, b)
     if not (ma or mb):
         return native(a, b)
     if index >= 13:
@@ -120,10 +126,7 @@ COMPARISONS = {
 def compare(a: Any, b: Any, symbol: str) -> Any:
     """`a <symbol> b` for the six rich comparisons."""
     native, dunder, reflected = COMPARISONS[symbol]
-    ma = _PY_MEMBERS.get(type(a))
-    mb = _PY_MEMBERS.get(type(b))
-    if ma is None or mb is None:
-        ma, mb = python_members(type(a)), python_members(type(b))
+    ma, mb = _members_of(a, b)
     if not (ma or mb):
         return native(a, b)
     ta, tb = type(a), type(b)
