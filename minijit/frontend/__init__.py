@@ -30,6 +30,7 @@ Example::
     check = build_guard(trace.info["guards"])
 """
 
+from minijit.frontend import autograd_function  # noqa: F401  (registers the Function.apply lookaside)
 from minijit.frontend.guards import GuardEntry, build_guard
 from minijit.frontend.interpreter import InterpretedGenerator, interpret
 
