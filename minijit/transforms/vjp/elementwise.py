@@ -1,9 +1,11 @@
-"""VJP rules of the elementwise prims: unary math, binary math, where and lerp.
+"""VJP rules of the elementwise prims: unary math (and polygamma), real/imag, binary math, where and lerp.
 
 Elementwise prims take operands of one shape and dtype (numbers allowed), so the
 gradients need no broadcasting or casting. Bool-valued prims (comparisons,
 isnan, ...) need no rule: their outputs are not differentiable, which makes
-them constant for VJP.
+them constant for VJP. Gradients of complex tensors are not supported: the rules
+do not conjugate, so `real` and `imag`, where a complex input meets the real
+world, refuse complex inputs with a clear error.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""VJP rules of the dtype, shape, layout, reduction, matmul and indexing prims."""
+"""VJP rules of the dtype, shape, layout, reduction, matmul, indexing and selection (sort, topk) prims."""
 
 from __future__ import annotations
 
