@@ -122,6 +122,10 @@ class _Splitter:
         self.trace = trace
         self.executors = executors
         self.requires = {p.name for p in trace.args if is_differentiable(p) and p.requires_grad}
+        for p in trace.args:
+            if p.name in self.requires and p.dtype.is_complex:
+                raise UnsupportedOpError(f"the input {p.name} is a complex tensor that requires grad; minijit does "
+                                         "not differentiate complex tensors")
         self.inputs_requiring = set(self.requires)
         self.no_grad: set[str] = trace.info.get("no_grad", set())
         self.fwd = Trace(trace.fn_name, _names=trace.names)
@@ -139,6 +143,14 @@ class _Splitter:
         if prims.INPLACE in bsym.sym.tags:
             self._inplace(bsym)
             return
+        complex_out = next((p for p in bsym.proxy_outputs() if isinstance(p, TensorProxy) and p.dtype.is_complex), None)
+        if complex_out is not None:
+            # The rules are written for real values (no conjugates): refuse rather than be wrong.
+            raise UnsupportedOpError(
+                f"cannot differentiate {bsym.sym.id}{where(bsym.source)}: its output {complex_out.name} is complex, and "
+                "minijit does not differentiate complex tensors; compute it under torch.no_grad() or outside the "
+                "jitted function"
+            )
         rule = self._executor_rule(bsym) or rule_for(bsym.sym)
         bound = _bind(bsym, rule) if rule is not None else None
         if rule is not None and bound is not None and self._apply_rule(bsym, rule, *bound):

@@ -189,3 +189,21 @@ def test_triton_kernel_writes_bump_the_version_counter():
     assert p._version > version
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         y.backward()
+
+
+def write_into_a_view(p, w):
+    p[0].add_(w)
+    return (p * w).sum()
+
+
+def test_writing_a_view_of_a_non_leaf_input():
+    results = []
+    for fn in (write_into_a_view, minijit.jit(write_into_a_view)):
+        x = torch.arange(1.0, 4.0, dtype=torch.float64, requires_grad=True)
+        w = torch.tensor(2.0, dtype=torch.float64, requires_grad=True)
+        p = x * 2
+        out = fn(p, w)
+        (out + (p * p).sum()).backward()
+        results.append((out.detach(), p.detach(), x.grad, w.grad))
+    for e, g in zip(*results):
+        torch.testing.assert_close(g, e)

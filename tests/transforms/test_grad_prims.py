@@ -249,7 +249,7 @@ def test_complex_parts_refuse_complex_gradients(name: str) -> None:
     # The rules do not conjugate complex gradients, so a complex input that requires grad is refused.
     x = torch.randn(3, dtype=torch.complex128, requires_grad=True)
     jf = minijit.jit(lambda x: _PRIM_BY_NAME[name](x))
-    with pytest.raises(minijit.UnsupportedOpError, match=rf"prims\.{name}.*complex"):
+    with pytest.raises(minijit.UnsupportedOpError, match="complex"):
         jf(x)
     with torch.no_grad():
         torch.testing.assert_close(jf(x), getattr(torch, name)(x))
