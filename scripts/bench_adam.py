@@ -31,9 +31,9 @@ SCRIPTS = Path(__file__).resolve().parent
 sys.path[:0] = [str(SCRIPTS.parent), str(SCRIPTS)]  # this checkout's minijit, and bench.py beside this file
 
 import torch  # noqa: E402
+from bench import adam_step, first_call_in_subprocess, fmt_time, workloads  # noqa: E402
 
 import minijit  # noqa: E402
-from bench import adam_step, first_call_in_subprocess, fmt_time, workloads  # noqa: E402
 
 WORKLOAD = next(w for w in workloads() if w.key == "adam")
 
