@@ -51,7 +51,7 @@ class TorchExecutor(OperatorExecutor):
         """Pointwise ops and matmul/cat without `out=`: torch returns a new tensor for each call."""
         fn = bsym.sym.fn
         return ("out" not in bsym.kwargs and prims.INPLACE not in bsym.sym.tags
-                and (_is_pointwise_with_out(fn) or _in(fn, _OUT_NOT_POINTWISE)))
+                and (_is_pointwise_with_out(fn) or _in(fn, _OUT_NOT_POINTWISE) or _in(fn, _ALLOCATING)))
 
     def _inplace_symbol(self, sym: Symbol, method: Any) -> Symbol:
         exe = self._inplace_symbols.get(sym.id)
@@ -273,6 +273,12 @@ def _copy_to_out_(computed: torch.Tensor, *, out: torch.Tensor) -> torch.Tensor:
         out.copy_(computed)
     return out
 
+
+# Other implementations that always return a tensor of their own (none has an `inplace=` option).
+_F = torch.nn.functional
+_ALLOCATING = {_sum, _prod, _amax, _amin, torch.argmax, torch.argmin, torch.sum, torch.mean, torch.prod, torch.amax,
+               torch.amin, torch.cumsum, torch.cumprod, torch.softmax, torch.log_softmax, _F.softmax, _F.log_softmax,
+               _F.linear, _F.layer_norm, _F.scaled_dot_product_attention}
 
 _PRIM_IMPLS: dict[str, Any] = {
     # copy=True: a same-dtype conversion is how ltorch.clone makes a new tensor.
