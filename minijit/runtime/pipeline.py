@@ -133,7 +133,10 @@ def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[An
         t = _timed(lambda t=t: dce(t), passes)
         if passes is traces:  # only the forward writes into inputs
             t = _timed(lambda t=t: write_copies_in_place(t, executors), passes)
-            t = _timed(lambda t=t: reuse_buffers(t, executors), passes)
+            # Only where the forward runs inside autograd.Function.forward, with grad mode off:
+            # with nothing differentiable it runs as is, and `out=` refuses arguments requiring grad.
+            if fwd.info["differentiable_outputs"]:
+                t = _timed(lambda t=t: reuse_buffers(t, executors), passes)
             if CHECK_COPIES:
                 check_copies(t)
         _timed(lambda t=t: release_dead_values(t), passes)
