@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from minijit.ir import BoundSymbol, Proxy, TensorProxy, Trace, tree_iter
-from minijit.transforms.copy_analysis import may_alias_input, read_proxies, written_tensors
+from minijit.transforms.copy_analysis import buffer_kind, may_alias_input, read_proxies, written_tensors
 
 # A memory is named by the id of the proxy whose producer allocated it; inputs by their name.
 Memory = int | str
@@ -99,13 +99,11 @@ class _BufferReuse:
 
     def _rewrite(self, bsym: BoundSymbol, i: int, ex: Any) -> BoundSymbol:
         """bsym computing into an argument's buffer, else into a dead buffer of the same kind, else unchanged."""
-        kind = _kind(next(iter(bsym.proxy_outputs())))
-        if kind is None:
-            return bsym  # symbolic sizes: whether two buffers match is not known here
+        kind = buffer_kind(next(iter(bsym.proxy_outputs())))
         args = [p for p in read_proxies(bsym) if isinstance(p, TensorProxy)]
         for t in args:
             where = self.mem.get(id(t), frozenset())
-            if len(where) != 1 or not where <= self.owned or _kind(t) != kind:
+            if len(where) != 1 or not where <= self.owned or buffer_kind(t) != kind:
                 continue
             (m,) = where
             # An op may read its `out` exactly, never through another view of it (DESIGN.md, invariant 2).
@@ -148,13 +146,7 @@ class _BufferReuse:
                 self.busy_until[m] = max(self.busy_until.get(m, -1), until)
         if len(where) == 1 and where <= self.owned:
             (m,) = where
-            kind = _kind(self.home[m])
+            kind = buffer_kind(self.home[m])
             if kind is not None and self.busy_until[m] != math.inf:
                 heapq.heappush(self.pool.setdefault(kind, []), (self.busy_until[m], len(self.home), m))
 
-
-def _kind(t: Any) -> tuple[Any, ...] | None:
-    """(shape, dtype, device) of a tensor proxy with a static shape, the key buffers are matched by; else None."""
-    if not isinstance(t, TensorProxy) or not all(type(s) is int for s in t.shape):
-        return None
-    return (tuple(t.shape), t.dtype, t.device)

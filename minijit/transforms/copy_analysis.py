@@ -55,6 +55,18 @@ def may_alias_input(bsym: BoundSymbol) -> bool:
     return False
 
 
+def buffer_kind(t: Any) -> tuple[Any, ...] | None:
+    """(shape, dtype, device) of a tensor proxy, the key two buffers are matched by; None for a non-tensor.
+
+    A symbolic size stands by its proxy's name: two sizes match only when they are the
+    same proxy (comparing symbolic sizes would record constraints on the call).
+    """
+    if not isinstance(t, TensorProxy):
+        return None
+    shape = tuple(s if type(s) is int else ("sym", getattr(s, "name", None) or id(s)) for s in t.shape)
+    return (shape, t.dtype, t.device)
+
+
 def written_tensors(bsym: BoundSymbol) -> list[TensorProxy]:
     """The tensors whose memory `bsym` writes into: its `out=` argument, the target of an in-place op,
     or the inputs a fused region copies into (its copy_to_out_ members)."""
@@ -264,7 +276,7 @@ class _InPlaceChains:
                 buffer = self.buffers.get(id(a), frozenset())
                 if q is None or id(a) in inputs or buffer != {id(a)}:
                     continue  # an input, or a view: its memory is not a's alone
-                if (a.shape, a.dtype, a.device) != (out.shape, out.dtype, out.device):
+                if buffer_kind(a) != buffer_kind(out):
                     continue
                 if any(r > i for r in self.reads.get(id(a), ())) or any(r > q for r in later_reads):
                     continue  # a is read after it is overwritten, or out's old value after a is made

@@ -239,3 +239,18 @@ def test_under_grad_with_nothing_differentiable():
         return (w.sqrt() / 2).add_(1) > x
     w, x = torch.rand(6, requires_grad=True), torch.rand(6)
     assert torch.equal(minijit.jit(f)(w, x), f(w, x))
+
+
+def test_symbolic_sizes_match_only_when_they_are_the_same_size():
+    def f(x, y):
+        a = (x.sqrt() / 2).add_(1)  # into sqrt's buffer: the same sizes, by construction
+        return a.sum(), y.exp().sum()  # exp's sizes are other symbols: not into a's buffer
+    jf = minijit.jit(f, cache="symbolic values")
+    for shapes in (((4, 5), (4, 5)), ((4, 5), (3, 5)), ((2, 2), (6, 1))):
+        x, y = torch.rand(shapes[0]), torch.randn(shapes[1])
+        got, want = jf(x, y), f(x, y)
+        assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+    trace = minijit.last_traces(jf)[-1]
+    (s,) = op_outputs(trace, "sqrt")
+    (e,) = op_outputs(trace, "exp")
+    assert writes(trace)[op_outputs(trace, "div")[0]] == s and e not in writes(trace), trace
