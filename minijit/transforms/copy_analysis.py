@@ -11,7 +11,9 @@ a buffer and a copy, only when
 `analyze_copies` decides that per copy; `write_copies_in_place` asks the executor
 that runs each safe producer for a version writing into x (the torch executor
 uses `out=` or an in-place method) and notes every decision on the copy, so the
-printed trace shows it. `check_copies` (on by default, `MINIJIT_CHECK_COPIES=0`
+printed trace shows it. Where the producer reads an intermediate made from x
+(`v.mul_(b).addcmul_(g, g)`), that intermediate may be computed in x as well, step by
+step, under the same rule. `check_copies` (on by default, `MINIJIT_CHECK_COPIES=0`
 turns it off) reads a final trace and reports any write into an input that some
 read of the old value follows, naming both bound symbols.
 
