@@ -15,7 +15,10 @@ import pytest
 import torch
 
 import minijit
-from minijit.ir import BoundSymbol, Trace, tree_iter
+from minijit.errors import CopyToOutError
+from minijit.ir import BoundSymbol, TensorProxy, Trace, tree_iter
+from minijit.ops import prims
+from minijit.transforms import check_copies
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -69,6 +72,18 @@ def test_in_place_chain_on_an_intermediate_reuses_its_buffer():
     w = writes(trace)
     assert w[q1] == s and w[a] == q1, trace  # / 2 into sqrt's result, + 1e-3 into that
     assert w[q2] == a, trace  # y / d into d: nothing reads d after it
+
+
+def test_check_reports_a_read_of_an_overwritten_intermediate():
+    def f(x):
+        return ((x.sqrt() / 2) * 3).sum()
+    trace = run_both(f, torch.rand(4, 4))
+    check_copies(trace)
+    (s,) = op_outputs(trace, "sqrt")
+    late_reader = prims.neg.bind(producer(trace, s).output, output=TensorProxy.like(producer(trace, s).output))
+    broken = trace.derive([*trace.bound_symbols[:-1], late_reader, trace.bound_symbols[-1]], pass_name="broken")
+    with pytest.raises(CopyToOutError, match=rf"reads {s} after `t\d+ = torchex.div\({s}, 2, out={s}\)`"):
+        check_copies(broken)
 
 
 def test_dead_buffer_of_the_same_kind_is_taken():
