@@ -1,11 +1,15 @@
-"""Compute an op into the buffer of an intermediate it reads that nothing reads afterwards.
+"""Compute an op into the buffer of an intermediate that nothing reads afterwards.
 
 After functionalization every in-place op on an intermediate is out of place
 (`(v.sqrt() / c).add_(1e-8)` becomes `t2 = div(t1, c); t3 = add(t2, 1e-8)`), so each
 step allocates a buffer where eager reused one. `reuse_buffers` gives that reuse
 back: where a bound symbol reads an intermediate `t` of its result's shape, dtype and
 device, and nothing reads t's memory afterwards, the executor that runs the symbol
-is asked for a version writing into t (`torch.div(t1, c, out=t1)`).
+is asked for a version writing into t (`torch.div(t1, c, out=t1)`). Failing that, a
+result goes into any buffer of its kind that nothing reads any more (the next
+parameter's `sqrt` into the last one's), so a loop over same-sized tensors allocates
+once. Fewer allocations also means fewer fresh pages: a 4 MB buffer allocated anew
+costs about a thousand page faults.
 
 The rules (DESIGN.md, invariants 1 and 2, applied to intermediates):
 
