@@ -43,9 +43,15 @@ class TorchExecutor(OperatorExecutor):
         method = _inplace_method(fn)
         if method is not None and producer.args and producer.args[0] is out and out not in _ids(producer.args[1:]):
             return producer.replace(sym=self._inplace_symbol(producer.sym, method))
-        if fn in _OUT_NOT_POINTWISE and not reads_out:
+        if _in(fn, _OUT_NOT_POINTWISE) and not reads_out:
             return producer.replace(kwargs={**producer.kwargs, "out": out})
         return None
+
+    def allocates_output(self, bsym: BoundSymbol) -> bool:
+        """Pointwise ops and matmul/cat without `out=`: torch returns a new tensor for each call."""
+        fn = bsym.sym.fn
+        return ("out" not in bsym.kwargs and prims.INPLACE not in bsym.sym.tags
+                and (_is_pointwise_with_out(fn) or _in(fn, _OUT_NOT_POINTWISE) or _in(fn, _ALLOCATING)))
 
     def _inplace_symbol(self, sym: Symbol, method: Any) -> Symbol:
         exe = self._inplace_symbols.get(sym.id)
@@ -77,11 +83,15 @@ _POINTWISE_OUT |= {torch.clamp, torch.clip, torch.addcmul, torch.addcdiv, torch.
 _OUT_NOT_POINTWISE = {torch.matmul, torch.mm, torch.bmm, torch.cat}
 
 
-def _is_pointwise_with_out(fn: Any) -> bool:
+def _in(fn: Any, fns: set[Any]) -> bool:
     try:
-        return fn in _POINTWISE_OUT
+        return fn in fns
     except TypeError:  # unhashable callable
         return False
+
+
+def _is_pointwise_with_out(fn: Any) -> bool:
+    return _in(fn, _POINTWISE_OUT)
 
 
 _OUT_PROBES: dict[Any, bool] = {}
@@ -263,6 +273,12 @@ def _copy_to_out_(computed: torch.Tensor, *, out: torch.Tensor) -> torch.Tensor:
         out.copy_(computed)
     return out
 
+
+# Other implementations that always return a tensor of their own (none has an `inplace=` option).
+_F = torch.nn.functional
+_ALLOCATING = {_sum, _prod, _amax, _amin, torch.argmax, torch.argmin, torch.sum, torch.mean, torch.prod, torch.amax,
+               torch.amin, torch.cumsum, torch.cumprod, torch.softmax, torch.log_softmax, _F.softmax, _F.log_softmax,
+               _F.linear, _F.layer_norm, _F.scaled_dot_product_attention}
 
 _PRIM_IMPLS: dict[str, Any] = {
     # copy=True: a same-dtype conversion is how ltorch.clone makes a new tensor.

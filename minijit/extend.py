@@ -101,6 +101,15 @@ class Executor:
         """
         return None
 
+    def allocates_output(self, bsym: BoundSymbol) -> bool:
+        """Whether running `bsym` (a bound symbol this executor runs) always returns a new tensor of its own.
+
+        True lets the buffer-reuse pass compute a later op into that tensor once nothing
+        reads it any more. False (the default) where the result may share memory with
+        anything else: an argument, a constant, a tensor cached by the executor.
+        """
+        return False
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"
 

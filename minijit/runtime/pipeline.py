@@ -26,6 +26,7 @@ from minijit.runtime.inputs import (
 )
 from minijit.runtime.module import ModuleForward
 from minijit.transforms import check_copies, claim_executors, dce, functionalize, write_copies_in_place
+from minijit.transforms.buffer_reuse import reuse_buffers
 from minijit.transforms.copy_analysis import CHECK_COPIES
 from minijit.transforms.grad import release_dead_values, requires_grad_inputs, split_forward_backward
 from minijit.transforms.simplify import remove_cast_round_trips
@@ -108,6 +109,7 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
     trace = _timed(lambda: claim_executors(trace, executors), traces)
     trace = _timed(lambda: dce(trace), traces)
     trace = _timed(lambda: write_copies_in_place(trace, executors), traces)
+    trace = _timed(lambda: reuse_buffers(trace, executors), traces)
     if CHECK_COPIES:
         check_copies(trace)
 
@@ -135,6 +137,10 @@ def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[An
         t = _timed(lambda t=t: dce(t), passes)
         if passes is traces or mutated_by_backward:
             t = _timed(lambda t=t: write_copies_in_place(t, executors), passes)
+            # Only where the forward runs inside autograd.Function.forward, with grad mode off:
+            # with nothing differentiable it runs as is, and `out=` refuses arguments requiring grad.
+            if fwd.info["differentiable_outputs"]:
+                t = _timed(lambda t=t: reuse_buffers(t, executors), passes)
             if CHECK_COPIES:
                 check_copies(t)
         _timed(lambda t=t: release_dead_values(t), passes)

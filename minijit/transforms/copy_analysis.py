@@ -11,7 +11,9 @@ a buffer and a copy, only when
 `analyze_copies` decides that per copy; `write_copies_in_place` asks the executor
 that runs each safe producer for a version writing into x (the torch executor
 uses `out=` or an in-place method) and notes every decision on the copy, so the
-printed trace shows it. `check_copies` (on by default, `MINIJIT_CHECK_COPIES=0`
+printed trace shows it. Where the producer reads an intermediate made from x
+(`v.mul_(b).addcmul_(g, g)`), that intermediate may be computed in x as well, step by
+step, under the same rule. `check_copies` (on by default, `MINIJIT_CHECK_COPIES=0`
 turns it off) reads a final trace and reports any write into an input that some
 read of the old value follows, naming both bound symbols.
 
@@ -53,6 +55,18 @@ def may_alias_input(bsym: BoundSymbol) -> bool:
         outs = [o for o in bsym.proxy_outputs() if isinstance(o, TensorProxy)]
         return bool(ins and outs) and (ins[0].dtype, ins[0].device) == (outs[0].dtype, outs[0].device)
     return False
+
+
+def buffer_kind(t: Any) -> tuple[Any, ...] | None:
+    """(shape, dtype, device) of a tensor proxy, the key two buffers are matched by; None for a non-tensor.
+
+    A symbolic size stands by its proxy's name: two sizes match only when they are the
+    same proxy (comparing symbolic sizes would record constraints on the call).
+    """
+    if not isinstance(t, TensorProxy):
+        return None
+    shape = tuple(s if type(s) is int else ("sym", getattr(s, "name", None) or id(s)) for s in t.shape)
+    return (shape, t.dtype, t.device)
 
 
 def written_tensors(bsym: BoundSymbol) -> list[TensorProxy]:
@@ -191,11 +205,17 @@ def write_copies_in_place(trace: Trace, executors: Sequence[Any]) -> Trace:
             producer = bsyms[d.producer_index]
             ex = by_namespace.get(producer.sym.namespace)
             replacement = ex.produce_into(producer, d.out) if ex is not None else None
-            steps = [(d.producer_index, replacement)] if replacement is not None else chains.find(d)
+            if replacement is not None:
+                steps = [(d.producer_index, replacement), *chains.earlier_steps(d)]
+            else:
+                steps = chains.find(d)
             if steps:
                 for i, rep in steps:
                     bsyms[i] = rep
-                via = f" (through {len(steps) - 1} intermediate(s) updated in place)" if len(steps) > 1 else ""
+                via = ""
+                if len(steps) > 1:
+                    how = "computed in" if replacement is not None else "updated in place into"
+                    via = f" (through {len(steps) - 1} intermediate(s) {how} {d.out.name})"
                 note = f"in place: {bsyms[d.producer_index].sym.id} writes {d.computed.name} into {d.out.name}{via}"
             else:
                 note = f"copy: no executor writes {producer.sym.id} into {d.out.name}"
@@ -227,6 +247,57 @@ class _InPlaceChains:
         for p in tree_iter(trace.output):
             for b in self.buffers.get(id(p), ()) if isinstance(p, Proxy) else ():
                 self.reads.setdefault(b, []).append(len(self.bsyms))
+        self.roots = alias_roots(trace)
+        self.leaders = input_leaders(trace)
+        self.root_reads: dict[str, list[int]] = {}  # input storage -> indices of the reads of its old value
+        for i, bsym in enumerate(self.bsyms):
+            for p in read_proxies(bsym):
+                for r in self.roots.get(id(p), ()):
+                    self.root_reads.setdefault(r, []).append(i)
+        for p in tree_iter(trace.output):
+            for r in self.roots.get(id(p), ()) if isinstance(p, Proxy) else ():
+                self.root_reads.setdefault(r, []).append(len(self.bsyms))
+
+    def earlier_steps(self, d: CopyDecision) -> list[tuple[int, BoundSymbol]]:
+        """Producers of the intermediates that d's producer reads, each rewritten to compute into d.out too.
+
+        `v.mul_(b).addcmul_(g, g)` is `t = mul(v, b); u = addcmul(t, g, g); v <- u`: once
+        addcmul writes u into v, mul may write t into v as well, as no read of v's old value
+        follows mul and nothing reads t after addcmul (DESIGN.md, invariant 2, step by step).
+        """
+        out, root = d.out, self.leaders.get(d.out.name, d.out.name)
+        later_reads = [r for r in self.root_reads.get(root, ()) if r != d.copy_index]
+        inputs = {id(a) for a in self.trace.args}
+        steps: list[tuple[int, BoundSymbol]] = []
+        i = d.producer_index
+        while i is not None:
+            bsym, step = self.bsyms[i], None
+            args = [p for p in read_proxies(bsym) if isinstance(p, TensorProxy)]
+            for a in args:
+                q = self.producer.get(id(a))
+                buffer = self.buffers.get(id(a), frozenset())
+                if q is None or id(a) in inputs or buffer != {id(a)}:
+                    continue  # an input, or a view: its memory is not a's alone
+                if buffer_kind(a) != buffer_kind(out):
+                    continue
+                if any(r > i for r in self.reads.get(id(a), ())) or any(r > q for r in later_reads):
+                    continue  # a is read after it is overwritten, or out's old value after a is made
+                if any(p is not a and id(a) in self.buffers.get(id(p), ()) for p in args):
+                    continue
+                producer = self.bsyms[q]
+                if written_tensors(producer) or any(
+                        p is not out and root in self.roots.get(id(p), ()) for p in read_proxies(producer)):
+                    continue
+                ex = self.by_namespace.get(producer.sym.namespace)
+                rep = ex.produce_into(producer, out) if ex is not None else None
+                if rep is not None:
+                    step = (q, rep)
+                    break
+            if step is None:
+                return steps
+            steps.append(step)
+            i = step[0]
+        return steps
 
     def find(self, d: CopyDecision) -> list[tuple[int, BoundSymbol]] | None:
         """(index, in-place replacement) for each producer of the chain ending in d.computed, or None."""

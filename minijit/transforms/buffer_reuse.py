@@ -1,0 +1,156 @@
+"""Compute an op into the buffer of an intermediate that nothing reads afterwards.
+
+After functionalization every in-place op on an intermediate is out of place
+(`(v.sqrt() / c).add_(1e-8)` becomes `t2 = div(t1, c); t3 = add(t2, 1e-8)`), so each
+step allocates a buffer where eager reused one. `reuse_buffers` gives that reuse
+back: where a bound symbol reads an intermediate `t` of its result's shape, dtype and
+device, and nothing reads t's memory afterwards, the executor that runs the symbol
+is asked for a version writing into t (`torch.div(t1, c, out=t1)`). Failing that, a
+result goes into any buffer of its kind that nothing reads any more (the next
+parameter's `sqrt` into the last one's), so a loop over same-sized tensors allocates
+once. Fewer allocations also means fewer fresh pages: a 4 MB buffer allocated anew
+costs about a thousand page faults.
+
+The rules (DESIGN.md, invariants 1 and 2, applied to intermediates):
+
+- t's memory is known to belong to the trace alone: an executor said the op that
+  made it returns a new tensor (`Executor.allocates_output`), or it is such a buffer
+  already reused. Inputs, constants, views of either, and the results of any op
+  that might return one of its arguments never qualify.
+- nothing that lives in t's memory (t, its views, results already written there)
+  is read after the op, nor returned;
+- no other argument of the op shares t's memory (an op may read its `out` exactly,
+  not through another view);
+- the result is not returned: it would take t's strides, which could differ from
+  the strides eager gives it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from minijit.ir import BoundSymbol, Proxy, TensorProxy, Trace, tree_iter
+from minijit.transforms.copy_analysis import buffer_kind, may_alias_input, read_proxies, written_tensors
+
+# A memory is named by the id of the proxy whose producer allocated it; inputs by their name.
+Memory = int | str
+
+
+def reuse_buffers(trace: Trace, executors: Sequence[Any]) -> Trace:
+    """Let ops write their results into intermediates' buffers that nothing reads any more, where safe."""
+    return _BufferReuse(trace, executors).run()
+
+
+class _BufferReuse:
+    """One walk over the trace, following which memory each proxy lives in."""
+
+    def __init__(self, trace: Trace, executors: Sequence[Any]):
+        self.trace = trace
+        self.by_namespace = {ex.namespace: ex for ex in executors}
+        self.last_read: dict[int, int] = {}
+        for i, bsym in enumerate(trace.bound_symbols):
+            for p in read_proxies(bsym):
+                self.last_read[id(p)] = i
+        self.returned = self._returned()
+        self.mem: dict[int, frozenset[Memory]] = {id(p): frozenset({p.name}) for p in trace.args}
+        self.owned: set[Memory] = set()  # memories the trace allocated itself
+        self.home: dict[Memory, Proxy] = {}  # owned memory -> the proxy it was allocated for
+        # Memory -> the index of the last bound symbol reading something that lives in it (inf: returned).
+        self.busy_until: dict[Memory, float] = {}
+        # (shape, dtype, device) -> a heap of (busy_until, allocation order, memory); entries go stale.
+        self.pool: dict[tuple[Any, ...], list[tuple[float, int, Memory]]] = {}
+
+    def run(self) -> Trace:
+        bsyms = list(self.trace.bound_symbols)
+        for i, bsym in enumerate(bsyms):
+            ex = self.by_namespace.get(bsym.sym.namespace)
+            if ex is not None and self._may_take_a_buffer(bsym, ex):
+                bsym = bsyms[i] = self._rewrite(bsym, i, ex)
+            self._place_outputs(bsym, ex)
+        return self.trace.derive(bsyms, pass_name="reuse buffers")
+
+    def _returned(self) -> set[int]:
+        """ids of the proxies that are returned or may share memory with a returned value (through views)."""
+        returned = {id(p) for p in tree_iter(self.trace.output) if isinstance(p, Proxy)}
+        for bsym in reversed(self.trace.bound_symbols):
+            ex = self.by_namespace.get(bsym.sym.namespace)
+            if any(id(o) in returned for o in bsym.proxy_outputs()):
+                if written_tensors(bsym) or ex is None or not ex.allocates_output(bsym):
+                    returned.update(id(p) for p in bsym.proxy_args())
+        return returned
+
+    def _may_take_a_buffer(self, bsym: BoundSymbol, ex: Any) -> bool:
+        outs = list(bsym.proxy_outputs())
+        return (len(outs) == 1 and isinstance(outs[0], TensorProxy) and id(outs[0]) not in self.returned
+                and ex.allocates_output(bsym))
+
+    def _dead(self, m: Memory, i: int) -> bool:
+        """Whether nothing living in memory m is read after the i-th bound symbol, nor returned."""
+        return self.busy_until.get(m, math.inf) <= i
+
+    def _free_buffer(self, kind: tuple[Any, ...], i: int) -> Memory | None:
+        """An owned memory of this kind that nothing reads from the i-th bound symbol on, or None."""
+        heap = self.pool.get(kind, [])
+        while heap and heap[0][0] < i:
+            until, order, m = heapq.heappop(heap)
+            if self.busy_until[m] == until:
+                return m
+            heapq.heappush(heap, (self.busy_until[m], order, m))  # it got a new reader since
+        return None
+
+    def _rewrite(self, bsym: BoundSymbol, i: int, ex: Any) -> BoundSymbol:
+        """bsym computing into an argument's buffer, else into a dead buffer of the same kind, else unchanged."""
+        kind = buffer_kind(next(iter(bsym.proxy_outputs())))
+        args = [p for p in read_proxies(bsym) if isinstance(p, TensorProxy)]
+        for t in args:
+            where = self.mem.get(id(t), frozenset())
+            if len(where) != 1 or not where <= self.owned or buffer_kind(t) != kind:
+                continue
+            (m,) = where
+            # An op may read its `out` exactly, never through another view of it (DESIGN.md, invariant 2).
+            if self._dead(m, i) and not any(p is not t and m in self.mem.get(id(p), ()) for p in args):
+                rep = ex.produce_into(bsym, t)
+                if rep is not None:
+                    return rep
+        m = self._free_buffer(kind, i)
+        if m is not None:
+            home = self.home[m]
+            rep = ex.produce_into(bsym, home)
+            if rep is not None:
+                note = f"in the buffer of {home.name}, which nothing reads any more"
+                return rep.replace(note=f"{rep.note}; {note}" if rep.note else note)
+            heapq.heappush(self.pool[kind], (self.busy_until[m], -1, m))
+        return bsym
+
+    def _place_outputs(self, bsym: BoundSymbol, ex: Any) -> None:
+        """Record which memory bsym's outputs live in."""
+        outs = [o for o in bsym.proxy_outputs() if isinstance(o, Proxy)]
+        written = written_tensors(bsym)
+        if len(written) == 1:
+            where = self.mem.get(id(written[0]), frozenset({id(written[0])}))
+        elif written:
+            where = frozenset({id(o) for o in outs})  # a region writing into inputs: its outputs are its own
+        elif ex is not None and len(outs) == 1 and ex.allocates_output(bsym):
+            where = frozenset({id(outs[0])})
+            self.owned.add(id(outs[0]))
+            self.home[id(outs[0])] = outs[0]
+        else:
+            # A view, or an op that may return one of its arguments: its outputs may live
+            # in any of its arguments' memories (and in a memory of their own).
+            where = frozenset().union(*(self.mem.get(id(p), frozenset()) for p in bsym.proxy_args()))
+            if not may_alias_input(bsym) or not where:
+                where |= {id(o) for o in outs}
+        for o in outs:
+            self.mem[id(o)] = where
+            until = math.inf if id(o) in self.returned else self.last_read.get(id(o), -1)
+            for m in where:
+                self.busy_until[m] = max(self.busy_until.get(m, -1), until)
+        if len(where) == 1 and where <= self.owned:
+            (m,) = where
+            kind = buffer_kind(self.home[m])
+            if kind is not None and self.busy_until[m] != math.inf:
+                heapq.heappush(self.pool.setdefault(kind, []), (self.busy_until[m], len(self.home), m))
+
