@@ -137,9 +137,9 @@ def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[An
         t = _timed(lambda t=t: dce(t), passes)
         if passes is traces or mutated_by_backward:
             t = _timed(lambda t=t: write_copies_in_place(t, executors), passes)
-            # Only where the forward runs inside autograd.Function.forward, with grad mode off:
-            # with nothing differentiable it runs as is, and `out=` refuses arguments requiring grad.
-            if fwd.info["differentiable_outputs"]:
+            # Only where the trace runs inside autograd.Function, with grad mode off: a forward
+            # with nothing to differentiate runs as is, and `out=` refuses arguments requiring grad.
+            if passes is bwd_traces or fwd.info["differentiable_outputs"] or fwd.info["dirty_inputs"]:
                 t = _timed(lambda t=t: reuse_buffers(t, executors), passes)
             if CHECK_COPIES:
                 check_copies(t)
