@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -66,18 +65,8 @@ def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
     With `symbolic`, sizes and Python numbers are traced as symbolic values, and the
     entry's guard checks the constraints the trace relied on.
     """
-    # Compiling allocates many short-lived objects that reference counting frees; the cyclic
-    # collector would only rescan the long-lived ones (torch's and minijit's modules: a full
-    # collection soon after the imports costs 60-200 ms on a 2-core machine). It is paused
-    # meanwhile and resumes as it was afterwards.
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        with recording_constraints() as constraints:
-            entry = _compile(fn, args, kwargs, executors, symbolic)
-    finally:
-        if gc_was_enabled:
-            gc.enable()
+    with recording_constraints() as constraints:
+        entry = _compile(fn, args, kwargs, executors, symbolic)
     entry.constraints = drop_implied(constraints)
     entry.value_guards = list(entry.traces[0].info.get("guards", ()))
     entry.guard = compile_guard(entry.traces[0], entry.constraints, entry.value_guards,
