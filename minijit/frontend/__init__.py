@@ -30,6 +30,8 @@ Example::
     check = build_guard(trace.info["guards"])
 """
 
+from minijit.frontend import autograd_function  # noqa: F401  (registers the Function.apply lookaside)
+
 # Call dispatch and the opcode table import the interpreter, which therefore imports them
 # lazily; loading them with the package keeps that import out of the first jitted call.
 from minijit.frontend import calls as _calls  # noqa: F401

@@ -129,6 +129,20 @@ def _where_meta(pred: TensorProxy, a: Any, b: Any) -> TensorProxy:
 where = _prim("where", _where_meta)
 
 
+def _polygamma_meta(n: int, x: TensorProxy) -> TensorProxy:
+    if type(n) is not int or n < 0:
+        raise _fail("polygamma", f"the order n must be a non-negative Python int, got {n!r}")
+    _check_tensor("polygamma", x)
+    if not x.dtype.is_floating_point:
+        raise _fail("polygamma", f"needs a floating point tensor, got {x.dtype}; convert it first")
+    return TensorProxy.like(x)
+
+
+# `polygamma(n, x)`: the n-th derivative of digamma at x (torch.polygamma's argument order);
+# digamma's VJP needs polygamma(1, x), and polygamma(n, x)'s needs polygamma(n + 1, x).
+polygamma = _prim("polygamma", _polygamma_meta)
+
+
 # -- dtype, shape and layout -----------------------------------------------------
 
 def _convert_element_type_meta(x: Any, dtype: torch.dtype) -> Any:

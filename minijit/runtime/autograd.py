@@ -6,6 +6,17 @@ saved tensors go to `ctx.save_for_backward`, so eager autograd's version counter
 check still catches a saved tensor that is modified in place before backward
 (DESIGN.md, invariant 3). The backward trace takes the saved values and one
 cotangent per differentiable output and returns one gradient per input.
+
+In-place writes follow eager autograd too:
+
+- an input that requires grad and that the call writes in place (a non-leaf: writing
+  into a leaf raises eager's error) is returned by the Function and marked dirty, so
+  autograd rebases its history onto the call, and its version counter bump makes
+  nodes that saved it raise "modified by an inplace operation" at backward;
+- a saved input that the forward overwrote makes the backward raise that same error;
+- a backward that writes into an input that requires grad (a traced custom
+  Function's backward) raises when it runs with grad mode on (`create_graph=True`),
+  checking only the inputs listed when the call was compiled.
 """
 
 from __future__ import annotations
@@ -16,7 +27,7 @@ from typing import Any
 
 import torch
 
-from minijit.errors import MinijitError
+from minijit.errors import InplaceError, MinijitError
 from minijit.ir import tree_flatten, tree_map
 
 
@@ -29,6 +40,13 @@ class CompiledGrad:
     # Positions among the flattened output leaves that receive cotangents, in backward order.
     differentiable_outputs: tuple[int, ...]
     name: str = "computation"
+    input_names: tuple[str, ...] = ()
+    # Inputs requiring grad that the forward writes in place (returned and marked dirty).
+    dirty_inputs: tuple[int, ...] = ()
+    # Saved inputs whose old value the forward overwrote: the backward raises, as eager's would.
+    overwritten_saved: tuple[str, ...] = ()
+    # Inputs the backward writes into.
+    backward_mutated_inputs: tuple[int, ...] = ()
 
 
 class _JitFunction(torch.autograd.Function):
@@ -45,12 +63,28 @@ class _JitFunction(torch.autograd.Function):
                             {i: s for i, s in enumerate(saved) if not isinstance(s, torch.Tensor)})
         ctx.compiled = compiled
         ctx.num_inputs = len(tensors)
-        return tuple(leaves[i] for i in compiled.differentiable_outputs)
+        ctx.mutated_requiring_grad = [i for i in compiled.backward_mutated_inputs if tensors[i].requires_grad]
+        dirty = tuple(tensors[i] for i in compiled.dirty_inputs)
+        if dirty:
+            ctx.mark_dirty(*dirty)
+        return (*(leaves[i] for i in compiled.differentiable_outputs), *dirty)
 
     @staticmethod
     def backward(ctx: Any, *cotangents: torch.Tensor) -> Any:
         compiled: CompiledGrad = ctx.compiled
+        if compiled.overwritten_saved:
+            raise RuntimeError(
+                "one of the variables needed for gradient computation has been modified by an inplace operation: "
+                f"the jitted function {compiled.name!r} overwrote its input(s) {', '.join(compiled.overwritten_saved)} "
+                "in place after reading them for the gradient"
+            )
         if torch.is_grad_enabled():
+            if ctx.mutated_requiring_grad:
+                names = ", ".join(compiled.input_names[i] for i in ctx.mutated_requiring_grad)
+                raise MinijitError(
+                    f"the backward of the jitted function {compiled.name!r} writes in place into {names}, which "
+                    "requires grad, while grad mode is on (create_graph=True); run backward without create_graph"
+                )
             raise MinijitError(
                 f"double backward (create_graph=True) through the jitted function {compiled.name!r} is not "
                 "supported; call backward without create_graph, or differentiate the function eagerly"
@@ -68,10 +102,16 @@ class _JitFunction(torch.autograd.Function):
 def autograd_callable(compiled: CompiledGrad) -> Callable[..., Any]:
     """A function of the call's tensors that runs `compiled` as one `torch.autograd.Function`."""
     positions = compiled.differentiable_outputs
+    dirty = compiled.dirty_inputs
 
     def run_with_grad(*tensors: torch.Tensor) -> Any:
-        if not positions:  # nothing to differentiate: no autograd node
+        if not positions and not dirty:  # nothing to differentiate: no autograd node
             return compiled.forward(*tensors)[0]
+        for i in dirty:
+            if tensors[i].is_leaf:
+                raise InplaceError(f"a leaf Variable that requires grad is being used in an in-place operation "
+                                   f"(input {compiled.input_names[i]} of {compiled.name!r}, as in eager); use "
+                                   "torch.no_grad() or write into a clone")
         box: list[Any] = []
         results = _JitFunction.apply(compiled, box, *tensors)
         out, leaves = box[0]
@@ -81,4 +121,5 @@ def autograd_callable(compiled: CompiledGrad) -> Callable[..., Any]:
         it = iter(leaves)
         return tree_map(lambda _: next(it), out)
 
+    run_with_grad.compiled = compiled  # type: ignore[attr-defined]  # for inspection
     return run_with_grad

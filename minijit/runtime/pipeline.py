@@ -112,7 +112,7 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
         check_copies(trace)
 
     start = time.perf_counter()
-    computation = trace.python_callable()
+    computation = bumping_versions(trace.python_callable(), trace)
     traces[-1].elapsed_ms += (time.perf_counter() - start) * 1e3
     return CompiledEntry(computation, traces)
 
@@ -125,23 +125,53 @@ def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[An
     traces.append(fwd)
     bwd_traces = [bwd]
     bwd = _timed(lambda: remove_cast_round_trips(bwd), bwd_traces)
+    positions = {p.name: i for i, p in enumerate(trace.args)}
+    # A traced custom Function's backward may write into forward inputs.
+    mutated_by_backward = tuple(positions[b.kwargs["out"].name] for b in bwd.bound_symbols
+                                if b.sym.id == "prims.copy_to_out_" and b.kwargs["out"].name in positions)
     for passes, t in ((traces, fwd), (bwd_traces, bwd)):
         t = _timed(lambda t=t: dce(t), passes)
         t = _timed(lambda t=t: claim_executors(t, executors), passes)
         t = _timed(lambda t=t: dce(t), passes)
-        if passes is traces:  # only the forward writes into inputs
+        if passes is traces or mutated_by_backward:
             t = _timed(lambda t=t: write_copies_in_place(t, executors), passes)
             if CHECK_COPIES:
                 check_copies(t)
         _timed(lambda t=t: release_dead_values(t), passes)
     compiled = CompiledGrad(
-        forward=traces[-1].python_callable(),
+        forward=bumping_versions(traces[-1].python_callable(), traces[-1]),
         backward=bwd_traces[-1].python_callable(),
         differentiable_outputs=fwd.info["differentiable_outputs"],
         name=trace.fn_name,
+        input_names=tuple(p.name for p in trace.args),
+        dirty_inputs=fwd.info["dirty_inputs"],
+        overwritten_saved=fwd.info["overwritten_saved"],
+        backward_mutated_inputs=mutated_by_backward,
     )
     return CompiledEntry(autograd_callable(compiled), traces, backward_traces=bwd_traces)
 
+
+
+def bumping_versions(computation: Callable[..., Any], trace: Trace) -> Callable[..., Any]:
+    """`computation`, followed by a bump of the autograd version counter of each input it writes.
+
+    Torch's own in-place ops bump it; a kernel writing memory directly (Triton, a custom
+    executor) does not. Either way eager autograd must see the write (DESIGN.md, invariant 3):
+    a node that saved the tensor then raises "modified by an inplace operation".
+    """
+    mutated = set(trace.info.get("mutated_inputs", ()))
+    positions = [i for i, p in enumerate(trace.args) if p.name in mutated]
+    if not positions:
+        return computation
+    bump = torch.autograd.graph.increment_version
+
+    def run(*inputs: Any) -> Any:
+        out = computation(*inputs)
+        bump([inputs[i] for i in positions])
+        return out
+
+    run.__minijit_source__ = getattr(computation, "__minijit_source__", None)  # type: ignore[attr-defined]
+    return run
 
 
 def functionalize_for_call(trace: Trace, flat: list[Any]) -> Trace:
@@ -151,13 +181,15 @@ def functionalize_for_call(trace: Trace, flat: list[Any]) -> Trace:
     for every name; overlapping views that differ are refused where the trace writes into one.
     """
     identical, partial = alias_groups(flat)
-    functional = functionalize(trace)
+    # Eager refuses in-place writes into leaves that require grad, not into other tensors that do.
+    non_leaf = [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor) and x.requires_grad and not x.is_leaf]
+    functional = functionalize(trace, non_leaf_inputs=non_leaf)
     mutated = set(functional.info.get("mutated_inputs", ()))
     if not mutated:
         return functional  # aliasing cannot matter: the guard need not look at it
     if identical:
         # Functionalized for this aliasing only: the guard below keeps other calls away.
-        functional = functionalize(trace, input_aliases=identical)
+        functional = functionalize(trace, input_aliases=identical, non_leaf_inputs=non_leaf)
         mutated = set(functional.info.get("mutated_inputs", ())) | mutated
     for group in partial:
         names = [trace.args[i].name for i in group]

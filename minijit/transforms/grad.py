@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from minijit.errors import MinijitError, UnsupportedOpError, where
-from minijit.ir import BoundSymbol, Proxy, Symbol, TensorProxy, Trace, tracing, tree_flatten, tree_map
+from minijit.ir import BoundSymbol, NumberProxy, Proxy, Symbol, TensorProxy, Trace, tracing, tree_flatten, tree_map
 from minijit.ir.printing import Constants
 from minijit.ops import prims
 from minijit.transforms.dce import dce
@@ -122,12 +122,18 @@ class _Splitter:
         self.trace = trace
         self.executors = executors
         self.requires = {p.name for p in trace.args if is_differentiable(p) and p.requires_grad}
+        for p in trace.args:
+            if p.name in self.requires and p.dtype.is_complex:
+                raise UnsupportedOpError(f"the input {p.name} is a complex tensor that requires grad; minijit does "
+                                         "not differentiate complex tensors")
         self.inputs_requiring = set(self.requires)
         self.no_grad: set[str] = trace.info.get("no_grad", set())
         self.fwd = Trace(trace.fn_name, _names=trace.names)
         self.fwd.args = list(trace.args)
         self.fwd.info = dict(trace.info)
         self.tape: list[_TapeEntry] = []
+        # (input requiring grad, its new value) for each write-back into such an input
+        self.dirty: list[tuple[TensorProxy, Any]] = []
 
     # -- forward ------------------------------------------------------------------------------
     def forward(self, bsym: BoundSymbol) -> None:
@@ -137,6 +143,14 @@ class _Splitter:
         if prims.INPLACE in bsym.sym.tags:
             self._inplace(bsym)
             return
+        complex_out = next((p for p in bsym.proxy_outputs() if isinstance(p, TensorProxy) and p.dtype.is_complex), None)
+        if complex_out is not None:
+            # The rules are written for real values (no conjugates): refuse rather than be wrong.
+            raise UnsupportedOpError(
+                f"cannot differentiate {bsym.sym.id}{where(bsym.source)}: its output {complex_out.name} is complex, and "
+                "minijit does not differentiate complex tensors; compute it under torch.no_grad() or outside the "
+                "jitted function"
+            )
         rule = self._executor_rule(bsym) or rule_for(bsym.sym)
         bound = _bind(bsym, rule) if rule is not None else None
         if rule is not None and bound is not None and self._apply_rule(bsym, rule, *bound):
@@ -167,18 +181,23 @@ class _Splitter:
     def _inplace(self, bsym: BoundSymbol) -> None:
         # After functionalization the only writes left copy final values into inputs, at the
         # end; they are side effects kept in the forward, and gradients follow the values.
-        # A write into an input that requires grad, or into an intermediate tensor (an
-        # unfunctionalized trace, whose later reads would see the wrong value), is refused.
+        # A write into an input that requires grad (functionalize refused leaves) makes its
+        # new value one more output of the jitted call: autograd rebases the input's history
+        # onto it (ctx.mark_dirty in minijit/runtime/autograd.py), as eager in-place ops do.
+        # A write into an intermediate tensor (an unfunctionalized trace, whose later reads
+        # would see the wrong value) is refused.
         inputs = {p.name for p in self.trace.args}
         for p in tree_flatten(bsym.output):
             if not isinstance(p, TensorProxy):
                 continue
             if p.name in self.inputs_requiring:
-                raise MinijitError(
-                    f"{bsym.sym.id}{where(bsym.source)} writes in place into {p.name}, an input that requires grad; "
-                    "like eager torch, a leaf that requires grad cannot be modified in place"
-                )
-            if p.name not in inputs:
+                if bsym.sym.id != "prims.copy_to_out_":
+                    raise MinijitError(
+                        f"{bsym.sym.id}{where(bsym.source)} writes in place into {p.name}, an input that requires "
+                        "grad, outside the write-backs of the functionalize pass"
+                    )
+                self.dirty.append((p, bsym.args[0]))
+            elif p.name not in inputs:
                 raise MinijitError(
                     f"{bsym.sym.id}{where(bsym.source)} writes in place into the intermediate tensor {p.name}, which "
                     "depends on inputs that require grad; differentiating it needs the functionalize pass, so use "
@@ -228,6 +247,14 @@ class _Splitter:
                     ct.name = bwd.names.claim(f"grad_{leaf.name}")
                     ct_args.append(ct)
                     self._accumulate(cotangents, leaf, ct, None)
+            for p, new_value in self.dirty:
+                # The cotangent of the input's new value (autograd passes it for the dirty output).
+                ct = TensorProxy.like(p, requires_grad=False)
+                bwd.names.used.discard(ct.name)
+                ct.name = bwd.names.claim(f"grad_{p.name}_updated")
+                ct_args.append(ct)
+                if is_differentiable(new_value) and new_value.name in self.requires:
+                    self._accumulate(cotangents, new_value, ct, None)
             for entry in reversed(self.tape):
                 outs = tree_flatten(entry.bsym.output)
                 gs = [cotangents.get(o.name) if isinstance(o, TensorProxy) else None for o in outs]
@@ -297,19 +324,45 @@ def split_forward_backward(trace: Trace, executors: Sequence[Any] = ()) -> tuple
 
     The backward returns one gradient per input of `trace` (None for inputs that do
     not require grad or that no output depends on). Cotangents come in the order of
-    the differentiable output leaves (`differentiable_outputs`). Where the first of
-    `executors` that claims a call has a grad transform for it, that is its VJP rule.
+    the differentiable output leaves (`differentiable_outputs`), then one per input
+    that requires grad and is written in place (`dirty_inputs`, positions among the
+    inputs), for its new value. Saved values that the forward overwrites are returned
+    as None and named in `overwritten_saved`. Where the first of `executors` that
+    claims a call has a grad transform for it, that is its VJP rule.
     """
     splitter = _Splitter(trace, executors)
     for bsym in trace.bound_symbols:
         splitter.forward(bsym)
     bwd, saved = splitter.backward()
     fwd = splitter.fwd
-    bwd, saved = _recompute_cheap_residuals(fwd, bwd, saved, splitter.requires)
-    fwd.output = (trace.output, tuple(saved))
+    overwritten = {b.kwargs["out"].name for b in fwd.bound_symbols if b.sym.id == "prims.copy_to_out_"}
+    bwd, saved = _recompute_cheap_residuals(fwd, bwd, saved, splitter.requires, overwritten)
+    _bind_input_sizes(fwd, saved)
+    # An input the forward overwrites cannot serve the backward its old value: as eager
+    # autograd does for a saved tensor modified in place, the backward raises (runtime/autograd.py).
+    fwd.output = (trace.output, tuple(None if p.name in overwritten else p for p in saved))
+    fwd.info["overwritten_saved"] = tuple(p.name for p in saved if p.name in overwritten)
     fwd.pass_name = "split forward/backward"
     fwd.info["differentiable_outputs"] = differentiable_outputs(trace, splitter.requires)
+    positions = {p.name: i for i, p in enumerate(trace.args)}
+    fwd.info["dirty_inputs"] = tuple(positions[p.name] for p, _ in splitter.dirty)
     return fwd, bwd
+
+
+def _bind_input_sizes(fwd: Trace, saved: Sequence[Proxy]) -> None:
+    """Bind, at the top of `fwd`, the symbolic input sizes it saves but no longer binds.
+
+    dce drops a `prims.shape` whose sizes nothing in the forward reads; a backward rule
+    reading `x.shape` still needs them.
+    """
+    defined = {p.name for p in fwd.args} | {p.name for b in fwd.bound_symbols for p in b.proxy_outputs()}
+    missing = {p.name for p in saved if isinstance(p, NumberProxy) and p.name not in defined}
+    head = []
+    for a in fwd.args:
+        if isinstance(a, TensorProxy) and any(isinstance(d, NumberProxy) and d.name in missing for d in a.shape):
+            head.append(prims.shape.bind(a, output=tuple(a.shape)))
+            missing -= {d.name for d in a.shape if isinstance(d, NumberProxy)}
+    fwd.bound_symbols[:0] = head
 
 
 # Ops that cost one pass over memory: recomputing them in the backward beats keeping their output.
@@ -326,18 +379,18 @@ def _is_cheap(bsym: BoundSymbol) -> bool:
     return bool(bsym.subsymbols) and all(_is_cheap(s) for s in bsym.subsymbols)
 
 
-def _recompute_cheap_residuals(fwd: Trace, bwd: Trace, saved: list[Proxy],
-                               requires: Container[str]) -> tuple[Trace, list[Proxy]]:
+def _recompute_cheap_residuals(fwd: Trace, bwd: Trace, saved: list[Proxy], requires: Container[str],
+                               overwritten: Container[str] = ()) -> tuple[Trace, list[Proxy]]:
     """Recompute in the backward each saved output of a cheap op whose inputs are available there anyway.
 
     Only differentiated ops are recomputed: constant ones stay in the forward alone
     (DESIGN.md, invariant 4).
-    "Available" means saved already, an input of the trace (which the caller keeps alive),
-    or recomputed itself; so this never saves more and usually saves less (the output of
+    "Available" means saved already, an input of the trace that the forward does not
+    overwrite (the caller keeps it alive), or recomputed itself; so this never saves more and usually saves less (the output of
     `gelu` between two linears, say). A recomputed op is placed right before its first reader.
     """
     producer = {p.name: b for b in fwd.bound_symbols for p in b.proxy_outputs()}
-    inputs = {p.name: p for p in fwd.args}
+    inputs = {p.name: p for p in fwd.args if p.name not in overwritten}
     available = {p.name for p in saved} | set(inputs)
     recompute: dict[str, BoundSymbol] = {}
     for p in saved:

@@ -114,3 +114,18 @@ def test_unsqueeze_add_backward_serves_other_sizes():
     assert minijit.cache_info(jf).misses == 1
     assert "prims.shape(a)" in str(minijit.last_traces(jf)[0])
     assert minijit.last_backward_traces(jf)
+
+
+def test_backward_reads_sizes_that_the_forward_does_not():
+    # The forward never reads x's size (dce drops its prims.shape), the sum's VJP does.
+    def f(x):
+        return (x.sin() * 2.0).sum()
+
+    jf = minijit.jit(f, cache="symbolic values")
+    for n in (3, 5):
+        x = torch.randn(n, dtype=torch.float64, requires_grad=True)
+        jf(x).backward()
+        x_eager = x.detach().requires_grad_()
+        f(x_eager).backward()
+        torch.testing.assert_close(x.grad, x_eager.grad)
+    assert minijit.cache_info(jf).misses == 1

@@ -5,7 +5,7 @@ outputs and the final value of every input must match, and the final trace must
 keep invariant 1 (one copy per mutated input, every read of an old value before
 its copy). Programs are built step by step while running eagerly, so every step
 is one that eager PyTorch accepts. `MINIJIT_FUZZ_PROGRAMS` sets how many programs
-run (default 300); refusals (a clear MinijitError) are counted and reported.
+run (default 1500, in chunks that test workers share); refusals (a clear MinijitError) are counted and reported.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 import torch
 
 import minijit
@@ -27,7 +28,8 @@ from minijit.transforms import check_copies, functionalize
 from tests.oputil import trace_call
 from tests.transforms.mutation_util import assert_same, check_final_trace
 
-PROGRAMS = int(os.environ.get("MINIJIT_FUZZ_PROGRAMS", "300"))
+PROGRAMS = int(os.environ.get("MINIJIT_FUZZ_PROGRAMS", "1500"))
+CHUNK = 250
 MAX_REFUSED_SHARE = 0.05
 
 
@@ -224,14 +226,16 @@ def run_one(seed: int) -> str | None:
     return "ok"
 
 
-def test_random_programs_match_eager():
+@pytest.mark.parametrize("chunk", range((PROGRAMS + CHUNK - 1) // CHUNK))
+def test_random_programs_match_eager(chunk):
     outcomes = Counter()
-    for seed in range(PROGRAMS):
+    seeds = range(chunk * CHUNK, min((chunk + 1) * CHUNK, PROGRAMS))
+    for seed in seeds:
         outcomes[run_one(seed)] += 1
-    ran = PROGRAMS - outcomes["eager-error"]
+    ran = len(seeds) - outcomes["eager-error"]
     refused = {k: v for k, v in outcomes.items() if k.startswith("refused")}
     share = sum(refused.values()) / max(ran, 1)
-    print(f"\n{PROGRAMS} programs: {outcomes['ok']} matched eager, {sum(refused.values())} refused "
+    print(f"\nprograms {seeds.start}-{seeds.stop - 1}: {outcomes['ok']} matched eager, {sum(refused.values())} refused "
           f"({share:.1%}), {outcomes['eager-error']} skipped")
     for reason, n in sorted(refused.items(), key=lambda kv: -kv[1]):
         print(f"  {n:4d}  {reason}")
@@ -240,7 +244,7 @@ def test_random_programs_match_eager():
 
 def test_random_programs_on_aliased_inputs():
     """The same tensor passed as the first two inputs: functionalize told so gives eager's result."""
-    for seed in range(max(PROGRAMS // 5, 20)):
+    for seed in range(max(min(PROGRAMS, 300) // 5, 20)):
         program, inputs = make_program(10_000 + seed)
         shared = inputs[0]
         eager_shared = shared.clone()

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import minijit
+from minijit.errors import UnsupportedOpError
 from minijit.ir import TensorProxy, Trace, tracing
 from minijit.ops import ltorch, prims
 from minijit.transforms.grad import is_constant_for_vjp, split_forward_backward
@@ -440,3 +441,18 @@ def test_module_trains_like_eager():
         opt.zero_grad()
         ref_opt.zero_grad()
     assert minijit.last_backward_traces(jm)
+
+
+def test_complex_gradients_are_refused_not_wrong():
+    def f(x, y):
+        return (x * y).abs().sum()
+
+    x = torch.randn(3, dtype=torch.complex128, requires_grad=True)
+    with pytest.raises(UnsupportedOpError, match="complex"):
+        minijit.jit(f)(x, x.detach())
+
+    def g(a):  # real input, complex intermediate
+        return (a * 1j).abs().sum()
+
+    with pytest.raises(UnsupportedOpError, match="complex"):
+        minijit.jit(g)(torch.randn(3, dtype=torch.float64, requires_grad=True))

@@ -16,6 +16,9 @@ from minijit.ir import tree_flatten
 from minijit.ops.registry import ltorch_symbol_for
 
 SAMPLES_PER_OP = {torch.float64: 4, torch.float32: 2}
+# Ops whose gradients have cases the first samples miss (zeros for prod; other dims, ties and
+# 0-d inputs for sort and topk): every sample runs.
+ALL_SAMPLES = {"prod", "sort", "topk", "digamma", "lgamma"}
 
 
 def _name(op) -> str:
@@ -42,9 +45,6 @@ KNOWN = {
     "tensor_split": "tensor indices are data-dependent",
     "transpose": "ltorch.transpose fails on 0-d inputs",
     "take_along_dim": "the decomposition does not wrap negative indices (the forward under grad runs it)",
-    "digamma": "no VJP rule: trigamma is not a prim",
-    "topk": "no VJP rule for prims.topk yet",
-    "sort": "no VJP rule for prims.sort yet",
     "scatter": "differentiating scatter is not supported yet",
 }
 
@@ -94,7 +94,7 @@ def _run(op, dtype: torch.dtype, atol: float, rtol: float) -> None:
         pytest.xfail(KNOWN[_name(op)])
     sym = ltorch_symbol_for(op.op)
     for i, sample in enumerate(op.sample_inputs("cpu", dtype, requires_grad=True)):
-        if i >= SAMPLES_PER_OP[dtype]:
+        if i >= SAMPLES_PER_OP[dtype] and _name(op) not in ALL_SAMPLES:
             break
         _check_sample(op, sym, sample, atol, rtol)
 

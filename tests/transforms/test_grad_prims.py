@@ -14,6 +14,7 @@ import torch
 
 import minijit
 from minijit.extend import get_executor
+from minijit.ir import Symbol, TensorProxy
 from minijit.ops import prims
 from minijit.transforms.vjp import VJP_RULES
 
@@ -22,8 +23,8 @@ F64 = torch.float64
 
 def _t(*shape: int, low: float | None = None, high: float | None = None, dtype: torch.dtype = F64) -> torch.Tensor:
     if low is None:
-        return torch.randn(*shape, dtype=dtype)
-    return torch.empty(*shape, dtype=dtype).uniform_(low, high)
+        return torch.randn(shape, dtype=dtype)
+    return torch.empty(shape, dtype=dtype).uniform_(low, high)
 
 
 def _ties(*shape: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -31,6 +32,14 @@ def _ties(*shape: int) -> tuple[torch.Tensor, torch.Tensor]:
     b = torch.randn(*shape, dtype=F64)
     b.view(-1)[::2] = a.view(-1)[::2]
     return a, b
+
+
+def _with_zeros(*shape: int, at: tuple[tuple[int, ...], ...] = ((1, 2), (2, 0), (2, 3))) -> torch.Tensor:
+    """Zeros at `at` (index tuples of the last dims): by default row 0 has none, row 1 one, row 2 two."""
+    x = torch.randn(*shape, dtype=F64)
+    for index in at:
+        x[(..., *index)] = 0
+    return x
 
 
 def _with_ties(*shape: int) -> torch.Tensor:
@@ -42,12 +51,12 @@ def _with_ties(*shape: int) -> torch.Tensor:
 # (prim name, args builder, which args are differentiable tensors)
 UNARY_DOMAINS: dict[str, tuple[float | None, float | None]] = {
     "log": (0.5, 2), "log1p": (0.5, 2), "log2": (0.5, 2), "log10": (0.5, 2), "sqrt": (0.5, 2),
-    "rsqrt": (0.5, 2), "reciprocal": (0.5, 2), "lgamma": (0.5, 3), "asin": (-0.9, 0.9),
+    "rsqrt": (0.5, 2), "reciprocal": (0.5, 2), "lgamma": (0.5, 3), "digamma": (0.5, 3), "asin": (-0.9, 0.9),
     "acos": (-0.9, 0.9), "atanh": (-0.9, 0.9), "erfinv": (-0.9, 0.9), "acosh": (1.2, 3),
 }
 UNARY = ["abs", "neg", "exp", "exp2", "expm1", "log", "log1p", "log2", "log10", "sin", "cos", "tan", "asin",
          "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "sqrt", "rsqrt", "reciprocal",
-         "erf", "erfc", "erfinv", "lgamma", "floor", "ceil", "round", "trunc", "sign"]
+         "erf", "erfc", "erfinv", "lgamma", "digamma", "floor", "ceil", "round", "trunc", "sign", "real"]
 
 Case = tuple[str, Callable[[], tuple[Any, ...]]]
 CASES: list[Case] = [(name, lambda name=name: (_t(3, 4, low=UNARY_DOMAINS.get(name, (None, None))[0],
@@ -89,6 +98,11 @@ CASES += [
     ("sum", lambda: (_t(3, 4, 5), (0, 2))),
     ("sum", lambda: (_t(3, 4), ())),
     ("prod", lambda: (_t(3, 4, low=0.5, high=2), (1,))),
+    ("prod", lambda: (_with_zeros(3, 4), (1,))),
+    ("prod", lambda: (_with_zeros(2, 5, 4), (0, 2))),
+    ("prod", lambda: (_with_zeros(5, 4, at=((3, 1),)), (0, 1))),
+    ("prod", lambda: (_with_zeros(3, 4), ())),
+    ("prod", lambda: (torch.zeros(3, 4, dtype=F64), (1,))),
     ("amax", lambda: (_with_ties(3, 4), (1,))),
     ("amin", lambda: (-_with_ties(3, 4), (0, 1))),
     ("var_mean", lambda: (_t(3, 4, 5), (1, 2), 1)),
@@ -110,6 +124,24 @@ CASES += [
     ("index_add", lambda: (_t(5, 3), torch.tensor([0, 2, 2]), _t(3, 3), 0)),
     ("index_copy", lambda: (_t(5, 3), torch.tensor([4, 0, 2]), _t(3, 3), 0)),
     ("scatter_add", lambda: (_t(3, 4), torch.randint(0, 4, (3, 6)), _t(3, 6), 1)),
+    ("slice_scatter", lambda: (_t(5, 4), _t(2, 4), (1, 0), (3, 4), (1, 1))),
+    ("slice_scatter", lambda: (_t(6, 7), _t(3, 2), (0, 1), (6, 7), (2, 3))),
+    ("slice_scatter", lambda: (_t(4, 3), _t(0, 3), (2, 0), (2, 3), (1, 1))),
+    ("polygamma", lambda: (0, _t(3, 4, low=0.5, high=3))),
+    ("polygamma", lambda: (1, _t(3, 4, low=0.5, high=3))),
+    ("polygamma", lambda: (3, _t(3, 4, low=0.5, high=3))),
+    # Distinct values, so the indices (and the gradients that follow them) do not depend on tie-breaking.
+    ("topk", lambda: (_t(4, 6), 3, 1, True, True)),
+    ("topk", lambda: (_t(4, 6), 2, 0, False, True)),
+    ("topk", lambda: (_t(3, 5, 4), 5, 1, True, False)),
+    ("topk", lambda: (_t(4, 6), 0, 1, True, True)),
+    ("topk", lambda: (_t(), 1, 0, True, True)),
+    ("sort", lambda: (_t(4, 6), 1, False, False)),
+    ("sort", lambda: (_t(4, 6), 0, True, False)),
+    ("sort", lambda: (_t(2, 3, 5), 2, True, True)),
+    ("sort", lambda: (_t(), 0, False, False)),
+    # Ties: both sides run torch.sort with stable=True on the same values, so the same index wins.
+    ("sort", lambda: (_with_ties(3, 5), 1, True, True)),
 ]
 
 # aten::floor_divide has no derivative; torch.div(..., rounding_mode="floor") defines it as zero.
@@ -140,14 +172,17 @@ def _grads_match(name: str, args: tuple[Any, ...], dtype: torch.dtype, atol: flo
     got = minijit.jit(lambda *a: prim(*a))(*args)
     expected_t = expected if isinstance(expected, tuple) else (expected,)
     got_t = got if isinstance(got, tuple) else (got,)
+    for e, g in zip(expected_t, got_t, strict=True):
+        torch.testing.assert_close(g, e, atol=atol, rtol=rtol)
+    # Integer outputs (the indices of sort and topk) get no cotangent.
+    expected_t = tuple(e for e in expected_t if e.dtype.is_floating_point)
+    got_t = tuple(g for g in got_t if g.dtype.is_floating_point)
     cts = [torch.randn_like(e) for e in expected_t]
     if name in ZERO_GRAD:  # torch's own derivative of the op (div with a rounding mode) is zero
         want = tuple(torch.zeros_like(x) for x in inputs)
     else:
         want = torch.autograd.grad(expected_t, inputs, cts, allow_unused=True)
     have = torch.autograd.grad(got_t, inputs, cts, allow_unused=True)
-    for e, g in zip(expected_t, got_t):
-        torch.testing.assert_close(g, e, atol=atol, rtol=rtol)
     for i, (w, h) in enumerate(zip(want, have)):
         if w is None:
             assert h is None or not h.any(), f"input {i}: torch gives no gradient, minijit {h}"
@@ -164,7 +199,8 @@ def test_prim_grad_float64(name: str, make_args: Callable[[], tuple[Any, ...]]) 
 
 
 FLOAT32_CASES = [c for c in CASES if c[0] in {"exp", "tanh", "mul", "div", "sum", "matmul", "var_mean", "slice",
-                                               "broadcast_in_dim", "amax", "take"}]
+                                               "broadcast_in_dim", "amax", "take", "prod", "topk", "sort",
+                                               "slice_scatter", "digamma", "polygamma"}]
 
 
 @pytest.mark.parametrize(("name", "make_args"), FLOAT32_CASES, ids=[f"{n}-{i}" for i, (n, _) in enumerate(FLOAT32_CASES)])
@@ -183,24 +219,45 @@ NOT_DIFFERENTIABLE = {
     # Arithmetic on symbolic Python numbers: their outputs are numbers, not tensors.
     "num_add", "num_sub", "num_mul", "num_truediv", "num_floordiv", "num_mod", "num_pow", "num_neg", "num_pos",
     "num_abs",
-    # Known gaps: complex parts, and digamma (its derivative, trigamma, is not a prim).
-    "real", "imag", "digamma",
-    # Known gaps: prims added late (differentiating them is a clear UnsupportedOpError).
-    "topk", "sort", "slice_scatter", "tensor_constant",
+    # A constant: it takes no tensor that could require grad.
+    "tensor_constant",
 }
+# Prims whose rule refuses complex inputs (tested by the error test below) and has no real-input case torch runs.
+REFUSES_COMPLEX = {"imag"}
 
 
 def test_every_differentiable_prim_has_a_rule() -> None:
     missing = [sym.id for name, sym in prims.ALL_PRIMS.items()
                if sym.id not in VJP_RULES and sym.name not in NOT_DIFFERENTIABLE]
     assert not missing, f"prims without a VJP rule: {missing}"
-    tested = {name for name, _ in CASES}
+    tested = {name for name, _ in CASES} | REFUSES_COMPLEX
     untested = [sym.name for sym in prims.ALL_PRIMS.values() if sym.id in VJP_RULES and sym.name not in tested]
     assert not untested, f"prims with a rule but no gradient test: {untested}"
 
 
 def test_prim_without_rule_is_an_error_naming_it() -> None:
-    x = torch.rand(3, dtype=F64, requires_grad=True) + 0.5
-    jf = minijit.jit(lambda x: prims.digamma(x))
-    with pytest.raises(minijit.UnsupportedOpError, match=r"prims\.digamma"):
+    # A prim declared outside prims.ALL_PRIMS, so no rule can exist for it.
+    no_rule = Symbol("twice_without_rule", lambda x: TensorProxy.like(x), namespace="prims", is_prim=True)
+    x = torch.rand(3, dtype=F64, requires_grad=True)
+    jf = minijit.jit(lambda x: no_rule(x))
+    with pytest.raises(minijit.UnsupportedOpError, match=r"prims\.twice_without_rule"):
         jf(x)
+
+
+@pytest.mark.parametrize("name", ["real", "imag"])
+def test_complex_parts_refuse_complex_gradients(name: str) -> None:
+    # The rules do not conjugate complex gradients, so a complex input that requires grad is refused.
+    x = torch.randn(3, dtype=torch.complex128, requires_grad=True)
+    jf = minijit.jit(lambda x: _PRIM_BY_NAME[name](x))
+    with pytest.raises(minijit.UnsupportedOpError, match="complex"):
+        jf(x)
+    with torch.no_grad():
+        torch.testing.assert_close(jf(x), getattr(torch, name)(x))
+
+
+def test_polygamma_refuses_a_bad_order() -> None:
+    x = torch.rand(3, dtype=F64) + 0.5
+    with pytest.raises(minijit.MinijitError, match=r"prims\.polygamma: the order n must be a non-negative"):
+        minijit.jit(lambda x: prims.polygamma(-1, x))(x)
+    with pytest.raises(minijit.MinijitError, match=r"prims\.polygamma: needs a floating point tensor"):
+        minijit.jit(lambda x: prims.polygamma(1, x))(torch.arange(3))

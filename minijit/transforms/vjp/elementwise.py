@@ -1,9 +1,11 @@
-"""VJP rules of the elementwise prims: unary math, binary math, where and lerp.
+"""VJP rules of the elementwise prims: unary math (and polygamma), real/imag, binary math, where and lerp.
 
 Elementwise prims take operands of one shape and dtype (numbers allowed), so the
 gradients need no broadcasting or casting. Bool-valued prims (comparisons,
 isnan, ...) need no rule: their outputs are not differentiable, which makes
-them constant for VJP.
+them constant for VJP. Gradients of complex tensors are not supported: the rules
+do not conjugate, so `real` and `imag`, where a complex input meets the real
+world, refuse complex inputs with a clear error.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from minijit.errors import UnsupportedOpError
 from minijit.ir import TensorProxy
+from minijit.ir.context import where_now
 from minijit.ops import prims
 from minijit.transforms.vjp.registry import is_tensor, vjp, zeros_like
 
@@ -68,6 +72,7 @@ _UNARY_DERIVATIVES: dict[str, Derivative | None] = {
     "erfc": lambda x, out: P.mul(P.exp(P.neg(P.mul(x, x))), -2 / math.sqrt(math.pi)),
     "erfinv": lambda x, out: P.mul(P.exp(P.mul(out, out)), math.sqrt(math.pi) / 2),
     "lgamma": lambda x, out: P.digamma(x),
+    "digamma": lambda x, out: P.polygamma(1, x),
     "floor": None, "ceil": None, "round": None, "trunc": None, "sign": None,
 }
 
@@ -83,6 +88,40 @@ def neg_fwd(x: TensorProxy) -> tuple[TensorProxy, tuple[()]]:
 @neg_fwd.backward
 def neg_bwd(saved: tuple[()], g: TensorProxy) -> tuple[TensorProxy]:
     return (prims.neg(g),)
+
+
+@vjp(prims.polygamma)
+def polygamma_fwd(n: int, x: TensorProxy) -> tuple[TensorProxy, tuple[Any, ...]]:
+    return prims.polygamma(n, x), (n, x)
+
+
+@polygamma_fwd.backward
+def polygamma_bwd(saved: tuple[Any, ...], g: TensorProxy) -> tuple[Any, ...]:
+    n, x = saved
+    return (None, P.mul(g, P.polygamma(n + 1, x)))
+
+
+def _complex_part(prim: Any, is_real_part: bool) -> None:
+    """real/imag: exact for real inputs; refused for complex ones, whose gradients the rules do not support."""
+
+    @vjp(prim)
+    def forward(x: TensorProxy) -> Any:
+        if x.dtype.is_complex:
+            # The other rules do not conjugate (mul's gradient is g * b, not g * conj(b)), so a
+            # complex gradient would be wrong: refuse rather than answer silently wrong.
+            raise UnsupportedOpError(
+                f"cannot differentiate {prim.id}{where_now()}: gradients of complex tensors are not supported; "
+                "compute it under torch.no_grad(), or work on the real and imaginary parts as real tensors"
+            )
+        return prim(x), ()
+
+    @forward.backward
+    def backward(saved: tuple[Any, ...], g: TensorProxy) -> tuple[TensorProxy]:
+        return (g if is_real_part else zeros_like(g),)
+
+
+_complex_part(prims.real, is_real_part=True)
+_complex_part(prims.imag, is_real_part=False)
 
 
 # -- binary ------------------------------------------------------------------------

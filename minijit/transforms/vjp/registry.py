@@ -73,8 +73,8 @@ def vjp(sym: Symbol | str) -> Callable[[Callable[..., Any]], VjpRule]:
 
 
 def rule_for(sym: Symbol) -> VjpRule | None:
-    """The VJP rule of `sym`, or None."""
-    rule = VJP_RULES.get(sym.id)
+    """The VJP rule of `sym` (its own, else the one registered for its id), or None."""
+    rule = sym.vjp if sym.vjp is not None else VJP_RULES.get(sym.id)
     if rule is not None and rule.bwd is None:
         raise MinijitError(f"the VJP rule for {sym.id} has no backward")
     return rule

@@ -1,4 +1,4 @@
-"""VJP rules of the dtype, shape, layout, reduction, matmul and indexing prims."""
+"""VJP rules of the dtype, shape, layout, reduction, matmul, indexing and selection (sort, topk) prims."""
 
 from __future__ import annotations
 
@@ -163,18 +163,24 @@ def sum_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
 
 @vjp(prims.prod)
 def prod_fwd(x: TensorProxy, dims: Sequence[int]) -> tuple[TensorProxy, Saved]:
-    out = prims.prod(x, dims)
-    return out, (x, out, tuple(dims))
+    return prims.prod(x, dims), (x, tuple(dims))
 
 
 @prod_fwd.backward
 def prod_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
-    # d prod / d x_i = prod / x_i; exact for nonzero inputs (a zero input gives nan here,
-    # where torch computes the product of the others).
-    x, out, dims = saved
-    gb = restore_reduced(g, x.shape, dims)
-    ob = restore_reduced(out, x.shape, dims)
-    return (P.div(P.mul(gb, ob), x), None)
+    # d prod / d x_i is the product of the others. Where a reduced group has no zero that is
+    # prod / x_i (torch's formula); with exactly one zero, it is the product of the nonzero
+    # elements at the zero and 0 elsewhere; with two or more zeros, 0 everywhere. The
+    # product of the nonzero elements (zeros replaced by 1) gives all three without a nan.
+    x, dims = saved
+    is_zero = P.eq(x, 0)
+    nonzero = P.where(is_zero, 1, x)
+    nonzero_prod = restore_reduced(P.prod(nonzero, dims), x.shape, dims)
+    zeros = restore_reduced(P.sum(P.convert_element_type(is_zero, torch.int64), dims), x.shape, dims)
+    scaled = P.mul(restore_reduced(g, x.shape, dims), nonzero_prod)
+    only_zero = P.logical_and(P.eq(zeros, 1), is_zero)
+    grad = P.where(P.eq(zeros, 0), P.div(scaled, nonzero), P.where(only_zero, scaled, zeros_like(x)))
+    return (grad, None)
 
 
 def _extremum(prim: Any) -> None:
@@ -312,6 +318,56 @@ def scatter_add_fwd(x: TensorProxy, index: TensorProxy, value: TensorProxy, dim:
 def scatter_add_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
     index, dim = saved
     return (g, None, P.take_along_axis(g, index, dim), None)
+
+
+@vjp(prims.slice_scatter)
+def slice_scatter_fwd(x: TensorProxy, value: TensorProxy, start_indices: Sequence[int], end_indices: Sequence[int],
+                      strides: Sequence[int] | None = None) -> tuple[TensorProxy, Saved]:
+    out = prims.slice_scatter(x, value, start_indices, end_indices, strides)
+    strides = tuple(strides) if strides is not None else (1,) * x.ndim
+    return out, (tuple(value.shape), tuple(start_indices), tuple(end_indices), strides)
+
+
+@slice_scatter_fwd.backward
+def slice_scatter_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
+    # The region came from value, the rest from x: x's gradient is g with the region zeroed.
+    value_shape, starts, ends, strides = saved
+    region_zeros = P.full(value_shape, 0, dtype=g.dtype, device=g.device)
+    g_x = P.slice_scatter(g, region_zeros, starts, ends, strides)
+    return (g_x, P.slice_prim(g, starts, ends, strides), None, None, None)
+
+
+# -- selection (multi-output: values are differentiable, indices are not) -----------------------
+
+def _scatter_back(saved: Saved, g: TensorProxy | None) -> TensorProxy | None:
+    """The values' cotangent put back where the values came from (zeros elsewhere)."""
+    if g is None:
+        return None
+    shape, indices, dim = saved
+    # Indices along dim are distinct (a permutation, or part of one), so adding is scattering.
+    return P.scatter_add(P.full(shape, 0, dtype=g.dtype, device=g.device), indices, g, dim)
+
+
+@vjp(prims.topk)
+def topk_fwd(x: TensorProxy, k: int, dim: int, largest: bool, sorted: bool) -> tuple[Any, Saved]:  # noqa: A002
+    values, indices = prims.topk(x, k, dim, largest, sorted)
+    return (values, indices), (tuple(x.shape), indices, dim)
+
+
+@topk_fwd.backward
+def topk_bwd(saved: Saved, g_values: TensorProxy | None, g_indices: None) -> tuple[Any, ...]:
+    return (_scatter_back(saved, g_values), None, None, None, None)
+
+
+@vjp(prims.sort)
+def sort_fwd(x: TensorProxy, dim: int, descending: bool, stable: bool) -> tuple[Any, Saved]:
+    values, indices = prims.sort(x, dim, descending, stable)
+    return (values, indices), (tuple(x.shape), indices, dim)
+
+
+@sort_fwd.backward
+def sort_bwd(saved: Saved, g_values: TensorProxy | None, g_indices: None) -> tuple[Any, ...]:
+    return (_scatter_back(saved, g_values), None, None, None)
 
 
 # -- prims declared by later ops (rules wait for them) ---------------------------------------

@@ -1,0 +1,346 @@
+"""Custom `torch.autograd.Function`s, traced: the forward into the trace, the backward as its VJP rule.
+
+`Fn.apply(*args)` with a traced tensor among the arguments comes here (a lookaside):
+
+1. `Fn.forward` runs through the interpreter, with a stand-in `ctx`, into a trace of
+   its own, which is then functionalized. Replayed into the caller's trace, it becomes
+   the subsymbols of one bound symbol, `autograd_function.Fn`, whose outputs are the
+   forward's outputs followed by the forward values the backward reads (residuals).
+2. When an argument requires grad, `Fn.backward` runs through the interpreter at once
+   (so the globals it reads are guarded like any other traced code) into a trace whose
+   inputs are those values and one cotangent per output tensor. Writes it makes into
+   forward inputs (data only) become copies into them, as in eager.
+3. The symbol, made for this one call, carries a VJP rule (`Symbol.vjp`) whose backward
+   replays that trace on the grad pass's residuals and cotangents.
+
+As in eager, the forward runs with grad disabled, so tensors it reads from elsewhere
+(closures, globals) get no gradient. Outputs marked non-differentiable receive zeros.
+Like eager with `set_materialize_grads(True)` (the default), the backward receives zeros
+for outputs nobody differentiated; with materialization off it receives them as well,
+which changes no gradient. `ctx.mark_dirty` (an in-place forward) is refused.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from minijit.errors import MinijitError, UnsupportedSyntaxError
+from minijit.frontend.lookasides import lookaside
+from minijit.ir import Proxy, Symbol, TensorProxy, Trace, tracing, tree_flatten, tree_map
+from minijit.ir.context import current_trace, where_now
+from minijit.ops import prims
+
+__all__ = ["TracedFunctionCtx", "replay"]
+
+
+class TracedFunctionCtx:
+    """The `ctx` that a traced custom Function's forward, setup_context and backward receive.
+
+    User code may set any attribute on it, as on eager's ctx; tensors it stores that
+    the backward reads become residuals of the forward.
+    """
+
+    def __init__(self, fn_name: str, needs_input_grad: tuple[bool, ...]):
+        self.needs_input_grad = needs_input_grad
+        self.materialize_grads = True
+        self._minijit_fn_name = fn_name
+        self._minijit_saved: tuple[Any, ...] = ()
+        self._minijit_non_differentiable: set[int] = set()
+
+    def save_for_backward(self, *tensors: Any) -> None:
+        """Keep `tensors` for the backward (`ctx.saved_tensors`)."""
+        for t in tensors:
+            if t is not None and not isinstance(t, (TensorProxy, torch.Tensor)):
+                raise TypeError(f"save_for_backward can only save variables, but argument is of type {type(t).__name__}")
+        self._minijit_saved = tensors
+
+    @property
+    def saved_tensors(self) -> tuple[Any, ...]:
+        """The tensors given to `save_for_backward`."""
+        return self._minijit_saved
+
+    saved_variables = saved_tensors
+
+    def save_for_forward(self, *tensors: Any) -> None:
+        """Forward-mode AD is not traced: accepted and ignored."""
+
+    def mark_non_differentiable(self, *tensors: Any) -> None:
+        """These outputs get no gradient (their cotangents in the backward are zeros)."""
+        self._minijit_non_differentiable.update(id(t) for t in tensors)
+
+    def mark_dirty(self, *tensors: Any) -> None:
+        """Refused: minijit traces custom Functions whose forward leaves its inputs alone."""
+        raise UnsupportedSyntaxError(
+            f"ctx.mark_dirty in {self._minijit_fn_name}.forward{where_now()}: a custom autograd.Function that "
+            "modifies its inputs in place is not supported by minijit; return a new tensor instead")
+
+    def set_materialize_grads(self, value: bool) -> None:
+        """Recorded; the traced backward receives zeros for missing gradients either way."""
+        self.materialize_grads = bool(value)
+
+
+def _call(fn: Any, args: Sequence[Any]) -> Any:
+    from minijit.frontend.calls import call
+
+    return call(fn, tuple(args), {})
+
+
+def _is_differentiable(x: Any) -> bool:
+    return isinstance(x, TensorProxy) and (x.dtype.is_floating_point or x.dtype.is_complex)
+
+
+def _overrides(cls: type, name: str) -> bool:
+    """Whether `cls` defines `name` itself rather than inheriting torch's default."""
+    for klass in cls.__mro__:
+        if klass.__module__.startswith("torch."):
+            return False
+        if name in vars(klass):
+            return True
+    return False
+
+
+def _user_function(cls: type, name: str) -> Any:
+    """`cls.name`, unwrapped from `once_differentiable` (a torch wrapper that would run it natively)."""
+    fn = getattr(cls, name)
+    while hasattr(fn, "__wrapped__") and getattr(fn, "__globals__", {}).get("__name__", "").startswith("torch."):
+        fn = fn.__wrapped__
+    return fn
+
+
+def _sub_trace(outer: Trace, name: str) -> Trace:
+    sub = Trace(name, _names=outer.names)
+    sub.capture_tensor = outer.capture_tensor
+    sub.source = outer.source
+    return sub
+
+
+def _produced(trace: Trace) -> dict[int, Proxy]:
+    return {id(p): p for b in trace.bound_symbols for p in b.proxy_outputs()}
+
+
+def _free_proxies(trace: Trace, known: Sequence[Proxy] = ()) -> list[Proxy]:
+    """Proxies `trace` reads that it neither takes as input (nor finds in `known`) nor computes, in order."""
+    defined = {id(p) for p in (*trace.args, *known)}
+    free: dict[int, Proxy] = {}
+    for bsym in trace.bound_symbols:
+        for p in bsym.proxy_args():
+            if id(p) not in defined:
+                free.setdefault(id(p), p)
+        defined.update(id(p) for p in bsym.proxy_outputs())
+    for p in tree_flatten(trace.output):
+        if isinstance(p, Proxy) and id(p) not in defined:
+            free.setdefault(id(p), p)
+    return list(free.values())
+
+
+def replay(trace: Trace, inputs: Sequence[Any], output: Any = None) -> Any:
+    """Record `trace`'s bound symbols again into the current trace, on `inputs` for its args.
+
+    Returns the values of `output` (default: the trace's output) among the new ones.
+    Each bound symbol is recorded with its own source location, so a replayed
+    function still names the user's lines.
+    """
+    env: dict[int, Any] = {id(p): v for p, v in zip(trace.args, inputs, strict=True)}
+
+    def value(x: Any) -> Any:
+        return env.get(id(x), x) if isinstance(x, Proxy) else x
+
+    target = current_trace()
+    saved_source = target.source
+    try:
+        for bsym in trace.bound_symbols:
+            args, kwargs = tree_map(value, (bsym.args, bsym.kwargs))
+            target.source = bsym.source or saved_source
+            out = bsym.sym(*args, **kwargs)
+            for old, new in zip(tree_flatten(bsym.output), tree_flatten(out), strict=True):
+                if isinstance(old, Proxy):
+                    env[id(old)] = new
+    finally:
+        target.source = saved_source
+    return tree_map(value, trace.output if output is None else output)
+
+
+@lookaside(torch.autograd.Function.apply.__func__)
+def function_apply(cls: type, *args: Any, **kwargs: Any) -> Any:
+    """`Fn.apply(*args)`: natively without traced tensors, else traced (see the module docstring)."""
+    if not any(isinstance(x, Proxy) for x in tree_flatten((args, kwargs))):
+        return torch.autograd.Function.apply.__func__(cls, *args, **kwargs)
+    if kwargs:
+        raise UnsupportedSyntaxError(f"{cls.__name__}.apply with keyword arguments{where_now()} is not supported "
+                                     "by minijit; pass them positionally")
+    return _CustomFunctionCall(cls, args).run()
+
+
+class _CustomFunctionCall:
+    """Tracing one `Fn.apply(*args)` call."""
+
+    def __init__(self, cls: type, args: tuple[Any, ...]):
+        self.cls = cls
+        self.name = cls.__name__
+        self.args = args
+        self.outer = current_trace()
+        grad_on = torch.is_grad_enabled()
+        self.needs = tuple(grad_on and _is_differentiable(a) and a.requires_grad for a in args)
+        self.ctx = TracedFunctionCtx(self.name, self.needs)
+
+    def run(self) -> Any:
+        fwd, out_leaves = self.capture_forward()
+        bwd = residuals = None
+        if any(self.needs):
+            bwd, residuals = self.capture_backward(fwd, out_leaves)
+        produced = [x for x in out_leaves if isinstance(x, Proxy)]
+        outputs = (*produced, *(residuals or ()))
+        sym = Symbol(_identifier(self.name), functools.partial(_replay_outputs, fwd, outputs),
+                     namespace="autograd_function")
+        if bwd is not None:
+            sym.vjp = _custom_rule(sym, fwd, bwd, len(produced), residuals, self._cotangent_kinds(produced))
+        results = iter(sym(*fwd.args))
+        new_leaves = [next(results) if isinstance(x, Proxy) else x for x in out_leaves]
+        it = iter(new_leaves)
+        return tree_map(lambda _: next(it), fwd.output) if not isinstance(fwd.output, Proxy) else new_leaves[0]
+
+    # -- forward -------------------------------------------------------------------------
+    def capture_forward(self) -> tuple[Trace, list[Any]]:
+        from minijit.transforms.functionalize import functionalize  # a pass applied to a sub-trace
+
+        raw = _sub_trace(self.outer, f"{self.name}_forward")
+        raw.args = list({id(a): a for a in self.args if isinstance(a, Proxy)}.values())
+        forward = _user_function(self.cls, "forward")
+        with tracing(raw), torch.no_grad():
+            if _overrides(self.cls, "setup_context"):
+                out = _call(forward, self.args)
+                _call(_user_function(self.cls, "setup_context"), (self.ctx, self.args, out))
+            else:
+                out = _call(forward, (self.ctx, *self.args))
+        raw.output = out
+        inputs = {id(a) for a in raw.args}
+        for leaf in tree_flatten(out):
+            if isinstance(leaf, Proxy) and id(leaf) in inputs:
+                raise UnsupportedSyntaxError(
+                    f"{self.name}.forward returns its input {leaf.name} unchanged{where_now()}; minijit supports "
+                    "custom Functions that return new tensors (return x.clone() or a view of it)")
+        # Tensors read from outside (closures, tensors in list arguments) are inputs too;
+        # as in eager they get no gradient.
+        raw.args += _free_proxies(raw)
+        self.raw_produced = _produced(raw)
+        fwd = functionalize(raw, grad_enabled=False)
+        if fwd.info.get("mutated_inputs"):
+            raise UnsupportedSyntaxError(
+                f"{self.name}.forward modifies its input(s) {', '.join(fwd.info['mutated_inputs'])} in place"
+                f"{where_now()}; minijit supports custom Functions whose forward leaves its inputs alone")
+        self.non_differentiable = {id(x) for x in tree_flatten(out)
+                                   if id(x) in self.ctx._minijit_non_differentiable}
+        return fwd, tree_flatten(fwd.output)
+
+    # -- backward ------------------------------------------------------------------------
+    def capture_backward(self, fwd: Trace, out_leaves: list[Any]) -> tuple[Trace, list[Proxy]]:
+        from minijit.transforms.functionalize import functionalize
+
+        raw = _sub_trace(self.outer, f"{self.name}_backward")
+        cotangents = [TensorProxy.like(x, requires_grad=False) if isinstance(x, TensorProxy) else None
+                      for x in out_leaves]
+        backward = _user_function(self.cls, "backward")
+        with tracing(raw), torch.no_grad():
+            grads = _call(backward, (self.ctx, *cotangents))
+        grads = self._check_grads(grads)
+        # One gradient per input of the forward trace (summed where a tensor was passed twice).
+        per_input: dict[int, Any] = {}
+        with tracing(raw):
+            for a, g in zip(self.args, grads):
+                if g is None or not isinstance(a, Proxy):
+                    continue
+                per_input[id(a)] = g if id(a) not in per_input else prims.add(per_input[id(a)], g)
+        raw.output = tuple(per_input.get(id(a)) for a in fwd.args)
+        ct_proxies = [c for c in cotangents if c is not None]
+        free = _free_proxies(raw, ct_proxies)
+        fwd_values = _produced(fwd)
+        inputs = {id(a) for a in fwd.args}
+        residuals: list[Proxy] = []
+        for p in free:
+            if id(p) in inputs:
+                continue
+            if id(p) in fwd_values:
+                residuals.append(p)
+            elif id(p) in self.raw_produced:
+                raise UnsupportedSyntaxError(
+                    f"{self.name}.backward reads {p.name}, a tensor its forward modified in place after computing it"
+                    f"{where_now()}; eager autograd would raise on it too")
+            else:
+                raise UnsupportedSyntaxError(
+                    f"{self.name}.backward reads the tensor {p.name}, which its forward neither received nor "
+                    f"computed{where_now()}; save it with ctx.save_for_backward")
+        raw.args = [*fwd.args, *residuals, *ct_proxies]
+        return functionalize(raw, grad_enabled=False), residuals
+
+    def _check_grads(self, grads: Any) -> tuple[Any, ...]:
+        grads = grads if isinstance(grads, tuple) else (grads,)
+        n = len(self.args)
+        if len(grads) > n and all(g is None for g in grads[n:]):
+            grads = grads[:n]
+        if len(grads) != n:
+            raise MinijitError(f"{self.name}.backward returned {len(grads)} gradients, expected {n} (one per "
+                               f"argument of {self.name}.apply){where_now()}")
+        for i, (a, g) in enumerate(zip(self.args, grads)):
+            if g is None:
+                continue
+            if not isinstance(g, TensorProxy):
+                raise MinijitError(f"{self.name}.backward returned a {type(g).__name__} as gradient {i}; expected a "
+                                   f"tensor or None{where_now()}")
+            if not isinstance(a, TensorProxy):
+                raise MinijitError(f"{self.name}.backward returned a gradient at position {i}, but that argument of "
+                                   f"{self.name}.apply is not a tensor{where_now()}")
+            if tuple(g.shape) != tuple(a.shape):
+                raise MinijitError(f"{self.name}.backward returned a gradient of shape {tuple(g.shape)} for argument "
+                                   f"{i} of shape {tuple(a.shape)}{where_now()}")
+        return grads
+
+    def _cotangent_kinds(self, outputs: list[Proxy]) -> list[str]:
+        """Per output proxy: "tensor" (gets its cotangent), "zeros" (non-differentiable), or "none" (a number)."""
+        kinds = []
+        for x in outputs:
+            if not isinstance(x, TensorProxy):
+                kinds.append("none")
+            elif _is_differentiable(x) and id(x) not in self.non_differentiable:
+                kinds.append("tensor")
+            else:
+                kinds.append("zeros")
+        return kinds
+
+
+def _identifier(name: str) -> str:
+    return "".join(c if c.isalnum() or c == "_" else "_" for c in name) or "Function"
+
+
+def _replay_outputs(fwd: Trace, outputs: tuple[Proxy, ...], *inputs: Any) -> tuple[Any, ...]:
+    """The decomposition of a traced custom Function: its forward, returning outputs and residuals."""
+    return replay(fwd, inputs, outputs)
+
+
+def _custom_rule(sym: Symbol, fwd: Trace, bwd: Trace, n_outputs: int, residuals: Sequence[Proxy],
+                 kinds: Sequence[str]) -> Any:
+    from minijit.transforms.vjp import VjpRule
+
+    def forward(*inputs: Any) -> Any:
+        out = sym(*inputs)
+        return out, (inputs, out)
+
+    rule = VjpRule(sym.id, forward)
+
+    @rule.backward
+    def backward(saved: Any, *cotangents: Any) -> Any:
+        inputs, out = saved
+        cts = []
+        for kind, value, g in zip(kinds, out[:n_outputs], cotangents[:n_outputs], strict=True):
+            if kind == "none":
+                continue
+            if kind == "zeros" or g is None:
+                g = prims.full(value.shape, 0, dtype=value.dtype, device=value.device)
+            cts.append(g)
+        return replay(bwd, (*inputs, *out[n_outputs:], *cts))
+
+    return rule
+
