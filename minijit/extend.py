@@ -364,7 +364,7 @@ def get_executor(name: str) -> Executor:
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise MinijitError(f"no executor named {name!r}; known: {sorted(_REGISTRY)} (third-party executors "
+        raise MinijitError(f"no executor named {name!r}; known: {sorted({*_REGISTRY, *_BUILTIN_MODULES})} (third-party executors "
                            "register with minijit.extend.register_executor or the 'minijit.executors' "
                            "entry-point group)") from None
 
@@ -407,11 +407,11 @@ def resolve_executors(executors: Sequence[Executor | str] | None) -> list[Execut
 
 def _load_builtin_executors() -> None:
     # The built-in executors live in the `executors` package, which imports this module;
-    # importing them lazily here keeps the layers pointing one way. Importing them is
-    # cheap: triton and nvfuser themselves are only imported when a region is compiled.
+    # importing them lazily here keeps the layers pointing one way. Only the torch executor
+    # is a built-in default; the others (not defaults) are imported when asked for by name
+    # (get_executor), which keeps their import out of every default `jit` (tens of ms).
     if "torch" not in _REGISTRY:
-        for module in _BUILTIN_MODULES.values():
-            importlib.import_module(module)
+        importlib.import_module(_BUILTIN_MODULES["torch"])
 
 
 def _load_entry_points(only: str | None = None) -> None:

@@ -38,10 +38,16 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+_import_start = time.perf_counter()
 import minijit  # noqa: E402
 
+IMPORT_S = time.perf_counter() - _import_start  # `import minijit` after torch, for the first-call notes
+
 VARIANTS = ("eager", "minijit", "minijit+inductor", "torch.compile", "thunder")
-FIRST_CALL = {"mlp": ("minijit", "minijit+inductor", "torch.compile"), "adam": ("minijit", "minijit+inductor", "torch.compile")}
+FIRST_CALL = {"mlp": ("eager", "minijit", "minijit+inductor", "torch.compile"),
+              "adam": ("eager", "minijit", "minijit+inductor", "torch.compile")}
+# Fresh processes per first-call figure (the median is reported) where a run takes seconds, not minutes.
+FIRST_CALL_RUNS = {"eager": 3, "minijit": 3}
 
 
 # -- workloads -------------------------------------------------------------------------
@@ -234,6 +240,8 @@ class Result:
     note: str | None = None  # why there are no figures ("n/a: ...")
     first_call: float | None = None
     first_call_note: str | None = None
+    first_call_no_pyc: float | None = None  # the same without compiled bytecode of minijit's modules
+    import_s: float | None = None
 
 
 def steady_state(work: Workload, variants: list[str], repeats: int, sample_s: float) -> dict[str, Result]:
@@ -269,20 +277,54 @@ def steady_state(work: Workload, variants: list[str], repeats: int, sample_s: fl
     return results
 
 
-def first_call_in_subprocess(key: str, variant: str, timeout: float) -> tuple[float | None, str | None]:
-    """Seconds of the first call (tracing and compiling included) in a fresh process with a cold Inductor cache."""
+def first_call_in_subprocess(key: str, variant: str, timeout: float,
+                             pycache: str | None) -> tuple[float | None, str | None, float | None]:
+    """Seconds of the first call (tracing and compiling included) in a fresh process with a cold Inductor cache.
+
+    `pycache` is a bytecode cache directory (PYTHONPYCACHEPREFIX) holding minijit's compiled
+    modules, as an installed package has them; None runs with none, so that every module of
+    the checkout is compiled from source as it is imported. Returns (seconds, note, import_s).
+    """
     with tempfile.TemporaryDirectory(prefix="minijit_bench_") as cache_dir:
-        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache_dir, PYTHONPATH=str(ROOT))
+        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache_dir, PYTHONPATH=str(ROOT), PYTHONDONTWRITEBYTECODE="1")
+        env.pop("PYTHONPYCACHEPREFIX", None)
+        if pycache is not None:
+            env["PYTHONPYCACHEPREFIX"] = pycache
         try:
             proc = subprocess.run([sys.executable, __file__, "--first-call", key, variant], capture_output=True,
                                   text=True, env=env, timeout=timeout, cwd=ROOT)
         except subprocess.TimeoutExpired:
-            return None, f"n/a: over {timeout:.0f} s"
+            return None, f"n/a: over {timeout:.0f} s", None
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith("{"):
             data = json.loads(line)
-            return data.get("seconds"), data.get("note")
-    return None, f"n/a: exit {proc.returncode}: {(proc.stderr.strip().splitlines() or [''])[-1][:90]}"
+            return data.get("seconds"), data.get("note"), data.get("import_s")
+    return None, f"n/a: exit {proc.returncode}: {(proc.stderr.strip().splitlines() or [''])[-1][:90]}", None
+
+
+def compiled_bytecode_cache(directory: str) -> str:
+    """Compile the checkout's modules into `directory` (a PYTHONPYCACHEPREFIX), as installing a package does."""
+    env = dict(os.environ, PYTHONPYCACHEPREFIX=directory)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    subprocess.run([sys.executable, "-m", "compileall", "-q", "minijit", "executors", "scripts"], cwd=ROOT, env=env,
+                   check=True, capture_output=True)
+    return directory
+
+
+def first_calls(key: str, variant: str, timeout: float, pycache: str, result: Result) -> None:
+    """Fill `result`'s first-call figures: the median over fresh processes, with and without bytecode."""
+    runs = FIRST_CALL_RUNS.get(variant, 1)
+    found = [first_call_in_subprocess(key, variant, timeout, pycache) for _ in range(runs)]
+    seconds = [f[0] for f in found if f[0] is not None]
+    if not seconds:
+        result.first_call_note = found[-1][1]
+        return
+    result.first_call = statistics.median(seconds)
+    result.import_s = statistics.median([f[2] for f in found if f[2] is not None] or [math.nan])
+    if variant == "minijit":
+        no_pyc = [first_call_in_subprocess(key, variant, timeout, None)[0] for _ in range(runs)]
+        no_pyc = [x for x in no_pyc if x is not None]
+        result.first_call_no_pyc = statistics.median(no_pyc) if no_pyc else None
 
 
 def first_call_here(key: str, variant: str) -> None:
@@ -293,7 +335,7 @@ def first_call_here(key: str, variant: str) -> None:
         start = time.perf_counter()
         fn = build(variant, work.fn)
         work.step(fn, args)
-        print(json.dumps({"seconds": time.perf_counter() - start}))
+        print(json.dumps({"seconds": time.perf_counter() - start, "import_s": IMPORT_S}))
     except Exception as e:
         print(json.dumps({"seconds": None, "note": f"n/a: {_reason(e)}"}))
 
@@ -338,11 +380,14 @@ def table_rows(works: list[Workload], all_results: dict[str, dict[str, Result]],
         res = all_results[key]
         if all(res[v].first_call is None and res[v].first_call_note is None for v in fc_variants):
             continue
-        row = [f"first call, {work.title}", "—"]
-        for v in variants[1:]:
+        row = [f"first call, {work.title}"]
+        for v in variants:
             if v in fc_variants:
                 fc = res[v].first_call
-                row.append(fmt_time(fc) if fc is not None else (res[v].first_call_note or "n/a"))
+                cell_text = fmt_time(fc) if fc is not None else (res[v].first_call_note or "n/a")
+                if res[v].first_call_no_pyc is not None:
+                    cell_text += f" ({fmt_time(res[v].first_call_no_pyc)} without .pyc)"
+                row.append(cell_text)
             else:
                 row.append(res[v].note or "—")
         row.append("")
@@ -395,9 +440,12 @@ def write_markdown(path: Path, head: list[str], rows: list[list[str]], info: dic
                    opts: argparse.Namespace, elapsed: float) -> None:
     lines = ["# Benchmarks", "",
              "Written by `python scripts/bench.py` (last run below). Each cell: speed-up over eager in the same run "
-             "(>1 is faster) and the median time per iteration. First-call rows: seconds from the start of the first "
-             "call to its end (tracing and compiling included, imports excluded), each in a fresh process with an "
-             "empty Inductor cache.", "",
+             "(>1 is faster) and the median time per iteration. First-call rows: time from the start of the first "
+             "call to its end (building the jitted function, tracing and compiling included, imports excluded), in "
+             "fresh processes with an empty Inductor cache, the median of 3 for eager and minijit; minijit's modules "
+             "load from compiled bytecode as in an installed package (in parentheses: without .pyc files, as this "
+             "checkout runs under PYTHONDONTWRITEBYTECODE=1, so each module imported during the call is compiled from "
+             "source). Where each target is missed and why: [profiles.md](profiles.md).", "",
              "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     lines += ["", "## Machine", ""]
@@ -456,23 +504,28 @@ def main() -> None:
         print(f"[{time.perf_counter() - start:6.0f} s] steady state: {work.title}", file=sys.stderr, flush=True)
         all_results[work.key] = steady_state(work, variants, opts.repeats, 0.1 if opts.quick else 0.25)
     if not opts.no_first_call:
-        for key, fc_variants in FIRST_CALL.items():
-            if key not in all_results:
-                continue
-            for v in fc_variants:
-                if all_results[key][v].note:
+        with tempfile.TemporaryDirectory(prefix="minijit_pyc_") as pycache:
+            compiled_bytecode_cache(pycache)
+            for key, fc_variants in FIRST_CALL.items():
+                if key not in all_results:
                     continue
-                if v == "torch.compile" and not opts.first_call_torch_compile:
-                    all_results[key][v].first_call_note = "not run (--first-call-torch-compile)"
-                    continue
-                print(f"[{time.perf_counter() - start:6.0f} s] first call: {key} / {v}", file=sys.stderr, flush=True)
-                sec, note = first_call_in_subprocess(key, v, opts.first_call_timeout)
-                all_results[key][v].first_call, all_results[key][v].first_call_note = sec, note
+                for v in fc_variants:
+                    if all_results[key][v].note:
+                        continue
+                    if v == "torch.compile" and not opts.first_call_torch_compile:
+                        all_results[key][v].first_call_note = "not run (--first-call-torch-compile)"
+                        continue
+                    print(f"[{time.perf_counter() - start:6.0f} s] first call: {key} / {v}", file=sys.stderr, flush=True)
+                    first_calls(key, v, opts.first_call_timeout, pycache, all_results[key][v])
     head, rows = headers(variants), table_rows(works, all_results, variants)
     print_table(head, rows)
     elapsed = time.perf_counter() - start
+    info = machine()
+    imports = [r.import_s for res in all_results.values() for r in res.values() if r.import_s is not None]
+    if imports:
+        info["import minijit (after torch, fresh process, with .pyc)"] = fmt_time(statistics.median(imports))
     if opts.out:
-        write_markdown(Path(opts.out), head, rows, machine(), (load_start, f"{os.getloadavg()[0]:.1f}"), opts, elapsed)
+        write_markdown(Path(opts.out), head, rows, info, (load_start, f"{os.getloadavg()[0]:.1f}"), opts, elapsed)
         print(f"wrote {opts.out} ({elapsed / 60:.1f} min)")
 
 

@@ -31,6 +31,11 @@ Example::
 """
 
 from minijit.frontend import autograd_function  # noqa: F401  (registers the Function.apply lookaside)
+
+# Call dispatch and the opcode table import the interpreter, which therefore imports them
+# lazily; loading them with the package keeps that import out of the first jitted call.
+from minijit.frontend import calls as _calls  # noqa: F401
+from minijit.frontend import opcodes as _opcodes  # noqa: F401
 from minijit.frontend.guards import GuardEntry, build_guard
 from minijit.frontend.interpreter import InterpretedGenerator, interpret
 
