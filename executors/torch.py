@@ -325,6 +325,22 @@ _PRIM_IMPLS: dict[str, Any] = {
     "lerp": torch.lerp,
 }
 
+def _sdpa_flash(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Any, is_causal: bool,
+                scale: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    return tuple(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        query, key, value, 0.0, is_causal, attn_mask=attn_mask, scale=scale))
+
+
+def _sdpa_flash_backward(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                         out: torch.Tensor, logsumexp: torch.Tensor, attn_mask: Any, is_causal: bool,
+                         scale: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return tuple(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        grad_out, query, key, value, out, logsumexp, 0.0, is_causal, attn_mask=attn_mask, scale=scale))
+
+
+_PRIM_IMPLS["sdpa_flash"] = _sdpa_flash
+_PRIM_IMPLS["sdpa_flash_backward"] = _sdpa_flash_backward
+
 for _op, (_, _fn) in prims.NUMBER_OPS.items():
     _PRIM_IMPLS[f"num_{_op}"] = _fn
 

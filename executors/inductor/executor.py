@@ -42,7 +42,8 @@ from minijit.extend import BoundSymbol, FusionExecutor, Proxy, Region, TensorPro
 # prims), random numbers (their seeds are values of the trace, not of the graph), real
 # tensors captured into the trace (a cache keyed by source must not bake one in), and
 # device moves.
-EXCLUDED = {"shape", "random_seed", "uniform", "tensor_constant", "device_put", *(f"num_{op}" for op in prims.NUMBER_OPS)}
+EXCLUDED = {"shape", "random_seed", "uniform", "tensor_constant", "device_put", "sdpa_flash", "sdpa_flash_backward",
+            *(f"num_{op}" for op in prims.NUMBER_OPS)}
 COPIES = {"copy_", "copy_to_out_"}
 # Devices Inductor generates code for.
 DEVICES = {"cpu", "cuda"}

@@ -384,6 +384,79 @@ def _matmul_meta(a: TensorProxy, b: TensorProxy) -> TensorProxy:
 matmul = _prim("matmul", _matmul_meta)
 
 
+# -- attention ------------------------------------------------------------------------
+
+_FLASH_DTYPES = (torch.float32, torch.float64, torch.bfloat16)
+
+
+def _check_flash_inputs(op: str, q: Any, k: Any, v: Any, attn_mask: Any, is_causal: Any, scale: Any) -> None:
+    for name, t in (("query", q), ("key", k), ("value", v)):
+        _check_tensor(op, t, name)
+        if t.ndim != 4:
+            raise _fail(op, f"{name} must have 4 dims (batch, heads, length, head size), got shape {tuple(t.shape)}")
+    if not q.dtype == k.dtype == v.dtype or q.dtype not in _FLASH_DTYPES:
+        raise _fail(op, f"query, key and value need one dtype among float32, float64, bfloat16; got "
+                        f"{q.dtype}, {k.dtype}, {v.dtype}")
+    if not q.device == k.device == v.device or q.device.type != "cpu":
+        raise _fail(op, f"query, key and value must be on the CPU, got {q.device}, {k.device}, {v.device}")
+    if not tuple(q.shape[:2]) == tuple(k.shape[:2]) == tuple(v.shape[:2]) or k.shape[2] != v.shape[2]:
+        raise _fail(op, f"batch, heads or key length differ: {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if not q.shape[3] == k.shape[3] == v.shape[3]:
+        raise _fail(op, f"query, key and value need one head size, got {q.shape[3]}, {k.shape[3]}, {v.shape[3]}")
+    if attn_mask is not None:
+        _check_tensor(op, attn_mask, "attn_mask")
+        if attn_mask.ndim not in (2, 4) or attn_mask.dtype != q.dtype or attn_mask.device != q.device:
+            raise _fail(op, f"attn_mask must be a 2-d or 4-d {q.dtype} tensor, got {attn_mask.dtype}"
+                            f"{list(attn_mask.shape)}")
+        full = (*q.shape[:3], k.shape[2])
+        for m, f in zip(reversed(attn_mask.shape), reversed(full), strict=False):
+            if m != 1 and m != f:
+                raise _fail(op, f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to {full}")
+    if not isinstance(is_causal, bool):
+        raise _fail(op, f"is_causal must be a bool, got {type(is_causal).__name__}")
+    if scale is not None and not isinstance(scale, int | float | NumberProxy):
+        raise _fail(op, f"scale must be a number or None, got {type(scale).__name__}")
+
+
+def _logsumexp_proxy(q: TensorProxy) -> TensorProxy:
+    dtype = torch.float32 if q.dtype == torch.bfloat16 else q.dtype
+    return TensorProxy.like(q, shape=tuple(q.shape[:3]), dtype=dtype, requires_grad=False)
+
+
+def _sdpa_flash_meta(query: TensorProxy, key: TensorProxy, value: TensorProxy, attn_mask: Any, is_causal: bool,
+                     scale: Any) -> tuple[TensorProxy, TensorProxy]:
+    _check_flash_inputs("sdpa_flash", query, key, value, attn_mask, is_causal, scale)
+    rg = query.requires_grad or key.requires_grad or value.requires_grad
+    out = TensorProxy.like(query, shape=(*query.shape[:3], value.shape[3]), requires_grad=rg)
+    return out, _logsumexp_proxy(query)
+
+
+# Attention without dropout as one CPU flash-attention kernel: the output and the
+# logsumexp of each query row (batch, heads, length; float32 for bfloat16 inputs).
+sdpa_flash = _prim("sdpa_flash", _sdpa_flash_meta)
+
+
+def _sdpa_flash_backward_meta(grad_out: TensorProxy, query: TensorProxy, key: TensorProxy, value: TensorProxy,
+                              out: TensorProxy, logsumexp: TensorProxy, attn_mask: Any, is_causal: bool,
+                              scale: Any) -> tuple[TensorProxy, TensorProxy, TensorProxy]:
+    op = "sdpa_flash_backward"
+    _check_flash_inputs(op, query, key, value, attn_mask, is_causal, scale)
+    expected = (*query.shape[:3], value.shape[3])
+    for name, t in (("grad_out", grad_out), ("out", out)):
+        _check_tensor(op, t, name)
+        if tuple(t.shape) != expected or t.dtype != query.dtype:
+            raise _fail(op, f"{name} must be {query.dtype}{list(expected)}, got {t.dtype}{list(t.shape)}")
+    lse = _logsumexp_proxy(query)
+    _check_tensor(op, logsumexp, "logsumexp")
+    if tuple(logsumexp.shape) != tuple(lse.shape) or logsumexp.dtype != lse.dtype:
+        raise _fail(op, f"logsumexp must be {lse.dtype}{list(lse.shape)}, got {logsumexp.dtype}{list(logsumexp.shape)}")
+    return TensorProxy.like(query), TensorProxy.like(key), TensorProxy.like(value)
+
+
+# The gradients of query, key and value of `sdpa_flash` (none for the mask).
+sdpa_flash_backward = _prim("sdpa_flash_backward", _sdpa_flash_backward_meta)
+
+
 # -- creation and randomness -------------------------------------------------------
 
 def _full_meta(shape: Shape, fill_value: Number, *, dtype: torch.dtype, device: torch.device) -> TensorProxy:

@@ -247,6 +247,13 @@ def cross_entropy_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
 @vjp("ltorch.scaled_dot_product_attention")
 def sdpa_fwd(query: TensorProxy, key: TensorProxy, value: TensorProxy, attn_mask: Any = None, dropout_p: float = 0.0,
              is_causal: bool = False, scale: Any = None, enable_gqa: bool = False) -> Any:
+    if dropout_p == 0.0 and _flash_supported(query, key, value, attn_mask, is_causal, scale):
+        mask = attn_mask
+        if isinstance(mask, TensorProxy) and mask.dtype == torch.bool:
+            zeros = P.full(mask.shape, 0.0, dtype=query.dtype, device=query.device)
+            mask = P.where(mask, zeros, float("-inf"))
+        out, logsumexp = P.sdpa_flash(query, key, value, mask, is_causal, scale)
+        return out, ("flash", query, key, value, out, logsumexp, mask, is_causal, scale)
     same_batch = tuple(query.shape[:-2]) == tuple(key.shape[:-2]) == tuple(value.shape[:-2])
     if dropout_p != 0.0 or enable_gqa or not same_batch or query.ndim < 2:
         return NotImplemented
@@ -255,8 +262,40 @@ def sdpa_fwd(query: TensorProxy, key: TensorProxy, value: TensorProxy, attn_mask
     return out, (query, key, value, attn_mask, is_causal, scale)
 
 
+def _flash_supported(q: Any, k: Any, v: Any, mask: Any, is_causal: Any, scale: Any) -> bool:
+    """True where `prims.sdpa_flash` (torch's CPU flash-attention kernel) computes this call."""
+    tensors = (q, k, v)
+    if not all(isinstance(t, TensorProxy) and t.ndim == 4 for t in tensors):
+        return False
+    if not all(type(d) is int and d > 0 for t in tensors for d in t.shape):
+        return False  # symbolic sizes, or empty inputs (the kernel fails on those)
+    if not q.dtype == k.dtype == v.dtype or q.dtype not in P._FLASH_DTYPES:
+        return False
+    if not q.device == k.device == v.device or q.device.type != "cpu":
+        return False
+    if not tuple(q.shape[:2]) == tuple(k.shape[:2]) == tuple(v.shape[:2]) or k.shape[2] != v.shape[2]:
+        return False  # broadcast batch dims or shared (GQA) heads
+    if not q.shape[3] == k.shape[3] == v.shape[3] or not isinstance(is_causal, bool):
+        return False
+    if scale is not None and type(scale) not in (int, float):
+        return False
+    if mask is None:
+        return True
+    # The kernel gives no gradient for the mask, and takes 2-d or 4-d masks that broadcast.
+    if not isinstance(mask, TensorProxy) or mask.requires_grad or mask.ndim not in (2, 4) or is_causal:
+        return False
+    if mask.dtype not in (torch.bool, q.dtype) or mask.device != q.device:
+        return False
+    full = (*q.shape[:3], k.shape[2])
+    return all(type(m) is int and m in (1, f) for m, f in zip(reversed(mask.shape), reversed(full), strict=False))
+
+
 @sdpa_fwd.backward
 def sdpa_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
+    if isinstance(saved[0], str):  # ("flash", ...): the forward ran prims.sdpa_flash
+        _, q, k, v, out, logsumexp, mask, is_causal, scale = saved
+        gq, gk, gv = P.sdpa_flash_backward(cast_like(g, out), q, k, v, out, logsumexp, mask, is_causal, scale)
+        return gq, gk, gv, None
     # Recompute the attention probabilities from q, k and the mask rather than saving them.
     q_, k_, v_, mask, is_causal, scale = saved
     dtype = compute_dtype(q_.dtype)
