@@ -221,6 +221,9 @@ NOT_DIFFERENTIABLE = {
     "num_abs",
     # A constant: it takes no tensor that could require grad.
     "tensor_constant",
+    # Attention kernels that only the VJP rule of ltorch.scaled_dot_product_attention records,
+    # in the forward and backward traces it builds; nothing differentiates those again.
+    "sdpa_flash", "sdpa_flash_backward",
 }
 # Prims whose rule refuses complex inputs (tested by the error test below) and has no real-input case torch runs.
 REFUSES_COMPLEX = {"imag"}
