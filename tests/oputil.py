@@ -55,3 +55,14 @@ def run_trace_source(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Trace `fn` and run the ltorch-level trace from its printed source."""
     trace = trace_call(fn, *args, **kwargs)
     return trace_callable(trace)(*tensors_of((args, kwargs)))
+
+
+def assert_same_grads(want: Any, have: Any, inputs: list[torch.Tensor], **tolerances: Any) -> None:
+    """Gradients from minijit (`have`) equal eager's (`want`), one per input; None where eager gives none."""
+    for i, (w, h) in enumerate(zip(want, have, strict=True)):
+        if w is None:
+            assert h is None or not h.any(), f"input {i}: eager gives no gradient, minijit {h}"
+            continue
+        assert h is not None, f"input {i}: no gradient from minijit"
+        assert h.dtype == inputs[i].dtype
+        torch.testing.assert_close(h, w, **tolerances, msg=lambda m, i=i: f"grad of input {i}: {m}")
