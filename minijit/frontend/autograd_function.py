@@ -122,21 +122,6 @@ def _produced(trace: Trace) -> dict[int, Proxy]:
     return {id(p): p for b in trace.bound_symbols for p in b.proxy_outputs()}
 
 
-def _free_proxies(trace: Trace, known: Sequence[Proxy] = ()) -> list[Proxy]:
-    """Proxies `trace` reads that it neither takes as input (nor finds in `known`) nor computes, in order."""
-    defined = {id(p) for p in (*trace.args, *known)}
-    free: dict[int, Proxy] = {}
-    for bsym in trace.bound_symbols:
-        for p in bsym.proxy_args():
-            if id(p) not in defined:
-                free.setdefault(id(p), p)
-        defined.update(id(p) for p in bsym.proxy_outputs())
-    for p in tree_flatten(trace.output):
-        if isinstance(p, Proxy) and id(p) not in defined:
-            free.setdefault(id(p), p)
-    return list(free.values())
-
-
 def replay(trace: Trace, inputs: Sequence[Any], output: Any = None) -> Any:
     """Record `trace`'s bound symbols again into the current trace, on `inputs` for its args.
 
@@ -201,7 +186,7 @@ class _CustomFunctionCall:
         results = iter(sym(*fwd.args))
         new_leaves = [next(results) if isinstance(x, Proxy) else x for x in out_leaves]
         it = iter(new_leaves)
-        return tree_map(lambda _: next(it), fwd.output) if not isinstance(fwd.output, Proxy) else new_leaves[0]
+        return tree_map(lambda _: next(it), fwd.output)
 
     # -- forward -------------------------------------------------------------------------
     def capture_forward(self) -> tuple[Trace, list[Any]]:
@@ -225,7 +210,7 @@ class _CustomFunctionCall:
                     "custom Functions that return new tensors (return x.clone() or a view of it)")
         # Tensors read from outside (closures, tensors in list arguments) are inputs too;
         # as in eager they get no gradient.
-        raw.args += _free_proxies(raw)
+        raw.args += raw.free_proxies()
         self.raw_produced = _produced(raw)
         fwd = functionalize(raw, grad_enabled=False)
         if fwd.info.get("mutated_inputs"):
@@ -256,7 +241,8 @@ class _CustomFunctionCall:
                 per_input[id(a)] = g if id(a) not in per_input else prims.add(per_input[id(a)], g)
         raw.output = tuple(per_input.get(id(a)) for a in fwd.args)
         ct_proxies = [c for c in cotangents if c is not None]
-        free = _free_proxies(raw, ct_proxies)
+        raw.args = ct_proxies
+        free = raw.free_proxies()
         fwd_values = _produced(fwd)
         inputs = {id(a) for a in fwd.args}
         residuals: list[Proxy] = []

@@ -136,6 +136,20 @@ class Trace:
         t.info = dict(self.info)
         return t
 
+    def free_proxies(self) -> list[Proxy]:
+        """Proxies the trace reads that it neither takes as input nor computes, in the order first read."""
+        defined = {p.name for p in self.args}
+        free: dict[str, Proxy] = {}
+        for bsym in self.bound_symbols:
+            for p in bsym.proxy_args():
+                if p.name not in defined:
+                    free.setdefault(p.name, p)
+            defined.update(p.name for p in bsym.proxy_outputs())
+        for p in tree_iter(self.output):
+            if isinstance(p, Proxy) and p.name not in defined:
+                free.setdefault(p.name, p)
+        return list(free.values())
+
     # -- printing and running -------------------------------------------------
     def python_and_constants(self, subsymbol_depth: int = 1) -> tuple[str, dict[str, Any]]:
         """The trace's source, and the constants it refers to by name."""

@@ -176,7 +176,6 @@ def bumping_versions(computation: Callable[..., Any], trace: Trace) -> Callable[
         bump([inputs[i] for i in positions])
         return out
 
-    run.__minijit_source__ = getattr(computation, "__minijit_source__", None)  # type: ignore[attr-defined]
     return run
 
 

@@ -279,7 +279,7 @@ class _Splitter:
         bwd.args = [*saved.values(), *ct_args]
         bwd = dce(bwd)
         # Forward values a rule read without listing them (a symbolic size in `x.shape`) are residuals too.
-        for p in _free_proxies(bwd):
+        for p in bwd.free_proxies():
             saved.setdefault(id(p), p)
         used = {p.name for b in bwd.bound_symbols for p in b.proxy_args()}
         used |= {p.name for p in tree_flatten(bwd.output) if isinstance(p, Proxy)}
@@ -297,21 +297,6 @@ class _Splitter:
             g = prims.convert_element_type(g, x.dtype)
         old = cotangents.get(x.name)
         cotangents[x.name] = g if old is None else prims.add(old, g)
-
-
-def _free_proxies(trace: Trace) -> list[Proxy]:
-    """Proxies that `trace` reads but neither takes as input nor computes."""
-    defined = {p.name for p in trace.args}
-    free: dict[str, Proxy] = {}
-    for bsym in trace.bound_symbols:
-        for p in bsym.proxy_args():
-            if p.name not in defined:
-                free.setdefault(p.name, p)
-        defined.update(p.name for p in bsym.proxy_outputs())
-    for p in tree_flatten(trace.output):
-        if isinstance(p, Proxy) and p.name not in defined:
-            free.setdefault(p.name, p)
-    return list(free.values())
 
 
 def requires_grad_inputs(trace: Trace) -> list[Proxy]:

@@ -18,7 +18,7 @@ from minijit.errors import UnsupportedOpError
 from minijit.ir import TensorProxy
 from minijit.ir.context import where_now
 from minijit.ops import prims
-from minijit.transforms.vjp.registry import is_tensor, vjp, zeros_like
+from minijit.transforms.vjp.registry import VjpRule, is_tensor, vjp, zeros_like
 
 P = prims
 Derivative = Callable[[TensorProxy, TensorProxy], Any]
@@ -131,9 +131,18 @@ def _tensor_grads(args: tuple[Any, ...], grads: tuple[Callable[[], Any], ...]) -
     return tuple(make() if is_tensor(a) else None for a, make in zip(args, grads, strict=True))
 
 
-@vjp(prims.add)
-def add_fwd(a: Any, b: Any) -> tuple[TensorProxy, tuple[Any, ...]]:
-    return prims.add(a, b), (a, b)
+def _binary(prim: Any, keep_output: bool = False) -> VjpRule:
+    """Register the forward of the binary `prim`, saving its operands (and output); set `.backward` on the result."""
+
+    @vjp(prim)
+    def forward(a: Any, b: Any) -> tuple[TensorProxy, tuple[Any, ...]]:
+        out = prim(a, b)
+        return out, ((a, b, out) if keep_output else (a, b))
+
+    return forward
+
+
+add_fwd = _binary(prims.add)
 
 
 @add_fwd.backward
@@ -141,9 +150,7 @@ def add_bwd(saved: tuple[Any, ...], g: TensorProxy) -> tuple[Any, ...]:
     return _tensor_grads(saved, (lambda: g, lambda: g))
 
 
-@vjp(prims.sub)
-def sub_fwd(a: Any, b: Any) -> tuple[TensorProxy, tuple[Any, ...]]:
-    return prims.sub(a, b), (a, b)
+sub_fwd = _binary(prims.sub)
 
 
 @sub_fwd.backward
@@ -151,9 +158,7 @@ def sub_bwd(saved: tuple[Any, ...], g: TensorProxy) -> tuple[Any, ...]:
     return _tensor_grads(saved, (lambda: g, lambda: P.neg(g)))
 
 
-@vjp(prims.mul)
-def mul_fwd(a: Any, b: Any) -> tuple[TensorProxy, tuple[Any, ...]]:
-    return prims.mul(a, b), (a, b)
+mul_fwd = _binary(prims.mul)
 
 
 @mul_fwd.backward
@@ -162,10 +167,7 @@ def mul_bwd(saved: tuple[Any, ...], g: TensorProxy) -> tuple[Any, ...]:
     return _tensor_grads(saved, (lambda: P.mul(g, b), lambda: P.mul(g, a)))
 
 
-@vjp(prims.div)
-def div_fwd(a: Any, b: Any) -> tuple[TensorProxy, tuple[Any, ...]]:
-    out = prims.div(a, b)
-    return out, (a, b, out)
+div_fwd = _binary(prims.div, keep_output=True)
 
 
 @div_fwd.backward
@@ -174,10 +176,7 @@ def div_bwd(saved: tuple[Any, ...], g: TensorProxy) -> tuple[Any, ...]:
     return _tensor_grads((a, b), (lambda: P.div(g, b), lambda: P.neg(P.div(P.mul(g, out), b))))
 
 
-@vjp(prims.pow)
-def pow_fwd(a: Any, b: Any) -> tuple[TensorProxy, tuple[Any, ...]]:
-    out = prims.pow(a, b)
-    return out, (a, b, out)
+pow_fwd = _binary(prims.pow, keep_output=True)
 
 
 @pow_fwd.backward
@@ -208,11 +207,7 @@ def pow_bwd(saved: tuple[Any, ...], g: TensorProxy) -> tuple[Any, ...]:
 def _min_max(prim: Any, wins: Any) -> None:
     """maximum/minimum: the gradient goes to the winning operand, split evenly on ties."""
 
-    @vjp(prim)
-    def forward(a: Any, b: Any) -> tuple[TensorProxy, tuple[Any, ...]]:
-        return prim(a, b), (a, b)
-
-    @forward.backward
+    @_binary(prim).backward
     def backward(saved: tuple[Any, ...], g: TensorProxy) -> tuple[Any, ...]:
         a, b = saved
         half = P.mul(g, 0.5)
@@ -228,9 +223,7 @@ _min_max(prims.maximum, P.gt)
 _min_max(prims.minimum, P.lt)
 
 
-@vjp(prims.atan2)
-def atan2_fwd(a: Any, b: Any) -> tuple[TensorProxy, tuple[Any, ...]]:
-    return prims.atan2(a, b), (a, b)
+atan2_fwd = _binary(prims.atan2)
 
 
 @atan2_fwd.backward
@@ -240,10 +233,7 @@ def atan2_bwd(saved: tuple[Any, ...], g: TensorProxy) -> tuple[Any, ...]:
     return _tensor_grads(saved, (lambda: P.mul(scale, b), lambda: P.neg(P.mul(scale, a))))
 
 
-@vjp(prims.copysign)
-def copysign_fwd(a: Any, b: Any) -> tuple[TensorProxy, tuple[Any, ...]]:
-    out = prims.copysign(a, b)
-    return out, (a, b, out)
+copysign_fwd = _binary(prims.copysign, keep_output=True)
 
 
 @copysign_fwd.backward
@@ -260,11 +250,7 @@ def copysign_bwd(saved: tuple[Any, ...], g: TensorProxy) -> tuple[Any, ...]:
 def _rounded_quotient(prim: Any, rounding: Any) -> None:
     """remainder/fmod: a - rounding(a / b) * b, so d/da = 1 and d/db = -rounding(a / b)."""
 
-    @vjp(prim)
-    def forward(a: Any, b: Any) -> tuple[TensorProxy, tuple[Any, ...]]:
-        return prim(a, b), (a, b)
-
-    @forward.backward
+    @_binary(prim).backward
     def backward(saved: tuple[Any, ...], g: TensorProxy) -> tuple[Any, ...]:
         a, b = saved
         return _tensor_grads(saved, (lambda: g, lambda: P.neg(P.mul(g, rounding(P.div(a, b))))))
@@ -274,9 +260,7 @@ _rounded_quotient(prims.remainder, P.floor)
 _rounded_quotient(prims.fmod, P.trunc)
 
 
-@vjp(prims.floor_divide)
-def floor_divide_fwd(a: Any, b: Any) -> tuple[TensorProxy, tuple[Any, ...]]:
-    return prims.floor_divide(a, b), (a, b)
+floor_divide_fwd = _binary(prims.floor_divide)
 
 
 @floor_divide_fwd.backward

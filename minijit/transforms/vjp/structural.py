@@ -52,24 +52,20 @@ def broadcast_in_dim_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
     return (out, None, None)
 
 
-@vjp(prims.reshape)
-def reshape_fwd(x: TensorProxy, shape: Sequence[Any]) -> tuple[TensorProxy, Saved]:
-    return prims.reshape(x, shape), (x.shape,)
+def _same_elements(prim: Any) -> None:
+    """reshape/squeeze: the same elements in a new shape; the gradient is reshaped back."""
+
+    @vjp(prim)
+    def forward(x: TensorProxy, shape_or_dims: Sequence[Any]) -> tuple[TensorProxy, Saved]:
+        return prim(x, shape_or_dims), (x.shape,)
+
+    @forward.backward
+    def backward(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
+        return (reshape_to(g, tuple(saved[0])), None)
 
 
-@reshape_fwd.backward
-def reshape_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
-    return (reshape_to(g, tuple(saved[0])), None)
-
-
-@vjp(prims.squeeze)
-def squeeze_fwd(x: TensorProxy, dims: Sequence[int]) -> tuple[TensorProxy, Saved]:
-    return prims.squeeze(x, dims), (x.shape,)
-
-
-@squeeze_fwd.backward
-def squeeze_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
-    return (reshape_to(g, tuple(saved[0])), None)
+_same_elements(prims.reshape)
+_same_elements(prims.squeeze)
 
 
 @vjp(prims.transpose)
