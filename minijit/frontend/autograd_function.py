@@ -184,9 +184,7 @@ class _CustomFunctionCall:
         if bwd is not None:
             sym.vjp = _custom_rule(sym, fwd, bwd, len(produced), residuals, self._cotangent_kinds(produced))
         results = iter(sym(*fwd.args))
-        new_leaves = [next(results) if isinstance(x, Proxy) else x for x in out_leaves]
-        it = iter(new_leaves)
-        return tree_map(lambda _: next(it), fwd.output)
+        return tree_map(lambda x: next(results) if isinstance(x, Proxy) else x, fwd.output)
 
     # -- forward -------------------------------------------------------------------------
     def capture_forward(self) -> tuple[Trace, list[Any]]:
