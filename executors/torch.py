@@ -13,6 +13,7 @@ import torch
 
 from minijit.extend import (
     BoundSymbol,
+    Effects,
     OperatorExecutor,
     Symbol,
     TensorProxy,
@@ -50,14 +51,14 @@ class TorchExecutor(OperatorExecutor):
     def allocates_output(self, bsym: BoundSymbol) -> bool:
         """Pointwise ops and matmul/cat without `out=`: torch returns a new tensor for each call."""
         fn = bsym.sym.fn
-        return ("out" not in bsym.kwargs and prims.INPLACE not in bsym.sym.tags
+        return (not bsym.written()
                 and (_is_pointwise_with_out(fn) or _in(fn, _OUT_NOT_POINTWISE) or _in(fn, _ALLOCATING)))
 
     def _inplace_symbol(self, sym: Symbol, method: Any) -> Symbol:
         exe = self._inplace_symbols.get(sym.id)
         if exe is None:
-            exe = Symbol(f"{sym.name}_", None, namespace=self.namespace, is_prim=True,
-                         tags=sym.tags | {prims.INPLACE}, fn=method)
+            exe = Symbol(f"{sym.name}_", None, namespace=self.namespace, is_prim=True, tags=sym.tags,
+                         effects=Effects(writes=(0,)), fn=method)
             self._inplace_symbols[sym.id] = exe
         return exe
 

@@ -38,13 +38,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from minijit.errors import MinijitError
-from minijit.ir import BoundSymbol, Proxy, Symbol, TensorProxy, Trace, current_trace, tracing
+from minijit.ir import BoundSymbol, Effects, Proxy, Symbol, TensorProxy, Trace, current_trace, tracing
 from minijit.ops import prims
 from minijit.ops.registry import ALL_LTORCH, EAGER_IMPLS, ltorch_symbol_for
 from minijit.transforms.fusion import Region, region_writes
 
 __all__ = [
-    "BoundSymbol", "Executor", "ExecutorUnavailableError", "FusionExecutor", "Implementation", "MinijitError",
+    "BoundSymbol", "Effects", "Executor", "ExecutorUnavailableError", "FusionExecutor", "Implementation", "MinijitError",
     "OperatorExecutor", "Proxy", "Region", "Symbol", "TensorProxy", "add_default_executor", "get_default_executors",
     "get_executor", "ltorch_eager_implementations", "prims", "region_writes", "register_executor",
     "remove_default_executor", "resolve_executors", "resolve_symbol",
@@ -239,7 +239,8 @@ class OperatorExecutor(Executor):
             # A prim and an ltorch op may share a name (transpose, reshape) and a trace both;
             # the printed trace calls them through one namespace, so the prim gets a prefix.
             name = f"prims_{sym.name}" if sym.namespace == "prims" and sym.name in ALL_LTORCH else sym.name
-            exe = Symbol(name, sym.meta, namespace=self.namespace, is_prim=True, tags=sym.tags, fn=impl.fn)
+            exe = Symbol(name, sym.meta, namespace=self.namespace, is_prim=True, tags=sym.tags, fn=impl.fn,
+                         effects=sym.effects)
             self._impl_symbols[sym.id] = exe
         return exe
 

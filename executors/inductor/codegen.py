@@ -135,14 +135,15 @@ VIEWS = {"broadcast_in_dim", "reshape", "transpose", "slice", "squeeze"}
 
 def _track_writes(bsym: BoundSymbol, roots: dict[str, int], written: set[int]) -> None:
     """Follow views of inputs (`roots`: proxy name -> input index) and note the inputs copies write into."""
-    name = bsym.sym.name
-    if name in VIEWS and bsym.args and isinstance(bsym.args[0], Proxy) and bsym.args[0].name in roots:
-        for p in bsym.proxy_outputs():
-            roots[p.name] = roots[bsym.args[0].name]
-    elif name in ("copy_", "copy_to_out_"):
-        dst = bsym.kwargs.get("out") if name == "copy_to_out_" else bsym.args[1]
-        if isinstance(dst, Proxy) and dst.name in roots:
-            written.add(roots[dst.name])
+    if bsym.sym.effects.copies:
+        for dst in bsym.written():
+            if dst.name in roots:
+                written.add(roots[dst.name])
+        return
+    for p in bsym.proxy_outputs():
+        viewed = bsym.viewed_argument(p)
+        if isinstance(viewed, Proxy) and viewed.name in roots:
+            roots[p.name] = roots[viewed.name]
 
 
 def make_function(src: RegionSource) -> Callable[..., Any]:

@@ -44,7 +44,6 @@ from minijit.extend import BoundSymbol, FusionExecutor, Proxy, Region, TensorPro
 # device moves.
 EXCLUDED = {"shape", "random_seed", "uniform", "tensor_constant", "device_put", "sdpa_flash", "sdpa_flash_backward",
             *(f"num_{op}" for op in prims.NUMBER_OPS)}
-COPIES = {"copy_", "copy_to_out_"}
 # Devices Inductor generates code for.
 DEVICES = {"cpu", "cuda"}
 
@@ -165,7 +164,7 @@ class InductorExecutor(FusionExecutor):
             return False
         if sym.name == "matmul" and not self.fuse_matmul:
             return False
-        if sym.name == "copy_to_out_" and not self.fuse_copies_to_out:
+        if sym.effects.copies and not self.fuse_copies_to_out:
             return False
         for x in _flatten([*bsym.args, *bsym.kwargs.values()]):
             if isinstance(x, Proxy) and not isinstance(x, TensorProxy):

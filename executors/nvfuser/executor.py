@@ -80,7 +80,7 @@ class NvFuserExecutor(FusionExecutor):
 
     def fusible(self, bsym: BoundSymbol) -> bool:
         """Elementwise prims, casts, broadcasts, reshapes, permutes, reductions, var_mean, full, copies."""
-        if bsym.sym.name == "copy_to_out_" and not self.fuse_copies_to_out:
+        if bsym.sym.effects.copies and not self.fuse_copies_to_out:
             return False
         return fusible(bsym, self.device_type)
 

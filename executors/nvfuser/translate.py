@@ -124,9 +124,8 @@ def define_region(nv: Any, fd: Any, region: Region, metas: Sequence[InputMeta | 
         name = bsym.sym.name
         args = bsym.args
         out = bsym.output
-        if name in COPIES:
-            src = args[0]
-            dst = args[1] if name == "copy_" else bsym.kwargs["out"]
+        if bsym.sym.effects.copies:
+            src, (dst,) = bsym.copied_value(), bsym.written()
             v = env[src.name][0]
             if dst.name in index:
                 if src.dtype != dst.dtype or dst.dtype in NARROW:

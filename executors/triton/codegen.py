@@ -190,9 +190,8 @@ def build_graph(region: Region) -> tuple[list[Node], list[Store], dict[int, int]
     for bsym in region.members:
         name = bsym.sym.name
         out = bsym.output
-        if name in COPIES:
-            src = bsym.args[0]
-            dst = bsym.args[1] if name == "copy_" else bsym.kwargs["out"]
+        if bsym.sym.effects.copies:
+            src, (dst,) = bsym.copied_value(), bsym.written()
             if dst.name in index:
                 # Later reads of dst see src (through env); the input ends up holding the last copy.
                 copies[index[dst.name]] = env[src.name]

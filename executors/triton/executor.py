@@ -203,7 +203,7 @@ class TritonExecutor(FusionExecutor):
         if name not in ELEMENTWISE and name not in REMAPS and name not in COPIES and name not in REDUCTIONS \
                 and name not in ("convert_element_type", "var_mean"):
             return False
-        if name == "copy_to_out_" and not self.fuse_copies_to_out:
+        if bsym.sym.effects.copies and not self.fuse_copies_to_out:
             return False
         values = [*bsym.args, *bsym.kwargs.values()]
         tensors = [x for x in values if isinstance(x, TensorProxy)]

@@ -10,7 +10,7 @@ from minijit.errors import MinijitError
 from minijit.ir.context import current_trace
 from minijit.ir.printing import Constants, output_source, to_source
 from minijit.ir.proxies import Proxy, TensorProxy
-from minijit.ir.pytree import tree_iter
+from minijit.ir.pytree import tree_flatten, tree_iter
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,52 @@ class SourceLocation:
         return f"# {self.filename}:{self.lineno}" + (f"  {self.text.strip()}" if self.text else "")
 
 
+# An argument of a call: a positional argument's index, or a keyword argument's name.
+ArgRef = int | str
+
+
+@dataclass(frozen=True)
+class Effects:
+    """What a symbol does besides computing new tensors from its arguments' values.
+
+    Declared once, on the symbol; every pass that must respect an effect asks the
+    bound symbol (`BoundSymbol.written`, `BoundSymbol.viewed_argument`, ...).
+
+    - `writes`: the arguments written in place (every tensor in each). By torch's
+      convention an `out=` tensor argument is always written, declared or not.
+    - `copies`: the write stores argument 0's value and nothing else (`copy_`,
+      `copy_to_out_`): the written tensor then holds that value.
+    - `views`: the argument whose memory the tensor outputs share (a view op); a
+      tuple gives one entry (or None) per flattened output. With `may_copy`, the
+      outputs are views where eager can make one, else copies (`reshape`, `x[idx]`);
+      with `same_if_unchanged`, they are not views but the argument itself where
+      nothing changes, else new tensors (`x.to(device)`).
+    - `random`: a new value on each call: never merged with another call, never
+      recomputed in place of being saved.
+    - `data_dependent`: the output's shape depends on the input's values: a trace
+      cannot record it.
+    - `external`: changes state outside the trace's tensors (a seed, a Python
+      object): never removed, never reordered.
+    """
+
+    writes: tuple[ArgRef, ...] = ()
+    copies: bool = False
+    views: ArgRef | tuple[ArgRef | None, ...] | None = None
+    may_copy: bool = False
+    same_if_unchanged: bool = False
+    random: bool = False
+    data_dependent: bool = False
+    external: bool = False
+
+    @property
+    def has_side_effects(self) -> bool:
+        """Whether running it matters beyond its outputs (so no pass may drop it)."""
+        return bool(self.writes) or self.external
+
+
+NO_EFFECTS = Effects()
+
+
 class Symbol:
     """An op. Calling it while a trace records appends a `BoundSymbol` and returns its outputs.
 
@@ -36,7 +82,9 @@ class Symbol:
     for a composite op it is the decomposition, whose own calls become the bound
     symbol's subsymbols. `fn` is the executable implementation, set on the symbols
     that executors put into final traces. `namespace` is the name the printed trace
-    calls it through (`prims.add`, `ltorch.linear`, `torchex.add`).
+    calls it through (`prims.add`, `ltorch.linear`, `torchex.add`). `effects` says
+    what it does besides computing its outputs (writes, views, randomness); `tags`
+    are free-form labels (`"opaque"`).
     """
 
     def __init__(
@@ -48,12 +96,14 @@ class Symbol:
         is_prim: bool = False,
         tags: frozenset[str] = frozenset(),
         fn: Callable[..., Any] | None = None,
+        effects: Effects = NO_EFFECTS,
     ):
         self.name = name
         self.namespace = namespace
         self.meta = meta
         self.is_prim = is_prim
         self.tags = frozenset(tags)
+        self.effects = effects
         self.fn = fn
         self.id = f"{namespace}.{name}"
         # A VJP rule of this symbol alone (symbols made for one call, such as a traced custom
@@ -105,6 +155,65 @@ class BoundSymbol:
         for x in tree_iter(self.output):
             if isinstance(x, Proxy):
                 yield x
+
+    # -- effects (declared on the symbol, resolved on this call's arguments) -----------
+    def argument(self, ref: ArgRef) -> Any:
+        """The positional (int) or keyword (str) argument `ref`, or None where the call has none."""
+        if type(ref) is int:
+            return self.args[ref] if ref < len(self.args) else None
+        return self.kwargs.get(ref)
+
+    def written(self) -> list[TensorProxy]:
+        """The tensors this call writes into, in order, each once.
+
+        The symbol's declared `writes`, its `out=` argument, and, for a composite that
+        declares none, the arguments its decomposition writes into.
+        """
+        refs = self.sym.effects.writes
+        out = self.kwargs.get("out") if self.kwargs else None
+        if not refs and out is None and (self.sym.is_prim or not self.subsymbols):
+            return []
+        found: dict[int, TensorProxy] = {}
+        for ref in (*refs, "out") if out is not None and "out" not in refs else refs:
+            for x in tree_flatten(self.argument(ref)):
+                if isinstance(x, TensorProxy):
+                    found.setdefault(id(x), x)
+        if not refs and not self.sym.is_prim and self.subsymbols:
+            mine = {id(p) for p in self.proxy_args()}
+            for sub in self.subsymbols:
+                for x in sub.written():
+                    if id(x) in mine:
+                        found.setdefault(id(x), x)
+        return list(found.values())
+
+    def copied_value(self) -> Any:
+        """For a copy (`Effects.copies`): the value the written tensor receives, else None."""
+        return self.args[0] if self.sym.effects.copies else None
+
+    def viewed_argument(self, out: Proxy) -> Any:
+        """The argument whose view the output `out` is (per the symbol's `views`), or None."""
+        effects = self.sym.effects
+        views = effects.views
+        if views is None or effects.same_if_unchanged or not isinstance(out, TensorProxy):
+            return None
+        if type(views) is tuple:
+            outs = tree_flatten(self.output)
+            position = next((i for i, o in enumerate(outs) if o is out), None)
+            if position is None or position >= len(views) or views[position] is None:
+                return None
+            views = views[position]
+        return self.argument(views)
+
+    def may_alias_input(self) -> bool:
+        """Whether an output of this call may share memory with one of its tensor arguments at run time."""
+        effects = self.sym.effects
+        if effects.views is None:
+            return False
+        if not effects.same_if_unchanged:
+            return True
+        ins = [a for a in tree_flatten(self.argument(effects.views)) if isinstance(a, TensorProxy)]
+        outs = [o for o in self.proxy_outputs() if isinstance(o, TensorProxy)]
+        return bool(ins and outs) and (ins[0].dtype, ins[0].device) == (outs[0].dtype, outs[0].device)
 
     def call_source(self, constants: Constants) -> str:
         """`namespace.name(args...)` for this bound symbol."""

@@ -115,7 +115,7 @@ class Trace:
             self.info.setdefault("no_grad", set()).update(
                 p.name for p in tree_iter(output) if isinstance(p, Proxy))
         bsym = BoundSymbol(sym, args, kwargs, output, tuple(subsymbols), self.source)
-        if (sym.is_prim and len(self._scopes) > 1 and "random" not in sym.tags
+        if (sym.is_prim and len(self._scopes) > 1 and not sym.effects.random
                 and any(isinstance(x, NumberProxy) for x in tree_iter(output))):
             # Arithmetic on symbolic sizes goes to the top level even inside a decomposition:
             # later ops may use the size, also when an executor runs the decomposed op whole.

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from minijit.errors import MetaError
-from minijit.ir import FloatProxy, IntegerProxy, NumberProxy, Symbol, TensorProxy
+from minijit.ir import Effects, FloatProxy, IntegerProxy, NumberProxy, Symbol, TensorProxy
 from minijit.ir.context import where_now
 from minijit.ir.proxies import NUMBER_METHODS, number_value
 
@@ -27,13 +27,14 @@ Shape = tuple[int | IntegerProxy, ...]
 
 ALL_PRIMS: dict[str, Symbol] = {}
 
-# Tags describing effects that passes must respect.
-INPLACE = "inplace"  # writes into an argument; never removed or reordered past readers
-RANDOM = "random"  # gives a new value each call; never deduplicated
+# The effects prims declare (minijit.ir.Effects): the few that are not pure functions.
+VIEW = Effects(views=0)  # the output views the first argument (torch runs these as views)
+SAME_IF_UNCHANGED = Effects(views=0, same_if_unchanged=True)  # torch returns the argument itself for a no-op
+RANDOM = Effects(random=True)  # a new value each call; never deduplicated
 
 
-def _prim(name: str, meta: Callable[..., Any], tags: Sequence[str] = ()) -> Symbol:
-    sym = Symbol(name, meta, namespace="prims", is_prim=True, tags=frozenset(tags))
+def _prim(name: str, meta: Callable[..., Any], effects: Effects | None = None) -> Symbol:
+    sym = Symbol(name, meta, namespace="prims", is_prim=True, effects=effects or Effects())
     ALL_PRIMS[name] = sym
     return sym
 
@@ -111,7 +112,8 @@ _REAL_RESULT = {"abs", "real", "imag"}
 
 for _name in UNARY + BINARY + ("lerp",):
     _rule = _to_bool if _name in _BOOL_RESULT else _to_real if _name in _REAL_RESULT else None
-    globals()[_name] = _prim(_name, _elementwise_meta(_name, _rule))
+    # torch.real and torch.imag return views of a complex tensor.
+    globals()[_name] = _prim(_name, _elementwise_meta(_name, _rule), VIEW if _name in ("real", "imag") else None)
 
 
 def _where_meta(pred: TensorProxy, a: Any, b: Any) -> TensorProxy:
@@ -153,7 +155,7 @@ def _convert_element_type_meta(x: Any, dtype: torch.dtype) -> Any:
     raise _fail("convert_element_type", f"expected a tensor, got {type(x).__name__}")
 
 
-convert_element_type = _prim("convert_element_type", _convert_element_type_meta)
+convert_element_type = _prim("convert_element_type", _convert_element_type_meta, SAME_IF_UNCHANGED)
 
 
 def _broadcast_in_dim_meta(x: TensorProxy, shape: Shape, broadcast_dims: Sequence[int]) -> TensorProxy:
@@ -171,7 +173,7 @@ def _broadcast_in_dim_meta(x: TensorProxy, shape: Shape, broadcast_dims: Sequenc
     return TensorProxy.like(x, shape=tuple(shape))
 
 
-broadcast_in_dim = _prim("broadcast_in_dim", _broadcast_in_dim_meta)
+broadcast_in_dim = _prim("broadcast_in_dim", _broadcast_in_dim_meta, VIEW)
 
 
 def _device_put_meta(x: TensorProxy, device: torch.device) -> TensorProxy:
@@ -181,7 +183,7 @@ def _device_put_meta(x: TensorProxy, device: torch.device) -> TensorProxy:
     return TensorProxy.like(x, device=device)
 
 
-device_put = _prim("device_put", _device_put_meta)
+device_put = _prim("device_put", _device_put_meta, SAME_IF_UNCHANGED)
 
 
 def _numel(shape: Shape) -> Any:
@@ -198,7 +200,7 @@ def _reshape_meta(x: TensorProxy, shape: Shape) -> TensorProxy:
     return TensorProxy.like(x, shape=tuple(shape))
 
 
-reshape = _prim("reshape", _reshape_meta)
+reshape = _prim("reshape", _reshape_meta, VIEW)
 
 
 def _transpose_meta(x: TensorProxy, permutation: Sequence[int]) -> TensorProxy:
@@ -208,7 +210,7 @@ def _transpose_meta(x: TensorProxy, permutation: Sequence[int]) -> TensorProxy:
     return TensorProxy.like(x, shape=tuple(x.shape[p] for p in permutation))
 
 
-transpose = _prim("transpose", _transpose_meta)
+transpose = _prim("transpose", _transpose_meta, VIEW)
 
 
 def _slice_meta(x: TensorProxy, start_indices: Sequence[int], end_indices: Sequence[int],
@@ -225,7 +227,7 @@ def _slice_meta(x: TensorProxy, start_indices: Sequence[int], end_indices: Seque
     return TensorProxy.like(x, shape=tuple(shape))
 
 
-slice_prim = _prim("slice", _slice_meta)
+slice_prim = _prim("slice", _slice_meta, VIEW)
 
 
 def _squeeze_meta(x: TensorProxy, dims: Sequence[int]) -> TensorProxy:
@@ -237,7 +239,7 @@ def _squeeze_meta(x: TensorProxy, dims: Sequence[int]) -> TensorProxy:
     return TensorProxy.like(x, shape=tuple(s for i, s in enumerate(x.shape) if i not in dims))
 
 
-squeeze = _prim("squeeze", _squeeze_meta)
+squeeze = _prim("squeeze", _squeeze_meta, VIEW)
 
 
 def _cat_meta(tensors: Sequence[TensorProxy], dim: int) -> TensorProxy:
@@ -477,7 +479,7 @@ def _random_seed_meta() -> IntegerProxy:
     return IntegerProxy(0)
 
 
-random_seed = _prim("random_seed", _random_seed_meta, tags=[RANDOM])
+random_seed = _prim("random_seed", _random_seed_meta, RANDOM)
 
 
 def _uniform_meta(shape: Shape, low: Number, high: Number, *, dtype: torch.dtype, device: torch.device,
@@ -582,7 +584,7 @@ def _copy_meta(src: TensorProxy, dst: TensorProxy) -> TensorProxy:
     return dst
 
 
-copy_ = _prim("copy_", _copy_meta, tags=[INPLACE])
+copy_ = _prim("copy_", _copy_meta, Effects(writes=(1,), copies=True))
 
 
 def _copy_to_out_meta(computed: TensorProxy, *, out: TensorProxy) -> TensorProxy:
@@ -595,7 +597,7 @@ def _copy_to_out_meta(computed: TensorProxy, *, out: TensorProxy) -> TensorProxy
 
 # `copy_to_out_(computed, out=x)`: x now holds computed. An executor may produce
 # `computed` directly in x's memory when the analysis allows it (DESIGN.md, invariant 2).
-copy_to_out_ = _prim("copy_to_out_", _copy_to_out_meta, tags=[INPLACE])
+copy_to_out_ = _prim("copy_to_out_", _copy_to_out_meta, Effects(writes=("out",), copies=True))
 
 
 # -- arithmetic on symbolic Python numbers ("symbolic values" mode) ---------------------

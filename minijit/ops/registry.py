@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from minijit.ir import TENSOR_METHODS, Symbol
+from minijit.ir import NO_EFFECTS, TENSOR_METHODS, Effects, Symbol
 
 # torch callable (function, method descriptor, builtin) -> ltorch symbol
 TORCH_TO_LTORCH: dict[Any, Symbol] = {}
@@ -27,14 +27,15 @@ def ltorch_op(
     torch_fns: Sequence[Any] = (),
     methods: Sequence[str] = (),
     impl: Callable[..., Any] | None = None,
-    tags: Sequence[str] = (),
+    effects: Effects = NO_EFFECTS,
 ) -> Callable[[Callable[..., Any]], Symbol]:
     """Declare an ltorch op from its decomposition.
 
     `torch_fns` are the torch callables that the interpreter maps to this op;
     `methods` the `Tensor` method names that dispatch to it on proxies; `impl` the
     eager implementation with the decomposition's signature (default: the first
-    torch callable).
+    torch callable); `effects` what it does besides computing its outputs (views,
+    writes into its arguments, randomness: `minijit.ir.Effects`).
 
     Example::
 
@@ -46,7 +47,7 @@ def ltorch_op(
         op_name = name or decomposition.__name__
         if op_name in ALL_LTORCH:
             raise ValueError(f"ltorch op {op_name!r} is declared twice")
-        sym = Symbol(op_name, decomposition, namespace="ltorch", tags=frozenset(tags))
+        sym = Symbol(op_name, decomposition, namespace="ltorch", effects=effects)
         sym.__doc__ = decomposition.__doc__
         ALL_LTORCH[op_name] = sym
         for fn in torch_fns:

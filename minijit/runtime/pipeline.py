@@ -129,8 +129,8 @@ def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[An
     bwd = _timed(lambda: remove_cast_round_trips(bwd), bwd_traces)
     positions = {p.name: i for i, p in enumerate(trace.args)}
     # A traced custom Function's backward may write into forward inputs.
-    mutated_by_backward = tuple(positions[b.kwargs["out"].name] for b in bwd.bound_symbols
-                                if b.sym.id == "prims.copy_to_out_" and b.kwargs["out"].name in positions)
+    mutated_by_backward = tuple(positions[p.name] for b in bwd.bound_symbols if b.sym.effects.copies
+                                for p in b.written() if p.name in positions)
     for passes, t in ((traces, fwd), (bwd_traces, bwd)):
         t = _timed(lambda t=t: dce(t), passes)
         t = _timed(lambda t=t: claim_executors(t, executors), passes)

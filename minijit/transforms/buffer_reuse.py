@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from minijit.ir import BoundSymbol, Proxy, TensorProxy, Trace, tree_iter
-from minijit.transforms.copy_analysis import buffer_kind, may_alias_input, read_proxies, written_tensors
+from minijit.transforms.copy_analysis import buffer_kind, read_proxies
 
 # A memory is named by the id of the proxy whose producer allocated it; inputs by their name.
 Memory = int | str
@@ -78,7 +78,7 @@ class _BufferReuse:
         for bsym in reversed(self.trace.bound_symbols):
             ex = self.by_namespace.get(bsym.sym.namespace)
             if any(id(o) in returned for o in bsym.proxy_outputs()):
-                if written_tensors(bsym) or ex is None or not ex.allocates_output(bsym):
+                if bsym.written() or ex is None or not ex.allocates_output(bsym):
                     returned.update(id(p) for p in bsym.proxy_args())
         return returned
 
@@ -128,7 +128,7 @@ class _BufferReuse:
     def _place_outputs(self, bsym: BoundSymbol, ex: Any) -> None:
         """Record which memory bsym's outputs live in."""
         outs = [o for o in bsym.proxy_outputs() if isinstance(o, Proxy)]
-        written = written_tensors(bsym)
+        written = bsym.written()
         if len(written) == 1:
             where = self.mem.get(id(written[0]), frozenset({id(written[0])}))
         elif written:
@@ -141,7 +141,7 @@ class _BufferReuse:
             # A view, or an op that may return one of its arguments: its outputs may live
             # in any of its arguments' memories (and in a memory of their own).
             where = frozenset().union(*(self.mem.get(id(p), frozenset()) for p in bsym.proxy_args()))
-            if not may_alias_input(bsym) or not where:
+            if not bsym.may_alias_input() or not where:
                 where |= {id(o) for o in outs}
         for o in outs:
             self.mem[id(o)] = where

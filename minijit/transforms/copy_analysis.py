@@ -32,29 +32,8 @@ from typing import Any
 from minijit.errors import CopyToOutError, where
 from minijit.ir import BoundSymbol, Proxy, TensorProxy, Trace, tree_iter
 from minijit.ir.printing import Constants
-from minijit.ops.prims import INPLACE
-from minijit.transforms.fusion import region_writes
 
 CHECK_COPIES = os.environ.get("MINIJIT_CHECK_COPIES", "1") != "0"
-
-# Symbols whose output may be a view of an argument when run by torch (matched by name,
-# whatever the namespace, so claimed `torchex.reshape` counts like `prims.reshape`).
-_VIEW_LIKE = {"reshape", "transpose", "slice", "squeeze", "broadcast_in_dim", "real", "imag"}
-# These return their argument itself when nothing changes (x.to(x.dtype)).
-_MAYBE_SELF = {"convert_element_type", "device_put"}
-VIEW_TAG = "view"
-
-
-def may_alias_input(bsym: BoundSymbol) -> bool:
-    """Whether an output of `bsym` may share memory with one of its tensor arguments at run time."""
-    name = bsym.sym.name.removeprefix("prims_")
-    if VIEW_TAG in bsym.sym.tags or name in _VIEW_LIKE:
-        return True
-    if name in _MAYBE_SELF:
-        ins = [a for a in bsym.args if isinstance(a, TensorProxy)]
-        outs = [o for o in bsym.proxy_outputs() if isinstance(o, TensorProxy)]
-        return bool(ins and outs) and (ins[0].dtype, ins[0].device) == (outs[0].dtype, outs[0].device)
-    return False
 
 
 def buffer_kind(t: Any) -> tuple[Any, ...] | None:
@@ -69,29 +48,11 @@ def buffer_kind(t: Any) -> tuple[Any, ...] | None:
     return (shape, t.dtype, t.device)
 
 
-def written_tensors(bsym: BoundSymbol) -> list[TensorProxy]:
-    """The tensors whose memory `bsym` writes into: its `out=` argument, the target of an in-place op,
-    or the inputs a fused region copies into (its copy_to_out_ members)."""
-    out = bsym.kwargs.get("out")
-    if isinstance(out, TensorProxy):
-        return [out]
-    if INPLACE not in bsym.sym.tags:
-        return []
-    if bsym.sym.name == "copy_":
-        return [bsym.args[1]]
-    if any(m.sym.name in ("copy_", "copy_to_out_") for m in bsym.subsymbols):
-        return [p for p in region_writes(bsym) if isinstance(p, TensorProxy)]
-    first = bsym.args[0] if bsym.args else None
-    return [first] if isinstance(first, TensorProxy) else []
-
-
 def _copies_into(bsym: BoundSymbol) -> set[int]:
-    """ids of the tensors that `bsym` (a copy_to_out_, or a region holding some) says hold a final value."""
-    if bsym.sym.name == "copy_to_out_":
-        return {id(bsym.kwargs["out"])}
-    if INPLACE in bsym.sym.tags and bsym.subsymbols:
-        return {id(m.kwargs["out"]) for m in bsym.subsymbols if m.sym.name == "copy_to_out_"}
-    return set()
+    """ids of the tensors that `bsym` (a copy, or a region holding some) says hold a final value."""
+    if bsym.sym.effects.copies:
+        return {id(p) for p in bsym.written()}
+    return {id(p) for m in bsym.subsymbols if m.sym.effects.copies for p in m.written()}
 
 
 def read_proxies(bsym: BoundSymbol) -> Iterable[Proxy]:
@@ -116,7 +77,7 @@ def alias_roots(trace: Trace) -> dict[int, frozenset[str]]:
     leaders = input_leaders(trace)
     roots: dict[int, frozenset[str]] = {id(p): frozenset({leaders[p.name]}) for p in trace.args}
     for bsym in trace.bound_symbols:
-        if not written_tensors(bsym) and may_alias_input(bsym):
+        if not bsym.written() and bsym.may_alias_input():
             shared = frozenset().union(*(roots.get(id(p), frozenset()) for p in bsym.proxy_args()))
             if shared:
                 for o in bsym.proxy_outputs():
@@ -156,9 +117,9 @@ def analyze_copies(trace: Trace) -> list[CopyDecision]:
     decisions: list[CopyDecision] = []
     taken: set[int] = set()
     for k, bsym in enumerate(bsyms):
-        if bsym.sym.name != "copy_to_out_":
+        if not bsym.sym.effects.copies:
             continue
-        computed, out = bsym.args[0], bsym.kwargs["out"]
+        computed, (out,) = bsym.copied_value(), bsym.written()
         p = producer.get(id(computed))
         root = leaders.get(out.name, out.name)
 
@@ -171,7 +132,7 @@ def analyze_copies(trace: Trace) -> list[CopyDecision]:
             decide(False, f"{computed.name} may alias input(s) {', '.join(sorted(roots[id(computed)]))}")
         elif p is None:
             decide(False, f"{computed.name} is not computed by the trace")
-        elif may_alias_input(bsyms[p]):
+        elif bsyms[p].may_alias_input():
             decide(False, f"{computed.name} is a view made by {bsyms[p].sym.id}")
         elif id(computed) in taken:
             decide(False, f"{computed.name} is already written into another input")
@@ -239,7 +200,7 @@ class _InPlaceChains:
             for p in read_proxies(bsym):
                 for b in self.buffers.get(id(p), ()):
                     self.reads.setdefault(b, []).append(i)
-            aliasing = not written_tensors(bsym) and may_alias_input(bsym)
+            aliasing = not bsym.written() and bsym.may_alias_input()
             shared = frozenset().union(*(self.buffers.get(id(p), frozenset()) for p in bsym.proxy_args()))
             for o in bsym.proxy_outputs():
                 self.producer.setdefault(id(o), i)
@@ -285,7 +246,7 @@ class _InPlaceChains:
                 if any(p is not a and id(a) in self.buffers.get(id(p), ()) for p in args):
                     continue
                 producer = self.bsyms[q]
-                if written_tensors(producer) or any(
+                if producer.written() or any(
                         p is not out and root in self.roots.get(id(p), ()) for p in read_proxies(producer)):
                     continue
                 ex = self.by_namespace.get(producer.sym.namespace)
@@ -355,7 +316,7 @@ def check_copies(trace: Trace) -> None:
                 what = f"the old value of input {p.name}" if any(p is a for a in trace.args) else p.name
                 problems.append(f"{_show(trace, bsym)} reads {what} after {_show(trace, bsyms[w])} overwrote "
                                 "its memory")
-        targets = written_tensors(bsym)
+        targets = bsym.written()
         outs = list(bsym.proxy_outputs())
         copied = _copies_into(bsym)
         new_mem = frozenset()
@@ -363,8 +324,9 @@ def check_copies(trace: Trace) -> None:
             where_to = mem.get(id(target), frozenset({id(target)}))
             # What the memory holds afterwards: a copy stores `computed` (whose proxy stays valid
             # where it lives there already); any other write stores its own output.
-            kept = [bsym.args[0]] if bsym.sym.name == "copy_to_out_" else outs
-            no_op = bsym.sym.name == "copy_to_out_" and mem.get(id(bsym.args[0])) == where_to
+            value = bsym.copied_value()
+            kept = [value] if value is not None else outs
+            no_op = value is not None and mem.get(id(value)) == where_to
             for m in () if no_op else where_to:
                 for p in holders.get(m, ()):
                     if not any(p is o for o in kept):
@@ -378,7 +340,7 @@ def check_copies(trace: Trace) -> None:
         if targets:
             if len(targets) > 1:
                 new_mem = frozenset()  # a region: its outputs are its own values (or the inputs it wrote)
-        elif may_alias_input(bsym):
+        elif bsym.may_alias_input():
             new_mem = frozenset().union(*(mem.get(id(p), frozenset()) for p in bsym.proxy_args()))
         else:
             new_mem = frozenset()

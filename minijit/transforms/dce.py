@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 from minijit.ir import BoundSymbol, Proxy, Trace, tree_iter
-from minijit.ops.prims import INPLACE
 
 
 def dce(trace: Trace) -> Trace:
-    """Remove bound symbols whose outputs are unused and that write nothing in place."""
+    """Remove bound symbols whose outputs are unused and that have no side effect (a write, an external effect)."""
     needed = {x.name for x in tree_iter(trace.output) if isinstance(x, Proxy)}
     kept = []
     for bsym in reversed(trace.bound_symbols):
-        if INPLACE in bsym.sym.tags or any(p.name in needed for p in bsym.proxy_outputs()):
+        if bsym.sym.effects.has_side_effects or bsym.written() or any(p.name in needed for p in bsym.proxy_outputs()):
             kept.append(bsym)
             _mark_used(bsym, needed)
     return trace.derive(reversed(kept), pass_name="dce")

@@ -33,22 +33,19 @@ import torch
 from minijit.errors import AliasError, InplaceError, UnsupportedOpError, where
 from minijit.ir import BoundSymbol, Proxy, TensorProxy, Trace, tracing, tree_flatten, tree_map
 from minijit.ops import prims
-from minijit.ops.prims import INPLACE
 from minijit.ops.registry import ALL_LTORCH
 from minijit.ops.utils import expand_to, to_dtype
 from minijit.transforms.copy_analysis import alias_roots
 from minijit.transforms.view_updates import (
-    PRIM_SCATTER,
-    VIEW,
-    VIEW_RULES,
     ExpandedWrite,
     eager_returns_view,
-    first_tensor_arg,
+    is_view_op,
     is_view_step,
     layout_free,
     replay,
     scatter,
     scatter_by_positions,
+    viewed_tensor,
 )
 
 __all__ = ["functionalize"]
@@ -172,8 +169,7 @@ class _Functionalizer:
 
         Decided assuming that bases (inputs and computed tensors) are contiguous.
         """
-        rule = VIEW_RULES.get(bsym.sym.name)
-        if rule is None or not rule.may_copy or bsym.sym.is_prim:
+        if not bsym.sym.effects.may_copy or bsym.sym.is_prim:
             return True
         parent = self.canon(parent)
         verdict = eager_returns_view(self.base_of(parent), [*self.chain(parent), (bsym, out)])
@@ -198,13 +194,12 @@ class _Functionalizer:
     # -- bound symbols -----------------------------------------------------------
     def visit(self, bsym: BoundSymbol, top: BoundSymbol) -> None:
         name = bsym.sym.id
-        if name == "prims.copy_":
-            self.write(bsym.args[1], self.resolve(bsym.args[0]), top)
-        elif name == "prims.copy_to_out_":
-            self.write(bsym.kwargs["out"], self.resolve(bsym.args[0]), top)
+        if bsym.sym.effects.copies:
+            (target,) = bsym.written()
+            self.write(target, self.resolve(bsym.copied_value()), top)
         elif name == "ltorch.setitem" and _is_basic_key(bsym.args[1]) and self.setitem_into_view(bsym, top):
             pass
-        elif INPLACE in bsym.sym.tags or (not bsym.sym.is_prim and _writes_into_arguments(bsym)):
+        elif bsym.written():
             if not bsym.subsymbols:
                 raise UnsupportedOpError(f"{name}{where(bsym.source)}: an in-place op without a decomposition "
                                          "cannot be functionalized")
@@ -267,8 +262,8 @@ class _Functionalizer:
             result = bsym.output
         else:
             result = layout_free(bsym.sym)(*args, **kwargs)
-        parent = first_tensor_arg(bsym)
-        is_view = parent is not None and _is_view_op(bsym)
+        parent = viewed_tensor(bsym)
+        is_view = parent is not None and is_view_op(bsym)
         for old, new in zip(tree_flatten(bsym.output), tree_flatten(result), strict=True):
             if not isinstance(old, Proxy):
                 continue
@@ -347,21 +342,3 @@ def _is_basic_key(key: Any) -> bool:
     return all(type(k) is int or k is None or k is Ellipsis or
                (type(k) is slice and all(type(v) is int or v is None for v in (k.start, k.stop, k.step)))
                for k in items)
-
-
-def _is_view_op(bsym: BoundSymbol) -> bool:
-    if bsym.sym.is_prim:
-        return bsym.sym.namespace == "prims" and bsym.sym.name in PRIM_SCATTER
-    return VIEW in bsym.sym.tags
-
-
-def _writes_into_arguments(bsym: BoundSymbol) -> bool:
-    """Whether a composite's decomposition copies into one of its own arguments (an untagged in-place op)."""
-    args = {id(p) for p in bsym.proxy_args()}
-
-    def writes(b: BoundSymbol) -> bool:
-        if b.sym.id == "prims.copy_":
-            return id(b.args[1]) in args
-        return any(writes(s) for s in b.subsymbols)
-
-    return any(writes(s) for s in bsym.subsymbols)

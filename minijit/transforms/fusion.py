@@ -18,8 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from minijit.ir import BoundSymbol, Proxy, Symbol, tree_iter
-from minijit.ops.prims import INPLACE
+from minijit.ir import BoundSymbol, Effects, Proxy, Symbol, tree_iter
 
 
 @dataclass
@@ -39,36 +38,22 @@ class Region:
     @property
     def inplace(self) -> bool:
         """Whether a member writes into an existing tensor."""
-        return any(INPLACE in b.sym.tags for b in self.members)
+        return any(b.written() for b in self.members)
 
-
-def written_names(bsym: BoundSymbol) -> set[str]:
-    """The tensors an in-place bound symbol writes into: outputs that are also arguments."""
-    if INPLACE not in bsym.sym.tags:
-        return set()
-    args = {p.name for p in bsym.proxy_args()}
-    return {p.name for p in bsym.proxy_outputs() if p.name in args}
+    def effects(self) -> Effects:
+        """The region's effects as one bound symbol: it writes the inputs its members write into."""
+        written = {p.name for b in self.members for p in b.written()}
+        writes = tuple(i for i, p in enumerate(self.inputs) if p.name in written)
+        return Effects(writes=writes, random=any(b.sym.effects.random for b in self.members),
+                       external=any(b.sym.effects.external for b in self.members))
 
 
 def region_writes(bsym: BoundSymbol) -> list[Proxy]:
-    """The inputs a fused region's bound symbol writes into: the targets of its member copies.
+    """The inputs a fused region's bound symbol writes into (what its members write; see `Region.effects`).
 
-    For passes that check writes into inputs (the copy_to_out_ check): a region runs
-    its `copy_`/`copy_to_out_` members itself, so its one bound symbol writes several
-    tensors, none of them an `out=` argument.
+    Kept for executors written against older minijit versions: `bsym.written()` says the same.
     """
-    inputs = {p.name for p in bsym.proxy_args()}
-    targets: dict[str, Proxy] = {}
-    for member in bsym.subsymbols:
-        if member.sym.name == "copy_to_out_":
-            dst = member.kwargs.get("out")
-        elif member.sym.name == "copy_":
-            dst = member.args[1]
-        else:
-            continue
-        if isinstance(dst, Proxy) and dst.name in inputs:
-            targets.setdefault(dst.name, dst)
-    return list(targets.values())
+    return list(bsym.written())
 
 
 def _region(name: str, members: list[BoundSymbol], used_outside: set[str]) -> Region:
@@ -86,7 +71,6 @@ def _region(name: str, members: list[BoundSymbol], used_outside: set[str]) -> Re
 
 def region_bound_symbol(region: Region, namespace: str, fn: Callable[..., Any]) -> BoundSymbol:
     """The bound symbol that runs `region` with `fn` (which returns a tuple of the outputs)."""
-    tags = frozenset({INPLACE}) if region.inplace else frozenset()
     if len(region.outputs) == 1:
         def run_one(*args: Any, _fn: Callable[..., Any] = fn) -> Any:
             return _fn(*args)[0]
@@ -95,7 +79,7 @@ def region_bound_symbol(region: Region, namespace: str, fn: Callable[..., Any]) 
         call = run_one
     else:
         output, call = tuple(region.outputs), fn
-    sym = Symbol(region.name, None, namespace=namespace, is_prim=True, tags=tags, fn=call)
+    sym = Symbol(region.name, None, namespace=namespace, is_prim=True, effects=region.effects(), fn=call)
     source = next((b.source for b in region.members if b.source is not None), None)
     bsym = sym.bind(*region.inputs, output=output, subsymbols=tuple(region.members), source=source)
     # An executor may say what the region runs as (its kernels' names) in the printed trace.
@@ -152,7 +136,7 @@ def partition(entries: Sequence[tuple[BoundSymbol, Any]], executor: Any, trace_o
         reads = {p.name for p in bsym.proxy_args()}
         depends = not reads.isdisjoint(region_produced)
         # Invariant 1: never move a write of a tensor in front of the region's reads of its old value.
-        overwrites = not written_names(bsym).isdisjoint(region_read)
+        overwrites = any(p.name in region_read for p in bsym.written())
         # A deferred bound symbol that a later non-member needs must keep its place relative to it:
         # deferred ones run before the region, so that always holds.
         if depends or overwrites:

@@ -140,7 +140,7 @@ class _Splitter:
         if is_constant_for_vjp(bsym, self.requires, self.no_grad):
             self.fwd.bound_symbols.append(bsym)
             return
-        if prims.INPLACE in bsym.sym.tags:
+        if bsym.written():
             self._inplace(bsym)
             return
         complex_out = next((p for p in bsym.proxy_outputs() if isinstance(p, TensorProxy) and p.dtype.is_complex), None)
@@ -191,12 +191,12 @@ class _Splitter:
             if not isinstance(p, TensorProxy):
                 continue
             if p.name in self.inputs_requiring:
-                if bsym.sym.id != "prims.copy_to_out_":
+                if not bsym.sym.effects.copies:
                     raise MinijitError(
                         f"{bsym.sym.id}{where(bsym.source)} writes in place into {p.name}, an input that requires "
                         "grad, outside the write-backs of the functionalize pass"
                     )
-                self.dirty.append((p, bsym.args[0]))
+                self.dirty.append((p, bsym.copied_value()))
             elif p.name not in inputs:
                 raise MinijitError(
                     f"{bsym.sym.id}{where(bsym.source)} writes in place into the intermediate tensor {p.name}, which "
@@ -320,7 +320,7 @@ def split_forward_backward(trace: Trace, executors: Sequence[Any] = ()) -> tuple
         splitter.forward(bsym)
     bwd, saved = splitter.backward()
     fwd = splitter.fwd
-    overwritten = {b.kwargs["out"].name for b in fwd.bound_symbols if b.sym.id == "prims.copy_to_out_"}
+    overwritten = {p.name for b in fwd.bound_symbols if b.sym.effects.copies for p in b.written()}
     bwd, saved = _recompute_cheap_residuals(fwd, bwd, saved, splitter.requires, overwritten)
     _bind_input_sizes(fwd, saved)
     # An input the forward overwrites cannot serve the backward its old value: as eager
@@ -357,7 +357,7 @@ _CHEAP_PRIMS = frozenset(prims.UNARY + prims.BINARY) | {
 
 def _is_cheap(bsym: BoundSymbol) -> bool:
     """True for pointwise and layout ops (or ops that decompose only into those); never random ones."""
-    if prims.RANDOM in bsym.sym.tags or prims.INPLACE in bsym.sym.tags:
+    if bsym.sym.effects.random or bsym.written():
         return False
     if bsym.sym.is_prim:
         return bsym.sym.namespace == "prims" and bsym.sym.name in _CHEAP_PRIMS

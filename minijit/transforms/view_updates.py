@@ -1,33 +1,33 @@
 """Views for functionalization: which outputs alias their input, replaying a view, writing a view back.
 
-A view op's output shares memory with its first tensor argument. Functionalization
+A view op declares it on its symbol (`Effects.views`, minijit/ir/symbol.py): its
+outputs share memory with one of its arguments, the *viewed* tensor. Functionalization
 (DESIGN.md, invariant 1) needs two things per view op: *replay* (recompute the view
 from the base's new value, by calling the op again) and *scatter* (the inverse
 update: given the base's current value and the view's new value, the base's new
-value). Scatter rules live in two tables:
+value):
 
-- `PRIM_SCATTER`, keyed by prim name, for the view prims (transpose, reshape,
-  squeeze, slice, broadcast_in_dim as unsqueeze);
-- `VIEW_RULES`, keyed by ltorch op name. Most ltorch view ops decompose into view
-  prims, and their rule, `invert_decomposition`, walks the decomposition back from
-  the output to the input and applies the prim rules in reverse. `may_copy` marks
-  ops that, like eager, return a copy where they cannot return a view: `x[idx_tensor]`
-  (its decomposition gathers), `x.t().reshape(-1)` (decided by running the view
-  chain's eager implementations on meta tensors, `eager_returns_view`). Adding a
-  view op means adding one entry here.
+- the view prims (transpose, reshape, squeeze, slice, broadcast_in_dim as unsqueeze)
+  have a scatter rule each, in `PRIM_SCATTER`;
+- an ltorch view op decomposes into view prims: `invert_decomposition` walks the
+  decomposition back from the output to the input and applies the prim rules in
+  reverse. A view op that may copy (`Effects.may_copy`: `x[idx_tensor]`, whose
+  decomposition gathers; `x.t().reshape(-1)`, decided by running the view chain's
+  eager implementations on meta tensors, `eager_returns_view`) returns a copy where
+  eager does;
+- an opaque torch view op (`x.unfold(...)`) has neither: `scatter_by_positions`
+  writes the view's new value into the base by element positions.
 
-A view-tagged op without an entry is treated as `invert_decomposition`; a write
-through one whose decomposition cannot be inverted is an `UnsupportedOpError`
-naming the op and line. A write through an expanded view (`x.expand(2, 3)[0]`)
-cannot go step by step; `scatter_by_positions` writes it into the base by element
-positions instead.
+A write through a view whose decomposition cannot be inverted is an
+`UnsupportedOpError` naming the op and line. A write through an expanded view
+(`x.expand(2, 3)[0]`) cannot go step by step; `scatter_by_positions` writes it into
+the base by element positions instead.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -37,17 +37,22 @@ from minijit.ir import BoundSymbol, Proxy, Symbol, TensorProxy, tree_flatten, tr
 from minijit.ops import prims
 from minijit.ops.registry import ALL_LTORCH, EAGER_IMPLS
 
-VIEW = "view"  # the tag ltorch view ops carry (minijit/ops/ltorch/shape.py)
-
 # (view bsym, its output, current value of its input, new value of its output) -> new value of its input
 ScatterRule = Callable[[BoundSymbol, Proxy, TensorProxy, TensorProxy], TensorProxy]
 
 
-def first_tensor_arg(bsym: BoundSymbol) -> TensorProxy | None:
-    """The tensor a view op views: its first tensor argument."""
-    for x in tree_flatten(bsym.args):
-        if isinstance(x, TensorProxy):
-            return x
+def is_view_op(bsym: BoundSymbol) -> bool:
+    """Whether `bsym`'s symbol declares that its outputs view one of its arguments."""
+    effects = bsym.sym.effects
+    return effects.views is not None and not effects.same_if_unchanged
+
+
+def viewed_tensor(bsym: BoundSymbol) -> TensorProxy | None:
+    """The tensor a view op views (per its symbol's effects), or None."""
+    for out in tree_flatten(bsym.output):
+        arg = bsym.viewed_argument(out)
+        if isinstance(arg, TensorProxy):
+            return arg
     return None
 
 
@@ -61,18 +66,24 @@ def output_position(bsym: BoundSymbol, out: Proxy) -> int:
 
 def replay(bsym: BoundSymbol, out: Proxy, new_input: TensorProxy) -> TensorProxy:
     """Record `bsym` again on `new_input` (in the current trace) and return its output at `out`'s position."""
-    old_input = first_tensor_arg(bsym)
-    done = [False]
-
-    def swap(x: Any) -> Any:
-        if not done[0] and x is old_input:
-            done[0] = True
-            return new_input
-        return x
-
-    args = [swap(a) for a in bsym.args]
-    result = layout_free(bsym.sym)(*args, **bsym.kwargs)
+    args, kwargs = _with_viewed(bsym, new_input)
+    result = layout_free(bsym.sym)(*args, **kwargs)
     return tree_flatten(result)[output_position(bsym, out)]
+
+
+def _with_viewed(bsym: BoundSymbol, new_input: Any) -> tuple[list[Any], dict[str, Any]]:
+    """`bsym`'s arguments with the viewed tensor replaced by `new_input`."""
+    old_input = viewed_tensor(bsym)
+    args, kwargs = list(bsym.args), dict(bsym.kwargs)
+    for i, a in enumerate(args):
+        if a is old_input:
+            args[i] = new_input
+            return args, kwargs
+    for k, v in kwargs.items():
+        if v is old_input:
+            kwargs[k] = new_input
+            break
+    return args, kwargs
 
 
 # Recomputed values may have any memory layout (a scattered base is often a transpose),
@@ -131,25 +142,12 @@ PRIM_SCATTER: dict[str, ScatterRule] = {
 
 # -- ltorch rules ----------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class ViewRule:
-    """How an ltorch view op's output relates to its input.
-
-    `scatter` writes a new value of the output back into the input. With
-    `may_copy`, the op returns a copy (not a view) when its decomposition is not
-    made of view ops only, as `x[index_tensor]` does in eager.
-    """
-
-    scatter: ScatterRule
-    may_copy: bool = False
-
-
 def view_path(bsym: BoundSymbol, out: Proxy) -> list[tuple[BoundSymbol, Proxy]] | None:
     """The steps (sub-bsym, its output) from `bsym`'s input to `out` inside its decomposition, or None.
 
     None means `out` is not reached from the input through view ops only.
     """
-    source = first_tensor_arg(bsym)
+    source = viewed_tensor(bsym)
     producers = {id(o): sub for sub in bsym.subsymbols for o in sub.proxy_outputs()}
     steps: list[tuple[BoundSymbol, Proxy]] = []
     cur: Any = out
@@ -158,32 +156,33 @@ def view_path(bsym: BoundSymbol, out: Proxy) -> list[tuple[BoundSymbol, Proxy]] 
         if sub is None or not is_view_step(sub, cur):
             return None
         steps.append((sub, cur))
-        cur = first_tensor_arg(sub)
+        cur = viewed_tensor(sub)
     return steps[::-1]
 
 
 def is_view_step(bsym: BoundSymbol, out: Proxy) -> bool:
-    """Whether `out` (an output of `bsym`) is a view of `bsym`'s first tensor argument."""
-    if bsym.sym.is_prim:
-        return bsym.sym.name in PRIM_SCATTER and bsym.sym.namespace == "prims"
-    if VIEW not in bsym.sym.tags:
+    """Whether `out` (an output of `bsym`) is a view of the tensor `bsym` views (per its symbol's effects)."""
+    if not is_view_op(bsym) or not isinstance(bsym.viewed_argument(out), TensorProxy):
         return False
-    rule = VIEW_RULES.get(bsym.sym.name)
-    if rule is not None and rule.scatter is not invert_decomposition:
-        return True
-    if view_path(bsym, out) is not None:
+    if bsym.sym.is_prim or view_path(bsym, out) is not None:
         return True
     # A view torch always returns as a view, but made of ops we cannot invert: reads of it
     # replay fine, a write through it raises in invert_decomposition.
-    return not (rule is not None and rule.may_copy)
+    return not bsym.sym.effects.may_copy
 
 
 def scatter(bsym: BoundSymbol, out: Proxy, current: TensorProxy, new: TensorProxy) -> TensorProxy:
     """The new value of `bsym`'s input after its output `out` became `new` (records into the current trace)."""
-    if bsym.sym.is_prim:
-        return PRIM_SCATTER[bsym.sym.name](bsym, out, current, new)
-    rule = VIEW_RULES.get(bsym.sym.name)
-    return (rule.scatter if rule is not None else invert_decomposition)(bsym, out, current, new)
+    if not bsym.sym.is_prim:
+        return invert_decomposition(bsym, out, current, new)
+    rule = PRIM_SCATTER.get(bsym.sym.name) if bsym.sym.namespace == "prims" else None
+    if rule is not None:
+        return rule(bsym, out, current, new)
+    if bsym.sym.namespace == "prims":
+        raise UnsupportedOpError(f"{bsym.sym.id}{where(bsym.source)}: an in-place write through this view cannot "
+                                 "update its base; clone() the view before writing into it")
+    # An opaque torch view op: write the new values at the element positions the view shows.
+    return scatter_by_positions(current, [(bsym, out)], new, bsym)
 
 
 def invert_decomposition(bsym: BoundSymbol, out: Proxy, current: TensorProxy, new: TensorProxy) -> TensorProxy:
@@ -193,7 +192,7 @@ def invert_decomposition(bsym: BoundSymbol, out: Proxy, current: TensorProxy, ne
         raise UnsupportedOpError(
             f"{bsym.sym.id}{where(bsym.source)}: an in-place write through this view cannot update its base, "
             "because its decomposition is not made of invertible view ops; clone() the view before writing "
-            "into it, or add a rule to VIEW_RULES in minijit/transforms/view_updates.py")
+            "into it")
     # The decomposition's own proxies (sizes computed inside it, in symbolic mode) exist
     # only inside `bsym`; record the decomposition again so that the scatters can use them.
     mapping = _inline(bsym, current)
@@ -202,8 +201,8 @@ def invert_decomposition(bsym: BoundSymbol, out: Proxy, current: TensorProxy, ne
         return mapping.get(id(x), x) if isinstance(x, Proxy) else x
 
     for step, step_out in reversed(path):
-        step_input = remap(first_tensor_arg(step))
-        if step.sym.is_prim:
+        step_input = remap(viewed_tensor(step))
+        if step.sym.is_prim and step.sym.name in PRIM_SCATTER:
             args, kwargs = tree_map(remap, (step.args, step.kwargs))
             new = PRIM_SCATTER[step.sym.name](step.replace(args=args, kwargs=kwargs), step_out, step_input, new)
         else:
@@ -213,7 +212,7 @@ def invert_decomposition(bsym: BoundSymbol, out: Proxy, current: TensorProxy, ne
 
 def _inline(bsym: BoundSymbol, new_input: TensorProxy) -> dict[int, Any]:
     """Record `bsym`'s subsymbols on `new_input` in the current trace; old proxy id -> new proxy."""
-    mapping: dict[int, Any] = {id(first_tensor_arg(bsym)): new_input}
+    mapping: dict[int, Any] = {id(viewed_tensor(bsym)): new_input}
 
     def remap(x: Any) -> Any:
         return mapping.get(id(x), x) if isinstance(x, Proxy) else x
@@ -267,8 +266,8 @@ def eager_chain(base: TensorProxy, chain: list[tuple[BoundSymbol, Proxy]]) -> li
         return None  # symbolic sizes: making a meta tensor would specialise on them
     values = [torch.empty(tuple(base.shape), dtype=base.dtype, device="meta")]
     for step, out in chain:
-        impl = EAGER_IMPLS.get(step.sym.name) if step.sym.namespace == "ltorch" else None
-        viewed = first_tensor_arg(step)
+        impl = _eager_impl(step)
+        viewed = viewed_tensor(step)
         if impl is None or any(isinstance(a, Proxy) and a is not viewed for a in tree_flatten((step.args, step.kwargs))):
             return None
         args = [values[-1] if a is viewed else a for a in step.args]
@@ -291,15 +290,8 @@ def eager_returns_view(base: TensorProxy, chain: list[tuple[BoundSymbol, Proxy]]
     return last is before or last._is_view()
 
 
-_ALWAYS_VIEWS = (
-    "transpose", "t", "permute", "swapaxes", "swapdims", "movedim", "moveaxis", "T", "mT", "H", "mH",
-    "view", "view_as", "squeeze", "unsqueeze", "unflatten", "expand", "expand_as", "select",
-    "narrow", "split", "split_with_sizes", "tensor_split", "chunk", "unbind", "diagonal", "unfold",
-    "alias", "detach",
-)
-_VIEW_OR_COPY = ("getitem", "reshape", "reshape_as", "contiguous", "flatten", "ravel")
-
-VIEW_RULES: dict[str, ViewRule] = {
-    **{name: ViewRule(invert_decomposition) for name in _ALWAYS_VIEWS},
-    **{name: ViewRule(invert_decomposition, may_copy=True) for name in _VIEW_OR_COPY},
-}
+def _eager_impl(bsym: BoundSymbol) -> Any:
+    """The eager callable that runs `bsym` with its own arguments: an ltorch op's, or an opaque torch op itself."""
+    if bsym.sym.namespace == "ltorch":
+        return EAGER_IMPLS.get(bsym.sym.name)
+    return bsym.sym.fn if "opaque" in bsym.sym.tags else None

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from minijit.errors import MetaError, UnsupportedOpError
-from minijit.ops.ltorch.shape import VIEW
 from tests.ops.eager_check import DTYPES, check_against_eager, make, tt
 from tests.oputil import trace_call
 
@@ -79,7 +78,7 @@ def test_basic_keys_are_views_and_advanced_keys_copies(key, symbol):
     trace = trace_call(lambda x, i: x[key(i)], make((3, 4)), torch.tensor([1]))
     bsym = trace.bound_symbols[-1]
     assert bsym.sym.name == symbol
-    assert (VIEW in bsym.sym.tags) == (symbol == "getitem")
+    assert (bsym.sym.effects.views is not None) == (symbol == "getitem")
 
 
 def test_getitem_of_basic_key_is_a_view_proxy():

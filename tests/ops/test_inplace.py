@@ -103,7 +103,7 @@ def test_setitem_is_one_inplace_symbol():
 
     trace = trace_call(fn, make((3, 4)), make((2, 1)))
     (bsym,) = trace.bound_symbols
-    assert bsym.sym.name == "setitem" and prims.INPLACE in bsym.sym.tags
+    assert bsym.sym.name == "setitem" and bsym.written() == [trace.args[0]]
     assert bsym.output is trace.args[0]
     assert [s.sym.name for s in bsym.subsymbols].count("copy_") == 1
     assert bsym.subsymbols[-1].sym is prims.copy_
@@ -245,7 +245,7 @@ def _unary_inplace_names():
     x = torch.full((2,), 0.5)
     names = []
     for name, sym in sorted(ALL_LTORCH.items()):
-        if not name.endswith("_") or prims.INPLACE not in sym.tags or name[:-1] in METADATA_INPLACE:
+        if not name.endswith("_") or not sym.effects.writes or name[:-1] in METADATA_INPLACE:
             continue
         try:
             getattr(x.clone(), name)()

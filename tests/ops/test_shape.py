@@ -10,7 +10,6 @@ import torch
 import minijit
 from minijit.errors import MetaError, UnsupportedOpError
 from minijit.ops import ltorch
-from minijit.ops.ltorch.shape import VIEW
 from tests.ops.eager_check import DTYPES, check_against_eager, make, tt
 from tests.oputil import trace_call
 
@@ -150,12 +149,12 @@ def test_copying_ops_never_return_their_input(fn):
     check_against_eager(lambda x: fn(x).add_(1), torch.ones(2, 3))
 
 
-def test_view_ops_are_tagged():
+def test_view_ops_declare_the_view_effect():
     for name in ("reshape", "view", "transpose", "permute", "squeeze", "unsqueeze", "expand", "split", "getitem",
                  "narrow", "select", "unbind", "detach", "diagonal", "movedim", "T", "mT"):
-        assert VIEW in ltorch.__dict__[name].tags, name
+        assert ltorch.__dict__[name].effects.views == 0, name
     for name in ("cat", "stack", "clone", "flip", "roll", "repeat", "tril"):
-        assert VIEW not in ltorch.__dict__[name].tags, name
+        assert ltorch.__dict__[name].effects.views is None, name
 
 
 @pytest.mark.parametrize(("fn", "shape", "error", "match"), [

@@ -2,7 +2,7 @@
 
 Creation ops take no tensor argument but are traced like any other op; `empty`
 is `zeros` (a trace has no uninitialized memory). Random ops draw a seed with
-`prims.random_seed` and are tagged RANDOM so that no pass merges two calls.
+`prims.random_seed` and declare the RANDOM effect so that no pass merges two calls.
 """
 
 from __future__ import annotations
@@ -268,7 +268,7 @@ def _random_dtype(op: str, dtype: torch.dtype | None, default: torch.dtype) -> t
     return dtype
 
 
-@ltorch_op(torch_fns=[torch.rand_like], tags=[RANDOM])
+@ltorch_op(torch_fns=[torch.rand_like], effects=RANDOM)
 def rand_like(input: TensorProxy, *, dtype: torch.dtype | None = None, layout: Any = None,  # noqa: A002
               device: Any = None, pin_memory: bool = False, requires_grad: bool = False,
               memory_format: Any = None) -> TensorProxy:
@@ -278,7 +278,7 @@ def rand_like(input: TensorProxy, *, dtype: torch.dtype | None = None, layout: A
     return _uniform(input.shape, dtype, _device(device, input.device))
 
 
-@ltorch_op(torch_fns=[torch.randn_like], tags=[RANDOM])
+@ltorch_op(torch_fns=[torch.randn_like], effects=RANDOM)
 def randn_like(input: TensorProxy, *, dtype: torch.dtype | None = None, layout: Any = None,  # noqa: A002
                device: Any = None, pin_memory: bool = False, requires_grad: bool = False,
                memory_format: Any = None) -> TensorProxy:
@@ -288,7 +288,7 @@ def randn_like(input: TensorProxy, *, dtype: torch.dtype | None = None, layout: 
     return _normal(input.shape, dtype, _device(device, input.device))
 
 
-@ltorch_op(torch_fns=[torch.rand], tags=[RANDOM])
+@ltorch_op(torch_fns=[torch.rand], effects=RANDOM)
 def rand(*size: Any, generator: Any = None, out: Any = None, dtype: torch.dtype | None = None, layout: Any = None,
          device: Any = None, pin_memory: bool = False, requires_grad: bool = False) -> TensorProxy:
     """torch.rand(*size): uniform samples in [0, 1)."""
@@ -297,7 +297,7 @@ def rand(*size: Any, generator: Any = None, out: Any = None, dtype: torch.dtype 
     return _uniform(parse_shape("rand", size), dtype, _device(device))
 
 
-@ltorch_op(torch_fns=[torch.randn], tags=[RANDOM])
+@ltorch_op(torch_fns=[torch.randn], effects=RANDOM)
 def randn(*size: Any, generator: Any = None, out: Any = None, dtype: torch.dtype | None = None, layout: Any = None,
           device: Any = None, pin_memory: bool = False, requires_grad: bool = False) -> TensorProxy:
     """torch.randn(*size): standard normal samples."""

@@ -13,14 +13,14 @@ from typing import Any
 import torch
 
 from minijit.errors import MetaError, UnsupportedOpError
-from minijit.ir import TensorProxy
+from minijit.ir import Effects, TensorProxy
 from minijit.ir.context import where_now
 from minijit.ops import prims
 from minijit.ops.ltorch.indexing import indexed_update
 from minijit.ops.registry import ALL_LTORCH, ltorch_op
 from minijit.ops.utils import expand_to, to_dtype
 
-INPLACE = prims.INPLACE
+INPLACE = Effects(writes=(0,))  # writes into its first argument
 
 
 def _category(dtype: torch.dtype) -> int:
@@ -51,7 +51,7 @@ def _declare_inplace(name: str, functional_name: str) -> None:
     fns = [getattr(torch.Tensor, f"{name}_")]
     if hasattr(torch, f"{name}_"):
         fns.append(getattr(torch, f"{name}_"))
-    ltorch_op(f"{name}_", torch_fns=fns, methods=[f"{name}_"], tags=[INPLACE])(decomposition)
+    ltorch_op(f"{name}_", torch_fns=fns, methods=[f"{name}_"], effects=INPLACE)(decomposition)
 
 
 _INPLACE_OF = (
@@ -92,7 +92,7 @@ def _metadata_inplace(name: str) -> None:
     decomposition.__name__ = f"{name}_"
     decomposition.__doc__ = f"Tensor.{name}_: unsupported (it changes the tensor's metadata in place)."
     ltorch_op(f"{name}_", torch_fns=[getattr(torch.Tensor, f"{name}_")], methods=[f"{name}_"],
-              tags=[INPLACE])(decomposition)
+              effects=INPLACE)(decomposition)
 
 
 # In-place ops that change a tensor's shape or autograd metadata rather than its values.
@@ -108,7 +108,7 @@ def _check_broadcasts(op: str, value: TensorProxy, target: TensorProxy) -> None:
                         f"tensor of shape {tuple(target.shape)} written in place{where_now()}")
 
 
-@ltorch_op(torch_fns=[torch.Tensor.copy_], methods=["copy_"], tags=[INPLACE])
+@ltorch_op(torch_fns=[torch.Tensor.copy_], methods=["copy_"], effects=INPLACE)
 def copy_(a: TensorProxy, src: Any, non_blocking: bool = False) -> TensorProxy:
     """Tensor.copy_: writes src (cast to a's dtype whatever it is, and broadcast) into a."""
     if not isinstance(src, TensorProxy):
@@ -117,13 +117,13 @@ def copy_(a: TensorProxy, src: Any, non_blocking: bool = False) -> TensorProxy:
     return prims.copy_(expand_to(to_dtype(src, a.dtype), a.shape), a)
 
 
-@ltorch_op(torch_fns=[torch.Tensor.zero_, torch.zero_], methods=["zero_"], tags=[INPLACE])
+@ltorch_op(torch_fns=[torch.Tensor.zero_, torch.zero_], methods=["zero_"], effects=INPLACE)
 def zero_(a: TensorProxy) -> TensorProxy:
     """Tensor.zero_."""
     return prims.copy_(prims.full(a.shape, 0, dtype=a.dtype, device=a.device), a)
 
 
-@ltorch_op(torch_fns=[torch.Tensor.fill_, torch.fill_], methods=["fill_"], tags=[INPLACE])
+@ltorch_op(torch_fns=[torch.Tensor.fill_, torch.fill_], methods=["fill_"], effects=INPLACE)
 def fill_(a: TensorProxy, value: Any) -> TensorProxy:
     """Tensor.fill_ with a number or a 0-d tensor (cast to a's dtype)."""
     if isinstance(value, TensorProxy):
@@ -139,7 +139,7 @@ def _setitem_eager(a: torch.Tensor, key: Any, value: Any) -> torch.Tensor:
     return a
 
 
-@ltorch_op("setitem", torch_fns=[torch.Tensor.__setitem__], methods=["setitem"], impl=_setitem_eager, tags=[INPLACE])
+@ltorch_op("setitem", torch_fns=[torch.Tensor.__setitem__], methods=["setitem"], impl=_setitem_eager, effects=INPLACE)
 def setitem(a: TensorProxy, key: Any, value: Any) -> TensorProxy:
     """`a[key] = value`: the updated tensor computed functionally, then one copy into `a`.
 

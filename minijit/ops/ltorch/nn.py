@@ -425,7 +425,7 @@ def dropout_mask_scale(x: TensorProxy, p: float) -> TensorProxy:
     return where(keep, mul(x, 1.0 / (1.0 - p)), 0)
 
 
-@ltorch_op(torch_fns=[F.dropout], tags=[RANDOM])
+@ltorch_op(torch_fns=[F.dropout], effects=RANDOM)
 def dropout(input: TensorProxy, p: float = 0.5, training: bool = True, inplace: bool = False) -> TensorProxy:  # noqa: A002
     """F.dropout: identity unless training with p > 0; otherwise a random mask, scaled by 1 / (1 - p)."""
     _tensor("dropout", input)

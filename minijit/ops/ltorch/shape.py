@@ -1,7 +1,8 @@
 """Shape and layout ops: views, reshapes, permutations, cat/stack/split, flip/roll/repeat, tril/triu.
 
-Ops tagged VIEW may return a tensor that aliases their input in eager torch; the
-`functionalize` pass uses the tag to make writes through a view update its base
+Ops declaring the VIEW effect return a tensor that aliases their input in eager torch
+(VIEW_OR_COPY: where eager can make a view); the `functionalize` pass uses the effect
+to make writes through a view update its base
 (DESIGN.md, invariant 1). A view op whose result equals its input returns the
 input proxy itself (the trace then records nothing). Every other op always
 returns a new proxy, even when its value equals the input (`x.repeat(1)`,
@@ -17,13 +18,16 @@ from typing import Any
 import torch
 
 from minijit.errors import MetaError, UnsupportedOpError
-from minijit.ir import TensorProxy
+from minijit.ir import Effects, TensorProxy
 from minijit.ir.context import where_now
 from minijit.ops import prims
 from minijit.ops.registry import ltorch_op
 from minijit.ops.utils import canonical_dim, infer_shape, reshape_to, shape_arg, unsqueeze_at
 
-VIEW = "view"  # the output may alias the input (functionalization tracks it)
+# The output views the input (functionalization makes writes through it update the input);
+# with VIEW_OR_COPY only where eager can make a view, else it is a copy.
+VIEW = Effects(views=0)
+VIEW_OR_COPY = Effects(views=0, may_copy=True)
 
 
 def _fail(op: str, msg: str) -> MetaError:
@@ -52,7 +56,7 @@ def slice_dim(a: TensorProxy, dim: int, start: int, stop: int, step: int = 1) ->
 
 @ltorch_op(torch_fns=[torch.transpose, torch.swapaxes, torch.swapdims, torch.Tensor.transpose, torch.Tensor.swapaxes,
                       torch.Tensor.swapdims],
-           methods=["transpose", "swapaxes", "swapdims"], tags=[VIEW])
+           methods=["transpose", "swapaxes", "swapdims"], effects=VIEW)
 def transpose(a: TensorProxy, dim0: int, dim1: int) -> TensorProxy:
     """torch.transpose: swaps two dims."""
     perm = list(range(a.ndim))
@@ -61,7 +65,7 @@ def transpose(a: TensorProxy, dim0: int, dim1: int) -> TensorProxy:
     return prims.transpose(a, tuple(perm)) if a.ndim > 1 and d0 != d1 else a
 
 
-@ltorch_op(torch_fns=[torch.t, torch.Tensor.t], methods=["t"], tags=[VIEW])
+@ltorch_op(torch_fns=[torch.t, torch.Tensor.t], methods=["t"], effects=VIEW)
 def t(a: TensorProxy) -> TensorProxy:
     """torch.t: transposes a matrix (0-d and 1-d tensors are returned as they are)."""
     if a.ndim > 2:
@@ -69,7 +73,7 @@ def t(a: TensorProxy) -> TensorProxy:
     return transpose(a, 0, 1) if a.ndim == 2 else a
 
 
-@ltorch_op(torch_fns=[torch.permute, torch.Tensor.permute], methods=["permute"], impl=torch.Tensor.permute, tags=[VIEW])
+@ltorch_op(torch_fns=[torch.permute, torch.Tensor.permute], methods=["permute"], impl=torch.Tensor.permute, effects=VIEW)
 def permute(a: TensorProxy, *dims: int | Sequence[int]) -> TensorProxy:
     """torch.permute (dims as one sequence or as separate ints)."""
     perm = tuple(canonical_dim(d, a.ndim) for d in shape_arg(dims))
@@ -86,13 +90,13 @@ def _mT_eager(a: torch.Tensor) -> torch.Tensor:
     return a.mT
 
 
-@ltorch_op("T", methods=["T"], impl=_T_eager, tags=[VIEW])
+@ltorch_op("T", methods=["T"], impl=_T_eager, effects=VIEW)
 def T(a: TensorProxy) -> TensorProxy:
     """Tensor.T: reverses the dims."""
     return permute(a, tuple(reversed(range(a.ndim))))
 
 
-@ltorch_op("mT", methods=["mT"], impl=_mT_eager, tags=[VIEW])
+@ltorch_op("mT", methods=["mT"], impl=_mT_eager, effects=VIEW)
 def mT(a: TensorProxy) -> TensorProxy:
     """Tensor.mT: transposes the last two dims."""
     if a.ndim < 2:
@@ -101,7 +105,7 @@ def mT(a: TensorProxy) -> TensorProxy:
 
 
 @ltorch_op(torch_fns=[torch.movedim, torch.moveaxis, torch.Tensor.movedim, torch.Tensor.moveaxis],
-           methods=["movedim", "moveaxis"], tags=[VIEW])
+           methods=["movedim", "moveaxis"], effects=VIEW)
 def movedim(input: TensorProxy, source: int | Sequence[int], destination: int | Sequence[int]) -> TensorProxy:  # noqa: A002
     """torch.movedim: moves dims `source` to positions `destination`, keeping the others in order."""
     src = (source,) if isinstance(source, int) else tuple(source)
@@ -122,7 +126,7 @@ def movedim(input: TensorProxy, source: int | Sequence[int], destination: int | 
 # -- reshapes -----------------------------------------------------------------
 
 @ltorch_op(torch_fns=[torch.reshape, torch.Tensor.reshape], methods=["reshape"],
-           impl=torch.Tensor.reshape, tags=[VIEW])
+           impl=torch.Tensor.reshape, effects=VIEW_OR_COPY)
 def reshape(a: TensorProxy, *shape: Any) -> TensorProxy:
     """torch.reshape / Tensor.reshape, shape as ints or one sequence, with one -1 inferred."""
     return reshape_to(a, infer_shape("reshape", shape_arg(shape), a.numel()))
@@ -131,7 +135,7 @@ def reshape(a: TensorProxy, *shape: Any) -> TensorProxy:
 # Traces do not track memory layout (`contiguous()` records nothing), so a view runs as a
 # reshape: `x.t().contiguous().view(-1)` must work although the tensor the trace passes
 # to it is not contiguous. Where eager's view succeeds, reshape returns the same view.
-@ltorch_op(torch_fns=[torch.Tensor.view], methods=["view"], impl=torch.Tensor.reshape, tags=[VIEW])
+@ltorch_op(torch_fns=[torch.Tensor.view], methods=["view"], impl=torch.Tensor.reshape, effects=VIEW)
 def view(a: TensorProxy, *shape: Any) -> TensorProxy:
     """Tensor.view(shape); the dtype-reinterpreting form `view(dtype)` is not supported."""
     if len(shape) == 1 and isinstance(shape[0], torch.dtype):
@@ -140,19 +144,19 @@ def view(a: TensorProxy, *shape: Any) -> TensorProxy:
     return reshape_to(a, infer_shape("view", shape_arg(shape), a.numel()))
 
 
-@ltorch_op(torch_fns=[torch.Tensor.view_as], methods=["view_as"], impl=torch.Tensor.reshape_as, tags=[VIEW])
+@ltorch_op(torch_fns=[torch.Tensor.view_as], methods=["view_as"], impl=torch.Tensor.reshape_as, effects=VIEW)
 def view_as(a: TensorProxy, other: TensorProxy) -> TensorProxy:
     """Tensor.view_as: a view with other's shape."""
     return reshape_to(a, infer_shape("view_as", other.shape, a.numel()))
 
 
-@ltorch_op(torch_fns=[torch.Tensor.reshape_as], methods=["reshape_as"], tags=[VIEW])
+@ltorch_op(torch_fns=[torch.Tensor.reshape_as], methods=["reshape_as"], effects=VIEW_OR_COPY)
 def reshape_as(a: TensorProxy, other: TensorProxy) -> TensorProxy:
     """Tensor.reshape_as: a reshape to other's shape."""
     return reshape_to(a, infer_shape("reshape_as", other.shape, a.numel()))
 
 
-@ltorch_op(torch_fns=[torch.flatten, torch.Tensor.flatten], methods=["flatten"], tags=[VIEW])
+@ltorch_op(torch_fns=[torch.flatten, torch.Tensor.flatten], methods=["flatten"], effects=VIEW_OR_COPY)
 def flatten(input: TensorProxy, start_dim: int = 0, end_dim: int = -1) -> TensorProxy:  # noqa: A002
     """torch.flatten: merges dims start_dim..end_dim into one (a 0-d tensor becomes 1-d)."""
     if input.ndim == 0:
@@ -166,13 +170,13 @@ def flatten(input: TensorProxy, start_dim: int = 0, end_dim: int = -1) -> Tensor
     return reshape_to(input, (*input.shape[:start], merged, *input.shape[end + 1:]))
 
 
-@ltorch_op(torch_fns=[torch.ravel, torch.Tensor.ravel], methods=["ravel"], tags=[VIEW])
+@ltorch_op(torch_fns=[torch.ravel, torch.Tensor.ravel], methods=["ravel"], effects=VIEW_OR_COPY)
 def ravel(input: TensorProxy) -> TensorProxy:  # noqa: A002
     """torch.ravel: the tensor as 1-d."""
     return reshape_to(input, (input.numel(),))
 
 
-@ltorch_op(torch_fns=[torch.unflatten, torch.Tensor.unflatten], methods=["unflatten"], tags=[VIEW])
+@ltorch_op(torch_fns=[torch.unflatten, torch.Tensor.unflatten], methods=["unflatten"], effects=VIEW)
 def unflatten(input: TensorProxy, dim: int, sizes: Sequence[int]) -> TensorProxy:  # noqa: A002
     """torch.unflatten: splits one dim into `sizes` (one -1 inferred)."""
     d = canonical_dim(dim, input.ndim)
@@ -182,7 +186,7 @@ def unflatten(input: TensorProxy, dim: int, sizes: Sequence[int]) -> TensorProxy
     return reshape_to(input, (*input.shape[:d], *sizes, *input.shape[d + 1:]))
 
 
-@ltorch_op(torch_fns=[torch.squeeze, torch.Tensor.squeeze], methods=["squeeze"], tags=[VIEW])
+@ltorch_op(torch_fns=[torch.squeeze, torch.Tensor.squeeze], methods=["squeeze"], effects=VIEW)
 def squeeze(input: TensorProxy, dim: int | Sequence[int] | None = None) -> TensorProxy:  # noqa: A002
     """torch.squeeze: removes size-1 dims (all, or those named; named dims of other sizes stay)."""
     if dim is None:
@@ -193,13 +197,13 @@ def squeeze(input: TensorProxy, dim: int | Sequence[int] | None = None) -> Tenso
     return prims.squeeze(input, dims) if dims else input
 
 
-@ltorch_op(torch_fns=[torch.unsqueeze, torch.Tensor.unsqueeze], methods=["unsqueeze"], tags=[VIEW])
+@ltorch_op(torch_fns=[torch.unsqueeze, torch.Tensor.unsqueeze], methods=["unsqueeze"], effects=VIEW)
 def unsqueeze(input: TensorProxy, dim: int) -> TensorProxy:  # noqa: A002
     """torch.unsqueeze: inserts a size-1 dim at `dim` (in range -ndim-1 .. ndim)."""
     return unsqueeze_at(input, [canonical_dim(dim, input.ndim + 1)])
 
 
-@ltorch_op(torch_fns=[torch.Tensor.expand], methods=["expand"], tags=[VIEW])
+@ltorch_op(torch_fns=[torch.Tensor.expand], methods=["expand"], effects=VIEW)
 def expand(a: TensorProxy, *sizes: Any) -> TensorProxy:
     """Tensor.expand: broadcasts to `sizes` (-1 keeps a dim; new dims go in front)."""
     return _expand("expand", a, shape_arg(sizes))
@@ -226,13 +230,13 @@ def _expand(op: str, a: TensorProxy, sizes: tuple[Any, ...]) -> TensorProxy:
     return prims.broadcast_in_dim(a, tuple(shape), tuple(range(offset, len(shape))))
 
 
-@ltorch_op(torch_fns=[torch.Tensor.expand_as], methods=["expand_as"], tags=[VIEW])
+@ltorch_op(torch_fns=[torch.Tensor.expand_as], methods=["expand_as"], effects=VIEW)
 def expand_as(a: TensorProxy, other: TensorProxy) -> TensorProxy:
     """Tensor.expand_as: broadcasts to other's shape."""
     return _expand("expand_as", a, tuple(other.shape))
 
 
-@ltorch_op(torch_fns=[torch.broadcast_to, torch.Tensor.broadcast_to], methods=["broadcast_to"], tags=[VIEW])
+@ltorch_op(torch_fns=[torch.broadcast_to, torch.Tensor.broadcast_to], methods=["broadcast_to"], effects=VIEW)
 def broadcast_to(input: TensorProxy, size: Sequence[Any]) -> TensorProxy:  # noqa: A002
     """torch.broadcast_to: like expand with the shape as one sequence."""
     return _expand("broadcast_to", input, tuple(size))
@@ -240,7 +244,7 @@ def broadcast_to(input: TensorProxy, size: Sequence[Any]) -> TensorProxy:  # noq
 
 # -- copies and passthroughs ------------------------------------------------------
 
-@ltorch_op(torch_fns=[torch.Tensor.contiguous], methods=["contiguous"], tags=[VIEW])
+@ltorch_op(torch_fns=[torch.Tensor.contiguous], methods=["contiguous"], effects=VIEW_OR_COPY)
 def contiguous(a: TensorProxy, memory_format: torch.memory_format = torch.contiguous_format) -> TensorProxy:
     """Tensor.contiguous: the same values; traces do not track memory layout, so the input itself."""
     return a
@@ -252,7 +256,7 @@ def clone(input: TensorProxy, *, memory_format: torch.memory_format = torch.pres
     return fresh(input)
 
 
-@ltorch_op(torch_fns=[torch.detach, torch.Tensor.detach], methods=["detach", "data"], tags=[VIEW])
+@ltorch_op(torch_fns=[torch.detach, torch.Tensor.detach], methods=["detach", "data"], effects=VIEW)
 def detach(input: TensorProxy) -> TensorProxy:  # noqa: A002
     """torch.detach: the same values, cut from autograd (prims.detach, requires_grad=False)."""
     return prims.detach(input)
@@ -260,7 +264,7 @@ def detach(input: TensorProxy) -> TensorProxy:  # noqa: A002
 
 # -- slicing and splitting ------------------------------------------------------
 
-@ltorch_op(torch_fns=[torch.narrow, torch.Tensor.narrow], methods=["narrow"], tags=[VIEW])
+@ltorch_op(torch_fns=[torch.narrow, torch.Tensor.narrow], methods=["narrow"], effects=VIEW)
 def narrow(input: TensorProxy, dim: int, start: int, length: int) -> TensorProxy:  # noqa: A002
     """torch.narrow: `length` elements of `dim` from `start` (negative start counts from the end)."""
     if isinstance(start, TensorProxy):
@@ -276,7 +280,7 @@ def narrow(input: TensorProxy, dim: int, start: int, length: int) -> TensorProxy
     return slice_dim(input, d, start, start + length)
 
 
-@ltorch_op(torch_fns=[torch.select, torch.Tensor.select], methods=["select"], tags=[VIEW])
+@ltorch_op(torch_fns=[torch.select, torch.Tensor.select], methods=["select"], effects=VIEW)
 def select(input: TensorProxy, dim: int, index: int) -> TensorProxy:  # noqa: A002
     """torch.select: the slice at `index` of `dim`, with that dim removed."""
     if input.ndim == 0:
@@ -293,7 +297,7 @@ def _select(a: TensorProxy, d: int, index: int, op: str) -> TensorProxy:
     return prims.squeeze(slice_dim(a, d, index, index + 1), (d,))
 
 
-@ltorch_op(torch_fns=[torch.unbind, torch.Tensor.unbind], methods=["unbind"], tags=[VIEW])
+@ltorch_op(torch_fns=[torch.unbind, torch.Tensor.unbind], methods=["unbind"], effects=VIEW)
 def unbind(input: TensorProxy, dim: int = 0) -> tuple[TensorProxy, ...]:  # noqa: A002
     """torch.unbind: the slices along `dim`, each with that dim removed."""
     if input.ndim == 0:
@@ -315,7 +319,7 @@ def _bounds_of_sizes(sizes: Sequence[int]) -> list[tuple[int, int]]:
     return bounds
 
 
-@ltorch_op(torch_fns=[torch.split, torch.Tensor.split], methods=["split"], tags=[VIEW])
+@ltorch_op(torch_fns=[torch.split, torch.Tensor.split], methods=["split"], effects=VIEW)
 def split(tensor: TensorProxy, split_size_or_sections: int | Sequence[int], dim: int = 0) -> tuple[TensorProxy, ...]:
     """torch.split: pieces of one size (the last may be smaller) or of the listed sizes."""
     if tensor.ndim == 0:
@@ -335,7 +339,7 @@ def split(tensor: TensorProxy, split_size_or_sections: int | Sequence[int], dim:
     return _split_at(tensor, d, _bounds_of_sizes(sizes))
 
 
-@ltorch_op(torch_fns=[torch.chunk, torch.Tensor.chunk], methods=["chunk"], tags=[VIEW])
+@ltorch_op(torch_fns=[torch.chunk, torch.Tensor.chunk], methods=["chunk"], effects=VIEW)
 def chunk(input: TensorProxy, chunks: int, dim: int = 0) -> tuple[TensorProxy, ...]:  # noqa: A002
     """torch.chunk: at most `chunks` pieces of ceil(size / chunks) elements each."""
     if chunks <= 0:
@@ -350,7 +354,7 @@ def chunk(input: TensorProxy, chunks: int, dim: int = 0) -> tuple[TensorProxy, .
     return _split_at(input, d, [(lo, min(lo + size, n)) for lo in range(0, n, size)])
 
 
-@ltorch_op(torch_fns=[torch.tensor_split, torch.Tensor.tensor_split], methods=["tensor_split"], tags=[VIEW])
+@ltorch_op(torch_fns=[torch.tensor_split, torch.Tensor.tensor_split], methods=["tensor_split"], effects=VIEW)
 def tensor_split(input: TensorProxy, indices_or_sections: int | Sequence[int], dim: int = 0) -> tuple[TensorProxy, ...]:  # noqa: A002
     """torch.tensor_split: `sections` near-equal pieces, or pieces between the listed indices."""
     if isinstance(indices_or_sections, TensorProxy):
@@ -548,7 +552,7 @@ def triu(input: TensorProxy, diagonal: int = 0) -> TensorProxy:  # noqa: A002
     return _triangle("triu", input, diagonal, lower=False)
 
 
-@ltorch_op(torch_fns=[torch.diagonal, torch.Tensor.diagonal], methods=["diagonal"], tags=[VIEW])
+@ltorch_op(torch_fns=[torch.diagonal, torch.Tensor.diagonal], methods=["diagonal"], effects=VIEW)
 def diagonal(input: TensorProxy, offset: int = 0, dim1: int = 0, dim2: int = 1) -> TensorProxy:  # noqa: A002
     """torch.diagonal: the `offset`-th diagonal of dims dim1, dim2, as a new last dim."""
     d1, d2 = canonical_dim(dim1, input.ndim), canonical_dim(dim2, input.ndim)
