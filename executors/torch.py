@@ -6,14 +6,17 @@ one `layer_norm`), so a trace that no fusion executor touches costs what eager c
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from minijit.extend import (
+    OPAQUE,
     BoundSymbol,
     Effects,
+    Implementation,
     OperatorExecutor,
     Symbol,
     TensorProxy,
@@ -29,6 +32,20 @@ class TorchExecutor(OperatorExecutor):
     def __init__(self) -> None:
         super().__init__("torch", version=torch.__version__)
         self._inplace_symbols: dict[str, Symbol] = {}
+        self._out_symbols: dict[str, Symbol] = {}
+
+    def implementation_for(self, bsym: BoundSymbol) -> Implementation | None:
+        """Also opaque torch ops (symbols tagged OPAQUE): each runs as the torch callable it is."""
+        impl = super().implementation_for(bsym)
+        if impl is None and OPAQUE in bsym.sym.tags and bsym.sym.is_prim and bsym.sym.fn is not None:
+            return Implementation(bsym.sym.fn)
+        return impl
+
+    def executable_symbol(self, sym: Symbol) -> Symbol:
+        """An opaque torch op stays the torch call it is (`torch.xlogy(a, b)`) in final traces."""
+        if OPAQUE in sym.tags and sym.id not in self.implementations:
+            return sym
+        return super().executable_symbol(sym)
 
     def produce_into(self, producer: BoundSymbol, out: TensorProxy) -> BoundSymbol | None:
         """`torch.add(a, b, out=x)` for pointwise ops, `x.index_copy_(...)` where x is the first argument."""
@@ -40,12 +57,12 @@ class TorchExecutor(OperatorExecutor):
         if _is_pointwise_with_out(fn) and _accepts_out(fn, producer, out):
             # TensorIterator allows an input to be exactly the output; the analysis guarantees
             # that no other view of `out` is read (DESIGN.md, invariant 2).
-            return producer.replace(kwargs={**producer.kwargs, "out": out})
+            return producer.replace(sym=self._out_symbol(producer.sym), kwargs={**producer.kwargs, "out": out})
         method = _inplace_method(fn)
         if method is not None and producer.args and producer.args[0] is out and out not in _ids(producer.args[1:]):
             return producer.replace(sym=self._inplace_symbol(producer.sym, method))
         if _in(fn, _OUT_NOT_POINTWISE) and not reads_out:
-            return producer.replace(kwargs={**producer.kwargs, "out": out})
+            return producer.replace(sym=self._out_symbol(producer.sym), kwargs={**producer.kwargs, "out": out})
         return None
 
     def allocates_output(self, bsym: BoundSymbol) -> bool:
@@ -53,6 +70,15 @@ class TorchExecutor(OperatorExecutor):
         fn = bsym.sym.fn
         return (not bsym.written()
                 and (_is_pointwise_with_out(fn) or _in(fn, _OUT_NOT_POINTWISE) or _in(fn, _ALLOCATING)))
+
+    def _out_symbol(self, sym: Symbol) -> Symbol:
+        """`sym` called with `out=`: the same call, which also writes its `out` argument."""
+        exe = self._out_symbols.get(sym.id)
+        if exe is None:
+            exe = Symbol(sym.name, sym.meta, namespace=sym.namespace, is_prim=True, tags=sym.tags, fn=sym.fn,
+                         effects=dataclasses.replace(sym.effects, writes=(*sym.effects.writes, "out")))
+            self._out_symbols[sym.id] = exe
+        return exe
 
     def _inplace_symbol(self, sym: Symbol, method: Any) -> Symbol:
         exe = self._inplace_symbols.get(sym.id)

@@ -40,13 +40,14 @@ from typing import Any
 from minijit.errors import MinijitError
 from minijit.ir import BoundSymbol, Effects, Proxy, Symbol, TensorProxy, Trace, current_trace, tracing
 from minijit.ops import prims
+from minijit.ops.opaque import OPAQUE
 from minijit.ops.registry import ALL_LTORCH, EAGER_IMPLS, ltorch_symbol_for
 from minijit.transforms.fusion import Region, region_writes
 
 __all__ = [
-    "BoundSymbol", "Effects", "Executor", "ExecutorUnavailableError", "FusionExecutor", "Implementation", "MinijitError",
-    "OperatorExecutor", "Proxy", "Region", "Symbol", "TensorProxy", "add_default_executor", "get_default_executors",
-    "get_executor", "ltorch_eager_implementations", "prims", "region_writes", "register_executor",
+    "OPAQUE", "BoundSymbol", "Effects", "Executor", "ExecutorUnavailableError", "FusionExecutor", "Implementation",
+    "MinijitError", "OperatorExecutor", "Proxy", "Region", "Symbol", "TensorProxy", "add_default_executor",
+    "get_default_executors", "get_executor", "ltorch_eager_implementations", "prims", "region_writes", "register_executor",
     "remove_default_executor", "resolve_executors", "resolve_symbol",
 ]
 

@@ -2,7 +2,8 @@
 
 The order, for every call made by interpreted code:
 
-1. a torch callable with an ltorch symbol is replaced by that symbol (it records into the trace);
+1. a torch callable with an ltorch symbol is replaced by that symbol (it records into the trace; where
+   its decomposition declines the call, it is recorded as an opaque torch op, minijit/ops/opaque.py);
 2. a lookaside (`minijit.frontend.lookasides.LOOKASIDES`) replaces builtins that need the
    interpreter's view of things (`super()`, `isinstance(proxy, torch.Tensor)`, `map` of a Python
    function, ...);
@@ -10,7 +11,8 @@ The order, for every call made by interpreted code:
    Python `__call__` are interpreted, unless their code belongs to minijit, torch (except the
    `torch.nn` layers' forwards) or a library module that is better run natively;
 4. anything else runs natively, after checking that no proxy is passed into C code that cannot
-   take one (a torch function without an ltorch symbol is an UnsupportedOpError).
+   take one; a torch op without an ltorch symbol that receives a proxy is recorded as an opaque
+   torch op (or refused with an UnsupportedOpError naming it).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from minijit.frontend.lookasides import LOOKASIDES
 from minijit.ir import Proxy
 from minijit.ir.context import where_now
 from minijit.ir.proxies import _BoundMethod
+from minijit.ops.opaque import call_ltorch, call_torch, is_opaque_candidate
 from minijit.ops.registry import ltorch_symbol_for
 
 # Modules whose Python code runs natively: minijit and torch themselves, and library modules that
@@ -91,7 +94,7 @@ def call(fn: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> 
     if t is types.FunctionType:
         sym = ltorch_symbol_for(fn)
         if sym is not None:
-            return sym(*args, **kwargs)
+            return call_ltorch(fn, sym, args, kwargs)
         lookaside = LOOKASIDES.get(fn)
         if lookaside is not None:
             return lookaside(*args, **kwargs)
@@ -118,7 +121,7 @@ def call(fn: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> 
     except TypeError:  # unhashable callable
         sym = lookaside = None
     if sym is not None:
-        return sym(*args, **kwargs)
+        return call_ltorch(fn, sym, args, kwargs)
     if lookaside is not None:
         return lookaside(*args, **kwargs)
     if t is functools.partial:
@@ -166,9 +169,11 @@ def _call_native(fn: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, A
         owner = getattr(fn, "__self__", None)
         if isinstance(owner, torch.Tensor) and type(fn) is types.BuiltinMethodType:
             # real_tensor.method(proxy): the same as torch.Tensor.method(real_tensor, proxy)
-            sym = ltorch_symbol_for(getattr(torch.Tensor, fn.__name__, None))
-            if sym is not None:
-                return sym(owner, *args, **kwargs)
+            method = getattr(torch.Tensor, fn.__name__, None)
+            if method is not None and (ltorch_symbol_for(method) is not None or is_opaque_candidate(method)):
+                return call_torch(method, (owner, *args), kwargs)
+        if is_torch_callable(fn) and is_opaque_candidate(fn):
+            return call_torch(fn, args, kwargs)
         _check_native_call_with_proxy(fn)
     try:
         consumes = _ITERABLE_CONSUMERS.get(fn)

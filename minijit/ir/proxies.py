@@ -18,6 +18,9 @@ from minijit.ir.context import add_constraint, new_name, where_now
 
 # method name -> callable(self, *args, **kwargs); filled in by minijit.ops.
 TENSOR_METHODS: dict[str, Callable[..., Any]] = {}
+# For the methods TENSOR_METHODS lacks: functions of a method name giving such a callable, or None
+# (minijit.ops adds one: Tensor methods recorded as opaque torch ops).
+TENSOR_METHOD_FALLBACKS: list[Callable[[str], Callable[..., Any] | None]] = []
 
 _DTYPE_SHORT = {
     torch.float64: "f64", torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16",
@@ -309,6 +312,8 @@ class TensorProxy(Proxy):
 
     def __getattr__(self, attr: str) -> Any:
         method = TENSOR_METHODS.get(attr)
+        if method is None:
+            method = next((m for m in (find(attr) for find in TENSOR_METHOD_FALLBACKS) if m is not None), None)
         if method is None:
             raise AttributeError(f"'TensorProxy' has no attribute or supported method {attr!r}{where_now()}")
         if attr in _PROPERTIES:

@@ -40,8 +40,8 @@ class Effects:
     Declared once, on the symbol; every pass that must respect an effect asks the
     bound symbol (`BoundSymbol.written`, `BoundSymbol.viewed_argument`, ...).
 
-    - `writes`: the arguments written in place (every tensor in each). By torch's
-      convention an `out=` tensor argument is always written, declared or not.
+    - `writes`: the arguments written in place (every tensor in each); an `out=`
+      argument is one of them where the symbol writes it (`Effects(writes=("out",))`).
     - `copies`: the write stores argument 0's value and nothing else (`copy_`,
       `copy_to_out_`): the written tensor then holds that value.
     - `views`: the argument whose memory the tensor outputs share (a view op); a
@@ -166,15 +166,14 @@ class BoundSymbol:
     def written(self) -> list[TensorProxy]:
         """The tensors this call writes into, in order, each once.
 
-        The symbol's declared `writes`, its `out=` argument, and, for a composite that
-        declares none, the arguments its decomposition writes into.
+        The symbol's declared `writes`, and, for a composite that declares none, the
+        arguments its decomposition writes into.
         """
         refs = self.sym.effects.writes
-        out = self.kwargs.get("out") if self.kwargs else None
-        if not refs and out is None and (self.sym.is_prim or not self.subsymbols):
+        if not refs and (self.sym.is_prim or not self.subsymbols):
             return []
         found: dict[int, TensorProxy] = {}
-        for ref in (*refs, "out") if out is not None and "out" not in refs else refs:
+        for ref in refs:
             for x in tree_flatten(self.argument(ref)):
                 if isinstance(x, TensorProxy):
                     found.setdefault(id(x), x)

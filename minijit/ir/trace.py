@@ -16,7 +16,7 @@ from minijit.ir.pytree import tree_iter, tree_map
 from minijit.ir.symbol import BoundSymbol, SourceLocation, Symbol
 
 # Names the printed source uses for its own purposes; proxies never take them.
-_RESERVED = {"torch", "prims", "ltorch", "float", "complex", "slice", "_"} | set(keyword.kwlist)
+_RESERVED = {"torch", "prims", "ltorch", "opaque", "float", "complex", "slice", "_"} | set(keyword.kwlist)
 
 
 class _Names:
@@ -174,7 +174,8 @@ class Trace:
         ctx: dict[str, Any] = {"torch": torch}
         namespaces: dict[str, dict[str, Callable[..., Any]]] = {}
         for bsym in self.bound_symbols:
-            if bsym.sym.fn is not None:
+            # Symbols printed as `torch.<path>` (opaque torch ops) are found through the torch module.
+            if bsym.sym.fn is not None and bsym.sym.namespace != "torch":
                 namespaces.setdefault(bsym.sym.namespace, {})[bsym.sym.name] = bsym.sym.fn
         for ns, fns in namespaces.items():
             ctx[ns] = types.SimpleNamespace(**fns)

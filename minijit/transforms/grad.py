@@ -32,7 +32,7 @@ from minijit.ir import BoundSymbol, NumberProxy, Proxy, Symbol, TensorProxy, Tra
 from minijit.ir.printing import Constants
 from minijit.ops import prims
 from minijit.transforms.dce import dce
-from minijit.transforms.vjp import VjpRule, rule_for
+from minijit.transforms.vjp import KeywordGrads, VjpRule, rule_for
 
 
 def is_differentiable(x: Any) -> bool:
@@ -71,6 +71,7 @@ class _TapeEntry:
     bsym: BoundSymbol
     args: tuple[Any, ...]
     saved: Any
+    kwargs: dict[str, Any]
 
 
 _SIGNATURES: dict[Callable[..., Any], inspect.Signature | None] = {}
@@ -229,7 +230,7 @@ class _Splitter:
             for b in (_rename(b, mapping) for b in self.fwd.bound_symbols[start:])
         ]
         saved = tree_map(lambda x: mapping.get(id(x), x) if isinstance(x, Proxy) else x, saved)
-        self.tape.append(_TapeEntry(rule, bsym, args, saved))
+        self.tape.append(_TapeEntry(rule, bsym, args, saved, kwargs))
         self.requires.update(p.name for p in bsym.proxy_outputs() if is_differentiable(p))
         return True
 
@@ -262,8 +263,12 @@ class _Splitter:
                     continue
                 bwd.source = entry.bsym.source
                 grads = entry.rule.bwd(entry.saved, *gs)
+                pairs: list[tuple[Any, Any]] = []
+                if isinstance(grads, KeywordGrads):
+                    pairs = [(entry.kwargs.get(k), g) for k, g in grads.keywords.items()]
+                    grads = grads.positional
                 grads = tuple(grads) + (None,) * (len(entry.args) - len(grads))
-                for arg, grad in zip(entry.args, grads):
+                for arg, grad in [*zip(entry.args, grads), *pairs]:
                     if grad is None:
                         continue
                     for a, ga in zip(tree_flatten(arg), tree_flatten(grad)):

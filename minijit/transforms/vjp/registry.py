@@ -17,7 +17,8 @@ backward runs while the backward trace records: it takes the residuals and one
 cotangent per output leaf (None for an output nobody differentiated) and returns
 one entry per positional argument of the symbol, after binding its arguments
 to the decomposition's signature with defaults applied: a gradient, None, or,
-for a sequence argument (`cat`'s tensors), a sequence of them. A forward may
+for a sequence argument (`cat`'s tensors), a sequence of them. A rule for calls
+that pass tensors by keyword returns `KeywordGrads` instead. A forward may
 return `NotImplemented` to decline a call (an unusual argument); the grad pass
 then differentiates the symbol's decomposition instead.
 """
@@ -35,6 +36,9 @@ from minijit.ops import prims
 
 # symbol id ("prims.mul", "ltorch.linear") -> its rule
 VJP_RULES: dict[str, VjpRule] = {}
+# symbol tag -> a function making the rule of a symbol with that tag and no rule of its own
+# (one rule for every opaque torch op: minijit/transforms/vjp/opaque.py)
+TAG_RULES: dict[str, Callable[[Symbol], VjpRule]] = {}
 
 
 class VjpRule:
@@ -52,6 +56,14 @@ class VjpRule:
 
     def __repr__(self) -> str:
         return f"<VjpRule {self.sym_id}>"
+
+
+class KeywordGrads:
+    """A backward's result for a call with tensor keyword arguments: positional gradients, and by keyword."""
+
+    def __init__(self, positional: Sequence[Any], keywords: dict[str, Any]):
+        self.positional = tuple(positional)
+        self.keywords = keywords
 
 
 def vjp(sym: Symbol | str) -> Callable[[Callable[..., Any]], VjpRule]:
@@ -73,8 +85,12 @@ def vjp(sym: Symbol | str) -> Callable[[Callable[..., Any]], VjpRule]:
 
 
 def rule_for(sym: Symbol) -> VjpRule | None:
-    """The VJP rule of `sym` (its own, else the one registered for its id), or None."""
+    """The VJP rule of `sym` (its own, else the one registered for its id, else its tag's), or None."""
     rule = sym.vjp if sym.vjp is not None else VJP_RULES.get(sym.id)
+    if rule is None and sym.is_prim:
+        make = next((TAG_RULES[tag] for tag in sym.tags if tag in TAG_RULES), None)
+        if make is not None:
+            rule = sym.vjp = make(sym)
     if rule is not None and rule.bwd is None:
         raise MinijitError(f"the VJP rule for {sym.id} has no backward")
     return rule

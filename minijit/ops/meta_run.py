@@ -1,0 +1,333 @@
+"""Running a torch callable on meta tensors: its outputs' metadata and its effects, as torch itself sees them.
+
+`run_on_meta(fn, args, kwargs)` stands an empty tensor on the meta device in for every
+tensor proxy among the arguments (one meta tensor per proxy, so aliasing is kept),
+calls `fn` under a dispatch mode that records the ATen operators it reaches, and
+reads off
+
+- each output's shape, dtype and requires_grad, from torch's meta kernels and its
+  autograd (so an output needs grad exactly where eager's would);
+- the arguments it writes: an operator whose schema marks an argument as written
+  (`Tensor(a!)`: in-place ops, `out=`) on a tensor sharing an argument's storage, or
+  an argument whose version counter moved;
+- the argument each output views: it shares that argument's storage (the schema's
+  `Tensor(a)` annotation is what makes a meta kernel return a view);
+- whether it is random: an operator tagged `nondeterministic_seeded`;
+- whether its output shape depends on the data: an operator tagged
+  `dynamic_output_shape` or `data_dependent_output` (`nonzero`, `unique`, `.item()`)
+  failed on meta tensors. That, an operator without a meta kernel, a result that is not
+  made of tensors, or an in-place change of an argument's shape are `MinijitError`s
+  naming the op and the user's line.
+
+Results are cached per signature (the callable, the arguments' metadata and values,
+grad mode, default dtype): a meta run costs about a millisecond, a cache hit a few
+microseconds. (The first meta run in a process costs more: torch imports its Python
+meta kernels' dependencies then.)
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from minijit.errors import MetaError, UnsupportedOpError
+from minijit.ir import NumberProxy, TensorProxy, tree_flatten
+from minijit.ir.context import where_now
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """What a proxy for one output tensor needs (a leaf of trees, unlike a named tuple)."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+    requires_grad: bool
+
+
+@dataclass(frozen=True)
+class MetaResult:
+    """What one call did, in terms of the flattened leaves of its (args, kwargs) (`tree_flatten`).
+
+    `outputs` is the result with each tensor replaced by its `TensorMeta` (torch's
+    structseq results, `torch.return_types.max`, become named tuples). Per flattened
+    output leaf, `views` names the input leaf whose storage it shares and `same_as` the
+    input leaf it is (an in-place op returns its argument); `written` lists the input
+    leaves written into, `written_meta` their metadata afterwards.
+    """
+
+    outputs: Any
+    views: tuple[int | None, ...]
+    same_as: tuple[int | None, ...]
+    written: tuple[int, ...]
+    written_meta: tuple[TensorMeta, ...]
+    random: bool
+
+
+class _Recorder:
+    """A dispatch mode that notes each ATen operator called, with its arguments."""
+
+    def __init__(self) -> None:
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        calls: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
+        self.calls = calls
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+                kwargs = kwargs or {}
+                calls.append((func, args, kwargs))
+                return func(*args, **kwargs)
+
+        self.mode = Mode()
+
+
+_CACHE: OrderedDict[Any, MetaResult | Exception] = OrderedDict()
+_CACHE_SIZE = 4096
+
+
+def run_on_meta(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], what: str) -> MetaResult:
+    """Run `fn(*args, **kwargs)` with meta tensors for the tensor proxies; `what` names the op in errors.
+
+    Symbolic numbers among the arguments (and sizes) are specialised on: their values
+    are used, and the constraints that they keep those values are recorded.
+    """
+    key = _signature(fn, args, kwargs)
+    cached = _CACHE.get(key) if key is not None else None
+    if cached is None:
+        try:
+            cached = _run(fn, args, kwargs, what)
+        except (MetaError, UnsupportedOpError) as e:
+            cached = e
+        if key is not None:
+            _CACHE[key] = cached
+            if len(_CACHE) > _CACHE_SIZE:
+                _CACHE.popitem(last=False)
+    if isinstance(cached, Exception):
+        raise type(cached)(f"{cached.args[0]}{where_now()}") from cached.__cause__
+    return cached
+
+
+# -- the signature a result is cached under ------------------------------------------------
+
+def _signature(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """A hashable key of everything the meta run depends on, or None where an argument is not hashable."""
+    seen: dict[int, int] = {}
+    parts: list[Any] = [fn, torch.is_grad_enabled(), torch.get_default_dtype()]
+    try:
+        for x in tree_flatten((args, kwargs)):
+            parts.append(_leaf_key(x, seen))
+        parts.append(tuple(kwargs))
+        parts.append(len(args))
+        parts.append(_structure(args))
+        key = tuple(parts)
+        hash(key)
+        return key
+    except TypeError:
+        return None
+
+
+def _structure(x: Any) -> Any:
+    t = type(x)
+    if t is tuple or t is list:
+        return (t, tuple(_structure(v) for v in x))
+    if t is dict:
+        return (t, tuple((k, _structure(v)) for k, v in x.items()))
+    return None
+
+
+def _leaf_key(x: Any, seen: dict[int, int]) -> Any:
+    if isinstance(x, TensorProxy):
+        alias = seen.setdefault(id(x), len(seen))
+        return ("tensor", alias, tuple(int(d) for d in x.shape), x.dtype, x.device, x.requires_grad)
+    if isinstance(x, NumberProxy):
+        return (x.python_type, x.python_type(x))
+    if isinstance(x, torch.Tensor):
+        alias = seen.setdefault(id(x), len(seen))
+        return ("real tensor", alias, id(x))
+    return (type(x), x)
+
+
+# -- the run ----------------------------------------------------------------------------------
+
+def _to_meta(x: Any, metas: dict[int, torch.Tensor], grad: bool) -> Any:
+    if isinstance(x, TensorProxy):
+        t = metas.get(id(x))
+        if t is None:
+            shape = tuple(int(d) for d in x.shape)
+            t = torch.empty(shape, dtype=x.dtype, device="meta")
+            if grad and x.requires_grad and (x.dtype.is_floating_point or x.dtype.is_complex):
+                # Not a leaf: eager refuses in-place writes into leaves that require grad, and
+                # minijit reports those itself (functionalize), naming the input.
+                t = t.requires_grad_(True).clone()
+            metas[id(x)] = t
+        return t
+    if isinstance(x, NumberProxy):
+        return x.python_type(x)
+    return x
+
+
+def _device_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.device:
+    """The device outputs made on the meta device belong to: the `device=` argument, else the inputs'."""
+    requested = kwargs.get("device")
+    if requested is not None:
+        return torch.device(requested)
+    devices = {x.device for x in tree_flatten((args, kwargs)) if isinstance(x, TensorProxy)}
+    if not devices:
+        return torch.get_default_device()
+    # A CPU tensor mixed with tensors of another device is a scalar riding along (torch's rule).
+    others = sorted((d for d in devices if d.type != "cpu"), key=str)
+    return others[0] if others else next(iter(devices))
+
+
+def _layout(t: torch.Tensor) -> tuple[Any, ...]:
+    return (tuple(t.shape), t.stride(), t.storage_offset(), t.dtype)
+
+
+def _run(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], what: str) -> MetaResult:
+    grad = torch.is_grad_enabled()
+    metas: dict[int, torch.Tensor] = {}
+    leaves = tree_flatten((args, kwargs))
+    meta_leaves = [_to_meta(x, metas, grad) for x in leaves]
+    margs = [_to_meta_tree(a, metas, grad) for a in args]
+    mkwargs = {k: _to_meta_tree(v, metas, grad) for k, v in kwargs.items()}
+    device = _device_of(args, kwargs)
+    if mkwargs.get("device") is not None:
+        mkwargs["device"] = "meta"
+    # Each tensor once, at its first position (a proxy passed twice is one tensor: `torch.add(x, y, out=y)`).
+    firsts: dict[int, int] = {}
+    for i, t in enumerate(meta_leaves):
+        if isinstance(t, torch.Tensor):
+            firsts.setdefault(id(t), i)
+    inputs = [(i, meta_leaves[i]) for i in firsts.values()]
+    before = {i: (t._version, _layout(t)) for i, t in inputs}
+    recorder = _Recorder()
+    try:
+        with recorder.mode:
+            out = fn(*margs, **mkwargs)
+    except Exception as e:
+        raise _explain(e, recorder.calls, what) from e
+
+    storage_of = {}
+    for i, t in inputs:
+        storage_of.setdefault(_storage(t), i)
+    written: dict[int, None] = {}
+    for func, cargs, ckwargs in recorder.calls:
+        if torch.Tag.inplace_view in func.tags:
+            raise UnsupportedOpError(f"{what} changes the shape or strides of a tensor in place ({func}), which "
+                                     "a trace cannot follow; write x = x.<op>(...) with the out-of-place op instead")
+        for t in _written_by(func, cargs, ckwargs):
+            i = storage_of.get(_storage(t))
+            if i is not None:
+                written[i] = None
+    for i, t in inputs:
+        version, layout = before[i]
+        if t._version != version:
+            written[i] = None
+        if _layout(t) != layout:
+            raise UnsupportedOpError(f"{what} changes the shape or strides of an argument in place, which a trace "
+                                     "cannot follow; use the out-of-place op instead")
+    outputs, views, same_as = _describe(out, firsts, storage_of, device, what)
+    random = any(torch.Tag.nondeterministic_seeded in func.tags for func, _, _ in recorder.calls)
+    written_meta = tuple(_tensor_meta(meta_leaves[i], device) for i in written)
+    return MetaResult(outputs, tuple(views), tuple(same_as), tuple(written), written_meta, random)
+
+
+def _to_meta_tree(x: Any, metas: dict[int, torch.Tensor], grad: bool) -> Any:
+    t = type(x)
+    if t is tuple or t is list:
+        return t(_to_meta_tree(v, metas, grad) for v in x)
+    if t is dict:
+        return {k: _to_meta_tree(v, metas, grad) for k, v in x.items()}
+    if t is slice:
+        return slice(*(_to_meta_tree(v, metas, grad) for v in (x.start, x.stop, x.step)))
+    return _to_meta(x, metas, grad)
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata
+
+
+def _written_by(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    """The tensors an ATen call writes into, per its schema's alias annotations (`Tensor(a!)`)."""
+    found = []
+    for i, arg in enumerate(func._schema.arguments):
+        info = arg.alias_info
+        if info is None or not info.is_write:
+            continue
+        value = args[i] if i < len(args) and not arg.kwarg_only else kwargs.get(arg.name)
+        for t in value if isinstance(value, list | tuple) else (value,):
+            if isinstance(t, torch.Tensor):
+                found.append(t)
+    return found
+
+
+def _tensor_meta(t: torch.Tensor, device: torch.device) -> TensorMeta:
+    return TensorMeta(tuple(t.shape), t.dtype, device if t.device.type == "meta" else t.device, t.requires_grad)
+
+
+_NAMED_TUPLES: dict[type, type] = {}
+
+
+def _named_tuple_for(t: type) -> type:
+    """A named tuple class with the fields of a torch structseq type (`torch.return_types.max`)."""
+    cls = _NAMED_TUPLES.get(t)
+    if cls is None:
+        from collections import namedtuple
+
+        cls = _NAMED_TUPLES[t] = namedtuple(t.__name__, t.__match_args__)
+    return cls
+
+
+def _describe(out: Any, by_id: dict[int, int], storage_of: dict[int, int], device: torch.device,
+              what: str) -> tuple[Any, list[int | None], list[int | None]]:
+    views: list[int | None] = []
+    same_as: list[int | None] = []
+
+    def convert(x: Any) -> Any:
+        t = type(x)
+        if isinstance(x, torch.Tensor):
+            same = by_id.get(id(x))
+            same_as.append(same)
+            views.append(None if same is not None else storage_of.get(_storage(x)))
+            return _tensor_meta(x, device)
+        if x is None:
+            views.append(None)
+            same_as.append(None)
+            return None
+        if t is list:
+            return [convert(v) for v in x]
+        if t is tuple:
+            return tuple(convert(v) for v in x)
+        if isinstance(x, tuple) and hasattr(t, "__match_args__") and hasattr(t, "n_fields"):
+            return _named_tuple_for(t)(*(convert(v) for v in x))
+        raise UnsupportedOpError(f"{what} returns a {t.__name__}, not tensors; minijit traces only tensor "
+                                 "results of torch ops (a Python value read from a tensor cannot be traced); "
+                                 "compute it outside the jitted function")
+
+    return convert(out), views, same_as
+
+
+_DATA_DEPENDENT_TAGS = (torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output)
+
+
+def _explain(e: Exception, calls: list[Any], what: str) -> Exception:
+    """The MinijitError for a meta run that raised `e` (after the ATen `calls` it made)."""
+    last = calls[-1][0] if calls else None
+    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    if (last is not None and any(tag in last.tags for tag in _DATA_DEPENDENT_TAGS)) or \
+            "no data" in text or "cannot be called on meta tensors" in text:
+        op = f" ({last})" if last is not None else ""
+        return UnsupportedOpError(
+            f"{what}: its result depends on the values in its input tensors{op} (a data-dependent output shape "
+            "or a Python value read from a tensor), which a trace cannot record; compute it outside the jitted "
+            "function, or use an op whose result shape is known (torch.where instead of masking, say)")
+    if isinstance(e, NotImplementedError) and "Meta" in text:
+        op = f" ({last})" if last is not None else ""
+        return UnsupportedOpError(f"{what}: torch has no meta kernel for it{op}, so minijit cannot know its "
+                                  "result's shape; call it outside the jitted function")
+    return MetaError(f"{what}: torch raised {type(e).__name__}: {text}")

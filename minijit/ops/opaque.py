@@ -1,0 +1,423 @@
+"""Opaque torch ops: a torch callable with no ltorch decomposition, recorded as one bound symbol.
+
+The design, in the order a call meets it:
+
+- **Resolution is torch's own.** The bound symbol is the torch callable the user
+  called (`torch.xlogy`, `torch.Tensor.frac`, `torch.linalg.solve`,
+  `torch.nn.functional.softmin`, `torch.ops.aten.foo.default`), with the user's
+  arguments unchanged (Python numbers, lists of tensors, `dtype=`, `device=`,
+  optional arguments) and printed as that call (`t1 = torch.xlogy(a, b)`); the
+  torch executor runs it by calling it. Which ATen operators it reaches, and what
+  they do, is found by running it (`minijit.ops.meta_run`): no table maps Python
+  callables to ATen overloads, so an op minijit never heard of works as well as
+  one it did.
+- **Metadata and effects from torch's kernels and schemas.** The meta run gives
+  each output's shape, dtype and requires_grad; the ATen schemas' alias annotations
+  give the arguments it writes (in-place ops, `out=`) and the argument each output
+  views; ATen tags say whether it is random. These become the symbol's `Effects`,
+  so functionalization, copy placement and fusion treat it like any other op:
+  a view is replayed on its base's new value and written back by element
+  positions; an op that writes is recorded as a composite whose decomposition is
+  its *functional form* (the same call on a copy of what it writes, returning the
+  copy) followed by `prims.copy_`, exactly as ltorch's in-place ops are.
+- **Refusals are clear.** A data-dependent output shape (`nonzero`, `unique`,
+  `masked_select`, `.item()`), an op with no meta kernel, a result that is not made
+  of tensors, or a call with no tensor result that writes nothing (its effect would
+  be lost) is a `MinijitError` naming the op and the user's line. So are callables
+  outside torch's op modules (`torch.save`, `torch.distributed.*`), which are never
+  run at trace time.
+- **Gradients are torch's.** The grad transform gives every opaque symbol one rule
+  (minijit/transforms/vjp/opaque.py): the backward is one opaque symbol that runs
+  `torch.autograd.grad` of the same call on the saved inputs, so gradients equal
+  eager's.
+- **ltorch first.** A torch callable with an ltorch symbol is recorded as that
+  symbol (decomposed, fusible); where the ltorch decomposition declines a call
+  (an argument form it does not support: `flip(dims=...)`, an int32 index), the
+  call becomes opaque instead, and the decomposition's error stands only if the
+  opaque call fails too.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from minijit.errors import MinijitError, UnsupportedOpError
+from minijit.ir import Effects, Symbol, TensorProxy, current_trace, tree_flatten, tree_map
+from minijit.ir.context import where_now
+from minijit.ir.proxies import TENSOR_METHOD_FALLBACKS, TENSOR_METHODS
+from minijit.ops import prims
+from minijit.ops.meta_run import MetaResult, TensorMeta, run_on_meta
+from minijit.ops.registry import ltorch_symbol_for
+
+OPAQUE = "opaque"  # the tag of opaque symbols: the torch executor runs each by calling its `fn`
+
+__all__ = ["OPAQUE", "FunctionalForm", "call_ltorch", "call_torch", "describe", "install_tensor_method_fallbacks",
+           "is_opaque_candidate", "opaque_call", "printed_name", "runtime_leaves", "unique_opaque_name"]
+
+
+# -- entry points -------------------------------------------------------------------------------
+
+def call_torch(fn: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> Any:
+    """Record the torch callable `fn` called on proxies: as its ltorch symbol where it has one, else opaque."""
+    sym = ltorch_symbol_for(fn)
+    if sym is not None:
+        return call_ltorch(fn, sym, args, kwargs)
+    return opaque_call(fn, tuple(args), kwargs)
+
+
+def call_ltorch(fn: Any, sym: Symbol, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> Any:
+    """`sym(*args, **kwargs)`; where the ltorch decomposition declines the call, the torch callable `fn` as an opaque op."""
+    try:
+        return sym(*args, **kwargs)
+    except (MinijitError, TypeError) as declined:
+        if current_trace() is None or not is_opaque_candidate(fn):
+            raise
+        try:
+            return opaque_call(fn, tuple(args), kwargs)
+        except MinijitError:
+            raise declined from None
+
+
+def opaque_call(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Record `fn(*args, **kwargs)` (a torch callable, called on proxies) as one opaque bound symbol."""
+    trace = current_trace()
+    if trace is None:
+        return fn(*args, **kwargs)
+    what = describe(fn)
+    if not is_opaque_candidate(fn):
+        raise UnsupportedOpError(f"{what} was called with a traced tensor{where_now()}; it is not a torch op minijit "
+                                 "can record (it may have effects outside the trace); call it outside the jitted "
+                                 "function")
+    if trace.capture_tensor is not None and any(isinstance(x, torch.Tensor) for x in tree_flatten((args, kwargs))):
+        capture = trace.capture_tensor
+        args, kwargs = tree_map(lambda x: capture(x) if isinstance(x, torch.Tensor) else x, (args, kwargs))
+    result = run_on_meta(fn, args, kwargs, what)
+    leaves = tree_flatten((args, kwargs))
+    tensors = [m for m in tree_flatten(result.outputs) if isinstance(m, TensorMeta)]
+    if not result.written:
+        if not tensors:
+            raise UnsupportedOpError(f"{what}{where_now()} gives no tensor and writes into none, so whatever it does "
+                                     "is outside the trace; call it outside the jitted function")
+        if all(s is not None for s, m in zip(result.same_as, tree_flatten(result.outputs), strict=True)
+               if isinstance(m, TensorMeta)):
+            # It returns its arguments themselves (`x.contiguous()`): nothing to record.
+            return _rebuild(result.outputs, iter(()), [leaves[s] if s is not None else None for s in result.same_as])
+        return _plain_symbol(fn, result, _arg_refs(args, kwargs))(*args, **kwargs)
+    return _inplace_symbol(fn, result, _arg_refs(args, kwargs))(*args, **kwargs)
+
+
+def is_opaque_candidate(fn: Any) -> bool:
+    """Whether `fn` is a torch op minijit may run on meta tensors at trace time and record opaquely.
+
+    C functions and Tensor methods of torch, ATen operators (`torch.ops.aten.*`), and the
+    Python functions of torch's op modules; not torch's I/O, distributed, autograd-engine
+    or compiler functions, whose effects reach outside the trace.
+    """
+    if isinstance(fn, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
+        return True
+    objclass = getattr(fn, "__objclass__", None)
+    if isinstance(objclass, type) and issubclass(objclass, torch._C.TensorBase):
+        return not getattr(fn, "__name__", "_").startswith("_") or fn in _TENSOR_DUNDERS
+    module = getattr(fn, "__module__", None)
+    if module is None and isinstance(getattr(fn, "__self__", None), types.ModuleType):
+        module = fn.__self__.__name__
+    if not isinstance(module, str):
+        return False
+    if type(fn) is types.BuiltinFunctionType:
+        return module == "torch" or module.startswith("torch._C")
+    return any(module == m or module.startswith(m + ".") for m in _OP_MODULES)
+
+
+# Python modules of torch whose functions are ops on tensors (run on meta tensors without harm).
+_OP_MODULES = ("torch.functional", "torch._tensor", "torch.nn.functional", "torch.linalg", "torch.fft",
+               "torch.special", "torch.nn.init", "torch.masked", "torch.signal", "torch._refs", "torch._decomp",
+               "torch._prims_common", "torch.testing._internal")
+_TENSOR_DUNDERS = {getattr(torch.Tensor, n) for n in ("__getitem__", "__setitem__", "__rsub__", "__rpow__",
+                                                      "__rmatmul__", "__rdiv__", "__rtruediv__", "__rfloordiv__",
+                                                      "__rmod__", "__rlshift__", "__rrshift__")}
+
+
+# -- proxy methods that ltorch does not have ------------------------------------------------------
+
+# Tensor methods whose result is not a function of the tensor's values, or that act on autograd or
+# memory rather than compute: never opaque ops (a proxy lacks them, as before).
+_NOT_OPS = {
+    "backward", "register_hook", "register_post_accumulate_grad_hook", "retain_grad", "numpy", "data_ptr", "storage",
+    "untyped_storage", "share_memory_", "pin_memory", "record_stream", "is_shared", "is_pinned", "dim_order",
+    "element_size", "get_device", "stride", "storage_offset", "is_contiguous", "is_set_to", "apply_", "map_", "map2_",
+    "cuda", "cpu", "ipu", "xpu", "mps", "to_dense", "to_sparse", "module_load",
+}
+
+
+def _tensor_method(name: str) -> Callable[..., Any] | None:
+    """`proxy.name(...)` as an opaque op on `torch.Tensor.name`, for Tensor methods with no ltorch symbol."""
+    if name.startswith("_") or name in _NOT_OPS:
+        return None
+    method = getattr(torch.Tensor, name, None)
+    if not callable(method) or isinstance(method, type) or not is_opaque_candidate(method):
+        return None
+    return lambda self, *args, **kwargs: opaque_call(method, (self, *args), kwargs)
+
+
+_METHOD_NAMES = {"getitem": "__getitem__", "setitem": "__setitem__"}
+
+
+def _with_fallback(impl: Callable[..., Any], name: str) -> Callable[..., Any]:
+    method = getattr(torch.Tensor, _METHOD_NAMES.get(name, name), None)
+    if not callable(method) or isinstance(method, property):
+        return impl
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return impl(*args, **kwargs)
+        except (MinijitError, TypeError) as declined:
+            if current_trace() is None:
+                raise
+            try:
+                return opaque_call(method, args, kwargs)
+            except MinijitError:
+                raise declined from None
+
+    call.__wrapped__ = impl  # type: ignore[attr-defined]
+    return call
+
+
+def install_tensor_method_fallbacks() -> None:
+    """Make Tensor methods on proxies fall back to opaque ops: where ltorch has none, or declines a call."""
+    for name, impl in list(TENSOR_METHODS.items()):
+        if not hasattr(impl, "__wrapped__"):
+            TENSOR_METHODS[name] = _with_fallback(impl, name)
+    if _tensor_method not in TENSOR_METHOD_FALLBACKS:
+        TENSOR_METHOD_FALLBACKS.append(_tensor_method)
+
+
+# -- symbols --------------------------------------------------------------------------------------
+
+_SYMBOLS: dict[Any, Symbol] = {}
+
+
+def _arg_refs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[int | str]:
+    """For each leaf of tree_flatten((args, kwargs)), the argument it belongs to (a position or a keyword)."""
+    refs: list[int | str] = []
+    for i, a in enumerate(args):
+        refs += [i] * len(tree_flatten(a))
+    for k, v in kwargs.items():
+        refs += [k] * len(tree_flatten(v))
+    return refs
+
+
+def _plain_symbol(fn: Any, result: MetaResult, refs: list[int | str]) -> Symbol:
+    """The symbol of a call that writes nothing: `fn` itself, with the views and randomness the meta run found."""
+    views = tuple(refs[v] if v is not None else refs[s] if s is not None else None
+                  for v, s in zip(result.views, result.same_as, strict=True))
+    effects = Effects(views=views if any(v is not None for v in views) else None, random=result.random)
+    key = ("plain", fn, effects)
+    sym = _SYMBOLS.get(key)
+    if sym is None:
+        namespace, name = printed_name(fn)
+        what = describe(fn)
+
+        def meta(*args: Any, **kwargs: Any) -> Any:
+            return _rebuild(run_on_meta(fn, args, kwargs, what).outputs, iter(()))
+
+        sym = _SYMBOLS[key] = Symbol(name, meta, namespace=namespace, is_prim=True, tags=frozenset({OPAQUE}), fn=fn,
+                                     effects=effects)
+    return sym
+
+
+def _inplace_symbol(fn: Any, result: MetaResult, refs: list[int | str]) -> Symbol:
+    """The symbol of a call that writes into arguments: a composite of its functional form and `prims.copy_`s."""
+    effects = Effects(writes=tuple(dict.fromkeys(refs[i] for i in result.written)), random=result.random)
+    key = ("in place", fn, effects)
+    sym = _SYMBOLS.get(key)
+    if sym is None:
+        namespace, name = printed_name(fn)
+        what = describe(fn)
+
+        def decomposition(*args: Any, **kwargs: Any) -> Any:
+            res = run_on_meta(fn, args, kwargs, what)
+            leaves = tree_flatten((args, kwargs))
+            new = _functional_symbol(fn, res, _arg_refs(args, kwargs))(*args, **kwargs)
+            for position, value in zip(res.written, new, strict=False):
+                prims.copy_(value, leaves[position])
+            fresh = iter(new[len(res.written):])
+            return _rebuild(res.outputs, fresh, [leaves[s] if s in res.written else None for s in res.same_as])
+
+        decomposition.__name__ = name
+        sym = _SYMBOLS[key] = Symbol(name, decomposition, namespace=namespace, tags=frozenset({OPAQUE}), fn=fn,
+                                     effects=effects)
+    return sym
+
+
+class FunctionalForm:
+    """`fn` on copies of the tensors it writes, returning their new values, then its other tensor results.
+
+    The functional form of an op that writes into its arguments (`x.frac_()`, `torch.add(a, b, out=c)`):
+    functionalization records it, followed by one copy into each written tensor.
+    """
+
+    def __init__(self, fn: Any, written: tuple[int, ...], fresh: tuple[int, ...]):
+        self.fn = fn
+        self.written = written
+        self.fresh = fresh
+
+    def __call__(self, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        leaves = tree_flatten((args, kwargs))
+        # Every occurrence of a written tensor (`torch.add(x, y, out=y)` has two) becomes its copy.
+        clones = {id(leaves[i]): leaves[i].clone() for i in self.written}
+        args, kwargs = tree_map(lambda x: clones.get(id(x), x) if isinstance(x, torch.Tensor) else x, (args, kwargs))
+        out = self.fn(*args, **kwargs)
+        leaves = tree_flatten((args, kwargs))
+        outs = runtime_leaves(out)
+        return (*(leaves[i] for i in self.written), *(outs[i] for i in self.fresh))
+
+    def __repr__(self) -> str:
+        return f"<functional form of {describe(self.fn)}>"
+
+
+def _functional_symbol(fn: Any, result: MetaResult, refs: list[int | str]) -> Symbol:
+    written = set(result.written)
+    out_leaves = tree_flatten(result.outputs)
+    fresh = tuple(i for i, (m, s) in enumerate(zip(out_leaves, result.same_as, strict=True))
+                  if isinstance(m, TensorMeta) and (s is None or s not in written))
+    views = (None,) * len(result.written) + tuple(
+        refs[result.views[i]] if result.views[i] is not None else
+        refs[result.same_as[i]] if result.same_as[i] is not None else None for i in fresh)
+    effects = Effects(views=views if any(v is not None for v in views) else None, random=result.random)
+    key = ("functional", fn, result.written, fresh, effects)
+    sym = _SYMBOLS.get(key)
+    if sym is None:
+        form = FunctionalForm(fn, result.written, fresh)
+        base = printed_name(fn)[1].replace(".", "_")
+        name = unique_opaque_name(f"{base}_functional", form)
+        what = describe(fn)
+
+        def meta(*args: Any, **kwargs: Any) -> tuple[TensorProxy, ...]:
+            res = run_on_meta(fn, args, kwargs, what)
+            outs = tree_flatten(res.outputs)
+            return tuple(_proxy(m) for m in (*res.written_meta, *(outs[i] for i in fresh)))
+
+        sym = _SYMBOLS[key] = Symbol(name, meta, namespace="opaque", is_prim=True, tags=frozenset({OPAQUE}), fn=form,
+                                     effects=effects)
+    return sym
+
+
+def _proxy(m: TensorMeta) -> TensorProxy:
+    return TensorProxy(m.shape, m.dtype, m.device, m.requires_grad)
+
+
+def _rebuild(outputs: Any, fresh: Any, given: list[Any] | None = None) -> Any:
+    """`outputs` (TensorMeta leaves) as proxies: `given[i]` where set, else the next of `fresh`, else a new proxy."""
+    position = iter(range(1 << 62))
+
+    def build(x: Any) -> Any:
+        if isinstance(x, TensorMeta):
+            i = next(position)
+            if given is not None and given[i] is not None:
+                return given[i]
+            value = next(fresh, None)
+            return value if value is not None else _proxy(x)
+        if x is None:
+            next(position)
+            return None
+        if type(x) is list:
+            return [build(v) for v in x]
+        if type(x) is tuple:
+            return tuple(build(v) for v in x)
+        return type(x)(*(build(v) for v in x))  # a named tuple
+
+    return build(outputs)
+
+
+def runtime_leaves(out: Any) -> list[Any]:
+    """The leaves (tensors and Nones) of a torch op's result, in the order of the meta run's outputs."""
+    if isinstance(out, list | tuple):
+        return [leaf for x in out for leaf in runtime_leaves(x)]
+    return [out]
+
+
+# -- names ----------------------------------------------------------------------------------------
+
+_PUBLIC: dict[int, str] = {}
+_NAMESPACES = ("", "nn.functional", "linalg", "fft", "special", "nn.init", "Tensor")
+
+
+def _public_names() -> dict[int, str]:
+    """id(callable) -> its public path under torch (`linalg.solve`), the first namespace that has it."""
+    if not _PUBLIC:
+        for prefix in _NAMESPACES:
+            ns: Any = torch
+            for part in prefix.split(".") if prefix else ():
+                ns = getattr(ns, part)
+            # vars(), not getattr: torch imports some submodules lazily on attribute access.
+            names = vars(ns) if isinstance(ns, types.ModuleType) else {a: getattr(ns, a, None) for a in dir(ns)}
+            for attr, value in list(names.items()):
+                if attr.startswith("_") and prefix != "Tensor":
+                    continue
+                if callable(value) and not isinstance(value, type):
+                    _PUBLIC.setdefault(id(value), f"{prefix}.{attr}" if prefix else attr)
+    return _PUBLIC
+
+
+def _resolve(path: str) -> Any:
+    value: Any = torch
+    for part in path.split("."):
+        value = getattr(value, part, None)
+        if value is None:
+            return None
+    return value
+
+
+def _torch_path(fn: Any) -> str | None:
+    """The attribute path under `torch` that gives `fn` itself, if there is one."""
+    name = getattr(fn, "__name__", None)
+    if isinstance(name, str) and getattr(torch.Tensor, name, None) is fn:
+        return f"Tensor.{name}"
+    if isinstance(fn, torch._ops.OpOverload):
+        path = f"ops.{fn.namespace}.{fn._opname}.{fn._overloadname}"
+        return path if _resolve(path) is fn else None
+    public = _public_names().get(id(fn))
+    if public is not None and _resolve(public) is fn:
+        return public
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+    if isinstance(module, str) and isinstance(qualname, str) and module.startswith("torch"):
+        path = ".".join([*module.split(".")[1:], qualname])
+        if path and _resolve(path) is fn:
+            return path
+    return None
+
+
+_OPAQUE_NAMES: dict[str, Any] = {}
+
+
+def unique_opaque_name(base: str, fn: Any) -> str:
+    """A name in the printed `opaque` namespace for `fn`, distinct from every other callable's."""
+    base = "".join(c if c.isalnum() or c == "_" else "_" for c in base) or "op"
+    if not base[0].isalpha():
+        base = f"op_{base}"
+    name, n = base, 1
+    while _OPAQUE_NAMES.setdefault(name, fn) is not fn:
+        name, n = f"{base}_{n}", n + 1
+    return name
+
+
+def printed_name(fn: Any) -> tuple[str, str]:
+    """(namespace, name) a trace prints `fn` as: `torch` and its path where that gives `fn`, else `opaque`."""
+    path = _torch_path(fn)
+    if path is not None:
+        return "torch", path
+    return "opaque", unique_opaque_name(getattr(fn, "__name__", "op"), fn)
+
+
+def describe(fn: Any) -> str:
+    """`fn`'s name for messages: `torch.linalg.solve`, `torch.Tensor.frac`, or its qualified name."""
+    path = _torch_path(fn)
+    if path is not None:
+        return f"torch.{path}"
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None) or repr(fn)
+    return f"{module}.{qualname}" if module else str(qualname)
+

@@ -1,0 +1,110 @@
+"""The VJP rule of every opaque torch op: torch's own derivative, run on the saved inputs.
+
+The forward records the op and saves its arguments. The backward is one opaque
+symbol, `opaque.<op>_vjp(cotangents, *args, **kwargs)`, which runs the op again on
+those arguments with autograd on and returns `torch.autograd.grad` of its outputs,
+for the given cotangents, with respect to each argument tensor that requires grad.
+The gradients are therefore eager's (the op's own derivative formula), for the
+price of running the op once more in the backward. A random op is refused: running
+it again would draw new random numbers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from minijit.errors import UnsupportedOpError, where
+from minijit.ir import Symbol, TensorProxy, tree_flatten, tree_map
+from minijit.ir.context import current_trace
+from minijit.ops.opaque import OPAQUE, describe, runtime_leaves, unique_opaque_name
+from minijit.transforms.vjp.registry import TAG_RULES, KeywordGrads, VjpRule
+
+
+def _differentiable(x: Any) -> bool:
+    return isinstance(x, TensorProxy) and x.requires_grad and (x.dtype.is_floating_point or x.dtype.is_complex)
+
+
+def opaque_rule(sym: Symbol) -> VjpRule:
+    """The rule of the opaque symbol `sym`: save the arguments; the backward differentiates the op with autograd."""
+
+    def forward(*args: Any, **kwargs: Any) -> tuple[Any, Any]:
+        return sym(*args, **kwargs), (args, kwargs)
+
+    rule = VjpRule(sym.id, forward)
+
+    @rule.backward
+    def backward(saved: Any, *cotangents: Any) -> KeywordGrads:
+        args, kwargs = saved
+        if sym.effects.random:
+            trace = current_trace()
+            raise UnsupportedOpError(f"cannot differentiate {describe(sym.fn)}{where(trace.source if trace else None)}: "
+                                     "it is random, and its gradient would need the same random numbers again; "
+                                     "compute it under torch.no_grad() or outside the jitted function")
+        leaves = tree_flatten((args, kwargs))
+        diff = tuple(i for i, x in enumerate(leaves) if _differentiable(x))
+        grads = vjp_symbol(sym, diff)(tuple(cotangents), *args, **kwargs) if diff else ()
+        by_leaf = dict(zip(diff, grads, strict=True))
+        position = iter(range(len(leaves)))
+        gargs, gkwargs = tree_map(lambda _: by_leaf.get(next(position)), (args, kwargs))
+        return KeywordGrads(gargs, gkwargs)
+
+    return rule
+
+
+class OpaqueVjp:
+    """At run time: the gradients of `fn(*args, **kwargs)` for `cotangents`, with respect to the leaves `diff`."""
+
+    def __init__(self, fn: Any, diff: tuple[int, ...]):
+        self.fn = fn
+        self.diff = diff
+
+    def __call__(self, cotangents: tuple[Any, ...], *args: Any, **kwargs: Any) -> tuple[torch.Tensor, ...]:
+        wanted = set(self.diff)
+        inputs: dict[int, torch.Tensor] = {}
+        position = iter(range(1 << 62))
+
+        def leaf(x: Any) -> Any:
+            i = next(position)
+            if i in wanted:
+                # One leaf per occurrence: `f(x, x)` gives x a gradient from each, which the grad pass sums.
+                inputs[i] = x.detach().requires_grad_(True)
+                return inputs[i]
+            return x
+
+        args, kwargs = tree_map(leaf, (args, kwargs))
+        with torch.enable_grad():
+            out = self.fn(*args, **kwargs)
+        pairs = [(o, g) for o, g in zip(runtime_leaves(out), cotangents, strict=False)
+                 if g is not None and isinstance(o, torch.Tensor) and o.requires_grad]
+        xs = [inputs[i] for i in self.diff]
+        if not pairs:
+            return tuple(torch.zeros_like(x) for x in xs)
+        return tuple(torch.autograd.grad([o for o, _ in pairs], xs, [g for _, g in pairs], allow_unused=True,
+                                         materialize_grads=True))
+
+    def __repr__(self) -> str:
+        return f"<vjp of {describe(self.fn)}>"
+
+
+_VJP_SYMBOLS: dict[tuple[Symbol, tuple[int, ...]], Symbol] = {}
+
+
+def vjp_symbol(sym: Symbol, diff: tuple[int, ...]) -> Symbol:
+    """The backward symbol of the opaque `sym` for gradients with respect to the argument leaves `diff`."""
+    found = _VJP_SYMBOLS.get((sym, diff))
+    if found is None:
+        fn = OpaqueVjp(sym.fn, diff)
+
+        def meta(cotangents: tuple[Any, ...], *args: Any, **kwargs: Any) -> tuple[TensorProxy, ...]:
+            leaves = tree_flatten((args, kwargs))
+            return tuple(TensorProxy.like(leaves[i], requires_grad=False) for i in diff)
+
+        name = unique_opaque_name(f"{sym.name.replace('.', '_')}_vjp", fn)
+        found = _VJP_SYMBOLS[(sym, diff)] = Symbol(name, meta, namespace="opaque", is_prim=True,
+                                                   tags=frozenset({OPAQUE}), fn=fn)
+    return found
+
+
+TAG_RULES[OPAQUE] = opaque_rule
