@@ -316,7 +316,7 @@ class TensorProxy(Proxy):
             method = next((m for m in (find(attr) for find in TENSOR_METHOD_FALLBACKS) if m is not None), None)
         if method is None:
             raise AttributeError(f"'TensorProxy' has no attribute or supported method {attr!r}{where_now()}")
-        if attr in _PROPERTIES:
+        if attr in _PROPERTIES or getattr(method, "tensor_property", False):
             return method(self)
         return _BoundMethod(method, self)
 

@@ -218,8 +218,7 @@ def _run(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], 
     written: dict[int, None] = {}
     for func, cargs, ckwargs in recorder.calls:
         if torch.Tag.inplace_view in func.tags:
-            raise UnsupportedOpError(f"{what} changes the shape or strides of a tensor in place ({func}), which "
-                                     "a trace cannot follow; write x = x.<op>(...) with the out-of-place op instead")
+            continue  # a view's metadata changed (`t.squeeze_()`), not memory; checked on the arguments below
         for t in _written_by(func, cargs, ckwargs):
             i = storage_of.get(_storage(t))
             if i is not None:

@@ -32,9 +32,10 @@ The design, in the order a call meets it:
   eager's.
 - **ltorch first.** A torch callable with an ltorch symbol is recorded as that
   symbol (decomposed, fusible); where the ltorch decomposition declines a call
-  (an argument form it does not support: `flip(dims=...)`, an int32 index), the
-  call becomes opaque instead, and the decomposition's error stands only if the
-  opaque call fails too.
+  (an argument form it does not support: `flip(dims=...)`, a tensor `narrow`
+  start), the call becomes opaque instead, and the decomposition's error stands
+  if the opaque call fails too. An ltorch `MetaError` (inputs eager rejects as
+  well) is never retried opaquely (see `DECLINED`).
 """
 
 from __future__ import annotations
@@ -54,6 +55,11 @@ from minijit.ops.meta_run import MetaResult, TensorMeta, run_on_meta
 from minijit.ops.registry import ltorch_symbol_for
 
 OPAQUE = "opaque"  # the tag of opaque symbols: the torch executor runs each by calling its `fn`
+# The errors by which an ltorch decomposition declines a call that torch may still run: a form of the
+# call it does not support (UnsupportedOpError) or an argument its signature lacks (TypeError). A
+# MetaError stands: ltorch raises it for inputs eager rejects too (shapes, dtypes), and torch's meta
+# kernels do not check everything its CPU kernels check, so an opaque call would fail only at run time.
+DECLINED = (UnsupportedOpError, TypeError)
 
 __all__ = ["OPAQUE", "FunctionalForm", "call_ltorch", "call_torch", "describe", "install_tensor_method_fallbacks",
            "is_opaque_candidate", "opaque_call", "printed_name", "runtime_leaves", "unique_opaque_name"]
@@ -73,13 +79,17 @@ def call_ltorch(fn: Any, sym: Symbol, args: tuple[Any, ...] | list[Any], kwargs:
     """`sym(*args, **kwargs)`; where the ltorch decomposition declines the call, the torch callable `fn` as an opaque op."""
     try:
         return sym(*args, **kwargs)
-    except (MinijitError, TypeError) as declined:
-        if current_trace() is None or not is_opaque_candidate(fn):
+    except DECLINED as declined:
+        trace = current_trace()
+        if trace is None or not is_opaque_candidate(fn):
             raise
         try:
-            return opaque_call(fn, tuple(args), kwargs)
+            result = opaque_call(fn, tuple(args), kwargs)
         except MinijitError:
             raise declined from None
+        # Why the decomposition was not used, for debugging and docs/ops.md.
+        trace.info.setdefault("declined", []).append((sym.id, f"{type(declined).__name__}: {declined}"))
+        return result
 
 
 def opaque_call(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -117,11 +127,12 @@ def is_opaque_candidate(fn: Any) -> bool:
     Python functions of torch's op modules; not torch's I/O, distributed, autograd-engine
     or compiler functions, whose effects reach outside the trace.
     """
-    if isinstance(fn, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
+    if isinstance(fn, torch._ops.OpOverload | torch._ops.OpOverloadPacket | TensorProperty):
         return True
     objclass = getattr(fn, "__objclass__", None)
     if isinstance(objclass, type) and issubclass(objclass, torch._C.TensorBase):
-        return not getattr(fn, "__name__", "_").startswith("_") or fn in _TENSOR_DUNDERS
+        name = getattr(fn, "__name__", "_")
+        return not name.startswith("_") or name in _TENSOR_DUNDERS
     module = getattr(fn, "__module__", None)
     if module is None and isinstance(getattr(fn, "__self__", None), types.ModuleType):
         module = fn.__self__.__name__
@@ -136,9 +147,11 @@ def is_opaque_candidate(fn: Any) -> bool:
 _OP_MODULES = ("torch.functional", "torch._tensor", "torch.nn.functional", "torch.linalg", "torch.fft",
                "torch.special", "torch.nn.init", "torch.masked", "torch.signal", "torch._refs", "torch._decomp",
                "torch._prims_common", "torch.testing._internal")
-_TENSOR_DUNDERS = {getattr(torch.Tensor, n) for n in ("__getitem__", "__setitem__", "__rsub__", "__rpow__",
-                                                      "__rmatmul__", "__rdiv__", "__rtruediv__", "__rfloordiv__",
-                                                      "__rmod__", "__rlshift__", "__rrshift__")}
+# The operator methods of Tensor (`x + y`, `2 ** x`, `x[i] = v`): ops like any other.
+_TENSOR_DUNDERS = {f"__{prefix}{op}__" for op in ("add", "sub", "mul", "div", "truediv", "floordiv", "mod", "pow",
+                                                   "matmul", "and", "or", "xor", "lshift", "rshift")
+                   for prefix in ("", "r", "i")} | {
+    f"__{op}__" for op in ("neg", "pos", "abs", "invert", "lt", "le", "gt", "ge", "eq", "ne", "getitem", "setitem")}
 
 
 # -- proxy methods that ltorch does not have ------------------------------------------------------
@@ -153,8 +166,34 @@ _NOT_OPS = {
 }
 
 
+class TensorProperty:
+    """`x.<name>` for a Tensor property that is a tensor (`x.H`, `x.real`): a callable for opaque calls."""
+
+    tensor_property = True  # proxies call it on attribute access, as a property
+
+    def __init__(self, name: str):
+        self.name = name
+        self.__name__ = self.__qualname__ = f"Tensor_{name}"
+
+    def __call__(self, tensor: Any) -> Any:
+        return getattr(tensor, self.name)
+
+    def __repr__(self) -> str:
+        return f"<Tensor.{self.name}>"
+
+
+# Tensor properties whose value is a tensor computed from the tensor (views, for complex tensors).
+_TENSOR_PROPERTIES = {name: TensorProperty(name) for name in ("H", "mH", "real", "imag")}
+
+
 def _tensor_method(name: str) -> Callable[..., Any] | None:
     """`proxy.name(...)` as an opaque op on `torch.Tensor.name`, for Tensor methods with no ltorch symbol."""
+    prop = _TENSOR_PROPERTIES.get(name)
+    if prop is not None:
+        def get(self: Any) -> Any:
+            return opaque_call(prop, (self,), {})
+        get.tensor_property = True  # type: ignore[attr-defined]
+        return get
     if name.startswith("_") or name in _NOT_OPS:
         return None
     method = getattr(torch.Tensor, name, None)
@@ -174,7 +213,7 @@ def _with_fallback(impl: Callable[..., Any], name: str) -> Callable[..., Any]:
     def call(*args: Any, **kwargs: Any) -> Any:
         try:
             return impl(*args, **kwargs)
-        except (MinijitError, TypeError) as declined:
+        except DECLINED as declined:
             if current_trace() is None:
                 raise
             try:

@@ -31,6 +31,7 @@ from minijit.errors import MinijitError, UnsupportedOpError, where
 from minijit.ir import BoundSymbol, NumberProxy, Proxy, Symbol, TensorProxy, Trace, tracing, tree_flatten, tree_map
 from minijit.ir.printing import Constants
 from minijit.ops import prims
+from minijit.ops.opaque import OPAQUE
 from minijit.transforms.dce import dce
 from minijit.transforms.vjp import KeywordGrads, VjpRule, rule_for
 
@@ -144,13 +145,16 @@ class _Splitter:
         if bsym.written():
             self._inplace(bsym)
             return
-        complex_out = next((p for p in bsym.proxy_outputs() if isinstance(p, TensorProxy) and p.dtype.is_complex), None)
-        if complex_out is not None:
-            # The rules are written for real values (no conjugates): refuse rather than be wrong.
+        complex_value = None if OPAQUE in bsym.sym.tags else next(
+            (p for p in (*bsym.proxy_outputs(), *(a for a in bsym.proxy_args() if a.name in self.requires))
+             if isinstance(p, TensorProxy) and p.dtype.is_complex), None)
+        if complex_value is not None:
+            # minijit's rules are written for real values (no conjugates): refuse rather than be wrong. An opaque
+            # torch op is differentiated by torch's autograd, which handles complex values as eager does.
             raise UnsupportedOpError(
-                f"cannot differentiate {bsym.sym.id}{where(bsym.source)}: its output {complex_out.name} is complex, and "
-                "minijit does not differentiate complex tensors; compute it under torch.no_grad() or outside the "
-                "jitted function"
+                f"cannot differentiate {bsym.sym.id}{where(bsym.source)}: its value {complex_value.name} is complex, and "
+                "minijit differentiates complex tensors only through torch ops it runs whole; compute it under "
+                "torch.no_grad() or outside the jitted function"
             )
         rule = self._executor_rule(bsym) or rule_for(bsym.sym)
         bound = _bind(bsym, rule) if rule is not None else None

@@ -245,6 +245,12 @@ def scatter_by_positions(base: TensorProxy, chain: list[tuple[BoundSymbol, Proxy
     positions = prims.reshape(prims.iota(numel, start=0, step=1, dtype=torch.int64, device=base.device), base.shape)
     for step, out in chain:
         positions = replay(step, out, positions)
+    if tuple(positions.shape) != tuple(new.shape) or new.dtype != base.dtype:
+        # A view that reinterprets memory (`x.real` of a complex x, `x.view(dtype)`) shows no element positions.
+        step = chain[-1][0]
+        raise UnsupportedOpError(f"{step.sym.id}{where(op.source)}: an in-place write through this view cannot "
+                                 "update its base (the view reinterprets the base's memory); clone() the view "
+                                 "before writing into it")
     n = math.prod(new.shape)
     flat = prims.index_copy(prims.reshape(base, (numel,)), prims.reshape(positions, (n,)), prims.reshape(new, (n,)), 0)
     return prims.reshape(flat, tuple(base.shape))

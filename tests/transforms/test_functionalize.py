@@ -5,6 +5,7 @@ import torch
 
 import minijit
 from minijit.errors import CopyToOutError, InplaceError, UnsupportedOpError
+from minijit.extend import get_executor
 from minijit.ir import TensorProxy
 from minijit.ops import prims
 from minijit.ops.registry import ALL_LTORCH
@@ -379,7 +380,7 @@ def test_check_reports_an_unsafe_out_write():
     jf(torch.randn(3), torch.randn(3))
     final = minijit.last_traces(jf)[-1]
     producer, reader = final.bound_symbols
-    unsafe = producer.replace(kwargs={"out": final.args[0]})
+    unsafe = get_executor("torch").produce_into(producer, final.args[0])  # `torch.add(x, y, out=x)`
     copy = prims.copy_to_out_.bind(producer.output, out=final.args[0], output=final.args[0])
     broken = final.derive([unsafe, reader, copy], pass_name="broken")
     with pytest.raises(CopyToOutError, match=r"reads the old value of input x after `t\d+ = torchex.add\(x, y, out=x\)`"):

@@ -18,7 +18,8 @@ import torch
 from minijit.errors import UnsupportedOpError, where
 from minijit.ir import Symbol, TensorProxy, tree_flatten, tree_map
 from minijit.ir.context import current_trace
-from minijit.ops.opaque import OPAQUE, describe, runtime_leaves, unique_opaque_name
+from minijit.ops import prims
+from minijit.ops.opaque import OPAQUE, FunctionalForm, describe, runtime_leaves, unique_opaque_name
 from minijit.transforms.vjp.registry import TAG_RULES, KeywordGrads, VjpRule
 
 
@@ -30,7 +31,8 @@ def opaque_rule(sym: Symbol) -> VjpRule:
     """The rule of the opaque symbol `sym`: save the arguments; the backward differentiates the op with autograd."""
 
     def forward(*args: Any, **kwargs: Any) -> tuple[Any, Any]:
-        return sym(*args, **kwargs), (args, kwargs)
+        out = sym(*args, **kwargs)
+        return out, _saved_arguments(sym, args, kwargs)
 
     rule = VjpRule(sym.id, forward)
 
@@ -51,6 +53,24 @@ def opaque_rule(sym: Symbol) -> VjpRule:
         return KeywordGrads(gargs, gkwargs)
 
     return rule
+
+
+def _saved_arguments(sym: Symbol, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The arguments the backward runs the op on again: as given, except the trace inputs the op writes.
+
+    Those get their final values copied in at the end of the forward (DESIGN.md, invariant 1),
+    so the backward gets copies of their old values instead.
+    """
+    form = sym.fn if isinstance(sym.fn, FunctionalForm) else None
+    trace = current_trace()
+    if form is None or not form.written or trace is None:
+        return args, kwargs
+    inputs = {id(p) for p in trace.args}
+    leaves = tree_flatten((args, kwargs))
+    clones = {id(leaves[i]): prims.clone(leaves[i]) for i in form.written if id(leaves[i]) in inputs}
+    if not clones:
+        return args, kwargs
+    return tree_map(lambda x: clones.get(id(x), x) if isinstance(x, TensorProxy) else x, (args, kwargs))
 
 
 class OpaqueVjp:
