@@ -42,12 +42,12 @@ from minijit.ir import BoundSymbol, Effects, Proxy, Symbol, TensorProxy, Trace, 
 from minijit.ops import prims
 from minijit.ops.opaque import OPAQUE
 from minijit.ops.registry import ALL_LTORCH, EAGER_IMPLS, ltorch_symbol_for
-from minijit.transforms.fusion import Region, region_writes
+from minijit.transforms.fusion import Region
 
 __all__ = [
     "OPAQUE", "BoundSymbol", "Effects", "Executor", "ExecutorUnavailableError", "FusionExecutor", "Implementation",
     "MinijitError", "OperatorExecutor", "Proxy", "Region", "Symbol", "TensorProxy", "add_default_executor",
-    "get_default_executors", "get_executor", "ltorch_eager_implementations", "prims", "region_writes", "register_executor",
+    "get_default_executors", "get_executor", "ltorch_eager_implementations", "prims", "register_executor",
     "remove_default_executor", "resolve_executors", "resolve_symbol",
 ]
 

@@ -39,9 +39,8 @@ ELEMENTWISE: dict[str, tuple[str, str]] = {
 }
 REDUCTIONS = {"sum": "sum", "amax": "max", "amin": "min", "prod": "prod"}
 SHAPE_OPS = ("broadcast_in_dim", "reshape", "transpose", "squeeze")
-COPIES = ("copy_", "copy_to_out_")
 OTHER = ("convert_element_type", "var_mean", "full")
-SUPPORTED = (*ELEMENTWISE, *REDUCTIONS, *SHAPE_OPS, *COPIES, *OTHER)
+SUPPORTED = (*ELEMENTWISE, *REDUCTIONS, *SHAPE_OPS, *OTHER)  # and every copy prim (`Effects.copies`)
 
 
 def kind(dtype: torch.dtype) -> str:
@@ -186,7 +185,7 @@ def define_region(nv: Any, fd: Any, region: Region, metas: Sequence[InputMeta | 
 
 def fusible(bsym: BoundSymbol, device_type: str) -> bool:
     """Whether the nvFuser translation handles this prim call on tensors of `device_type`."""
-    if bsym.sym.namespace != "prims" or bsym.sym.name not in SUPPORTED:
+    if bsym.sym.namespace != "prims" or (bsym.sym.name not in SUPPORTED and not bsym.sym.effects.copies):
         return False
     name = bsym.sym.name
     values = [*bsym.args, *bsym.kwargs.values()]

@@ -36,7 +36,6 @@ _TL = {
 }
 REDUCTIONS = {"sum": ("tl.sum", "0.0"), "amax": ("tl.max", "float('-inf')"), "amin": ("tl.min", "float('inf')")}
 REMAPS = ("broadcast_in_dim", "reshape", "squeeze", "transpose")
-COPIES = ("copy_", "copy_to_out_")
 
 # Elementwise prims: template over the arguments' generated names, and the dtype kinds they accept.
 _F, _I, _B = "f", "i", "b"

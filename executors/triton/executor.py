@@ -15,7 +15,6 @@ from typing import Any
 import torch
 
 from executors.triton.codegen import (
-    COPIES,
     DTYPES,
     ELEMENTWISE,
     FLOATS,
@@ -200,7 +199,7 @@ class TritonExecutor(FusionExecutor):
         if bsym.sym.namespace != "prims":
             return False
         name = bsym.sym.name
-        if name not in ELEMENTWISE and name not in REMAPS and name not in COPIES and name not in REDUCTIONS \
+        if name not in ELEMENTWISE and name not in REMAPS and name not in REDUCTIONS and not bsym.sym.effects.copies \
                 and name not in ("convert_element_type", "var_mean"):
             return False
         if bsym.sym.effects.copies and not self.fuse_copies_to_out:

@@ -10,6 +10,10 @@ Hoisting keeps the copy ordering of DESIGN.md (invariant 1): a bound symbol that
 writes into a tensor the region reads is never moved in front of the region (the
 region would read the new value instead of the old one); and one that reads a
 value the region produces, including a tensor the region copies into, stays after it.
+
+An opaque torch op (minijit/ops/opaque.py), or any random or external one, is a region
+boundary: it is never hoisted, so regions never move across it (what torch does inside
+it, its random numbers included, stays in eager's order).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from minijit.ir import BoundSymbol, Effects, Proxy, Symbol, tree_iter
+from minijit.ops.opaque import OPAQUE
 
 
 @dataclass
@@ -48,12 +53,10 @@ class Region:
                        external=any(b.sym.effects.external for b in self.members))
 
 
-def region_writes(bsym: BoundSymbol) -> list[Proxy]:
-    """The inputs a fused region's bound symbol writes into (what its members write; see `Region.effects`).
-
-    Kept for executors written against older minijit versions: `bsym.written()` says the same.
-    """
-    return list(bsym.written())
+def _is_boundary(bsym: BoundSymbol) -> bool:
+    """Whether no region may move across `bsym`: an opaque torch op, or a random or external one."""
+    effects = bsym.sym.effects
+    return OPAQUE in bsym.sym.tags or effects.random or effects.external
 
 
 def _region(name: str, members: list[BoundSymbol], used_outside: set[str]) -> Region:
@@ -139,7 +142,7 @@ def partition(entries: Sequence[tuple[BoundSymbol, Any]], executor: Any, trace_o
         overwrites = any(p.name in region_read for p in bsym.written())
         # A deferred bound symbol that a later non-member needs must keep its place relative to it:
         # deferred ones run before the region, so that always holds.
-        if depends or overwrites:
+        if depends or overwrites or _is_boundary(bsym):
             close()
             result.append((bsym, owner))
         else:

@@ -265,6 +265,25 @@ def test_unrelated_non_fusible_work_is_hoisted_not_splitting_the_region():
     assert ex.regions == [["mul", "exp"]]
 
 
+def test_opaque_torch_op_is_a_region_boundary():
+    ex = EagerFuser()
+
+    def f(x, w):
+        a = x * 2
+        m = torch.logcumsumexp(w, 0)  # no ltorch decomposition: one opaque torch op, never hoisted
+        b = a.exp()
+        return b, m
+
+    x, w = torch.randn(3), torch.randn(4)
+    jf = minijit.jit(f, executors=[ex])
+    b, m = jf(x, w)
+    torch.testing.assert_close(b, (x * 2).exp())
+    torch.testing.assert_close(m, torch.logcumsumexp(w, 0))
+    assert ex.regions == [["mul"], ["exp"]]
+    names = [b.sym.id for b in minijit.last_traces(jf)[-1].bound_symbols]
+    assert names[:3] == ["eagerfuseex.fusion_0", "torch.logcumsumexp", "eagerfuseex.fusion_1"], names
+
+
 def claim_traced(fn, *args, executors):
     """Trace fn on proxies (no functionalization: in-place ops stay where they are), claim, and run."""
     trace = trace_call(fn, *args)

@@ -205,8 +205,6 @@ def test_copy_to_out_prim():
 
 
 def test_copies_stay_outside_regions_when_asked():
-    from minijit.extend import region_writes
-
     x, y = rand((4, 5), torch.float32), rand((4, 5), torch.float32)
 
     def f(x, y):
@@ -217,7 +215,7 @@ def test_copies_stay_outside_regions_when_asked():
     jf = minijit.jit(f, executors=[ref_ex])
     jf(x.clone(), y)
     (region,) = [b for b in minijit.last_traces(jf)[-1].bound_symbols if b.sym.namespace == "nvrefex"]
-    assert [p.name for p in region_writes(region)] == ["x"]
+    assert [p.name for p in region.written()] == ["x"]
 
     no_copies = NvFuserExecutor("nvrefnocopy", backend=fake_nvfuser, device_type="cpu")
     no_copies.fuse_copies_to_out = False
