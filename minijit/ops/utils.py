@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from minijit.errors import MetaError
+from minijit.errors import MetaError, UnsupportedOpError
 from minijit.ir import FloatProxy, IntegerProxy, NumberProxy, TensorProxy
 from minijit.ir.context import where_now
 from minijit.ops import prims
@@ -191,6 +191,14 @@ def dtype_scalar(value: Any, dtype: torch.dtype) -> Any:
 def fail(op: str, msg: str) -> MetaError:
     """A MetaError for ltorch op `op`, naming it and the user line being traced."""
     return MetaError(f"{op}: {msg}{where_now()}")
+
+
+def unsupported(op: str, msg: str) -> UnsupportedOpError:
+    """An UnsupportedOpError for a call of ltorch op `op` that eager accepts but the decomposition does not.
+
+    The call is then recorded as an opaque torch op instead (minijit/ops/opaque.py).
+    """
+    return UnsupportedOpError(f"{op}: {msg}{where_now()}")
 
 
 def reshape_to(x: TensorProxy, shape: Sequence[Any]) -> TensorProxy:

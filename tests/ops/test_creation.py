@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from minijit.errors import MetaError
+from minijit.errors import MetaError, UnsupportedOpError
 from minijit.ops import ltorch
 from tests.ops.opinfo_util import CREATION_CASES, FLOAT_DTYPES, OpCase, assert_matches, case_params, run_case
 from tests.oputil import run_decomposed, run_trace_source, trace_call
@@ -108,7 +108,6 @@ def test_random_ops_follow_the_torch_seed() -> None:
 
 @pytest.mark.parametrize(("fn", "message"), [
     (lambda a: a.to("cpu", torch.float32, False, False, 5), "to: unexpected arguments"),
-    (lambda a: a.type("torch.FloatTensor"), "type: only Tensor.type"),
     (lambda a: ltorch.zeros(2, -1), "zeros: negative size"),
     (lambda a: ltorch.zeros(2, 3.0), "zeros: sizes must be ints"),
     (lambda a: ltorch.ones(2, requires_grad=True), "ones: requires_grad=True is not supported"),
@@ -121,6 +120,12 @@ def test_random_ops_follow_the_torch_seed() -> None:
 def test_bad_input_raises_meta_error_naming_the_op(fn, message) -> None:
     with pytest.raises(MetaError, match=message):
         trace_call(fn, torch.randn(2, 3))
+
+
+def test_type_with_a_type_name_is_unsupported_naming_the_op() -> None:
+    # Eager accepts it, but torch cannot run it on meta tensors either: no opaque fallback.
+    with pytest.raises(UnsupportedOpError, match=r"type: only Tensor\.type"):
+        trace_call(lambda a: a.type("torch.FloatTensor"), torch.randn(2, 3))
 
 
 def test_to_another_device_records_a_device_put() -> None:

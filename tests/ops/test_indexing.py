@@ -95,7 +95,6 @@ def test_getitem_of_basic_key_is_a_view_proxy():
     pytest.param(lambda x, m: x[[True, False, True]], UnsupportedOpError, "boolean mask", id="bool_list"),
     pytest.param(lambda x, m: x[3], MetaError, "out of bounds", id="int_out_of_range"),
     pytest.param(lambda x, m: x[0, 0, 0], MetaError, "too many indices", id="too_many"),
-    pytest.param(lambda x, m: x[..., ...], MetaError, "single ellipsis", id="two_ellipses"),
     pytest.param(lambda x, m: x[::-1], MetaError, "step", id="negative_step"),
     pytest.param(lambda x, m: x[x], MetaError, "integer or bool", id="float_index"),
 ])

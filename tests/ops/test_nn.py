@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 
-from minijit.errors import MetaError
+from minijit.errors import MetaError, UnsupportedOpError
 from minijit.ops import ltorch
 from minijit.ops.registry import ltorch_symbol_for
 from tests.ops.opinfo_util import FLOAT_DTYPES, NN_CASES, TOLERANCES, OpCase, assert_matches, case_params, run_case
@@ -252,14 +252,22 @@ def test_normalize_forms() -> None:
     (lambda a, b: ltorch.scaled_dot_product_attention(a, b, b), ((2, 4, 3), (2, 5, 4)),
      "scaled_dot_product_attention: shapes do not fit"),
     (lambda a, b: ltorch.softmax(a.long(), 0), ((2,), (2,)), "softmax: needs a floating point"),
-    (lambda a, b: ltorch.relu(a, inplace=True), ((2,), (2,)), "relu: inplace=True is not supported"),
-    (lambda a, b: ltorch.pad(a, (1, 1), mode="reflect"), ((2,), (2,)), "pad: mode 'reflect' is not supported"),
     (lambda a, b: ltorch.group_norm(a, 4), ((2, 6), (2,)), "group_norm: .* cannot be split into 4 groups"),
     (lambda a, b: ltorch.dropout(a, 1.5), ((2,), (2,)), "dropout: p must be between 0 and 1"),
 ])
 def test_bad_input_raises_meta_error_naming_the_op(fn, args, message) -> None:
     with pytest.raises(MetaError, match=message):
         trace_call(fn, *(torch.randn(s) for s in args))
+
+
+@pytest.mark.parametrize(("fn", "message"), [
+    (lambda a: ltorch.relu(a, inplace=True), "relu: inplace=True is not supported"),
+    (lambda a: ltorch.pad(a, (1, 1), mode="reflect"), "pad: mode 'reflect' is not supported"),
+])
+def test_forms_the_decomposition_declines_are_unsupported(fn, message) -> None:
+    # Eager accepts these: the interpreter records them as opaque torch ops (tests/ops/test_opaque.py).
+    with pytest.raises(UnsupportedOpError, match=message):
+        trace_call(fn, torch.randn(1, 2))
 
 
 def _gpt_block(x, w_qkv, w_proj, w_fc, w_out, ln1_w, ln1_b, ln2_w, ln2_b):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minijit.errors import MetaError
+from minijit.errors import MetaError, UnsupportedOpError
 from minijit.ops import ltorch
 from tests.ops.opinfo_util import REDUCTION_CASES, OpCase, assert_matches, case_params, run_case
 from tests.oputil import run_decomposed, run_trace_source, trace_call
@@ -87,10 +87,15 @@ def test_low_precision_mean_accumulates_in_float32() -> None:
     (lambda a: ltorch.var(a.long()), "var: only supports floating point"),
     (lambda a: ltorch.argmax(a > 0), "argmax: does not support bool"),
     (lambda a: ltorch.max(a, (0, 1)), "max: dim must be an int"),
-    (lambda a: ltorch.norm(a, "nuc"), "norm: p='nuc' is not supported"),
     (lambda a: ltorch.var(a, 0, True, correction=1), "var: give either unbiased or correction"),
     (lambda a: ltorch.cumsum(a, -3), "cumsum: dimension -3 is out of range"),
 ])
 def test_bad_input_raises_meta_error_naming_the_op(fn, message) -> None:
     with pytest.raises(MetaError, match=message):
         trace_call(fn, torch.randn(2, 3))
+
+
+def test_nuclear_norm_is_unsupported_by_the_decomposition() -> None:
+    # Eager accepts it: the interpreter records it as an opaque torch op (tests/ops/test_opaque.py).
+    with pytest.raises(UnsupportedOpError, match="norm: p='nuc' is not supported"):
+        trace_call(lambda a: ltorch.norm(a, "nuc"), torch.randn(2, 3))

@@ -17,7 +17,7 @@ from minijit.ir import NumberProxy, TensorProxy
 from minijit.ops import prims
 from minijit.ops.ltorch.elementwise import cos, log, mul, sqrt, sub
 from minijit.ops.registry import ltorch_op
-from minijit.ops.utils import fail, numel_of, parse_shape, reshape_to, result_dtype, to_dtype
+from minijit.ops.utils import fail, numel_of, parse_shape, reshape_to, result_dtype, to_dtype, unsupported
 
 RANDOM = prims.RANDOM
 
@@ -43,7 +43,7 @@ def _check_options(op: str, requires_grad: bool = False, out: Any = None, layout
     if requires_grad:
         raise fail(op, "requires_grad=True is not supported inside a traced function; create the tensor outside")
     if out is not None:
-        raise fail(op, "out= is not supported")
+        raise unsupported(op, "out= is not supported")
     if layout is not None and layout != torch.strided:
         raise fail(op, f"only the strided layout is supported, got {layout}")
     if generator is not None:
@@ -125,7 +125,7 @@ def type_as(input: TensorProxy, other: TensorProxy) -> TensorProxy:  # noqa: A00
 def type_(input: TensorProxy, dtype: Any = None, non_blocking: bool = False, **kwargs: Any) -> TensorProxy:  # noqa: A002
     """Tensor.type(dtype): the tensor as dtype (the string forms and the no-argument query are not supported)."""
     if not isinstance(dtype, torch.dtype):
-        raise fail("type", f"only Tensor.type(<torch.dtype>) is supported, got {dtype!r}")
+        raise unsupported("type", f"only Tensor.type(<torch.dtype>) is supported, got {dtype!r}")
     return convert("type", _tensor("type", input), dtype, None)
 
 

@@ -108,10 +108,10 @@ def _key_items(op: str, a: TensorProxy, key: Any) -> list[Any]:
                     raise UnsupportedOpError(f"ltorch.{op}: slice bounds must be ints, got "
                                              f"{type(part).__name__}{where_now()}")
         elif not _is_int(item):
-            raise _fail(op, f"unsupported index of type {type(item).__name__}: {item!r}")
+            raise UnsupportedOpError(f"ltorch.{op}: unsupported index of type {type(item).__name__}: {item!r}{where_now()}")
         consumed += 1
     if ellipses > 1:
-        raise _fail(op, "an index can only have a single ellipsis ('...')")
+        raise UnsupportedOpError(f"ltorch.{op}: an index with more than one ellipsis ('...'){where_now()}")
     if consumed > a.ndim:
         raise _fail(op, f"too many indices for a tensor of dimension {a.ndim}")
     fill = [slice(None)] * (a.ndim - consumed)
@@ -459,8 +459,7 @@ def scatter(input: TensorProxy, dim: int, index: TensorProxy, src: Any = None, *
     src = value if src is None else src
     d = canonical_dim(dim, input.ndim)
     idx = _as_index("scatter", index, ndim=None)
-    if idx.dtype != torch.int64:
-        raise _fail("scatter", f"expects an int64 index, got {idx.dtype}")
+    idx = _gather_index("scatter", idx)
     if isinstance(src, TensorProxy):
         if src.dtype != input.dtype:
             raise _fail("scatter", f"expects src of the input's dtype {input.dtype}, got {src.dtype}")
@@ -504,6 +503,15 @@ def _as_index(op: str, index: Any, ndim: int | None = 1) -> TensorProxy:
     return index
 
 
+def _gather_index(op: str, idx: TensorProxy) -> TensorProxy:
+    """An int64 or int32 index (eager's gather and scatter take both) as int64, the prims' index dtype."""
+    if idx.dtype == torch.int32:
+        return prims.convert_element_type(idx, torch.int64)
+    if idx.dtype != torch.int64:
+        raise _fail(op, f"expects an int32 or int64 index, got {idx.dtype}")
+    return idx
+
+
 @ltorch_op(torch_fns=[torch.index_select, torch.Tensor.index_select], methods=["index_select"])
 def index_select(input: TensorProxy, dim: int, index: TensorProxy) -> TensorProxy:  # noqa: A002
     """torch.index_select: the slices of `dim` at `index`, in order."""
@@ -540,8 +548,7 @@ def gather(input: TensorProxy, dim: int, index: TensorProxy, *, sparse_grad: boo
     """torch.gather: out[i][j] = input[index[i][j]][j] (for dim 0), in index's shape."""
     d = canonical_dim(dim, input.ndim)
     idx = _as_index("gather", index, ndim=None)
-    if idx.dtype != torch.int64:
-        raise _fail("gather", f"expects an int64 index, got {idx.dtype}")
+    idx = _gather_index("gather", idx)
     _check_gather_shapes("gather", input, idx, d)
     return prims.take_along_axis(input, idx, d)
 
@@ -638,8 +645,7 @@ def scatter_add(input: TensorProxy, dim: int, index: TensorProxy, src: TensorPro
     """torch.scatter_add: src[i][j] added into input[index[i][j]][j] (for dim 0)."""
     d = canonical_dim(dim, input.ndim)
     idx = _as_index("scatter_add", index, ndim=None)
-    if idx.dtype != torch.int64:
-        raise _fail("scatter_add", f"expects an int64 index, got {idx.dtype}")
+    idx = _gather_index("scatter_add", idx)
     if not isinstance(src, TensorProxy) or src.dtype != input.dtype:
         raise _fail("scatter_add", f"expects src of the input's dtype {input.dtype}, got {getattr(src, 'dtype', src)!r}")
     _check_gather_shapes("scatter_add", input, idx, d, src)

@@ -53,6 +53,7 @@ from minijit.ops.utils import (
     reshape_to,
     to_dtype,
     unsqueeze_at,
+    unsupported,
 )
 
 F = torch.nn.functional
@@ -67,7 +68,7 @@ def _tensor(op: str, x: Any, what: str = "input") -> TensorProxy:
 
 def _no_inplace(op: str, inplace: bool) -> None:
     if inplace:
-        raise fail(op, f"inplace=True is not supported; use the functional form (x = {op}(x))")
+        raise unsupported(op, f"inplace=True is not supported; use the functional form (x = {op}(x))")
 
 
 def _float_input(op: str, x: TensorProxy) -> TensorProxy:
@@ -410,7 +411,7 @@ def normalize(input: TensorProxy, p: float = 2.0, dim: int = 1, eps: float = 1e-
               out: TensorProxy | None = None) -> TensorProxy:
     """F.normalize: x / max(||x||_p along dim, eps)."""
     if out is not None:
-        raise fail("normalize", "out= is not supported")
+        raise unsupported("normalize", "out= is not supported")
     norm = vector_norm_of("normalize", input, p, dim, True, None)
     return div(input, clamp(norm, min=eps))
 
@@ -450,7 +451,7 @@ def embedding(input: TensorProxy, weight: TensorProxy, padding_idx: int | None =
     if _tensor("embedding", weight, "weight").ndim != 2:
         raise fail("embedding", f"weight must be 2-d, got {weight.ndim}D")
     if max_norm is not None:
-        raise fail("embedding", "max_norm renormalizes weight in place, which is not supported")
+        raise unsupported("embedding", "max_norm renormalizes weight in place, which is not supported")
     rows = prims.take(weight, reshape_to(input, (numel_of(input.shape),)), 0)
     return reshape_to(rows, (*input.shape, weight.shape[1]))
 
@@ -684,7 +685,7 @@ def pad(input: TensorProxy, pad: Sequence[int], mode: str = "constant", value: f
     """F.pad in 'constant' mode: pad[2i], pad[2i + 1] elements before/after dim -1 - i (negative crops)."""
     _tensor("pad", input)
     if mode != "constant":
-        raise fail("pad", f"mode {mode!r} is not supported; only 'constant'")
+        raise unsupported("pad", f"mode {mode!r} is not supported; only 'constant'")
     if len(pad) % 2 or len(pad) // 2 > input.ndim:
         raise fail("pad", f"padding {tuple(pad)} needs pairs for at most {input.ndim} dims")
     fill = 0 if value is None else value

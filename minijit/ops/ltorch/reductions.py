@@ -19,7 +19,7 @@ from minijit.ops.ltorch.elementwise import abs as abs_
 from minijit.ops.ltorch.elementwise import add, exp, isinf, log, maximum, minimum, mul, sqrt, sub, where
 from minijit.ops.ltorch.elementwise import pow as pow_
 from minijit.ops.registry import ltorch_op
-from minijit.ops.utils import canonical_dims, compute_dtype_for, fail, numel_of, reshape_to, to_dtype
+from minijit.ops.utils import canonical_dims, compute_dtype_for, fail, numel_of, reshape_to, to_dtype, unsupported
 
 
 def keep_dims(out: TensorProxy, shape: Sequence[Any], dims: Sequence[int]) -> TensorProxy:
@@ -324,5 +324,5 @@ def norm(input: TensorProxy, p: Any = "fro", dim: Any = None, keepdim: bool = Fa
             raise fail("norm", f"the Frobenius norm takes at most two dims, got {dim!r}")
         p = 2
     elif isinstance(p, str):
-        raise fail("norm", f"p={p!r} is not supported; use 'fro' or a number")
+        raise unsupported("norm", f"p={p!r} is not supported; use 'fro' or a number")
     return vector_norm_of("norm", input, p, dim, keepdim, dtype)
