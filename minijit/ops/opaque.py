@@ -51,6 +51,7 @@ from minijit.ir import Effects, Symbol, TensorProxy, current_trace, tree_flatten
 from minijit.ir.context import where_now
 from minijit.ir.proxies import TENSOR_METHOD_FALLBACKS, TENSOR_METHODS
 from minijit.ops import prims
+from minijit.ops.aliases import canonical
 from minijit.ops.meta_run import MetaResult, TensorMeta, run_on_meta
 from minijit.ops.registry import ltorch_symbol_for
 
@@ -72,6 +73,12 @@ def call_torch(fn: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any
     sym = ltorch_symbol_for(fn)
     if sym is not None:
         return call_ltorch(fn, sym, args, kwargs)
+    op = canonical(fn)
+    if op is not fn:
+        try:
+            return opaque_call(op, tuple(args), kwargs)
+        except MinijitError:  # an argument named differently (`torch.det(input=x)`, `torch.linalg.det(A)`)
+            pass
     return opaque_call(fn, tuple(args), kwargs)
 
 
@@ -196,7 +203,7 @@ def _tensor_method(name: str) -> Callable[..., Any] | None:
         return get
     if name.startswith("_") or name in _NOT_OPS:
         return None
-    method = getattr(torch.Tensor, name, None)
+    method = canonical(getattr(torch.Tensor, name, None))
     if not callable(method) or isinstance(method, type) or not is_opaque_candidate(method):
         return None
     return lambda self, *args, **kwargs: opaque_call(method, (self, *args), kwargs)

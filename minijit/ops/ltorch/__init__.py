@@ -4,11 +4,13 @@ Importing this package declares every op and fills the table from torch callable
 (`torch.add`, `torch.Tensor.add`, `torch.nn.functional.gelu`, ...) to symbols.
 """
 
-from minijit.ops import opaque
+from minijit.ops import aliases, opaque
 from minijit.ops.ltorch import creation, elementwise, indexing, inplace, nn, reductions, shape  # noqa: F401 - declares the ops
 from minijit.ops.registry import ALL_LTORCH
 
 inplace.declare_inplace_variants()
+# Aliases (`torch.absolute`, `torch.special.expit`, `Tensor.arccos_`) stand for their op's symbol.
+aliases.install()
 # Tensor methods on proxies become opaque torch ops where ltorch has none or declines the call.
 opaque.install_tensor_method_fallbacks()
 

@@ -67,21 +67,14 @@ _INPLACE_OF = (
     "hypot", "frac", "sinc", "logit", "heaviside", "sgn", "fix", "deg2rad", "rad2deg",
     "tril", "triu", "index_copy", "index_add", "index_fill", "masked_fill", "scatter_add", "scatter", "index_put",
 )
-# Tensor method aliases whose in-place form computes another op: clip_ is clamp_, and so on.
-_INPLACE_ALIASES = {
-    "clip": "clamp", "multiply": "mul", "subtract": "sub", "divide": "div", "true_divide": "div",
-    "absolute": "abs", "negative": "neg", "arctan2": "atan2", "arcsin": "asin", "arccos": "acos",
-    "arctan": "atan", "arcsinh": "asinh", "arccosh": "acosh", "arctanh": "atanh", "greater": "gt",
-    "greater_equal": "ge", "less": "lt", "less_equal": "le", "not_equal": "ne",
-}
-
-
 def declare_inplace_variants() -> None:
-    """Declare `<op>_` for every op in _INPLACE_OF (and alias) that exists (called once all ops are declared)."""
-    names = [(n, n) for n in _INPLACE_OF] + list(_INPLACE_ALIASES.items())
-    for name, functional_name in names:
-        if functional_name in ALL_LTORCH and f"{name}_" not in ALL_LTORCH and hasattr(torch.Tensor, f"{name}_"):
-            _declare_inplace(name, functional_name)
+    """Declare `<op>_` for every op in _INPLACE_OF that exists (called once all ops are declared).
+
+    The in-place forms of aliases (`clip_`, `arccos_`) are those of their ops (minijit/ops/aliases.py).
+    """
+    for name in _INPLACE_OF:
+        if name in ALL_LTORCH and f"{name}_" not in ALL_LTORCH and hasattr(torch.Tensor, f"{name}_"):
+            _declare_inplace(name, name)
 
 
 def _metadata_inplace(name: str) -> None:
