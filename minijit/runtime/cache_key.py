@@ -39,8 +39,10 @@ def _leaf_key(x: Any, out: list[Any], symbolic: bool) -> None:
     elif t is int or t is float or t is bool or t is str or x is None or t is complex:
         out.append(t)
         out.append(x)
-    elif t is torch.dtype or t is torch.device or t is slice:
+    elif t is torch.dtype or t is torch.device:
         out.append(x)
+    elif t is slice:  # unhashable before Python 3.12
+        out += (t, x.start, x.stop, x.step)
     else:
         # Any other object is specialised on by identity; the interpreter guards what it reads from it.
         out.append(t)

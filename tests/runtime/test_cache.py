@@ -65,6 +65,16 @@ def test_kwargs_and_nested_arguments():
     assert header == "def g(xs, xs_1):"
 
 
+def test_slice_arguments_are_keys():
+    # Slices are unhashable before Python 3.12: the key holds their bounds.
+    jf = minijit.jit(lambda x, key: x[key])
+    x = torch.randn(4, 5)
+    for key in [(slice(1, None), 2), (slice(1, None), 2), (slice(None, 3), 2)]:
+        torch.testing.assert_close(jf(x, key), x[key])
+    info = minijit.cache_info(jf)
+    assert (info.hits, info.misses) == (1, 2)
+
+
 SCALE = 2.0
 
 
