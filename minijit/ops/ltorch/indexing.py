@@ -559,14 +559,20 @@ def take_along_dim(input: TensorProxy, indices: TensorProxy, dim: int | None = N
     idx = _as_index("take_along_dim", indices, ndim=None)
     if dim is None:
         flat = reshape_to(input, (input.numel(),))
-        return prims.take_along_axis(flat, to_dtype(reshape_to(idx, (idx.numel(),)), torch.int64), 0)
+        return prims.take_along_axis(flat, _from_end(to_dtype(reshape_to(idx, (idx.numel(),)), torch.int64),
+                                                     flat.shape[0]), 0)
     if idx.ndim != input.ndim:
         raise _fail("take_along_dim", f"input {list(input.shape)} and indices {list(idx.shape)} need the same number of dims")
     d = canonical_dim(dim, input.ndim)
     shape = list(broadcast_shapes(*(tuple(1 if i == d else s for i, s in enumerate(t.shape)) for t in (input, idx))))
     x = expand_to(input, tuple([*shape[:d], input.shape[d], *shape[d + 1:]]))
     i = expand_to(to_dtype(idx, torch.int64), tuple([*shape[:d], idx.shape[d], *shape[d + 1:]]))
-    return prims.take_along_axis(x, i, d)
+    return prims.take_along_axis(x, _from_end(i, input.shape[d]), d)
+
+
+def _from_end(index: TensorProxy, size: Any) -> TensorProxy:
+    """`index` with negative entries counted from the end (torch.take_along_dim does; gather does not)."""
+    return prims.where(prims.lt(index, 0), prims.add(index, size), index)
 
 
 @ltorch_op(torch_fns=[torch.masked_fill, torch.Tensor.masked_fill], methods=["masked_fill"])

@@ -59,10 +59,12 @@ def slice_dim(a: TensorProxy, dim: int, start: int, stop: int, step: int = 1) ->
            methods=["transpose", "swapaxes", "swapdims"], effects=VIEW)
 def transpose(a: TensorProxy, dim0: int, dim1: int) -> TensorProxy:
     """torch.transpose: swaps two dims."""
-    perm = list(range(a.ndim))
     d0, d1 = canonical_dim(dim0, a.ndim), canonical_dim(dim1, a.ndim)
+    if a.ndim < 2 or d0 == d1:
+        return a
+    perm = list(range(a.ndim))
     perm[d0], perm[d1] = perm[d1], perm[d0]
-    return prims.transpose(a, tuple(perm)) if a.ndim > 1 and d0 != d1 else a
+    return prims.transpose(a, tuple(perm))
 
 
 @ltorch_op(torch_fns=[torch.t, torch.Tensor.t], methods=["t"], effects=VIEW)
