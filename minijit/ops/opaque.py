@@ -116,6 +116,8 @@ def opaque_call(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     leaves = tree_flatten((args, kwargs))
     tensors = [m for m in tree_flatten(result.outputs) if isinstance(m, TensorMeta)]
     if not result.written:
+        if not tensors and result.outputs in ((), []):
+            return result.outputs  # nothing at all (`torch.unravel_index(i, ())` gives `()`)
         if not tensors:
             raise UnsupportedOpError(f"{what}{where_now()} gives no tensor and writes into none, so whatever it does "
                                      "is outside the trace; call it outside the jitted function")
@@ -153,7 +155,7 @@ def is_opaque_candidate(fn: Any) -> bool:
 # Python modules of torch whose functions are ops on tensors (run on meta tensors without harm).
 _OP_MODULES = ("torch.functional", "torch._tensor", "torch.nn.functional", "torch.linalg", "torch.fft",
                "torch.special", "torch.nn.init", "torch.masked", "torch.signal", "torch._refs", "torch._decomp",
-               "torch._prims_common", "torch.testing._internal")
+               "torch._prims_common", "torch._lowrank", "torch.testing._internal")
 # The operator methods of Tensor (`x + y`, `2 ** x`, `x[i] = v`): ops like any other.
 _TENSOR_DUNDERS = {f"__{prefix}{op}__" for op in ("add", "sub", "mul", "div", "truediv", "floordiv", "mod", "pow",
                                                    "matmul", "and", "or", "xor", "lshift", "rshift")

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import minijit
-from minijit.errors import MinijitError, UnsupportedOpError
+from minijit.errors import MinijitError
 from minijit.ops.opaque import OPAQUE
 from tests.oputil import assert_same_grads
 
@@ -236,13 +236,19 @@ def rrelu_training(x):
     return F.rrelu(x, training=True) * 2
 
 
-def test_random_opaque_op_gradient_is_refused_naming_op_and_line():
-    x = _randn(5).requires_grad_()
-    with pytest.raises(UnsupportedOpError) as info:
-        minijit.jit(rrelu_training)(x)
-    message = str(info.value)
-    assert "rrelu" in message and "random" in message
-    assert f"{os.path.basename(__file__)}:{_line_of(rrelu_training, 'F.rrelu')}" in message
+def test_random_opaque_op_gradient_replays_the_same_random_numbers():
+    # The forward saves the generator's state before the op; the backward runs the op again from it.
+    x = _randn(50, dtype=F64).requires_grad_()
+    jf = minijit.jit(rrelu_training)
+    torch.manual_seed(5)
+    got = jf(x)
+    torch.manual_seed(5)
+    want = rrelu_training(x)
+    torch.testing.assert_close(got, want)
+    cotangent = _randn(50, dtype=F64, seed=2)
+    assert_same_grads(torch.autograd.grad(want, x, cotangent), torch.autograd.grad(got, x, cotangent), [x])
+    forward = minijit.last_traces(jf)[-1].python()
+    assert forward.index("opaque.rng_state(") < forward.index("torch.nn.functional.rrelu(")
 
 
 # -- refusals: data-dependent output shapes ------------------------------------------------------

@@ -5,8 +5,10 @@ symbol, `opaque.<op>_vjp(cotangents, *args, **kwargs)`, which runs the op again 
 those arguments with autograd on and returns `torch.autograd.grad` of its outputs,
 for the given cotangents, with respect to each argument tensor that requires grad.
 The gradients are therefore eager's (the op's own derivative formula), for the
-price of running the op once more in the backward. A random op is refused: running
-it again would draw new random numbers.
+price of running the op once more in the backward. For a random op the forward
+also saves the state of the random generator just before the op
+(`opaque.rng_state`), and the backward runs the op again from that state, so it
+draws the same random numbers (`F.rrelu`, `torch.svd_lowrank`).
 """
 
 from __future__ import annotations
@@ -15,8 +17,7 @@ from typing import Any
 
 import torch
 
-from minijit.errors import UnsupportedOpError, where
-from minijit.ir import Symbol, TensorProxy, tree_flatten, tree_map
+from minijit.ir import Effects, Symbol, TensorProxy, tree_flatten, tree_map
 from minijit.ir.context import current_trace
 from minijit.ops import prims
 from minijit.ops.opaque import OPAQUE, FunctionalForm, describe, runtime_leaves, unique_opaque_name
@@ -31,22 +32,20 @@ def opaque_rule(sym: Symbol) -> VjpRule:
     """The rule of the opaque symbol `sym`: save the arguments; the backward differentiates the op with autograd."""
 
     def forward(*args: Any, **kwargs: Any) -> tuple[Any, Any]:
+        # Read right before the op draws its random numbers (random symbols are never reordered).
+        state = rng_state(_generator_device(args, kwargs)) if sym.effects.random else None
         out = sym(*args, **kwargs)
-        return out, _saved_arguments(sym, args, kwargs)
+        return out, (_saved_arguments(sym, args, kwargs), state)
 
     rule = VjpRule(sym.id, forward)
 
     @rule.backward
     def backward(saved: Any, *cotangents: Any) -> KeywordGrads:
-        args, kwargs = saved
-        if sym.effects.random:
-            trace = current_trace()
-            raise UnsupportedOpError(f"cannot differentiate {describe(sym.fn)}{where(trace.source if trace else None)}: "
-                                     "it is random, and its gradient would need the same random numbers again; "
-                                     "compute it under torch.no_grad() or outside the jitted function")
+        (args, kwargs), state = saved
         leaves = tree_flatten((args, kwargs))
         diff = tuple(i for i, x in enumerate(leaves) if _differentiable(x))
-        grads = vjp_symbol(sym, diff)(tuple(cotangents), *args, **kwargs) if diff else ()
+        replay = () if state is None else (state,)
+        grads = vjp_symbol(sym, diff, state is not None)(tuple(cotangents), *replay, *args, **kwargs) if diff else ()
         by_leaf = dict(zip(diff, grads, strict=True))
         position = iter(range(len(leaves)))
         gargs, gkwargs = tree_map(lambda _: by_leaf.get(next(position)), (args, kwargs))
@@ -73,14 +72,54 @@ def _saved_arguments(sym: Symbol, args: tuple[Any, ...], kwargs: dict[str, Any])
     return tree_map(lambda x: clones.get(id(x), x) if isinstance(x, TensorProxy) else x, (args, kwargs))
 
 
-class OpaqueVjp:
-    """At run time: the gradients of `fn(*args, **kwargs)` for `cotangents`, with respect to the leaves `diff`."""
+def _generator_device(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.device:
+    """The device whose default generator a random op on these arguments draws from."""
+    devices = [x.device for x in tree_flatten((args, kwargs)) if isinstance(x, TensorProxy)]
+    return next((d for d in devices if d.type != "cpu"), torch.device("cpu"))
 
-    def __init__(self, fn: Any, diff: tuple[int, ...]):
+
+def _get_rng_state(device: torch.device) -> torch.Tensor:
+    if device.type == "cpu":
+        return torch.get_rng_state()
+    return getattr(torch, device.type).get_rng_state(device)
+
+
+def _rng_state_meta(device: torch.device) -> TensorProxy:
+    size = _get_rng_state(device).numel()  # fixed per generator kind (5056 bytes for CPU's)
+    return TensorProxy((size,), torch.uint8, torch.device("cpu"), False)
+
+
+# The state of `device`'s default random generator, read where the trace calls it.
+rng_state = Symbol("rng_state", _rng_state_meta, namespace="opaque", is_prim=True, tags=frozenset({OPAQUE}),
+                   fn=_get_rng_state, effects=Effects(random=True))
+
+
+class OpaqueVjp:
+    """At run time: the gradients of `fn(*args, **kwargs)` for `cotangents`, with respect to the leaves `diff`.
+
+    With `replay`, the call's first argument after the cotangents is the state of the
+    random generator the forward ran the op from; the op runs again from that state.
+    """
+
+    def __init__(self, fn: Any, diff: tuple[int, ...], replay: bool = False):
         self.fn = fn
         self.diff = diff
+        self.replay = replay
 
     def __call__(self, cotangents: tuple[Any, ...], *args: Any, **kwargs: Any) -> tuple[torch.Tensor, ...]:
+        if self.replay:
+            state, *rest = args
+            device = _generator_device_of(rest, kwargs)
+            with torch.random.fork_rng(devices=[] if device.type == "cpu" else [device], device_type=device.type):
+                if device.type == "cpu":
+                    torch.set_rng_state(state)
+                else:
+                    getattr(torch, device.type).set_rng_state(state, device)
+                return self._grads(cotangents, tuple(rest), kwargs)
+        return self._grads(cotangents, args, kwargs)
+
+    def _grads(self, cotangents: tuple[Any, ...], args: tuple[Any, ...], kwargs: dict[str, Any]
+               ) -> tuple[torch.Tensor, ...]:
         wanted = set(self.diff)
         inputs: dict[int, torch.Tensor] = {}
         position = iter(range(1 << 62))
@@ -108,22 +147,30 @@ class OpaqueVjp:
         return f"<vjp of {describe(self.fn)}>"
 
 
-_VJP_SYMBOLS: dict[tuple[Symbol, tuple[int, ...]], Symbol] = {}
+def _generator_device_of(args: Any, kwargs: dict[str, Any]) -> torch.device:
+    devices = [x.device for x in tree_flatten((args, kwargs)) if isinstance(x, torch.Tensor)]
+    return next((d for d in devices if d.type != "cpu"), torch.device("cpu"))
 
 
-def vjp_symbol(sym: Symbol, diff: tuple[int, ...]) -> Symbol:
-    """The backward symbol of the opaque `sym` for gradients with respect to the argument leaves `diff`."""
-    found = _VJP_SYMBOLS.get((sym, diff))
+_VJP_SYMBOLS: dict[tuple[Symbol, tuple[int, ...], bool], Symbol] = {}
+
+
+def vjp_symbol(sym: Symbol, diff: tuple[int, ...], replay: bool = False) -> Symbol:
+    """The backward symbol of the opaque `sym` for gradients with respect to the argument leaves `diff`.
+
+    With `replay`, it takes the random generator's state before the op's arguments.
+    """
+    found = _VJP_SYMBOLS.get((sym, diff, replay))
     if found is None:
-        fn = OpaqueVjp(sym.fn, diff)
+        fn = OpaqueVjp(sym.fn, diff, replay)
 
         def meta(cotangents: tuple[Any, ...], *args: Any, **kwargs: Any) -> tuple[TensorProxy, ...]:
-            leaves = tree_flatten((args, kwargs))
+            leaves = tree_flatten((args[1:] if replay else args, kwargs))
             return tuple(TensorProxy.like(leaves[i], requires_grad=False) for i in diff)
 
         name = unique_opaque_name(f"{sym.name.replace('.', '_')}_vjp", fn)
-        found = _VJP_SYMBOLS[(sym, diff)] = Symbol(name, meta, namespace="opaque", is_prim=True,
-                                                   tags=frozenset({OPAQUE}), fn=fn)
+        found = _VJP_SYMBOLS[(sym, diff, replay)] = Symbol(name, meta, namespace="opaque", is_prim=True,
+                                                           tags=frozenset({OPAQUE}), fn=fn)
     return found
 
 
