@@ -11,6 +11,10 @@ class UnsupportedOpError(MinijitError):
     """A torch callable or symbol that no minijit op or executor can run."""
 
 
+class UnsupportedMethodError(UnsupportedOpError, AttributeError):
+    """A Tensor method or attribute a traced tensor does not support (an AttributeError too, for hasattr)."""
+
+
 class UnsupportedSyntaxError(MinijitError):
     """A Python construct (opcode, builtin on a proxy, ...) the interpreter refuses."""
 

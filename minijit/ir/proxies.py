@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from minijit.errors import UnsupportedSyntaxError
+from minijit.errors import UnsupportedMethodError, UnsupportedSyntaxError
 from minijit.ir.context import add_constraint, new_name, where_now
 
 # method name -> callable(self, *args, **kwargs); filled in by minijit.ops.
@@ -314,6 +314,10 @@ class TensorProxy(Proxy):
         method = TENSOR_METHODS.get(attr)
         if method is None:
             method = next((m for m in (find(attr) for find in TENSOR_METHOD_FALLBACKS) if m is not None), None)
+        if method is None and hasattr(torch.Tensor, attr) and not attr.startswith("__"):
+            raise UnsupportedMethodError(f"Tensor.{attr}{where_now()} is not supported on a traced tensor: it is not a "
+                                         "computation on the tensor's values minijit can record (autograd, storage, "
+                                         "devices, sparse layouts); call it outside the jitted function")
         if method is None:
             raise AttributeError(f"'TensorProxy' has no attribute or supported method {attr!r}{where_now()}")
         if attr in _PROPERTIES or getattr(method, "tensor_property", False):
