@@ -31,7 +31,7 @@ from minijit.frontend.lookasides import LOOKASIDES
 from minijit.ir import Proxy
 from minijit.ir.context import where_now
 from minijit.ir.proxies import _BoundMethod
-from minijit.ops.opaque import call_ltorch, call_torch, is_opaque_candidate
+from minijit.ops.opaque import call_ltorch, call_torch, draws_random_numbers, is_opaque_candidate
 from minijit.ops.registry import ltorch_symbol_for
 
 # Modules whose Python code runs natively: minijit and torch themselves, and library modules that
@@ -175,6 +175,10 @@ def _call_native(fn: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, A
         if is_torch_callable(fn) and is_opaque_candidate(fn):
             return call_torch(fn, args, kwargs)
         _check_native_call_with_proxy(fn)
+    elif is_torch_callable(fn) and is_opaque_candidate(fn) and draws_random_numbers(fn):
+        # A random torch op on Python values only (`torch.randperm(n)`): recorded, so that each
+        # call draws new numbers (run here, its result would be frozen into the trace).
+        return call_torch(fn, args, kwargs)
     try:
         consumes = _ITERABLE_CONSUMERS.get(fn)
     except TypeError:

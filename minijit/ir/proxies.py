@@ -367,12 +367,17 @@ _OPERATORS = {
     "or": "bitwise_or", "xor": "bitwise_xor", "lshift": "bitwise_left_shift",
     "rshift": "bitwise_right_shift",
 }
+# Python operator method of TensorProxy -> (the Tensor method it calls, whether its operands swap).
+OPERATOR_METHODS: dict[str, tuple[str, bool]] = {}
 for _dunder, _method in _OPERATORS.items():
-    setattr(TensorProxy, f"__{_dunder}__", _operator(_method))
-    setattr(TensorProxy, f"__r{_dunder}__", _operator(_method, reflected=True))
-    setattr(TensorProxy, f"__i{_dunder}__", _operator(f"{_method}_"))
+    OPERATOR_METHODS[f"__{_dunder}__"] = (_method, False)
+    OPERATOR_METHODS[f"__r{_dunder}__"] = (_method, True)
+    OPERATOR_METHODS[f"__i{_dunder}__"] = (f"{_method}_", False)
 for _dunder, _method in {
     "lt": "lt", "le": "le", "gt": "gt", "ge": "ge", "neg": "neg", "pos": "positive",
     "abs": "abs", "invert": "bitwise_not", "getitem": "getitem", "setitem": "setitem",
 }.items():
-    setattr(TensorProxy, f"__{_dunder}__", _operator(_method))
+    OPERATOR_METHODS[f"__{_dunder}__"] = (_method, False)
+for _dunder, (_method, _reflected) in OPERATOR_METHODS.items():
+    setattr(TensorProxy, _dunder, _operator(_method, reflected=_reflected))
+OPERATOR_METHODS.update({"__eq__": ("eq", False), "__ne__": ("ne", False)})  # defined in the class

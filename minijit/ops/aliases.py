@@ -65,6 +65,8 @@ def _resolve(path: str, root: Any = torch) -> Any:
 def _forms(alias: str, op: str) -> list[tuple[Any, Any, str, str]]:
     """(alias callable, op callable, alias method name, op method name) for each form both names have."""
     forms = [(_resolve(alias), _resolve(op), "", "")]
+    if "." not in alias and "." not in op:  # torch's in-place functions (`torch.arccos_`)
+        forms.append((_resolve(f"{alias}_"), _resolve(f"{op}_"), "", ""))
     a_name, o_name = alias.rsplit(".", 1)[-1], op.rsplit(".", 1)[-1]
     for suffix in ("", "_"):
         a, o = f"{a_name}{suffix}", f"{o_name}{suffix}"

@@ -196,7 +196,8 @@ def _run(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], 
     margs = [_to_meta_tree(a, metas, grad) for a in args]
     mkwargs = {k: _to_meta_tree(v, metas, grad) for k, v in kwargs.items()}
     device = _device_of(args, kwargs)
-    if mkwargs.get("device") is not None:
+    if mkwargs.get("device") is not None or not any(isinstance(x, TensorProxy) for x in leaves):
+        # A factory (`torch.randperm(n)`) makes its result on the meta device too, drawing no random numbers.
         mkwargs["device"] = "meta"
     # Each tensor once, at its first position (a proxy passed twice is one tensor: `torch.add(x, y, out=y)`).
     firsts: dict[int, int] = {}

@@ -62,8 +62,10 @@ OPAQUE = "opaque"  # the tag of opaque symbols: the torch executor runs each by 
 # kernels do not check everything its CPU kernels check, so an opaque call would fail only at run time.
 DECLINED = (UnsupportedOpError, TypeError)
 
-__all__ = ["OPAQUE", "FunctionalForm", "call_ltorch", "call_torch", "describe", "install_tensor_method_fallbacks",
-           "is_opaque_candidate", "opaque_call", "printed_name", "runtime_leaves", "unique_opaque_name"]
+__all__ = ["NOT_OPS", "OPAQUE", "TENSOR_DUNDERS", "FunctionalForm", "call_ltorch", "call_torch", "describe",
+           "draws_random_numbers",
+           "install_tensor_method_fallbacks", "is_opaque_candidate", "opaque_call", "printed_name", "runtime_leaves",
+           "unique_opaque_name"]
 
 
 # -- entry points -------------------------------------------------------------------------------
@@ -129,6 +131,27 @@ def opaque_call(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return _inplace_symbol(fn, result, _arg_refs(args, kwargs))(*args, **kwargs)
 
 
+def draws_random_numbers(fn: Any) -> bool:
+    """Whether the torch callable `fn` is a random ATen operator (tagged `nondeterministic_seeded`), by its name.
+
+    Such a call is recorded even when no traced tensor reaches it (`torch.randperm(n)`): run at
+    trace time, its result would be frozen into the trace as a constant.
+    """
+    name = getattr(canonical(fn), "__name__", None)
+    if not isinstance(name, str) or name.startswith("_"):
+        return False
+    found = _RANDOM_BY_NAME.get(name)
+    if found is None:
+        packet = getattr(torch.ops.aten, name, None)
+        overloads = [getattr(packet, o) for o in packet.overloads()] if isinstance(packet, torch._ops.OpOverloadPacket) \
+            else []
+        found = _RANDOM_BY_NAME[name] = any(torch.Tag.nondeterministic_seeded in o.tags for o in overloads)
+    return found
+
+
+_RANDOM_BY_NAME: dict[str, bool] = {}
+
+
 def is_opaque_candidate(fn: Any) -> bool:
     """Whether `fn` is a torch op minijit may run on meta tensors at trace time and record opaquely.
 
@@ -141,7 +164,7 @@ def is_opaque_candidate(fn: Any) -> bool:
     objclass = getattr(fn, "__objclass__", None)
     if isinstance(objclass, type) and issubclass(objclass, torch._C.TensorBase):
         name = getattr(fn, "__name__", "_")
-        return not name.startswith("_") or name in _TENSOR_DUNDERS
+        return not name.startswith("_") or name in TENSOR_DUNDERS
     module = getattr(fn, "__module__", None)
     if module is None and isinstance(getattr(fn, "__self__", None), types.ModuleType):
         module = fn.__self__.__name__
@@ -157,7 +180,7 @@ _OP_MODULES = ("torch.functional", "torch._tensor", "torch.nn.functional", "torc
                "torch.special", "torch.nn.init", "torch.masked", "torch.signal", "torch._refs", "torch._decomp",
                "torch._prims_common", "torch._lowrank", "torch.testing._internal")
 # The operator methods of Tensor (`x + y`, `2 ** x`, `x[i] = v`): ops like any other.
-_TENSOR_DUNDERS = {f"__{prefix}{op}__" for op in ("add", "sub", "mul", "div", "truediv", "floordiv", "mod", "pow",
+TENSOR_DUNDERS = {f"__{prefix}{op}__" for op in ("add", "sub", "mul", "div", "truediv", "floordiv", "mod", "pow",
                                                    "matmul", "and", "or", "xor", "lshift", "rshift")
                    for prefix in ("", "r", "i")} | {
     f"__{op}__" for op in ("neg", "pos", "abs", "invert", "lt", "le", "gt", "ge", "eq", "ne", "getitem", "setitem")}
@@ -165,13 +188,20 @@ _TENSOR_DUNDERS = {f"__{prefix}{op}__" for op in ("add", "sub", "mul", "div", "t
 
 # -- proxy methods that ltorch does not have ------------------------------------------------------
 
-# Tensor methods whose result is not a function of the tensor's values, or that act on autograd or
-# memory rather than compute: never opaque ops (a proxy lacks them, as before).
-_NOT_OPS = {
-    "backward", "register_hook", "register_post_accumulate_grad_hook", "retain_grad", "numpy", "data_ptr", "storage",
-    "untyped_storage", "share_memory_", "pin_memory", "record_stream", "is_shared", "is_pinned", "dim_order",
-    "element_size", "get_device", "stride", "storage_offset", "is_contiguous", "is_set_to", "apply_", "map_", "map2_",
-    "cuda", "cpu", "ipu", "xpu", "mps", "to_dense", "to_sparse", "module_load",
+# Tensor methods whose result is not a function of the tensor's values, or that act on autograd,
+# memory, devices or other layouts (sparse, quantized, MKL-DNN) rather than compute: never opaque
+# ops (a proxy refuses them with an UnsupportedMethodError).
+NOT_OPS = {
+    "backward", "register_hook", "register_post_accumulate_grad_hook", "retain_grad", "numpy", "tolist", "data_ptr",
+    "const_data_ptr", "storage", "untyped_storage", "storage_type", "share_memory_", "pin_memory", "record_stream",
+    "is_shared", "is_pinned", "dim_order", "element_size", "get_device", "stride", "storage_offset", "is_contiguous",
+    "is_set_to", "set_", "apply_", "map_", "map2_", "as_subclass", "new", "reinforce", "is_distributed",
+    "is_inference", "cuda", "cpu", "ipu", "xpu", "mps", "mtia", "module_load", "resize", "resize_as",
+    "resize_as_sparse_", "to_dense", "to_sparse", "to_sparse_coo", "to_sparse_csr", "to_sparse_csc", "to_sparse_bsr",
+    "to_sparse_bsc", "to_mkldnn", "to_padded_tensor", "coalesce", "is_coalesced", "sparse_dim", "dense_dim", "values",
+    "indices", "crow_indices", "col_indices", "ccol_indices", "row_indices", "sparse_mask", "sparse_resize_",
+    "sparse_resize_and_clear_", "smm", "sspaddmm", "int_repr", "dequantize", "q_scale", "q_zero_point",
+    "q_per_channel_scales", "q_per_channel_zero_points", "q_per_channel_axis",
 }
 
 
@@ -203,7 +233,7 @@ def _tensor_method(name: str) -> Callable[..., Any] | None:
             return opaque_call(prop, (self,), {})
         get.tensor_property = True  # type: ignore[attr-defined]
         return get
-    if name.startswith("_") or name in _NOT_OPS:
+    if name.startswith("_") or name in NOT_OPS:
         return None
     method = canonical(getattr(torch.Tensor, name, None))
     if not callable(method) or isinstance(method, type) or not is_opaque_candidate(method):

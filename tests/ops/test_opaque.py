@@ -179,6 +179,23 @@ def test_random_opaque_op_draws_like_eager_and_is_never_merged():
     assert len(draws) == 2 and draws[0].sym.effects.random
 
 
+def adds_a_permutation(x):
+    return x + torch.randperm(5)
+
+
+def test_random_factory_without_traced_tensors_draws_on_every_call_like_eager():
+    # Run at trace time, torch.randperm's result would be frozen into the trace as a constant.
+    x = torch.zeros(5)
+    jf = minijit.jit(adds_a_permutation)
+    torch.manual_seed(3)
+    got = [jf(x) for _ in range(3)]
+    torch.manual_seed(3)
+    want = [adds_a_permutation(x) for _ in range(3)]
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
+    assert "torch.randperm" in _opaque_calls(jf)
+
+
 def test_opaque_op_under_symbolic_values_matches_eager_for_new_sizes():
     fn = lambda x: torch.logcumsumexp(x, 0) * x.shape[0]
     jf = minijit.jit(fn, cache="symbolic values")
