@@ -129,10 +129,6 @@ def region_source(region: Region) -> RegionSource:
     return RegionSource("\n".join(lines) + "\n", env, passthrough, len(returned), sorted(written))
 
 
-# Prims that only give another view of a tensor (a region of nothing else is not worth compiling).
-VIEWS = {"broadcast_in_dim", "reshape", "transpose", "slice", "squeeze"}
-
-
 def _track_writes(bsym: BoundSymbol, roots: dict[str, int], written: set[int]) -> None:
     """Follow views of inputs (`roots`: proxy name -> input index) and note the inputs copies write into."""
     if bsym.sym.effects.copies:

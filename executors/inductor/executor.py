@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from executors.inductor.codegen import VIEWS, NotFusible, RegionSource, make_function, region_source
+from executors.inductor.codegen import NotFusible, RegionSource, make_function, region_source
 from minijit.extend import BoundSymbol, FusionExecutor, Proxy, Region, TensorProxy, prims
 
 # Prims left to other executors: ones that return Python values (shape and the number
@@ -180,7 +180,7 @@ class InductorExecutor(FusionExecutor):
 
     def fuse(self, region: Region) -> CompiledRegion | None:
         """Compile (or reuse) the region; None for regions too small to gain or that Inductor refuses."""
-        compute = [b for b in region.members if b.sym.name not in VIEWS]
+        compute = [b for b in region.members if b.sym.effects.views is None]  # views compute nothing
         if len(compute) < self.min_ops:
             return None
         try:

@@ -86,6 +86,6 @@ class NvFuserExecutor(FusionExecutor):
 
     def fuse(self, region: Region) -> FusedRegion | None:
         """A FusedRegion for `region`, or None for a region of views only."""
-        if {b.sym.name for b in region.members} <= {"broadcast_in_dim", "reshape", "transpose", "squeeze"}:
+        if all(b.sym.effects.views is not None for b in region.members):
             return None
         return FusedRegion(self.nv, region)
