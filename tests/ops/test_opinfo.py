@@ -34,6 +34,7 @@ REFUSED: dict[str, str] = {
     "nonzero": _DATA_DEPENDENT,
     "argwhere": _DATA_DEPENDENT,
     "masked_select": _DATA_DEPENDENT,
+    "__getitem__": _DATA_DEPENDENT + " (a boolean mask index, x[mask])",
     "unique": _DATA_DEPENDENT,
     "unique_consecutive": _DATA_DEPENDENT,
     "bincount": _DATA_DEPENDENT,

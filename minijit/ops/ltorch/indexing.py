@@ -546,6 +546,10 @@ def _check_gather_shapes(op: str, input: TensorProxy, index: TensorProxy, d: int
 @ltorch_op(torch_fns=[torch.gather, torch.Tensor.gather], methods=["gather"])
 def gather(input: TensorProxy, dim: int, index: TensorProxy, *, sparse_grad: bool = False) -> TensorProxy:  # noqa: A002
     """torch.gather: out[i][j] = input[index[i][j]][j] (for dim 0), in index's shape."""
+    if isinstance(index, TensorProxy) and isinstance(input, TensorProxy) and (
+            input.ndim == 0 or any(type(s) is int and s == 0 for s in index.shape)):
+        # Eager skips its checks for an empty index and treats a 0-d input as 1-d: torch runs those.
+        raise UnsupportedOpError(f"ltorch.gather: an empty index or a 0-d input{where_now()}")
     d = canonical_dim(dim, input.ndim)
     idx = _as_index("gather", index, ndim=None)
     idx = _gather_index("gather", idx)
