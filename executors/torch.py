@@ -323,6 +323,7 @@ _PRIM_IMPLS: dict[str, Any] = {
        for name in ("fmod", "atan2", "copysign", "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or",
                     "logical_xor")},
     "lerp": torch.lerp,
+    "no_grad_update": lambda old, new: new,
 }
 
 def _sdpa_flash(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Any, is_causal: bool,

@@ -97,13 +97,16 @@ _SHORT: dict[str, str] = {}
 
 
 def short_filename(path: str) -> str:
-    """The path relative to the working directory when the file lies below it, else its basename."""
+    """The path relative to the working directory when the file lies below it, relative to site-packages
+    (or the standard library) for a library file (`torch/optim/adam.py`), else its basename."""
     short = _SHORT.get(path)
     if short is None:
         if path.startswith(_CWD + os.sep):
             short = os.path.relpath(path, _CWD)
         else:
-            short = os.path.basename(path)
+            real = os.path.realpath(path)
+            library = next((d for d in _LIBRARY_DIRS if real.startswith(d + os.sep)), None)
+            short = os.path.relpath(real, library) if library is not None else os.path.basename(path)
         _SHORT[path] = short
     return short
 

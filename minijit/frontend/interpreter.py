@@ -16,10 +16,15 @@ import types
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from torch import Tensor
+
 from minijit.errors import MinijitError, UnsupportedSyntaxError
 from minijit.frontend.code import ASYNC_FLAGS, Inst, binder_for, code_info
 from minijit.frontend.frame import GENERATOR, NULL, RETURN, STATE, YIELD, Frame
-from minijit.ir import current_trace
+from minijit.frontend.guards import Source
+from minijit.frontend.outside import Outside, check_no_proxy_left
+from minijit.ir import Proxy, current_trace
+from minijit.ir.containers import is_container
 from minijit.ir.context import where_now
 
 _RECURSION_LIMIT = 1000  # interpreted frames; each one costs a few Python frames of the interpreter
@@ -64,7 +69,7 @@ def _unwind(frame: Frame, inst: Inst, exc: BaseException) -> None:
         set_context(exc, state.handled)
     entry = inst.except_entry
     if entry is None:
-        if frame.info.is_user:
+        if current_trace() is not None or frame.info.is_user:
             passed = state.escapes.setdefault(exc, [])
             location = frame.info.location(inst.line)
             if not passed or passed[-1] != location:  # a comprehension's frame shares its line
@@ -112,12 +117,27 @@ def new_frame(fn: types.FunctionType, args: tuple[Any, ...] | list[Any], kwargs:
     """A frame for calling the Python function `fn` with its arguments bound."""
     info = code_info(fn.__code__)
     bound = binder_for(fn, info)(*args, **kwargs)
+    if (fn.__defaults__ or fn.__kwdefaults__) and id(fn) not in STATE.internal_cells:
+        _defaults_are_outside(fn)
     localsplus = list(bound)
     localsplus += [NULL] * (info.n_localsplus - len(localsplus))
     builtins = fn.__builtins__
     if not isinstance(builtins, dict):
         builtins = builtins.__dict__
     return Frame(info, fn, localsplus, fn.__globals__, builtins)
+
+
+def _defaults_are_outside(fn: types.FunctionType) -> None:
+    """Default argument values of a function defined outside the call are objects from outside it."""
+    outside = STATE.outside
+    code = fn.__code__
+    names = code.co_varnames[code.co_argcount - len(fn.__defaults__ or ()):code.co_argcount]
+    for name, value in [*zip(names, fn.__defaults__ or ()), *(fn.__kwdefaults__ or {}).items()]:
+        if isinstance(value, Tensor):
+            outside.note_value(value, Source(fn.__defaults__ if name in names else fn.__kwdefaults__, "item",
+                                             names.index(name) if name in names else name, name))
+        else:
+            outside.add_root(value, name)
 
 
 def run_function(fn: types.FunctionType, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> Any:
@@ -335,12 +355,17 @@ def _make_exception(typ: Any, val: Any) -> BaseException:
 
 
 def interpret(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-              guard_roots: Iterable[Any] = ()) -> Any:
+              guard_roots: Iterable[Any] = (), finish: Callable[[Any, Outside], Any] | None = None,
+              placed: Iterable[Proxy] = ()) -> Any:
     """Run `fn(*args, **kwargs)` through the interpreter, recording tensor ops into the current trace.
 
     Works outside tracing too (then it only runs the function). The guards for the
-    globals and closure values the code read go to `trace.info["guards"]`; so do the
-    attributes read from `guard_roots` (e.g. every module of a jitted nn.Module).
+    values the code read from outside the call go to `trace.info["guards"]`. The
+    arguments and `guard_roots` (e.g. every module of a jitted nn.Module) are roots
+    (minijit.frontend.outside): reads from them are guarded, writes into them logged.
+    `finish(result, outside)`, if given, runs before the writes are undone and returns
+    what `interpret` returns. `placed` are proxies the caller put into outside objects
+    itself (a jitted module's parameters), which may stay there.
 
     Example::
 
@@ -350,20 +375,27 @@ def interpret(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
     from minijit.frontend.calls import call
 
     state = STATE
-    saved = (state.handled, state.passthrough, state.guards, state.internal_cells, state.escapes, state.guard_roots,
-             state.outside_objects)
+    saved = (state.handled, state.passthrough, state.guards, state.internal_cells, state.escapes, state.outside)
     state.handled = sys.exc_info()[1]
     state.passthrough = None
     state.guards = {}
     state.internal_cells = set()
     state.escapes = {}
-    state.guard_roots = {id(root) for root in guard_roots}
-    state.outside_objects = {id(x) for x in (*args, *kwargs.values()) if hasattr(x, "__dict__")}
+    outside = state.outside = Outside()
+    for root in guard_roots:
+        outside.add_root(root, "self")
+    # Arguments that are objects are the caller's own; containers (dataclasses included) were
+    # rebuilt around proxies for this call (minijit.runtime.inputs), so they are not.
+    for name, value in [*zip(_argument_names(fn, len(args)), args), *kwargs.items()]:
+        if hasattr(value, "__dict__") and not isinstance(value, Proxy) and not is_container(value):
+            outside.add_root(value, name)
     trace = current_trace()
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(max(limit, 12 * _RECURSION_LIMIT))
     try:
-        return call(fn, args, kwargs)
+        result = call(fn, args, kwargs)
+        if finish is not None:
+            result = finish(result, outside)
     except BaseException as exc:
         # The traceback shows the interpreter's frames; the note shows the user's.
         locations = state.escapes.get(exc)
@@ -373,10 +405,19 @@ def interpret(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
         raise
     finally:
         sys.setrecursionlimit(limit)
+        outside.restore()
         if trace is not None:
             trace.info.setdefault("guards", []).extend(state.guards.values())
-        (state.handled, state.passthrough, state.guards, state.internal_cells, state.escapes,
-         state.guard_roots, state.outside_objects) = saved
+        (state.handled, state.passthrough, state.guards, state.internal_cells, state.escapes, state.outside) = saved
+    if trace is not None:
+        check_no_proxy_left(outside, {id(p) for p in placed})
+    return result
+
+
+def _argument_names(fn: Any, n: int) -> list[str]:
+    code = getattr(fn, "__code__", None)
+    names = list(code.co_varnames[:code.co_argcount]) if code is not None else []
+    return names + [f"arg{i}" for i in range(len(names), n)]
 
 
 __all__ = ["InterpretedGenerator", "interpret", "raise_passthrough", "run_frame", "run_function", "set_context"]

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from minijit.frontend.frame import NULL, STATE, current_frame
-from minijit.ir import NumberProxy, TensorProxy
+from minijit.ir import NumberProxy, TensorProxy, current_trace
 
 LOOKASIDES: dict[Any, Callable[..., Any]] = {}
 
@@ -249,15 +249,27 @@ def bool_(*args: Any) -> bool:
 
 @lookaside(getattr)
 def getattr_(obj: Any, name: str, *default: Any) -> Any:
-    """getattr, with Python properties and `__getattr__` interpreted."""
+    """getattr, with Python properties and `__getattr__` interpreted (and guarded like `obj.name`)."""
     if type(name) is not str:
         return getattr(obj, name, *default)
+    from minijit.frontend.opcodes.names import attribute
+
     try:
-        return _protocols().load_attr(obj, name)
+        return attribute(current_frame(), obj, name)
     except AttributeError:
         if default:
             return default[0]
         raise
+
+
+@lookaside(hasattr)
+def hasattr_(obj: Any, name: str, /) -> bool:
+    """hasattr, through the same lookup as getattr."""
+    try:
+        getattr_(obj, name)
+    except AttributeError:
+        return False
+    return True
 
 
 @lookaside(setattr)
@@ -267,6 +279,28 @@ def setattr_(obj: Any, name: str, value: Any, /) -> None:
         setattr(obj, name, value)
     else:
         _protocols().store_attr(obj, name, value)
+
+
+@lookaside(delattr)
+def delattr_(obj: Any, name: str, /) -> None:
+    """delattr, with a Python `__delattr__` interpreted."""
+    _protocols().delete_attribute(obj, name)
+
+
+@lookaside(object.__setattr__)
+def object_setattr(obj: Any, name: str, value: Any, /) -> None:
+    """object.__setattr__ (how a Python `__setattr__` ends): on an object from outside the call, an effect."""
+    if STATE.outside.is_root(obj) and current_trace() is not None:
+        STATE.outside.write_attribute(obj, name, value, native=object.__setattr__)
+    object.__setattr__(obj, name, value)
+
+
+@lookaside(object.__delattr__)
+def object_delattr(obj: Any, name: str, /) -> None:
+    """object.__delattr__: on an object from outside the call, an effect."""
+    if STATE.outside.is_root(obj) and current_trace() is not None:
+        STATE.outside.write_attribute(obj, name, None, delete=True, native=object.__delattr__)
+    object.__delattr__(obj, name)
 
 
 def _dunder_lookaside(native: Any, dunder: str) -> Callable[..., Any]:
@@ -284,6 +318,15 @@ def _dunder_lookaside(native: Any, dunder: str) -> Callable[..., Any]:
 
 for _native, _dunder in ((repr, "__repr__"), (str, "__str__"), (hash, "__hash__"), (abs, "__abs__")):
     LOOKASIDES[_native] = _dunder_lookaside(_native, _dunder)
+
+
+@lookaside(print)
+def print_(*args: Any, **kwargs: Any) -> None:
+    """print: while tracing, an effect replayed by every call, with that call's tensors."""
+    if current_trace() is None:
+        print(*args, **kwargs)
+    else:
+        STATE.outside.call_function(print, args, kwargs)
 
 
 @lookaside(globals)
@@ -322,8 +365,13 @@ def locals_() -> Any:
 
 @lookaside(vars)
 def vars_(*args: Any) -> Any:
-    """vars(); with no argument, the interpreted frame's locals."""
-    return vars(*args) if args else locals_()
+    """vars(); with no argument, the interpreted frame's locals; of an outside object, its guarded `__dict__`."""
+    if not args:
+        return locals_()
+    namespace = vars(*args)
+    if STATE.outside.is_root(args[0]):
+        STATE.outside.add_root(namespace, STATE.outside.label_of(args[0]))
+    return namespace
 
 
 @lookaside(dir)
@@ -360,6 +408,35 @@ def _dynamic(native: Callable[..., Any]) -> Callable[..., Any]:
 
 LOOKASIDES[eval] = _dynamic(eval)
 LOOKASIDES[exec] = _dynamic(exec)
+
+
+# -- torch's own machinery, as seen by torch's Python code running on proxies ---------------------------
+
+def _no_torch_function(*args: Any, **kwargs: Any) -> bool:
+    """torch.overrides.has_torch_function*: proxies carry no `__torch_function__` override."""
+    return False
+
+
+for _check in (torch.overrides.has_torch_function, torch.overrides.has_torch_function_unary,
+               torch.overrides.has_torch_function_variadic):
+    LOOKASIDES[_check] = _no_torch_function
+
+
+def _compiling(*args: Any, **kwargs: Any) -> bool:
+    """True while minijit traces, as under torch.compile: libraries skip their data-dependent checks."""
+    return current_trace() is not None
+
+
+def _not_dynamo(*args: Any, **kwargs: Any) -> bool:
+    """minijit is not Dynamo: code specific to Dynamo's tracing stays off."""
+    return False
+
+
+LOOKASIDES[torch.compiler.is_compiling] = _compiling
+LOOKASIDES[torch.compiler.is_dynamo_compiling] = _not_dynamo
+LOOKASIDES[torch._utils.is_compiling] = _compiling
+if hasattr(torch, "_dynamo"):
+    LOOKASIDES[torch._dynamo.is_compiling] = _compiling
 
 
 __all__ = ["LOOKASIDES", "interpreted", "lookaside"]

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from minijit.errors import UnsupportedSyntaxError
+from minijit.errors import UnsupportedOpError, UnsupportedSyntaxError
 from minijit.ir.context import add_constraint, new_name, where_now
 
 # method name -> callable(self, *args, **kwargs); filled in by minijit.ops.
@@ -305,11 +305,20 @@ class TensorProxy(Proxy):
             "are not supported in traces"
         )
 
+    def __format__(self, spec: str) -> str:
+        raise UnsupportedSyntaxError(
+            f"formatting tensor {self.name} into a string{where_now()} needs its values, which a trace does not "
+            "have; print the tensor itself (print(x) is repeated by every call, with its values), or format it "
+            "outside the jitted function"
+        )
+
     __int__ = __float__ = __index__
 
     def __getattr__(self, attr: str) -> Any:
         method = TENSOR_METHODS.get(attr)
         if method is None:
+            if hasattr(torch.Tensor, attr) and not attr.startswith("__"):
+                raise UnsupportedOpError(f"torch.Tensor.{attr} is not supported by minijit{where_now()}")
             raise AttributeError(f"'TensorProxy' has no attribute or supported method {attr!r}{where_now()}")
         if attr in _PROPERTIES:
             return method(self)

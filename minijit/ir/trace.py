@@ -162,6 +162,9 @@ class Trace:
                 lines.append("  " + bsym.source.comment())
                 last_source = bsym.source
             lines += bsym.python_lines(constants, "  ", subsymbol_depth=subsymbol_depth)
+        note = self.info.get("output_note")
+        if note:
+            lines.append(f"  # {note}")
         lines.append(f"  return {to_source(self.output, constants)}")
         return "\n".join(lines) + "\n", constants.values
 

@@ -598,6 +598,20 @@ def _copy_to_out_meta(computed: TensorProxy, *, out: TensorProxy) -> TensorProxy
 copy_to_out_ = _prim("copy_to_out_", _copy_to_out_meta, tags=[INPLACE])
 
 
+def _no_grad_update_meta(old: TensorProxy, new: TensorProxy) -> TensorProxy:
+    _check_tensor("no_grad_update", old, "old")
+    _check_tensor("no_grad_update", new, "new")
+    if old.shape != new.shape or old.dtype != new.dtype:
+        raise _fail("no_grad_update", f"new {new.type_string()} does not match old {old.type_string()}")
+    return TensorProxy.like(new, requires_grad=old.requires_grad)
+
+
+# The value of `old` after `new` was written into it under torch.no_grad(): `new`'s data, but for
+# autograd still `old` (its gradient goes to `old`, none to `new`), as eager's in-place write under
+# no_grad leaves the tensor's autograd identity alone.
+no_grad_update = _prim("no_grad_update", _no_grad_update_meta)
+
+
 # -- arithmetic on symbolic Python numbers ("symbolic values" mode) ---------------------
 
 NUMBER_OPS = {

@@ -106,7 +106,10 @@ def autograd_callable(compiled: CompiledGrad) -> Callable[..., Any]:
 
     def run_with_grad(*tensors: torch.Tensor) -> Any:
         if not positions and not dirty:  # nothing to differentiate: no autograd node
-            return compiled.forward(*tensors)[0]
+            # Writes into leaves that require grad were made under torch.no_grad() in the function
+            # (functionalize refuses the others), so they run under it here too.
+            with torch.no_grad():
+                return compiled.forward(*tensors)[0]
         for i in dirty:
             if tensors[i].is_leaf:
                 raise InplaceError(f"a leaf Variable that requires grad is being used in an in-place operation "

@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from minijit.ir.containers import flatten, is_container
+
 Tensor = torch.Tensor
 
 
@@ -41,10 +43,24 @@ def _leaf_key(x: Any, out: list[Any], symbolic: bool) -> None:
         out.append(x)
     elif t is torch.dtype or t is torch.device or t is slice:
         out.append(x)
+    elif is_container(x):
+        # A dataclass, named tuple, dict subclass or pytree type: its structure and constants, then its tensors.
+        spec, leaves = flatten(x, _is_input_leaf_symbolic if symbolic else _is_tensor)
+        out.append(spec.key())
+        for leaf in leaves:
+            _leaf_key(leaf, out, symbolic)
     else:
         # Any other object is specialised on by identity; the interpreter guards what it reads from it.
         out.append(t)
         out.append(id(x))
+
+
+def _is_tensor(x: Any) -> bool:
+    return isinstance(x, Tensor)
+
+
+def _is_input_leaf_symbolic(x: Any) -> bool:
+    return isinstance(x, Tensor) or type(x) is int or type(x) is float
 
 
 def cache_key(args: tuple[Any, ...], kwargs: dict[str, Any], symbolic: bool = False) -> tuple[Any, ...]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ from minijit.frontend import interpret
 from minijit.ir import Trace, tracing
 from minijit.ir.context import recording_constraints
 from minijit.runtime.autograd import CompiledGrad, autograd_callable
+from minijit.runtime.call_plan import CallPlan, finish_capture
 from minijit.runtime.guards import compile_guard, drop_implied
 from minijit.runtime.inputs import (
     alias_groups,
@@ -71,7 +73,7 @@ def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
     entry.constraints = drop_implied(constraints)
     entry.value_guards = list(entry.traces[0].info.get("guards", ()))
     entry.guard = compile_guard(entry.traces[0], entry.constraints, entry.value_guards,
-                                entry.traces[-1].info.get("alias_pattern"))
+                                entry.traces[-1].info.get("alias_pattern"), call_plan(entry.traces[0]).captured)
     return entry
 
 
@@ -87,19 +89,22 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
         with tracing(trace):
             pargs, pkwargs = proxify_arguments(trace, fn, args, kwargs, symbolic)
             containers = snapshot_containers(fn, pargs, pkwargs)
+            finish = functools.partial(finish_capture, trace, _describe_function(fn))
             if isinstance(fn, ModuleForward):
                 params, _flags, *user_args = pargs
                 with fn.swapped_in(params):
-                    trace.output = interpret(fn.module, tuple(user_args), pkwargs, guard_roots=fn.module.modules())
+                    trace.output = interpret(fn.module, tuple(user_args), pkwargs, guard_roots=fn.module.modules(),
+                                             finish=finish, placed=params)
             else:
-                trace.output = interpret(fn, pargs, pkwargs)
+                trace.output = interpret(fn, pargs, pkwargs, finish=finish)
             check_containers_unchanged(containers)
         trace.capture_tensor = None
         return trace
 
     # The passes, in order. Each is a pure Trace -> Trace function.
     trace = _timed(capture, traces)
-    trace = _timed(lambda: functionalize_for_call(trace, flat_inputs(args, kwargs, symbolic)), traces)
+    flat = flat_inputs(args, kwargs, symbolic) + [t for _, _, t in trace.info.get("captured_inputs", ())]
+    trace = _timed(lambda: functionalize_for_call(trace, flat), traces)
     trace = _timed(lambda: dce(trace), traces)
     trace = _timed(lambda: remove_cast_round_trips(trace), traces)
 
@@ -116,7 +121,7 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
     start = time.perf_counter()
     computation = bumping_versions(trace.python_callable(), trace)
     traces[-1].elapsed_ms += (time.perf_counter() - start) * 1e3
-    return CompiledEntry(computation, traces)
+    return CompiledEntry(call_plan(traces[0]).wrap(computation), traces)
 
 
 def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[Any]) -> CompiledEntry:
@@ -154,8 +159,23 @@ def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[An
         overwritten_saved=fwd.info["overwritten_saved"],
         backward_mutated_inputs=mutated_by_backward,
     )
-    return CompiledEntry(autograd_callable(compiled), traces, backward_traces=bwd_traces)
+    return CompiledEntry(call_plan(trace).wrap(autograd_callable(compiled)), traces, backward_traces=bwd_traces)
 
+
+
+def _describe_function(fn: Any) -> str:
+    """`name (file:line)` of the function being traced, for messages."""
+    target = fn.module.forward if isinstance(fn, ModuleForward) else fn
+    code = getattr(target, "__code__", None)
+    name = getattr(fn, "__qualname__", type(fn).__name__)
+    return f"{name} ({code.co_filename}:{code.co_firstlineno})" if code is not None else name
+
+
+def call_plan(trace: Trace) -> CallPlan:
+    """The captured trace's `CallPlan`, with the tensors it captured from outside in input order."""
+    plan: CallPlan = trace.info.get("call_plan") or CallPlan()
+    plan.captured = [(source, t) for _, source, t in trace.info.get("captured_inputs", ())]
+    return plan
 
 
 def bumping_versions(computation: Callable[..., Any], trace: Trace) -> Callable[..., Any]:

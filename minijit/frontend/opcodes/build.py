@@ -6,8 +6,8 @@ from collections.abc import Callable
 from typing import Any
 
 from minijit.frontend.code import Inst
-from minijit.frontend.frame import Frame
-from minijit.frontend.opcodes.protocols import call_dunder, next_item, python_members
+from minijit.frontend.frame import STATE, Frame
+from minijit.frontend.opcodes.protocols import call_dunder, next_item, observe_iteration, python_members
 from minijit.frontend.opcodes.table import handles
 from minijit.ir import TensorProxy
 
@@ -144,6 +144,7 @@ def dict_update(frame: Frame, inst: Inst) -> None:
     update = frame.stack.pop()
     if not hasattr(update, "keys"):
         raise TypeError(f"'{type(update).__name__}' object is not a mapping")
+    observe_mapping(update)
     frame.stack[-inst.arg].update(update)
 
 
@@ -157,10 +158,17 @@ def dict_merge(frame: Frame, inst: Inst) -> None:
     fn = frame.stack[-inst.arg - 2]
     if not hasattr(update, "keys"):
         raise TypeError(f"{function_str(fn)} argument after ** must be a mapping, not {type(update).__name__}")
+    observe_mapping(update)
     for key in update.keys():
         if key in target:
             raise TypeError(f"{function_str(fn)} got multiple values for keyword argument '{key}'")
         target[key] = update[key]
+
+
+def observe_mapping(mapping: Any) -> None:
+    """Guard every key and value of `mapping` when it is from outside the call (`{**d}`, `f(**d)`)."""
+    if STATE.outside.is_root(mapping):
+        STATE.outside.observe_values(STATE.guards, mapping)
 
 
 # -- unpacking ----------------------------------------------------------------------------------
@@ -188,6 +196,7 @@ def interpreted_iterable(obj: Any) -> Any:
     members = python_members(type(obj))
     if "__iter__" in members or "__next__" in members:
         return _InterpretedIterator(get_iter(obj))
+    observe_iteration(obj)
     return obj
 
 
@@ -215,6 +224,7 @@ def unpack_sequence(frame: Frame, inst: Inst) -> None:
     """Replace the iterable on top by its n items (the first on top)."""
     seq = frame.stack.pop()
     if (type(seq) is tuple or type(seq) is list) and len(seq) == inst.arg:
+        observe_iteration(seq)
         frame.stack.extend(reversed(seq))
         return
     if inst.arg == 0:

@@ -8,8 +8,10 @@ from typing import Any
 
 from minijit.frontend.calls import call
 from minijit.frontend.code import Inst
-from minijit.frontend.frame import NULL, Frame
+from minijit.frontend.frame import NULL, STATE, Frame
+from minijit.frontend.opcodes.build import observe_mapping
 from minijit.frontend.opcodes.names import attribute
+from minijit.frontend.opcodes.protocols import observe_iteration
 from minijit.frontend.opcodes.table import handles
 
 
@@ -76,6 +78,7 @@ def call_function_ex(frame: Frame, inst: Inst) -> None:
     args = stack.pop()
     fn = stack.pop()
     stack.pop()  # the NULL
+    observe_iteration(args)
     if type(args) is not tuple:
         try:
             iter(args)
@@ -86,6 +89,7 @@ def call_function_ex(frame: Frame, inst: Inst) -> None:
         if not isinstance(kwargs, Mapping) and not hasattr(kwargs, "keys"):
             raise TypeError(f"{function_str(fn)} argument after ** must be a mapping, not {type(kwargs).__name__}")
         kwargs = {k: kwargs[k] for k in kwargs.keys()}
+    observe_mapping(kwargs)
     stack.append(call(fn, args, kwargs))
 
 
@@ -101,6 +105,7 @@ def make_function(frame: Frame, inst: Inst) -> None:
     defaults = stack.pop() if flags & 0x01 else None
     fn = types.FunctionType(code, frame.globals, code.co_name, defaults, closure)
     fn.__qualname__ = code.co_qualname
+    STATE.internal_cells.add(id(fn))  # made by the traced code: its defaults are not from outside
     if kwdefaults is not None:
         fn.__kwdefaults__ = kwdefaults
     if annotations is not None:

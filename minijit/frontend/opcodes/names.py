@@ -9,14 +9,13 @@ from typing import Any
 
 import torch
 
-from minijit.errors import UnsupportedSyntaxError
 from minijit.frontend.code import Inst, is_library_file
 from minijit.frontend.frame import NULL, STATE, Frame
-from minijit.frontend.guards import attribute_source, may_have_guarded_attributes, record
-from minijit.frontend.opcodes.protocols import load_attr, store_attr
+from minijit.frontend.guards import MISSING, attribute_source, may_have_guarded_attributes, record
+from minijit.frontend.opcodes.protocols import delete_attribute, load_attr, store_attr
 from minijit.frontend.opcodes.table import handles
+from minijit.frontend.outside import tensor_attribute
 from minijit.ir import current_trace
-from minijit.ir.context import where_now
 
 _UNBOUND = "cannot access local variable '{}' where it is not associated with a value"
 _UNBOUND_FREE = "cannot access free variable '{}' where it is not associated with a value in enclosing scope"
@@ -115,10 +114,19 @@ def _deref(frame: Frame, inst: Inst) -> Any:
         if inst.arg >= frame.info.n_localsplus - len(frame.code.co_freevars):
             raise NameError(_UNBOUND_FREE.format(inst.argval), name=inst.argval) from None
         raise UnboundLocalError(_UNBOUND.format(inst.argval)) from None
-    if frame.info.is_user and id(cell) not in STATE.internal_cells:
-        record(STATE.guards, "cell", cell, inst.argval, value)
-        _guard_attributes_of(value)
+    if id(cell) not in STATE.internal_cells and (frame.info.is_user or worth_guarding_in_library(value)):
+        STATE.outside.read(STATE.guards, "cell", cell, inst.argval, value, inst.argval)
     return value
+
+
+def worth_guarding_in_library(value: Any) -> bool:
+    """Whether a global or closure value read by library code is guarded: its tensors and mutable state.
+
+    Library code reads many module-level functions, classes and constants; those are taken as
+    fixed (guarding them would cost every call). Containers and objects can change: a hook
+    registry, a cache, a config object; tensors are read afresh on each call.
+    """
+    return isinstance(value, torch.Tensor) or (may_have_guarded_attributes(value) and not isinstance(value, type))
 
 
 @handles("LOAD_DEREF")
@@ -138,8 +146,12 @@ def load_classderef(frame: Frame, inst: Inst) -> None:
 
 @handles("STORE_DEREF")
 def store_deref(frame: Frame, inst: Inst) -> None:
-    """Pop into a cell."""
-    frame.localsplus[inst.arg].cell_contents = frame.stack.pop()
+    """Pop into a cell (a cell from outside the call: an effect, replayed on every call)."""
+    cell = frame.localsplus[inst.arg]
+    value = frame.stack.pop()
+    if id(cell) not in STATE.internal_cells and current_trace() is not None:
+        STATE.outside.write_cell(cell, inst.argval, value)
+    cell.cell_contents = value
 
 
 @handles("DELETE_DEREF")
@@ -165,16 +177,9 @@ def _load_global(frame: Frame, name: str) -> Any:
         if frame.info.is_user:
             record(STATE.guards, "builtin", frame.builtins, name, value, g)
         return value
-    if frame.info.is_user:
-        record(STATE.guards, "global", g, name, value)
-        _guard_attributes_of(value)
+    if frame.info.is_user or worth_guarding_in_library(value):
+        STATE.outside.read(STATE.guards, "global", g, name, value, name)
     return value
-
-
-def _guard_attributes_of(value: Any) -> None:
-    """Make attribute reads from `value` (a guarded object) guarded too."""
-    if may_have_guarded_attributes(value):
-        STATE.guard_roots.add(id(value))
 
 
 @handles("LOAD_GLOBAL")
@@ -185,35 +190,23 @@ def load_global(frame: Frame, inst: Inst) -> None:
     frame.stack.append(_load_global(frame, inst.argval))
 
 
-def refuse_outliving_write(frame: Frame, what: str) -> None:
-    """Refuse, while tracing user code, a write that would outlive the call.
-
-    A compiled trace replays only tensor computations: a global assigned or an outside
-    object's attribute set while tracing would happen once, then never again on cache
-    hits. Rather than drop it silently, say so.
-    """
-    if current_trace() is not None and frame.info.is_user:
-        raise UnsupportedSyntaxError(
-            f"{what}{where_now()} is a side effect that minijit would not repeat on later calls; "
-            "return the value from the jitted function and assign it outside instead"
-        )
-
-
 @handles("STORE_GLOBAL")
 def store_global(frame: Frame, inst: Inst) -> None:
-    """Pop into a global."""
-    refuse_outliving_write(frame, f"assigning the global {inst.argval!r}")
-    frame.globals[inst.argval] = frame.stack.pop()
+    """Pop into a global (an effect, replayed on every call)."""
+    value = frame.stack.pop()
+    if current_trace() is not None:
+        STATE.outside.write_global(frame.globals, inst.argval, value)
+    frame.globals[inst.argval] = value
 
 
 @handles("DELETE_GLOBAL")
 def delete_global(frame: Frame, inst: Inst) -> None:
-    """del a global."""
-    refuse_outliving_write(frame, f"deleting the global {inst.argval!r}")
-    try:
-        del frame.globals[inst.argval]
-    except KeyError:
-        raise NameError(f"name '{inst.argval}' is not defined", name=inst.argval) from None
+    """del a global (an effect, replayed on every call)."""
+    if inst.argval not in frame.globals:
+        raise NameError(f"name '{inst.argval}' is not defined", name=inst.argval)
+    if current_trace() is not None:
+        STATE.outside.write_global(frame.globals, inst.argval, None, delete=True)
+    del frame.globals[inst.argval]
 
 
 @handles("LOAD_NAME")
@@ -274,31 +267,39 @@ def _is_user_module(module: types.ModuleType) -> bool:
     return decision
 
 
-def attribute(frame: Frame, obj: Any, name: str) -> Any:
-    """obj.name for interpreted code; an attribute of a user module is guarded like a global."""
+def attribute(frame: Frame | None, obj: Any, name: str) -> Any:
+    """obj.name for interpreted code, guarded when obj is from outside the call (minijit.frontend.outside).
+
+    An attribute of a user module is guarded like a global; a real tensor's attribute is
+    read through its proxy (`t.shape`, `t.add_`), or read and guarded (`t.grad`).
+    """
     if type(obj) is types.ModuleType:
         value = getattr(obj, name)
-        if frame.info.is_user and _is_user_module(obj):
-            record(STATE.guards, "global", obj.__dict__, name, value)
-            _guard_attributes_of(value)
+        if frame is not None and frame.info.is_user and _is_user_module(obj):
+            STATE.outside.read(STATE.guards, "global", obj.__dict__, name, value, name)
         return value
-    value = load_attr(obj, name)
-    # Attributes read from a guarded object are guarded; a module's attributes are guarded even
-    # when torch's own layer code reads them (nn.Dropout reading self.p).
-    if id(obj) in STATE.guard_roots and (frame.info.is_user or _public_module_attribute(obj, name)):
+    if isinstance(obj, torch.Tensor):
+        trace = current_trace()
+        if trace is not None and trace.capture_tensor is not None:
+            return tensor_attribute(STATE.outside, STATE.guards, obj, name, trace.capture_tensor)
+    outside = STATE.outside
+    try:
+        value = load_attr(obj, name)
+    except AttributeError:
+        if outside.is_root(obj) and isinstance(getattr(obj, "__dict__", None), dict):
+            outside.read(STATE.guards, "attribute", obj, name, MISSING, name)  # guard its absence
+        raise
+    if outside.is_root(obj):
         source = attribute_source(obj, name)
         if source is not None:
             # Guard what is stored: for a method read through an instance that is the class's
             # function (a bound method is a new object on every read).
-            stored = value if source[1] is None else vars(source[0]).get(name, value)
-            record(STATE.guards, "attribute", source[0], name, stored, source[1])
-            _guard_attributes_of(value)
+            holder, shadow = source
+            stored = value if shadow is None else vars(holder).get(name, value)
+            outside.read(STATE.guards, "attribute", holder, name, stored, name, shadow)
+        elif name == "__dict__":
+            outside.add_root(value, outside.label_of(obj))
     return value
-
-
-def _public_module_attribute(obj: Any, name: str) -> bool:
-    """A module attribute torch's layer code reads (nn.Dropout's `p`), not its bookkeeping (`_modules`)."""
-    return isinstance(obj, torch.nn.Module) and not name.startswith("_")
 
 
 @handles("LOAD_ATTR")
@@ -311,18 +312,13 @@ def load_attr_(frame: Frame, inst: Inst) -> None:
 def store_attr_(frame: Frame, inst: Inst) -> None:
     """obj.name = value (obj on top, value below it)."""
     obj = frame.stack.pop()
-    if id(obj) in STATE.guard_roots or id(obj) in STATE.outside_objects:
-        refuse_outliving_write(frame, f"setting the attribute {inst.argval!r} of a {type(obj).__name__} from outside the call")
     store_attr(obj, inst.argval, frame.stack.pop())
 
 
 @handles("DELETE_ATTR")
 def delete_attr(frame: Frame, inst: Inst) -> None:
     """del obj.name."""
-    obj = frame.stack.pop()
-    if id(obj) in STATE.guard_roots or id(obj) in STATE.outside_objects:
-        refuse_outliving_write(frame, f"deleting the attribute {inst.argval!r} of a {type(obj).__name__} from outside the call")
-    delattr(obj, inst.argval)
+    delete_attribute(frame.stack.pop(), inst.argval)
 
 
 # -- imports ------------------------------------------------------------------------------------

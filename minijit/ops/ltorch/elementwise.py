@@ -72,12 +72,22 @@ for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
     _declare_binary(_name)
 
 
+def scaled(x: Any, factor: Any) -> Any:
+    """`x * factor` for a Scalar argument (`alpha=`, `value=`): a number, or a 0-d tensor, which eager
+    reads as a number (it neither broadcasts nor promotes the result's dtype)."""
+    if isinstance(factor, TensorProxy):
+        if factor.ndim != 0:
+            raise MetaError(f"a Scalar argument must be a number or a 0-d tensor, got shape {tuple(factor.shape)}"
+                            f"{where_now()}")
+        like = x.dtype if isinstance(x, TensorProxy) else factor.dtype
+        return mul(x, to_dtype(factor, like))
+    return x if factor is None or factor == 1 else mul(x, factor)
+
+
 @ltorch_op(torch_fns=[torch.add, torch.Tensor.add], methods=["add"])
 def add(a: Any, b: Any, *, alpha: Any = None) -> TensorProxy:
     """torch.add: a + alpha * b."""
-    if alpha is not None and alpha != 1:
-        b = mul(b, alpha)
-    return elementwise(prims.add, a, b)
+    return elementwise(prims.add, a, scaled(b, alpha))
 
 
 @ltorch_op(torch_fns=[torch.sub, torch.subtract, torch.Tensor.sub], methods=["sub"])
@@ -87,9 +97,7 @@ def sub(a: Any, b: Any, *, alpha: Any = None) -> TensorProxy:
         if (x.dtype if isinstance(x, TensorProxy) else type(x)) in (torch.bool, bool):
             raise MetaError(f"sub: subtraction with a bool tensor is not supported; use logical_not or ~ to invert "
                             f"a mask{where_now()}")
-    if alpha is not None and alpha != 1:
-        b = mul(b, alpha)
-    return elementwise(prims.sub, a, b)
+    return elementwise(prims.sub, a, scaled(b, alpha))
 
 
 @ltorch_op(torch_fns=[torch.rsub], methods=[])
@@ -183,15 +191,13 @@ def lerp(start: TensorProxy, end: TensorProxy, weight: Any) -> TensorProxy:
 @ltorch_op(torch_fns=[torch.addcmul, torch.Tensor.addcmul], methods=["addcmul"])
 def addcmul(a: TensorProxy, t1: TensorProxy, t2: TensorProxy, *, value: Any = 1) -> TensorProxy:
     """torch.addcmul: a + value * t1 * t2."""
-    prod = mul(t1, t2)
-    return add(a, prod if value == 1 else mul(prod, value))
+    return add(a, scaled(mul(t1, t2), value))
 
 
 @ltorch_op(torch_fns=[torch.addcdiv, torch.Tensor.addcdiv], methods=["addcdiv"])
 def addcdiv(a: TensorProxy, t1: TensorProxy, t2: TensorProxy, *, value: Any = 1) -> TensorProxy:
     """torch.addcdiv: a + value * t1 / t2."""
-    quot = div(t1, t2)
-    return add(a, quot if value == 1 else mul(quot, value))
+    return add(a, scaled(div(t1, t2), value))
 
 
 @ltorch_op(torch_fns=[torch.square, torch.Tensor.square], methods=["square"])
