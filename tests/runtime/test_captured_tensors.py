@@ -1,6 +1,5 @@
 """Real tensors from outside the inputs (globals, closures, plain attributes) are read afresh on every call."""
 
-import pytest
 import torch
 
 import minijit
