@@ -306,6 +306,29 @@ class JitModule(torch.nn.Module):
     def __dir__(self) -> list[str]:
         return sorted(set(dir(self._orig_mod)) | _JIT_QUERIES)
 
+    # Python looks these up on the type, past __getattr__: a jitted Sequential/ModuleList indexes,
+    # iterates and tests as the module does (and refuses as it does, when the module is no container).
+    def __len__(self) -> int:
+        return len(self._orig_mod)
+
+    def __bool__(self) -> bool:
+        return bool(self._orig_mod)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._orig_mod)
+
+    def __contains__(self, item: Any) -> bool:
+        return item in self._orig_mod
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._orig_mod[key]
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._orig_mod[key] = value
+
+    def __delitem__(self, key: Any) -> None:
+        del self._orig_mod[key]
+
     def __repr__(self) -> str:
         return f"minijit.jit({self._orig_mod!r})"
 
