@@ -356,7 +356,7 @@ def _make_exception(typ: Any, val: Any) -> BaseException:
 
 def interpret(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
               guard_roots: Iterable[Any] = (), finish: Callable[[Any, Outside], Any] | None = None,
-              placed: Iterable[Proxy] = ()) -> Any:
+              placed: Iterable[Proxy] = (), keyed: tuple[Iterable[tuple[Any, Any]], Iterable[Any]] = ((), ())) -> Any:
     """Run `fn(*args, **kwargs)` through the interpreter, recording tensor ops into the current trace.
 
     Works outside tracing too (then it only runs the function). The guards for the
@@ -365,7 +365,9 @@ def interpret(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
     (minijit.frontend.outside): reads from them are guarded, writes into them logged.
     `finish(result, outside)`, if given, runs before the writes are undone and returns
     what `interpret` returns. `placed` are proxies the caller put into outside objects
-    itself (a jitted module's parameters), which may stay there.
+    itself (a jitted module's parameters), which may stay there. `keyed` are the (holder, key)
+    slots and the containers whose values the caller's cache key covers: reads of them need
+    no guard.
 
     Example::
 
@@ -384,6 +386,9 @@ def interpret(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
     outside = state.outside = Outside()
     for root in guard_roots:
         outside.add_root(root, "self")
+    slots, containers = keyed
+    outside.keyed.update((id(holder), key) for holder, key in slots)
+    outside.whole.update(id(c) for c in containers)
     # Arguments that are objects are the caller's own; containers (dataclasses included) were
     # rebuilt around proxies for this call (minijit.runtime.inputs), so they are not.
     for name, value in [*zip(_argument_names(fn, len(args)), args), *kwargs.items()]:

@@ -112,8 +112,11 @@ class Outside:
     written: set[tuple[int, Any]] = field(default_factory=set)
     # id -> (container, a copy of its contents before the trace changed it).
     changed: dict[int, tuple[Any, Any]] = field(default_factory=dict)
-    # ids of roots whose whole contents are already guarded (lists/dicts/sets of constants).
+    # ids of roots whose whole contents are already guarded (lists/dicts/sets of constants), or
+    # that the cache key covers (a jitted module's hook dicts).
     whole: set[int] = field(default_factory=set)
+    # (id(holder), key) whose value the cache key covers (a jitted module's submodules, training flags).
+    keyed: set[tuple[int, Any]] = field(default_factory=set)
 
     # -- roots and sources --------------------------------------------------------------------
     def add_root(self, obj: Any, label: str) -> None:
@@ -157,8 +160,8 @@ class Outside:
     def read(self, guards: dict[Any, Any], kind: str, holder: Any, key: Any, value: Any, label: str,
              shadow: dict[str, Any] | None = None) -> None:
         """Record that traced code read `value` as `key` of `holder` (a global, cell, attribute or item)."""
-        if (id(holder), key) in self.written:
-            return  # the trace wrote it itself: the value is the trace's own
+        if (id(holder), key) in self.written or (id(holder), key) in self.keyed:
+            return  # the trace wrote it itself, or the cache key covers it
         changed = self.changed.get(id(holder))
         if changed is not None and kind == "item":
             self._guard_before_change(guards, holder)

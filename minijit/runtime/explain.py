@@ -38,15 +38,15 @@ def describe_value(label: str, x: Any, out: dict[str, tuple[str, Any]], symbolic
     elif dataclasses.is_dataclass(x) and not isinstance(x, type):
         out[f"{label} type"] = (label, ("type", type(x).__name__))
         for f in dataclasses.fields(x):
-            _describe_value(f"{label}.{f.name}", getattr(x, f.name, None), out, symbolic)
+            describe_value(f"{label}.{f.name}", getattr(x, f.name, None), out, symbolic)
     elif isinstance(x, dict):
         out[f"{label} keys"] = (label, (f"{type(x).__name__} keys", tuple(x)))
         for k, v in x.items():
-            _describe_value(f"{label}[{k!r}]", v, out, symbolic)
+            describe_value(f"{label}[{k!r}]", v, out, symbolic)
     elif isinstance(x, tuple) and hasattr(x, "_fields"):
         out[f"{label} type"] = (label, ("type", type(x).__name__))
         for name, v in zip(x._fields, x):
-            _describe_value(f"{label}.{name}", v, out, symbolic)
+            describe_value(f"{label}.{name}", v, out, symbolic)
     else:
         out[label] = (label, ("object", f"{type(x).__name__} at {id(x):#x}"))
 

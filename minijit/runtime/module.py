@@ -77,9 +77,13 @@ class ModuleForward:
             return self.module(*args, **kwargs)
 
     @contextmanager
-    def swapped_in(self, values: tuple[Any, ...]) -> Iterator[None]:
+    def swapped_in(self, values: tuple[Any, ...]) -> Iterator[tuple[list[tuple[Any, Any]], list[Any]]]:
         """While tracing: `values` (proxies) in place of the parameters and buffers, jitted submodules
-        unwrapped (the trace goes through them), backward hooks refused or, without grad, hidden."""
+        unwrapped (the trace goes through them), backward hooks refused or, without grad, hidden.
+
+        Yields what the `state` argument covers, so that reading it needs no guard: the (holder,
+        key) slots of each submodule and training flag, and the hook dicts (keyed by handle ids).
+        """
         replacement = {}
         for (_, owner_path, kind, name), value in zip(self.slots, values, strict=True):
             original = getattr(self.module.get_submodule(owner_path), kind)[name]
@@ -99,7 +103,7 @@ class ModuleForward:
                         if tensor is not None and id(tensor) in replacement:
                             saved.append((tensors, name, tensor))
                             tensors[name] = replacement[id(tensor)]
-            yield
+            yield _covered_by_state(self.module)
         finally:
             for container, name, value in reversed(saved):
                 container[name] = value
@@ -139,6 +143,29 @@ class ModuleState:
 
     def __repr__(self) -> str:
         return f"ModuleState(training={self.training}, hooks={self.hooks})"
+
+
+# Hook dicts keyed by the same handle ids as those in _HOOK_KINDS (a hook's flags, fixed at registration).
+_HOOK_FLAGS = ("_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks_with_kwargs")
+
+
+def _covered_by_state(root: torch.nn.Module) -> tuple[list[tuple[Any, Any]], list[Any]]:
+    """The (holder, key) slots and the containers whose contents `ModuleState` fixes, as the tree is now."""
+    slots: list[tuple[Any, Any]] = []
+    containers: list[Any] = []
+    globals_ = vars(torch_module)
+    for name in _GLOBAL_HOOKS:
+        slots.append((globals_, name))
+        containers.append(globals_[name])
+    for module in root.modules():
+        namespace = vars(module)
+        slots.append((module, "training"))
+        slots += [(module._modules, child) for child in module._modules]
+        for name in (*_HOOK_KINDS, *_HOOK_FLAGS):
+            if name in namespace:
+                slots.append((module, name))
+                containers.append(namespace[name])
+    return slots, containers
 
 
 def _label(path: str) -> str:

@@ -92,9 +92,9 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
             finish = functools.partial(finish_capture, trace, _describe_function(fn))
             if isinstance(fn, ModuleForward):
                 params, _flags, *user_args = pargs
-                with fn.swapped_in(params):
+                with fn.swapped_in(params) as keyed:
                     trace.output = interpret(fn.module, tuple(user_args), pkwargs, guard_roots=fn.module.modules(),
-                                             finish=finish, placed=params)
+                                             finish=finish, placed=params, keyed=keyed)
             else:
                 trace.output = interpret(fn, pargs, pkwargs, finish=finish)
             check_containers_unchanged(containers)

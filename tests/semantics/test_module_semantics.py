@@ -342,13 +342,11 @@ def _eager_state_or_refused(build: Build, step: Step) -> None:
         pass
 
 
-@pytest.mark.xfail(strict=True, reason="writes into outside lists/dicts from traced code are part 2 of issue 12")
 def test_hook_recording_activations_into_a_list():
     register = lambda m, s: m.fc1.register_forward_hook(lambda mod, args, out: s["acts"].append(out.detach()))
     _eager_state_or_refused(with_hooks(register, acts=[]), forward_step)
 
 
-@pytest.mark.xfail(strict=True, reason="writes into outside lists/dicts from traced code are part 2 of issue 12")
 def test_hook_counting_calls():
     def register(model, state):
         def count(mod, args):
