@@ -287,6 +287,10 @@ class TensorProxy(Proxy):
     def is_cuda(self) -> bool:
         return self.device.type == "cuda"
 
+    @property
+    def is_nested(self) -> bool:
+        return False  # traces hold strided tensors only
+
     def __len__(self) -> int:
         if not self.shape:
             raise TypeError("len() of a 0-d tensor")
