@@ -20,6 +20,7 @@ import torch
 
 from minijit.frontend.frame import NULL, STATE, current_frame
 from minijit.ir import NumberProxy, TensorProxy
+from minijit.ops import aten_prims, prims
 
 LOOKASIDES: dict[Any, Callable[..., Any]] = {}
 
@@ -100,6 +101,17 @@ def round_(number: Any, ndigits: Any = None) -> Any:
     if isinstance(number, TensorProxy):
         raise TypeError("type Tensor doesn't define __round__ method")
     return round(number) if ndigits is None else round(number, ndigits)
+
+
+@lookaside(float)
+def float_(*args: Any) -> Any:
+    """float(); of a one-element TensorProxy, a number the trace computes when it runs (as Tensor.item())."""
+    if len(args) == 1 and isinstance(args[0], TensorProxy):
+        x = args[0]
+        if not x.dtype.is_floating_point:
+            x = prims.convert_element_type(x, torch.float64)
+        return aten_prims.item(x)
+    return float(*args)
 
 
 @lookaside(type)

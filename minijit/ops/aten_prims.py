@@ -20,15 +20,17 @@ constraint the cache guard checks. The torch executor runs each prim as its aten
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from minijit.errors import MetaError
-from minijit.ir import NumberProxy, Symbol, TensorProxy, tree_map
+from minijit.ir import TENSOR_METHODS, FloatProxy, IntegerProxy, NumberProxy, Symbol, TensorProxy, tree_map
 from minijit.ir.context import where_now
 from minijit.ops import prims
+from minijit.ops.registry import TORCH_TO_LTORCH
 
 aten = torch.ops.aten
 
@@ -305,3 +307,30 @@ def histc(input: TensorProxy, bins: int, min: float, max: float) -> None:  # noq
 def grouped_mm(mat_a: TensorProxy, mat_b: TensorProxy, offs: TensorProxy | None, bias: TensorProxy | None,
                out_dtype: torch.dtype | None) -> None:
     """aten._grouped_mm: one matrix product per group; `offs` (int32 end offsets) splits the ragged dim."""
+
+
+# -- tensor values as Python numbers ------------------------------------------------------------------
+
+def _item_meta(x: TensorProxy) -> NumberProxy:
+    if not isinstance(x, TensorProxy):
+        raise _fail("item", f"expected a tensor, got {type(x).__name__}")
+    if math.prod(x.shape) != 1:
+        raise _fail("item", f"only one-element tensors can be converted to Python numbers, got shape {tuple(x.shape)}")
+    if x.dtype.is_complex:
+        raise _fail("item", "complex values are not supported")
+    # The value is only known when the trace runs: arithmetic on it is recorded, any use that
+    # would need it now (a branch, a shape) is an error naming where it came from.
+    number: NumberProxy
+    if x.dtype.is_floating_point:
+        number = FloatProxy(math.nan)
+    else:
+        number = IntegerProxy(False if x.dtype == torch.bool else 0)
+    number.origin = f"computed by Tensor.item(){where_now()}"
+    return number
+
+
+# Tensor.item(): the value of a one-element tensor as a Python number, computed when the trace runs.
+item = prims._prim("item", _item_meta)
+ATEN_IMPLS["item"] = aten._local_scalar_dense.default
+TENSOR_METHODS["item"] = item
+TORCH_TO_LTORCH[torch.Tensor.item] = item
