@@ -232,7 +232,8 @@ class FloatProxy(NumberProxy):
 class TensorProxy(Proxy):
     """A tensor in a trace: shape, dtype, device and whether it requires grad."""
 
-    __slots__ = ("device", "dtype", "requires_grad", "shape")
+    # __weakref__: code that keeps weak references to its tensors (nn.RNNBase to its flat weights) traces too.
+    __slots__ = ("__weakref__", "device", "dtype", "requires_grad", "shape")
     name_prefix = "t"
 
     def __init__(

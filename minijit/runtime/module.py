@@ -10,6 +10,7 @@ module's `training` flag are part of the cache key: `model.eval()` is a new trac
 from __future__ import annotations
 
 import inspect
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 import torch
 
 from minijit.errors import UnsupportedSyntaxError
+from minijit.ir import Proxy
 
 
 class ModuleForward:
@@ -60,6 +62,7 @@ class ModuleForward:
             original = getattr(self.module.get_submodule(owner_path), kind)[name]
             replacement[id(original)] = value
         saved: list[tuple[dict[str, Any], str, Any]] = []
+        attributes = [(owner, _snapshot(owner)) for owner in self.module.modules()]
         try:
             for owner in self.module.modules():
                 if owner._forward_hooks or owner._forward_pre_hooks or owner._backward_hooks:
@@ -77,6 +80,52 @@ class ModuleForward:
         finally:
             for tensors, name, tensor in saved:
                 tensors[name] = tensor
+            for owner, before in attributes:
+                _drop_traced_state(owner, before)
+
+
+def _snapshot(owner: torch.nn.Module) -> dict[str, tuple[Any, Any]]:
+    """Each attribute of `owner`: (the value, a shallow copy of its contents if it is a list or dict)."""
+    return {name: (value, _contents(value)) for name, value in vars(owner).items()}
+
+
+def _contents(value: Any) -> Any:
+    return list(value) if type(value) is list else dict(value) if type(value) is dict else None
+
+
+def _drop_traced_state(owner: torch.nn.Module, before: dict[str, tuple[Any, Any]]) -> None:
+    """Undo attribute writes that torch's own code made while tracing and that left proxies in the module.
+
+    Such writes are caches of the proxied parameters (nn.RNNBase keeps `_flat_weights`, and weak
+    references to them); left in place they would leak proxies to later eager calls (DESIGN.md,
+    invariant 8). User code cannot make them: attribute writes to the module are refused while tracing.
+    """
+    for name, value in list(vars(owner).items()):
+        if not _holds_proxy(value):
+            continue
+        old = before.get(name)
+        if old is None:
+            delattr(owner, name)
+        elif old[0] is value and type(value) is list:
+            value[:] = old[1]
+        elif old[0] is value and type(value) is dict:
+            value.clear()
+            value.update(old[1])
+        else:
+            object.__setattr__(owner, name, old[0])
+
+
+def _holds_proxy(value: Any, depth: int = 2) -> bool:
+    """Whether value is a proxy, a weak reference to one, or a list, tuple or dict holding those."""
+    if isinstance(value, Proxy):
+        return True
+    if isinstance(value, weakref.ref):
+        return isinstance(value(), Proxy)
+    if depth and type(value) in (list, tuple):
+        return any(_holds_proxy(v, depth - 1) for v in value)
+    if depth and type(value) is dict:
+        return any(_holds_proxy(v, depth - 1) for v in value.values())
+    return False
 
 
 def _compile_fetch(slots: list[tuple[str, str, str, str]], module_paths: list[str]) -> Any:

@@ -16,6 +16,7 @@ from minijit.ops.ltorch import (  # noqa: F401 - declares the ops
     pooling,
     reductions,
     resample,
+    rnn,
     shape,
 )
 from minijit.ops.registry import ALL_LTORCH
