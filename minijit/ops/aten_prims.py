@@ -9,12 +9,15 @@ aten op's signature::
     def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
         \"\"\"aten.convolution: ...\"\"\"
 
-The stub may check its arguments (raising `MetaError`); the output metadata comes
-from running the aten op on meta tensors, so the shape formulas (pooling with
-`ceil_mode`, transposed convolutions, upsampling scales) are torch's own. A symbolic
-size ("symbolic values" mode) is specialised to its value here, which records the
-constraint the cache guard checks. The torch executor runs each prim as its aten op
-(`aten_prim_implementations`).
+The stub checks its arguments (raising `MetaError`). It may return its outputs'
+metadata itself, where that is simple and torch's meta kernel is slow (the upsample
+and batch norm ones run Python decompositions) or wrong for the CPU (grouped_mm's
+asks for bfloat16). Otherwise the metadata comes from running the aten op on meta
+tensors, so the shape formulas (pooling with `ceil_mode`, transposed convolutions)
+are torch's own. A symbolic size ("symbolic values" mode) is specialised to its
+value there, which records the constraint the cache guard checks. Either way an
+output requires grad when a tensor argument does and it is floating point. The
+torch executor runs each prim as its aten op (`aten_prim_implementations`).
 """
 
 from __future__ import annotations
@@ -50,7 +53,9 @@ def aten_prim(aten_fn: Callable[..., Any]) -> Callable[[Callable[..., Any]], Sym
                 signature.bind(*args, **kwargs)
             except TypeError as e:
                 raise MetaError(f"prims.{name}: {e}{where_now()}") from None
-            stub(*args, **kwargs)
+            given = stub(*args, **kwargs)
+            if given is not None:
+                return _with_requires_grad(given, args, kwargs)
             return _meta_outputs(name, aten_fn, args, kwargs)
 
         meta.__signature__ = signature  # type: ignore[attr-defined]
@@ -98,6 +103,17 @@ def _meta_outputs(name: str, aten_fn: Callable[..., Any], args: tuple[Any, ...],
     if isinstance(out, tuple | list):
         return tuple(to_proxy(x) for x in out)
     return to_proxy(out)
+
+
+def _with_requires_grad(outputs: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    requires_grad = any(x.requires_grad for x in _leaves((args, kwargs)) if isinstance(x, TensorProxy))
+
+    def mark(x: Any) -> Any:
+        if isinstance(x, TensorProxy):
+            x.requires_grad = requires_grad and (x.dtype.is_floating_point or x.dtype.is_complex)
+        return x
+
+    return tuple(mark(x) for x in outputs) if isinstance(outputs, tuple) else mark(outputs)
 
 
 def _concrete(x: Any) -> Any:
@@ -198,13 +214,14 @@ def adaptive_avg_pool(input: TensorProxy, output_size: list[int]) -> None:  # no
     _check_spatial("adaptive_avg_pool", input, output_size)
 
 
-def _adaptive_avg_backward(grad_output: torch.Tensor, input: torch.Tensor) -> torch.Tensor:  # noqa: A002
-    return _ADAPTIVE_AVG_BACKWARD[2 if input.ndim in (3, 4) else 3](grad_output, input)
+def _adaptive_avg_backward(grad_output: torch.Tensor, input: torch.Tensor, dims: int) -> torch.Tensor:  # noqa: A002
+    return _ADAPTIVE_AVG_BACKWARD[dims](grad_output, input)
 
 
 @aten_prim(_adaptive_avg_backward)
-def adaptive_avg_pool_backward(grad_output: TensorProxy, input: TensorProxy) -> None:  # noqa: A002
-    """aten._adaptive_avg_pool{2,3}d_backward (2-d for 3-d and 4-d inputs, else 3-d)."""
+def adaptive_avg_pool_backward(grad_output: TensorProxy, input: TensorProxy, dims: int) -> None:  # noqa: A002
+    """aten._adaptive_avg_pool{dims}d_backward: the gradient of adaptive_avg_pool's input."""
+    _check_spatial("adaptive_avg_pool_backward", input, [0] * dims)
 
 
 @aten_prim(_by_dims(_ADAPTIVE_MAX, 1))
@@ -254,17 +271,26 @@ def _check_upsample(op: str, mode: Any, output_size: Any, scales: Any) -> None:
 
 @aten_prim(_upsample)
 def upsample(input: TensorProxy, mode: str, output_size: list[int], align_corners: bool | None,  # noqa: A002
-             scales: list[float | None]) -> None:
+             scales: list[float | None]) -> TensorProxy:
     """aten.upsample_<mode><n>d: resample the spatial dims to output_size (scales, where given, set the
     source positions as in F.interpolate with a scale_factor)."""
     _check_upsample("upsample", mode, output_size, scales)
+    _check_float("upsample", input)
+    k = len(output_size)
+    if input.ndim != k + 2 or any(s <= 0 for s in (*input.shape[2:], *output_size)):
+        raise _fail("upsample", f"cannot resample an input of shape {tuple(input.shape)} to {tuple(output_size)}")
+    return TensorProxy((*input.shape[:2], *output_size), input.dtype, input.device)
 
 
 @aten_prim(_upsample_backward)
 def upsample_backward(grad_output: TensorProxy, mode: str, output_size: list[int], input_size: list[int],
-                      align_corners: bool | None, scales: list[float | None]) -> None:
+                      align_corners: bool | None, scales: list[float | None]) -> TensorProxy:
     """aten.upsample_<mode><n>d_backward: the gradient of upsample's input."""
     _check_upsample("upsample_backward", mode, output_size, scales)
+    expected = (*input_size[:2], *output_size)
+    if not isinstance(grad_output, TensorProxy) or tuple(grad_output.shape) != tuple(expected):
+        raise _fail("upsample_backward", f"grad_output must have shape {expected}")
+    return TensorProxy(tuple(input_size), grad_output.dtype, grad_output.device)
 
 
 # -- batch normalization --------------------------------------------------------------------------
@@ -277,22 +303,54 @@ def batch_norm_training(input: TensorProxy, weight: TensorProxy | None, bias: Te
     new running var), normalizing with the batch statistics; the running statistics are not written."""
     if training is not True:
         raise _fail("batch_norm_training", "only computes training-mode batch norm")
+    stats = _batch_norm_stats("batch_norm_training", input, weight, bias, running_mean, running_var)
+    if stats is None:
+        return None
+    return (TensorProxy.like(input), stats, TensorProxy.like(stats), TensorProxy.like(running_mean),
+            TensorProxy.like(running_var))
 
 
 @aten_prim(aten._native_batch_norm_legit.no_stats)
 def batch_norm_no_stats(input: TensorProxy, weight: TensorProxy | None, bias: TensorProxy | None,  # noqa: A002
-                        training: bool, momentum: float, eps: float) -> None:
+                        training: bool, momentum: float, eps: float) -> Any:
     """aten._native_batch_norm_legit.no_stats: (output, batch mean, batch 1/std) without running statistics."""
     if training is not True:
         raise _fail("batch_norm_no_stats", "only computes training-mode batch norm")
+    stats = _batch_norm_stats("batch_norm_no_stats", input, weight, bias)
+    return None if stats is None else (TensorProxy.like(input), stats, TensorProxy.like(stats))
 
 
 @aten_prim(aten.native_batch_norm_backward.default)
 def batch_norm_backward(grad_out: TensorProxy, input: TensorProxy, weight: TensorProxy | None,  # noqa: A002
                         running_mean: TensorProxy | None, running_var: TensorProxy | None,
                         save_mean: TensorProxy | None, save_invstd: TensorProxy | None, train: bool, eps: float,
-                        output_mask: list[bool]) -> None:
+                        output_mask: list[bool]) -> Any:
     """aten.native_batch_norm_backward: the gradients of input, weight and bias (None where not asked for)."""
+    stats = _batch_norm_stats("batch_norm_backward", input, weight, running_mean, running_var, save_mean, save_invstd)
+    if stats is None:
+        return None
+    if not isinstance(grad_out, TensorProxy) or tuple(grad_out.shape) != tuple(input.shape):
+        raise _fail("batch_norm_backward", f"grad_out must have the input's shape {tuple(input.shape)}")
+    param = weight if isinstance(weight, TensorProxy) else stats
+    return (TensorProxy.like(input) if output_mask[0] else None,
+            TensorProxy.like(param) if output_mask[1] else None,
+            TensorProxy.like(param) if output_mask[2] else None)
+
+
+def _batch_norm_stats(op: str, input: Any, *per_channel: Any) -> TensorProxy | None:  # noqa: A002
+    """A (C,) proxy in the dtype of the CPU kernel's statistics (that of the first per-channel tensor, else
+    the input's), after checking shapes; None off the CPU, where torch's meta kernel decides."""
+    _check_float(op, input)
+    if input.ndim < 2:
+        raise _fail(op, f"expects an input with a channel dim 1, got shape {tuple(input.shape)}")
+    c = input.shape[1]
+    given = [t for t in per_channel if t is not None]
+    for t in given:
+        if not isinstance(t, TensorProxy) or tuple(t.shape) != (c,):
+            raise _fail(op, f"per-channel tensors must have shape ({c},), got {getattr(t, 'shape', t)}")
+    if input.device.type != "cpu":
+        return None
+    return TensorProxy((c,), given[0].dtype if given else input.dtype, input.device)
 
 
 # -- others --------------------------------------------------------------------------------------------
@@ -305,8 +363,35 @@ def histc(input: TensorProxy, bins: int, min: float, max: float) -> None:  # noq
 
 @aten_prim(aten._grouped_mm.default)
 def grouped_mm(mat_a: TensorProxy, mat_b: TensorProxy, offs: TensorProxy | None, bias: TensorProxy | None,
-               out_dtype: torch.dtype | None) -> None:
-    """aten._grouped_mm: one matrix product per group; `offs` (int32 end offsets) splits the ragged dim."""
+               out_dtype: torch.dtype | None) -> TensorProxy:
+    """aten._grouped_mm: one matrix product per group; `offs` (int32 end offsets) splits the ragged dim
+    (the rows of a 2-d mat_a against a 3-d mat_b, the shared dim of two 2-d operands, the columns of a
+    2-d mat_b against a 3-d mat_a)."""
+    for x, what in ((mat_a, "mat_a"), (mat_b, "mat_b")):
+        if not isinstance(x, TensorProxy) or x.ndim not in (2, 3):
+            raise _fail("grouped_mm", f"{what} must be a 2-d or 3-d tensor, got {getattr(x, 'shape', x)}")
+    if mat_a.dtype != mat_b.dtype or mat_a.shape[-1] != mat_b.shape[-2]:
+        raise _fail("grouped_mm", f"cannot multiply {mat_a.type_string()} by {mat_b.type_string()}")
+    if offs is not None and (not isinstance(offs, TensorProxy) or offs.ndim != 1 or offs.dtype != torch.int32):
+        raise _fail("grouped_mm", "offs must be a 1-d int32 tensor")
+    groups = offs.shape[0] if offs is not None else mat_a.shape[0]
+    if mat_a.ndim == 3 and mat_b.ndim == 3:
+        if offs is not None or mat_a.shape[0] != mat_b.shape[0]:
+            raise _fail("grouped_mm", "two 3-d operands need the same number of groups and no offs")
+        shape = (groups, mat_a.shape[1], mat_b.shape[2])
+    elif offs is None:
+        raise _fail("grouped_mm", "a 2-d operand needs offs")
+    elif mat_a.ndim == 2 and mat_b.ndim == 3:
+        shape = (mat_a.shape[0], mat_b.shape[2])
+        groups = mat_b.shape[0]
+    elif mat_a.ndim == 2:
+        shape = (groups, mat_a.shape[0], mat_b.shape[1])
+    else:
+        shape = (mat_a.shape[1], mat_b.shape[1])
+        groups = mat_a.shape[0]
+    if offs is not None and offs.shape[0] != groups:
+        raise _fail("grouped_mm", f"offs has {offs.shape[0]} entries for {groups} groups")
+    return TensorProxy(shape, out_dtype or mat_a.dtype, mat_a.device)
 
 
 # -- tensor values as Python numbers ------------------------------------------------------------------

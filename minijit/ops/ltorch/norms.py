@@ -57,6 +57,8 @@ def batch_norm(input: TensorProxy, running_mean: TensorProxy | None, running_var
                weight: TensorProxy | None = None, bias: TensorProxy | None = None, training: bool = False,
                momentum: Any = 0.1, eps: float = 1e-5) -> TensorProxy:
     """F.batch_norm over dim 1; in training the running statistics (if given) are updated in place."""
+    if isinstance(input, TensorProxy) and input.ndim >= 1 and numel_of(input.shape) == 0:
+        return prims.clone(input)  # as eager: nothing to normalize, no statistics to update
     if not isinstance(input, TensorProxy) or input.ndim < 2:
         raise fail("batch_norm", f"expects an input with a channel dim 1, got {getattr(input, 'shape', input)}")
     c = input.shape[1]

@@ -101,13 +101,13 @@ def avg_pool_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
 
 @vjp(A.adaptive_avg_pool)
 def adaptive_avg_pool_fwd(input: TensorProxy, output_size: Any) -> Any:  # noqa: A002
-    return A.adaptive_avg_pool(input, output_size), (input,)
+    return A.adaptive_avg_pool(input, output_size), (input, len(output_size))
 
 
 @adaptive_avg_pool_fwd.backward
 def adaptive_avg_pool_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
-    (x,) = saved
-    return (A.adaptive_avg_pool_backward(g, x),)
+    x, dims = saved
+    return (A.adaptive_avg_pool_backward(g, x, dims),)
 
 
 # -- upsampling -----------------------------------------------------------------------------------------
