@@ -151,7 +151,6 @@ def convolution(input: TensorProxy, weight: TensorProxy, bias: TensorProxy | Non
                 padding: list[int], dilation: list[int], transposed: bool, output_padding: list[int],
                 groups: int) -> None:
     """aten.convolution: a (transposed) convolution of a batched input, with explicit per-dim parameters."""
-    _check_float("convolution", input)
 
 
 @aten_prim(aten.convolution_backward.default)

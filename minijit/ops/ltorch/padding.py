@@ -3,7 +3,8 @@
 Output position i of a padded dim of size n (counting from -before) reads input
 position: |i| reflected back from the far end (reflect), i clamped to [0, n - 1]
 (replicate), or i mod n (circular). The indices are computed in the trace from an
-iota, so the gradient is take's (an index_add), and negative pads crop as in torch.
+iota, so the gradient is take's (an index_add). Negative pads crop (in circular mode, before the
+other side wraps around what is left, as in torch).
 """
 
 from __future__ import annotations
@@ -37,6 +38,14 @@ def pad_by_index(input: TensorProxy, pad: Sequence[int], mode: str) -> TensorPro
 
 def _pad_dim(x: TensorProxy, d: int, before: Any, after: Any, mode: str) -> TensorProxy:
     n = x.shape[d]
+    if mode == "circular" and (before < 0 or after < 0):
+        # Circular padding wraps around what negative pads leave (torch crops first).
+        start, end = max(-before, 0), n - max(-after, 0)
+        if end <= start:
+            raise fail("pad", f"padding ({before}, {after}) leaves nothing of a dim of size {n}")
+        x = prims.slice_prim(x, [start if i == d else 0 for i in range(x.ndim)],
+                             [end if i == d else s for i, s in enumerate(x.shape)])
+        n, before, after = end - start, max(before, 0), max(after, 0)
     if mode == "reflect" and (before >= n or after >= n):
         raise fail("pad", f"reflect padding ({before}, {after}) must be less than the dim's size {n}")
     if mode == "circular" and (before > n or after > n):
@@ -44,6 +53,8 @@ def _pad_dim(x: TensorProxy, d: int, before: Any, after: Any, mode: str) -> Tens
     length = n + before + after
     if length <= 0:
         raise fail("pad", f"padding ({before}, {after}) leaves nothing of a dim of size {n}")
+    if not before and not after:
+        return x
     i = prims.iota(length, start=-before, step=1, dtype=torch.int64, device=x.device)
     if mode == "reflect":
         j = prims.abs(i)
