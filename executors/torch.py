@@ -16,6 +16,7 @@ from minijit.extend import (
     OperatorExecutor,
     Symbol,
     TensorProxy,
+    aten_prim_implementations,
     ltorch_eager_implementations,
     prims,
     register_executor,
@@ -341,6 +342,7 @@ def _sdpa_flash_backward(grad_out: torch.Tensor, query: torch.Tensor, key: torch
 
 _PRIM_IMPLS["sdpa_flash"] = _sdpa_flash
 _PRIM_IMPLS["sdpa_flash_backward"] = _sdpa_flash_backward
+_PRIM_IMPLS.update(aten_prim_implementations())  # convolution, pooling, batch norm, ...: one aten call each
 
 for _op, (_, _fn) in prims.NUMBER_OPS.items():
     _PRIM_IMPLS[f"num_{_op}"] = _fn

@@ -40,12 +40,14 @@ from typing import Any
 from minijit.errors import MinijitError
 from minijit.ir import BoundSymbol, Proxy, Symbol, TensorProxy, Trace, current_trace, tracing
 from minijit.ops import prims
+from minijit.ops.aten_prims import aten_prim_implementations
 from minijit.ops.registry import ALL_LTORCH, EAGER_IMPLS, ltorch_symbol_for
 from minijit.transforms.fusion import Region, region_writes
 
 __all__ = [
     "BoundSymbol", "Executor", "ExecutorUnavailableError", "FusionExecutor", "Implementation", "MinijitError",
-    "OperatorExecutor", "Proxy", "Region", "Symbol", "TensorProxy", "add_default_executor", "get_default_executors",
+    "OperatorExecutor", "Proxy", "Region", "Symbol", "TensorProxy", "add_default_executor", "aten_prim_implementations",
+    "get_default_executors",
     "get_executor", "ltorch_eager_implementations", "prims", "region_writes", "register_executor",
     "remove_default_executor", "resolve_executors", "resolve_symbol",
 ]

@@ -389,6 +389,7 @@ def interpret(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
     slots, containers = keyed
     outside.keyed.update((id(holder), key) for holder, key in slots)
     outside.whole.update(id(c) for c in containers)
+    outside.placed.update(id(p) for p in placed)
     # Arguments that are objects are the caller's own; containers (dataclasses included) were
     # rebuilt around proxies for this call (minijit.runtime.inputs), so they are not.
     for name, value in [*zip(_argument_names(fn, len(args)), args), *kwargs.items()]:
@@ -415,7 +416,7 @@ def interpret(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
             trace.info.setdefault("guards", []).extend(state.guards.values())
         (state.handled, state.passthrough, state.guards, state.internal_cells, state.escapes, state.outside) = saved
     if trace is not None:
-        check_no_proxy_left(outside, {id(p) for p in placed})
+        check_no_proxy_left(outside)
     return result
 
 

@@ -17,9 +17,13 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.utils.checkpoint
 
+from minijit.errors import UnsupportedSyntaxError
 from minijit.frontend.frame import NULL, STATE, current_frame
 from minijit.ir import NumberProxy, TensorProxy, current_trace
+from minijit.ir.context import where_now
+from minijit.ops import aten_prims, prims
 
 LOOKASIDES: dict[Any, Callable[..., Any]] = {}
 
@@ -100,6 +104,17 @@ def round_(number: Any, ndigits: Any = None) -> Any:
     if isinstance(number, TensorProxy):
         raise TypeError("type Tensor doesn't define __round__ method")
     return round(number) if ndigits is None else round(number, ndigits)
+
+
+@lookaside(float)
+def float_(*args: Any) -> Any:
+    """float(); of a one-element TensorProxy, a number the trace computes when it runs (as Tensor.item())."""
+    if len(args) == 1 and isinstance(args[0], TensorProxy):
+        x = args[0]
+        if not x.dtype.is_floating_point:
+            x = prims.convert_element_type(x, torch.float64)
+        return aten_prims.item(x)
+    return float(*args)
 
 
 @lookaside(type)
@@ -391,6 +406,31 @@ def exc_info() -> tuple[Any, Any, Any]:
 def exception() -> BaseException | None:
     """sys.exception() as seen by the interpreted code."""
     return STATE.handled
+
+
+@lookaside(torch.utils.checkpoint.checkpoint)
+def checkpoint(function: Any, *args: Any, use_reentrant: bool | None = None,
+               context_fn: Any = torch.utils.checkpoint.noop_context_fn, determinism_check: str = "default",
+               debug: bool = False, early_stop: bool = True, **kwargs: Any) -> Any:
+    """torch.utils.checkpoint.checkpoint: `function(*args, **kwargs)` traced in place, without recomputation.
+
+    The values and gradients are eager's; the trace simply keeps what its backward needs
+    instead of recomputing it. As in eager, the reentrant variant gives no gradient to
+    anything inside `function` when no tensor argument requires grad.
+    """
+    kwargs.pop("preserve_rng_state", None)
+    if context_fn is not torch.utils.checkpoint.noop_context_fn:
+        raise UnsupportedSyntaxError(f"torch.utils.checkpoint.checkpoint with a context_fn{where_now()} is not "
+                                     "supported by minijit; call it without context_fn")
+    if use_reentrant is None or use_reentrant:
+        if kwargs:  # eager's own checks of the reentrant variant
+            raise ValueError("Unexpected keyword arguments: " + ",".join(kwargs))
+        if debug:
+            raise ValueError("Passing `context_fn` or `debug` is only supported when use_reentrant=False.")
+        if torch.is_grad_enabled() and not any(isinstance(a, TensorProxy) and a.requires_grad for a in args):
+            with torch.no_grad():
+                return _call(function, args, {})
+    return _call(function, args, kwargs)
 
 
 def _dynamic(native: Callable[..., Any]) -> Callable[..., Any]:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import collections
 import inspect
 import types
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -117,6 +118,8 @@ class Outside:
     whole: set[int] = field(default_factory=set)
     # (id(holder), key) whose value the cache key covers (a jitted module's submodules, training flags).
     keyed: set[tuple[int, Any]] = field(default_factory=set)
+    # ids of proxies the caller put into outside objects itself (a jitted module's parameters).
+    placed: set[int] = field(default_factory=set)
 
     # -- roots and sources --------------------------------------------------------------------
     def add_root(self, obj: Any, label: str) -> None:
@@ -233,6 +236,8 @@ class Outside:
         else:
             old = getattr(holder, name, MISSING)
             self.undo.append(lambda: _restore_attribute(holder, name, old))
+        if self._caches_placed(value):
+            return
         op = "delattr" if delete else "setattr"
         if native is object.__setattr__ or native is object.__delattr__:
             op = "object " + op
@@ -243,7 +248,8 @@ class Outside:
         self._remember_contents(container)
         if isinstance(container, dict):
             self.written.add((id(container), key))
-        self.effects.append(Effect("delitem" if delete else "setitem", container, key, value))
+        if not self._caches_placed(value):
+            self.effects.append(Effect("delitem" if delete else "setitem", container, key, value))
 
     def write_global(self, namespace: dict[str, Any], name: str, value: Any, delete: bool = False) -> None:
         """Log an assignment to a module global (only that key is restored: globals dicts are shared)."""
@@ -274,6 +280,13 @@ class Outside:
         """Log a call made for its effect alone (`print`): not made now, made by every call after its computation."""
         self.effects.append(Effect("function", fn, None, (args, kwargs)))
 
+    def _caches_placed(self, value: Any) -> bool:
+        """True when `value` holds only placed proxies (or weak references to them): torch's own cache
+        of a jitted module's parameters (nn.RNNBase._flat_weights), which eager fills with the same
+        parameters. Such a write is undone after the capture and not replayed."""
+        found = [v for v in _cached_values(value, depth=2) if isinstance(v, Proxy)]
+        return bool(found) and all(id(v) in self.placed for v in found)
+
     def _remember_contents(self, container: Any) -> None:
         if id(container) in self.changed:
             return
@@ -297,6 +310,17 @@ class Outside:
         for undo in reversed(self.undo):
             undo()
         self.undo.clear()
+
+
+def _cached_values(value: Any, depth: int) -> list[Any]:
+    """`value`, what a weak reference in it points to, and the items of lists, tuples and dicts, `depth` deep."""
+    if isinstance(value, weakref.ref):
+        return [value()]
+    if depth and type(value) in (list, tuple):
+        return [x for v in value for x in _cached_values(v, depth - 1)]
+    if depth and type(value) is dict:
+        return [x for v in value.values() for x in _cached_values(v, depth - 1)]
+    return [value]
 
 
 def item_label(container_label: str, key: Any) -> str:
@@ -386,14 +410,12 @@ def has_real_tensor(args: Any) -> bool:
     return False
 
 
-def check_no_proxy_left(outside: Outside, placed: set[int]) -> None:
-    """After the capture, no proxy may remain in an object from outside (DESIGN.md, invariant 8).
-
-    `placed` are the ids of proxies put there on purpose (a jitted module's swapped-in parameters).
-    """
+def check_no_proxy_left(outside: Outside) -> None:
+    """After the capture, no proxy may remain in an object from outside (DESIGN.md, invariant 8),
+    but those the caller placed there on purpose (a jitted module's swapped-in parameters)."""
     for obj, label in outside.roots.values():
         for where, value in _shallow_contents(obj):
-            if isinstance(value, Proxy) and id(value) not in placed:
+            if isinstance(value, Proxy) and id(value) not in outside.placed:
                 raise UnsupportedSyntaxError(
                     f"a traced tensor ({value.name}) was stored into {where} of a {type(obj).__name__} ({label}) that "
                     "exists outside the jitted call, by code minijit runs natively; it cannot be replayed. Return "

@@ -59,7 +59,7 @@ class NumberProxy(Proxy):
     the cache entry's guard checks on later calls.
     """
 
-    __slots__ = ("expr", "python_type", "value")
+    __slots__ = ("expr", "origin", "python_type", "value")
 
     def __init__(self, value: int | float | bool, python_type: type, name: str | None = None,
                  expr: str | None = None):
@@ -67,6 +67,8 @@ class NumberProxy(Proxy):
         self.value = value
         self.python_type = python_type
         self.expr = expr
+        # For a value computed by the trace (Tensor.item()): what computed it, for error messages.
+        self.origin: str | None = None
 
     def type_string(self) -> str:
         return f"{self.python_type.__name__} {self.value}"
@@ -131,9 +133,12 @@ def record_constraint(a: NumberProxy, op: str, b: Any, result: bool) -> None:
     for x in (a, b):
         if isinstance(x, NumberProxy):
             if x.expr is None:
+                here = where_now()
+                what = f"{x.name}, {x.origin}," if x.origin else f"{x.name}{here}"
+                used = f" (needed{here})" if x.origin and here not in x.origin else ""
                 raise UnsupportedSyntaxError(
-                    f"the value of {x.name}{where_now()} is only known when the trace runs; it cannot "
-                    "decide a branch or a shape"
+                    f"the value of {what} is only known when the trace runs; it cannot decide a branch or a shape"
+                    f"{used}"
                 )
             exprs.append(x.expr)
         else:
@@ -227,7 +232,8 @@ class FloatProxy(NumberProxy):
 class TensorProxy(Proxy):
     """A tensor in a trace: shape, dtype, device and whether it requires grad."""
 
-    __slots__ = ("device", "dtype", "requires_grad", "shape")
+    # __weakref__: code that keeps weak references to its tensors (nn.RNNBase to its flat weights) traces too.
+    __slots__ = ("__weakref__", "device", "dtype", "requires_grad", "shape")
     name_prefix = "t"
 
     def __init__(
@@ -286,6 +292,10 @@ class TensorProxy(Proxy):
     @property
     def is_cuda(self) -> bool:
         return self.device.type == "cuda"
+
+    @property
+    def is_nested(self) -> bool:
+        return False  # traces hold strided tensors only
 
     def __len__(self) -> int:
         if not self.shape:

@@ -105,7 +105,9 @@ def autograd_callable(compiled: CompiledGrad) -> Callable[..., Any]:
     dirty = compiled.dirty_inputs
 
     def run_with_grad(*tensors: torch.Tensor) -> Any:
-        if not positions and not dirty:  # nothing to differentiate: no autograd node
+        if not positions and not dirty:
+            # Nothing to differentiate: no autograd node, and no eager graph built by the forward's ops
+            # on inputs that require grad (everything was constant for VJP, e.g. computed under no_grad).
             # Writes into leaves that require grad were made under torch.no_grad() in the function
             # (functionalize refuses the others), so they run under it here too.
             with torch.no_grad():

@@ -557,8 +557,6 @@ def test_jit_of_a_parent_whose_child_is_jitted():
     assert minijit.cache_info(jp).misses == 1
 
 
-@pytest.mark.xfail(strict=True, raises=AttributeError,
-                   reason="TensorProxy.is_nested (read by TransformerEncoderLayer) is op coverage, not this part")
 def test_transformer_encoder_layer_trains():
     def build():
         torch.manual_seed(0)

@@ -18,6 +18,7 @@ from minijit.ir import Symbol, TensorProxy
 from minijit.ops import prims
 from minijit.transforms.vjp import VJP_RULES
 from tests.oputil import assert_same_grads
+from tests.transforms import aten_prim_cases
 
 F64 = torch.float64
 
@@ -145,6 +146,8 @@ CASES += [
     ("sort", lambda: (_with_ties(3, 5), 1, True, True)),
 ]
 
+CASES += aten_prim_cases.CASES
+
 # aten::floor_divide has no derivative; torch.div(..., rounding_mode="floor") defines it as zero.
 ZERO_GRAD = {"floor_divide"}
 _PRIM_BY_NAME = {sym.name: sym for sym in prims.ALL_PRIMS.values()}
@@ -219,6 +222,7 @@ NOT_DIFFERENTIABLE = {
     # Attention kernels that only the VJP rule of ltorch.scaled_dot_product_attention records,
     # in the forward and backward traces it builds; nothing differentiates those again.
     "sdpa_flash", "sdpa_flash_backward",
+    *aten_prim_cases.NOT_DIFFERENTIABLE,
 }
 # Prims whose rule refuses complex inputs (tested by the error test below) and has no real-input case torch runs.
 REFUSES_COMPLEX = {"imag"}
@@ -230,7 +234,7 @@ def test_every_differentiable_prim_has_a_rule() -> None:
     missing = [sym.id for name, sym in prims.ALL_PRIMS.items()
                if sym.id not in VJP_RULES and sym.name not in NOT_DIFFERENTIABLE]
     assert not missing, f"prims without a VJP rule: {missing}"
-    tested = {name for name, _ in CASES} | REFUSES_COMPLEX | TESTED_BELOW
+    tested = {name for name, _ in CASES} | REFUSES_COMPLEX | TESTED_BELOW | set(aten_prim_cases.TESTED_ELSEWHERE)
     untested = [sym.name for sym in prims.ALL_PRIMS.values() if sym.id in VJP_RULES and sym.name not in tested]
     assert not untested, f"prims with a rule but no gradient test: {untested}"
 

@@ -40,6 +40,7 @@ from minijit.ops.ltorch.elementwise import (
     tanh,
     where,
 )
+from minijit.ops.ltorch.padding import pad_by_index
 from minijit.ops.ltorch.reductions import all as all_
 from minijit.ops.ltorch.reductions import keep_dims, reduction_dims, vector_norm_of
 from minijit.ops.ltorch.reductions import sum as sum_
@@ -681,10 +682,11 @@ def scaled_dot_product_attention(query: TensorProxy, key: TensorProxy, value: Te
 
 @ltorch_op(torch_fns=[F.pad])
 def pad(input: TensorProxy, pad: Sequence[int], mode: str = "constant", value: float | None = None) -> TensorProxy:  # noqa: A002
-    """F.pad in 'constant' mode: pad[2i], pad[2i + 1] elements before/after dim -1 - i (negative crops)."""
+    """F.pad: pad[2i], pad[2i + 1] elements before/after dim -1 - i (negative crops), filled with value,
+    or in 'reflect', 'replicate' or 'circular' mode (minijit/ops/ltorch/padding.py)."""
     _tensor("pad", input)
     if mode != "constant":
-        raise fail("pad", f"mode {mode!r} is not supported; only 'constant'")
+        return pad_by_index(input, pad, mode)
     if len(pad) % 2 or len(pad) // 2 > input.ndim:
         raise fail("pad", f"padding {tuple(pad)} needs pairs for at most {input.ndim} dims")
     fill = 0 if value is None else value
