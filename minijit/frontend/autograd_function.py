@@ -114,6 +114,7 @@ def _user_function(cls: type, name: str) -> Any:
 def _sub_trace(outer: Trace, name: str) -> Trace:
     sub = Trace(name, _names=outer.names)
     sub.capture_tensor = outer.capture_tensor
+    sub.captures_user_code = outer.captures_user_code
     sub.source = outer.source
     return sub
 

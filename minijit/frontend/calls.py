@@ -40,8 +40,9 @@ _NATIVE_MODULES = (
     "numpy", "unittest", "_pytest", "pytest", "pluggy", "codecs", "encodings", "locale", "io", "_collections_abc",
     "functools", "ast", "dis", "opcode", "sympy", "site", "sysconfig",
 )
-# ... except these, which hold user-visible Python code worth tracing through (nn layer forwards).
-_INTERPRETED_TORCH_MODULES = ("torch.nn.modules",)
+# ... except these, which hold user-visible Python code worth tracing through (nn layer forwards, and
+# the function `@torch.autocast(...)` wraps a user function in).
+_INTERPRETED_TORCH_MODULES = ("torch.nn.modules", "torch.amp.autocast_mode")
 
 # Modules whose C callables may receive proxies: they only store them or call their Python dunders.
 _PROXY_SAFE_MODULES = {"builtins", "operator", "_operator", "functools", "_functools", "itertools",

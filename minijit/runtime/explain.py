@@ -9,6 +9,8 @@ from typing import Any
 
 import torch
 
+from minijit.runtime.autocast import describe_autocast
+
 
 def _describe_value(label: str, x: Any, out: dict[str, tuple[str, Any]], symbolic: bool) -> None:
     if isinstance(x, torch.Tensor) and symbolic:
@@ -46,6 +48,7 @@ def describe_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[st
     except (TypeError, ValueError):
         items = [(f"arg{i}", a) for i, a in enumerate(args)] + list(kwargs.items())
     out: dict[str, tuple[str, Any]] = {"grad mode": ("torch.is_grad_enabled()", ("value", ("bool", torch.is_grad_enabled())))}
+    out.update(describe_autocast())
     # A module's forward takes its parameters and training flags first: name them by path.
     module_names = {"params": getattr(fn, "slots", None), "flags": getattr(fn, "module_paths", None)}
     for name, value in items:
