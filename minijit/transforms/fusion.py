@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from minijit.ir import BoundSymbol, Proxy, Symbol, tree_iter
-from minijit.ops.prims import INPLACE
+from minijit.ops.prims import INPLACE, RANDOM
 
 
 @dataclass
@@ -84,7 +84,7 @@ def _region(name: str, members: list[BoundSymbol], used_outside: set[str]) -> Re
     return Region(name, list(members), list(inputs.values()), outputs)
 
 
-def region_bound_symbol(region: Region, namespace: str, fn: Callable[..., Any]) -> BoundSymbol:
+def region_bound_symbol(region: Region, namespace: str, fn: Callable[..., Any], random_note: str = "") -> BoundSymbol:
     """The bound symbol that runs `region` with `fn` (which returns a tuple of the outputs)."""
     tags = frozenset({INPLACE}) if region.inplace else frozenset()
     if len(region.outputs) == 1:
@@ -98,8 +98,10 @@ def region_bound_symbol(region: Region, namespace: str, fn: Callable[..., Any]) 
     sym = Symbol(region.name, None, namespace=namespace, is_prim=True, tags=tags, fn=call)
     source = next((b.source for b in region.members if b.source is not None), None)
     bsym = sym.bind(*region.inputs, output=output, subsymbols=tuple(region.members), source=source)
-    # An executor may say what the region runs as (its kernels' names) in the printed trace.
-    bsym.note = getattr(fn, "note", "")
+    # An executor may say what the region runs as (its kernels' names) in the printed trace,
+    # and says how it draws random numbers where the region makes draws (not as torch would).
+    notes = [getattr(fn, "note", ""), random_note if any(RANDOM in b.sym.tags for b in region.members) else ""]
+    bsym.note = "; ".join(n for n in notes if n)
     return bsym
 
 

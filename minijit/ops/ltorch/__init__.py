@@ -4,7 +4,16 @@ Importing this package declares every op and fills the table from torch callable
 (`torch.add`, `torch.Tensor.add`, `torch.nn.functional.gelu`, ...) to symbols.
 """
 
-from minijit.ops.ltorch import creation, elementwise, indexing, inplace, nn, reductions, shape  # noqa: F401 - declares the ops
+from minijit.ops.ltorch import (  # noqa: F401 - declares the ops
+    creation,
+    elementwise,
+    indexing,
+    inplace,
+    nn,
+    randomness,
+    reductions,
+    shape,
+)
 from minijit.ops.registry import ALL_LTORCH
 
 inplace.declare_inplace_variants()
