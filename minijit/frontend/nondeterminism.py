@@ -136,21 +136,25 @@ for _name in ("manual_seed", "manual_seed_all", "seed", "seed_all", "get_rng_sta
 
 # -- values from outside torch's generator: refused ----------------------------------------------------
 
-def _frozen(name: str, what: str) -> FrozenValueError:
-    return FrozenValueError(
-        f"{name}(){where_now()} {what}, but in a jitted function it would run only once, while tracing, and "
-        "every later call would reuse that value. Call it outside the jitted function and pass the result in "
-        "as an argument (minijit.jit re-traces for each new Python number; pass a tensor to avoid that)")
+def _frozen(name: str, kind: str) -> FrozenValueError:
+    if kind == _SEEDS:
+        what = ("changes a random generator's state; in a jitted function it would run only once, while tracing, "
+                "and later calls would not repeat it. Call it outside the jitted function")
+    else:
+        what = ("gives a new value on each call; in a jitted function it would run only once, while tracing, and "
+                "every later call would reuse that value. Call it outside the jitted function and pass the result "
+                "in as an argument (a tensor, or a Python number, for which minijit.jit traces again)")
+    return FrozenValueError(f"{name}(){where_now()} {what}")
 
 
-_DRAWS = "gives a new value on each call"
-_SEEDS = "changes a random generator's state"
+_DRAWS = "draws"
+_SEEDS = "seeds"
 _STATE_METHODS = {"seed", "setstate", "set_state", "set_bit_generator"}
 
 
-def _refuse(fn: Any, name: str | Callable[..., str], what: str = _DRAWS) -> None:
+def _refuse(fn: Any, name: str | Callable[..., str], kind: str = _DRAWS) -> None:
     def refuse(*args: Any, **kwargs: Any) -> Any:
-        raise _frozen(name(*args) if callable(name) else name, what)
+        raise _frozen(name(*args) if callable(name) else name, kind)
 
     refuse.__doc__ = f"{name if isinstance(name, str) else getattr(fn, '__qualname__', fn)}: refused (FrozenValueError)."
     LOOKASIDES[fn] = refuse
@@ -162,8 +166,8 @@ def _refuse_methods(cls: type, public_name: Callable[[Any, str], str]) -> None:
         fn = getattr(cls, attr, None)
         if attr.startswith("_") or isinstance(fn, type) or not callable(fn):
             continue
-        what = _SEEDS if attr in _STATE_METHODS else _DRAWS
-        _refuse(fn, lambda obj=None, *_, attr=attr: public_name(obj, attr), what)
+        kind = _SEEDS if attr in _STATE_METHODS else _DRAWS
+        _refuse(fn, lambda obj=None, *_, attr=attr: public_name(obj, attr), kind)
 
 
 def _python_random_name(obj: Any, attr: str) -> str:
@@ -199,8 +203,8 @@ def _refuse_numpy() -> None:
         # Bound methods of the hidden global RandomState are its methods, refused above.
         if attr.startswith("_") or isinstance(fn, type | types.ModuleType | types.MethodType) or not callable(fn):
             continue
-        what = _SEEDS if attr in _STATE_METHODS else _DRAWS
-        _refuse(getattr(fn, "__func__", fn), f"numpy.random.{attr}", what)
+        kind = _SEEDS if attr in _STATE_METHODS else _DRAWS
+        _refuse(getattr(fn, "__func__", fn), f"numpy.random.{attr}", kind)
 
 
 _refuse_numpy()

@@ -78,18 +78,23 @@ def policy_for(op_name: str, device_type: str) -> str | None:
     return POLICIES.get(device_type, {}).get(op_name)
 
 
-def _device_type(tensors: list[TensorProxy]) -> str:
+# A real tensor among an op's arguments (a global, a closure value) becomes a trace constant when
+# recorded; autocast casts it like a proxy.
+_TENSORS = (TensorProxy, torch.Tensor)
+
+
+def _device_type(tensors: list[Any]) -> str:
     # Eager dispatches to the backend with the highest priority among the arguments: CUDA over CPU.
     types = {t.device.type for t in tensors}
     return "cuda" if "cuda" in types else tensors[0].device.type
 
 
 def _eligible(x: Any, device_type: str) -> bool:
-    return (isinstance(x, TensorProxy) and x.device.type == device_type and x.dtype.is_floating_point
+    return (isinstance(x, _TENSORS) and x.device.type == device_type and x.dtype.is_floating_point
             and x.dtype != torch.float64)
 
 
-def _widest(op: str, tensors: list[TensorProxy], lower: torch.dtype, device_type: str) -> torch.dtype:
+def _widest(op: str, tensors: list[Any], lower: torch.dtype, device_type: str) -> torch.dtype:
     widest = lower
     for t in tensors:
         if not _eligible(t, device_type):
@@ -102,7 +107,7 @@ def _widest(op: str, tensors: list[TensorProxy], lower: torch.dtype, device_type
     return widest
 
 
-def _cast(trace: Trace, x: TensorProxy, dtype: torch.dtype, lower: torch.dtype) -> TensorProxy:
+def _cast(trace: Trace, x: Any, dtype: torch.dtype, lower: torch.dtype) -> TensorProxy:
     """x in `dtype`, sharing one cast per parameter while autocast stays entered, as eager does."""
     if x.dtype == dtype:
         return x
@@ -148,7 +153,7 @@ def autocast_arguments(op_name: str, meta: Callable[..., Any], args: tuple[Any, 
     Records the casts (`prims.convert_element_type`) into the current trace. `meta` is
     the op's decomposition, whose signature locates a `dtype` argument.
     """
-    tensors = [x for x in tree_iter((args, kwargs)) if isinstance(x, TensorProxy)]
+    tensors = [x for x in tree_iter((args, kwargs)) if isinstance(x, _TENSORS)]
     if not tensors:
         return args, kwargs
     device_type = _device_type(tensors)
