@@ -98,6 +98,10 @@ def call(fn: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> 
             return lookaside(*args, **kwargs)
         if should_interpret(fn):
             return run_function(fn, args, kwargs)
+        # A native wrapper of a looked-aside function (torch._dynamo replaces torch.manual_seed with one).
+        lookaside = LOOKASIDES.get(getattr(fn, "__wrapped__", None))
+        if lookaside is not None:
+            return lookaside(*args, **kwargs)
         return _call_native(fn, args, kwargs)
     if t is types.MethodType:
         return call(fn.__func__, (fn.__self__, *args), kwargs)

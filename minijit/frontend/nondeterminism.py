@@ -14,6 +14,11 @@ would be frozen into the trace. Each family gets one behaviour:
   `uuid.uuid1/uuid4`: refused with a `FrozenValueError` naming the call and the user's
   line: their values do not come from torch's generator, so the trace cannot draw them
   as eager does. The fix is to call them outside and pass the value in as an argument.
+  One exception: a generator the function itself creates with a constant seed
+  (`random.Random(0)`, `numpy.random.default_rng(0)`) draws the same values on every
+  call, so its draws run (once, while tracing) like any other Python code.
+
+Outside tracing (the interpreter on plain Python) all of these run natively.
 """
 
 from __future__ import annotations
@@ -26,12 +31,13 @@ import types
 import uuid
 from collections.abc import Callable
 from typing import Any
+from weakref import WeakKeyDictionary
 
 import torch
 
 from minijit.errors import FrozenValueError, UnsupportedOpError
 from minijit.frontend.lookasides import LOOKASIDES, lookaside
-from minijit.ir import NumberProxy, TensorProxy
+from minijit.ir import NumberProxy, TensorProxy, Trace, current_trace
 from minijit.ir.context import where_now
 from minijit.ops import prims
 
@@ -152,12 +158,36 @@ _SEEDS = "seeds"
 _STATE_METHODS = {"seed", "setstate", "set_state", "set_bit_generator"}
 
 
+# trace -> the generators the traced function created with a constant seed (their draws repeat).
+_SEEDED_HERE: WeakKeyDictionary[Trace, list[Any]] = WeakKeyDictionary()
+
+
 def _refuse(fn: Any, name: str | Callable[..., str], kind: str = _DRAWS) -> None:
     def refuse(*args: Any, **kwargs: Any) -> Any:
+        trace = current_trace()
+        if trace is None or (args and any(g is args[0] for g in _SEEDED_HERE.get(trace, ()))):
+            return fn(*args, **kwargs)
         raise _frozen(name(*args) if callable(name) else name, kind)
 
     refuse.__doc__ = f"{name if isinstance(name, str) else getattr(fn, '__qualname__', fn)}: refused (FrozenValueError)."
     LOOKASIDES[fn] = refuse
+
+
+def _seeded_constructor(make: Any, name: str) -> None:
+    """`make(seed)` creating a generator: with a constant seed its draws repeat on every call; else refused."""
+    def construct(*args: Any, **kwargs: Any) -> Any:
+        trace = current_trace()
+        if trace is None:
+            return make(*args, **kwargs)
+        seed = args[0] if args else next(iter(kwargs.values()), None)
+        if seed is None or not isinstance(seed, int | float | str | bytes) or isinstance(seed, NumberProxy):
+            raise _frozen(name, _DRAWS)
+        generator = make(*args, **kwargs)
+        _SEEDED_HERE.setdefault(trace, []).append(generator)
+        return generator
+
+    construct.__doc__ = f"{name}(seed): allowed with a constant seed (its draws repeat on every call)."
+    LOOKASIDES[make] = construct
 
 
 def _refuse_methods(cls: type, public_name: Callable[[Any, str], str]) -> None:
@@ -178,6 +208,7 @@ def _python_random_name(obj: Any, attr: str) -> str:
 # (randint, choice, shuffle, gauss) are refused before they reach the C ones (random, getrandbits).
 _refuse_methods(random.Random, _python_random_name)
 _refuse_methods(random.SystemRandom, _python_random_name)
+_seeded_constructor(random.Random, "random.Random")
 
 for _fn, _name in ((time.time, "time.time"), (time.time_ns, "time.time_ns"), (time.perf_counter, "time.perf_counter"),
                    (time.perf_counter_ns, "time.perf_counter_ns"), (time.monotonic, "time.monotonic"),
@@ -198,6 +229,7 @@ def _refuse_numpy() -> None:
     _refuse_methods(npr.RandomState, lambda obj, attr: f"numpy.random.{attr}" if obj is npr.mtrand._rand
                     else f"numpy.random.RandomState.{attr}")
     _refuse_methods(npr.Generator, lambda obj, attr: f"numpy.random.Generator.{attr}")
+    _seeded_constructor(npr.RandomState, "numpy.random.RandomState")
     for attr in dir(npr):
         fn = getattr(npr, attr)
         # Bound methods of the hidden global RandomState are its methods, refused above.
@@ -205,6 +237,7 @@ def _refuse_numpy() -> None:
             continue
         kind = _SEEDS if attr in _STATE_METHODS else _DRAWS
         _refuse(getattr(fn, "__func__", fn), f"numpy.random.{attr}", kind)
+    _seeded_constructor(npr.default_rng, "numpy.random.default_rng")
 
 
 _refuse_numpy()

@@ -245,3 +245,55 @@ def test_tied_weight_is_cast_once() -> None:
     trace = minijit.last_traces(jitted)[0]
     casts = [b for b in trace.bound_symbols if b.sym.id == "prims.convert_element_type" and b.args[0].name == "lin_weight"]
     assert len(casts) == 1, trace
+
+
+# -- custom autograd.Functions under autocast ------------------------------------------------------
+
+class _CastingMM(torch.autograd.Function):
+    """torch.amp.custom_fwd/custom_bwd: the forward runs in float32 with autocast off."""
+
+    @staticmethod
+    @torch.amp.custom_fwd(device_type="cpu", cast_inputs=torch.float32)
+    def forward(ctx: Any, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(a, b)
+        return a.mm(b)
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type="cpu")
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        a, b = ctx.saved_tensors
+        return g.mm(b.t()), a.t().mm(g)
+
+
+class _PlainMM(torch.autograd.Function):
+    """No decorators: the forward sees autocast, the backward (run later, outside it) does not."""
+
+    @staticmethod
+    def forward(ctx: Any, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(a, b)
+        return a.mm(b)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        a, b = ctx.saved_tensors
+        return g.float().mm(b.t()), a.t().mm(g.float())
+
+
+def test_custom_functions_under_autocast() -> None:
+    def fn(a: torch.Tensor, b: torch.Tensor) -> Any:
+        with torch.autocast("cpu", dtype=BF16):
+            return _CastingMM.apply(a, b), _PlainMM.apply(a, b)
+
+    jf = minijit.jit(fn)
+    for call in range(CALLS):
+        torch.manual_seed(call)
+        a, b = torch.randn(3, 4), torch.randn(4, 5)
+        grads = []
+        for f in (fn, jf):
+            ra, rb = a.clone().requires_grad_(), b.clone().requires_grad_()
+            outs = f(ra, rb)
+            sum(o.float().sum() for o in outs).backward()
+            grads.append((outs, ra.grad, rb.grad))
+        (want, *want_grads), (got, *got_grads) = grads
+        assert_same(got, want)
+        assert_same(got_grads, want_grads)

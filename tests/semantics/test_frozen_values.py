@@ -75,3 +75,24 @@ def test_value_passed_as_an_argument_is_the_fix() -> None:
         scale = torch.tensor(random.random())
         assert torch.equal(jf(X, scale), X * scale)
     assert minijit.cache_info(jf).misses == 1
+
+
+def test_generator_seeded_inside_with_a_constant_repeats_its_draws() -> None:
+    # Its draws are the same on every call, eager or not: nothing is frozen that would change.
+    def fn(x: torch.Tensor, seed: int) -> torch.Tensor:
+        order = list(range(3))
+        random.Random(seed).shuffle(order)
+        return x[order] * float(np.random.default_rng(seed).random())
+
+    x = torch.arange(3.0)
+    jf = minijit.jit(fn)
+    for seed in (0, 0, 1, 1):
+        assert torch.equal(jf(x, seed), fn(x, seed))
+    assert minijit.cache_info(jf).misses == 2  # one trace per seed (a Python int is specialised on)
+
+
+@pytest.mark.parametrize("make", [lambda: random.Random(), lambda: np.random.default_rng()],
+                         ids=["random.Random", "numpy.random.default_rng"])
+def test_generator_seeded_from_entropy_is_refused(make: Callable[[], Any]) -> None:
+    with pytest.raises(minijit.FrozenValueError, match=r"test_frozen_values\.py"):
+        minijit.jit(lambda x: (make(), x)[1])(X)
