@@ -10,6 +10,7 @@ Hoisting keeps the copy ordering of DESIGN.md (invariant 1): a bound symbol that
 writes into a tensor the region reads is never moved in front of the region (the
 region would read the new value instead of the old one); and one that reads a
 value the region produces, including a tensor the region copies into, stays after it.
+Nor does a random bound symbol move in front of a region that draws random numbers.
 """
 
 from __future__ import annotations
@@ -155,9 +156,11 @@ def partition(entries: Sequence[tuple[BoundSymbol, Any]], executor: Any, trace_o
         depends = not reads.isdisjoint(region_produced)
         # Invariant 1: never move a write of a tensor in front of the region's reads of its old value.
         overwrites = not written_names(bsym).isdisjoint(region_read)
+        # Random draws keep their order (a region draws only where its executor says how it does).
+        draws_after = RANDOM in bsym.sym.tags and any(RANDOM in b.sym.tags for b in region)
         # A deferred bound symbol that a later non-member needs must keep its place relative to it:
         # deferred ones run before the region, so that always holds.
-        if depends or overwrites:
+        if depends or overwrites or draws_after:
             close()
             result.append((bsym, owner))
         else:

@@ -322,3 +322,29 @@ def test_fusion_executor_claims_random_prims_only_saying_how_it_draws(random_dra
         assert all("random numbers" not in line for line in fused), printed
     else:
         assert any(f"random numbers: {random_draws}" in line for line in fused), printed
+
+
+def test_draws_keep_their_order_around_a_region_that_draws() -> None:
+    ex = _PointwiseFuser("fuser_order", "its own stream")
+    jf = minijit.jit(lambda x: (F.dropout(x, 0.5) * 3, torch.rand(4, 6)), executors=[ex])
+    jf(X)
+    names = [b.sym.name for b in minijit.last_traces(jf)[-1].bound_symbols]
+    # torch.rand is not the fuser's, and does not depend on the region, yet stays after it.
+    assert names.index("rand") > names.index("fusion_0"), names
+
+
+def test_dropout_on_cuda_is_eagers_fused_kernel() -> None:
+    # No GPU needed: the capture of a CUDA proxy, and its forward/backward split.
+    from minijit.ir import TensorProxy, Trace, tracing
+    from minijit.ops import ltorch
+    from minijit.transforms.grad import split_forward_backward
+
+    trace = Trace("cuda_dropout")
+    with tracing(trace):
+        x = trace.add_input(TensorProxy((4, 6), torch.float32, torch.device("cuda"), requires_grad=True), "x")
+        trace.output = ltorch.dropout(x, 0.3)
+    (dropout,) = trace.bound_symbols
+    assert [b.sym.id for b in dropout.subsymbols] == ["prims.native_dropout"]
+    fwd, bwd = split_forward_backward(trace)
+    assert "prims.native_dropout" in [b.sym.id for b in fwd.bound_symbols]
+    assert [b.sym.id for b in bwd.bound_symbols] == ["prims.native_dropout_backward"]
