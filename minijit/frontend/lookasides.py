@@ -362,4 +362,13 @@ LOOKASIDES[eval] = _dynamic(eval)
 LOOKASIDES[exec] = _dynamic(exec)
 
 
+@lookaside(torch.clear_autocast_cache)
+def clear_autocast_cache() -> None:
+    """torch.clear_autocast_cache (leaving the outermost autocast), also for the casts the trace shares."""
+    from minijit.ops.autocast import clear_cast_cache
+
+    clear_cast_cache()
+    torch.clear_autocast_cache()
+
+
 __all__ = ["LOOKASIDES", "interpreted", "lookaside"]

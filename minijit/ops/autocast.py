@@ -21,8 +21,10 @@ printed trace shows them and the compiled trace runs without autocast (minijit's
 runtime turns it off around the call). As in eager, the op's own decomposition runs
 with autocast off: only calls made by the user's code are cast
 (`Trace.recording_user_call`). Casts of float32 trace inputs that require grad (the
-parameters) to the autocast dtype are cached, as eager caches casts of weights, while
-autocast stays entered (`torch.is_autocast_cache_enabled()`).
+parameters) to the autocast dtype are shared, as eager caches casts of weights
+(`torch.is_autocast_cache_enabled()`), until eager would clear its cache
+(`clear_cast_cache`, called where the traced code calls `torch.clear_autocast_cache`,
+as leaving the outermost autocast context does).
 """
 
 from __future__ import annotations
@@ -122,11 +124,11 @@ def _cast(trace: Trace, x: Any, dtype: torch.dtype, lower: torch.dtype) -> Tenso
     return cast
 
 
-def _autocast_nesting() -> int:
-    """How many torch.autocast contexts are entered (eager clears its cast cache when this reaches 0)."""
-    depth = torch.autocast_increment_nesting()
-    torch.autocast_decrement_nesting()
-    return depth - 1
+def clear_cast_cache() -> None:
+    """Forget the casts shared in the trace being recorded (eager's `torch.clear_autocast_cache`)."""
+    trace = current_trace()
+    if trace is not None:
+        _CAST_CACHES.pop(trace, None)
 
 
 _SIGNATURES: dict[Callable[..., Any], inspect.Signature] = {}
@@ -159,9 +161,6 @@ def autocast_arguments(op_name: str, meta: Callable[..., Any], args: tuple[Any, 
     device_type = _device_type(tensors)
     if device_type not in POLICIES or not torch.is_autocast_enabled(device_type):
         return args, kwargs
-    trace = current_trace()
-    if _autocast_nesting() == 0:
-        _CAST_CACHES.pop(trace, None)
     policy = policy_for(op_name, device_type)
     if policy is None:
         return args, kwargs
@@ -175,10 +174,13 @@ def autocast_arguments(op_name: str, meta: Callable[..., Any], args: tuple[Any, 
     else:
         dtype = _widest(op_name, tensors, lower, device_type)
 
+    trace = current_trace()
+
     def cast(x: Any) -> Any:
         return _cast(trace, x, dtype, lower) if _eligible(x, device_type) else x
 
     return tree_map(cast, (args, kwargs))
 
 
-__all__ = ["FP32", "FP32_UNLESS_DTYPE", "LOWER", "POLICIES", "PROMOTE", "autocast_arguments", "policy_for"]
+__all__ = ["FP32", "FP32_UNLESS_DTYPE", "LOWER", "POLICIES", "PROMOTE", "autocast_arguments", "clear_cast_cache",
+           "policy_for"]

@@ -192,6 +192,20 @@ class TiedMLP(nn.Module):
         return self.lin(torch.relu(self.lin(x)))
 
 
+class TwoRegions(nn.Module):
+    """Two autocast regions: eager clears its cast cache when leaving the first."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=BF16):
+            y = self.lin(torch.relu(self.lin(x)))
+        with torch.autocast("cpu", dtype=BF16):
+            return self.lin(y)
+
+
 def _mlp() -> nn.Module:
     return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
 
@@ -212,8 +226,9 @@ def lossless_round_trips(trace: Trace) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("make_model, shape", [(_mlp, (2, 5, 8)), (Block, (2, 5, 16)), (TiedMLP, (3, 8))],
-                         ids=["mlp", "transformer_block", "tied_weights"])
+@pytest.mark.parametrize("make_model, shape", [(_mlp, (2, 5, 8)), (Block, (2, 5, 16)), (TiedMLP, (3, 8)),
+                                               (TwoRegions, (3, 8))],
+                         ids=["mlp", "transformer_block", "tied_weights", "two_regions"])
 def test_amp_training_loop_gives_eager_gradients(make_model: Callable[[], nn.Module], shape: tuple[int, ...]) -> None:
     torch.manual_seed(0)
     eager = make_model()
@@ -237,14 +252,16 @@ def test_amp_training_loop_gives_eager_gradients(make_model: Callable[[], nn.Mod
         assert not lossless_round_trips(trace), trace
 
 
-def test_tied_weight_is_cast_once() -> None:
-    model = TiedMLP()
+@pytest.mark.parametrize("make_model, casts", [(TiedMLP, 1), (TwoRegions, 2)], ids=["one_region", "two_regions"])
+def test_a_weight_is_cast_once_per_autocast_region(make_model: Callable[[], nn.Module], casts: int) -> None:
+    model = make_model()
     jitted = minijit.jit(model)
-    with torch.autocast("cpu", dtype=BF16):
+    with torch.autocast("cpu", dtype=BF16) if make_model is TiedMLP else contextlib.nullcontext():
         jitted(torch.randn(3, 8))
     trace = minijit.last_traces(jitted)[0]
-    casts = [b for b in trace.bound_symbols if b.sym.id == "prims.convert_element_type" and b.args[0].name == "lin_weight"]
-    assert len(casts) == 1, trace
+    weight_casts = [b for b in trace.bound_symbols
+                    if b.sym.id == "prims.convert_element_type" and b.args[0].name == "lin_weight"]
+    assert len(weight_casts) == casts, trace
 
 
 # -- custom autograd.Functions under autocast ------------------------------------------------------
