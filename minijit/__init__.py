@@ -21,6 +21,7 @@ import torch
 
 from minijit.errors import (
     AliasError,
+    FrozenValueError,
     GuardError,
     MetaError,
     MinijitError,
@@ -34,8 +35,9 @@ from minijit.runtime.module import JitModule
 from minijit.runtime.show import show, show_diff
 
 __all__ = [
-    "AliasError", "CacheInfo", "GuardError", "MetaError", "MinijitError", "RetraceWarning", "UnsupportedOpError",
-    "UnsupportedSyntaxError", "cache_info", "jit", "last_backward_traces", "last_traces", "show", "show_diff",
+    "AliasError", "CacheInfo", "FrozenValueError", "GuardError", "MetaError", "MinijitError", "RetraceWarning",
+    "UnsupportedOpError", "UnsupportedSyntaxError", "cache_info", "jit", "last_backward_traces", "last_traces", "show",
+    "show_diff",
 ]
 
 

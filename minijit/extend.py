@@ -270,6 +270,11 @@ class FusionExecutor(Executor):
     # target inside the region, where the executor's own analysis finds it safe). With False,
     # copies stay outside regions, for the copy_to_out_ analysis pass to decide.
     fuse_copies_to_out = True
+    # Random prims (tagged RANDOM: draws from, seeds or reads torch's generator) stay with the
+    # torch executor, which makes eager's draws in trace order. An executor whose kernels draw
+    # in their own way may claim them by saying how here, in words; the sentence then appears
+    # on each of its regions that holds one, in the printed trace.
+    random_draws: str | None = None
 
     def fusible(self, bsym: BoundSymbol) -> bool:
         """Whether this executor can run this (prim-level) call inside a fused region."""
@@ -284,7 +289,12 @@ class FusionExecutor(Executor):
         raise NotImplementedError
 
     def claims(self, bsym: BoundSymbol) -> bool:
-        """Whether this executor fuses `bsym`: a fusible prim, or a composite whose leaves all are."""
+        """Whether this executor fuses `bsym`: a fusible prim, or a composite whose leaves all are.
+
+        Never a random one, unless the executor says how it draws (`random_draws`).
+        """
+        if prims.RANDOM in bsym.sym.tags and self.random_draws is None:
+            return False
         if self.fusible(bsym):
             return True
         return bool(bsym.subsymbols) and all(self.claims(s) for s in bsym.subsymbols)

@@ -14,7 +14,9 @@ time, so that every call can be inspected before it happens. The pieces:
 - `calls`: what a call does: ltorch symbol for a torch callable, lookaside, interpret
   Python code, or run natively after checking that no proxy goes where it cannot.
 - `lookasides`: replacements for builtins that must see the interpreter's view
-  (`super()`, `isinstance(proxy, torch.Tensor)`, `map(f, ...)`, class bodies, ...).
+  (`super()`, `isinstance(proxy, torch.Tensor)`, `map(f, ...)`, class bodies, ...);
+  `nondeterminism`: torch's RNG state calls recorded into the trace, and Python's random,
+  numpy.random, clocks and entropy refused (their values would be frozen at trace time).
 - `guards`: `GuardEntry` (a value the trace read and where from) and `build_guard`, which
   compiles one function checking that they all still hold.
 
@@ -30,7 +32,10 @@ Example::
     check = build_guard(trace.info["guards"])
 """
 
-from minijit.frontend import autograd_function  # noqa: F401  (registers the Function.apply lookaside)
+from minijit.frontend import (
+    autograd_function,  # noqa: F401  (registers the Function.apply lookaside)
+    nondeterminism,  # noqa: F401  (registers the RNG, clock and entropy lookasides)
+)
 
 # Call dispatch and the opcode table import the interpreter, which therefore imports them
 # lazily; loading them with the package keeps that import out of the first jitted call.

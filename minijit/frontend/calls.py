@@ -55,7 +55,9 @@ _NATIVE_MODULES = (
     "torch.__config__", "torch._vmap_internals", "torch.distributed", "torch._namedtensor_internals",
     "torch.random", "torch.nn.parameter", "torch._compile", "torch.compiler",
 )
-_INTERPRETED_TORCH_MODULES: tuple[str, ...] = ()
+# ... except these, which hold user-visible Python code worth tracing through (nn layer forwards, and
+# the function `@torch.autocast(...)` wraps a user function in).
+_INTERPRETED_TORCH_MODULES = ("torch.nn.modules", "torch.amp.autocast_mode")
 
 # Modules whose C callables may receive proxies: they only store them or call their Python dunders.
 _PROXY_SAFE_MODULES = {"builtins", "operator", "_operator", "functools", "_functools", "itertools",
@@ -114,6 +116,10 @@ def call(fn: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> 
             return lookaside(*args, **kwargs)
         if should_interpret(fn):
             return run_function(fn, args, kwargs)
+        # A native wrapper of a looked-aside function (torch._dynamo replaces torch.manual_seed with one).
+        lookaside = LOOKASIDES.get(getattr(fn, "__wrapped__", None))
+        if lookaside is not None:
+            return lookaside(*args, **kwargs)
         return _call_native(fn, args, kwargs)
     if t is types.MethodType:
         return call(fn.__func__, (fn.__self__, *args), kwargs)

@@ -29,11 +29,19 @@ LOOKASIDES: dict[Any, Callable[..., Any]] = {}
 
 
 def lookaside(*originals: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Register the decorated function as the replacement of `originals` in interpreted calls."""
+    """Register the decorated function as the replacement of `originals` in interpreted calls.
+
+    The functions an original wraps (`__wrapped__`) are replaced too: torch._dynamo rebinds
+    `torch.manual_seed` to a wrapper of `torch.random.manual_seed`, and code may call either.
+    """
 
     def register(fn: Callable[..., Any]) -> Callable[..., Any]:
         for original in originals:
-            LOOKASIDES[original] = fn
+            for _ in range(8):  # a few wrappers deep at most
+                if original is None:
+                    break
+                LOOKASIDES[original] = fn
+                original = getattr(original, "__wrapped__", None)
         return fn
 
     return register
@@ -477,6 +485,15 @@ LOOKASIDES[torch.compiler.is_dynamo_compiling] = _not_dynamo
 LOOKASIDES[torch._utils.is_compiling] = _compiling
 if hasattr(torch, "_dynamo"):
     LOOKASIDES[torch._dynamo.is_compiling] = _compiling
+
+
+@lookaside(torch.clear_autocast_cache)
+def clear_autocast_cache() -> None:
+    """torch.clear_autocast_cache (leaving the outermost autocast), also for the casts the trace shares."""
+    from minijit.ops.autocast import clear_cast_cache
+
+    clear_cast_cache()
+    torch.clear_autocast_cache()
 
 
 __all__ = ["LOOKASIDES", "interpreted", "lookaside"]

@@ -2,8 +2,10 @@
 
 In "constant values" mode a trace is specialised on each tensor's shape, dtype,
 device and requires_grad, and on the type and value of every Python number,
-string and None among the arguments. The key is built in one pass over the
-arguments and looked up in a dict: a cache hit costs one hash (DESIGN.md, lessons).
+string and None among the arguments; in every mode, on grad mode and on the
+autocast state (one C call when autocast is off, as it usually is). The key is
+built in one pass over the arguments and looked up in a dict: a cache hit costs
+one hash (DESIGN.md, lessons).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 import torch
 
 from minijit.ir.containers import flatten, is_container
+from minijit.runtime.autocast import any_autocast_enabled, autocast_state
 
 Tensor = torch.Tensor
 
@@ -69,7 +72,7 @@ def cache_key(args: tuple[Any, ...], kwargs: dict[str, Any], symbolic: bool = Fa
     With `symbolic`, sizes above 1 and the values of Python ints and floats are left out:
     the entries under such a key are told apart by their guards.
     """
-    out: list[Any] = [torch.is_grad_enabled()]
+    out: list[Any] = [torch.is_grad_enabled(), any_autocast_enabled() and autocast_state()]
     for a in args:
         _leaf_key(a, out, symbolic)
     if kwargs:
@@ -93,9 +96,10 @@ def _make_positional_tensor_key(arity: int, symbolic: bool = False) -> Any:
         f"def key({params}):\n"
         f"    if {checks}:\n"
         f"        return None\n"
-        f"    return (is_grad_enabled(), {parts})\n"
+        f"    return (is_grad_enabled(), any_autocast_enabled() and autocast_state(), {parts})\n"
     )
-    env: dict[str, Any] = {"Tensor": Tensor, "is_grad_enabled": torch.is_grad_enabled}
+    env: dict[str, Any] = {"Tensor": Tensor, "is_grad_enabled": torch.is_grad_enabled,
+                           "any_autocast_enabled": any_autocast_enabled, "autocast_state": autocast_state}
     exec(compile(source, f"<minijit cache key, {arity} tensors>", "exec"), env)
     return env["key"]
 

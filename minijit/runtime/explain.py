@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from minijit.runtime.autocast import describe_autocast
+
 
 def describe_value(label: str, x: Any, out: dict[str, tuple[str, Any]], symbolic: bool) -> None:
     """Add to `out` what a call specialises on about the value `x`, item by item, labelled `label`."""
@@ -60,6 +62,7 @@ def describe_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[st
     except (TypeError, ValueError):
         items = [(f"arg{i}", a) for i, a in enumerate(args)] + list(kwargs.items())
     out: dict[str, tuple[str, Any]] = {"grad mode": ("torch.is_grad_enabled()", ("value", ("bool", torch.is_grad_enabled())))}
+    out.update(describe_autocast())
     # A module's forward takes its parameters and its tree's state first: it names them by path.
     describe_state = getattr(fn, "describe_state", None)
     for name, value in items:

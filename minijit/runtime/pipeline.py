@@ -14,6 +14,7 @@ from minijit.errors import AliasError
 from minijit.frontend import interpret
 from minijit.ir import Trace, tracing
 from minijit.ir.context import recording_constraints
+from minijit.runtime.autocast import any_autocast_enabled, without_autocast
 from minijit.runtime.autograd import CompiledGrad, autograd_callable
 from minijit.runtime.call_plan import CallPlan, finish_capture
 from minijit.runtime.guards import compile_guard, drop_implied
@@ -74,6 +75,10 @@ def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
     entry.value_guards = list(entry.traces[0].info.get("guards", ()))
     entry.guard = compile_guard(entry.traces[0], entry.constraints, entry.value_guards,
                                 entry.traces[-1].info.get("alias_pattern"), call_plan(entry.traces[0]).captured)
+    if any_autocast_enabled():
+        # The trace holds the casts autocast made while it was captured; the cache key keeps
+        # calls under another autocast state away from this entry.
+        entry.computation = without_autocast(entry.computation)
     return entry
 
 
@@ -86,6 +91,7 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
         if not trace.fn_name.isidentifier():
             trace.fn_name = "computation"
         trace.capture_tensor = tensor_capturer(trace)
+        trace.captures_user_code = True
         with tracing(trace):
             pargs, pkwargs = proxify_arguments(trace, fn, args, kwargs, symbolic)
             containers = snapshot_containers(fn, pargs, pkwargs)
@@ -99,6 +105,7 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
                 trace.output = interpret(fn, pargs, pkwargs, finish=finish)
             check_containers_unchanged(containers)
         trace.capture_tensor = None
+        trace.captures_user_code = False
         return trace
 
     # The passes, in order. Each is a pure Trace -> Trace function.
@@ -151,7 +158,8 @@ def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[An
         _timed(lambda t=t: release_dead_values(t), passes)
     compiled = CompiledGrad(
         forward=bumping_versions(traces[-1].python_callable(), traces[-1]),
-        backward=bwd_traces[-1].python_callable(),
+        # A backward called under autocast must not cast again: its trace holds eager's casts.
+        backward=without_autocast(bwd_traces[-1].python_callable()),
         differentiable_outputs=fwd.info["differentiable_outputs"],
         name=trace.fn_name,
         input_names=tuple(p.name for p in trace.args),

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 from minijit.ir import BoundSymbol, Proxy, Trace, tree_iter
-from minijit.ops.prims import INPLACE
+from minijit.ops.prims import INPLACE, RANDOM
+
+# Effects that make a bound symbol worth running even when nothing reads its outputs: a write
+# into a tensor, and a draw from (or a seed of) torch's generator, which later draws depend on.
+_KEPT = (INPLACE, RANDOM)
 
 
 def dce(trace: Trace) -> Trace:
-    """Remove bound symbols whose outputs are unused and that write nothing in place."""
+    """Remove bound symbols whose outputs are unused and that neither write in place nor touch the RNG."""
     needed = {x.name for x in tree_iter(trace.output) if isinstance(x, Proxy)}
     kept = []
     for bsym in reversed(trace.bound_symbols):
-        if INPLACE in bsym.sym.tags or any(p.name in needed for p in bsym.proxy_outputs()):
+        if any(tag in bsym.sym.tags for tag in _KEPT) or any(p.name in needed for p in bsym.proxy_outputs()):
             kept.append(bsym)
             _mark_used(bsym, needed)
     return trace.derive(reversed(kept), pass_name="dce")

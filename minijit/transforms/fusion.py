@@ -10,6 +10,7 @@ Hoisting keeps the copy ordering of DESIGN.md (invariant 1): a bound symbol that
 writes into a tensor the region reads is never moved in front of the region (the
 region would read the new value instead of the old one); and one that reads a
 value the region produces, including a tensor the region copies into, stays after it.
+Nor does a random bound symbol move in front of a region that draws random numbers.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from minijit.ir import BoundSymbol, Proxy, Symbol, tree_iter
-from minijit.ops.prims import INPLACE
+from minijit.ops.prims import INPLACE, RANDOM
 
 
 @dataclass
@@ -84,7 +85,7 @@ def _region(name: str, members: list[BoundSymbol], used_outside: set[str]) -> Re
     return Region(name, list(members), list(inputs.values()), outputs)
 
 
-def region_bound_symbol(region: Region, namespace: str, fn: Callable[..., Any]) -> BoundSymbol:
+def region_bound_symbol(region: Region, namespace: str, fn: Callable[..., Any], random_note: str = "") -> BoundSymbol:
     """The bound symbol that runs `region` with `fn` (which returns a tuple of the outputs)."""
     tags = frozenset({INPLACE}) if region.inplace else frozenset()
     if len(region.outputs) == 1:
@@ -98,8 +99,10 @@ def region_bound_symbol(region: Region, namespace: str, fn: Callable[..., Any]) 
     sym = Symbol(region.name, None, namespace=namespace, is_prim=True, tags=tags, fn=call)
     source = next((b.source for b in region.members if b.source is not None), None)
     bsym = sym.bind(*region.inputs, output=output, subsymbols=tuple(region.members), source=source)
-    # An executor may say what the region runs as (its kernels' names) in the printed trace.
-    bsym.note = getattr(fn, "note", "")
+    # An executor may say what the region runs as (its kernels' names) in the printed trace,
+    # and says how it draws random numbers where the region makes draws (not as torch would).
+    notes = [getattr(fn, "note", ""), random_note if any(RANDOM in b.sym.tags for b in region.members) else ""]
+    bsym.note = "; ".join(n for n in notes if n)
     return bsym
 
 
@@ -153,9 +156,11 @@ def partition(entries: Sequence[tuple[BoundSymbol, Any]], executor: Any, trace_o
         depends = not reads.isdisjoint(region_produced)
         # Invariant 1: never move a write of a tensor in front of the region's reads of its old value.
         overwrites = not written_names(bsym).isdisjoint(region_read)
+        # Random draws keep their order (a region draws only where its executor says how it does).
+        draws_after = RANDOM in bsym.sym.tags and any(RANDOM in b.sym.tags for b in region)
         # A deferred bound symbol that a later non-member needs must keep its place relative to it:
         # deferred ones run before the region, so that always holds.
-        if depends or overwrites:
+        if depends or overwrites or draws_after:
             close()
             result.append((bsym, owner))
         else:

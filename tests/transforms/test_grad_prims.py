@@ -84,6 +84,7 @@ CASES += [
     ("floor_divide", lambda: (_t(3, 4) * 3, _t(3, 4, low=0.5, high=2))),
     ("where", lambda: (torch.rand(3, 4) > 0.5, _t(3, 4), _t(3, 4))),
     ("where", lambda: (torch.rand(3, 4) > 0.5, _t(3, 4), 0.0)),
+    ("native_dropout", lambda: (_t(3, 4), 0.3)),
     ("lerp", lambda: (_t(3, 4), _t(3, 4), _t(3, 4))),
     ("lerp", lambda: (_t(3, 4), _t(3, 4), 0.3)),
     ("convert_element_type", lambda: (_t(3, 4), torch.float32)),
@@ -172,7 +173,9 @@ def _grads_match(name: str, args: tuple[Any, ...], dtype: torch.dtype, atol: flo
 
     args = tuple(cast(a) for a in args)
     inputs = _leaves(args)
+    torch.manual_seed(0)  # random prims (native_dropout) make the same draws in both runs
     expected = eager(*args)
+    torch.manual_seed(0)
     got = minijit.jit(lambda *a: prim(*a))(*args)
     expected_t = expected if isinstance(expected, tuple) else (expected,)
     got_t = got if isinstance(got, tuple) else (got,)
@@ -212,8 +215,12 @@ def test_prim_grad_float32(name: str, make_args: Callable[[], tuple[Any, ...]]) 
 NOT_DIFFERENTIABLE = {
     "bitwise_not", "logical_not", "isfinite", "isnan", "isinf", "signbit", "bitwise_and", "bitwise_or",
     "bitwise_xor", "bitwise_left_shift", "bitwise_right_shift", "eq", "ne", "lt", "le", "gt", "ge",
-    "logical_and", "logical_or", "logical_xor", "shape", "argmax", "argmin", "full", "iota", "random_seed",
-    "uniform", "copy_", "copy_to_out_", "detach",
+    "logical_and", "logical_or", "logical_xor", "shape", "argmax", "argmin", "full", "iota", "copy_",
+    "copy_to_out_", "detach",
+    # Random numbers: fresh draws (a tensor argument only gives their size and layout) or the generator's
+    # state, and the probabilities of bernoulli and multinomial, which must not require grad.
+    "uniform", "normal", "random_integers", "exponential", "bernoulli", "randperm", "multinomial", "manual_seed",
+    "seed", "initial_seed", "get_rng_state", "set_rng_state",
     # Arithmetic on symbolic Python numbers: their outputs are numbers, not tensors.
     "num_add", "num_sub", "num_mul", "num_truediv", "num_floordiv", "num_mod", "num_pow", "num_neg", "num_pos",
     "num_abs",
@@ -221,7 +228,7 @@ NOT_DIFFERENTIABLE = {
     "tensor_constant",
     # Attention kernels that only the VJP rule of ltorch.scaled_dot_product_attention records,
     # in the forward and backward traces it builds; nothing differentiates those again.
-    "sdpa_flash", "sdpa_flash_backward",
+    "sdpa_flash", "sdpa_flash_backward", "native_dropout_backward",
     *aten_prim_cases.NOT_DIFFERENTIABLE,
 }
 # Prims whose rule refuses complex inputs (tested by the error test below) and has no real-input case torch runs.

@@ -14,6 +14,7 @@ from minijit.ops.ltorch import (  # noqa: F401 - declares the ops
     nn,
     norms,
     pooling,
+    randomness,
     reductions,
     resample,
     rnn,
