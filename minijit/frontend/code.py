@@ -174,6 +174,20 @@ def _encode(op: str, arg: int = 0) -> bytes:
     return out + bytes([opcode, arg & 0xFF])
 
 
+def _no_locations(n_units: int) -> bytes:
+    """A location table (the 3.11+ format) saying that none of `n_units` code units has a source location.
+
+    An empty table would make `co_positions()` yield nothing on 3.12+, which breaks the
+    `traceback` module on any exception passing through the generated code.
+    """
+    table = b""
+    while n_units > 0:
+        span = min(n_units, 8)
+        table += bytes([0x80 | (15 << 3) | (span - 1)])  # entry kind 15: no location, for `span` units
+        n_units -= span
+    return table
+
+
 def binder_for(fn: types.FunctionType, info: CodeInfo) -> types.FunctionType:
     """A function with `fn`'s signature, defaults and closure whose body returns its argument slots.
 
@@ -187,7 +201,7 @@ def binder_for(fn: types.FunctionType, info: CodeInfo) -> types.FunctionType:
         flags = code.co_flags & ~(CO_GENERATOR | ASYNC_FLAGS)
         bcode = info.binder_code = code.replace(
             co_code=body, co_consts=(None,), co_names=(), co_flags=flags, co_stacksize=max(info.n_args, 1),
-            co_linetable=b"", co_exceptiontable=b"",
+            co_linetable=_no_locations(len(body) // 2), co_exceptiontable=b"",
         )
     binder = types.FunctionType(bcode, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
     binder.__kwdefaults__ = fn.__kwdefaults__
@@ -195,29 +209,30 @@ def binder_for(fn: types.FunctionType, info: CodeInfo) -> types.FunctionType:
     return binder
 
 
-_NATIVE: dict[tuple[str, int, int], types.FunctionType] = {}
+_NATIVE: dict[tuple[str, int, int], types.CodeType] = {}
 
 
-def native_instruction(opname: str, arg: int, n_inputs: int) -> types.FunctionType:
+def native_instruction(opname: str, arg: int, n_inputs: int, globals_: dict[str, Any]) -> types.FunctionType:
     """A function whose body is the one CPython instruction `opname arg` applied to its `n_inputs` arguments.
 
     For instructions that only compute from their inputs (PREP_RERAISE_STAR, most
     CALL_INTRINSIC_1/2 functions), calling it runs CPython's own implementation: exact
-    results and errors. The instruction must have no inline caches.
+    results and errors. It runs with the interpreted frame's `globals_`, as the instruction
+    would (TypeVar reads its module name there). The instruction must have no inline caches.
     """
     key = (opname, arg, n_inputs)
-    fn = _NATIVE.get(key)
-    if fn is None:
+    code = _NATIVE.get(key)
+    if code is None:
         params = ", ".join(f"a{i}" for i in range(n_inputs))
         env: dict[str, Any] = {}
         exec(f"def native({params}): pass", env)
         body = _encode("RESUME") + b"".join(_encode("LOAD_FAST", i) for i in range(n_inputs))
         body += _encode(opname, arg) + _encode("RETURN_VALUE")
-        code = env["native"].__code__.replace(co_code=body, co_consts=(None,), co_names=(), co_stacksize=max(n_inputs, 1),
-                                              co_linetable=b"", co_exceptiontable=b"", co_name=opname.lower(),
-                                              co_qualname=opname.lower())
-        fn = _NATIVE[key] = types.FunctionType(code, {})
-    return fn
+        code = _NATIVE[key] = env["native"].__code__.replace(
+            co_code=body, co_consts=(None,), co_names=(), co_stacksize=max(n_inputs, 1),
+            co_linetable=_no_locations(len(body) // 2), co_exceptiontable=b"", co_name=opname.lower(),
+            co_qualname=opname.lower())
+    return types.FunctionType(code, globals_)
 
 
 __all__ = ["CodeInfo", "Inst", "binder_for", "code_info", "is_library_file", "localsplus_names", "native_instruction",

@@ -215,12 +215,22 @@ def calls_async(x):
     return coro
 
 
-def test_coroutine_is_refused_with_line():
+async def _async_generator(x):
+    yield x
+
+
+def calls_async_generator(x):
+    agen = _async_generator(x)
+    return agen
+
+
+@pytest.mark.parametrize("fn,call_text", [(calls_async, "_coroutine(x)"), (calls_async_generator, "agen = ")])
+def test_coroutine_is_refused_with_line(fn, call_text):
     with pytest.raises(UnsupportedSyntaxError) as info:
-        minijit.jit(calls_async)(torch.randn(2))
+        minijit.jit(fn)(torch.randn(2))
     message = str(info.value)
     assert "RETURN_GENERATOR" in message and "async" in message
-    assert f":{_line_of(calls_async, '_coroutine(x)')}" in message
+    assert f":{_line_of(fn, call_text)}" in message
 
 
 def uses_except_star(x):

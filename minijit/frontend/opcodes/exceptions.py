@@ -167,6 +167,17 @@ def reraise_star(orig: BaseException, raised: list[Any], native: Any) -> BaseExc
     for exc in raised:
         if isinstance(exc, MinijitError):
             return exc
+    # CPython tells a part of `orig` re-raised by a bare `raise` from a new exception by its unchanged
+    # traceback. Re-raising from the interpreter's Python code prepends entries for its own frames:
+    # cut them off again.
+    tb = orig.__traceback__
+    for exc in raised:
+        if isinstance(exc, BaseException) and tb is not None and exc.__traceback__ is not tb:
+            t = exc.__traceback__
+            while t is not None and t is not tb:
+                t = t.tb_next
+            if t is tb:
+                exc.__traceback__ = tb
     return native(orig, raised)
 
 
@@ -174,7 +185,7 @@ def reraise_star(orig: BaseException, raised: list[Any], native: Any) -> BaseExc
 def prep_reraise_star(frame: Frame, inst: Inst) -> None:
     """End of a try/except* block: replace [original, list of raised] by the exception to re-raise, or None."""
     raised = frame.stack.pop()
-    frame.stack[-1] = reraise_star(frame.stack[-1], raised, native_instruction("PREP_RERAISE_STAR", 0, 2))
+    frame.stack[-1] = reraise_star(frame.stack[-1], raised, native_instruction("PREP_RERAISE_STAR", 0, 2, frame.globals))
 
 
 # -- yield from ---------------------------------------------------------------------------------

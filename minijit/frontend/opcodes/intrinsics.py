@@ -55,7 +55,7 @@ _WRITTEN_1: dict[str, Callable[[Frame, Any], Any]] = {
 }
 _WRITTEN_2: dict[str, Callable[[Frame, Any, Any], Any]] = {
     "INTRINSIC_PREP_RERAISE_STAR": lambda frame, orig, raised: reraise_star(
-        orig, raised, native_instruction("CALL_INTRINSIC_2", _INDEX_2["INTRINSIC_PREP_RERAISE_STAR"], 2)),
+        orig, raised, native_instruction("CALL_INTRINSIC_2", _INDEX_2["INTRINSIC_PREP_RERAISE_STAR"], 2, frame.globals)),
 }
 
 
@@ -69,7 +69,7 @@ def _refused(name: str) -> Callable[..., Any]:
 
 def _native(opname: str, index: int, n_inputs: int) -> Callable[..., Any]:
     def run(frame: Frame, *args: Any) -> Any:
-        return native_instruction(opname, index, n_inputs)(*args)
+        return native_instruction(opname, index, n_inputs, frame.globals)(*args)
 
     return run
 
