@@ -11,6 +11,7 @@ from tests.frontend import (  # noqa: F401 - register
     pycases_advanced,
     pycases_basic,
     pycases_classes,
+    pycases_flow,
     pycases_more,
     pycases_stdlib,
     pycases_versions,
