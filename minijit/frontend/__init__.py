@@ -35,6 +35,7 @@ Example::
 
 from minijit.frontend import (
     autograd_function,  # noqa: F401  (registers the Function.apply lookaside)
+    foreach,  # noqa: F401  (registers the torch._foreach_* lookasides)
     nondeterminism,  # noqa: F401  (registers the RNG, clock and entropy lookasides)
 )
 
