@@ -120,6 +120,12 @@ def call(fn: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> 
         lookaside = LOOKASIDES.get(getattr(fn, "__wrapped__", None))
         if lookaside is not None:
             return lookaside(*args, **kwargs)
+        if getattr(fn, "_torchdynamo_disable", False):
+            # torch._dynamo.disable(f) only tells Dynamo to keep off f (once torch.compile has run, torch.optim's
+            # `_init_group`s are wrapped so): minijit traces f itself.
+            original = getattr(fn, "_torchdynamo_orig_callable", None)
+            if original is not None:
+                return call(original, args, kwargs)
         return _call_native(fn, args, kwargs)
     if t is types.MethodType:
         return call(fn.__func__, (fn.__self__, *args), kwargs)

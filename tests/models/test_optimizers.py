@@ -135,3 +135,10 @@ def test_hand_written_sgd_under_no_grad_in_the_function() -> None:
                 torch.testing.assert_close(h, w)
                 assert h.requires_grad and h.is_leaf
         assert not any(p.grad.any() for p in models[3].parameters())
+
+
+def test_opt_step_after_torch_compile_has_run():
+    """Once torch.compile has run, torch.optim's `_init_group`s are wrapped by torch._dynamo.disable: still traced."""
+    torch.compile(lambda x: x + 1, backend="eager")(torch.ones(1))
+    assert getattr(torch.optim.AdamW._init_group, "_torchdynamo_disable", False)
+    test_opt_step_matches_eager_and_writes_in_place("AdamW for-loop")
