@@ -32,9 +32,9 @@ from minijit.errors import UnsupportedSyntaxError
 from minijit.ir.context import where_now
 
 SUPPORTED_PATTERNS = (
-    "shard only the jitted root (minijit.jit(fully_shard(model)) or fully_shard(minijit.jit(model))), jit each "
-    "layer before sharding it (fully_shard(minijit.jit(layer)) for each layer, then fully_shard(model), left "
-    "un-jitted), or torch.compile(model, backend='minijit'), which runs these hooks between minijit-compiled pieces"
+    "jit each layer before sharding it (fully_shard(minijit.jit(layer)) for each layer, then fully_shard(model), "
+    "left un-jitted; torch.compile goes there too: fully_shard(torch.compile(layer, backend='minijit'))), or shard "
+    "only the jitted root (minijit.jit(fully_shard(model)) or fully_shard(minijit.jit(model)))"
 )
 
 

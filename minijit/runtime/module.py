@@ -291,7 +291,8 @@ class JitModule(torch.nn.Module):
         attribute = distributed.wrapped_attribute(module)
         if attribute is not None:
             # A wrapper like DDP: its forward runs eagerly, around its module jitted (minijit.runtime.distributed).
-            self._set_wrapped(attribute, JitModule(getattr(module, attribute), executors, cache, warn_retraces_after))
+            options = {"executors": executors, "cache": cache, "warn_retraces_after": warn_retraces_after}
+            self._set_wrapped(attribute, getattr(module, attribute), options)
             return
         forward = ModuleForward(module)
         object.__setattr__(self, "_minijit_forward", forward)
@@ -311,17 +312,20 @@ class JitModule(torch.nn.Module):
                 return distributed.run_post_hooks(self._orig_mod, post, args, kwargs, output)
         return self._call_compiled(args, kwargs)
 
-    def _set_wrapped(self, attribute: str, inner: JitModule) -> None:
-        object.__setattr__(self, "_minijit_wrapped", (attribute, inner))
+    def _set_wrapped(self, attribute: str, found: torch.nn.Module, options: dict[str, Any]) -> None:
+        """Jit `found`, the module a wrapper like DDP holds as `attribute` (one jitted already is used as it is)."""
+        inner = found if isinstance(found, JitModule) else JitModule(found, **options)
+        object.__setattr__(self, "_minijit_wrapped", (attribute, found, inner))
         object.__setattr__(self, "_minijit_forward", inner._minijit_forward)
         object.__setattr__(self, "_minijit_function", inner._minijit_function)
 
     def _jitted_wrapped_module(self) -> tuple[str, JitModule]:
         """(attribute, the jitted module) of a wrapper like DDP; jitted afresh if the wrapper holds another module."""
-        attribute, inner = self.__dict__["_minijit_wrapped"]
-        if getattr(self._orig_mod, attribute) is not inner._orig_mod:
-            self._set_wrapped(attribute, JitModule(getattr(self._orig_mod, attribute), **inner._minijit_function.options()))
-        return self.__dict__["_minijit_wrapped"]
+        attribute, found, inner = self.__dict__["_minijit_wrapped"]
+        if getattr(self._orig_mod, attribute) is not found:
+            self._set_wrapped(attribute, getattr(self._orig_mod, attribute), inner._minijit_function.options())
+            attribute, _, inner = self.__dict__["_minijit_wrapped"]
+        return attribute, inner
 
     def _call_compiled(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The compiled forward (hooks from torch.distributed aside: `__call__` runs those)."""

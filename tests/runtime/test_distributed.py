@@ -15,23 +15,34 @@ import torch.distributed as dist
 from torch import nn
 
 import minijit
+import minijit.backend
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
 
 STEPS, WORLD = 3, 2
 
 
-def _model() -> nn.Sequential:
+class Net(nn.Sequential):
+    """An MLP whose forward is user code (Dynamo compiles no frame of torch.nn's own, such as Sequential.forward)."""
+
+    def forward(self, x):
+        for layer in self:
+            x = layer(x)
+        return x
+
+
+def _model() -> Net:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 4))
+    return Net(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 4))
 
 
-def _shard_layers(m: nn.Sequential, jit_layers: bool = False) -> nn.Sequential:
+def _shard_layers(m: Net, wrap=lambda layer: layer) -> Net:
+    """FSDP2 per layer: each Linear, wrapped by `wrap` first, is a unit; then the root."""
     from torch.distributed.fsdp import fully_shard
 
     for i, layer in enumerate(m):
         if isinstance(layer, nn.Linear):
-            m[i] = fully_shard(minijit.jit(layer)) if jit_layers else fully_shard(layer)
+            m[i] = fully_shard(wrap(layer))
     return fully_shard(m)
 
 
@@ -44,19 +55,40 @@ def _patterns() -> dict[str, tuple[str, Any]]:
         "DDP eager": ("DDP eager", lambda: DDP(_model())),
         "DDP(jit(m))": ("DDP eager", lambda: DDP(minijit.jit(_model()))),
         "jit(DDP(m))": ("DDP eager", lambda: minijit.jit(DDP(_model()))),
+        "jit(DDP(jit(m)))": ("DDP eager", lambda: minijit.jit(DDP(minijit.jit(_model())))),
         "torch.compile(DDP(m), backend='minijit')": ("DDP eager", lambda: torch.compile(DDP(_model()), backend="minijit")),
         "FSDP2 eager, per layer": ("FSDP2 eager, per layer", lambda: _shard_layers(_model())),
         "fully_shard(jit(m))": ("FSDP2 eager, per layer", lambda: fully_shard(minijit.jit(_model()))),
         "jit(fully_shard(m))": ("FSDP2 eager, per layer", lambda: minijit.jit(fully_shard(_model()))),
         "fully_shard(jit(layer)) per layer, then fully_shard(m)":
-            ("FSDP2 eager, per layer", lambda: _shard_layers(_model(), jit_layers=True)),
+            ("FSDP2 eager, per layer", lambda: _shard_layers(_model(), minijit.jit)),
         "per-layer fully_shard, then jit(m)": ("FSDP2 eager, per layer", lambda: minijit.jit(_shard_layers(_model()))),
-        "torch.compile(per-layer FSDP2, backend='minijit')":
-            ("FSDP2 eager, per layer", lambda: torch.compile(_shard_layers(_model()), backend="minijit")),
+        # torch 2.13's Dynamo compiles no graph of a module whose FSDP2 hooks run inside it (it skips the frame):
+        # torch.compile goes under fully_shard, as minijit.jit does.
+        "fully_shard(torch.compile(layer, backend='minijit')) per layer":
+            ("FSDP2 eager, per layer", lambda: _shard_layers(_model(), lambda m: torch.compile(m, backend="minijit"))),
     }
 
 
-def _train(model: nn.Module, rank: int) -> tuple[list[float], list[torch.Tensor]]:
+def _jitted_calls(model: nn.Module) -> int:
+    """Calls that went through minijit: of jitted modules anywhere in `model`, and of torch.compile pieces."""
+    calls = sum(info.hits + info.misses for info in minijit.backend.cache_info())
+    seen, todo = set(), [model]
+    while todo:
+        m = todo.pop()
+        if id(m) in seen:
+            continue
+        seen.add(id(m))
+        if isinstance(m, minijit.JitModule):
+            info = minijit.cache_info(m)
+            calls += info.hits + info.misses
+            todo += [m._orig_mod, *m.__dict__.get("_minijit_wrapped", ())[2:]]
+        todo += [c for c in vars(m).get("_modules", {}).values() if c is not None]
+        todo += [vars(m)["_orig_mod"]] if "_orig_mod" in vars(m) else []  # torch.compile's OptimizedModule
+    return calls
+
+
+def _train(model: nn.Module, rank: int) -> tuple[list[float], list[torch.Tensor], int]:
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     losses = []
     for i in range(STEPS):
@@ -68,7 +100,7 @@ def _train(model: nn.Module, rank: int) -> tuple[list[float], list[torch.Tensor]
         opt.zero_grad()
         losses.append(loss.item())
     params = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in model.parameters()]
-    return losses, [p.detach().clone() for p in params]
+    return losses, [p.detach().clone() for p in params], _jitted_calls(model)
 
 
 def _worker(rank: int, port: int, out: str) -> None:
@@ -84,6 +116,7 @@ def _worker(rank: int, port: int, out: str) -> None:
             except Exception:
                 results[name] = RuntimeError(traceback.format_exc())
             torch._dynamo.reset()
+            minijit.backend.minijit_backend.reset()
     finally:
         dist.destroy_process_group()
     torch.save(results, f"{out}.{rank}")
@@ -106,7 +139,9 @@ def _assert_same(results: list[dict[str, Any]], name: str, eager: str) -> None:
         have = per_rank[name]
         if isinstance(have, Exception):
             raise AssertionError(f"rank {rank}: {name} raised {have!r}")
-        (want_losses, want_params), (have_losses, have_params) = per_rank[eager], have
+        (want_losses, want_params, _), (have_losses, have_params, jitted_calls) = per_rank[eager], have
+        if "eager" not in name:
+            assert jitted_calls >= STEPS, f"rank {rank}: {name} ran {jitted_calls} calls through minijit"
         torch.testing.assert_close(torch.tensor(have_losses), torch.tensor(want_losses))
         assert len(have_params) == len(want_params)
         for w, h in zip(want_params, have_params):
