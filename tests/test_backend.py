@@ -71,6 +71,26 @@ def test_graph_break_pieces_run_through_minijit():
     assert sum(info.hits for info in minijit.backend.cache_info()) >= 1  # the third call reuses traces
 
 
+class Checkpointed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 8), nn.Linear(8, 4)
+
+    def inner(self, x):
+        return self.b(torch.tanh(self.a(x)))
+
+    def forward(self, x):
+        return torch.utils.checkpoint.checkpoint(self.inner, x, use_reentrant=False).sum(-1)
+
+
+def test_checkpoint_in_a_dynamo_graph():
+    # Dynamo keeps the checkpointed function as a subgraph under torch.ops.higher_order.tag_activation_checkpoint.
+    torch.manual_seed(0)
+    x = torch.randn(3, 4, requires_grad=True)
+    _compare(Checkpointed(), [(x,)])
+    assert "tag_activation_checkpoint" in minijit.backend.pieces()[0].fn.__self__.code  # the graph minijit ran
+
+
 def test_a_backend_with_options():
     backend = minijit.backend.Backend(cache="no caching")
     torch.manual_seed(0)
