@@ -5,10 +5,12 @@ control flow, unsupported calls, FSDP2's and other hooks marked to run eagerly) 
 each graph to a backend. This backend jits the graph's generated `forward` — plain Python
 calling torch functions — with `minijit.jit`, so every piece goes through minijit's
 pipeline and executors (and its autograd: the backward of a piece is minijit's backward).
-Dynamo's example inputs (real or fake tensors, symbolic sizes) are not used: each piece
-traces on its first real call, and a new kind of input is a new trace of that piece,
-as for any jitted function. Parameters come in as graph inputs (torch 2.13's Dynamo
-inlines `nn.Module`s) or as attributes of the graph module, read afresh on every call.
+Dynamo's example inputs (real or fake tensors, symbolic sizes) are not traced with: each
+piece traces on its first real call, and a new kind of input is a new trace of that piece,
+as for any jitted function (they only say whether Dynamo made sizes dynamic). Parameters
+come in as graph inputs (torch 2.13's Dynamo inlines `nn.Module`s) or as attributes of the
+graph module, read afresh on every call. Subgraphs Dynamo keeps under a higher-order op
+(`checkpoint`'s, `wrap`'s) are traced in place (`minijit.frontend.lookasides`).
 
 The backend is registered under the name "minijit" through the `torch_dynamo_backends`
 entry point of this package. `Backend(executors=[...])` makes one with other options, to
@@ -39,8 +41,10 @@ __all__ = ["Backend", "cache_info", "last_backward_traces", "last_traces", "mini
 class Backend:
     """A torch.compile backend that compiles each FX graph Dynamo captures with `minijit.jit`.
 
-    `executors` and `cache` are `minijit.jit`'s options. The pieces compiled so far stay
-    reachable (`pieces()`) for as long as Dynamo keeps them.
+    `executors` and `cache` are `minijit.jit`'s options; by default a graph whose sizes Dynamo
+    made dynamic (it takes `SymInt` inputs) is jitted with `cache="symbolic values"`, any other
+    with "constant values". The pieces compiled so far stay reachable (`pieces()`) for as long
+    as Dynamo keeps them.
 
     Example::
 
@@ -50,7 +54,7 @@ class Backend:
         print(backend.last_traces()[0][-1])
     """
 
-    def __init__(self, *, executors: Sequence[Any] | None = None, cache: str = "constant values"):
+    def __init__(self, *, executors: Sequence[Any] | None = None, cache: str | None = None):
         self.executors = None if executors is None else list(executors)
         self.cache = cache
         self._pieces: list[weakref.ref[JitFunction]] = []
@@ -60,7 +64,10 @@ class Backend:
         realize = getattr(gm, "real_recompile", None)  # a lazily generated forward: generate it now
         if realize is not None:
             realize()
-        jitted = JitFunction(gm.forward, self.executors, self.cache)
+        cache = self.cache
+        if cache is None:  # sizes Dynamo made dynamic (SymInt inputs) stay symbolic: one trace for every size
+            cache = "symbolic values" if any(isinstance(x, torch.SymInt) for x in example_inputs) else "constant values"
+        jitted = JitFunction(gm.forward, self.executors, cache)
         self._pieces = [ref for ref in self._pieces if ref() is not None]
         self._pieces.append(weakref.ref(jitted))
         return jitted

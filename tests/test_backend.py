@@ -91,6 +91,25 @@ def test_checkpoint_in_a_dynamo_graph():
     assert "tag_activation_checkpoint" in minijit.backend.pieces()[0].fn.__self__.code  # the graph minijit ran
 
 
+def test_sizes_dynamo_made_dynamic_stay_symbolic():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.fc(x).view(x.shape[0], 2, 2).softmax(-1).reshape(-1, 4)
+
+    torch.manual_seed(0)
+    model = Net()
+    compiled = torch.compile(model, backend="minijit", dynamic=True)
+    for n in (3, 5, 7):
+        x = torch.randn(n, 4)
+        torch.testing.assert_close(compiled(x), model(x))
+    (piece,) = minijit.backend.pieces()
+    assert minijit.cache_info(piece).misses == 1  # one trace for the three sizes
+
+
 def test_a_backend_with_options():
     backend = minijit.backend.Backend(cache="no caching")
     torch.manual_seed(0)
