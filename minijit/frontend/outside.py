@@ -163,12 +163,12 @@ class Outside:
     def read(self, guards: dict[Any, Any], kind: str, holder: Any, key: Any, value: Any, label: str,
              shadow: dict[str, Any] | None = None) -> None:
         """Record that traced code read `value` as `key` of `holder` (a global, cell, attribute or item)."""
-        if (id(holder), key) in self.written or (id(holder), key) in self.keyed:
-            return  # the trace wrote it itself, or the cache key covers it
+        if (id(holder), key) in self.written:
+            return  # the trace wrote it itself: the value is the trace's own
         changed = self.changed.get(id(holder))
         if changed is not None and kind == "item":
             self._guard_before_change(guards, holder)
-        elif id(holder) not in self.whole:
+        elif id(holder) not in self.whole and (id(holder), key) not in self.keyed:  # keyed: the cache key covers it
             record(guards, kind, holder, key, value, shadow)
         access = {"global": "item", "builtin": "item", "item": "item", "cell": "cell"}.get(kind, "attribute")
         if shadow is None:
@@ -183,7 +183,8 @@ class Outside:
             self._guard_before_change(guards, container)
             return
         if how == "contains":
-            record(guards, "contains", container, key, result)
+            if (id(container), key) not in self.keyed:
+                record(guards, "contains", container, key, result)
         elif how == "length" or (how == "iterate" and isinstance(container, list | tuple | collections.deque)):
             record(guards, "length", container, None, len(container))
             if how == "iterate":

@@ -160,6 +160,13 @@ def _covered_by_state(root: torch.nn.Module) -> tuple[list[tuple[Any, Any]], lis
     for module in root.modules():
         namespace = vars(module)
         slots.append((module, "training"))
+        # nn.Module.__getattr__ looks these up in the instance dict: torch never rebinds them, and the
+        # fetch reads the tensors and submodules in them afresh on every call.
+        slots += [(namespace, name) for name in ("_parameters", "_buffers", "_modules")]
+        # The tensors the fetch reads (a missing one makes it take stock again); a None stays guarded.
+        for kind in ("_parameters", "_buffers"):
+            tensors = namespace[kind]
+            slots += [(tensors, name) for name, tensor in tensors.items() if tensor is not None]
         slots += [(module._modules, child) for child in module._modules]
         for name in (*_HOOK_KINDS, *_HOOK_FLAGS):
             if name in namespace:
