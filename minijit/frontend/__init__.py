@@ -1,16 +1,17 @@
 """Capture: run the user's function through a bytecode interpreter on proxies and record a trace.
 
-`interpret(fn, args, kwargs)` runs `fn` like CPython 3.11 would, one instruction at a
-time, so that every call can be inspected before it happens. The pieces:
+`interpret(fn, args, kwargs)` runs `fn` like CPython (3.11, 3.12 or 3.13: the running one) would,
+one instruction at a time, so that every call can be inspected before it happens. The pieces:
 
 - `code`: decodes a code object once into `Inst`s (handler, argument, successor, line,
   exception-table entry), and binds arguments through CPython itself (a "binder" copy of
   the function whose body returns its argument slots: exact errors for free).
 - `frame`: the `Frame` (slots, value stack, position) and the per-interpretation `STATE`
   (frame stack, the exception being handled, the guards read so far).
-- `interpreter`: the loop (`run_frame`), exception unwinding through the 3.11 exception
+- `interpreter`: the loop (`run_frame`), exception unwinding through the exception
   table, generators (`InterpretedGenerator`), and the `interpret` entry point.
-- `opcodes/`: one handler per opcode, one module per family, and `HANDLERS`, the table.
+- `opcodes/`: one handler per opcode, one module per family, and one table per CPython version
+  mapping opcode names to handlers (`HANDLERS` is the running version's).
 - `calls`: what a call does: ltorch symbol for a torch callable, lookaside, interpret
   Python code, or run natively after checking that no proxy goes where it cannot.
 - `lookasides`: replacements for builtins that must see the interpreter's view

@@ -23,6 +23,7 @@ from minijit.frontend.code import ASYNC_FLAGS, Inst, binder_for, code_info
 from minijit.frontend.frame import GENERATOR, NULL, RETURN, STATE, YIELD, Frame
 from minijit.frontend.guards import Source
 from minijit.frontend.outside import Outside, check_no_proxy_left
+from minijit.frontend.versions import GENERATOR_CONVERTS_STOPITERATION, RUNNING
 from minijit.ir import Proxy, current_trace
 from minijit.ir.containers import is_container
 from minijit.ir.context import where_now
@@ -235,13 +236,7 @@ class InterpretedGenerator:
                     try:
                         return self._call_running(throw, exc)
                     except StopIteration as stop:
-                        # The delegate finished: leave the SEND loop with its value, as CPython does.
-                        frame = self.frame
-                        frame.stack.pop()
-                        # 3.11 lays out `yield from` as SEND; YIELD_VALUE; RESUME 2; JUMP_BACKWARD_NO_INTERRUPT.
-                        send_inst = frame.insts[frame.suspended_at.offset // 2 - 1]
-                        frame.ip = send_inst.argval // 2
-                        return self._resume(stop.value, None, push=True)
+                        return self._delegate_returned(stop.value)
                     except BaseException as raised:  # the delegate's exception enters this generator
                         return self._resume(None, raised)
         return self._resume(None, exc)
@@ -274,9 +269,20 @@ class InterpretedGenerator:
         if at is None or at.opname != "YIELD_VALUE":
             return None
         nxt = frame.insts[at.next]
-        if nxt is not None and nxt.opname == "RESUME" and nxt.arg >= 2 and frame.stack:
+        # RESUME's low two bits say where it is: 2 after a `yield from` (3.13 adds an except-depth bit).
+        if nxt is not None and nxt.opname == "RESUME" and (nxt.arg & 3) >= 2 and frame.stack:
             return frame.stack[-1]
         return None
+
+    def _delegate_returned(self, value: Any) -> Any:
+        """The `yield from` delegate returned `value` while a throw went through it: go on as the loop's
+        SEND does when its receiver returns (each version leaves the loop its own way)."""
+        frame = self.frame
+        # Every version lays out the loop as SEND; YIELD_VALUE; RESUME; JUMP_BACKWARD_NO_INTERRUPT (to SEND).
+        jump = frame.insts[frame.insts[frame.suspended_at.next].next]
+        frame.stack[-1] = _Returned(value)
+        frame.ip = jump.argval // 2
+        return self._resume(None, None)
 
     def _call_running(self, fn: Callable[..., Any], *args: Any) -> Any:
         if self.running:
@@ -287,7 +293,7 @@ class InterpretedGenerator:
         finally:
             self.running = False
 
-    def _resume(self, value: Any, exc: BaseException | None, push: bool = True) -> Any:
+    def _resume(self, value: Any, exc: BaseException | None) -> Any:
         if self.running:
             raise ValueError("generator already executing")
         if self.finished:
@@ -305,12 +311,14 @@ class InterpretedGenerator:
         self.started = True
         state.frames.append(frame)
         try:
-            if exc is None and push:
-                frame.stack.append(value)
+            # The sent value is pushed even for a throw (as CPython does): the handler's depth may include it.
+            frame.stack.append(value)
             frame.line = None  # the consumer's line is current now: set the generator's again
             signal = run_frame(frame, exc)
         except StopIteration as stop:
             self.finished = True
+            if not GENERATOR_CONVERTS_STOPITERATION[RUNNING]:
+                raise
             err = RuntimeError("generator raised StopIteration")
             err.__cause__ = err.__context__ = stop
             raise_passthrough(err)
@@ -332,6 +340,21 @@ class InterpretedGenerator:
 
 
 collections.abc.Generator.register(InterpretedGenerator)
+
+
+class _Returned:
+    """Stands for a `yield from` delegate that has returned `value`: SEND's next() on it raises StopIteration(value)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def __iter__(self) -> _Returned:
+        return self
+
+    def __next__(self) -> Any:
+        raise StopIteration(self.value)
 
 
 def _close_iter(it: Any) -> None:

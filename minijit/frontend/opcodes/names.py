@@ -60,6 +60,7 @@ def load_const(frame: Frame, inst: Inst) -> None:
 
 
 @handles("LOAD_FAST")
+@handles("LOAD_FAST_CHECK", since="3.12")
 def load_fast(frame: Frame, inst: Inst) -> None:
     """Push a local variable."""
     value = frame.localsplus[inst.arg]
@@ -82,6 +83,41 @@ def delete_fast(frame: Frame, inst: Inst) -> None:
     frame.localsplus[inst.arg] = NULL
 
 
+@handles("LOAD_FAST_AND_CLEAR", since="3.12")
+def load_fast_and_clear(frame: Frame, inst: Inst) -> None:
+    """Push a local, even unbound (NULL), and unbind it: an inlined comprehension saves the outer variable."""
+    frame.stack.append(frame.localsplus[inst.arg])
+    frame.localsplus[inst.arg] = NULL
+
+
+def _local(frame: Frame, index: int) -> Any:
+    value = frame.localsplus[index]
+    if value is NULL:
+        raise UnboundLocalError(_UNBOUND.format(frame.info.names[index]))
+    return value
+
+
+@handles("LOAD_FAST_LOAD_FAST", since="3.13")
+def load_fast_load_fast(frame: Frame, inst: Inst) -> None:
+    """Push two locals (slots arg >> 4, then arg & 15)."""
+    frame.stack.append(_local(frame, inst.arg >> 4))
+    frame.stack.append(_local(frame, inst.arg & 15))
+
+
+@handles("STORE_FAST_LOAD_FAST", since="3.13")
+def store_fast_load_fast(frame: Frame, inst: Inst) -> None:
+    """Pop into the local arg >> 4, then push the local arg & 15."""
+    frame.localsplus[inst.arg >> 4] = frame.stack.pop()
+    frame.stack.append(_local(frame, inst.arg & 15))
+
+
+@handles("STORE_FAST_STORE_FAST", since="3.13")
+def store_fast_store_fast(frame: Frame, inst: Inst) -> None:
+    """Pop into the local arg >> 4, then pop into the local arg & 15."""
+    frame.localsplus[inst.arg >> 4] = frame.stack.pop()
+    frame.localsplus[inst.arg & 15] = frame.stack.pop()
+
+
 # -- cells --------------------------------------------------------------------------------------
 @handles("MAKE_CELL")
 def make_cell(frame: Frame, inst: Inst) -> None:
@@ -100,7 +136,7 @@ def copy_free_vars(frame: Frame, inst: Inst) -> None:
     frame.localsplus[start:start + inst.arg] = closure
 
 
-@handles("LOAD_CLOSURE")
+@handles("LOAD_CLOSURE", until="3.12")
 def load_closure(frame: Frame, inst: Inst) -> None:
     """Push a cell itself (to build a closure)."""
     frame.stack.append(frame.localsplus[inst.arg])
@@ -135,11 +171,29 @@ def load_deref(frame: Frame, inst: Inst) -> None:
     frame.stack.append(_deref(frame, inst))
 
 
-@handles("LOAD_CLASSDEREF")
+@handles("LOAD_CLASSDEREF", until="3.11")
 def load_classderef(frame: Frame, inst: Inst) -> None:
     """In a class body: the name from the class namespace if bound there, else the cell's contents."""
     try:
         frame.stack.append(frame.locals[inst.argval])
+    except KeyError:
+        frame.stack.append(_deref(frame, inst))
+
+
+@handles("LOAD_LOCALS", since="3.12")
+def load_locals(frame: Frame, inst: Inst) -> None:
+    """Push the class body's namespace (for LOAD_FROM_DICT_OR_DEREF/GLOBALS)."""
+    if frame.locals is None:
+        raise SystemError("no locals found")
+    frame.stack.append(frame.locals)
+
+
+@handles("LOAD_FROM_DICT_OR_DEREF", since="3.12")
+def load_from_dict_or_deref(frame: Frame, inst: Inst) -> None:
+    """Pop a mapping; push the name from it if bound there, else the cell's contents (3.11's LOAD_CLASSDEREF)."""
+    mapping = frame.stack.pop()
+    try:
+        frame.stack.append(mapping[inst.argval])
     except KeyError:
         frame.stack.append(_deref(frame, inst))
 
@@ -182,12 +236,30 @@ def _load_global(frame: Frame, name: str) -> Any:
     return value
 
 
-@handles("LOAD_GLOBAL")
+@handles("LOAD_GLOBAL", until="3.12")
 def load_global(frame: Frame, inst: Inst) -> None:
     """Push a global (or builtin); the low bit of the argument asks for a NULL first."""
     if inst.arg & 1:
         frame.stack.append(NULL)
     frame.stack.append(_load_global(frame, inst.argval))
+
+
+@handles("LOAD_GLOBAL", since="3.13")
+def load_global_313(frame: Frame, inst: Inst) -> None:
+    """Push a global (or builtin); the low bit of the argument asks for a NULL after it (3.13's call layout)."""
+    frame.stack.append(_load_global(frame, inst.argval))
+    if inst.arg & 1:
+        frame.stack.append(NULL)
+
+
+@handles("LOAD_FROM_DICT_OR_GLOBALS", since="3.12")
+def load_from_dict_or_globals(frame: Frame, inst: Inst) -> None:
+    """Pop a mapping; push the name from it if bound there, else the global or builtin (annotation scopes)."""
+    mapping = frame.stack.pop()
+    try:
+        frame.stack.append(mapping[inst.argval])
+    except KeyError:
+        frame.stack.append(_load_global(frame, inst.argval))
 
 
 @handles("STORE_GLOBAL")
@@ -302,7 +374,7 @@ def attribute(frame: Frame | None, obj: Any, name: str) -> Any:
     return value
 
 
-@handles("LOAD_ATTR")
+@handles("LOAD_ATTR", until="3.11")
 def load_attr_(frame: Frame, inst: Inst) -> None:
     """Replace the top of the stack by its attribute."""
     frame.stack[-1] = attribute(frame, frame.stack[-1], inst.argval)
