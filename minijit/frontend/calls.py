@@ -296,6 +296,10 @@ def _call_native_with_proxies(fn: Any, args: tuple[Any, ...] | list[Any], kwargs
     if consumes is not None and args:
         from minijit.frontend.opcodes.build import interpreted_iterable
 
+        if STATE.outside.iterators:
+            for a in args:
+                STATE.outside.check_not_outside_iterator(a)
+
         if consumes == "all":
             args = [interpreted_iterable(a) for a in args]
         elif consumes == "first" or len(args) == 1:

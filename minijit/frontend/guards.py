@@ -16,6 +16,9 @@ every call (minijit.frontend.outside), so a source may also start from a tensor'
 
 from __future__ import annotations
 
+import collections
+import site
+import sys
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,6 +30,7 @@ from minijit.ir import Proxy
 
 _CONSTANT_TYPES = (int, float, bool, str, bytes, complex, type(None), type(...), torch.dtype, torch.device)
 _SKIPPED_MODULES = ("torch", "minijit")
+MISSING_ATTRIBUTE = object()
 
 
 @dataclass(frozen=True, eq=False)
@@ -153,13 +157,26 @@ def skipped(namespace: Any) -> bool:
 
 def may_have_guarded_attributes(value: Any) -> bool:
     """True for objects whose attribute and item reads are worth guarding: containers, instances, user classes."""
-    if isinstance(value, Proxy | torch.Tensor | types.ModuleType | types.FunctionType | types.BuiltinFunctionType
+    if isinstance(value, types.ModuleType):
+        return _is_users_module(value)
+    if isinstance(value, Proxy | torch.Tensor | types.FunctionType | types.BuiltinFunctionType
                   | types.MethodType) or is_constant(value):
         return False
     if isinstance(value, type):
         module = getattr(value, "__module__", "") or ""
         return module.split(".")[0] not in _SKIPPED_MODULES and module != "builtins"
-    return hasattr(value, "__dict__") or isinstance(value, list | dict | set | tuple)
+    return hasattr(value, "__dict__") or isinstance(value, list | dict | set | tuple | collections.deque)
+
+
+def _is_users_module(module: types.ModuleType) -> bool:
+    """A module of the user's own code (a config module, say): not the standard library or an installed package."""
+    file = getattr(module, "__file__", None)
+    if not isinstance(file, str) or module.__name__.split(".")[0] in _SKIPPED_MODULES:
+        return False
+    return not any(file.startswith(prefix) for prefix in _LIBRARY_PREFIXES)
+
+
+_LIBRARY_PREFIXES = tuple({sys.prefix, sys.base_prefix, sys.exec_prefix, *site.getsitepackages()})
 
 
 def attribute_source(obj: Any, name: str) -> tuple[Any, dict[str, Any] | None] | None:
@@ -168,6 +185,12 @@ def attribute_source(obj: Any, name: str) -> tuple[Any, dict[str, Any] | None] |
     own = getattr(obj, "__dict__", None)
     if isinstance(own, dict) and name in own:
         return obj, None
+    if isinstance(obj, type):
+        # A class's own attribute (a counter, a setting), stored as data rather than computed.
+        stored = vars(obj).get(name, MISSING_ATTRIBUTE)
+        if stored is not MISSING_ATTRIBUTE and not hasattr(stored, "__get__"):
+            return obj, None
+        return None
     if not isinstance(obj, type) and isinstance(own, dict):
         cls = type(obj)
         if name in vars(cls) and not hasattr(vars(cls)[name], "__set__") and cls.__module__.split(".")[0] not in _FIXED_CLASSES:

@@ -120,6 +120,8 @@ class Outside:
     keyed: set[tuple[int, Any]] = field(default_factory=set)
     # ids of proxies the caller put into outside objects itself (a jitted module's parameters).
     placed: set[int] = field(default_factory=set)
+    # id -> (iterator, label): native iterators and generators from outside, never advanced by the trace.
+    iterators: dict[int, tuple[Any, str]] = field(default_factory=dict)
 
     # -- roots and sources --------------------------------------------------------------------
     def add_root(self, obj: Any, label: str) -> None:
@@ -158,6 +160,21 @@ class Outside:
             self.add_root(value, source.label)
             if has_snapshot(value):
                 self.whole.add(id(value))
+            self.note_iterator(value, source.label)
+
+    def note_iterator(self, value: Any, label: str) -> None:
+        """Remember a native iterator or generator from outside: advancing it cannot be replayed."""
+        if hasattr(type(value), "__next__") and not hasattr(value, "__dict__"):
+            self.iterators[id(value)] = (value, label)
+
+    def check_not_outside_iterator(self, it: Any) -> None:
+        """Refuse to advance an iterator from outside the call (it would advance once, at trace time)."""
+        if id(it) in self.iterators:
+            label = self.iterators[id(it)][1]
+            raise UnsupportedSyntaxError(
+                f"advancing the {type(it).__name__} {label}, which exists outside the jitted call{where_now()}: "
+                "minijit would take its next item once, while tracing, and never again. Take the item outside "
+                "and pass it as an argument")
 
     # -- reads ----------------------------------------------------------------------------------
     def read(self, guards: dict[Any, Any], kind: str, holder: Any, key: Any, value: Any, label: str,
@@ -363,9 +380,13 @@ def _restore_cell(cell: types.CellType, old: Any) -> None:
 
 def _restore_contents(container: Any, before: Any) -> None:
     if isinstance(container, dict):
-        if list(container.items()) != list(before.items()) or any(container[k] is not v for k, v in before.items()):
-            dict.clear(container)
-            dict.update(container, before)
+        # Values by identity (a traced value's == would record into the trace), keys and their order too.
+        now = list(dict.items(container))
+        if len(now) != len(before) or any(k is not k0 or v is not v0 for (k, v), (k0, v0) in zip(now, before.items())):
+            # OrderedDict keeps its own order list beside the dict's: only its methods keep the two in step.
+            kind = collections.OrderedDict if isinstance(container, collections.OrderedDict) else dict
+            kind.clear(container)
+            kind.update(container, before)
     elif isinstance(container, list):
         container[:] = before
     elif isinstance(container, set):
