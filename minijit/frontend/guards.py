@@ -17,7 +17,6 @@ every call (minijit.frontend.outside), so a source may also start from a tensor'
 from __future__ import annotations
 
 import collections
-import site
 import sys
 import types
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from typing import Any
 
 import torch
 
+from minijit.frontend.code import is_library_file
 from minijit.ir import Proxy
 
 _CONSTANT_TYPES = (int, float, bool, str, bytes, complex, type(None), type(...), torch.dtype, torch.device)
@@ -158,7 +158,7 @@ def skipped(namespace: Any) -> bool:
 def may_have_guarded_attributes(value: Any) -> bool:
     """True for objects whose attribute and item reads are worth guarding: containers, instances, user classes."""
     if isinstance(value, types.ModuleType):
-        return _is_users_module(value)
+        return is_users_module(value)
     if isinstance(value, Proxy | torch.Tensor | types.FunctionType | types.BuiltinFunctionType
                   | types.MethodType) or is_constant(value):
         return False
@@ -168,15 +168,25 @@ def may_have_guarded_attributes(value: Any) -> bool:
     return hasattr(value, "__dict__") or isinstance(value, list | dict | set | tuple | collections.deque)
 
 
-def _is_users_module(module: types.ModuleType) -> bool:
-    """A module of the user's own code (a config module, say): not the standard library or an installed package."""
+def is_users_module(module: types.ModuleType) -> bool:
+    """A module of the user's own code (a config module, say): not the standard library, an installed
+    package, torch or minijit. Its attributes are guarded like globals."""
+    name = module.__name__
+    known = _USER_MODULES.get(id(module))
+    if known is not None:
+        return known[1]
     file = getattr(module, "__file__", None)
-    if not isinstance(file, str) or module.__name__.split(".")[0] in _SKIPPED_MODULES:
-        return False
-    return not any(file.startswith(prefix) for prefix in _LIBRARY_PREFIXES)
+    if name.split(".")[0] in _SKIPPED_MODULES or name in sys.builtin_module_names:
+        decision = False
+    elif isinstance(file, str):
+        decision = not is_library_file(file)
+    else:
+        decision = getattr(module, "__spec__", None) is None  # made at run time (types.ModuleType("cfg"))
+        _USER_MODULES[id(module)] = (module, decision)  # the module is kept alive: its id stays its own
+    return decision
 
 
-_LIBRARY_PREFIXES = tuple({sys.prefix, sys.base_prefix, sys.exec_prefix, *site.getsitepackages()})
+_USER_MODULES: dict[int, tuple[types.ModuleType, bool]] = {}
 
 
 def attribute_source(obj: Any, name: str) -> tuple[Any, dict[str, Any] | None] | None:
@@ -307,4 +317,5 @@ class _Missing:
 _MISSING = _Missing()
 MISSING = _MISSING
 
-__all__ = ["MISSING", "GuardEntry", "Source", "build_guard", "has_snapshot", "is_constant", "record", "same_keys"]
+__all__ = ["MISSING", "GuardEntry", "Source", "build_guard", "has_snapshot", "is_constant", "is_users_module", "record",
+           "same_keys"]

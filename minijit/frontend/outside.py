@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import collections
 import inspect
+import sys
 import types
 import weakref
 from collections.abc import Callable
@@ -38,7 +39,7 @@ from typing import Any
 import torch
 
 from minijit.errors import UnsupportedSyntaxError
-from minijit.frontend.guards import MISSING, Source, has_snapshot, may_have_guarded_attributes, record
+from minijit.frontend.guards import MISSING, Source, has_snapshot, is_users_module, may_have_guarded_attributes, record
 from minijit.ir import Proxy
 from minijit.ir.context import where_now
 
@@ -130,8 +131,14 @@ class Outside:
             self.roots[id(obj)] = (obj, label)
 
     def is_root(self, obj: Any) -> bool:
-        """True for objects that exist outside the call (and are not tensors)."""
-        return id(obj) in self.roots
+        """True for objects that exist outside the call (and are not tensors). A user's class is one
+        however the code reached it (`type(self).count += 1`)."""
+        if id(obj) in self.roots:
+            return True
+        if isinstance(obj, type) and _users_class(obj):
+            self.add_root(obj, obj.__qualname__)
+            return True
+        return False
 
     def label_of(self, obj: Any) -> str:
         """The name of a root, for the names of the values read from it."""
@@ -328,6 +335,12 @@ class Outside:
         for undo in reversed(self.undo):
             undo()
         self.undo.clear()
+
+
+def _users_class(cls: type) -> bool:
+    """A class defined in the user's own code (not the standard library's or a package's)."""
+    module = sys.modules.get(cls.__module__)
+    return module is not None and is_users_module(module) and may_have_guarded_attributes(cls)
 
 
 def _cached_values(value: Any, depth: int) -> list[Any]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import functools
 import itertools
+import types
 
 import pytest
 import torch
@@ -67,6 +68,25 @@ def test_class_attribute_counter_and_setting() -> None:
         got.append(jf(torch.ones(1)).item())
     want = [1 * 2.0, 2 * 2.0, 3 * 3.0]  # eager's values: calls counts 1, 2, 3
     assert got == want and Counter.calls == 3
+
+
+def test_config_module_made_at_run_time_and_counter_on_type_of_self() -> None:
+    cfg = types.ModuleType("settings")
+    cfg.scale = 2.0
+
+    class Counted(torch.nn.Module):
+        calls = 0
+
+        def forward(self, x):
+            type(self).calls += 1
+            return x * type(self).calls * cfg.scale
+
+    jm = minijit.jit(Counted())
+    got = []
+    for scale in (2.0, 3.0, 3.0):
+        cfg.scale = scale
+        got.append(jm(torch.ones(1)).item())
+    assert got == [1 * 2.0, 2 * 3.0, 3 * 3.0] and Counted.calls == 3  # eager's values
 
 
 def test_outside_iterators_are_refused() -> None:
