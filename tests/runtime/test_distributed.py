@@ -104,6 +104,26 @@ def _train(model: nn.Module, rank: int) -> tuple[list[float], list[torch.Tensor]
     return losses, [p.detach().clone() for p in params], _jitted_calls(model)
 
 
+def _refused_calls() -> dict[str, Exception | None]:
+    """Communication reached by traced code itself (not through DDP/FSDP2 around a jitted module): refused."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    ddp = DDP(_model())
+
+    def barrier_inside(x):
+        dist.barrier()
+        return x * 2
+
+    found: dict[str, Exception | None] = {}
+    for name, fn in {"dist.barrier()": barrier_inside, "DDP.forward traced": lambda x: ddp.forward(x)}.items():
+        try:
+            minijit.jit(fn)(torch.randn(4, 8))
+            found[name] = None
+        except minijit.MinijitError as e:
+            found[name] = e
+    return found
+
+
 def _worker(rank: int, port: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
@@ -118,6 +138,7 @@ def _worker(rank: int, port: int, out: str) -> None:
                 results[name] = RuntimeError(traceback.format_exc())
             torch._dynamo.reset()
             minijit.backend.minijit_backend.reset()
+        results["refused"] = _refused_calls()
     finally:
         dist.destroy_process_group()
     torch.save(results, f"{out}.{rank}")
@@ -165,3 +186,12 @@ def test_jitting_over_per_layer_fsdp2_names_the_patterns_that_work(results):
         assert isinstance(error, minijit.UnsupportedSyntaxError), repr(error)
         assert "at self.0" in str(error)
         assert "fully_shard(minijit.jit(layer))" in str(error) and "backend='minijit'" in str(error)
+
+
+@pytest.mark.parametrize("name", ["dist.barrier()", "DDP.forward traced"])
+def test_communication_in_traced_code_is_refused(results, name):
+    # Run once while recording, it would never run again: refused (DDP's reducer bookkeeping included).
+    for per_rank in results:
+        error = per_rank["refused"][name]
+        assert isinstance(error, minijit.UnsupportedSyntaxError), repr(error)
+        assert "communicates with other processes" in str(error) and "DDP(minijit.jit(m))" in str(error)
