@@ -83,6 +83,12 @@ def adam_step(params, grads, exp_avgs, exp_avg_sqs):
         p.addcdiv_(m, denom, value=-step_size)
 
 
+def optimizer_step(opt):
+    # The same update through torch.optim: the minijit column is minijit.jit(lambda: opt.step()) (the optimizer
+    # passed in rather than closed over: the bench's variants wrap a function of the workload's arguments).
+    opt.step()
+
+
 def gpt_block_loss(x, ln1_w, ln1_b, w_attn, b_attn, w_proj, b_proj, ln2_w, ln2_b, w_fc, b_fc, w_fc2, b_fc2):
     B, T, C = x.shape
     h = F.layer_norm(x, (C,), ln1_w, ln1_b)
@@ -115,7 +121,8 @@ class Workload:
     title: str
     fn: Callable[..., Any]
     make: Callable[[], list[Any]]
-    # "forward": call; "train": call, then backward of the loss; "inplace": call under no_grad.
+    # "forward": call; "train": call, then backward of the loss; "inplace": call under no_grad;
+    # "optimizer": call `fn(opt)` under no_grad, compare the optimizer's parameters and state.
     kind: str
     iters: int = 1  # iterations per timed sample (set from eager's time per iteration)
 
@@ -132,6 +139,12 @@ class Workload:
             loss = fn(*args)
             loss.backward()
             return [loss.detach(), *(t.grad for t in leaves)]
+        if self.kind == "optimizer":  # args: [an optimizer]; results: its parameters and state after the step
+            with torch.no_grad():
+                fn(*args)
+            opt = args[0]
+            return [*(p for group in opt.param_groups for p in group["params"]),
+                    *(v for state in opt.state.values() for v in state.values() if isinstance(v, torch.Tensor))]
         if self.kind == "inplace":
             with torch.no_grad():
                 out = fn(*args)
@@ -146,6 +159,16 @@ def workloads() -> list[Workload]:
         shapes = [(1000, 1000)] * 20
         return [[torch.randn(s) for s in shapes], [torch.randn(s) * 0.01 for s in shapes],
                 [torch.randn(s) * 0.01 for s in shapes], [torch.rand(s) * 1e-4 for s in shapes]]
+
+    def optimizer_args():
+        # torch.optim.Adam (default implementation: for-loop on a CPU) on adam_args' tensors, its state at step 2,
+        # so that the first step is adam_step's update (the timed ones go on from there).
+        params, grads, exp_avgs, exp_avg_sqs = adam_args()
+        opt = torch.optim.Adam(params, lr=1e-3)
+        for p, g, m, v in zip(params, grads, exp_avgs, exp_avg_sqs):
+            p.grad = g
+            opt.state[p] = {"step": torch.tensor(2.0), "exp_avg": m, "exp_avg_sq": v}
+        return [opt]
 
     def gpt_args():
         C = 256
@@ -169,6 +192,7 @@ def workloads() -> list[Workload]:
                           _randn(4096, grad=True), _randn(1024, 4096, scale=0.02, grad=True),
                           _randn(1024, grad=True)], "train"),
         Workload("adam", "Adam in-place, 20 x 1M", adam_step, adam_args, "inplace"),
+        Workload("adam-optim", "jit(opt.step), torch.optim.Adam, 20 x 1M", optimizer_step, optimizer_args, "optimizer"),
         Workload("gpt", "GPT block fwd+bwd (B=4, T=128, C=256)", gpt_block_loss, gpt_args, "train"),
         Workload("mutation", "index_copy_ x2 + sdpa (issue 5)", index_copy_sdpa, mutation_args, "inplace"),
     ]
@@ -483,7 +507,8 @@ def main() -> None:
     parser.add_argument("--first-call-torch-compile", action="store_true",
                         help="also time torch.compile's first call (a cold Inductor compile: minutes on 2 cores)")
     parser.add_argument("--first-call-timeout", type=float, default=240.0)
-    parser.add_argument("--only", default=None, help="comma-separated workload keys (overhead,pointwise,mlp,adam,gpt,mutation)")
+    parser.add_argument("--only", default=None,
+                        help="comma-separated workload keys (overhead,pointwise,mlp,adam,adam-optim,gpt,mutation)")
     parser.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"), help="markdown file to write ('' for none)")
     parser.add_argument("--first-call", nargs=2, metavar=("WORKLOAD", "VARIANT"), help=argparse.SUPPRESS)
     opts = parser.parse_args()

@@ -35,6 +35,8 @@ Example::
 
 from minijit.frontend import (
     autograd_function,  # noqa: F401  (registers the Function.apply lookaside)
+    communication,  # noqa: F401  (refuses torch.distributed's calls without traced tensors)
+    foreach,  # noqa: F401  (registers the torch._foreach_* lookasides)
     nondeterminism,  # noqa: F401  (registers the RNG, clock and entropy lookasides)
 )
 

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.fx
 import torch.utils.checkpoint
 
 from minijit.errors import UnsupportedSyntaxError
@@ -439,6 +440,36 @@ def checkpoint(function: Any, *args: Any, use_reentrant: bool | None = None,
             with torch.no_grad():
                 return _call(function, args, {})
     return _call(function, args, kwargs)
+
+
+def _graph_module_code(body: Any) -> Any:
+    """What to interpret for a subgraph of a Dynamo graph: a GraphModule's generated forward, generated now if
+    torch.fx has put that off (its lazy forward, and `GraphModule.__call__`, are torch.fx code run natively)."""
+    if isinstance(body, torch.fx.GraphModule):
+        needs_recompile = getattr(body, "_needs_recompile", None)
+        if needs_recompile is not None and needs_recompile():
+            body.real_recompile()
+        return body.forward
+    return body
+
+
+def _higher_order_op(name: str) -> Any:
+    return getattr(torch.ops.higher_order, name, None) if hasattr(torch.ops, "higher_order") else None
+
+
+def tag_activation_checkpoint(body: Any, *args: Any, **kwargs: Any) -> Any:
+    """torch.ops.higher_order.tag_activation_checkpoint (checkpoint in a Dynamo graph): as `checkpoint`."""
+    return checkpoint(_graph_module_code(body), *args, **kwargs)
+
+
+def wrap(body: Any, *args: Any, **kwargs: Any) -> Any:
+    """torch.ops.higher_order.wrap (a function Dynamo kept as a subgraph): the subgraph, traced in place."""
+    return _call(_graph_module_code(body), args, kwargs)
+
+
+for _name, _lookaside in (("tag_activation_checkpoint", tag_activation_checkpoint), ("wrap", wrap)):
+    if (_op := _higher_order_op(_name)) is not None:
+        LOOKASIDES[_op] = _lookaside
 
 
 def _dynamic(native: Callable[..., Any]) -> Callable[..., Any]:

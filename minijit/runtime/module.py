@@ -29,6 +29,7 @@ import torch
 import torch.nn.modules.module as torch_module
 
 from minijit.errors import UnsupportedSyntaxError
+from minijit.runtime import distributed
 from minijit.runtime.explain import describe_value
 
 # The hook dicts `Module._call_impl` consults, per module and globally, and what to call them.
@@ -96,6 +97,10 @@ class ModuleForward:
             saved += _hide_backward_hooks(vars(torch_module), "_global", "every module (a global hook)")
             for path, owner in self.module.named_modules():
                 saved += _hide_backward_hooks(vars(owner), "", f"{type(owner).__name__} at {_label(path)}")
+                if path:
+                    distributed.refuse_inner_eager_hook(owner, path)
+                else:  # torch.distributed's hooks on the root run around the compiled call (JitModule.__call__)
+                    saved += distributed.hide_root_eager_hooks(owner, f"{type(owner).__name__} (the jitted module)")
                 for name, child in owner._modules.items():
                     if isinstance(child, JitModule):
                         saved.append((owner._modules, name, child))
@@ -292,12 +297,22 @@ class JitModule(torch.nn.Module):
         # Imported here: minijit.runtime.jit imports the pipeline, which imports this file.
         from minijit.runtime.jit import JitFunction
 
-        forward = ModuleForward(module)
         object.__setattr__(self, "_orig_mod", module)
+        attribute = distributed.wrapped_attribute(module)
+        if attribute is not None:
+            # A wrapper like DDP: its forward runs eagerly, around its module jitted (minijit.runtime.distributed).
+            options = {"executors": executors, "cache": cache, "warn_retraces_after": warn_retraces_after}
+            self._set_wrapped(attribute, getattr(module, attribute), options)
+            return
+        forward = ModuleForward(module)
         object.__setattr__(self, "_minijit_forward", forward)
         object.__setattr__(self, "_minijit_function", JitFunction(forward, executors, cache, warn_retraces_after))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        namespace = self.__dict__
+        if "_minijit_wrapped" in namespace:
+            attribute, inner = self._jitted_wrapped_module()
+            return distributed.call_through_wrapper(self._orig_mod, attribute, inner, args, kwargs)
         if self._minijit_forward.uninitialized:
             # A lazy module's first call runs eagerly (it creates the parameters); later calls are traced.
             out = self._orig_mod(*args, **kwargs)
@@ -305,6 +320,32 @@ class JitModule(torch.nn.Module):
             object.__setattr__(self, "_minijit_forward", forward)
             self._minijit_function.fn = forward
             return out
+        module = namespace["_orig_mod"].__dict__
+        if module["_forward_pre_hooks"] or module["_forward_hooks"]:
+            pre, post = distributed.eager_hooks(self._orig_mod)
+            if pre or post:  # FSDP2's hooks: all-gather before the parameters are fetched, reshard after
+                args, kwargs = distributed.run_pre_hooks(self._orig_mod, pre, args, kwargs)
+                output = self._call_compiled(args, kwargs)
+                return distributed.run_post_hooks(self._orig_mod, post, args, kwargs, output)
+        return self._call_compiled(args, kwargs)
+
+    def _set_wrapped(self, attribute: str, found: torch.nn.Module, options: dict[str, Any]) -> None:
+        """Jit `found`, the module a wrapper like DDP holds as `attribute` (one jitted already is used as it is)."""
+        inner = found if isinstance(found, JitModule) else JitModule(found, **options)
+        object.__setattr__(self, "_minijit_wrapped", (attribute, found, inner))
+        object.__setattr__(self, "_minijit_forward", inner._minijit_forward)
+        object.__setattr__(self, "_minijit_function", inner._minijit_function)
+
+    def _jitted_wrapped_module(self) -> tuple[str, JitModule]:
+        """(attribute, the jitted module) of a wrapper like DDP; jitted afresh if the wrapper holds another module."""
+        attribute, found, inner = self.__dict__["_minijit_wrapped"]
+        if getattr(self._orig_mod, attribute) is not found:
+            self._set_wrapped(attribute, getattr(self._orig_mod, attribute), inner._minijit_function.options())
+            attribute, _, inner = self.__dict__["_minijit_wrapped"]
+        return attribute, inner
+
+    def _call_compiled(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The compiled forward (hooks from torch.distributed aside: `__call__` runs those)."""
         try:
             params, state = self._minijit_forward.fetch(self._orig_mod)
         except (KeyError, AttributeError):
@@ -342,7 +383,19 @@ class JitModule(torch.nn.Module):
         return getattr(module, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
+        if name == "__class__":  # fully_shard makes the wrapper itself an FSDPModule
+            object.__setattr__(self, name, value)
+            return
         setattr(self._orig_mod, name, value)
+
+    def named_modules(self, memo: set[torch.nn.Module] | None = None, prefix: str = "",
+                      remove_duplicate: bool = True) -> Iterator[tuple[str, torch.nn.Module]]:
+        """The wrapped module's `named_modules()`; where FSDP2 was applied to this wrapper, the wrapper itself
+        stands in for the wrapped module (FSDP2 finds its state by the module object it was given)."""
+        module = self._orig_mod
+        stand_in = self if distributed.has_composable_state(self) else module
+        for name, found in module.named_modules(memo, prefix, remove_duplicate):
+            yield name, stand_in if found is module else found
 
     def __delattr__(self, name: str) -> None:
         delattr(self._orig_mod, name)
@@ -399,6 +452,7 @@ def _delegate(name: str) -> Callable[..., Any]:
 # Every other method of nn.Module, public or private (torch calls `_apply`, `_load_from_state_dict`,
 # `_named_members` on children), acts on the wrapped module, so that overrides in its class apply.
 _NOT_DELEGATED = {"__init__", "__call__", "forward", "_call_impl", "_wrapped_call_impl", "_slow_forward", "compile",
+                  "named_modules",
                   "__getattr__", "__setattr__", "__delattr__", "__dir__", "__repr__", "__getstate__", "__setstate__"}
 for _name, _value in vars(torch.nn.Module).items():
     if inspect.isfunction(_value) and _name not in _NOT_DELEGATED:

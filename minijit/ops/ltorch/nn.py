@@ -373,7 +373,7 @@ def layer_norm(input: TensorProxy, normalized_shape: Sequence[int], weight: Tens
     return to_dtype(out, input.dtype)
 
 
-@ltorch_op(torch_fns=[F.rms_norm])
+@ltorch_op(torch_fns=[F.rms_norm, torch.rms_norm])  # torch.rms_norm: what F.rms_norm calls (Dynamo graphs)
 def rms_norm(input: TensorProxy, normalized_shape: Sequence[int], weight: TensorProxy | None = None,  # noqa: A002
              eps: float | None = None) -> TensorProxy:
     """F.rms_norm: x / sqrt(mean(x^2) + eps) * weight (eps defaults to the compute dtype's epsilon)."""
@@ -677,7 +677,7 @@ def scaled_dot_product_attention(query: TensorProxy, key: TensorProxy, value: Te
 
 # -- padding -------------------------------------------------------------------------------------------------
 
-@ltorch_op(torch_fns=[F.pad])
+@ltorch_op(torch_fns=[F.pad, torch._C._nn.pad])  # torch._C._nn.pad: what F.pad calls (Dynamo graphs)
 def pad(input: TensorProxy, pad: Sequence[int], mode: str = "constant", value: float | None = None) -> TensorProxy:  # noqa: A002
     """F.pad: pad[2i], pad[2i + 1] elements before/after dim -1 - i (negative crops), filled with value,
     or in 'reflect', 'replicate' or 'circular' mode (minijit/ops/ltorch/padding.py)."""
