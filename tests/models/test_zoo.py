@@ -5,7 +5,8 @@ copied, and run eagerly and jitted on the same inputs in training mode (dropout 
 same seed before each call gives the same draws): every tensor of the output (logits, loss,
 hidden states, the returned key/value cache), every parameter's gradient and every buffer equal
 eager's, for a first call (a trace) and a second call with new inputs of the same shapes (a
-cache hit). Text models run without and with an `attention_mask` that pads one sequence.
+cache hit; for models whose first call changes the model, a third call). Text models run without and with
+an `attention_mask` that pads one sequence.
 """
 
 from __future__ import annotations
@@ -51,8 +52,11 @@ HF_MODELS: dict[str, tuple[Callable[[], nn.Module], str]] = {
     "gemma2": (_hf("AutoModelForCausalLM", "gemma2", **_DECODER, head_dim=8, query_pre_attn_scalar=8,
                    sliding_window=8), "causal"),
     "phi3": (_hf("AutoModelForCausalLM", "phi3", **_DECODER), "causal"),
-    "mixtral": (_hf("AutoModelForCausalLM", "mixtral", **_DECODER, num_local_experts=4, num_experts_per_tok=2),
-                "causal"),
+    # Experts as batched matmuls of each token's chosen experts' weights. The default ("grouped_mm"), traced in
+    # float32, calls transformers' custom op `transformers::grouped_mm_fallback` (torch.library), which minijit
+    # runs once torch ops without an ltorch decomposition run opaquely (the op-breadth work).
+    "mixtral": (_hf("AutoModelForCausalLM", "mixtral", **_DECODER, num_local_experts=4, num_experts_per_tok=2,
+                    experts_implementation="batched_mm", output_router_logits=True), "causal"),
     "gpt2": (_hf("AutoModelForCausalLM", "gpt2", n_embd=32, n_layer=2, n_head=4, n_positions=64, **_TOKENS),
              "causal"),
     "gpt_neox": (_hf("AutoModelForCausalLM", "gpt_neox", **{**_ENCODER, "num_key_value_heads": 4}), "causal"),
@@ -68,12 +72,17 @@ HF_MODELS: dict[str, tuple[Callable[[], nn.Module], str]] = {
     "bart": (_hf("AutoModelForSeq2SeqLM", "bart", d_model=32, encoder_ffn_dim=64, decoder_ffn_dim=64,
                  encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
                  max_position_embeddings=64, decoder_start_token_id=2, **_TOKENS), "seq2seq"),
-    # problem_type given: eager's first call would set it on the config, and the second call reads it.
     "vit": (_hf("AutoModelForImageClassification", "vit", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                num_attention_heads=4, image_size=16, patch_size=4, num_labels=3,
-                problem_type="single_label_classification"), "image"),
+                num_attention_heads=4, image_size=16, patch_size=4, num_labels=3), "image"),
     "resnet": (_hf("AutoModelForImageClassification", "resnet", embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1],
-                   layer_type="basic", num_labels=3, problem_type="single_label_classification"), "image"),
+                   layer_type="basic", num_labels=3), "image"),
+}
+# Models whose first call changes the model itself, as eagerly (the jitted call replays it): the second call
+# re-traces, for the reason given, and the third is a cache hit.
+FIRST_CALL_CHANGES = {
+    "mixtral": "forward hook added",  # router logits are collected by hooks transformers installs on first use
+    "vit": "attribute problem_type = None changed",  # the classification loss sets config.problem_type
+    "resnet": "attribute problem_type = None changed",
 }
 
 
@@ -119,7 +128,7 @@ def _loss(output: Any) -> torch.Tensor:
     return output["loss"] if isinstance(output, dict) else output.loss
 
 
-def run_against_eager(eager: nn.Module, make_inputs: Callable[[], dict[str, Any]], calls: int = 2
+def run_against_eager(eager: nn.Module, make_inputs: Callable[[], dict[str, Any]], calls: int
                       ) -> minijit.JitModule:
     """Call `eager` and a jitted deep copy `calls` times on the same inputs (same seed before each call):
     output tensors, the gradients of the output's `loss` and the buffers equal eager's after every call."""
@@ -162,9 +171,12 @@ def test_hugging_face_model_matches_eager(name: str, masked: bool) -> None:
     torch.manual_seed(0)
     model = build().train()
     make = _image_inputs if kind == "image" else lambda: _text_inputs(kind, masked)
-    jm = run_against_eager(model, make)
+    jm = run_against_eager(model, make, calls=3)
     info = minijit.cache_info(jm)
-    assert (info.misses, info.hits) == (1, 1), str(info)
+    if name in FIRST_CALL_CHANGES:
+        assert (info.misses, info.hits) == (2, 1) and FIRST_CALL_CHANGES[name] in info.miss_reasons[1], str(info)
+    else:
+        assert (info.misses, info.hits) == (1, 2), str(info)
 
 
 # -- torch.nn models (tests/models/test_nn_layers.py covers the single layers and a hand-written ResNet) --------
@@ -252,7 +264,7 @@ NN_CASES = [(name, variant) for name, (_, variants) in NN_MODELS.items() for var
 def test_torch_nn_model_matches_eager(name: str, variant: str) -> None:
     build, variants = NN_MODELS[name]
     torch.manual_seed(0)
-    jm = run_against_eager(build().train(), variants[variant])
+    jm = run_against_eager(build().train(), variants[variant], calls=2)
     info = minijit.cache_info(jm)
     assert (info.misses, info.hits) == (1, 1), str(info)
 
