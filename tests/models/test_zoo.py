@@ -22,10 +22,10 @@ from torch import nn
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never download: every model is built from a config
 
-import transformers  # noqa: E402
-from transformers import AutoConfig  # noqa: E402
+import transformers
+from transformers import AutoConfig
 
-import minijit  # noqa: E402
+import minijit
 
 RTOL, ATOL = 1e-4, 1e-5
 BATCH, SEQ, VOCAB = 2, 16, 128
