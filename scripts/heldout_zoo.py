@@ -161,6 +161,9 @@ MODELS: dict[str, tuple[Callable[[], torch.nn.Module], Callable[[bool], dict[str
     "mixtral (default experts: grouped_mm)": (
         auto("AutoModelForCausalLM", "mixtral", num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
              **SMALL), tokens(True), True),
+    "mixtral (eager experts: a loop over the experts that got tokens)": (
+        auto("AutoModelForCausalLM", "mixtral", num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+             experts_implementation="eager", **SMALL), tokens(True), True),
     "qwen3_moe": (auto("AutoModelForCausalLM", "qwen3_moe", num_key_value_heads=2, head_dim=12, num_experts=4,
                        num_experts_per_tok=2, moe_intermediate_size=32, **SMALL), tokens(True), True),
     "t5 (gated-gelu, v1.1)": (auto("AutoModelForSeq2SeqLM", "t5", d_model=48, d_ff=96, d_kv=12, num_layers=2,
