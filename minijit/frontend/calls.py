@@ -57,6 +57,8 @@ _NATIVE_MODULES = (
 )
 # ... except these, which hold user-visible Python code worth tracing through (nn layer forwards, and
 # the function `@torch.autocast(...)` wraps a user function in).
+# Modules whose wrappers (with `__wrapped__`) only switch Dynamo off around the function they wrap.
+_DYNAMO_WRAPPER_MODULES = ("torch._dynamo.eval_frame", "torch._compile")
 _INTERPRETED_TORCH_MODULES = ("torch.nn.modules", "torch.amp.autocast_mode")
 
 # Modules whose C callables may receive proxies: they only store them or call their Python dunders.
@@ -116,10 +118,11 @@ def call(fn: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> 
             return lookaside(*args, **kwargs)
         if should_interpret(fn):
             return run_function(fn, args, kwargs)
-        # A native wrapper of a looked-aside function (torch._dynamo replaces torch.manual_seed with one).
-        lookaside = LOOKASIDES.get(getattr(fn, "__wrapped__", None))
-        if lookaside is not None:
-            return lookaside(*args, **kwargs)
+        wrapped = getattr(fn, "__wrapped__", None)
+        if wrapped is not None and _module_of(fn.__globals__) in _DYNAMO_WRAPPER_MODULES:
+            # torch._dynamo.disable's wrapper (Dynamo rebinds torch.manual_seed and, once torch.compile
+            # has run, optimizers' methods to one) only turns Dynamo off: trace what it wraps.
+            return call(wrapped, args, kwargs)
         return _call_native(fn, args, kwargs)
     if t is types.MethodType:
         return call(fn.__func__, (fn.__self__, *args), kwargs)
@@ -293,6 +296,10 @@ def _call_native_with_proxies(fn: Any, args: tuple[Any, ...] | list[Any], kwargs
         consumes = None
     if consumes is not None and args:
         from minijit.frontend.opcodes.build import interpreted_iterable
+
+        if STATE.outside.iterators:
+            for a in args:
+                STATE.outside.check_not_outside_iterator(a)
 
         if consumes == "all":
             args = [interpreted_iterable(a) for a in args]

@@ -16,6 +16,8 @@ every call (minijit.frontend.outside), so a source may also start from a tensor'
 
 from __future__ import annotations
 
+import collections
+import sys
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,10 +25,12 @@ from typing import Any
 
 import torch
 
+from minijit.frontend.code import is_library_file
 from minijit.ir import Proxy
 
 _CONSTANT_TYPES = (int, float, bool, str, bytes, complex, type(None), type(...), torch.dtype, torch.device)
 _SKIPPED_MODULES = ("torch", "minijit")
+MISSING_ATTRIBUTE = object()
 
 
 @dataclass(frozen=True, eq=False)
@@ -153,13 +157,36 @@ def skipped(namespace: Any) -> bool:
 
 def may_have_guarded_attributes(value: Any) -> bool:
     """True for objects whose attribute and item reads are worth guarding: containers, instances, user classes."""
-    if isinstance(value, Proxy | torch.Tensor | types.ModuleType | types.FunctionType | types.BuiltinFunctionType
+    if isinstance(value, types.ModuleType):
+        return is_users_module(value)
+    if isinstance(value, Proxy | torch.Tensor | types.FunctionType | types.BuiltinFunctionType
                   | types.MethodType) or is_constant(value):
         return False
     if isinstance(value, type):
         module = getattr(value, "__module__", "") or ""
         return module.split(".")[0] not in _SKIPPED_MODULES and module != "builtins"
-    return hasattr(value, "__dict__") or isinstance(value, list | dict | set | tuple)
+    return hasattr(value, "__dict__") or isinstance(value, list | dict | set | tuple | collections.deque)
+
+
+def is_users_module(module: types.ModuleType) -> bool:
+    """A module of the user's own code (a config module, say): not the standard library, an installed
+    package, torch or minijit. Its attributes are guarded like globals."""
+    name = module.__name__
+    known = _USER_MODULES.get(id(module))
+    if known is not None:
+        return known[1]
+    file = getattr(module, "__file__", None)
+    if name.split(".")[0] in _SKIPPED_MODULES or name in sys.builtin_module_names:
+        decision = False
+    elif isinstance(file, str):
+        decision = not is_library_file(file)
+    else:
+        decision = getattr(module, "__spec__", None) is None  # made at run time (types.ModuleType("cfg"))
+        _USER_MODULES[id(module)] = (module, decision)  # the module is kept alive: its id stays its own
+    return decision
+
+
+_USER_MODULES: dict[int, tuple[types.ModuleType, bool]] = {}
 
 
 def attribute_source(obj: Any, name: str) -> tuple[Any, dict[str, Any] | None] | None:
@@ -168,6 +195,12 @@ def attribute_source(obj: Any, name: str) -> tuple[Any, dict[str, Any] | None] |
     own = getattr(obj, "__dict__", None)
     if isinstance(own, dict) and name in own:
         return obj, None
+    if isinstance(obj, type):
+        # A class's own attribute (a counter, a setting), stored as data rather than computed.
+        stored = vars(obj).get(name, MISSING_ATTRIBUTE)
+        if stored is not MISSING_ATTRIBUTE and not hasattr(stored, "__get__"):
+            return obj, None
+        return None
     if not isinstance(obj, type) and isinstance(own, dict):
         cls = type(obj)
         if name in vars(cls) and not hasattr(vars(cls)[name], "__set__") and cls.__module__.split(".")[0] not in _FIXED_CLASSES:
@@ -285,4 +318,5 @@ class _Missing:
 _MISSING = _Missing()
 MISSING = _MISSING
 
-__all__ = ["MISSING", "GuardEntry", "Source", "build_guard", "has_snapshot", "is_constant", "record", "same_keys"]
+__all__ = ["MISSING", "GuardEntry", "Source", "build_guard", "has_snapshot", "is_constant", "is_users_module", "record",
+           "same_keys"]

@@ -11,6 +11,7 @@ source line of every bound symbol.
 from __future__ import annotations
 
 import collections.abc
+import functools
 import sys
 import types
 from collections.abc import Callable, Iterable
@@ -409,6 +410,8 @@ def interpret(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
     outside = state.outside = Outside()
     for root in guard_roots:
         outside.add_root(root, "self")
+    for name, bound in _bound_values(fn):
+        outside.add_root(bound, name)
     slots, containers = keyed
     outside.keyed.update((id(holder), key) for holder, key in slots)
     outside.whole.update(id(c) for c in containers)
@@ -418,6 +421,7 @@ def interpret(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
     for name, value in [*zip(_argument_names(fn, len(args)), args), *kwargs.items()]:
         if hasattr(value, "__dict__") and not isinstance(value, Proxy) and not is_container(value):
             outside.add_root(value, name)
+        outside.note_iterator(value, name)
     trace = current_trace()
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(max(limit, 12 * _RECURSION_LIMIT))
@@ -441,6 +445,16 @@ def interpret(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
     if trace is not None:
         check_no_proxy_left(outside)
     return result
+
+
+def _bound_values(fn: Any) -> list[tuple[str, Any]]:
+    """What a bound method or a functools.partial carries from outside: its `self`, its bound arguments."""
+    if isinstance(fn, types.MethodType):
+        return [("self", fn.__self__), *_bound_values(fn.__func__)]
+    if isinstance(fn, functools.partial):
+        found = [(f"arg{i}", a) for i, a in enumerate(fn.args)] + list(fn.keywords.items())
+        return [(n, v) for n, v in found if not isinstance(v, Proxy)] + _bound_values(fn.func)
+    return []
 
 
 def _argument_names(fn: Any, n: int) -> list[str]:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import collections
 import inspect
+import sys
 import types
 import weakref
 from collections.abc import Callable
@@ -38,7 +39,7 @@ from typing import Any
 import torch
 
 from minijit.errors import UnsupportedSyntaxError
-from minijit.frontend.guards import MISSING, Source, has_snapshot, may_have_guarded_attributes, record
+from minijit.frontend.guards import MISSING, Source, has_snapshot, is_users_module, may_have_guarded_attributes, record
 from minijit.ir import Proxy
 from minijit.ir.context import where_now
 
@@ -120,6 +121,8 @@ class Outside:
     keyed: set[tuple[int, Any]] = field(default_factory=set)
     # ids of proxies the caller put into outside objects itself (a jitted module's parameters).
     placed: set[int] = field(default_factory=set)
+    # id -> (iterator, label): native iterators and generators from outside, never advanced by the trace.
+    iterators: dict[int, tuple[Any, str]] = field(default_factory=dict)
     # id -> object: instances of Python classes the traced code created; a result or stored value
     # holding traced tensors in one is rebuilt for each call from its attributes.
     created: dict[int, Any] = field(default_factory=dict)
@@ -131,8 +134,14 @@ class Outside:
             self.roots[id(obj)] = (obj, label)
 
     def is_root(self, obj: Any) -> bool:
-        """True for objects that exist outside the call (and are not tensors)."""
-        return id(obj) in self.roots
+        """True for objects that exist outside the call (and are not tensors). A user's class is one
+        however the code reached it (`type(self).count += 1`)."""
+        if id(obj) in self.roots:
+            return True
+        if isinstance(obj, type) and _users_class(obj):
+            self.add_root(obj, obj.__qualname__)
+            return True
+        return False
 
     def note_created(self, obj: Any) -> None:
         """`obj` was instantiated by traced code (it is kept alive until the capture ends)."""
@@ -170,17 +179,32 @@ class Outside:
             self.add_root(value, source.label)
             if has_snapshot(value):
                 self.whole.add(id(value))
+            self.note_iterator(value, source.label)
+
+    def note_iterator(self, value: Any, label: str) -> None:
+        """Remember a native iterator or generator from outside: advancing it cannot be replayed."""
+        if hasattr(type(value), "__next__") and not hasattr(value, "__dict__"):
+            self.iterators[id(value)] = (value, label)
+
+    def check_not_outside_iterator(self, it: Any) -> None:
+        """Refuse to advance an iterator from outside the call (it would advance once, at trace time)."""
+        if id(it) in self.iterators:
+            label = self.iterators[id(it)][1]
+            raise UnsupportedSyntaxError(
+                f"advancing the {type(it).__name__} {label}, which exists outside the jitted call{where_now()}: "
+                "minijit would take its next item once, while tracing, and never again. Take the item outside "
+                "and pass it as an argument")
 
     # -- reads ----------------------------------------------------------------------------------
     def read(self, guards: dict[Any, Any], kind: str, holder: Any, key: Any, value: Any, label: str,
              shadow: dict[str, Any] | None = None) -> None:
         """Record that traced code read `value` as `key` of `holder` (a global, cell, attribute or item)."""
-        if (id(holder), key) in self.written or (id(holder), key) in self.keyed:
-            return  # the trace wrote it itself, or the cache key covers it
+        if (id(holder), key) in self.written:
+            return  # the trace wrote it itself: the value is the trace's own
         changed = self.changed.get(id(holder))
         if changed is not None and kind == "item":
             self._guard_before_change(guards, holder)
-        elif id(holder) not in self.whole:
+        elif id(holder) not in self.whole and (id(holder), key) not in self.keyed:  # keyed: the cache key covers it
             record(guards, kind, holder, key, value, shadow)
         access = {"global": "item", "builtin": "item", "item": "item", "cell": "cell"}.get(kind, "attribute")
         if shadow is None:
@@ -195,7 +219,8 @@ class Outside:
             self._guard_before_change(guards, container)
             return
         if how == "contains":
-            record(guards, "contains", container, key, result)
+            if (id(container), key) not in self.keyed:
+                record(guards, "contains", container, key, result)
         elif how == "length" or (how == "iterate" and isinstance(container, list | tuple | collections.deque)):
             record(guards, "length", container, None, len(container))
             if how == "iterate":
@@ -324,6 +349,12 @@ class Outside:
         self.undo.clear()
 
 
+def _users_class(cls: type) -> bool:
+    """A class defined in the user's own code (not the standard library's or a package's)."""
+    module = sys.modules.get(cls.__module__)
+    return module is not None and is_users_module(module) and may_have_guarded_attributes(cls)
+
+
 def _cached_values(value: Any, depth: int) -> list[Any]:
     """`value`, what a weak reference in it points to, and the items of lists, tuples and dicts, `depth` deep."""
     if isinstance(value, weakref.ref):
@@ -374,9 +405,13 @@ def _restore_cell(cell: types.CellType, old: Any) -> None:
 
 def _restore_contents(container: Any, before: Any) -> None:
     if isinstance(container, dict):
-        if list(container.items()) != list(before.items()) or any(container[k] is not v for k, v in before.items()):
-            dict.clear(container)
-            dict.update(container, before)
+        # Values by identity (a traced value's == would record into the trace), keys and their order too.
+        now = list(dict.items(container))
+        if len(now) != len(before) or any(k is not k0 or v is not v0 for (k, v), (k0, v0) in zip(now, before.items())):
+            # OrderedDict keeps its own order list beside the dict's: only its methods keep the two in step.
+            kind = collections.OrderedDict if isinstance(container, collections.OrderedDict) else dict
+            kind.clear(container)
+            kind.update(container, before)
     elif isinstance(container, list):
         container[:] = before
     elif isinstance(container, set):

@@ -220,6 +220,36 @@ def flatten(value: Any, is_leaf: Callable[[Any], bool], is_open: Callable[[Any],
     return spec, leaves
 
 
+def leaves(value: Any, is_leaf: Callable[[Any], bool]) -> list[Any]:
+    """The leaves `flatten` gives, in the same order, without building the spec (the per-call path)."""
+    out: list[Any] = []
+    _collect(value, is_leaf, out, 0)
+    return out
+
+
+def _collect(value: Any, is_leaf: Callable[[Any], bool], out: list[Any], depth: int) -> None:
+    if is_leaf(value):
+        out.append(value)
+        return
+    t = type(value)
+    if depth > _MAX_DEPTH:
+        return
+    if t is tuple or t is list:
+        for v in value:
+            _collect(v, is_leaf, out, depth + 1)
+    elif t is dict:
+        for v in value.values():
+            _collect(v, is_leaf, out, depth + 1)
+    elif is_container(value):
+        out += _flatten_leaves(value, is_leaf, depth)
+
+
+def _flatten_leaves(value: Any, is_leaf: Callable[[Any], bool], depth: int) -> list[Any]:
+    found: list[Any] = []
+    _flatten(value, is_leaf, found, depth)
+    return found
+
+
 _MAX_DEPTH = 64
 
 

@@ -86,6 +86,13 @@ class NumberProxy(Proxy):
     def __float__(self) -> float:
         return float(self._specialise())
 
+    # Text needs the value: the trace specialises on it (a value only known when the trace runs is refused).
+    def __format__(self, spec: str) -> str:
+        return format(self._specialise(), spec)
+
+    def __str__(self) -> str:
+        return str(self._specialise())
+
     def __hash__(self) -> int:
         return hash(self.value)
 

@@ -46,12 +46,16 @@ FP32 = "float32"
 FP32_UNLESS_DTYPE = "float32 unless dtype is given"
 PROMOTE = "widest input type"
 
-_CPU_LOWER = ("matmul", "mm", "bmm", "addmm", "baddbmm", "linear", "scaled_dot_product_attention")
-_CPU_FP32 = ("prod", "mse_loss", "l1_loss", "nll_loss", "cross_entropy", "binary_cross_entropy_with_logits")
+_CONVOLUTIONS = ("conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
+                 "convolution")
+_CPU_LOWER = ("matmul", "mm", "bmm", "addmm", "baddbmm", "linear", "scaled_dot_product_attention", *_CONVOLUTIONS)
+_CPU_FP32 = ("prod", "mse_loss", "l1_loss", "nll_loss", "cross_entropy", "binary_cross_entropy_with_logits",
+             "avg_pool3d", "max_pool3d", "adaptive_avg_pool3d")
 # hstack and vstack are cat underneath.
 _CPU_PROMOTE = ("cat", "stack", "hstack", "vstack", "index_copy")
 
-_CUDA_LOWER = _CPU_LOWER
+_CUDA_LOWER = ("matmul", "mm", "bmm", "addmm", "baddbmm", "linear", "scaled_dot_product_attention", *_CONVOLUTIONS,
+               "lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell")
 _CUDA_FP32 = (
     "acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p", "reciprocal", "rsqrt",
     "sinh", "tan", "pow", "softplus", "layer_norm", "native_layer_norm", "rms_norm", "group_norm", "nll_loss",

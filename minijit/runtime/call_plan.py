@@ -44,6 +44,9 @@ class CallPlan:
     result: Spec | None = None
     # Each effect with the spec of its value, whose leaves are the trace's second output, in order.
     effects: list[tuple[Effect, Spec]] = field(default_factory=list)
+    # (position among the result's leaves, trace input index): an input returned as it is. Eager returns
+    # that very tensor object (a Parameter stays a leaf), so the call does too.
+    passthrough: list[tuple[int, int]] = field(default_factory=list)
 
     def is_trivial(self) -> bool:
         """True when the compiled trace can be called directly."""
@@ -63,7 +66,7 @@ class CallPlan:
             return computation
         fetch = self.fetch_function() if self.captured else None
         split = self.result is not None or bool(self.effects)
-        result_spec, effects = self.result, self.effects
+        result_spec, effects, passthrough = self.result, self.effects, self.passthrough
 
         def run(*inputs: Any) -> Any:
             if fetch is not None:
@@ -73,7 +76,12 @@ class CallPlan:
                 return out
             result, values = out
             replay(effects, list(values))
-            return result_spec.rebuild(list(result)) if result_spec is not None else result
+            if result_spec is None:
+                return result
+            leaves = list(result)
+            for position, index in passthrough:
+                leaves[position] = inputs[index]
+            return result_spec.rebuild(leaves)
 
         run.__wrapped__ = computation  # type: ignore[attr-defined]
         return run
@@ -141,8 +149,10 @@ def finish_capture(trace: Trace, where: str, result: Any, outside: Outside) -> A
         leaves = proxies(leaves)
         effect_leaves += leaves
         notes.append(f"then {effect.describe()}: {spec.describe([_name(x) for x in leaves])}")
-    if plan.effects or result_spec.needs_rebuild():
-        plan.result = result_spec if result_spec.needs_rebuild() else None
+    inputs = {id(p): i for i, p in enumerate(trace.args)}
+    plan.passthrough = [(i, inputs[id(x)]) for i, x in enumerate(result_leaves) if id(x) in inputs]
+    if plan.effects or result_spec.needs_rebuild() or plan.passthrough:
+        plan.result = result_spec if result_spec.needs_rebuild() or plan.passthrough else None
         output: Any = (tuple(result_leaves) if plan.result is not None else result_spec.rebuild(result_leaves),
                        tuple(effect_leaves))
         if plan.result is not None:

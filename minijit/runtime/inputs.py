@@ -17,7 +17,7 @@ import torch
 from minijit.errors import UnsupportedOpError, UnsupportedSyntaxError
 from minijit.frontend.frame import STATE
 from minijit.ir import FloatProxy, IntegerProxy, Proxy, TensorProxy, Trace
-from minijit.ir.containers import flatten, is_container
+from minijit.ir.containers import flatten, is_container, leaves
 from minijit.ir.context import add_constraint, where_now
 from minijit.ops import prims
 
@@ -115,7 +115,7 @@ def _make_sizes_symbolic(p: TensorProxy) -> None:
 
 def flat_inputs(args: tuple[Any, ...], kwargs: dict[str, Any], symbolic: bool) -> list[Any]:
     """The values that a compiled trace takes, in the order of its inputs (containers of any kind looked into)."""
-    return flatten((args, kwargs), _input_leaf(symbolic))[1]
+    return leaves((args, kwargs), _input_leaf(symbolic))
 
 
 def input_names(trace: Trace) -> list[str]:

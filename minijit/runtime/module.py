@@ -62,6 +62,9 @@ class ModuleForward:
                     path = f"{owner_path}.{name}" if owner_path else name
                     self.slots.append((path, owner_path, kind, name))
         self.param_names = [path.replace(".", "_") for path, *_ in self.slots]
+        # Lazy modules (nn.LazyLinear) have no shapes until their first call materialises them.
+        self.uninitialized = any(torch.nn.parameter.is_lazy(getattr(module.get_submodule(owner), kind)[name])
+                                 for _, owner, kind, name in self.slots)
         self.module_paths = [p for p, _ in module.named_modules()]
         # The states seen, interned. Taking stock again after a change that left the parameters and
         # module paths as they were (a submodule swapped for its jitted self) keeps the cache entries.
@@ -160,6 +163,13 @@ def _covered_by_state(root: torch.nn.Module) -> tuple[list[tuple[Any, Any]], lis
     for module in root.modules():
         namespace = vars(module)
         slots.append((module, "training"))
+        # nn.Module.__getattr__ looks these up in the instance dict: torch never rebinds them, and the
+        # fetch reads the tensors and submodules in them afresh on every call.
+        slots += [(namespace, name) for name in ("_parameters", "_buffers", "_modules")]
+        # The tensors the fetch reads (a missing one makes it take stock again); a None stays guarded.
+        for kind in ("_parameters", "_buffers"):
+            tensors = namespace[kind]
+            slots += [(tensors, name) for name, tensor in tensors.items() if tensor is not None]
         slots += [(module._modules, child) for child in module._modules]
         for name in (*_HOOK_KINDS, *_HOOK_FLAGS):
             if name in namespace:
@@ -288,6 +298,13 @@ class JitModule(torch.nn.Module):
         object.__setattr__(self, "_minijit_function", JitFunction(forward, executors, cache, warn_retraces_after))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._minijit_forward.uninitialized:
+            # A lazy module's first call runs eagerly (it creates the parameters); later calls are traced.
+            out = self._orig_mod(*args, **kwargs)
+            forward = ModuleForward(self._orig_mod)
+            object.__setattr__(self, "_minijit_forward", forward)
+            self._minijit_function.fn = forward
+            return out
         try:
             params, state = self._minijit_forward.fetch(self._orig_mod)
         except (KeyError, AttributeError):

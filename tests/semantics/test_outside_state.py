@@ -80,6 +80,13 @@ def test_optimizer_step_in_a_closure_matches_eager(name):
     assert minijit.cache_info(jitted).misses <= 2  # the first step initialises the state: one more trace
 
 
+def test_optimizer_step_after_torch_compile_has_run_matches_eager():
+    # Once torch.compile has run, Dynamo rebinds optimizers' methods (`_init_group`) to its wrappers.
+    compiled = torch.compile(lambda x: x * 2, backend="eager")
+    compiled(torch.ones(2))
+    _compare_optimizer_steps(OPTIMIZERS["Adam"])
+
+
 def test_optimizer_step_follows_a_learning_rate_schedule():
     jitted = _compare_optimizer_steps(OPTIMIZERS["SGD"], schedule=True)
     assert "lr" in str(minijit.cache_info(jitted))

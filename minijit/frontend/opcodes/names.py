@@ -9,9 +9,9 @@ from typing import Any
 
 import torch
 
-from minijit.frontend.code import Inst, is_library_file
+from minijit.frontend.code import Inst
 from minijit.frontend.frame import NULL, STATE, Frame
-from minijit.frontend.guards import MISSING, attribute_source, may_have_guarded_attributes, record
+from minijit.frontend.guards import MISSING, attribute_source, is_users_module, may_have_guarded_attributes, record
 from minijit.frontend.opcodes.protocols import delete_attribute, load_attr, store_attr
 from minijit.frontend.opcodes.table import handles
 from minijit.frontend.outside import tensor_attribute
@@ -326,19 +326,6 @@ def load_build_class(frame: Frame, inst: Inst) -> None:
 
 
 # -- attributes ---------------------------------------------------------------------------------
-_USER_MODULES: dict[str, bool] = {}
-
-
-def _is_user_module(module: types.ModuleType) -> bool:
-    name = module.__name__
-    decision = _USER_MODULES.get(name)
-    if decision is None:
-        path = getattr(module, "__file__", None)
-        decision = _USER_MODULES[name] = (isinstance(path, str) and not is_library_file(path)
-                                          and name.split(".")[0] not in ("torch", "minijit"))
-    return decision
-
-
 def attribute(frame: Frame | None, obj: Any, name: str) -> Any:
     """obj.name for interpreted code, guarded when obj is from outside the call (minijit.frontend.outside).
 
@@ -347,7 +334,7 @@ def attribute(frame: Frame | None, obj: Any, name: str) -> Any:
     """
     if type(obj) is types.ModuleType:
         value = getattr(obj, name)
-        if frame is not None and frame.info.is_user and _is_user_module(obj):
+        if frame is not None and frame.info.is_user and is_users_module(obj):
             STATE.outside.read(STATE.guards, "global", obj.__dict__, name, value, name)
         return value
     if isinstance(obj, torch.Tensor):

@@ -15,11 +15,13 @@ from typing import Any
 
 import torch
 
+from minijit.errors import UnsupportedSyntaxError
 from minijit.frontend.calls import call, should_interpret
 from minijit.frontend.frame import STATE
 from minijit.frontend.interpreter import InterpretedGenerator
 from minijit.frontend.outside import item_label
 from minijit.ir import TensorProxy, current_trace
+from minijit.ir.context import where_now
 
 # class -> names of the dunders and properties it (or a base) defines in interpretable Python.
 _PY_MEMBERS: dict[type, frozenset[str]] = {}
@@ -331,6 +333,8 @@ def next_item(it: Any) -> Any:
     cls = type(it)
     if cls is InterpretedGenerator:
         return it.__next__()
+    if STATE.outside.iterators:
+        STATE.outside.check_not_outside_iterator(it)
     members = _PY_MEMBERS.get(cls)
     if members is None:
         members = python_members(cls)
@@ -391,8 +395,18 @@ def store_attr(obj: Any, name: str, value: Any) -> None:
         if "__setattr__" in members:
             call_dunder(obj, "__setattr__", name, value)
             return
+    if isinstance(obj, TensorProxy) or (isinstance(obj, torch.Tensor) and isinstance(value, TensorProxy)):
+        _refuse_tensor_attribute_write(obj, name)
     _log_attribute_write(obj, name, value, delete=False)
     setattr(obj, name, value)
+
+
+def _refuse_tensor_attribute_write(obj: Any, name: str) -> None:
+    what = obj.name if isinstance(obj, TensorProxy) else f"a {type(obj).__name__}"
+    raise UnsupportedSyntaxError(
+        f"assigning {what}.{name} inside a jitted function{where_now()} is not supported: minijit traces tensor "
+        "operations, not rebinding a tensor's attributes to traced values. Update values in place under "
+        "torch.no_grad() (p.copy_(...), p.grad.zero_()), or make the assignment outside the jitted function")
 
 
 def delete_attribute(obj: Any, name: str) -> None:
