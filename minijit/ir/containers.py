@@ -246,7 +246,7 @@ def _collect(value: Any, is_leaf: Callable[[Any], bool], out: list[Any], depth: 
 
 def _flatten_leaves(value: Any, is_leaf: Callable[[Any], bool], depth: int) -> list[Any]:
     found: list[Any] = []
-    _flatten(value, is_leaf, found, depth)
+    _flatten(value, _Walk(is_leaf, None, set()), found, depth)
     return found
 
 
