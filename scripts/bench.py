@@ -45,7 +45,8 @@ IMPORT_S = time.perf_counter() - _import_start  # `import minijit` after torch, 
 
 VARIANTS = ("eager", "minijit", "minijit+inductor", "torch.compile", "thunder")
 FIRST_CALL = {"mlp": ("eager", "minijit", "minijit+inductor", "torch.compile"),
-              "adam": ("eager", "minijit", "minijit+inductor", "torch.compile")}
+              "adam": ("eager", "minijit", "minijit+inductor", "torch.compile"),
+              "llama": ("eager", "minijit")}
 # Fresh processes per first-call figure (the median is reported) where a run takes seconds, not minutes.
 FIRST_CALL_RUNS = {"eager": 3, "minijit": 3}
 
@@ -108,6 +109,29 @@ def index_copy_sdpa(q, k, v, mask, idx, src):
     return F.scaled_dot_product_attention(q, k, v, mask)
 
 
+class CausalLMLoss(torch.nn.Module):
+    """A Hugging Face causal LM's loss on (input_ids, labels), called as users call the model."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, labels):
+        return self.model(input_ids=input_ids, labels=labels).loss
+
+
+def hf_llama() -> CausalLMLoss:
+    """A randomly initialised Hugging Face Llama: hidden 256, 4 layers, 8 heads sharing 4 key/value heads."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # built from a config: nothing to download
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=2048, hidden_size=256, intermediate_size=1024, num_hidden_layers=4,
+                         num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=256,
+                         pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    return CausalLMLoss(LlamaForCausalLM(config).train())
+
+
 def _randn(*shape, scale=1.0, grad=False):
     t = torch.randn(*shape) * scale
     return t.requires_grad_() if grad else t
@@ -134,6 +158,8 @@ class Workload:
         """One iteration; returns every result to compare with eager."""
         if self.kind == "train":
             leaves = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+            if isinstance(self.fn, torch.nn.Module):  # shared by every variant's wrapper of the module
+                leaves += list(self.fn.parameters())
             for t in leaves:
                 t.grad = None
             loss = fn(*args)
@@ -154,7 +180,7 @@ class Workload:
 
 
 def workloads() -> list[Workload]:
-    """The workloads of issue 8, at the issue's sizes."""
+    """The workloads of issue 8, at the issue's sizes, and a Hugging Face Llama (issue 13)."""
     def adam_args():
         shapes = [(1000, 1000)] * 20
         return [[torch.randn(s) for s in shapes], [torch.randn(s) * 0.01 for s in shapes],
@@ -183,7 +209,11 @@ def workloads() -> list[Workload]:
         return [torch.randn(B, H, T, D), torch.randn(B, H, T, D), torch.randn(B, H, T, D), mask,
                 torch.arange(0, T, 8), torch.randn(B, H, T // 8, D)]
 
-    return [
+    def llama_args():
+        ids = torch.randint(3, 2048, (4, 128))
+        return [ids, ids.clone()]
+
+    found = [
         Workload("overhead", "per call, a + 1 on 1 element", add_one, lambda: [torch.randn(1)], "forward"),
         Workload("pointwise", "9-op pointwise chain, 4M f32", pointwise_chain, lambda: [torch.randn(4 * 2**20)],
                  "forward"),
@@ -196,6 +226,12 @@ def workloads() -> list[Workload]:
         Workload("gpt", "GPT block fwd+bwd (B=4, T=128, C=256)", gpt_block_loss, gpt_args, "train"),
         Workload("mutation", "index_copy_ x2 + sdpa (issue 5)", index_copy_sdpa, mutation_args, "inplace"),
     ]
+    if importlib.util.find_spec("transformers") is not None:
+        found.append(Workload("llama", "HF Llama fwd+bwd (B=4, T=128, hidden 256, 4 layers)", hf_llama(), llama_args,
+                              "train"))
+    else:
+        print("bench: transformers is not installed: no Hugging Face Llama row", file=sys.stderr)
+    return found
 
 
 # -- variants --------------------------------------------------------------------------
@@ -508,7 +544,7 @@ def main() -> None:
                         help="also time torch.compile's first call (a cold Inductor compile: minutes on 2 cores)")
     parser.add_argument("--first-call-timeout", type=float, default=240.0)
     parser.add_argument("--only", default=None,
-                        help="comma-separated workload keys (overhead,pointwise,mlp,adam,adam-optim,gpt,mutation)")
+                        help="comma-separated workload keys (overhead,pointwise,mlp,adam,adam-optim,gpt,mutation,llama)")
     parser.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"), help="markdown file to write ('' for none)")
     parser.add_argument("--first-call", nargs=2, metavar=("WORKLOAD", "VARIANT"), help=argparse.SUPPRESS)
     opts = parser.parse_args()

@@ -252,6 +252,7 @@ def _instantiate(cls: type, args: tuple[Any, ...] | list[Any], kwargs: dict[str,
         obj = new(cls, *args, **kwargs)
     if not isinstance(obj, cls):
         return obj
+    STATE.outside.note_created(obj)
     if py_init:
         result = run_function(init, (obj, *args), kwargs)
         if result is not None:

@@ -240,7 +240,7 @@ def build_guard(entries: list[GuardEntry]) -> Callable[[], bool] | None:
     """
     if not entries:
         return None
-    env: dict[str, Any] = {"_MISSING": _MISSING, "_Tensor": torch.Tensor, "_same_keys": same_keys}
+    env: dict[str, Any] = {"_MISSING": _MISSING, "_Tensor": torch.Tensor, "_same_keys": same_keys, "_dict_get": dict.get}
     terms = [_term(env, i, entry) for i, entry in enumerate(entries)]
     body = "\n        and ".join(terms)
     source = (
@@ -281,8 +281,9 @@ def _term(env: dict[str, Any], i: int, entry: GuardEntry) -> str:
         read = f"getattr({ns}, {key}, _MISSING)"
     elif kind == "item" and not isinstance(entry.namespace, dict):
         read = f"{ns}[{key}]"
-    else:  # globals, builtins and dict items (`get` never runs a defaultdict's factory)
-        read = f"{ns}.get({key}, _MISSING)"
+    else:  # globals, builtins and dict items: dict's own `get` (it never runs a defaultdict's factory, nor a
+        # subclass's `get`, which may mean something else: transformers' _CanRecordRegistry.get(model))
+        read = f"_dict_get({ns}, {key}, _MISSING)"
     value = entry.value
     snapshot = _snapshot(value)
     if isinstance(value, torch.Tensor):

@@ -123,6 +123,9 @@ class Outside:
     placed: set[int] = field(default_factory=set)
     # id -> (iterator, label): native iterators and generators from outside, never advanced by the trace.
     iterators: dict[int, tuple[Any, str]] = field(default_factory=dict)
+    # id -> object: instances of Python classes the traced code created; a result or stored value
+    # holding traced tensors in one is rebuilt for each call from its attributes.
+    created: dict[int, Any] = field(default_factory=dict)
 
     # -- roots and sources --------------------------------------------------------------------
     def add_root(self, obj: Any, label: str) -> None:
@@ -139,6 +142,15 @@ class Outside:
             self.add_root(obj, obj.__qualname__)
             return True
         return False
+
+    def note_created(self, obj: Any) -> None:
+        """`obj` was instantiated by traced code (it is kept alive until the capture ends)."""
+        if id(obj) not in self.roots:
+            self.created[id(obj)] = obj
+
+    def is_created(self, obj: Any) -> bool:
+        """True for an object traced code instantiated (and nobody outside the call had before)."""
+        return self.created.get(id(obj)) is obj
 
     def label_of(self, obj: Any) -> str:
         """The name of a root, for the names of the values read from it."""

@@ -8,7 +8,9 @@ A jitted function may take and return tuples, lists, dicts, named tuples, datacl
 leaves, without calling the type's `__init__` (the state is copied, as `copy.copy` would):
 so each call returns a fresh result built from that call's tensors.
 
-Any other object is kept as it is (a constant of the spec).
+Other objects that the caller says are *open* (the traced code created them: a Hugging Face
+`DynamicCache` and its layers) are rebuilt the same way from their instance attributes,
+when leaves are found in them. Any other object is kept as it is (a constant of the spec).
 """
 
 from __future__ import annotations
@@ -205,10 +207,16 @@ def is_container(value: Any) -> bool:
             or (dataclasses.is_dataclass(value) and not isinstance(value, type)) or t in torch_pytree.SUPPORTED_NODES)
 
 
-def flatten(value: Any, is_leaf: Callable[[Any], bool]) -> tuple[Spec, list[Any]]:
-    """Split `value` into a `Spec` and its leaves (the values where `is_leaf` is True), in order."""
+def flatten(value: Any, is_leaf: Callable[[Any], bool], is_open: Callable[[Any], bool] | None = None
+            ) -> tuple[Spec, list[Any]]:
+    """Split `value` into a `Spec` and its leaves (the values where `is_leaf` is True), in order.
+
+    An object of a plain Python class (instance attributes in a `__dict__`, object's `__new__`
+    and copy protocol) for which `is_open` is True is looked into too: rebuilt from its
+    attributes when leaves are among them, kept as it is otherwise.
+    """
     leaves: list[Any] = []
-    spec = _flatten(value, is_leaf, leaves, 0)
+    spec = _flatten(value, _Walk(is_leaf, is_open, set()), leaves, 0)
     return spec, leaves
 
 
@@ -238,43 +246,70 @@ def _collect(value: Any, is_leaf: Callable[[Any], bool], out: list[Any], depth: 
 
 def _flatten_leaves(value: Any, is_leaf: Callable[[Any], bool], depth: int) -> list[Any]:
     found: list[Any] = []
-    _flatten(value, is_leaf, found, depth)
+    _flatten(value, _Walk(is_leaf, None, set()), found, depth)
     return found
 
 
 _MAX_DEPTH = 64
 
 
-def _flatten(value: Any, is_leaf: Callable[[Any], bool], leaves: list[Any], depth: int) -> Spec:
-    if is_leaf(value):
+class _Walk:
+    """What one `flatten` looks for: leaves, open objects, and the open objects on the current path."""
+
+    __slots__ = ("is_leaf", "is_open", "path")
+
+    def __init__(self, is_leaf: Callable[[Any], bool], is_open: Callable[[Any], bool] | None, path: set[int]):
+        self.is_leaf = is_leaf
+        self.is_open = is_open
+        self.path = path
+
+
+def _flatten(value: Any, walk: _Walk, leaves: list[Any], depth: int) -> Spec:
+    if walk.is_leaf(value):
         leaves.append(value)
         return Leaf()
     if depth > _MAX_DEPTH:
         return Constant(value)
     t = type(value)
     if t is tuple or t is list or (isinstance(value, tuple) and hasattr(value, "_fields")):
-        return Sequence(t, [_flatten(v, is_leaf, leaves, depth + 1) for v in value])
+        return Sequence(t, [_flatten(v, walk, leaves, depth + 1) for v in value])
     if t is slice:
-        return Sequence(slice, [_flatten(v, is_leaf, leaves, depth + 1) for v in (value.start, value.stop, value.step)])
+        return Sequence(slice, [_flatten(v, walk, leaves, depth + 1) for v in (value.start, value.stop, value.step)])
     if isinstance(value, dict):
         keys = list(value.keys())
-        children = [_flatten(dict.__getitem__(value, k), is_leaf, leaves, depth + 1) for k in keys]
-        names, attributes = _attributes(value, is_leaf, leaves, depth)
+        children = [_flatten(dict.__getitem__(value, k), walk, leaves, depth + 1) for k in keys]
+        names, attributes = _attributes(value, walk, leaves, depth)
         if isinstance(value, collections.defaultdict):
             names.append("default_factory")
             attributes.append(Constant(value.default_factory))
         return Mapping(t, keys, children, names, attributes)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        names, attributes = _attributes(value, is_leaf, leaves, depth)
+        names, attributes = _attributes(value, walk, leaves, depth)
         return Mapping(t, [], [], names, attributes)
     if t in torch_pytree.SUPPORTED_NODES and t is not collections.deque:
         children, context = torch_pytree.SUPPORTED_NODES[t].flatten_fn(value)
-        return Registered(t, context, [_flatten(v, is_leaf, leaves, depth + 1) for v in children])
+        return Registered(t, context, [_flatten(v, walk, leaves, depth + 1) for v in children])
+    if walk.is_open is not None and id(value) not in walk.path and _plain_object(value) and walk.is_open(value):
+        before = len(leaves)
+        walk.path.add(id(value))  # a cycle back to an object being flattened stays a constant
+        names, attributes = _attributes(value, walk, leaves, depth)
+        walk.path.discard(id(value))
+        if len(leaves) > before:
+            return Mapping(t, [], [], names, attributes)
     return Constant(value)
 
 
-def _attributes(value: Any, is_leaf: Callable[[Any], bool], leaves: list[Any], depth: int
-                ) -> tuple[list[str], list[Spec]]:
+def _plain_object(value: Any) -> bool:
+    """True for an instance of a Python class that `copy.copy` would copy as `__new__` + its `__dict__`."""
+    t = type(value)
+    if (not isinstance(getattr(value, "__dict__", None), dict) or isinstance(value, type | torch.nn.Module | torch.Tensor)
+            or t.__new__ is not object.__new__ or t.__reduce_ex__ is not object.__reduce_ex__
+            or t.__reduce__ is not object.__reduce__ or hasattr(t, "__copy__")):
+        return False
+    return all(set(vars(k).get("__slots__", ())) <= {"__dict__", "__weakref__"} for k in t.__mro__)
+
+
+def _attributes(value: Any, walk: _Walk, leaves: list[Any], depth: int) -> tuple[list[str], list[Spec]]:
     """The instance attributes of `value` (its `__dict__`, or its dataclass fields when it has slots)."""
     own = getattr(value, "__dict__", None)
     if isinstance(own, dict):
@@ -283,7 +318,7 @@ def _attributes(value: Any, is_leaf: Callable[[Any], bool], leaves: list[Any], d
         names = [f.name for f in dataclasses.fields(value) if hasattr(value, f.name)]
     else:
         names = []
-    return names, [_flatten(getattr(value, n) if own is None else own[n], is_leaf, leaves, depth + 1) for n in names]
+    return names, [_flatten(getattr(value, n) if own is None else own[n], walk, leaves, depth + 1) for n in names]
 
 
 def contains_proxy(value: Any, depth: int = 4) -> bool:

@@ -122,7 +122,9 @@ def finish_capture(trace: Trace, where: str, result: Any, outside: Outside) -> A
 
     Runs at the end of the capture, before the writes into outside objects are undone:
     tensors among the values are captured (a tensor read from outside becomes an input),
-    and no proxy may hide in an object that cannot be rebuilt (DESIGN.md, invariant 8).
+    objects the traced code created are rebuilt around each call's tensors (a Hugging Face
+    `DynamicCache`), and no proxy may hide in an object that cannot be rebuilt (DESIGN.md,
+    invariant 8).
     `where` names the traced function for messages.
     """
     capture = trace.capture_tensor
@@ -135,13 +137,13 @@ def finish_capture(trace: Trace, where: str, result: Any, outside: Outside) -> A
                 for x in leaves]
 
     plan = CallPlan()
-    result_spec, result_leaves = flatten(result, is_leaf)
+    result_spec, result_leaves = flatten(result, is_leaf, outside.is_created)
     _check_no_hidden_proxy(result_spec, f"the result of {where}")
     result_leaves = proxies(result_leaves)
     effect_leaves: list[Any] = []
     notes: list[str] = []
     for effect in outside.effects:
-        spec, leaves = flatten(effect.value, is_leaf)
+        spec, leaves = flatten(effect.value, is_leaf, outside.is_created)
         _check_no_hidden_proxy(spec, f"a value stored outside the call by {where} ({effect.describe()})")
         plan.effects.append((effect, spec))
         leaves = proxies(leaves)
@@ -172,8 +174,8 @@ def _check_no_hidden_proxy(spec: Spec, what: str) -> None:
         if contains_proxy(constant.value):
             raise UnsupportedSyntaxError(
                 f"{what}{where_now()} holds a traced tensor inside a {type(constant.value).__name__}, which minijit "
-                "cannot rebuild for each call. Return tensors in tuples, lists, dicts, dataclasses, named tuples "
-                "or types registered with torch.utils._pytree")
+                "cannot rebuild for each call. Return tensors in tuples, lists, dicts, dataclasses, named tuples, "
+                "types registered with torch.utils._pytree or objects of plain Python classes the function creates")
 
 
 def _constants(spec: Spec) -> list[Constant]:

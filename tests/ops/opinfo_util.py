@@ -221,7 +221,7 @@ REDUCTION_CASES = [
     OpCase("argmax"), OpCase("argmin"),
     OpCase("var"), OpCase("var", "unbiased"), OpCase("std"), OpCase("std", "unbiased"),
     OpCase("var_mean"), OpCase("var_mean", "unbiased"), OpCase("std_mean"), OpCase("std_mean", "unbiased"),
-    OpCase("all"), OpCase("any"), OpCase("logsumexp"), OpCase("cumsum"),
+    OpCase("all"), OpCase("any"), OpCase("logsumexp"), OpCase("cumsum"), OpCase("diff"),
     OpCase("norm"), OpCase("norm", "fro"), OpCase("norm", "inf"), OpCase("linalg.vector_norm"),
     OpCase("topk"), OpCase("sort"), OpCase("argsort"),
 ]

@@ -154,6 +154,65 @@ class Holder:
         self.t = t
 
 
+class Layer:
+    """A plain object holding tensors, created by the function (like transformers' DynamicLayer)."""
+
+    def __init__(self, keys, values):
+        self.keys, self.values, self.ready = keys, values, True
+
+
+class Cache:
+    """Plain objects in a list in a plain object, created by the function (like transformers' DynamicCache)."""
+
+    def __init__(self, config):
+        self.config = config  # an object from outside: kept as it is
+        self.layers = []
+
+    def update(self, k, v):
+        self.layers.append(Layer(k, v))
+
+
+class Config:
+    depth = 2
+
+
+def _cache_step(x, config):
+    cache = Cache(config)
+    for i in range(config.depth):
+        cache.update(x * i, x.exp() + i)
+    return Output(x.sum(), cache.layers[-1].keys), cache
+
+
+def test_objects_the_function_creates_are_rebuilt_each_call():
+    config = Config()
+    jitted = minijit.jit(_cache_step)
+    results = [jitted(torch.randn(3, 2), config) for _ in range(2)]
+    assert results[0][1] is not results[1][1] and minijit.cache_info(jitted).hits == 1
+    for x in (torch.randn(3, 2), torch.randn(3, 2)):
+        (out, cache), (want_out, want_cache) = jitted(x, config), _cache_step(x, config)
+        assert type(cache) is Cache and cache.config is config and not contains_proxy(cache)
+        torch.testing.assert_close(out.aux, want_out.aux)
+        assert [type(layer) for layer in cache.layers] == [Layer, Layer]
+        for got, want in zip(cache.layers, want_cache.layers):
+            torch.testing.assert_close((got.keys, got.values), (want.keys, want.values))
+            assert got.ready is True
+    assert results[0][1].layers[0] is not results[1][1].layers[0]
+
+
 def test_a_proxy_in_an_object_minijit_cannot_rebuild_is_refused():
+    class CopiesItself(Holder):
+        def __copy__(self):  # a copy protocol of its own: minijit does not guess how to rebuild it
+            return CopiesItself(self.t)
+
+    with pytest.raises(minijit.MinijitError, match="holds a traced tensor inside a CopiesItself"):
+        minijit.jit(lambda x: CopiesItself(x * 2))(torch.randn(2))
+
+
+def test_a_created_object_in_a_cycle_with_a_tensor_is_refused():
+    def step(x):
+        h = Holder(x * 2)
+        h.me = h
+        return h
+
     with pytest.raises(minijit.MinijitError, match="holds a traced tensor inside a Holder"):
-        minijit.jit(lambda x: Holder(x * 2))(torch.randn(2))
+        minijit.jit(step)(torch.randn(2))

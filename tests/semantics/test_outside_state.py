@@ -275,6 +275,31 @@ def test_attributes_of_an_argument_object_are_guarded():
         torch.testing.assert_close(jitted(x, cfg), x * s)
 
 
+class Registry(dict):
+    """A dict subclass whose `get` means something else (as transformers' _CanRecordRegistry.get(model))."""
+
+    def get(self, obj):
+        return super().get(type(obj).__name__) or {}
+
+
+REGISTRY = Registry(Linear={"scale": 3.0})
+
+
+def test_items_of_a_dict_subclass_are_guarded_by_the_dict_itself():
+    layer = nn.Linear(2, 2)
+
+    def step(x):
+        return layer(x) * REGISTRY.get(layer).get("scale", 1.0)
+
+    jitted = minijit.jit(step)
+    x = torch.randn(2)
+    for scale in (3.0, 3.0, 5.0):
+        REGISTRY["Linear"] = {"scale": scale}
+        torch.testing.assert_close(jitted(x), step(x))
+    info = minijit.cache_info(jitted)
+    assert (info.hits, info.misses) == (1, 2)
+
+
 def test_a_module_caches_an_activation_on_itself():
     class Caching(nn.Module):
         def __init__(self):

@@ -13,6 +13,19 @@ from minijit.ops import prims
 from minijit.ops.registry import ALL_LTORCH, ltorch_op
 from minijit.ops.utils import broadcast_shapes, elementwise, expand_to, float_dtype, result_dtype, to_dtype
 
+# Other names torch gives an op (torch.greater is torch.gt), as functions and Tensor methods.
+_ALIASES = {
+    "ne": ("not_equal",), "lt": ("less",), "le": ("less_equal",), "gt": ("greater",), "ge": ("greater_equal",),
+    "abs": ("absolute",), "neg": ("negative",), "trunc": ("fix",), "asin": ("arcsin",), "acos": ("arccos",),
+    "atan": ("arctan",), "asinh": ("arcsinh",), "acosh": ("arccosh",), "atanh": ("arctanh",), "atan2": ("arctan2",),
+}
+
+
+def _names_of(name: str) -> tuple[list[Any], list[str]]:
+    """The torch functions and Tensor methods named `name` or one of its aliases."""
+    names = [name, *_ALIASES.get(name, ())]
+    return [f for n in names for f in (getattr(torch, n), getattr(torch.Tensor, n))], names
+
 
 def _declare_unary(name: str, promote_int_to_float: bool) -> None:
     prim = getattr(prims, name)
@@ -23,8 +36,8 @@ def _declare_unary(name: str, promote_int_to_float: bool) -> None:
 
     decomposition.__name__ = name
     decomposition.__doc__ = f"torch.{name}, elementwise."
-    fns = [getattr(torch, name), getattr(torch.Tensor, name)]
-    globals()[name] = ltorch_op(name, torch_fns=fns, methods=[name])(decomposition)
+    fns, methods = _names_of(name)
+    globals()[name] = ltorch_op(name, torch_fns=fns, methods=methods)(decomposition)
 
 
 _FLOAT_UNARY = (
@@ -58,8 +71,8 @@ def _declare_binary(name: str, *, float_result: bool = False) -> None:
 
     decomposition.__name__ = name
     decomposition.__doc__ = f"torch.{name}, elementwise with broadcasting and type promotion."
-    fns = [getattr(torch, name), getattr(torch.Tensor, name)]
-    globals()[name] = ltorch_op(name, torch_fns=fns, methods=[name])(decomposition)
+    fns, methods = _names_of(name)
+    globals()[name] = ltorch_op(name, torch_fns=fns, methods=methods)(decomposition)
 
 
 for _name in ("remainder", "fmod", "maximum", "minimum", "bitwise_and", "bitwise_or", "bitwise_xor",
