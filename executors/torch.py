@@ -20,6 +20,7 @@ from minijit.extend import (
     OperatorExecutor,
     Symbol,
     TensorProxy,
+    aten_prim_implementations,
     ltorch_eager_implementations,
     prims,
     register_executor,
@@ -218,15 +219,61 @@ def _iota(length: int, *, start: Any, step: Any, dtype: torch.dtype, device: tor
     return torch.arange(start, start + length * step, step, dtype=dtype, device=device)[:length]
 
 
-def _random_seed() -> int:
-    # Drawn from torch's default generator, so torch.manual_seed makes runs repeatable.
-    return int(torch.randint(0, 2**62, (), dtype=torch.int64).item())
+# Random prims: exactly eager's calls on a fresh tensor (`torch.rand` is `empty(size).uniform_(0, 1)`,
+# `rand_like(x)` is `empty_like(x).uniform_(0, 1)`), so the draws match eager's bit for bit.
+def _fresh(size_or_like: Any, dtype: torch.dtype, device: Any) -> torch.Tensor:
+    if isinstance(size_or_like, torch.Tensor):
+        return torch.empty_like(size_or_like, dtype=dtype, device=device)
+    return torch.empty(tuple(size_or_like), dtype=dtype, device=device)
 
 
-def _uniform(shape: Sequence[int], low: float, high: float, *, dtype: torch.dtype, device: torch.device,
-             seed: int, offset: int) -> torch.Tensor:
-    gen = torch.Generator(device=device).manual_seed((seed + offset) % (2**63))
-    return torch.rand(tuple(shape), generator=gen, dtype=dtype, device=device) * (high - low) + low
+def _uniform(size_or_like: Any, low: float, high: float, *, dtype: torch.dtype, device: Any = None) -> torch.Tensor:
+    return _fresh(size_or_like, dtype, device).uniform_(low, high)
+
+
+def _normal(size_or_like: Any, mean: float, std: float, *, dtype: torch.dtype, device: Any = None) -> torch.Tensor:
+    return _fresh(size_or_like, dtype, device).normal_(mean, std)
+
+
+def _random_integers(size_or_like: Any, low: int | None, high: int | None, *, dtype: torch.dtype,
+                     device: Any = None) -> torch.Tensor:
+    fresh = _fresh(size_or_like, dtype, device)
+    return fresh.random_() if low is None and high is None else fresh.random_(low, high)
+
+
+def _bernoulli(size_or_like: Any, p: Any, *, dtype: torch.dtype, device: Any = None) -> torch.Tensor:
+    return _fresh(size_or_like, dtype, device).bernoulli_(p)
+
+
+def _exponential(size_or_like: Any, rate: float, *, dtype: torch.dtype, device: Any = None) -> torch.Tensor:
+    return _fresh(size_or_like, dtype, device).exponential_(rate)
+
+
+def _manual_seed(seed: int) -> None:
+    torch.manual_seed(seed)  # its result, the default generator, is not a value of the trace
+
+
+def _get_rng_state(device: torch.device) -> torch.Tensor:
+    return torch.get_rng_state() if device.type == "cpu" else torch.cuda.get_rng_state(device)
+
+
+def _set_rng_state(state: torch.Tensor, device: torch.device) -> None:
+    if device.type == "cpu":
+        torch.set_rng_state(state)
+    else:
+        torch.cuda.set_rng_state(state, device)
+
+
+_RANDOM_IMPLS = {
+    "uniform": _uniform, "normal": _normal, "random_integers": _random_integers, "bernoulli": _bernoulli,
+    "exponential": _exponential,
+    "randperm": lambda n, *, dtype, device: torch.randperm(n, dtype=dtype, device=device),
+    "multinomial": torch.multinomial, "manual_seed": _manual_seed,
+    "seed": torch.seed, "initial_seed": torch.initial_seed, "get_rng_state": _get_rng_state,
+    "set_rng_state": _set_rng_state,
+    "native_dropout": lambda x, p: tuple(torch.native_dropout(x, p, True)),
+    "native_dropout_backward": torch.ops.aten.native_dropout_backward,
+}
 
 
 def _take(x: torch.Tensor, index: torch.Tensor, dim: int) -> torch.Tensor:
@@ -331,8 +378,7 @@ _PRIM_IMPLS: dict[str, Any] = {
     "matmul": torch.matmul,
     "full": _full,
     "iota": _iota,
-    "random_seed": _random_seed,
-    "uniform": _uniform,
+    **_RANDOM_IMPLS,
     "take": _take,
     "take_along_axis": lambda x, index, dim: torch.gather(x, dim, index),
     "index_add": _index_add,
@@ -350,6 +396,7 @@ _PRIM_IMPLS: dict[str, Any] = {
        for name in ("fmod", "atan2", "copysign", "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or",
                     "logical_xor")},
     "lerp": torch.lerp,
+    "no_grad_update": lambda old, new: new,
 }
 
 def _sdpa_flash(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Any, is_causal: bool,
@@ -367,6 +414,7 @@ def _sdpa_flash_backward(grad_out: torch.Tensor, query: torch.Tensor, key: torch
 
 _PRIM_IMPLS["sdpa_flash"] = _sdpa_flash
 _PRIM_IMPLS["sdpa_flash_backward"] = _sdpa_flash_backward
+_PRIM_IMPLS.update(aten_prim_implementations())  # convolution, pooling, batch norm, ...: one aten call each
 
 for _op, (_, _fn) in prims.NUMBER_OPS.items():
     _PRIM_IMPLS[f"num_{_op}"] = _fn

@@ -21,6 +21,7 @@ import torch
 
 from minijit.errors import (
     AliasError,
+    FrozenValueError,
     GuardError,
     MetaError,
     MinijitError,
@@ -30,12 +31,13 @@ from minijit.errors import (
 from minijit.ir import Trace
 from minijit.runtime import CacheInfo, JitFunction
 from minijit.runtime.jit import RetraceWarning
-from minijit.runtime.module import JitModule, ModuleForward
+from minijit.runtime.module import JitModule
 from minijit.runtime.show import show, show_diff
 
 __all__ = [
-    "AliasError", "CacheInfo", "GuardError", "MetaError", "MinijitError", "RetraceWarning", "UnsupportedOpError",
-    "UnsupportedSyntaxError", "cache_info", "jit", "last_backward_traces", "last_traces", "show", "show_diff",
+    "AliasError", "CacheInfo", "FrozenValueError", "GuardError", "MetaError", "MinijitError", "RetraceWarning",
+    "UnsupportedOpError", "UnsupportedSyntaxError", "cache_info", "jit", "last_backward_traces", "last_traces", "show",
+    "show_diff",
 ]
 
 
@@ -44,7 +46,9 @@ def jit(fn: Callable[..., Any], *, executors: Sequence[Any] | None = None,
     """Compile `fn` (a function or an `nn.Module`) on its first call with each new kind of input.
 
     Later calls with inputs like those reuse the compiled trace. For a module, its
-    parameters and buffers are inputs of the trace, read on every call.
+    parameters and buffers are inputs of the trace, read on every call, and the result
+    is an `nn.Module` (a `JitModule`) sharing the module's parameters, state_dict keys
+    and hooks; hooks added or removed later are a new trace.
 
     `executors` is a priority list of executors or their names (the torch executor is
     always appended as the fallback); `cache` is "constant values" or "no caching".
@@ -56,14 +60,15 @@ def jit(fn: Callable[..., Any], *, executors: Sequence[Any] | None = None,
         jf = minijit.jit(lambda a, b: a + b)
         jf(torch.ones(2), torch.ones(2))
     """
+    if isinstance(fn, JitModule | JitFunction):
+        fn = fn._orig_mod if isinstance(fn, JitModule) else fn.fn  # jitting again: new options, a new cache
     if isinstance(fn, torch.nn.Module):
-        forward = ModuleForward(fn)
-        return JitModule(fn, JitFunction(forward, executors, cache, warn_retraces_after), forward)
+        return JitModule(fn, executors, cache, warn_retraces_after)
     return JitFunction(fn, executors, cache, warn_retraces_after)
 
 
 def _jit_function(jfn: JitFunction | JitModule) -> JitFunction:
-    return jfn._jit if isinstance(jfn, JitModule) else jfn
+    return jfn._minijit_function if isinstance(jfn, JitModule) else jfn
 
 
 def last_traces(jfn: JitFunction | JitModule) -> list[Trace]:

@@ -19,6 +19,11 @@ class UnsupportedSyntaxError(MinijitError):
     """A Python construct (opcode, builtin on a proxy, ...) the interpreter refuses."""
 
 
+class FrozenValueError(UnsupportedSyntaxError):
+    """A call whose result or effect changes from call to call (a clock, Python's or NumPy's random
+    numbers) that a trace would run only once, while tracing, freezing its value."""
+
+
 class AliasError(MinijitError):
     """Inputs alias in a way the trace cannot handle safely."""
 

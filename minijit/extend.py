@@ -40,6 +40,7 @@ from typing import Any
 from minijit.errors import MinijitError
 from minijit.ir import BoundSymbol, Effects, Proxy, Symbol, TensorProxy, Trace, current_trace, tracing
 from minijit.ops import prims
+from minijit.ops.aten_prims import aten_prim_implementations
 from minijit.ops.opaque import OPAQUE
 from minijit.ops.registry import ALL_LTORCH, EAGER_IMPLS, ltorch_symbol_for
 from minijit.transforms.fusion import Region
@@ -47,7 +48,8 @@ from minijit.transforms.fusion import Region
 __all__ = [
     "OPAQUE", "BoundSymbol", "Effects", "Executor", "ExecutorUnavailableError", "FusionExecutor", "Implementation",
     "MinijitError", "OperatorExecutor", "Proxy", "Region", "Symbol", "TensorProxy", "add_default_executor",
-    "get_default_executors", "get_executor", "ltorch_eager_implementations", "prims", "register_executor",
+    "aten_prim_implementations", "get_default_executors", "get_executor", "ltorch_eager_implementations", "prims",
+    "register_executor",
     "remove_default_executor", "resolve_executors", "resolve_symbol",
 ]
 
@@ -270,6 +272,11 @@ class FusionExecutor(Executor):
     # target inside the region, where the executor's own analysis finds it safe). With False,
     # copies stay outside regions, for the copy_to_out_ analysis pass to decide.
     fuse_copies_to_out = True
+    # Random prims (`Effects.random`: draw from, seed or read torch's generator) stay with the
+    # torch executor, which makes eager's draws in trace order. An executor whose kernels draw
+    # in their own way may claim them by saying how here, in words; the sentence then appears
+    # on each of its regions that holds one, in the printed trace.
+    random_draws: str | None = None
 
     def fusible(self, bsym: BoundSymbol) -> bool:
         """Whether this executor can run this (prim-level) call inside a fused region."""
@@ -284,7 +291,12 @@ class FusionExecutor(Executor):
         raise NotImplementedError
 
     def claims(self, bsym: BoundSymbol) -> bool:
-        """Whether this executor fuses `bsym`: a fusible prim, or a composite whose leaves all are."""
+        """Whether this executor fuses `bsym`: a fusible prim, or a composite whose leaves all are.
+
+        Never a random one, unless the executor says how it draws (`random_draws`).
+        """
+        if bsym.sym.effects.random and self.random_draws is None:
+            return False
         if self.fusible(bsym):
             return True
         return bool(bsym.subsymbols) and all(self.claims(s) for s in bsym.subsymbols)

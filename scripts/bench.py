@@ -45,7 +45,8 @@ IMPORT_S = time.perf_counter() - _import_start  # `import minijit` after torch, 
 
 VARIANTS = ("eager", "minijit", "minijit+inductor", "torch.compile", "thunder")
 FIRST_CALL = {"mlp": ("eager", "minijit", "minijit+inductor", "torch.compile"),
-              "adam": ("eager", "minijit", "minijit+inductor", "torch.compile")}
+              "adam": ("eager", "minijit", "minijit+inductor", "torch.compile"),
+              "llama": ("eager", "minijit")}
 # Fresh processes per first-call figure (the median is reported) where a run takes seconds, not minutes.
 FIRST_CALL_RUNS = {"eager": 3, "minijit": 3}
 
@@ -83,6 +84,12 @@ def adam_step(params, grads, exp_avgs, exp_avg_sqs):
         p.addcdiv_(m, denom, value=-step_size)
 
 
+def optimizer_step(opt):
+    # The same update through torch.optim: the minijit column is minijit.jit(lambda: opt.step()) (the optimizer
+    # passed in rather than closed over: the bench's variants wrap a function of the workload's arguments).
+    opt.step()
+
+
 def gpt_block_loss(x, ln1_w, ln1_b, w_attn, b_attn, w_proj, b_proj, ln2_w, ln2_b, w_fc, b_fc, w_fc2, b_fc2):
     B, T, C = x.shape
     h = F.layer_norm(x, (C,), ln1_w, ln1_b)
@@ -102,6 +109,29 @@ def index_copy_sdpa(q, k, v, mask, idx, src):
     return F.scaled_dot_product_attention(q, k, v, mask)
 
 
+class CausalLMLoss(torch.nn.Module):
+    """A Hugging Face causal LM's loss on (input_ids, labels), called as users call the model."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, labels):
+        return self.model(input_ids=input_ids, labels=labels).loss
+
+
+def hf_llama() -> CausalLMLoss:
+    """A randomly initialised Hugging Face Llama: hidden 256, 4 layers, 8 heads sharing 4 key/value heads."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # built from a config: nothing to download
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=2048, hidden_size=256, intermediate_size=1024, num_hidden_layers=4,
+                         num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=256,
+                         pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    return CausalLMLoss(LlamaForCausalLM(config).train())
+
+
 def _randn(*shape, scale=1.0, grad=False):
     t = torch.randn(*shape) * scale
     return t.requires_grad_() if grad else t
@@ -115,7 +145,8 @@ class Workload:
     title: str
     fn: Callable[..., Any]
     make: Callable[[], list[Any]]
-    # "forward": call; "train": call, then backward of the loss; "inplace": call under no_grad.
+    # "forward": call; "train": call, then backward of the loss; "inplace": call under no_grad;
+    # "optimizer": call `fn(opt)` under no_grad, compare the optimizer's parameters and state.
     kind: str
     iters: int = 1  # iterations per timed sample (set from eager's time per iteration)
 
@@ -127,11 +158,19 @@ class Workload:
         """One iteration; returns every result to compare with eager."""
         if self.kind == "train":
             leaves = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+            if isinstance(self.fn, torch.nn.Module):  # shared by every variant's wrapper of the module
+                leaves += list(self.fn.parameters())
             for t in leaves:
                 t.grad = None
             loss = fn(*args)
             loss.backward()
             return [loss.detach(), *(t.grad for t in leaves)]
+        if self.kind == "optimizer":  # args: [an optimizer]; results: its parameters and state after the step
+            with torch.no_grad():
+                fn(*args)
+            opt = args[0]
+            return [*(p for group in opt.param_groups for p in group["params"]),
+                    *(v for state in opt.state.values() for v in state.values() if isinstance(v, torch.Tensor))]
         if self.kind == "inplace":
             with torch.no_grad():
                 out = fn(*args)
@@ -141,11 +180,21 @@ class Workload:
 
 
 def workloads() -> list[Workload]:
-    """The workloads of issue 8, at the issue's sizes."""
+    """The workloads of issue 8, at the issue's sizes, and a Hugging Face Llama (issue 13)."""
     def adam_args():
         shapes = [(1000, 1000)] * 20
         return [[torch.randn(s) for s in shapes], [torch.randn(s) * 0.01 for s in shapes],
                 [torch.randn(s) * 0.01 for s in shapes], [torch.rand(s) * 1e-4 for s in shapes]]
+
+    def optimizer_args():
+        # torch.optim.Adam (default implementation: for-loop on a CPU) on adam_args' tensors, its state at step 2,
+        # so that the first step is adam_step's update (the timed ones go on from there).
+        params, grads, exp_avgs, exp_avg_sqs = adam_args()
+        opt = torch.optim.Adam(params, lr=1e-3)
+        for p, g, m, v in zip(params, grads, exp_avgs, exp_avg_sqs):
+            p.grad = g
+            opt.state[p] = {"step": torch.tensor(2.0), "exp_avg": m, "exp_avg_sq": v}
+        return [opt]
 
     def gpt_args():
         C = 256
@@ -160,7 +209,11 @@ def workloads() -> list[Workload]:
         return [torch.randn(B, H, T, D), torch.randn(B, H, T, D), torch.randn(B, H, T, D), mask,
                 torch.arange(0, T, 8), torch.randn(B, H, T // 8, D)]
 
-    return [
+    def llama_args():
+        ids = torch.randint(3, 2048, (4, 128))
+        return [ids, ids.clone()]
+
+    found = [
         Workload("overhead", "per call, a + 1 on 1 element", add_one, lambda: [torch.randn(1)], "forward"),
         Workload("pointwise", "9-op pointwise chain, 4M f32", pointwise_chain, lambda: [torch.randn(4 * 2**20)],
                  "forward"),
@@ -169,9 +222,16 @@ def workloads() -> list[Workload]:
                           _randn(4096, grad=True), _randn(1024, 4096, scale=0.02, grad=True),
                           _randn(1024, grad=True)], "train"),
         Workload("adam", "Adam in-place, 20 x 1M", adam_step, adam_args, "inplace"),
+        Workload("adam-optim", "jit(opt.step), torch.optim.Adam, 20 x 1M", optimizer_step, optimizer_args, "optimizer"),
         Workload("gpt", "GPT block fwd+bwd (B=4, T=128, C=256)", gpt_block_loss, gpt_args, "train"),
         Workload("mutation", "index_copy_ x2 + sdpa (issue 5)", index_copy_sdpa, mutation_args, "inplace"),
     ]
+    if importlib.util.find_spec("transformers") is not None:
+        found.append(Workload("llama", "HF Llama fwd+bwd (B=4, T=128, hidden 256, 4 layers)", hf_llama(), llama_args,
+                              "train"))
+    else:
+        print("bench: transformers is not installed: no Hugging Face Llama row", file=sys.stderr)
+    return found
 
 
 # -- variants --------------------------------------------------------------------------
@@ -483,7 +543,8 @@ def main() -> None:
     parser.add_argument("--first-call-torch-compile", action="store_true",
                         help="also time torch.compile's first call (a cold Inductor compile: minutes on 2 cores)")
     parser.add_argument("--first-call-timeout", type=float, default=240.0)
-    parser.add_argument("--only", default=None, help="comma-separated workload keys (overhead,pointwise,mlp,adam,gpt,mutation)")
+    parser.add_argument("--only", default=None,
+                        help="comma-separated workload keys (overhead,pointwise,mlp,adam,adam-optim,gpt,mutation,llama)")
     parser.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"), help="markdown file to write ('' for none)")
     parser.add_argument("--first-call", nargs=2, metavar=("WORKLOAD", "VARIANT"), help=argparse.SUPPRESS)
     opts = parser.parse_args()

@@ -39,10 +39,10 @@ from executors.inductor.codegen import NotFusible, RegionSource, make_function, 
 from minijit.extend import BoundSymbol, FusionExecutor, Proxy, Region, TensorProxy, prims
 
 # Prims left to other executors: ones that return Python values (shape and the number
-# prims), random numbers (their seeds are values of the trace, not of the graph), real
-# tensors captured into the trace (a cache keyed by source must not bake one in), and
-# device moves.
-EXCLUDED = {"shape", "random_seed", "uniform", "tensor_constant", "device_put", "sdpa_flash", "sdpa_flash_backward",
+# prims), real tensors captured into the trace (a cache keyed by source must not bake one in),
+# and device moves. Random prims never reach `fusible`: FusionExecutor.claims keeps them with
+# the torch executor, which draws as eager does.
+EXCLUDED = {"shape", "tensor_constant", "device_put", "sdpa_flash", "sdpa_flash_backward",
             *(f"num_{op}" for op in prims.NUMBER_OPS)}
 # Devices Inductor generates code for.
 DEVICES = {"cpu", "cuda"}

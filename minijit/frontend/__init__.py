@@ -1,20 +1,23 @@
 """Capture: run the user's function through a bytecode interpreter on proxies and record a trace.
 
-`interpret(fn, args, kwargs)` runs `fn` like CPython 3.11 would, one instruction at a
-time, so that every call can be inspected before it happens. The pieces:
+`interpret(fn, args, kwargs)` runs `fn` like CPython (3.11, 3.12 or 3.13: the running one) would,
+one instruction at a time, so that every call can be inspected before it happens. The pieces:
 
 - `code`: decodes a code object once into `Inst`s (handler, argument, successor, line,
   exception-table entry), and binds arguments through CPython itself (a "binder" copy of
   the function whose body returns its argument slots: exact errors for free).
 - `frame`: the `Frame` (slots, value stack, position) and the per-interpretation `STATE`
   (frame stack, the exception being handled, the guards read so far).
-- `interpreter`: the loop (`run_frame`), exception unwinding through the 3.11 exception
+- `interpreter`: the loop (`run_frame`), exception unwinding through the exception
   table, generators (`InterpretedGenerator`), and the `interpret` entry point.
-- `opcodes/`: one handler per opcode, one module per family, and `HANDLERS`, the table.
+- `opcodes/`: one handler per opcode, one module per family, and one table per CPython version
+  mapping opcode names to handlers (`HANDLERS` is the running version's).
 - `calls`: what a call does: ltorch symbol for a torch callable, lookaside, interpret
   Python code, or run natively after checking that no proxy goes where it cannot.
 - `lookasides`: replacements for builtins that must see the interpreter's view
-  (`super()`, `isinstance(proxy, torch.Tensor)`, `map(f, ...)`, class bodies, ...).
+  (`super()`, `isinstance(proxy, torch.Tensor)`, `map(f, ...)`, class bodies, ...);
+  `nondeterminism`: torch's RNG state calls recorded into the trace, and Python's random,
+  numpy.random, clocks and entropy refused (their values would be frozen at trace time).
 - `guards`: `GuardEntry` (a value the trace read and where from) and `build_guard`, which
   compiles one function checking that they all still hold.
 
@@ -30,7 +33,12 @@ Example::
     check = build_guard(trace.info["guards"])
 """
 
-from minijit.frontend import autograd_function  # noqa: F401  (registers the Function.apply lookaside)
+from minijit.frontend import (
+    autograd_function,  # noqa: F401  (registers the Function.apply lookaside)
+    communication,  # noqa: F401  (refuses torch.distributed's calls without traced tensors)
+    foreach,  # noqa: F401  (registers the torch._foreach_* lookasides)
+    nondeterminism,  # noqa: F401  (registers the RNG, clock and entropy lookasides)
+)
 
 # Call dispatch and the opcode table import the interpreter, which therefore imports them
 # lazily; loading them with the package keeps that import out of the first jitted call.

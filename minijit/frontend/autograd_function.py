@@ -104,9 +104,16 @@ def _overrides(cls: type, name: str) -> bool:
 
 
 def _user_function(cls: type, name: str) -> Any:
-    """`cls.name`, unwrapped from `once_differentiable` (a torch wrapper that would run it natively)."""
+    """`cls.name`, unwrapped from torch wrappers that would run it natively (`once_differentiable`).
+
+    Wrappers the interpreter runs (`torch.amp.custom_fwd`, which casts the inputs and turns
+    autocast off) are kept.
+    """
+    from minijit.frontend.calls import should_interpret
+
     fn = getattr(cls, name)
-    while hasattr(fn, "__wrapped__") and getattr(fn, "__globals__", {}).get("__name__", "").startswith("torch."):
+    while (hasattr(fn, "__wrapped__") and getattr(fn, "__globals__", {}).get("__name__", "").startswith("torch.")
+           and not should_interpret(fn)):
         fn = fn.__wrapped__
     return fn
 
@@ -114,6 +121,7 @@ def _user_function(cls: type, name: str) -> Any:
 def _sub_trace(outer: Trace, name: str) -> Trace:
     sub = Trace(name, _names=outer.names)
     sub.capture_tensor = outer.capture_tensor
+    sub.captures_user_code = outer.captures_user_code
     sub.source = outer.source
     return sub
 
@@ -227,7 +235,9 @@ class _CustomFunctionCall:
         cotangents = [TensorProxy.like(x, requires_grad=False) if isinstance(x, TensorProxy) else None
                       for x in out_leaves]
         backward = _user_function(self.cls, "backward")
-        with tracing(raw), torch.no_grad():
+        # Eager runs the backward later, in the autocast state of the backward pass: off in the AMP
+        # loop (`torch.amp.custom_bwd` turns on the forward's state again, traced like any code).
+        with tracing(raw), torch.no_grad(), torch._C._DisableAutocast():
             grads = _call(backward, (self.ctx, *cotangents))
         grads = self._check_grads(grads)
         # One gradient per input of the forward trace (summed where a tensor was passed twice).

@@ -26,32 +26,51 @@ from typing import Any
 import torch
 
 from minijit.errors import UnsupportedOpError, UnsupportedSyntaxError
+from minijit.frontend.frame import STATE
 from minijit.frontend.interpreter import run_function
 from minijit.frontend.lookasides import LOOKASIDES
-from minijit.ir import Proxy
+from minijit.frontend.outside import has_real_tensor, item_label, mutator_of
+from minijit.ir import Proxy, current_trace, tree_map
 from minijit.ir.context import where_now
 from minijit.ir.proxies import _BoundMethod
 from minijit.ops.opaque import call_ltorch, call_torch, draws_random_numbers, is_opaque_candidate
 from minijit.ops.registry import ltorch_symbol_for
 
-# Modules whose Python code runs natively: minijit and torch themselves, and library modules that
-# inspect the calling frame, hold no user callbacks, or are simply faster run natively.
+# Modules whose Python code runs natively: minijit itself, torch's own machinery (dispatch, compilers,
+# the autograd engine, Tensor internals), and library modules that inspect the calling frame, hold no
+# user callbacks, or are simply faster run natively. Everything else, torch.nn, torch.optim and
+# torch.utils.checkpoint included, is interpreted, so that its reads and writes are seen.
 _NATIVE_MODULES = (
-    "minijit", "torch", "typing", "typing_extensions", "importlib", "inspect", "logging", "warnings",
+    "minijit", "typing", "typing_extensions", "importlib", "inspect", "logging", "warnings",
     "threading", "weakref", "_weakrefset", "abc", "enum", "re", "sre_", "copyreg", "collections",
     "dataclasses", "os", "posixpath", "genericpath", "linecache", "tokenize", "traceback", "contextvars",
     "numpy", "unittest", "_pytest", "pytest", "pluggy", "codecs", "encodings", "locale", "io", "_collections_abc",
     "functools", "ast", "dis", "opcode", "sympy", "site", "sysconfig",
+    "torch._C", "torch._ops", "torch._tensor", "torch._tensor_str", "torch.overrides", "torch._jit_internal",
+    "torch.jit", "torch._dynamo", "torch._inductor", "torch.fx", "torch._functorch", "torch.func", "torch._subclasses",
+    "torch._prims", "torch._prims_common", "torch._refs", "torch._decomp", "torch._higher_order_ops", "torch._library",
+    "torch.library", "torch._guards", "torch._logging", "torch._utils", "torch._utils_internal", "torch.utils._pytree",
+    "torch.utils._python_dispatch", "torch.utils.hooks", "torch.utils.data", "torch.autograd", "torch.amp",
+    "torch.cpu", "torch.cuda", "torch.mps", "torch.xpu", "torch.backends", "torch.testing", "torch.serialization",
+    "torch.hub", "torch.multiprocessing", "torch.storage", "torch.types", "torch.profiler", "torch.export",
+    "torch._export", "torch.onnx", "torch.package", "torch._sources", "torch._classes", "torch._lazy",
+    "torch.__config__", "torch._vmap_internals", "torch.distributed", "torch._namedtensor_internals",
+    "torch.random", "torch.nn.parameter", "torch._compile", "torch.compiler",
 )
-# ... except these, which hold user-visible Python code worth tracing through (nn layer forwards).
-_INTERPRETED_TORCH_MODULES = ("torch.nn.modules",)
+# ... except these, which hold user-visible Python code worth tracing through (nn layer forwards, and
+# the function `@torch.autocast(...)` wraps a user function in).
+# Modules whose wrappers (with `__wrapped__`) only switch Dynamo off around the function they wrap.
+_DYNAMO_WRAPPER_MODULES = ("torch._dynamo.eval_frame", "torch._compile")
+_INTERPRETED_TORCH_MODULES = ("torch.nn.modules", "torch.amp.autocast_mode")
 
 # Modules whose C callables may receive proxies: they only store them or call their Python dunders.
 _PROXY_SAFE_MODULES = {"builtins", "operator", "_operator", "functools", "_functools", "itertools",
                        "collections", "_collections", "copy", "_abc", "abc", "types"}
 _PROXY_SAFE_TYPES = (list, dict, tuple, set, frozenset, str, object, type, slice)
 
-_INTERPRET_CODE: dict[types.CodeType, bool] = {}
+# Keyed by id: code objects compare equal across modules when their bodies match (a library's
+# copy of torch code, say), and the decision depends on the module. The code is kept alive here.
+_INTERPRET_CODE: dict[int, tuple[types.CodeType, bool]] = {}
 
 
 def _module_of(globals_: dict[str, Any]) -> str:
@@ -67,11 +86,12 @@ def _matches(module: str, prefixes: tuple[str, ...]) -> bool:
 def should_interpret(fn: types.FunctionType) -> bool:
     """True when the Python function `fn` is run by the interpreter rather than natively."""
     code = fn.__code__
-    decision = _INTERPRET_CODE.get(code)
-    if decision is None:
-        module = _module_of(fn.__globals__)
-        decision = not _matches(module, _NATIVE_MODULES) or _matches(module, _INTERPRETED_TORCH_MODULES)
-        _INTERPRET_CODE[code] = decision
+    known = _INTERPRET_CODE.get(id(code))
+    if known is not None:
+        return known[1]
+    module = _module_of(fn.__globals__)
+    decision = not _matches(module, _NATIVE_MODULES) or _matches(module, _INTERPRETED_TORCH_MODULES)
+    _INTERPRET_CODE[id(code)] = (code, decision)
     return decision
 
 
@@ -100,14 +120,27 @@ def call(fn: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> 
             return lookaside(*args, **kwargs)
         if should_interpret(fn):
             return run_function(fn, args, kwargs)
+        wrapped = getattr(fn, "__wrapped__", None)
+        if wrapped is not None and _module_of(fn.__globals__) in _DYNAMO_WRAPPER_MODULES:
+            # torch._dynamo.disable's wrapper (Dynamo rebinds torch.manual_seed and, once torch.compile
+            # has run, optimizers' methods to one) only turns Dynamo off: trace what it wraps.
+            return call(wrapped, args, kwargs)
         return _call_native(fn, args, kwargs)
     if t is types.MethodType:
         return call(fn.__func__, (fn.__self__, *args), kwargs)
     if t is _BoundMethod:
         return fn(*args, **kwargs)
+    if t is types.MethodWrapperType and fn.__name__ in ("__setattr__", "__delattr__"):
+        # `super().__setattr__(name, value)`: object's own slot, bound; an effect on an outside object.
+        if getattr(fn, "__objclass__", None) is object:
+            return LOOKASIDES[getattr(object, fn.__name__)](fn.__self__, *args, **kwargs)
     if t is types.BuiltinMethodType:
         owner = fn.__self__
         if owner is not None and not isinstance(owner, types.ModuleType):
+            if isinstance(owner, torch.Tensor) and not isinstance(owner, Proxy):
+                method = _real_tensor_method(owner, fn.__name__)
+                if method is not None:
+                    return method(*args, **kwargs)
             # A C method bound to an object (xs.sort): look aside its unbound form (list.sort).
             try:
                 lookaside = LOOKASIDES.get(getattr(type(owner), fn.__name__, None))
@@ -115,6 +148,8 @@ def call(fn: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> 
                 lookaside = None
             if lookaside is not None:
                 return lookaside(owner, *args, **kwargs)
+            if STATE.outside.is_root(owner):
+                return _call_root_method(owner, fn, args, kwargs)
     try:
         sym = ltorch_symbol_for(fn)
         lookaside = LOOKASIDES.get(fn)
@@ -131,6 +166,37 @@ def call(fn: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> 
     dunder_call = next((vars(k)["__call__"] for k in t.__mro__ if "__call__" in vars(k)), None)
     if type(dunder_call) is types.FunctionType and should_interpret(dunder_call):
         return run_function(dunder_call, (fn, *args), kwargs)
+    return _call_native(fn, args, kwargs)
+
+
+def _real_tensor_method(t: torch.Tensor, name: str) -> Callable[..., Any] | None:
+    """`t.name` for a real tensor met while tracing: the method of its proxy (so the call is recorded)."""
+    trace = current_trace()
+    if trace is None or trace.capture_tensor is None:
+        return None
+    return getattr(trace.capture_tensor(t), name)
+
+
+def _call_root_method(owner: Any, fn: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> Any:
+    """A C method of a container from outside the call: reads are guarded, writes are effects."""
+    from minijit.frontend.opcodes.build import observe_mapping
+    from minijit.frontend.opcodes.protocols import observe_iteration
+
+    outside, guards, name = STATE.outside, STATE.guards, fn.__name__
+    if mutator_of(owner, name):
+        if current_trace() is not None:
+            outside.call_mutator(guards, owner, name, tuple(args))
+    elif isinstance(owner, dict) and name == "get" and args:
+        present = dict.__contains__(owner, args[0])
+        if present:
+            value = dict.__getitem__(owner, args[0])
+            outside.read(guards, "item", owner, args[0], value, item_label(outside.label_of(owner), args[0]))
+            return value
+        outside.observe(guards, owner, "contains", args[0], False)
+    elif isinstance(owner, dict) and name in ("items", "values"):
+        observe_mapping(owner)
+    elif name in ("keys", "copy", "index", "count", "__iter__", "__len__", "__contains__", "__reversed__"):
+        observe_iteration(owner)
     return _call_native(fn, args, kwargs)
 
 
@@ -155,6 +221,7 @@ def _instantiate(cls: type, args: tuple[Any, ...] | list[Any], kwargs: dict[str,
         obj = new(cls, *args, **kwargs)
     if not isinstance(obj, cls):
         return obj
+    STATE.outside.note_created(obj)
     if py_init:
         result = run_function(init, (obj, *args), kwargs)
         if result is not None:
@@ -165,6 +232,25 @@ def _instantiate(cls: type, args: tuple[Any, ...] | list[Any], kwargs: dict[str,
 
 
 def _call_native(fn: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> Any:
+    trace = current_trace()
+    if (trace is not None and trace.capture_tensor is not None and is_torch_callable(fn)
+            and has_real_tensor(args) | has_real_tensor(kwargs.values())):
+        # A torch function given tensors from outside the call would run once, here: record it instead.
+        capture = trace.capture_tensor
+        args, kwargs = tree_map(lambda x: capture(x) if isinstance(x, torch.Tensor) else x, (list(args), kwargs))
+        return call(fn, args, kwargs) if not _is_same_native(fn) else _call_native_with_proxies(fn, args, kwargs)
+    return _call_native_with_proxies(fn, args, kwargs)
+
+
+def _is_same_native(fn: Any) -> bool:
+    """True when calling `fn` again would come straight back here (no symbol or lookaside would take it)."""
+    try:
+        return ltorch_symbol_for(fn) is None and fn not in LOOKASIDES
+    except TypeError:
+        return True
+
+
+def _call_native_with_proxies(fn: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> Any:
     if has_proxy(args, kwargs):
         owner = getattr(fn, "__self__", None)
         if isinstance(owner, torch.Tensor) and type(fn) is types.BuiltinMethodType:
@@ -185,6 +271,10 @@ def _call_native(fn: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, A
         consumes = None
     if consumes is not None and args:
         from minijit.frontend.opcodes.build import interpreted_iterable
+
+        if STATE.outside.iterators:
+            for a in args:
+                STATE.outside.check_not_outside_iterator(a)
 
         if consumes == "all":
             args = [interpreted_iterable(a) for a in args]

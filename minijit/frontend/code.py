@@ -20,9 +20,6 @@ from typing import Any
 from minijit.errors import UnsupportedSyntaxError
 from minijit.ir import SourceLocation
 
-_CACHES = dis._inline_cache_entries  # opcode -> number of inline CACHE units that follow it
-_RESUME = dis.opmap["RESUME"]
-
 CO_VARARGS = 0x04
 CO_VARKEYWORDS = 0x08
 CO_GENERATOR = 0x20
@@ -97,13 +94,16 @@ _SHORT: dict[str, str] = {}
 
 
 def short_filename(path: str) -> str:
-    """The path relative to the working directory when the file lies below it, else its basename."""
+    """The path relative to the working directory when the file lies below it, relative to site-packages
+    (or the standard library) for a library file (`torch/optim/adam.py`), else its basename."""
     short = _SHORT.get(path)
     if short is None:
         if path.startswith(_CWD + os.sep):
             short = os.path.relpath(path, _CWD)
         else:
-            short = os.path.basename(path)
+            real = os.path.realpath(path)
+            library = next((d for d in _LIBRARY_DIRS if real.startswith(d + os.sep)), None)
+            short = os.path.relpath(real, library) if library is not None else os.path.basename(path)
         _SHORT[path] = short
     return short
 
@@ -129,17 +129,21 @@ def code_info(code: types.CodeType) -> CodeInfo:
 
 
 def _decode(code: types.CodeType) -> CodeInfo:
-    from minijit.frontend.opcodes import HANDLERS
+    from minijit.frontend.opcodes import running_table
 
+    handlers = running_table()
     n_units = len(code.co_code) // 2
     insts: list[Inst | None] = [None] * n_units
     positions = list(code.co_positions())
-    for ins in dis.get_instructions(code):
-        handler = HANDLERS.get(ins.opname) or _unsupported_handler(ins.opname)
+    instructions = list(dis.get_instructions(code))
+    for i, ins in enumerate(instructions):
+        handler = handlers.get(ins.opname) or _unsupported_handler(ins.opname)
         index = ins.offset // 2
         line = positions[index][0] if index < len(positions) else None
         argval = code.co_consts[ins.arg] if ins.opname == "KW_NAMES" else ins.argval
-        insts[index] = Inst(ins.opname, ins.arg, argval, ins.offset, index + 1 + _CACHES[ins.opcode], line, handler)
+        # The successor is the next instruction: dis skips the inline CACHE units (their count varies by version).
+        next_index = instructions[i + 1].offset // 2 if i + 1 < len(instructions) else n_units
+        insts[index] = Inst(ins.opname, ins.arg, argval, ins.offset, next_index, line, handler)
     # Instructions the compiler marks with no line (e.g. cleanup code) belong to the line before.
     last = code.co_firstlineno
     for inst in insts:
@@ -173,6 +177,20 @@ def _encode(op: str, arg: int = 0) -> bytes:
     return out + bytes([opcode, arg & 0xFF])
 
 
+def _no_locations(n_units: int) -> bytes:
+    """A location table (the 3.11+ format) saying that none of `n_units` code units has a source location.
+
+    An empty table would make `co_positions()` yield nothing on 3.12+, which breaks the
+    `traceback` module on any exception passing through the generated code.
+    """
+    table = b""
+    while n_units > 0:
+        span = min(n_units, 8)
+        table += bytes([0x80 | (15 << 3) | (span - 1)])  # entry kind 15: no location, for `span` units
+        n_units -= span
+    return table
+
+
 def binder_for(fn: types.FunctionType, info: CodeInfo) -> types.FunctionType:
     """A function with `fn`'s signature, defaults and closure whose body returns its argument slots.
 
@@ -186,7 +204,7 @@ def binder_for(fn: types.FunctionType, info: CodeInfo) -> types.FunctionType:
         flags = code.co_flags & ~(CO_GENERATOR | ASYNC_FLAGS)
         bcode = info.binder_code = code.replace(
             co_code=body, co_consts=(None,), co_names=(), co_flags=flags, co_stacksize=max(info.n_args, 1),
-            co_linetable=b"", co_exceptiontable=b"",
+            co_linetable=_no_locations(len(body) // 2), co_exceptiontable=b"",
         )
     binder = types.FunctionType(bcode, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
     binder.__kwdefaults__ = fn.__kwdefaults__
@@ -194,4 +212,31 @@ def binder_for(fn: types.FunctionType, info: CodeInfo) -> types.FunctionType:
     return binder
 
 
-__all__ = ["CodeInfo", "Inst", "binder_for", "code_info", "is_library_file", "localsplus_names", "short_filename"]
+_NATIVE: dict[tuple[str, int, int], types.CodeType] = {}
+
+
+def native_instruction(opname: str, arg: int, n_inputs: int, globals_: dict[str, Any]) -> types.FunctionType:
+    """A function whose body is the one CPython instruction `opname arg` applied to its `n_inputs` arguments.
+
+    For instructions that only compute from their inputs (PREP_RERAISE_STAR, most
+    CALL_INTRINSIC_1/2 functions), calling it runs CPython's own implementation: exact
+    results and errors. It runs with the interpreted frame's `globals_`, as the instruction
+    would (TypeVar reads its module name there). The instruction must have no inline caches.
+    """
+    key = (opname, arg, n_inputs)
+    code = _NATIVE.get(key)
+    if code is None:
+        params = ", ".join(f"a{i}" for i in range(n_inputs))
+        env: dict[str, Any] = {}
+        exec(f"def native({params}): pass", env)
+        body = _encode("RESUME") + b"".join(_encode("LOAD_FAST", i) for i in range(n_inputs))
+        body += _encode(opname, arg) + _encode("RETURN_VALUE")
+        code = _NATIVE[key] = env["native"].__code__.replace(
+            co_code=body, co_consts=(None,), co_names=(), co_stacksize=max(n_inputs, 1),
+            co_linetable=_no_locations(len(body) // 2), co_exceptiontable=b"", co_name=opname.lower(),
+            co_qualname=opname.lower())
+    return types.FunctionType(code, globals_)
+
+
+__all__ = ["CodeInfo", "Inst", "binder_for", "code_info", "is_library_file", "localsplus_names", "native_instruction",
+           "short_filename"]

@@ -6,6 +6,7 @@ import types
 from typing import Any
 
 from minijit.frontend.code import CodeInfo, Inst
+from minijit.frontend.outside import Outside
 
 
 class _Null:
@@ -55,8 +56,7 @@ class Frame:
 class State:
     """Per-interpretation state: the frame stack, the handled exception, guards and known cells."""
 
-    __slots__ = ("escapes", "frames", "guard_roots", "guards", "handled", "internal_cells", "outside_objects",
-                 "passthrough")
+    __slots__ = ("escapes", "frames", "guards", "handled", "internal_cells", "outside", "passthrough")
 
     def __init__(self) -> None:
         self.frames: list[Frame] = []
@@ -67,12 +67,10 @@ class State:
         self.passthrough: BaseException | None = None
         # (kind, id(namespace), name, id(shadow)) -> GuardEntry, first read wins.
         self.guards: dict[tuple[str, int, str, int], Any] = {}
-        # ids of cells created by the interpreted code; their contents are not guarded.
+        # ids of cells (and functions) created by the interpreted code; their contents (defaults) are not guarded.
         self.internal_cells: set[int] = set()
-        # ids of guarded objects whose attribute reads are guarded too (CONFIG.scale, Cls.attr).
-        self.guard_roots: set[int] = set()
-        # ids of the non-tensor objects passed in: writes into them would outlive the call.
-        self.outside_objects: set[int] = set()
+        # The objects from outside the call, the tensors read from them, and the writes into them.
+        self.outside = Outside()
         # exception -> the user locations it propagated out of, innermost first (for its note).
         self.escapes: dict[BaseException, list[Any]] = {}
 

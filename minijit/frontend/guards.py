@@ -1,56 +1,127 @@
 """Guards: the Python values a trace specialised on, and one compiled function that re-checks them.
 
-While interpreting user code, every global, builtin, closure cell and user-module
-attribute it reads (that is not a proxy) is recorded as a `GuardEntry` saying where
-the value came from and what it was. `build_guard(entries)` turns them into a single
-generated function; the runtime calls it on a cache hit, so a changed constant is a
+While interpreting, every value the traced code reads from outside the call (a global, a
+builtin, a closure cell, an attribute or item of an object that exists outside the call,
+the length, keys or membership of such a container) is recorded as a `GuardEntry`
+saying where it came from and what it was. `build_guard(entries)` turns them into a
+single generated function; the runtime calls it on a cache hit, so a changed value is a
 cache miss, never a wrong result (DESIGN.md invariant 7).
+
+Where a value lives is a `Source`: an object held by reference (a globals dict, a cell,
+a container or object whose own identity is guarded) and how to read the value from it.
+Tensors are never held: a tensor read from outside is read again from its source on
+every call (minijit.frontend.outside), so a source may also start from a tensor's source
+(`p.grad` where `p` is itself read from a list).
 """
 
 from __future__ import annotations
 
+import collections
+import sys
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
+from minijit.frontend.code import is_library_file
 from minijit.ir import Proxy
 
-_CONSTANT_TYPES = (int, float, bool, str, bytes, complex, type(None), type(...))
+_CONSTANT_TYPES = (int, float, bool, str, bytes, complex, type(None), type(...), torch.dtype, torch.device)
 _SKIPPED_MODULES = ("torch", "minijit")
+MISSING_ATTRIBUTE = object()
+
+
+@dataclass(frozen=True, eq=False)
+class Source:
+    """Where a value read from outside the call lives: `access` applied to `holder`.
+
+    `holder` is an object held by reference, or another `Source` (then the holder, a
+    tensor, is read afresh on each call). `access` is "item" (`holder[key]`), "attribute"
+    (`holder.__dict__[key]`), "cell" (`holder.cell_contents`) or "tensor attribute"
+    (`getattr(holder, key)`, e.g. `.grad`). `label` names the value in traces and messages.
+    """
+
+    holder: Any = field(repr=False)
+    access: str
+    key: Any = None
+    label: str = "captured"
+
+    def expression(self, env: dict[str, Any]) -> str:
+        """Python source reading the value, with the objects it needs bound in `env`."""
+        holder = self.holder.expression(env) if isinstance(self.holder, Source) else _bind(env, self.holder, "_h")
+        if self.access == "cell":
+            return f"{holder}.cell_contents"
+        if self.access == "attribute":
+            return f"{holder}.__dict__[{_literal(env, self.key)}]"
+        if self.access == "tensor attribute":
+            return f"{holder}.{self.key}"
+        return f"{holder}[{_literal(env, self.key)}]"
+
+
+def _bind(env: dict[str, Any], value: Any, prefix: str) -> str:
+    for name, bound in env.items():
+        if bound is value and name.startswith(prefix):
+            return name
+    name = f"{prefix}{len(env)}"
+    env[name] = value
+    return name
+
+
+def _literal(env: dict[str, Any], key: Any) -> str:
+    if type(key) in (int, str, bool, float) or key is None:
+        return repr(key)
+    return _bind(env, key, "_k")
 
 
 @dataclass(frozen=True, eq=False)
 class GuardEntry:
-    """One value the trace read, where from, and what it was.
+    """One fact about the outside world the trace relied on, where from, and what it was.
 
-    `kind` is "global" (`namespace` is a globals dict or a module's `__dict__`), "builtin"
-    (`namespace` is the builtins dict and `shadow` the globals dict that must still not
-    define the name), "cell" (`namespace` is a closure cell; `name` is the variable's name)
-    or "attribute" (`namespace` is an object or class reached from a guarded value, read
-    through its `__dict__`; `shadow`, if any, is the instance dict that must not define
-    the name when the value came from the class).
+    `kind` says where the value was read and how it is checked:
+
+    - "global" (`namespace` is a globals dict or a module's `__dict__`), "builtin" (the builtins
+      dict; `shadow` is the globals dict that must still not define the name), "cell" (a closure
+      cell), "attribute" (read through `namespace.__dict__`; `shadow`, if any, is the instance dict
+      that must not define the name when the value came from the class), "item" (`namespace[name]`),
+      "tensor attribute" (`getattr(tensor, name)` where `namespace` is the tensor's `Source`):
+      the value itself, by equality for constants, by identity for other objects, and only
+      "still a tensor" for tensors (they are read again on each call);
+    - "contains" (`name in namespace` was `value`), "length" (`len(namespace) == value`),
+      "keys" (the keys of `namespace`, in order, were `value`).
     """
 
     kind: str
     namespace: Any = field(repr=False)
-    name: str
+    name: Any
     value: Any
     shadow: dict[str, Any] | None = field(default=None, repr=False)
 
     def __str__(self) -> str:
-        where = {"global": "global", "builtin": "builtin", "cell": "closure variable",
-                 "attribute": "attribute"}[self.kind]
+        where = {"global": "global", "builtin": "builtin", "cell": "closure variable", "attribute": "attribute",
+                 "tensor attribute": "tensor attribute"}.get(self.kind)
+        owner = type(self.namespace).__name__
+        if self.kind == "item":
+            return f"item [{self.name!r}] of a {owner} = {_short_repr(self.value)}"
+        if self.kind == "contains":
+            return f"{self.name!r} {'in' if self.value else 'not in'} a {owner}"
+        if self.kind == "length":
+            return f"len of a {owner} = {self.value}"
+        if self.kind == "keys":
+            return f"keys of a {owner} = {_short_repr(self.value)}"
         return f"{where} {self.name} = {_short_repr(self.value)}"
 
 
 def _short_repr(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)}"
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
 def is_constant(value: Any) -> bool:
-    """True for values guarded by type and equality: numbers, strings, None and tuples of those."""
+    """True for values guarded by type and equality: numbers, strings, None, dtypes and tuples of those."""
     t = type(value)
     if t in _CONSTANT_TYPES:
         return True
@@ -71,7 +142,13 @@ def _snapshot(value: Any) -> Any:
     return None
 
 
-def _skipped(namespace: Any) -> bool:
+def has_snapshot(value: Any) -> bool:
+    """True when `value` is a list, dict or set of constants, which a guard compares whole."""
+    return _snapshot(value) is not None
+
+
+def skipped(namespace: Any) -> bool:
+    """True for the globals of torch and minijit themselves, never guarded (their values are fixed)."""
     if isinstance(namespace, dict):
         module = namespace.get("__name__")
         return isinstance(module, str) and module.split(".")[0] in _SKIPPED_MODULES
@@ -79,32 +156,71 @@ def _skipped(namespace: Any) -> bool:
 
 
 def may_have_guarded_attributes(value: Any) -> bool:
-    """True for objects whose attribute reads are worth guarding: instances of user classes, classes."""
-    if isinstance(value, Proxy | types.ModuleType | types.FunctionType | types.BuiltinFunctionType) or is_constant(value):
+    """True for objects whose attribute and item reads are worth guarding: containers, instances, user classes."""
+    if isinstance(value, types.ModuleType):
+        return is_users_module(value)
+    if isinstance(value, Proxy | torch.Tensor | types.FunctionType | types.BuiltinFunctionType
+                  | types.MethodType) or is_constant(value):
         return False
-    cls = value if isinstance(value, type) else type(value)
-    module = getattr(cls, "__module__", "") or ""
-    return module.split(".")[0] not in _SKIPPED_MODULES and module != "builtins" and hasattr(value, "__dict__")
+    if isinstance(value, type):
+        module = getattr(value, "__module__", "") or ""
+        return module.split(".")[0] not in _SKIPPED_MODULES and module != "builtins"
+    return hasattr(value, "__dict__") or isinstance(value, list | dict | set | tuple | collections.deque)
+
+
+def is_users_module(module: types.ModuleType) -> bool:
+    """A module of the user's own code (a config module, say): not the standard library, an installed
+    package, torch or minijit. Its attributes are guarded like globals."""
+    name = module.__name__
+    known = _USER_MODULES.get(id(module))
+    if known is not None:
+        return known[1]
+    file = getattr(module, "__file__", None)
+    if name.split(".")[0] in _SKIPPED_MODULES or name in sys.builtin_module_names:
+        decision = False
+    elif isinstance(file, str):
+        decision = not is_library_file(file)
+    else:
+        decision = getattr(module, "__spec__", None) is None  # made at run time (types.ModuleType("cfg"))
+        _USER_MODULES[id(module)] = (module, decision)  # the module is kept alive: its id stays its own
+    return decision
+
+
+_USER_MODULES: dict[int, tuple[types.ModuleType, bool]] = {}
 
 
 def attribute_source(obj: Any, name: str) -> tuple[Any, dict[str, Any] | None] | None:
     """Where `obj.name` is stored as plain data: (obj, None) for its own `__dict__`, (class, instance dict)
     for a class attribute read through an instance; None when it is computed (properties, __getattr__)."""
     own = getattr(obj, "__dict__", None)
-    if own is not None and name in own:
+    if isinstance(own, dict) and name in own:
         return obj, None
+    if isinstance(obj, type):
+        # A class's own attribute (a counter, a setting), stored as data rather than computed.
+        stored = vars(obj).get(name, MISSING_ATTRIBUTE)
+        if stored is not MISSING_ATTRIBUTE and not hasattr(stored, "__get__"):
+            return obj, None
+        return None
     if not isinstance(obj, type) and isinstance(own, dict):
         cls = type(obj)
-        if name in vars(cls) and not hasattr(vars(cls)[name], "__set__"):
+        if name in vars(cls) and not hasattr(vars(cls)[name], "__set__") and cls.__module__.split(".")[0] not in _FIXED_CLASSES:
             return cls, own
     return None
 
 
-def record(guards: dict[tuple[str, int, str, int], GuardEntry], kind: str, namespace: Any, name: str, value: Any,
+# Modules whose classes' attributes are taken as fixed (methods of dict, torch.optim.SGD, ...).
+_FIXED_CLASSES = ("builtins", "collections", "torch", "minijit")
+
+
+def record(guards: dict[tuple[Any, ...], GuardEntry], kind: str, namespace: Any, name: Any, value: Any,
            shadow: dict[str, Any] | None = None) -> None:
-    """Add a guard entry unless the value is a proxy, lives in torch/minijit, or was already read."""
-    key = (kind, id(namespace), name, id(shadow))
-    if key in guards or isinstance(value, Proxy) or _skipped(namespace):
+    """Add a guard entry unless the value is a proxy or the same read was recorded already (first read wins)."""
+    try:
+        key = (kind, id(namespace), name, id(shadow))
+        hash(key)
+    except TypeError:  # an unhashable key: guard it by identity
+        key = (kind, id(namespace), id(name), id(shadow))
+    if key in guards or isinstance(value, Proxy):
         return
     guards[key] = GuardEntry(kind, namespace, name, value, shadow)
 
@@ -114,7 +230,7 @@ def build_guard(entries: list[GuardEntry]) -> Callable[[], bool] | None:
 
     Modules, functions, classes and other objects are compared by identity; numbers,
     strings, None and tuples of those by type and equality; lists/dicts/sets of constants
-    by type and equality with a copy taken now.
+    by type and equality with a copy taken now; tensors only by being tensors.
 
     Example::
 
@@ -124,31 +240,8 @@ def build_guard(entries: list[GuardEntry]) -> Callable[[], bool] | None:
     """
     if not entries:
         return None
-    env: dict[str, Any] = {"_MISSING": _MISSING}
-    terms: list[str] = []
-    for i, entry in enumerate(entries):
-        ns, val = f"_ns{i}", f"_v{i}"
-        env[ns] = entry.namespace
-        if entry.kind == "cell":
-            read = f"{ns}.cell_contents"
-        elif entry.kind == "attribute":
-            read = f"{ns}.__dict__.get({entry.name!r}, _MISSING)"
-        else:
-            read = f"{ns}.get({entry.name!r}, _MISSING)"
-        snapshot = _snapshot(entry.value)
-        if is_constant(entry.value):
-            env[val] = entry.value
-            term = f"(type(_x := {read}) is {_type_name(env, i, entry.value)} and _x == {val})"
-        elif snapshot is not None:
-            env[val] = snapshot
-            term = f"(type(_x := {read}) is {_type_name(env, i, entry.value)} and _x == {val})"
-        else:
-            env[val] = entry.value
-            term = f"{read} is {val}"
-        if entry.shadow is not None:
-            env[f"_g{i}"] = entry.shadow
-            term = f"{entry.name!r} not in _g{i} and {term}"
-        terms.append(term)
+    env: dict[str, Any] = {"_MISSING": _MISSING, "_Tensor": torch.Tensor, "_same_keys": same_keys, "_dict_get": dict.get}
+    terms = [_term(env, i, entry) for i, entry in enumerate(entries)]
     body = "\n        and ".join(terms)
     source = (
         "def guard():\n"
@@ -164,9 +257,55 @@ def build_guard(entries: list[GuardEntry]) -> Callable[[], bool] | None:
     return guard
 
 
-def _type_name(env: dict[str, Any], i: int, value: Any) -> str:
-    env[f"_t{i}"] = type(value)
-    return f"_t{i}"
+def _term(env: dict[str, Any], i: int, entry: GuardEntry) -> str:
+    """The Python expression that is True while `entry` holds."""
+    if isinstance(entry.namespace, Source):
+        ns = entry.namespace.expression(env)
+    else:
+        ns = f"_ns{i}"
+        env[ns] = entry.namespace
+    key = _literal(env, entry.name)
+    kind = entry.kind
+    if kind == "contains":
+        return f"(({key} in {ns}) is {entry.value!r})"
+    if kind == "length":
+        return f"len({ns}) == {entry.value!r}"
+    if kind == "keys":
+        env[f"_v{i}"] = entry.value
+        return f"_same_keys({ns}, _v{i})"
+    if kind == "cell":
+        read = f"{ns}.cell_contents"
+    elif kind == "attribute":
+        read = f"{ns}.__dict__.get({key}, _MISSING)"
+    elif kind == "tensor attribute":
+        read = f"getattr({ns}, {key}, _MISSING)"
+    elif kind == "item" and not isinstance(entry.namespace, dict):
+        read = f"{ns}[{key}]"
+    else:  # globals, builtins and dict items: dict's own `get` (it never runs a defaultdict's factory, nor a
+        # subclass's `get`, which may mean something else: transformers' _CanRecordRegistry.get(model))
+        read = f"_dict_get({ns}, {key}, _MISSING)"
+    value = entry.value
+    snapshot = _snapshot(value)
+    if isinstance(value, torch.Tensor):
+        term = f"isinstance({read}, _Tensor)"
+    elif is_constant(value) or snapshot is not None:
+        env[f"_v{i}"] = snapshot if snapshot is not None else value
+        env[f"_t{i}"] = type(value)
+        term = f"(type(_x := {read}) is _t{i} and _x == _v{i})"
+    else:
+        env[f"_v{i}"] = value
+        term = f"{read} is _v{i}"
+    if entry.shadow is not None:
+        env[f"_g{i}"] = entry.shadow
+        term = f"{entry.name!r} not in _g{i} and {term}"
+    return term
+
+
+def same_keys(container: Any, keys: tuple[Any, ...]) -> bool:
+    """True when `container` iterates over exactly `keys`: constants by equality, objects by identity."""
+    now = tuple(container)
+    return len(now) == len(keys) and all(a is b or (is_constant(b) and type(a) is type(b) and a == b)
+                                         for a, b in zip(now, keys))
 
 
 class _Missing:
@@ -177,5 +316,7 @@ class _Missing:
 
 
 _MISSING = _Missing()
+MISSING = _MISSING
 
-__all__ = ["GuardEntry", "build_guard", "is_constant", "record"]
+__all__ = ["MISSING", "GuardEntry", "Source", "build_guard", "has_snapshot", "is_constant", "is_users_module", "record",
+           "same_keys"]

@@ -11,15 +11,22 @@ source line of every bound symbol.
 from __future__ import annotations
 
 import collections.abc
+import functools
 import sys
 import types
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from torch import Tensor
+
 from minijit.errors import MinijitError, UnsupportedSyntaxError
 from minijit.frontend.code import ASYNC_FLAGS, Inst, binder_for, code_info
 from minijit.frontend.frame import GENERATOR, NULL, RETURN, STATE, YIELD, Frame
-from minijit.ir import current_trace
+from minijit.frontend.guards import Source
+from minijit.frontend.outside import Outside, check_no_proxy_left
+from minijit.frontend.versions import GENERATOR_CONVERTS_STOPITERATION, RUNNING
+from minijit.ir import Proxy, current_trace
+from minijit.ir.containers import is_container
 from minijit.ir.context import where_now
 
 _RECURSION_LIMIT = 1000  # interpreted frames; each one costs a few Python frames of the interpreter
@@ -64,7 +71,7 @@ def _unwind(frame: Frame, inst: Inst, exc: BaseException) -> None:
         set_context(exc, state.handled)
     entry = inst.except_entry
     if entry is None:
-        if frame.info.is_user:
+        if current_trace() is not None or frame.info.is_user:
             passed = state.escapes.setdefault(exc, [])
             location = frame.info.location(inst.line)
             if not passed or passed[-1] != location:  # a comprehension's frame shares its line
@@ -112,12 +119,27 @@ def new_frame(fn: types.FunctionType, args: tuple[Any, ...] | list[Any], kwargs:
     """A frame for calling the Python function `fn` with its arguments bound."""
     info = code_info(fn.__code__)
     bound = binder_for(fn, info)(*args, **kwargs)
+    if (fn.__defaults__ or fn.__kwdefaults__) and id(fn) not in STATE.internal_cells:
+        _defaults_are_outside(fn)
     localsplus = list(bound)
     localsplus += [NULL] * (info.n_localsplus - len(localsplus))
     builtins = fn.__builtins__
     if not isinstance(builtins, dict):
         builtins = builtins.__dict__
     return Frame(info, fn, localsplus, fn.__globals__, builtins)
+
+
+def _defaults_are_outside(fn: types.FunctionType) -> None:
+    """Default argument values of a function defined outside the call are objects from outside it."""
+    outside = STATE.outside
+    code = fn.__code__
+    names = code.co_varnames[code.co_argcount - len(fn.__defaults__ or ()):code.co_argcount]
+    for name, value in [*zip(names, fn.__defaults__ or ()), *(fn.__kwdefaults__ or {}).items()]:
+        if isinstance(value, Tensor):
+            outside.note_value(value, Source(fn.__defaults__ if name in names else fn.__kwdefaults__, "item",
+                                             names.index(name) if name in names else name, name))
+        else:
+            outside.add_root(value, name)
 
 
 def run_function(fn: types.FunctionType, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> Any:
@@ -215,13 +237,7 @@ class InterpretedGenerator:
                     try:
                         return self._call_running(throw, exc)
                     except StopIteration as stop:
-                        # The delegate finished: leave the SEND loop with its value, as CPython does.
-                        frame = self.frame
-                        frame.stack.pop()
-                        # 3.11 lays out `yield from` as SEND; YIELD_VALUE; RESUME 2; JUMP_BACKWARD_NO_INTERRUPT.
-                        send_inst = frame.insts[frame.suspended_at.offset // 2 - 1]
-                        frame.ip = send_inst.argval // 2
-                        return self._resume(stop.value, None, push=True)
+                        return self._delegate_returned(stop.value)
                     except BaseException as raised:  # the delegate's exception enters this generator
                         return self._resume(None, raised)
         return self._resume(None, exc)
@@ -254,9 +270,20 @@ class InterpretedGenerator:
         if at is None or at.opname != "YIELD_VALUE":
             return None
         nxt = frame.insts[at.next]
-        if nxt is not None and nxt.opname == "RESUME" and nxt.arg >= 2 and frame.stack:
+        # RESUME's low two bits say where it is: 2 after a `yield from` (3.13 adds an except-depth bit).
+        if nxt is not None and nxt.opname == "RESUME" and (nxt.arg & 3) >= 2 and frame.stack:
             return frame.stack[-1]
         return None
+
+    def _delegate_returned(self, value: Any) -> Any:
+        """The `yield from` delegate returned `value` while a throw went through it: go on as the loop's
+        SEND does when its receiver returns (each version leaves the loop its own way)."""
+        frame = self.frame
+        # Every version lays out the loop as SEND; YIELD_VALUE; RESUME; JUMP_BACKWARD_NO_INTERRUPT (to SEND).
+        jump = frame.insts[frame.insts[frame.suspended_at.next].next]
+        frame.stack[-1] = _Returned(value)
+        frame.ip = jump.argval // 2
+        return self._resume(None, None)
 
     def _call_running(self, fn: Callable[..., Any], *args: Any) -> Any:
         if self.running:
@@ -267,7 +294,7 @@ class InterpretedGenerator:
         finally:
             self.running = False
 
-    def _resume(self, value: Any, exc: BaseException | None, push: bool = True) -> Any:
+    def _resume(self, value: Any, exc: BaseException | None) -> Any:
         if self.running:
             raise ValueError("generator already executing")
         if self.finished:
@@ -285,12 +312,14 @@ class InterpretedGenerator:
         self.started = True
         state.frames.append(frame)
         try:
-            if exc is None and push:
-                frame.stack.append(value)
+            # The sent value is pushed even for a throw (as CPython does): the handler's depth may include it.
+            frame.stack.append(value)
             frame.line = None  # the consumer's line is current now: set the generator's again
             signal = run_frame(frame, exc)
         except StopIteration as stop:
             self.finished = True
+            if not GENERATOR_CONVERTS_STOPITERATION[RUNNING]:
+                raise
             err = RuntimeError("generator raised StopIteration")
             err.__cause__ = err.__context__ = stop
             raise_passthrough(err)
@@ -314,6 +343,21 @@ class InterpretedGenerator:
 collections.abc.Generator.register(InterpretedGenerator)
 
 
+class _Returned:
+    """Stands for a `yield from` delegate that has returned `value`: SEND's next() on it raises StopIteration(value)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def __iter__(self) -> _Returned:
+        return self
+
+    def __next__(self) -> Any:
+        raise StopIteration(self.value)
+
+
 def _close_iter(it: Any) -> None:
     close = getattr(it, "close", None)
     if close is not None:
@@ -335,12 +379,19 @@ def _make_exception(typ: Any, val: Any) -> BaseException:
 
 
 def interpret(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-              guard_roots: Iterable[Any] = ()) -> Any:
+              guard_roots: Iterable[Any] = (), finish: Callable[[Any, Outside], Any] | None = None,
+              placed: Iterable[Proxy] = (), keyed: tuple[Iterable[tuple[Any, Any]], Iterable[Any]] = ((), ())) -> Any:
     """Run `fn(*args, **kwargs)` through the interpreter, recording tensor ops into the current trace.
 
     Works outside tracing too (then it only runs the function). The guards for the
-    globals and closure values the code read go to `trace.info["guards"]`; so do the
-    attributes read from `guard_roots` (e.g. every module of a jitted nn.Module).
+    values the code read from outside the call go to `trace.info["guards"]`. The
+    arguments and `guard_roots` (e.g. every module of a jitted nn.Module) are roots
+    (minijit.frontend.outside): reads from them are guarded, writes into them logged.
+    `finish(result, outside)`, if given, runs before the writes are undone and returns
+    what `interpret` returns. `placed` are proxies the caller put into outside objects
+    itself (a jitted module's parameters), which may stay there. `keyed` are the (holder, key)
+    slots and the containers whose values the caller's cache key covers: reads of them need
+    no guard.
 
     Example::
 
@@ -350,20 +401,34 @@ def interpret(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
     from minijit.frontend.calls import call
 
     state = STATE
-    saved = (state.handled, state.passthrough, state.guards, state.internal_cells, state.escapes, state.guard_roots,
-             state.outside_objects)
+    saved = (state.handled, state.passthrough, state.guards, state.internal_cells, state.escapes, state.outside)
     state.handled = sys.exc_info()[1]
     state.passthrough = None
     state.guards = {}
     state.internal_cells = set()
     state.escapes = {}
-    state.guard_roots = {id(root) for root in guard_roots}
-    state.outside_objects = {id(x) for x in (*args, *kwargs.values()) if hasattr(x, "__dict__")}
+    outside = state.outside = Outside()
+    for root in guard_roots:
+        outside.add_root(root, "self")
+    for name, bound in _bound_values(fn):
+        outside.add_root(bound, name)
+    slots, containers = keyed
+    outside.keyed.update((id(holder), key) for holder, key in slots)
+    outside.whole.update(id(c) for c in containers)
+    outside.placed.update(id(p) for p in placed)
+    # Arguments that are objects are the caller's own; containers (dataclasses included) were
+    # rebuilt around proxies for this call (minijit.runtime.inputs), so they are not.
+    for name, value in [*zip(_argument_names(fn, len(args)), args), *kwargs.items()]:
+        if hasattr(value, "__dict__") and not isinstance(value, Proxy) and not is_container(value):
+            outside.add_root(value, name)
+        outside.note_iterator(value, name)
     trace = current_trace()
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(max(limit, 12 * _RECURSION_LIMIT))
     try:
-        return call(fn, args, kwargs)
+        result = call(fn, args, kwargs)
+        if finish is not None:
+            result = finish(result, outside)
     except BaseException as exc:
         # The traceback shows the interpreter's frames; the note shows the user's.
         locations = state.escapes.get(exc)
@@ -373,10 +438,29 @@ def interpret(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
         raise
     finally:
         sys.setrecursionlimit(limit)
+        outside.restore()
         if trace is not None:
             trace.info.setdefault("guards", []).extend(state.guards.values())
-        (state.handled, state.passthrough, state.guards, state.internal_cells, state.escapes,
-         state.guard_roots, state.outside_objects) = saved
+        (state.handled, state.passthrough, state.guards, state.internal_cells, state.escapes, state.outside) = saved
+    if trace is not None:
+        check_no_proxy_left(outside)
+    return result
+
+
+def _bound_values(fn: Any) -> list[tuple[str, Any]]:
+    """What a bound method or a functools.partial carries from outside: its `self`, its bound arguments."""
+    if isinstance(fn, types.MethodType):
+        return [("self", fn.__self__), *_bound_values(fn.__func__)]
+    if isinstance(fn, functools.partial):
+        found = [(f"arg{i}", a) for i, a in enumerate(fn.args)] + list(fn.keywords.items())
+        return [(n, v) for n, v in found if not isinstance(v, Proxy)] + _bound_values(fn.func)
+    return []
+
+
+def _argument_names(fn: Any, n: int) -> list[str]:
+    code = getattr(fn, "__code__", None)
+    names = list(code.co_varnames[:code.co_argcount]) if code is not None else []
+    return names + [f"arg{i}" for i in range(len(names), n)]
 
 
 __all__ = ["InterpretedGenerator", "interpret", "raise_passthrough", "run_frame", "run_function", "set_context"]

@@ -17,19 +17,32 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.fx
+import torch.utils.checkpoint
 
+from minijit.errors import UnsupportedSyntaxError
 from minijit.frontend.frame import NULL, STATE, current_frame
-from minijit.ir import NumberProxy, TensorProxy
+from minijit.ir import NumberProxy, TensorProxy, current_trace
+from minijit.ir.context import where_now
+from minijit.ops import aten_prims, prims
 
 LOOKASIDES: dict[Any, Callable[..., Any]] = {}
 
 
 def lookaside(*originals: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Register the decorated function as the replacement of `originals` in interpreted calls."""
+    """Register the decorated function as the replacement of `originals` in interpreted calls.
+
+    The functions an original wraps (`__wrapped__`) are replaced too: torch._dynamo rebinds
+    `torch.manual_seed` to a wrapper of `torch.random.manual_seed`, and code may call either.
+    """
 
     def register(fn: Callable[..., Any]) -> Callable[..., Any]:
         for original in originals:
-            LOOKASIDES[original] = fn
+            for _ in range(8):  # a few wrappers deep at most
+                if original is None:
+                    break
+                LOOKASIDES[original] = fn
+                original = getattr(original, "__wrapped__", None)
         return fn
 
     return register
@@ -100,6 +113,17 @@ def round_(number: Any, ndigits: Any = None) -> Any:
     if isinstance(number, TensorProxy):
         raise TypeError("type Tensor doesn't define __round__ method")
     return round(number) if ndigits is None else round(number, ndigits)
+
+
+@lookaside(float)
+def float_(*args: Any) -> Any:
+    """float(); of a one-element TensorProxy, a number the trace computes when it runs (as Tensor.item())."""
+    if len(args) == 1 and isinstance(args[0], TensorProxy):
+        x = args[0]
+        if not x.dtype.is_floating_point:
+            x = prims.convert_element_type(x, torch.float64)
+        return aten_prims.item(x)
+    return float(*args)
 
 
 @lookaside(type)
@@ -249,15 +273,27 @@ def bool_(*args: Any) -> bool:
 
 @lookaside(getattr)
 def getattr_(obj: Any, name: str, *default: Any) -> Any:
-    """getattr, with Python properties and `__getattr__` interpreted."""
+    """getattr, with Python properties and `__getattr__` interpreted (and guarded like `obj.name`)."""
     if type(name) is not str:
         return getattr(obj, name, *default)
+    from minijit.frontend.opcodes.names import attribute
+
     try:
-        return _protocols().load_attr(obj, name)
+        return attribute(current_frame(), obj, name)
     except AttributeError:
         if default:
             return default[0]
         raise
+
+
+@lookaside(hasattr)
+def hasattr_(obj: Any, name: str, /) -> bool:
+    """hasattr, through the same lookup as getattr."""
+    try:
+        getattr_(obj, name)
+    except AttributeError:
+        return False
+    return True
 
 
 @lookaside(setattr)
@@ -267,6 +303,28 @@ def setattr_(obj: Any, name: str, value: Any, /) -> None:
         setattr(obj, name, value)
     else:
         _protocols().store_attr(obj, name, value)
+
+
+@lookaside(delattr)
+def delattr_(obj: Any, name: str, /) -> None:
+    """delattr, with a Python `__delattr__` interpreted."""
+    _protocols().delete_attribute(obj, name)
+
+
+@lookaside(object.__setattr__)
+def object_setattr(obj: Any, name: str, value: Any, /) -> None:
+    """object.__setattr__ (how a Python `__setattr__` ends): on an object from outside the call, an effect."""
+    if STATE.outside.is_root(obj) and current_trace() is not None:
+        STATE.outside.write_attribute(obj, name, value, native=object.__setattr__)
+    object.__setattr__(obj, name, value)
+
+
+@lookaside(object.__delattr__)
+def object_delattr(obj: Any, name: str, /) -> None:
+    """object.__delattr__: on an object from outside the call, an effect."""
+    if STATE.outside.is_root(obj) and current_trace() is not None:
+        STATE.outside.write_attribute(obj, name, None, delete=True, native=object.__delattr__)
+    object.__delattr__(obj, name)
 
 
 def _dunder_lookaside(native: Any, dunder: str) -> Callable[..., Any]:
@@ -284,6 +342,15 @@ def _dunder_lookaside(native: Any, dunder: str) -> Callable[..., Any]:
 
 for _native, _dunder in ((repr, "__repr__"), (str, "__str__"), (hash, "__hash__"), (abs, "__abs__")):
     LOOKASIDES[_native] = _dunder_lookaside(_native, _dunder)
+
+
+@lookaside(print)
+def print_(*args: Any, **kwargs: Any) -> None:
+    """print: while tracing, an effect replayed by every call, with that call's tensors."""
+    if current_trace() is None:
+        print(*args, **kwargs)
+    else:
+        STATE.outside.call_function(print, args, kwargs)
 
 
 @lookaside(globals)
@@ -322,8 +389,13 @@ def locals_() -> Any:
 
 @lookaside(vars)
 def vars_(*args: Any) -> Any:
-    """vars(); with no argument, the interpreted frame's locals."""
-    return vars(*args) if args else locals_()
+    """vars(); with no argument, the interpreted frame's locals; of an outside object, its guarded `__dict__`."""
+    if not args:
+        return locals_()
+    namespace = vars(*args)
+    if STATE.outside.is_root(args[0]):
+        STATE.outside.add_root(namespace, STATE.outside.label_of(args[0]))
+    return namespace
 
 
 @lookaside(dir)
@@ -345,6 +417,61 @@ def exception() -> BaseException | None:
     return STATE.handled
 
 
+@lookaside(torch.utils.checkpoint.checkpoint)
+def checkpoint(function: Any, *args: Any, use_reentrant: bool | None = None,
+               context_fn: Any = torch.utils.checkpoint.noop_context_fn, determinism_check: str = "default",
+               debug: bool = False, early_stop: bool = True, **kwargs: Any) -> Any:
+    """torch.utils.checkpoint.checkpoint: `function(*args, **kwargs)` traced in place, without recomputation.
+
+    The values and gradients are eager's; the trace simply keeps what its backward needs
+    instead of recomputing it. As in eager, the reentrant variant gives no gradient to
+    anything inside `function` when no tensor argument requires grad.
+    """
+    kwargs.pop("preserve_rng_state", None)
+    if context_fn is not torch.utils.checkpoint.noop_context_fn:
+        raise UnsupportedSyntaxError(f"torch.utils.checkpoint.checkpoint with a context_fn{where_now()} is not "
+                                     "supported by minijit; call it without context_fn")
+    if use_reentrant is None or use_reentrant:
+        if kwargs:  # eager's own checks of the reentrant variant
+            raise ValueError("Unexpected keyword arguments: " + ",".join(kwargs))
+        if debug:
+            raise ValueError("Passing `context_fn` or `debug` is only supported when use_reentrant=False.")
+        if torch.is_grad_enabled() and not any(isinstance(a, TensorProxy) and a.requires_grad for a in args):
+            with torch.no_grad():
+                return _call(function, args, {})
+    return _call(function, args, kwargs)
+
+
+def _graph_module_code(body: Any) -> Any:
+    """What to interpret for a subgraph of a Dynamo graph: a GraphModule's generated forward, generated now if
+    torch.fx has put that off (its lazy forward, and `GraphModule.__call__`, are torch.fx code run natively)."""
+    if isinstance(body, torch.fx.GraphModule):
+        needs_recompile = getattr(body, "_needs_recompile", None)
+        if needs_recompile is not None and needs_recompile():
+            body.real_recompile()
+        return body.forward
+    return body
+
+
+def _higher_order_op(name: str) -> Any:
+    return getattr(torch.ops.higher_order, name, None) if hasattr(torch.ops, "higher_order") else None
+
+
+def tag_activation_checkpoint(body: Any, *args: Any, **kwargs: Any) -> Any:
+    """torch.ops.higher_order.tag_activation_checkpoint (checkpoint in a Dynamo graph): as `checkpoint`."""
+    return checkpoint(_graph_module_code(body), *args, **kwargs)
+
+
+def wrap(body: Any, *args: Any, **kwargs: Any) -> Any:
+    """torch.ops.higher_order.wrap (a function Dynamo kept as a subgraph): the subgraph, traced in place."""
+    return _call(_graph_module_code(body), args, kwargs)
+
+
+for _name, _lookaside in (("tag_activation_checkpoint", tag_activation_checkpoint), ("wrap", wrap)):
+    if (_op := _higher_order_op(_name)) is not None:
+        LOOKASIDES[_op] = _lookaside
+
+
 def _dynamic(native: Callable[..., Any]) -> Callable[..., Any]:
     def run(source: Any, globals: Any = None, locals: Any = None, /) -> Any:  # noqa: A002
         if globals is None:
@@ -360,6 +487,44 @@ def _dynamic(native: Callable[..., Any]) -> Callable[..., Any]:
 
 LOOKASIDES[eval] = _dynamic(eval)
 LOOKASIDES[exec] = _dynamic(exec)
+
+
+# -- torch's own machinery, as seen by torch's Python code running on proxies ---------------------------
+
+def _no_torch_function(*args: Any, **kwargs: Any) -> bool:
+    """torch.overrides.has_torch_function*: proxies carry no `__torch_function__` override."""
+    return False
+
+
+for _check in (torch.overrides.has_torch_function, torch.overrides.has_torch_function_unary,
+               torch.overrides.has_torch_function_variadic):
+    LOOKASIDES[_check] = _no_torch_function
+
+
+def _compiling(*args: Any, **kwargs: Any) -> bool:
+    """True while minijit traces, as under torch.compile: libraries skip their data-dependent checks."""
+    return current_trace() is not None
+
+
+def _not_dynamo(*args: Any, **kwargs: Any) -> bool:
+    """minijit is not Dynamo: code specific to Dynamo's tracing stays off."""
+    return False
+
+
+LOOKASIDES[torch.compiler.is_compiling] = _compiling
+LOOKASIDES[torch.compiler.is_dynamo_compiling] = _not_dynamo
+LOOKASIDES[torch._utils.is_compiling] = _compiling
+if hasattr(torch, "_dynamo"):
+    LOOKASIDES[torch._dynamo.is_compiling] = _compiling
+
+
+@lookaside(torch.clear_autocast_cache)
+def clear_autocast_cache() -> None:
+    """torch.clear_autocast_cache (leaving the outermost autocast), also for the casts the trace shares."""
+    from minijit.ops.autocast import clear_cast_cache
+
+    clear_cast_cache()
+    torch.clear_autocast_cache()
 
 
 __all__ = ["LOOKASIDES", "interpreted", "lookaside"]

@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from minijit.errors import MinijitError
+from minijit.ir.containers import contains_proxy
 from minijit.ir.proxies import Proxy
 
 
@@ -25,6 +27,11 @@ class Constants:
     def name_for(self, value: Any) -> str:
         name = self.by_id.get(id(value))
         if name is None:
+            if contains_proxy(value):
+                # A constant is shared by every call: a traced tensor inside it would reach later
+                # calls, or the user, as a proxy (DESIGN.md, invariant 8).
+                raise MinijitError(f"a {type(value).__name__} holding a traced tensor would become a constant of the "
+                                   "compiled trace; pass its tensors to the op directly")
             name = f"_c{len(self.values)}"
             self.by_id[id(value)] = name
             self.values[name] = value

@@ -62,7 +62,7 @@ class NumberProxy(Proxy):
     the cache entry's guard checks on later calls.
     """
 
-    __slots__ = ("expr", "python_type", "value")
+    __slots__ = ("expr", "origin", "python_type", "value")
 
     def __init__(self, value: int | float | bool, python_type: type, name: str | None = None,
                  expr: str | None = None):
@@ -70,6 +70,8 @@ class NumberProxy(Proxy):
         self.value = value
         self.python_type = python_type
         self.expr = expr
+        # For a value computed by the trace (Tensor.item()): what computed it, for error messages.
+        self.origin: str | None = None
 
     def type_string(self) -> str:
         return f"{self.python_type.__name__} {self.value}"
@@ -86,6 +88,13 @@ class NumberProxy(Proxy):
 
     def __float__(self) -> float:
         return float(self._specialise())
+
+    # Text needs the value: the trace specialises on it (a value only known when the trace runs is refused).
+    def __format__(self, spec: str) -> str:
+        return format(self._specialise(), spec)
+
+    def __str__(self) -> str:
+        return str(self._specialise())
 
     def __hash__(self) -> int:
         return hash(self.value)
@@ -134,9 +143,12 @@ def record_constraint(a: NumberProxy, op: str, b: Any, result: bool) -> None:
     for x in (a, b):
         if isinstance(x, NumberProxy):
             if x.expr is None:
+                here = where_now()
+                what = f"{x.name}, {x.origin}," if x.origin else f"{x.name}{here}"
+                used = f" (needed{here})" if x.origin and here not in x.origin else ""
                 raise UnsupportedSyntaxError(
-                    f"the value of {x.name}{where_now()} is only known when the trace runs; it cannot "
-                    "decide a branch or a shape"
+                    f"the value of {what} is only known when the trace runs; it cannot decide a branch or a shape"
+                    f"{used}"
                 )
             exprs.append(x.expr)
         else:
@@ -230,7 +242,8 @@ class FloatProxy(NumberProxy):
 class TensorProxy(Proxy):
     """A tensor in a trace: shape, dtype, device and whether it requires grad."""
 
-    __slots__ = ("device", "dtype", "requires_grad", "shape")
+    # __weakref__: code that keeps weak references to its tensors (nn.RNNBase to its flat weights) traces too.
+    __slots__ = ("__weakref__", "device", "dtype", "requires_grad", "shape")
     name_prefix = "t"
 
     def __init__(
@@ -290,6 +303,10 @@ class TensorProxy(Proxy):
     def is_cuda(self) -> bool:
         return self.device.type == "cuda"
 
+    @property
+    def is_nested(self) -> bool:
+        return False  # traces hold strided tensors only
+
     def __len__(self) -> int:
         if not self.shape:
             raise TypeError("len() of a 0-d tensor")
@@ -306,6 +323,13 @@ class TensorProxy(Proxy):
         raise UnsupportedSyntaxError(
             f"tensor {self.name}{where_now()} was used as a Python int; data-dependent values "
             "are not supported in traces"
+        )
+
+    def __format__(self, spec: str) -> str:
+        raise UnsupportedSyntaxError(
+            f"formatting tensor {self.name} into a string{where_now()} needs its values, which a trace does not "
+            "have; print the tensor itself (print(x) is repeated by every call, with its values), or format it "
+            "outside the jitted function"
         )
 
     __int__ = __float__ = __index__

@@ -49,7 +49,9 @@ class Effects:
       outputs are views where eager can make one, else copies (`reshape`, `x[idx]`);
       with `same_if_unchanged`, they are not views but the argument itself where
       nothing changes, else new tensors (`x.to(device)`).
-    - `random`: a new value on each call: never merged with another call, never
+    - `random`: draws from, seeds or reads torch's default generator (so a new
+      value on each call, and later draws depend on it): never merged with another
+      call, never dropped, never reordered with another random call, never
       recomputed in place of being saved.
     - `data_dependent`: the output's shape depends on the input's values: a trace
       cannot record it.
@@ -69,7 +71,7 @@ class Effects:
     @property
     def has_side_effects(self) -> bool:
         """Whether running it matters beyond its outputs (so no pass may drop it)."""
-        return bool(self.writes) or self.external
+        return bool(self.writes) or self.external or self.random
 
 
 NO_EFFECTS = Effects()

@@ -75,12 +75,20 @@ class Trace:
         # Turns a real torch.Tensor met among an op's arguments (a global, a closure value, a
         # tensor created natively) into a proxy; set by whoever records the trace.
         self.capture_tensor: Callable[[torch.Tensor], Proxy] | None = None
+        # True for a trace that records the user's code (a capture), where an op called at the top
+        # level is a call the user's code made; ops may then adjust their arguments (autocast).
+        self.captures_user_code = False
         self._scopes: list[list[BoundSymbol]] = [self.bound_symbols]
 
     # -- building -------------------------------------------------------------
     def new_name(self, prefix: str) -> str:
         """A fresh, unused name starting with `prefix`."""
         return self.names.fresh(prefix)
+
+    @property
+    def recording_user_call(self) -> bool:
+        """True while recording a call the user's code made (not one inside an op's decomposition)."""
+        return self.captures_user_code and len(self._scopes) == 1
 
     def add_input(self, proxy: Proxy, wanted_name: str | None = None) -> Proxy:
         """Append `proxy` to the inputs, renaming it to `wanted_name` (or a variant) if given."""
@@ -162,6 +170,9 @@ class Trace:
                 lines.append("  " + bsym.source.comment())
                 last_source = bsym.source
             lines += bsym.python_lines(constants, "  ", subsymbol_depth=subsymbol_depth)
+        note = self.info.get("output_note")
+        if note:
+            lines.append(f"  # {note}")
         lines.append(f"  return {to_source(self.output, constants)}")
         return "\n".join(lines) + "\n", constants.values
 

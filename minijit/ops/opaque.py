@@ -40,6 +40,7 @@ The design, in the order a call meets it:
 
 from __future__ import annotations
 
+import inspect
 import types
 from collections.abc import Callable
 from typing import Any
@@ -85,9 +86,16 @@ def call_torch(fn: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any
 
 
 def call_ltorch(fn: Any, sym: Symbol, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> Any:
-    """`sym(*args, **kwargs)`; where the ltorch decomposition declines the call, the torch callable `fn` as an opaque op."""
+    """`sym(*args, **kwargs)`; where the ltorch decomposition declines the call, the torch callable `fn` as an opaque op.
+
+    `out=` given to an op whose decomposition has no `out` is the decomposition's result copied
+    into it, as eager writes its result into `out` and returns `out`.
+    """
     try:
-        return sym(*args, **kwargs)
+        out = kwargs.get("out")
+        if out is None or "out" in _parameters(sym):
+            return sym(*args, **kwargs)
+        return _into_out(sym, args, kwargs, out)
     except DECLINED as declined:
         trace = current_trace()
         if trace is None or not is_opaque_candidate(fn):
@@ -99,6 +107,39 @@ def call_ltorch(fn: Any, sym: Symbol, args: tuple[Any, ...] | list[Any], kwargs:
         # Why the decomposition was not used, for debugging and docs/ops.md.
         trace.info.setdefault("declined", []).append((sym.id, f"{type(declined).__name__}: {declined}"))
         return result
+
+
+def _into_out(sym: Symbol, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any], out: Any) -> Any:
+    """`sym` without `out=`, its results copied into `out` (declined where eager would resize or refuse `out`)."""
+    result = sym(*args, **{k: v for k, v in kwargs.items() if k != "out"})
+    targets = out if isinstance(out, tuple | list) else (out,)
+    results = result if isinstance(result, tuple | list) else (result,)
+    if len(targets) != len(results):
+        raise UnsupportedOpError(f"{sym.id} with {len(targets)} out= tensors for {len(results)} results{where_now()}")
+    for target, value in zip(targets, results, strict=True):
+        if tuple(target.shape) != tuple(value.shape) or target.device != value.device or not torch.can_cast(
+                value.dtype, target.dtype):
+            raise UnsupportedOpError(f"{sym.id} with out= {target.type_string()} for a result {value.type_string()}"
+                                     f"{where_now()}: minijit does not resize out= tensors or cast into them")
+    copy = TENSOR_METHODS["copy_"]
+    for target, value in zip(targets, results, strict=True):
+        copy(target, value)
+    return out
+
+
+_PARAMETERS: dict[Symbol, frozenset[str]] = {}
+
+
+def _parameters(sym: Symbol) -> frozenset[str]:
+    """The parameter names of `sym`'s decomposition."""
+    names = _PARAMETERS.get(sym)
+    if names is None:
+        try:
+            names = frozenset(inspect.signature(sym.meta).parameters)
+        except (TypeError, ValueError):
+            names = frozenset({"out"})
+        _PARAMETERS[sym] = names
+    return names
 
 
 def opaque_call(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -30,7 +30,7 @@ ALL_PRIMS: dict[str, Symbol] = {}
 # The effects prims declare (minijit.ir.Effects): the few that are not pure functions.
 VIEW = Effects(views=0)  # the output views the first argument (torch runs these as views)
 SAME_IF_UNCHANGED = Effects(views=0, same_if_unchanged=True)  # torch returns the argument itself for a no-op
-RANDOM = Effects(random=True)  # a new value each call; never deduplicated
+RANDOM = Effects(random=True)  # draws from, seeds or reads torch's generator: kept, in order, never deduplicated
 
 
 def _prim(name: str, meta: Callable[..., Any], effects: Effects | None = None) -> Symbol:
@@ -475,21 +475,152 @@ def _iota_meta(length: int, *, start: Number, step: Number, dtype: torch.dtype, 
 iota = _prim("iota", _iota_meta)
 
 
-def _random_seed_meta() -> IntegerProxy:
+# -- randomness ------------------------------------------------------------------------
+#
+# Random prims draw from torch's default generator exactly as eager's ops do (the torch
+# executor runs each as that very call), so a seeded run matches eager bit for bit and
+# leaves the generator where eager leaves it. Their first argument is the result's size,
+# or a tensor whose size and memory layout the result takes (as `torch.empty_like`, which
+# eager's `*_like` ops, in-place fills and dropout start from: the layout decides which
+# element gets which draw). Tagged RANDOM, as are the prims that seed or read the
+# generator: they run in trace order, each exactly once, and no pass merges or drops them.
+
+def _random_result(op: str, size_or_like: Any, dtype: torch.dtype, device: Any,
+                   kinds: str = "floating") -> TensorProxy:
+    if isinstance(size_or_like, TensorProxy):
+        shape_, device = tuple(size_or_like.shape), device if device is not None else size_or_like.device
+    elif isinstance(size_or_like, tuple | list):
+        shape_ = tuple(size_or_like)
+    else:
+        raise _fail(op, f"expected a size or a tensor to take it from, got {type(size_or_like).__name__}")
+    if not isinstance(dtype, torch.dtype) or (kinds == "floating" and not dtype.is_floating_point):
+        raise _fail(op, f"needs a {kinds} dtype, got {dtype}")
+    if device is None:
+        raise _fail(op, "needs a device when given a size")
+    return TensorProxy(shape_, dtype, torch.device(device), requires_grad=False)
+
+
+def _two_parameter_meta(op: str, kinds: str = "floating") -> Callable[..., TensorProxy]:
+    def meta(size_or_like: Any, a: Number, b: Number, *, dtype: torch.dtype, device: Any = None) -> TensorProxy:
+        return _random_result(op, size_or_like, dtype, device, kinds)
+    return meta
+
+
+def _one_parameter_meta(op: str) -> Callable[..., TensorProxy]:
+    def meta(size_or_like: Any, a: Number, *, dtype: torch.dtype, device: Any = None) -> TensorProxy:
+        return _random_result(op, size_or_like, dtype, device)
+    return meta
+
+
+# `uniform(size, low, high)`: `torch.empty(size).uniform_(low, high)` (torch.rand is (0, 1)).
+uniform = _prim("uniform", _two_parameter_meta("uniform"), RANDOM)
+# `normal(size, mean, std)`: `torch.empty(size).normal_(mean, std)` (torch.randn is (0, 1)).
+normal = _prim("normal", _two_parameter_meta("normal"), RANDOM)
+# `random_integers(size, low, high)`: `torch.empty(size).random_(low, high)`, as torch.randint draws.
+random_integers = _prim("random_integers", _two_parameter_meta("random_integers", kinds="real"), RANDOM)
+# `exponential(size, rate)`: `torch.empty(size).exponential_(rate)`.
+exponential = _prim("exponential", _one_parameter_meta("exponential"), RANDOM)
+
+
+def _bernoulli_meta(size_or_like: Any, p: Any, *, dtype: torch.dtype, device: Any = None) -> TensorProxy:
+    out = _random_result("bernoulli", size_or_like, dtype, device, kinds="real")
+    if isinstance(p, TensorProxy):
+        if not p.dtype.is_floating_point:
+            raise _fail("bernoulli", f"needs floating point probabilities, got {p.dtype}")
+        if p.requires_grad:
+            raise _fail("bernoulli", "the probabilities require grad; eager gives them a zero gradient, which "
+                                     "minijit does not reproduce: detach them")
+    return out
+
+
+# `bernoulli(size, p)`: `torch.empty(size).bernoulli_(p)`: 1 with probability p (a number, or a tensor of
+# probabilities per element), else 0: torch.bernoulli, and dropout's mask.
+bernoulli = _prim("bernoulli", _bernoulli_meta, RANDOM)
+
+
+def _native_dropout_meta(x: TensorProxy, p: float) -> tuple[TensorProxy, TensorProxy]:
+    _check_tensor("native_dropout", x)
+    if not x.dtype.is_floating_point or not 0 < p < 1:
+        raise _fail("native_dropout", f"needs a floating point tensor and 0 < p < 1, got {x.dtype} and p={p}")
+    return TensorProxy.like(x), TensorProxy.like(x, dtype=torch.bool, requires_grad=False)
+
+
+# `native_dropout(x, p)`: torch.native_dropout, the fused kernel eager's dropout runs on CUDA: the
+# result and the mask of kept elements.
+native_dropout = _prim("native_dropout", _native_dropout_meta, RANDOM)
+
+
+def _native_dropout_backward_meta(grad: TensorProxy, mask: TensorProxy, scale: float) -> TensorProxy:
+    _check_tensor("native_dropout_backward", grad, "grad")
+    _check_tensor("native_dropout_backward", mask, "mask")
+    return TensorProxy.like(grad, requires_grad=False)
+
+
+# `native_dropout_backward(grad, mask, scale)`: grad * mask * scale, as eager's dropout backward on CUDA.
+native_dropout_backward = _prim("native_dropout_backward", _native_dropout_backward_meta)
+
+
+def _randperm_meta(n: int, *, dtype: torch.dtype, device: Any) -> TensorProxy:
+    if type(n) is not int or n < 0:
+        raise _fail("randperm", f"n must be a non-negative int, got {n!r}")
+    return TensorProxy((n,), dtype, torch.device(device), requires_grad=False)
+
+
+# `randperm(n)`: torch.randperm: a random permutation of 0 .. n-1.
+randperm = _prim("randperm", _randperm_meta, RANDOM)
+
+
+def _multinomial_meta(probs: TensorProxy, num_samples: int, replacement: bool) -> TensorProxy:
+    _check_tensor("multinomial", probs, "the probabilities")
+    if probs.ndim not in (1, 2) or type(num_samples) is not int or num_samples <= 0:
+        raise _fail("multinomial", f"needs 1-d or 2-d probabilities and a positive number of samples, got "
+                                   f"{probs.type_string()} and {num_samples!r}")
+    if not replacement and type(probs.shape[-1]) is int and num_samples > probs.shape[-1]:
+        raise _fail("multinomial", f"cannot draw {num_samples} samples from {probs.shape[-1]} categories "
+                                   "without replacement")
+    return TensorProxy((*probs.shape[:-1], num_samples), torch.int64, probs.device, requires_grad=False)
+
+
+# `multinomial(probs, num_samples, replacement)`: torch.multinomial: category indices drawn by weight.
+multinomial = _prim("multinomial", _multinomial_meta, RANDOM)
+
+
+def _manual_seed_meta(seed: int | IntegerProxy) -> None:
+    if not isinstance(seed, int | IntegerProxy) or isinstance(seed, bool):
+        raise _fail("manual_seed", f"the seed must be an int, got {type(seed).__name__}")
+
+
+# `manual_seed(seed)`: torch.manual_seed: reseeds the default generators of every device.
+manual_seed = _prim("manual_seed", _manual_seed_meta, RANDOM)
+
+
+def _seed_meta() -> IntegerProxy:
     return IntegerProxy(0)
 
 
-random_seed = _prim("random_seed", _random_seed_meta, RANDOM)
+# `seed()`: torch.seed: reseeds from a non-deterministic source and returns the seed.
+seed = _prim("seed", _seed_meta, RANDOM)
+# `initial_seed()`: torch.initial_seed: the seed the default generator was last seeded with.
+initial_seed = _prim("initial_seed", _seed_meta, RANDOM)
 
 
-def _uniform_meta(shape: Shape, low: Number, high: Number, *, dtype: torch.dtype, device: torch.device,
-                  seed: int | IntegerProxy, offset: int) -> TensorProxy:
-    if not dtype.is_floating_point:
-        raise _fail("uniform", f"needs a floating point dtype, got {dtype}")
-    return TensorProxy(tuple(shape), dtype, torch.device(device))
+def _get_rng_state_meta(device: torch.device) -> TensorProxy:
+    size = torch.get_rng_state().numel() if torch.device(device).type == "cpu" else 16
+    return TensorProxy((size,), torch.uint8, torch.device("cpu"), requires_grad=False)
 
 
-uniform = _prim("uniform", _uniform_meta)
+# `get_rng_state(device)`: the state of that device's default generator, a uint8 CPU tensor.
+get_rng_state = _prim("get_rng_state", _get_rng_state_meta, RANDOM)
+
+
+def _set_rng_state_meta(state: TensorProxy, device: torch.device) -> None:
+    _check_tensor("set_rng_state", state, "the state")
+    if state.dtype != torch.uint8:
+        raise _fail("set_rng_state", f"the state must be a uint8 tensor (from get_rng_state), got {state.dtype}")
+
+
+# `set_rng_state(state, device)`: restores that device's default generator to `state`.
+set_rng_state = _prim("set_rng_state", _set_rng_state_meta, RANDOM)
 
 
 # -- indexing -------------------------------------------------------------------
@@ -598,6 +729,20 @@ def _copy_to_out_meta(computed: TensorProxy, *, out: TensorProxy) -> TensorProxy
 # `copy_to_out_(computed, out=x)`: x now holds computed. An executor may produce
 # `computed` directly in x's memory when the analysis allows it (DESIGN.md, invariant 2).
 copy_to_out_ = _prim("copy_to_out_", _copy_to_out_meta, Effects(writes=("out",), copies=True))
+
+
+def _no_grad_update_meta(old: TensorProxy, new: TensorProxy) -> TensorProxy:
+    _check_tensor("no_grad_update", old, "old")
+    _check_tensor("no_grad_update", new, "new")
+    if old.shape != new.shape or old.dtype != new.dtype:
+        raise _fail("no_grad_update", f"new {new.type_string()} does not match old {old.type_string()}")
+    return TensorProxy.like(new, requires_grad=old.requires_grad)
+
+
+# The value of `old` after `new` was written into it under torch.no_grad(): `new`'s data, but for
+# autograd still `old` (its gradient goes to `old`, none to `new`), as eager's in-place write under
+# no_grad leaves the tensor's autograd identity alone.
+no_grad_update = _prim("no_grad_update", _no_grad_update_meta)
 
 
 # -- arithmetic on symbolic Python numbers ("symbolic values" mode) ---------------------

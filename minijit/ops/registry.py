@@ -11,7 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from minijit.ir import NO_EFFECTS, TENSOR_METHODS, Effects, Symbol
+import torch
+
+from minijit.ir import NO_EFFECTS, TENSOR_METHODS, Effects, Symbol, current_trace
+from minijit.ops.autocast import autocast_arguments
 
 # torch callable (function, method descriptor, builtin) -> ltorch symbol
 TORCH_TO_LTORCH: dict[Any, Symbol] = {}
@@ -19,6 +22,20 @@ TORCH_TO_LTORCH: dict[Any, Symbol] = {}
 ALL_LTORCH: dict[str, Symbol] = {}
 # ltorch op name -> the eager callable that implements it with the same signature
 EAGER_IMPLS: dict[str, Callable[..., Any]] = {}
+
+
+_any_autocast = torch._C._is_any_autocast_enabled
+
+
+class LtorchSymbol(Symbol):
+    """An ltorch op. A call made by the user's code under `torch.autocast` first casts its
+    arguments as eager would (`minijit.ops.autocast`)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        trace = current_trace()
+        if trace is not None and trace.recording_user_call and _any_autocast():
+            args, kwargs = autocast_arguments(self.name, self.meta, args, kwargs)
+        return super().__call__(*args, **kwargs)
 
 
 def ltorch_op(
@@ -47,7 +64,7 @@ def ltorch_op(
         op_name = name or decomposition.__name__
         if op_name in ALL_LTORCH:
             raise ValueError(f"ltorch op {op_name!r} is declared twice")
-        sym = Symbol(op_name, decomposition, namespace="ltorch", effects=effects)
+        sym = LtorchSymbol(op_name, decomposition, namespace="ltorch", effects=effects)
         sym.__doc__ = decomposition.__doc__
         ALL_LTORCH[op_name] = sym
         for fn in torch_fns:

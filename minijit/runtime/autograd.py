@@ -105,8 +105,13 @@ def autograd_callable(compiled: CompiledGrad) -> Callable[..., Any]:
     dirty = compiled.dirty_inputs
 
     def run_with_grad(*tensors: torch.Tensor) -> Any:
-        if not positions and not dirty:  # nothing to differentiate: no autograd node
-            return compiled.forward(*tensors)[0]
+        if not positions and not dirty:
+            # Nothing to differentiate: no autograd node, and no eager graph built by the forward's ops
+            # on inputs that require grad (everything was constant for VJP, e.g. computed under no_grad).
+            # Writes into leaves that require grad were made under torch.no_grad() in the function
+            # (functionalize refuses the others), so they run under it here too.
+            with torch.no_grad():
+                return compiled.forward(*tensors)[0]
         for i in dirty:
             if tensors[i].is_leaf:
                 raise InplaceError(f"a leaf Variable that requires grad is being used in an in-place operation "

@@ -2,8 +2,10 @@
 
 In "constant values" mode a trace is specialised on each tensor's shape, dtype,
 device and requires_grad, and on the type and value of every Python number,
-string and None among the arguments. The key is built in one pass over the
-arguments and looked up in a dict: a cache hit costs one hash (DESIGN.md, lessons).
+string and None among the arguments; in every mode, on grad mode and on the
+autocast state (one C call when autocast is off, as it usually is). The key is
+built in one pass over the arguments and looked up in a dict: a cache hit costs
+one hash (DESIGN.md, lessons).
 """
 
 from __future__ import annotations
@@ -11,6 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
+from minijit.ir.containers import flatten, is_container
+from minijit.runtime.autocast import any_autocast_enabled, autocast_state
 
 Tensor = torch.Tensor
 
@@ -43,10 +48,24 @@ def _leaf_key(x: Any, out: list[Any], symbolic: bool) -> None:
         out.append(x)
     elif t is slice:  # unhashable before Python 3.12
         out += (t, x.start, x.stop, x.step)
+    elif is_container(x):
+        # A dataclass, named tuple, dict subclass or pytree type: its structure and constants, then its tensors.
+        spec, leaves = flatten(x, _is_input_leaf_symbolic if symbolic else _is_tensor)
+        out.append(spec.key())
+        for leaf in leaves:
+            _leaf_key(leaf, out, symbolic)
     else:
         # Any other object is specialised on by identity; the interpreter guards what it reads from it.
         out.append(t)
         out.append(id(x))
+
+
+def _is_tensor(x: Any) -> bool:
+    return isinstance(x, Tensor)
+
+
+def _is_input_leaf_symbolic(x: Any) -> bool:
+    return isinstance(x, Tensor) or type(x) is int or type(x) is float
 
 
 def cache_key(args: tuple[Any, ...], kwargs: dict[str, Any], symbolic: bool = False) -> tuple[Any, ...]:
@@ -55,7 +74,7 @@ def cache_key(args: tuple[Any, ...], kwargs: dict[str, Any], symbolic: bool = Fa
     With `symbolic`, sizes above 1 and the values of Python ints and floats are left out:
     the entries under such a key are told apart by their guards.
     """
-    out: list[Any] = [torch.is_grad_enabled()]
+    out: list[Any] = [torch.is_grad_enabled(), any_autocast_enabled() and autocast_state()]
     for a in args:
         _leaf_key(a, out, symbolic)
     if kwargs:
@@ -79,9 +98,10 @@ def _make_positional_tensor_key(arity: int, symbolic: bool = False) -> Any:
         f"def key({params}):\n"
         f"    if {checks}:\n"
         f"        return None\n"
-        f"    return (is_grad_enabled(), {parts})\n"
+        f"    return (is_grad_enabled(), any_autocast_enabled() and autocast_state(), {parts})\n"
     )
-    env: dict[str, Any] = {"Tensor": Tensor, "is_grad_enabled": torch.is_grad_enabled}
+    env: dict[str, Any] = {"Tensor": Tensor, "is_grad_enabled": torch.is_grad_enabled,
+                           "any_autocast_enabled": any_autocast_enabled, "autocast_state": autocast_state}
     exec(compile(source, f"<minijit cache key, {arity} tensors>", "exec"), env)
     return env["key"]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import re
 from collections.abc import Callable, Sequence
@@ -9,8 +10,11 @@ from typing import Any
 
 import torch
 
+from minijit.runtime.autocast import describe_autocast
 
-def _describe_value(label: str, x: Any, out: dict[str, tuple[str, Any]], symbolic: bool) -> None:
+
+def describe_value(label: str, x: Any, out: dict[str, tuple[str, Any]], symbolic: bool) -> None:
+    """Add to `out` what a call specialises on about the value `x`, item by item, labelled `label`."""
     if isinstance(x, torch.Tensor) and symbolic:
         out[f"{label} rank"] = (label, ("rank", x.ndim))
         out[f"{label} dtype"] = (label, ("dtype", x.dtype))
@@ -26,13 +30,25 @@ def _describe_value(label: str, x: Any, out: dict[str, tuple[str, Any]], symboli
     elif type(x) in (tuple, list):
         out[f"{label} length"] = (label, (f"{type(x).__name__} length", len(x)))
         for i, v in enumerate(x):
-            _describe_value(f"{label}[{i}]", v, out, symbolic)
+            describe_value(f"{label}[{i}]", v, out, symbolic)
     elif type(x) is dict:
         out[f"{label} keys"] = (label, ("keys", tuple(x)))
         for k, v in x.items():
-            _describe_value(f"{label}[{k!r}]", v, out, symbolic)
+            describe_value(f"{label}[{k!r}]", v, out, symbolic)
     elif x is None or type(x) in (int, float, bool, str, complex):
         out[label] = (label, ("value", (type(x).__name__, x)))
+    elif dataclasses.is_dataclass(x) and not isinstance(x, type):
+        out[f"{label} type"] = (label, ("type", type(x).__name__))
+        for f in dataclasses.fields(x):
+            describe_value(f"{label}.{f.name}", getattr(x, f.name, None), out, symbolic)
+    elif isinstance(x, dict):
+        out[f"{label} keys"] = (label, (f"{type(x).__name__} keys", tuple(x)))
+        for k, v in x.items():
+            describe_value(f"{label}[{k!r}]", v, out, symbolic)
+    elif isinstance(x, tuple) and hasattr(x, "_fields"):
+        out[f"{label} type"] = (label, ("type", type(x).__name__))
+        for name, v in zip(x._fields, x):
+            describe_value(f"{label}.{name}", v, out, symbolic)
     else:
         out[label] = (label, ("object", f"{type(x).__name__} at {id(x):#x}"))
 
@@ -46,19 +62,15 @@ def describe_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[st
     except (TypeError, ValueError):
         items = [(f"arg{i}", a) for i, a in enumerate(args)] + list(kwargs.items())
     out: dict[str, tuple[str, Any]] = {"grad mode": ("torch.is_grad_enabled()", ("value", ("bool", torch.is_grad_enabled())))}
-    # A module's forward takes its parameters and training flags first: name them by path.
-    module_names = {"params": getattr(fn, "slots", None), "flags": getattr(fn, "module_paths", None)}
+    out.update(describe_autocast())
+    # A module's forward takes its parameters and its tree's state first: it names them by path.
+    describe_state = getattr(fn, "describe_state", None)
     for name, value in items:
-        paths = module_names.get(name)
-        if paths is None:
-            _describe_value(name, value, out, symbolic)
-            continue
-        for path, v in zip(paths, value, strict=True):
-            if isinstance(path, tuple):  # a parameter or buffer slot: (path, owner, kind, name)
-                label = f"self.{path[0]}"
-            else:
-                label = ".".join(filter(None, ("self", path, "training")))
-            _describe_value(label, v, out, symbolic)
+        described = describe_state(name, value, symbolic) if describe_state is not None else None
+        if described is None:
+            describe_value(name, value, out, symbolic)
+        else:
+            out.update(described)
     return out
 
 
@@ -72,9 +84,19 @@ def _format(aspect: str, value: Any) -> str:
 
 
 def _argument(label: str) -> str:
-    if label.startswith(("torch.", "self.")):
+    if label == "self" or label.startswith(("torch.", "self.")):
         return label
     return f"arg '{label}'"
+
+
+def _hooks_changed(label: str, aspect: str, ids: tuple[int, ...], old_ids: tuple[int, ...]) -> str:
+    """`self.fc1: forward hook added`, for a module's hooks (aspect `forward hooks`, value: handle ids)."""
+    kind = aspect.removesuffix("s")
+    changes = []
+    for count, what in ((sum(i not in old_ids for i in ids), "added"), (sum(i not in ids for i in old_ids), "removed")):
+        if count:
+            changes.append(f"{kind} {what}" if count == 1 else f"{count} {kind}s {what}")
+    return f"{label}: {', '.join(changes) or aspect + ' reordered'}"
 
 
 def explain_difference(new: dict[str, tuple[str, Any]], old: dict[str, tuple[str, Any]]) -> list[str]:
@@ -82,7 +104,11 @@ def explain_difference(new: dict[str, tuple[str, Any]], old: dict[str, tuple[str
     reasons = []
     for key, (expr, (aspect, value)) in new.items():
         label = _argument(expr)
-        if key not in old:
+        if aspect.endswith("hooks"):
+            old_ids = old[key][1][1] if key in old else ()
+            if value != old_ids:
+                reasons.append(_hooks_changed(label, aspect, value, old_ids))
+        elif key not in old:
             reasons.append(f"{label}: not present before")
         elif old[key][1] != (aspect, value):
             old_aspect, old_value = old[key][1]
@@ -90,7 +116,11 @@ def explain_difference(new: dict[str, tuple[str, Any]], old: dict[str, tuple[str
                 reasons.append(f"{label}: {aspect} {_format(aspect, value)} was {old_aspect} {_format(old_aspect, old_value)}")
             else:
                 reasons.append(f"{label}: {aspect} {_format(aspect, value)} != {_format(aspect, old_value)}")
-    reasons += [f"{_argument(old[key][0])}: no longer present" for key in old if key not in new]
+    for key, (expr, (aspect, value)) in old.items():
+        if key not in new:
+            label = _argument(expr)
+            gone = _hooks_changed(label, aspect, (), value) if aspect.endswith("hooks") else f"{label}: no longer present"
+            reasons.append(gone)
     return reasons
 
 
@@ -121,8 +151,10 @@ def prologue_source(description: dict[str, tuple[str, Any]], constraints: Sequen
             lines.append(f"  assert {expr}.{aspect} == {shown}")
         elif aspect == "keys":
             lines.append(f"  assert tuple({expr}) == {value!r}")
-        elif aspect == "object":
+        elif aspect in ("object", "module"):
             lines.append(f"  assert {expr} is <the {value}>")
+        elif aspect.endswith("hooks"):
+            lines.append(f"  assert tuple({expr}._{aspect.replace(' ', '_').replace('-', '_')}) == {value!r}")
         elif aspect == "rank":
             lines.append(f"  assert {expr}.ndim == {value}")
         elif aspect == "type":

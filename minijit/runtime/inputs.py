@@ -15,7 +15,9 @@ from typing import Any
 import torch
 
 from minijit.errors import UnsupportedOpError, UnsupportedSyntaxError
-from minijit.ir import FloatProxy, IntegerProxy, Proxy, TensorProxy, Trace, tree_iter, tree_map
+from minijit.frontend.frame import STATE
+from minijit.ir import FloatProxy, IntegerProxy, Proxy, TensorProxy, Trace
+from minijit.ir.containers import flatten, is_container, leaves
 from minijit.ir.context import add_constraint, where_now
 from minijit.ops import prims
 
@@ -80,8 +82,16 @@ def proxify_arguments(trace: Trace, fn: Callable[..., Any], args: tuple[Any, ...
                 return p
             return x
 
-        proxied.append(tree_map(to_proxy, value))
+        spec, leaves = flatten(value, _input_leaf(symbolic))
+        proxied.append(spec.rebuild([to_proxy(x) for x in leaves]))
     return tuple(proxied[: len(args)]), dict(zip(kwargs, proxied[len(args):], strict=True))
+
+
+def _input_leaf(symbolic: bool) -> Callable[[Any], bool]:
+    """Which values among the arguments are trace inputs: tensors, and Python numbers in symbolic mode."""
+    if symbolic:
+        return lambda x: isinstance(x, Tensor) or is_symbolic_number(x)
+    return lambda x: isinstance(x, Tensor)
 
 
 def _make_sizes_symbolic(p: TensorProxy) -> None:
@@ -104,10 +114,8 @@ def _make_sizes_symbolic(p: TensorProxy) -> None:
 
 
 def flat_inputs(args: tuple[Any, ...], kwargs: dict[str, Any], symbolic: bool) -> list[Any]:
-    """The values that a compiled trace takes, in the order of its inputs."""
-    if symbolic:
-        return [x for x in tree_iter((args, kwargs)) if isinstance(x, Tensor) or is_symbolic_number(x)]
-    return [x for x in tree_iter((args, kwargs)) if isinstance(x, Tensor)]
+    """The values that a compiled trace takes, in the order of its inputs (containers of any kind looked into)."""
+    return leaves((args, kwargs), _input_leaf(symbolic))
 
 
 def input_names(trace: Trace) -> list[str]:
@@ -116,12 +124,24 @@ def input_names(trace: Trace) -> list[str]:
 
 
 def tensor_capturer(trace: Trace) -> Callable[[Tensor], Proxy]:
-    """The `trace.capture_tensor` hook: a real tensor becomes `prims.tensor_constant(tensor)`, once per tensor."""
+    """The `trace.capture_tensor` hook: the proxy of a real tensor met among an op's arguments, once per tensor.
+
+    A tensor read from outside the call (minijit.frontend.outside knows its source) becomes
+    an input of the trace, read again from that source on every call; any other real tensor
+    (made natively while tracing) becomes `prims.tensor_constant(tensor)`.
+    """
     captured: dict[int, Proxy] = {}
 
     def capture(t: Tensor) -> Proxy:
         proxy = captured.get(id(t))
-        if proxy is None:
+        if proxy is not None:
+            return proxy
+        source = STATE.outside.source_of(t)
+        if source is not None:
+            proxy = TensorProxy(tuple(t.shape), t.dtype, t.device, t.requires_grad)
+            trace.add_input(proxy, source.label)
+            trace.info.setdefault("captured_inputs", []).append((proxy.name, source, t))
+        else:
             if t.requires_grad and torch.is_grad_enabled():
                 raise UnsupportedOpError(
                     f"a tensor that requires grad reached the trace from outside the function's inputs"
@@ -133,39 +153,55 @@ def tensor_capturer(trace: Trace) -> Callable[[Tensor], Proxy]:
                 proxy = prims.tensor_constant(t)
             finally:
                 trace.capture_tensor = capture
-            captured[id(t)] = proxy
             trace.info.setdefault("captured_tensors", []).append(t)  # keeps it alive with the trace
+        captured[id(t)] = proxy
         return proxy
 
     return capture
 
 
 def snapshot_containers(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
-    """The lists, dicts and sets among the (proxied) arguments, each with a shallow copy of its contents."""
+    """The containers among the (proxied) arguments — lists, dicts, sets, dataclasses, ... — with a copy of their state.
+
+    The traced function receives rebuilt copies of them: a change it made would be lost.
+    """
     found: list[Any] = []
 
     def walk(label: str, x: Any) -> None:
-        t = type(x)
-        if t is list or t is dict or t is set:
-            found.append((label, x, list(x.items()) if t is dict else list(x)))
-        if t is list or t is tuple:
+        if not is_container(x) or type(x) is slice:
+            return
+        if isinstance(x, tuple):  # immutable: only what it holds may change
             for v in x:
                 walk(label, v)
-        elif t is dict:
-            for v in x.values():
-                walk(label, v)
+            return
+        state = _container_state(x)
+        found.append((label, x, state))
+        for v in [v for part in state for _, v in part]:
+            walk(label, v)
 
     for name, value in zip(parameter_names(fn, args, kwargs), (*args, *kwargs.values()), strict=True):
         walk(name, value)
     return found
 
 
+def _container_state(x: Any) -> tuple[list[tuple[Any, Any]], list[tuple[Any, Any]]]:
+    """(items, attributes) of a container argument, as (key, value) pairs."""
+    if isinstance(x, dict):
+        items = list(x.items())
+    elif isinstance(x, list | set | tuple):
+        items = list(enumerate(x))
+    else:
+        items = []
+    own = getattr(x, "__dict__", None)
+    return items, list(own.items()) if isinstance(own, dict) else []
+
+
 def check_containers_unchanged(snapshot: list[Any]) -> None:
-    """Refuse a traced function that changed a list, dict or set it was given: that would not be replayed."""
-    for label, container, contents in snapshot:
-        now = list(container.items()) if type(container) is dict else list(container)
-        same = len(now) == len(contents) and all(
-            (a[0] == b[0] and a[1] is b[1]) if type(container) is dict else a is b for a, b in zip(now, contents))
+    """Refuse a traced function that changed a container it was given: that would not be replayed."""
+    for label, container, before in snapshot:
+        now = _container_state(container)
+        same = all(len(a) == len(b) and all(ka == kb and va is vb for (ka, va), (kb, vb) in zip(a, b))
+                   for a, b in zip(now, before))
         if not same:
             raise UnsupportedSyntaxError(
                 f"the jitted function modified the {type(container).__name__} passed as argument '{label}' in place; "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -11,7 +12,8 @@ from typing import Any
 
 import torch
 
-from minijit.extend import Executor, resolve_executors
+from minijit.errors import MinijitError
+from minijit.extend import Executor, get_executor, resolve_executors
 from minijit.ir import Trace
 from minijit.runtime.cache_key import POSITIONAL_TENSOR_KEYS, POSITIONAL_TENSOR_SYMBOLIC_KEYS, cache_key
 from minijit.runtime.explain import describe_call, explain_miss, prologue_source
@@ -46,6 +48,17 @@ class CacheInfo:
         return "\n".join(lines)
 
 
+def _by_name(executor: Executor | str) -> Executor | str:
+    """An executor's name where that name finds it, else the executor itself."""
+    if isinstance(executor, Executor):
+        try:
+            if get_executor(executor.name) is executor:
+                return executor.name
+        except MinijitError:
+            pass
+    return executor
+
+
 class JitFunction:
     """A jitted function: call it like the original."""
 
@@ -55,6 +68,7 @@ class JitFunction:
             raise ValueError(f"cache must be one of {CACHE_MODES}, got {cache!r}")
         if warn_retraces_after is None and os.environ.get("MINIJIT_WARN_RETRACES"):
             warn_retraces_after = int(os.environ["MINIJIT_WARN_RETRACES"])
+        self._given_executors = None if executors is None else list(executors)
         self.warn_retraces_after = warn_retraces_after
         self.fn = fn
         self.executors = resolve_executors(list(executors) if executors is not None else None)
@@ -68,6 +82,21 @@ class JitFunction:
         self._hits = 0  # kept apart from _info: the hit path updates one attribute
         self._last: CompiledEntry | None = None
         functools.update_wrapper(self, fn)
+
+    def __reduce__(self) -> str | tuple[Any, ...]:
+        # Pickled as the function (by reference) and the options; the cache is rebuilt on the first calls.
+        # A jitted function bound to its own name in its module (`@minijit.jit`) is pickled by that name.
+        module = sys.modules.get(getattr(self, "__module__", None) or "")
+        name = getattr(self, "__qualname__", None)
+        if isinstance(name, str) and getattr(module, name, None) is self:
+            return name
+        options = self.options()
+        return (JitFunction, (self.fn, options["executors"], options["cache"], options["warn_retraces_after"]))
+
+    def options(self) -> dict[str, Any]:
+        """The `jit` options this function was made with (executors by name where that name finds them)."""
+        executors = None if self._given_executors is None else [_by_name(e) for e in self._given_executors]
+        return {"executors": executors, "cache": self.cache_mode, "warn_retraces_after": self.warn_retraces_after}
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # The hit path for the common call, plain tensors passed positionally: one compiled key

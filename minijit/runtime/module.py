@@ -3,30 +3,51 @@
 The module's forward is traced with its parameters and buffers swapped for proxies (named
 after their paths, `fc1_weight`), so the trace never bakes in their values: updating
 weights never re-traces. Every call fetches them by walking the module tree from the
-root, so a replaced parameter or submodule is seen, and their metadata and every
-module's `training` flag are part of the cache key: `model.eval()` is a new trace.
+root, and with them the tree's *state*: which module object sits at each path, each
+module's `training` flag, and the ids of every forward/backward hook (on each module and
+the global ones). The state is part of the cache key, so `model.eval()`, a replaced
+submodule or a hook added or removed anywhere is a new trace, explained in `cache_info`.
+
+Hooks are Python: torch's `Module._call_impl` runs them and the interpreter traces it like
+any layer code. Backward hooks need the module's own autograd boundary, which a jitted
+forward (one autograd node) does not have: they are refused while grad mode is on.
+
+`JitModule`, the wrapper `minijit.jit(module)` returns, is itself an `nn.Module` whose
+every module method acts on the wrapped module.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
-from collections.abc import Iterator
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
+import torch.nn.modules.module as torch_module
 
 from minijit.errors import UnsupportedSyntaxError
+from minijit.runtime import distributed
+from minijit.runtime.explain import describe_value
+
+# The hook dicts `Module._call_impl` consults, per module and globally, and what to call them.
+_HOOK_KINDS = {"_forward_pre_hooks": "forward pre-hook", "_forward_hooks": "forward hook",
+               "_backward_pre_hooks": "backward pre-hook", "_backward_hooks": "backward hook"}
+_GLOBAL_HOOKS = {f"_global{name}": f"global {kind}" for name, kind in _HOOK_KINDS.items()}
+_GLOBAL_LABEL = "torch.nn.modules.module"
 
 
 class ModuleForward:
-    """The function minijit traces for a module: `(params, flags, *args, **kwargs) -> module(*args, **kwargs)`.
+    """The function minijit traces for a module: `(params, state, *args, **kwargs) -> module(*args, **kwargs)`.
 
-    `params` are the module's parameters and buffers in `paths` order; `flags` the
-    `training` flags of its submodules. Both are passed in so that the cache key covers them.
+    `params` are the module's parameters and buffers in `slots` order; `state` the
+    `ModuleState` of its tree (submodules, training flags, hooks). Both are passed in
+    so that the cache key covers them.
     """
 
-    def __init__(self, module: torch.nn.Module):
+    def __init__(self, module: torch.nn.Module, previous: ModuleForward | None = None):
         self.module = module
         self.__name__ = type(module).__name__.lower() + "_forward"
         self.__qualname__ = f"{type(module).__qualname__}.forward"
@@ -42,110 +63,397 @@ class ModuleForward:
                     path = f"{owner_path}.{name}" if owner_path else name
                     self.slots.append((path, owner_path, kind, name))
         self.param_names = [path.replace(".", "_") for path, *_ in self.slots]
+        # Lazy modules (nn.LazyLinear) have no shapes until their first call materialises them.
+        self.uninitialized = any(torch.nn.parameter.is_lazy(getattr(module.get_submodule(owner), kind)[name])
+                                 for _, owner, kind, name in self.slots)
         self.module_paths = [p for p, _ in module.named_modules()]
-        self.fetch = _compile_fetch(self.slots, self.module_paths)
+        # The states seen, interned. Taking stock again after a change that left the parameters and
+        # module paths as they were (a submodule swapped for its jitted self) keeps the cache entries.
+        same_layout = previous is not None and (previous.slots, previous.module_paths) == (self.slots, self.module_paths)
+        self._states: dict[tuple[Any, ...], ModuleState] = previous._states if same_layout else {}
+        self.fetch = _compile_fetch(module, self.slots, self.module_paths, self._states)
         forward_params = list(inspect.signature(module.forward).parameters.values())
-        lead = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_ONLY) for n in ("params", "flags")]
+        lead = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_ONLY) for n in ("params", "state")]
         self.__signature__ = inspect.Signature(lead + forward_params)
 
-    def __call__(self, params: tuple[Any, ...], flags: tuple[bool, ...], *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, params: tuple[Any, ...], state: ModuleState, *args: Any, **kwargs: Any) -> Any:
         with self.swapped_in(params):
             return self.module(*args, **kwargs)
 
     @contextmanager
-    def swapped_in(self, values: tuple[Any, ...]) -> Iterator[None]:
-        """Put `values` (proxies, while tracing) in place of the parameters and buffers, then restore them."""
+    def swapped_in(self, values: tuple[Any, ...]) -> Iterator[tuple[list[tuple[Any, Any]], list[Any]]]:
+        """While tracing: `values` (proxies) in place of the parameters and buffers, jitted submodules
+        unwrapped (the trace goes through them), backward hooks refused or, without grad, hidden.
+
+        Yields what the `state` argument covers, so that reading it needs no guard: the (holder,
+        key) slots of each submodule and training flag, and the hook dicts (keyed by handle ids).
+        """
         replacement = {}
         for (_, owner_path, kind, name), value in zip(self.slots, values, strict=True):
             original = getattr(self.module.get_submodule(owner_path), kind)[name]
             replacement[id(original)] = value
         saved: list[tuple[dict[str, Any], str, Any]] = []
         try:
-            for owner in self.module.modules():
-                if owner._forward_hooks or owner._forward_pre_hooks or owner._backward_hooks:
-                    raise UnsupportedSyntaxError(
-                        f"{type(owner).__name__} has forward or backward hooks, which minijit does not run; "
-                        "remove them before jitting the module"
-                    )
+            saved += _hide_backward_hooks(vars(torch_module), "_global", "every module (a global hook)")
+            for path, owner in self.module.named_modules():
+                saved += _hide_backward_hooks(vars(owner), "", f"{type(owner).__name__} at {_label(path)}")
+                if path:
+                    distributed.refuse_inner_eager_hook(owner, path)
+                else:  # torch.distributed's hooks on the root run around the compiled call (JitModule.__call__)
+                    saved += distributed.hide_root_eager_hooks(owner, f"{type(owner).__name__} (the jitted module)")
+                for name, child in owner._modules.items():
+                    if isinstance(child, JitModule):
+                        saved.append((owner._modules, name, child))
+                        owner._modules[name] = child._orig_mod
                 for kind in ("_parameters", "_buffers"):
                     tensors = getattr(owner, kind)
                     for name, tensor in tensors.items():
                         if tensor is not None and id(tensor) in replacement:
                             saved.append((tensors, name, tensor))
                             tensors[name] = replacement[id(tensor)]
-            yield
+            yield _covered_by_state(self.module)
         finally:
-            for tensors, name, tensor in saved:
-                tensors[name] = tensor
+            for container, name, value in reversed(saved):
+                container[name] = value
+
+    def describe_state(self, name: str, value: Any, symbolic: bool) -> dict[str, tuple[str, Any]] | None:
+        """How `cache_info` names the `params` and `state` arguments item by item (None for the others)."""
+        out: dict[str, tuple[str, Any]] = {}
+        if name == "params":
+            for (path, *_), tensor in zip(self.slots, value, strict=True):
+                describe_value(f"self.{path}", tensor, out, symbolic)
+        elif name == "state":
+            for path, module in zip(self.module_paths[1:], value.modules, strict=True):
+                out[f"self.{path} module"] = (f"self.{path}", ("module", f"{type(module).__name__} at {id(module):#x}"))
+            for path, training in zip(self.module_paths, value.training, strict=True):
+                describe_value(f"{_label(path)}.training", training, out, symbolic)
+            for label, kind, ids in value.hooks or ():
+                out[f"{label} {kind}s"] = (label, (f"{kind}s", ids))
+        else:
+            return None
+        return out
 
 
-def _compile_fetch(slots: list[tuple[str, str, str, str]], module_paths: list[str]) -> Any:
-    """One function of the root module returning (tensors, training flags), walking paths afresh."""
-    lines = ["def fetch(m):"]
-    var = {"": "m"}
+class ModuleState:
+    """What a call specialises on about the module tree: the submodule at each path, each module's
+    `training` flag, and the hooks `Module._call_impl` will run, as (label, kind, handle ids).
+
+    Interned by the fetch (equal states are one object), so the cache key holds it by identity.
+    """
+
+    __slots__ = ("hooks", "modules", "training")
+
+    def __init__(self, modules: tuple[torch.nn.Module, ...], training: tuple[bool, ...],
+                 hooks: tuple[tuple[str, str, tuple[int, ...]], ...] | None):
+        self.modules = modules
+        self.training = training
+        self.hooks = hooks
+
+    def __repr__(self) -> str:
+        return f"ModuleState(training={self.training}, hooks={self.hooks})"
+
+
+# Hook dicts keyed by the same handle ids as those in _HOOK_KINDS (a hook's flags, fixed at registration).
+_HOOK_FLAGS = ("_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks_with_kwargs")
+
+
+def _covered_by_state(root: torch.nn.Module) -> tuple[list[tuple[Any, Any]], list[Any]]:
+    """The (holder, key) slots and the containers whose contents `ModuleState` fixes, as the tree is now."""
+    slots: list[tuple[Any, Any]] = []
+    containers: list[Any] = []
+    globals_ = vars(torch_module)
+    for name in _GLOBAL_HOOKS:
+        slots.append((globals_, name))
+        containers.append(globals_[name])
+    for module in root.modules():
+        namespace = vars(module)
+        slots.append((module, "training"))
+        # nn.Module.__getattr__ looks these up in the instance dict: torch never rebinds them, and the
+        # fetch reads the tensors and submodules in them afresh on every call.
+        slots += [(namespace, name) for name in ("_parameters", "_buffers", "_modules")]
+        # The tensors the fetch reads (a missing one makes it take stock again); a None stays guarded.
+        for kind in ("_parameters", "_buffers"):
+            tensors = namespace[kind]
+            slots += [(tensors, name) for name, tensor in tensors.items() if tensor is not None]
+        slots += [(module._modules, child) for child in module._modules]
+        for name in (*_HOOK_KINDS, *_HOOK_FLAGS):
+            if name in namespace:
+                slots.append((module, name))
+                containers.append(namespace[name])
+    return slots, containers
+
+
+def _label(path: str) -> str:
+    return f"self.{path}" if path else "self"
+
+
+def _hide_backward_hooks(namespace: dict[str, Any], prefix: str, owner: str) -> list[tuple[dict[str, Any], str, Any]]:
+    """Refuse backward hooks in `namespace` (a module's `__dict__` or the global hooks) while grad mode is on;
+    without grad they never run, so replace them by empty dicts for the trace. Returns what to restore."""
+    hidden = []
+    for name in (f"{prefix}_backward_pre_hooks", f"{prefix}_backward_hooks"):
+        hooks = namespace.get(name)
+        if not hooks:
+            continue
+        if torch.is_grad_enabled():
+            hook = next(iter(hooks.values()))
+            raise UnsupportedSyntaxError(
+                f"{owner} has a backward hook ({_registration(namespace, prefix, name)}: "
+                f"{getattr(hook, '__qualname__', repr(hook))}), which minijit cannot run: the jitted forward is "
+                "one autograd node, with no gradient at that module's boundary. Remove the hook, call the "
+                "jitted module under torch.no_grad(), or leave this module un-jitted"
+            )
+        hidden.append((namespace, name, hooks))
+        namespace[name] = OrderedDict()
+    return hidden
+
+
+def _registration(namespace: dict[str, Any], prefix: str, name: str) -> str:
+    """The function that registered the hooks in `namespace[name]`, for messages."""
+    where = "register_module_" if prefix else "register_"
+    if name.endswith("pre_hooks"):
+        return f"{where}full_backward_pre_hook"
+    full = namespace.get(f"{prefix}_is_full_backward_hook")
+    return f"{where}{'full_backward_hook' if full else 'backward_hook'}"
+
+
+def _compile_fetch(root: torch.nn.Module, slots: list[tuple[str, str, str, str]], module_paths: list[str],
+                   states: dict[tuple[Any, ...], ModuleState]) -> Callable[[torch.nn.Module], Any]:
+    """One function of the root module returning (tensors, state), walking the paths afresh.
+
+    It reads each module's `__dict__` once (module attribute reads go through `nn.Module`'s
+    `__getattr__` hook and cost more). A path whose module is missing, or is no longer the
+    plain or jitted module it was, raises KeyError: the caller then takes stock again.
+    Hooks are looked at closely only when one of the hook dicts is non-empty.
+    """
+    lines = ["def fetch(m):", "    d = m.__dict__"]
+    mods = {"": "m"}
+    dicts = {"": "d"}
     for i, path in enumerate(p for p in module_paths if p):
         parent, _, child = path.rpartition(".")
-        var[path] = f"m{i}"
-        lines.append(f"    m{i} = {var[parent]}._modules[{child!r}]")
-    tensors = ", ".join(f"{var[owner]}.{kind}[{name!r}]" for _, owner, kind, name in slots)
-    flags = ", ".join(f"{var[p]}.training" for p in module_paths)
-    lines.append(f"    return ({tensors}{',' if slots else ''}), ({flags}{',' if module_paths else ''})")
-    env: dict[str, Any] = {}
+        read = f"{dicts[parent]}['_modules'][{child!r}]"
+        if isinstance(root.get_submodule(parent)._modules[child], JitModule):
+            read += ".__dict__['_orig_mod']"
+        mods[path], dicts[path] = f"m{i}", f"d{i}"
+        lines += [f"    m{i} = {read}", f"    d{i} = m{i}.__dict__"]
+    # The global hook dicts are bound once: torch adds to and removes from them, never rebinds them.
+    any_hooks = [f"_g{i}" for i in range(len(_GLOBAL_HOOKS))]
+    any_hooks += [f"{dicts[p]}[{name!r}]" for p in module_paths for name in _HOOK_KINDS]
+    lines += [f"    if {' or '.join(any_hooks)}:",
+              f"        hooks = _hooks({', '.join(dicts[p] for p in module_paths)})",
+              "    else:",
+              "        hooks = None"]
+    modules = "".join(f"{mods[p]}, " for p in module_paths if p)
+    training = "".join(f"{dicts[p]}['training'], " for p in module_paths)
+    lines += [f"    key = ({modules}{training}hooks)",
+              "    try:",
+              "        state = _states[key]",
+              "    except KeyError:",
+              f"        state = _states[key] = _State(key[:{len(module_paths) - 1}], key[{len(module_paths) - 1}:-1], hooks)"]
+    tensors = "".join(f"{dicts[owner]}[{kind!r}][{name!r}], " for _, owner, kind, name in slots)
+    lines.append(f"    return ({tensors}), state")
+    env: dict[str, Any] = {"_states": states, "_State": ModuleState, "_hooks": functools.partial(_hook_ids, module_paths)}
+    env.update({f"_g{i}": vars(torch_module)[name] for i, name in enumerate(_GLOBAL_HOOKS)})
     exec(compile("\n".join(lines) + "\n", "<minijit module fetch>", "exec"), env)
     return env["fetch"]
+
+
+def _hook_ids(module_paths: list[str], *module_dicts: dict[str, Any]) -> tuple[tuple[str, str, tuple[int, ...]], ...]:
+    """(label, hook kind, handle ids in call order) for every non-empty hook dict, the global ones first.
+
+    Handle ids are never reused, so any hook added or removed changes these.
+    """
+    found = [(_GLOBAL_LABEL, kind, tuple(hooks)) for name, kind in _GLOBAL_HOOKS.items()
+             if (hooks := vars(torch_module)[name])]
+    for path, namespace in zip(module_paths, module_dicts, strict=True):
+        found += [(_label(path), kind, tuple(hooks)) for name, kind in _HOOK_KINDS.items() if (hooks := namespace[name])]
+    return tuple(found)
 
 
 _JIT_QUERIES = {"last_traces", "last_backward_traces", "last_prologue", "cache_info"}
 
 
-class JitModule:
-    """A jitted `nn.Module`: calling it runs the compiled forward; everything else is the module's.
+class JitModule(torch.nn.Module):
+    """A jitted `nn.Module`: calling it runs the compiled forward; every other module method is the module's.
 
-    `parameters()`, `state_dict()`, `to()`, attribute access and assignment pass through to
-    the wrapped module; `train()` and `eval()` return the wrapper.
+    It is an `nn.Module` with no state of its own: `parameters()`, `state_dict()` (same keys
+    as the module's), `load_state_dict`, `named_modules()`, hooks and attribute reads and
+    writes all act on the wrapped module (`_orig_mod`); `to()`, `cuda()`, `half()`, `train()`,
+    `eval()`, `requires_grad_()`, `apply()` and the like act on it and return the wrapper.
+    `copy.deepcopy` gives an independent jitted module; pickling saves the module and the
+    jit options.
 
     Example::
 
         jmodel = minijit.jit(model)
         out = jmodel(x)
         jmodel.eval()   # a new trace on the next call
+        opt = torch.optim.SGD(jmodel.parameters(), lr=0.1)   # the model's own parameters
     """
 
-    def __init__(self, module: torch.nn.Module, jit_function: Any, forward: ModuleForward):
-        object.__setattr__(self, "_module", module)
-        object.__setattr__(self, "_jit", jit_function)
-        object.__setattr__(self, "_forward", forward)
+    def __init__(self, module: torch.nn.Module, executors: Any = None, cache: str = "constant values",
+                 warn_retraces_after: int | None = None):
+        # No nn.Module.__init__: the wrapper keeps no parameters, submodules, hooks or flags of its own.
+        # Imported here: minijit.runtime.jit imports the pipeline, which imports this file.
+        from minijit.runtime.jit import JitFunction
+
+        object.__setattr__(self, "_orig_mod", module)
+        attribute = distributed.wrapped_attribute(module)
+        if attribute is not None:
+            # A wrapper like DDP: its forward runs eagerly, around its module jitted (minijit.runtime.distributed).
+            options = {"executors": executors, "cache": cache, "warn_retraces_after": warn_retraces_after}
+            self._set_wrapped(attribute, getattr(module, attribute), options)
+            return
+        forward = ModuleForward(module)
+        object.__setattr__(self, "_minijit_forward", forward)
+        object.__setattr__(self, "_minijit_function", JitFunction(forward, executors, cache, warn_retraces_after))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        forward = self._forward
+        namespace = self.__dict__
+        if "_minijit_wrapped" in namespace:
+            attribute, inner = self._jitted_wrapped_module()
+            return distributed.call_through_wrapper(self._orig_mod, attribute, inner, args, kwargs)
+        if self._minijit_forward.uninitialized:
+            # A lazy module's first call runs eagerly (it creates the parameters); later calls are traced.
+            out = self._orig_mod(*args, **kwargs)
+            forward = ModuleForward(self._orig_mod)
+            object.__setattr__(self, "_minijit_forward", forward)
+            self._minijit_function.fn = forward
+            return out
+        module = namespace["_orig_mod"].__dict__
+        if module["_forward_pre_hooks"] or module["_forward_hooks"]:
+            pre, post = distributed.eager_hooks(self._orig_mod)
+            if pre or post:  # FSDP2's hooks: all-gather before the parameters are fetched, reshard after
+                args, kwargs = distributed.run_pre_hooks(self._orig_mod, pre, args, kwargs)
+                output = self._call_compiled(args, kwargs)
+                return distributed.run_post_hooks(self._orig_mod, post, args, kwargs, output)
+        return self._call_compiled(args, kwargs)
+
+    def _set_wrapped(self, attribute: str, found: torch.nn.Module, options: dict[str, Any]) -> None:
+        """Jit `found`, the module a wrapper like DDP holds as `attribute` (one jitted already is used as it is)."""
+        inner = found if isinstance(found, JitModule) else JitModule(found, **options)
+        object.__setattr__(self, "_minijit_wrapped", (attribute, found, inner))
+        object.__setattr__(self, "_minijit_forward", inner._minijit_forward)
+        object.__setattr__(self, "_minijit_function", inner._minijit_function)
+
+    def _jitted_wrapped_module(self) -> tuple[str, JitModule]:
+        """(attribute, the jitted module) of a wrapper like DDP; jitted afresh if the wrapper holds another module."""
+        attribute, found, inner = self.__dict__["_minijit_wrapped"]
+        if getattr(self._orig_mod, attribute) is not found:
+            self._set_wrapped(attribute, getattr(self._orig_mod, attribute), inner._minijit_function.options())
+            attribute, _, inner = self.__dict__["_minijit_wrapped"]
+        return attribute, inner
+
+    def _call_compiled(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The compiled forward (hooks from torch.distributed aside: `__call__` runs those)."""
         try:
-            params, flags = forward.fetch(self._module)
+            params, state = self._minijit_forward.fetch(self._orig_mod)
         except (KeyError, AttributeError):
-            # The module tree changed shape (a submodule or parameter removed): take stock again.
-            forward = ModuleForward(self._module)
-            object.__setattr__(self, "_forward", forward)
-            self._jit.fn = forward
-            params, flags = forward.fetch(self._module)
-        return self._jit(params, flags, *args, **kwargs)
+            # The module tree changed shape (a submodule or parameter added, removed or replaced by a
+            # jitted one): take stock again.
+            forward = ModuleForward(self._orig_mod, previous=self._minijit_forward)
+            object.__setattr__(self, "_minijit_forward", forward)
+            self._minijit_function.fn = forward
+            params, state = forward.fetch(self._orig_mod)
+        # Straight to the general call path: the positional-tensors fast path never applies
+        # (the state is not a tensor, parameters are Parameter objects).
+        return self._minijit_function._call_general((params, state, *args), kwargs)
 
-    def train(self, mode: bool = True) -> JitModule:
-        """Set training mode on the wrapped module; returns the wrapper."""
-        self._module.train(mode)
-        return self
+    forward = _call_impl = _wrapped_call_impl = __call__
 
-    def eval(self) -> JitModule:
-        """Set evaluation mode on the wrapped module; returns the wrapper."""
-        self._module.eval()
-        return self
+    def compile(self, *args: Any, **kwargs: Any) -> None:
+        """Refused: a module is either jitted by minijit or compiled by torch.compile, not both."""
+        raise UnsupportedSyntaxError(
+            f"{type(self._orig_mod).__name__} is jitted by minijit; torch.compile it instead of jitting it, not both")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # What is saved is the module and the jit options; the cache is rebuilt on the first calls.
+        return (_restore_jit_module, (self._orig_mod, self._minijit_function.options()))
 
     def __getattr__(self, name: str) -> Any:
-        # minijit's own queries (last_traces, cache_info, ...) answer for the jitted forward.
+        # Reached only when normal lookup fails: everything but the wrapper's own three attributes is the
+        # module's. Dunders are not forwarded (copy and pickle probe them), nor anything while
+        # half-built (no `_orig_mod` yet, as during unpickling).
+        module = self.__dict__.get("_orig_mod")
+        if module is None or (name.startswith("__") and name.endswith("__")):
+            raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
         if name in _JIT_QUERIES:
-            return getattr(self._jit, name)
-        return getattr(self._module, name)
+            # minijit's own queries (last_traces, cache_info, ...) answer for the jitted forward.
+            return getattr(self._minijit_function, name)
+        return getattr(module, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self._module, name, value)
+        if name == "__class__":  # fully_shard makes the wrapper itself an FSDPModule
+            object.__setattr__(self, name, value)
+            return
+        setattr(self._orig_mod, name, value)
+
+    def named_modules(self, memo: set[torch.nn.Module] | None = None, prefix: str = "",
+                      remove_duplicate: bool = True) -> Iterator[tuple[str, torch.nn.Module]]:
+        """The wrapped module's `named_modules()`; where FSDP2 was applied to this wrapper, the wrapper itself
+        stands in for the wrapped module (FSDP2 finds its state by the module object it was given)."""
+        module = self._orig_mod
+        stand_in = self if distributed.has_composable_state(self) else module
+        for name, found in module.named_modules(memo, prefix, remove_duplicate):
+            yield name, stand_in if found is module else found
+
+    def __delattr__(self, name: str) -> None:
+        delattr(self._orig_mod, name)
+
+    def __dir__(self) -> list[str]:
+        return sorted(set(dir(self._orig_mod)) | _JIT_QUERIES)
+
+    # Python looks these up on the type, past __getattr__: a jitted Sequential/ModuleList indexes,
+    # iterates and tests as the module does (and refuses as it does, when the module is no container).
+    def __len__(self) -> int:
+        return len(self._orig_mod)
+
+    def __bool__(self) -> bool:
+        return bool(self._orig_mod)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._orig_mod)
+
+    def __contains__(self, item: Any) -> bool:
+        return item in self._orig_mod
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._orig_mod[key]
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._orig_mod[key] = value
+
+    def __delitem__(self, key: Any) -> None:
+        del self._orig_mod[key]
 
     def __repr__(self) -> str:
-        return f"minijit.jit({self._module!r})"
+        return f"minijit.jit({self._orig_mod!r})"
+
+
+def _restore_jit_module(module: torch.nn.Module, options: dict[str, Any]) -> JitModule:
+    """Unpickling (and deep copy): jit the module again with the same options."""
+    return JitModule(module, **options)
+
+
+def _delegate(name: str) -> Callable[..., Any]:
+    """`JitModule.<name>`: `nn.Module.<name>` run on the wrapped module; a result that is the module
+    itself (`to()`, `train()`, `apply()`, ...) is the wrapper instead."""
+    method = getattr(torch.nn.Module, name)
+
+    @functools.wraps(method)
+    def delegated(self: JitModule, *args: Any, **kwargs: Any) -> Any:
+        module = self._orig_mod
+        result = getattr(module, name)(*args, **kwargs)
+        return self if result is module else result
+
+    return delegated
+
+
+# Every other method of nn.Module, public or private (torch calls `_apply`, `_load_from_state_dict`,
+# `_named_members` on children), acts on the wrapped module, so that overrides in its class apply.
+_NOT_DELEGATED = {"__init__", "__call__", "forward", "_call_impl", "_wrapped_call_impl", "_slow_forward", "compile",
+                  "named_modules",
+                  "__getattr__", "__setattr__", "__delattr__", "__dir__", "__repr__", "__getstate__", "__setstate__"}
+for _name, _value in vars(torch.nn.Module).items():
+    if inspect.isfunction(_value) and _name not in _NOT_DELEGATED:
+        setattr(JitModule, _name, _delegate(_name))

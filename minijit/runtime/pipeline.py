@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -13,7 +14,9 @@ from minijit.errors import AliasError
 from minijit.frontend import interpret
 from minijit.ir import Trace, tracing
 from minijit.ir.context import recording_constraints
+from minijit.runtime.autocast import any_autocast_enabled, without_autocast
 from minijit.runtime.autograd import CompiledGrad, autograd_callable
+from minijit.runtime.call_plan import CallPlan, finish_capture
 from minijit.runtime.guards import compile_guard, drop_implied
 from minijit.runtime.inputs import (
     alias_groups,
@@ -71,7 +74,11 @@ def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
     entry.constraints = drop_implied(constraints)
     entry.value_guards = list(entry.traces[0].info.get("guards", ()))
     entry.guard = compile_guard(entry.traces[0], entry.constraints, entry.value_guards,
-                                entry.traces[-1].info.get("alias_pattern"))
+                                entry.traces[-1].info.get("alias_pattern"), call_plan(entry.traces[0]).captured)
+    if any_autocast_enabled():
+        # The trace holds the casts autocast made while it was captured; the cache key keeps
+        # calls under another autocast state away from this entry.
+        entry.computation = without_autocast(entry.computation)
     return entry
 
 
@@ -84,22 +91,27 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
         if not trace.fn_name.isidentifier():
             trace.fn_name = "computation"
         trace.capture_tensor = tensor_capturer(trace)
+        trace.captures_user_code = True
         with tracing(trace):
             pargs, pkwargs = proxify_arguments(trace, fn, args, kwargs, symbolic)
             containers = snapshot_containers(fn, pargs, pkwargs)
+            finish = functools.partial(finish_capture, trace, _describe_function(fn))
             if isinstance(fn, ModuleForward):
                 params, _flags, *user_args = pargs
-                with fn.swapped_in(params):
-                    trace.output = interpret(fn.module, tuple(user_args), pkwargs, guard_roots=fn.module.modules())
+                with fn.swapped_in(params) as keyed:
+                    trace.output = interpret(fn.module, tuple(user_args), pkwargs, guard_roots=fn.module.modules(),
+                                             finish=finish, placed=params, keyed=keyed)
             else:
-                trace.output = interpret(fn, pargs, pkwargs)
+                trace.output = interpret(fn, pargs, pkwargs, finish=finish)
             check_containers_unchanged(containers)
         trace.capture_tensor = None
+        trace.captures_user_code = False
         return trace
 
     # The passes, in order. Each is a pure Trace -> Trace function.
     trace = _timed(capture, traces)
-    trace = _timed(lambda: functionalize_for_call(trace, flat_inputs(args, kwargs, symbolic)), traces)
+    flat = flat_inputs(args, kwargs, symbolic) + [t for _, _, t in trace.info.get("captured_inputs", ())]
+    trace = _timed(lambda: functionalize_for_call(trace, flat), traces)
     trace = _timed(lambda: dce(trace), traces)
     trace = _timed(lambda: remove_cast_round_trips(trace), traces)
 
@@ -116,7 +128,7 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
     start = time.perf_counter()
     computation = bumping_versions(trace.python_callable(), trace)
     traces[-1].elapsed_ms += (time.perf_counter() - start) * 1e3
-    return CompiledEntry(computation, traces)
+    return CompiledEntry(call_plan(traces[0]).wrap(computation), traces)
 
 
 def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[Any]) -> CompiledEntry:
@@ -146,7 +158,8 @@ def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[An
         _timed(lambda t=t: release_dead_values(t), passes)
     compiled = CompiledGrad(
         forward=bumping_versions(traces[-1].python_callable(), traces[-1]),
-        backward=bwd_traces[-1].python_callable(),
+        # A backward called under autocast must not cast again: its trace holds eager's casts.
+        backward=without_autocast(bwd_traces[-1].python_callable()),
         differentiable_outputs=fwd.info["differentiable_outputs"],
         name=trace.fn_name,
         input_names=tuple(p.name for p in trace.args),
@@ -154,8 +167,23 @@ def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[An
         overwritten_saved=fwd.info["overwritten_saved"],
         backward_mutated_inputs=mutated_by_backward,
     )
-    return CompiledEntry(autograd_callable(compiled), traces, backward_traces=bwd_traces)
+    return CompiledEntry(call_plan(trace).wrap(autograd_callable(compiled)), traces, backward_traces=bwd_traces)
 
+
+
+def _describe_function(fn: Any) -> str:
+    """`name (file:line)` of the function being traced, for messages."""
+    target = fn.module.forward if isinstance(fn, ModuleForward) else fn
+    code = getattr(target, "__code__", None)
+    name = getattr(fn, "__qualname__", type(fn).__name__)
+    return f"{name} ({code.co_filename}:{code.co_firstlineno})" if code is not None else name
+
+
+def call_plan(trace: Trace) -> CallPlan:
+    """The captured trace's `CallPlan`, with the tensors it captured from outside in input order."""
+    plan: CallPlan = trace.info.get("call_plan") or CallPlan()
+    plan.captured = [(source, t) for _, source, t in trace.info.get("captured_inputs", ())]
+    return plan
 
 
 def bumping_versions(computation: Callable[..., Any], trace: Trace) -> Callable[..., Any]:

@@ -104,7 +104,8 @@ def claim_executors(trace: Trace, executors: Sequence[Any]) -> Trace:
                     visit(member, rest, out, frozenset())
                 return out
             counter[0] += 1
-            return [(region_bound_symbol(region, ex.namespace, fn), ex)]
+            random_note = f"random numbers: {ex.random_draws}" if getattr(ex, "random_draws", None) else ""
+            return [(region_bound_symbol(region, ex.namespace, fn, random_note), ex)]
 
         entries = partition(entries, ex, trace.output, fuse)
     return trace.derive([b for b, _ in entries], pass_name="claim executors")

@@ -6,7 +6,7 @@ from minijit.ir import BoundSymbol, Proxy, Trace, tree_iter
 
 
 def dce(trace: Trace) -> Trace:
-    """Remove bound symbols whose outputs are unused and that have no side effect (a write, an external effect)."""
+    """Remove bound symbols whose outputs are unused and that have no side effect (a write, a draw from the RNG, ...)."""
     needed = {x.name for x in tree_iter(trace.output) if isinstance(x, Proxy)}
     kept = []
     for bsym in reversed(trace.bound_symbols):

@@ -88,6 +88,11 @@ class _Functionalizer:
         self.trace = trace
         self.new = trace.derive([], pass_name="functionalize")
         self.grad_enabled = grad_enabled
+        # Outputs of ops recorded under torch.no_grad() inside the function (an in-place op's output is
+        # the tensor it writes): eager lets those write into leaves that require grad.
+        self.no_grad: set[str] = trace.info.get("no_grad", set())
+        self.constants: set[int] = set()  # ids of prims.tensor_constant outputs
+        self.unwrapped: dict[int, TensorProxy] = {}  # id(no_grad_update output) -> the value written
         self.leaves = {id(p) for i, p in enumerate(trace.args)
                        if isinstance(p, TensorProxy) and p.requires_grad and i not in non_leaf_inputs}
         self.inputs = {id(p) for p in trace.args}
@@ -138,11 +143,20 @@ class _Functionalizer:
         if new.dtype != dst.dtype:
             new = prims.convert_element_type(new, dst.dtype)
         base = self.base_of(dst)
-        if self.grad_enabled and id(base) in self.leaves:
+        if id(base) in self.constants:
+            # A tensor from outside the call that minijit could not trace back to where it lives (made
+            # natively, or reached through native code): the write could not be repeated on it.
+            raise UnsupportedOpError(
+                f"{op.sym.id}{where(op.source)} writes in place into {base.name}, a tensor the function did not "
+                "receive and minijit could not trace back to where it lives outside the call; pass it as an "
+                "argument, or read it from a global, closure or attribute")
+        under_no_grad = any(p.name in self.no_grad for p in op.proxy_outputs())
+        if self.grad_enabled and id(base) in self.leaves and not under_no_grad:
             what = "a view of a leaf Variable" if base is not dst else "a leaf Variable"
             raise InplaceError(f"{op.sym.id}{where(op.source)}: {what} that requires grad is being used in an "
                                f"in-place operation (input {base.name}, as in eager); use torch.no_grad() or "
                                "write into a clone")
+        before = self.resolve(base) if under_no_grad and base.requires_grad and id(base) in self.inputs else None
         try:
             self._write_through_views(dst, new)
         except ExpandedWrite:
@@ -154,6 +168,12 @@ class _Functionalizer:
                                                                  uniform=uniform))
             if base is not dst:
                 self.cache[id(dst)] = (self.version[id(base)], new)
+        if before is not None:
+            # Written under no_grad: the input keeps its autograd identity (gradients still reach it).
+            # Later reads see the wrapped value; the write-back at the end copies the plain one.
+            written = self.value[id(base)]
+            self.value[id(base)] = prims.no_grad_update(before, written)
+            self.unwrapped[id(self.value[id(base)])] = written
 
     def _write_through_views(self, dst: TensorProxy, new: TensorProxy) -> None:
         view = self.views.get(id(dst))
@@ -210,6 +230,8 @@ class _Functionalizer:
                     raise UnsupportedOpError(f"{name}{where(bsym.source)}: its output {old.name} is not "
                                              "computed by its decomposition")
         else:
+            if name == "prims.tensor_constant":
+                self.constants.add(id(bsym.output))
             self.emit(bsym)
 
     def setitem_into_view(self, bsym: BoundSymbol, top: BoundSymbol) -> bool:
@@ -297,6 +319,7 @@ class _Functionalizer:
             if id(p) in self.same_as or self.version.get(id(p), 0) == 0:
                 continue
             final = self.resolve(p)
+            final = self.unwrapped.get(id(final), final)
             if final is not p:
                 finals[p.name], outs[p.name] = final, p
         self.mutated = list(finals)

@@ -11,9 +11,10 @@ writes into a tensor the region reads is never moved in front of the region (the
 region would read the new value instead of the old one); and one that reads a
 value the region produces, including a tensor the region copies into, stays after it.
 
-An opaque torch op (minijit/ops/opaque.py), or any random or external one, is a region
-boundary: it is never hoisted, so regions never move across it (what torch does inside
-it, its random numbers included, stays in eager's order).
+An opaque torch op (minijit/ops/opaque.py), or any external one, is a region boundary:
+it is never hoisted, so regions never move across it (what torch does inside it, its
+random numbers included, stays in eager's order). Nor does a random bound symbol move
+in front of a region that draws random numbers.
 """
 
 from __future__ import annotations
@@ -54,9 +55,8 @@ class Region:
 
 
 def _is_boundary(bsym: BoundSymbol) -> bool:
-    """Whether no region may move across `bsym`: an opaque torch op, or a random or external one."""
-    effects = bsym.sym.effects
-    return OPAQUE in bsym.sym.tags or effects.random or effects.external
+    """Whether no region may move across `bsym`: an opaque torch op, or an external one."""
+    return OPAQUE in bsym.sym.tags or bsym.sym.effects.external
 
 
 def _region(name: str, members: list[BoundSymbol], used_outside: set[str]) -> Region:
@@ -72,7 +72,7 @@ def _region(name: str, members: list[BoundSymbol], used_outside: set[str]) -> Re
     return Region(name, list(members), list(inputs.values()), outputs)
 
 
-def region_bound_symbol(region: Region, namespace: str, fn: Callable[..., Any]) -> BoundSymbol:
+def region_bound_symbol(region: Region, namespace: str, fn: Callable[..., Any], random_note: str = "") -> BoundSymbol:
     """The bound symbol that runs `region` with `fn` (which returns a tuple of the outputs)."""
     if len(region.outputs) == 1:
         def run_one(*args: Any, _fn: Callable[..., Any] = fn) -> Any:
@@ -85,8 +85,10 @@ def region_bound_symbol(region: Region, namespace: str, fn: Callable[..., Any]) 
     sym = Symbol(region.name, None, namespace=namespace, is_prim=True, effects=region.effects(), fn=call)
     source = next((b.source for b in region.members if b.source is not None), None)
     bsym = sym.bind(*region.inputs, output=output, subsymbols=tuple(region.members), source=source)
-    # An executor may say what the region runs as (its kernels' names) in the printed trace.
-    bsym.note = getattr(fn, "note", "")
+    # An executor may say what the region runs as (its kernels' names) in the printed trace,
+    # and says how it draws random numbers where the region makes draws (not as torch would).
+    notes = [getattr(fn, "note", ""), random_note if any(b.sym.effects.random for b in region.members) else ""]
+    bsym.note = "; ".join(n for n in notes if n)
     return bsym
 
 
@@ -140,9 +142,11 @@ def partition(entries: Sequence[tuple[BoundSymbol, Any]], executor: Any, trace_o
         depends = not reads.isdisjoint(region_produced)
         # Invariant 1: never move a write of a tensor in front of the region's reads of its old value.
         overwrites = any(p.name in region_read for p in bsym.written())
+        # Random draws keep their order (a region draws only where its executor says how it does).
+        draws_after = bsym.sym.effects.random and any(b.sym.effects.random for b in region)
         # A deferred bound symbol that a later non-member needs must keep its place relative to it:
         # deferred ones run before the region, so that always holds.
-        if depends or overwrites or _is_boundary(bsym):
+        if depends or overwrites or draws_after or _is_boundary(bsym):
             close()
             result.append((bsym, owner))
         else:

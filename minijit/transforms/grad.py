@@ -51,12 +51,16 @@ def is_constant_for_vjp(bsym: BoundSymbol, requires_grad: Container[str], no_gra
     That is when none of its outputs is a differentiable tensor (`prims.shape`
     returns ints, `argmax` int64, comparisons bool), when none of its tensor
     inputs is in `requires_grad` (the names of proxies that require grad),
-    when it stops gradients (`prims.detach`), or when it was recorded under
+    when it stops gradients (`prims.detach`) or is a random prim whose outputs do
+    not require grad (`rand_like(x)`), or when it was recorded under
     `torch.no_grad()` (its outputs are in `no_grad`). Constant symbols stay in
     the forward and add nothing to the backward.
     """
     if bsym.sym.id in STOPS_GRADIENT:
         return True
+    if bsym.sym.is_prim and bsym.sym.effects.random and not any(
+            isinstance(p, TensorProxy) and p.requires_grad for p in bsym.proxy_outputs()):
+        return True  # fresh random numbers (a tensor argument only gives them a size and layout)
     if no_grad and any(p.name in no_grad for p in bsym.proxy_outputs()):
         return True
     if not any(is_differentiable(p) for p in bsym.proxy_outputs()):

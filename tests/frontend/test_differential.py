@@ -7,7 +7,15 @@ from typing import Any
 import pytest
 
 from minijit.frontend import interpret
-from tests.frontend import pycases_advanced, pycases_basic, pycases_classes, pycases_more, pycases_stdlib  # noqa: F401 - register
+from tests.frontend import (  # noqa: F401 - register
+    pycases_advanced,
+    pycases_basic,
+    pycases_classes,
+    pycases_flow,
+    pycases_more,
+    pycases_stdlib,
+    pycases_versions,
+)
 from tests.frontend.cases import CASES
 
 

@@ -70,3 +70,22 @@ def test_mixed_dtype_promotion_follows_torch() -> None:
 def test_bad_input_raises_meta_error(fn, message) -> None:
     with pytest.raises(MetaError, match=message):
         trace_call(fn, torch.randn(2, 3), torch.randn(4, 3))
+
+
+ALIASES = ["not_equal", "less", "less_equal", "greater", "greater_equal", "absolute", "negative", "fix", "arcsin",
+           "arccos", "arctan", "arcsinh", "arccosh", "arctanh", "arctan2"]
+
+
+@pytest.mark.parametrize("name", ALIASES)
+def test_torch_aliases_of_ops_are_the_ops(name: str) -> None:
+    import minijit
+
+    x, y = torch.rand(3, 4) * 0.8 + 0.1, torch.rand(3, 4) + 1.1  # in every op's domain (arccosh: y)
+    binary = name in ("not_equal", "less", "less_equal", "greater", "greater_equal", "arctan2")
+    if binary:
+        y[0, 0] = x[0, 0]  # a tie for the comparisons
+    args = (x, y) if binary else (y,) if name == "arccosh" else (x,)
+    for form in (lambda *a: getattr(torch, name)(*a), lambda a, *rest: getattr(a, name)(*rest)):
+        jitted = minijit.jit(form)
+        torch.testing.assert_close(jitted(*args), form(*args))
+        assert "ltorch" in str(minijit.last_traces(jitted)[0])

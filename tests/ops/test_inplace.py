@@ -258,7 +258,7 @@ def _unary_inplace_names():
     x = torch.full((2,), 0.5)
     names = []
     for name, sym in sorted(ALL_LTORCH.items()):
-        if not name.endswith("_") or not sym.effects.writes or name[:-1] in METADATA_INPLACE:
+        if not name.endswith("_") or not sym.effects.writes or name[:-1] in (*METADATA_INPLACE, "requires_grad"):
             continue
         try:
             getattr(x.clone(), name)()
@@ -273,3 +273,29 @@ def _unary_inplace_names():
 def test_every_unary_inplace_variant_matches_eager(name, dtype):
     x = torch.linspace(0.1, 0.9, 6, dtype=dtype).reshape(2, 3)  # inside every unary op's domain
     check_against_eager(lambda x: getattr(x, name)(), x, exact=False)
+
+
+def test_requires_grad_that_changes_nothing_is_a_no_op():
+    """transformers' enable_input_require_grads hook: requires_grad_(True) on a result that requires grad already."""
+    import minijit
+
+    def f(ids, weight):
+        out = torch.nn.functional.embedding(ids, weight)
+        out.requires_grad_(True)
+        return out.tanh().sum()
+
+    ids, weight = torch.tensor([[0, 2], [1, 1]]), torch.randn(3, 4, requires_grad=True)
+    want = torch.autograd.grad(f(ids, weight), weight)
+    have = torch.autograd.grad(minijit.jit(f)(ids, weight), weight)
+    torch.testing.assert_close(have, want)
+
+
+@pytest.mark.parametrize(("fn", "match"), [
+    (lambda x, w: x.requires_grad_().sum(), "turning requires_grad on"),
+    (lambda x, w: (x @ w).requires_grad_(False).sum(), "turning requires_grad off"),
+])
+def test_requires_grad_that_changes_the_flag_is_refused(fn, match):
+    import minijit
+
+    with pytest.raises(minijit.UnsupportedOpError, match=match):
+        minijit.jit(fn)(torch.randn(2, 3), torch.randn(3, 3, requires_grad=True))

@@ -252,6 +252,7 @@ def test_normalize_forms() -> None:
     (lambda a, b: ltorch.scaled_dot_product_attention(a, b, b), ((2, 4, 3), (2, 5, 4)),
      "scaled_dot_product_attention: shapes do not fit"),
     (lambda a, b: ltorch.softmax(a.long(), 0), ((2,), (2,)), "softmax: needs a floating point"),
+    (lambda a, b: ltorch.pad(a, (1, 1), mode="reflect"), ((2,), (2,)), "pad: reflect padding of 1 dims needs a 2-d"),
     (lambda a, b: ltorch.group_norm(a, 4), ((2, 6), (2,)), "group_norm: .* cannot be split into 4 groups"),
     (lambda a, b: ltorch.dropout(a, 1.5), ((2,), (2,)), "dropout: p must be between 0 and 1"),
 ])
@@ -262,7 +263,6 @@ def test_bad_input_raises_meta_error_naming_the_op(fn, args, message) -> None:
 
 @pytest.mark.parametrize(("fn", "message"), [
     (lambda a: ltorch.relu(a, inplace=True), "relu: inplace=True is not supported"),
-    (lambda a: ltorch.pad(a, (1, 1), mode="reflect"), "pad: mode 'reflect' is not supported"),
 ])
 def test_forms_the_decomposition_declines_are_unsupported(fn, message) -> None:
     # Eager accepts these: the interpreter records them as opaque torch ops (tests/ops/test_opaque.py).

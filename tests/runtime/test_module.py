@@ -99,8 +99,86 @@ def test_module_api_passes_through(mlp):
     assert mlp.new_attribute == 3
 
 
-def test_forward_hooks_are_refused_clearly(mlp):
-    mlp.fc1.register_forward_hook(lambda module, args, out: out * 2)
+def test_a_submodule_of_another_class_is_a_new_trace(mlp):
     jm = minijit.jit(mlp)
-    with pytest.raises(minijit.UnsupportedSyntaxError, match="Linear has forward or backward hooks"):
-        jm(torch.randn(2, 8))
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        jm(x)
+        mlp.drop = torch.nn.Tanh()
+        torch.testing.assert_close(jm(x), mlp(x))
+    assert minijit.cache_info(jm).miss_reasons[1].startswith("self.drop: module Tanh at 0x")
+
+
+def test_hooks_present_when_jitted_run_as_in_eager(mlp):
+    mlp.fc1.register_forward_hook(lambda module, args, out: out * 2)
+    mlp.register_forward_pre_hook(lambda module, args: (args[0] + 1,))
+    jm = minijit.jit(mlp)
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        for _ in range(2):
+            torch.testing.assert_close(jm(x), mlp(x))
+    assert (minijit.cache_info(jm).misses, minijit.cache_info(jm).hits) == (1, 1)
+
+
+def test_a_hook_added_or_removed_later_is_an_explained_retrace(mlp):
+    present = mlp.fc2.register_forward_hook(lambda module, args, out: out - 1)
+    jm = minijit.jit(mlp)
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        jm(x)
+        added = mlp.fc1.register_forward_hook(lambda module, args, out: out + 4.3)
+        torch.testing.assert_close(jm(x), mlp(x))
+        added.remove()
+        torch.testing.assert_close(jm(x), mlp(x))  # the first entry again: a hit
+        present.remove()
+        torch.testing.assert_close(jm(x), mlp(x))
+        mlp.register_forward_pre_hook(lambda module, args: (args[0] * 2,))
+        torch.testing.assert_close(jm(x), mlp(x))
+    info = minijit.cache_info(jm)
+    assert info.miss_reasons[1:] == ["self.fc1: forward hook added", "self.fc2: forward hook removed",
+                                     "self: forward pre-hook added"]
+    assert (info.misses, info.hits) == (4, 1)
+
+
+def test_a_global_hook_is_seen_by_every_module(mlp):
+    jm = minijit.jit(mlp)
+    x = torch.randn(2, 8)
+
+    def shift_linears(module, args, out):
+        return out + 1 if isinstance(module, torch.nn.Linear) else out
+
+    with torch.no_grad():
+        jm(x)
+        handle = torch.nn.modules.module.register_module_forward_hook(shift_linears)
+        try:
+            torch.testing.assert_close(jm(x), mlp(x))
+        finally:
+            handle.remove()
+        torch.testing.assert_close(jm(x), mlp(x))
+    reasons = minijit.cache_info(jm).miss_reasons
+    assert reasons[1] == "torch.nn.modules.module: global forward hook added"
+    assert minijit.cache_info(jm).misses == 2
+
+
+@pytest.mark.parametrize("register", [
+    lambda m: m.fc2.register_full_backward_hook(lambda module, gin, gout: None),
+    lambda m: m.fc2.register_backward_hook(lambda module, gin, gout: None),
+    lambda m: m.fc2.register_full_backward_pre_hook(lambda module, gout: None),
+], ids=["full", "old-style", "pre"])
+def test_backward_hooks_are_refused_under_grad_and_skipped_without(mlp, register):
+    register(mlp)
+    jm = minijit.jit(mlp)
+    x = torch.randn(2, 8)
+    with pytest.raises(minijit.UnsupportedSyntaxError, match=r"Linear at self.fc2 has a backward hook \(register_"):
+        jm(x)
+    with torch.no_grad():  # backward hooks never run without grad: the trace leaves them out
+        torch.testing.assert_close(jm(x), mlp(x))
+
+
+def test_a_global_backward_hook_is_refused_under_grad(mlp):
+    handle = torch.nn.modules.module.register_module_full_backward_hook(lambda module, gin, gout: None)
+    try:
+        with pytest.raises(minijit.UnsupportedSyntaxError, match=r"every module .*\(register_module_full_backward_hook"):
+            minijit.jit(mlp)(torch.randn(2, 8))
+    finally:
+        handle.remove()

@@ -18,6 +18,7 @@ from minijit.ir import Symbol, TensorProxy
 from minijit.ops import prims
 from minijit.transforms.vjp import VJP_RULES
 from tests.oputil import assert_same_grads
+from tests.transforms import aten_prim_cases
 
 F64 = torch.float64
 
@@ -83,6 +84,7 @@ CASES += [
     ("floor_divide", lambda: (_t(3, 4) * 3, _t(3, 4, low=0.5, high=2))),
     ("where", lambda: (torch.rand(3, 4) > 0.5, _t(3, 4), _t(3, 4))),
     ("where", lambda: (torch.rand(3, 4) > 0.5, _t(3, 4), 0.0)),
+    ("native_dropout", lambda: (_t(3, 4), 0.3)),
     ("lerp", lambda: (_t(3, 4), _t(3, 4), _t(3, 4))),
     ("lerp", lambda: (_t(3, 4), _t(3, 4), 0.3)),
     ("convert_element_type", lambda: (_t(3, 4), torch.float32)),
@@ -145,6 +147,8 @@ CASES += [
     ("sort", lambda: (_with_ties(3, 5), 1, True, True)),
 ]
 
+CASES += aten_prim_cases.CASES
+
 # aten::floor_divide has no derivative; torch.div(..., rounding_mode="floor") defines it as zero.
 ZERO_GRAD = {"floor_divide"}
 _PRIM_BY_NAME = {sym.name: sym for sym in prims.ALL_PRIMS.values()}
@@ -169,7 +173,9 @@ def _grads_match(name: str, args: tuple[Any, ...], dtype: torch.dtype, atol: flo
 
     args = tuple(cast(a) for a in args)
     inputs = _leaves(args)
+    torch.manual_seed(0)  # random prims (native_dropout) make the same draws in both runs
     expected = eager(*args)
+    torch.manual_seed(0)
     got = minijit.jit(lambda *a: prim(*a))(*args)
     expected_t = expected if isinstance(expected, tuple) else (expected,)
     got_t = got if isinstance(got, tuple) else (got,)
@@ -209,8 +215,12 @@ def test_prim_grad_float32(name: str, make_args: Callable[[], tuple[Any, ...]]) 
 NOT_DIFFERENTIABLE = {
     "bitwise_not", "logical_not", "isfinite", "isnan", "isinf", "signbit", "bitwise_and", "bitwise_or",
     "bitwise_xor", "bitwise_left_shift", "bitwise_right_shift", "eq", "ne", "lt", "le", "gt", "ge",
-    "logical_and", "logical_or", "logical_xor", "shape", "argmax", "argmin", "full", "iota", "random_seed",
-    "uniform", "copy_", "copy_to_out_", "detach",
+    "logical_and", "logical_or", "logical_xor", "shape", "argmax", "argmin", "full", "iota", "copy_",
+    "copy_to_out_", "detach",
+    # Random numbers: fresh draws (a tensor argument only gives their size and layout) or the generator's
+    # state, and the probabilities of bernoulli and multinomial, which must not require grad.
+    "uniform", "normal", "random_integers", "exponential", "bernoulli", "randperm", "multinomial", "manual_seed",
+    "seed", "initial_seed", "get_rng_state", "set_rng_state",
     # Arithmetic on symbolic Python numbers: their outputs are numbers, not tensors.
     "num_add", "num_sub", "num_mul", "num_truediv", "num_floordiv", "num_mod", "num_pow", "num_neg", "num_pos",
     "num_abs",
@@ -218,17 +228,20 @@ NOT_DIFFERENTIABLE = {
     "tensor_constant",
     # Attention kernels that only the VJP rule of ltorch.scaled_dot_product_attention records,
     # in the forward and backward traces it builds; nothing differentiates those again.
-    "sdpa_flash", "sdpa_flash_backward",
+    "sdpa_flash", "sdpa_flash_backward", "native_dropout_backward",
+    *aten_prim_cases.NOT_DIFFERENTIABLE,
 }
 # Prims whose rule refuses complex inputs (tested by the error test below) and has no real-input case torch runs.
 REFUSES_COMPLEX = {"imag"}
+# Prims whose gradient is tested against an eager program of their own below, not their torch impl.
+TESTED_BELOW = {"no_grad_update"}
 
 
 def test_every_differentiable_prim_has_a_rule() -> None:
     missing = [sym.id for name, sym in prims.ALL_PRIMS.items()
                if sym.id not in VJP_RULES and sym.name not in NOT_DIFFERENTIABLE]
     assert not missing, f"prims without a VJP rule: {missing}"
-    tested = {name for name, _ in CASES} | REFUSES_COMPLEX
+    tested = {name for name, _ in CASES} | REFUSES_COMPLEX | TESTED_BELOW | set(aten_prim_cases.TESTED_ELSEWHERE)
     untested = [sym.name for sym in prims.ALL_PRIMS.values() if sym.id in VJP_RULES and sym.name not in tested]
     assert not untested, f"prims with a rule but no gradient test: {untested}"
 
@@ -259,3 +272,21 @@ def test_polygamma_refuses_a_bad_order() -> None:
         minijit.jit(lambda x: prims.polygamma(-1, x))(x)
     with pytest.raises(minijit.MinijitError, match=r"prims\.polygamma: needs a floating point tensor"):
         minijit.jit(lambda x: prims.polygamma(1, x))(torch.arange(3))
+
+
+def test_no_grad_update_grads_match_an_in_place_write_under_no_grad() -> None:
+    # Eager's meaning of the prim: `old`'s autograd identity, `new`'s values, no gradient to `new`.
+    def eager(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+        out = old * 1
+        with torch.no_grad():
+            out.copy_(new)
+        return out
+
+    old, new = _t(3, 4).requires_grad_(), _t(3, 4).requires_grad_()
+    want = eager(old, new)
+    have = minijit.jit(lambda a, b: prims.no_grad_update(a * 1, b))(old, new)
+    torch.testing.assert_close(have, want)
+    ct = torch.randn_like(want)
+    want_grads = torch.autograd.grad(want, (old, new), ct, allow_unused=True)
+    have_grads = torch.autograd.grad(have, (old, new), ct, allow_unused=True)
+    assert_same_grads(want_grads, have_grads, [old, new])

@@ -118,7 +118,7 @@ def test_sdpa_backward(mask, is_causal):
     want = torch.autograd.grad(out, inputs, g)
 
     def bwd(q, k, v, m, g):
-        gq, gk, gv, gm = _bwd("scaled_dot_product_attention")((q, k, v, m, is_causal, 0.5), g)
+        gq, gk, gv, gm = _bwd("scaled_dot_product_attention")((q, k, v, m, is_causal, 0.5, 1), g)  # 1: no GQA
         return (gq, gk, gv, gm) if mask == "float" else (gq, gk, gv)
 
     m = attn_mask.detach() if attn_mask is not None else None

@@ -115,14 +115,31 @@ def test_mask_requiring_grad_falls_back_and_matches_eager():
     assert "sdpa_flash_backward" not in _backward_ops(jfn)
 
 
-@pytest.mark.parametrize("case", ["3d", "gqa", "broadcast_batch", "value_head_size", "mask_3d", "mask_other_dtype"])
+@pytest.mark.parametrize("mask", ["none", "causal", "bool", "float_requiring_grad"])
+def test_shared_key_value_heads_match_eager(mask):
+    """GQA (4 query heads on 2 key/value heads, as in Llama): flash attention on repeated heads, each group's
+    gradients summed onto its head; a mask requiring grad takes the recomputing backward, summed the same way."""
+    torch.manual_seed(0)
+    q, k, v = _qkv(shape_q=(2, 4, 5, 8), shape_kv=(2, 2, 7, 8), dtype=torch.float64)
+    inputs, kwargs = (q, k, v), {"enable_gqa": True, "is_causal": mask == "causal"}
+    if mask == "bool":
+        kwargs["attn_mask"] = torch.rand(5, 7) > 0.3
+    if mask == "float_requiring_grad":
+        inputs = (q, k, v, torch.randn(5, 7, dtype=torch.float64, requires_grad=True))
+
+    def fn(q, k, v, m=None):
+        return F.scaled_dot_product_attention(q, k, v, **({"attn_mask": m} if m is not None else {}), **kwargs)
+
+    jfn = _compare(fn, inputs, atol=1e-10, rtol=1e-8)
+    assert ("sdpa_flash_backward" in _backward_ops(jfn)) == (mask != "float_requiring_grad")
+
+
+@pytest.mark.parametrize("case", ["3d", "broadcast_batch", "value_head_size", "mask_3d", "mask_other_dtype"])
 def test_unsupported_calls_fall_back_and_match_eager(case):
     torch.manual_seed(0)
     q_shape, kv_shape, v_shape, kwargs = (2, 4, 5, 8), (2, 4, 7, 8), None, {}
     if case == "3d":
         q_shape, kv_shape = (4, 5, 8), (4, 7, 8)
-    elif case == "gqa":
-        kv_shape, kwargs = (2, 2, 7, 8), {"enable_gqa": True}
     elif case == "broadcast_batch":
         kv_shape = (1, 4, 7, 8)
     elif case == "value_head_size":

@@ -6,8 +6,8 @@ from collections.abc import Callable
 from typing import Any
 
 from minijit.frontend.code import Inst
-from minijit.frontend.frame import Frame
-from minijit.frontend.opcodes.protocols import call_dunder, next_item, python_members
+from minijit.frontend.frame import STATE, Frame
+from minijit.frontend.opcodes.protocols import call_dunder, next_item, observe_iteration, python_members
 from minijit.frontend.opcodes.table import handles
 from minijit.ir import TensorProxy
 
@@ -65,33 +65,59 @@ def build_string(frame: Frame, inst: Inst) -> None:
     frame.stack.append("".join(_pop_n(frame, inst.arg)))
 
 
-@handles("FORMAT_VALUE")
+@handles("FORMAT_VALUE", until="3.12")
 def format_value(frame: Frame, inst: Inst) -> None:
     """f-string field: optional !s/!r/!a conversion, then format() with the spec."""
     flags = inst.arg
     spec = frame.stack.pop() if flags & 0x04 else ""
-    value = frame.stack.pop()
-    conversion = flags & 0x03
+    value = _convert(frame.stack.pop(), flags & 0x03)
+    frame.stack.append(_format(value, spec))
+
+
+def _convert(value: Any, conversion: int) -> Any:
+    """An f-string field's conversion: 1 is !s, 2 is !r, 3 is !a (0: none)."""
     members = python_members(type(value))
     if conversion == 1:
-        value = call_dunder(value, "__str__") if "__str__" in members else str(value)
-    elif conversion == 2:
-        value = call_dunder(value, "__repr__") if "__repr__" in members else repr(value)
-    elif conversion == 3:
-        value = ascii(value)
+        return call_dunder(value, "__str__") if "__str__" in members else str(value)
+    if conversion == 2:
+        return call_dunder(value, "__repr__") if "__repr__" in members else repr(value)
+    if conversion == 3:
+        return ascii(value)
+    return value
+
+
+def _format(value: Any, spec: str) -> str:
+    """format(value, spec), with a Python `__format__` (or `__str__`) interpreted."""
     if type(value) is str and not spec:
-        frame.stack.append(value)
-        return
+        return value
     members = python_members(type(value))
     if "__format__" in members:
-        frame.stack.append(call_dunder(value, "__format__", spec))
-    elif not spec and "__str__" in members:
-        frame.stack.append(call_dunder(value, "__str__"))
-    else:
-        frame.stack.append(format(value, spec))
+        return call_dunder(value, "__format__", spec)
+    if not spec and "__str__" in members:
+        return call_dunder(value, "__str__")
+    return format(value, spec)
 
 
-@handles("LIST_TO_TUPLE")
+@handles("CONVERT_VALUE", since="3.13")
+def convert_value(frame: Frame, inst: Inst) -> None:
+    """f-string field conversion (3.13 split FORMAT_VALUE in three): !s, !r or !a of the top."""
+    frame.stack[-1] = _convert(frame.stack[-1], inst.arg)
+
+
+@handles("FORMAT_SIMPLE", since="3.13")
+def format_simple(frame: Frame, inst: Inst) -> None:
+    """f-string field without a spec: format(top)."""
+    frame.stack[-1] = _format(frame.stack[-1], "")
+
+
+@handles("FORMAT_WITH_SPEC", since="3.13")
+def format_with_spec(frame: Frame, inst: Inst) -> None:
+    """f-string field with a spec: format(value, spec) (stack: value, spec)."""
+    spec = frame.stack.pop()
+    frame.stack[-1] = _format(frame.stack[-1], spec)
+
+
+@handles("LIST_TO_TUPLE", until="3.11")
 def list_to_tuple(frame: Frame, inst: Inst) -> None:
     """Turn the list on top into a tuple."""
     frame.stack[-1] = tuple(frame.stack[-1])
@@ -144,23 +170,40 @@ def dict_update(frame: Frame, inst: Inst) -> None:
     update = frame.stack.pop()
     if not hasattr(update, "keys"):
         raise TypeError(f"'{type(update).__name__}' object is not a mapping")
+    observe_mapping(update)
     frame.stack[-inst.arg].update(update)
 
 
-@handles("DICT_MERGE")
+@handles("DICT_MERGE", until="3.12")
 def dict_merge(frame: Frame, inst: Inst) -> None:
     """Pop a mapping and merge it into the kwargs dict i items down, refusing repeated keys (f(**a, **b))."""
+    update = frame.stack.pop()
+    _merge_kwargs(frame.stack[-inst.arg], update, frame.stack[-inst.arg - 2])  # [NULL, f, args, kwargs]
+
+
+@handles("DICT_MERGE", since="3.13")
+def dict_merge_313(frame: Frame, inst: Inst) -> None:
+    """DICT_MERGE under 3.13's call layout (the function sits below NULL, not above it)."""
+    update = frame.stack.pop()
+    _merge_kwargs(frame.stack[-inst.arg], update, frame.stack[-inst.arg - 3])  # [f, NULL, args, kwargs]
+
+
+def _merge_kwargs(target: dict[Any, Any], update: Any, fn: Any) -> None:
     from minijit.frontend.opcodes.calls import function_str
 
-    update = frame.stack.pop()
-    target = frame.stack[-inst.arg]
-    fn = frame.stack[-inst.arg - 2]
     if not hasattr(update, "keys"):
         raise TypeError(f"{function_str(fn)} argument after ** must be a mapping, not {type(update).__name__}")
+    observe_mapping(update)
     for key in update.keys():
         if key in target:
             raise TypeError(f"{function_str(fn)} got multiple values for keyword argument '{key}'")
         target[key] = update[key]
+
+
+def observe_mapping(mapping: Any) -> None:
+    """Guard every key and value of `mapping` when it is from outside the call (`{**d}`, `f(**d)`)."""
+    if STATE.outside.is_root(mapping):
+        STATE.outside.observe_values(STATE.guards, mapping)
 
 
 # -- unpacking ----------------------------------------------------------------------------------
@@ -188,6 +231,7 @@ def interpreted_iterable(obj: Any) -> Any:
     members = python_members(type(obj))
     if "__iter__" in members or "__next__" in members:
         return _InterpretedIterator(get_iter(obj))
+    observe_iteration(obj)
     return obj
 
 
@@ -215,6 +259,7 @@ def unpack_sequence(frame: Frame, inst: Inst) -> None:
     """Replace the iterable on top by its n items (the first on top)."""
     seq = frame.stack.pop()
     if (type(seq) is tuple or type(seq) is list) and len(seq) == inst.arg:
+        observe_iteration(seq)
         frame.stack.extend(reversed(seq))
         return
     if inst.arg == 0:

@@ -1,8 +1,11 @@
-"""Exceptions: raise and re-raise, the handlers the exception table jumps to, and `with`.
+"""Exceptions: raise and re-raise, the handlers the exception table jumps to, `with`, and `except*`.
 
 The exception being handled (`sys.exc_info()` inside interpreted code) lives in
 `STATE.handled`: PUSH_EXC_INFO saves the previous one on the value stack and
 POP_EXCEPT restores it, exactly as CPython does with its thread state.
+
+A MinijitError always reaches the user: no `except` or `except*` clause matches it, and
+one raised inside an `except*` clause leaves the block as it is, not inside a group.
 """
 
 from __future__ import annotations
@@ -11,10 +14,10 @@ from typing import Any
 
 from minijit.errors import MinijitError
 from minijit.frontend.calls import bind_method, call
-from minijit.frontend.code import Inst
+from minijit.frontend.code import Inst, native_instruction
 from minijit.frontend.frame import STATE, Frame
 from minijit.frontend.interpreter import raise_passthrough, set_context
-from minijit.frontend.opcodes.protocols import class_attr
+from minijit.frontend.opcodes.protocols import class_attr, load_attr
 from minijit.frontend.opcodes.table import handles
 
 
@@ -112,4 +115,90 @@ def with_except_start(frame: Frame, inst: Inst) -> None:
     frame.stack.append(False if isinstance(exc, MinijitError) else suppress)
 
 
-__all__: list[str] = []
+
+# -- except* ------------------------------------------------------------------------------------
+def _check_except_star_type(match_type: Any) -> None:
+    classes = match_type if isinstance(match_type, tuple) else (match_type,)
+    for c in classes:
+        if not (isinstance(c, type) and issubclass(c, BaseException)):
+            raise TypeError("catching classes that do not inherit from BaseException is not allowed")
+    if any(issubclass(c, BaseExceptionGroup) for c in classes):
+        raise TypeError("catching ExceptionGroup with except* is not allowed. Use except instead.")
+
+
+def _split_group(exc: Any, match_type: Any) -> tuple[Any, Any]:
+    """(match, rest) of the exception being handled against an `except*` clause's classes (None: nothing)."""
+    if exc is None:
+        return None, None
+    if isinstance(exc, MinijitError):
+        return None, exc
+    if issubclass(type(exc), match_type):
+        if isinstance(exc, BaseExceptionGroup):
+            return exc, None
+        # A naked exception caught by except* is handled as a group of one.
+        return BaseExceptionGroup("", [exc]).with_traceback(exc.__traceback__), None
+    if isinstance(exc, BaseExceptionGroup):
+        pair = call(load_attr(exc, "split"), (match_type,), {})
+        if type(pair) is not tuple:
+            raise TypeError(f"{type(exc).__name__}.split must return a tuple, not {type(pair).__name__}")
+        if len(pair) != 2:
+            raise TypeError(f"{type(exc).__name__}.split must return a 2-tuple, got tuple of size {len(pair)}")
+        return pair
+    return None, exc
+
+
+@handles("CHECK_EG_MATCH")
+def check_eg_match(frame: Frame, inst: Inst) -> None:
+    """`except* E:` test: replace [exc, E] by [rest, match] (the group split by E), or by [exc, None] on no match."""
+    match_type = frame.stack.pop()
+    _check_except_star_type(match_type)
+    match, rest = _split_group(frame.stack[-1], match_type)
+    if match is None:
+        frame.stack.append(None)
+        return
+    frame.stack[-1] = rest
+    frame.stack.append(match)
+    STATE.handled = match
+
+
+def reraise_star(orig: BaseException, raised: list[Any], native: Any) -> BaseException | None:
+    """What a try/except* block re-raises: `native` (CPython's own PREP_RERAISE_STAR) combines what its
+    clauses raised and re-raised with the original group; a MinijitError among them goes out alone."""
+    for exc in raised:
+        if isinstance(exc, MinijitError):
+            return exc
+    # CPython tells a part of `orig` re-raised by a bare `raise` from a new exception by its unchanged
+    # traceback. Re-raising from the interpreter's Python code prepends entries for its own frames:
+    # cut them off again.
+    tb = orig.__traceback__
+    for exc in raised:
+        if isinstance(exc, BaseException) and tb is not None and exc.__traceback__ is not tb:
+            t = exc.__traceback__
+            while t is not None and t is not tb:
+                t = t.tb_next
+            if t is tb:
+                exc.__traceback__ = tb
+    return native(orig, raised)
+
+
+@handles("PREP_RERAISE_STAR", until="3.11")
+def prep_reraise_star(frame: Frame, inst: Inst) -> None:
+    """End of a try/except* block: replace [original, list of raised] by the exception to re-raise, or None."""
+    raised = frame.stack.pop()
+    frame.stack[-1] = reraise_star(frame.stack[-1], raised, native_instruction("PREP_RERAISE_STAR", 0, 2, frame.globals))
+
+
+# -- yield from ---------------------------------------------------------------------------------
+@handles("CLEANUP_THROW", since="3.12")
+def cleanup_throw(frame: Frame, inst: Inst) -> None:
+    """An exception thrown into a `yield from` left its receiver ([receiver, last sent, exc]): a StopIteration
+    ends the loop with its value ([None, value], for END_SEND); anything else propagates."""
+    exc = frame.stack[-1]
+    if not isinstance(exc, StopIteration):
+        raise_passthrough(exc)
+    del frame.stack[-3:]
+    frame.stack.append(None)
+    frame.stack.append(exc.value)
+
+
+__all__ = ["reraise_star"]

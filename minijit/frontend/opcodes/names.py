@@ -9,14 +9,13 @@ from typing import Any
 
 import torch
 
-from minijit.errors import UnsupportedSyntaxError
-from minijit.frontend.code import Inst, is_library_file
+from minijit.frontend.code import Inst
 from minijit.frontend.frame import NULL, STATE, Frame
-from minijit.frontend.guards import attribute_source, may_have_guarded_attributes, record
-from minijit.frontend.opcodes.protocols import load_attr, store_attr
+from minijit.frontend.guards import MISSING, attribute_source, is_users_module, may_have_guarded_attributes, record
+from minijit.frontend.opcodes.protocols import delete_attribute, load_attr, store_attr
 from minijit.frontend.opcodes.table import handles
+from minijit.frontend.outside import tensor_attribute
 from minijit.ir import current_trace
-from minijit.ir.context import where_now
 
 _UNBOUND = "cannot access local variable '{}' where it is not associated with a value"
 _UNBOUND_FREE = "cannot access free variable '{}' where it is not associated with a value in enclosing scope"
@@ -61,6 +60,7 @@ def load_const(frame: Frame, inst: Inst) -> None:
 
 
 @handles("LOAD_FAST")
+@handles("LOAD_FAST_CHECK", since="3.12")
 def load_fast(frame: Frame, inst: Inst) -> None:
     """Push a local variable."""
     value = frame.localsplus[inst.arg]
@@ -83,6 +83,41 @@ def delete_fast(frame: Frame, inst: Inst) -> None:
     frame.localsplus[inst.arg] = NULL
 
 
+@handles("LOAD_FAST_AND_CLEAR", since="3.12")
+def load_fast_and_clear(frame: Frame, inst: Inst) -> None:
+    """Push a local, even unbound (NULL), and unbind it: an inlined comprehension saves the outer variable."""
+    frame.stack.append(frame.localsplus[inst.arg])
+    frame.localsplus[inst.arg] = NULL
+
+
+def _local(frame: Frame, index: int) -> Any:
+    value = frame.localsplus[index]
+    if value is NULL:
+        raise UnboundLocalError(_UNBOUND.format(frame.info.names[index]))
+    return value
+
+
+@handles("LOAD_FAST_LOAD_FAST", since="3.13")
+def load_fast_load_fast(frame: Frame, inst: Inst) -> None:
+    """Push two locals (slots arg >> 4, then arg & 15)."""
+    frame.stack.append(_local(frame, inst.arg >> 4))
+    frame.stack.append(_local(frame, inst.arg & 15))
+
+
+@handles("STORE_FAST_LOAD_FAST", since="3.13")
+def store_fast_load_fast(frame: Frame, inst: Inst) -> None:
+    """Pop into the local arg >> 4, then push the local arg & 15."""
+    frame.localsplus[inst.arg >> 4] = frame.stack.pop()
+    frame.stack.append(_local(frame, inst.arg & 15))
+
+
+@handles("STORE_FAST_STORE_FAST", since="3.13")
+def store_fast_store_fast(frame: Frame, inst: Inst) -> None:
+    """Pop into the local arg >> 4, then pop into the local arg & 15."""
+    frame.localsplus[inst.arg >> 4] = frame.stack.pop()
+    frame.localsplus[inst.arg & 15] = frame.stack.pop()
+
+
 # -- cells --------------------------------------------------------------------------------------
 @handles("MAKE_CELL")
 def make_cell(frame: Frame, inst: Inst) -> None:
@@ -101,7 +136,7 @@ def copy_free_vars(frame: Frame, inst: Inst) -> None:
     frame.localsplus[start:start + inst.arg] = closure
 
 
-@handles("LOAD_CLOSURE")
+@handles("LOAD_CLOSURE", until="3.12")
 def load_closure(frame: Frame, inst: Inst) -> None:
     """Push a cell itself (to build a closure)."""
     frame.stack.append(frame.localsplus[inst.arg])
@@ -115,10 +150,19 @@ def _deref(frame: Frame, inst: Inst) -> Any:
         if inst.arg >= frame.info.n_localsplus - len(frame.code.co_freevars):
             raise NameError(_UNBOUND_FREE.format(inst.argval), name=inst.argval) from None
         raise UnboundLocalError(_UNBOUND.format(inst.argval)) from None
-    if frame.info.is_user and id(cell) not in STATE.internal_cells:
-        record(STATE.guards, "cell", cell, inst.argval, value)
-        _guard_attributes_of(value)
+    if id(cell) not in STATE.internal_cells and (frame.info.is_user or worth_guarding_in_library(value)):
+        STATE.outside.read(STATE.guards, "cell", cell, inst.argval, value, inst.argval)
     return value
+
+
+def worth_guarding_in_library(value: Any) -> bool:
+    """Whether a global or closure value read by library code is guarded: its tensors and mutable state.
+
+    Library code reads many module-level functions, classes and constants; those are taken as
+    fixed (guarding them would cost every call). Containers and objects can change: a hook
+    registry, a cache, a config object; tensors are read afresh on each call.
+    """
+    return isinstance(value, torch.Tensor) or (may_have_guarded_attributes(value) and not isinstance(value, type))
 
 
 @handles("LOAD_DEREF")
@@ -127,7 +171,7 @@ def load_deref(frame: Frame, inst: Inst) -> None:
     frame.stack.append(_deref(frame, inst))
 
 
-@handles("LOAD_CLASSDEREF")
+@handles("LOAD_CLASSDEREF", until="3.11")
 def load_classderef(frame: Frame, inst: Inst) -> None:
     """In a class body: the name from the class namespace if bound there, else the cell's contents."""
     try:
@@ -136,10 +180,32 @@ def load_classderef(frame: Frame, inst: Inst) -> None:
         frame.stack.append(_deref(frame, inst))
 
 
+@handles("LOAD_LOCALS", since="3.12")
+def load_locals(frame: Frame, inst: Inst) -> None:
+    """Push the class body's namespace (for LOAD_FROM_DICT_OR_DEREF/GLOBALS)."""
+    if frame.locals is None:
+        raise SystemError("no locals found")
+    frame.stack.append(frame.locals)
+
+
+@handles("LOAD_FROM_DICT_OR_DEREF", since="3.12")
+def load_from_dict_or_deref(frame: Frame, inst: Inst) -> None:
+    """Pop a mapping; push the name from it if bound there, else the cell's contents (3.11's LOAD_CLASSDEREF)."""
+    mapping = frame.stack.pop()
+    try:
+        frame.stack.append(mapping[inst.argval])
+    except KeyError:
+        frame.stack.append(_deref(frame, inst))
+
+
 @handles("STORE_DEREF")
 def store_deref(frame: Frame, inst: Inst) -> None:
-    """Pop into a cell."""
-    frame.localsplus[inst.arg].cell_contents = frame.stack.pop()
+    """Pop into a cell (a cell from outside the call: an effect, replayed on every call)."""
+    cell = frame.localsplus[inst.arg]
+    value = frame.stack.pop()
+    if id(cell) not in STATE.internal_cells and current_trace() is not None:
+        STATE.outside.write_cell(cell, inst.argval, value)
+    cell.cell_contents = value
 
 
 @handles("DELETE_DEREF")
@@ -165,19 +231,12 @@ def _load_global(frame: Frame, name: str) -> Any:
         if frame.info.is_user:
             record(STATE.guards, "builtin", frame.builtins, name, value, g)
         return value
-    if frame.info.is_user:
-        record(STATE.guards, "global", g, name, value)
-        _guard_attributes_of(value)
+    if frame.info.is_user or worth_guarding_in_library(value):
+        STATE.outside.read(STATE.guards, "global", g, name, value, name)
     return value
 
 
-def _guard_attributes_of(value: Any) -> None:
-    """Make attribute reads from `value` (a guarded object) guarded too."""
-    if may_have_guarded_attributes(value):
-        STATE.guard_roots.add(id(value))
-
-
-@handles("LOAD_GLOBAL")
+@handles("LOAD_GLOBAL", until="3.12")
 def load_global(frame: Frame, inst: Inst) -> None:
     """Push a global (or builtin); the low bit of the argument asks for a NULL first."""
     if inst.arg & 1:
@@ -185,35 +244,41 @@ def load_global(frame: Frame, inst: Inst) -> None:
     frame.stack.append(_load_global(frame, inst.argval))
 
 
-def refuse_outliving_write(frame: Frame, what: str) -> None:
-    """Refuse, while tracing user code, a write that would outlive the call.
+@handles("LOAD_GLOBAL", since="3.13")
+def load_global_313(frame: Frame, inst: Inst) -> None:
+    """Push a global (or builtin); the low bit of the argument asks for a NULL after it (3.13's call layout)."""
+    frame.stack.append(_load_global(frame, inst.argval))
+    if inst.arg & 1:
+        frame.stack.append(NULL)
 
-    A compiled trace replays only tensor computations: a global assigned or an outside
-    object's attribute set while tracing would happen once, then never again on cache
-    hits. Rather than drop it silently, say so.
-    """
-    if current_trace() is not None and frame.info.is_user:
-        raise UnsupportedSyntaxError(
-            f"{what}{where_now()} is a side effect that minijit would not repeat on later calls; "
-            "return the value from the jitted function and assign it outside instead"
-        )
+
+@handles("LOAD_FROM_DICT_OR_GLOBALS", since="3.12")
+def load_from_dict_or_globals(frame: Frame, inst: Inst) -> None:
+    """Pop a mapping; push the name from it if bound there, else the global or builtin (annotation scopes)."""
+    mapping = frame.stack.pop()
+    try:
+        frame.stack.append(mapping[inst.argval])
+    except KeyError:
+        frame.stack.append(_load_global(frame, inst.argval))
 
 
 @handles("STORE_GLOBAL")
 def store_global(frame: Frame, inst: Inst) -> None:
-    """Pop into a global."""
-    refuse_outliving_write(frame, f"assigning the global {inst.argval!r}")
-    frame.globals[inst.argval] = frame.stack.pop()
+    """Pop into a global (an effect, replayed on every call)."""
+    value = frame.stack.pop()
+    if current_trace() is not None:
+        STATE.outside.write_global(frame.globals, inst.argval, value)
+    frame.globals[inst.argval] = value
 
 
 @handles("DELETE_GLOBAL")
 def delete_global(frame: Frame, inst: Inst) -> None:
-    """del a global."""
-    refuse_outliving_write(frame, f"deleting the global {inst.argval!r}")
-    try:
-        del frame.globals[inst.argval]
-    except KeyError:
-        raise NameError(f"name '{inst.argval}' is not defined", name=inst.argval) from None
+    """del a global (an effect, replayed on every call)."""
+    if inst.argval not in frame.globals:
+        raise NameError(f"name '{inst.argval}' is not defined", name=inst.argval)
+    if current_trace() is not None:
+        STATE.outside.write_global(frame.globals, inst.argval, None, delete=True)
+    del frame.globals[inst.argval]
 
 
 @handles("LOAD_NAME")
@@ -261,47 +326,42 @@ def load_build_class(frame: Frame, inst: Inst) -> None:
 
 
 # -- attributes ---------------------------------------------------------------------------------
-_USER_MODULES: dict[str, bool] = {}
+def attribute(frame: Frame | None, obj: Any, name: str) -> Any:
+    """obj.name for interpreted code, guarded when obj is from outside the call (minijit.frontend.outside).
 
-
-def _is_user_module(module: types.ModuleType) -> bool:
-    name = module.__name__
-    decision = _USER_MODULES.get(name)
-    if decision is None:
-        path = getattr(module, "__file__", None)
-        decision = _USER_MODULES[name] = (isinstance(path, str) and not is_library_file(path)
-                                          and name.split(".")[0] not in ("torch", "minijit"))
-    return decision
-
-
-def attribute(frame: Frame, obj: Any, name: str) -> Any:
-    """obj.name for interpreted code; an attribute of a user module is guarded like a global."""
+    An attribute of a user module is guarded like a global; a real tensor's attribute is
+    read through its proxy (`t.shape`, `t.add_`), or read and guarded (`t.grad`).
+    """
     if type(obj) is types.ModuleType:
         value = getattr(obj, name)
-        if frame.info.is_user and _is_user_module(obj):
-            record(STATE.guards, "global", obj.__dict__, name, value)
-            _guard_attributes_of(value)
+        if frame is not None and frame.info.is_user and is_users_module(obj):
+            STATE.outside.read(STATE.guards, "global", obj.__dict__, name, value, name)
         return value
-    value = load_attr(obj, name)
-    # Attributes read from a guarded object are guarded; a module's attributes are guarded even
-    # when torch's own layer code reads them (nn.Dropout reading self.p).
-    if id(obj) in STATE.guard_roots and (frame.info.is_user or _public_module_attribute(obj, name)):
+    if isinstance(obj, torch.Tensor):
+        trace = current_trace()
+        if trace is not None and trace.capture_tensor is not None:
+            return tensor_attribute(STATE.outside, STATE.guards, obj, name, trace.capture_tensor)
+    outside = STATE.outside
+    try:
+        value = load_attr(obj, name)
+    except AttributeError:
+        if outside.is_root(obj) and isinstance(getattr(obj, "__dict__", None), dict):
+            outside.read(STATE.guards, "attribute", obj, name, MISSING, name)  # guard its absence
+        raise
+    if outside.is_root(obj):
         source = attribute_source(obj, name)
         if source is not None:
             # Guard what is stored: for a method read through an instance that is the class's
             # function (a bound method is a new object on every read).
-            stored = value if source[1] is None else vars(source[0]).get(name, value)
-            record(STATE.guards, "attribute", source[0], name, stored, source[1])
-            _guard_attributes_of(value)
+            holder, shadow = source
+            stored = value if shadow is None else vars(holder).get(name, value)
+            outside.read(STATE.guards, "attribute", holder, name, stored, name, shadow)
+        elif name == "__dict__":
+            outside.add_root(value, outside.label_of(obj))
     return value
 
 
-def _public_module_attribute(obj: Any, name: str) -> bool:
-    """A module attribute torch's layer code reads (nn.Dropout's `p`), not its bookkeeping (`_modules`)."""
-    return isinstance(obj, torch.nn.Module) and not name.startswith("_")
-
-
-@handles("LOAD_ATTR")
+@handles("LOAD_ATTR", until="3.11")
 def load_attr_(frame: Frame, inst: Inst) -> None:
     """Replace the top of the stack by its attribute."""
     frame.stack[-1] = attribute(frame, frame.stack[-1], inst.argval)
@@ -311,18 +371,13 @@ def load_attr_(frame: Frame, inst: Inst) -> None:
 def store_attr_(frame: Frame, inst: Inst) -> None:
     """obj.name = value (obj on top, value below it)."""
     obj = frame.stack.pop()
-    if id(obj) in STATE.guard_roots or id(obj) in STATE.outside_objects:
-        refuse_outliving_write(frame, f"setting the attribute {inst.argval!r} of a {type(obj).__name__} from outside the call")
     store_attr(obj, inst.argval, frame.stack.pop())
 
 
 @handles("DELETE_ATTR")
 def delete_attr(frame: Frame, inst: Inst) -> None:
     """del obj.name."""
-    obj = frame.stack.pop()
-    if id(obj) in STATE.guard_roots or id(obj) in STATE.outside_objects:
-        refuse_outliving_write(frame, f"deleting the attribute {inst.argval!r} of a {type(obj).__name__} from outside the call")
-    delattr(obj, inst.argval)
+    delete_attribute(frame.stack.pop(), inst.argval)
 
 
 # -- imports ------------------------------------------------------------------------------------

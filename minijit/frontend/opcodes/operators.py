@@ -1,4 +1,8 @@
-"""Operators: unary, binary (BINARY_OP), comparisons, identity, membership, subscripts."""
+"""Operators: unary, binary (BINARY_OP), comparisons, identity, membership, subscripts, truth.
+
+3.12 moved `+x` into an intrinsic and added BINARY_SLICE/STORE_SLICE for `a[i:j]`; 3.13
+added TO_BOOL (conditional jumps then take only bools) and a COMPARE_OP bit asking for a bool.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +21,8 @@ from minijit.frontend.opcodes.protocols import (
 from minijit.frontend.opcodes.table import handles
 
 
-@handles("UNARY_POSITIVE", "UNARY_NEGATIVE", "UNARY_INVERT")
+@handles("UNARY_POSITIVE", until="3.11")
+@handles("UNARY_NEGATIVE", "UNARY_INVERT")
 def unary(frame: Frame, inst: Inst) -> None:
     """+x, -x, ~x."""
     frame.stack[-1] = unary_op(frame.stack[-1], inst.opname)
@@ -36,11 +41,25 @@ def binary(frame: Frame, inst: Inst) -> None:
     frame.stack[-1] = binary_op(frame.stack[-1], b, inst.arg)
 
 
-@handles("COMPARE_OP")
+@handles("COMPARE_OP", until="3.12")
 def compare_op(frame: Frame, inst: Inst) -> None:
     """a < b, a == b, ..."""
     b = frame.stack.pop()
     frame.stack[-1] = compare(frame.stack[-1], b, inst.argval)
+
+
+@handles("COMPARE_OP", since="3.13")
+def compare_op_313(frame: Frame, inst: Inst) -> None:
+    """a < b, a == b, ...; argument bit 16 asks for the result as a bool (the comparison feeds a jump)."""
+    b = frame.stack.pop()
+    result = compare(frame.stack[-1], b, inst.argval)
+    frame.stack[-1] = truth(result) if inst.arg & 16 else result
+
+
+@handles("TO_BOOL", since="3.13")
+def to_bool(frame: Frame, inst: Inst) -> None:
+    """bool(top), before a conditional jump or `not`."""
+    frame.stack[-1] = truth(frame.stack[-1])
 
 
 @handles("IS_OP")
@@ -70,6 +89,23 @@ def store_subscr(frame: Frame, inst: Inst) -> None:
     key = frame.stack.pop()
     container = frame.stack.pop()
     set_item(container, key, frame.stack.pop())
+
+
+@handles("BINARY_SLICE", since="3.12")
+def binary_slice(frame: Frame, inst: Inst) -> None:
+    """container[start:end] (stack: container, start, end)."""
+    end = frame.stack.pop()
+    start = frame.stack.pop()
+    frame.stack[-1] = get_item(frame.stack[-1], slice(start, end))
+
+
+@handles("STORE_SLICE", since="3.12")
+def store_slice(frame: Frame, inst: Inst) -> None:
+    """container[start:end] = value (stack: value, container, start, end)."""
+    end = frame.stack.pop()
+    start = frame.stack.pop()
+    container = frame.stack.pop()
+    set_item(container, slice(start, end), frame.stack.pop())
 
 
 @handles("DELETE_SUBSCR")

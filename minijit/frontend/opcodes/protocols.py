@@ -8,13 +8,20 @@ Python, calling the dunders through `call`.
 
 from __future__ import annotations
 
+import collections
 import operator
 import types
 from typing import Any
 
+import torch
+
+from minijit.errors import UnsupportedSyntaxError
 from minijit.frontend.calls import call, should_interpret
+from minijit.frontend.frame import STATE
 from minijit.frontend.interpreter import InterpretedGenerator
-from minijit.ir import TensorProxy
+from minijit.frontend.outside import item_label
+from minijit.ir import TensorProxy, current_trace
+from minijit.ir.context import where_now
 
 # class -> names of the dunders and properties it (or a base) defines in interpretable Python.
 _PY_MEMBERS: dict[type, frozenset[str]] = {}
@@ -49,6 +56,15 @@ def _method(obj: Any, name: str) -> Any:
     return class_attr(type(obj), name)
 
 
+def traced(x: Any) -> Any:
+    """`x`, or while tracing, the proxy of a real tensor: operators on it must be recorded, not run once here."""
+    if isinstance(x, torch.Tensor) and not isinstance(x, TensorProxy):
+        trace = current_trace()
+        if trace is not None and trace.capture_tensor is not None:
+            return trace.capture_tensor(x)
+    return x
+
+
 def call_dunder(obj: Any, name: str, *args: Any) -> Any:
     """type(obj).name(obj, *args) through the interpreter."""
     fn = getattr(type(obj), name)
@@ -81,6 +97,7 @@ def _members_of(a: Any, b: Any) -> tuple[Any, Any]:
 def binary_op(a: Any, b: Any, index: int) -> Any:
     """`a <op> b` for BINARY_OP's argument `index` (in-place forms for 13 and up)."""
     symbol, native, dunder, other = BINARY_OPS[index]
+    a, b = traced(a), traced(b)
     ma, mb = _members_of(a, b)
     if not (ma or mb):
         return native(a, b)
@@ -126,6 +143,7 @@ COMPARISONS = {
 def compare(a: Any, b: Any, symbol: str) -> Any:
     """`a <symbol> b` for the six rich comparisons."""
     native, dunder, reflected = COMPARISONS[symbol]
+    a, b = traced(a), traced(b)
     ma, mb = _members_of(a, b)
     if not (ma or mb):
         return native(a, b)
@@ -166,6 +184,7 @@ UNARY_OPS = {
 def unary_op(value: Any, opname: str) -> Any:
     """`-x`, `+x`, `~x`."""
     native, dunder, _ = UNARY_OPS[opname]
+    value = traced(value)
     if dunder in python_members(type(value)):
         return call_dunder(value, dunder)
     return native(value)
@@ -179,6 +198,7 @@ def truth(value: Any) -> bool:
         return False
     if type(value) is int:
         return value != 0
+    value = traced(value)
     members = python_members(type(value))
     if "__bool__" in members:
         result = call_dunder(value, "__bool__")
@@ -187,6 +207,8 @@ def truth(value: Any) -> bool:
         return result
     if "__len__" in members and _method(value, "__bool__") is None:
         return length(value) != 0
+    if STATE.outside.is_root(value) and hasattr(type(value), "__len__") and _method(value, "__bool__") is None:
+        STATE.outside.observe(STATE.guards, value, "length")
     return bool(value)
 
 
@@ -195,35 +217,68 @@ def length(value: Any) -> int:
     if "__len__" in python_members(type(value)):
         result = call_dunder(value, "__len__")
         return operator.index(result) if type(result) is not int else result
+    if STATE.outside.is_root(value):
+        STATE.outside.observe(STATE.guards, value, "length")
     return len(value)
 
 
 # -- containers ---------------------------------------------------------------------------------
 def get_item(container: Any, key: Any) -> Any:
-    """container[key]."""
+    """container[key]; read from a container from outside the call, it is guarded."""
+    container = traced(container)
     if "__getitem__" in python_members(type(container)):
         return call_dunder(container, "__getitem__", key)
-    return container[key]
+    outside = STATE.outside
+    if not outside.is_root(container):
+        return container[key]
+    if isinstance(container, collections.defaultdict) and not dict.__contains__(container, key):
+        # The factory's value is stored into the outside dict: an effect like any other write.
+        outside.observe(STATE.guards, container, "contains", key, False)
+        if container.default_factory is None:
+            raise KeyError(key)
+        value = container.default_factory()
+        outside.write_item(container, key, value)
+        dict.__setitem__(container, key, value)
+        return value
+    try:
+        value = container[key]
+    except (KeyError, IndexError):
+        if isinstance(container, dict):
+            outside.observe(STATE.guards, container, "contains", key, False)
+        else:
+            outside.observe(STATE.guards, container, "length")
+        raise
+    if type(key) is slice:
+        outside.observe(STATE.guards, container, "iterate")
+    else:
+        outside.read(STATE.guards, "item", container, key, value, item_label(outside.label_of(container), key))
+    return value
 
 
 def set_item(container: Any, key: Any, value: Any) -> None:
-    """container[key] = value."""
+    """container[key] = value; into a container from outside the call, it is an effect (logged, replayed)."""
+    container = traced(container)
     if "__setitem__" in python_members(type(container)):
         call_dunder(container, "__setitem__", key, value)
-    else:
-        container[key] = value
+        return
+    if STATE.outside.is_root(container) and current_trace() is not None:
+        STATE.outside.write_item(container, key, value)
+    container[key] = value
 
 
 def del_item(container: Any, key: Any) -> None:
-    """del container[key]."""
+    """del container[key]; from a container from outside the call, it is an effect (logged, replayed)."""
     if "__delitem__" in python_members(type(container)):
         call_dunder(container, "__delitem__", key)
-    else:
-        del container[key]
+        return
+    if STATE.outside.is_root(container) and current_trace() is not None:
+        STATE.outside.write_item(container, key, None, delete=True)
+    del container[key]
 
 
 def contains(container: Any, item: Any) -> bool:
     """item in container."""
+    container = traced(container)
     members = python_members(type(container))
     if "__contains__" in members:
         return truth(call_dunder(container, "__contains__", item))
@@ -236,7 +291,13 @@ def contains(container: Any, item: Any) -> bool:
                 return False
             if x is item or truth(compare(x, item, "==")):
                 return True
-    return item in container
+    result = item in container
+    if STATE.outside.is_root(container):
+        if isinstance(container, dict | set | frozenset):
+            STATE.outside.observe(STATE.guards, container, "contains", item, result)
+        else:
+            STATE.outside.observe(STATE.guards, container, "iterate")
+    return result
 
 
 # -- iteration ----------------------------------------------------------------------------------
@@ -249,6 +310,7 @@ def _tensor_rows(t: TensorProxy) -> Any:
 
 def get_iter(obj: Any) -> Any:
     """iter(obj), with a Python `__iter__` interpreted; a TensorProxy iterates over its rows, like a tensor."""
+    obj = traced(obj)
     if isinstance(obj, TensorProxy):
         return _tensor_rows(obj)
     if "__iter__" in python_members(type(obj)):
@@ -256,7 +318,14 @@ def get_iter(obj: Any) -> Any:
         if _method(it, "__next__") is None:
             raise TypeError(f"iter() returned non-iterator of type '{type(it).__name__}'")
         return it
+    observe_iteration(obj)
     return iter(obj)
+
+
+def observe_iteration(obj: Any) -> None:
+    """Guard what iterating over `obj` reads, when it is a container from outside the call."""
+    if STATE.outside.is_root(obj):
+        STATE.outside.observe(STATE.guards, obj, "iterate")
 
 
 def next_item(it: Any) -> Any:
@@ -264,6 +333,8 @@ def next_item(it: Any) -> Any:
     cls = type(it)
     if cls is InterpretedGenerator:
         return it.__next__()
+    if STATE.outside.iterators:
+        STATE.outside.check_not_outside_iterator(it)
     members = _PY_MEMBERS.get(cls)
     if members is None:
         members = python_members(cls)
@@ -309,7 +380,10 @@ def load_attr(obj: Any, name: str) -> Any:
 
 
 def store_attr(obj: Any, name: str, value: Any) -> None:
-    """setattr(obj, name, value), with Python property setters and `__setattr__` interpreted."""
+    """setattr(obj, name, value), with Python property setters and `__setattr__` interpreted.
+
+    Set natively on an object from outside the call, it is an effect (logged, replayed).
+    """
     cls = type(obj)
     members = python_members(cls)
     if members and not isinstance(obj, type):
@@ -321,10 +395,38 @@ def store_attr(obj: Any, name: str, value: Any) -> None:
         if "__setattr__" in members:
             call_dunder(obj, "__setattr__", name, value)
             return
+    if isinstance(obj, TensorProxy) or (isinstance(obj, torch.Tensor) and isinstance(value, TensorProxy)):
+        _refuse_tensor_attribute_write(obj, name)
+    _log_attribute_write(obj, name, value, delete=False)
     setattr(obj, name, value)
 
 
+def _refuse_tensor_attribute_write(obj: Any, name: str) -> None:
+    what = obj.name if isinstance(obj, TensorProxy) else f"a {type(obj).__name__}"
+    raise UnsupportedSyntaxError(
+        f"assigning {what}.{name} inside a jitted function{where_now()} is not supported: minijit traces tensor "
+        "operations, not rebinding a tensor's attributes to traced values. Update values in place under "
+        "torch.no_grad() (p.copy_(...), p.grad.zero_()), or make the assignment outside the jitted function")
+
+
+def delete_attribute(obj: Any, name: str) -> None:
+    """delattr(obj, name), with a Python `__delattr__` interpreted; on an outside object, an effect."""
+    if "__delattr__" in python_members(type(obj)) and not isinstance(obj, type):
+        call_dunder(obj, "__delattr__", name)
+        return
+    _log_attribute_write(obj, name, None, delete=True)
+    delattr(obj, name)
+
+
+def _log_attribute_write(obj: Any, name: str, value: Any, delete: bool) -> None:
+    outside = STATE.outside
+    if current_trace() is not None and (outside.is_root(obj) or (isinstance(obj, torch.Tensor)
+                                                                 and not isinstance(obj, TensorProxy))):
+        outside.write_attribute(obj, name, value, delete)
+
+
 __all__ = [
-    "BINARY_OPS", "binary_op", "call_dunder", "class_attr", "compare", "contains", "del_item", "get_item",
-    "get_iter", "length", "load_attr", "next_item", "python_members", "set_item", "store_attr", "truth", "unary_op",
+    "BINARY_OPS", "binary_op", "call_dunder", "class_attr", "compare", "contains", "del_item", "delete_attribute",
+    "get_item", "get_iter", "length", "load_attr", "next_item", "observe_iteration", "python_members", "set_item",
+    "store_attr", "truth", "unary_op",
 ]

@@ -1,8 +1,7 @@
-"""Casts and tensor creation: Tensor.to and .float()/.long()/..., zeros/ones/full/arange, *_like, rand/randn.
+"""Casts and tensor creation: Tensor.to and .float()/.long()/..., zeros/ones/full/arange, *_like, torch.tensor.
 
 Creation ops take no tensor argument but are traced like any other op; `empty`
-is `zeros` (a trace has no uninitialized memory). Random ops draw a seed with
-`prims.random_seed` and declare the RANDOM effect so that no pass merges two calls.
+is `zeros` (a trace has no uninitialized memory). Random ones are in `randomness`.
 """
 
 from __future__ import annotations
@@ -15,11 +14,8 @@ import torch
 
 from minijit.ir import NumberProxy, TensorProxy
 from minijit.ops import prims
-from minijit.ops.ltorch.elementwise import cos, log, mul, sqrt, sub
 from minijit.ops.registry import ltorch_op
 from minijit.ops.utils import fail, numel_of, parse_shape, reshape_to, result_dtype, to_dtype, unsupported
-
-RANDOM = prims.RANDOM
 
 
 def _tensor(op: str, x: Any) -> TensorProxy:
@@ -244,66 +240,6 @@ def arange(start: Any, end: Any = None, step: Any = 1, *, out: Any = None, dtype
         dtype = torch.int64 if all(isinstance(v, int) for v in (start, end, step)) else torch.get_default_dtype()
     length = math.ceil((float(end) - float(start)) / float(step))
     return prims.iota(length, start=start, step=step, dtype=dtype, device=_device(device))
-
-
-# -- random tensors --------------------------------------------------------------------------------
-
-def _uniform(shape: Sequence[Any], dtype: torch.dtype, device: torch.device) -> TensorProxy:
-    return prims.uniform(tuple(shape), 0.0, 1.0, dtype=dtype, device=device, seed=prims.random_seed(), offset=0)
-
-
-def _normal(shape: Sequence[Any], dtype: torch.dtype, device: torch.device) -> TensorProxy:
-    """Standard normal samples by Box-Muller from two independent uniform draws."""
-    compute = torch.float64 if dtype == torch.float64 else torch.float32
-    u1 = sub(1.0, _uniform(shape, compute, device))  # in (0, 1]: log stays finite
-    u2 = _uniform(shape, compute, device)
-    radius = sqrt(mul(log(u1), -2.0))
-    return to_dtype(mul(radius, cos(mul(u2, 2 * math.pi))), dtype)
-
-
-def _random_dtype(op: str, dtype: torch.dtype | None, default: torch.dtype) -> torch.dtype:
-    dtype = dtype or default
-    if not dtype.is_floating_point:
-        raise fail(op, f"needs a floating point dtype, got {dtype}")
-    return dtype
-
-
-@ltorch_op(torch_fns=[torch.rand_like], effects=RANDOM)
-def rand_like(input: TensorProxy, *, dtype: torch.dtype | None = None, layout: Any = None,  # noqa: A002
-              device: Any = None, pin_memory: bool = False, requires_grad: bool = False,
-              memory_format: Any = None) -> TensorProxy:
-    """torch.rand_like: uniform samples in [0, 1) shaped like input."""
-    _check_options("rand_like", requires_grad, None, layout)
-    dtype = _random_dtype("rand_like", dtype, _tensor("rand_like", input).dtype)
-    return _uniform(input.shape, dtype, _device(device, input.device))
-
-
-@ltorch_op(torch_fns=[torch.randn_like], effects=RANDOM)
-def randn_like(input: TensorProxy, *, dtype: torch.dtype | None = None, layout: Any = None,  # noqa: A002
-               device: Any = None, pin_memory: bool = False, requires_grad: bool = False,
-               memory_format: Any = None) -> TensorProxy:
-    """torch.randn_like: standard normal samples shaped like input."""
-    _check_options("randn_like", requires_grad, None, layout)
-    dtype = _random_dtype("randn_like", dtype, _tensor("randn_like", input).dtype)
-    return _normal(input.shape, dtype, _device(device, input.device))
-
-
-@ltorch_op(torch_fns=[torch.rand], effects=RANDOM)
-def rand(*size: Any, generator: Any = None, out: Any = None, dtype: torch.dtype | None = None, layout: Any = None,
-         device: Any = None, pin_memory: bool = False, requires_grad: bool = False) -> TensorProxy:
-    """torch.rand(*size): uniform samples in [0, 1)."""
-    _check_options("rand", requires_grad, out, layout, generator)
-    dtype = _random_dtype("rand", dtype, torch.get_default_dtype())
-    return _uniform(parse_shape("rand", size), dtype, _device(device))
-
-
-@ltorch_op(torch_fns=[torch.randn], effects=RANDOM)
-def randn(*size: Any, generator: Any = None, out: Any = None, dtype: torch.dtype | None = None, layout: Any = None,
-          device: Any = None, pin_memory: bool = False, requires_grad: bool = False) -> TensorProxy:
-    """torch.randn(*size): standard normal samples."""
-    _check_options("randn", requires_grad, out, layout, generator)
-    dtype = _random_dtype("randn", dtype, torch.get_default_dtype())
-    return _normal(parse_shape("randn", size), dtype, _device(device))
 
 
 # -- torch.tensor of Python numbers ----------------------------------------------------------------

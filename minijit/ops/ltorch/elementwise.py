@@ -13,6 +13,19 @@ from minijit.ops import prims
 from minijit.ops.registry import ALL_LTORCH, ltorch_op
 from minijit.ops.utils import broadcast_shapes, elementwise, expand_to, float_dtype, result_dtype, to_dtype
 
+# Other names torch gives an op (torch.greater is torch.gt), as functions and Tensor methods.
+_ALIASES = {
+    "ne": ("not_equal",), "lt": ("less",), "le": ("less_equal",), "gt": ("greater",), "ge": ("greater_equal",),
+    "abs": ("absolute",), "neg": ("negative",), "trunc": ("fix",), "asin": ("arcsin",), "acos": ("arccos",),
+    "atan": ("arctan",), "asinh": ("arcsinh",), "acosh": ("arccosh",), "atanh": ("arctanh",), "atan2": ("arctan2",),
+}
+
+
+def _names_of(name: str) -> tuple[list[Any], list[str]]:
+    """The torch functions and Tensor methods named `name` or one of its aliases."""
+    names = [name, *_ALIASES.get(name, ())]
+    return [f for n in names for f in (getattr(torch, n), getattr(torch.Tensor, n))], names
+
 
 def _declare_unary(name: str, promote_int_to_float: bool) -> None:
     prim = getattr(prims, name)
@@ -23,8 +36,8 @@ def _declare_unary(name: str, promote_int_to_float: bool) -> None:
 
     decomposition.__name__ = name
     decomposition.__doc__ = f"torch.{name}, elementwise."
-    fns = [getattr(torch, name), getattr(torch.Tensor, name)]
-    globals()[name] = ltorch_op(name, torch_fns=fns, methods=[name])(decomposition)
+    fns, methods = _names_of(name)
+    globals()[name] = ltorch_op(name, torch_fns=fns, methods=methods)(decomposition)
 
 
 _FLOAT_UNARY = (
@@ -58,8 +71,8 @@ def _declare_binary(name: str, *, float_result: bool = False) -> None:
 
     decomposition.__name__ = name
     decomposition.__doc__ = f"torch.{name}, elementwise with broadcasting and type promotion."
-    fns = [getattr(torch, name), getattr(torch.Tensor, name)]
-    globals()[name] = ltorch_op(name, torch_fns=fns, methods=[name])(decomposition)
+    fns, methods = _names_of(name)
+    globals()[name] = ltorch_op(name, torch_fns=fns, methods=methods)(decomposition)
 
 
 for _name in ("remainder", "fmod", "maximum", "minimum", "bitwise_and", "bitwise_or", "bitwise_xor",
@@ -72,12 +85,22 @@ for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
     _declare_binary(_name)
 
 
+def scaled(x: Any, factor: Any) -> Any:
+    """`x * factor` for a Scalar argument (`alpha=`, `value=`): a number, or a 0-d tensor, which eager
+    reads as a number (it neither broadcasts nor promotes the result's dtype)."""
+    if isinstance(factor, TensorProxy):
+        if factor.ndim != 0:
+            raise MetaError(f"a Scalar argument must be a number or a 0-d tensor, got shape {tuple(factor.shape)}"
+                            f"{where_now()}")
+        like = x.dtype if isinstance(x, TensorProxy) else factor.dtype
+        return mul(x, to_dtype(factor, like))
+    return x if factor is None or factor == 1 else mul(x, factor)
+
+
 @ltorch_op(torch_fns=[torch.add, torch.Tensor.add], methods=["add"])
 def add(a: Any, b: Any, *, alpha: Any = None) -> TensorProxy:
     """torch.add: a + alpha * b."""
-    if alpha is not None and alpha != 1:
-        b = mul(b, alpha)
-    return elementwise(prims.add, a, b)
+    return elementwise(prims.add, a, scaled(b, alpha))
 
 
 @ltorch_op(torch_fns=[torch.sub, torch.subtract, torch.Tensor.sub], methods=["sub"])
@@ -87,9 +110,7 @@ def sub(a: Any, b: Any, *, alpha: Any = None) -> TensorProxy:
         if (x.dtype if isinstance(x, TensorProxy) else type(x)) in (torch.bool, bool):
             raise MetaError(f"sub: subtraction with a bool tensor is not supported; use logical_not or ~ to invert "
                             f"a mask{where_now()}")
-    if alpha is not None and alpha != 1:
-        b = mul(b, alpha)
-    return elementwise(prims.sub, a, b)
+    return elementwise(prims.sub, a, scaled(b, alpha))
 
 
 @ltorch_op(torch_fns=[torch.rsub], methods=[])
@@ -183,15 +204,13 @@ def lerp(start: TensorProxy, end: TensorProxy, weight: Any) -> TensorProxy:
 @ltorch_op(torch_fns=[torch.addcmul, torch.Tensor.addcmul], methods=["addcmul"])
 def addcmul(a: TensorProxy, t1: TensorProxy, t2: TensorProxy, *, value: Any = 1) -> TensorProxy:
     """torch.addcmul: a + value * t1 * t2."""
-    prod = mul(t1, t2)
-    return add(a, prod if value == 1 else mul(prod, value))
+    return add(a, scaled(mul(t1, t2), value))
 
 
 @ltorch_op(torch_fns=[torch.addcdiv, torch.Tensor.addcdiv], methods=["addcdiv"])
 def addcdiv(a: TensorProxy, t1: TensorProxy, t2: TensorProxy, *, value: Any = 1) -> TensorProxy:
     """torch.addcdiv: a + value * t1 / t2."""
-    quot = div(t1, t2)
-    return add(a, quot if value == 1 else mul(quot, value))
+    return add(a, scaled(div(t1, t2), value))
 
 
 @ltorch_op(torch_fns=[torch.square, torch.Tensor.square], methods=["square"])

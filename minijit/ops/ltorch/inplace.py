@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from minijit.errors import MetaError, UnsupportedOpError
-from minijit.ir import Effects, TensorProxy
+from minijit.ir import TENSOR_METHODS, Effects, TensorProxy
 from minijit.ir.context import where_now
 from minijit.ops import prims
 from minijit.ops.ltorch.indexing import indexed_update
@@ -90,9 +90,29 @@ def _metadata_inplace(name: str) -> None:
 
 # In-place ops that change a tensor's shape or autograd metadata rather than its values.
 METADATA_INPLACE = ("squeeze", "unsqueeze", "t", "transpose", "swapdims", "swapaxes", "resize", "resize_as",
-                    "as_strided", "detach", "requires_grad")
+                    "as_strided", "detach")
 for _name in METADATA_INPLACE:
     _metadata_inplace(_name)
+
+
+@ltorch_op("requires_grad_", torch_fns=[torch.Tensor.requires_grad_], effects=INPLACE)
+def _requires_grad_changed(a: TensorProxy, requires_grad: bool = True) -> TensorProxy:
+    """Tensor.requires_grad_ that changes the flag: unsupported (it changes autograd's graph)."""
+    raise UnsupportedOpError(
+        f"ltorch.requires_grad_: turning requires_grad {'on' if requires_grad else 'off'} for a traced tensor"
+        f"{where_now()} changes autograd's graph, which minijit does not trace; set requires_grad on the "
+        "function's inputs before the call, or use x.detach()")
+
+
+def requires_grad_(a: TensorProxy, requires_grad: bool = True) -> TensorProxy:
+    """Tensor.requires_grad_ on a traced tensor: the tensor itself where the flag has that value already
+    (a hook marking an embedding's output, as transformers' enable_input_require_grads does), else refused."""
+    if isinstance(a, TensorProxy) and a.requires_grad == bool(requires_grad):
+        return a
+    return _requires_grad_changed(a, requires_grad)
+
+
+TENSOR_METHODS["requires_grad_"] = requires_grad_
 
 
 def _check_broadcasts(op: str, value: TensorProxy, target: TensorProxy) -> None:

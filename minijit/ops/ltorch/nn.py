@@ -40,6 +40,8 @@ from minijit.ops.ltorch.elementwise import (
     tanh,
     where,
 )
+from minijit.ops.ltorch.padding import pad_by_index
+from minijit.ops.ltorch.randomness import dropout_mask_scale
 from minijit.ops.ltorch.reductions import all as all_
 from minijit.ops.ltorch.reductions import keep_dims, reduction_dims, vector_norm_of
 from minijit.ops.ltorch.reductions import sum as sum_
@@ -372,7 +374,7 @@ def layer_norm(input: TensorProxy, normalized_shape: Sequence[int], weight: Tens
     return to_dtype(out, input.dtype)
 
 
-@ltorch_op(torch_fns=[F.rms_norm])
+@ltorch_op(torch_fns=[F.rms_norm, torch.rms_norm])  # torch.rms_norm: what F.rms_norm calls (Dynamo graphs)
 def rms_norm(input: TensorProxy, normalized_shape: Sequence[int], weight: TensorProxy | None = None,  # noqa: A002
              eps: float | None = None) -> TensorProxy:
     """F.rms_norm: x / sqrt(mean(x^2) + eps) * weight (eps defaults to the compute dtype's epsilon)."""
@@ -418,14 +420,6 @@ def normalize(input: TensorProxy, p: float = 2.0, dim: int = 1, eps: float = 1e-
 
 # -- dropout and embedding ------------------------------------------------------------------------
 
-def dropout_mask_scale(x: TensorProxy, p: float) -> TensorProxy:
-    """x with each element zeroed with probability p and the rest scaled by 1 / (1 - p)."""
-    seed = prims.random_seed()
-    u = prims.uniform(x.shape, 0.0, 1.0, dtype=torch.float32, device=x.device, seed=seed, offset=0)
-    keep = prims.lt(u, 1.0 - p)
-    return where(keep, mul(x, 1.0 / (1.0 - p)), 0)
-
-
 @ltorch_op(torch_fns=[F.dropout], effects=RANDOM)
 def dropout(input: TensorProxy, p: float = 0.5, training: bool = True, inplace: bool = False) -> TensorProxy:  # noqa: A002
     """F.dropout: identity unless training with p > 0; otherwise a random mask, scaled by 1 / (1 - p)."""
@@ -437,6 +431,8 @@ def dropout(input: TensorProxy, p: float = 0.5, training: bool = True, inplace: 
         return input
     if p == 1:
         return mul(input, 0)
+    if numel_of(input.shape) == 0:
+        return input
     return dropout_mask_scale(input, p)
 
 
@@ -659,7 +655,9 @@ def scaled_dot_product_attention(query: TensorProxy, key: TensorProxy, value: Te
     compute = compute_dtype_for(q.dtype)
     q, k, v = to_dtype(q, compute), to_dtype(k, compute), to_dtype(v, compute)
     perm = (*range(k.ndim - 2), k.ndim - 1, k.ndim - 2)
-    scores = mul(matmul(q, prims.transpose(k, perm)), scale)
+    # As eager's math kernel (which runs attention with dropout): q and k each scaled by sqrt(|scale|).
+    root = math.sqrt(-scale if scale < 0 else scale)  # (abs is torch.abs here)
+    scores = matmul(mul(q, -root if scale < 0 else root), mul(prims.transpose(k, perm), root))
     if is_causal:
         rows = prims.iota(L, start=0, step=1, dtype=torch.int64, device=q.device)
         cols = prims.iota(S, start=0, step=1, dtype=torch.int64, device=q.device)
@@ -680,12 +678,13 @@ def scaled_dot_product_attention(query: TensorProxy, key: TensorProxy, value: Te
 
 # -- padding -------------------------------------------------------------------------------------------------
 
-@ltorch_op(torch_fns=[F.pad])
+@ltorch_op(torch_fns=[F.pad, torch._C._nn.pad])  # torch._C._nn.pad: what F.pad calls (Dynamo graphs)
 def pad(input: TensorProxy, pad: Sequence[int], mode: str = "constant", value: float | None = None) -> TensorProxy:  # noqa: A002
-    """F.pad in 'constant' mode: pad[2i], pad[2i + 1] elements before/after dim -1 - i (negative crops)."""
+    """F.pad: pad[2i], pad[2i + 1] elements before/after dim -1 - i (negative crops), filled with value,
+    or in 'reflect', 'replicate' or 'circular' mode (minijit/ops/ltorch/padding.py)."""
     _tensor("pad", input)
     if mode != "constant":
-        raise unsupported("pad", f"mode {mode!r} is not supported; only 'constant'")
+        return pad_by_index(input, pad, mode)
     if len(pad) % 2 or len(pad) // 2 > input.ndim:
         raise fail("pad", f"padding {tuple(pad)} needs pairs for at most {input.ndim} dims")
     fill = 0 if value is None else value

@@ -1,4 +1,5 @@
-"""Reductions: sum, mean, prod, amax/amin, max/min, argmax/argmin, var/std, all/any, logsumexp, cumsum, norms, topk/sort.
+"""Reductions: sum, mean, prod, amax/amin, max/min, argmax/argmin, var/std, all/any, logsumexp, cumsum (and its
+inverse, diff), norms, topk/sort.
 
 Low-precision (float16, bfloat16) inputs are reduced in float32 and cast back, as
 torch's kernels accumulate in float32; dims follow torch (None or () means all dims).
@@ -16,8 +17,9 @@ from minijit.errors import MetaError
 from minijit.ir import TensorProxy
 from minijit.ops import prims
 from minijit.ops.ltorch.elementwise import abs as abs_
-from minijit.ops.ltorch.elementwise import add, exp, isinf, log, maximum, minimum, mul, sqrt, sub, where
+from minijit.ops.ltorch.elementwise import add, exp, isinf, log, logical_xor, maximum, minimum, mul, sqrt, sub, where
 from minijit.ops.ltorch.elementwise import pow as pow_
+from minijit.ops.ltorch.shape import cat, clone, slice_dim
 from minijit.ops.registry import ltorch_op
 from minijit.ops.utils import canonical_dims, compute_dtype_for, fail, numel_of, reshape_to, to_dtype, unsupported
 
@@ -277,6 +279,33 @@ def cumsum(input: TensorProxy, dim: int, *, dtype: torch.dtype | None = None) ->
         raise fail("cumsum", f"dim must be an int, got {dim!r}")
     d = reduction_dims("cumsum", dim, input.ndim)[0]
     return to_dtype(prims.cumsum(to_dtype(input, compute_dtype_for(dtype)), d), dtype)
+
+
+@ltorch_op(torch_fns=[torch.diff, torch.Tensor.diff], methods=["diff"])
+def diff(input: TensorProxy, n: int = 1, dim: int = -1, prepend: TensorProxy | None = None,  # noqa: A002
+         append: TensorProxy | None = None) -> TensorProxy:
+    """torch.diff: the `n`-th forward difference along `dim` (a logical xor for bool), after joining
+    `prepend` and `append` to `input` along `dim`."""
+    _check_tensor("diff", input)
+    if not isinstance(n, int) or n < 0:
+        raise fail("diff", f"order must be a non-negative int, got {n!r}")
+    if input.ndim == 0:
+        raise fail("diff", "expects input to be at least one-dimensional")
+    d = reduction_dims("diff", dim, input.ndim)[0]
+    if n == 0:
+        return clone(input)  # a copy, without prepend or append, as torch's
+    parts = [t for t in (prepend, input, append) if t is not None]
+    for t in parts:
+        if not isinstance(t, TensorProxy) or t.ndim != input.ndim:
+            raise fail("diff", "expects prepend or append to be tensors with the input's number of dimensions")
+    x = cat(parts, d) if len(parts) > 1 else input
+    for _ in range(n):
+        length = x.shape[d]
+        if length == 0:
+            break
+        later, earlier = slice_dim(x, d, 1, length), slice_dim(x, d, 0, length - 1)
+        x = logical_xor(later, earlier) if x.dtype == torch.bool else sub(later, earlier)
+    return x
 
 
 def vector_norm_of(op: str, x: TensorProxy, ord: Any, dim: Any, keepdim: bool, dtype: torch.dtype | None) -> TensorProxy:  # noqa: A002

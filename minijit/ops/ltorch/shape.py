@@ -12,6 +12,7 @@ returns a new proxy, even when its value equals the input (`x.repeat(1)`,
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -522,6 +523,27 @@ def tile(input: TensorProxy, *dims: Any) -> TensorProxy:  # noqa: A002
     reps = shape_arg(dims)
     return _repeat("tile", input, (1,) * (input.ndim - len(reps)) + reps)
 
+
+@ltorch_op(torch_fns=[torch.repeat_interleave, torch.Tensor.repeat_interleave], methods=["repeat_interleave"])
+def repeat_interleave(input: TensorProxy, repeats: Any = None, dim: int | None = None, *,  # noqa: A002
+                      output_size: int | None = None) -> TensorProxy:
+    """torch.repeat_interleave with an int `repeats`: each element `repeats` times in a row along `dim`
+    (along the flattened tensor for None)."""
+    if repeats is None or isinstance(repeats, TensorProxy):
+        raise UnsupportedOpError(
+            f"ltorch.repeat_interleave with repeats given as a tensor{where_now()}: the output's shape depends on the "
+            "tensor's values, which a trace cannot; pass repeats as an int")
+    if type(repeats) is not int or repeats < 0:
+        raise _fail("repeat_interleave", f"repeats must be a non-negative int, got {repeats!r}")
+    a = reshape_to(input, (math.prod(input.shape),)) if dim is None else input
+    d = canonical_dim(0 if dim is None else dim, a.ndim)
+    size = a.shape[d] * repeats
+    if output_size is not None and output_size != size:
+        raise _fail("repeat_interleave", f"output_size {output_size} differs from the output's size {size}")
+    # (..., s_d, repeats, ...) broadcast, then s_d and repeats merged.
+    spread = (*a.shape[:d + 1], repeats, *a.shape[d + 1:])
+    b = prims.broadcast_in_dim(a, spread, tuple(i if i <= d else i + 1 for i in range(a.ndim)))
+    return prims.reshape(b, (*a.shape[:d], size, *a.shape[d + 1:]))
 
 # -- triangles and diagonals -------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""VJP rules of the elementwise prims: unary math (and polygamma), real/imag, binary math, where and lerp.
+"""VJP rules of the elementwise prims: unary math (and polygamma), real/imag, binary math, where, lerp, dropout.
 
 Elementwise prims take operands of one shape and dtype (numbers allowed), so the
 gradients need no broadcasting or casting. Bool-valued prims (comparisons,
@@ -296,3 +296,18 @@ def lerp_bwd(saved: tuple[Any, ...], g: TensorProxy) -> tuple[Any, ...]:
         lambda: P.mul(g, weight),
         lambda: P.mul(g, P.sub(end, start)),
     ))
+
+
+# -- dropout ---------------------------------------------------------------------------
+
+@vjp(prims.native_dropout)
+def native_dropout_fwd(x: TensorProxy, p: float) -> tuple[Any, tuple[Any, ...]]:
+    out, mask = prims.native_dropout(x, p)
+    return (out, mask), (mask, 1.0 / (1.0 - p))
+
+
+@native_dropout_fwd.backward
+def native_dropout_bwd(saved: tuple[Any, ...], g: TensorProxy | None, g_mask: Any = None) -> tuple[Any, ...]:
+    # The forward's mask, saved: the backward never draws again.
+    mask, scale = saved
+    return P.native_dropout_backward(g, mask, scale), None

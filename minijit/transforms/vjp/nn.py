@@ -247,19 +247,50 @@ def cross_entropy_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
 @vjp("ltorch.scaled_dot_product_attention")
 def sdpa_fwd(query: TensorProxy, key: TensorProxy, value: TensorProxy, attn_mask: Any = None, dropout_p: float = 0.0,
              is_causal: bool = False, scale: Any = None, enable_gqa: bool = False) -> Any:
+    # Key/value heads shared among query heads (GQA): each repeated for its group of query heads, as eager's
+    # kernels do; the backward sums each group's gradients back onto its head.
+    groups = _gqa_groups(query, key, value) if enable_gqa else 1
+    if groups > 1:
+        key, value, enable_gqa = _repeat_heads(key, groups), _repeat_heads(value, groups), False
     if dropout_p == 0.0 and _flash_supported(query, key, value, attn_mask, is_causal, scale):
         mask = attn_mask
         if isinstance(mask, TensorProxy) and mask.dtype == torch.bool:
             zeros = P.full(mask.shape, 0.0, dtype=query.dtype, device=query.device)
             mask = P.where(mask, zeros, float("-inf"))
         out, logsumexp = P.sdpa_flash(query, key, value, mask, is_causal, scale)
-        return out, ("flash", query, key, value, out, logsumexp, mask, is_causal, scale)
+        return out, ("flash", query, key, value, out, logsumexp, mask, is_causal, scale, groups)
     same_batch = tuple(query.shape[:-2]) == tuple(key.shape[:-2]) == tuple(value.shape[:-2])
     if dropout_p != 0.0 or enable_gqa or not same_batch or query.ndim < 2:
         return NotImplemented
     out = _op("scaled_dot_product_attention")(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     scale = scale if scale is not None else 1 / math.sqrt(query.shape[-1])
-    return out, (query, key, value, attn_mask, is_causal, scale)
+    return out, (query, key, value, attn_mask, is_causal, scale, groups)
+
+
+def _gqa_groups(q: Any, k: Any, v: Any) -> int:
+    """How many query heads share each key/value head (1 where they do not, or the shapes are not GQA's)."""
+    if not all(isinstance(t, TensorProxy) and t.ndim >= 3 and type(t.shape[-3]) is int for t in (q, k, v)):
+        return 1
+    heads, kv_heads = q.shape[-3], k.shape[-3]
+    if kv_heads == 0 or heads % kv_heads or v.shape[-3] != kv_heads:
+        return 1  # not GQA: the decomposition raises eager's error
+    return heads // kv_heads
+
+
+def _repeat_heads(x: TensorProxy, groups: int) -> TensorProxy:
+    """(..., H, S, E) -> (..., H * groups, S, E), each head repeated `groups` times in a row."""
+    *batch, h, s, e = x.shape
+    n = len(batch)
+    wide = P.broadcast_in_dim(x, (*batch, h, groups, s, e), (*range(n), n, n + 2, n + 3))
+    return P.reshape(wide, (*batch, h * groups, s, e))
+
+
+def _sum_groups(g: TensorProxy, groups: int) -> TensorProxy:
+    """The gradient of `_repeat_heads`: each group of `groups` heads summed onto its head."""
+    if groups == 1:
+        return g
+    *batch, hg, s, e = g.shape
+    return P.sum(P.reshape(g, (*batch, hg // groups, groups, s, e)), (len(batch) + 1,))
 
 
 def _flash_supported(q: Any, k: Any, v: Any, mask: Any, is_causal: Any, scale: Any) -> bool:
@@ -293,11 +324,11 @@ def _flash_supported(q: Any, k: Any, v: Any, mask: Any, is_causal: Any, scale: A
 @sdpa_fwd.backward
 def sdpa_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
     if isinstance(saved[0], str):  # ("flash", ...): the forward ran prims.sdpa_flash
-        _, q, k, v, out, logsumexp, mask, is_causal, scale = saved
+        _, q, k, v, out, logsumexp, mask, is_causal, scale, groups = saved
         gq, gk, gv = P.sdpa_flash_backward(cast_like(g, out), q, k, v, out, logsumexp, mask, is_causal, scale)
-        return gq, gk, gv, None
+        return gq, _sum_groups(gk, groups), _sum_groups(gv, groups), None
     # Recompute the attention probabilities from q, k and the mask rather than saving them.
-    q_, k_, v_, mask, is_causal, scale = saved
+    q_, k_, v_, mask, is_causal, scale, groups = saved
     dtype = compute_dtype(q_.dtype)
     q, k, v, gg = (_up(t, dtype) for t in (q_, k_, v_, g))
     s = P.mul(P.matmul(q, matrix_transpose(k)), scale)
@@ -321,7 +352,7 @@ def sdpa_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
     gmask = None
     if isinstance(mask, TensorProxy) and mask.dtype != torch.bool:
         gmask = cast_like(sum_to_shape(gs, mask.shape), mask)
-    return cast_like(gq, q_), cast_like(gk, k_), cast_like(gv, v_), gmask
+    return cast_like(gq, q_), _sum_groups(cast_like(gk, k_), groups), _sum_groups(cast_like(gv, v_), groups), gmask
 
 
 @vjp("ltorch.index_fill")

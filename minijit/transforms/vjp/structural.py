@@ -454,3 +454,13 @@ def clone_fwd(x: TensorProxy) -> tuple[TensorProxy, Saved]:
 @clone_fwd.backward
 def clone_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
     return (g,)
+
+
+@vjp(prims.no_grad_update)
+def no_grad_update_fwd(old: TensorProxy, new: TensorProxy) -> Any:
+    return prims.no_grad_update(old, new), ()
+
+
+@no_grad_update_fwd.backward
+def no_grad_update_bwd(saved: Saved, g: TensorProxy | None) -> tuple[Any, None]:
+    return g, None

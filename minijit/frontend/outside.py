@@ -1,0 +1,496 @@
+"""Outside state: what traced code reads from, and writes into, objects that exist outside the call.
+
+A compiled trace replays tensor computations; Python state outside the call (a global,
+an optimizer's `param_groups`, a module's hooks, `p.grad`) is not in it. This module
+makes sure that state is never baked in silently (DESIGN.md, invariant 8):
+
+**Roots.** The objects the call reaches from outside — its non-tensor arguments,
+globals and closure values, and whatever is read from those — are *roots*. Every read
+of a root's attribute, item, length, keys or membership is recorded as a guard
+(`minijit.frontend.guards`), in user and library code alike, so a later change is a
+cache miss.
+
+**Tensors read from outside** are not baked in either: the `Source` they were read from
+is remembered, and when traced code computes with one (or returns it, or stores it), it
+becomes an input of the trace that every call reads again from that source. A replaced
+`p.grad`, a reassigned global tensor, a parameter of a module held in a closure: each
+call sees the current one. Writes into them are functionalized like writes into inputs.
+
+**Writes into roots** (an attribute set, `d[k] = v`, `list.append`, a global assigned,
+...) are *effects*: each is logged, performed while tracing (so later traced code sees
+it), undone when the capture ends, and replayed by every call after its computation —
+the first call included. Values the trace created are rebuilt afresh for each call;
+tensors among them are the call's results. A read of something the trace itself wrote
+needs no guard; a read of a container the trace changed guards its state before the
+call, so that replaying the effects is right whenever the guard passes.
+"""
+
+from __future__ import annotations
+
+import collections
+import inspect
+import sys
+import types
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from minijit.errors import UnsupportedSyntaxError
+from minijit.frontend.guards import MISSING, Source, has_snapshot, is_users_module, may_have_guarded_attributes, record
+from minijit.ir import Proxy
+from minijit.ir.context import where_now
+
+Tensor = torch.Tensor
+
+# Mutating methods of the built-in containers, as (type, method) -> whether the method also reads the
+# container's contents (then its state before the call is guarded, as for any read).
+_MUTATORS: dict[tuple[type, str], bool] = {
+    **{(list, m): False for m in ("append", "extend", "insert", "clear", "__setitem__", "__delitem__", "__iadd__")},
+    **{(list, m): True for m in ("pop", "remove", "sort", "reverse")},
+    **{(dict, m): False for m in ("update", "clear", "__setitem__", "__delitem__", "__ior__")},
+    **{(dict, m): True for m in ("pop", "popitem", "setdefault")},
+    **{(set, m): False for m in ("add", "update", "clear", "__ior__")},
+    **{(set, m): True for m in ("discard", "remove", "pop", "difference_update", "intersection_update",
+                                "symmetric_difference_update", "__isub__", "__iand__", "__ixor__")},
+    **{(collections.deque, m): False for m in ("append", "appendleft", "extend", "extendleft", "clear")},
+    **{(collections.deque, m): True for m in ("pop", "popleft", "remove", "rotate", "reverse")},
+    (collections.OrderedDict, "move_to_end"): True,
+}
+
+
+@dataclass
+class Effect:
+    """One write into an object outside the call, replayed after every call's computation.
+
+    `op` is "setattr", "delattr" (plain setattr; "object setattr"/"object delattr": through
+    `object.__setattr__`, where a class's own `__setattr__` was interpreted), "setitem",
+    "delitem", "cell" (a closure cell assigned) or "call" (a container method: `key` is its
+    name, `value` its argument tuple). `holder` is the object written (held by reference) or
+    the `Source` of a tensor (read again on each call).
+    """
+
+    op: str
+    holder: Any
+    key: Any = None
+    value: Any = None
+
+    def describe(self) -> str:
+        """The effect in words, for traces and messages (one line)."""
+        owner = "a tensor" if isinstance(self.holder, Source) else f"a {type(self.holder).__name__}"
+        if self.op.endswith(("setattr", "delattr")):
+            return f"{'set' if self.op.endswith('setattr') else 'delete'} attribute {self.key!r} of {owner}"
+        if self.op in ("setitem", "delitem"):
+            return f"{'set' if self.op == 'setitem' else 'delete'} item [{short_repr(self.key)}] of {owner}"
+        if self.op == "cell":
+            return f"assign the closure variable {self.key}"
+        if self.op == "function":
+            return f"call {getattr(self.holder, '__name__', 'a function')}(...)"
+        return f"{owner}.{self.key}(...)"
+
+
+def short_repr(value: Any) -> str:
+    """A one-line, short repr for messages and trace comments."""
+    if isinstance(value, Tensor):
+        return f"<tensor {tuple(value.shape)}>"
+    text = " ".join(repr(value).split())
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+@dataclass
+class Outside:
+    """The outside state of one interpretation: roots, tensor sources, effects and how to undo them."""
+
+    # id -> (object, label): objects from outside whose reads are guarded and writes logged.
+    roots: dict[int, tuple[Any, str]] = field(default_factory=dict)
+    # id -> (tensor, where it was read): tensors read from outside, captured as inputs when used.
+    tensor_sources: dict[int, tuple[Tensor, Source]] = field(default_factory=dict)
+    effects: list[Effect] = field(default_factory=list)
+    # Functions restoring the state before the capture, run in reverse order when it ends.
+    undo: list[Callable[[], None]] = field(default_factory=list)
+    # (id(holder), key) the trace wrote: reading them back needs no guard.
+    written: set[tuple[int, Any]] = field(default_factory=set)
+    # id -> (container, a copy of its contents before the trace changed it).
+    changed: dict[int, tuple[Any, Any]] = field(default_factory=dict)
+    # ids of roots whose whole contents are already guarded (lists/dicts/sets of constants), or
+    # that the cache key covers (a jitted module's hook dicts).
+    whole: set[int] = field(default_factory=set)
+    # (id(holder), key) whose value the cache key covers (a jitted module's submodules, training flags).
+    keyed: set[tuple[int, Any]] = field(default_factory=set)
+    # ids of proxies the caller put into outside objects itself (a jitted module's parameters).
+    placed: set[int] = field(default_factory=set)
+    # id -> (iterator, label): native iterators and generators from outside, never advanced by the trace.
+    iterators: dict[int, tuple[Any, str]] = field(default_factory=dict)
+    # id -> object: instances of Python classes the traced code created; a result or stored value
+    # holding traced tensors in one is rebuilt for each call from its attributes.
+    created: dict[int, Any] = field(default_factory=dict)
+
+    # -- roots and sources --------------------------------------------------------------------
+    def add_root(self, obj: Any, label: str) -> None:
+        """Guard reads of `obj` and log writes into it from now on."""
+        if id(obj) not in self.roots and may_have_guarded_attributes(obj):
+            self.roots[id(obj)] = (obj, label)
+
+    def is_root(self, obj: Any) -> bool:
+        """True for objects that exist outside the call (and are not tensors). A user's class is one
+        however the code reached it (`type(self).count += 1`)."""
+        if id(obj) in self.roots:
+            return True
+        if isinstance(obj, type) and _users_class(obj):
+            self.add_root(obj, obj.__qualname__)
+            return True
+        return False
+
+    def note_created(self, obj: Any) -> None:
+        """`obj` was instantiated by traced code (it is kept alive until the capture ends)."""
+        if id(obj) not in self.roots:
+            self.created[id(obj)] = obj
+
+    def is_created(self, obj: Any) -> bool:
+        """True for an object traced code instantiated (and nobody outside the call had before)."""
+        return self.created.get(id(obj)) is obj
+
+    def label_of(self, obj: Any) -> str:
+        """The name of a root, for the names of the values read from it."""
+        entry = self.roots.get(id(obj))
+        return entry[1] if entry is not None else "captured"
+
+    def source_of(self, t: Tensor) -> Source | None:
+        """Where the outside tensor `t` was read from: as it was read, or found in a root (read natively)."""
+        entry = self.tensor_sources.get(id(t))
+        if entry is not None and entry[0] is t:
+            return entry[1]
+        for obj, label in list(self.roots.values()):
+            for access, key, value in _slots(obj):
+                if value is t:
+                    source = Source(obj, access, key, item_label(label, key))
+                    self.tensor_sources[id(t)] = (t, source)
+                    return source
+        return None
+
+    def note_value(self, value: Any, source: Source) -> None:
+        """A value just read from outside: a tensor remembers its source, an object becomes a root."""
+        if isinstance(value, Tensor):
+            if id(value) not in self.tensor_sources:
+                self.tensor_sources[id(value)] = (value, source)
+        elif not isinstance(value, Proxy):
+            self.add_root(value, source.label)
+            if has_snapshot(value):
+                self.whole.add(id(value))
+            self.note_iterator(value, source.label)
+
+    def note_iterator(self, value: Any, label: str) -> None:
+        """Remember a native iterator or generator from outside: advancing it cannot be replayed."""
+        if hasattr(type(value), "__next__") and not hasattr(value, "__dict__"):
+            self.iterators[id(value)] = (value, label)
+
+    def check_not_outside_iterator(self, it: Any) -> None:
+        """Refuse to advance an iterator from outside the call (it would advance once, at trace time)."""
+        if id(it) in self.iterators:
+            label = self.iterators[id(it)][1]
+            raise UnsupportedSyntaxError(
+                f"advancing the {type(it).__name__} {label}, which exists outside the jitted call{where_now()}: "
+                "minijit would take its next item once, while tracing, and never again. Take the item outside "
+                "and pass it as an argument")
+
+    # -- reads ----------------------------------------------------------------------------------
+    def read(self, guards: dict[Any, Any], kind: str, holder: Any, key: Any, value: Any, label: str,
+             shadow: dict[str, Any] | None = None) -> None:
+        """Record that traced code read `value` as `key` of `holder` (a global, cell, attribute or item)."""
+        if (id(holder), key) in self.written:
+            return  # the trace wrote it itself: the value is the trace's own
+        changed = self.changed.get(id(holder))
+        if changed is not None and kind == "item":
+            self._guard_before_change(guards, holder)
+        elif id(holder) not in self.whole and (id(holder), key) not in self.keyed:  # keyed: the cache key covers it
+            record(guards, kind, holder, key, value, shadow)
+        access = {"global": "item", "builtin": "item", "item": "item", "cell": "cell"}.get(kind, "attribute")
+        if shadow is None:
+            self.note_value(value, Source(holder, access, key, label))
+
+    def observe(self, guards: dict[Any, Any], container: Any, how: str, key: Any = None, result: Any = None) -> None:
+        """Record a structural read of the root `container`: "length", "contains" (`key in c` was `result`),
+        "keys", or "iterate" (its keys, and for sequences every element)."""
+        if id(container) in self.whole:
+            return
+        if id(container) in self.changed:
+            self._guard_before_change(guards, container)
+            return
+        if how == "contains":
+            if (id(container), key) not in self.keyed:
+                record(guards, "contains", container, key, result)
+        elif how == "length" or (how == "iterate" and isinstance(container, list | tuple | collections.deque)):
+            record(guards, "length", container, None, len(container))
+            if how == "iterate":
+                label = self.label_of(container)
+                for i, item in enumerate(container):
+                    self.read(guards, "item", container, i, item, item_label(label, i))
+        else:  # the keys of a mapping, the elements of a set
+            record(guards, "keys", container, None, tuple(container))
+
+    def observe_values(self, guards: dict[Any, Any], mapping: Any) -> None:
+        """Record a read of every key and value of the root mapping (`.items()`, `.values()`)."""
+        self.observe(guards, mapping, "keys")
+        if id(mapping) in self.changed or id(mapping) in self.whole:
+            return
+        label = self.label_of(mapping)
+        for k in list(mapping):
+            self.read(guards, "item", mapping, k, dict.get(mapping, k) if isinstance(mapping, dict) else mapping[k],
+                      item_label(label, k))
+
+    def _guard_before_change(self, guards: dict[Any, Any], container: Any) -> None:
+        """Guard the whole state the trace found `container` in, before its own writes."""
+        _, before = self.changed[id(container)]
+        if isinstance(before, dict):
+            record(guards, "keys", container, "before", tuple(before))
+            for k, v in before.items():
+                record(guards, "item", container, k, v)
+        else:
+            record(guards, "length", container, "before", len(before))
+            if isinstance(container, list | tuple):
+                for i, v in enumerate(before):
+                    record(guards, "item", container, i, v)
+            else:
+                record(guards, "keys", container, "before", tuple(before))
+
+    # -- writes ---------------------------------------------------------------------------------
+    def write_attribute(self, holder: Any, name: str, value: Any, delete: bool = False,
+                        native: Callable[..., Any] | None = None) -> None:
+        """Log `holder.name = value` (or `del holder.name`), done natively, and how to undo it.
+
+        `native` is the function that sets it (`object.__setattr__` where a class's own
+        `__setattr__` ran in the interpreter and ended there); default: setattr/delattr.
+        """
+        target = self._holder(holder)
+        self.written.add((id(holder), name))
+        own = getattr(holder, "__dict__", None)
+        descriptor = inspect.getattr_static(type(holder), name, None)
+        if isinstance(own, dict) and not hasattr(descriptor, "__set__"):
+            old = own.get(name, MISSING)
+            self.undo.append(lambda: _restore_item(own, name, old))
+        else:
+            old = getattr(holder, name, MISSING)
+            self.undo.append(lambda: _restore_attribute(holder, name, old))
+        if self._caches_placed(value):
+            return
+        op = "delattr" if delete else "setattr"
+        if native is object.__setattr__ or native is object.__delattr__:
+            op = "object " + op
+        self.effects.append(Effect(op, target, name, value))
+
+    def write_item(self, container: Any, key: Any, value: Any, delete: bool = False) -> None:
+        """Log `container[key] = value` (or `del container[key]`) on a root, and how to undo it."""
+        self._remember_contents(container)
+        if isinstance(container, dict):
+            self.written.add((id(container), key))
+        if not self._caches_placed(value):
+            self.effects.append(Effect("delitem" if delete else "setitem", container, key, value))
+
+    def write_global(self, namespace: dict[str, Any], name: str, value: Any, delete: bool = False) -> None:
+        """Log an assignment to a module global (only that key is restored: globals dicts are shared)."""
+        old = namespace.get(name, MISSING)
+        self.undo.append(lambda: _restore_item(namespace, name, old))
+        self.written.add((id(namespace), name))
+        self.effects.append(Effect("delitem" if delete else "setitem", namespace, name, value))
+
+    def write_cell(self, cell: types.CellType, name: str, value: Any) -> None:
+        """Log an assignment to the closure variable `name`, a cell created outside the call."""
+        try:
+            old = cell.cell_contents
+        except ValueError:
+            old = MISSING
+        self.undo.append(lambda: _restore_cell(cell, old))
+        self.written.add((id(cell), name))
+        self.effects.append(Effect("cell", cell, name, value))
+
+    def call_mutator(self, guards: dict[Any, Any], container: Any, method: str, args: tuple[Any, ...]) -> None:
+        """Log a mutating method call on a root container (before it runs natively)."""
+        reads = next((r for (cls, m), r in _MUTATORS.items() if m == method and isinstance(container, cls)), False)
+        if reads:
+            self.observe(guards, container, "iterate")
+        self._remember_contents(container)
+        self.effects.append(Effect("call", container, method, args))
+
+    def call_function(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Log a call made for its effect alone (`print`): not made now, made by every call after its computation."""
+        self.effects.append(Effect("function", fn, None, (args, kwargs)))
+
+    def _caches_placed(self, value: Any) -> bool:
+        """True when `value` holds only placed proxies (or weak references to them): torch's own cache
+        of a jitted module's parameters (nn.RNNBase._flat_weights), which eager fills with the same
+        parameters. Such a write is undone after the capture and not replayed."""
+        found = [v for v in _cached_values(value, depth=2) if isinstance(v, Proxy)]
+        return bool(found) and all(id(v) in self.placed for v in found)
+
+    def _remember_contents(self, container: Any) -> None:
+        if id(container) in self.changed:
+            return
+        before = dict(container) if isinstance(container, dict) else list(container)
+        self.changed[id(container)] = (container, before)
+        self.undo.append(lambda: _restore_contents(container, before))
+
+    def _holder(self, holder: Any) -> Any:
+        """What an effect on `holder` is replayed on: the object itself, or a tensor's source."""
+        if isinstance(holder, Tensor):
+            source = self.source_of(holder)
+            if source is None:
+                raise UnsupportedSyntaxError(
+                    f"traced code changed an attribute of a tensor it did not receive{where_now()}; minijit cannot "
+                    "repeat that on later calls. Pass the tensor as an argument")
+            return source
+        return holder
+
+    def restore(self) -> None:
+        """Put every object the trace changed back the way it was before the capture."""
+        for undo in reversed(self.undo):
+            undo()
+        self.undo.clear()
+
+
+def _users_class(cls: type) -> bool:
+    """A class defined in the user's own code (not the standard library's or a package's)."""
+    module = sys.modules.get(cls.__module__)
+    return module is not None and is_users_module(module) and may_have_guarded_attributes(cls)
+
+
+def _cached_values(value: Any, depth: int) -> list[Any]:
+    """`value`, what a weak reference in it points to, and the items of lists, tuples and dicts, `depth` deep."""
+    if isinstance(value, weakref.ref):
+        return [value()]
+    if depth and type(value) in (list, tuple):
+        return [x for v in value for x in _cached_values(v, depth - 1)]
+    if depth and type(value) is dict:
+        return [x for v in value.values() for x in _cached_values(v, depth - 1)]
+    return [value]
+
+
+def item_label(container_label: str, key: Any) -> str:
+    """The name of `container[key]` in traces: a string key itself, else the container's name and the key."""
+    if isinstance(key, str) and key.isidentifier():
+        return key
+    return f"{container_label}_{key}" if isinstance(key, int) else container_label
+
+
+def mutator_of(container: Any, method: str) -> bool:
+    """True when `method` of the built-in container `container` changes it."""
+    return any(m == method and isinstance(container, cls) for (cls, m) in _MUTATORS)
+
+
+def _restore_item(mapping: dict[Any, Any], key: Any, old: Any) -> None:
+    if old is MISSING:
+        mapping.pop(key, None)
+    else:
+        mapping[key] = old
+
+
+def _restore_attribute(obj: Any, name: str, old: Any) -> None:
+    if old is MISSING:
+        if hasattr(obj, name):
+            delattr(obj, name)
+    else:
+        setattr(obj, name, old)
+
+
+def _restore_cell(cell: types.CellType, old: Any) -> None:
+    if old is MISSING:
+        try:
+            del cell.cell_contents
+        except ValueError:
+            pass
+    else:
+        cell.cell_contents = old
+
+
+def _restore_contents(container: Any, before: Any) -> None:
+    if isinstance(container, dict):
+        # Values by identity (a traced value's == would record into the trace), keys and their order too.
+        now = list(dict.items(container))
+        if len(now) != len(before) or any(k is not k0 or v is not v0 for (k, v), (k0, v0) in zip(now, before.items())):
+            # OrderedDict keeps its own order list beside the dict's: only its methods keep the two in step.
+            kind = collections.OrderedDict if isinstance(container, collections.OrderedDict) else dict
+            kind.clear(container)
+            kind.update(container, before)
+    elif isinstance(container, list):
+        container[:] = before
+    elif isinstance(container, set):
+        container.clear()
+        container.update(before)
+    elif isinstance(container, collections.deque):
+        container.clear()
+        container.extend(before)
+
+
+# -- tensors read from outside ----------------------------------------------------------------------
+
+# Attributes of a tensor that the trace specialises on by reading them (the capture checks shape,
+# dtype, device and requires_grad of every captured tensor; these others are guarded by value).
+_READ_NATIVELY = frozenset({"grad", "is_leaf", "grad_fn", "layout", "is_sparse", "is_quantized", "is_meta",
+                            "is_nested", "_base", "names", "_version", "retains_grad", "is_mkldnn"})
+
+
+def tensor_attribute(outside: Outside, guards: dict[Any, Any], t: Tensor, name: str, capture: Callable[[Tensor], Any]
+                     ) -> Any:
+    """`t.name` for a real tensor met by traced code: computed through its proxy, or read and guarded."""
+    own = t.__dict__ if type(t) is not Tensor else {}
+    if name in _READ_NATIVELY or name in own:
+        value = getattr(t, name)
+        source = outside.source_of(t)
+        if source is not None:
+            record(guards, "tensor attribute", source, name, value)
+            outside.note_value(value, Source(source, "tensor attribute", name, f"{source.label}_{name}"))
+        return value
+    return getattr(capture(t), name)
+
+
+def has_real_tensor(args: Any) -> bool:
+    """True when a real (not proxy) tensor is among `args`, looking into lists, tuples and dicts."""
+    for a in args:
+        if isinstance(a, Tensor):
+            return True
+        t = type(a)
+        if (t is list or t is tuple) and has_real_tensor(a):
+            return True
+        if t is dict and has_real_tensor(a.values()):
+            return True
+    return False
+
+
+def check_no_proxy_left(outside: Outside) -> None:
+    """After the capture, no proxy may remain in an object from outside (DESIGN.md, invariant 8),
+    but those the caller placed there on purpose (a jitted module's swapped-in parameters)."""
+    for obj, label in outside.roots.values():
+        for where, value in _shallow_contents(obj):
+            if isinstance(value, Proxy) and id(value) not in outside.placed:
+                raise UnsupportedSyntaxError(
+                    f"a traced tensor ({value.name}) was stored into {where} of a {type(obj).__name__} ({label}) that "
+                    "exists outside the jitted call, by code minijit runs natively; it cannot be replayed. Return "
+                    "the tensor from the jitted function and store it outside")
+
+
+def _slots(obj: Any) -> list[tuple[str, Any, Any]]:
+    """(access, key, value) for what `obj` holds directly: items of containers, instance attributes."""
+    if isinstance(obj, dict):
+        return [("item", k, v) for k, v in obj.items()]
+    if isinstance(obj, list | tuple):
+        return [("item", i, v) for i, v in enumerate(obj)]
+    own = getattr(obj, "__dict__", None)
+    if isinstance(own, dict):
+        return [("attribute", k, v) for k, v in own.items()]
+    return []
+
+
+def _shallow_contents(obj: Any) -> list[tuple[str, Any]]:
+    if isinstance(obj, dict):
+        return [(f"item [{k!r}]", v) for k, v in obj.items()]
+    if isinstance(obj, list | tuple | collections.deque):
+        return [(f"item [{i}]", v) for i, v in enumerate(obj)]
+    own = getattr(obj, "__dict__", None)
+    if isinstance(own, dict):
+        return [(f"attribute {k!r}", v) for k, v in own.items()]
+    return []
+
+
+__all__ = ["Effect", "Outside", "check_no_proxy_left", "has_real_tensor", "item_label", "mutator_of",
+           "tensor_attribute"]

@@ -1,0 +1,190 @@
+"""torch.autocast: eager's casting policy, applied to each ltorch op that the user's code calls.
+
+Under `torch.autocast(device_type, dtype)` eager PyTorch casts the floating point
+tensor arguments of some ops before running them, per device type (ATen's
+`autocast_mode.cpp`):
+
+- LOWER: every eligible argument to the autocast dtype (matmul, linear, sdpa, ...);
+- FP32: every eligible argument to float32 (losses, and on CUDA exp, log, norms, ...);
+- FP32_UNLESS_DTYPE: the result in float32 through the op's `dtype` argument, unless the
+  call gives one (CUDA sum, softmax, cumsum, ...), when the first argument is eligible;
+- PROMOTE: every eligible argument to the widest of their dtypes (cat on CPU, ...).
+
+An argument is eligible when it is a floating point tensor of that device type and
+not float64. Every other op runs on its arguments as they are. `POLICIES` is the one
+table of these facts, by device type and ltorch op name; an ltorch op standing for a
+composite torch function without its own entry (`torch.square` is `pow(x, 2)`,
+`F.normalize` divides by a `norm`) gets the policy that gives the composite's result.
+
+The casts are recorded as `prims.convert_element_type` in front of the op, so the
+printed trace shows them and the compiled trace runs without autocast (minijit's
+runtime turns it off around the call). As in eager, the op's own decomposition runs
+with autocast off: only calls made by the user's code are cast
+(`Trace.recording_user_call`). Casts of float32 trace inputs that require grad (the
+parameters) to the autocast dtype are shared, as eager caches casts of weights
+(`torch.is_autocast_cache_enabled()`), until eager would clear its cache
+(`clear_cast_cache`, called where the traced code calls `torch.clear_autocast_cache`,
+as leaving the outermost autocast context does).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+from weakref import WeakKeyDictionary
+
+import torch
+
+from minijit.errors import MetaError
+from minijit.ir import TensorProxy, Trace, current_trace, tree_iter, tree_map
+from minijit.ir.context import where_now
+from minijit.ops import prims
+
+LOWER = "lower precision"
+FP32 = "float32"
+FP32_UNLESS_DTYPE = "float32 unless dtype is given"
+PROMOTE = "widest input type"
+
+_CONVOLUTIONS = ("conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
+                 "convolution")
+_CPU_LOWER = ("matmul", "mm", "bmm", "addmm", "baddbmm", "linear", "scaled_dot_product_attention", *_CONVOLUTIONS)
+_CPU_FP32 = ("prod", "mse_loss", "l1_loss", "nll_loss", "cross_entropy", "binary_cross_entropy_with_logits",
+             "avg_pool3d", "max_pool3d", "adaptive_avg_pool3d")
+# hstack and vstack are cat underneath.
+_CPU_PROMOTE = ("cat", "stack", "hstack", "vstack", "index_copy")
+
+_CUDA_LOWER = ("matmul", "mm", "bmm", "addmm", "baddbmm", "linear", "scaled_dot_product_attention", *_CONVOLUTIONS,
+               "lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell")
+_CUDA_FP32 = (
+    "acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p", "reciprocal", "rsqrt",
+    "sinh", "tan", "pow", "softplus", "layer_norm", "native_layer_norm", "rms_norm", "group_norm", "nll_loss",
+    "l1_loss", "mse_loss", "binary_cross_entropy_with_logits", "logsumexp",
+    # Composites: cross_entropy is log_softmax (float32 unless dtype) then nll_loss (float32); square
+    # is pow(x, 2); normalize divides by a float32 norm.
+    "cross_entropy", "square", "normalize",
+)
+_CUDA_FP32_UNLESS_DTYPE = ("sum", "prod", "cumsum", "softmax", "log_softmax", "vector_norm", "norm")
+_CUDA_PROMOTE = ("addcdiv", "addcmul", "atan2", "index_put", "scatter_add")
+
+# device type -> ltorch op name -> cast policy (ops not listed run on their arguments as given).
+POLICIES: dict[str, dict[str, str]] = {
+    "cpu": {**dict.fromkeys(_CPU_LOWER, LOWER), **dict.fromkeys(_CPU_FP32, FP32),
+            **dict.fromkeys(_CPU_PROMOTE, PROMOTE)},
+    "cuda": {**dict.fromkeys(_CUDA_LOWER, LOWER), **dict.fromkeys(_CUDA_FP32, FP32),
+             **dict.fromkeys(_CUDA_FP32_UNLESS_DTYPE, FP32_UNLESS_DTYPE), **dict.fromkeys(_CUDA_PROMOTE, PROMOTE)},
+}
+
+# trace -> {(id of a trace input, dtype): its cast}; see `_cast`.
+_CAST_CACHES: WeakKeyDictionary[Trace, dict[tuple[int, torch.dtype], TensorProxy]] = WeakKeyDictionary()
+
+
+def policy_for(op_name: str, device_type: str) -> str | None:
+    """The cast policy of ltorch op `op_name` under autocast for `device_type`, or None."""
+    return POLICIES.get(device_type, {}).get(op_name)
+
+
+# A real tensor among an op's arguments (a global, a closure value) becomes a trace constant when
+# recorded; autocast casts it like a proxy.
+_TENSORS = (TensorProxy, torch.Tensor)
+
+
+def _device_type(tensors: list[Any]) -> str:
+    # Eager dispatches to the backend with the highest priority among the arguments: CUDA over CPU.
+    types = {t.device.type for t in tensors}
+    return "cuda" if "cuda" in types else tensors[0].device.type
+
+
+def _eligible(x: Any, device_type: str) -> bool:
+    return (isinstance(x, _TENSORS) and x.device.type == device_type and x.dtype.is_floating_point
+            and x.dtype != torch.float64)
+
+
+def _widest(op: str, tensors: list[Any], lower: torch.dtype, device_type: str) -> torch.dtype:
+    widest = lower
+    for t in tensors:
+        if not _eligible(t, device_type):
+            continue
+        if widest == torch.float32 or t.dtype == torch.float32:
+            widest = torch.float32
+        elif t.dtype != lower:
+            raise MetaError(f"{op}: autocast cannot promote {t.dtype} and {lower} (eager raises 'Unexpected floating "
+                            f"ScalarType in at::autocast::prioritize'){where_now()}; cast the arguments first")
+    return widest
+
+
+def _cast(trace: Trace, x: Any, dtype: torch.dtype, lower: torch.dtype) -> TensorProxy:
+    """x in `dtype`, sharing one cast per parameter while autocast stays entered, as eager does."""
+    if x.dtype == dtype:
+        return x
+    cacheable = (dtype == lower and x.dtype == torch.float32 and x.requires_grad
+                 and torch.is_autocast_cache_enabled() and any(a is x for a in trace.args))
+    if not cacheable:
+        return prims.convert_element_type(x, dtype)
+    cache = _CAST_CACHES.setdefault(trace, {})
+    cast = cache.get((id(x), dtype))
+    if cast is None:
+        cast = cache[(id(x), dtype)] = prims.convert_element_type(x, dtype)
+    return cast
+
+
+def clear_cast_cache() -> None:
+    """Forget the casts shared in the trace being recorded (eager's `torch.clear_autocast_cache`)."""
+    trace = current_trace()
+    if trace is not None:
+        _CAST_CACHES.pop(trace, None)
+
+
+_SIGNATURES: dict[Callable[..., Any], inspect.Signature] = {}
+
+
+def _with_float32_dtype(meta: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                        device_type: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The arguments with `dtype=torch.float32` unless given, when the first argument is eligible."""
+    sig = _SIGNATURES.get(meta)
+    if sig is None:
+        sig = _SIGNATURES[meta] = inspect.signature(meta)
+    bound = sig.bind(*args, **kwargs)
+    first = next(iter(bound.arguments.values()), None)
+    if not _eligible(first, device_type) or bound.arguments.get("dtype") is not None:
+        return args, kwargs
+    bound.arguments["dtype"] = torch.float32
+    return bound.args, bound.kwargs
+
+
+def autocast_arguments(op_name: str, meta: Callable[..., Any], args: tuple[Any, ...],
+                       kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The arguments eager would run ltorch op `op_name` on under the current autocast state.
+
+    Records the casts (`prims.convert_element_type`) into the current trace. `meta` is
+    the op's decomposition, whose signature locates a `dtype` argument.
+    """
+    tensors = [x for x in tree_iter((args, kwargs)) if isinstance(x, _TENSORS)]
+    if not tensors:
+        return args, kwargs
+    device_type = _device_type(tensors)
+    if device_type not in POLICIES or not torch.is_autocast_enabled(device_type):
+        return args, kwargs
+    policy = policy_for(op_name, device_type)
+    if policy is None:
+        return args, kwargs
+    lower = torch.get_autocast_dtype(device_type)
+    if policy == FP32_UNLESS_DTYPE:
+        return _with_float32_dtype(meta, args, kwargs, device_type)
+    if policy == LOWER:
+        dtype = lower
+    elif policy == FP32:
+        dtype = torch.float32
+    else:
+        dtype = _widest(op_name, tensors, lower, device_type)
+
+    trace = current_trace()
+
+    def cast(x: Any) -> Any:
+        return _cast(trace, x, dtype, lower) if _eligible(x, device_type) else x
+
+    return tree_map(cast, (args, kwargs))
+
+
+__all__ = ["FP32", "FP32_UNLESS_DTYPE", "LOWER", "POLICIES", "PROMOTE", "autocast_arguments", "clear_cast_cache",
+           "policy_for"]

@@ -1,0 +1,56 @@
+"""torch.autocast around a jitted call: part of the cache key, and off while the compiled trace runs.
+
+A trace records the casts that autocast made while it was captured
+(`minijit.ops.autocast`), so a compiled trace must run with autocast off: with it on,
+torch would cast again, or differently (an op the user ran under
+`autocast(enabled=False)` would be cast after all). And since the casts depend on the
+autocast state around the call, that state is part of the cache key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+any_autocast_enabled = torch._C._is_any_autocast_enabled
+_DEVICE_TYPES = ("cpu", "cuda")
+
+
+def autocast_state() -> tuple[Any, ...] | None:
+    """What the traces of a call depend on of torch.autocast's state: None when it is off everywhere.
+
+    Otherwise the autocast dtype of each device type where it is on, and whether casts are cached.
+    """
+    if not any_autocast_enabled():
+        return None
+    enabled = tuple((d, torch.get_autocast_dtype(d)) for d in _DEVICE_TYPES if torch.is_autocast_enabled(d))
+    return (*enabled, torch.is_autocast_cache_enabled())
+
+
+def without_autocast(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn`, run with autocast turned off when it is on (the trace holds its own casts)."""
+    disable = torch._C._DisableAutocast
+
+    def run(*args: Any) -> Any:
+        if not any_autocast_enabled():
+            return fn(*args)
+        with disable():
+            return fn(*args)
+
+    run.__wrapped__ = fn  # type: ignore[attr-defined]
+    return run
+
+
+def describe_autocast() -> dict[str, tuple[str, Any]]:
+    """The autocast state as items of a call's description (see `minijit.runtime.explain`)."""
+    out: dict[str, tuple[str, Any]] = {}
+    for d in _DEVICE_TYPES:
+        enabled = torch.is_autocast_enabled(d)
+        out[f"autocast {d}"] = (f"torch.is_autocast_enabled({d!r})", ("value", ("bool", enabled)))
+        if enabled:
+            out[f"autocast {d} dtype"] = (f"torch.get_autocast_dtype({d!r})", ("value", ("dtype", torch.get_autocast_dtype(d))))
+    if any_autocast_enabled():
+        out["autocast cache"] = ("torch.is_autocast_cache_enabled()", ("value", ("bool", torch.is_autocast_cache_enabled())))
+    return out

@@ -1,0 +1,192 @@
+"""What a compiled call does around its trace: read captured tensors, replay effects, rebuild the result.
+
+At the end of the capture (`finish_capture`), the user's result and the values the
+traced code wrote into objects from outside the call are flattened
+(minijit.ir.containers): their tensors become the trace's outputs, and a `CallPlan`
+remembers how to put them back. On every call, `CallPlan.wrap` then
+
+1. reads the tensors the trace captured from outside (each from its `Source`) and
+   passes them after the call's own inputs;
+2. runs the compiled trace;
+3. replays the effects in order (DESIGN.md, invariant 8), with the call's tensors in
+   place of the traced ones and containers the trace created rebuilt afresh;
+4. rebuilds the result (a dataclass, a `ModelOutput`, ...) around the call's tensors.
+
+A trace with nothing of the kind returns its result as it is: the hit path stays a
+single call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from minijit.errors import UnsupportedSyntaxError
+from minijit.frontend.guards import Source
+from minijit.frontend.outside import Effect, Outside
+from minijit.ir import Proxy, Trace
+from minijit.ir.containers import Constant, Mapping, Registered, Sequence, Spec, contains_proxy, flatten
+from minijit.ir.context import where_now
+
+Tensor = torch.Tensor
+
+
+@dataclass
+class CallPlan:
+    """How one compiled trace meets the outside world on each call."""
+
+    # Tensors read from outside: (source, the tensor seen while tracing), in the order of the trace's inputs.
+    captured: list[tuple[Source, Tensor]] = field(default_factory=list)
+    # Rebuilds the user's result from the trace's first output; None when the trace returns it as is.
+    result: Spec | None = None
+    # Each effect with the spec of its value, whose leaves are the trace's second output, in order.
+    effects: list[tuple[Effect, Spec]] = field(default_factory=list)
+    # (position among the result's leaves, trace input index): an input returned as it is. Eager returns
+    # that very tensor object (a Parameter stays a leaf), so the call does too.
+    passthrough: list[tuple[int, int]] = field(default_factory=list)
+
+    def is_trivial(self) -> bool:
+        """True when the compiled trace can be called directly."""
+        return not self.captured and self.result is None and not self.effects
+
+    def fetch_function(self) -> Callable[[], tuple[Any, ...]]:
+        """A compiled function reading the captured tensors again (raises if one is gone)."""
+        env: dict[str, Any] = {}
+        reads = [source.expression(env) for source, _ in self.captured]
+        source = f"def fetch():\n    return ({', '.join(reads)}{',' if reads else ''})\n"
+        exec(compile(source, "<minijit captured tensors>", "exec"), env)
+        return env["fetch"]
+
+    def wrap(self, computation: Callable[..., Any]) -> Callable[..., Any]:
+        """`computation` (the compiled trace) with the captured tensors read before and the effects after."""
+        if self.is_trivial():
+            return computation
+        fetch = self.fetch_function() if self.captured else None
+        split = self.result is not None or bool(self.effects)
+        result_spec, effects, passthrough = self.result, self.effects, self.passthrough
+
+        def run(*inputs: Any) -> Any:
+            if fetch is not None:
+                inputs = (*inputs, *fetch())
+            out = computation(*inputs)
+            if not split:
+                return out
+            result, values = out
+            replay(effects, list(values))
+            if result_spec is None:
+                return result
+            leaves = list(result)
+            for position, index in passthrough:
+                leaves[position] = inputs[index]
+            return result_spec.rebuild(leaves)
+
+        run.__wrapped__ = computation  # type: ignore[attr-defined]
+        return run
+
+
+def replay(effects: list[tuple[Effect, Spec]], values: list[Any]) -> None:
+    """Apply each effect, in order, with the call's `values` for the traced tensors."""
+    it = iter(values)
+    for effect, spec in effects:
+        value = spec._build(it)
+        holder = effect.holder
+        if isinstance(holder, Source):
+            env: dict[str, Any] = {}
+            holder = eval(holder.expression(env), env)  # our own generated read of the tensor's source
+        op = effect.op
+        if op == "setattr":
+            setattr(holder, effect.key, value)
+        elif op == "object setattr":
+            object.__setattr__(holder, effect.key, value)
+        elif op == "delattr":
+            delattr(holder, effect.key)
+        elif op == "object delattr":
+            object.__delattr__(holder, effect.key)
+        elif op == "setitem":
+            holder[effect.key] = value
+        elif op == "delitem":
+            del holder[effect.key]
+        elif op == "cell":
+            holder.cell_contents = value
+        elif op == "function":
+            holder(*value[0], **value[1])
+        else:  # a container method, with the effect's arguments as its value
+            getattr(holder, effect.key)(*value)
+
+
+def finish_capture(trace: Trace, where: str, result: Any, outside: Outside) -> Any:
+    """The trace's output for `result` and the effects, and `trace.info["call_plan"]` saying how to use it.
+
+    Runs at the end of the capture, before the writes into outside objects are undone:
+    tensors among the values are captured (a tensor read from outside becomes an input),
+    objects the traced code created are rebuilt around each call's tensors (a Hugging Face
+    `DynamicCache`), and no proxy may hide in an object that cannot be rebuilt (DESIGN.md,
+    invariant 8).
+    `where` names the traced function for messages.
+    """
+    capture = trace.capture_tensor
+
+    def is_leaf(x: Any) -> bool:
+        return isinstance(x, Proxy | Tensor)
+
+    def proxies(leaves: list[Any]) -> list[Any]:
+        return [capture(x) if isinstance(x, Tensor) and not isinstance(x, Proxy) and capture is not None else x
+                for x in leaves]
+
+    plan = CallPlan()
+    result_spec, result_leaves = flatten(result, is_leaf, outside.is_created)
+    _check_no_hidden_proxy(result_spec, f"the result of {where}")
+    result_leaves = proxies(result_leaves)
+    effect_leaves: list[Any] = []
+    notes: list[str] = []
+    for effect in outside.effects:
+        spec, leaves = flatten(effect.value, is_leaf, outside.is_created)
+        _check_no_hidden_proxy(spec, f"a value stored outside the call by {where} ({effect.describe()})")
+        plan.effects.append((effect, spec))
+        leaves = proxies(leaves)
+        effect_leaves += leaves
+        notes.append(f"then {effect.describe()}: {spec.describe([_name(x) for x in leaves])}")
+    inputs = {id(p): i for i, p in enumerate(trace.args)}
+    plan.passthrough = [(i, inputs[id(x)]) for i, x in enumerate(result_leaves) if id(x) in inputs]
+    if plan.effects or result_spec.needs_rebuild() or plan.passthrough:
+        plan.result = result_spec if result_spec.needs_rebuild() or plan.passthrough else None
+        output: Any = (tuple(result_leaves) if plan.result is not None else result_spec.rebuild(result_leaves),
+                       tuple(effect_leaves))
+        if plan.result is not None:
+            notes.insert(0, f"returns {result_spec.describe([_name(x) for x in result_leaves])}")
+        trace.info["output_note"] = " ".join("; ".join(notes).split())
+    else:
+        output = result_spec.rebuild(result_leaves)
+    trace.info["call_plan"] = plan
+    return output
+
+
+def _name(x: Any) -> str:
+    return x.name if isinstance(x, Proxy) else repr(x)
+
+
+def _check_no_hidden_proxy(spec: Spec, what: str) -> None:
+    """Refuse a proxy inside an object minijit cannot rebuild (it would reach the user, or a later call)."""
+    for constant in _constants(spec):
+        if contains_proxy(constant.value):
+            raise UnsupportedSyntaxError(
+                f"{what}{where_now()} holds a traced tensor inside a {type(constant.value).__name__}, which minijit "
+                "cannot rebuild for each call. Return tensors in tuples, lists, dicts, dataclasses, named tuples, "
+                "types registered with torch.utils._pytree or objects of plain Python classes the function creates")
+
+
+def _constants(spec: Spec) -> list[Constant]:
+    if isinstance(spec, Constant):
+        return [spec]
+    children: list[Spec] = []
+    if isinstance(spec, Sequence | Registered):
+        children = spec.children
+    elif isinstance(spec, Mapping):
+        children = spec.children + spec.attributes
+    return [c for child in children for c in _constants(child)]
+
+
+__all__ = ["CallPlan", "finish_capture", "replay"]

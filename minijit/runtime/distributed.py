@@ -1,0 +1,169 @@
+"""DDP and FSDP2 around a jitted module: their communication runs eagerly, the computation is jitted.
+
+DDP's forward and FSDP2's forward hooks talk to process groups and C++ reducers
+(all-gathers, reduce-scatters, bucket bookkeeping, autograd hooks on parameters): work a
+trace can neither record nor replay on later calls. So that work stays eager and only the
+module's computation is jitted, whichever way round the user wraps:
+
+- `DDP(minijit.jit(m))`: DDP's forward calls the jitted module; nothing to do here.
+- `minijit.jit(DDP(m))`: DDP's forward runs eagerly, with its `module` swapped for the jitted
+  module during the call (`WRAPPERS`, `call_through_wrapper`).
+- `minijit.jit(fully_shard(m))` and `fully_shard(minijit.jit(m))`: FSDP2's forward hooks on the
+  root are *eager hooks* (`is_eager_hook`): hidden from the trace, and run around the compiled
+  call, the pre-hooks before the parameters are fetched (they all-gather the parameters the
+  trace then reads), the post-hooks after (`run_pre_hooks`, `run_post_hooks`).
+- Eager hooks on a submodule of the jitted module (per-layer `fully_shard`, then `jit`) would
+  have to run between the layers of one trace: refused (`refuse_inner_eager_hook`), naming the
+  patterns that work.
+
+FSDP2 keys its state by the module object given to `fully_shard` and finds it again through
+`named_modules()`; a jitted module FSDP2 was applied to therefore lists itself there in place
+of the module it wraps (`has_composable_state`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from minijit.errors import UnsupportedSyntaxError
+from minijit.ir.context import where_now
+
+SUPPORTED_PATTERNS = (
+    "jit each layer before sharding it (fully_shard(minijit.jit(layer)) for each layer, then fully_shard(model), "
+    "left un-jitted; torch.compile goes there too: fully_shard(torch.compile(layer, backend='minijit'))), or shard "
+    "only the jitted root (minijit.jit(fully_shard(model)) or fully_shard(minijit.jit(model)))"
+)
+
+
+def _wrapper_types() -> dict[type, str]:
+    if not torch.distributed.is_available():
+        return {}
+    from torch.nn.parallel import DistributedDataParallel
+
+    return {DistributedDataParallel: "module"}
+
+
+# Wrapper module types whose forward runs eagerly around the module they hold -> that module's attribute name.
+WRAPPERS: dict[type, str] = _wrapper_types()
+
+
+def wrapped_attribute(module: torch.nn.Module) -> str | None:
+    """The attribute holding the module that a wrapper like DDP runs (None for other modules)."""
+    for cls, attribute in WRAPPERS.items():
+        if isinstance(module, cls):
+            return attribute
+    return None
+
+
+def call_through_wrapper(wrapper: torch.nn.Module, attribute: str, jitted: torch.nn.Module,
+                         args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """`wrapper(*args, **kwargs)` run eagerly, with `jitted` (a jitted module) in place of its wrapped module."""
+    modules = wrapper._modules
+    original = modules[attribute]
+    modules[attribute] = jitted
+    try:
+        return wrapper(*args, **kwargs)
+    finally:
+        modules[attribute] = original
+
+
+def is_eager_hook(hook: Any) -> bool:
+    """True for a hook from torch.distributed (FSDP2's, composable replicate's): it must run eagerly."""
+    while True:
+        inner = getattr(hook, "__func__", None) or getattr(hook, "func", None)
+        if inner is None or inner is hook:
+            break
+        hook = inner
+    module = getattr(hook, "__module__", None) or ""
+    return module == "torch.distributed" or module.startswith("torch.distributed.")
+
+
+def eager_hooks(module: torch.nn.Module) -> tuple[list[tuple[int, Any]], list[tuple[int, Any]]]:
+    """The eager (pre, post) forward hooks registered on `module`, as (handle id, hook), in call order."""
+    namespace = vars(module)
+    pre = [(i, h) for i, h in namespace["_forward_pre_hooks"].items() if is_eager_hook(h)]
+    post = [(i, h) for i, h in namespace["_forward_hooks"].items() if is_eager_hook(h)]
+    return pre, post
+
+
+def hide_root_eager_hooks(module: torch.nn.Module, label: str) -> list[tuple[dict[str, Any], str, Any]]:
+    """While tracing: the root's eager hooks out of its hook dicts (they run around the call). They must be
+    outermost: eager pre-hooks before every traced one, eager post-hooks after. Returns what to restore."""
+    namespace = vars(module)
+    saved = []
+    for name, outermost_first in (("_forward_pre_hooks", True), ("_forward_hooks", False)):
+        hooks = namespace[name]
+        kinds = [is_eager_hook(h) for h in hooks.values()]
+        if not any(kinds):
+            continue
+        order = kinds if outermost_first else kinds[::-1]
+        if order != sorted(order, reverse=True):
+            raise UnsupportedSyntaxError(
+                f"{label} has forward {'pre-' if outermost_first else ''}hooks from torch.distributed and others in "
+                f"between; minijit runs the torch.distributed ones eagerly around the compiled call, so they must "
+                f"come {'first' if outermost_first else 'last'}. Register your hooks "
+                f"{'after' if outermost_first else 'before'} applying FSDP, or with prepend="
+                f"{'False' if outermost_first else 'True'}{where_now()}")
+        saved.append((namespace, name, hooks))
+        namespace[name] = type(hooks)((i, h) for i, h in hooks.items() if not is_eager_hook(h))
+    return saved
+
+
+def refuse_inner_eager_hook(module: torch.nn.Module, path: str) -> None:
+    """While tracing: a submodule with an eager hook (FSDP2 applied per layer) cannot be jitted as part of its parent."""
+    namespace = vars(module)
+    for name in ("_forward_pre_hooks", "_forward_hooks"):
+        for hook in namespace[name].values():
+            if is_eager_hook(hook):
+                raise UnsupportedSyntaxError(
+                    f"{type(module).__name__} at self.{path} has a forward hook from torch.distributed "
+                    f"({getattr(hook, '__qualname__', repr(hook))}: FSDP2's, when fully_shard was applied to it), which "
+                    f"must run eagerly between the layers of the jitted forward{where_now()}; minijit cannot split one "
+                    f"trace there. Instead: {SUPPORTED_PATTERNS}")
+
+
+def run_pre_hooks(module: torch.nn.Module, hooks: Iterable[tuple[int, Any]], args: tuple[Any, ...],
+                  kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Run forward pre-hooks as `nn.Module.__call__` does: each may replace the arguments."""
+    with_kwargs = vars(module)["_forward_pre_hooks_with_kwargs"]
+    for hook_id, hook in hooks:
+        if hook_id in with_kwargs:
+            result = hook(module, args, kwargs)
+            if result is not None:
+                if not (isinstance(result, tuple) and len(result) == 2):
+                    raise RuntimeError(f"forward pre-hook must return None or a tuple of (new_args, new_kwargs), "
+                                       f"but got {result}.")
+                args, kwargs = result
+        else:
+            result = hook(module, args)
+            if result is not None:
+                args = result if isinstance(result, tuple) else (result,)
+    return args, kwargs
+
+
+def run_post_hooks(module: torch.nn.Module, hooks: Iterable[tuple[int, Any]], args: tuple[Any, ...],
+                   kwargs: dict[str, Any], output: Any) -> Any:
+    """Run forward hooks as `nn.Module.__call__` does: each may replace the output."""
+    with_kwargs = vars(module)["_forward_hooks_with_kwargs"]
+    for hook_id, hook in hooks:
+        result = hook(module, args, kwargs, output) if hook_id in with_kwargs else hook(module, args, output)
+        if result is not None:
+            output = result
+    return output
+
+
+def has_composable_state(module: torch.nn.Module) -> bool:
+    """True when a torch.distributed composable API (fully_shard) was applied to `module` itself."""
+    if not torch.distributed.is_available():
+        return False
+    from torch.distributed._composable_state import _get_module_state
+
+    return _get_module_state(module) is not None
+
+
+__all__ = ["SUPPORTED_PATTERNS", "WRAPPERS", "call_through_wrapper", "eager_hooks", "has_composable_state",
+           "hide_root_eager_hooks", "is_eager_hook", "refuse_inner_eager_hook", "run_post_hooks", "run_pre_hooks",
+           "wrapped_attribute"]

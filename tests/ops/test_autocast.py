@@ -1,0 +1,117 @@
+"""The autocast policy table (minijit/ops/autocast.py) against eager on CPU and torch's own lists for CUDA.
+
+CPU: every OpInfo case minijit tests, on its first float32 sample, run under
+`torch.autocast("cpu", bfloat16)` eagerly and jitted: the same dtypes and close values
+(this also covers composites, whose policy comes from the ops inside them).
+CUDA (no GPU needed): the ops of PyTorch's autocast test lists that minijit has, traced
+on CUDA proxies with CUDA autocast on, give the dtype those lists expect.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.testing._internal.autocast_test_lists import AutocastTestLists
+
+import minijit
+from minijit.ir import TensorProxy, Trace, tracing
+from minijit.ops.autocast import POLICIES
+from minijit.ops.registry import ALL_LTORCH, ltorch_symbol_for
+from tests.ops.opinfo_util import ALL_CASES, OpCase, sample_summary
+
+BF16 = torch.bfloat16
+
+
+def test_every_policy_names_a_declared_op() -> None:
+    unknown = {(device, name) for device, table in POLICIES.items() for name in table if name not in ALL_LTORCH}
+    assert not unknown
+
+
+def _outputs(x: Any) -> list[torch.Tensor]:
+    return [t for t in (x if isinstance(x, tuple | list) else (x,)) if isinstance(t, torch.Tensor)]
+
+
+CPU_CASES = [pytest.param(case, id=case.id) for case in ALL_CASES if torch.float32 in case.dtypes()]
+
+
+@pytest.mark.parametrize("case", CPU_CASES)
+def test_cpu_autocast_matches_eager(case: OpCase) -> None:
+    fn = case.as_op()
+    jf = minijit.jit(lambda *args, **kwargs: fn(*args, **kwargs))
+    sample = case.samples(torch.float32).supported[0]
+    args = (sample.input, *sample.args)
+    with torch.autocast("cpu", dtype=BF16):
+        torch.manual_seed(0)
+        want = case.info.op(*args, **sample.kwargs)
+        torch.manual_seed(0)
+        got = jf(*args, **sample.kwargs)
+    what = f"{case.id} on {sample_summary(sample)}"
+    want, got = _outputs(want), _outputs(got)
+    assert [g.dtype for g in got] == [w.dtype for w in want], what
+    if case.compare_values:
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, atol=0.1, rtol=0.05, equal_nan=True, msg=lambda m: f"{what}: {m}")
+
+
+# -- CUDA, without a GPU: the trace's dtypes ----------------------------------------------------------
+
+@contextmanager
+def cuda_autocast(dtype: torch.dtype = torch.float16) -> Iterator[None]:
+    """CUDA autocast state on while tracing (torch.autocast('cuda') would turn itself off without a GPU)."""
+    enabled, previous = torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda")
+    torch.set_autocast_enabled("cuda", True)
+    torch.set_autocast_dtype("cuda", dtype)
+    try:
+        yield
+    finally:
+        torch.set_autocast_enabled("cuda", enabled)
+        torch.set_autocast_dtype("cuda", previous)
+
+
+def trace_on_cuda(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Record fn on CUDA proxies of `args` as the user's code would (capture only: nothing runs)."""
+    trace = Trace("cuda_autocast")
+    trace.captures_user_code = True
+
+    def proxy(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            return trace.add_input(TensorProxy(tuple(x.shape), x.dtype, torch.device("cuda"), x.requires_grad))
+        return type(x)(proxy(v) for v in x) if isinstance(x, tuple | list) else x
+
+    with tracing(trace), cuda_autocast():
+        return fn(*(proxy(a) for a in args), **kwargs)
+
+
+def _torch_list_cases() -> list[Any]:
+    lists = AutocastTestLists("cpu")  # the argument tensors on the CPU; the trace puts them on CUDA
+    params = []
+    for name, expected in (("torch_fp16", torch.float16), ("nn_fp16", torch.float16), ("torch_fp32", torch.float32),
+                           ("nn_fp32", torch.float32), ("torch_need_autocast_promote", torch.float32)):
+        for i, entry in enumerate(getattr(lists, name)):
+            op, args = entry[0], entry[1]
+            kwargs = entry[2] if len(entry) > 2 and isinstance(entry[2], dict) else {}
+            sym = next((ltorch_symbol_for(getattr(ns, op, None)) for ns in (torch, F)
+                        if ltorch_symbol_for(getattr(ns, op, None)) is not None), None)
+            if sym is not None:
+                params.append(pytest.param(sym, args, kwargs, expected, id=f"{name}-{op}-{i}"))
+    return params
+
+
+CUDA_CASES = _torch_list_cases()
+
+
+def test_most_of_torchs_cuda_lists_are_checked() -> None:
+    assert len(CUDA_CASES) >= 40
+
+
+@pytest.mark.parametrize("sym, args, kwargs, expected", CUDA_CASES)
+def test_cuda_autocast_dtypes_match_torchs_lists(sym: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                                                 expected: torch.dtype) -> None:
+    out = trace_on_cuda(sym, args, kwargs)
+    first = out[0] if isinstance(out, tuple) else out
+    assert first.dtype == expected

@@ -1,0 +1,165 @@
+"""Convolution, pooling, batch statistics norms, resampling and routing ops against eager torch.
+
+OpInfo samples run each op's decomposition (prims only) and its ltorch-level trace;
+the other tests cover call forms OpInfo misses and the errors minijit gives instead
+of a wrong answer. Gradients: tests/transforms/test_grad_opinfo.py and test_grad_modelops.py;
+real torch.nn modules: tests/models/test_nn_layers.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import minijit
+from minijit.errors import MetaError
+from minijit.ops import ltorch
+from tests.ops.opinfo_util import OpCase, assert_matches, check_sample
+from tests.oputil import run_decomposed, run_trace_source
+
+F = torch.nn.functional
+
+
+def _bf16_loose(tol: float = 0.05) -> dict[torch.dtype, tuple[float, float]]:
+    return {torch.bfloat16: (tol, tol)}
+
+
+MODEL_CASES = [
+    *(OpCase(f"nn.functional.{name}", tolerances={torch.float32: (1e-4, 1e-4), **_bf16_loose(0.1)})
+      for name in ("conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d")),
+    OpCase("nn.functional.batch_norm", tolerances=_bf16_loose()),
+    OpCase("nn.functional.instance_norm", tolerances=_bf16_loose()),
+    OpCase("nn.functional.local_response_norm", tolerances=_bf16_loose()),
+    *(OpCase(f"nn.functional.{kind}_pool{n}d") for kind in ("max", "avg", "adaptive_avg", "adaptive_max")
+      for n in (1, 2, 3)),
+    *(OpCase("nn.functional.interpolate", mode, tolerances=_bf16_loose())
+      for mode in ("nearest", "nearest-exact", "linear", "bilinear", "bicubic", "trilinear", "area")),
+    OpCase("nn.functional.upsample_nearest"), OpCase("nn.functional.upsample_bilinear", tolerances=_bf16_loose()),
+    *(OpCase("nn.functional.pad", mode) for mode in ("reflect", "replicate", "replicate_negative", "circular")),
+    OpCase("nn.functional.pixel_shuffle"), OpCase("nn.functional.pixel_unshuffle"),
+    OpCase("nn.functional.one_hot", min_share=0.5,
+           skip=lambda s: "num_classes=-1 (data-dependent)" if s.kwargs.get("num_classes", -1) == -1 else None),
+    OpCase("histc"),
+]
+PARAMS = [pytest.param(case, dtype, id=f"{case.id}-{str(dtype)[6:]}") for case in MODEL_CASES
+          for dtype in case.dtypes((torch.float32, torch.bfloat16, torch.int64))]
+
+
+# Max pooling's OpInfo has up to 1440 samples (every combination of its options): a spread of them suffices.
+MAX_SAMPLES = 24
+
+
+@pytest.mark.parametrize(("case", "dtype"), PARAMS)
+def test_model_op_matches_eager(case: OpCase, dtype: torch.dtype) -> None:
+    samples = case.samples(dtype)
+    assert samples.supported_share >= case.min_share, f"{case.id}: skipped {dict(samples.skipped)}"
+    step = -(-len(samples.supported) // MAX_SAMPLES)
+    for sample in samples.supported[::step]:
+        check_sample(case, sample, dtype)
+
+
+def _both(fn, *args, atol=1e-5, rtol=1.3e-5, **kwargs) -> None:
+    """fn (an F function, mapped to its ltorch op on proxies) decomposed and at ltorch level, against eager."""
+    expected = fn(*args, **kwargs)
+    for runner in (run_decomposed, run_trace_source):
+        assert_matches(runner(fn, *args, **kwargs), expected, lambda d: (atol, rtol), runner.__name__)
+
+
+@pytest.mark.parametrize("padding", ["same", "valid", (1, 2), 1])
+def test_conv2d_padding_forms(padding) -> None:
+    x, w, b = torch.randn(2, 4, 7, 6), torch.randn(6, 2, 4, 3), torch.randn(6)
+    _both(lambda *a: F.conv2d(*a, padding=padding, dilation=(1, 2), groups=2) if isinstance(a[0], torch.Tensor)
+          else ltorch.conv2d(*a, padding=padding, dilation=(1, 2), groups=2), x, w, b, atol=1e-4, rtol=1e-4)
+
+
+def test_unbatched_conv_and_pool() -> None:
+    x = torch.randn(3, 9)
+    w = torch.randn(4, 3, 2)
+    _both(lambda a, b: F.max_pool1d(F.conv1d(a, b), 2, return_indices=True) if isinstance(a, torch.Tensor)
+          else ltorch.max_pool1d(ltorch.conv1d(a, b), 2, return_indices=True), x, w, atol=1e-4, rtol=1e-4)
+
+
+def test_interpolate_scale_forms() -> None:
+    x = torch.randn(1, 2, 5, 4)
+    for kwargs in ({"scale_factor": 1.7, "mode": "bilinear"}, {"scale_factor": (0.5, 2.25), "mode": "nearest"},
+                   {"scale_factor": 1.5, "mode": "bicubic", "recompute_scale_factor": True},
+                   {"size": 3, "mode": "area"}, {"size": (7, 3), "mode": "bilinear", "align_corners": True}):
+        _both(lambda a, kw=kwargs: (F.interpolate if isinstance(a, torch.Tensor) else ltorch.interpolate)(a, **kw),
+              x, atol=1e-5, rtol=1e-5)
+
+
+def test_batch_norm_writes_running_stats_like_eager() -> None:
+    x = torch.randn(4, 3, 5)
+    stats = [torch.randn(3), torch.rand(3) + 0.5]
+    expected = [s.clone() for s in stats]
+    want = F.batch_norm(x, *expected, training=True, momentum=0.3)
+    got = minijit.jit(lambda a, m, v: F.batch_norm(a, m, v, training=True, momentum=0.3))(x, *stats)
+    torch.testing.assert_close(got, want)
+    for s, e in zip(stats, expected):
+        torch.testing.assert_close(s, e)
+
+
+def test_one_hot_and_histc() -> None:
+    idx = torch.tensor([[0, 3], [2, 1]])
+    torch.testing.assert_close(minijit.jit(lambda i: F.one_hot(i, 5))(idx), F.one_hot(idx, 5))
+    x = torch.randn(50)
+    torch.testing.assert_close(minijit.jit(lambda a: torch.histc(a, bins=7))(x), torch.histc(x, bins=7))
+    torch.testing.assert_close(minijit.jit(lambda a: a.histc(4, -1, 1))(x), x.histc(4, -1, 1))
+
+
+def test_grouped_mm_forward() -> None:
+    a, b = torch.randn(6, 8), torch.randn(2, 8, 4)
+    offs = torch.tensor([2, 6], dtype=torch.int32)
+    torch.testing.assert_close(minijit.jit(lambda p, q, o: torch._grouped_mm(p, q, offs=o))(a, b, offs),
+                               torch._grouped_mm(a, b, offs=offs))
+    a3 = torch.randn(2, 3, 8)
+    torch.testing.assert_close(minijit.jit(lambda p, q: F.grouped_mm(p, q))(a3, b), F.grouped_mm(a3, b))
+
+
+def test_is_nested_is_false_for_traced_tensors() -> None:
+    x = torch.randn(2)
+    torch.testing.assert_close(minijit.jit(lambda a: a * 2 if not a.is_nested else a)(x), x * 2)
+
+
+@pytest.mark.parametrize(("fn", "args", "message"), [
+    (lambda a, b: F.conv2d(a, b), ((2, 3, 5), (4, 3, 2, 2)), r"conv2d: input \(torch.float32\) and weight"),
+    (lambda a, b: F.conv2d(a, b, stride=2, padding="same"), ((1, 3, 5, 5), (4, 3, 2, 2)),
+     "padding='same' is not supported for strided"),
+    (lambda a, b: F.conv1d(a, b), ((3, 5, 5, 5), (4, 3, 2)), "conv1d: expected a 2-d .* or 3-d"),
+    (lambda a, b: F.one_hot(a.long()), ((3,), (1,)), "one_hot: num_classes=-1 takes the number of classes"),
+    (lambda a, b: F.pad(a, (3, 3), mode="reflect"), ((2, 3), (1,)), "reflect padding .* must be less than"),
+    (lambda a, b: F.interpolate(a, scale_factor=2, mode="bilinear", antialias=True), ((1, 1, 2, 2), (1,)),
+     "antialias=True is not supported"),
+    (lambda a, b: F.batch_norm(a, None, None, training=True), ((1, 3), (1,)),
+     "expected more than 1 value per channel when training"),
+    (lambda a, b: F.max_pool2d(a, 2, padding=2), ((1, 1, 4, 4), (1,)), "prims.max_pool: pad should be"),
+])
+def test_bad_input_raises_meta_error_naming_the_op(fn, args, message) -> None:
+    tensors = [torch.randn(s) for s in args]
+    if "conv2d: input" in message:
+        tensors[1] = tensors[1].double()
+        message = r"conv2d: expected a 3-d \(unbatched\)|" + message
+    with pytest.raises(MetaError, match=message):
+        minijit.jit(fn)(*tensors)
+
+
+def test_data_dependent_values_are_errors_naming_the_op_and_line() -> None:
+    def branch(x):
+        if x.sum().item() > 0:
+            return x
+        return -x
+
+    with pytest.raises(minijit.UnsupportedSyntaxError, match=r"computed by Tensor.item\(\) at .*test_modelops.py"):
+        minijit.jit(branch)(torch.randn(3))
+    with pytest.raises(minijit.UnsupportedOpError, match=r"torch.nonzero is not supported by minijit at .*test_modelops"):
+        minijit.jit(lambda x: torch.nonzero(x))(torch.randn(3))
+    with pytest.raises(minijit.UnsupportedOpError, match=r"torch.unique is not supported by minijit at .*test_modelops"):
+        minijit.jit(lambda x: torch.unique(x))(torch.randn(3))
+
+
+def test_item_in_arithmetic_is_computed_on_every_call() -> None:
+    jf = minijit.jit(lambda x: x * x.max().item() + float(x[0]))
+    for _ in range(2):
+        x = torch.randn(4)
+        torch.testing.assert_close(jf(x), x * x.max().item() + float(x[0]))
+    assert minijit.cache_info(jf).hits == 1

@@ -1,0 +1,197 @@
+"""DDP and FSDP2 with minijit, in both orders and through torch.compile(backend="minijit"): 3 SGD steps on 2
+gloo ranks (127.0.0.1, CPU) give eager DDP's / FSDP2's losses and parameters, or a MinijitError naming the
+patterns that work. One pair of processes runs every pattern; each test checks one.
+(`torch.compile(DDP(m), backend="minijit")`, whose DDP graph splitting takes seconds to compile, is in
+examples/distributed.py.)"""
+
+from __future__ import annotations
+
+import os
+import socket
+import traceback
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import minijit
+import minijit.backend
+
+pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
+
+STEPS, WORLD = 3, 2
+
+
+class Net(nn.Sequential):
+    """An MLP whose forward is user code (Dynamo compiles no frame of torch.nn's own, such as Sequential.forward)."""
+
+    def forward(self, x):
+        for layer in self:
+            x = layer(x)
+        return x
+
+
+def _model() -> Net:
+    torch.manual_seed(0)
+    return Net(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 4))
+
+
+def _shard_layers(m: Net, wrap=lambda layer: layer) -> Net:
+    """FSDP2 per layer: each Linear, wrapped by `wrap` first, is a unit; then the root."""
+    from torch.distributed.fsdp import fully_shard
+
+    for i, layer in enumerate(m):
+        if isinstance(layer, nn.Linear):
+            m[i] = fully_shard(wrap(layer))
+    return fully_shard(m)
+
+
+def _patterns() -> dict[str, tuple[str, Any]]:
+    """name -> (the eager pattern it must equal, a function building the model to train)."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    return {
+        "DDP eager": ("DDP eager", lambda: DDP(_model())),
+        "DDP(jit(m))": ("DDP eager", lambda: DDP(minijit.jit(_model()))),
+        "jit(DDP(m))": ("DDP eager", lambda: minijit.jit(DDP(_model()))),
+        "jit(DDP(jit(m)))": ("DDP eager", lambda: minijit.jit(DDP(minijit.jit(_model())))),
+        "FSDP2 eager, per layer": ("FSDP2 eager, per layer", lambda: _shard_layers(_model())),
+        "fully_shard(jit(m))": ("FSDP2 eager, per layer", lambda: fully_shard(minijit.jit(_model()))),
+        "jit(fully_shard(m))": ("FSDP2 eager, per layer", lambda: minijit.jit(fully_shard(_model()))),
+        "fully_shard(jit(layer)) per layer, then fully_shard(m)":
+            ("FSDP2 eager, per layer", lambda: _shard_layers(_model(), minijit.jit)),
+        "per-layer fully_shard, then jit(m)": ("FSDP2 eager, per layer", lambda: minijit.jit(_shard_layers(_model()))),
+        # torch 2.13's Dynamo compiles no graph of a module whose FSDP2 hooks run inside it (it skips the frame):
+        # torch.compile goes under fully_shard, as minijit.jit does.
+        "fully_shard(torch.compile(layer, backend='minijit')) per layer":
+            ("FSDP2 eager, per layer", lambda: _shard_layers(_model(), lambda m: torch.compile(m, backend="minijit"))),
+    }
+
+
+def _jitted_calls(model: nn.Module) -> int:
+    """Calls that went through minijit: of jitted modules anywhere in `model`, and of torch.compile pieces."""
+    calls = sum(info.hits + info.misses for info in minijit.backend.cache_info())
+    seen, todo = set(), [model]
+    while todo:
+        m = todo.pop()
+        if id(m) in seen:
+            continue
+        seen.add(id(m))
+        if isinstance(m, minijit.JitModule):
+            info = minijit.cache_info(m)
+            calls += info.hits + info.misses
+            todo += [m._orig_mod, *m.__dict__.get("_minijit_wrapped", ())[2:]]
+        todo += [c for c in vars(m).get("_modules", {}).values() if c is not None]
+        todo += [vars(m)["_orig_mod"]] if "_orig_mod" in vars(m) else []  # torch.compile's OptimizedModule
+    return calls
+
+
+def _train(model: nn.Module, rank: int) -> tuple[list[float], list[torch.Tensor], int]:
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for i in range(STEPS):
+        g = torch.Generator().manual_seed(10 * i + rank)  # each rank its own batch
+        x, y = torch.randn(4, 8, generator=g), torch.randn(4, 4, generator=g)
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    params = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in model.parameters()]
+    return losses, [p.detach().clone() for p in params], _jitted_calls(model)
+
+
+def _refused_calls() -> dict[str, Exception | None]:
+    """Communication reached by traced code itself (not through DDP/FSDP2 around a jitted module): refused."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    ddp = DDP(_model())
+
+    def barrier_inside(x):
+        dist.barrier()
+        return x * 2
+
+    found: dict[str, Exception | None] = {}
+    for name, fn in {"dist.barrier()": barrier_inside, "DDP.forward traced": lambda x: ddp.forward(x)}.items():
+        try:
+            minijit.jit(fn)(torch.randn(4, 8))
+            found[name] = None
+        except minijit.MinijitError as e:
+            found[name] = e
+    return found
+
+
+def _worker(rank: int, port: int, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    results: dict[str, Any] = {}
+    try:
+        for name, (_, build) in _patterns().items():
+            try:
+                results[name] = _train(build(), rank)
+            except minijit.MinijitError as e:
+                results[name] = e
+            except Exception:
+                results[name] = RuntimeError(traceback.format_exc())
+            torch._dynamo.reset()
+            minijit.backend.minijit_backend.reset()
+        results["refused"] = _refused_calls()
+    finally:
+        dist.destroy_process_group()
+    torch.save(results, f"{out}.{rank}")
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> list[dict[str, Any]]:
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = str(tmp_path_factory.mktemp("distributed") / "results")
+    mp.spawn(_worker, args=(port, out), nprocs=WORLD)
+    return [torch.load(f"{out}.{rank}", weights_only=False) for rank in range(WORLD)]
+
+
+def _assert_same(results: list[dict[str, Any]], name: str, eager: str) -> None:
+    for rank, per_rank in enumerate(results):
+        have = per_rank[name]
+        if isinstance(have, Exception):
+            raise AssertionError(f"rank {rank}: {name} raised {have!r}")
+        (want_losses, want_params, _), (have_losses, have_params, jitted_calls) = per_rank[eager], have
+        if "eager" not in name:
+            assert jitted_calls >= STEPS, f"rank {rank}: {name} ran {jitted_calls} calls through minijit"
+        torch.testing.assert_close(torch.tensor(have_losses), torch.tensor(want_losses))
+        assert len(have_params) == len(want_params)
+        for w, h in zip(want_params, have_params):
+            torch.testing.assert_close(h, w)
+
+
+@pytest.mark.parametrize("name", [n for n in _patterns() if "eager" not in n and n != "per-layer fully_shard, then jit(m)"])
+def test_pattern_matches_eager(results, name):
+    _assert_same(results, name, _patterns()[name][0])
+
+
+def test_eager_ddp_and_fsdp2_agree(results):
+    # The references themselves: data parallel over 2 ranks is the same SGD, however it is sharded.
+    _assert_same(results, "FSDP2 eager, per layer", "DDP eager")
+
+
+def test_jitting_over_per_layer_fsdp2_names_the_patterns_that_work(results):
+    for per_rank in results:
+        error = per_rank["per-layer fully_shard, then jit(m)"]
+        assert isinstance(error, minijit.UnsupportedSyntaxError), repr(error)
+        assert "at self.0" in str(error)
+        assert "fully_shard(minijit.jit(layer))" in str(error) and "backend='minijit'" in str(error)
+
+
+@pytest.mark.parametrize("name", ["dist.barrier()", "DDP.forward traced"])
+def test_communication_in_traced_code_is_refused(results, name):
+    # Run once while recording, it would never run again: refused (DDP's reducer bookkeeping included).
+    for per_rank in results:
+        error = per_rank["refused"][name]
+        assert isinstance(error, minijit.UnsupportedSyntaxError), repr(error)
+        assert "communicates with other processes" in str(error) and "DDP(minijit.jit(m))" in str(error)
