@@ -205,7 +205,7 @@ def _run(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], 
         if isinstance(t, torch.Tensor):
             firsts.setdefault(id(t), i)
     inputs = [(i, meta_leaves[i]) for i in firsts.values()]
-    before = {i: (t._version, _layout(t)) for i, t in inputs}
+    before = {i: (t._version, _layout(t), t.requires_grad) for i, t in inputs}
     recorder = _Recorder()
     try:
         with recorder.mode:
@@ -225,12 +225,16 @@ def _run(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], 
             if i is not None:
                 written[i] = None
     for i, t in inputs:
-        version, layout = before[i]
+        version, layout, requires_grad = before[i]
         if t._version != version:
             written[i] = None
         if _layout(t) != layout:
             raise UnsupportedOpError(f"{what} changes the shape or strides of an argument in place, which a trace "
                                      "cannot follow; use the out-of-place op instead")
+        if t.requires_grad != requires_grad:
+            raise UnsupportedOpError(f"{what} turns requires_grad {'on' if t.requires_grad else 'off'} for an argument, "
+                                     "which changes autograd's graph, which minijit does not trace; set requires_grad "
+                                     "on the function's inputs before the call, or use x.detach()")
     outputs, views, same_as = _describe(out, firsts, storage_of, device, what)
     random = any(torch.Tag.nondeterministic_seeded in func.tags for func, _, _ in recorder.calls)
     written_meta = tuple(_tensor_meta(meta_leaves[i], device) for i in written)

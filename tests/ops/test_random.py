@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from minijit.errors import MetaError
-from minijit.ops import ltorch, prims
+from minijit.ops import ltorch
 from tests.oputil import run_decomposed, run_trace_source, trace_call
 
 X = torch.randn(5, 7)
@@ -95,10 +95,10 @@ def test_attention_dropout_draws_as_eager() -> None:
     assert torch.equal(state, want_state)
 
 
-def test_random_prims_are_tagged_and_kept_in_order() -> None:
+def test_random_ops_declare_the_effect_and_are_kept_in_order() -> None:
     trace = trace_call(lambda x: (ltorch.rand(2), ltorch.dropout(x, 0.5), ltorch.rand(2)), X)
     assert [b.sym.name for b in trace.bound_symbols] == ["rand", "dropout", "rand"]
-    assert all(prims.RANDOM in b.sym.tags for b in trace.bound_symbols)
+    assert all(b.sym.effects.random for b in trace.bound_symbols)
 
 
 @pytest.mark.parametrize("call, message", [

@@ -7,7 +7,7 @@ for the given cotangents, with respect to each argument tensor that requires gra
 The gradients are therefore eager's (the op's own derivative formula), for the
 price of running the op once more in the backward. For a random op the forward
 also saves the state of the random generator just before the op
-(`opaque.rng_state`), and the backward runs the op again from that state, so it
+(`prims.get_rng_state`), and the backward runs the op again from that state, so it
 draws the same random numbers (`F.rrelu`, `torch.svd_lowrank`).
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from minijit.ir import Effects, Symbol, TensorProxy, tree_flatten, tree_map
+from minijit.ir import Symbol, TensorProxy, tree_flatten, tree_map
 from minijit.ir.context import current_trace
 from minijit.ops import prims
 from minijit.ops.opaque import OPAQUE, FunctionalForm, describe, runtime_leaves, unique_opaque_name
@@ -33,7 +33,7 @@ def opaque_rule(sym: Symbol) -> VjpRule:
 
     def forward(*args: Any, **kwargs: Any) -> tuple[Any, Any]:
         # Read right before the op draws its random numbers (random symbols are never reordered).
-        state = rng_state(_generator_device(args, kwargs)) if sym.effects.random else None
+        state = prims.get_rng_state(_generator_device(args, kwargs)) if sym.effects.random else None
         out = sym(*args, **kwargs)
         return out, (_saved_arguments(sym, args, kwargs), state)
 
@@ -76,22 +76,6 @@ def _generator_device(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.de
     """The device whose default generator a random op on these arguments draws from."""
     devices = [x.device for x in tree_flatten((args, kwargs)) if isinstance(x, TensorProxy)]
     return next((d for d in devices if d.type != "cpu"), torch.device("cpu"))
-
-
-def _get_rng_state(device: torch.device) -> torch.Tensor:
-    if device.type == "cpu":
-        return torch.get_rng_state()
-    return getattr(torch, device.type).get_rng_state(device)
-
-
-def _rng_state_meta(device: torch.device) -> TensorProxy:
-    size = _get_rng_state(device).numel()  # fixed per generator kind (5056 bytes for CPU's)
-    return TensorProxy((size,), torch.uint8, torch.device("cpu"), False)
-
-
-# The state of `device`'s default random generator, read where the trace calls it.
-rng_state = Symbol("rng_state", _rng_state_meta, namespace="opaque", is_prim=True, tags=frozenset({OPAQUE}),
-                   fn=_get_rng_state, effects=Effects(random=True))
 
 
 class OpaqueVjp:
