@@ -307,6 +307,10 @@ class TensorProxy(Proxy):
     def is_nested(self) -> bool:
         return False  # traces hold strided tensors only
 
+    @property
+    def layout(self) -> torch.layout:
+        return torch.strided
+
     def __len__(self) -> int:
         if not self.shape:
             raise TypeError("len() of a 0-d tensor")

@@ -30,13 +30,13 @@ as leaving the outermost autocast context does).
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 from weakref import WeakKeyDictionary
 
 import torch
 
-from minijit.errors import MetaError
+from minijit.errors import MetaError, UnsupportedOpError
 from minijit.ir import TensorProxy, Trace, current_trace, tree_iter, tree_map
 from minijit.ir.context import where_now
 from minijit.ops import prims
@@ -48,9 +48,15 @@ PROMOTE = "widest input type"
 
 _CONVOLUTIONS = ("conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
                  "convolution")
-_CPU_LOWER = ("matmul", "mm", "bmm", "addmm", "baddbmm", "linear", "scaled_dot_product_attention", *_CONVOLUTIONS)
-_CPU_FP32 = ("prod", "mse_loss", "l1_loss", "nll_loss", "cross_entropy", "binary_cross_entropy_with_logits",
-             "avg_pool3d", "max_pool3d", "adaptive_avg_pool3d")
+# Op names are ltorch's and ATen's (the same name for an op both have); ATen operators with no ltorch
+# op are opaque torch ops (minijit/ops/opaque.py), cast by `opaque_autocast_arguments`.
+_CPU_LOWER = ("matmul", "mm", "bmm", "addmm", "baddbmm", "addbmm", "linear", "scaled_dot_product_attention",
+              "conv_tbc", "prelu", *_CONVOLUTIONS)
+_CPU_FP32 = ("prod", "mse_loss", "l1_loss", "nll_loss", "nll_loss2d", "cross_entropy", "binary_cross_entropy",
+             "binary_cross_entropy_with_logits", "avg_pool3d", "max_pool3d", "adaptive_avg_pool3d", "cdist", "trace",
+             "poisson_nll_loss", "cosine_embedding_loss", "hinge_embedding_loss", "margin_ranking_loss",
+             "triplet_margin_loss", "reflection_pad1d", "smooth_l1_loss", "multilabel_margin_loss", "soft_margin_loss",
+             "multi_margin_loss", "huber_loss")
 # hstack and vstack are cat underneath.
 _CPU_PROMOTE = ("cat", "stack", "hstack", "vstack", "index_copy")
 
@@ -152,12 +158,13 @@ def _with_float32_dtype(meta: Callable[..., Any], args: tuple[Any, ...], kwargs:
     return bound.args, bound.kwargs
 
 
-def autocast_arguments(op_name: str, meta: Callable[..., Any], args: tuple[Any, ...],
+def autocast_arguments(op_name: str, meta: Callable[..., Any] | None, args: tuple[Any, ...],
                        kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """The arguments eager would run ltorch op `op_name` on under the current autocast state.
 
     Records the casts (`prims.convert_element_type`) into the current trace. `meta` is
-    the op's decomposition, whose signature locates a `dtype` argument.
+    the op's decomposition, whose signature locates a `dtype` argument (None for an op whose
+    policy is never FP32_UNLESS_DTYPE).
     """
     tensors = [x for x in tree_iter((args, kwargs)) if isinstance(x, _TENSORS)]
     if not tensors:
@@ -170,6 +177,7 @@ def autocast_arguments(op_name: str, meta: Callable[..., Any], args: tuple[Any, 
         return args, kwargs
     lower = torch.get_autocast_dtype(device_type)
     if policy == FP32_UNLESS_DTYPE:
+        assert meta is not None, f"{op_name}: FP32_UNLESS_DTYPE needs the op's signature"
         return _with_float32_dtype(meta, args, kwargs, device_type)
     if policy == LOWER:
         dtype = lower
@@ -186,5 +194,60 @@ def autocast_arguments(op_name: str, meta: Callable[..., Any], args: tuple[Any, 
     return tree_map(cast, (args, kwargs))
 
 
+def _autocast_key(device_type: str) -> str | None:
+    """The dispatch key of autocast's kernels for `device_type` (`AutocastCPU`), or None where there is none."""
+    key = f"Autocast{device_type.upper()}"
+    try:
+        torch._C._dispatch_has_kernel_for_dispatch_key("aten::mm", key)
+    except RuntimeError:
+        return None
+    return key
+
+
+def _has_kernel(op: str, key: str) -> bool:
+    """Whether ATen operator `op` (`aten::mm`) has its own kernel for dispatch key `key` (False if no such op)."""
+    try:
+        return torch._C._dispatch_has_kernel_for_dispatch_key(op, key)
+    except RuntimeError:  # no such operator
+        return False
+
+
+def opaque_autocast_arguments(what: str, op: str | None, reached: Sequence[str], args: tuple[Any, ...],
+                              kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The arguments eager would run an opaque torch op on under the current autocast state.
+
+    `op` is the ATen operator the call stands for (`aten::addbmm`), if any; `reached` the
+    ATen operators its run on meta tensors reached. Eager casts where an operator has its
+    own autocast kernel: where `op` has one, its policy from POLICIES applies to the
+    arguments (recorded as casts, as for ltorch ops). The trace runs with autocast off, so
+    a policy minijit does not know, or a cast eager may make inside the op (an operator the
+    call reaches has a kernel), is an UnsupportedOpError rather than a silently skipped cast.
+    """
+    tensors = [x for x in tree_iter((args, kwargs)) if isinstance(x, _TENSORS)]
+    if not tensors:
+        return args, kwargs
+    device_type = _device_type(tensors)
+    if not torch.is_autocast_enabled(device_type) or not any(_eligible(t, device_type) for t in tensors):
+        return args, kwargs
+    key = _autocast_key(device_type)
+    advice = "cast the arguments yourself, or call it outside the autocast region"
+    if key is None:
+        raise UnsupportedOpError(f"{what}{where_now()} runs under torch.autocast({device_type!r}), whose casts minijit "
+                                 f"does not know for that device type; {advice}")
+    if op is not None and _has_kernel(op, key):
+        name = op.split("::")[-1]
+        policy = policy_for(name, device_type)
+        if policy in (LOWER, FP32, PROMOTE):
+            return autocast_arguments(name, None, args, kwargs)
+        raise UnsupportedOpError(f"{what}{where_now()} runs under torch.autocast({device_type!r}), where eager casts "
+                                 f"its arguments by a policy minijit does not know for {op}; {advice}")
+    inner = [o for o in reached if _has_kernel(o, key)]
+    if inner:
+        raise UnsupportedOpError(f"{what}{where_now()} runs under torch.autocast({device_type!r}), where eager casts "
+                                 f"inside it (autocast applies to {', '.join(inner)}), which minijit cannot repeat; "
+                                 f"{advice}")
+    return args, kwargs
+
+
 __all__ = ["FP32", "FP32_UNLESS_DTYPE", "LOWER", "POLICIES", "PROMOTE", "autocast_arguments", "clear_cast_cache",
-           "policy_for"]
+           "opaque_autocast_arguments", "policy_for"]

@@ -57,7 +57,8 @@ class MetaResult:
     structseq results, `torch.return_types.max`, become named tuples). Per flattened
     output leaf, `views` names the input leaf whose storage it shares and `same_as` the
     input leaf it is (an in-place op returns its argument); `written` lists the input
-    leaves written into, `written_meta` their metadata afterwards.
+    leaves written into, `written_meta` their metadata afterwards; `ops` the ATen operators
+    the call reached (`aten::mm`), each once.
     """
 
     outputs: Any
@@ -66,6 +67,7 @@ class MetaResult:
     written: tuple[int, ...]
     written_meta: tuple[TensorMeta, ...]
     random: bool
+    ops: tuple[str, ...] = ()
 
 
 class _Recorder:
@@ -238,7 +240,8 @@ def _run(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], 
     outputs, views, same_as = _describe(out, firsts, storage_of, device, what)
     random = any(torch.Tag.nondeterministic_seeded in func.tags for func, _, _ in recorder.calls)
     written_meta = tuple(_tensor_meta(meta_leaves[i], device) for i in written)
-    return MetaResult(outputs, tuple(views), tuple(same_as), tuple(written), written_meta, random)
+    ops = tuple(dict.fromkeys(func._schema.name for func, _, _ in recorder.calls))
+    return MetaResult(outputs, tuple(views), tuple(same_as), tuple(written), written_meta, random, ops)
 
 
 def _to_meta_tree(x: Any, metas: dict[int, torch.Tensor], grad: bool) -> Any:

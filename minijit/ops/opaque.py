@@ -46,6 +46,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch._library.custom_ops import CustomOpDef
 
 from minijit.errors import MinijitError, UnsupportedOpError
 from minijit.ir import Effects, Symbol, TensorProxy, current_trace, tree_flatten, tree_map
@@ -53,9 +54,11 @@ from minijit.ir.context import where_now
 from minijit.ir.proxies import TENSOR_METHOD_FALLBACKS, TENSOR_METHODS
 from minijit.ops import prims
 from minijit.ops.aliases import canonical
+from minijit.ops.autocast import opaque_autocast_arguments
 from minijit.ops.meta_run import MetaResult, TensorMeta, run_on_meta
 from minijit.ops.registry import ltorch_symbol_for
 
+_any_autocast = torch._C._is_any_autocast_enabled
 OPAQUE = "opaque"  # the tag of opaque symbols: the torch executor runs each by calling its `fn`
 # The errors by which an ltorch decomposition declines a call that torch may still run: a form of the
 # call it does not support (UnsupportedOpError) or an argument its signature lacks (TypeError). A
@@ -63,7 +66,7 @@ OPAQUE = "opaque"  # the tag of opaque symbols: the torch executor runs each by 
 # kernels do not check everything its CPU kernels check, so an opaque call would fail only at run time.
 DECLINED = (UnsupportedOpError, TypeError)
 
-__all__ = ["NOT_OPS", "OPAQUE", "TENSOR_DUNDERS", "FunctionalForm", "call_ltorch", "call_torch", "describe",
+__all__ = ["NOT_OPS", "OPAQUE", "TENSOR_DUNDERS", "FunctionalForm", "aten_name", "call_ltorch", "call_torch", "describe",
            "draws_random_numbers",
            "install_tensor_method_fallbacks", "is_opaque_candidate", "opaque_call", "printed_name", "runtime_leaves",
            "unique_opaque_name"]
@@ -73,6 +76,8 @@ __all__ = ["NOT_OPS", "OPAQUE", "TENSOR_DUNDERS", "FunctionalForm", "call_ltorch
 
 def call_torch(fn: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> Any:
     """Record the torch callable `fn` called on proxies: as its ltorch symbol where it has one, else opaque."""
+    if isinstance(fn, CustomOpDef):
+        fn = fn._opoverload  # a `torch.library.custom_op`: the operator it registered
     sym = ltorch_symbol_for(fn)
     if sym is not None:
         return call_ltorch(fn, sym, args, kwargs)
@@ -156,6 +161,13 @@ def opaque_call(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         capture = trace.capture_tensor
         args, kwargs = tree_map(lambda x: capture(x) if isinstance(x, torch.Tensor) else x, (args, kwargs))
     result = run_on_meta(fn, args, kwargs, what)
+    if trace.recording_user_call and _any_autocast():
+        # The trace runs with autocast off: the casts eager's autocast makes are recorded here.
+        cast_args, cast_kwargs = opaque_autocast_arguments(what, aten_name(fn), result.ops, args, kwargs)
+        if any(a is not b for a, b in zip(tree_flatten((cast_args, cast_kwargs)), tree_flatten((args, kwargs)),
+                                           strict=True)):
+            args, kwargs = tuple(cast_args), cast_kwargs
+            result = run_on_meta(fn, args, kwargs, what)
     leaves = tree_flatten((args, kwargs))
     tensors = [m for m in tree_flatten(result.outputs) if isinstance(m, TensorMeta)]
     if not result.written:
@@ -170,6 +182,16 @@ def opaque_call(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             return _rebuild(result.outputs, iter(()), [leaves[s] if s is not None else None for s in result.same_as])
         return _plain_symbol(fn, result, _arg_refs(args, kwargs))(*args, **kwargs)
     return _inplace_symbol(fn, result, _arg_refs(args, kwargs))(*args, **kwargs)
+
+
+def aten_name(fn: Any) -> str | None:
+    """The ATen operator the torch callable `fn` stands for by its name (`aten::addbmm`), or None."""
+    if isinstance(fn, torch._ops.OpOverload):
+        return fn._schema.name
+    if isinstance(fn, torch._ops.OpOverloadPacket):
+        return fn._qualified_op_name
+    name = getattr(canonical(fn), "__name__", None)
+    return f"aten::{name}" if isinstance(name, str) and not name.startswith("_") else None
 
 
 def draws_random_numbers(fn: Any) -> bool:
@@ -200,7 +222,7 @@ def is_opaque_candidate(fn: Any) -> bool:
     Python functions of torch's op modules; not torch's I/O, distributed, autograd-engine
     or compiler functions, whose effects reach outside the trace.
     """
-    if isinstance(fn, torch._ops.OpOverload | torch._ops.OpOverloadPacket | TensorProperty):
+    if isinstance(fn, torch._ops.OpOverload | torch._ops.OpOverloadPacket | TensorProperty | CustomOpDef):
         return True
     objclass = getattr(fn, "__objclass__", None)
     if isinstance(objclass, type) and issubclass(objclass, torch._C.TensorBase):

@@ -252,7 +252,7 @@ def test_except_star_on_tensors():
 
 def swallows_errors_in_groups(x):
     try:
-        return torch.fft.fft(x)
+        return torch.nonzero(x)  # a data-dependent output shape: refused
     except* Exception:
         return_value = x
     return return_value
@@ -413,11 +413,11 @@ def real_tensor_method_with_bad_argument(x):
     return REAL.histc(x)
 
 
-def test_method_of_a_real_tensor_rejected_by_torch_names_op_and_line():
+def test_method_of_a_real_tensor_with_a_bad_argument_names_op_and_line():
     with pytest.raises(MinijitError) as info:
         minijit.jit(real_tensor_method_with_bad_argument)(torch.randn(3))
     message = str(info.value)
-    assert "torch.Tensor.histc" in message and "must be int, not Tensor" in message
+    assert "histc" in message and "must be int, not Tensor" in message
     assert f"{os.path.basename(__file__)}:{_line_of(real_tensor_method_with_bad_argument, 'REAL.histc')}" in message
 
 

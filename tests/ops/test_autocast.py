@@ -16,11 +16,12 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.testing._internal.autocast_test_lists import AutocastTestLists
+from torch.testing._internal.autocast_test_lists import AutocastCPUTestLists, AutocastTestLists
 
 import minijit
 from minijit.ir import TensorProxy, Trace, tracing
 from minijit.ops.autocast import POLICIES
+from minijit.ops.opaque import OPAQUE
 from minijit.ops.registry import ALL_LTORCH, ltorch_symbol_for
 from tests.ops.opinfo_util import ALL_CASES, OpCase, sample_summary
 
@@ -28,7 +29,9 @@ BF16 = torch.bfloat16
 
 
 def test_every_policy_names_a_declared_op() -> None:
-    unknown = {(device, name) for device, table in POLICIES.items() for name in table if name not in ALL_LTORCH}
+    # An ltorch op, or an ATen operator with its own autocast kernel for that device (an opaque op).
+    unknown = {(device, name) for device, table in POLICIES.items() for name in table if name not in ALL_LTORCH
+               and not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", f"Autocast{device.upper()}")}
     assert not unknown
 
 
@@ -56,6 +59,86 @@ def test_cpu_autocast_matches_eager(case: OpCase) -> None:
     if case.compare_values:
         for g, w in zip(got, want, strict=True):
             torch.testing.assert_close(g, w, atol=0.1, rtol=0.05, equal_nan=True, msg=lambda m: f"{what}: {m}")
+
+
+# -- opaque torch ops under CPU autocast ----------------------------------------------------------------
+
+def _cpu_list_cases() -> list[Any]:
+    """PyTorch's own CPU autocast test lists: (op, args, kwargs), for torch.* and torch._C._nn.* ops."""
+    lists = AutocastCPUTestLists(torch.device("cpu"))
+    params = []
+    for name, namespace in (("torch_16", torch), ("torch_fp32", torch), ("nn_16", torch._C._nn),
+                            ("nn_fp32", torch._C._nn)):
+        for entry in getattr(lists, name):
+            kwargs = entry[2] if len(entry) > 2 and isinstance(entry[2], dict) else {}
+            params.append(pytest.param(getattr(namespace, entry[0]), entry[1], kwargs, id=f"{name}-{entry[0]}"))
+    return params
+
+
+def _run_under_cpu_autocast(op: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    jf = minijit.jit(lambda *a, **k: op(*a, **k))
+    with torch.autocast("cpu", dtype=BF16):
+        want = op(*args, **kwargs)
+        got = jf(*args, **kwargs)
+    return _outputs(want), _outputs(got)
+
+
+@pytest.mark.parametrize("op, args, kwargs", _cpu_list_cases())
+def test_torchs_cpu_autocast_lists_match_eager_or_are_refused(op: Any, args: tuple[Any, ...],
+                                                              kwargs: dict[str, Any]) -> None:
+    # Traces run with autocast off: each op gets eager's casts, or is refused naming autocast (never left uncast).
+    name = op.__name__
+    try:
+        want, got = _run_under_cpu_autocast(op, args, kwargs)
+    except minijit.UnsupportedOpError as e:
+        assert "torch.autocast('cpu')" in str(e)
+        assert name not in POLICIES["cpu"], f"{name} has a policy, yet was refused: {e}"
+        return
+    assert [g.dtype for g in got] == [w.dtype for w in want]
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, atol=0.1, rtol=0.05, equal_nan=True)
+
+
+def _opaque_names(jf: Any) -> list[str]:
+    return [b.sym.id for b in minijit.last_traces(jf)[0].bound_symbols if OPAQUE in b.sym.tags]
+
+
+@pytest.mark.parametrize("op, make_args", [
+    pytest.param(torch.addbmm, lambda: (torch.randn(4, 5), torch.randn(3, 4, 6), torch.randn(3, 6, 5)), id="lower"),
+    pytest.param(torch.cdist, lambda: (torch.randn(4, 5), torch.randn(3, 5).to(BF16)), id="fp32-cdist"),
+    pytest.param(torch.trace, lambda: (torch.randn(4, 4).to(BF16),), id="fp32-trace"),
+    pytest.param(torch.kron, lambda: (torch.randn(2, 2), torch.randn(2, 3).to(BF16)), id="no-policy"),
+])
+def test_opaque_op_under_cpu_autocast_gets_eagers_casts(op: Any, make_args: Callable[[], tuple[Any, ...]]) -> None:
+    args = make_args()
+    jf = minijit.jit(lambda *a: op(*a))
+    with torch.autocast("cpu", dtype=BF16):
+        want = op(*args)
+        got = jf(*args)
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got, want, atol=0.05, rtol=0.02)
+    assert any(name.endswith(f".{op.__name__}") for name in _opaque_names(jf))  # `torch.cdist` runs `_VF.cdist`
+
+
+def uses_polar(a, b):
+    return torch.polar(a, b)
+
+
+def uses_tensordot(a, b):
+    return torch.tensordot(a, b, dims=1)
+
+
+@pytest.mark.parametrize("fn, op, why", [
+    (uses_polar, "torch.polar", "by a policy minijit does not know for aten::polar"),
+    (uses_tensordot, "torch.tensordot", "where eager casts inside it"),
+])
+def test_opaque_op_with_an_unknown_autocast_policy_is_refused(fn: Any, op: str, why: str) -> None:
+    jf = minijit.jit(fn)
+    with torch.autocast("cpu", dtype=BF16), pytest.raises(minijit.UnsupportedOpError) as info:
+        jf(torch.randn(3, 3), torch.randn(3, 3))
+    message = str(info.value)
+    assert op in message and why in message and "test_autocast.py:" in message
+    torch.testing.assert_close(jf(torch.ones(3, 3), torch.zeros(3, 3)), fn(torch.ones(3, 3), torch.zeros(3, 3)))
 
 
 # -- CUDA, without a GPU: the trace's dtypes ----------------------------------------------------------

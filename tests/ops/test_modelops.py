@@ -121,6 +121,14 @@ def test_is_nested_is_false_for_traced_tensors() -> None:
     torch.testing.assert_close(minijit.jit(lambda a: a * 2 if not a.is_nested else a)(x), x * 2)
 
 
+@pytest.mark.parametrize(("fn", "x"), [
+    (lambda a: F.interpolate(a, scale_factor=2, mode="bilinear", antialias=True), torch.randn(1, 1, 3, 3)),
+    (lambda a: F.interpolate(a, scale_factor=2, mode="nearest"), torch.randint(0, 255, (1, 2, 3, 3), dtype=torch.uint8)),
+])
+def test_interpolate_forms_the_decomposition_declines_run_as_the_torch_op(fn, x) -> None:
+    torch.testing.assert_close(minijit.jit(fn)(x), fn(x))
+
+
 @pytest.mark.parametrize(("fn", "args", "message"), [
     (lambda a, b: F.conv2d(a, b), ((2, 3, 5), (4, 3, 2, 2)), r"conv2d: input \(torch.float32\) and weight"),
     (lambda a, b: F.conv2d(a, b, stride=2, padding="same"), ((1, 3, 5, 5), (4, 3, 2, 2)),
@@ -128,8 +136,6 @@ def test_is_nested_is_false_for_traced_tensors() -> None:
     (lambda a, b: F.conv1d(a, b), ((3, 5, 5, 5), (4, 3, 2)), "conv1d: expected a 2-d .* or 3-d"),
     (lambda a, b: F.one_hot(a.long()), ((3,), (1,)), "one_hot: num_classes=-1 takes the number of classes"),
     (lambda a, b: F.pad(a, (3, 3), mode="reflect"), ((2, 3), (1,)), "reflect padding .* must be less than"),
-    (lambda a, b: F.interpolate(a, scale_factor=2, mode="bilinear", antialias=True), ((1, 1, 2, 2), (1,)),
-     "antialias=True is not supported"),
     (lambda a, b: F.batch_norm(a, None, None, training=True), ((1, 3), (1,)),
      "expected more than 1 value per channel when training"),
     (lambda a, b: F.max_pool2d(a, 2, padding=2), ((1, 1, 4, 4), (1,)), "prims.max_pool: pad should be"),

@@ -14,7 +14,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minijit.errors import MetaError
+import minijit
+from minijit.errors import MetaError, UnsupportedOpError
 from minijit.ops import ltorch
 from tests.oputil import run_decomposed, run_trace_source, trace_call
 
@@ -114,7 +115,19 @@ def test_bad_calls_name_the_problem(call: Callable[..., Any], message: str) -> N
         trace_call(call, X)
 
 
-def test_probabilities_that_require_grad_are_refused() -> None:
-    # Eager gives them a zero gradient, which minijit does not reproduce.
-    with pytest.raises(MetaError, match="detach"):
+def bernoulli_times_p(p):
+    return torch.bernoulli(p) * p
+
+
+def test_probabilities_that_require_grad_run_as_the_torch_op() -> None:
+    # Eager gives them a zero gradient, which the decomposition does not reproduce: it declines the call,
+    # which is then recorded as the opaque torch op (same draws, torch's own gradient).
+    with pytest.raises(UnsupportedOpError, match="detach"):
         trace_call(lambda p: ltorch.bernoulli(p), torch.rand(3, requires_grad=True))
+    p = torch.rand(6, requires_grad=True)
+    torch.manual_seed(4)
+    got = minijit.jit(bernoulli_times_p)(p)
+    torch.manual_seed(4)
+    want = bernoulli_times_p(p)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(torch.autograd.grad(got.sum(), p), torch.autograd.grad(want.sum(), p))

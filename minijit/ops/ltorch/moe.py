@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from minijit.ir import TensorProxy
+from minijit.ir import NumberProxy, TensorProxy
 from minijit.ops import aten_prims, prims
 from minijit.ops.registry import ltorch_op
 from minijit.ops.utils import fail, to_dtype, unsqueeze_at
@@ -42,6 +42,8 @@ def histc(input: TensorProxy, bins: int = 100, min: Any = 0, max: Any = 0) -> Te
     """torch.histc: counts in `bins` equal bins over [min, max] (over the data's range when min == max)."""
     if not isinstance(input, TensorProxy):
         raise fail("histc", f"expected a tensor, got {type(input).__name__}")
+    if isinstance(bins, TensorProxy) or not isinstance(bins, int | NumberProxy):
+        raise fail("histc", f"bins must be int, not {'Tensor' if isinstance(bins, TensorProxy) else type(bins).__name__}")
     if bins <= 0:
         raise fail("histc", f"bins must be > 0, got {bins}")
     if min > max:

@@ -20,7 +20,7 @@ from minijit.ops import prims
 from minijit.ops.ltorch.creation import _check_options, _device, _tensor
 from minijit.ops.ltorch.inplace import write_into
 from minijit.ops.registry import ltorch_op
-from minijit.ops.utils import broadcast_shapes, expand_to, fail, parse_shape
+from minijit.ops.utils import broadcast_shapes, expand_to, fail, parse_shape, unsupported
 
 RANDOM = prims.RANDOM
 INPLACE_RANDOM = Effects(writes=(0,), random=True)  # draws into its first argument
@@ -45,8 +45,9 @@ def _like(op: str, input: TensorProxy, memory_format: Any) -> Any:  # noqa: A002
 def _not_requiring_grad(op: str, *tensors: Any) -> None:
     for t in tensors:
         if isinstance(t, TensorProxy) and t.requires_grad:
-            raise fail(op, f"an argument requires grad; eager gives it a zero gradient through {op}, which minijit "
-                           "does not reproduce: pass it detached (the gradient is zero anyway)")
+            # Declined: the call runs as the opaque torch op, whose gradient is torch's own (zero).
+            raise unsupported(op, f"an argument requires grad; eager gives it a zero gradient through {op}, which "
+                                  "the decomposition does not reproduce: pass it detached (the gradient is zero anyway)")
 
 
 # -- fresh tensors -------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from minijit.ir import NumberProxy, TensorProxy
 from minijit.ops import aten_prims, prims
 from minijit.ops.ltorch.pooling import adaptive_avg_pool1d, adaptive_avg_pool2d, adaptive_avg_pool3d
 from minijit.ops.registry import ltorch_op
-from minijit.ops.utils import fail, reshape_to
+from minijit.ops.utils import fail, reshape_to, unsupported
 
 F = torch.nn.functional
 
@@ -44,6 +44,8 @@ def interpolate(input: TensorProxy, size: Any = None, scale_factor: Any = None, 
     op = "interpolate"
     if not isinstance(input, TensorProxy) or input.ndim not in (3, 4, 5):
         raise fail(op, f"expects a 3-d, 4-d or 5-d input (N, C, spatial...), got {getattr(input, 'shape', input)}")
+    if not input.dtype.is_floating_point:  # torch's kernels take uint8 images in some modes
+        raise unsupported(op, f"a {input.dtype} input is not supported; only floating point ones")
     if mode not in _MODE_DIMS:
         raise fail(op, f"mode {mode!r} is not supported; use one of {', '.join(_MODE_DIMS)}")
     dim = input.ndim - 2
@@ -55,7 +57,7 @@ def interpolate(input: TensorProxy, size: Any = None, scale_factor: Any = None, 
     elif align_corners is None:
         align_corners = False
     if antialias:
-        raise fail(op, "antialias=True is not supported")
+        raise unsupported(op, "antialias=True is not supported")
     if (size is None) == (scale_factor is None):
         raise fail(op, "give exactly one of size and scale_factor")
     if recompute_scale_factor and size is not None:
