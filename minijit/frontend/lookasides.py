@@ -103,7 +103,7 @@ def _tensor_query(native: Callable[..., Any], method: str) -> Callable[..., Any]
 
 
 for _native_query, _method in ((torch.is_floating_point, "is_floating_point"), (torch.is_complex, "is_complex"),
-                               (torch.numel, "numel")):
+                               (torch.is_signed, "is_signed"), (torch.numel, "numel")):
     LOOKASIDES[_native_query] = _tensor_query(_native_query, _method)
 
 

@@ -296,6 +296,9 @@ class TensorProxy(Proxy):
     def is_complex(self) -> bool:
         return self.dtype.is_complex
 
+    def is_signed(self) -> bool:
+        return self.dtype.is_signed
+
     def element_size(self) -> int:
         return self.dtype.itemsize
 
