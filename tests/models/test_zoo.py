@@ -52,11 +52,10 @@ HF_MODELS: dict[str, tuple[Callable[[], nn.Module], str]] = {
     "gemma2": (_hf("AutoModelForCausalLM", "gemma2", **_DECODER, head_dim=8, query_pre_attn_scalar=8,
                    sliding_window=8), "causal"),
     "phi3": (_hf("AutoModelForCausalLM", "phi3", **_DECODER), "causal"),
-    # Experts as batched matmuls of each token's chosen experts' weights. The default ("grouped_mm"), traced in
-    # float32, calls transformers' custom op `transformers::grouped_mm_fallback` (torch.library), which minijit
-    # runs once torch ops without an ltorch decomposition run opaquely (the op-breadth work).
+    # The default experts implementation ("grouped_mm"), traced in float32, calls transformers' custom op
+    # `transformers::grouped_mm_fallback` (torch.library): one opaque torch op (minijit/ops/opaque.py).
     "mixtral": (_hf("AutoModelForCausalLM", "mixtral", **_DECODER, num_local_experts=4, num_experts_per_tok=2,
-                    experts_implementation="batched_mm", output_router_logits=True), "causal"),
+                    output_router_logits=True), "causal"),
     "gpt2": (_hf("AutoModelForCausalLM", "gpt2", n_embd=32, n_layer=2, n_head=4, n_positions=64, **_TOKENS),
              "causal"),
     "gpt_neox": (_hf("AutoModelForCausalLM", "gpt_neox", **{**_ENCODER, "num_key_value_heads": 4}), "causal"),
@@ -267,6 +266,20 @@ def test_torch_nn_model_matches_eager(name: str, variant: str) -> None:
     jm = run_against_eager(build().train(), variants[variant], calls=2)
     info = minijit.cache_info(jm)
     assert (info.misses, info.hits) == (1, 1), str(info)
+
+
+def test_transformer_encoder_fast_path_runs_as_one_opaque_op_per_layer() -> None:
+    """In eval mode under no_grad, nn.TransformerEncoderLayer calls torch._transformer_encoder_layer_fwd."""
+    torch.manual_seed(0)
+    encoder = _encoder().body.eval()
+    jm = minijit.jit(encoder)
+    for masked in (False, True):
+        inputs = _sequence(masked, "src_key_padding_mask")
+        x, mask = inputs["x"], inputs.get("src_key_padding_mask")
+        with torch.no_grad():
+            _close(jm(x, src_key_padding_mask=mask), encoder(x, src_key_padding_mask=mask), f"masked={masked}")
+    fast = [b for b in minijit.last_traces(jm)[0].bound_symbols if "transformer_encoder_layer_fwd" in b.sym.name]
+    assert len(fast) == 2
 
 
 def test_packed_sequences_are_refused_as_data_dependent() -> None:
