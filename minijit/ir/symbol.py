@@ -187,6 +187,11 @@ class BoundSymbol:
                         found.setdefault(id(x), x)
         return list(found.values())
 
+    def is_random(self) -> bool:
+        """Whether this call draws from, seeds or reads torch's generator: its symbol's declared `random`, or,
+        for a composite, a random call in its decomposition (`torch.lstm` with dropout)."""
+        return self.sym.effects.random or any(s.is_random() for s in self.subsymbols)
+
     def copied_value(self) -> Any:
         """For a copy (`Effects.copies`): the value the written tensor receives, else None."""
         return self.args[0] if self.sym.effects.copies else None

@@ -10,7 +10,8 @@ def dce(trace: Trace) -> Trace:
     needed = {x.name for x in tree_iter(trace.output) if isinstance(x, Proxy)}
     kept = []
     for bsym in reversed(trace.bound_symbols):
-        if bsym.sym.effects.has_side_effects or bsym.written() or any(p.name in needed for p in bsym.proxy_outputs()):
+        if (bsym.sym.effects.has_side_effects or bsym.written() or bsym.is_random()
+                or any(p.name in needed for p in bsym.proxy_outputs())):
             kept.append(bsym)
             _mark_used(bsym, needed)
     return trace.derive(reversed(kept), pass_name="dce")

@@ -50,7 +50,7 @@ class Region:
         """The region's effects as one bound symbol: it writes the inputs its members write into."""
         written = {p.name for b in self.members for p in b.written()}
         writes = tuple(i for i, p in enumerate(self.inputs) if p.name in written)
-        return Effects(writes=writes, random=any(b.sym.effects.random for b in self.members),
+        return Effects(writes=writes, random=any(b.is_random() for b in self.members),
                        external=any(b.sym.effects.external for b in self.members))
 
 
@@ -87,7 +87,7 @@ def region_bound_symbol(region: Region, namespace: str, fn: Callable[..., Any], 
     bsym = sym.bind(*region.inputs, output=output, subsymbols=tuple(region.members), source=source)
     # An executor may say what the region runs as (its kernels' names) in the printed trace,
     # and says how it draws random numbers where the region makes draws (not as torch would).
-    notes = [getattr(fn, "note", ""), random_note if any(b.sym.effects.random for b in region.members) else ""]
+    notes = [getattr(fn, "note", ""), random_note if any(b.is_random() for b in region.members) else ""]
     bsym.note = "; ".join(n for n in notes if n)
     return bsym
 
@@ -143,7 +143,7 @@ def partition(entries: Sequence[tuple[BoundSymbol, Any]], executor: Any, trace_o
         # Invariant 1: never move a write of a tensor in front of the region's reads of its old value.
         overwrites = any(p.name in region_read for p in bsym.written())
         # Random draws keep their order (a region draws only where its executor says how it does).
-        draws_after = bsym.sym.effects.random and any(b.sym.effects.random for b in region)
+        draws_after = bsym.is_random() and any(b.is_random() for b in region)
         # A deferred bound symbol that a later non-member needs must keep its place relative to it:
         # deferred ones run before the region, so that always holds.
         if depends or overwrites or draws_after or _is_boundary(bsym):

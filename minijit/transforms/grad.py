@@ -370,7 +370,7 @@ _CHEAP_PRIMS = frozenset(prims.UNARY + prims.BINARY) | {
 
 def _is_cheap(bsym: BoundSymbol) -> bool:
     """True for pointwise and layout ops (or ops that decompose only into those); never random ones."""
-    if bsym.sym.effects.random or bsym.written():
+    if bsym.is_random() or bsym.written():
         return False
     if bsym.sym.is_prim:
         return bsym.sym.namespace == "prims" and bsym.sym.name in _CHEAP_PRIMS

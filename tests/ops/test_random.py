@@ -131,3 +131,20 @@ def test_probabilities_that_require_grad_run_as_the_torch_op() -> None:
     want = bernoulli_times_p(p)
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(torch.autograd.grad(got.sum(), p), torch.autograd.grad(want.sum(), p))
+
+
+LSTM = torch.nn.LSTM(4, 4, num_layers=2, dropout=0.5, batch_first=True)
+
+
+def unused_lstm_then_rand(x):
+    LSTM(x)  # unused, but its dropout between the layers draws, so the next draw depends on it
+    return torch.rand(3)
+
+
+def test_an_unused_composite_that_draws_is_kept() -> None:
+    x = torch.randn(2, 3, 4)
+    torch.manual_seed(1)
+    got = minijit.jit(unused_lstm_then_rand)(x)
+    torch.manual_seed(1)
+    want = unused_lstm_then_rand(x)
+    torch.testing.assert_close(got, want)
