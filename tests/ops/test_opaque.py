@@ -73,6 +73,9 @@ FORWARD = [
     ("gather_int32", lambda x, i: x.gather(1, i) * 2, lambda: [_randn(3, 4), torch.tensor([[0, 3]] * 3).int()],
      None),
     ("two_ellipses", lambda x: x[..., ...] + 1, lambda: [_randn(2, 3)], "torch.Tensor.__getitem__"),
+    # Tensor repeats, which ltorch declines; with output_size the shape is known.
+    ("repeat_interleave_output_size", lambda x, r: torch.repeat_interleave(x, r, dim=0, output_size=6),
+     lambda: [_randn(3, 2), torch.tensor([1, 2, 3])], "torch.repeat_interleave"),
 ]
 
 
@@ -142,6 +145,29 @@ def test_opaque_effects_match_eager_outputs_and_inputs(fn, make_args):
     for g, w in zip(got_args, want_args, strict=True):
         torch.testing.assert_close(g, w)
     assert _opaque_calls(jf), "expected an opaque torch op"
+
+
+def adds_into_out(a, b, o):
+    r = torch.add(a, b, out=o)
+    return r * 2
+
+
+@pytest.mark.parametrize("out", [torch.empty(4), torch.empty(4, dtype=torch.float64)], ids=["same", "wider"])
+def test_out_given_to_a_decomposition_without_out_matches_eager(out):
+    # ltorch.add has no out: its result is copied into out (cast into a wider dtype, as eager does).
+    a, b = _randn(4), _randn(4, seed=1)
+    got_out, want_out = out.clone(), out.clone()
+    jf = minijit.jit(adds_into_out)
+    torch.testing.assert_close(jf(a, b, got_out), adds_into_out(a, b, want_out))
+    torch.testing.assert_close(got_out, want_out)
+    assert not _opaque_calls(jf)
+
+
+@pytest.mark.parametrize("out", [torch.empty(0), torch.empty(4, dtype=torch.int64)], ids=["resized", "narrower"])
+def test_out_that_eager_resizes_or_cannot_cast_into_is_refused(out):
+    # Declined by the decomposition; the torch op's meta run changes out's shape or rejects the dtype.
+    with pytest.raises(MinijitError, match="out="):
+        minijit.jit(adds_into_out)(_randn(4), _randn(4), out)
 
 
 def test_effects_are_read_from_the_schema():

@@ -532,7 +532,7 @@ def repeat_interleave(input: TensorProxy, repeats: Any = None, dim: int | None =
     if repeats is None or isinstance(repeats, TensorProxy):
         raise UnsupportedOpError(
             f"ltorch.repeat_interleave with repeats given as a tensor{where_now()}: the output's shape depends on the "
-            "tensor's values, which a trace cannot; pass repeats as an int")
+            "tensor's values, which a trace cannot; pass repeats as an int, or give output_size")
     if type(repeats) is not int or repeats < 0:
         raise _fail("repeat_interleave", f"repeats must be a non-negative int, got {repeats!r}")
     a = reshape_to(input, (math.prod(input.shape),)) if dim is None else input
