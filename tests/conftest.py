@@ -1,6 +1,7 @@
 """Test-session set-up shared by every test module."""
 
 import os
+from typing import Any
 
 import torch
 
@@ -14,3 +15,10 @@ if not torch.cuda.is_available():
 # than cores, torch's thread pools spin against each other (on 2 cores, the model tests' CPU time is 4x).
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The OpInfo coverage summary, where the run included tests/ops/test_opinfo.py."""
+    from tests.ops.opinfo_summary import print_summary
+
+    print_summary(terminalreporter)

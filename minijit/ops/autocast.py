@@ -212,6 +212,21 @@ def _has_kernel(op: str, key: str) -> bool:
         return False
 
 
+def active_autocast(args: Any, kwargs: dict[str, Any]) -> tuple[str, torch.dtype] | None:
+    """(device type, dtype) of the autocast state that applies to a call on these arguments, or None.
+
+    It applies where autocast is on for the arguments' device type and one of them is eligible
+    (a floating point tensor of that device, not float64).
+    """
+    tensors = [x for x in tree_iter((args, kwargs)) if isinstance(x, _TENSORS)]
+    if not tensors:
+        return None
+    device_type = _device_type(tensors)
+    if not torch.is_autocast_enabled(device_type) or not any(_eligible(t, device_type) for t in tensors):
+        return None
+    return device_type, torch.get_autocast_dtype(device_type)
+
+
 def opaque_autocast_arguments(what: str, op: str | None, reached: Sequence[str], args: tuple[Any, ...],
                               kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """The arguments eager would run an opaque torch op on under the current autocast state.
@@ -220,15 +235,15 @@ def opaque_autocast_arguments(what: str, op: str | None, reached: Sequence[str],
     ATen operators its run on meta tensors reached. Eager casts where an operator has its
     own autocast kernel: where `op` has one, its policy from POLICIES applies to the
     arguments (recorded as casts, as for ltorch ops). The trace runs with autocast off, so
-    a policy minijit does not know, or a cast eager may make inside the op (an operator the
-    call reaches has a kernel), is an UnsupportedOpError rather than a silently skipped cast.
+    a policy minijit does not know, or a cast eager makes inside the op (an operator the meta
+    run reached has a kernel), is an UnsupportedOpError rather than a silently skipped cast.
+    (Casts inside kernels the meta run does not see through are repeated where the op runs:
+    minijit/ops/opaque.py runs it under the same autocast state.)
     """
-    tensors = [x for x in tree_iter((args, kwargs)) if isinstance(x, _TENSORS)]
-    if not tensors:
+    state = active_autocast(args, kwargs)
+    if state is None:
         return args, kwargs
-    device_type = _device_type(tensors)
-    if not torch.is_autocast_enabled(device_type) or not any(_eligible(t, device_type) for t in tensors):
-        return args, kwargs
+    device_type = state[0]
     key = _autocast_key(device_type)
     advice = "cast the arguments yourself, or call it outside the autocast region"
     if key is None:
@@ -249,5 +264,5 @@ def opaque_autocast_arguments(what: str, op: str | None, reached: Sequence[str],
     return args, kwargs
 
 
-__all__ = ["FP32", "FP32_UNLESS_DTYPE", "LOWER", "POLICIES", "PROMOTE", "autocast_arguments", "clear_cast_cache",
-           "opaque_autocast_arguments", "policy_for"]
+__all__ = ["FP32", "FP32_UNLESS_DTYPE", "LOWER", "POLICIES", "PROMOTE", "active_autocast", "autocast_arguments",
+           "clear_cast_cache", "opaque_autocast_arguments", "policy_for"]

@@ -54,7 +54,7 @@ from minijit.ir.context import where_now
 from minijit.ir.proxies import TENSOR_METHOD_FALLBACKS, TENSOR_METHODS
 from minijit.ops import prims
 from minijit.ops.aliases import canonical
-from minijit.ops.autocast import opaque_autocast_arguments
+from minijit.ops.autocast import active_autocast, opaque_autocast_arguments
 from minijit.ops.meta_run import MetaResult, TensorMeta, run_on_meta
 from minijit.ops.registry import ltorch_symbol_for
 
@@ -66,10 +66,9 @@ OPAQUE = "opaque"  # the tag of opaque symbols: the torch executor runs each by 
 # kernels do not check everything its CPU kernels check, so an opaque call would fail only at run time.
 DECLINED = (UnsupportedOpError, TypeError)
 
-__all__ = ["NOT_OPS", "OPAQUE", "TENSOR_DUNDERS", "FunctionalForm", "aten_name", "call_ltorch", "call_torch", "describe",
-           "draws_random_numbers",
-           "install_tensor_method_fallbacks", "is_opaque_candidate", "opaque_call", "printed_name", "runtime_leaves",
-           "unique_opaque_name"]
+__all__ = ["NOT_OPS", "OPAQUE", "TENSOR_DUNDERS", "FunctionalForm", "UnderAutocast", "aten_name", "call_ltorch",
+           "call_torch", "describe", "draws_random_numbers", "install_tensor_method_fallbacks", "is_opaque_candidate",
+           "opaque_call", "printed_name", "runtime_leaves", "unique_opaque_name"]
 
 
 # -- entry points -------------------------------------------------------------------------------
@@ -161,13 +160,17 @@ def opaque_call(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         capture = trace.capture_tensor
         args, kwargs = tree_map(lambda x: capture(x) if isinstance(x, torch.Tensor) else x, (args, kwargs))
     result = run_on_meta(fn, args, kwargs, what)
-    if trace.recording_user_call and _any_autocast():
-        # The trace runs with autocast off: the casts eager's autocast makes are recorded here.
+    autocast = active_autocast(args, kwargs) if trace.recording_user_call and _any_autocast() else None
+    if autocast is not None:
+        # The trace runs with autocast off: the casts eager's autocast makes of the arguments are recorded
+        # here, and the op runs under the same autocast state, as eager's kernels may cast inside.
         cast_args, cast_kwargs = opaque_autocast_arguments(what, aten_name(fn), result.ops, args, kwargs)
         if any(a is not b for a, b in zip(tree_flatten((cast_args, cast_kwargs)), tree_flatten((args, kwargs)),
                                            strict=True)):
             args, kwargs = tuple(cast_args), cast_kwargs
             result = run_on_meta(fn, args, kwargs, what)
+        dtypes = tuple(m.dtype if isinstance(m, TensorMeta) else None for m in tree_flatten(result.outputs))
+        fn = UnderAutocast.of(fn, *autocast, dtypes, f"{what}{where_now()}")
     leaves = tree_flatten((args, kwargs))
     tensors = [m for m in tree_flatten(result.outputs) if isinstance(m, TensorMeta)]
     if not result.written:
@@ -182,6 +185,47 @@ def opaque_call(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             return _rebuild(result.outputs, iter(()), [leaves[s] if s is not None else None for s in result.same_as])
         return _plain_symbol(fn, result, _arg_refs(args, kwargs))(*args, **kwargs)
     return _inplace_symbol(fn, result, _arg_refs(args, kwargs))(*args, **kwargs)
+
+
+class UnderAutocast:
+    """`fn` run under the autocast state the user's code called it in (traces run with autocast off).
+
+    Some kernels call other operators that autocast casts for (`aten::_cdist_forward` runs
+    `matmul`), which a run on meta tensors does not see: the results must have the dtypes
+    the trace recorded (`dtypes`, per output leaf), else the call is refused where it runs.
+    """
+
+    _MADE: dict[tuple[Any, ...], UnderAutocast] = {}
+
+    def __init__(self, fn: Any, device_type: str, dtype: torch.dtype, dtypes: tuple[torch.dtype | None, ...],
+                 what: str):
+        self.fn, self.device_type, self.dtype, self.dtypes, self.what = fn, device_type, dtype, dtypes, what
+        self.__name__ = self.__qualname__ = f"{getattr(fn, '__name__', 'op')}_under_autocast"
+        self.__module__ = getattr(fn, "__module__", None)
+
+    @classmethod
+    def of(cls, fn: Any, device_type: str, dtype: torch.dtype, dtypes: tuple[torch.dtype | None, ...],
+           what: str) -> UnderAutocast:
+        """The one wrapper of `fn` for this state, results and call site (symbols are cached by their callable)."""
+        key = (fn, device_type, dtype, dtypes, what)
+        made = cls._MADE.get(key)
+        if made is None:
+            made = cls._MADE[key] = cls(fn, device_type, dtype, dtypes, what)
+        return made
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with torch.autocast(self.device_type, dtype=self.dtype):
+            out = self.fn(*args, **kwargs)
+        got = tuple(t.dtype if isinstance(t, torch.Tensor) else None for t in runtime_leaves(out))
+        if got != self.dtypes:
+            raise UnsupportedOpError(
+                f"{self.what} runs under torch.autocast({self.device_type!r}), where eager casts inside it: its results "
+                f"are {got}, not {self.dtypes} as the trace recorded; cast the arguments yourself, or call it "
+                "outside the autocast region")
+        return out
+
+    def __repr__(self) -> str:
+        return f"<{describe(self.fn)} under torch.autocast({self.device_type!r}, {self.dtype})>"
 
 
 def aten_name(fn: Any) -> str | None:
@@ -520,6 +564,9 @@ def _torch_path(fn: Any) -> str | None:
         return f"Tensor.{name}"
     if isinstance(fn, torch._ops.OpOverload):
         path = f"ops.{fn.namespace}.{fn._opname}.{fn._overloadname}"
+        return path if _resolve(path) is fn else None
+    if isinstance(fn, torch._ops.OpOverloadPacket):
+        path = f"ops.{fn._qualified_op_name.replace('::', '.')}"
         return path if _resolve(path) is fn else None
     public = _public_names().get(id(fn))
     if public is not None and _resolve(public) is fn:

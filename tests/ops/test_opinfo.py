@@ -12,7 +12,7 @@ A value that differs from eager's fails the test, and so does any exception that
 a `MinijitError`. An entry minijit refuses must be listed below with the reason; an
 entry listed as refused that runs equal on every sample fails the full sweep (so the
 lists stay true). The coverage summary is printed at the end of the run
-(tests/ops/conftest.py).
+(tests/ops/opinfo_summary.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The OpInfo coverage summary, printed at the end of a run that ran tests/ops/test_opinfo.py."""
+"""The OpInfo coverage summary, printed at the end of a run that ran tests/ops/test_opinfo.py (by tests/conftest.py,
+which pytest loads in the controlling process also when it runs the whole suite under xdist)."""
 
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ def coverage_lines(results: list[dict[str, Any]], skipped: int) -> list[str]:
     ]
 
 
-def pytest_terminal_summary(terminalreporter: Any) -> None:
+def print_summary(terminalreporter: Any) -> None:
     """Print the OpInfo coverage summary (results reach the controller through user_properties under xdist)."""
     results = _opinfo_results(terminalreporter)
     if not results:
