@@ -5,7 +5,7 @@ Importing this package declares every op and fills the table from torch callable
 """
 
 from minijit.ops import aliases, opaque
-from minijit.ops.ltorch import creation, elementwise, indexing, inplace, nn, reductions, shape  # noqa: F401 - declares the ops
+from minijit.ops.ltorch import backward, creation, elementwise, indexing, inplace, nn, reductions, shape  # noqa: F401 - declares the ops
 from minijit.ops.registry import ALL_LTORCH
 
 inplace.declare_inplace_variants()
