@@ -100,7 +100,7 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
     # The passes, in order. Each is a pure Trace -> Trace function.
     trace = _timed(capture, traces)
     trace = _timed(lambda: functionalize_for_call(trace, flat_inputs(args, kwargs, symbolic)), traces)
-    trace = _timed(lambda: dce(trace), traces)
+    trace = _timed(lambda: dce(trace, keep_sizes=True), traces)  # the grad pass may save them
     trace = _timed(lambda: remove_cast_round_trips(trace), traces)
 
     if torch.is_grad_enabled() and requires_grad_inputs(trace):
