@@ -9,3 +9,7 @@ import torch
 # before the Triton tests run: so it is set here, for the whole session, before any test.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# Every pass's trace is verified (minijit/transforms/verify.py) in the whole test session:
+# a pass that breaks a trace rule fails the test that ran it, naming the pass and the line.
+os.environ.setdefault("MINIJIT_CHECK_TRACES", "1")
