@@ -40,6 +40,10 @@ class CopyToOutError(MinijitError):
     """A trace breaks the copy_to_out_ rules: a write into an input before a read of its old value."""
 
 
+class TraceInvariantError(MinijitError):
+    """A pass produced a trace that breaks a rule every trace keeps (minijit.transforms.verify): a bug in minijit."""
+
+
 class GuardError(MinijitError):
     """Inputs do not match what a trace was specialised on."""
 

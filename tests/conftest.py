@@ -16,6 +16,10 @@ if not torch.cuda.is_available():
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
+# Every pass's trace is verified (minijit/transforms/verify.py) in the whole test session:
+# a pass that breaks a trace rule fails the test that ran it, naming the pass and the line.
+os.environ.setdefault("MINIJIT_CHECK_TRACES", "1")
+
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     """The OpInfo coverage summary, where the run included tests/ops/test_opinfo.py."""

@@ -145,14 +145,23 @@ class Trace:
         return t
 
     def free_proxies(self) -> list[Proxy]:
-        """Proxies the trace reads that it neither takes as input nor computes, in the order first read."""
+        """Proxies the trace reads that it neither takes as input nor computes, in the order first read.
+
+        What decompositions (subsymbols) read counts too: an executor may run them instead
+        of their parent (a symbolic size that only `prims.reshape` inside an op reads).
+        """
         defined = {p.name for p in self.args}
         free: dict[str, Proxy] = {}
-        for bsym in self.bound_symbols:
-            for p in bsym.proxy_args():
-                if p.name not in defined:
-                    free.setdefault(p.name, p)
-            defined.update(p.name for p in bsym.proxy_outputs())
+
+        def visit(bsyms: Iterable[BoundSymbol]) -> None:
+            for bsym in bsyms:
+                for p in bsym.proxy_args():
+                    if p.name not in defined:
+                        free.setdefault(p.name, p)
+                visit(bsym.subsymbols)
+                defined.update(p.name for p in bsym.proxy_outputs())
+
+        visit(self.bound_symbols)
         for p in tree_iter(self.output):
             if isinstance(p, Proxy) and p.name not in defined:
                 free.setdefault(p.name, p)

@@ -209,6 +209,14 @@ def reshape_to(x: TensorProxy, shape: Sequence[Any]) -> TensorProxy:
     return x if len(shape) == x.ndim and tuple(x.shape) == shape else prims.reshape(x, shape)
 
 
+def restore_reduced(g: TensorProxy, shape: Sequence[Any], dims: Sequence[int]) -> TensorProxy:
+    """Broadcast `g`, the result of reducing a tensor of `shape` over `dims`, back to `shape`."""
+    ndim = len(shape)
+    reduced = {d % max(ndim, 1) for d in dims}
+    kept = tuple(i for i in range(ndim) if i not in reduced)
+    return prims.broadcast_in_dim(g, tuple(shape), kept)
+
+
 def unsqueeze_at(x: TensorProxy, dims: Sequence[int]) -> TensorProxy:
     """`x` with size-1 dims inserted so that they sit at positions `dims` of the result."""
     ndim = x.ndim + len(dims)

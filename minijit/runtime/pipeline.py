@@ -33,6 +33,7 @@ from minijit.transforms.buffer_reuse import reuse_buffers
 from minijit.transforms.copy_analysis import CHECK_COPIES
 from minijit.transforms.grad import release_dead_values, requires_grad_inputs, split_forward_backward
 from minijit.transforms.simplify import remove_cast_round_trips
+from minijit.transforms.verify import TraceChecker, checking_traces
 
 
 @dataclass
@@ -54,11 +55,13 @@ class CompiledEntry:
     backward_traces: list[Trace] = field(default_factory=list)
 
 
-def _timed(trace_fn: Callable[[], Trace], traces: list[Trace]) -> Trace:
+def _timed(trace_fn: Callable[[], Trace], traces: list[Trace], check: TraceChecker | None) -> Trace:
     start = time.perf_counter()
     trace = trace_fn()
     trace.elapsed_ms = (time.perf_counter() - start) * 1e3
     traces.append(trace)
+    if check is not None:
+        check.check(trace)
     return trace
 
 
@@ -85,6 +88,7 @@ def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
 def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
              executors: Sequence[Any], symbolic: bool) -> CompiledEntry:
     traces: list[Trace] = []
+    check = TraceChecker() if checking_traces() else None
 
     def capture() -> Trace:
         trace = Trace(getattr(fn, "__name__", "computation").replace("<lambda>", "lambda_fn"))
@@ -109,19 +113,19 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
         return trace
 
     # The passes, in order. Each is a pure Trace -> Trace function.
-    trace = _timed(capture, traces)
+    trace = _timed(capture, traces, check)
     flat = flat_inputs(args, kwargs, symbolic) + [t for _, _, t in trace.info.get("captured_inputs", ())]
-    trace = _timed(lambda: functionalize_for_call(trace, flat), traces)
-    trace = _timed(lambda: dce(trace), traces)
-    trace = _timed(lambda: remove_cast_round_trips(trace), traces)
+    trace = _timed(lambda: functionalize_for_call(trace, flat), traces, check)
+    trace = _timed(lambda: dce(trace, keep_sizes=True), traces, check)  # the grad pass may save them
+    trace = _timed(lambda: remove_cast_round_trips(trace), traces, check)
 
     if torch.is_grad_enabled() and requires_grad_inputs(trace):
-        return _compile_with_grad(trace, traces, executors)
+        return _compile_with_grad(trace, traces, executors, check)
 
-    trace = _timed(lambda: claim_executors(trace, executors), traces)
-    trace = _timed(lambda: dce(trace), traces)
-    trace = _timed(lambda: write_copies_in_place(trace, executors), traces)
-    trace = _timed(lambda: reuse_buffers(trace, executors), traces)
+    trace = _timed(lambda: claim_executors(trace, executors), traces, check)
+    trace = _timed(lambda: dce(trace), traces, check)
+    trace = _timed(lambda: write_copies_in_place(trace, executors), traces, check)
+    trace = _timed(lambda: reuse_buffers(trace, executors), traces, check)
     if CHECK_COPIES:
         check_copies(trace)
 
@@ -131,31 +135,35 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
     return CompiledEntry(call_plan(traces[0]).wrap(computation), traces)
 
 
-def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[Any]) -> CompiledEntry:
+def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[Any],
+                       check: TraceChecker | None) -> CompiledEntry:
     """Grad is needed: split into forward and backward, run the passes on both, compile both."""
     start = time.perf_counter()
     fwd, bwd = split_forward_backward(trace, executors)
     fwd.elapsed_ms = bwd.elapsed_ms = (time.perf_counter() - start) * 1e3
     traces.append(fwd)
     bwd_traces = [bwd]
-    bwd = _timed(lambda: remove_cast_round_trips(bwd), bwd_traces)
+    if check is not None:
+        check.check(fwd)
+        check.check(bwd)
+    bwd = _timed(lambda: remove_cast_round_trips(bwd), bwd_traces, check)
     positions = {p.name: i for i, p in enumerate(trace.args)}
     # A traced custom Function's backward may write into forward inputs.
     mutated_by_backward = tuple(positions[p.name] for b in bwd.bound_symbols if b.sym.effects.copies
                                 for p in b.written() if p.name in positions)
     for passes, t in ((traces, fwd), (bwd_traces, bwd)):
-        t = _timed(lambda t=t: dce(t), passes)
-        t = _timed(lambda t=t: claim_executors(t, executors), passes)
-        t = _timed(lambda t=t: dce(t), passes)
+        t = _timed(lambda t=t: dce(t), passes, check)
+        t = _timed(lambda t=t: claim_executors(t, executors), passes, check)
+        t = _timed(lambda t=t: dce(t), passes, check)
         if passes is traces or mutated_by_backward:
-            t = _timed(lambda t=t: write_copies_in_place(t, executors), passes)
+            t = _timed(lambda t=t: write_copies_in_place(t, executors), passes, check)
             # Only where the trace runs inside autograd.Function, with grad mode off: a forward
             # with nothing to differentiate runs as is, and `out=` refuses arguments requiring grad.
             if passes is bwd_traces or fwd.info["differentiable_outputs"] or fwd.info["dirty_inputs"]:
-                t = _timed(lambda t=t: reuse_buffers(t, executors), passes)
+                t = _timed(lambda t=t: reuse_buffers(t, executors), passes, check)
             if CHECK_COPIES:
                 check_copies(t)
-        _timed(lambda t=t: release_dead_values(t), passes)
+        _timed(lambda t=t: release_dead_values(t), passes, check)
     compiled = CompiledGrad(
         forward=bumping_versions(traces[-1].python_callable(), traces[-1]),
         # A backward called under autocast must not cast again: its trace holds eager's casts.

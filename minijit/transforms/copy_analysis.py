@@ -72,11 +72,14 @@ def input_leaders(trace: Trace) -> dict[str, str]:
     return leaders
 
 
-def alias_roots(trace: Trace) -> dict[int, frozenset[str]]:
-    """id(proxy) -> names of the inputs (storage leaders) whose old value the proxy may alias."""
+def alias_roots(trace: Trace, bound_symbols: Sequence[BoundSymbol] | None = None) -> dict[int, frozenset[str]]:
+    """id(proxy) -> names of the inputs (storage leaders) whose old value the proxy may alias.
+
+    `bound_symbols` (default: the trace's) are the bound symbols to follow, in order.
+    """
     leaders = input_leaders(trace)
     roots: dict[int, frozenset[str]] = {id(p): frozenset({leaders[p.name]}) for p in trace.args}
-    for bsym in trace.bound_symbols:
+    for bsym in trace.bound_symbols if bound_symbols is None else bound_symbols:
         if not bsym.written() and bsym.may_alias_input():
             shared = frozenset().union(*(roots.get(id(p), frozenset()) for p in bsym.proxy_args()))
             if shared:

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from minijit.ir import BoundSymbol, Proxy, Trace, tree_iter
+from minijit.ir import BoundSymbol, NumberProxy, Proxy, TensorProxy, Trace, tree_iter
 
 
-def dce(trace: Trace) -> Trace:
-    """Remove bound symbols whose outputs are unused and that have no side effect (a write, a draw from the RNG, ...)."""
+def dce(trace: Trace, *, keep_sizes: bool = False) -> Trace:
+    """Remove bound symbols whose outputs are unused and that have no side effect (a write, a draw from the RNG, ...).
+
+    With `keep_sizes`, the symbolic sizes in the shapes of the tensors it keeps are kept
+    too (before the grad pass, which may save them for the backward: `t56: f32[i12, 32]`
+    needs `i12 = prims.num_sub(i11, 1)` there).
+    """
     needed = {x.name for x in tree_iter(trace.output) if isinstance(x, Proxy)}
     kept = []
     for bsym in reversed(trace.bound_symbols):
@@ -14,6 +19,10 @@ def dce(trace: Trace) -> Trace:
                 or any(p.name in needed for p in bsym.proxy_outputs())):
             kept.append(bsym)
             _mark_used(bsym, needed)
+            if keep_sizes:
+                for p in bsym.proxy_outputs():
+                    if isinstance(p, TensorProxy):
+                        needed.update(s.name for s in p.shape if isinstance(s, NumberProxy))
     return trace.derive(reversed(kept), pass_name="dce")
 
 

@@ -294,7 +294,7 @@ class _Splitter:
         # Forward values a rule read without listing them (a symbolic size in `x.shape`) are residuals too.
         for p in bwd.free_proxies():
             saved.setdefault(id(p), p)
-        used = {p.name for b in bwd.bound_symbols for p in b.proxy_args()}
+        used = _read_names(bwd.bound_symbols)  # decompositions included, as free_proxies does
         used |= {p.name for p in tree_flatten(bwd.output) if isinstance(p, Proxy)}
         saved_used = [p for p in saved.values() if p.name in used]
         bwd.args = [*saved_used, *ct_args]
@@ -310,6 +310,11 @@ class _Splitter:
             g = prims.convert_element_type(g, x.dtype)
         old = cotangents.get(x.name)
         cotangents[x.name] = g if old is None else prims.add(old, g)
+
+
+def _read_names(bsyms: Sequence[BoundSymbol]) -> set[str]:
+    """The names of the proxies that `bsyms` or their subsymbols read."""
+    return {p.name for b in bsyms for p in b.proxy_args()} | {n for b in bsyms for n in _read_names(b.subsymbols)}
 
 
 def requires_grad_inputs(trace: Trace) -> list[Proxy]:

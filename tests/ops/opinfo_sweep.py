@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 import minijit
-from minijit.errors import MinijitError
+from minijit.errors import MinijitError, TraceInvariantError
 from minijit.ops.opaque import OPAQUE
 
 FORWARD_DTYPES = (torch.float32, torch.bfloat16)
@@ -303,7 +303,9 @@ def run_forward_sample(info: Any, sample: Any, dtype: torch.dtype) -> Outcome:
         _seed(0)
         actual = jf(*jit_args)
     except MinijitError as e:
-        return Outcome("refused", _first_line(e), *_ops_of(jf))
+        # A trace the verifier rejects is a bug in a pass, never a refusal.
+        status = "error" if isinstance(e, TraceInvariantError) else "refused"
+        return Outcome(status, _first_line(e), *_ops_of(jf))
     except Exception as e:
         return Outcome("error", f"{type(e).__name__}: {_first_line(e)}", *_ops_of(jf))
     values = entry_name(info) not in UNSPECIFIED_VALUES
@@ -346,7 +348,9 @@ def run_grad_sample(info: Any, sample: Any) -> Outcome:
         have = torch.autograd.grad([o for o, _ in pairs], leaves, [ct for _, ct in pairs], allow_unused=True) \
             if pairs else [None] * len(leaves)
     except MinijitError as e:
-        return Outcome("refused", _first_line(e), *_ops_of(jf))
+        # A trace the verifier rejects is a bug in a pass, never a refusal.
+        status = "error" if isinstance(e, TraceInvariantError) else "refused"
+        return Outcome(status, _first_line(e), *_ops_of(jf))
     except Exception as e:
         return Outcome("error", f"{type(e).__name__}: {_first_line(e)}", *_ops_of(jf))
     # An output minijit computes from constants only needs no grad where eager's gradient is zero anyway

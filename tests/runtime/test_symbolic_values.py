@@ -129,3 +129,20 @@ def test_backward_reads_sizes_that_the_forward_does_not():
         f(x_eager).backward()
         torch.testing.assert_close(x.grad, x_eager.grad)
     assert minijit.cache_info(jf).misses == 1
+
+
+def test_backward_reads_a_size_the_forward_computes_but_never_reads():
+    # split's chunk sizes are arithmetic on x's sizes that only the chunks' shapes mention; dce
+    # must keep it, as the backward of split needs those sizes (it failed with a NameError).
+    def f(x, w):
+        q, k, v = (x @ w).split(4, dim=-1)
+        return (q * k).sum() + v.sum()
+
+    jf = minijit.jit(f, cache="symbolic values")
+    for n in (3, 5):
+        x, w = torch.randn(2, n, 6, requires_grad=True), torch.randn(6, 12, requires_grad=True)
+        xe, we = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+        jf(x, w).backward()
+        f(xe, we).backward()
+        torch.testing.assert_close((x.grad, w.grad), (xe.grad, we.grad))
+    assert minijit.cache_info(jf).misses == 1

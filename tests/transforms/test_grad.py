@@ -353,6 +353,29 @@ def test_symbolic_values_linear_and_reductions():
     assert minijit.cache_info(jf).misses == 1
 
 
+def test_symbolic_values_backward_saves_the_sizes_its_decompositions_read():
+    # embedding's backward is one aten call whose decomposition reshapes the indices to their
+    # count: for the positions, arange's length, a size the forward computed and nothing else
+    # in the backward reads. An executor running the decomposition needs it: it is saved.
+    def f(idx, wte, wpe):
+        pos = torch.arange(0, idx.shape[1])
+        return (F.embedding(idx, wte) + F.embedding(pos, wpe)).sum()
+
+    jf = minijit.jit(f, cache="symbolic values")
+    for n in (5, 7):
+        idx = torch.randint(0, 8, (2, n))
+        wte, wpe = _params((8, 4), (8, 4))
+        got = torch.autograd.grad(jf(idx, wte, wpe), (wte, wpe))
+        torch.testing.assert_close(got, torch.autograd.grad(f(idx, wte, wpe), (wte, wpe)))
+    assert minijit.cache_info(jf).misses == 1
+    backward = minijit.last_backward_traces(jf)[0]
+    defined = {p.name for p in backward.args} | {p.name for b in backward.bound_symbols for p in b.proxy_outputs()}
+    for bsym in backward.bound_symbols:
+        inner = {p.name for sub in bsym.subsymbols for p in sub.proxy_outputs()}
+        read = {p.name for sub in bsym.subsymbols for p in sub.proxy_args()} - inner
+        assert read <= defined, (read - defined, backward)
+
+
 @pytest.mark.parametrize(("op", "arg"), [("split", 2), ("split", [1, 3, 1]), ("chunk", 3), ("unbind", None)])
 @pytest.mark.parametrize("use", ["all", "some"])
 def test_multi_output_pieces_under_grad(op, arg, use):

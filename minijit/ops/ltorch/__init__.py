@@ -6,6 +6,7 @@ Importing this package declares every op and fills the table from torch callable
 
 from minijit.ops import aliases, opaque
 from minijit.ops.ltorch import (  # noqa: F401 - declares the ops
+    backward,
     conv,
     creation,
     elementwise,

@@ -18,9 +18,7 @@ import torch
 
 from minijit.ir import TensorProxy
 from minijit.ops import prims
-from minijit.ops.registry import ALL_LTORCH
-from minijit.ops.utils import expand_to
-from minijit.transforms.vjp.backward_ops import (
+from minijit.ops.ltorch.backward import (
     embedding_dense_backward,
     gelu_backward,
     log_softmax_backward,
@@ -29,12 +27,13 @@ from minijit.transforms.vjp.backward_ops import (
     softmax_backward,
     threshold_backward,
 )
+from minijit.ops.registry import ALL_LTORCH
+from minijit.ops.utils import expand_to, restore_reduced
 from minijit.transforms.vjp.registry import (
     cast_like,
     compute_dtype,
     matrix_transpose,
     reshape_to,
-    restore_reduced,
     sum_to_shape,
     vjp,
 )

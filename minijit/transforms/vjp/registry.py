@@ -108,14 +108,6 @@ def zeros_like(x: TensorProxy) -> TensorProxy:
     return prims.full(x.shape, 0, dtype=x.dtype, device=x.device)
 
 
-def restore_reduced(g: TensorProxy, shape: Sequence[Any], dims: Sequence[int]) -> TensorProxy:
-    """Broadcast `g`, the result of reducing a tensor of `shape` over `dims`, back to `shape`."""
-    ndim = len(shape)
-    reduced = {d % max(ndim, 1) for d in dims}
-    kept = tuple(i for i in range(ndim) if i not in reduced)
-    return prims.broadcast_in_dim(g, tuple(shape), kept)
-
-
 def sum_to_shape(g: TensorProxy, shape: Sequence[Any]) -> TensorProxy:
     """Sum `g` over the dims broadcasting added to a tensor of `shape` (the VJP of broadcasting)."""
     shape = tuple(shape)

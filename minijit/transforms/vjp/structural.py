@@ -11,7 +11,8 @@ from minijit.errors import MinijitError
 from minijit.ir import TensorProxy
 from minijit.ops import prims
 from minijit.ops.registry import ALL_LTORCH
-from minijit.transforms.vjp.registry import matrix_transpose, reshape_to, restore_reduced, vjp, zeros_like
+from minijit.ops.utils import restore_reduced
+from minijit.transforms.vjp.registry import matrix_transpose, reshape_to, vjp, zeros_like
 
 P = prims
 Saved = tuple[Any, ...]

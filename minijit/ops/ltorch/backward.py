@@ -1,6 +1,6 @@
-"""Backward ops: what the VJP rules call where torch has one kernel for a whole backward formula.
+"""Backward ops: what the VJP rules (minijit/transforms/vjp/) call where torch has one kernel for a whole backward formula.
 
-Each is declared like any ltorch op, with its decomposition into prims (the formula,
+Each is declared like any other ltorch op, with its decomposition into prims (the formula,
 for executors that fuse prims) and the aten callable the torch executor runs in one
 call (DESIGN.md, lessons: claim at the right level, in the backward as in the forward).
 Their signatures are those of the aten ops.
@@ -17,14 +17,20 @@ import torch
 from minijit.ir import TensorProxy
 from minijit.ops import prims
 from minijit.ops.registry import ltorch_op
-from minijit.transforms.vjp.registry import cast_like, compute_dtype, restore_reduced, zeros_like
+from minijit.ops.utils import compute_dtype_for as compute_dtype
+from minijit.ops.utils import restore_reduced
+from minijit.ops.utils import to_dtype as _up
 
 P = prims
 aten = torch.ops.aten
 
 
-def _up(x: TensorProxy, dtype: torch.dtype) -> TensorProxy:
-    return x if x.dtype == dtype else P.convert_element_type(x, dtype)
+def _cast_like(g: TensorProxy, x: TensorProxy) -> TensorProxy:
+    return _up(g, x.dtype)
+
+
+def _zeros_like(x: TensorProxy) -> TensorProxy:
+    return P.full(x.shape, 0, dtype=x.dtype, device=x.device)
 
 
 def _sum_keep(x: TensorProxy, dims: tuple[int, ...]) -> TensorProxy:
@@ -47,13 +53,13 @@ def gelu_backward(grad_output: TensorProxy, self: TensorProxy, *, approximate: s
         cdf = P.mul(P.add(P.erf(P.mul(x, 1 / math.sqrt(2))), 1), 0.5)
         pdf = P.mul(P.exp(P.mul(P.mul(x, x), -0.5)), 1 / math.sqrt(2 * math.pi))
         d = P.add(cdf, P.mul(x, pdf))
-    return cast_like(P.mul(_up(grad_output, dtype), d), self)
+    return _cast_like(P.mul(_up(grad_output, dtype), d), self)
 
 
 @ltorch_op("threshold_backward", impl=aten.threshold_backward.default)
 def threshold_backward(grad_output: TensorProxy, self: TensorProxy, threshold: float) -> TensorProxy:
     """aten.threshold_backward: grad_output where self > threshold, else 0 (relu's backward)."""
-    return P.where(P.gt(self, threshold), grad_output, zeros_like(grad_output))
+    return P.where(P.gt(self, threshold), grad_output, _zeros_like(grad_output))
 
 
 def _softmax_backward_meta(log: bool) -> Any:
@@ -96,7 +102,7 @@ def native_layer_norm(input: TensorProxy, normalized_shape: Sequence[int], weigh
         out = P.add(out, P.broadcast_in_dim(_up(bias, dtype), x.shape, dims))
     kept = (*input.shape[: input.ndim - n], *(1,) * n)
     stats = _stats_dtype(input)
-    return (cast_like(out, input), _up(P.reshape(mean, kept), stats), _up(P.reshape(rstd, kept), stats))
+    return (_cast_like(out, input), _up(P.reshape(mean, kept), stats), _up(P.reshape(rstd, kept), stats))
 
 
 @ltorch_op("native_layer_norm_backward", impl=aten.native_layer_norm_backward.default)
@@ -117,11 +123,11 @@ def native_layer_norm_backward(grad_out: TensorProxy, input: TensorProxy, normal
     if output_mask[0]:
         mean_dxhat = P.div(_sum_keep(dxhat, dims), count)
         mean_dxhat_xhat = P.div(_sum_keep(P.mul(dxhat, xhat), dims), count)
-        gx = cast_like(P.mul(r, P.sub(P.sub(dxhat, mean_dxhat), P.mul(xhat, mean_dxhat_xhat))), input)
+        gx = _cast_like(P.mul(r, P.sub(P.sub(dxhat, mean_dxhat), P.mul(xhat, mean_dxhat_xhat))), input)
     if output_mask[1] and isinstance(weight, TensorProxy):
-        gw = cast_like(P.sum(P.mul(g, xhat), batch) if batch else P.mul(g, xhat), weight)
+        gw = _cast_like(P.sum(P.mul(g, xhat), batch) if batch else P.mul(g, xhat), weight)
     if output_mask[2] and isinstance(bias, TensorProxy):
-        gb = cast_like(P.sum(g, batch) if batch else g, bias)
+        gb = _cast_like(P.sum(g, batch) if batch else g, bias)
     return gx, gw, gb
 
 
@@ -134,6 +140,6 @@ def embedding_dense_backward(grad_output: TensorProxy, indices: TensorProxy, num
     g2 = P.reshape(grad_output, (flat.shape[0], dim))
     if padding_idx >= 0:
         pad = P.broadcast_in_dim(P.eq(flat, padding_idx), g2.shape, (0,))
-        g2 = P.where(pad, zeros_like(g2), g2)
+        g2 = P.where(pad, _zeros_like(g2), g2)
     zeros = P.full((num_weights, dim), 0, dtype=grad_output.dtype, device=grad_output.device)
     return P.index_add(zeros, flat, g2, 0)
