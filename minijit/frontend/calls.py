@@ -29,7 +29,7 @@ from minijit.errors import UnsupportedOpError, UnsupportedSyntaxError
 from minijit.frontend.frame import STATE
 from minijit.frontend.interpreter import run_function
 from minijit.frontend.lookasides import LOOKASIDES
-from minijit.frontend.outside import has_real_tensor, item_label, mutator_of
+from minijit.frontend.outside import item_label, mutator_of
 from minijit.ir import Proxy, current_trace, tree_map
 from minijit.ir.context import where_now
 from minijit.ir.proxies import _BoundMethod
@@ -97,15 +97,20 @@ def should_interpret(fn: types.FunctionType) -> bool:
 
 def has_proxy(args: Any, kwargs: dict[str, Any] | None = None) -> bool:
     """True when a proxy is among the arguments (looking into lists, tuples and dicts)."""
+    return _contains(args, Proxy) or (bool(kwargs) and _contains(kwargs.values(), Proxy))
+
+
+def _contains(args: Any, cls: type) -> bool:
+    """True when an instance of `cls` is among `args`, looking into lists, tuples and dicts."""
     for a in args:
-        if isinstance(a, Proxy):
+        if isinstance(a, cls):
             return True
         t = type(a)
-        if (t is list or t is tuple) and has_proxy(a):
+        if (t is list or t is tuple) and _contains(a, cls):
             return True
-        if t is dict and has_proxy(a.values()):
+        if t is dict and _contains(a.values(), cls):
             return True
-    return bool(kwargs) and has_proxy(kwargs.values())
+    return False
 
 
 def call(fn: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> Any:
@@ -234,7 +239,7 @@ def _instantiate(cls: type, args: tuple[Any, ...] | list[Any], kwargs: dict[str,
 def _call_native(fn: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> Any:
     trace = current_trace()
     if (trace is not None and trace.capture_tensor is not None and is_torch_callable(fn)
-            and has_real_tensor(args) | has_real_tensor(kwargs.values())):
+            and (_contains(args, torch.Tensor) or _contains(kwargs.values(), torch.Tensor))):
         # A torch function given tensors from outside the call would run once, here: record it instead.
         capture = trace.capture_tensor
         args, kwargs = tree_map(lambda x: capture(x) if isinstance(x, torch.Tensor) else x, (list(args), kwargs))

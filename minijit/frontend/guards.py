@@ -103,20 +103,21 @@ class GuardEntry:
                  "tensor attribute": "tensor attribute"}.get(self.kind)
         owner = type(self.namespace).__name__
         if self.kind == "item":
-            return f"item [{self.name!r}] of a {owner} = {_short_repr(self.value)}"
+            return f"item [{self.name!r}] of a {owner} = {short_repr(self.value)}"
         if self.kind == "contains":
             return f"{self.name!r} {'in' if self.value else 'not in'} a {owner}"
         if self.kind == "length":
             return f"len of a {owner} = {self.value}"
         if self.kind == "keys":
-            return f"keys of a {owner} = {_short_repr(self.value)}"
-        return f"{where} {self.name} = {_short_repr(self.value)}"
+            return f"keys of a {owner} = {short_repr(self.value)}"
+        return f"{where} {self.name} = {short_repr(self.value)}"
 
 
-def _short_repr(value: Any) -> str:
+def short_repr(value: Any) -> str:
+    """A one-line, short repr of a value for messages and trace comments."""
     if isinstance(value, torch.Tensor):
         return f"a tensor of shape {tuple(value.shape)}"
-    text = repr(value)
+    text = " ".join(repr(value).split())
     return text if len(text) <= 60 else text[:57] + "..."
 
 

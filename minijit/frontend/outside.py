@@ -39,7 +39,15 @@ from typing import Any
 import torch
 
 from minijit.errors import UnsupportedSyntaxError
-from minijit.frontend.guards import MISSING, Source, has_snapshot, is_users_module, may_have_guarded_attributes, record
+from minijit.frontend.guards import (
+    MISSING,
+    Source,
+    has_snapshot,
+    is_users_module,
+    may_have_guarded_attributes,
+    record,
+    short_repr,
+)
 from minijit.ir import Proxy
 from minijit.ir.context import where_now
 
@@ -89,14 +97,6 @@ class Effect:
         if self.op == "function":
             return f"call {getattr(self.holder, '__name__', 'a function')}(...)"
         return f"{owner}.{self.key}(...)"
-
-
-def short_repr(value: Any) -> str:
-    """A one-line, short repr for messages and trace comments."""
-    if isinstance(value, Tensor):
-        return f"<tensor {tuple(value.shape)}>"
-    text = " ".join(repr(value).split())
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 @dataclass
@@ -444,19 +444,6 @@ def tensor_attribute(outside: Outside, guards: dict[Any, Any], t: Tensor, name: 
     return getattr(capture(t), name)
 
 
-def has_real_tensor(args: Any) -> bool:
-    """True when a real (not proxy) tensor is among `args`, looking into lists, tuples and dicts."""
-    for a in args:
-        if isinstance(a, Tensor):
-            return True
-        t = type(a)
-        if (t is list or t is tuple) and has_real_tensor(a):
-            return True
-        if t is dict and has_real_tensor(a.values()):
-            return True
-    return False
-
-
 def check_no_proxy_left(outside: Outside) -> None:
     """After the capture, no proxy may remain in an object from outside (DESIGN.md, invariant 8),
     but those the caller placed there on purpose (a jitted module's swapped-in parameters)."""
@@ -492,5 +479,5 @@ def _shallow_contents(obj: Any) -> list[tuple[str, Any]]:
     return []
 
 
-__all__ = ["Effect", "Outside", "check_no_proxy_left", "has_real_tensor", "item_label", "mutator_of",
+__all__ = ["Effect", "Outside", "check_no_proxy_left", "item_label", "mutator_of",
            "tensor_attribute"]

@@ -67,6 +67,7 @@ class CallPlan:
         fetch = self.fetch_function() if self.captured else None
         split = self.result is not None or bool(self.effects)
         result_spec, effects, passthrough = self.result, self.effects, self.passthrough
+        holders = [_holder_reader(effect) for effect, _ in effects]
 
         def run(*inputs: Any) -> Any:
             if fetch is not None:
@@ -75,7 +76,7 @@ class CallPlan:
             if not split:
                 return out
             result, values = out
-            replay(effects, list(values))
+            replay(effects, holders, list(values))
             if result_spec is None:
                 return result
             leaves = list(result)
@@ -87,15 +88,22 @@ class CallPlan:
         return run
 
 
-def replay(effects: list[tuple[Effect, Spec]], values: list[Any]) -> None:
-    """Apply each effect, in order, with the call's `values` for the traced tensors."""
+def _holder_reader(effect: Effect) -> Callable[[], Any]:
+    """What reads the object an effect writes into on each call: itself, or its source, compiled once."""
+    holder = effect.holder
+    if not isinstance(holder, Source):
+        return lambda: holder
+    env: dict[str, Any] = {}
+    code = compile(holder.expression(env), "<minijit effect holder>", "eval")  # our own generated read
+    return lambda: eval(code, env)
+
+
+def replay(effects: list[tuple[Effect, Spec]], holders: list[Callable[[], Any]], values: list[Any]) -> None:
+    """Apply each effect, in order, to the object `holders` read, with the call's `values` for the traced tensors."""
     it = iter(values)
-    for effect, spec in effects:
+    for (effect, spec), read_holder in zip(effects, holders, strict=True):
         value = spec._build(it)
-        holder = effect.holder
-        if isinstance(holder, Source):
-            env: dict[str, Any] = {}
-            holder = eval(holder.expression(env), env)  # our own generated read of the tensor's source
+        holder = read_holder()
         op = effect.op
         if op == "setattr":
             setattr(holder, effect.key, value)

@@ -172,3 +172,24 @@ def test_lazy_module_first_call_is_eager_then_traced() -> None:
         torch.manual_seed(i)
         torch.testing.assert_close(jm(x), want)
     assert minijit.cache_info(jm).hits == 1
+
+
+def test_python_attribute_set_on_an_outside_tensor_is_set_again_on_every_call() -> None:
+    # The tensor is found afresh through its source on each call, as eager would find it.
+    def run(fn):
+        box = types.SimpleNamespace(t=torch.zeros(2))
+
+        def f(x):
+            box.t.note = x.shape[0]
+            return x + 1
+
+        fn = fn(f)
+        fn(torch.ones(3))
+        del box.t.note
+        fn(torch.ones(3))
+        replayed = box.t.note
+        box.t = torch.zeros(4)
+        fn(torch.ones(5))
+        return replayed, box.t.note
+
+    assert run(minijit.jit) == run(lambda f: f)

@@ -60,12 +60,17 @@ def call_(frame: Frame, inst: Inst) -> None:
     names = frame.kw_names
     if names:
         frame.kw_names = None
-        k = len(names)
-        kwargs = dict(zip(names, args[len(args) - k:]))
-        del args[len(args) - k:]
-    else:
-        kwargs = {}
-    stack.append(call(fn, args, kwargs))
+    stack.append(call(fn, args, _pop_keywords(args, names)))
+
+
+def _pop_keywords(args: list[Any], names: tuple[str, ...] | None) -> dict[str, Any]:
+    """The keyword arguments named by `names`: the last len(names) of `args`, removed from it."""
+    if not names:
+        return {}
+    k = len(names)
+    kwargs = dict(zip(names, args[len(args) - k:]))
+    del args[len(args) - k:]
+    return kwargs
 
 
 def function_str(fn: Any) -> str:
@@ -188,13 +193,7 @@ def _call_313(frame: Frame, n: int, names: tuple[str, ...]) -> None:
     fn = stack.pop()
     if self_ is not NULL:
         args.insert(0, self_)
-    if names:
-        k = len(names)
-        kwargs = dict(zip(names, args[len(args) - k:]))
-        del args[len(args) - k:]
-    else:
-        kwargs = {}
-    stack.append(call(fn, args, kwargs))
+    stack.append(call(fn, args, _pop_keywords(args, names)))
 
 
 @handles("CALL", since="3.13")

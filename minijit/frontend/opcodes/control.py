@@ -166,10 +166,7 @@ def send(frame: Frame, inst: Inst) -> None:
     value = frame.stack.pop()
     receiver = frame.stack[-1]
     try:
-        if value is None:
-            result = next_item(receiver)
-        else:
-            result = _send(receiver, value)
+        result = _send(receiver, value)
     except StopIteration as stop:
         frame.stack[-1] = stop.value
         frame.ip = inst.argval // 2
@@ -184,10 +181,7 @@ def send_312(frame: Frame, inst: Inst) -> None:
     value = frame.stack[-1]
     receiver = frame.stack[-2]
     try:
-        if value is None:
-            result = next_item(receiver)
-        else:
-            result = _send(receiver, value)
+        result = _send(receiver, value)
     except StopIteration as stop:
         frame.stack[-1] = stop.value
         frame.ip = inst.argval // 2
@@ -202,6 +196,9 @@ def end_send(frame: Frame, inst: Inst) -> None:
 
 
 def _send(receiver: Any, value: Any) -> Any:
+    """`receiver.send(value)`, or `next(receiver)` for None, as CPython's SEND does."""
+    if value is None:
+        return next_item(receiver)
     method = getattr(receiver, "send", None)
     if method is None:
         raise AttributeError(f"'{type(receiver).__name__}' object has no attribute 'send'")
