@@ -29,7 +29,7 @@ class AliasError(MinijitError):
 
 
 class MetaError(MinijitError):
-    """An op was called with inputs it cannot accept (shapes, dtypes, devices)."""
+    """An op was called with inputs it cannot accept (shapes, dtypes, devices, strides)."""
 
 
 class InplaceError(MinijitError):

@@ -240,10 +240,15 @@ class FloatProxy(NumberProxy):
 
 
 class TensorProxy(Proxy):
-    """A tensor in a trace: shape, dtype, device and whether it requires grad."""
+    """A tensor in a trace: shape, dtype, device and whether it requires grad.
+
+    `memory` is the tensor's layout as eager torch would give it, `(strides, storage_offset)`,
+    once known: set from the real tensor for trace inputs, worked out on demand for computed
+    tensors (`minijit.ops.strides`), only where a result depends on it (`view`, `reshape`).
+    """
 
     # __weakref__: code that keeps weak references to its tensors (nn.RNNBase to its flat weights) traces too.
-    __slots__ = ("__weakref__", "device", "dtype", "requires_grad", "shape")
+    __slots__ = ("__weakref__", "device", "dtype", "memory", "requires_grad", "shape")
     name_prefix = "t"
 
     def __init__(
@@ -259,6 +264,7 @@ class TensorProxy(Proxy):
         self.dtype = dtype
         self.device = device if isinstance(device, torch.device) else torch.device(device)
         self.requires_grad = requires_grad
+        self.memory: tuple[tuple[int, ...], int] | None = None
 
     @classmethod
     def like(cls, t: TensorProxy, **changes: Any) -> TensorProxy:

@@ -90,6 +90,11 @@ class Trace:
         """True while recording a call the user's code made (not one inside an op's decomposition)."""
         return self.captures_user_code and len(self._scopes) == 1
 
+    @property
+    def in_user_op(self) -> bool:
+        """True inside the decomposition of an op the user's code called (not of an op nested in another)."""
+        return self.captures_user_code and len(self._scopes) == 2
+
     def add_input(self, proxy: Proxy, wanted_name: str | None = None) -> Proxy:
         """Append `proxy` to the inputs, renaming it to `wanted_name` (or a variant) if given."""
         if wanted_name is not None:

@@ -37,6 +37,7 @@ import torch
 from minijit.errors import MetaError, UnsupportedOpError
 from minijit.ir import NumberProxy, TensorProxy, tree_flatten
 from minijit.ir.context import where_now
+from minijit.ops.strides import eager_layout, meta_like
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,9 @@ class _Recorder:
         self.mode = Mode()
 
 
+# Torch callables whose result depends on the argument's layout in memory, not only its values.
+_READS_STORAGE = {torch.as_strided, torch.Tensor.as_strided, torch.as_strided_copy}
+
 _CACHE: OrderedDict[Any, MetaResult | Exception] = OrderedDict()
 _CACHE_SIZE = 4096
 
@@ -98,6 +102,11 @@ def run_on_meta(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
     Symbolic numbers among the arguments (and sizes) are specialised on: their values
     are used, and the constraints that they keep those values are recorded.
     """
+    if fn in _READS_STORAGE:
+        # Its result depends on where the argument's elements sit in memory: use (and guard) its eager layout.
+        for x in tree_flatten((args, kwargs)):
+            if isinstance(x, TensorProxy):
+                eager_layout(x, offset_matters=True)
     key = _signature(fn, args, kwargs)
     cached = _CACHE.get(key) if key is not None else None
     if cached is None:
@@ -145,7 +154,7 @@ def _structure(x: Any) -> Any:
 def _leaf_key(x: Any, seen: dict[int, int]) -> Any:
     if isinstance(x, TensorProxy):
         alias = seen.setdefault(id(x), len(seen))
-        return ("tensor", alias, tuple(int(d) for d in x.shape), x.dtype, x.device, x.requires_grad)
+        return ("tensor", alias, tuple(int(d) for d in x.shape), x.dtype, x.device, x.requires_grad, x.memory)
     if isinstance(x, NumberProxy):
         return (x.python_type, x.python_type(x))
     if isinstance(x, torch.Tensor):
@@ -161,11 +170,15 @@ def _to_meta(x: Any, metas: dict[int, torch.Tensor], grad: bool) -> Any:
         t = metas.get(id(x))
         if t is None:
             shape = tuple(int(d) for d in x.shape)
-            t = torch.empty(shape, dtype=x.dtype, device="meta")
-            if grad and x.requires_grad and (x.dtype.is_floating_point or x.dtype.is_complex):
-                # Not a leaf: eager refuses in-place writes into leaves that require grad, and
-                # minijit reports those itself (functionalize), naming the input.
-                t = t.requires_grad_(True).clone()
+            # Not a leaf where it requires grad: eager refuses in-place writes into leaves that
+            # require grad, and minijit reports those itself (functionalize), naming the input.
+            needs_grad = grad and x.requires_grad and (x.dtype.is_floating_point or x.dtype.is_complex)
+            if x.memory is not None:  # its eager layout is known (minijit.ops.strides)
+                t = meta_like(x, requires_grad=needs_grad)
+            else:
+                t = torch.empty(shape, dtype=x.dtype, device="meta")
+                if needs_grad:
+                    t = t.requires_grad_(True).clone()
             metas[id(x)] = t
         return t
     if isinstance(x, NumberProxy):

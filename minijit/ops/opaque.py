@@ -301,7 +301,7 @@ TENSOR_DUNDERS = {f"__{prefix}{op}__" for op in ("add", "sub", "mul", "div", "tr
 NOT_OPS = {
     "backward", "register_hook", "register_post_accumulate_grad_hook", "retain_grad", "numpy", "tolist", "data_ptr",
     "const_data_ptr", "storage", "untyped_storage", "storage_type", "share_memory_", "pin_memory", "record_stream",
-    "is_shared", "is_pinned", "dim_order", "element_size", "get_device", "stride", "storage_offset", "is_contiguous",
+    "is_shared", "is_pinned", "dim_order", "element_size", "get_device",
     "is_set_to", "set_", "apply_", "map_", "map2_", "as_subclass", "new", "reinforce", "is_distributed",
     "is_inference", "cuda", "cpu", "ipu", "xpu", "mps", "mtia", "module_load", "resize", "resize_as",
     "resize_as_sparse_", "to_dense", "to_sparse", "to_sparse_coo", "to_sparse_csr", "to_sparse_csc", "to_sparse_bsr",

@@ -20,6 +20,7 @@ from minijit.ir import FloatProxy, IntegerProxy, Proxy, TensorProxy, Trace
 from minijit.ir.containers import flatten, is_container, leaves
 from minijit.ir.context import add_constraint, where_now
 from minijit.ops import prims
+from minijit.ops.strides import note_layout
 
 Tensor = torch.Tensor
 
@@ -68,6 +69,7 @@ def proxify_arguments(trace: Trace, fn: Callable[..., Any], args: tuple[Any, ...
         def to_proxy(x: Any, is_module_params: bool = is_module_params) -> Any:
             if isinstance(x, Tensor):
                 p = trace.add_input(TensorProxy(tuple(x.shape), x.dtype, x.device, x.requires_grad), wanted_name())
+                note_layout(p, x)
                 if symbolic and is_module_params:
                     # A module's parameters keep their sizes: specialise on them, checked by the guard.
                     for i, d in enumerate(p.shape):
@@ -139,6 +141,7 @@ def tensor_capturer(trace: Trace) -> Callable[[Tensor], Proxy]:
         source = STATE.outside.source_of(t)
         if source is not None:
             proxy = TensorProxy(tuple(t.shape), t.dtype, t.device, t.requires_grad)
+            note_layout(proxy, t)
             trace.add_input(proxy, source.label)
             trace.info.setdefault("captured_inputs", []).append((proxy.name, source, t))
         else:
@@ -151,6 +154,7 @@ def tensor_capturer(trace: Trace) -> Callable[[Tensor], Proxy]:
             trace.capture_tensor = None  # the constant's own call must not capture again
             try:
                 proxy = prims.tensor_constant(t)
+                note_layout(proxy, t)
             finally:
                 trace.capture_tensor = capture
             trace.info.setdefault("captured_tensors", []).append(t)  # keeps it alive with the trace

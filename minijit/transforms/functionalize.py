@@ -187,12 +187,12 @@ class _Functionalizer:
     def _aliases(self, parent: TensorProxy, bsym: BoundSymbol, out: TensorProxy) -> bool:
         """Whether `out` shares memory with `parent` in eager: reshape and friends copy what they cannot view.
 
-        Decided assuming that bases (inputs and computed tensors) are contiguous.
+        Decided on the bases' eager layouts (minijit.ops.strides), contiguous where unknown.
         """
         if not bsym.sym.effects.may_copy or bsym.sym.is_prim:
             return True
         parent = self.canon(parent)
-        verdict = eager_returns_view(self.base_of(parent), [*self.chain(parent), (bsym, out)])
+        verdict = eager_returns_view(self.base_of(parent), [*self.chain(parent), (bsym, out)], self.trace)
         return verdict is not False
 
     def _is_fill(self, value: TensorProxy) -> bool:

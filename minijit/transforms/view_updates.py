@@ -33,9 +33,10 @@ from typing import Any
 import torch
 
 from minijit.errors import InplaceError, UnsupportedOpError, where
-from minijit.ir import BoundSymbol, Proxy, Symbol, TensorProxy, tree_flatten, tree_map
+from minijit.ir import BoundSymbol, Proxy, Symbol, TensorProxy, Trace, tree_flatten, tree_map
 from minijit.ops import prims
 from minijit.ops.registry import ALL_LTORCH, EAGER_IMPLS
+from minijit.ops.strides import eager_layout
 
 # (view bsym, its output, current value of its input, new value of its output) -> new value of its input
 ScatterRule = Callable[[BoundSymbol, Proxy, TensorProxy, TensorProxy], TensorProxy]
@@ -262,15 +263,19 @@ def _has_repeated_elements(base: TensorProxy, chain: list[tuple[BoundSymbol, Pro
     return value is not None and bool(torch._debug_has_internal_overlap(value[-1]) == 1)
 
 
-def eager_chain(base: TensorProxy, chain: list[tuple[BoundSymbol, Proxy]]) -> list[torch.Tensor] | None:
-    """The chain's views run by their eager implementations on a contiguous meta tensor like `base`.
+def eager_chain(base: TensorProxy, chain: list[tuple[BoundSymbol, Proxy]],
+                trace: Trace | None = None) -> list[torch.Tensor] | None:
+    """The chain's views run by their eager implementations on a meta tensor like `base`.
 
-    Returns the base and each step's result, or None where a step has no eager
-    implementation or depends on a proxy other than the tensor it views.
+    The meta tensor has `base`'s eager layout where `trace` (which made `base`) tells it
+    (minijit.ops.strides), else it is contiguous. Returns the base and each step's
+    result, or None where a step has no eager implementation or depends on a proxy
+    other than the tensor it views.
     """
     if any(isinstance(d, Proxy) for d in base.shape):
         return None  # symbolic sizes: making a meta tensor would specialise on them
-    values = [torch.empty(tuple(base.shape), dtype=base.dtype, device="meta")]
+    known = eager_layout(base, trace) if trace is not None else None
+    values = [known if known is not None else torch.empty(tuple(base.shape), dtype=base.dtype, device="meta")]
     for step, out in chain:
         impl = _eager_impl(step)
         viewed = viewed_tensor(step)
@@ -284,12 +289,14 @@ def eager_chain(base: TensorProxy, chain: list[tuple[BoundSymbol, Proxy]]) -> li
     return values
 
 
-def eager_returns_view(base: TensorProxy, chain: list[tuple[BoundSymbol, Proxy]]) -> bool | None:
-    """Whether eager torch makes the last step of `chain` a view (True) or a copy (False) of a contiguous base.
+def eager_returns_view(base: TensorProxy, chain: list[tuple[BoundSymbol, Proxy]],
+                       trace: Trace | None = None) -> bool | None:
+    """Whether eager torch makes the last step of `chain` a view (True) or a copy (False) of `base`.
 
     `reshape`, `flatten` and `x[...]` copy a tensor that they cannot view; None: unknown.
+    `base` has its eager layout where `trace` tells it, else it is taken as contiguous.
     """
-    values = eager_chain(base, chain)
+    values = eager_chain(base, chain, trace)
     if values is None:
         return None
     last, before = values[-1], values[-2]

@@ -23,6 +23,7 @@ from minijit.ir import Effects, TensorProxy
 from minijit.ir.context import where_now
 from minijit.ops import prims
 from minijit.ops.registry import ltorch_op
+from minijit.ops.strides import check_viewable, user_layout
 from minijit.ops.utils import canonical_dim, infer_shape, reshape_to, shape_arg, unsqueeze_at
 
 # The output views the input (functionalization makes writes through it update the input);
@@ -135,22 +136,27 @@ def reshape(a: TensorProxy, *shape: Any) -> TensorProxy:
     return reshape_to(a, infer_shape("reshape", shape_arg(shape), a.numel()))
 
 
-# Traces do not track memory layout (`contiguous()` records nothing), so a view runs as a
-# reshape: `x.t().contiguous().view(-1)` must work although the tensor the trace passes
-# to it is not contiguous. Where eager's view succeeds, reshape returns the same view.
+# A view the user's code asks for is checked against the tensor's eager layout
+# (minijit.ops.strides: `x.t().view(-1)` raises eager's error), then runs as a reshape:
+# values recomputed by passes (functionalization, fusions) may have other layouts, and
+# where eager's view succeeds, reshape returns the same view.
 @ltorch_op(torch_fns=[torch.Tensor.view], methods=["view"], impl=torch.Tensor.reshape, effects=VIEW)
 def view(a: TensorProxy, *shape: Any) -> TensorProxy:
     """Tensor.view(shape); the dtype-reinterpreting form `view(dtype)` is not supported."""
     if len(shape) == 1 and isinstance(shape[0], torch.dtype):
         raise UnsupportedOpError(f"ltorch.view: reinterpreting a tensor as dtype {shape[0]} is not supported"
                                  f"{where_now()}; use .to({shape[0]}) to convert values instead")
-    return reshape_to(a, infer_shape("view", shape_arg(shape), a.numel()))
+    new_shape = infer_shape("view", shape_arg(shape), a.numel())
+    check_viewable("view", a, tuple(new_shape))
+    return reshape_to(a, new_shape)
 
 
 @ltorch_op(torch_fns=[torch.Tensor.view_as], methods=["view_as"], impl=torch.Tensor.reshape_as, effects=VIEW)
 def view_as(a: TensorProxy, other: TensorProxy) -> TensorProxy:
     """Tensor.view_as: a view with other's shape."""
-    return reshape_to(a, infer_shape("view_as", other.shape, a.numel()))
+    new_shape = infer_shape("view_as", other.shape, a.numel())
+    check_viewable("view_as", a, tuple(new_shape))
+    return reshape_to(a, new_shape)
 
 
 @ltorch_op(torch_fns=[torch.Tensor.reshape_as], methods=["reshape_as"], effects=VIEW_OR_COPY)
@@ -249,8 +255,11 @@ def broadcast_to(input: TensorProxy, size: Sequence[Any]) -> TensorProxy:  # noq
 
 @ltorch_op(torch_fns=[torch.Tensor.contiguous], methods=["contiguous"], effects=VIEW_OR_COPY)
 def contiguous(a: TensorProxy, memory_format: torch.memory_format = torch.contiguous_format) -> TensorProxy:
-    """Tensor.contiguous: the same values; traces do not track memory layout, so the input itself."""
-    return a
+    """Tensor.contiguous: the input itself where its eager layout already is `memory_format`, else a copy."""
+    meta = user_layout(a)
+    if meta is None or meta.contiguous(memory_format=memory_format) is meta:
+        return a
+    return fresh(a)
 
 
 @ltorch_op(torch_fns=[torch.clone, torch.Tensor.clone], methods=["clone"])

@@ -1,0 +1,252 @@
+"""Strides on proxies: a tensor's memory layout as eager torch would give it, worked out on demand.
+
+Most of a trace does not depend on layout: the ops compute the same values whatever
+the strides, and at run time the torch executor's calls give each output eager's
+strides by themselves. A few results do depend on it — `view` raises where eager
+cannot view, `reshape`/`contiguous`/`x[...]` copy or view as eager does, `as_strided`
+reads the storage — and for those `eager_layout(p)` gives a meta tensor with `p`'s
+eager shape, strides and storage offset:
+
+- a trace input's layout is the real tensor's, noted when it became a proxy
+  (`note_layout`);
+- a computed tensor's comes from running the eager implementations of the ops that
+  made it (ltorch ops and opaque torch ops) on meta tensors with their inputs'
+  layouts, so every stride rule is torch's own (elementwise ops keeping a permuted
+  layout, expand's zero strides, matmul's fresh outputs). The result is kept on the
+  proxy (`TensorProxy.memory`).
+
+The layouts of the inputs a decision was worked out from become part of the cache
+entry's guard, only then: `x.is_contiguous()` for an input that was contiguous, its
+exact strides otherwise (and its storage offset where `as_strided` read it). A call
+with differently strided inputs then misses instead of reusing a trace that would
+view where eager raises, or write through a copy.
+
+Symbolic sizes: layouts are worked out from the sizes seen while tracing. A decision
+on a contiguous tensor holds at every size (it views); one on a non-contiguous tensor
+specialises the sizes of the inputs it was worked out from (`x.shape[1] == 4` in the
+guard) rather than carrying symbolic strides.
+
+A tensor made by something without an eager implementation (a prim recorded
+directly, a value from inside a decomposition) has no known layout (None); the
+decisions that need one then keep the layout-free behaviour (a view runs as a
+reshape).
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from typing import Any
+
+import torch
+
+from minijit.errors import MetaError, UnsupportedMethodError
+from minijit.ir import TENSOR_METHODS, BoundSymbol, NumberProxy, Proxy, TensorProxy, Trace, tree_flatten, tree_map
+from minijit.ir.context import add_constraint, current_trace, where_now
+from minijit.ir.proxies import number_value
+from minijit.ops.registry import EAGER_IMPLS
+
+# Per computed proxy whose layout is known (by id, as proxies compare by recording `eq`): the
+# trace inputs it was worked out from, whose layouts are guarded when a decision uses it. An
+# entry lives as long as its proxy.
+_FROM_INPUTS: dict[int, tuple[weakref.ref[TensorProxy], tuple[TensorProxy, ...]]] = {}
+
+
+def _sources(p: TensorProxy, inputs: dict[int, TensorProxy]) -> tuple[TensorProxy, ...]:
+    """The trace inputs `p`'s layout was worked out from."""
+    if id(p) in inputs:
+        return (p,)
+    entry = _FROM_INPUTS.get(id(p))
+    return entry[1] if entry is not None and entry[0]() is p else ()
+
+
+def _set_sources(p: TensorProxy, sources: tuple[TensorProxy, ...]) -> None:
+    key = id(p)
+    _FROM_INPUTS[key] = (weakref.ref(p, lambda _: _FROM_INPUTS.pop(key, None)), sources)
+
+
+def note_layout(p: TensorProxy, t: torch.Tensor) -> None:
+    """Record the real tensor `t`'s strides and storage offset as the layout of its proxy `p`."""
+    p.memory = (tuple(t.stride()), t.storage_offset())
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The strides of a contiguous (row-major) tensor of `shape`."""
+    strides = [1] * len(shape)
+    for k in range(len(shape) - 2, -1, -1):
+        strides[k] = strides[k + 1] * max(shape[k + 1], 1)
+    return tuple(strides)
+
+
+def _sizes(p: TensorProxy) -> tuple[int, ...]:
+    return tuple(int(number_value(d)) for d in p.shape)
+
+
+def meta_like(p: TensorProxy, requires_grad: bool = False) -> torch.Tensor:
+    """A meta tensor with `p`'s shape, dtype and known layout (`p.memory`); a non-leaf with `requires_grad`."""
+    assert p.memory is not None
+    shape = _sizes(p)
+    strides, offset = p.memory
+    extent = offset + 1 + sum((n - 1) * abs(s) for n, s in zip(shape, strides, strict=True)) if all(shape) else offset
+    storage = torch.empty(extent, dtype=p.dtype, device="meta")
+    if requires_grad:
+        storage = storage.requires_grad_(True).clone()
+    return storage.as_strided(shape, strides, offset)
+
+
+def _eager_impl(bsym: BoundSymbol) -> Any:
+    if bsym.sym.namespace == "ltorch":
+        return EAGER_IMPLS.get(bsym.sym.name)
+    return bsym.sym.fn if "opaque" in bsym.sym.tags else None
+
+
+def eager_layout(p: TensorProxy, trace: Trace | None = None, *, offset_matters: bool = False,
+                 guard: bool = True) -> torch.Tensor | None:
+    """A meta tensor with the shape, strides and storage offset eager torch gives `p`; None where unknown.
+
+    `trace` (default: the one being recorded) holds the bound symbols that made `p`. With
+    `guard`, the layouts of the trace inputs it was worked out from join the cache entry's
+    guard (their storage offsets too with `offset_matters`).
+    """
+    trace = trace if trace is not None else current_trace()
+    if trace is None:
+        return None
+    inputs = {id(a): a for a in trace.args if isinstance(a, TensorProxy)}
+    if p.memory is None:
+        _work_out(p, trace, inputs)
+    if p.memory is None:
+        return None
+    meta = meta_like(p)
+    if guard:
+        sources = _sources(p, inputs)
+        symbolic = not meta.is_contiguous() and any(isinstance(d, NumberProxy) for d in p.shape)
+        for source in sources:
+            _guard_layout(source, offset_matters, symbolic)
+    return meta
+
+
+def _work_out(p: TensorProxy, trace: Trace, inputs: dict[int, TensorProxy]) -> None:
+    """Set `memory` on `p` and the ancestors it needs, replaying their ops on meta tensors in trace order."""
+    producers: dict[int, tuple[int, BoundSymbol]] = {}
+    for i, bsym in enumerate(trace.bound_symbols):
+        for out in bsym.proxy_outputs():
+            producers.setdefault(id(out), (i, bsym))
+    needed: dict[int, BoundSymbol] = {}
+    stack, seen = [p], set()
+    while stack:
+        q = stack.pop()
+        if id(q) in seen or q.memory is not None or id(q) in inputs:
+            continue
+        seen.add(id(q))
+        found = producers.get(id(q))
+        if found is None:
+            continue  # made inside a decomposition, or by a pass: unknown
+        needed[found[0]] = found[1]
+        stack.extend(a for a in found[1].proxy_args() if isinstance(a, TensorProxy))
+    for i in sorted(needed):
+        _replay(needed[i], inputs)
+
+
+def _replay(bsym: BoundSymbol, inputs: dict[int, TensorProxy]) -> None:
+    impl = _eager_impl(bsym)
+    args = [a for a in bsym.proxy_args() if isinstance(a, TensorProxy)]
+    if impl is None or any(a.memory is None for a in args):
+        return
+    if any(isinstance(a, Proxy) and not isinstance(a, TensorProxy | NumberProxy) for a in bsym.proxy_args()):
+        return
+    metas: dict[int, torch.Tensor] = {}
+
+    def to_meta(x: Any) -> Any:
+        if isinstance(x, TensorProxy):
+            return metas.setdefault(id(x), meta_like(x))
+        return number_value(x) if isinstance(x, NumberProxy) else x
+
+    sources: dict[int, TensorProxy] = {}
+    for a in args:
+        for source in _sources(a, inputs):
+            sources[id(source)] = source
+    margs, mkwargs = tree_map(to_meta, (bsym.args, bsym.kwargs))
+    try:
+        with torch.no_grad():
+            result = tree_flatten(impl(*margs, **mkwargs))
+    except Exception:
+        return  # the eager implementation does not run on meta tensors: layout unknown
+    outs = tree_flatten(bsym.output)
+    if len(result) != len(outs):
+        return
+    for out, value in zip(outs, result, strict=True):
+        if isinstance(out, TensorProxy) and isinstance(value, torch.Tensor) and out.memory is None \
+                and tuple(value.shape) == _sizes(out):
+            out.memory = (tuple(value.stride()), value.storage_offset())
+            _set_sources(out, tuple(sources.values()))
+
+
+def _guard_layout(p: TensorProxy, offset_matters: bool, symbolic: bool) -> None:
+    """Make the cache entry's guard check that input `p` keeps its layout."""
+    assert p.memory is not None
+    strides, offset = p.memory
+    sizes = _sizes(p)
+    if strides == contiguous_strides(sizes) or math.prod(sizes) <= 1:
+        add_constraint(f"{p.name}.is_contiguous()")
+    else:
+        add_constraint(f"{p.name}.stride() == {strides!r}")
+    if symbolic:
+        for d in p.shape:
+            if isinstance(d, NumberProxy):
+                int(d)  # specialises: the guard checks the size
+    if offset_matters:
+        add_constraint(f"{p.name}.storage_offset() == {offset}")
+
+
+def user_layout(p: TensorProxy) -> torch.Tensor | None:
+    """`p`'s eager layout when the op being recorded is one the user's code called, else None.
+
+    Ops called by other ops' decompositions keep the layout-free behaviour: their
+    eager counterparts handle layouts themselves.
+    """
+    trace = current_trace()
+    if trace is None or not trace.in_user_op:
+        return None
+    return eager_layout(p, trace)
+
+
+def check_viewable(op: str, p: TensorProxy, shape: tuple[Any, ...]) -> None:
+    """Raise eager's error where `Tensor.view` cannot give `p` the `shape` without copying."""
+    meta = user_layout(p)
+    if meta is None:
+        return
+    try:
+        meta.view(tuple(int(number_value(d)) for d in shape))
+    except RuntimeError as e:
+        text = str(e).strip().splitlines()[0]
+        raise MetaError(f"Tensor.{op}: torch raised RuntimeError: {text}{where_now()}") from e
+
+
+# -- the layout queries user code can make on a traced tensor ------------------------------------
+
+def _known_layout(p: TensorProxy, what: str, offset_matters: bool = False) -> torch.Tensor:
+    meta = eager_layout(p, offset_matters=offset_matters)
+    if meta is None:
+        raise UnsupportedMethodError(f"Tensor.{what}{where_now()}: minijit does not know the memory layout of "
+                                     f"{p.name} (made by an op without an eager implementation); call it outside "
+                                     "the jitted function")
+    return meta
+
+
+def stride(p: TensorProxy, dim: int | None = None) -> Any:
+    """Tensor.stride on a proxy: eager's strides (the trace then specialises on its inputs' layouts)."""
+    meta = _known_layout(p, "stride")
+    return meta.stride() if dim is None else meta.stride(dim)
+
+
+def is_contiguous(p: TensorProxy, memory_format: torch.memory_format = torch.contiguous_format) -> bool:
+    """Tensor.is_contiguous on a proxy, from its eager layout."""
+    return _known_layout(p, "is_contiguous").is_contiguous(memory_format=memory_format)
+
+
+def storage_offset(p: TensorProxy) -> int:
+    """Tensor.storage_offset on a proxy, from its eager layout."""
+    return _known_layout(p, "storage_offset", offset_matters=True).storage_offset()
+
+
+TENSOR_METHODS.update(stride=stride, is_contiguous=is_contiguous, storage_offset=storage_offset)
