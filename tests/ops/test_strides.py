@@ -95,3 +95,97 @@ def _check(program: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> 
 @pytest.mark.parametrize("name", list(PROGRAMS))
 def test_layout_program_like_eager(name: str, layout: str) -> None:
     _check(PROGRAMS[name], make_input(layout))
+
+
+# -- writes through reshape and contiguous: eager's copy-or-view decides what the input sees --------
+
+def _write_through(op: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+    def program(x: torch.Tensor) -> torch.Tensor:
+        y = op(x)
+        y.add_(100)
+        return y * 1
+    return program
+
+
+WRITES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "reshape": lambda x: x.reshape(-1),
+    "flatten": lambda x: x.flatten(),
+    "contiguous": lambda x: x.contiguous(),
+    "t_reshape": lambda x: x.t().reshape(24),
+    "computed_t_reshape": lambda x: (x.t() + 0).reshape(-1),
+    "computed_reshape": lambda x: (x + 0).reshape(-1),
+}
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "t", "step_slice", "offset"])
+@pytest.mark.parametrize("name", list(WRITES))
+def test_write_through_copy_or_view_like_eager(name: str, layout: str) -> None:
+    program = _write_through(WRITES[name])
+    x_eager, x_jit = make_input(layout), make_input(layout)
+    expected = program(x_eager)
+    got = minijit.jit(program)(x_jit)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    torch.testing.assert_close(x_jit, x_eager, rtol=0, atol=0)  # the input written where eager wrote it
+
+
+# -- the cache: a layout the trace relied on is part of the entry's guard -------------------------------
+
+def test_view_of_differently_strided_input_misses_and_raises() -> None:
+    jf = minijit.jit(lambda x: x.view(-1) * 2)
+    torch.testing.assert_close(jf(make_input("contiguous")), make_input("contiguous").view(-1) * 2)
+    with pytest.raises(RuntimeError) as eager:
+        make_input("t").view(-1)
+    with pytest.raises(MinijitError, match="view size is not compatible") as info:
+        jf(make_input("t"))  # same shape, dtype and device: only the strides differ
+    assert str(eager.value).splitlines()[0] in str(info.value)
+    assert minijit.cache_info(jf).misses == 2
+
+
+def test_layout_free_trace_does_not_guard_strides() -> None:
+    jf = minijit.jit(lambda x: torch.sin(x) + 1)
+    for layout in ("contiguous", "t", "step_slice"):
+        x = make_input(layout)
+        got, expected = jf(x), torch.sin(x) + 1
+        torch.testing.assert_close(got, expected)
+        assert got.stride() == expected.stride()
+    info = minijit.cache_info(jf)
+    assert (info.misses, info.hits) == (1, 2)
+
+
+def test_reshape_write_retraces_for_a_non_contiguous_input() -> None:
+    program = _write_through(WRITES["reshape"])
+    jf = minijit.jit(program)
+    for layout in ("contiguous", "t", "contiguous"):
+        x_eager, x_jit = make_input(layout), make_input(layout)
+        torch.testing.assert_close(jf(x_jit), program(x_eager))
+        torch.testing.assert_close(x_jit, x_eager)
+    info = minijit.cache_info(jf)
+    assert (info.misses, info.hits) == (2, 1)
+    assert "stride" in info.miss_reasons[1] or "contiguous" in info.miss_reasons[1]
+
+
+def test_layout_queries_like_eager() -> None:
+    def program(x: torch.Tensor) -> torch.Tensor:
+        y = x.t() * 2
+        return x * x.stride(0) + y.stride()[1] + int(y.is_contiguous()) + x[1:].storage_offset()
+    for layout in LAYOUTS:
+        x = make_input(layout)
+        torch.testing.assert_close(minijit.jit(program)(x), program(x))
+
+
+# -- symbolic sizes: a view of a contiguous tensor holds at every size ---------------------------------
+
+def test_symbolic_sizes_view_reuses_the_trace_and_still_raises() -> None:
+    def program(x: torch.Tensor) -> torch.Tensor:
+        return x.view(-1) + 1
+    jf = minijit.jit(program, cache="symbolic values")
+    for n in (3, 5, 8):
+        x = torch.randn(n, 4)
+        torch.testing.assert_close(jf(x), program(x))
+    assert (minijit.cache_info(jf).misses, minijit.cache_info(jf).hits) == (1, 2)
+    x = torch.randn(4, 6).t()
+    with pytest.raises(RuntimeError) as eager:
+        program(x)
+    with pytest.raises(MinijitError) as info:
+        jf(x)
+    assert str(eager.value).splitlines()[0] in str(info.value)
