@@ -1,7 +1,9 @@
 """Running a torch callable on meta tensors: its outputs' metadata and its effects, as torch itself sees them.
 
 `run_on_meta(fn, args, kwargs)` stands an empty tensor on the meta device in for every
-tensor proxy among the arguments (one meta tensor per proxy, so aliasing is kept),
+tensor proxy among the arguments (one meta tensor per proxy, so aliasing is kept; with
+the proxy's eager strides where they are known, `minijit.ops.strides`, which `as_strided`
+always asks for),
 calls `fn` under a dispatch mode that records the ATen operators it reaches, and
 reads off
 

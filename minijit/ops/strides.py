@@ -118,10 +118,11 @@ def eager_layout(p: TensorProxy, trace: Trace | None = None, *, offset_matters: 
         return None
     meta = meta_like(p)
     if guard:
-        sources = _sources(p, inputs)
-        symbolic = not meta.is_contiguous() and any(isinstance(d, NumberProxy) for d in p.shape)
-        for source in sources:
-            _guard_layout(source, offset_matters, symbolic)
+        # A contiguous tensor's view/reshape/contiguous decisions hold at every size; any other
+        # decision specialises the symbolic sizes of the inputs it was worked out from.
+        specialise = not meta.is_contiguous()
+        for source in _sources(p, inputs):
+            _guard_layout(source, offset_matters, specialise)
     return meta
 
 
@@ -181,8 +182,8 @@ def _replay(bsym: BoundSymbol, inputs: dict[int, TensorProxy]) -> None:
             _set_sources(out, tuple(sources.values()))
 
 
-def _guard_layout(p: TensorProxy, offset_matters: bool, symbolic: bool) -> None:
-    """Make the cache entry's guard check that input `p` keeps its layout."""
+def _guard_layout(p: TensorProxy, offset_matters: bool, specialise: bool) -> None:
+    """Make the cache entry's guard check that input `p` keeps its layout (and its sizes, with `specialise`)."""
     assert p.memory is not None
     strides, offset = p.memory
     sizes = _sizes(p)
@@ -190,7 +191,7 @@ def _guard_layout(p: TensorProxy, offset_matters: bool, symbolic: bool) -> None:
         add_constraint(f"{p.name}.is_contiguous()")
     else:
         add_constraint(f"{p.name}.stride() == {strides!r}")
-    if symbolic:
+    if specialise:
         for d in p.shape:
             if isinstance(d, NumberProxy):
                 int(d)  # specialises: the guard checks the size
