@@ -32,6 +32,7 @@ from minijit.ops.aliases import canonical
 from minijit.ops.ltorch.inplace import METADATA_INPLACE
 from minijit.ops.opaque import NOT_OPS, is_opaque_candidate
 from minijit.ops.registry import ltorch_symbol_for
+from minijit.ops.strides import LAYOUT_QUERIES
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "ops.md"
 NAMESPACES = {"torch": torch, "torch.Tensor": torch.Tensor, "torch.nn.functional": torch.nn.functional,
@@ -44,8 +45,8 @@ META_KEYS = ("Meta", "CompositeImplicitAutograd", "CompositeExplicitAutograd",
 
 
 # Tensor methods a proxy answers itself from its metadata (`x.dim()`, `x.size(0)`): no op is recorded.
-METADATA = sorted(n for n in dir(TensorProxy) if not n.startswith("_") and hasattr(torch.Tensor, n)
-                  and n not in OPERATOR_METHODS)
+METADATA = sorted([n for n in dir(TensorProxy) if not n.startswith("_") and hasattr(torch.Tensor, n)
+                   and n not in OPERATOR_METHODS] + list(LAYOUT_QUERIES))
 
 
 def _members(prefix: str, ns: Any) -> Iterator[tuple[str, Any]]:
@@ -59,6 +60,8 @@ def _members(prefix: str, ns: Any) -> Iterator[tuple[str, Any]]:
         value = getattr(ns, name, None)
         if value is None or isinstance(value, type | types.ModuleType) or not callable(value):
             continue
+        if prefix == "torch.Tensor" and name in LAYOUT_QUERIES:
+            continue  # answered from the proxy's layout: listed with the metadata
         if prefix == "torch.Tensor" and name in TENSOR_METHODS:
             yield name, value
         elif ltorch_symbol_for(value) is not None or is_opaque_candidate(value):

@@ -250,4 +250,6 @@ def storage_offset(p: TensorProxy) -> int:
     return _known_layout(p, "storage_offset", offset_matters=True).storage_offset()
 
 
-TENSOR_METHODS.update(stride=stride, is_contiguous=is_contiguous, storage_offset=storage_offset)
+# The Tensor methods that read a traced tensor's layout.
+LAYOUT_QUERIES = {"stride": stride, "is_contiguous": is_contiguous, "storage_offset": storage_offset}
+TENSOR_METHODS.update(LAYOUT_QUERIES)

@@ -57,6 +57,7 @@ PROGRAMS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "as_strided": lambda x: x.as_strided((3, 2), (1, 2)),
     "t_as_strided": lambda x: x.t().as_strided((2, 3), (3, 1)),
     "slice_as_strided": lambda x: x[1:].as_strided((2, 2), (2, 1)),
+    "computed_as_strided": lambda x: (x.t() * 2).as_strided((2, 3), (1, 4)),
     "elementwise": lambda x: x * 3 - 1,
     "t_elementwise": lambda x: torch.sin(x.t()),
     "sum_keepdim": lambda x: x.sum(dim=0, keepdim=True),
