@@ -167,6 +167,8 @@ def _replay(bsym: BoundSymbol, inputs: dict[int, TensorProxy]) -> None:
         for source in _sources(a, inputs):
             sources[id(source)] = source
     margs, mkwargs = tree_map(to_meta, (bsym.args, bsym.kwargs))
+    if not args:
+        mkwargs["device"] = "meta"  # a factory (`torch.zeros(n, device=d)`): nothing allocated on d
     try:
         with torch.no_grad():
             result = tree_flatten(impl(*margs, **mkwargs))

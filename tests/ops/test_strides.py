@@ -190,3 +190,14 @@ def test_symbolic_sizes_view_reuses_the_trace_and_still_raises() -> None:
     with pytest.raises(MinijitError) as info:
         jf(x)
     assert str(eager.value).splitlines()[0] in str(info.value)
+
+
+def test_layouts_of_tensors_the_function_creates() -> None:
+    def program(x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...], tuple[int, ...]]:
+        m = torch.full((4, 3), 2.0).t()
+        s = torch.empty_strided((2, 3), (1, 2))
+        return m.contiguous().view(-1) + x.sum(), m.stride(), s.stride()
+    x = torch.randn(3)
+    got, expected = minijit.jit(program)(x), program(x)
+    torch.testing.assert_close(got[0], expected[0])
+    assert got[1:] == expected[1:]
