@@ -21,10 +21,12 @@ exact strides otherwise (and its storage offset where `as_strided` read it). A c
 with differently strided inputs then misses instead of reusing a trace that would
 view where eager raises, or write through a copy.
 
-Symbolic sizes: layouts are worked out from the sizes seen while tracing. A decision
-on a contiguous tensor holds at every size (it views); one on a non-contiguous tensor
-specialises the sizes of the inputs it was worked out from (`x.shape[1] == 4` in the
-guard) rather than carrying symbolic strides.
+Symbolic sizes: strides are never symbolic. Layouts are worked out from the sizes seen
+while tracing, and a decision is taken to hold at the other sizes the guard admits
+(sizes 0 and 1 are constants there, and an input keeps its kind of layout). That holds
+for contiguous tensors and for transposes, permutes, expands and slices of whole dims
+(`q.split(C, -1)` then `view`); it does not for a layout whose viewability depends on a
+size's value (`x[:, ::2].view(-1)` views only where x's last size is even), a known gap.
 
 A tensor made by something without an eager implementation (a prim recorded
 directly, a value from inside a decomposition) has no known layout (None); the
@@ -66,8 +68,9 @@ def _set_sources(p: TensorProxy, sources: tuple[TensorProxy, ...]) -> None:
 
 
 def note_layout(p: TensorProxy, t: torch.Tensor) -> None:
-    """Record the real tensor `t`'s strides and storage offset as the layout of its proxy `p`."""
-    p.memory = (tuple(t.stride()), t.storage_offset())
+    """Record the real tensor `t`'s strides and storage offset as the layout of its proxy `p` (strided `t` only)."""
+    if t.layout == torch.strided:
+        p.memory = (tuple(t.stride()), t.storage_offset())
 
 
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -118,11 +121,8 @@ def eager_layout(p: TensorProxy, trace: Trace | None = None, *, offset_matters: 
         return None
     meta = meta_like(p)
     if guard:
-        # A contiguous tensor's view/reshape/contiguous decisions hold at every size; any other
-        # decision specialises the symbolic sizes of the inputs it was worked out from.
-        specialise = not meta.is_contiguous()
         for source in _sources(p, inputs):
-            _guard_layout(source, offset_matters, specialise)
+            _guard_layout(source, offset_matters)
     return meta
 
 
@@ -184,8 +184,8 @@ def _replay(bsym: BoundSymbol, inputs: dict[int, TensorProxy]) -> None:
             _set_sources(out, tuple(sources.values()))
 
 
-def _guard_layout(p: TensorProxy, offset_matters: bool, specialise: bool) -> None:
-    """Make the cache entry's guard check that input `p` keeps its layout (and its sizes, with `specialise`)."""
+def _guard_layout(p: TensorProxy, offset_matters: bool) -> None:
+    """Make the cache entry's guard check that input `p` keeps its layout."""
     assert p.memory is not None
     strides, offset = p.memory
     sizes = _sizes(p)
@@ -193,10 +193,6 @@ def _guard_layout(p: TensorProxy, offset_matters: bool, specialise: bool) -> Non
         add_constraint(f"{p.name}.is_contiguous()")
     else:
         add_constraint(f"{p.name}.stride() == {strides!r}")
-    if specialise:
-        for d in p.shape:
-            if isinstance(d, NumberProxy):
-                int(d)  # specialises: the guard checks the size
     if offset_matters:
         add_constraint(f"{p.name}.storage_offset() == {offset}")
 
