@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import minijit
+from minijit.extend import OperatorExecutor
 from minijit.ir import BoundSymbol, Proxy, Trace, tree_iter
 from minijit.transforms.verify import TraceChecker
 
@@ -96,13 +97,44 @@ def _in_place_with_grad(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return (x * w).sum()
 
 
+class _ClampedExp(torch.autograd.Function):
+    """A custom Function: minijit traces its forward, and its backward as the VJP rule."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        y = x.clamp(max=2).exp()
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        (y,) = ctx.saved_tensors
+        return g * y
+
+
+def _custom_function(x: torch.Tensor) -> torch.Tensor:
+    return _ClampedExp.apply(x * 3).sum()
+
+
 def _identical_inputs_written(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     x.mul_(2)
     return x + y
 
 
-def _cases() -> list[tuple[str, Callable[..., Any], Callable[[], tuple[Any, ...]], tuple[int, ...]]]:
-    """(name, function, fresh arguments, positions of the arguments that require grad) for each program."""
+def _gelu_rewriting_executor() -> OperatorExecutor:
+    """An executor whose execution transform rewrites `gelu` into its own operator (claim's rewrite path)."""
+    ex = OperatorExecutor("puregelu")
+    fast_gelu = ex.register_operator("fast_gelu", like=torch.nn.functional.gelu,
+                                     fn=lambda a, approximate="none": torch.nn.functional.gelu(a))
+    ex.register_implementation(torch.nn.functional.gelu, execution_transform=lambda a, approximate="none": fast_gelu(a))
+    return ex
+
+
+Case = tuple[str, Callable[..., Any], Callable[[], tuple[Any, ...]], tuple[int, ...], Callable[[], list[Any]]]
+
+
+def _cases() -> list[Case]:
+    """(name, function, fresh arguments, positions of the arguments that require grad, executors) for each program."""
     def square() -> torch.Tensor:
         return torch.randn(3, 3) + 3 * torch.eye(3)
 
@@ -111,12 +143,16 @@ def _cases() -> list[tuple[str, Callable[..., Any], Callable[[], tuple[Any, ...]
         return (t, t)
 
     return [
-        ("backward", _linear_gelu, lambda: (torch.randn(2, 4), torch.randn(3, 4), torch.randn(3)), (0, 1, 2)),
-        ("in place", _in_place, lambda: (torch.randn(3, 3), torch.randn(3, 3)), ()),
-        ("in place, backward", _in_place_with_grad, lambda: (torch.randn(3), torch.randn(3)), (0,)),
-        ("opaque op, no_grad, backward", _opaque_and_no_grad, lambda: (square(), torch.randn(3, 2)), (0, 1)),
-        ("captured tensor, effect", _captured_and_effect, lambda: (torch.randn(3),), ()),
-        ("same tensor twice, written", _identical_inputs_written, shared, ()),
+        ("backward", _linear_gelu, lambda: (torch.randn(2, 4), torch.randn(3, 4), torch.randn(3)), (0, 1, 2), list),
+        ("in place", _in_place, lambda: (torch.randn(3, 3), torch.randn(3, 3)), (), list),
+        ("in place, backward", _in_place_with_grad, lambda: (torch.randn(3), torch.randn(3)), (0,), list),
+        ("opaque op, no_grad, backward", _opaque_and_no_grad, lambda: (square(), torch.randn(3, 2)), (0, 1), list),
+        ("captured tensor, effect", _captured_and_effect, lambda: (torch.randn(3),), (), list),
+        ("same tensor twice, written", _identical_inputs_written, shared, (), list),
+        ("custom autograd.Function, backward", _custom_function, lambda: (torch.randn(4),), (0,), list),
+        ("execution transform", _linear_gelu, lambda: (torch.randn(2, 4), torch.randn(3, 4), torch.randn(3)), (),
+         lambda: [_gelu_rewriting_executor()]),
+        ("fusion executor, in place", _in_place, lambda: (torch.randn(3, 3), torch.randn(3, 3)), (), lambda: ["triton"]),
     ]
 
 
@@ -139,13 +175,16 @@ def _clone(args: tuple[Any, ...]) -> tuple[Any, ...]:
 
 @pytest.mark.parametrize("case", _cases(), ids=lambda c: c[0])
 def test_every_pass_leaves_its_input_trace_unchanged(case: Any, snapshots: list[tuple[Trace, Any]]) -> None:
-    _, fn, make_args, grad = case
+    _, fn, make_args, grad, make_executors = case
+    executors = make_executors()
+    if "triton" in executors:
+        pytest.importorskip("triton", reason="the triton extra is not installed")
     args = _prepare(make_args(), grad)
     eager_args, jit_args = _clone(args), _clone(args)
     _STORE.clear()
     want = fn(*eager_args)
     stored_want = dict(_STORE)
-    got = minijit.jit(fn)(*jit_args)
+    got = minijit.jit(fn, executors=executors)(*jit_args)
     assert _STORE.keys() == stored_want.keys()
     for key, value in stored_want.items():
         torch.testing.assert_close(_STORE[key], value)
