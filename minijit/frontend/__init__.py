@@ -22,15 +22,15 @@ one instruction at a time, so that every call can be inspected before it happens
   compiles one function checking that they all still hold.
 
 The trace's bound symbols get the innermost user line as their source (`trace.source`),
-and `trace.info["guards"]` lists the guard entries of the run.
+and `interpret(..., guards=entries)` appends the guard entries of the run to `entries`.
 
 Example::
 
-    trace = Trace()
+    trace, entries = Trace(), []
     with tracing(trace):
         x = trace.add_input(TensorProxy((2,), torch.float32, torch.device("cpu")), "x")
-        trace.output = interpret(fn, (x,), {})
-    check = build_guard(trace.info["guards"])
+        trace.output = interpret(fn, (x,), {}, guards=entries)
+    check = build_guard(entries)
 """
 
 from minijit.frontend import (

@@ -218,10 +218,10 @@ class _CustomFunctionCall:
         # as in eager they get no gradient.
         raw.args += raw.free_proxies()
         self.raw_produced = _produced(raw)
-        fwd = functionalize(raw, grad_enabled=False)
-        if fwd.info.get("mutated_inputs"):
+        fwd, functionalized = functionalize(raw, grad_enabled=False, no_grad=raw.recorded_without_grad)
+        if functionalized.mutated_inputs:
             raise UnsupportedSyntaxError(
-                f"{self.name}.forward modifies its input(s) {', '.join(fwd.info['mutated_inputs'])} in place"
+                f"{self.name}.forward modifies its input(s) {', '.join(functionalized.mutated_inputs)} in place"
                 f"{where_now()}; minijit supports custom Functions whose forward leaves its inputs alone")
         self.non_differentiable = {id(x) for x in tree_flatten(out)
                                    if id(x) in self.ctx._minijit_non_differentiable}
@@ -268,7 +268,8 @@ class _CustomFunctionCall:
                     f"{self.name}.backward reads the tensor {p.name}, which its forward neither received nor "
                     f"computed{where_now()}; save it with ctx.save_for_backward")
         raw.args = [*fwd.args, *residuals, *ct_proxies]
-        return functionalize(raw, grad_enabled=False), residuals
+        bwd, _ = functionalize(raw, grad_enabled=False, no_grad=raw.recorded_without_grad)
+        return bwd, residuals
 
     def _check_grads(self, grads: Any) -> tuple[Any, ...]:
         grads = grads if isinstance(grads, tuple) else (grads,)

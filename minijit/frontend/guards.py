@@ -235,7 +235,7 @@ def build_guard(entries: list[GuardEntry]) -> Callable[[], bool] | None:
 
     Example::
 
-        check = build_guard(trace.info["guards"])
+        check = build_guard(entries)  # the entries `interpret(..., guards=entries)` gathered
         if check is not None and not check():
             ...  # retrace
     """

@@ -22,7 +22,7 @@ from torch import Tensor
 from minijit.errors import MinijitError, UnsupportedSyntaxError
 from minijit.frontend.code import ASYNC_FLAGS, Inst, binder_for, code_info
 from minijit.frontend.frame import GENERATOR, NULL, RETURN, STATE, YIELD, Frame
-from minijit.frontend.guards import Source
+from minijit.frontend.guards import GuardEntry, Source
 from minijit.frontend.outside import Outside, check_no_proxy_left
 from minijit.frontend.versions import GENERATOR_CONVERTS_STOPITERATION, RUNNING
 from minijit.ir import Proxy, current_trace
@@ -380,11 +380,12 @@ def _make_exception(typ: Any, val: Any) -> BaseException:
 
 def interpret(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
               guard_roots: Iterable[Any] = (), finish: Callable[[Any, Outside], Any] | None = None,
-              placed: Iterable[Proxy] = (), keyed: tuple[Iterable[tuple[Any, Any]], Iterable[Any]] = ((), ())) -> Any:
+              placed: Iterable[Proxy] = (), keyed: tuple[Iterable[tuple[Any, Any]], Iterable[Any]] = ((), ()),
+              guards: list[GuardEntry] | None = None) -> Any:
     """Run `fn(*args, **kwargs)` through the interpreter, recording tensor ops into the current trace.
 
     Works outside tracing too (then it only runs the function). The guards for the
-    values the code read from outside the call go to `trace.info["guards"]`. The
+    values the code read from outside the call are appended to `guards`. The
     arguments and `guard_roots` (e.g. every module of a jitted nn.Module) are roots
     (minijit.frontend.outside): reads from them are guarded, writes into them logged.
     `finish(result, outside)`, if given, runs before the writes are undone and returns
@@ -395,8 +396,9 @@ def interpret(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
 
     Example::
 
+        guards: list[GuardEntry] = []
         with tracing(trace):
-            out = interpret(f, (x_proxy,), {})
+            out = interpret(f, (x_proxy,), {}, guards=guards)
     """
     from minijit.frontend.calls import call
 
@@ -439,8 +441,8 @@ def interpret(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
     finally:
         sys.setrecursionlimit(limit)
         outside.restore()
-        if trace is not None:
-            trace.info.setdefault("guards", []).extend(state.guards.values())
+        if guards is not None:
+            guards.extend(state.guards.values())
         (state.handled, state.passthrough, state.guards, state.internal_cells, state.escapes, state.outside) = saved
     if trace is not None:
         check_no_proxy_left(outside)

@@ -81,14 +81,14 @@ def explain_guard_failure(entry: Any, flat: list[Any]) -> str:
     # The constraints are our own generated source over the input names.
     broken = [c for c in entry.constraints if not eval(f"lambda {params}: {c}")(*flat)]
     failed = ["constraint failed: " + "; ".join(broken)] if broken else []
-    expected = entry.traces[-1].info.get("alias_pattern")
+    expected = entry.alias_pattern
     if expected is not None and alias_pattern(*flat) != expected:
         failed.append(f"inputs share memory differently: {alias_pattern(*flat)} != {expected}")
     for value in entry.value_guards:
         check = build_guard([value])
         if check is not None and not check():
             failed.append(f"{value} changed")
-    for name, source, t in entry.traces[0].info.get("captured_inputs", ()):
+    for name, source, t in entry.capture.captured_inputs:
         env: dict[str, Any] = {}
         try:
             now = eval(source.expression(env), env)  # our own generated read of the tensor's source

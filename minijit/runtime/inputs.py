@@ -16,6 +16,7 @@ import torch
 
 from minijit.errors import UnsupportedOpError, UnsupportedSyntaxError
 from minijit.frontend.frame import STATE
+from minijit.frontend.guards import Source
 from minijit.ir import FloatProxy, IntegerProxy, Proxy, TensorProxy, Trace
 from minijit.ir.containers import flatten, is_container, leaves
 from minijit.ir.context import add_constraint, where_now
@@ -123,12 +124,14 @@ def input_names(trace: Trace) -> list[str]:
     return [p.name for p in trace.args if isinstance(p, Proxy)]
 
 
-def tensor_capturer(trace: Trace) -> Callable[[Tensor], Proxy]:
+def tensor_capturer(trace: Trace, inputs: list[tuple[str, Source, Tensor]],
+                    constants: list[Tensor]) -> Callable[[Tensor], Proxy]:
     """The `trace.capture_tensor` hook: the proxy of a real tensor met among an op's arguments, once per tensor.
 
     A tensor read from outside the call (minijit.frontend.outside knows its source) becomes
-    an input of the trace, read again from that source on every call; any other real tensor
-    (made natively while tracing) becomes `prims.tensor_constant(tensor)`.
+    an input of the trace, read again from that source on every call, and is appended to
+    `inputs` as (input name, source, tensor); any other real tensor (made natively while
+    tracing) becomes `prims.tensor_constant(tensor)` and is appended to `constants`.
     """
     captured: dict[int, Proxy] = {}
 
@@ -140,7 +143,7 @@ def tensor_capturer(trace: Trace) -> Callable[[Tensor], Proxy]:
         if source is not None:
             proxy = TensorProxy(tuple(t.shape), t.dtype, t.device, t.requires_grad)
             trace.add_input(proxy, source.label)
-            trace.info.setdefault("captured_inputs", []).append((proxy.name, source, t))
+            inputs.append((proxy.name, source, t))
         else:
             if t.requires_grad and torch.is_grad_enabled():
                 raise UnsupportedOpError(
@@ -153,7 +156,7 @@ def tensor_capturer(trace: Trace) -> Callable[[Tensor], Proxy]:
                 proxy = prims.tensor_constant(t)
             finally:
                 trace.capture_tensor = capture
-            trace.info.setdefault("captured_tensors", []).append(t)  # keeps it alive with the trace
+            constants.append(t)
         captured[id(t)] = proxy
         return proxy
 

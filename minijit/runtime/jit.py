@@ -162,6 +162,12 @@ class JitFunction:
             raise RuntimeError("the jitted function has not been called yet")
         return self._last.backward_traces
 
+    def last_entry(self) -> CompiledEntry:
+        """The last call's cache entry: its traces, and what capture and the passes found (`capture`, `split`, ...)."""
+        if self._last is None:
+            raise RuntimeError("the jitted function has not been called yet")
+        return self._last
+
     def last_prologue(self) -> str:
         """The checks the last call's cache entry makes, as Python source."""
         if self._last is None:

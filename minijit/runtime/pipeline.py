@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -11,7 +10,9 @@ from typing import Any
 import torch
 
 from minijit.errors import AliasError
-from minijit.frontend import interpret
+from minijit.frontend import GuardEntry, interpret
+from minijit.frontend.guards import Source
+from minijit.frontend.outside import Outside
 from minijit.ir import Trace, tracing
 from minijit.ir.context import recording_constraints
 from minijit.runtime.autocast import any_autocast_enabled, without_autocast
@@ -31,17 +32,43 @@ from minijit.runtime.module import ModuleForward
 from minijit.transforms import check_copies, claim_executors, dce, functionalize, write_copies_in_place
 from minijit.transforms.buffer_reuse import reuse_buffers
 from minijit.transforms.copy_analysis import CHECK_COPIES
-from minijit.transforms.grad import release_dead_values, requires_grad_inputs, split_forward_backward
+from minijit.transforms.functionalize import FunctionalizeResult
+from minijit.transforms.grad import SplitResult, release_dead_values, requires_grad_inputs, split_forward_backward
 from minijit.transforms.simplify import remove_cast_round_trips
 from minijit.transforms.verify import TraceChecker, checking_traces
 
 
 @dataclass
+class CaptureResult:
+    """What capturing the function found besides its trace."""
+
+    # The values the code read from outside the call (globals, closures, attributes), for the guard.
+    guards: list[GuardEntry] = field(default_factory=list)
+    # Tensors read from outside the call, trace inputs after the call's own: (input name, source, tensor seen).
+    captured_inputs: list[tuple[str, Source, torch.Tensor]] = field(default_factory=list)
+    # Tensors made while tracing that the trace holds as constants (kept alive with the entry).
+    constants: list[torch.Tensor] = field(default_factory=list)
+    # Names of the values computed under torch.no_grad(): constants for grad, free to write into leaves.
+    no_grad: frozenset[str] = frozenset()
+    # (op, why its decomposition declined the call) for each op recorded as an opaque torch call instead.
+    declined: list[tuple[str, str]] = field(default_factory=list)
+    # How each call fetches the captured tensors, replays the effects and rebuilds the result.
+    call_plan: CallPlan = field(default_factory=CallPlan)
+
+
+@dataclass
 class CompiledEntry:
-    """One cache entry: the compiled computation and the traces that led to it."""
+    """One cache entry: the compiled computation, the traces that led to it, and what the passes found."""
 
     computation: Callable[..., Any]
     traces: list[Trace] = field(default_factory=list)
+    capture: CaptureResult = field(default_factory=CaptureResult)
+    functionalized: FunctionalizeResult = field(default_factory=FunctionalizeResult)
+    # The storage-sharing pattern of the inputs (`alias_pattern`) the trace was functionalized for,
+    # when it writes into inputs; None when aliasing cannot matter.
+    alias_pattern: tuple[int, ...] | None = None
+    # The forward/backward split's facts, when the entry differentiates.
+    split: SplitResult | None = None
     # The checks a call must pass to use this entry, as Python source (for minijit.show).
     prologue: str = ""
     # "symbolic values" mode: a function of the flat inputs checking the trace's constraints.
@@ -55,14 +82,16 @@ class CompiledEntry:
     backward_traces: list[Trace] = field(default_factory=list)
 
 
-def _timed(trace_fn: Callable[[], Trace], traces: list[Trace], check: TraceChecker | None) -> Trace:
+def _timed(run: Callable[[], Any], traces: list[Trace], check: TraceChecker | None) -> Any:
+    """What `run` returns (a trace, or a tuple of a trace and the pass's results), its trace timed and kept."""
     start = time.perf_counter()
-    trace = trace_fn()
+    result = run()
+    trace = result[0] if isinstance(result, tuple) else result
     trace.elapsed_ms = (time.perf_counter() - start) * 1e3
     traces.append(trace)
     if check is not None:
         check.check(trace)
-    return trace
+    return result
 
 
 def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -75,9 +104,9 @@ def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
     with recording_constraints() as constraints:
         entry = _compile(fn, args, kwargs, executors, symbolic)
     entry.constraints = drop_implied(constraints)
-    entry.value_guards = list(entry.traces[0].info.get("guards", ()))
+    entry.value_guards = list(entry.capture.guards)
     entry.guard = compile_guard(entry.traces[0], entry.constraints, entry.value_guards,
-                                entry.traces[-1].info.get("alias_pattern"), call_plan(entry.traces[0]).captured)
+                                entry.alias_pattern, entry.capture.call_plan.captured)
     if any_autocast_enabled():
         # The trace holds the casts autocast made while it was captured; the cache key keeps
         # calls under another autocast state away from this entry.
@@ -90,37 +119,50 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
     traces: list[Trace] = []
     check = TraceChecker() if checking_traces() else None
 
-    def capture() -> Trace:
+    def capture() -> tuple[Trace, CaptureResult]:
         trace = Trace(getattr(fn, "__name__", "computation").replace("<lambda>", "lambda_fn"))
         if not trace.fn_name.isidentifier():
             trace.fn_name = "computation"
-        trace.capture_tensor = tensor_capturer(trace)
+        found = CaptureResult()
+        trace.capture_tensor = tensor_capturer(trace, found.captured_inputs, found.constants)
         trace.captures_user_code = True
+
+        def finish(result: Any, outside: Outside) -> Any:
+            output, found.call_plan = finish_capture(trace, _describe_function(fn), result, outside)
+            return output
+
         with tracing(trace):
             pargs, pkwargs = proxify_arguments(trace, fn, args, kwargs, symbolic)
             containers = snapshot_containers(fn, pargs, pkwargs)
-            finish = functools.partial(finish_capture, trace, _describe_function(fn))
             if isinstance(fn, ModuleForward):
                 params, _flags, *user_args = pargs
                 with fn.swapped_in(params) as keyed:
                     trace.output = interpret(fn.module, tuple(user_args), pkwargs, guard_roots=fn.module.modules(),
-                                             finish=finish, placed=params, keyed=keyed)
+                                             finish=finish, placed=params, keyed=keyed, guards=found.guards)
             else:
-                trace.output = interpret(fn, pargs, pkwargs, finish=finish)
+                trace.output = interpret(fn, pargs, pkwargs, finish=finish, guards=found.guards)
             check_containers_unchanged(containers)
         trace.capture_tensor = None
         trace.captures_user_code = False
-        return trace
+        found.no_grad = frozenset(trace.recorded_without_grad)
+        found.declined = list(trace.declined)
+        found.call_plan.captured = [(source, t) for _, source, t in found.captured_inputs]
+        return trace, found
 
-    # The passes, in order. Each is a pure Trace -> Trace function.
-    trace = _timed(capture, traces, check)
-    flat = flat_inputs(args, kwargs, symbolic) + [t for _, _, t in trace.info.get("captured_inputs", ())]
-    trace = _timed(lambda: functionalize_for_call(trace, flat), traces, check)
+    # The passes, in order. Each is a pure function of its input trace, which it leaves as it is;
+    # some also return what they found (a typed record the cache entry keeps).
+    trace, found = _timed(capture, traces, check)
+    flat = flat_inputs(args, kwargs, symbolic) + [t for _, _, t in found.captured_inputs]
+    trace, functionalized, aliasing = _timed(lambda: functionalize_for_call(trace, flat, found.no_grad), traces, check)
     trace = _timed(lambda: dce(trace, keep_sizes=True), traces, check)  # the grad pass may save them
     trace = _timed(lambda: remove_cast_round_trips(trace), traces, check)
+    records = dict(capture=found, functionalized=functionalized, alias_pattern=aliasing)
 
     if torch.is_grad_enabled() and requires_grad_inputs(trace):
-        return _compile_with_grad(trace, traces, executors, check)
+        computation, backward_traces, split = _compile_with_grad(
+            trace, traces, executors, check, found.no_grad, functionalized.mutated_inputs)
+        return CompiledEntry(found.call_plan.wrap(computation), traces, **records, split=split,
+                             backward_traces=backward_traces)
 
     trace = _timed(lambda: claim_executors(trace, executors), traces, check)
     trace = _timed(lambda: dce(trace), traces, check)
@@ -130,16 +172,20 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
         check_copies(trace)
 
     start = time.perf_counter()
-    computation = bumping_versions(trace.python_callable(), trace)
+    computation = bumping_versions(trace.python_callable(), trace, functionalized.mutated_inputs)
     traces[-1].elapsed_ms += (time.perf_counter() - start) * 1e3
-    return CompiledEntry(call_plan(traces[0]).wrap(computation), traces)
+    return CompiledEntry(found.call_plan.wrap(computation), traces, **records)
 
 
-def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[Any],
-                       check: TraceChecker | None) -> CompiledEntry:
-    """Grad is needed: split into forward and backward, run the passes on both, compile both."""
+def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[Any], check: TraceChecker | None,
+                       no_grad: frozenset[str], mutated_inputs: Sequence[str]
+                       ) -> tuple[Callable[..., Any], list[Trace], SplitResult]:
+    """Grad is needed: split into forward and backward, run the passes on both, compile both.
+
+    Returns the autograd-aware computation, the backward traces (one per pass) and the split's facts.
+    """
     start = time.perf_counter()
-    fwd, bwd = split_forward_backward(trace, executors)
+    fwd, bwd, split = split_forward_backward(trace, executors, no_grad)
     fwd.elapsed_ms = bwd.elapsed_ms = (time.perf_counter() - start) * 1e3
     traces.append(fwd)
     bwd_traces = [bwd]
@@ -159,23 +205,23 @@ def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[An
             t = _timed(lambda t=t: write_copies_in_place(t, executors), passes, check)
             # Only where the trace runs inside autograd.Function, with grad mode off: a forward
             # with nothing to differentiate runs as is, and `out=` refuses arguments requiring grad.
-            if passes is bwd_traces or fwd.info["differentiable_outputs"] or fwd.info["dirty_inputs"]:
+            if passes is bwd_traces or split.differentiable_outputs or split.dirty_inputs:
                 t = _timed(lambda t=t: reuse_buffers(t, executors), passes, check)
             if CHECK_COPIES:
                 check_copies(t)
         _timed(lambda t=t: release_dead_values(t), passes, check)
     compiled = CompiledGrad(
-        forward=bumping_versions(traces[-1].python_callable(), traces[-1]),
+        forward=bumping_versions(traces[-1].python_callable(), traces[-1], mutated_inputs),
         # A backward called under autocast must not cast again: its trace holds eager's casts.
         backward=without_autocast(bwd_traces[-1].python_callable()),
-        differentiable_outputs=fwd.info["differentiable_outputs"],
+        differentiable_outputs=split.differentiable_outputs,
         name=trace.fn_name,
         input_names=tuple(p.name for p in trace.args),
-        dirty_inputs=fwd.info["dirty_inputs"],
-        overwritten_saved=fwd.info["overwritten_saved"],
+        dirty_inputs=split.dirty_inputs,
+        overwritten_saved=split.overwritten_saved,
         backward_mutated_inputs=mutated_by_backward,
     )
-    return CompiledEntry(call_plan(trace).wrap(autograd_callable(compiled)), traces, backward_traces=bwd_traces)
+    return autograd_callable(compiled), bwd_traces, split
 
 
 
@@ -187,21 +233,14 @@ def _describe_function(fn: Any) -> str:
     return f"{name} ({code.co_filename}:{code.co_firstlineno})" if code is not None else name
 
 
-def call_plan(trace: Trace) -> CallPlan:
-    """The captured trace's `CallPlan`, with the tensors it captured from outside in input order."""
-    plan: CallPlan = trace.info.get("call_plan") or CallPlan()
-    plan.captured = [(source, t) for _, source, t in trace.info.get("captured_inputs", ())]
-    return plan
-
-
-def bumping_versions(computation: Callable[..., Any], trace: Trace) -> Callable[..., Any]:
-    """`computation`, followed by a bump of the autograd version counter of each input it writes.
+def bumping_versions(computation: Callable[..., Any], trace: Trace, mutated_inputs: Sequence[str]) -> Callable[..., Any]:
+    """`computation`, followed by a bump of the autograd version counter of each input it writes (`mutated_inputs`).
 
     Torch's own in-place ops bump it; a kernel writing memory directly (Triton, a custom
     executor) does not. Either way eager autograd must see the write (DESIGN.md, invariant 3):
     a node that saved the tensor then raises "modified by an inplace operation".
     """
-    mutated = set(trace.info.get("mutated_inputs", ()))
+    mutated = set(mutated_inputs)
     positions = [i for i, p in enumerate(trace.args) if p.name in mutated]
     if not positions:
         return computation
@@ -215,23 +254,26 @@ def bumping_versions(computation: Callable[..., Any], trace: Trace) -> Callable[
     return run
 
 
-def functionalize_for_call(trace: Trace, flat: list[Any]) -> Trace:
+def functionalize_for_call(trace: Trace, flat: list[Any], no_grad: frozenset[str] = frozenset()
+                           ) -> tuple[Trace, FunctionalizeResult, tuple[int, ...] | None]:
     """`functionalize`, told which inputs of this call share memory (DESIGN.md, invariant 1).
 
     The same tensor passed twice (or identical views) is one memory that a write updates
     for every name; overlapping views that differ are refused where the trace writes into one.
+    Returns the functional trace, what functionalize found, and the inputs' `alias_pattern`
+    that the entry's guard must check (None when the trace writes into no input).
     """
     identical, partial = alias_groups(flat)
     # Eager refuses in-place writes into leaves that require grad, not into other tensors that do.
     non_leaf = [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor) and x.requires_grad and not x.is_leaf]
-    functional = functionalize(trace, non_leaf_inputs=non_leaf)
-    mutated = set(functional.info.get("mutated_inputs", ()))
+    functional, result = functionalize(trace, non_leaf_inputs=non_leaf, no_grad=no_grad)
+    mutated = set(result.mutated_inputs)
     if not mutated:
-        return functional  # aliasing cannot matter: the guard need not look at it
+        return functional, result, None  # aliasing cannot matter: the guard need not look at it
     if identical:
         # Functionalized for this aliasing only: the guard below keeps other calls away.
-        functional = functionalize(trace, input_aliases=identical, non_leaf_inputs=non_leaf)
-        mutated = set(functional.info.get("mutated_inputs", ())) | mutated
+        functional, result = functionalize(trace, input_aliases=identical, non_leaf_inputs=non_leaf, no_grad=no_grad)
+        mutated = set(result.mutated_inputs) | mutated
     for group in partial:
         names = [trace.args[i].name for i in group]
         written = [n for n in names if n in mutated]
@@ -241,5 +283,4 @@ def functionalize_for_call(trace: Trace, flat: list[Any]) -> Trace:
                 f"into {written[0]} in place; minijit cannot order that write against the other reads. "
                 "Pass a clone of one of them"
             )
-    functional.info["alias_pattern"] = alias_pattern(*flat)
-    return functional
+    return functional, result, alias_pattern(*flat)

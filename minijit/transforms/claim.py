@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from minijit.errors import MinijitError, UnsupportedOpError, where
-from minijit.ir import BoundSymbol, Proxy, Trace, tracing, tree_iter
+from minijit.ir import BoundSymbol, Proxy, Trace, tracing, tree_iter, tree_map
 from minijit.transforms.fusion import Region, partition, region_bound_symbol
 
 Entry = tuple[BoundSymbol, Any]
@@ -48,10 +48,19 @@ def _apply_execution_transform(trace: Trace, bsym: BoundSymbol, transform: Any) 
         if n.name in inputs and n.name != o.name:
             raise MinijitError(f"the execution transform of {bsym.sym.id} returns its input {n.name}; "
                                f"return a computed value{where(bsym.source)}")
-        # Later bound symbols refer to the original outputs by name.
-        n.name = o.name
+    # Later bound symbols read the original outputs: they take the new ones' place (the proxies
+    # the transform made, or met, keep their names).
+    mapping = {id(n): o for n, o in zip(new, old) if n is not o}
+
+    def swap(x: Any) -> Any:
+        return mapping.get(id(x), x) if isinstance(x, Proxy) else x
+
+    def substitute(b: BoundSymbol) -> BoundSymbol:
+        return b.replace(args=tree_map(swap, b.args), kwargs=tree_map(swap, b.kwargs), output=tree_map(swap, b.output),
+                         subsymbols=tuple(substitute(s) for s in b.subsymbols))
+
     note = f"for {bsym.sym.id}"
-    return [b.replace(source=b.source or bsym.source, note=f"{b.note}; {note}" if b.note else note)
+    return [substitute(b).replace(source=b.source or bsym.source, note=f"{b.note}; {note}" if b.note else note)
             for b in scratch.bound_symbols]
 
 

@@ -66,7 +66,7 @@ def read_proxies(bsym: BoundSymbol) -> Iterable[Proxy]:
 def input_leaders(trace: Trace) -> dict[str, str]:
     """Input name -> the name standing for its storage (the first of each group of aliased inputs)."""
     leaders = {p.name: p.name for p in trace.args}
-    for group in trace.info.get("input_alias_groups", ()):
+    for group in trace.input_alias_groups:
         for name in group:
             leaders[name] = group[0]
     return leaders

@@ -24,7 +24,7 @@ together with the base version that value belongs to.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,28 +48,41 @@ from minijit.transforms.view_updates import (
     viewed_tensor,
 )
 
-__all__ = ["functionalize"]
+__all__ = ["FunctionalizeResult", "functionalize"]
 
 
-def functionalize(trace: Trace, *, input_aliases: Sequence[Sequence[int]] = (),
-                  grad_enabled: bool | None = None, non_leaf_inputs: Sequence[int] = ()) -> Trace:
+@dataclass(frozen=True)
+class FunctionalizeResult:
+    """What `functionalize` found besides the functional trace."""
+
+    # The names of the trace inputs written in place, each now the target of one copy at the end
+    # (in the order of the inputs); the runtime bumps their autograd version counters.
+    mutated_inputs: tuple[str, ...] = ()
+
+
+def functionalize(trace: Trace, *, input_aliases: Sequence[Sequence[int]] = (), grad_enabled: bool | None = None,
+                  non_leaf_inputs: Sequence[int] = (), no_grad: Collection[str] = ()
+                  ) -> tuple[Trace, FunctionalizeResult]:
     """Replace in-place ops by functional ones; write each mutated input back once, at the end.
 
     `input_aliases` lists groups of input positions that are the same memory (the
     same tensor passed twice, or identical views); a write into one is seen by all,
-    and the group gets one copy. `grad_enabled` (default: torch's grad mode now)
-    turns on eager's refusal to mutate a leaf that requires grad; inputs listed in
-    `non_leaf_inputs` are not leaves and may be mutated.
+    and the group gets one copy (the new trace's `input_alias_groups` names them).
+    `grad_enabled` (default: torch's grad mode now) turns on eager's refusal to mutate
+    a leaf that requires grad; inputs listed in `non_leaf_inputs` are not leaves and
+    may be mutated, and so may any input through an op whose outputs are in `no_grad`
+    (the values the code computed under `torch.no_grad()`, as capture recorded them).
+    `trace` is left as it is.
 
     Example::
 
         # def f(x): x.add_(1); return x * 2
         # t0 = ltorch.add(x, 1); t1 = ltorch.mul(t0, 2); prims.copy_to_out_(t0, out=x); return t1
-        functional = functionalize(captured)
+        functional, result = functionalize(captured)  # result.mutated_inputs == ("x",)
     """
     if grad_enabled is None:
         grad_enabled = torch.is_grad_enabled()
-    return _Functionalizer(trace, input_aliases, grad_enabled, set(non_leaf_inputs)).run()
+    return _Functionalizer(trace, input_aliases, grad_enabled, set(non_leaf_inputs), no_grad).run()
 
 
 @dataclass
@@ -84,13 +97,13 @@ class _View:
 
 class _Functionalizer:
     def __init__(self, trace: Trace, input_aliases: Sequence[Sequence[int]], grad_enabled: bool,
-                 non_leaf_inputs: set[int]):
+                 non_leaf_inputs: set[int], no_grad: Collection[str]):
         self.trace = trace
         self.new = trace.derive([], pass_name="functionalize")
         self.grad_enabled = grad_enabled
         # Outputs of ops recorded under torch.no_grad() inside the function (an in-place op's output is
         # the tensor it writes): eager lets those write into leaves that require grad.
-        self.no_grad: set[str] = trace.info.get("no_grad", set())
+        self.no_grad = no_grad
         self.constants: set[int] = set()  # ids of prims.tensor_constant outputs
         self.unwrapped: dict[int, TensorProxy] = {}  # id(no_grad_update output) -> the value written
         self.leaves = {id(p) for i, p in enumerate(trace.args)
@@ -111,7 +124,7 @@ class _Functionalizer:
                                      "of it; minijit supports aliased inputs only when they are identical")
                 self.same_as[id(m)] = leader
             groups.append([m.name for m in members])
-        self.new.info["input_alias_groups"] = groups
+        self.new.input_alias_groups = groups
 
     # -- values ----------------------------------------------------------------
     def canon(self, p: Any) -> Any:
@@ -299,7 +312,7 @@ class _Functionalizer:
                 self.value[id(old)] = new
 
     # -- the pass ------------------------------------------------------------------
-    def run(self) -> Trace:
+    def run(self) -> tuple[Trace, FunctionalizeResult]:
         self.produced: set[int] = set()
         with tracing(self.new):
             for bsym in self.trace.bound_symbols:
@@ -308,8 +321,7 @@ class _Functionalizer:
             self.new.source = None
             output = tree_map(self.resolve, self.trace.output)
             self.new.output = self._write_back(output)
-        self.new.info["mutated_inputs"] = self.mutated
-        return self.new
+        return self.new, FunctionalizeResult(mutated_inputs=tuple(self.mutated))
 
     def _write_back(self, output: Any) -> Any:
         """Materialize outputs that alias overwritten inputs, then emit one ordered copy per mutated input."""

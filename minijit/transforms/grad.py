@@ -23,7 +23,7 @@ the residuals the backward actually reads are saved.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Container, Sequence
+from collections.abc import Callable, Collection, Container, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,10 +121,23 @@ def _rename(bsym: BoundSymbol, mapping: dict[int, Proxy]) -> BoundSymbol:
                         subsymbols=tuple(_rename(s, mapping) for s in bsym.subsymbols))
 
 
+@dataclass(frozen=True)
+class SplitResult:
+    """What `split_forward_backward` tells the runtime about the forward and backward it made."""
+
+    # Positions among the output leaves that get a cotangent in the backward.
+    differentiable_outputs: tuple[int, ...]
+    # Positions of the inputs that require grad and are written in place: the forward returns
+    # each one's new value too, and the backward takes a cotangent for it (ctx.mark_dirty).
+    dirty_inputs: tuple[int, ...]
+    # Names of saved values the forward overwrites: saved as None, so a backward needing one raises.
+    overwritten_saved: tuple[str, ...]
+
+
 class _Splitter:
     """The state of one forward/backward split."""
 
-    def __init__(self, trace: Trace, executors: Sequence[Any] = ()):
+    def __init__(self, trace: Trace, executors: Sequence[Any], no_grad: Collection[str]):
         self.trace = trace
         self.executors = executors
         self.requires = {p.name for p in trace.args if is_differentiable(p) and p.requires_grad}
@@ -133,10 +146,8 @@ class _Splitter:
                 raise UnsupportedOpError(f"the input {p.name} is a complex tensor that requires grad; minijit does "
                                          "not differentiate complex tensors")
         self.inputs_requiring = set(self.requires)
-        self.no_grad: set[str] = trace.info.get("no_grad", set())
-        self.fwd = Trace(trace.fn_name, _names=trace.names)
-        self.fwd.args = list(trace.args)
-        self.fwd.info = dict(trace.info)
+        self.no_grad = no_grad
+        self.fwd = trace.derive([], pass_name="split forward/backward")
         self.tape: list[_TapeEntry] = []
         # (input requiring grad, its new value) for each write-back into such an input
         self.dirty: list[tuple[TensorProxy, Any]] = []
@@ -322,8 +333,9 @@ def requires_grad_inputs(trace: Trace) -> list[Proxy]:
     return [p for p in trace.args if is_differentiable(p) and p.requires_grad]
 
 
-def split_forward_backward(trace: Trace, executors: Sequence[Any] = ()) -> tuple[Trace, Trace]:
-    """The forward trace (returns `(outputs, saved)`) and backward trace (takes `*saved, *cotangents`).
+def split_forward_backward(trace: Trace, executors: Sequence[Any] = (), no_grad: Collection[str] = ()
+                           ) -> tuple[Trace, Trace, SplitResult]:
+    """The forward trace (returns `(outputs, saved)`), the backward trace (takes `*saved, *cotangents`), and a `SplitResult`.
 
     The backward returns one gradient per input of `trace` (None for inputs that do
     not require grad or that no output depends on). Cotangents come in the order of
@@ -331,9 +343,11 @@ def split_forward_backward(trace: Trace, executors: Sequence[Any] = ()) -> tuple
     that requires grad and is written in place (`dirty_inputs`, positions among the
     inputs), for its new value. Saved values that the forward overwrites are returned
     as None and named in `overwritten_saved`. Where the first of `executors` that
-    claims a call has a grad transform for it, that is its VJP rule.
+    claims a call has a grad transform for it, that is its VJP rule. Symbols whose
+    outputs are in `no_grad` (computed under `torch.no_grad()`) are constant for VJP.
+    `trace` is left as it is.
     """
-    splitter = _Splitter(trace, executors)
+    splitter = _Splitter(trace, executors, no_grad)
     for bsym in trace.bound_symbols:
         splitter.forward(bsym)
     bwd, saved = splitter.backward()
@@ -344,12 +358,12 @@ def split_forward_backward(trace: Trace, executors: Sequence[Any] = ()) -> tuple
     # An input the forward overwrites cannot serve the backward its old value: as eager
     # autograd does for a saved tensor modified in place, the backward raises (runtime/autograd.py).
     fwd.output = (trace.output, tuple(None if p.name in overwritten else p for p in saved))
-    fwd.info["overwritten_saved"] = tuple(p.name for p in saved if p.name in overwritten)
-    fwd.pass_name = "split forward/backward"
-    fwd.info["differentiable_outputs"] = differentiable_outputs(trace, splitter.requires)
     positions = {p.name: i for i, p in enumerate(trace.args)}
-    fwd.info["dirty_inputs"] = tuple(positions[p.name] for p, _ in splitter.dirty)
-    return fwd, bwd
+    return fwd, bwd, SplitResult(
+        differentiable_outputs=differentiable_outputs(trace, splitter.requires),
+        dirty_inputs=tuple(positions[p.name] for p, _ in splitter.dirty),
+        overwritten_saved=tuple(p.name for p in saved if p.name in overwritten),
+    )
 
 
 def _bind_input_sizes(fwd: Trace, saved: Sequence[Proxy]) -> None:

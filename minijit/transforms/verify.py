@@ -54,7 +54,7 @@ def check_trace(trace: Trace, *, functional: bool | None = None) -> None:
 
     Example::
 
-        trace = functionalize(captured)
+        trace, _ = functionalize(captured)
         check_trace(trace)  # raises if, say, two copies write into one input
     """
     TraceChecker().check(trace, functional=functional)

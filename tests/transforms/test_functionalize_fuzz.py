@@ -259,7 +259,7 @@ def test_random_programs_on_aliased_inputs():
         jit_shared = shared.clone()
         trace = trace_call(program, jit_shared, jit_shared, inputs[2].clone())
         try:
-            functional = functionalize(trace, input_aliases=[(0, 1)])
+            functional, _ = functionalize(trace, input_aliases=[(0, 1)])
         except minijit.MinijitError:
             continue
         check_copies(functional)
