@@ -32,9 +32,10 @@ from minijit.errors import MinijitError, UnsupportedSyntaxError
 from minijit.frontend.lookasides import lookaside
 from minijit.ir import Proxy, Symbol, TensorProxy, Trace, tracing, tree_flatten, tree_map
 from minijit.ir.context import current_trace, where_now
+from minijit.ir.rewrite import replay
 from minijit.ops import prims
 
-__all__ = ["TracedFunctionCtx", "replay"]
+__all__ = ["TracedFunctionCtx"]
 
 
 class TracedFunctionCtx:
@@ -128,33 +129,6 @@ def _sub_trace(outer: Trace, name: str) -> Trace:
 
 def _produced(trace: Trace) -> dict[int, Proxy]:
     return {id(p): p for b in trace.bound_symbols for p in b.proxy_outputs()}
-
-
-def replay(trace: Trace, inputs: Sequence[Any], output: Any = None) -> Any:
-    """Record `trace`'s bound symbols again into the current trace, on `inputs` for its args.
-
-    Returns the values of `output` (default: the trace's output) among the new ones.
-    Each bound symbol is recorded with its own source location, so a replayed
-    function still names the user's lines.
-    """
-    env: dict[int, Any] = {id(p): v for p, v in zip(trace.args, inputs, strict=True)}
-
-    def value(x: Any) -> Any:
-        return env.get(id(x), x) if isinstance(x, Proxy) else x
-
-    target = current_trace()
-    saved_source = target.source
-    try:
-        for bsym in trace.bound_symbols:
-            args, kwargs = tree_map(value, (bsym.args, bsym.kwargs))
-            target.source = bsym.source or saved_source
-            out = bsym.sym(*args, **kwargs)
-            for old, new in zip(tree_flatten(bsym.output), tree_flatten(out), strict=True):
-                if isinstance(old, Proxy):
-                    env[id(old)] = new
-    finally:
-        target.source = saved_source
-    return tree_map(value, trace.output if output is None else output)
 
 
 @lookaside(torch.autograd.Function.apply.__func__)

@@ -35,7 +35,12 @@ def dtype_short_name(dtype: torch.dtype) -> str:
 
 
 class Proxy:
-    """Anything with a name in a trace."""
+    """Anything with a name in a trace.
+
+    A proxy is its object: passes tell proxies apart by identity (minijit/ir/rewrite.py),
+    and `name` only spells it in the printed source, given once, when it is made or
+    becomes a trace input; a pass substitutes another proxy, it never renames one.
+    """
 
     __slots__ = ("name",)
     name_prefix = "p"

@@ -32,6 +32,7 @@ import torch
 
 from minijit.errors import AliasError, InplaceError, UnsupportedOpError, where
 from minijit.ir import BoundSymbol, Proxy, TensorProxy, Trace, tracing, tree_flatten, tree_map
+from minijit.ir.rewrite import replay_bsym
 from minijit.ops import prims
 from minijit.ops.registry import ALL_LTORCH
 from minijit.ops.utils import expand_to, to_dtype
@@ -289,14 +290,7 @@ class _Functionalizer:
 
     def emit(self, bsym: BoundSymbol) -> None:
         """Append `bsym` reading current values: as it is, or recorded again where an argument changed."""
-        args, kwargs = tree_map(self.resolve, (bsym.args, bsym.kwargs))
-        old_in = tree_flatten((bsym.args, bsym.kwargs))
-        new_in = tree_flatten((args, kwargs))
-        if all(a is b for a, b in zip(old_in, new_in, strict=True)):
-            self.new.bound_symbols.append(bsym)
-            result = bsym.output
-        else:
-            result = layout_free(bsym.sym)(*args, **kwargs)
+        result = replay_bsym(bsym, self.resolve, sym=layout_free(bsym.sym), reuse_unchanged=True)
         parent = viewed_tensor(bsym)
         is_view = parent is not None and is_view_op(bsym)
         for old, new in zip(tree_flatten(bsym.output), tree_flatten(result), strict=True):

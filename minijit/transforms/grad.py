@@ -28,8 +28,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from minijit.errors import MinijitError, UnsupportedOpError, where
-from minijit.ir import BoundSymbol, NumberProxy, Proxy, Symbol, TensorProxy, Trace, tracing, tree_flatten, tree_map
+from minijit.ir import BoundSymbol, NumberProxy, Proxy, Symbol, TensorProxy, Trace, tracing, tree_flatten
 from minijit.ir.printing import Constants
+from minijit.ir.rewrite import ProxyMap
 from minijit.ops import prims
 from minijit.ops.opaque import OPAQUE
 from minijit.transforms.dce import dce
@@ -110,15 +111,6 @@ def _bind(bsym: BoundSymbol, rule: VjpRule) -> tuple[tuple[Any, ...], dict[str, 
         return None
     bound.apply_defaults()
     return tuple(bound.args), dict(bound.kwargs)
-
-
-def _rename(bsym: BoundSymbol, mapping: dict[int, Proxy]) -> BoundSymbol:
-    def swap(x: Any) -> Any:
-        return mapping.get(id(x), x) if isinstance(x, Proxy) else x
-
-    return bsym.replace(args=tree_map(swap, bsym.args), kwargs=tree_map(swap, bsym.kwargs),
-                        output=tree_map(swap, bsym.output),
-                        subsymbols=tuple(_rename(s, mapping) for s in bsym.subsymbols))
 
 
 @dataclass(frozen=True)
@@ -239,16 +231,15 @@ class _Splitter:
         new_leaves, old_leaves = tree_flatten(out), tree_flatten(bsym.output)
         if len(new_leaves) != len(old_leaves):
             raise MinijitError(f"the VJP rule of {bsym.sym.id} returned {len(new_leaves)} outputs, expected {len(old_leaves)}")
-        inputs = {id(p) for p in bsym.proxy_args()}
-        mapping = {id(n): o for n, o in zip(new_leaves, old_leaves)
-                   if isinstance(n, Proxy) and n is not o and id(n) not in inputs}
+        rename = ProxyMap()
+        rename.bind(new_leaves, old_leaves, keep=bsym.proxy_args())
         # Where the rule recorded the symbol itself, keep the original bound symbol: it has
         # the user's argument form (keywords stay keywords), which executors call as is.
         self.fwd.bound_symbols[start:] = [
             bsym if b.sym is bsym.sym and b.output is bsym.output else b
-            for b in (_rename(b, mapping) for b in self.fwd.bound_symbols[start:])
+            for b in map(rename.bsym, self.fwd.bound_symbols[start:])
         ]
-        saved = tree_map(lambda x: mapping.get(id(x), x) if isinstance(x, Proxy) else x, saved)
+        saved = rename(saved)
         self.tape.append(_TapeEntry(rule, bsym, args, saved, kwargs))
         self.requires.update(p.name for p in bsym.proxy_outputs() if is_differentiable(p))
         return True
