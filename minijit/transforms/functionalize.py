@@ -36,7 +36,7 @@ from minijit.ir.rewrite import replay_bsym
 from minijit.ops import prims
 from minijit.ops.registry import ALL_LTORCH
 from minijit.ops.utils import expand_to, to_dtype
-from minijit.transforms.copy_analysis import alias_roots
+from minijit.transforms.memory import MemoryModel
 from minijit.transforms.view_updates import (
     ExpandedWrite,
     eager_returns_view,
@@ -331,13 +331,13 @@ class _Functionalizer:
         self.mutated = list(finals)
         if not finals:
             return output
-        roots = alias_roots(self.new)
+        memory = MemoryModel(self.new)
         written = set(finals)
 
         clones: dict[int, TensorProxy] = {}
 
         def materialize(x: Any) -> Any:
-            if isinstance(x, TensorProxy) and roots.get(id(x), frozenset()) & written:
+            if isinstance(x, TensorProxy) and memory.input_storages(x) & written:
                 if id(x) not in clones:
                     clones[id(x)] = prims.clone(x)
                 return clones[id(x)]
@@ -346,7 +346,7 @@ class _Functionalizer:
         output = tree_map(materialize, output)
         # A copy into y must follow every copy whose value reads y's old value (invariant 1);
         # a value that aliases its own destination, or a cycle of such reads, is cloned first.
-        reads = {n: set(roots.get(id(v), frozenset()) & written) for n, v in finals.items()}
+        reads = {n: set(memory.input_storages(v) & written) for n, v in finals.items()}
         for n in finals:
             if n in reads[n]:
                 finals[n] = materialize(finals[n])
