@@ -152,7 +152,7 @@ def test_inputs_passed_twice_share_one_storage():
 
     x, y = torch.randn(3), torch.randn(3)
     eager = [x, x, y]
-    trace = functionalize(trace_call(f, x, x, y), input_aliases=[(0, 1)])
+    trace, _ = functionalize(trace_call(f, x, x, y), input_aliases=[(0, 1)])
     memory = MemoryModel(trace)
     a, b, c = trace.args
     assert memory.aliases(a, b) == _shares(eager[0], eager[1])
