@@ -13,7 +13,7 @@ import torch
 from minijit.errors import AliasError
 from minijit.frontend import interpret
 from minijit.ir import Trace, tracing
-from minijit.ir.context import recording_constraints
+from minijit.ir.context import knowing_constraints, recording_constraints
 from minijit.runtime.autocast import any_autocast_enabled, without_autocast
 from minijit.runtime.autograd import CompiledGrad, autograd_callable
 from minijit.runtime.call_plan import CallPlan, finish_capture
@@ -72,8 +72,10 @@ def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
     With `symbolic`, sizes and Python numbers are traced as symbolic values, and the
     entry's guard checks the constraints the trace relied on.
     """
-    with recording_constraints() as constraints:
-        entry = _compile(fn, args, kwargs, executors, symbolic)
+    # The capture records the constraints; the passes after it may rely on them, recording none.
+    constraints: list[str] = []
+    with knowing_constraints(constraints):
+        entry = _compile(fn, args, kwargs, executors, symbolic, constraints)
     entry.constraints = drop_implied(constraints)
     entry.value_guards = list(entry.traces[0].info.get("guards", ()))
     entry.guard = compile_guard(entry.traces[0], entry.constraints, entry.value_guards,
@@ -86,7 +88,7 @@ def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
 
 
 def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-             executors: Sequence[Any], symbolic: bool) -> CompiledEntry:
+             executors: Sequence[Any], symbolic: bool, constraints: list[str]) -> CompiledEntry:
     traces: list[Trace] = []
     check = TraceChecker() if checking_traces() else None
 
@@ -96,7 +98,7 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
             trace.fn_name = "computation"
         trace.capture_tensor = tensor_capturer(trace)
         trace.captures_user_code = True
-        with tracing(trace):
+        with tracing(trace), recording_constraints(constraints):
             pargs, pkwargs = proxify_arguments(trace, fn, args, kwargs, symbolic)
             containers = snapshot_containers(fn, pargs, pkwargs)
             finish = functools.partial(finish_capture, trace, _describe_function(fn))
@@ -120,7 +122,7 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
     trace = _timed(lambda: remove_cast_round_trips(trace), traces, check)
 
     if torch.is_grad_enabled() and requires_grad_inputs(trace):
-        return _compile_with_grad(trace, traces, executors, check)
+        return _compile_with_grad(trace, traces, executors, check, constraints)
 
     trace = _timed(lambda: claim_executors(trace, executors), traces, check)
     trace = _timed(lambda: dce(trace), traces, check)
@@ -136,10 +138,13 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
 
 
 def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[Any],
-                       check: TraceChecker | None) -> CompiledEntry:
+                       check: TraceChecker | None, constraints: list[str]) -> CompiledEntry:
     """Grad is needed: split into forward and backward, run the passes on both, compile both."""
     start = time.perf_counter()
-    fwd, bwd = split_forward_backward(trace, executors)
+    # The VJP rules choose the backward's ops by the sizes (a slice's padding, a broadcast's sum),
+    # as capture chose the forward's: their comparisons are guarded like the capture's.
+    with recording_constraints(constraints):
+        fwd, bwd = split_forward_backward(trace, executors)
     fwd.elapsed_ms = bwd.elapsed_ms = (time.perf_counter() - start) * 1e3
     traces.append(fwd)
     bwd_traces = [bwd]

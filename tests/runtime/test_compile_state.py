@@ -1,0 +1,91 @@
+"""A compile's dynamic state is its own: passes record no constraint, threads and nested jit calls do not mix."""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+import minijit
+from minijit.ir import IntegerProxy
+from minijit.ir.context import knowing_constraints, recording_constraints
+
+
+def test_a_pass_comparing_symbolic_sizes_records_no_constraint():
+    n, m = IntegerProxy(4, expr="x.shape[0]"), IntegerProxy(4, expr="y.shape[0]")
+    with recording_constraints() as recorded:  # a capture: the comparison is guarded
+        assert (n == m) == (4 == 4)
+    assert recorded == ["x.shape[0] == y.shape[0]"]
+    known: list[str] = []
+    with knowing_constraints(known):  # a pass of a compile whose capture compared nothing
+        same, differ, same_itself = n == m, n != m, n == IntegerProxy(4, expr="x.shape[0]")
+    assert known == []
+    # Equal on the traced call, but not on every call: a pass must not treat them as one size.
+    assert (same, differ, same_itself) == (False, True, True)
+    with knowing_constraints(["x.shape[0] == y.shape[0]"]):  # the capture's guard keeps them equal
+        assert n == m
+
+
+def test_a_pass_comparing_symbolic_sizes_adds_nothing_to_the_guard():
+    def f(x, y):
+        a = (x.sqrt() / 2).add_(1)  # buffer reuse compares a's sizes with exp's
+        return a.sum(), y.exp().sum()
+
+    jf = minijit.jit(f, cache="symbolic values")
+    for shapes in (((4, 5), (4, 5)), ((4, 5), (3, 5)), ((4, 5), (6, 2))):
+        x, y = torch.rand(shapes[0]), torch.randn(shapes[1])
+        got, want = jf(x, y), f(x, y)
+        assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+    assert minijit.cache_info(jf).misses == 1, minijit.cache_info(jf)
+
+
+def _compile_repeatedly(fn, make_args, results, index, start):
+    jf = minijit.jit(fn, cache="no caching")  # every call captures and runs the passes again
+    start.wait()
+    try:
+        for _ in range(6):
+            args = make_args()
+            results[index].append((jf(*args), fn(*args)))
+    except BaseException as e:  # reported by the main thread
+        results[index].append(e)
+
+
+def test_two_threads_compiling_at_once_each_get_eager_results():
+    def f(x):
+        return (x.sin() * 2 + x.cos()).sum(dim=0)
+
+    def g(a, b):
+        y = a @ b
+        return torch.nn.functional.gelu(y).softmax(dim=-1), y.t().contiguous()
+
+    torch.manual_seed(0)
+    results: list[list] = [[], []]
+    start = threading.Barrier(2)
+    threads = [
+        threading.Thread(target=_compile_repeatedly, args=(f, lambda: (torch.randn(5, 3),), results, 0, start)),
+        threading.Thread(target=_compile_repeatedly,
+                         args=(g, lambda: (torch.randn(4, 6), torch.randn(6, 2)), results, 1, start)),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for outcomes in results:
+        assert len(outcomes) == 6
+        for outcome in outcomes:
+            assert not isinstance(outcome, BaseException), repr(outcome)
+            got, want = outcome
+            torch.testing.assert_close(got, want)
+
+
+def test_a_jitted_function_called_inside_a_jitted_function():
+    inner = minijit.jit(lambda a: a.sin() * 2)
+
+    def outer(x):
+        return inner(x + 1).sum() * x
+
+    x = torch.randn(3, requires_grad=True)
+    got = minijit.jit(outer)(x)
+    want = outer(x)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(torch.autograd.grad(got.sum(), x)[0], torch.autograd.grad(want.sum(), x)[0])
