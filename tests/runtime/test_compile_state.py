@@ -39,43 +39,51 @@ def test_a_pass_comparing_symbolic_sizes_adds_nothing_to_the_guard():
     assert minijit.cache_info(jf).misses == 1, minijit.cache_info(jf)
 
 
-def _compile_repeatedly(fn, make_args, results, index, start):
-    jf = minijit.jit(fn, cache="no caching")  # every call captures and runs the passes again
-    start.wait()
-    try:
-        for _ in range(6):
-            args = make_args()
-            results[index].append((jf(*args), fn(*args)))
-    except BaseException as e:  # reported by the main thread
-        results[index].append(e)
+_EVENTS: dict[str, threading.Event] = {}
+
+
+def _pause(name):
+    """Called by traced code: say this capture is paused, and wait until told to go on."""
+    _EVENTS[name + " paused"].set()
+    _EVENTS[name + " go"].wait(60)
 
 
 def test_two_threads_compiling_at_once_each_get_eager_results():
+    # The captures interleave: f pauses mid-capture, g starts and pauses mid-capture, f goes
+    # on and finishes while g's trace is still being recorded, then g finishes.
     def f(x):
-        return (x.sin() * 2 + x.cos()).sum(dim=0)
+        y = x.sin()
+        _pause("f")
+        return y * 2 + x.cos()
 
     def g(a, b):
         y = a @ b
-        return torch.nn.functional.gelu(y).softmax(dim=-1), y.t().contiguous()
+        _pause("g")
+        return torch.nn.functional.gelu(y).softmax(dim=-1)
 
-    torch.manual_seed(0)
-    results: list[list] = [[], []]
-    start = threading.Barrier(2)
-    threads = [
-        threading.Thread(target=_compile_repeatedly, args=(f, lambda: (torch.randn(5, 3),), results, 0, start)),
-        threading.Thread(target=_compile_repeatedly,
-                         args=(g, lambda: (torch.randn(4, 6), torch.randn(6, 2)), results, 1, start)),
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    for outcomes in results:
-        assert len(outcomes) == 6
-        for outcome in outcomes:
-            assert not isinstance(outcome, BaseException), repr(outcome)
-            got, want = outcome
-            torch.testing.assert_close(got, want)
+    _EVENTS.update({k: threading.Event() for k in ("f paused", "f go", "g paused", "g go")})
+    results = {}
+
+    def run(name, fn, args):
+        try:
+            results[name] = (minijit.jit(fn)(*args), fn(*args))
+        except BaseException as e:  # reported by the main thread
+            results[name] = e
+
+    x, a, b = torch.randn(3, 5), torch.randn(2, 4), torch.randn(4, 3)
+    tf = threading.Thread(target=run, args=("f", f, (x,)))
+    tg = threading.Thread(target=run, args=("g", g, (a, b)))
+    tf.start()
+    assert _EVENTS["f paused"].wait(60)
+    tg.start()
+    assert _EVENTS["g paused"].wait(60)
+    _EVENTS["f go"].set()
+    tf.join(60)
+    _EVENTS["g go"].set()
+    tg.join(60)
+    for name in ("f", "g"):
+        assert not isinstance(results[name], BaseException), repr(results[name])
+        torch.testing.assert_close(*results[name])
 
 
 def test_a_jitted_function_called_inside_a_jitted_function():
