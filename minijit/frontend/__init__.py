@@ -6,7 +6,7 @@ one instruction at a time, so that every call can be inspected before it happens
 - `code`: decodes a code object once into `Inst`s (handler, argument, successor, line,
   exception-table entry), and binds arguments through CPython itself (a "binder" copy of
   the function whose body returns its argument slots: exact errors for free).
-- `frame`: the `Frame` (slots, value stack, position) and the per-interpretation `STATE`
+- `frame`: the `Frame` (slots, value stack, position) and the per-interpretation `State` (`current_state()`, in a ContextVar)
   (frame stack, the exception being handled, the guards read so far).
 - `interpreter`: the loop (`run_frame`), exception unwinding through the exception
   table, generators (`InterpretedGenerator`), and the `interpret` entry point.

@@ -10,7 +10,7 @@
    (so the globals it reads are guarded like any other traced code) into a trace whose
    inputs are those values and one cotangent per output tensor. Writes it makes into
    forward inputs (data only) become copies into them, as in eager.
-3. The symbol, made for this one call, carries a VJP rule (`Symbol.vjp`) whose backward
+3. The symbol, made for this one call, gets a VJP rule (in `minijit.transforms.vjp.VJP_RULES`) whose backward
    replays that trace on the grad pass's residuals and cotangents.
 
 As in eager, the forward runs with grad disabled, so tensors it reads from elsewhere
@@ -164,7 +164,7 @@ class _CustomFunctionCall:
         sym = Symbol(_identifier(self.name), functools.partial(_replay_outputs, fwd, outputs),
                      namespace="autograd_function")
         if bwd is not None:
-            sym.vjp = _custom_rule(sym, fwd, bwd, len(produced), residuals, self._cotangent_kinds(produced))
+            _custom_rule(sym, fwd, bwd, len(produced), residuals, self._cotangent_kinds(produced))
         results = iter(sym(*fwd.args))
         return tree_map(lambda x: next(results) if isinstance(x, Proxy) else x, fwd.output)
 
@@ -291,13 +291,13 @@ def _replay_outputs(fwd: Trace, outputs: tuple[Proxy, ...], *inputs: Any) -> tup
 
 def _custom_rule(sym: Symbol, fwd: Trace, bwd: Trace, n_outputs: int, residuals: Sequence[Proxy],
                  kinds: Sequence[str]) -> Any:
-    from minijit.transforms.vjp import VjpRule
+    from minijit.transforms.vjp import VjpRule, add_rule
 
     def forward(*inputs: Any) -> Any:
         out = sym(*inputs)
         return out, (inputs, out)
 
-    rule = VjpRule(sym.id, forward)
+    rule = VjpRule(sym, forward)
 
     @rule.backward
     def backward(saved: Any, *cotangents: Any) -> Any:
@@ -311,5 +311,5 @@ def _custom_rule(sym: Symbol, fwd: Trace, bwd: Trace, n_outputs: int, residuals:
             cts.append(g)
         return replay(bwd, (*inputs, *out[n_outputs:], *cts))
 
-    return rule
+    return add_rule(rule)
 

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from minijit.errors import UnsupportedOpError, UnsupportedSyntaxError
-from minijit.frontend.frame import STATE
+from minijit.frontend.frame import current_state
 from minijit.frontend.guards import Source
 from minijit.ir import FloatProxy, IntegerProxy, Proxy, TensorProxy, Trace
 from minijit.ir.containers import flatten, is_container, leaves
@@ -139,7 +139,7 @@ def tensor_capturer(trace: Trace, inputs: list[tuple[str, Source, Tensor]],
         proxy = captured.get(id(t))
         if proxy is not None:
             return proxy
-        source = STATE.outside.source_of(t)
+        source = current_state().outside.source_of(t)
         if source is not None:
             proxy = TensorProxy(tuple(t.shape), t.dtype, t.device, t.requires_grad)
             trace.add_input(proxy, source.label)

@@ -93,6 +93,10 @@ class JitFunction:
         options = self.options()
         return (JitFunction, (self.fn, options["executors"], options["cache"], options["warn_retraces_after"]))
 
+    def minijit_traced_callable(self) -> Callable[..., Any]:
+        """What code traced by minijit calls in place of this jitted function: the function, traced inline."""
+        return self.fn
+
     def options(self) -> dict[str, Any]:
         """The `jit` options this function was made with (executors by name where that name finds them)."""
         executors = None if self._given_executors is None else [_by_name(e) for e in self._given_executors]

@@ -14,7 +14,7 @@ from minijit.frontend import GuardEntry, interpret
 from minijit.frontend.guards import Source
 from minijit.frontend.outside import Outside
 from minijit.ir import Trace, tracing
-from minijit.ir.context import recording_constraints
+from minijit.ir.context import knowing_constraints, recording_constraints
 from minijit.runtime.autocast import any_autocast_enabled, without_autocast
 from minijit.runtime.autograd import CompiledGrad, autograd_callable
 from minijit.runtime.call_plan import CallPlan, finish_capture
@@ -101,8 +101,10 @@ def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
     With `symbolic`, sizes and Python numbers are traced as symbolic values, and the
     entry's guard checks the constraints the trace relied on.
     """
-    with recording_constraints() as constraints:
-        entry = _compile(fn, args, kwargs, executors, symbolic)
+    # The capture records the constraints; the passes after it may rely on them, recording none.
+    constraints: list[str] = []
+    with knowing_constraints(constraints):
+        entry = _compile(fn, args, kwargs, executors, symbolic, constraints)
     entry.constraints = drop_implied(constraints)
     entry.value_guards = list(entry.capture.guards)
     entry.guard = compile_guard(entry.traces[0], entry.constraints, entry.value_guards,
@@ -115,7 +117,7 @@ def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
 
 
 def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-             executors: Sequence[Any], symbolic: bool) -> CompiledEntry:
+             executors: Sequence[Any], symbolic: bool, constraints: list[str]) -> CompiledEntry:
     traces: list[Trace] = []
     check = TraceChecker() if checking_traces() else None
 
@@ -131,7 +133,7 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
             output, found.call_plan = finish_capture(trace, _describe_function(fn), result, outside)
             return output
 
-        with tracing(trace):
+        with tracing(trace), recording_constraints(constraints):
             pargs, pkwargs = proxify_arguments(trace, fn, args, kwargs, symbolic)
             containers = snapshot_containers(fn, pargs, pkwargs)
             if isinstance(fn, ModuleForward):
@@ -160,7 +162,7 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
 
     if torch.is_grad_enabled() and requires_grad_inputs(trace):
         computation, backward_traces, split = _compile_with_grad(
-            trace, traces, executors, check, found.no_grad, functionalized.mutated_inputs)
+            trace, traces, executors, check, found.no_grad, functionalized.mutated_inputs, constraints)
         return CompiledEntry(found.call_plan.wrap(computation), traces, **records, split=split,
                              backward_traces=backward_traces)
 
@@ -178,14 +180,17 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
 
 
 def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[Any], check: TraceChecker | None,
-                       no_grad: frozenset[str], mutated_inputs: Sequence[str]
+                       no_grad: frozenset[str], mutated_inputs: Sequence[str], constraints: list[str]
                        ) -> tuple[Callable[..., Any], list[Trace], SplitResult]:
     """Grad is needed: split into forward and backward, run the passes on both, compile both.
 
     Returns the autograd-aware computation, the backward traces (one per pass) and the split's facts.
     """
     start = time.perf_counter()
-    fwd, bwd, split = split_forward_backward(trace, executors, no_grad)
+    # The VJP rules choose the backward's ops by the sizes (a slice's padding, a broadcast's sum),
+    # as capture chose the forward's: their comparisons are guarded like the capture's.
+    with recording_constraints(constraints):
+        fwd, bwd, split = split_forward_backward(trace, executors, no_grad)
     fwd.elapsed_ms = bwd.elapsed_ms = (time.perf_counter() - start) * 1e3
     traces.append(fwd)
     bwd_traces = [bwd]

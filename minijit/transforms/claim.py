@@ -24,7 +24,7 @@ Entry = tuple[BoundSymbol, Any]
 
 
 def _is_fusion(ex: Any) -> bool:
-    return hasattr(ex, "fuse") and hasattr(ex, "claims")
+    return ex.fuses_regions
 
 
 def _fusible_leaves(bsym: BoundSymbol, ex: Any) -> list[BoundSymbol]:

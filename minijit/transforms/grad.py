@@ -95,16 +95,13 @@ def _signature(fn: Callable[..., Any]) -> inspect.Signature | None:
 def _bind(bsym: BoundSymbol, rule: VjpRule) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
     """The bound symbol's arguments in the order of its signature, defaults filled in.
 
-    None when a composite op's signature is not the one the rule was written for
-    (then its decomposition is differentiated instead, which is always correct).
+    A rule's parameters are its symbol's (checked when it is registered:
+    `minijit.transforms.vjp.registry.check_rule_signature`). None when the call does
+    not bind (then its decomposition is differentiated instead, which is always correct).
     """
     sig = _signature(bsym.sym.meta) if bsym.sym.meta is not None else None
     if sig is None:
         return bsym.args, bsym.kwargs
-    if not bsym.sym.is_prim:
-        rule_sig = _signature(rule.forward)
-        if rule_sig is None or list(sig.parameters)[1:] != list(rule_sig.parameters)[1:]:
-            return None
     try:
         bound = sig.bind(*bsym.args, **bsym.kwargs)
     except TypeError:
@@ -177,17 +174,10 @@ class _Splitter:
         )
 
     def _executor_rule(self, bsym: BoundSymbol) -> VjpRule | None:
-        """The grad transform of the executor that will claim `bsym`, if it gave one for this symbol."""
+        """The VJP rule of the executor that will run `bsym`, if it has its own for this call (`Executor.grad_rule_for`)."""
         for ex in self.executors:
-            find = getattr(ex, "implementation_for", None)
-            impl = find(bsym) if find is not None else None
-            if impl is not None:
-                transform = getattr(impl, "grad_transform", None)
-                if transform is None:
-                    return None  # the executor runs it with the symbol's own rule
-                rule = VjpRule(bsym.sym.id, transform[0])
-                rule.backward(transform[1])
-                return rule
+            if ex.implementation_for(bsym) is not None:
+                return ex.grad_rule_for(bsym)  # None: the executor runs it with the symbol's own rule
         return None
 
     def _inplace(self, bsym: BoundSymbol) -> None:

@@ -61,13 +61,12 @@ def input_leaders(trace: Trace) -> dict[str, str]:
 def buffer_kind(t: Any) -> tuple[Any, ...] | None:
     """(shape, dtype, device) of a tensor proxy, the key two buffers are matched by; None for a non-tensor.
 
-    A symbolic size stands by its proxy's name: two sizes match only when they are the
-    same proxy (comparing symbolic sizes would record constraints on the call).
+    Symbolic sizes compare as passes compare them (`minijit.ir.proxies.known_compare`):
+    equal only when they are equal on every call, and recording nothing.
     """
     if not isinstance(t, TensorProxy):
         return None
-    shape = tuple(s if type(s) is int else ("sym", getattr(s, "name", None) or id(s)) for s in t.shape)
-    return (shape, t.dtype, t.device)
+    return (tuple(t.shape), t.dtype, t.device)
 
 
 def _copies_into(bsym: BoundSymbol) -> set[int]:

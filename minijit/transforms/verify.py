@@ -235,7 +235,7 @@ def _rerun(trace: Trace, bsym: BoundSymbol, kwargs: dict[str, Any]) -> _MetaResu
     scratch = Trace(f"{trace.fn_name}_meta_check")
     scratch.source = bsym.source
     try:
-        # Comparisons of symbolic sizes inside the meta must not become constraints of the compile.
+        # The meta decides on the traced values as the capture did; what it records goes nowhere.
         with tracing(scratch), recording_constraints():
             rerun = bsym.sym.meta(*bsym.args, **kwargs)
     except Exception as e:  # any failure of the meta is the finding
