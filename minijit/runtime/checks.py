@@ -390,7 +390,8 @@ class Prologue:
         self.params, self.keywords, self.checks = params, keywords, checks
         self.inputs, self.captured, self.env = inputs, captured, env
         env.update(_ENV)
-        key_tests = [c.test(env) for c in checks if c.keyed]
+        # A keyword's name is checked by calling `check_call` with it: its test is "True", left out.
+        key_tests = [t for c in checks if c.keyed and (t := c.test(env)) != "True"]
         guard_tests = [c.test(env) for c in checks if not c.keyed]
         source = _function("check_call", params, key_tests, "# The checks the cache key makes (a dict lookup on a hit).")
         if guard_tests:
@@ -404,7 +405,7 @@ class Prologue:
 
     def _guard_source(self, tests: list[str]) -> str:
         """`def guard(inputs)`: fetch the tensors captured from outside, then `tests`."""
-        body = "\n        and ".join(tests)
+        body = "\n            and ".join(tests)
         # Read each input's shape once: `x.shape` costs more than indexing the tuple it gives.
         shaped = [n for n in self.inputs if f"{n}.shape[" in body]
         for n in shaped:
