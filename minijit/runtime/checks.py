@@ -58,7 +58,7 @@ class Check:
     explain: Callable[[Any, Any], str] | None = None
 
     def key_values(self) -> tuple[Any, ...]:
-        """What the cache key holds for this check (nothing for a guard's check, or a field the structure covers)."""
+        """What the cache key holds for this check, in key order (nothing for a check the guard makes)."""
         if not self.keyed:
             return ()
         if self.aspect in ("value", "length", "keys", "object", "slice"):
