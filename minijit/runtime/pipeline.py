@@ -18,7 +18,7 @@ from minijit.runtime.autocast import any_autocast_enabled, without_autocast
 from minijit.runtime.autograd import CompiledGrad, autograd_callable
 from minijit.runtime.call_plan import CallPlan, finish_capture
 from minijit.runtime.checks import Prologue, call_checks
-from minijit.runtime.guards import compile_prologue, drop_implied
+from minijit.runtime.guards import compile_prologue, drop_implied, specialised_facts
 from minijit.runtime.inputs import (
     alias_groups,
     alias_pattern,
@@ -76,7 +76,7 @@ def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
     with recording_constraints() as constraints:
         entry = _compile(fn, args, kwargs, executors, symbolic)
     entry.constraints = drop_implied(constraints)
-    entry.value_guards = list(entry.traces[0].info.get("guards", ()))
+    entry.value_guards = specialised_facts(entry.traces)[0]
     entry.prologue = compile_prologue(entry.traces, call, tuple(kwargs), entry.constraints)
     entry.guard = entry.prologue.guard
     if any_autocast_enabled():
