@@ -18,7 +18,8 @@ from minijit.ir.context import knowing_constraints, recording_constraints
 from minijit.runtime.autocast import any_autocast_enabled, without_autocast
 from minijit.runtime.autograd import CompiledGrad, autograd_callable
 from minijit.runtime.call_plan import CallPlan, finish_capture
-from minijit.runtime.guards import compile_guard, drop_implied
+from minijit.runtime.checks import Prologue, call_checks
+from minijit.runtime.guards import compile_prologue, drop_implied, specialised_facts
 from minijit.runtime.inputs import (
     alias_groups,
     alias_pattern,
@@ -69,12 +70,11 @@ class CompiledEntry:
     alias_pattern: tuple[int, ...] | None = None
     # The forward/backward split's facts, when the entry differentiates.
     split: SplitResult | None = None
-    # The checks a call must pass to use this entry, as Python source (for minijit.show).
-    prologue: str = ""
-    # "symbolic values" mode: a function of the flat inputs checking the trace's constraints.
-    # A function of the flat inputs that is True when the trace still holds for them: the
-    # constraints on symbolic values, and the values (globals, closures) the trace read. None
-    # when there is nothing to check beyond the cache key.
+    # The checks a call must pass to use this entry, compiled from one source (minijit.runtime.checks).
+    prologue: Prologue | None = None
+    # The prologue's guard: a function of the flat inputs that is True when the trace still holds
+    # for them: the constraints on symbolic values, the values (globals, closures) the trace read,
+    # captured tensors, aliasing. None when there is nothing to check beyond the cache key.
     guard: Callable[..., bool] | None = None
     constraints: list[str] = field(default_factory=list)
     value_guards: list[Any] = field(default_factory=list)
@@ -101,14 +101,15 @@ def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
     With `symbolic`, sizes and Python numbers are traced as symbolic values, and the
     entry's guard checks the constraints the trace relied on.
     """
+    call = call_checks(fn, args, kwargs, symbolic)  # before the traced code runs: it might change an argument
     # The capture records the constraints; the passes after it may rely on them, recording none.
     constraints: list[str] = []
     with knowing_constraints(constraints):
         entry = _compile(fn, args, kwargs, executors, symbolic, constraints)
     entry.constraints = drop_implied(constraints)
-    entry.value_guards = list(entry.capture.guards)
-    entry.guard = compile_guard(entry.traces[0], entry.constraints, entry.value_guards,
-                                entry.alias_pattern, entry.capture.call_plan.captured)
+    entry.value_guards = specialised_facts(entry)[0]
+    entry.prologue = compile_prologue(entry, call, tuple(kwargs), entry.constraints)
+    entry.guard = entry.prologue.guard
     if any_autocast_enabled():
         # The trace holds the casts autocast made while it was captured; the cache key keeps
         # calls under another autocast state away from this entry.
