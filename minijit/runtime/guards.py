@@ -16,7 +16,7 @@ import torch
 from minijit.frontend import GuardEntry, build_guard
 from minijit.frontend.guards import Source
 from minijit.ir import Trace
-from minijit.runtime.inputs import alias_pattern, input_names
+from minijit.runtime.inputs import alias_layout, alias_pattern, input_names
 
 # A symbolic input size (> 1) compared with 0 or 1: implied by the `x.shape[i] > 1` constraint
 # every symbolic size starts with, so the guard need not check it again.
@@ -30,13 +30,15 @@ def drop_implied(constraints: list[str]) -> list[str]:
 
 def compile_guard(trace: Trace, constraints: list[str], values: list[GuardEntry],
                   aliases: tuple[int, ...] | None = None,
-                  captured: Sequence[tuple[Source, torch.Tensor]] = ()) -> Callable[..., bool] | None:
+                  captured: Sequence[tuple[Source, torch.Tensor]] = (),
+                  layout: tuple[Any, ...] = ()) -> Callable[..., bool] | None:
     """One function of the call's inputs, True while every constraint and read value still holds.
 
     `aliases` is the storage-sharing pattern of the inputs the trace was functionalized
     for, when it writes into inputs: a call whose inputs alias differently misses.
     `captured` are the tensors the trace read from outside the call: each must still be
-    there, a tensor like the one traced (shape, dtype, device, requires_grad).
+    there, a tensor like the one traced (shape, dtype, device, requires_grad). `layout` is
+    where the inputs sharing storage sit in it (`alias_layout`), checked only when some do.
     """
     value_guard = build_guard(values)
     if not constraints and value_guard is None and aliases is None and not captured:
@@ -44,7 +46,8 @@ def compile_guard(trace: Trace, constraints: list[str], values: list[GuardEntry]
     names = input_names(trace)
     own = names[: len(names) - len(captured)]
     env: dict[str, Any] = {"_values_unchanged": value_guard, "_alias_pattern": alias_pattern,
-                           "_expected_aliases": aliases, "_Tensor": torch.Tensor}
+                           "_expected_aliases": aliases, "_Tensor": torch.Tensor,
+                           "_alias_layout": alias_layout, "_expected_layout": layout}
     terms = list(constraints) + (["_values_unchanged()"] if value_guard is not None else [])
     fetch = ""
     if captured:
@@ -57,6 +60,8 @@ def compile_guard(trace: Trace, constraints: list[str], values: list[GuardEntry]
         env["_TENSOR_TYPES"] = tuple({type(t) for _, t in captured})
     if aliases is not None:
         terms.append(f"_alias_pattern({', '.join(names)}) == _expected_aliases")
+        if layout:
+            terms.append(f"_alias_layout({', '.join(names)}) == _expected_layout")
     body = " and ".join(terms)
     # Read each input's shape once: `x.shape` costs more than indexing the tuple it gives.
     shaped = [n for n in own if f"{n}.shape[" in body]
@@ -84,6 +89,9 @@ def explain_guard_failure(entry: Any, flat: list[Any]) -> str:
     expected = entry.traces[-1].info.get("alias_pattern")
     if expected is not None and alias_pattern(*flat) != expected:
         failed.append(f"inputs share memory differently: {alias_pattern(*flat)} != {expected}")
+    elif expected is not None and alias_layout(*flat) != entry.traces[-1].info.get("alias_layout", ()):
+        failed.append("inputs that share memory sit differently in it (offsets or strides changed): "
+                      f"{alias_layout(*flat)} != {entry.traces[-1].info.get('alias_layout', ())}")
     for value in entry.value_guards:
         check = build_guard([value])
         if check is not None and not check():

@@ -239,3 +239,26 @@ def alias_groups(values: list[Any]) -> tuple[list[list[int]], list[list[int]]]:
                    == (lead.data_ptr(), lead.shape, lead.stride(), lead.dtype) for i in group)
         (identical if same else partial).append(group)
     return identical, partial
+
+
+def alias_layout(*values: Any) -> tuple[tuple[Any, ...], ...]:
+    """Where each input that shares storage with another sits in it: (position, storage offset, strides, dtype).
+
+    Checked by the guard of entries compiled for aliased inputs only (their pattern already
+    says which inputs share storage): `t[0:2], t[1:3]` must not reuse a trace made for `t, t`.
+    """
+    pattern = alias_pattern(*values)
+    shared = {p for i, p in enumerate(pattern) if p != i}
+    return tuple((i, v.storage_offset(), v.stride(), v.dtype) for i, v in enumerate(values) if pattern[i] in shared)
+
+
+def synthetic_base_layout(values: list[Any], group: list[int]) -> tuple[int, tuple[tuple[Any, ...], ...]]:
+    """(length, (size, stride, storage offset) per member) of the storage prefix the inputs at `group` view.
+
+    The synthetic base is the 1-D view of elements 0 to `length` of their common storage:
+    each member is `as_strided(base, size, stride, offset)` of it.
+    """
+    layouts = tuple((tuple(values[i].shape), tuple(values[i].stride()), values[i].storage_offset()) for i in group)
+    length = max((off + sum((s - 1) * st for s, st in zip(size, stride, strict=True)) + 1
+                  if all(s > 0 for s in size) else 0) for size, stride, off in layouts)
+    return length, layouts

@@ -20,17 +20,20 @@ from minijit.runtime.call_plan import CallPlan, finish_capture
 from minijit.runtime.guards import compile_guard, drop_implied
 from minijit.runtime.inputs import (
     alias_groups,
+    alias_layout,
     alias_pattern,
     check_containers_unchanged,
     flat_inputs,
     proxify_arguments,
     snapshot_containers,
+    synthetic_base_layout,
     tensor_capturer,
 )
 from minijit.runtime.module import ModuleForward
 from minijit.transforms import check_copies, claim_executors, dce, functionalize, write_copies_in_place
 from minijit.transforms.buffer_reuse import reuse_buffers
 from minijit.transforms.copy_analysis import CHECK_COPIES
+from minijit.transforms.functionalize import SyntheticBase
 from minijit.transforms.grad import release_dead_values, requires_grad_inputs, split_forward_backward
 from minijit.transforms.simplify import remove_cast_round_trips
 from minijit.transforms.verify import TraceChecker, checking_traces
@@ -77,7 +80,8 @@ def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
     entry.constraints = drop_implied(constraints)
     entry.value_guards = list(entry.traces[0].info.get("guards", ()))
     entry.guard = compile_guard(entry.traces[0], entry.constraints, entry.value_guards,
-                                entry.traces[-1].info.get("alias_pattern"), call_plan(entry.traces[0]).captured)
+                                entry.traces[-1].info.get("alias_pattern"), call_plan(entry.traces[0]).captured,
+                                entry.traces[-1].info.get("alias_layout", ()))
     if any_autocast_enabled():
         # The trace holds the casts autocast made while it was captured; the cache key keeps
         # calls under another autocast state away from this entry.
@@ -130,7 +134,7 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
         check_copies(trace)
 
     start = time.perf_counter()
-    computation = bumping_versions(trace.python_callable(), trace)
+    computation = with_synthetic_bases(bumping_versions(trace.python_callable(), trace), trace)
     traces[-1].elapsed_ms += (time.perf_counter() - start) * 1e3
     return CompiledEntry(call_plan(traces[0]).wrap(computation), traces)
 
@@ -175,7 +179,8 @@ def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[An
         overwritten_saved=fwd.info["overwritten_saved"],
         backward_mutated_inputs=mutated_by_backward,
     )
-    return CompiledEntry(call_plan(trace).wrap(autograd_callable(compiled)), traces, backward_traces=bwd_traces)
+    computation = with_synthetic_bases(autograd_callable(compiled), trace)
+    return CompiledEntry(call_plan(trace).wrap(computation), traces, backward_traces=bwd_traces)
 
 
 
@@ -215,11 +220,29 @@ def bumping_versions(computation: Callable[..., Any], trace: Trace) -> Callable[
     return run
 
 
+def with_synthetic_bases(computation: Callable[..., Any], trace: Trace) -> Callable[..., Any]:
+    """`computation`, given after the call's inputs the synthetic base of each group of overlapping inputs.
+
+    A base is the 1-D view of its storage's first elements, made from the group's first
+    input (`functionalize`'s `SyntheticBase`); entries without one run `computation` as it is.
+    """
+    bases: list[tuple[int, int]] = trace.info.get("synthetic_bases", [])
+    if not bases:
+        return computation
+    as_strided = torch.as_strided
+
+    def run(*inputs: Any) -> Any:
+        return computation(*inputs, *(as_strided(inputs[lead], (length,), (1,), 0) for lead, length in bases))
+
+    return run
+
+
 def functionalize_for_call(trace: Trace, flat: list[Any]) -> Trace:
     """`functionalize`, told which inputs of this call share memory (DESIGN.md, invariant 1).
 
     The same tensor passed twice (or identical views) is one memory that a write updates
-    for every name; overlapping views that differ are refused where the trace writes into one.
+    for every name; inputs that overlap differently (`t[1:3]` and `t[2:4]`, `t` and `t.t()`)
+    are rebuilt, where the trace writes into one, as views of one synthetic base input.
     """
     identical, partial = alias_groups(flat)
     # Eager refuses in-place writes into leaves that require grad, not into other tensors that do.
@@ -228,18 +251,34 @@ def functionalize_for_call(trace: Trace, flat: list[Any]) -> Trace:
     mutated = set(functional.info.get("mutated_inputs", ()))
     if not mutated:
         return functional  # aliasing cannot matter: the guard need not look at it
-    if identical:
+    bases = [_synthetic_base(trace, flat, group, mutated) for group in partial
+             if any(trace.args[i].name in mutated for i in group)]
+    if identical or bases:
         # Functionalized for this aliasing only: the guard below keeps other calls away.
-        functional = functionalize(trace, input_aliases=identical, non_leaf_inputs=non_leaf)
-        mutated = set(functional.info.get("mutated_inputs", ())) | mutated
-    for group in partial:
-        names = [trace.args[i].name for i in group]
-        written = [n for n in names if n in mutated]
-        if written:
-            raise AliasError(
-                f"inputs {', '.join(names)} overlap in memory without being the same view, and the function writes "
-                f"into {written[0]} in place; minijit cannot order that write against the other reads. "
-                "Pass a clone of one of them"
-            )
+        functional = functionalize(trace, input_aliases=identical, non_leaf_inputs=non_leaf, synthetic_bases=bases)
+        functional.info["synthetic_bases"] = [(b.members[0], b.length) for b in bases]
     functional.info["alias_pattern"] = alias_pattern(*flat)
+    functional.info["alias_layout"] = alias_layout(*flat)
     return functional
+
+
+def _synthetic_base(trace: Trace, flat: list[Any], group: list[int], mutated: set[str]) -> SyntheticBase:
+    """The synthetic base of inputs that overlap in memory without being the same view; AliasError where unsupported."""
+    names = [trace.args[i].name for i in group]
+    written = next(n for n in names if n in mutated)
+    tensors = [flat[i] for i in group]
+    why = None
+    if len({t.dtype for t in tensors}) > 1:
+        why = "they view it with different dtypes"
+    elif torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        why = "one of them requires grad (the gradient through the shared memory is not supported)"
+    elif any(type(d) is not int for i in group for d in trace.args[i].shape):
+        why = "their sizes are symbolic (cache='symbolic values')"
+    if why is not None:
+        raise AliasError(
+            f"inputs {', '.join(names)} overlap in memory without being the same view, and the function writes "
+            f"into {written} in place; minijit cannot rebuild them from their common storage because {why}. "
+            "Pass a clone of one of them"
+        )
+    length, layouts = synthetic_base_layout(flat, group)
+    return SyntheticBase(tuple(group), layouts, length)

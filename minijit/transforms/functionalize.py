@@ -33,6 +33,7 @@ import torch
 from minijit.errors import AliasError, InplaceError, UnsupportedOpError, where
 from minijit.ir import BoundSymbol, Proxy, TensorProxy, Trace, tracing, tree_flatten, tree_map
 from minijit.ops import prims
+from minijit.ops.opaque import opaque_call
 from minijit.ops.registry import ALL_LTORCH
 from minijit.ops.utils import expand_to, to_dtype
 from minijit.transforms.copy_analysis import alias_roots
@@ -48,18 +49,36 @@ from minijit.transforms.view_updates import (
     viewed_tensor,
 )
 
-__all__ = ["functionalize"]
+__all__ = ["SyntheticBase", "functionalize"]
+
+
+@dataclass(frozen=True)
+class SyntheticBase:
+    """Inputs (by position) that view one storage differently, at least one of them written.
+
+    The functional trace takes one more input, the base: the 1-D view of the storage's
+    first `length` elements. Each member is read as `as_strided(base, size, stride,
+    storage_offset)` of it (its `layouts`, in member order), so that a write through
+    any member updates the base and every later read of any member sees it.
+    """
+
+    members: tuple[int, ...]
+    layouts: tuple[tuple[tuple[int, ...], tuple[int, ...], int], ...]
+    length: int
 
 
 def functionalize(trace: Trace, *, input_aliases: Sequence[Sequence[int]] = (),
-                  grad_enabled: bool | None = None, non_leaf_inputs: Sequence[int] = ()) -> Trace:
+                  grad_enabled: bool | None = None, non_leaf_inputs: Sequence[int] = (),
+                  synthetic_bases: Sequence[SyntheticBase] = ()) -> Trace:
     """Replace in-place ops by functional ones; write each mutated input back once, at the end.
 
     `input_aliases` lists groups of input positions that are the same memory (the
     same tensor passed twice, or identical views); a write into one is seen by all,
     and the group gets one copy. `grad_enabled` (default: torch's grad mode now)
     turns on eager's refusal to mutate a leaf that requires grad; inputs listed in
-    `non_leaf_inputs` are not leaves and may be mutated.
+    `non_leaf_inputs` are not leaves and may be mutated. Each of `synthetic_bases` (inputs
+    that overlap without being the same view) adds one input to the trace, the storage
+    they share: writes through any member land in it, and it gets the group's one copy.
 
     Example::
 
@@ -69,7 +88,7 @@ def functionalize(trace: Trace, *, input_aliases: Sequence[Sequence[int]] = (),
     """
     if grad_enabled is None:
         grad_enabled = torch.is_grad_enabled()
-    return _Functionalizer(trace, input_aliases, grad_enabled, set(non_leaf_inputs)).run()
+    return _Functionalizer(trace, input_aliases, grad_enabled, set(non_leaf_inputs), synthetic_bases).run()
 
 
 @dataclass
@@ -84,7 +103,7 @@ class _View:
 
 class _Functionalizer:
     def __init__(self, trace: Trace, input_aliases: Sequence[Sequence[int]], grad_enabled: bool,
-                 non_leaf_inputs: set[int]):
+                 non_leaf_inputs: set[int], synthetic_bases: Sequence[SyntheticBase] = ()):
         self.trace = trace
         self.new = trace.derive([], pass_name="functionalize")
         self.grad_enabled = grad_enabled
@@ -111,6 +130,17 @@ class _Functionalizer:
                                      "of it; minijit supports aliased inputs only when they are identical")
                 self.same_as[id(m)] = leader
             groups.append([m.name for m in members])
+        # (base input, its members, their layouts); the base leads its group of storage-sharing inputs.
+        self.bases: list[tuple[TensorProxy, list[TensorProxy], SyntheticBase]] = []
+        for synthetic in synthetic_bases:
+            members = [trace.args[i] for i in synthetic.members]
+            lead = members[0]
+            with tracing(self.new):
+                base = TensorProxy((synthetic.length,), lead.dtype, lead.device, False)
+            self.new.add_input(base, f"{lead.name}_storage")
+            self.inputs.add(id(base))
+            self.bases.append((base, members, synthetic))
+            groups.append([base.name, *(m.name for m in members)])
         self.new.info["input_alias_groups"] = groups
 
     # -- values ----------------------------------------------------------------
@@ -302,6 +332,7 @@ class _Functionalizer:
     def run(self) -> Trace:
         self.produced: set[int] = set()
         with tracing(self.new):
+            self._members_as_views()
             for bsym in self.trace.bound_symbols:
                 self.new.source = bsym.source
                 self.visit(bsym, bsym)
@@ -311,11 +342,21 @@ class _Functionalizer:
         self.new.info["mutated_inputs"] = self.mutated
         return self.new
 
+    def _members_as_views(self) -> None:
+        """Each member of a synthetic base becomes a view of it; it reads as the input itself until written."""
+        for base, members, synthetic in self.bases:
+            for member, (size, stride, offset) in zip(members, synthetic.layouts, strict=True):
+                # Offsets are absolute in the storage, and every value of the base starts at its
+                # storage's first element (the input is the storage's prefix; scatters are fresh).
+                view = opaque_call(torch.as_strided, (base, size, stride, offset), {})
+                self.views[id(member)] = _View(base, self.new.bound_symbols[-1], view, base)
+                self.cache[id(member)] = (0, member)
+
     def _write_back(self, output: Any) -> Any:
         """Materialize outputs that alias overwritten inputs, then emit one ordered copy per mutated input."""
         finals: dict[str, TensorProxy] = {}
         outs: dict[str, TensorProxy] = {}
-        for p in self.trace.args:
+        for p in self.new.args:
             if id(p) in self.same_as or self.version.get(id(p), 0) == 0:
                 continue
             final = self.resolve(p)
