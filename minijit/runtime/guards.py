@@ -7,6 +7,7 @@ globals and closure values the interpreter saw (`minijit.frontend.guards`).
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -31,14 +32,15 @@ def drop_implied(constraints: list[str]) -> list[str]:
 def compile_guard(trace: Trace, constraints: list[str], values: list[GuardEntry],
                   aliases: tuple[int, ...] | None = None,
                   captured: Sequence[tuple[Source, torch.Tensor]] = (),
-                  layout: tuple[Any, ...] = ()) -> Callable[..., bool] | None:
+                  layout: tuple[Any, ...] = (), layout_also: tuple[int, ...] = ()) -> Callable[..., bool] | None:
     """One function of the call's inputs, True while every constraint and read value still holds.
 
     `aliases` is the storage-sharing pattern of the inputs the trace was functionalized
     for, when it writes into inputs: a call whose inputs alias differently misses.
     `captured` are the tensors the trace read from outside the call: each must still be
     there, a tensor like the one traced (shape, dtype, device, requires_grad). `layout` is
-    where the inputs sharing storage sit in it (`alias_layout`), checked only when some do.
+    where the inputs sharing storage (and those at `layout_also`) sit in it (`alias_layout`),
+    checked only when there are any.
     """
     value_guard = build_guard(values)
     if not constraints and value_guard is None and aliases is None and not captured:
@@ -47,7 +49,8 @@ def compile_guard(trace: Trace, constraints: list[str], values: list[GuardEntry]
     own = names[: len(names) - len(captured)]
     env: dict[str, Any] = {"_values_unchanged": value_guard, "_alias_pattern": alias_pattern,
                            "_expected_aliases": aliases, "_Tensor": torch.Tensor,
-                           "_alias_layout": alias_layout, "_expected_layout": layout}
+                           "_alias_layout": functools.partial(alias_layout, also=layout_also),
+                           "_expected_layout": layout}
     terms = list(constraints) + (["_values_unchanged()"] if value_guard is not None else [])
     fetch = ""
     if captured:
@@ -89,9 +92,12 @@ def explain_guard_failure(entry: Any, flat: list[Any]) -> str:
     expected = entry.traces[-1].info.get("alias_pattern")
     if expected is not None and alias_pattern(*flat) != expected:
         failed.append(f"inputs share memory differently: {alias_pattern(*flat)} != {expected}")
-    elif expected is not None and alias_layout(*flat) != entry.traces[-1].info.get("alias_layout", ()):
-        failed.append("inputs that share memory sit differently in it (offsets or strides changed): "
-                      f"{alias_layout(*flat)} != {entry.traces[-1].info.get('alias_layout', ())}")
+    elif expected is not None:
+        info = entry.traces[-1].info
+        layout = alias_layout(*flat, also=info.get("alias_layout_also", ()))
+        if layout != info.get("alias_layout", ()):
+            failed.append("inputs that share memory sit differently in it (offsets or strides changed): "
+                          f"{layout} != {info.get('alias_layout', ())}")
     for value in entry.value_guards:
         check = build_guard([value])
         if check is not None and not check():

@@ -241,14 +241,15 @@ def alias_groups(values: list[Any]) -> tuple[list[list[int]], list[list[int]]]:
     return identical, partial
 
 
-def alias_layout(*values: Any) -> tuple[tuple[Any, ...], ...]:
+def alias_layout(*values: Any, also: tuple[int, ...] = ()) -> tuple[tuple[Any, ...], ...]:
     """Where each input that shares storage with another sits in it: (position, storage offset, strides, dtype).
 
     Checked by the guard of entries compiled for aliased inputs only (their pattern already
     says which inputs share storage): `t[0:2], t[1:3]` must not reuse a trace made for `t, t`.
+    The inputs at positions `also` (written inputs that repeat elements) are described too.
     """
     pattern = alias_pattern(*values)
-    shared = {p for i, p in enumerate(pattern) if p != i}
+    shared = {p for i, p in enumerate(pattern) if p != i}.union(also)
     return tuple((i, v.storage_offset(), v.stride(), v.dtype) for i, v in enumerate(values) if pattern[i] in shared)
 
 

@@ -81,7 +81,8 @@ def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
     entry.value_guards = list(entry.traces[0].info.get("guards", ()))
     entry.guard = compile_guard(entry.traces[0], entry.constraints, entry.value_guards,
                                 entry.traces[-1].info.get("alias_pattern"), call_plan(entry.traces[0]).captured,
-                                entry.traces[-1].info.get("alias_layout", ()))
+                                entry.traces[-1].info.get("alias_layout", ()),
+                                entry.traces[-1].info.get("alias_layout_also", ()))
     if any_autocast_enabled():
         # The trace holds the casts autocast made while it was captured; the cache key keeps
         # calls under another autocast state away from this entry.
@@ -251,6 +252,10 @@ def functionalize_for_call(trace: Trace, flat: list[Any]) -> Trace:
     mutated = set(functional.info.get("mutated_inputs", ()))
     if not mutated:
         return functional  # aliasing cannot matter: the guard need not look at it
+    # A written input that repeats elements (`o.expand(4, 4)`, which eager lets zero_ fill) is its own group.
+    grouped = {i for group in identical + partial for i in group}
+    partial = partial + [[i] for i, p in enumerate(trace.args) if i not in grouped and p.name in mutated
+                         and isinstance(flat[i], torch.Tensor) and torch._debug_has_internal_overlap(flat[i]) == 1]
     bases = [_synthetic_base(trace, flat, group, mutated) for group in partial
              if any(trace.args[i].name in mutated for i in group)]
     if identical or bases:
@@ -258,7 +263,8 @@ def functionalize_for_call(trace: Trace, flat: list[Any]) -> Trace:
         functional = functionalize(trace, input_aliases=identical, non_leaf_inputs=non_leaf, synthetic_bases=bases)
         functional.info["synthetic_bases"] = [(b.members[0], b.length) for b in bases]
     functional.info["alias_pattern"] = alias_pattern(*flat)
-    functional.info["alias_layout"] = alias_layout(*flat)
+    functional.info["alias_layout_also"] = tuple(b.members[0] for b in bases if len(b.members) == 1)
+    functional.info["alias_layout"] = alias_layout(*flat, also=functional.info["alias_layout_also"])
     return functional
 
 

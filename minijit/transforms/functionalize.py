@@ -132,6 +132,7 @@ class _Functionalizer:
             groups.append([m.name for m in members])
         # (base input, its members, their layouts); the base leads its group of storage-sharing inputs.
         self.bases: list[tuple[TensorProxy, list[TensorProxy], SyntheticBase]] = []
+        self.synthetic: set[int] = set()  # ids of the synthetic bases
         for synthetic in synthetic_bases:
             members = [trace.args[i] for i in synthetic.members]
             lead = members[0]
@@ -139,6 +140,7 @@ class _Functionalizer:
                 base = TensorProxy((synthetic.length,), lead.dtype, lead.device, False)
             self.new.add_input(base, f"{lead.name}_storage")
             self.inputs.add(id(base))
+            self.synthetic.add(id(base))
             self.bases.append((base, members, synthetic))
             groups.append([base.name, *(m.name for m in members)])
         self.new.info["input_alias_groups"] = groups
@@ -187,23 +189,30 @@ class _Functionalizer:
                                f"in-place operation (input {base.name}, as in eager); use torch.no_grad() or "
                                "write into a clone")
         before = self.resolve(base) if under_no_grad and base.requires_grad and id(base) in self.inputs else None
-        try:
-            self._write_through_views(dst, new)
-        except ExpandedWrite:
-            # Through an expanded view (`x.expand(2, 3)[0].add_(1)`): scatter straight into
-            # the base by element positions. The failed attempt recorded only functional,
-            # unused bound symbols (dce drops them) and changed no state.
-            uniform = self._is_fill(new)
-            self._write_through_views(base, scatter_by_positions(self.resolve(base), self.chain(dst), new, op,
-                                                                 uniform=uniform))
-            if base is not dst:
-                self.cache[id(dst)] = (self.version[id(base)], new)
+        if id(base) in self.synthetic:
+            # A synthetic base (its members may repeat elements, `o.expand(4, 4)`): one scatter
+            # by element positions through the whole view chain.
+            self._write_by_positions(dst, base, new, op)
+        else:
+            try:
+                self._write_through_views(dst, new)
+            except ExpandedWrite:
+                # Through an expanded view (`x.expand(2, 3)[0].add_(1)`): scatter straight into
+                # the base by element positions. The failed attempt recorded only functional,
+                # unused bound symbols (dce drops them) and changed no state.
+                self._write_by_positions(dst, base, new, op)
         if before is not None:
             # Written under no_grad: the input keeps its autograd identity (gradients still reach it).
             # Later reads see the wrapped value; the write-back at the end copies the plain one.
             written = self.value[id(base)]
             self.value[id(base)] = prims.no_grad_update(before, written)
             self.unwrapped[id(self.value[id(base)])] = written
+
+    def _write_by_positions(self, dst: TensorProxy, base: TensorProxy, new: TensorProxy, op: BoundSymbol) -> None:
+        self._write_through_views(base, scatter_by_positions(self.resolve(base), self.chain(dst), new, op,
+                                                             uniform=self._is_fill(new)))
+        if base is not dst:
+            self.cache[id(dst)] = (self.version[id(base)], new)
 
     def _write_through_views(self, dst: TensorProxy, new: TensorProxy) -> None:
         view = self.views.get(id(dst))

@@ -119,3 +119,42 @@ def test_aliasing_does_not_matter_without_writes():
     y = torch.randn(4)
     torch.testing.assert_close(jf(x, y), f(x, y))
     assert minijit.cache_info(jf).misses == 1
+
+
+def test_gradient_of_another_input_next_to_overlapping_views_matches_eager():
+    def f(w, a, b):
+        a.mul_(2)
+        return (w * b).sum() + (w * a).sum()
+
+    torch.manual_seed(0)
+    t, w = torch.randn(4, 4), torch.randn(2, 4, requires_grad=True)
+    ours, theirs, w2 = t.clone(), t.clone(), w.detach().clone().requires_grad_()
+    got = minijit.jit(f)(w, ours[1:3], ours[2:4])
+    expected = f(w2, theirs[1:3], theirs[2:4])
+    got.backward()
+    expected.backward()
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(ours, theirs)
+    torch.testing.assert_close(w.grad, w2.grad)
+
+
+def test_overlapping_views_with_symbolic_sizes_are_refused_clearly():
+    x = torch.randn(6)
+    with pytest.raises(minijit.AliasError, match="symbolic"):
+        minijit.jit(_write_then_read, cache="symbolic values")(x[0:4], x[2:6])
+
+
+def test_written_input_that_repeats_elements_matches_eager_and_is_guarded():
+    def f(a, b):
+        a.zero_()
+        return a + b
+
+    jf = minijit.jit(f)
+    for make in (lambda o: o.expand(4, 4), lambda o: o.expand(4, 4).clone(), lambda o: o.expand(4, 4)):
+        torch.manual_seed(0)
+        o, b = torch.randn(4), torch.randn(4, 4)
+        ours, theirs = o.clone(), o.clone()
+        torch.testing.assert_close(jf(make(ours), b), f(make(theirs), b))
+        torch.testing.assert_close(ours, theirs)
+    info = minijit.cache_info(jf)
+    assert (info.misses, info.hits) == (2, 1), info
