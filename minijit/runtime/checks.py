@@ -28,7 +28,7 @@ import torch
 from minijit.frontend.guards import GuardEntry, Source, guard_expression, guard_names, short_repr
 from minijit.ir.containers import flatten, is_container
 from minijit.runtime.autocast import any_autocast_enabled, autocast_state
-from minijit.runtime.inputs import alias_pattern, parameter_names
+from minijit.runtime.inputs import InputAliasing, alias_layout, alias_pattern, parameter_names
 
 Tensor = torch.Tensor
 
@@ -334,7 +334,7 @@ def _autocast_changed(now: Any, expected: Any) -> str:
 
 
 def guard_checks(constraints: Sequence[str], values: Sequence[GuardEntry],
-                 captured: Sequence[tuple[str, Source, Tensor]], aliases: tuple[int, ...] | None,
+                 captured: Sequence[tuple[str, Source, Tensor]], aliasing: InputAliasing | None,
                  input_names: Sequence[str], env: dict[str, Any]) -> list[Check]:
     """The checks the key cannot make, over the trace's inputs: constraints on symbolic values, values the
     code read from outside, tensors it read from outside (fetched in the guard), and how inputs share memory."""
@@ -349,11 +349,17 @@ def guard_checks(constraints: Sequence[str], values: Sequence[GuardEntry],
         env.setdefault("_TENSOR_TYPES", set()).add(type(t))
         checks.append(Check(name, "captured", name, meta, keyed=False,
                             explain=lambda now, expected, name=name: _captured_changed(name, now, expected)))
-    if aliases is not None:
+    if aliasing is not None:
         env["_alias_pattern"] = alias_pattern
         call = f"_alias_pattern({', '.join(input_names)})"
-        checks.append(Check("inputs share memory", "aliases", call, aliases, keyed=False,
+        checks.append(Check("inputs share memory", "aliases", call, aliasing.pattern, keyed=False,
                             explain=lambda now, expected: f"inputs share memory differently: {now} != {expected}"))
+        if aliasing.layout:  # made for inputs that share memory: where each sits in it matters too
+            env["_alias_layout"] = alias_layout
+            call = f"_alias_layout({', '.join(input_names)}, also={aliasing.layout_also!r})"
+            checks.append(Check("inputs sit in shared memory", "aliases", call, aliasing.layout, keyed=False,
+                                explain=lambda now, expected: "inputs that share memory sit differently in it "
+                                f"(offsets or strides changed): {now} != {expected}"))
     return checks
 
 

@@ -16,7 +16,7 @@ import torch
 from minijit.frontend import GuardEntry
 from minijit.frontend.guards import Source
 from minijit.runtime.checks import Check, Prologue, guard_checks
-from minijit.runtime.inputs import input_names
+from minijit.runtime.inputs import InputAliasing, input_names
 
 # A symbolic input size (> 1) compared with 0 or 1: implied by the `x.shape[i] > 1` constraint
 # every symbolic size starts with, so the guard need not check it again.
@@ -29,11 +29,11 @@ def drop_implied(constraints: list[str]) -> list[str]:
 
 
 def specialised_facts(entry: Any) -> tuple[list[GuardEntry], list[tuple[str, Source, torch.Tensor]],
-                                         tuple[int, ...] | None]:
+                                         InputAliasing | None]:
     """What capture and functionalization recorded that the guard must check: the values read from
-    outside, the tensors read from outside (name, source, tensor), and the inputs' aliasing pattern
+    outside, the tensors read from outside (name, source, tensor), and how the inputs share memory
     when the trace writes into inputs (else None). The one place that reads them off the entry's records."""
-    return list(entry.capture.guards), list(entry.capture.captured_inputs), entry.alias_pattern
+    return list(entry.capture.guards), list(entry.capture.captured_inputs), entry.aliasing
 
 
 def compile_prologue(entry: Any, call: tuple[list[str], list[Check]], keywords: tuple[str, ...],

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -242,3 +243,43 @@ def alias_groups(values: list[Any]) -> tuple[list[list[int]], list[list[int]]]:
                    == (lead.data_ptr(), lead.shape, lead.stride(), lead.dtype) for i in group)
         (identical if same else partial).append(group)
     return identical, partial
+
+
+def alias_layout(*values: Any, also: tuple[int, ...] = ()) -> tuple[tuple[Any, ...], ...]:
+    """Where each input that shares storage with another sits in it: (position, storage offset, strides, dtype).
+
+    Checked by the guard of entries compiled for aliased inputs only (their pattern already
+    says which inputs share storage): `t[0:2], t[1:3]` must not reuse a trace made for `t, t`.
+    The inputs at positions `also` (written inputs that repeat elements) are described too.
+    """
+    pattern = alias_pattern(*values)
+    shared = {p for i, p in enumerate(pattern) if p != i}.union(also)
+    return tuple((i, v.storage_offset(), v.stride(), v.dtype) for i, v in enumerate(values) if pattern[i] in shared)
+
+
+def synthetic_base_layout(values: list[Any], group: list[int]) -> tuple[int, tuple[tuple[Any, ...], ...]]:
+    """(length, (size, stride, storage offset) per member) of the storage prefix the inputs at `group` view.
+
+    The synthetic base is the 1-D view of elements 0 to `length` of their common storage:
+    each member is `as_strided(base, size, stride, offset)` of it.
+    """
+    layouts = tuple((tuple(values[i].shape), tuple(values[i].stride()), values[i].storage_offset()) for i in group)
+    length = max((off + sum((s - 1) * st for s, st in zip(size, stride, strict=True)) + 1
+                  if all(s > 0 for s in size) else 0) for size, stride, off in layouts)
+    return length, layouts
+
+
+@dataclass(frozen=True)
+class InputAliasing:
+    """How the inputs of the call a trace was functionalized for share memory, for a trace that writes into inputs.
+
+    The entry's guard checks `pattern` (which inputs share storage) and, for entries made for
+    inputs that share it, `layout` (where each sits in it, `alias_layout(..., also=layout_also)`).
+    `synthetic_bases` are (position of the group's first input, length) of each synthetic base
+    the trace takes after the call's inputs.
+    """
+
+    pattern: tuple[int, ...]
+    layout: tuple[tuple[Any, ...], ...] = ()
+    layout_also: tuple[int, ...] = ()
+    synthetic_bases: tuple[tuple[int, int], ...] = ()

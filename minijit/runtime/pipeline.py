@@ -21,19 +21,22 @@ from minijit.runtime.call_plan import CallPlan, finish_capture
 from minijit.runtime.checks import Prologue, call_checks
 from minijit.runtime.guards import compile_prologue, drop_implied, specialised_facts
 from minijit.runtime.inputs import (
+    InputAliasing,
     alias_groups,
+    alias_layout,
     alias_pattern,
     check_containers_unchanged,
     flat_inputs,
     proxify_arguments,
     snapshot_containers,
+    synthetic_base_layout,
     tensor_capturer,
 )
 from minijit.runtime.module import ModuleForward
 from minijit.transforms import check_copies, claim_executors, dce, functionalize, write_copies_in_place
 from minijit.transforms.buffer_reuse import reuse_buffers
 from minijit.transforms.copy_analysis import CHECK_COPIES
-from minijit.transforms.functionalize import FunctionalizeResult
+from minijit.transforms.functionalize import FunctionalizeResult, SyntheticBase
 from minijit.transforms.grad import SplitResult, release_dead_values, requires_grad_inputs, split_forward_backward
 from minijit.transforms.simplify import remove_cast_round_trips
 from minijit.transforms.verify import TraceChecker, checking_traces
@@ -65,9 +68,9 @@ class CompiledEntry:
     traces: list[Trace] = field(default_factory=list)
     capture: CaptureResult = field(default_factory=CaptureResult)
     functionalized: FunctionalizeResult = field(default_factory=FunctionalizeResult)
-    # The storage-sharing pattern of the inputs (`alias_pattern`) the trace was functionalized for,
-    # when it writes into inputs; None when aliasing cannot matter.
-    alias_pattern: tuple[int, ...] | None = None
+    # How the inputs of the call the trace was functionalized for share memory, when it writes
+    # into inputs; None when aliasing cannot matter.
+    aliasing: InputAliasing | None = None
     # The forward/backward split's facts, when the entry differentiates.
     split: SplitResult | None = None
     # The checks a call must pass to use this entry, compiled from one source (minijit.runtime.checks).
@@ -159,11 +162,12 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
     trace, functionalized, aliasing = _timed(lambda: functionalize_for_call(trace, flat, found.no_grad), traces, check)
     trace = _timed(lambda: dce(trace, keep_sizes=True), traces, check)  # the grad pass may save them
     trace = _timed(lambda: remove_cast_round_trips(trace), traces, check)
-    records = dict(capture=found, functionalized=functionalized, alias_pattern=aliasing)
+    records = dict(capture=found, functionalized=functionalized, aliasing=aliasing)
 
     if torch.is_grad_enabled() and requires_grad_inputs(trace):
         computation, backward_traces, split = _compile_with_grad(
             trace, traces, executors, check, found.no_grad, functionalized.mutated_inputs, constraints)
+        computation = with_synthetic_bases(computation, aliasing)
         return CompiledEntry(found.call_plan.wrap(computation), traces, **records, split=split,
                              backward_traces=backward_traces)
 
@@ -175,7 +179,8 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
         check_copies(trace)
 
     start = time.perf_counter()
-    computation = bumping_versions(trace.python_callable(), trace, functionalized.mutated_inputs)
+    computation = with_synthetic_bases(bumping_versions(trace.python_callable(), trace, functionalized.mutated_inputs),
+                                       aliasing)
     traces[-1].elapsed_ms += (time.perf_counter() - start) * 1e3
     return CompiledEntry(found.call_plan.wrap(computation), traces, **records)
 
@@ -260,14 +265,32 @@ def bumping_versions(computation: Callable[..., Any], trace: Trace, mutated_inpu
     return run
 
 
+def with_synthetic_bases(computation: Callable[..., Any], aliasing: InputAliasing | None) -> Callable[..., Any]:
+    """`computation`, given after the call's inputs the synthetic base of each group of overlapping inputs.
+
+    A base is the 1-D view of its storage's first elements, made from the group's first
+    input (`functionalize`'s `SyntheticBase`); entries without one run `computation` as it is.
+    """
+    bases = aliasing.synthetic_bases if aliasing is not None else ()
+    if not bases:
+        return computation
+    as_strided = torch.as_strided
+
+    def run(*inputs: Any) -> Any:
+        return computation(*inputs, *(as_strided(inputs[lead], (length,), (1,), 0) for lead, length in bases))
+
+    return run
+
+
 def functionalize_for_call(trace: Trace, flat: list[Any], no_grad: frozenset[str] = frozenset()
-                           ) -> tuple[Trace, FunctionalizeResult, tuple[int, ...] | None]:
+                           ) -> tuple[Trace, FunctionalizeResult, InputAliasing | None]:
     """`functionalize`, told which inputs of this call share memory (DESIGN.md, invariant 1).
 
     The same tensor passed twice (or identical views) is one memory that a write updates
-    for every name; overlapping views that differ are refused where the trace writes into one.
-    Returns the functional trace, what functionalize found, and the inputs' `alias_pattern`
-    that the entry's guard must check (None when the trace writes into no input).
+    for every name; inputs that overlap differently (`t[1:3]` and `t[2:4]`, `t` and `t.t()`)
+    are rebuilt, where the trace writes into one, as views of one synthetic base input.
+    Returns the functional trace, what functionalize found, and how the inputs share memory,
+    which the entry's guard must check (None when the trace writes into no input).
     """
     identical, partial = alias_groups(flat)
     # Eager refuses in-place writes into leaves that require grad, not into other tensors that do.
@@ -276,17 +299,39 @@ def functionalize_for_call(trace: Trace, flat: list[Any], no_grad: frozenset[str
     mutated = set(result.mutated_inputs)
     if not mutated:
         return functional, result, None  # aliasing cannot matter: the guard need not look at it
-    if identical:
+    # A written input that repeats elements (`o.expand(4, 4)`, which eager lets zero_ fill) is its own group.
+    grouped = {i for group in identical + partial for i in group}
+    partial = partial + [[i] for i, p in enumerate(trace.args) if i not in grouped and p.name in mutated
+                         and isinstance(flat[i], torch.Tensor) and torch._debug_has_internal_overlap(flat[i]) == 1]
+    bases = [_synthetic_base(trace, flat, group, mutated) for group in partial
+             if any(trace.args[i].name in mutated for i in group)]
+    if identical or bases:
         # Functionalized for this aliasing only: the guard below keeps other calls away.
-        functional, result = functionalize(trace, input_aliases=identical, non_leaf_inputs=non_leaf, no_grad=no_grad)
-        mutated = set(result.mutated_inputs) | mutated
-    for group in partial:
-        names = [trace.args[i].name for i in group]
-        written = [n for n in names if n in mutated]
-        if written:
-            raise AliasError(
-                f"inputs {', '.join(names)} overlap in memory without being the same view, and the function writes "
-                f"into {written[0]} in place; minijit cannot order that write against the other reads. "
-                "Pass a clone of one of them"
-            )
-    return functional, result, alias_pattern(*flat)
+        functional, result = functionalize(trace, input_aliases=identical, non_leaf_inputs=non_leaf, no_grad=no_grad,
+                                           synthetic_bases=bases)
+    layout_also = tuple(b.members[0] for b in bases if len(b.members) == 1)
+    return functional, result, InputAliasing(
+        pattern=alias_pattern(*flat), layout=alias_layout(*flat, also=layout_also), layout_also=layout_also,
+        synthetic_bases=tuple((b.members[0], b.length) for b in bases))
+
+
+def _synthetic_base(trace: Trace, flat: list[Any], group: list[int], mutated: set[str]) -> SyntheticBase:
+    """The synthetic base of inputs that overlap in memory without being the same view; AliasError where unsupported."""
+    names = [trace.args[i].name for i in group]
+    written = next(n for n in names if n in mutated)
+    tensors = [flat[i] for i in group]
+    why = None
+    if len({t.dtype for t in tensors}) > 1:
+        why = "they view it with different dtypes"
+    elif torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        why = "one of them requires grad (the gradient through the shared memory is not supported)"
+    elif any(type(d) is not int for i in group for d in trace.args[i].shape):
+        why = "their sizes are symbolic (cache='symbolic values')"
+    if why is not None:
+        raise AliasError(
+            f"inputs {', '.join(names)} overlap in memory without being the same view, and the function writes "
+            f"into {written} in place; minijit cannot rebuild them from their common storage because {why}. "
+            "Pass a clone of one of them"
+        )
+    length, layouts = synthetic_base_layout(flat, group)
+    return SyntheticBase(tuple(group), layouts, length)

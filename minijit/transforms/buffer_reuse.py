@@ -110,6 +110,9 @@ class _BufferReuse:
             if len(where) != 1 or not where <= self.owned or buffer_kind(t) != kind:
                 continue
             (m,) = where
+            home = self.memory.home(m)
+            if t is not home and buffer_kind(home) != kind:
+                continue  # a view showing some elements twice (`s.expand(2, 2)`) or not all of them
             # An op may read its `out` exactly, never through another view of it (DESIGN.md, invariant 2).
             if self._dead(m, i) and not any(p is not t and m in self.memory.storages(p) for p in args):
                 rep = ex.produce_into(bsym, t)
