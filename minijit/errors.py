@@ -51,3 +51,7 @@ class GuardError(MinijitError):
 def where(source: object | None) -> str:
     """Format a source location for an error message, or '' when unknown."""
     return f" at {source}" if source is not None else ""
+
+
+class RegistrationError(MinijitError):
+    """A rule or implementation registered for a symbol that does not exist, or that does not fit its signature."""

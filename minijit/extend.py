@@ -44,6 +44,8 @@ from minijit.ops.aten_prims import aten_prim_implementations
 from minijit.ops.opaque import OPAQUE
 from minijit.ops.registry import ALL_LTORCH, EAGER_IMPLS, ltorch_symbol_for
 from minijit.transforms.fusion import Region
+from minijit.transforms.vjp import VjpRule, add_rule
+from minijit.transforms.vjp.registry import check_rule_signature
 
 __all__ = [
     "OPAQUE", "BoundSymbol", "Effects", "Executor", "ExecutorUnavailableError", "FusionExecutor", "Implementation",
@@ -81,7 +83,16 @@ class Implementation:
 
 
 class Executor:
-    """Base class of executors: a name, and whether it can run in this process."""
+    """Base class of executors: a name, whether it can run in this process, and what it runs.
+
+    The claiming and grad passes ask every executor the same questions, answered here for
+    an executor that runs nothing: `fuses_regions` (a `FusionExecutor` says True),
+    `implementation_for` (an `OperatorExecutor` answers per call) and `grad_rule_for`.
+    """
+
+    # Whether this executor claims regions (`FusionExecutor`: `claims`, `fusible`, `fuse`)
+    # rather than single calls (`implementation_for`).
+    fuses_regions = False
 
     def __init__(self, name: str, version: str | None = None):
         if not name.isidentifier():
@@ -94,6 +105,14 @@ class Executor:
 
     def unavailable_reason(self) -> str | None:
         """Why this executor cannot run here (missing package, no GPU), or None if it can."""
+        return None
+
+    def implementation_for(self, bsym: BoundSymbol) -> Implementation | None:
+        """The implementation that runs this call, or None if the executor does not claim it by itself."""
+        return None
+
+    def grad_rule_for(self, bsym: BoundSymbol) -> VjpRule | None:
+        """The executor's own VJP rule for this call it claims, or None: the symbol's rule (`minijit.transforms.vjp`)."""
         return None
 
     def produce_into(self, producer: BoundSymbol, out: TensorProxy) -> BoundSymbol | None:
@@ -159,6 +178,8 @@ class OperatorExecutor(Executor):
         self.implementations: dict[str, Implementation] = {}
         self._impl_symbols: dict[str, Symbol] = {}
         self.operators: dict[str, Symbol] = {}
+        # symbol id -> this executor's VJP rule for the calls it claims (`grad_transform=`).
+        self._grad_rules: dict[str, VjpRule] = {}
 
     def register_implementation(self, sym_or_fn: Any, fn: Callable[..., Any] | None = None, *,
                                 checker: Callable[..., bool] | None = None,
@@ -186,6 +207,13 @@ class OperatorExecutor(Executor):
         if fn is None and execution_transform is None:
             raise ValueError("register_implementation needs fn or execution_transform")
         sym = resolve_symbol(sym_or_fn)
+        if grad_transform is not None:
+            forward, backward = grad_transform
+            rule = VjpRule(sym, forward, backward)
+            check_rule_signature(rule, f"the grad_transform of executor {self.name}")
+            self._grad_rules[sym.id] = rule
+        else:
+            self._grad_rules.pop(sym.id, None)
         self.implementations[sym.id] = Implementation(fn, checker, execution_transform, grad_transform)
         self._impl_symbols.pop(sym.id, None)
 
@@ -222,7 +250,8 @@ class OperatorExecutor(Executor):
         self.implementations[sym.id] = Implementation(fn, grad_transform=grad_transform)
         self.operators[name] = sym
         if grad_transform is not None:
-            _register_grad_transform(sym, grad_transform)
+            # The operator is a symbol of its own: its rule is the symbol's, for every executor.
+            add_rule(VjpRule(sym, *grad_transform), f"the grad_transform of executor {self.name}")
         return sym
 
     def implementation_for(self, bsym: BoundSymbol) -> Implementation | None:
@@ -233,6 +262,10 @@ class OperatorExecutor(Executor):
         if impl.checker is not None and not impl.checker(*bsym.args, **bsym.kwargs):
             return None
         return impl
+
+    def grad_rule_for(self, bsym: BoundSymbol) -> VjpRule | None:
+        """The `grad_transform` given with this call's implementation, as a VJP rule; None: the symbol's own rule."""
+        return self._grad_rules.get(bsym.sym.id)
 
     def executable_symbol(self, sym: Symbol) -> Symbol:
         """The symbol printed in final traces for `sym` run by this executor (`<name>.<op>`)."""
@@ -268,6 +301,7 @@ class FusionExecutor(Executor):
                 return my_compile(region)   # a callable: region inputs -> region outputs
     """
 
+    fuses_regions = True
     # Whether regions may absorb `copy_to_out_` (writing the copied value straight into the
     # target inside the region, where the executor's own analysis finds it safe). With False,
     # copies stay outside regions, for the copy_to_out_ analysis pass to decide.
@@ -300,21 +334,6 @@ class FusionExecutor(Executor):
         if self.fusible(bsym):
             return True
         return bool(bsym.subsymbols) and all(self.claims(s) for s in bsym.subsymbols)
-
-
-# -- grad hook -----------------------------------------------------------------------
-
-def _register_grad_transform(sym: Symbol, grad_transform: tuple[Callable[..., Any], Callable[..., Any]]) -> None:
-    """Register `(forward, backward)` as `sym`'s VJP rule with the grad transform, where it exists."""
-    try:
-        vjp_registry = importlib.import_module("minijit.transforms.vjp.registry")
-    except ImportError:
-        # The grad transform is not part of this build: the pair stays on the Implementation.
-        return
-    forward, backward = grad_transform
-    vjp_registry.VJP_RULES.pop(sym.id, None)
-    rule = vjp_registry.vjp(sym)(forward)
-    rule.backward(backward)
 
 
 # -- registry --------------------------------------------------------------------------

@@ -43,7 +43,7 @@ EXCEPTIONS = {
     ),
     ("minijit.frontend.autograd_function", "minijit.transforms.vjp"): (
         "the symbol of a traced custom Function is made for that one call, so capture gives it its VJP rule "
-        "(Symbol.vjp) at once, built from the backward sub-trace"
+        "(in VJP_RULES) at once, built from the backward sub-trace"
     ),
 }
 

@@ -6,7 +6,7 @@ one instruction at a time, so that every call can be inspected before it happens
 - `code`: decodes a code object once into `Inst`s (handler, argument, successor, line,
   exception-table entry), and binds arguments through CPython itself (a "binder" copy of
   the function whose body returns its argument slots: exact errors for free).
-- `frame`: the `Frame` (slots, value stack, position) and the per-interpretation `STATE`
+- `frame`: the `Frame` (slots, value stack, position) and the per-interpretation `State` (`current_state()`, in a ContextVar)
   (frame stack, the exception being handled, the guards read so far).
 - `interpreter`: the loop (`run_frame`), exception unwinding through the exception
   table, generators (`InterpretedGenerator`), and the `interpret` entry point.
@@ -22,15 +22,15 @@ one instruction at a time, so that every call can be inspected before it happens
   compiles one function checking that they all still hold.
 
 The trace's bound symbols get the innermost user line as their source (`trace.source`),
-and `trace.info["guards"]` lists the guard entries of the run.
+and `interpret(..., guards=entries)` appends the guard entries of the run to `entries`.
 
 Example::
 
-    trace = Trace()
+    trace, entries = Trace(), []
     with tracing(trace):
         x = trace.add_input(TensorProxy((2,), torch.float32, torch.device("cpu")), "x")
-        trace.output = interpret(fn, (x,), {})
-    check = build_guard(trace.info["guards"])
+        trace.output = interpret(fn, (x,), {}, guards=entries)
+    check = build_guard(entries)
 """
 
 from minijit.frontend import (

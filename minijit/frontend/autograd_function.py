@@ -10,7 +10,7 @@
    (so the globals it reads are guarded like any other traced code) into a trace whose
    inputs are those values and one cotangent per output tensor. Writes it makes into
    forward inputs (data only) become copies into them, as in eager.
-3. The symbol, made for this one call, carries a VJP rule (`Symbol.vjp`) whose backward
+3. The symbol, made for this one call, gets a VJP rule (in `minijit.transforms.vjp.VJP_RULES`) whose backward
    replays that trace on the grad pass's residuals and cotangents.
 
 As in eager, the forward runs with grad disabled, so tensors it reads from elsewhere
@@ -32,9 +32,10 @@ from minijit.errors import MinijitError, UnsupportedSyntaxError
 from minijit.frontend.lookasides import lookaside
 from minijit.ir import Proxy, Symbol, TensorProxy, Trace, tracing, tree_flatten, tree_map
 from minijit.ir.context import current_trace, where_now
+from minijit.ir.rewrite import replay
 from minijit.ops import prims
 
-__all__ = ["TracedFunctionCtx", "replay"]
+__all__ = ["TracedFunctionCtx"]
 
 
 class TracedFunctionCtx:
@@ -130,33 +131,6 @@ def _produced(trace: Trace) -> dict[int, Proxy]:
     return {id(p): p for b in trace.bound_symbols for p in b.proxy_outputs()}
 
 
-def replay(trace: Trace, inputs: Sequence[Any], output: Any = None) -> Any:
-    """Record `trace`'s bound symbols again into the current trace, on `inputs` for its args.
-
-    Returns the values of `output` (default: the trace's output) among the new ones.
-    Each bound symbol is recorded with its own source location, so a replayed
-    function still names the user's lines.
-    """
-    env: dict[int, Any] = {id(p): v for p, v in zip(trace.args, inputs, strict=True)}
-
-    def value(x: Any) -> Any:
-        return env.get(id(x), x) if isinstance(x, Proxy) else x
-
-    target = current_trace()
-    saved_source = target.source
-    try:
-        for bsym in trace.bound_symbols:
-            args, kwargs = tree_map(value, (bsym.args, bsym.kwargs))
-            target.source = bsym.source or saved_source
-            out = bsym.sym(*args, **kwargs)
-            for old, new in zip(tree_flatten(bsym.output), tree_flatten(out), strict=True):
-                if isinstance(old, Proxy):
-                    env[id(old)] = new
-    finally:
-        target.source = saved_source
-    return tree_map(value, trace.output if output is None else output)
-
-
 @lookaside(torch.autograd.Function.apply.__func__)
 def function_apply(cls: type, *args: Any, **kwargs: Any) -> Any:
     """`Fn.apply(*args)`: natively without traced tensors, else traced (see the module docstring)."""
@@ -190,7 +164,7 @@ class _CustomFunctionCall:
         sym = Symbol(_identifier(self.name), functools.partial(_replay_outputs, fwd, outputs),
                      namespace="autograd_function")
         if bwd is not None:
-            sym.vjp = _custom_rule(sym, fwd, bwd, len(produced), residuals, self._cotangent_kinds(produced))
+            _custom_rule(sym, fwd, bwd, len(produced), residuals, self._cotangent_kinds(produced))
         results = iter(sym(*fwd.args))
         return tree_map(lambda x: next(results) if isinstance(x, Proxy) else x, fwd.output)
 
@@ -218,10 +192,10 @@ class _CustomFunctionCall:
         # as in eager they get no gradient.
         raw.args += raw.free_proxies()
         self.raw_produced = _produced(raw)
-        fwd = functionalize(raw, grad_enabled=False)
-        if fwd.info.get("mutated_inputs"):
+        fwd, functionalized = functionalize(raw, grad_enabled=False, no_grad=raw.recorded_without_grad)
+        if functionalized.mutated_inputs:
             raise UnsupportedSyntaxError(
-                f"{self.name}.forward modifies its input(s) {', '.join(fwd.info['mutated_inputs'])} in place"
+                f"{self.name}.forward modifies its input(s) {', '.join(functionalized.mutated_inputs)} in place"
                 f"{where_now()}; minijit supports custom Functions whose forward leaves its inputs alone")
         self.non_differentiable = {id(x) for x in tree_flatten(out)
                                    if id(x) in self.ctx._minijit_non_differentiable}
@@ -268,7 +242,8 @@ class _CustomFunctionCall:
                     f"{self.name}.backward reads the tensor {p.name}, which its forward neither received nor "
                     f"computed{where_now()}; save it with ctx.save_for_backward")
         raw.args = [*fwd.args, *residuals, *ct_proxies]
-        return functionalize(raw, grad_enabled=False), residuals
+        bwd, _ = functionalize(raw, grad_enabled=False, no_grad=raw.recorded_without_grad)
+        return bwd, residuals
 
     def _check_grads(self, grads: Any) -> tuple[Any, ...]:
         grads = grads if isinstance(grads, tuple) else (grads,)
@@ -316,13 +291,13 @@ def _replay_outputs(fwd: Trace, outputs: tuple[Proxy, ...], *inputs: Any) -> tup
 
 def _custom_rule(sym: Symbol, fwd: Trace, bwd: Trace, n_outputs: int, residuals: Sequence[Proxy],
                  kinds: Sequence[str]) -> Any:
-    from minijit.transforms.vjp import VjpRule
+    from minijit.transforms.vjp import VjpRule, add_rule
 
     def forward(*inputs: Any) -> Any:
         out = sym(*inputs)
         return out, (inputs, out)
 
-    rule = VjpRule(sym.id, forward)
+    rule = VjpRule(sym, forward)
 
     @rule.backward
     def backward(saved: Any, *cotangents: Any) -> Any:
@@ -336,5 +311,5 @@ def _custom_rule(sym: Symbol, fwd: Trace, bwd: Trace, n_outputs: int, residuals:
             cts.append(g)
         return replay(bwd, (*inputs, *out[n_outputs:], *cts))
 
-    return rule
+    return add_rule(rule)
 

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from minijit.errors import UnsupportedOpError, UnsupportedSyntaxError
-from minijit.frontend.frame import STATE
+from minijit.frontend.frame import current_state
 from minijit.frontend.interpreter import run_function
 from minijit.frontend.lookasides import LOOKASIDES
 from minijit.frontend.outside import item_label, mutator_of
@@ -153,7 +153,7 @@ def call(fn: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> 
                 lookaside = None
             if lookaside is not None:
                 return lookaside(owner, *args, **kwargs)
-            if STATE.outside.is_root(owner):
+            if current_state().outside.is_root(owner):
                 return _call_root_method(owner, fn, args, kwargs)
     try:
         sym = ltorch_symbol_for(fn)
@@ -168,6 +168,10 @@ def call(fn: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> 
         return call(fn.func, (*fn.args, *args), {**fn.keywords, **kwargs})
     if isinstance(fn, type):
         return _instantiate(fn, args, kwargs)
+    inline = getattr(t, "minijit_traced_callable", None)
+    if inline is not None:
+        # A jitted function called by traced code: its function is traced into the caller's trace.
+        return call(inline(fn), args, kwargs)
     dunder_call = next((vars(k)["__call__"] for k in t.__mro__ if "__call__" in vars(k)), None)
     if type(dunder_call) is types.FunctionType and should_interpret(dunder_call):
         return run_function(dunder_call, (fn, *args), kwargs)
@@ -187,7 +191,7 @@ def _call_root_method(owner: Any, fn: Any, args: tuple[Any, ...] | list[Any], kw
     from minijit.frontend.opcodes.build import observe_mapping
     from minijit.frontend.opcodes.protocols import observe_iteration
 
-    outside, guards, name = STATE.outside, STATE.guards, fn.__name__
+    outside, guards, name = current_state().outside, current_state().guards, fn.__name__
     if mutator_of(owner, name):
         if current_trace() is not None:
             outside.call_mutator(guards, owner, name, tuple(args))
@@ -226,7 +230,7 @@ def _instantiate(cls: type, args: tuple[Any, ...] | list[Any], kwargs: dict[str,
         obj = new(cls, *args, **kwargs)
     if not isinstance(obj, cls):
         return obj
-    STATE.outside.note_created(obj)
+    current_state().outside.note_created(obj)
     if py_init:
         result = run_function(init, (obj, *args), kwargs)
         if result is not None:
@@ -277,9 +281,9 @@ def _call_native_with_proxies(fn: Any, args: tuple[Any, ...] | list[Any], kwargs
     if consumes is not None and args:
         from minijit.frontend.opcodes.build import interpreted_iterable
 
-        if STATE.outside.iterators:
+        if current_state().outside.iterators:
             for a in args:
-                STATE.outside.check_not_outside_iterator(a)
+                current_state().outside.check_not_outside_iterator(a)
 
         if consumes == "all":
             args = [interpreted_iterable(a) for a in args]

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from minijit.errors import UnsupportedOpError
-from minijit.frontend.frame import STATE
+from minijit.frontend.frame import current_state
 from minijit.frontend.lookasides import LOOKASIDES
 from minijit.ir import TensorProxy
 from minijit.ir.context import where_now
@@ -34,9 +34,9 @@ _NOT_LOOKED_ASIDE = {"mm", "powsum"}
 
 def _elements(value: Any) -> list[Any]:
     """The elements of a list argument, as the interpreted code sees them (reads of an outside list are guarded)."""
-    outside = STATE.outside
+    outside = current_state().outside
     if outside is not None and outside.is_root(value):
-        outside.observe(STATE.guards, value, "iterate")
+        outside.observe(current_state().guards, value, "iterate")
     return list(value)
 
 

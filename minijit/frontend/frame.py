@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import types
-from typing import Any
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any
 
 from minijit.frontend.code import CodeInfo, Inst
 from minijit.frontend.outside import Outside
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 
 class _Null:
@@ -58,10 +63,10 @@ class State:
 
     __slots__ = ("escapes", "frames", "guards", "handled", "internal_cells", "outside", "passthrough")
 
-    def __init__(self) -> None:
-        self.frames: list[Frame] = []
+    def __init__(self, frames: list[Frame] | None = None, handled: BaseException | None = None) -> None:
+        self.frames: list[Frame] = [] if frames is None else frames
         # The exception being handled (what sys.exc_info() would say inside the interpreted code).
-        self.handled: BaseException | None = None
+        self.handled: BaseException | None = handled
         # An exception that must keep its __context__ when the next frame sees it (re-raised or
         # propagating out of a callee): only freshly raised exceptions get the handled one as context.
         self.passthrough: BaseException | None = None
@@ -75,12 +80,35 @@ class State:
         self.escapes: dict[BaseException, list[Any]] = {}
 
 
-STATE = State()
+# The state of the interpretation running in this context: a nested one (a jitted function
+# called by traced code) replaces it until it returns; another thread has its own.
+_STATE: ContextVar[State | None] = ContextVar("minijit_interpretation", default=None)
+
+
+def current_state() -> State:
+    """The state of the interpretation in progress (an idle one outside any)."""
+    state = _STATE.get()
+    if state is None:
+        state = State()
+        _STATE.set(state)
+    return state
+
+
+@contextmanager
+def new_interpretation(handled: BaseException | None) -> Iterator[State]:
+    """A fresh `State` for the `with` block, continuing the frame stack of the one it interrupts."""
+    token = _STATE.set(State(current_state().frames, handled))
+    try:
+        yield current_state()
+    finally:
+        _STATE.reset(token)
 
 
 def current_frame() -> Frame | None:
     """The innermost interpreted frame, or None when no interpreted code runs."""
-    return STATE.frames[-1] if STATE.frames else None
+    frames = current_state().frames
+    return frames[-1] if frames else None
 
 
-__all__ = ["GENERATOR", "NULL", "RETURN", "STATE", "YIELD", "Frame", "State", "current_frame"]
+__all__ = ["GENERATOR", "NULL", "RETURN", "YIELD", "Frame", "State", "current_frame", "current_state",
+           "new_interpretation"]

@@ -235,14 +235,14 @@ def build_guard(entries: list[GuardEntry]) -> Callable[[], bool] | None:
 
     Example::
 
-        check = build_guard(trace.info["guards"])
+        check = build_guard(entries)  # the entries `interpret(..., guards=entries)` gathered
         if check is not None and not check():
             ...  # retrace
     """
     if not entries:
         return None
-    env: dict[str, Any] = {"_MISSING": _MISSING, "_Tensor": torch.Tensor, "_same_keys": same_keys, "_dict_get": dict.get}
-    terms = [_term(env, i, entry) for i, entry in enumerate(entries)]
+    env = guard_names()
+    terms = [guard_expression(env, i, entry) for i, entry in enumerate(entries)]
     body = "\n        and ".join(terms)
     source = (
         "def guard():\n"
@@ -258,8 +258,13 @@ def build_guard(entries: list[GuardEntry]) -> Callable[[], bool] | None:
     return guard
 
 
-def _term(env: dict[str, Any], i: int, entry: GuardEntry) -> str:
-    """The Python expression that is True while `entry` holds."""
+def guard_names() -> dict[str, Any]:
+    """The names `guard_expression`'s source reads besides those it binds: the start of a guard's environment."""
+    return {"_MISSING": _MISSING, "_Tensor": torch.Tensor, "_same_keys": same_keys, "_dict_get": dict.get}
+
+
+def guard_expression(env: dict[str, Any], i: int, entry: GuardEntry) -> str:
+    """The Python expression that is True while `entry` (the `i`th of a guard) holds; what it reads is bound in `env`."""
     if isinstance(entry.namespace, Source):
         ns = entry.namespace.expression(env)
     else:
@@ -319,5 +324,6 @@ class _Missing:
 _MISSING = _Missing()
 MISSING = _MISSING
 
-__all__ = ["MISSING", "GuardEntry", "Source", "build_guard", "has_snapshot", "is_constant", "is_users_module", "record",
+__all__ = ["MISSING", "GuardEntry", "Source", "build_guard", "guard_expression", "guard_names", "has_snapshot", "is_constant",
+           "is_users_module", "record",
            "same_keys"]

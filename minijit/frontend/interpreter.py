@@ -21,8 +21,8 @@ from torch import Tensor
 
 from minijit.errors import MinijitError, UnsupportedSyntaxError
 from minijit.frontend.code import ASYNC_FLAGS, Inst, binder_for, code_info
-from minijit.frontend.frame import GENERATOR, NULL, RETURN, STATE, YIELD, Frame
-from minijit.frontend.guards import Source
+from minijit.frontend.frame import GENERATOR, NULL, RETURN, YIELD, Frame, State, current_state, new_interpretation
+from minijit.frontend.guards import GuardEntry, Source
 from minijit.frontend.outside import Outside, check_no_proxy_left
 from minijit.frontend.versions import GENERATOR_CONVERTS_STOPITERATION, RUNNING
 from minijit.ir import Proxy, current_trace
@@ -44,7 +44,7 @@ def run_frame(frame: Frame, throw: BaseException | None = None) -> str:
         trace = None
     if throw is not None:
         assert frame.suspended_at is not None
-        STATE.passthrough = throw  # gen.throw() raises the exception as given, without a new context
+        current_state().passthrough = throw  # gen.throw() raises the exception as given, without a new context
         _unwind(frame, frame.suspended_at, throw)
     while True:
         inst = insts[frame.ip]
@@ -64,7 +64,7 @@ def run_frame(frame: Frame, throw: BaseException | None = None) -> str:
 
 def _unwind(frame: Frame, inst: Inst, exc: BaseException) -> None:
     """Jump to the handler of the exception table entry covering `inst`, or re-raise `exc`."""
-    state = STATE
+    state = current_state()
     if exc is state.passthrough:
         state.passthrough = None
     else:
@@ -111,7 +111,7 @@ def set_context(exc: BaseException, handled: BaseException | None) -> None:
 
 def raise_passthrough(exc: BaseException) -> None:
     """Raise `exc` without giving it a new `__context__` (a re-raise)."""
-    STATE.passthrough = exc
+    current_state().passthrough = exc
     raise exc
 
 
@@ -119,7 +119,7 @@ def new_frame(fn: types.FunctionType, args: tuple[Any, ...] | list[Any], kwargs:
     """A frame for calling the Python function `fn` with its arguments bound."""
     info = code_info(fn.__code__)
     bound = binder_for(fn, info)(*args, **kwargs)
-    if (fn.__defaults__ or fn.__kwdefaults__) and id(fn) not in STATE.internal_cells:
+    if (fn.__defaults__ or fn.__kwdefaults__) and id(fn) not in current_state().internal_cells:
         _defaults_are_outside(fn)
     localsplus = list(bound)
     localsplus += [NULL] * (info.n_localsplus - len(localsplus))
@@ -131,7 +131,7 @@ def new_frame(fn: types.FunctionType, args: tuple[Any, ...] | list[Any], kwargs:
 
 def _defaults_are_outside(fn: types.FunctionType) -> None:
     """Default argument values of a function defined outside the call are objects from outside it."""
-    outside = STATE.outside
+    outside = current_state().outside
     code = fn.__code__
     names = code.co_varnames[code.co_argcount - len(fn.__defaults__ or ()):code.co_argcount]
     for name, value in [*zip(names, fn.__defaults__ or ()), *(fn.__kwdefaults__ or {}).items()]:
@@ -150,7 +150,7 @@ def run_function(fn: types.FunctionType, args: tuple[Any, ...] | list[Any], kwar
 
 def run_new_frame(frame: Frame) -> Any:
     """Run a fresh frame to its return (or to the creation of its generator)."""
-    state = STATE
+    state = current_state()
     if len(state.frames) >= _RECURSION_LIMIT:
         raise RecursionError("maximum recursion depth exceeded (in the minijit interpreter)")
     trace = current_trace()
@@ -302,7 +302,7 @@ class InterpretedGenerator:
                 raise exc
             raise StopIteration
         frame = self.frame
-        state = STATE
+        state = current_state()
         trace = current_trace()
         saved_source = trace.source if trace is not None else None
         outer_handled = state.handled
@@ -380,11 +380,12 @@ def _make_exception(typ: Any, val: Any) -> BaseException:
 
 def interpret(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
               guard_roots: Iterable[Any] = (), finish: Callable[[Any, Outside], Any] | None = None,
-              placed: Iterable[Proxy] = (), keyed: tuple[Iterable[tuple[Any, Any]], Iterable[Any]] = ((), ())) -> Any:
+              placed: Iterable[Proxy] = (), keyed: tuple[Iterable[tuple[Any, Any]], Iterable[Any]] = ((), ()),
+              guards: list[GuardEntry] | None = None) -> Any:
     """Run `fn(*args, **kwargs)` through the interpreter, recording tensor ops into the current trace.
 
     Works outside tracing too (then it only runs the function). The guards for the
-    values the code read from outside the call go to `trace.info["guards"]`. The
+    values the code read from outside the call are appended to `guards`. The
     arguments and `guard_roots` (e.g. every module of a jitted nn.Module) are roots
     (minijit.frontend.outside): reads from them are guarded, writes into them logged.
     `finish(result, outside)`, if given, runs before the writes are undone and returns
@@ -395,19 +396,21 @@ def interpret(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
 
     Example::
 
+        guards: list[GuardEntry] = []
         with tracing(trace):
-            out = interpret(f, (x_proxy,), {})
+            out = interpret(f, (x_proxy,), {}, guards=guards)
     """
+    with new_interpretation(handled=sys.exc_info()[1]) as state:
+        return _interpret(state, fn, args, kwargs, guard_roots, finish, placed, keyed, guards)
+
+
+def _interpret(state: State, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+               guard_roots: Iterable[Any], finish: Callable[[Any, Outside], Any] | None,
+               placed: Iterable[Proxy], keyed: tuple[Iterable[tuple[Any, Any]], Iterable[Any]],
+               guards: list[GuardEntry] | None) -> Any:
     from minijit.frontend.calls import call
 
-    state = STATE
-    saved = (state.handled, state.passthrough, state.guards, state.internal_cells, state.escapes, state.outside)
-    state.handled = sys.exc_info()[1]
-    state.passthrough = None
-    state.guards = {}
-    state.internal_cells = set()
-    state.escapes = {}
-    outside = state.outside = Outside()
+    outside = state.outside
     for root in guard_roots:
         outside.add_root(root, "self")
     for name, bound in _bound_values(fn):
@@ -439,9 +442,8 @@ def interpret(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
     finally:
         sys.setrecursionlimit(limit)
         outside.restore()
-        if trace is not None:
-            trace.info.setdefault("guards", []).extend(state.guards.values())
-        (state.handled, state.passthrough, state.guards, state.internal_cells, state.escapes, state.outside) = saved
+        if guards is not None:
+            guards.extend(state.guards.values())
     if trace is not None:
         check_no_proxy_left(outside)
     return result

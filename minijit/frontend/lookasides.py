@@ -21,7 +21,7 @@ import torch.fx
 import torch.utils.checkpoint
 
 from minijit.errors import UnsupportedSyntaxError
-from minijit.frontend.frame import NULL, STATE, current_frame
+from minijit.frontend.frame import NULL, current_frame, current_state
 from minijit.ir import NumberProxy, TensorProxy, current_trace
 from minijit.ir.context import where_now
 from minijit.ops import aten_prims, prims
@@ -314,16 +314,16 @@ def delattr_(obj: Any, name: str, /) -> None:
 @lookaside(object.__setattr__)
 def object_setattr(obj: Any, name: str, value: Any, /) -> None:
     """object.__setattr__ (how a Python `__setattr__` ends): on an object from outside the call, an effect."""
-    if STATE.outside.is_root(obj) and current_trace() is not None:
-        STATE.outside.write_attribute(obj, name, value, native=object.__setattr__)
+    if current_state().outside.is_root(obj) and current_trace() is not None:
+        current_state().outside.write_attribute(obj, name, value, native=object.__setattr__)
     object.__setattr__(obj, name, value)
 
 
 @lookaside(object.__delattr__)
 def object_delattr(obj: Any, name: str, /) -> None:
     """object.__delattr__: on an object from outside the call, an effect."""
-    if STATE.outside.is_root(obj) and current_trace() is not None:
-        STATE.outside.write_attribute(obj, name, None, delete=True, native=object.__delattr__)
+    if current_state().outside.is_root(obj) and current_trace() is not None:
+        current_state().outside.write_attribute(obj, name, None, delete=True, native=object.__delattr__)
     object.__delattr__(obj, name)
 
 
@@ -350,7 +350,7 @@ def print_(*args: Any, **kwargs: Any) -> None:
     if current_trace() is None:
         print(*args, **kwargs)
     else:
-        STATE.outside.call_function(print, args, kwargs)
+        current_state().outside.call_function(print, args, kwargs)
 
 
 @lookaside(globals)
@@ -393,8 +393,8 @@ def vars_(*args: Any) -> Any:
     if not args:
         return locals_()
     namespace = vars(*args)
-    if STATE.outside.is_root(args[0]):
-        STATE.outside.add_root(namespace, STATE.outside.label_of(args[0]))
+    if current_state().outside.is_root(args[0]):
+        current_state().outside.add_root(namespace, current_state().outside.label_of(args[0]))
     return namespace
 
 
@@ -407,14 +407,14 @@ def dir_(*args: Any) -> list[str]:
 @lookaside(sys.exc_info)
 def exc_info() -> tuple[Any, Any, Any]:
     """sys.exc_info() as seen by the interpreted code."""
-    exc = STATE.handled
+    exc = current_state().handled
     return (None, None, None) if exc is None else (type(exc), exc, exc.__traceback__)
 
 
 @lookaside(sys.exception)
 def exception() -> BaseException | None:
     """sys.exception() as seen by the interpreted code."""
-    return STATE.handled
+    return current_state().handled
 
 
 @lookaside(torch.utils.checkpoint.checkpoint)

@@ -1,48 +1,51 @@
-"""The trace being recorded right now, if any.
+"""The dynamic state of a compile: the trace being recorded and the capture's constraints.
 
-Tracing is single-threaded and re-entrant (a trace may be built while another is
-paused, e.g. for a grad rule), so the active traces form a stack.
+Both live in `contextvars.ContextVar`s, so a compile sees only its own state: a nested
+compile (a trace built while another is paused, e.g. for a grad rule) stacks on top of
+it and unwinds, and a compile on another thread starts from nothing.
 """
 
 from __future__ import annotations
 
+import itertools
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Iterator, Sequence
 
     from minijit.ir.trace import Trace
 
-_STACK: list[Trace] = []
+# The traces being recorded, innermost last.
+_TRACES: ContextVar[tuple[Trace, ...]] = ContextVar("minijit_traces", default=())
 
 
 def current_trace() -> Trace | None:
     """The trace being recorded, or None outside tracing."""
-    return _STACK[-1] if _STACK else None
+    traces = _TRACES.get()
+    return traces[-1] if traces else None
 
 
 @contextmanager
 def tracing(trace: Trace) -> Iterator[Trace]:
     """Record symbols called inside the `with` block into `trace`."""
-    _STACK.append(trace)
+    token = _TRACES.set((*_TRACES.get(), trace))
     try:
         yield trace
     finally:
-        _STACK.pop()
+        _TRACES.reset(token)
+
+
+_loose_names = itertools.count(1)
 
 
 def new_name(prefix: str) -> str:
     """A fresh name in the current trace (or a throwaway one outside tracing)."""
     trace = current_trace()
     if trace is None:
-        global _loose_names
-        _loose_names += 1
-        return f"_{prefix}{_loose_names}"
+        return f"_{prefix}{next(_loose_names)}"
     return trace.new_name(prefix)
-
-
-_loose_names = 0
 
 
 def where_now() -> str:
@@ -52,23 +55,75 @@ def where_now() -> str:
     return f" at {loc}" if loc is not None else ""
 
 
-# The constraints a compile in "symbolic values" mode relied on (Python expressions over the
-# trace inputs that must be True for the trace to hold); None outside such a compile.
-_CONSTRAINTS: list[list[str]] = []
+# The constraints the capture in progress relies on (Python expressions over the trace
+# inputs that must be True for the trace to hold); None outside a capture. Only a capture
+# records: the passes after it decide nothing that a later call could change.
+_CONSTRAINTS: ContextVar[list[str] | None] = ContextVar("minijit_constraints", default=None)
+# The constraints of the compile in progress, which its passes may take as facts: the cache
+# entry's guard makes them hold on every call the trace runs for.
+_KNOWN: ContextVar[Sequence[str]] = ContextVar("minijit_known_constraints", default=())
 
 
 @contextmanager
-def recording_constraints() -> Iterator[list[str]]:
-    """Collect the constraints recorded by symbolic numbers inside the block."""
-    constraints: list[str] = []
-    _CONSTRAINTS.append(constraints)
+def recording_constraints(into: list[str] | None = None) -> Iterator[list[str]]:
+    """Collect into `into` (or a new list) the constraints that comparisons inside the block record.
+
+    Only a capture records them (`guarded_compare` in minijit.ir.proxies); the compile's
+    guard checks them on every later call.
+    """
+    constraints: list[str] = [] if into is None else into
+    token = _CONSTRAINTS.set(constraints)
     try:
         yield constraints
     finally:
-        _CONSTRAINTS.pop()
+        _CONSTRAINTS.reset(token)
+
+
+@contextmanager
+def knowing_constraints(constraints: Sequence[str]) -> Iterator[None]:
+    """Let the passes inside the block take `constraints` (the capture's, guarded) as facts."""
+    token = _KNOWN.set(constraints)
+    try:
+        yield
+    finally:
+        _KNOWN.reset(token)
+
+
+def capturing() -> bool:
+    """True inside a capture, where comparisons of symbolic numbers are guarded."""
+    return _CONSTRAINTS.get() is not None
+
+
+def known_constraint(expr: str) -> bool:
+    """Whether the compile in progress already relies on `expr` (its guard checks it)."""
+    return expr in _KNOWN.get()
+
+
+# The checks of the inputs' layouts the compile in progress relies on (`x.is_contiguous()`, ...), from
+# its capture or any pass (functionalization decides `reshape`'s copy-or-view from them); None
+# outside a compile. The cache entry's guard checks them with the constraints.
+_LAYOUT_CHECKS: ContextVar[list[str] | None] = ContextVar("minijit_layout_checks", default=None)
+
+
+@contextmanager
+def guarding_layouts(into: list[str]) -> Iterator[None]:
+    """Collect into `into` the layout checks (`add_layout_check`) recorded inside the block, by any pass."""
+    token = _LAYOUT_CHECKS.set(into)
+    try:
+        yield
+    finally:
+        _LAYOUT_CHECKS.reset(token)
+
+
+def add_layout_check(expr: str) -> None:
+    """Record that the compile in progress relies on `expr`, a check of an input's layout, whichever pass decides."""
+    checks = _LAYOUT_CHECKS.get()
+    if checks is not None and expr not in checks:
+        checks.append(expr)
 
 
 def add_constraint(expr: str) -> None:
-    """Record that the trace being built relies on the Python expression `expr` being true."""
-    if _CONSTRAINTS and expr not in _CONSTRAINTS[-1]:
-        _CONSTRAINTS[-1].append(expr)
+    """Record that the capture in progress relies on the Python expression `expr` being true."""
+    constraints = _CONSTRAINTS.get()
+    if constraints is not None and expr not in constraints:
+        constraints.append(expr)

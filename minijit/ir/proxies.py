@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from minijit.errors import UnsupportedMethodError, UnsupportedSyntaxError
-from minijit.ir.context import add_constraint, new_name, where_now
+from minijit.ir.context import add_constraint, capturing, known_constraint, new_name, where_now
 
 # method name -> callable(self, *args, **kwargs); filled in by minijit.ops.
 TENSOR_METHODS: dict[str, Callable[..., Any]] = {}
@@ -35,7 +35,12 @@ def dtype_short_name(dtype: torch.dtype) -> str:
 
 
 class Proxy:
-    """Anything with a name in a trace."""
+    """Anything with a name in a trace.
+
+    A proxy is its object: passes tell proxies apart by identity (minijit/ir/rewrite.py),
+    and `name` only spells it in the printed source, given once, when it is made or
+    becomes a trace input; a pass substitutes another proxy, it never renames one.
+    """
 
     __slots__ = ("name",)
     name_prefix = "p"
@@ -57,9 +62,11 @@ class NumberProxy(Proxy):
     It carries the value seen while tracing and `expr`, a Python expression that
     recomputes it from the trace inputs (`x.shape[1]`, `(n * 2)`). Arithmetic records
     number prims (dispatched through `NUMBER_METHODS`, filled in by minijit.ops) and
-    gives new proxies. Comparisons, `bool()` and `int()` return concrete values and
-    record the fact they relied on as a constraint (`x.shape[1] == 1` is False), which
-    the cache entry's guard checks on later calls.
+    gives new proxies. During a capture, comparisons, `bool()` and `int()` are guarded
+    (`guarded_compare`): they return concrete values and record the fact they relied on as
+    a constraint (`x.shape[1] == 1` is False), which the cache entry's guard checks on later
+    calls. Outside a capture (in the passes) they record nothing (`known_compare`): `==`
+    then says whether the two are equal on every call the trace runs for.
     """
 
     __slots__ = ("expr", "origin", "python_type", "value")
@@ -77,7 +84,8 @@ class NumberProxy(Proxy):
         return f"{self.python_type.__name__} {self.value}"
 
     def _specialise(self) -> Any:
-        record_constraint(self, "==", self.value, True)
+        if capturing():
+            record_constraint(self, "==", self.value, True)
         return self.value
 
     def __bool__(self) -> bool:
@@ -132,9 +140,44 @@ def number_value(x: Any) -> Any:
 def _compare(a: NumberProxy, op: str, b: Any) -> bool:
     if isinstance(b, TensorProxy):
         return NotImplemented
+    if capturing():
+        return guarded_compare(a, op, b)
+    return known_compare(a, op, b)
+
+
+def guarded_compare(a: NumberProxy, op: str, b: Any) -> bool:
+    """`a <op> b` on the values seen while capturing, recorded as a constraint the cache guard checks.
+
+    What a capture decides on a symbolic number (a branch, a broadcast, a size check)
+    holds for a later call only while the guard finds the same answer.
+    """
     result = bool(_COMPARISONS[op](a.value, number_value(b)))
     record_constraint(a, op, b, result)
     return result
+
+
+def known_compare(a: NumberProxy, op: str, b: Any) -> bool:
+    """`a <op> b` as a pass may decide it: recording nothing, true on every call the trace runs for.
+
+    `==` is True only for one symbolic value (the same expression) or an equality the
+    capture recorded (the guard keeps it true); two sizes merely equal on the traced call
+    are not the same size. Orderings are decided on the traced values.
+    """
+    result = bool(_COMPARISONS[op](a.value, number_value(b)))
+    if op not in ("==", "!="):
+        return result
+    if _expression(a) == _expression(b):
+        return op == "=="
+    if known_constraint(canonical_constraint(_expression(a), op, _expression(b), result, isinstance(b, NumberProxy))):
+        return result
+    return op == "!="  # not known equal
+
+
+def _expression(x: Any) -> str:
+    """The Python expression of a number proxy (its name where it has none), or the repr of a constant."""
+    if isinstance(x, NumberProxy):
+        return x.expr if x.expr is not None else x.name
+    return repr(x)
 
 
 def record_constraint(a: NumberProxy, op: str, b: Any, result: bool) -> None:

@@ -108,9 +108,6 @@ class Symbol:
         self.effects = effects
         self.fn = fn
         self.id = f"{namespace}.{name}"
-        # A VJP rule of this symbol alone (symbols made for one call, such as a traced custom
-        # autograd.Function); others find theirs by id in minijit.transforms.vjp.
-        self.vjp: Any = None
 
     def __repr__(self) -> str:
         return f"<Symbol {self.id}>"

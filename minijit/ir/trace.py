@@ -70,8 +70,16 @@ class Trace:
         self.source: SourceLocation | None = None
         self.pass_name = "capture"
         self.elapsed_ms = 0.0
-        # Facts later stages need (e.g. which inputs are mutated); free-form.
-        self.info: dict[str, Any] = {}
+        # Groups of input names that are one memory (the same tensor passed twice): a write into
+        # one is a write into all. Part of the trace's signature, so derived traces keep it.
+        self.input_alias_groups: list[list[str]] = []
+        # A comment printed above the `return` (how the runtime rebuilds the result); kept by `derive`.
+        self.output_note = ""
+        # Filled while recording, for whoever records the trace; `derive` starts them empty.
+        # Names of the outputs recorded while torch's grad mode was off (torch.no_grad() in the code):
+        self.recorded_without_grad: set[str] = set()
+        # (op, why its decomposition declined the call) for each op recorded opaque instead:
+        self.declined: list[tuple[str, str]] = []
         # Turns a real torch.Tensor met among an op's arguments (a global, a closure value, a
         # tensor created natively) into a proxy; set by whoever records the trace.
         self.capture_tensor: Callable[[torch.Tensor], Proxy] | None = None
@@ -125,8 +133,7 @@ class Trace:
         if not torch.is_grad_enabled():
             # Computed under torch.no_grad() inside the traced function: the grad pass treats
             # these values as constants, as eager autograd would.
-            self.info.setdefault("no_grad", set()).update(
-                p.name for p in tree_iter(output) if isinstance(p, Proxy))
+            self.recorded_without_grad.update(p.name for p in tree_iter(output) if isinstance(p, Proxy))
         bsym = BoundSymbol(sym, args, kwargs, output, tuple(subsymbols), self.source)
         if (sym.is_prim and len(self._scopes) > 1 and not sym.effects.random
                 and any(isinstance(x, NumberProxy) for x in tree_iter(output))):
@@ -139,14 +146,15 @@ class Trace:
 
     def derive(self, bound_symbols: Iterable[BoundSymbol], *, pass_name: str,
                output: Any = None, args: list[Proxy] | None = None) -> Trace:
-        """A new trace with the same inputs and names, the given bound symbols, and `output`."""
+        """A new trace with the same inputs, names, input aliasing and output note, the given bound symbols, and `output`."""
         t = Trace(self.fn_name, _names=self.names)
         t.args = list(self.args if args is None else args)
         t.output = self.output if output is None else output
         t.bound_symbols = list(bound_symbols)
         t._scopes = [t.bound_symbols]
         t.pass_name = pass_name
-        t.info = dict(self.info)
+        t.input_alias_groups = [list(g) for g in self.input_alias_groups]
+        t.output_note = self.output_note
         return t
 
     def free_proxies(self) -> list[Proxy]:
@@ -184,9 +192,8 @@ class Trace:
                 lines.append("  " + bsym.source.comment())
                 last_source = bsym.source
             lines += bsym.python_lines(constants, "  ", subsymbol_depth=subsymbol_depth)
-        note = self.info.get("output_note")
-        if note:
-            lines.append(f"  # {note}")
+        if self.output_note:
+            lines.append(f"  # {self.output_note}")
         lines.append(f"  return {to_source(self.output, constants)}")
         return "\n".join(lines) + "\n", constants.values
 

@@ -109,7 +109,7 @@ def call_ltorch(fn: Any, sym: Symbol, args: tuple[Any, ...] | list[Any], kwargs:
         except MinijitError:
             raise declined from None
         # Why the decomposition was not used, for debugging and docs/ops.md.
-        trace.info.setdefault("declined", []).append((sym.id, f"{type(declined).__name__}: {declined}"))
+        trace.declined.append((sym.id, f"{type(declined).__name__}: {declined}"))
         return result
 
 

@@ -44,7 +44,7 @@ import torch
 
 from minijit.errors import MetaError, UnsupportedMethodError
 from minijit.ir import TENSOR_METHODS, BoundSymbol, NumberProxy, Proxy, TensorProxy, Trace, tree_flatten, tree_map
-from minijit.ir.context import add_constraint, current_trace, where_now
+from minijit.ir.context import add_layout_check, current_trace, where_now
 from minijit.ir.proxies import number_value
 from minijit.ops.registry import EAGER_IMPLS
 
@@ -190,11 +190,11 @@ def _guard_layout(p: TensorProxy, offset_matters: bool) -> None:
     strides, offset = p.memory
     sizes = _sizes(p)
     if strides == contiguous_strides(sizes) or math.prod(sizes) <= 1:
-        add_constraint(f"{p.name}.is_contiguous()")
+        add_layout_check(f"{p.name}.is_contiguous()")
     else:
-        add_constraint(f"{p.name}.stride() == {strides!r}")
+        add_layout_check(f"{p.name}.stride() == {strides!r}")
     if offset_matters:
-        add_constraint(f"{p.name}.storage_offset() == {offset}")
+        add_layout_check(f"{p.name}.storage_offset() == {offset}")
 
 
 def user_layout(p: TensorProxy) -> torch.Tensor | None:

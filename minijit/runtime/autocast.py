@@ -42,15 +42,3 @@ def without_autocast(fn: Callable[..., Any]) -> Callable[..., Any]:
     run.__wrapped__ = fn  # type: ignore[attr-defined]
     return run
 
-
-def describe_autocast() -> dict[str, tuple[str, Any]]:
-    """The autocast state as items of a call's description (see `minijit.runtime.explain`)."""
-    out: dict[str, tuple[str, Any]] = {}
-    for d in _DEVICE_TYPES:
-        enabled = torch.is_autocast_enabled(d)
-        out[f"autocast {d}"] = (f"torch.is_autocast_enabled({d!r})", ("value", ("bool", enabled)))
-        if enabled:
-            out[f"autocast {d} dtype"] = (f"torch.get_autocast_dtype({d!r})", ("value", ("dtype", torch.get_autocast_dtype(d))))
-    if any_autocast_enabled():
-        out["autocast cache"] = ("torch.is_autocast_cache_enabled()", ("value", ("bool", torch.is_autocast_cache_enabled())))
-    return out

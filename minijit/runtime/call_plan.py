@@ -125,8 +125,8 @@ def replay(effects: list[tuple[Effect, Spec]], holders: list[Callable[[], Any]],
             getattr(holder, effect.key)(*value)
 
 
-def finish_capture(trace: Trace, where: str, result: Any, outside: Outside) -> Any:
-    """The trace's output for `result` and the effects, and `trace.info["call_plan"]` saying how to use it.
+def finish_capture(trace: Trace, where: str, result: Any, outside: Outside) -> tuple[Any, CallPlan]:
+    """The trace's output for `result` and the effects, and the `CallPlan` saying how to use it.
 
     Runs at the end of the capture, before the writes into outside objects are undone:
     tensors among the values are captured (a tensor read from outside becomes an input),
@@ -165,11 +165,10 @@ def finish_capture(trace: Trace, where: str, result: Any, outside: Outside) -> A
                        tuple(effect_leaves))
         if plan.result is not None:
             notes.insert(0, f"returns {result_spec.describe([_name(x) for x in result_leaves])}")
-        trace.info["output_note"] = " ".join("; ".join(notes).split())
+        trace.output_note = " ".join("; ".join(notes).split())
     else:
         output = result_spec.rebuild(result_leaves)
-    trace.info["call_plan"] = plan
-    return output
+    return output, plan
 
 
 def _name(x: Any) -> str:

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from minijit.errors import UnsupportedOpError, UnsupportedSyntaxError
-from minijit.frontend.frame import STATE
+from minijit.frontend.frame import current_state
+from minijit.frontend.guards import Source
 from minijit.ir import FloatProxy, IntegerProxy, Proxy, TensorProxy, Trace
 from minijit.ir.containers import flatten, is_container, leaves
 from minijit.ir.context import add_constraint, where_now
@@ -125,12 +127,14 @@ def input_names(trace: Trace) -> list[str]:
     return [p.name for p in trace.args if isinstance(p, Proxy)]
 
 
-def tensor_capturer(trace: Trace) -> Callable[[Tensor], Proxy]:
+def tensor_capturer(trace: Trace, inputs: list[tuple[str, Source, Tensor]],
+                    constants: list[Tensor]) -> Callable[[Tensor], Proxy]:
     """The `trace.capture_tensor` hook: the proxy of a real tensor met among an op's arguments, once per tensor.
 
     A tensor read from outside the call (minijit.frontend.outside knows its source) becomes
-    an input of the trace, read again from that source on every call; any other real tensor
-    (made natively while tracing) becomes `prims.tensor_constant(tensor)`.
+    an input of the trace, read again from that source on every call, and is appended to
+    `inputs` as (input name, source, tensor); any other real tensor (made natively while
+    tracing) becomes `prims.tensor_constant(tensor)` and is appended to `constants`.
     """
     captured: dict[int, Proxy] = {}
 
@@ -138,12 +142,12 @@ def tensor_capturer(trace: Trace) -> Callable[[Tensor], Proxy]:
         proxy = captured.get(id(t))
         if proxy is not None:
             return proxy
-        source = STATE.outside.source_of(t)
+        source = current_state().outside.source_of(t)
         if source is not None:
             proxy = TensorProxy(tuple(t.shape), t.dtype, t.device, t.requires_grad)
             note_layout(proxy, t)
             trace.add_input(proxy, source.label)
-            trace.info.setdefault("captured_inputs", []).append((proxy.name, source, t))
+            inputs.append((proxy.name, source, t))
         else:
             if t.requires_grad and torch.is_grad_enabled():
                 raise UnsupportedOpError(
@@ -157,7 +161,7 @@ def tensor_capturer(trace: Trace) -> Callable[[Tensor], Proxy]:
                 note_layout(proxy, t)
             finally:
                 trace.capture_tensor = capture
-            trace.info.setdefault("captured_tensors", []).append(t)  # keeps it alive with the trace
+            constants.append(t)
         captured[id(t)] = proxy
         return proxy
 
@@ -243,3 +247,43 @@ def alias_groups(values: list[Any]) -> tuple[list[list[int]], list[list[int]]]:
                    == (lead.data_ptr(), lead.shape, lead.stride(), lead.dtype) for i in group)
         (identical if same else partial).append(group)
     return identical, partial
+
+
+def alias_layout(*values: Any, also: tuple[int, ...] = ()) -> tuple[tuple[Any, ...], ...]:
+    """Where each input that shares storage with another sits in it: (position, storage offset, strides, dtype).
+
+    Checked by the guard of entries compiled for aliased inputs only (their pattern already
+    says which inputs share storage): `t[0:2], t[1:3]` must not reuse a trace made for `t, t`.
+    The inputs at positions `also` (written inputs that repeat elements) are described too.
+    """
+    pattern = alias_pattern(*values)
+    shared = {p for i, p in enumerate(pattern) if p != i}.union(also)
+    return tuple((i, v.storage_offset(), v.stride(), v.dtype) for i, v in enumerate(values) if pattern[i] in shared)
+
+
+def synthetic_base_layout(values: list[Any], group: list[int]) -> tuple[int, tuple[tuple[Any, ...], ...]]:
+    """(length, (size, stride, storage offset) per member) of the storage prefix the inputs at `group` view.
+
+    The synthetic base is the 1-D view of elements 0 to `length` of their common storage:
+    each member is `as_strided(base, size, stride, offset)` of it.
+    """
+    layouts = tuple((tuple(values[i].shape), tuple(values[i].stride()), values[i].storage_offset()) for i in group)
+    length = max((off + sum((s - 1) * st for s, st in zip(size, stride, strict=True)) + 1
+                  if all(s > 0 for s in size) else 0) for size, stride, off in layouts)
+    return length, layouts
+
+
+@dataclass(frozen=True)
+class InputAliasing:
+    """How the inputs of the call a trace was functionalized for share memory, for a trace that writes into inputs.
+
+    The entry's guard checks `pattern` (which inputs share storage) and, for entries made for
+    inputs that share it, `layout` (where each sits in it, `alias_layout(..., also=layout_also)`).
+    `synthetic_bases` are (position of the group's first input, length) of each synthetic base
+    the trace takes after the call's inputs.
+    """
+
+    pattern: tuple[int, ...]
+    layout: tuple[tuple[Any, ...], ...] = ()
+    layout_also: tuple[int, ...] = ()
+    synthetic_bases: tuple[tuple[int, int], ...] = ()

@@ -16,8 +16,7 @@ from minijit.errors import MinijitError
 from minijit.extend import Executor, get_executor, resolve_executors
 from minijit.ir import Trace
 from minijit.runtime.cache_key import POSITIONAL_TENSOR_KEYS, POSITIONAL_TENSOR_SYMBOLIC_KEYS, cache_key
-from minijit.runtime.explain import describe_call, explain_miss, prologue_source
-from minijit.runtime.guards import explain_guard_failure
+from minijit.runtime.explain import explain_miss
 from minijit.runtime.inputs import flat_inputs
 from minijit.runtime.pipeline import CompiledEntry, compile_for
 
@@ -77,7 +76,6 @@ class JitFunction:
         self._keys = POSITIONAL_TENSOR_SYMBOLIC_KEYS if self._symbolic else POSITIONAL_TENSOR_KEYS
         # key -> the entries compiled for calls with that key, told apart by their guards.
         self._entries: dict[tuple[Any, ...], list[CompiledEntry]] = {}
-        self._descriptions: list[dict[str, Any]] = []
         self._info = CacheInfo()
         self._hits = 0  # kept apart from _info: the hit path updates one attribute
         self._last: CompiledEntry | None = None
@@ -92,6 +90,10 @@ class JitFunction:
             return name
         options = self.options()
         return (JitFunction, (self.fn, options["executors"], options["cache"], options["warn_retraces_after"]))
+
+    def minijit_traced_callable(self) -> Callable[..., Any]:
+        """What code traced by minijit calls in place of this jitted function: the function, traced inline."""
+        return self.fn
 
     def options(self) -> dict[str, Any]:
         """The `jit` options this function was made with (executors by name where that name finds them)."""
@@ -133,22 +135,16 @@ class JitFunction:
     def _miss(self, args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[Any],
               same_key: list[CompiledEntry]) -> CompiledEntry:
         self._info.misses += 1
-        description = describe_call(self.fn, args, kwargs, symbolic=self._symbolic)
         if self.cache_mode == "no caching":
             reason = "caching is off (cache='no caching')"
-        elif same_key:
-            reason = explain_guard_failure(same_key[-1], flat)
         else:
-            reason = explain_miss(description, self._descriptions)
+            previous = [e.prologue for entries in self._entries.values() for e in entries]
+            reason = explain_miss(previous, [e.prologue for e in same_key], args, kwargs, flat)
         self._info.miss_reasons.append(reason)
         if self.warn_retraces_after is not None and self._info.misses > self.warn_retraces_after:
             name = getattr(self.fn, "__qualname__", repr(self.fn))
             warnings.warn(f"minijit traced {name} again (miss {self._info.misses}): {reason}", RetraceWarning, stacklevel=4)
-        entry = compile_for(self.fn, args, kwargs, self.executors, symbolic=self._symbolic)
-        entry.prologue = prologue_source(description, entry.constraints, entry.value_guards)
-        if self.cache_mode != "no caching":
-            self._descriptions.append(description)
-        return entry
+        return compile_for(self.fn, args, kwargs, self.executors, symbolic=self._symbolic)
 
     def last_traces(self) -> list[Trace]:
         """The traces of the last call, one per pass."""
@@ -162,11 +158,17 @@ class JitFunction:
             raise RuntimeError("the jitted function has not been called yet")
         return self._last.backward_traces
 
-    def last_prologue(self) -> str:
-        """The checks the last call's cache entry makes, as Python source."""
+    def last_entry(self) -> CompiledEntry:
+        """The last call's cache entry: its traces, and what capture and the passes found (`capture`, `split`, ...)."""
         if self._last is None:
             raise RuntimeError("the jitted function has not been called yet")
-        return self._last.prologue
+        return self._last
+
+    def last_prologue(self) -> str:
+        """The checks the last call's cache entry makes: the Python source that was compiled and runs."""
+        if self._last is None or self._last.prologue is None:
+            raise RuntimeError("the jitted function has not been called yet")
+        return self._last.prologue.source
 
     def cache_info(self) -> CacheInfo:
         """Hits, misses and entries of this function's cache."""

@@ -30,7 +30,7 @@ import torch.nn.modules.module as torch_module
 
 from minijit.errors import UnsupportedSyntaxError
 from minijit.runtime import distributed
-from minijit.runtime.explain import describe_value
+from minijit.runtime.checks import Check, tensor_checks
 
 # The hook dicts `Module._call_impl` consults, per module and globally, and what to call them.
 _HOOK_KINDS = {"_forward_pre_hooks": "forward pre-hook", "_forward_hooks": "forward hook",
@@ -116,22 +116,47 @@ class ModuleForward:
             for container, name, value in reversed(saved):
                 container[name] = value
 
-    def describe_state(self, name: str, value: Any, symbolic: bool) -> dict[str, tuple[str, Any]] | None:
-        """How `cache_info` names the `params` and `state` arguments item by item (None for the others)."""
-        out: dict[str, tuple[str, Any]] = {}
+    def state_checks(self, name: str, subject: str, value: Any, symbolic: bool) -> list[Check] | None:
+        """The checks on the `params` and `state` arguments, named by path (None for the other arguments)."""
         if name == "params":
-            for (path, *_), tensor in zip(self.slots, value, strict=True):
-                describe_value(f"self.{path}", tensor, out, symbolic)
-        elif name == "state":
-            for path, module in zip(self.module_paths[1:], value.modules, strict=True):
-                out[f"self.{path} module"] = (f"self.{path}", ("module", f"{type(module).__name__} at {id(module):#x}"))
-            for path, training in zip(self.module_paths, value.training, strict=True):
-                describe_value(f"{_label(path)}.training", training, out, symbolic)
-            for label, kind, ids in value.hooks or ():
-                out[f"{label} {kind}s"] = (label, (f"{kind}s", ids))
-        else:
-            return None
-        return out
+            checks = [Check("self", "length", subject, (type(value), len(value)))]
+            for i, ((path, *_), tensor) in enumerate(zip(self.slots, value, strict=True)):
+                checks += tensor_checks(f"self.{path}", f"{subject}[{i}]", tensor, symbolic)
+            return checks
+        if name == "state":  # interned: the key holds it by identity
+            return [Check("self", "object", subject, (type(value), id(value)),
+                          explain=functools.partial(_state_changed, self.module_paths, value))]
+        return None
+
+
+def _state_changed(module_paths: list[str], before: ModuleState, now: Any, expected: Any) -> str:
+    """How the module tree's state differs from `before`, in words (`self.fc1: forward hook added`)."""
+    if not isinstance(now, ModuleState):
+        return f"self: module state {type(now).__name__} != ModuleState"
+    reasons = []
+    for path, module, was in zip(module_paths[1:], now.modules, before.modules, strict=True):
+        if module is not was:
+            reasons.append(f"self.{path}: module {type(module).__name__} at {id(module):#x} != "
+                           f"{type(was).__name__} at {id(was):#x}")
+    for path, training, was in zip(module_paths, now.training, before.training, strict=True):
+        if training != was:
+            reasons.append(f"{_label(path)}.training: value {training} (bool) != {was} (bool)")
+    old = {(label, kind): ids for label, kind, ids in before.hooks or ()}
+    new = {(label, kind): ids for label, kind, ids in now.hooks or ()}
+    for label, kind in [*new, *(k for k in old if k not in new)]:
+        ids, old_ids = new.get((label, kind), ()), old.get((label, kind), ())
+        if ids != old_ids:
+            reasons.append(_hooks_changed(label, kind, ids, old_ids))
+    return "; ".join(reasons) or "self: module state changed"
+
+
+def _hooks_changed(label: str, kind: str, ids: tuple[int, ...], old_ids: tuple[int, ...]) -> str:
+    """`self.fc1: forward hook added`, for a module's hooks of one kind (handle ids now and before)."""
+    changes = []
+    for count, what in ((sum(i not in old_ids for i in ids), "added"), (sum(i not in ids for i in old_ids), "removed")):
+        if count:
+            changes.append(f"{kind} {what}" if count == 1 else f"{count} {kind}s {what}")
+    return f"{label}: {', '.join(changes) or kind + 's reordered'}"
 
 
 class ModuleState:

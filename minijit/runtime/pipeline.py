@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -11,43 +10,74 @@ from typing import Any
 import torch
 
 from minijit.errors import AliasError
-from minijit.frontend import interpret
+from minijit.frontend import GuardEntry, interpret
+from minijit.frontend.guards import Source
+from minijit.frontend.outside import Outside
 from minijit.ir import Trace, tracing
-from minijit.ir.context import recording_constraints
+from minijit.ir.context import guarding_layouts, knowing_constraints, recording_constraints
 from minijit.runtime.autocast import any_autocast_enabled, without_autocast
 from minijit.runtime.autograd import CompiledGrad, autograd_callable
 from minijit.runtime.call_plan import CallPlan, finish_capture
-from minijit.runtime.guards import compile_guard, drop_implied
+from minijit.runtime.checks import Prologue, call_checks
+from minijit.runtime.guards import compile_prologue, drop_implied, specialised_facts
 from minijit.runtime.inputs import (
+    InputAliasing,
     alias_groups,
+    alias_layout,
     alias_pattern,
     check_containers_unchanged,
     flat_inputs,
     proxify_arguments,
     snapshot_containers,
+    synthetic_base_layout,
     tensor_capturer,
 )
 from minijit.runtime.module import ModuleForward
 from minijit.transforms import check_copies, claim_executors, dce, functionalize, write_copies_in_place
 from minijit.transforms.buffer_reuse import reuse_buffers
 from minijit.transforms.copy_analysis import CHECK_COPIES
-from minijit.transforms.grad import release_dead_values, requires_grad_inputs, split_forward_backward
+from minijit.transforms.functionalize import FunctionalizeResult, SyntheticBase
+from minijit.transforms.grad import SplitResult, release_dead_values, requires_grad_inputs, split_forward_backward
 from minijit.transforms.simplify import remove_cast_round_trips
 from minijit.transforms.verify import TraceChecker, checking_traces
 
 
 @dataclass
+class CaptureResult:
+    """What capturing the function found besides its trace."""
+
+    # The values the code read from outside the call (globals, closures, attributes), for the guard.
+    guards: list[GuardEntry] = field(default_factory=list)
+    # Tensors read from outside the call, trace inputs after the call's own: (input name, source, tensor seen).
+    captured_inputs: list[tuple[str, Source, torch.Tensor]] = field(default_factory=list)
+    # Tensors made while tracing that the trace holds as constants (kept alive with the entry).
+    constants: list[torch.Tensor] = field(default_factory=list)
+    # Names of the values computed under torch.no_grad(): constants for grad, free to write into leaves.
+    no_grad: frozenset[str] = frozenset()
+    # (op, why its decomposition declined the call) for each op recorded as an opaque torch call instead.
+    declined: list[tuple[str, str]] = field(default_factory=list)
+    # How each call fetches the captured tensors, replays the effects and rebuilds the result.
+    call_plan: CallPlan = field(default_factory=CallPlan)
+
+
+@dataclass
 class CompiledEntry:
-    """One cache entry: the compiled computation and the traces that led to it."""
+    """One cache entry: the compiled computation, the traces that led to it, and what the passes found."""
 
     computation: Callable[..., Any]
     traces: list[Trace] = field(default_factory=list)
-    # The checks a call must pass to use this entry, as Python source (for minijit.show).
-    prologue: str = ""
-    # "symbolic values" mode: a function of the flat inputs checking the trace's constraints.
-    # A function of the flat inputs that is True when the trace still holds for them: the
-    # constraints on symbolic values, and the values (globals, closures) the trace read. None
-    # when there is nothing to check beyond the cache key.
+    capture: CaptureResult = field(default_factory=CaptureResult)
+    functionalized: FunctionalizeResult = field(default_factory=FunctionalizeResult)
+    # How the inputs of the call the trace was functionalized for share memory, when it writes
+    # into inputs; None when aliasing cannot matter.
+    aliasing: InputAliasing | None = None
+    # The forward/backward split's facts, when the entry differentiates.
+    split: SplitResult | None = None
+    # The checks a call must pass to use this entry, compiled from one source (minijit.runtime.checks).
+    prologue: Prologue | None = None
+    # The prologue's guard: a function of the flat inputs that is True when the trace still holds
+    # for them: the constraints on symbolic values, the values (globals, closures) the trace read,
+    # captured tensors, aliasing. None when there is nothing to check beyond the cache key.
     guard: Callable[..., bool] | None = None
     constraints: list[str] = field(default_factory=list)
     value_guards: list[Any] = field(default_factory=list)
@@ -55,14 +85,16 @@ class CompiledEntry:
     backward_traces: list[Trace] = field(default_factory=list)
 
 
-def _timed(trace_fn: Callable[[], Trace], traces: list[Trace], check: TraceChecker | None) -> Trace:
+def _timed(run: Callable[[], Any], traces: list[Trace], check: TraceChecker | None) -> Any:
+    """What `run` returns (a trace, or a tuple of a trace and the pass's results), its trace timed and kept."""
     start = time.perf_counter()
-    trace = trace_fn()
+    result = run()
+    trace = result[0] if isinstance(result, tuple) else result
     trace.elapsed_ms = (time.perf_counter() - start) * 1e3
     traces.append(trace)
     if check is not None:
         check.check(trace)
-    return trace
+    return result
 
 
 def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -72,12 +104,16 @@ def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
     With `symbolic`, sizes and Python numbers are traced as symbolic values, and the
     entry's guard checks the constraints the trace relied on.
     """
-    with recording_constraints() as constraints:
-        entry = _compile(fn, args, kwargs, executors, symbolic)
+    call = call_checks(fn, args, kwargs, symbolic)  # before the traced code runs: it might change an argument
+    # The capture records the constraints; the passes after it may rely on them, recording none but
+    # the layout checks a decision on an input's strides needs (functionalizing `reshape`).
+    constraints: list[str] = []
+    with knowing_constraints(constraints), guarding_layouts(constraints):
+        entry = _compile(fn, args, kwargs, executors, symbolic, constraints)
     entry.constraints = drop_implied(constraints)
-    entry.value_guards = list(entry.traces[0].info.get("guards", ()))
-    entry.guard = compile_guard(entry.traces[0], entry.constraints, entry.value_guards,
-                                entry.traces[-1].info.get("alias_pattern"), call_plan(entry.traces[0]).captured)
+    entry.value_guards = specialised_facts(entry)[0]
+    entry.prologue = compile_prologue(entry, call, tuple(kwargs), entry.constraints)
+    entry.guard = entry.prologue.guard
     if any_autocast_enabled():
         # The trace holds the casts autocast made while it was captured; the cache key keeps
         # calls under another autocast state away from this entry.
@@ -86,41 +122,55 @@ def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
 
 
 def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-             executors: Sequence[Any], symbolic: bool) -> CompiledEntry:
+             executors: Sequence[Any], symbolic: bool, constraints: list[str]) -> CompiledEntry:
     traces: list[Trace] = []
     check = TraceChecker() if checking_traces() else None
 
-    def capture() -> Trace:
+    def capture() -> tuple[Trace, CaptureResult]:
         trace = Trace(getattr(fn, "__name__", "computation").replace("<lambda>", "lambda_fn"))
         if not trace.fn_name.isidentifier():
             trace.fn_name = "computation"
-        trace.capture_tensor = tensor_capturer(trace)
+        found = CaptureResult()
+        trace.capture_tensor = tensor_capturer(trace, found.captured_inputs, found.constants)
         trace.captures_user_code = True
-        with tracing(trace):
+
+        def finish(result: Any, outside: Outside) -> Any:
+            output, found.call_plan = finish_capture(trace, _describe_function(fn), result, outside)
+            return output
+
+        with tracing(trace), recording_constraints(constraints):
             pargs, pkwargs = proxify_arguments(trace, fn, args, kwargs, symbolic)
             containers = snapshot_containers(fn, pargs, pkwargs)
-            finish = functools.partial(finish_capture, trace, _describe_function(fn))
             if isinstance(fn, ModuleForward):
                 params, _flags, *user_args = pargs
                 with fn.swapped_in(params) as keyed:
                     trace.output = interpret(fn.module, tuple(user_args), pkwargs, guard_roots=fn.module.modules(),
-                                             finish=finish, placed=params, keyed=keyed)
+                                             finish=finish, placed=params, keyed=keyed, guards=found.guards)
             else:
-                trace.output = interpret(fn, pargs, pkwargs, finish=finish)
+                trace.output = interpret(fn, pargs, pkwargs, finish=finish, guards=found.guards)
             check_containers_unchanged(containers)
         trace.capture_tensor = None
         trace.captures_user_code = False
-        return trace
+        found.no_grad = frozenset(trace.recorded_without_grad)
+        found.declined = list(trace.declined)
+        found.call_plan.captured = [(source, t) for _, source, t in found.captured_inputs]
+        return trace, found
 
-    # The passes, in order. Each is a pure Trace -> Trace function.
-    trace = _timed(capture, traces, check)
-    flat = flat_inputs(args, kwargs, symbolic) + [t for _, _, t in trace.info.get("captured_inputs", ())]
-    trace = _timed(lambda: functionalize_for_call(trace, flat), traces, check)
+    # The passes, in order. Each is a pure function of its input trace, which it leaves as it is;
+    # some also return what they found (a typed record the cache entry keeps).
+    trace, found = _timed(capture, traces, check)
+    flat = flat_inputs(args, kwargs, symbolic) + [t for _, _, t in found.captured_inputs]
+    trace, functionalized, aliasing = _timed(lambda: functionalize_for_call(trace, flat, found.no_grad), traces, check)
     trace = _timed(lambda: dce(trace, keep_sizes=True), traces, check)  # the grad pass may save them
     trace = _timed(lambda: remove_cast_round_trips(trace), traces, check)
+    records = dict(capture=found, functionalized=functionalized, aliasing=aliasing)
 
     if torch.is_grad_enabled() and requires_grad_inputs(trace):
-        return _compile_with_grad(trace, traces, executors, check)
+        computation, backward_traces, split = _compile_with_grad(
+            trace, traces, executors, check, found.no_grad, functionalized.mutated_inputs, constraints)
+        computation = with_synthetic_bases(computation, aliasing)
+        return CompiledEntry(found.call_plan.wrap(computation), traces, **records, split=split,
+                             backward_traces=backward_traces)
 
     trace = _timed(lambda: claim_executors(trace, executors), traces, check)
     trace = _timed(lambda: dce(trace), traces, check)
@@ -130,16 +180,24 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
         check_copies(trace)
 
     start = time.perf_counter()
-    computation = bumping_versions(trace.python_callable(), trace)
+    computation = with_synthetic_bases(bumping_versions(trace.python_callable(), trace, functionalized.mutated_inputs),
+                                       aliasing)
     traces[-1].elapsed_ms += (time.perf_counter() - start) * 1e3
-    return CompiledEntry(call_plan(traces[0]).wrap(computation), traces)
+    return CompiledEntry(found.call_plan.wrap(computation), traces, **records)
 
 
-def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[Any],
-                       check: TraceChecker | None) -> CompiledEntry:
-    """Grad is needed: split into forward and backward, run the passes on both, compile both."""
+def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[Any], check: TraceChecker | None,
+                       no_grad: frozenset[str], mutated_inputs: Sequence[str], constraints: list[str]
+                       ) -> tuple[Callable[..., Any], list[Trace], SplitResult]:
+    """Grad is needed: split into forward and backward, run the passes on both, compile both.
+
+    Returns the autograd-aware computation, the backward traces (one per pass) and the split's facts.
+    """
     start = time.perf_counter()
-    fwd, bwd = split_forward_backward(trace, executors)
+    # The VJP rules choose the backward's ops by the sizes (a slice's padding, a broadcast's sum),
+    # as capture chose the forward's: their comparisons are guarded like the capture's.
+    with recording_constraints(constraints):
+        fwd, bwd, split = split_forward_backward(trace, executors, no_grad)
     fwd.elapsed_ms = bwd.elapsed_ms = (time.perf_counter() - start) * 1e3
     traces.append(fwd)
     bwd_traces = [bwd]
@@ -159,23 +217,23 @@ def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[An
             t = _timed(lambda t=t: write_copies_in_place(t, executors), passes, check)
             # Only where the trace runs inside autograd.Function, with grad mode off: a forward
             # with nothing to differentiate runs as is, and `out=` refuses arguments requiring grad.
-            if passes is bwd_traces or fwd.info["differentiable_outputs"] or fwd.info["dirty_inputs"]:
+            if passes is bwd_traces or split.differentiable_outputs or split.dirty_inputs:
                 t = _timed(lambda t=t: reuse_buffers(t, executors), passes, check)
             if CHECK_COPIES:
                 check_copies(t)
         _timed(lambda t=t: release_dead_values(t), passes, check)
     compiled = CompiledGrad(
-        forward=bumping_versions(traces[-1].python_callable(), traces[-1]),
+        forward=bumping_versions(traces[-1].python_callable(), traces[-1], mutated_inputs),
         # A backward called under autocast must not cast again: its trace holds eager's casts.
         backward=without_autocast(bwd_traces[-1].python_callable()),
-        differentiable_outputs=fwd.info["differentiable_outputs"],
+        differentiable_outputs=split.differentiable_outputs,
         name=trace.fn_name,
         input_names=tuple(p.name for p in trace.args),
-        dirty_inputs=fwd.info["dirty_inputs"],
-        overwritten_saved=fwd.info["overwritten_saved"],
+        dirty_inputs=split.dirty_inputs,
+        overwritten_saved=split.overwritten_saved,
         backward_mutated_inputs=mutated_by_backward,
     )
-    return CompiledEntry(call_plan(trace).wrap(autograd_callable(compiled)), traces, backward_traces=bwd_traces)
+    return autograd_callable(compiled), bwd_traces, split
 
 
 
@@ -187,21 +245,14 @@ def _describe_function(fn: Any) -> str:
     return f"{name} ({code.co_filename}:{code.co_firstlineno})" if code is not None else name
 
 
-def call_plan(trace: Trace) -> CallPlan:
-    """The captured trace's `CallPlan`, with the tensors it captured from outside in input order."""
-    plan: CallPlan = trace.info.get("call_plan") or CallPlan()
-    plan.captured = [(source, t) for _, source, t in trace.info.get("captured_inputs", ())]
-    return plan
-
-
-def bumping_versions(computation: Callable[..., Any], trace: Trace) -> Callable[..., Any]:
-    """`computation`, followed by a bump of the autograd version counter of each input it writes.
+def bumping_versions(computation: Callable[..., Any], trace: Trace, mutated_inputs: Sequence[str]) -> Callable[..., Any]:
+    """`computation`, followed by a bump of the autograd version counter of each input it writes (`mutated_inputs`).
 
     Torch's own in-place ops bump it; a kernel writing memory directly (Triton, a custom
     executor) does not. Either way eager autograd must see the write (DESIGN.md, invariant 3):
     a node that saved the tensor then raises "modified by an inplace operation".
     """
-    mutated = set(trace.info.get("mutated_inputs", ()))
+    mutated = set(mutated_inputs)
     positions = [i for i, p in enumerate(trace.args) if p.name in mutated]
     if not positions:
         return computation
@@ -215,31 +266,73 @@ def bumping_versions(computation: Callable[..., Any], trace: Trace) -> Callable[
     return run
 
 
-def functionalize_for_call(trace: Trace, flat: list[Any]) -> Trace:
+def with_synthetic_bases(computation: Callable[..., Any], aliasing: InputAliasing | None) -> Callable[..., Any]:
+    """`computation`, given after the call's inputs the synthetic base of each group of overlapping inputs.
+
+    A base is the 1-D view of its storage's first elements, made from the group's first
+    input (`functionalize`'s `SyntheticBase`); entries without one run `computation` as it is.
+    """
+    bases = aliasing.synthetic_bases if aliasing is not None else ()
+    if not bases:
+        return computation
+    as_strided = torch.as_strided
+
+    def run(*inputs: Any) -> Any:
+        return computation(*inputs, *(as_strided(inputs[lead], (length,), (1,), 0) for lead, length in bases))
+
+    return run
+
+
+def functionalize_for_call(trace: Trace, flat: list[Any], no_grad: frozenset[str] = frozenset()
+                           ) -> tuple[Trace, FunctionalizeResult, InputAliasing | None]:
     """`functionalize`, told which inputs of this call share memory (DESIGN.md, invariant 1).
 
     The same tensor passed twice (or identical views) is one memory that a write updates
-    for every name; overlapping views that differ are refused where the trace writes into one.
+    for every name; inputs that overlap differently (`t[1:3]` and `t[2:4]`, `t` and `t.t()`)
+    are rebuilt, where the trace writes into one, as views of one synthetic base input.
+    Returns the functional trace, what functionalize found, and how the inputs share memory,
+    which the entry's guard must check (None when the trace writes into no input).
     """
     identical, partial = alias_groups(flat)
     # Eager refuses in-place writes into leaves that require grad, not into other tensors that do.
     non_leaf = [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor) and x.requires_grad and not x.is_leaf]
-    functional = functionalize(trace, non_leaf_inputs=non_leaf)
-    mutated = set(functional.info.get("mutated_inputs", ()))
+    functional, result = functionalize(trace, non_leaf_inputs=non_leaf, no_grad=no_grad)
+    mutated = set(result.mutated_inputs)
     if not mutated:
-        return functional  # aliasing cannot matter: the guard need not look at it
-    if identical:
+        return functional, result, None  # aliasing cannot matter: the guard need not look at it
+    # A written input that repeats elements (`o.expand(4, 4)`, which eager lets zero_ fill) is its own group.
+    grouped = {i for group in identical + partial for i in group}
+    partial = partial + [[i] for i, p in enumerate(trace.args) if i not in grouped and p.name in mutated
+                         and isinstance(flat[i], torch.Tensor) and torch._debug_has_internal_overlap(flat[i]) == 1]
+    bases = [_synthetic_base(trace, flat, group, mutated) for group in partial
+             if any(trace.args[i].name in mutated for i in group)]
+    if identical or bases:
         # Functionalized for this aliasing only: the guard below keeps other calls away.
-        functional = functionalize(trace, input_aliases=identical, non_leaf_inputs=non_leaf)
-        mutated = set(functional.info.get("mutated_inputs", ())) | mutated
-    for group in partial:
-        names = [trace.args[i].name for i in group]
-        written = [n for n in names if n in mutated]
-        if written:
-            raise AliasError(
-                f"inputs {', '.join(names)} overlap in memory without being the same view, and the function writes "
-                f"into {written[0]} in place; minijit cannot order that write against the other reads. "
-                "Pass a clone of one of them"
-            )
-    functional.info["alias_pattern"] = alias_pattern(*flat)
-    return functional
+        functional, result = functionalize(trace, input_aliases=identical, non_leaf_inputs=non_leaf, no_grad=no_grad,
+                                           synthetic_bases=bases)
+    layout_also = tuple(b.members[0] for b in bases if len(b.members) == 1)
+    return functional, result, InputAliasing(
+        pattern=alias_pattern(*flat), layout=alias_layout(*flat, also=layout_also), layout_also=layout_also,
+        synthetic_bases=tuple((b.members[0], b.length) for b in bases))
+
+
+def _synthetic_base(trace: Trace, flat: list[Any], group: list[int], mutated: set[str]) -> SyntheticBase:
+    """The synthetic base of inputs that overlap in memory without being the same view; AliasError where unsupported."""
+    names = [trace.args[i].name for i in group]
+    written = next(n for n in names if n in mutated)
+    tensors = [flat[i] for i in group]
+    why = None
+    if len({t.dtype for t in tensors}) > 1:
+        why = "they view it with different dtypes"
+    elif torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        why = "one of them requires grad (the gradient through the shared memory is not supported)"
+    elif any(type(d) is not int for i in group for d in trace.args[i].shape):
+        why = "their sizes are symbolic (cache='symbolic values')"
+    if why is not None:
+        raise AliasError(
+            f"inputs {', '.join(names)} overlap in memory without being the same view, and the function writes "
+            f"into {written} in place; minijit cannot rebuild them from their common storage because {why}. "
+            "Pass a clone of one of them"
+        )
+    length, layouts = synthetic_base_layout(flat, group)
+    return SyntheticBase(tuple(group), layouts, length)

@@ -33,10 +33,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from minijit.ir import BoundSymbol, Proxy, TensorProxy, Trace, tree_iter
-from minijit.transforms.copy_analysis import buffer_kind, read_proxies
-
-# A memory is named by the id of the proxy whose producer allocated it; inputs by their name.
-Memory = int | str
+from minijit.transforms.memory import MemoryModel, Storage, buffer_kind, read_proxies
 
 
 def reuse_buffers(trace: Trace, executors: Sequence[Any]) -> Trace:
@@ -45,23 +42,22 @@ def reuse_buffers(trace: Trace, executors: Sequence[Any]) -> Trace:
 
 
 class _BufferReuse:
-    """One walk over the trace, following which memory each proxy lives in."""
+    """One walk over the trace, following which memory each proxy lives in (as rewritten so far)."""
 
     def __init__(self, trace: Trace, executors: Sequence[Any]):
         self.trace = trace
         self.by_namespace = {ex.namespace: ex for ex in executors}
-        self.last_read: dict[int, int] = {}
-        for i, bsym in enumerate(trace.bound_symbols):
-            for p in read_proxies(bsym):
-                self.last_read[id(p)] = i
+        self.reads = MemoryModel(trace)  # who reads each proxy, in the trace as it comes
         self.returned = self._returned()
-        self.mem: dict[int, frozenset[Memory]] = {id(p): frozenset({p.name}) for p in trace.args}
-        self.owned: set[Memory] = set()  # memories the trace allocated itself
-        self.home: dict[Memory, Proxy] = {}  # owned memory -> the proxy it was allocated for
-        # Memory -> the index of the last bound symbol reading something that lives in it (inf: returned).
-        self.busy_until: dict[Memory, float] = {}
-        # (shape, dtype, device) -> a heap of (busy_until, allocation order, memory); entries go stale.
-        self.pool: dict[tuple[Any, ...], list[tuple[float, int, Memory]]] = {}
+        # Where each proxy lives in the trace as rewritten: an op allocates memory of its own only
+        # where its executor says so; any other op may return one of its arguments.
+        self.memory = MemoryModel.start(trace, allocates=self._allocates)
+        self.owned: set[Storage] = set()  # storages the trace allocated itself
+        # Storage -> the index of the last bound symbol reading something that lives in it (inf: returned).
+        self.busy_until: dict[Storage, float] = {}
+        # (shape, dtype, device) -> a heap of (busy_until, allocation order, storage); entries go stale.
+        self.pool: dict[tuple[Any, ...], list[tuple[float, int, Storage]]] = {}
+        self.allocations = 0
 
     def run(self) -> Trace:
         bsyms = list(self.trace.bound_symbols)
@@ -69,7 +65,7 @@ class _BufferReuse:
             ex = self.by_namespace.get(bsym.sym.namespace)
             if ex is not None and self._may_take_a_buffer(bsym, ex):
                 bsym = bsyms[i] = self._rewrite(bsym, i, ex)
-            self._place_outputs(bsym, ex)
+            self._place_outputs(bsym)
         return self.trace.derive(bsyms, pass_name="reuse buffers")
 
     def _returned(self) -> set[int]:
@@ -82,16 +78,20 @@ class _BufferReuse:
                     returned.update(id(p) for p in bsym.proxy_args())
         return returned
 
+    def _allocates(self, bsym: BoundSymbol) -> bool:
+        ex = self.by_namespace.get(bsym.sym.namespace)
+        return ex is not None and len(list(bsym.proxy_outputs())) == 1 and ex.allocates_output(bsym)
+
     def _may_take_a_buffer(self, bsym: BoundSymbol, ex: Any) -> bool:
         outs = list(bsym.proxy_outputs())
         return (len(outs) == 1 and isinstance(outs[0], TensorProxy) and id(outs[0]) not in self.returned
                 and ex.allocates_output(bsym))
 
-    def _dead(self, m: Memory, i: int) -> bool:
+    def _dead(self, m: Storage, i: int) -> bool:
         """Whether nothing living in memory m is read after the i-th bound symbol, nor returned."""
         return self.busy_until.get(m, math.inf) <= i
 
-    def _free_buffer(self, kind: tuple[Any, ...], i: int) -> Memory | None:
+    def _free_buffer(self, kind: tuple[Any, ...], i: int) -> Storage | None:
         """An owned memory of this kind that nothing reads from the i-th bound symbol on, or None."""
         heap = self.pool.get(kind, [])
         while heap and heap[0][0] < i:
@@ -106,18 +106,21 @@ class _BufferReuse:
         kind = buffer_kind(next(iter(bsym.proxy_outputs())))
         args = [p for p in read_proxies(bsym) if isinstance(p, TensorProxy)]
         for t in args:
-            where = self.mem.get(id(t), frozenset())
+            where = self.memory.storages(t)
             if len(where) != 1 or not where <= self.owned or buffer_kind(t) != kind:
                 continue
             (m,) = where
+            home = self.memory.home(m)
+            if t is not home and buffer_kind(home) != kind:
+                continue  # a view showing some elements twice (`s.expand(2, 2)`) or not all of them
             # An op may read its `out` exactly, never through another view of it (DESIGN.md, invariant 2).
-            if self._dead(m, i) and not any(p is not t and m in self.mem.get(id(p), ()) for p in args):
+            if self._dead(m, i) and not any(p is not t and m in self.memory.storages(p) for p in args):
                 rep = ex.produce_into(bsym, t)
                 if rep is not None:
                     return rep
         m = self._free_buffer(kind, i)
         if m is not None:
-            home = self.home[m]
+            home = self.memory.home(m)
             rep = ex.produce_into(bsym, home)
             if rep is not None:
                 note = f"in the buffer of {home.name}, which nothing reads any more"
@@ -125,32 +128,21 @@ class _BufferReuse:
             heapq.heappush(self.pool[kind], (self.busy_until[m], -1, m))
         return bsym
 
-    def _place_outputs(self, bsym: BoundSymbol, ex: Any) -> None:
-        """Record which memory bsym's outputs live in."""
-        outs = [o for o in bsym.proxy_outputs() if isinstance(o, Proxy)]
-        written = bsym.written()
-        if len(written) == 1:
-            where = self.mem.get(id(written[0]), frozenset({id(written[0])}))
-        elif written:
-            where = frozenset({id(o) for o in outs})  # a region writing into inputs: its outputs are its own
-        elif ex is not None and len(outs) == 1 and ex.allocates_output(bsym):
-            where = frozenset({id(outs[0])})
-            self.owned.add(id(outs[0]))
-            self.home[id(outs[0])] = outs[0]
-        else:
-            # A view, or an op that may return one of its arguments: its outputs may live
-            # in any of its arguments' memories (and in a memory of their own).
-            where = frozenset().union(*(self.mem.get(id(p), frozenset()) for p in bsym.proxy_args()))
-            if not bsym.may_alias_input() or not where:
-                where |= {id(o) for o in outs}
-        for o in outs:
-            self.mem[id(o)] = where
-            until = math.inf if id(o) in self.returned else self.last_read.get(id(o), -1)
+    def _place_outputs(self, bsym: BoundSymbol) -> None:
+        """Record which memory bsym's outputs live in, and until when something living there is read."""
+        self.memory.add(bsym)
+        where: frozenset[Storage] = frozenset()
+        for o in bsym.proxy_outputs():
+            where = self.memory.storages(o)
+            if self.memory.is_fresh(o):
+                self.owned |= where
+                self.allocations += 1
+            reads = self.reads.readers_of(o)
+            until = math.inf if id(o) in self.returned else (reads[-1] if reads else -1)
             for m in where:
                 self.busy_until[m] = max(self.busy_until.get(m, -1), until)
         if len(where) == 1 and where <= self.owned:
             (m,) = where
-            kind = buffer_kind(self.home[m])
+            kind = buffer_kind(self.memory.home(m))
             if kind is not None and self.busy_until[m] != math.inf:
-                heapq.heappush(self.pool.setdefault(kind, []), (self.busy_until[m], len(self.home), m))
-
+                heapq.heappush(self.pool.setdefault(kind, []), (self.busy_until[m], self.allocations, m))

@@ -15,15 +15,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from minijit.errors import MinijitError, UnsupportedOpError, where
-from minijit.ir import BoundSymbol, Proxy, Trace, tracing, tree_iter
+from minijit.errors import UnsupportedOpError, where
+from minijit.ir import BoundSymbol, Trace
+from minijit.ir.rewrite import expand
 from minijit.transforms.fusion import Region, partition, region_bound_symbol
 
 Entry = tuple[BoundSymbol, Any]
 
 
 def _is_fusion(ex: Any) -> bool:
-    return hasattr(ex, "fuse") and hasattr(ex, "claims")
+    return ex.fuses_regions
 
 
 def _fusible_leaves(bsym: BoundSymbol, ex: Any) -> list[BoundSymbol]:
@@ -33,26 +34,10 @@ def _fusible_leaves(bsym: BoundSymbol, ex: Any) -> list[BoundSymbol]:
 
 
 def _apply_execution_transform(trace: Trace, bsym: BoundSymbol, transform: Any) -> list[BoundSymbol]:
-    """The bound symbols `transform(*args, **kwargs)` records, computing `bsym`'s outputs under their names."""
-    scratch = trace.derive([], pass_name="execution transform")
-    scratch.source = bsym.source
-    with tracing(scratch):
-        out = transform(*bsym.args, **bsym.kwargs)
-    new = [x for x in tree_iter(out) if isinstance(x, Proxy)]
-    old = [x for x in tree_iter(bsym.output) if isinstance(x, Proxy)]
-    if len(new) != len(old):
-        raise MinijitError(f"the execution transform of {bsym.sym.id} returned {len(new)} proxies, "
-                           f"expected {len(old)}{where(bsym.source)}")
-    inputs = {p.name for p in bsym.proxy_args()}
-    for n, o in zip(new, old):
-        if n.name in inputs and n.name != o.name:
-            raise MinijitError(f"the execution transform of {bsym.sym.id} returns its input {n.name}; "
-                               f"return a computed value{where(bsym.source)}")
-        # Later bound symbols refer to the original outputs by name.
-        n.name = o.name
+    """The bound symbols `transform(*args, **kwargs)` records, computing `bsym`'s outputs."""
     note = f"for {bsym.sym.id}"
     return [b.replace(source=b.source or bsym.source, note=f"{b.note}; {note}" if b.note else note)
-            for b in scratch.bound_symbols]
+            for b in expand(bsym, transform, trace, what="the execution transform")]
 
 
 def claim_executors(trace: Trace, executors: Sequence[Any]) -> Trace:

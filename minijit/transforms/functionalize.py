@@ -24,7 +24,7 @@ together with the base version that value belongs to.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,10 +32,12 @@ import torch
 
 from minijit.errors import AliasError, InplaceError, UnsupportedOpError, where
 from minijit.ir import BoundSymbol, Proxy, TensorProxy, Trace, tracing, tree_flatten, tree_map
+from minijit.ir.rewrite import replay_bsym
 from minijit.ops import prims
+from minijit.ops.opaque import opaque_call
 from minijit.ops.registry import ALL_LTORCH
 from minijit.ops.utils import expand_to, to_dtype
-from minijit.transforms.copy_analysis import alias_roots
+from minijit.transforms.memory import MemoryModel
 from minijit.transforms.view_updates import (
     ExpandedWrite,
     eager_returns_view,
@@ -48,28 +50,58 @@ from minijit.transforms.view_updates import (
     viewed_tensor,
 )
 
-__all__ = ["functionalize"]
+__all__ = ["FunctionalizeResult", "SyntheticBase", "functionalize"]
 
 
-def functionalize(trace: Trace, *, input_aliases: Sequence[Sequence[int]] = (),
-                  grad_enabled: bool | None = None, non_leaf_inputs: Sequence[int] = ()) -> Trace:
+@dataclass(frozen=True)
+class FunctionalizeResult:
+    """What `functionalize` found besides the functional trace."""
+
+    # The names of the trace inputs written in place, each now the target of one copy at the end
+    # (in the order of the inputs); the runtime bumps their autograd version counters.
+    mutated_inputs: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SyntheticBase:
+    """Inputs (by position) that view one storage differently, at least one of them written.
+
+    The functional trace takes one more input, the base: the 1-D view of the storage's
+    first `length` elements. Each member is read as `as_strided(base, size, stride,
+    storage_offset)` of it (its `layouts`, in member order), so that a write through
+    any member updates the base and every later read of any member sees it.
+    """
+
+    members: tuple[int, ...]
+    layouts: tuple[tuple[tuple[int, ...], tuple[int, ...], int], ...]
+    length: int
+
+
+def functionalize(trace: Trace, *, input_aliases: Sequence[Sequence[int]] = (), grad_enabled: bool | None = None,
+                  non_leaf_inputs: Sequence[int] = (), no_grad: Collection[str] = (),
+                  synthetic_bases: Sequence[SyntheticBase] = ()) -> tuple[Trace, FunctionalizeResult]:
     """Replace in-place ops by functional ones; write each mutated input back once, at the end.
 
     `input_aliases` lists groups of input positions that are the same memory (the
     same tensor passed twice, or identical views); a write into one is seen by all,
-    and the group gets one copy. `grad_enabled` (default: torch's grad mode now)
-    turns on eager's refusal to mutate a leaf that requires grad; inputs listed in
-    `non_leaf_inputs` are not leaves and may be mutated.
+    and the group gets one copy (the new trace's `input_alias_groups` names them).
+    `grad_enabled` (default: torch's grad mode now) turns on eager's refusal to mutate
+    a leaf that requires grad; inputs listed in `non_leaf_inputs` are not leaves and
+    may be mutated, and so may any input through an op whose outputs are in `no_grad`
+    (the values the code computed under `torch.no_grad()`, as capture recorded them).
+    Each of `synthetic_bases` (inputs that overlap without being the same view) adds one
+    input to the trace, the storage they share: writes through any member land in it, and
+    it gets the group's one copy. `trace` is left as it is.
 
     Example::
 
         # def f(x): x.add_(1); return x * 2
         # t0 = ltorch.add(x, 1); t1 = ltorch.mul(t0, 2); prims.copy_to_out_(t0, out=x); return t1
-        functional = functionalize(captured)
+        functional, result = functionalize(captured)  # result.mutated_inputs == ("x",)
     """
     if grad_enabled is None:
         grad_enabled = torch.is_grad_enabled()
-    return _Functionalizer(trace, input_aliases, grad_enabled, set(non_leaf_inputs)).run()
+    return _Functionalizer(trace, input_aliases, grad_enabled, set(non_leaf_inputs), no_grad, synthetic_bases).run()
 
 
 @dataclass
@@ -84,13 +116,13 @@ class _View:
 
 class _Functionalizer:
     def __init__(self, trace: Trace, input_aliases: Sequence[Sequence[int]], grad_enabled: bool,
-                 non_leaf_inputs: set[int]):
+                 non_leaf_inputs: set[int], no_grad: Collection[str], synthetic_bases: Sequence[SyntheticBase] = ()):
         self.trace = trace
         self.new = trace.derive([], pass_name="functionalize")
         self.grad_enabled = grad_enabled
         # Outputs of ops recorded under torch.no_grad() inside the function (an in-place op's output is
         # the tensor it writes): eager lets those write into leaves that require grad.
-        self.no_grad: set[str] = trace.info.get("no_grad", set())
+        self.no_grad = no_grad
         self.constants: set[int] = set()  # ids of prims.tensor_constant outputs
         self.unwrapped: dict[int, TensorProxy] = {}  # id(no_grad_update output) -> the value written
         self.leaves = {id(p) for i, p in enumerate(trace.args)
@@ -111,7 +143,20 @@ class _Functionalizer:
                                      "of it; minijit supports aliased inputs only when they are identical")
                 self.same_as[id(m)] = leader
             groups.append([m.name for m in members])
-        self.new.info["input_alias_groups"] = groups
+        # (base input, its members, their layouts); the base leads its group of storage-sharing inputs.
+        self.bases: list[tuple[TensorProxy, list[TensorProxy], SyntheticBase]] = []
+        self.synthetic: set[int] = set()  # ids of the synthetic bases
+        for synthetic in synthetic_bases:
+            members = [trace.args[i] for i in synthetic.members]
+            lead = members[0]
+            with tracing(self.new):
+                base = TensorProxy((synthetic.length,), lead.dtype, lead.device, False)
+            self.new.add_input(base, f"{lead.name}_storage")
+            self.inputs.add(id(base))
+            self.synthetic.add(id(base))
+            self.bases.append((base, members, synthetic))
+            groups.append([base.name, *(m.name for m in members)])
+        self.new.input_alias_groups = groups
 
     # -- values ----------------------------------------------------------------
     def canon(self, p: Any) -> Any:
@@ -157,23 +202,30 @@ class _Functionalizer:
                                f"in-place operation (input {base.name}, as in eager); use torch.no_grad() or "
                                "write into a clone")
         before = self.resolve(base) if under_no_grad and base.requires_grad and id(base) in self.inputs else None
-        try:
-            self._write_through_views(dst, new)
-        except ExpandedWrite:
-            # Through an expanded view (`x.expand(2, 3)[0].add_(1)`): scatter straight into
-            # the base by element positions. The failed attempt recorded only functional,
-            # unused bound symbols (dce drops them) and changed no state.
-            uniform = self._is_fill(new)
-            self._write_through_views(base, scatter_by_positions(self.resolve(base), self.chain(dst), new, op,
-                                                                 uniform=uniform))
-            if base is not dst:
-                self.cache[id(dst)] = (self.version[id(base)], new)
+        if id(base) in self.synthetic:
+            # A synthetic base (its members may repeat elements, `o.expand(4, 4)`): one scatter
+            # by element positions through the whole view chain.
+            self._write_by_positions(dst, base, new, op)
+        else:
+            try:
+                self._write_through_views(dst, new)
+            except ExpandedWrite:
+                # Through an expanded view (`x.expand(2, 3)[0].add_(1)`): scatter straight into
+                # the base by element positions. The failed attempt recorded only functional,
+                # unused bound symbols (dce drops them) and changed no state.
+                self._write_by_positions(dst, base, new, op)
         if before is not None:
             # Written under no_grad: the input keeps its autograd identity (gradients still reach it).
             # Later reads see the wrapped value; the write-back at the end copies the plain one.
             written = self.value[id(base)]
             self.value[id(base)] = prims.no_grad_update(before, written)
             self.unwrapped[id(self.value[id(base)])] = written
+
+    def _write_by_positions(self, dst: TensorProxy, base: TensorProxy, new: TensorProxy, op: BoundSymbol) -> None:
+        self._write_through_views(base, scatter_by_positions(self.resolve(base), self.chain(dst), new, op,
+                                                             uniform=self._is_fill(new)))
+        if base is not dst:
+            self.cache[id(dst)] = (self.version[id(base)], new)
 
     def _write_through_views(self, dst: TensorProxy, new: TensorProxy) -> None:
         view = self.views.get(id(dst))
@@ -276,14 +328,7 @@ class _Functionalizer:
 
     def emit(self, bsym: BoundSymbol) -> None:
         """Append `bsym` reading current values: as it is, or recorded again where an argument changed."""
-        args, kwargs = tree_map(self.resolve, (bsym.args, bsym.kwargs))
-        old_in = tree_flatten((bsym.args, bsym.kwargs))
-        new_in = tree_flatten((args, kwargs))
-        if all(a is b for a, b in zip(old_in, new_in, strict=True)):
-            self.new.bound_symbols.append(bsym)
-            result = bsym.output
-        else:
-            result = layout_free(bsym.sym)(*args, **kwargs)
+        result = replay_bsym(bsym, self.resolve, sym=layout_free(bsym.sym), reuse_unchanged=True)
         parent = viewed_tensor(bsym)
         is_view = parent is not None and is_view_op(bsym)
         for old, new in zip(tree_flatten(bsym.output), tree_flatten(result), strict=True):
@@ -299,23 +344,33 @@ class _Functionalizer:
                 self.value[id(old)] = new
 
     # -- the pass ------------------------------------------------------------------
-    def run(self) -> Trace:
+    def run(self) -> tuple[Trace, FunctionalizeResult]:
         self.produced: set[int] = set()
         with tracing(self.new):
+            self._members_as_views()
             for bsym in self.trace.bound_symbols:
                 self.new.source = bsym.source
                 self.visit(bsym, bsym)
             self.new.source = None
             output = tree_map(self.resolve, self.trace.output)
             self.new.output = self._write_back(output)
-        self.new.info["mutated_inputs"] = self.mutated
-        return self.new
+        return self.new, FunctionalizeResult(mutated_inputs=tuple(self.mutated))
+
+    def _members_as_views(self) -> None:
+        """Each member of a synthetic base becomes a view of it; it reads as the input itself until written."""
+        for base, members, synthetic in self.bases:
+            for member, (size, stride, offset) in zip(members, synthetic.layouts, strict=True):
+                # Offsets are absolute in the storage, and every value of the base starts at its
+                # storage's first element (the input is the storage's prefix; scatters are fresh).
+                view = opaque_call(torch.as_strided, (base, size, stride, offset), {})
+                self.views[id(member)] = _View(base, self.new.bound_symbols[-1], view, base)
+                self.cache[id(member)] = (0, member)
 
     def _write_back(self, output: Any) -> Any:
         """Materialize outputs that alias overwritten inputs, then emit one ordered copy per mutated input."""
         finals: dict[str, TensorProxy] = {}
         outs: dict[str, TensorProxy] = {}
-        for p in self.trace.args:
+        for p in self.new.args:
             if id(p) in self.same_as or self.version.get(id(p), 0) == 0:
                 continue
             final = self.resolve(p)
@@ -325,13 +380,13 @@ class _Functionalizer:
         self.mutated = list(finals)
         if not finals:
             return output
-        roots = alias_roots(self.new)
+        memory = MemoryModel(self.new)
         written = set(finals)
 
         clones: dict[int, TensorProxy] = {}
 
         def materialize(x: Any) -> Any:
-            if isinstance(x, TensorProxy) and roots.get(id(x), frozenset()) & written:
+            if isinstance(x, TensorProxy) and memory.input_storages(x) & written:
                 if id(x) not in clones:
                     clones[id(x)] = prims.clone(x)
                 return clones[id(x)]
@@ -340,7 +395,7 @@ class _Functionalizer:
         output = tree_map(materialize, output)
         # A copy into y must follow every copy whose value reads y's old value (invariant 1);
         # a value that aliases its own destination, or a cycle of such reads, is cloned first.
-        reads = {n: set(roots.get(id(v), frozenset()) & written) for n, v in finals.items()}
+        reads = {n: set(memory.input_storages(v) & written) for n, v in finals.items()}
         for n in finals:
             if n in reads[n]:
                 finals[n] = materialize(finals[n])

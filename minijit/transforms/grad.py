@@ -23,13 +23,14 @@ the residuals the backward actually reads are saved.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Container, Sequence
+from collections.abc import Callable, Collection, Container, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from minijit.errors import MinijitError, UnsupportedOpError, where
-from minijit.ir import BoundSymbol, NumberProxy, Proxy, Symbol, TensorProxy, Trace, tracing, tree_flatten, tree_map
+from minijit.ir import BoundSymbol, NumberProxy, Proxy, Symbol, TensorProxy, Trace, tracing, tree_flatten
 from minijit.ir.printing import Constants
+from minijit.ir.rewrite import ProxyMap
 from minijit.ops import prims
 from minijit.ops.opaque import OPAQUE
 from minijit.transforms.dce import dce
@@ -94,16 +95,13 @@ def _signature(fn: Callable[..., Any]) -> inspect.Signature | None:
 def _bind(bsym: BoundSymbol, rule: VjpRule) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
     """The bound symbol's arguments in the order of its signature, defaults filled in.
 
-    None when a composite op's signature is not the one the rule was written for
-    (then its decomposition is differentiated instead, which is always correct).
+    A rule's parameters are its symbol's (checked when it is registered:
+    `minijit.transforms.vjp.registry.check_rule_signature`). None when the call does
+    not bind (then its decomposition is differentiated instead, which is always correct).
     """
     sig = _signature(bsym.sym.meta) if bsym.sym.meta is not None else None
     if sig is None:
         return bsym.args, bsym.kwargs
-    if not bsym.sym.is_prim:
-        rule_sig = _signature(rule.forward)
-        if rule_sig is None or list(sig.parameters)[1:] != list(rule_sig.parameters)[1:]:
-            return None
     try:
         bound = sig.bind(*bsym.args, **bsym.kwargs)
     except TypeError:
@@ -112,19 +110,23 @@ def _bind(bsym: BoundSymbol, rule: VjpRule) -> tuple[tuple[Any, ...], dict[str, 
     return tuple(bound.args), dict(bound.kwargs)
 
 
-def _rename(bsym: BoundSymbol, mapping: dict[int, Proxy]) -> BoundSymbol:
-    def swap(x: Any) -> Any:
-        return mapping.get(id(x), x) if isinstance(x, Proxy) else x
+@dataclass(frozen=True)
+class SplitResult:
+    """What `split_forward_backward` tells the runtime about the forward and backward it made."""
 
-    return bsym.replace(args=tree_map(swap, bsym.args), kwargs=tree_map(swap, bsym.kwargs),
-                        output=tree_map(swap, bsym.output),
-                        subsymbols=tuple(_rename(s, mapping) for s in bsym.subsymbols))
+    # Positions among the output leaves that get a cotangent in the backward.
+    differentiable_outputs: tuple[int, ...]
+    # Positions of the inputs that require grad and are written in place: the forward returns
+    # each one's new value too, and the backward takes a cotangent for it (ctx.mark_dirty).
+    dirty_inputs: tuple[int, ...]
+    # Names of saved values the forward overwrites: saved as None, so a backward needing one raises.
+    overwritten_saved: tuple[str, ...]
 
 
 class _Splitter:
     """The state of one forward/backward split."""
 
-    def __init__(self, trace: Trace, executors: Sequence[Any] = ()):
+    def __init__(self, trace: Trace, executors: Sequence[Any], no_grad: Collection[str]):
         self.trace = trace
         self.executors = executors
         self.requires = {p.name for p in trace.args if is_differentiable(p) and p.requires_grad}
@@ -133,10 +135,8 @@ class _Splitter:
                 raise UnsupportedOpError(f"the input {p.name} is a complex tensor that requires grad; minijit does "
                                          "not differentiate complex tensors")
         self.inputs_requiring = set(self.requires)
-        self.no_grad: set[str] = trace.info.get("no_grad", set())
-        self.fwd = Trace(trace.fn_name, _names=trace.names)
-        self.fwd.args = list(trace.args)
-        self.fwd.info = dict(trace.info)
+        self.no_grad = no_grad
+        self.fwd = trace.derive([], pass_name="split forward/backward")
         self.tape: list[_TapeEntry] = []
         # (input requiring grad, its new value) for each write-back into such an input
         self.dirty: list[tuple[TensorProxy, Any]] = []
@@ -174,17 +174,10 @@ class _Splitter:
         )
 
     def _executor_rule(self, bsym: BoundSymbol) -> VjpRule | None:
-        """The grad transform of the executor that will claim `bsym`, if it gave one for this symbol."""
+        """The VJP rule of the executor that will run `bsym`, if it has its own for this call (`Executor.grad_rule_for`)."""
         for ex in self.executors:
-            find = getattr(ex, "implementation_for", None)
-            impl = find(bsym) if find is not None else None
-            if impl is not None:
-                transform = getattr(impl, "grad_transform", None)
-                if transform is None:
-                    return None  # the executor runs it with the symbol's own rule
-                rule = VjpRule(bsym.sym.id, transform[0])
-                rule.backward(transform[1])
-                return rule
+            if ex.implementation_for(bsym) is not None:
+                return ex.grad_rule_for(bsym)  # None: the executor runs it with the symbol's own rule
         return None
 
     def _inplace(self, bsym: BoundSymbol) -> None:
@@ -228,16 +221,15 @@ class _Splitter:
         new_leaves, old_leaves = tree_flatten(out), tree_flatten(bsym.output)
         if len(new_leaves) != len(old_leaves):
             raise MinijitError(f"the VJP rule of {bsym.sym.id} returned {len(new_leaves)} outputs, expected {len(old_leaves)}")
-        inputs = {id(p) for p in bsym.proxy_args()}
-        mapping = {id(n): o for n, o in zip(new_leaves, old_leaves)
-                   if isinstance(n, Proxy) and n is not o and id(n) not in inputs}
+        rename = ProxyMap()
+        rename.bind(new_leaves, old_leaves, keep=bsym.proxy_args())
         # Where the rule recorded the symbol itself, keep the original bound symbol: it has
         # the user's argument form (keywords stay keywords), which executors call as is.
         self.fwd.bound_symbols[start:] = [
             bsym if b.sym is bsym.sym and b.output is bsym.output else b
-            for b in (_rename(b, mapping) for b in self.fwd.bound_symbols[start:])
+            for b in map(rename.bsym, self.fwd.bound_symbols[start:])
         ]
-        saved = tree_map(lambda x: mapping.get(id(x), x) if isinstance(x, Proxy) else x, saved)
+        saved = rename(saved)
         self.tape.append(_TapeEntry(rule, bsym, args, saved, kwargs))
         self.requires.update(p.name for p in bsym.proxy_outputs() if is_differentiable(p))
         return True
@@ -322,8 +314,9 @@ def requires_grad_inputs(trace: Trace) -> list[Proxy]:
     return [p for p in trace.args if is_differentiable(p) and p.requires_grad]
 
 
-def split_forward_backward(trace: Trace, executors: Sequence[Any] = ()) -> tuple[Trace, Trace]:
-    """The forward trace (returns `(outputs, saved)`) and backward trace (takes `*saved, *cotangents`).
+def split_forward_backward(trace: Trace, executors: Sequence[Any] = (), no_grad: Collection[str] = ()
+                           ) -> tuple[Trace, Trace, SplitResult]:
+    """The forward trace (returns `(outputs, saved)`), the backward trace (takes `*saved, *cotangents`), and a `SplitResult`.
 
     The backward returns one gradient per input of `trace` (None for inputs that do
     not require grad or that no output depends on). Cotangents come in the order of
@@ -331,9 +324,11 @@ def split_forward_backward(trace: Trace, executors: Sequence[Any] = ()) -> tuple
     that requires grad and is written in place (`dirty_inputs`, positions among the
     inputs), for its new value. Saved values that the forward overwrites are returned
     as None and named in `overwritten_saved`. Where the first of `executors` that
-    claims a call has a grad transform for it, that is its VJP rule.
+    claims a call has a grad transform for it, that is its VJP rule. Symbols whose
+    outputs are in `no_grad` (computed under `torch.no_grad()`) are constant for VJP.
+    `trace` is left as it is.
     """
-    splitter = _Splitter(trace, executors)
+    splitter = _Splitter(trace, executors, no_grad)
     for bsym in trace.bound_symbols:
         splitter.forward(bsym)
     bwd, saved = splitter.backward()
@@ -344,12 +339,12 @@ def split_forward_backward(trace: Trace, executors: Sequence[Any] = ()) -> tuple
     # An input the forward overwrites cannot serve the backward its old value: as eager
     # autograd does for a saved tensor modified in place, the backward raises (runtime/autograd.py).
     fwd.output = (trace.output, tuple(None if p.name in overwritten else p for p in saved))
-    fwd.info["overwritten_saved"] = tuple(p.name for p in saved if p.name in overwritten)
-    fwd.pass_name = "split forward/backward"
-    fwd.info["differentiable_outputs"] = differentiable_outputs(trace, splitter.requires)
     positions = {p.name: i for i, p in enumerate(trace.args)}
-    fwd.info["dirty_inputs"] = tuple(positions[p.name] for p, _ in splitter.dirty)
-    return fwd, bwd
+    return fwd, bwd, SplitResult(
+        differentiable_outputs=differentiable_outputs(trace, splitter.requires),
+        dirty_inputs=tuple(positions[p.name] for p, _ in splitter.dirty),
+        overwritten_saved=tuple(p.name for p in saved if p.name in overwritten),
+    )
 
 
 def _bind_input_sizes(fwd: Trace, saved: Sequence[Proxy]) -> None:

@@ -8,11 +8,11 @@ direction, float32 -> bfloat16 -> float32, rounds and must stay.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 
-from minijit.ir import BoundSymbol, Proxy, TensorProxy, Trace, tree_flatten, tree_map
+from minijit.ir import BoundSymbol, Proxy, TensorProxy, Trace, tree_flatten
+from minijit.ir.rewrite import ProxyMap, rewrite
 from minijit.ops import prims
 
 _INT_BITS = {torch.bool: 1, torch.uint8: 8, torch.int8: 7, torch.int16: 15, torch.int32: 31, torch.int64: 63}
@@ -62,33 +62,23 @@ def _cast_of(bsym: BoundSymbol) -> tuple[TensorProxy, TensorProxy] | None:
 
 def remove_cast_round_trips(trace: Trace) -> Trace:
     """Replace `cast(cast(x, d1), x.dtype)` by x when the cast to d1 is lossless."""
-    source_of: dict[str, TensorProxy] = {}  # cast output name -> the tensor it was cast from
-    replace: dict[str, Proxy] = {}
-
-    def swap(x: Any) -> Any:
-        return replace.get(x.name, x) if isinstance(x, Proxy) else x
-
+    source_of = ProxyMap()  # cast output -> the tensor it was cast from
     # Returning an input itself where the user got a fresh tensor would alias the two.
-    inputs = {p.name for p in trace.args}
-    outputs = {p.name for p in tree_flatten(trace.output) if isinstance(p, Proxy)}
-    kept: list[BoundSymbol] = []
-    for bsym in trace.bound_symbols:
-        if replace:
-            bsym = _substitute(bsym, swap)
+    inputs = {id(p) for p in trace.args}
+    outputs = {id(p) for p in tree_flatten(trace.output) if isinstance(p, Proxy)}
+
+    def drop_round_trip(bsym: BoundSymbol, env: ProxyMap) -> list[BoundSymbol] | None:
         cast = _cast_of(bsym)
-        if cast is not None:
-            x, out = cast
-            origin = source_of.get(x.name)
-            aliases_input = out.name in outputs and origin is not None and origin.name in inputs
-            if (origin is not None and origin.dtype == out.dtype and is_lossless_cast(origin.dtype, x.dtype)
-                    and not aliases_input):
-                replace[out.name] = origin
-                continue
-            source_of[out.name] = x
-        kept.append(bsym)
-    return trace.derive(kept, pass_name="remove cast round trips", output=tree_map(swap, trace.output))
+        if cast is None:
+            return None
+        x, out = cast
+        origin = source_of.get(x)
+        aliases_input = id(out) in outputs and origin is not None and id(origin) in inputs
+        if (origin is not None and origin.dtype == out.dtype and is_lossless_cast(origin.dtype, x.dtype)
+                and not aliases_input):
+            env[out] = origin
+            return []
+        source_of[out] = x
+        return None
 
-
-def _substitute(bsym: BoundSymbol, swap: Any) -> BoundSymbol:
-    return bsym.replace(args=tree_map(swap, bsym.args), kwargs=tree_map(swap, bsym.kwargs),
-                        subsymbols=tuple(_substitute(s, swap) for s in bsym.subsymbols))
+    return rewrite(trace, drop_round_trip, pass_name="remove cast round trips")

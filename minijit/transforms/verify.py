@@ -35,8 +35,8 @@ from minijit.ir import BoundSymbol, Proxy, TensorProxy, Trace, tracing, tree_fla
 from minijit.ir.context import recording_constraints
 from minijit.ir.printing import Constants
 from minijit.ir.proxies import number_value
-from minijit.transforms.copy_analysis import alias_roots, read_proxies
 from minijit.transforms.grad import PYTHON_DEL
+from minijit.transforms.memory import MemoryModel, read_proxies
 
 __all__ = ["TraceChecker", "check_trace", "checking_traces"]
 
@@ -54,7 +54,7 @@ def check_trace(trace: Trace, *, functional: bool | None = None) -> None:
 
     Example::
 
-        trace = functionalize(captured)
+        trace, _ = functionalize(captured)
         check_trace(trace)  # raises if, say, two copies write into one input
     """
     TraceChecker().check(trace, functional=functional)
@@ -235,7 +235,7 @@ def _rerun(trace: Trace, bsym: BoundSymbol, kwargs: dict[str, Any]) -> _MetaResu
     scratch = Trace(f"{trace.fn_name}_meta_check")
     scratch.source = bsym.source
     try:
-        # Comparisons of symbolic sizes inside the meta must not become constraints of the compile.
+        # The meta decides on the traced values as the capture did; what it records goes nowhere.
         with tracing(scratch), recording_constraints():
             rerun = bsym.sym.meta(*bsym.args, **kwargs)
     except Exception as e:  # any failure of the meta is the finding
@@ -287,7 +287,7 @@ def _executed(bsyms: Sequence[BoundSymbol]) -> Iterator[BoundSymbol]:
 def _check_copies_last(trace: Trace, facts_of: Callable[[BoundSymbol], _Facts]) -> None:
     """DESIGN.md, invariant 1: one copy per input storage; the old value is read only before a write."""
     bsyms = list(_executed(trace.bound_symbols))
-    roots = alias_roots(trace, bsyms)
+    memory = MemoryModel(trace, bsyms)
     copied: dict[str, BoundSymbol] = {}
     overwritten: dict[str, BoundSymbol] = {}
     for bsym in bsyms:
@@ -295,13 +295,13 @@ def _check_copies_last(trace: Trace, facts_of: Callable[[BoundSymbol], _Facts]) 
             continue
         facts = facts_of(bsym)
         for p in facts.reads:
-            for r in roots.get(id(p), ()):
+            for r in memory.input_storages(p):
                 if r in overwritten:
                     _fail(trace, bsym, "reads before the copy",
                           f"it reads {p.name}, the old value of input {r}, after "
                           f"`{_line(overwritten[r])}`{where(overwritten[r].source)} wrote into {r}")
         for target in facts.written:
-            for r in roots.get(id(target), ()):
+            for r in memory.input_storages(target):
                 overwritten.setdefault(r, bsym)
                 if bsym.sym.effects.copies:
                     if r in copied:
@@ -310,7 +310,7 @@ def _check_copies_last(trace: Trace, facts_of: Callable[[BoundSymbol], _Facts]) 
                               f"`{_line(copied[r])}`{where(copied[r].source)} copied into already")
                     copied[r] = bsym
     for p in tree_iter(trace.output):
-        for r in roots.get(id(p), ()) if isinstance(p, Proxy) else ():
+        for r in memory.input_storages(p) if isinstance(p, Proxy) else ():
             if r in overwritten:
                 _fail(trace, None, "reads before the copy",
                       f"the trace returns {p.name}, the old value of input {r}, which "

@@ -33,7 +33,8 @@ from typing import Any
 import torch
 
 from minijit.errors import InplaceError, UnsupportedOpError, where
-from minijit.ir import BoundSymbol, Proxy, Symbol, TensorProxy, Trace, tree_flatten, tree_map
+from minijit.ir import BoundSymbol, Proxy, Symbol, TensorProxy, Trace, tree_flatten
+from minijit.ir.rewrite import ProxyMap, replay_bsym
 from minijit.ops import prims
 from minijit.ops.registry import ALL_LTORCH, EAGER_IMPLS
 from minijit.ops.strides import eager_layout
@@ -196,35 +197,24 @@ def invert_decomposition(bsym: BoundSymbol, out: Proxy, current: TensorProxy, ne
             "into it")
     # The decomposition's own proxies (sizes computed inside it, in symbolic mode) exist
     # only inside `bsym`; record the decomposition again so that the scatters can use them.
-    mapping = _inline(bsym, current)
-
-    def remap(x: Any) -> Any:
-        return mapping.get(id(x), x) if isinstance(x, Proxy) else x
-
+    env = _inline(bsym, current)
     for step, step_out in reversed(path):
-        step_input = remap(viewed_tensor(step))
+        step_input = env.value(viewed_tensor(step))
         if step.sym.is_prim and step.sym.name in PRIM_SCATTER:
-            args, kwargs = tree_map(remap, (step.args, step.kwargs))
+            args, kwargs = env((step.args, step.kwargs))
             new = PRIM_SCATTER[step.sym.name](step.replace(args=args, kwargs=kwargs), step_out, step_input, new)
         else:
             new = scatter(step, step_out, step_input, new)
     return new
 
 
-def _inline(bsym: BoundSymbol, new_input: TensorProxy) -> dict[int, Any]:
-    """Record `bsym`'s subsymbols on `new_input` in the current trace; old proxy id -> new proxy."""
-    mapping: dict[int, Any] = {id(viewed_tensor(bsym)): new_input}
-
-    def remap(x: Any) -> Any:
-        return mapping.get(id(x), x) if isinstance(x, Proxy) else x
-
+def _inline(bsym: BoundSymbol, new_input: TensorProxy) -> ProxyMap:
+    """Record `bsym`'s subsymbols on `new_input` in the current trace; their old proxies -> the new ones."""
+    env = ProxyMap()
+    env[viewed_tensor(bsym)] = new_input
     for sub in bsym.subsymbols:
-        args, kwargs = tree_map(remap, (sub.args, sub.kwargs))
-        result = layout_free(sub.sym)(*args, **kwargs)
-        for old, value in zip(tree_flatten(sub.output), tree_flatten(result), strict=True):
-            if isinstance(old, Proxy):
-                mapping[id(old)] = value
-    return mapping
+        replay_bsym(sub, env, sym=layout_free(sub.sym))
+    return env
 
 
 def scatter_by_positions(base: TensorProxy, chain: list[tuple[BoundSymbol, Proxy]], new: TensorProxy,

@@ -164,6 +164,14 @@ def test_not_into_a_view_of_an_input():
     assert all(not producer(trace, n).sym.name.startswith("reshape") for n in writes(trace).values()), trace
 
 
+def test_not_into_an_expanded_view_of_a_smaller_buffer():
+    def f(x):
+        e = x.sum(-1).expand(2, 2)  # shows each element of the (2,) sum twice
+        return e.sin().sum(-1)
+    trace = run_both(f, torch.rand(2, 4))
+    assert op_outputs(trace, "expand") and not set(writes(trace).values()) & set(op_outputs(trace, "expand")), trace
+
+
 def test_not_into_a_constant():
     c = torch.rand(5)
 

@@ -68,11 +68,11 @@ def _module():
 
 
 def _guards_of(fn, *args):
-    trace = Trace()
+    trace, entries = Trace(), []
     with tracing(trace):
         proxies = [TensorProxy((2,), torch.float32, torch.device("cpu")) for _ in args]
-        interpret(fn, tuple(proxies), {})
-    return trace.info["guards"]
+        interpret(fn, tuple(proxies), {}, guards=entries)
+    return entries
 
 
 def test_records_globals_builtins_not_proxies():

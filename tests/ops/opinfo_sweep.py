@@ -271,7 +271,7 @@ def _ops_of(jf: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
         return (), ()
     capture = traces[0]
     names = tuple(dict.fromkeys(b.sym.id for b in capture.bound_symbols if OPAQUE in b.sym.tags))
-    declined = tuple(dict.fromkeys(sym for sym, _ in capture.info.get("declined", ())))
+    declined = tuple(dict.fromkeys(sym for sym, _ in jf.last_entry().capture.declined))
     return names, declined
 
 

@@ -301,7 +301,7 @@ def test_printed_functional_trace_runs():
     jf = minijit.jit(f)
     xe, xj = x.clone(), x.clone()
     expected = f(xe, y)
-    functional = functionalize(trace_call(f, xj, y))
+    functional, _ = functionalize(trace_call(f, xj, y))
     got = trace_callable(functional)(xj, y)
     torch.testing.assert_close(got, expected)
     torch.testing.assert_close(xj, xe)
@@ -315,7 +315,7 @@ def test_aliased_inputs_share_one_copy():
     t = torch.randn(3)
     expected_t = t.clone()
     expected = f(expected_t, expected_t)
-    functional = functionalize(trace_call(f, t, t), input_aliases=[(0, 1)])
+    functional, _ = functionalize(trace_call(f, t, t), input_aliases=[(0, 1)])
     copies = [b for b in functional.bound_symbols if b.sym.name == "copy_to_out_"]
     assert len(copies) == 1
     check_copies(functional)
@@ -351,7 +351,7 @@ def test_check_reports_a_read_after_the_copy():
         a = x * 2
         x.add_(y)
         return a
-    functional = functionalize(trace_call(f, torch.randn(3), torch.randn(3)))
+    functional, _ = functionalize(trace_call(f, torch.randn(3), torch.randn(3)))
     check_copies(functional)
     mul, add, copy = functional.bound_symbols
     broken = functional.derive([add, copy, mul], pass_name="broken")

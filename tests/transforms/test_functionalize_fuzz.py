@@ -4,8 +4,12 @@ Each program runs eagerly and under `minijit.jit` on clones of the same inputs;
 outputs and the final value of every input must match, and the final trace must
 keep invariant 1 (one copy per mutated input, every read of an old value before
 its copy). Programs are built step by step while running eagerly, so every step
-is one that eager PyTorch accepts. `MINIJIT_FUZZ_PROGRAMS` sets how many programs
-run (default 1500, in chunks that test workers share); refusals (a clear MinijitError) are counted and reported.
+is one that eager PyTorch accepts. One program in three takes inputs that share
+memory (`ALIASED_INPUTS`: overlapping slices, a tensor and its row, the same tensor
+twice, an expanded view, ...); their clones share memory the same way, and the
+whole shared storage must match after the call. `MINIJIT_FUZZ_PROGRAMS` sets how
+many programs run (default 3000, in chunks that test workers share); refusals (a
+clear MinijitError) are counted and reported.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from minijit.transforms.verify import check_trace
 from tests.oputil import trace_call
 from tests.transforms.mutation_util import assert_same, check_final_trace
 
-PROGRAMS = int(os.environ.get("MINIJIT_FUZZ_PROGRAMS", "1500"))
+PROGRAMS = int(os.environ.get("MINIJIT_FUZZ_PROGRAMS", "3000"))
 CHUNK = 250
 MAX_REFUSED_SHARE = 0.05
 
@@ -49,6 +53,7 @@ class Program:
     n_inputs: int
     steps: list[Step] = field(default_factory=list)
     returns: tuple[int, ...] = ()
+    inputs_text: str = ""  # how the inputs share memory, where they do
 
     def __call__(self, *inputs: Any) -> Any:
         env = list(inputs)
@@ -58,7 +63,8 @@ class Program:
         return tuple(env[i] for i in self.returns)
 
     def source(self) -> str:
-        lines = [f"def program({', '.join(f'v{i}' for i in range(self.n_inputs))}):"]
+        lines = [f"# inputs: {self.inputs_text}"] if self.inputs_text else []
+        lines.append(f"def program({', '.join(f'v{i}' for i in range(self.n_inputs))}):")
         n = self.n_inputs
         for step in self.steps:
             lines.append(f"    v{n} = " + step.text.format(*(f"v{i}" for i in step.args)))
@@ -156,6 +162,44 @@ def _setitem(a: Any, key: Any, value: Any) -> Any:
 
 WEIGHTS = {"pointwise": 3, "reduction": 1, "view": 3, "inplace": 4}
 
+# Inputs that share memory, as views of one 4x4 tensor `t` (and `o`, a tensor of its own).
+ALIASED_INPUTS: dict[str, Callable[[torch.Tensor, torch.Tensor], list[torch.Tensor]]] = {
+    "t[1:3], t[2:4], o": lambda t, o: [t[1:3], t[2:4], o],
+    "t, t[1], o": lambda t, o: [t, t[1], o],
+    "t.t(), t[0], o": lambda t, o: [t.t(), t[0], o],
+    "t[:, ::2], t[:, 1::2], o": lambda t, o: [t[:, ::2], t[:, 1::2], o],
+    "t, t, o": lambda t, o: [t, t, o],
+    "t, t[0].expand(4, 4), o": lambda t, o: [t, t[0].expand(4, 4), o],
+    "t[0:2], t[1:3], t[2:4]": lambda t, o: [t[0:2], t[1:3], t[2:4]],
+    "t.view(-1)[2:10].view(2, 4), t[1:3].t(), o": lambda t, o: [t.view(-1)[2:10].view(2, 4), t[1:3].t(), o],
+    "t, t[::2, 1:], t[1]": lambda t, o: [t, t[::2, 1:], t[1]],
+    "t[0], t[:, 0], o.expand(4, 4)": lambda t, o: [t[0], t[:, 0], o.expand(4, 4)],
+}
+
+
+def is_aliased(seed: int) -> bool:
+    """Whether the program of `seed` takes inputs that share memory (one in three)."""
+    return seed % 3 == 2
+
+
+def clone_inputs(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Clones of `inputs` that share memory as they do: each storage copied once, each input viewed again in it."""
+    copies: dict[int, torch.Tensor] = {}
+    if len({x.untyped_storage().data_ptr() for x in inputs}) == len(inputs) and not any(x._is_view() for x in inputs):
+        return [x.clone() for x in inputs]
+    out = []
+    for x in inputs:
+        key = x.untyped_storage().data_ptr()
+        if key not in copies:
+            copies[key] = storage_of(x).clone()
+        out.append(copies[key].as_strided(x.shape, x.stride(), x.storage_offset()))
+    return out
+
+
+def storage_of(x: torch.Tensor) -> torch.Tensor:
+    """The whole storage under `x`, as a 1-D tensor."""
+    return x.as_strided((x.untyped_storage().nbytes() // x.element_size(),), (1,), 0)
+
 
 def make_program(seed: int) -> tuple[Program, list[torch.Tensor]]:
     """A random program that eager PyTorch runs, and its inputs."""
@@ -163,14 +207,19 @@ def make_program(seed: int) -> tuple[Program, list[torch.Tensor]]:
     torch.manual_seed(seed)
     shapes = [(4, 4), (4, 4), rng.choice([(4,), (4, 4), (1, 4)])]
     inputs = [torch.randn(s) for s in shapes]
+    inputs_text = ""
+    if is_aliased(seed):
+        inputs_text = rng.choice(sorted(ALIASED_INPUTS))
+        inputs = ALIASED_INPUTS[inputs_text](inputs[0], inputs[2])
     table = _op_table(rng)
     by_kind: dict[str, list[Any]] = {}
     for op in table:
         by_kind.setdefault(op[0], []).append(op)
     kinds = list(by_kind)
     weights = [WEIGHTS[k] for k in kinds]
-    program = Program(len(inputs))
-    env = [x.clone() for x in inputs]
+    program = Program(len(inputs), inputs_text=inputs_text)
+    env = clone_inputs(inputs)
+    storages = list({x.untyped_storage().data_ptr(): storage_of(x) for x in env if x._is_view()}.values())
     n_steps = rng.randint(2, 10)
     tries = 0
     while len(program.steps) < n_steps and tries < 60:
@@ -183,6 +232,7 @@ def make_program(seed: int) -> tuple[Program, list[torch.Tensor]]:
             # Eager reads such an operand while writing it, in memory order: not a functional program.
             continue
         snapshot = [x.clone() for x in env]
+        saved = [x.clone() for x in storages]
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("error")  # e.g. index_put_ on an expanded tensor: deprecated, skip it
@@ -191,6 +241,8 @@ def make_program(seed: int) -> tuple[Program, list[torch.Tensor]]:
             for x, old in zip(env, snapshot, strict=True):  # an eager error may leave a partial write
                 if not x._is_view():
                     x.copy_(old)
+            for x, old in zip(storages, saved, strict=True):
+                x.copy_(old)
             continue
         if not isinstance(out, torch.Tensor) or (out.ndim == 0 and kind == "view"):
             continue
@@ -206,12 +258,12 @@ def make_program(seed: int) -> tuple[Program, list[torch.Tensor]]:
 def run_one(seed: int) -> str | None:
     """'ok', or a refusal reason; raises AssertionError on any mismatch."""
     program, inputs = make_program(seed)
-    eager_in = [x.clone() for x in inputs]
+    eager_in = clone_inputs(inputs)
     try:
         expected = program(*eager_in)
     except RuntimeError:  # a step's validity changed with the program's history; not a jit question
         return "eager-error"
-    jit_in = [x.clone() for x in inputs]
+    jit_in = clone_inputs(inputs)
     jf = minijit.jit(program)
     try:
         got = jf(*jit_in)
@@ -224,6 +276,7 @@ def run_one(seed: int) -> str | None:
         assert_same(got, expected)
         for e, j in zip(eager_in, jit_in, strict=True):
             torch.testing.assert_close(j, e, rtol=1e-5, atol=1e-5, equal_nan=True)
+            torch.testing.assert_close(storage_of(j), storage_of(e), rtol=1e-5, atol=1e-5, equal_nan=True)
         check_final_trace(jf)
     except AssertionError as err:
         raise AssertionError(f"{err}{where}\n{minijit.last_traces(jf)[-1]}") from None
@@ -232,15 +285,19 @@ def run_one(seed: int) -> str | None:
 
 @pytest.mark.parametrize("chunk", range((PROGRAMS + CHUNK - 1) // CHUNK))
 def test_random_programs_match_eager(chunk):
-    outcomes = Counter()
+    outcomes, aliased = Counter(), Counter()
     seeds = range(chunk * CHUNK, min((chunk + 1) * CHUNK, PROGRAMS))
     for seed in seeds:
-        outcomes[run_one(seed)] += 1
+        outcome = run_one(seed)
+        outcomes[outcome] += 1
+        if is_aliased(seed):
+            aliased[outcome.split(":")[0]] += 1
     ran = len(seeds) - outcomes["eager-error"]
     refused = {k: v for k, v in outcomes.items() if k.startswith("refused")}
     share = sum(refused.values()) / max(ran, 1)
     print(f"\nprograms {seeds.start}-{seeds.stop - 1}: {outcomes['ok']} matched eager, {sum(refused.values())} refused "
-          f"({share:.1%}), {outcomes['eager-error']} skipped")
+          f"({share:.1%}), {outcomes['eager-error']} skipped; with inputs sharing memory: {aliased['ok']} matched, "
+          f"{aliased['refused']} refused")
     for reason, n in sorted(refused.items(), key=lambda kv: -kv[1]):
         print(f"  {n:4d}  {reason}")
     assert share <= MAX_REFUSED_SHARE, refused
@@ -259,7 +316,7 @@ def test_random_programs_on_aliased_inputs():
         jit_shared = shared.clone()
         trace = trace_call(program, jit_shared, jit_shared, inputs[2].clone())
         try:
-            functional = functionalize(trace, input_aliases=[(0, 1)])
+            functional, _ = functionalize(trace, input_aliases=[(0, 1)])
         except minijit.MinijitError:
             continue
         check_copies(functional)

@@ -308,7 +308,7 @@ def test_split_returns_one_gradient_per_input():
         x = t.add_input(TensorProxy((3,), F64, torch.device("cpu"), requires_grad=True), "x")
         y = t.add_input(TensorProxy((3,), F64, torch.device("cpu")), "y")
         t.output = prims.mul(x, y)
-    fwd, bwd = split_forward_backward(t)
+    fwd, bwd, _ = split_forward_backward(t)
     assert len(bwd.output) == 2 and bwd.output[1] is None
     assert fwd.output[0] is t.output
 

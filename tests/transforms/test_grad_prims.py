@@ -239,10 +239,10 @@ TESTED_BELOW = {"no_grad_update"}
 
 def test_every_differentiable_prim_has_a_rule() -> None:
     missing = [sym.id for name, sym in prims.ALL_PRIMS.items()
-               if sym.id not in VJP_RULES and sym.name not in NOT_DIFFERENTIABLE]
+               if sym not in VJP_RULES and sym.name not in NOT_DIFFERENTIABLE]
     assert not missing, f"prims without a VJP rule: {missing}"
     tested = {name for name, _ in CASES} | REFUSES_COMPLEX | TESTED_BELOW | set(aten_prim_cases.TESTED_ELSEWHERE)
-    untested = [sym.name for sym in prims.ALL_PRIMS.values() if sym.id in VJP_RULES and sym.name not in tested]
+    untested = [sym.name for sym in prims.ALL_PRIMS.values() if sym in VJP_RULES and sym.name not in tested]
     assert not untested, f"prims with a rule but no gradient test: {untested}"
 
 

@@ -21,7 +21,7 @@ F64 = torch.float64
 
 
 def _bwd(name):
-    return VJP_RULES[f"ltorch.{name}"].bwd
+    return VJP_RULES[ALL_LTORCH[name]].bwd
 
 
 def _check(got, want, atol=1e-10, rtol=1e-8):
@@ -133,7 +133,7 @@ def test_sdpa_backward(mask, is_causal):
 def test_rule_forward_has_the_torch_signature(name, torch_fn):
     # The grad pass uses a rule only where the op's decomposition has the rule's parameter
     # names; rules follow torch's signatures, as decompositions must.
-    rule_params = list(inspect.signature(VJP_RULES[f"ltorch.{name}"].forward).parameters)
+    rule_params = list(inspect.signature(VJP_RULES[ALL_LTORCH[name]].forward).parameters)
     if torch_fn is not None:
         assert rule_params[1:] == list(inspect.signature(torch_fn).parameters)[1:]
     if name in ALL_LTORCH:

@@ -124,7 +124,7 @@ def _copies(*copy_into: str, read_after: str | None = None, aliases: list[list[s
             prims.copy_to_out_(t, out=by_name[name])
         trace.output = prims.neg(by_name[read_after]) if read_after else t
     if aliases:
-        trace.info["input_alias_groups"] = aliases
+        trace.input_alias_groups = aliases
     return trace
 
 

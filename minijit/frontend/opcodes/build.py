@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from minijit.frontend.code import Inst
-from minijit.frontend.frame import STATE, Frame
+from minijit.frontend.frame import Frame, current_state
 from minijit.frontend.opcodes.protocols import call_dunder, next_item, observe_iteration, python_members
 from minijit.frontend.opcodes.table import handles
 from minijit.ir import TensorProxy
@@ -202,8 +202,8 @@ def _merge_kwargs(target: dict[Any, Any], update: Any, fn: Any) -> None:
 
 def observe_mapping(mapping: Any) -> None:
     """Guard every key and value of `mapping` when it is from outside the call (`{**d}`, `f(**d)`)."""
-    if STATE.outside.is_root(mapping):
-        STATE.outside.observe_values(STATE.guards, mapping)
+    if current_state().outside.is_root(mapping):
+        current_state().outside.observe_values(current_state().guards, mapping)
 
 
 # -- unpacking ----------------------------------------------------------------------------------

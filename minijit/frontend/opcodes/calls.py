@@ -16,7 +16,7 @@ from typing import Any
 from minijit.errors import UnsupportedSyntaxError
 from minijit.frontend.calls import call
 from minijit.frontend.code import Inst
-from minijit.frontend.frame import NULL, STATE, Frame
+from minijit.frontend.frame import NULL, Frame, current_state
 from minijit.frontend.opcodes.build import observe_mapping
 from minijit.frontend.opcodes.names import attribute
 from minijit.frontend.opcodes.protocols import observe_iteration
@@ -124,7 +124,7 @@ def make_function(frame: Frame, inst: Inst) -> None:
     defaults = stack.pop() if flags & 0x01 else None
     fn = types.FunctionType(code, frame.globals, code.co_name, defaults, closure)
     fn.__qualname__ = code.co_qualname
-    STATE.internal_cells.add(id(fn))  # made by the traced code: its defaults are not from outside
+    current_state().internal_cells.add(id(fn))  # made by the traced code: its defaults are not from outside
     if kwdefaults is not None:
         fn.__kwdefaults__ = kwdefaults
     if annotations is not None:
@@ -227,7 +227,7 @@ def make_function_313(frame: Frame, inst: Inst) -> None:
     placeholder = tuple(types.CellType() for _ in code.co_freevars) if code.co_freevars else None
     fn = types.FunctionType(code, frame.globals, code.co_name, None, placeholder)
     fn.__qualname__ = code.co_qualname
-    STATE.internal_cells.add(id(fn))  # made by the traced code: its defaults are not from outside
+    current_state().internal_cells.add(id(fn))  # made by the traced code: its defaults are not from outside
     frame.stack[-1] = fn
 
 
@@ -244,7 +244,7 @@ def set_function_attribute(frame: Frame, inst: Inst) -> None:
         new.__kwdefaults__ = fn.__kwdefaults__
         new.__annotations__ = fn.__annotations__
         fn = new
-        STATE.internal_cells.add(id(fn))
+        current_state().internal_cells.add(id(fn))
     elif flag == 0x04:
         fn.__annotations__ = dict(zip(value[::2], value[1::2])) if isinstance(value, tuple) else value
     elif flag == 0x02:

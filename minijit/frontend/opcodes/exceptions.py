@@ -1,7 +1,7 @@
 """Exceptions: raise and re-raise, the handlers the exception table jumps to, `with`, and `except*`.
 
 The exception being handled (`sys.exc_info()` inside interpreted code) lives in
-`STATE.handled`: PUSH_EXC_INFO saves the previous one on the value stack and
+`current_state().handled`: PUSH_EXC_INFO saves the previous one on the value stack and
 POP_EXCEPT restores it, exactly as CPython does with its thread state.
 
 A MinijitError always reaches the user: no `except` or `except*` clause matches it, and
@@ -15,7 +15,7 @@ from typing import Any
 from minijit.errors import MinijitError
 from minijit.frontend.calls import bind_method, call
 from minijit.frontend.code import Inst, native_instruction
-from minijit.frontend.frame import STATE, Frame
+from minijit.frontend.frame import Frame, current_state
 from minijit.frontend.interpreter import raise_passthrough, set_context
 from minijit.frontend.opcodes.protocols import class_attr, load_attr
 from minijit.frontend.opcodes.table import handles
@@ -37,7 +37,7 @@ def _exception_instance(value: Any, what: str) -> BaseException:
 def raise_varargs(frame: Frame, inst: Inst) -> None:
     """`raise` (re-raise the handled exception), `raise exc`, or `raise exc from cause`."""
     if inst.arg == 0:
-        exc = STATE.handled
+        exc = current_state().handled
         if exc is None:
             raise RuntimeError("No active exception to reraise")
         raise_passthrough(exc)
@@ -45,7 +45,7 @@ def raise_varargs(frame: Frame, inst: Inst) -> None:
     exc = _exception_instance(frame.stack.pop(), "exceptions")
     if inst.arg == 2:
         exc.__cause__ = None if cause is None else _exception_instance(cause, "exception causes")
-    set_context(exc, STATE.handled)
+    set_context(exc, current_state().handled)
     raise_passthrough(exc)
 
 
@@ -59,15 +59,15 @@ def reraise(frame: Frame, inst: Inst) -> None:
 def push_exc_info(frame: Frame, inst: Inst) -> None:
     """Entering a handler: save the previously handled exception below the new one, which becomes handled."""
     exc = frame.stack[-1]
-    frame.stack[-1] = STATE.handled
+    frame.stack[-1] = current_state().handled
     frame.stack.append(exc)
-    STATE.handled = exc
+    current_state().handled = exc
 
 
 @handles("POP_EXCEPT")
 def pop_except(frame: Frame, inst: Inst) -> None:
     """Leaving a handler: restore the previously handled exception."""
-    STATE.handled = frame.stack.pop()
+    current_state().handled = frame.stack.pop()
 
 
 @handles("CHECK_EXC_MATCH")
@@ -158,7 +158,7 @@ def check_eg_match(frame: Frame, inst: Inst) -> None:
         return
     frame.stack[-1] = rest
     frame.stack.append(match)
-    STATE.handled = match
+    current_state().handled = match
 
 
 def reraise_star(orig: BaseException, raised: list[Any], native: Any) -> BaseException | None:

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from minijit.frontend.code import Inst
-from minijit.frontend.frame import NULL, STATE, Frame
+from minijit.frontend.frame import NULL, Frame, current_state
 from minijit.frontend.guards import MISSING, attribute_source, is_users_module, may_have_guarded_attributes, record
 from minijit.frontend.opcodes.protocols import delete_attribute, load_attr, store_attr
 from minijit.frontend.opcodes.table import handles
@@ -124,7 +124,7 @@ def make_cell(frame: Frame, inst: Inst) -> None:
     """Wrap a local slot into a new cell (keeping an argument's value)."""
     value = frame.localsplus[inst.arg]
     cell = types.CellType() if value is NULL else types.CellType(value)
-    STATE.internal_cells.add(id(cell))
+    current_state().internal_cells.add(id(cell))
     frame.localsplus[inst.arg] = cell
 
 
@@ -150,8 +150,8 @@ def _deref(frame: Frame, inst: Inst) -> Any:
         if inst.arg >= frame.info.n_localsplus - len(frame.code.co_freevars):
             raise NameError(_UNBOUND_FREE.format(inst.argval), name=inst.argval) from None
         raise UnboundLocalError(_UNBOUND.format(inst.argval)) from None
-    if id(cell) not in STATE.internal_cells and (frame.info.is_user or worth_guarding_in_library(value)):
-        STATE.outside.read(STATE.guards, "cell", cell, inst.argval, value, inst.argval)
+    if id(cell) not in current_state().internal_cells and (frame.info.is_user or worth_guarding_in_library(value)):
+        current_state().outside.read(current_state().guards, "cell", cell, inst.argval, value, inst.argval)
     return value
 
 
@@ -203,8 +203,8 @@ def store_deref(frame: Frame, inst: Inst) -> None:
     """Pop into a cell (a cell from outside the call: an effect, replayed on every call)."""
     cell = frame.localsplus[inst.arg]
     value = frame.stack.pop()
-    if id(cell) not in STATE.internal_cells and current_trace() is not None:
-        STATE.outside.write_cell(cell, inst.argval, value)
+    if id(cell) not in current_state().internal_cells and current_trace() is not None:
+        current_state().outside.write_cell(cell, inst.argval, value)
     cell.cell_contents = value
 
 
@@ -229,10 +229,10 @@ def _load_global(frame: Frame, name: str) -> Any:
         except KeyError:
             raise NameError(f"name '{name}' is not defined", name=name) from None
         if frame.info.is_user:
-            record(STATE.guards, "builtin", frame.builtins, name, value, g)
+            record(current_state().guards, "builtin", frame.builtins, name, value, g)
         return value
     if frame.info.is_user or worth_guarding_in_library(value):
-        STATE.outside.read(STATE.guards, "global", g, name, value, name)
+        current_state().outside.read(current_state().guards, "global", g, name, value, name)
     return value
 
 
@@ -267,7 +267,7 @@ def store_global(frame: Frame, inst: Inst) -> None:
     """Pop into a global (an effect, replayed on every call)."""
     value = frame.stack.pop()
     if current_trace() is not None:
-        STATE.outside.write_global(frame.globals, inst.argval, value)
+        current_state().outside.write_global(frame.globals, inst.argval, value)
     frame.globals[inst.argval] = value
 
 
@@ -277,7 +277,7 @@ def delete_global(frame: Frame, inst: Inst) -> None:
     if inst.argval not in frame.globals:
         raise NameError(f"name '{inst.argval}' is not defined", name=inst.argval)
     if current_trace() is not None:
-        STATE.outside.write_global(frame.globals, inst.argval, None, delete=True)
+        current_state().outside.write_global(frame.globals, inst.argval, None, delete=True)
     del frame.globals[inst.argval]
 
 
@@ -335,18 +335,18 @@ def attribute(frame: Frame | None, obj: Any, name: str) -> Any:
     if type(obj) is types.ModuleType:
         value = getattr(obj, name)
         if frame is not None and frame.info.is_user and is_users_module(obj):
-            STATE.outside.read(STATE.guards, "global", obj.__dict__, name, value, name)
+            current_state().outside.read(current_state().guards, "global", obj.__dict__, name, value, name)
         return value
     if isinstance(obj, torch.Tensor):
         trace = current_trace()
         if trace is not None and trace.capture_tensor is not None:
-            return tensor_attribute(STATE.outside, STATE.guards, obj, name, trace.capture_tensor)
-    outside = STATE.outside
+            return tensor_attribute(current_state().outside, current_state().guards, obj, name, trace.capture_tensor)
+    outside = current_state().outside
     try:
         value = load_attr(obj, name)
     except AttributeError:
         if outside.is_root(obj) and isinstance(getattr(obj, "__dict__", None), dict):
-            outside.read(STATE.guards, "attribute", obj, name, MISSING, name)  # guard its absence
+            outside.read(current_state().guards, "attribute", obj, name, MISSING, name)  # guard its absence
         raise
     if outside.is_root(obj):
         source = attribute_source(obj, name)
@@ -355,7 +355,7 @@ def attribute(frame: Frame | None, obj: Any, name: str) -> Any:
             # function (a bound method is a new object on every read).
             holder, shadow = source
             stored = value if shadow is None else vars(holder).get(name, value)
-            outside.read(STATE.guards, "attribute", holder, name, stored, name, shadow)
+            outside.read(current_state().guards, "attribute", holder, name, stored, name, shadow)
         elif name == "__dict__":
             outside.add_root(value, outside.label_of(obj))
     return value

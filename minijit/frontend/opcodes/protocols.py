@@ -17,7 +17,7 @@ import torch
 
 from minijit.errors import UnsupportedSyntaxError
 from minijit.frontend.calls import call, should_interpret
-from minijit.frontend.frame import STATE
+from minijit.frontend.frame import current_state
 from minijit.frontend.interpreter import InterpretedGenerator
 from minijit.frontend.outside import item_label
 from minijit.ir import TensorProxy, current_trace
@@ -207,8 +207,8 @@ def truth(value: Any) -> bool:
         return result
     if "__len__" in members and _method(value, "__bool__") is None:
         return length(value) != 0
-    if STATE.outside.is_root(value) and hasattr(type(value), "__len__") and _method(value, "__bool__") is None:
-        STATE.outside.observe(STATE.guards, value, "length")
+    if current_state().outside.is_root(value) and hasattr(type(value), "__len__") and _method(value, "__bool__") is None:
+        current_state().outside.observe(current_state().guards, value, "length")
     return bool(value)
 
 
@@ -217,8 +217,8 @@ def length(value: Any) -> int:
     if "__len__" in python_members(type(value)):
         result = call_dunder(value, "__len__")
         return operator.index(result) if type(result) is not int else result
-    if STATE.outside.is_root(value):
-        STATE.outside.observe(STATE.guards, value, "length")
+    if current_state().outside.is_root(value):
+        current_state().outside.observe(current_state().guards, value, "length")
     return len(value)
 
 
@@ -228,12 +228,12 @@ def get_item(container: Any, key: Any) -> Any:
     container = traced(container)
     if "__getitem__" in python_members(type(container)):
         return call_dunder(container, "__getitem__", key)
-    outside = STATE.outside
+    outside = current_state().outside
     if not outside.is_root(container):
         return container[key]
     if isinstance(container, collections.defaultdict) and not dict.__contains__(container, key):
         # The factory's value is stored into the outside dict: an effect like any other write.
-        outside.observe(STATE.guards, container, "contains", key, False)
+        outside.observe(current_state().guards, container, "contains", key, False)
         if container.default_factory is None:
             raise KeyError(key)
         value = container.default_factory()
@@ -244,14 +244,14 @@ def get_item(container: Any, key: Any) -> Any:
         value = container[key]
     except (KeyError, IndexError):
         if isinstance(container, dict):
-            outside.observe(STATE.guards, container, "contains", key, False)
+            outside.observe(current_state().guards, container, "contains", key, False)
         else:
-            outside.observe(STATE.guards, container, "length")
+            outside.observe(current_state().guards, container, "length")
         raise
     if type(key) is slice:
-        outside.observe(STATE.guards, container, "iterate")
+        outside.observe(current_state().guards, container, "iterate")
     else:
-        outside.read(STATE.guards, "item", container, key, value, item_label(outside.label_of(container), key))
+        outside.read(current_state().guards, "item", container, key, value, item_label(outside.label_of(container), key))
     return value
 
 
@@ -261,8 +261,8 @@ def set_item(container: Any, key: Any, value: Any) -> None:
     if "__setitem__" in python_members(type(container)):
         call_dunder(container, "__setitem__", key, value)
         return
-    if STATE.outside.is_root(container) and current_trace() is not None:
-        STATE.outside.write_item(container, key, value)
+    if current_state().outside.is_root(container) and current_trace() is not None:
+        current_state().outside.write_item(container, key, value)
     container[key] = value
 
 
@@ -271,8 +271,8 @@ def del_item(container: Any, key: Any) -> None:
     if "__delitem__" in python_members(type(container)):
         call_dunder(container, "__delitem__", key)
         return
-    if STATE.outside.is_root(container) and current_trace() is not None:
-        STATE.outside.write_item(container, key, None, delete=True)
+    if current_state().outside.is_root(container) and current_trace() is not None:
+        current_state().outside.write_item(container, key, None, delete=True)
     del container[key]
 
 
@@ -292,11 +292,11 @@ def contains(container: Any, item: Any) -> bool:
             if x is item or truth(compare(x, item, "==")):
                 return True
     result = item in container
-    if STATE.outside.is_root(container):
+    if current_state().outside.is_root(container):
         if isinstance(container, dict | set | frozenset):
-            STATE.outside.observe(STATE.guards, container, "contains", item, result)
+            current_state().outside.observe(current_state().guards, container, "contains", item, result)
         else:
-            STATE.outside.observe(STATE.guards, container, "iterate")
+            current_state().outside.observe(current_state().guards, container, "iterate")
     return result
 
 
@@ -324,8 +324,8 @@ def get_iter(obj: Any) -> Any:
 
 def observe_iteration(obj: Any) -> None:
     """Guard what iterating over `obj` reads, when it is a container from outside the call."""
-    if STATE.outside.is_root(obj):
-        STATE.outside.observe(STATE.guards, obj, "iterate")
+    if current_state().outside.is_root(obj):
+        current_state().outside.observe(current_state().guards, obj, "iterate")
 
 
 def next_item(it: Any) -> Any:
@@ -333,8 +333,8 @@ def next_item(it: Any) -> Any:
     cls = type(it)
     if cls is InterpretedGenerator:
         return it.__next__()
-    if STATE.outside.iterators:
-        STATE.outside.check_not_outside_iterator(it)
+    if current_state().outside.iterators:
+        current_state().outside.check_not_outside_iterator(it)
     members = _PY_MEMBERS.get(cls)
     if members is None:
         members = python_members(cls)
@@ -419,7 +419,7 @@ def delete_attribute(obj: Any, name: str) -> None:
 
 
 def _log_attribute_write(obj: Any, name: str, value: Any, delete: bool) -> None:
-    outside = STATE.outside
+    outside = current_state().outside
     if current_trace() is not None and (outside.is_root(obj) or (isinstance(obj, torch.Tensor)
                                                                  and not isinstance(obj, TensorProxy))):
         outside.write_attribute(obj, name, value, delete)

@@ -37,7 +37,6 @@ from minijit.transforms.vjp.registry import (
     sum_to_shape,
     vjp,
 )
-from minijit.transforms.vjp.structural import matmul_grads
 
 P = prims
 Saved = tuple[Any, ...]
@@ -54,18 +53,6 @@ def _up(x: TensorProxy, dtype: torch.dtype) -> TensorProxy:
 def _sum_keep(x: TensorProxy, dims: tuple[int, ...]) -> TensorProxy:
     """Sum over `dims`, broadcast back to x's shape."""
     return restore_reduced(P.sum(x, dims), x.shape, dims)
-
-
-@vjp("ltorch.matmul")
-def matmul_fwd(a: TensorProxy, b: TensorProxy) -> Any:
-    if a.ndim > 2 and b.ndim > 2 and tuple(a.shape[:-2]) != tuple(b.shape[:-2]):
-        return NotImplemented  # broadcast batch dims: differentiate the decomposition
-    return _op("matmul")(a, b), (a, b)
-
-
-@matmul_fwd.backward
-def matmul_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
-    return matmul_grads(*saved, g)
 
 
 @vjp("ltorch.linear")

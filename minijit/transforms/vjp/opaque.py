@@ -37,7 +37,7 @@ def opaque_rule(sym: Symbol) -> VjpRule:
         out = sym(*args, **kwargs)
         return out, (_saved_arguments(sym, args, kwargs), state)
 
-    rule = VjpRule(sym.id, forward)
+    rule = VjpRule(sym, forward)
 
     @rule.backward
     def backward(saved: Any, *cotangents: Any) -> KeywordGrads:

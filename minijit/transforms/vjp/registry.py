@@ -25,17 +25,21 @@ then differentiates the symbol's decomposition instead.
 
 from __future__ import annotations
 
+import inspect
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-from minijit.errors import MinijitError
+from minijit.errors import MinijitError, RegistrationError
 from minijit.ir import Symbol, TensorProxy
 from minijit.ops import prims
+from minijit.ops.registry import ALL_LTORCH
 
-# symbol id ("prims.mul", "ltorch.linear") -> its rule
-VJP_RULES: dict[str, VjpRule] = {}
+# symbol -> its rule: the one table of VJP rules (minijit's own, executors' operators, traced
+# custom autograd.Functions). Weak keys: a symbol made for one call takes its rule with it.
+VJP_RULES: weakref.WeakKeyDictionary[Symbol, VjpRule] = weakref.WeakKeyDictionary()
 # symbol tag -> a function making the rule of a symbol with that tag and no rule of its own
 # (one rule for every opaque torch op: minijit/transforms/vjp/opaque.py)
 TAG_RULES: dict[str, Callable[[Symbol], VjpRule]] = {}
@@ -44,10 +48,10 @@ TAG_RULES: dict[str, Callable[[Symbol], VjpRule]] = {}
 class VjpRule:
     """The forward (outputs and residuals) and backward (residuals, cotangents -> grads) of one symbol."""
 
-    def __init__(self, sym_id: str, forward: Callable[..., Any]):
-        self.sym_id = sym_id
+    def __init__(self, sym: Symbol, forward: Callable[..., Any], backward: Callable[..., Any] | None = None):
+        self.sym = sym
         self.forward = forward
-        self.bwd: Callable[..., Any] | None = None
+        self.bwd: Callable[..., Any] | None = backward
 
     def backward(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """Decorator: set the backward of this rule."""
@@ -55,7 +59,7 @@ class VjpRule:
         return fn
 
     def __repr__(self) -> str:
-        return f"<VjpRule {self.sym_id}>"
+        return f"<VjpRule {self.sym.id}>"
 
 
 class KeywordGrads:
@@ -66,31 +70,76 @@ class KeywordGrads:
         self.keywords = keywords
 
 
+def symbol_named(sym: Symbol | str) -> Symbol:
+    """The symbol `sym` is, or is the id of ("prims.mul", "ltorch.softmax"); a RegistrationError for no symbol."""
+    if isinstance(sym, Symbol):
+        return sym
+    namespace, _, name = sym.partition(".")
+    table = {"prims": prims.ALL_PRIMS, "ltorch": ALL_LTORCH}.get(namespace, {})
+    if name not in table:
+        raise RegistrationError(f"a VJP rule is registered for {sym!r}, which is no symbol: name a prims or ltorch op")
+    return table[name]
+
+
+def check_rule_signature(rule: VjpRule, what: str = "the VJP rule") -> None:
+    """Raise a RegistrationError unless `rule.forward` takes the arguments of its symbol's decomposition.
+
+    The grad pass calls the forward with a composite symbol's arguments bound to the
+    decomposition's signature, keywords by name; a rule spelling a parameter differently
+    would never fit. A prim's arguments come positionally, and a forward taking `*args`
+    fits every symbol.
+    """
+    fn, meta = rule.forward, rule.sym.meta
+    if rule.sym.is_prim:
+        return
+    try:
+        rule_params = list(inspect.signature(fn).parameters.values())
+        sym_params = list(inspect.signature(meta).parameters.values()) if meta is not None else None
+    except (TypeError, ValueError):
+        return  # a builtin: nothing to compare
+    if sym_params is None or any(p.kind is p.VAR_POSITIONAL for p in rule_params + sym_params):
+        return
+    names, expected = [p.name for p in rule_params], [p.name for p in sym_params]
+    # The first parameter is the tensor the op acts on, whatever each side calls it.
+    if names[1:] != expected[1:] or len(names) != len(expected):
+        raise RegistrationError(
+            f"{what} {getattr(fn, '__qualname__', fn)} for {rule.sym.id} takes ({', '.join(names)}), but "
+            f"{rule.sym.id} takes ({', '.join(expected)}): give the rule's forward the symbol's parameter names"
+        )
+
+
+def add_rule(rule: VjpRule, what: str = "the VJP rule") -> VjpRule:
+    """Make `rule` its symbol's VJP rule: checked against the symbol's signature, once per symbol."""
+    check_rule_signature(rule, what)
+    if rule.sym in VJP_RULES:
+        raise RegistrationError(f"a VJP rule for {rule.sym.id} is registered twice ({VJP_RULES[rule.sym].forward} "
+                                f"and {rule.forward})")
+    VJP_RULES[rule.sym] = rule
+    return rule
+
+
 def vjp(sym: Symbol | str) -> Callable[[Callable[..., Any]], VjpRule]:
     """Decorator: register the decorated function as the forward of `sym`'s VJP rule.
 
-    `sym` is a symbol or a symbol id ("ltorch.softmax"); a rule for an id that no op
-    has yet simply waits for the op to be declared.
+    `sym` is a symbol or its id ("ltorch.softmax"). A name that is no symbol, or a
+    forward whose parameters are not the symbol's, raises a RegistrationError here,
+    when the rule's module is imported.
     """
-    sym_id = sym if isinstance(sym, str) else sym.id
+    symbol = symbol_named(sym)
 
     def register(forward: Callable[..., Any]) -> VjpRule:
-        if sym_id in VJP_RULES:
-            raise ValueError(f"a VJP rule for {sym_id} is registered twice")
-        rule = VjpRule(sym_id, forward)
-        VJP_RULES[sym_id] = rule
-        return rule
+        return add_rule(VjpRule(symbol, forward))
 
     return register
 
 
 def rule_for(sym: Symbol) -> VjpRule | None:
-    """The VJP rule of `sym` (its own, else the one registered for its id, else its tag's), or None."""
-    rule = sym.vjp if sym.vjp is not None else VJP_RULES.get(sym.id)
+    """The VJP rule of `sym` (registered for it, else made by its tag's rule maker), or None."""
+    rule = VJP_RULES.get(sym)
     if rule is None and sym.is_prim:
         make = next((TAG_RULES[tag] for tag in sym.tags if tag in TAG_RULES), None)
         if make is not None:
-            rule = sym.vjp = make(sym)
+            rule = add_rule(make(sym))
     if rule is not None and rule.bwd is None:
         raise MinijitError(f"the VJP rule for {sym.id} has no backward")
     return rule

@@ -1,0 +1,504 @@
+"""What a cache entry specialises on, as one list of checks: the key, the guard, the prologue and the miss reason.
+
+A `Check` is one fact a trace relied on: what is looked at (`subject`, a Python expression
+over the call's arguments or the trace's inputs), which `aspect` of it, and the `expected`
+value it had when the trace was captured. Everything else is generated from the list:
+
+- the **cache key**: `walk` below, in key mode, appends for each argument exactly the values
+  its keyed checks expect (`Check.key_values`), so a call's key equals the entry's keyed
+  checks' values when, and only when, every keyed check holds; the per-arity fast key
+  functions (minijit.runtime.cache_key) are generated from the checks of plain tensors;
+- the **guard**: the checks the key cannot make (constraints on symbolic sizes, values read
+  from outside, tensors captured from outside, input aliasing) compiled into one function;
+- the **prologue**: `Prologue.source` is the Python that was compiled (key checks as
+  `check_call`, the rest as `guard`), so what `minijit.show(jf, "prologue")` prints is what runs;
+- the **miss explanation**: each check evaluated alone, the failing ones said in words, first first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from minijit.frontend.guards import GuardEntry, Source, guard_expression, guard_names, short_repr
+from minijit.ir.containers import flatten, is_container
+from minijit.runtime.autocast import any_autocast_enabled, autocast_state
+from minijit.runtime.inputs import InputAliasing, alias_layout, alias_pattern, parameter_names
+
+Tensor = torch.Tensor
+
+# The names a generated function reads besides its parameters; a parameter with one of these names is renamed.
+_RESERVED = {"torch", "Tensor", "type", "len", "id", "tuple", "isinstance", "is_grad_enabled",
+             "any_autocast_enabled", "autocast_state", "slice", "int", "float", "bool", "str", "complex", "dict",
+             "list"}
+GRAD_MODE = "is_grad_enabled()"
+AUTOCAST = "any_autocast_enabled() and autocast_state()"
+
+
+@dataclass(frozen=True, eq=False)
+class Check:
+    """One fact a cache entry relies on: `aspect` of `subject` was `expected` when the trace was captured.
+
+    `subject` is Python source over the parameters of the function the check is compiled into;
+    `label` names it in words (`arg 'x'`, `self.fc1.weight`). A `keyed` check is made by the cache
+    key (its `key_values` are part of the key); the others by the entry's guard. `explain`, when
+    given, words a failure from (now, expected) instead of the default `aspect now != expected`.
+    """
+
+    label: str
+    aspect: str
+    subject: str
+    expected: Any
+    keyed: bool = True
+    explain: Callable[[Any, Any], str] | None = None
+
+    def key_values(self) -> tuple[Any, ...]:
+        """What the cache key holds for this check, in key order (nothing for a check the guard makes)."""
+        if not self.keyed:
+            return ()
+        if self.aspect in ("value", "length", "keys", "object", "slice"):
+            return tuple(self.expected)
+        return (self.expected,)
+
+    def test(self, env: dict[str, Any]) -> str:
+        """Python source that is True while the check holds (objects it needs are bound in `env`)."""
+        s, v, aspect = self.subject, self.expected, self.aspect
+        if aspect == "shape":
+            return f"{s}.shape == {tuple(v)!r}"
+        if aspect in ("rank", "dtype", "device"):
+            return f"{s}.{'ndim' if aspect == 'rank' else aspect} == {literal(env, v)}"
+        if aspect in ("requires_grad", "grad mode"):
+            return f"{s}{'.requires_grad' if aspect == 'requires_grad' else ''} is {v!r}"
+        if aspect == "value":
+            t, x = v
+            if x is None:
+                return f"{s} is None"
+            return f"type({s}) is {t.__name__} and {s} == {literal(env, x)}"
+        if aspect == "type":
+            return f"type({s}) is {v.__name__}"
+        if aspect == "length":
+            return f"type({s}) is {v[0].__name__} and len({s}) == {v[1]}"
+        if aspect == "keys":
+            return f"type({s}) is dict and tuple({s}) == {literal(env, v[1])}"
+        if aspect == "slice":
+            return f"type({s}) is slice and ({s}.start, {s}.stop, {s}.step) == {literal(env, v[1:])}"
+        if aspect == "object":
+            return f"type({s}) is {literal(env, v[0])} and id({s}) == {v[1]}"
+        if aspect in ("structure", "symbolic structure"):
+            return f"_{aspect.replace(' ', '_')}({s}) == {literal(env, v)}"
+        if aspect in ("constant", "aliases"):
+            return f"{s} == {literal(env, v)}"
+        if aspect == "keyword":
+            return "True"  # calling the generated function with the keyword checks its name
+        if aspect == "captured":
+            return (f"type({s}) in _TENSOR_TYPES and ({s}.shape, {s}.dtype, {s}.device, {s}.requires_grad) "
+                    f"== _meta_{s}")
+        if aspect == "autocast":
+            return f"({s}) == {literal(env, v)}"
+        return s  # "constraint", "read": the subject is the test itself
+
+    def observe(self, now: Any) -> Any:
+        """The value of this check's aspect for `now`, the subject's current value, shaped like `expected`."""
+        aspect = self.aspect
+        if aspect in ("shape", "rank", "dtype", "device", "requires_grad"):
+            if not isinstance(now, Tensor):
+                return f"a {type(now).__name__}, not a tensor"
+            return tuple(now.shape) if aspect == "shape" else getattr(now, "ndim" if aspect == "rank" else aspect)
+        if aspect == "value":
+            return (type(now), now)
+        if aspect == "type":
+            return type(now)
+        if aspect == "length":
+            return (type(now), len(now)) if type(now) in (list, tuple) else (type(now), None)
+        if aspect == "keys":
+            return (type(now), tuple(now) if isinstance(now, dict) else None)
+        if aspect == "object":
+            return (type(now), id(now))
+        return now
+
+    def words(self, now: Any) -> str:
+        """This check's failure in words, `now` being the subject's current value: `arg 'x': shape (8, 16) != (4, 16)`."""
+        if self.explain is not None:
+            return self.explain(now, self.expected)
+        return f"{self.label}: {self.aspect} {_format(self.aspect, self.observe(now))} != {_format(self.aspect, self.expected)}"
+
+
+def _format(aspect: str, value: Any) -> str:
+    if aspect == "value":
+        t, v = value
+        return f"{short_repr(v)} ({t.__name__})"
+    if aspect in ("dtype", "grad mode"):
+        return str(value).removeprefix("torch.")
+    if aspect == "type":
+        return getattr(value, "__name__", str(value))
+    if aspect == "shape" and isinstance(value, tuple):
+        return str(tuple(value))
+    if aspect == "length":
+        return f"{value[0].__name__} of {value[1]}" if value[1] is not None else value[0].__name__
+    if aspect == "keys":
+        return str(value[1])
+    if aspect == "object":
+        return f"{value[0].__name__} at {value[1]:#x}"
+    return str(value)
+
+
+def literal(env: dict[str, Any], value: Any) -> str:
+    """Python source for `value`: written out where it reads back as an equal value, else bound in `env`."""
+    t = type(value)
+    if value is None or t in (bool, int, str) or (t is float and math.isfinite(value)):
+        return repr(value)
+    if t is torch.dtype:
+        return str(value)
+    if t is torch.device:
+        return f"torch.device({str(value)!r})"
+    if t is tuple and all(type(x) in (bool, int, str) or x is None for x in value):
+        return repr(value)
+    for name, bound in env.items():
+        if bound is value and name.startswith("_c"):
+            return name
+    name = f"_c{sum(n.startswith('_c') for n in env)}"
+    env[name] = value
+    return name
+
+
+# --- the walk: one description of what a call's arguments specialise on, as key values or as checks -----
+
+
+def walk(x: Any, out: list[Any], symbolic: bool, where: tuple[str, str] | None = None) -> None:
+    """Add to `out` what a call specialises on about the argument value `x`.
+
+    Key mode (`where` None, the per-call path): the values, appended flat. Check mode (`where`
+    is (label, subject)): a `Check` per fact, whose `key_values` are exactly what key mode appends.
+    """
+    t = type(x)
+    if t is Tensor or isinstance(x, Tensor):
+        if where is None:
+            out += (x.ndim if symbolic else x.shape, x.dtype, x.device, x.requires_grad)
+        else:
+            out += tensor_checks(where[0], where[1], x, symbolic)
+    elif t is tuple or t is list:
+        if where is None:
+            out += (t, len(x))
+        else:
+            out.append(Check(where[0], "length", where[1], (t, len(x))))
+        for i, v in enumerate(x):
+            walk(v, out, symbolic, where and (f"{where[0]}[{i}]", f"{where[1]}[{i}]"))
+    elif t is dict:
+        if where is None:
+            out += (t, tuple(x))
+        else:
+            out.append(Check(where[0], "keys", where[1], (t, tuple(x))))
+        for k, v in x.items():
+            walk(v, out, symbolic, where and (f"{where[0]}[{k!r}]", f"{where[1]}[{k!r}]"))
+    elif symbolic and (t is int or t is float):
+        # The value is a symbolic input: the guard's constraints check it.
+        out.append(t if where is None else Check(where[0], "type", where[1], t))
+    elif t is int or t is float or t is bool or t is str or x is None or t is complex:
+        if where is None:
+            out += (t, x)
+        else:
+            out.append(Check(where[0], "value", where[1], (t, x)))
+    elif t is torch.dtype or t is torch.device:
+        out.append(x if where is None else Check(where[0], "constant", where[1], x))
+    elif t is slice:  # unhashable before Python 3.12
+        if where is None:
+            out += (t, x.start, x.stop, x.step)
+        else:
+            out.append(Check(where[0], "slice", where[1], (t, x.start, x.stop, x.step)))
+    elif is_container(x):
+        # A dataclass, named tuple, dict subclass or pytree type: its structure and constants, then its tensors.
+        spec, leaves = flatten(x, _is_input_leaf_symbolic if symbolic else _is_tensor)
+        if where is None:
+            out.append(spec.key())
+        else:
+            out.append(Check(where[0], "symbolic structure" if symbolic else "structure", where[1], spec.key(),
+                             explain=_fields_changed(where[0], _fields(x))))
+        leaf = "_leaves_symbolic" if symbolic else "_leaves"
+        for i, v in enumerate(leaves):
+            walk(v, out, symbolic, where and (f"{where[0]} leaf {i}", f"{leaf}({where[1]})[{i}]"))
+    elif where is None:
+        # Any other object is specialised on by identity; the interpreter guards what it reads from it.
+        out += (t, id(x))
+    else:
+        out.append(Check(where[0], "object", where[1], (t, id(x))))
+
+
+def tensor_checks(label: str, subject: str, x: Tensor, symbolic: bool) -> list[Check]:
+    """The checks on one tensor argument: its shape (its rank, with symbolic sizes), dtype, device, requires_grad."""
+    size = Check(label, "rank", subject, x.ndim) if symbolic else Check(label, "shape", subject, x.shape)
+    return [size, Check(label, "dtype", subject, x.dtype), Check(label, "device", subject, x.device),
+            Check(label, "requires_grad", subject, x.requires_grad)]
+
+
+def _is_tensor(x: Any) -> bool:
+    return isinstance(x, Tensor)
+
+
+def _is_input_leaf_symbolic(x: Any) -> bool:
+    return isinstance(x, Tensor) or type(x) is int or type(x) is float
+
+
+def _fields(x: Any, label: str = "") -> dict[str, str]:
+    """The non-tensor fields of a container argument, by path, in words (for explaining a changed structure)."""
+    out: dict[str, str] = {}
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        items = [(f".{f.name}", getattr(x, f.name, None)) for f in dataclasses.fields(x)]
+    elif isinstance(x, tuple) and hasattr(x, "_fields"):
+        items = [(f".{name}", v) for name, v in zip(x._fields, x)]
+    elif isinstance(x, dict | list | tuple):
+        items = [(f"[{k!r}]", v) for k, v in (x.items() if isinstance(x, dict) else enumerate(x))]
+    else:
+        return {label: type(x).__name__} if not isinstance(x, Tensor) else {}
+    out[label] = f"{type(x).__name__} of {len(items)}"
+    for path, v in items:
+        out.update(_fields(v, label + path) if is_container(v) or isinstance(v, dict | list | tuple)
+                   else ({} if isinstance(v, Tensor) else {label + path: f"{short_repr(v)} ({type(v).__name__})"}))
+    return out
+
+
+def _fields_changed(label: str, before: dict[str, str]) -> Callable[[Any, Any], str]:
+    def at(path: str) -> str:  # arg 'b' and .weight: arg 'b.weight'
+        return f"{label[:-1]}{path}'" if label.endswith("'") else label + path
+
+    def words(now: Any, expected: Any) -> str:
+        after = _fields(now)
+        changed = [f"{at(path)}: {after.get(path, 'missing')} != {was}" for path, was in before.items()
+                   if after.get(path) != was]
+        changed += [f"{at(path)}: not present before" for path in after if path not in before]
+        return "; ".join(changed) or f"{label}: structure changed"
+    return words
+
+
+# --- the checks of a call and of an entry -----------------------------------------------------------------
+
+
+def argument_label(name: str) -> str:
+    """How a miss reason names an argument: `arg 'x'`, or the name itself for `self...` and `torch...`."""
+    return name if name == "self" or name.startswith(("torch.", "self.")) else f"arg '{name}'"
+
+
+def safe_name(name: str) -> str:
+    """A parameter name for a generated function: the argument's own, unless it could hide a name the checks use."""
+    return f"arg_{name}" if name in _RESERVED or name.startswith("_") or not name.isidentifier() else name
+
+
+def call_checks(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                symbolic: bool) -> tuple[list[str], list[Check]]:
+    """The parameters and checks of `check_call`: grad mode, autocast state, then each argument in order.
+
+    `check_call` takes the positional arguments, then the keyword arguments' values, each
+    under its parameter's name (minijit.runtime.inputs.parameter_names).
+    """
+    checks = [Check("torch.is_grad_enabled()", "grad mode", GRAD_MODE, torch.is_grad_enabled(), explain=_grad_mode_changed),
+              Check("autocast", "autocast", AUTOCAST, any_autocast_enabled() and autocast_state(), explain=_autocast_changed)]
+    params: list[str] = []
+    # A module's forward names its parameters and its tree's state by path (minijit.runtime.module).
+    state_checks = getattr(fn, "state_checks", None)
+    for i, (name, value) in enumerate(zip(parameter_names(fn, args, kwargs), (*args, *kwargs.values()), strict=True)):
+        params.append(safe_name(name))
+        if i >= len(args):
+            checks.append(Check(argument_label(name), "keyword", params[-1], name))
+        found = state_checks(name, params[-1], value, symbolic) if state_checks is not None else None
+        if found is None:
+            walk(value, checks, symbolic, (argument_label(name), params[-1]))
+        else:
+            checks += found
+    return params, checks
+
+
+def _grad_mode_changed(now: Any, expected: Any) -> str:
+    return f"torch.is_grad_enabled(): value {now} (bool) != {expected} (bool)"
+
+
+def _autocast_changed(now: Any, expected: Any) -> str:
+    """`torch.is_autocast_enabled('cpu'): value True (bool) != False (bool)`, per device whose state changed."""
+    def by_device(state: Any) -> dict[str, Any]:
+        return {d: dtype for d, dtype in state[:-1]} if state else {}
+    new, old = by_device(now), by_device(expected)
+    reasons = []
+    for d in sorted(set(new) | set(old)):
+        if (d in new) != (d in old):
+            reasons.append(f"torch.is_autocast_enabled({d!r}): value {d in new} (bool) != {d in old} (bool)")
+            dtype = new.get(d, old.get(d))
+            reasons.append(f"torch.get_autocast_dtype({d!r}): {dtype} {'not present before' if d in new else 'no longer'}")
+        elif new[d] != old[d]:
+            reasons.append(f"torch.get_autocast_dtype({d!r}): value {new[d]} (dtype) != {old[d]} (dtype)")
+    if not reasons and now and expected:
+        reasons.append(f"torch.is_autocast_cache_enabled(): value {now[-1]} (bool) != {expected[-1]} (bool)")
+    return "; ".join(reasons)
+
+
+def guard_checks(constraints: Sequence[str], values: Sequence[GuardEntry],
+                 captured: Sequence[tuple[str, Source, Tensor]], aliasing: InputAliasing | None,
+                 input_names: Sequence[str], env: dict[str, Any]) -> list[Check]:
+    """The checks the key cannot make, over the trace's inputs: constraints on symbolic values, values the
+    code read from outside, tensors it read from outside (fetched in the guard), and how inputs share memory."""
+    env.update(guard_names())
+    checks = [Check("constraint failed", "constraint", c, True, keyed=False, explain=_constraint_failed) for c in constraints]
+    for i, value in enumerate(values):
+        checks.append(Check(str(value), "read", guard_expression(env, i, value), True, keyed=False,
+                            explain=lambda now, expected, value=value: f"{value} changed"))
+    for name, _, t in captured:
+        meta = (t.shape, t.dtype, t.device, t.requires_grad)
+        env[f"_meta_{name}"] = meta
+        env.setdefault("_TENSOR_TYPES", set()).add(type(t))
+        checks.append(Check(name, "captured", name, meta, keyed=False,
+                            explain=lambda now, expected, name=name: _captured_changed(name, now, expected)))
+    if aliasing is not None:
+        env["_alias_pattern"] = alias_pattern
+        call = f"_alias_pattern({', '.join(input_names)})"
+        checks.append(Check("inputs share memory", "aliases", call, aliasing.pattern, keyed=False,
+                            explain=lambda now, expected: f"inputs share memory differently: {now} != {expected}"))
+        if aliasing.layout:  # made for inputs that share memory: where each sits in it matters too
+            env["_alias_layout"] = alias_layout
+            call = f"_alias_layout({', '.join(input_names)}, also={aliasing.layout_also!r})"
+            checks.append(Check("inputs sit in shared memory", "aliases", call, aliasing.layout, keyed=False,
+                                explain=lambda now, expected: "inputs that share memory sit differently in it "
+                                f"(offsets or strides changed): {now} != {expected}"))
+    return checks
+
+
+def _constraint_failed(now: Any, expected: Any) -> str:
+    return "constraint failed"  # Prologue.explain writes the constraints themselves, joined
+
+
+def _captured_changed(name: str, now: Any, expected: tuple[Any, ...]) -> str:
+    if now is _GONE:
+        return f"the tensor {name} read from outside the call is gone"
+    if not isinstance(now, Tensor):
+        return f"{name}, read from outside the call, is no longer a tensor (a {type(now).__name__})"
+    shape, dtype, _, requires_grad = expected
+    return (f"the tensor {name} read from outside the call changed: shape {tuple(now.shape)}, {now.dtype}, "
+            f"requires_grad={now.requires_grad} (was {tuple(shape)}, {dtype}, requires_grad={requires_grad})")
+
+
+_GONE = object()
+
+
+# --- the prologue: the checks compiled, printed, and explained --------------------------------------------
+
+
+class Prologue:
+    """An entry's checks compiled from one source: `check_call`, the checks the cache key makes, over the call's
+    arguments, and `guard`, the rest, over the trace's inputs (None when the key makes every check).
+
+    `source` is exactly what was compiled. On the hit path the key (a dict lookup) stands for
+    `check_call`, and `guard` runs; a miss is explained by running each check alone.
+    """
+
+    def __init__(self, name: str, params: list[str], keywords: tuple[str, ...], checks: list[Check],
+                 inputs: list[str], captured: list[tuple[str, str]], env: dict[str, Any]):
+        self.params, self.keywords, self.checks = params, keywords, checks
+        self.inputs, self.captured, self.env = inputs, captured, env
+        env.update(_ENV)
+        # A keyword's name is checked by calling `check_call` with it: its test is "True", left out.
+        key_tests = [t for c in checks if c.keyed and (t := c.test(env)) != "True"]
+        guard_tests = [c.test(env) for c in checks if not c.keyed]
+        source = _function("check_call", params, key_tests, "# The checks the cache key makes (a dict lookup on a hit).")
+        if guard_tests:
+            source += "\n\n" + self._guard_source(guard_tests)
+        self.source = source
+        exec(compile(source, f"<minijit prologue {name}>", "exec"), env)
+        self.check_call: Callable[..., bool] = env["check_call"]
+        self.guard: Callable[..., bool] | None = env.get("guard")
+        if self.guard is not None:
+            self.guard.__minijit_source__ = source  # type: ignore[attr-defined]
+
+    def _guard_source(self, tests: list[str]) -> str:
+        """`def guard(inputs)`: fetch the tensors captured from outside, then `tests`."""
+        body = "\n            and ".join(tests)
+        # Read each input's shape once: `x.shape` costs more than indexing the tuple it gives.
+        shaped = [n for n in self.inputs if f"{n}.shape[" in body]
+        for n in shaped:
+            body = body.replace(f"{n}.shape[", f"{n}_shape[")
+        lines = [f"def guard({', '.join(self.inputs)}):",
+                 "    # The checks the cache key cannot make, run on a hit after the key matched."]
+        lines += [f"    {n}_shape = {n}.shape" for n in shaped]
+        if self.captured:
+            lines.append("    try:")
+            if self.captured:
+                names = ", ".join(n for n, _ in self.captured)
+                lines.append(f"        ({names},) = ({', '.join(read for _, read in self.captured)},)")
+            lines += [f"        return ({body})", "    except Exception:", "        return False"]
+        else:
+            lines.append(f"    return ({body})")
+        return "\n".join(lines) + "\n"
+
+    def holds(self, args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[Any]) -> bool:
+        """The general check: True when a call with these arguments (and flat inputs) may use the entry."""
+        return (len(args) + len(kwargs) == len(self.params) and tuple(kwargs) == self.keywords
+                and self.check_call(*args, *kwargs.values()) and (self.guard is None or self.guard(*flat)))
+
+    def failures(self, args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[Any] | None) -> list[str]:
+        """The checks a call fails, in words, in the order of the list: those of the key, then (given `flat`
+        and when the key's all hold) those of the guard. A check whose subject cannot be read is implied
+        by an earlier one (a shorter list, a missing field) and is left out."""
+        reasons: list[str] = []
+        values = [*args, *kwargs.values()]
+        if len(values) != len(self.params) or tuple(kwargs) != self.keywords:
+            reasons.append(f"arguments ({', '.join(self.params)}) were passed as ({len(args)} positional, keywords "
+                           f"{tuple(kwargs)})" if len(values) != len(self.params) else
+                           f"keywords {tuple(kwargs)} != {self.keywords}")
+            return reasons
+        for check in self.checks:
+            if not check.keyed:
+                continue
+            holds, now = self._run(check, self.params, values)
+            if holds is False:
+                reasons.append(check.words(now))
+        if reasons or flat is None:
+            return reasons
+        constraints = []
+        for check in self.checks:
+            if check.keyed:
+                continue
+            holds, now = self._run(check, self.inputs, flat, guard=True)
+            if holds is False and check.aspect == "constraint":
+                constraints.append(check.subject)
+                if len(constraints) == 1:
+                    reasons.append("")  # where the constraints go, in the order of the list
+            elif holds is False:
+                reasons.append(check.words(now))
+        if constraints:
+            reasons[reasons.index("")] = "constraint failed: " + "; ".join(constraints)
+        return reasons
+
+    def _run(self, check: Check, params: list[str], values: list[Any], guard: bool = False) -> tuple[bool | None, Any]:
+        """(whether `check` holds, its subject's value) for these values; (None, None) when it cannot be read."""
+        env = self.env
+        test = check.test(env)
+        lines = [f"def _probe({', '.join(params)}):"]
+        if guard and self.captured:  # the guard's own fetch of the tensors read from outside
+            lines += ["    try:", f"        ({', '.join(n for n, _ in self.captured)},) = "
+                      f"({', '.join(read for _, read in self.captured)},)",
+                      "    except Exception:", "        return False, _GONE"]
+        subject = check.subject if not guard or check.aspect in ("captured", "aliases") else "None"
+        lines.append(f"    return bool({test}), {subject}")
+        try:
+            exec("\n".join(lines) + "\n", env)  # our own generated source, as the prologue's
+            return env.pop("_probe")(*values)
+        except Exception:
+            return None, None
+
+
+def _function(name: str, params: list[str], tests: list[str], comment: str) -> str:
+    """`def name(params): return (t1 and t2 ...)`, False where reading a subject fails."""
+    body = "\n            and ".join(tests) or "True"
+    return (f"def {name}({', '.join(params)}):\n    {comment}\n    try:\n        return ({body})\n"
+            "    except Exception:\n        return False\n")
+
+
+# The names the generated checks read besides their parameters and the values they bind.
+_ENV: dict[str, Any] = {
+    "torch": torch, "Tensor": Tensor, "_GONE": _GONE, "is_grad_enabled": torch.is_grad_enabled,
+    "any_autocast_enabled": any_autocast_enabled, "autocast_state": autocast_state,
+    "_structure": lambda x: flatten(x, _is_tensor)[0].key(),
+    "_symbolic_structure": lambda x: flatten(x, _is_input_leaf_symbolic)[0].key(),
+    "_leaves": lambda x: flatten(x, _is_tensor)[1],
+    "_leaves_symbolic": lambda x: flatten(x, _is_input_leaf_symbolic)[1],
+}

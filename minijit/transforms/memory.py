@@ -1,0 +1,289 @@
+"""The memory model of a trace: which storage each proxy lives in, and who reads and writes each storage.
+
+Computed in one walk over the bound symbols, from the effects their symbols declare
+(minijit/ir/symbol.py, `Effects`), and queried by every pass that reasons about memory
+(functionalize's write-back, the copy_to_out_ analysis, buffer reuse, the checks of
+DESIGN.md invariants 1 and 2). The rules of the walk:
+
+- a trace input lives in its own storage, named after the input; inputs that the
+  call found to be the same memory (`trace.input_alias_groups`) share the
+  storage of the group's first input;
+- a view (`BoundSymbol.may_alias_input`) lives in every storage its arguments live
+  in (a `reshape` may view or copy: it counts as a view);
+- a write into a tensor (`BoundSymbol.written`) puts its new outputs in that tensor's
+  storage, holding the new value; a region writing several tensors gives its outputs
+  storages of their own;
+- every other output lives in a new storage of its own, named after it, unless the
+  `allocates` predicate (an executor's knowledge) says the op may return one of its
+  arguments: then it may live in its arguments' storages as well.
+
+A storage set, not one storage, per proxy: a view of two tensors (or an op that may
+return either argument) may live in either. Reads are the proxies a bound symbol reads
+(`read_proxies`: its `out=` argument is written, not read); the trace's output counts
+as a read at index `len(bound_symbols)`.
+
+Values: a write into a storage overwrites the value of every proxy living there (but
+the value it stores), so each proxy also knows which storages' *old* value (the value
+before any write of the trace) it may hold, and the index of the write that overwrote
+it, if any.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from minijit.ir import BoundSymbol, Proxy, TensorProxy, Trace, tree_iter
+
+__all__ = ["MemoryModel", "Storage", "buffer_kind", "input_leaders", "read_proxies"]
+
+# A storage is named by the input (the first of a group of aliased inputs) or the proxy it was allocated for.
+Storage = str
+
+
+def read_proxies(bsym: BoundSymbol) -> Iterable[Proxy]:
+    """The proxies `bsym` reads (its `out=` argument is written, not read)."""
+    kwargs = {k: v for k, v in bsym.kwargs.items() if k != "out"}
+    for x in tree_iter((bsym.args, kwargs)):
+        if isinstance(x, Proxy):
+            yield x
+
+
+def input_leaders(trace: Trace) -> dict[str, str]:
+    """Input name -> the name standing for its storage (the first of each group of aliased inputs)."""
+    leaders = {p.name: p.name for p in trace.args}
+    for group in trace.input_alias_groups:
+        for name in group:
+            leaders[name] = group[0]
+    return leaders
+
+
+def buffer_kind(t: Any) -> tuple[Any, ...] | None:
+    """(shape, dtype, device) of a tensor proxy, the key two buffers are matched by; None for a non-tensor.
+
+    Symbolic sizes compare as passes compare them (`minijit.ir.proxies.known_compare`):
+    equal only when they are equal on every call, and recording nothing.
+    """
+    if not isinstance(t, TensorProxy):
+        return None
+    return (tuple(t.shape), t.dtype, t.device)
+
+
+def _copies_into(bsym: BoundSymbol) -> set[int]:
+    """ids of the tensors that `bsym` (a copy, or a region holding some) says hold a final value."""
+    if bsym.sym.effects.copies:
+        return {id(p) for p in bsym.written()}
+    return {id(p) for m in bsym.subsymbols if m.sym.effects.copies for p in m.written()}
+
+
+class MemoryModel:
+    """Storage, readers and writers of every proxy of a trace, in trace order.
+
+    Example::
+
+        memory = MemoryModel(trace)
+        memory.storages(t3)            # frozenset({'x'}): t3 is a view of input x
+        memory.aliases(t3, x)          # True
+        memory.writers('x')            # indices of the bound symbols writing into x's storage
+        memory.old_value_readers('x')  # ... and of those reading its value from before any write
+
+    `bound_symbols` (default: the trace's) are the bound symbols to walk, in order (the
+    verifier passes a fusion region's members in its place). `allocates(bsym)` says
+    whether an op that is not a view returns new memory (default: always; buffer reuse
+    asks the executors). A pass that rewrites as it walks builds the model with
+    `MemoryModel.start` and feeds it each bound symbol as rewritten (`add`).
+    """
+
+    def __init__(self, trace: Trace, bound_symbols: Sequence[BoundSymbol] | None = None, *,
+                 allocates: Callable[[BoundSymbol], bool] | None = None):
+        self._start(trace, allocates)
+        for bsym in trace.bound_symbols if bound_symbols is None else bound_symbols:
+            self.add(bsym)
+        self.add_output(trace.output)
+
+    @classmethod
+    def start(cls, trace: Trace, *, allocates: Callable[[BoundSymbol], bool] | None = None) -> MemoryModel:
+        """A model of `trace`'s inputs only, to be fed bound symbols one by one with `add`."""
+        model = cls.__new__(cls)
+        model._start(trace, allocates)
+        return model
+
+    def _start(self, trace: Trace, allocates: Callable[[BoundSymbol], bool] | None) -> None:
+        self.leaders = input_leaders(trace)
+        self._inputs = frozenset(self.leaders.values())
+        self._allocates = allocates
+        self._index = 0  # the index of the next bound symbol
+        self._where: dict[int, frozenset[Storage]] = {}  # id(proxy) -> the storages it may live in
+        self._old: dict[int, frozenset[Storage]] = {}  # id(proxy) -> storages whose old value it may hold
+        self._producer: dict[int, int] = {}
+        self._fresh: set[int] = set()  # ids of the proxies their producer allocated a storage for
+        self._proxy_readers: dict[int, list[int]] = {}
+        self._overwritten: dict[int, int] = {}  # id(proxy) -> the index of the write that overwrote its value
+        self._residents: dict[Storage, list[Proxy]] = {}
+        self._home: dict[Storage, Proxy] = {}
+        self._readers: dict[Storage, list[int]] = {}
+        self._old_readers: dict[Storage, list[int]] = {}
+        self._writers: dict[Storage, list[int]] = {}
+        self._copies: dict[Storage, list[int]] = {}
+        for p in trace.args:
+            s = self.leaders[p.name]
+            self._place(p, frozenset({s}), frozenset({s}))
+            self._home.setdefault(s, p)
+
+    # -- the walk -------------------------------------------------------------------------
+    def add(self, bsym: BoundSymbol) -> None:
+        """Follow the next bound symbol: its reads, its writes, where its outputs live."""
+        i = self._index
+        self._index += 1
+        for p in read_proxies(bsym):
+            self._proxy_readers.setdefault(id(p), []).append(i)
+            for s in self.storages(p):
+                self._readers.setdefault(s, []).append(i)
+            for s in self._old.get(id(p), ()):
+                self._old_readers.setdefault(s, []).append(i)
+        outs = list(bsym.proxy_outputs())
+        targets = bsym.written()
+        if targets:
+            self._write(bsym, i, targets, outs)
+        for o in outs:
+            self._producer.setdefault(id(o), i)
+        allocated = not targets
+        if len(targets) == 1:
+            where, old = self.storages(targets[0]), frozenset()
+        elif targets:
+            where = old = None  # a region: its outputs are its own values (or the inputs it wrote)
+        elif bsym.may_alias_input():
+            where = self._union(self._where, bsym.proxy_args())
+            old = self._union(self._old, bsym.proxy_args())
+            if not where:  # a view of constants only: memory of its own, but not memory it allocated
+                where = old = None
+                allocated = False
+        elif self._allocates is not None and not self._allocates(bsym):
+            # It may return one of its arguments, or memory of its own.
+            own = {o.name for o in outs}
+            where = self._union(self._where, bsym.proxy_args()) | own
+            old = self._union(self._old, bsym.proxy_args()) | own
+        else:
+            where = old = None
+        for o in outs:
+            if targets and id(o) in self._where:
+                continue  # an in-place op hands back the tensor it wrote: it lives where it lived
+            if where is None:
+                own = frozenset({o.name})
+                self._place(o, own, own)
+                self._home.setdefault(o.name, o)
+                if allocated:
+                    self._fresh.add(id(o))
+            else:
+                self._place(o, where, old)
+
+    def add_output(self, output: Any) -> None:
+        """Count the trace's output as a read, at the index after the last bound symbol."""
+        i = self._index
+        for p in tree_iter(output):
+            if isinstance(p, Proxy):
+                self._proxy_readers.setdefault(id(p), []).append(i)
+                for s in self.storages(p):
+                    self._readers.setdefault(s, []).append(i)
+                for s in self._old.get(id(p), ()):
+                    self._old_readers.setdefault(s, []).append(i)
+
+    def _write(self, bsym: BoundSymbol, i: int, targets: list[TensorProxy], outs: list[Proxy]) -> None:
+        copied = _copies_into(bsym)
+        value = bsym.copied_value()
+        # What the storage holds afterwards: a copy stores `value` (whose proxy stays valid where it
+        # lives there already); any other write stores its own outputs.
+        kept = [value] if value is not None else outs
+        for target in targets:
+            where = self.storages(target)
+            if not (value is not None and self._where.get(id(value)) == where):
+                for s in where:
+                    for p in self._residents.get(s, ()):
+                        if not any(p is k for k in kept):
+                            self._overwritten.setdefault(id(p), i)
+            for s in where:
+                self._writers.setdefault(s, []).append(i)
+                if id(target) in copied:
+                    self._copies.setdefault(s, []).append(i)
+
+    def _place(self, p: Proxy, where: frozenset[Storage], old: frozenset[Storage]) -> None:
+        self._where[id(p)] = where
+        self._old[id(p)] = old
+        for s in where:
+            self._residents.setdefault(s, []).append(p)
+
+    @staticmethod
+    def _union(table: dict[int, frozenset[Storage]], proxies: Iterable[Proxy]) -> frozenset[Storage]:
+        return frozenset().union(*(table.get(id(p), frozenset()) for p in proxies))
+
+    # -- per proxy ------------------------------------------------------------------------
+    def storages(self, p: Proxy) -> frozenset[Storage]:
+        """The storages `p` may live in (a proxy the walk has not seen: one named after it)."""
+        return self._where.get(id(p)) or frozenset({p.name})
+
+    def aliases(self, a: Proxy, b: Proxy) -> bool:
+        """Whether `a` and `b` may share memory at run time."""
+        return bool(self.storages(a) & self.storages(b))
+
+    def old_value_of(self, p: Proxy) -> frozenset[Storage]:
+        """The storages whose value from before any write of the trace `p` may hold (through views)."""
+        return self._old.get(id(p), frozenset())
+
+    def input_storages(self, p: Proxy) -> frozenset[Storage]:
+        """The input storages whose old value `p` may alias: the input itself, a view of it, a view of a view..."""
+        return self._old.get(id(p), frozenset()) & self._inputs
+
+    def is_fresh(self, p: Proxy) -> bool:
+        """Whether `p`'s storage was allocated for `p` by its producer (not an input, a view or a write)."""
+        return id(p) in self._fresh
+
+    def producer(self, p: Proxy) -> int | None:
+        """The index of the bound symbol that first outputs `p`, or None (an input, a constant)."""
+        return self._producer.get(id(p))
+
+    def readers_of(self, p: Proxy) -> list[int]:
+        """The indices of the bound symbols reading `p` itself, in order (the output: one past the last)."""
+        return self._proxy_readers.get(id(p), [])
+
+    def overwritten_at(self, p: Proxy) -> int | None:
+        """The index of the first write that overwrote `p`'s value (a write into a storage it lives in), or None."""
+        return self._overwritten.get(id(p))
+
+    # -- per storage ----------------------------------------------------------------------
+    def is_input(self, s: Storage) -> bool:
+        """Whether `s` is the storage of a trace input."""
+        return s in self._inputs
+
+    def home(self, s: Storage) -> Proxy | None:
+        """The proxy `s` is named after: the input, or the output it was allocated for."""
+        return self._home.get(s)
+
+    def residents(self, s: Storage) -> list[Proxy]:
+        """The proxies that may live in `s`, in the order they appear."""
+        return self._residents.get(s, [])
+
+    def readers(self, s: Storage) -> list[int]:
+        """The indices of the bound symbols reading anything that may live in `s`, in order (with repeats)."""
+        return self._readers.get(s, [])
+
+    def old_value_readers(self, s: Storage) -> list[int]:
+        """The indices of the bound symbols reading `s`'s value from before any write, in order."""
+        return self._old_readers.get(s, [])
+
+    def writers(self, s: Storage) -> list[int]:
+        """The indices of the bound symbols writing into `s`, in order."""
+        return self._writers.get(s, [])
+
+    def copies_onto(self, s: Storage) -> list[int]:
+        """The indices of the copies (`Effects.copies`, or regions holding one) into `s`, in order."""
+        return self._copies.get(s, [])
+
+    def last_reader_before(self, s: Storage, i: int) -> int | None:
+        """The index of the last bound symbol before the i-th reading anything that may live in `s`, or None."""
+        before = [r for r in self.readers(s) if r < i]
+        return before[-1] if before else None
+
+    def written_inputs(self) -> list[Storage]:
+        """The input storages something writes into, in the order of their first write."""
+        first = {s: w[0] for s, w in self._writers.items() if w and s in self._inputs}
+        return sorted(first, key=first.__getitem__)

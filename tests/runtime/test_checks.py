@@ -1,0 +1,155 @@
+"""One list of checks per cache entry: the printed prologue is the code that runs, the fast key, the general
+check and the cache agree on every call, and a miss names the first check that failed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+import minijit
+from minijit.runtime.cache_key import POSITIONAL_TENSOR_KEYS, POSITIONAL_TENSOR_SYMBOLIC_KEYS, cache_key
+from minijit.runtime.inputs import flat_inputs
+
+MODES = ("constant values", "symbolic values")
+SCALE = 2.0
+BIAS = torch.ones(3)
+
+
+def _scaled(x, y, k):
+    return x * k + y * SCALE
+
+
+def _with_global_tensor(x, y):
+    return x @ y + BIAS
+
+
+def _in_place(a, b):
+    a.mul_(2)
+    return a + b
+
+
+def _r(*shape, dtype=torch.float32, grad=False):
+    return torch.randn(*shape, dtype=dtype).requires_grad_(grad)
+
+
+_SHARED = torch.randn(3, 3)
+# (function, the first call's arguments, then variants: a name, the arguments, what to change around the call)
+CASES: list[tuple[Callable[..., Any], tuple[Any, ...], list[tuple[str, Callable[[], tuple[Any, ...]], str | None]]]] = [
+    (_scaled, (_r(3, 4), _r(3, 4), 2.0), [
+        ("same", lambda: (_r(3, 4), _r(3, 4), 2.0), None),
+        ("other size", lambda: (_r(5, 4), _r(5, 4), 2.0), None),
+        ("size one", lambda: (_r(1, 4), _r(3, 4), 2.0), None),
+        ("other rank", lambda: (_r(3, 4, 1), _r(3, 4, 1), 2.0), None),
+        ("other dtype", lambda: (_r(3, 4, dtype=torch.float64), _r(3, 4), 2.0), None),
+        ("requires grad", lambda: (_r(3, 4, grad=True), _r(3, 4), 2.0), None),
+        ("other number", lambda: (_r(3, 4), _r(3, 4), 3.0), None),
+        ("int number", lambda: (_r(3, 4), _r(3, 4), 2), None),
+        ("global changed", lambda: (_r(3, 4), _r(3, 4), 2.0), "SCALE"),
+    ]),
+    (_with_global_tensor, (_r(2, 3), _r(3, 3)), [
+        ("same", lambda: (_r(2, 3), _r(3, 3)), None),
+        ("other size", lambda: (_r(4, 3), _r(3, 3)), None),
+        ("captured tensor resized", lambda: (_r(2, 3), _r(3, 3)), "BIAS"),
+    ]),
+    (_in_place, (_r(3, 3), _r(3, 3)), [
+        ("same", lambda: (_r(3, 3), _r(3, 3)), None),
+        ("aliased", lambda: (_SHARED, _SHARED), None),
+        ("other size", lambda: (_r(4, 4), _r(4, 4)), None),
+    ]),
+]
+
+
+def _clone(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The arguments cloned, aliasing kept (the same tensor twice stays one tensor)."""
+    seen: dict[int, Any] = {}
+    return tuple(seen.setdefault(id(a), a.detach().clone().requires_grad_(a.requires_grad))
+                 if isinstance(a, torch.Tensor) else a for a in args)
+
+
+def _final_trace(jf: Any) -> str:
+    return minijit.last_traces(jf)[-1].python()
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", range(len(CASES)), ids=[fn.__name__ for fn, _, _ in CASES])
+def test_key_general_check_cache_and_retracing_agree(mode: str, case: int) -> None:
+    global SCALE, BIAS
+    fn, first, variants = CASES[case]
+    symbolic = mode == "symbolic values"
+    fast_keys = POSITIONAL_TENSOR_SYMBOLIC_KEYS if symbolic else POSITIONAL_TENSOR_KEYS
+    for name, make, change in variants:
+        jf = minijit.jit(fn, cache=mode)
+        first_args = _clone(first)
+        jf(*first_args)
+        entry = jf._last
+        traced = _final_trace(jf)
+        prologue = entry.prologue
+        # The key holds exactly what the entry's keyed checks expect.
+        keyed = tuple(v for c in prologue.checks if c.keyed for v in c.key_values())
+        assert cache_key(first_args, {}, symbolic) == keyed
+        saved = SCALE, BIAS
+        try:
+            if change == "SCALE":
+                SCALE = 5.0
+            elif change == "BIAS":
+                BIAS = torch.ones(1)
+            args = make()
+            same_key = cache_key(args, {}, symbolic) == cache_key(first_args, {}, symbolic)
+            assert prologue.check_call(*args) == same_key, name
+            if all(type(a) is torch.Tensor for a in args):
+                assert (fast_keys[len(args)](*args) == fast_keys[len(args)](*first_args)) == same_key, name
+            holds = prologue.holds(args, {}, flat_inputs(args, {}, symbolic))
+            hits = minijit.cache_info(jf).hits
+            got = jf(*_clone(args))
+            torch.testing.assert_close(got, fn(*_clone(args)))
+            assert (minijit.cache_info(jf).hits == hits + 1) == holds, name
+            fresh = minijit.jit(fn, cache=mode)
+            fresh(*_clone(args))
+            if holds:  # no wrong hit: re-tracing this call gives the trace the entry holds
+                assert _final_trace(fresh) == traced, name
+            elif name != "same":
+                # every variant here changes something a trace depends on
+                assert minijit.cache_info(jf).miss_reasons[-1] != "a guard failed", name
+        finally:
+            SCALE, BIAS = saved
+        if name == "same":
+            assert holds
+
+
+def test_the_printed_prologue_is_the_source_that_runs() -> None:
+    jf = minijit.jit(_scaled, cache="symbolic values")
+    jf(_r(3, 4), _r(3, 4), 2.0)
+    printed = jf.last_prologue()
+    code = compile(printed, "<printed prologue>", "exec")  # valid Python
+    compiled = {c.co_name: c for c in code.co_consts if hasattr(c, "co_code")}
+    entry = jf._last
+    assert entry.guard is not None and entry.guard.__minijit_source__ == printed
+    assert compiled["guard"].co_code == entry.guard.__code__.co_code
+    assert compiled["check_call"].co_code == entry.prologue.check_call.__code__.co_code
+    assert "assert" not in printed and "<the" not in printed
+
+
+def test_a_module_prologue_compiles_and_checks_its_state() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    jm = minijit.jit(model)
+    x = torch.randn(2, 4)
+    jm(x)
+    printed = jm.last_prologue()
+    compile(printed, "<printed prologue>", "exec")
+    model.eval()
+    torch.testing.assert_close(jm(x), model(x))
+    assert minijit.cache_info(jm).miss_reasons[1].startswith("self.training: value False (bool) != True (bool)")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_explanation_names_the_first_failing_check(mode: str) -> None:
+    jf = minijit.jit(_scaled, cache=mode)
+    jf(_r(3, 4), _r(3, 4), 2.0)
+    # Both the dtype and requires_grad of x, and y's dtype, changed: x's dtype comes first in the list.
+    jf(_r(3, 4, dtype=torch.float64, grad=True), _r(3, 4, dtype=torch.float64), 2.0)
+    reasons = minijit.cache_info(jf).miss_reasons[1].split("; ")
+    assert reasons[0] == "arg 'x': dtype float64 != float32"
+    assert reasons[1:] == ["arg 'x': requires_grad True != False", "arg 'y': dtype float64 != float32"]
