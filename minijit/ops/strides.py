@@ -22,11 +22,13 @@ with differently strided inputs then misses instead of reusing a trace that woul
 view where eager raises, or write through a copy.
 
 Symbolic sizes: strides are never symbolic. Layouts are worked out from the sizes seen
-while tracing, and a decision is taken to hold at the other sizes the guard admits
-(sizes 0 and 1 are constants there, and an input keeps its kind of layout). That holds
-for contiguous tensors and for transposes, permutes, expands and slices of whole dims
-(`q.split(C, -1)` then `view`); it does not for a layout whose viewability depends on a
-size's value (`x[:, ::2].view(-1)` views only where x's last size is even), a known gap.
+while tracing. Where the answer can change with the sizes, the guard checks the sizes
+too (`tuple(x.shape) == ...`): a layout query (`x.stride()` is a Python value the trace
+keeps), and functionalization's copy-or-view choice in a trace that writes in place
+(`x[:, ::2].reshape(-1)` views only where x's last size is 1 or 2). `view`'s check is not
+pinned: it keeps a trace reusable across sizes (`q.split(C, -1)` then `view`), at the cost
+that a size where eager cannot view runs the view anyway (a known gap; no value differs,
+as no later call writes through a view eager refuses to make).
 
 A tensor made by something without an eager implementation (a prim recorded
 directly, a value from inside a decomposition) has no known layout (None); the
@@ -104,12 +106,14 @@ def _eager_impl(bsym: BoundSymbol) -> Any:
 
 
 def eager_layout(p: TensorProxy, trace: Trace | None = None, *, offset_matters: bool = False,
-                 guard: bool = True) -> torch.Tensor | None:
+                 guard: bool = True, sizes_matter: bool = False) -> torch.Tensor | None:
     """A meta tensor with the shape, strides and storage offset eager torch gives `p`; None where unknown.
 
     `trace` (default: the one being recorded) holds the bound symbols that made `p`. With
     `guard`, the layouts of the trace inputs it was worked out from join the cache entry's
-    guard (their storage offsets too with `offset_matters`).
+    guard (their storage offsets too with `offset_matters`, and their symbolic sizes with
+    `sizes_matter`: a computed tensor's layout, and so a decision taken from it, may change
+    with the sizes, as `x[:, ::2]`'s viewability with the parity of x's last size).
     """
     trace = trace if trace is not None else current_trace()
     if trace is None:
@@ -122,7 +126,7 @@ def eager_layout(p: TensorProxy, trace: Trace | None = None, *, offset_matters: 
     meta = meta_like(p)
     if guard:
         for source in _sources(p, inputs):
-            _guard_layout(source, offset_matters)
+            _guard_layout(source, offset_matters, sizes_matter)
     return meta
 
 
@@ -184,11 +188,13 @@ def _replay(bsym: BoundSymbol, inputs: dict[int, TensorProxy]) -> None:
             _set_sources(out, tuple(sources.values()))
 
 
-def _guard_layout(p: TensorProxy, offset_matters: bool) -> None:
-    """Make the cache entry's guard check that input `p` keeps its layout."""
+def _guard_layout(p: TensorProxy, offset_matters: bool, sizes_matter: bool = False) -> None:
+    """Make the cache entry's guard check that input `p` keeps its layout (and its sizes, with `sizes_matter`)."""
     assert p.memory is not None
     strides, offset = p.memory
     sizes = _sizes(p)
+    if sizes_matter and any(isinstance(d, NumberProxy) for d in p.shape):
+        add_layout_check(f"tuple({p.name}.shape) == {sizes!r}")
     if strides == contiguous_strides(sizes) or math.prod(sizes) <= 1:
         add_layout_check(f"{p.name}.is_contiguous()")
     else:
@@ -224,7 +230,8 @@ def check_viewable(op: str, p: TensorProxy, shape: tuple[Any, ...]) -> None:
 # -- the layout queries user code can make on a traced tensor ------------------------------------
 
 def _known_layout(p: TensorProxy, what: str, offset_matters: bool = False) -> torch.Tensor:
-    meta = eager_layout(p, offset_matters=offset_matters)
+    # The answer is a Python value the trace keeps: with symbolic sizes it holds for these sizes only.
+    meta = eager_layout(p, offset_matters=offset_matters, sizes_matter=True)
     if meta is None:
         raise UnsupportedMethodError(f"Tensor.{what}{where_now()}: minijit does not know the memory layout of "
                                      f"{p.name} (made by an op without an eager implementation); call it outside "

@@ -33,7 +33,8 @@ from typing import Any
 import torch
 
 from minijit.errors import InplaceError, UnsupportedOpError, where
-from minijit.ir import BoundSymbol, Proxy, Symbol, TensorProxy, Trace, tree_flatten
+from minijit.ir import BoundSymbol, NumberProxy, Proxy, Symbol, TensorProxy, Trace, tree_flatten
+from minijit.ir.proxies import number_value
 from minijit.ir.rewrite import ProxyMap, replay_bsym
 from minijit.ops import prims
 from minijit.ops.registry import ALL_LTORCH, EAGER_IMPLS
@@ -262,16 +263,23 @@ def eager_chain(base: TensorProxy, chain: list[tuple[BoundSymbol, Proxy]],
     result, or None where a step has no eager implementation or depends on a proxy
     other than the tensor it views.
     """
-    if any(isinstance(d, Proxy) for d in base.shape):
-        return None  # symbolic sizes: making a meta tensor would specialise on them
-    known = eager_layout(base, trace) if trace is not None else None
-    values = [known if known is not None else torch.empty(tuple(base.shape), dtype=base.dtype, device="meta")]
+    symbolic = any(isinstance(d, Proxy) for d in base.shape)
+    if symbolic and (trace is None or not any(b.written() for b in trace.bound_symbols)):
+        # Copy or view cannot be told apart where nothing is written: keep the sizes symbolic.
+        return None
+    # With symbolic sizes the answer holds for the sizes seen only (a computed tensor's
+    # viewability may depend on them): the guard then checks the inputs' sizes too.
+    known = eager_layout(base, trace, sizes_matter=symbolic) if trace is not None else None
+    shape = tuple(int(number_value(d)) for d in base.shape)
+    values = [known if known is not None else torch.empty(shape, dtype=base.dtype, device="meta")]
     for step, out in chain:
         impl = _eager_impl(step)
         viewed = viewed_tensor(step)
-        if impl is None or any(isinstance(a, Proxy) and a is not viewed for a in tree_flatten((step.args, step.kwargs))):
+        if impl is None or any(isinstance(a, Proxy) and a is not viewed and not isinstance(a, NumberProxy)
+                               for a in tree_flatten((step.args, step.kwargs))):
             return None
-        args = [values[-1] if a is viewed else a for a in step.args]
+        args = [values[-1] if a is viewed else number_value(a) if isinstance(a, NumberProxy) else a
+                for a in step.args]
         try:
             values.append(tree_flatten(impl(*args, **step.kwargs))[output_position(step, out)])
         except Exception:

@@ -201,3 +201,43 @@ def test_layouts_of_tensors_the_function_creates() -> None:
     got, expected = minijit.jit(program)(x), program(x)
     torch.testing.assert_close(got[0], expected[0])
     assert got[1:] == expected[1:]
+
+
+def _reshape_then_write(x: torch.Tensor) -> torch.Tensor:
+    y = x.reshape(-1)
+    y.add_(100)
+    return y * 1
+
+
+def _step_slice_reshape_then_write(x: torch.Tensor) -> torch.Tensor:
+    y = x[:, ::2].reshape(-1)  # a view where x's last size is 1 or 2, a copy otherwise
+    y.add_(100)
+    return y * 1
+
+
+@pytest.mark.parametrize("fn, inputs", [
+    (_reshape_then_write, [lambda: torch.randn(4, 6), lambda: torch.randn(6, 4).t(), lambda: torch.randn(5, 7)]),
+    (_step_slice_reshape_then_write, [lambda: torch.randn(3, 8), lambda: torch.randn(3, 2), lambda: torch.randn(3, 7),
+                                      lambda: torch.randn(4, 4)]),
+])
+def test_symbolic_sizes_copy_or_view_with_writes_like_eager(fn: Callable[[torch.Tensor], torch.Tensor],
+                                                           inputs: list[Callable[[], torch.Tensor]]) -> None:
+    # With symbolic sizes, a copy-or-view decision taken at one size must not be reused at sizes
+    # where eager decides otherwise (found in review: the write reached x, or did not, wrongly).
+    jf = minijit.jit(fn, cache="symbolic values")
+    for make in inputs:
+        x = make()
+        x_eager = torch.empty_strided(x.shape, x.stride()).copy_(x)
+        x_jit = torch.empty_strided(x.shape, x.stride()).copy_(x)
+        torch.testing.assert_close(jf(x_jit), fn(x_eager), rtol=0, atol=0)
+        torch.testing.assert_close(x_jit, x_eager, rtol=0, atol=0)
+
+
+def test_symbolic_sizes_layout_query_holds_for_its_sizes_only() -> None:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return x.view(-1)[:: x.stride(0)]  # the stride, a Python int, is the row length
+
+    jf = minijit.jit(fn, cache="symbolic values")
+    for shape in [(3, 8), (4, 5), (3, 8)]:
+        x = torch.randn(*shape)
+        torch.testing.assert_close(jf(x), fn(x), rtol=0, atol=0)
