@@ -300,7 +300,11 @@ def functionalize_for_call(trace: Trace, flat: list[Any], no_grad: frozenset[str
     mutated = set(result.mutated_inputs)
     if not mutated:
         return functional, result, None  # aliasing cannot matter: the guard need not look at it
-    # A written input that repeats elements (`o.expand(4, 4)`, which eager lets zero_ fill) is its own group.
+    # Inputs that repeat elements (`o.expand(4, 4)`, which eager lets zero_ fill) cannot take a copy back:
+    # written, they are rebuilt from a synthetic base, alone or with the other inputs sharing their storage.
+    repeats = [g for g in identical if torch._debug_has_internal_overlap(flat[g[0]]) == 1]
+    identical = [g for g in identical if g not in repeats]
+    partial = partial + repeats
     grouped = {i for group in identical + partial for i in group}
     partial = partial + [[i] for i, p in enumerate(trace.args) if i not in grouped and p.name in mutated
                          and isinstance(flat[i], torch.Tensor) and torch._debug_has_internal_overlap(flat[i]) == 1]

@@ -158,3 +158,31 @@ def test_written_input_that_repeats_elements_matches_eager_and_is_guarded():
         torch.testing.assert_close(ours, theirs)
     info = minijit.cache_info(jf)
     assert (info.misses, info.hits) == (2, 1), info
+
+
+# An expanded tensor passed twice (or two identical expands of one tensor) and written, as eager allows:
+# found by a held-out fuzzer, where the copy back into the expanded input crashed.
+def _zero_a_read_b(a, b):
+    a.zero_()
+    return b.clone()
+
+
+def _diagonal_of_a_read_b(a, b):
+    a.diagonal().div_(2.0)
+    return b * 1
+
+
+@pytest.mark.parametrize("fn", [_zero_a_read_b, _diagonal_of_a_read_b])
+@pytest.mark.parametrize("pattern", ["same expand twice", "two expands of s", "expand of s, s"])
+def test_written_expanded_input_that_another_input_aliases_matches_eager(pattern, fn):
+    def inputs(s):
+        if pattern == "same expand twice":
+            e = s.expand(3, 4)
+            return e, e
+        return (s.expand(3, 4), s.expand(3, 4)) if pattern == "two expands of s" else (s.expand(3, 4), s)
+
+    ours, theirs = torch.arange(4.0), torch.arange(4.0)
+    got = minijit.jit(fn)(*inputs(ours))
+    expected = fn(*inputs(theirs))
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(ours, theirs)
