@@ -288,10 +288,11 @@ class TensorProxy(Proxy):
     `memory` is the tensor's layout as eager torch would give it, `(strides, storage_offset)`,
     once known: set from the real tensor for trace inputs, worked out on demand for computed
     tensors (`minijit.ops.strides`), only where a result depends on it (`view`, `reshape`).
+    `layout_sources` are the trace inputs a computed tensor's layout was worked out from.
     """
 
     # __weakref__: code that keeps weak references to its tensors (nn.RNNBase to its flat weights) traces too.
-    __slots__ = ("__weakref__", "device", "dtype", "memory", "requires_grad", "shape")
+    __slots__ = ("__weakref__", "device", "dtype", "layout_sources", "memory", "requires_grad", "shape")
     name_prefix = "t"
 
     def __init__(
@@ -308,6 +309,7 @@ class TensorProxy(Proxy):
         self.device = device if isinstance(device, torch.device) else torch.device(device)
         self.requires_grad = requires_grad
         self.memory: tuple[tuple[int, ...], int] | None = None
+        self.layout_sources: tuple[TensorProxy, ...] = ()
 
     @classmethod
     def like(cls, t: TensorProxy, **changes: Any) -> TensorProxy:

@@ -39,7 +39,6 @@ reshape).
 from __future__ import annotations
 
 import math
-import weakref
 from typing import Any
 
 import torch
@@ -50,23 +49,10 @@ from minijit.ir.context import add_layout_check, current_trace, where_now
 from minijit.ir.proxies import number_value
 from minijit.ops.registry import EAGER_IMPLS
 
-# Per computed proxy whose layout is known (by id, as proxies compare by recording `eq`): the
-# trace inputs it was worked out from, whose layouts are guarded when a decision uses it. An
-# entry lives as long as its proxy.
-_FROM_INPUTS: dict[int, tuple[weakref.ref[TensorProxy], tuple[TensorProxy, ...]]] = {}
-
 
 def _sources(p: TensorProxy, inputs: dict[int, TensorProxy]) -> tuple[TensorProxy, ...]:
     """The trace inputs `p`'s layout was worked out from."""
-    if id(p) in inputs:
-        return (p,)
-    entry = _FROM_INPUTS.get(id(p))
-    return entry[1] if entry is not None and entry[0]() is p else ()
-
-
-def _set_sources(p: TensorProxy, sources: tuple[TensorProxy, ...]) -> None:
-    key = id(p)
-    _FROM_INPUTS[key] = (weakref.ref(p, lambda _: _FROM_INPUTS.pop(key, None)), sources)
+    return (p,) if id(p) in inputs else p.layout_sources
 
 
 def note_layout(p: TensorProxy, t: torch.Tensor) -> None:
@@ -185,7 +171,7 @@ def _replay(bsym: BoundSymbol, inputs: dict[int, TensorProxy]) -> None:
         if isinstance(out, TensorProxy) and isinstance(value, torch.Tensor) and out.memory is None \
                 and tuple(value.shape) == _sizes(out):
             out.memory = (tuple(value.stride()), value.storage_offset())
-            _set_sources(out, tuple(sources.values()))
+            out.layout_sources = tuple(sources.values())
 
 
 def _guard_layout(p: TensorProxy, offset_matters: bool, sizes_matter: bool = False) -> None:

@@ -19,7 +19,7 @@ from minijit.runtime.autocast import any_autocast_enabled, without_autocast
 from minijit.runtime.autograd import CompiledGrad, autograd_callable
 from minijit.runtime.call_plan import CallPlan, finish_capture
 from minijit.runtime.checks import Prologue, call_checks
-from minijit.runtime.guards import compile_prologue, drop_implied, specialised_facts
+from minijit.runtime.guards import compile_prologue, drop_implied
 from minijit.runtime.inputs import (
     InputAliasing,
     alias_groups,
@@ -80,7 +80,6 @@ class CompiledEntry:
     # captured tensors, aliasing. None when there is nothing to check beyond the cache key.
     guard: Callable[..., bool] | None = None
     constraints: list[str] = field(default_factory=list)
-    value_guards: list[Any] = field(default_factory=list)
     # The backward traces, one per pass, when the entry differentiates (else empty).
     backward_traces: list[Trace] = field(default_factory=list)
 
@@ -111,7 +110,6 @@ def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
     with knowing_constraints(constraints), guarding_layouts(constraints):
         entry = _compile(fn, args, kwargs, executors, symbolic, constraints)
     entry.constraints = drop_implied(constraints)
-    entry.value_guards = specialised_facts(entry)[0]
     entry.prologue = compile_prologue(entry, call, tuple(kwargs), entry.constraints)
     entry.guard = entry.prologue.guard
     if any_autocast_enabled():

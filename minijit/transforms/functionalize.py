@@ -128,6 +128,7 @@ class _Functionalizer:
         self.leaves = {id(p) for i, p in enumerate(trace.args)
                        if isinstance(p, TensorProxy) and p.requires_grad and i not in non_leaf_inputs}
         self.inputs = {id(p) for p in trace.args}
+        self.writes = any(b.written() for b in trace.bound_symbols)  # does the trace write in place at all
         self.value: dict[int, Any] = {}  # id(original proxy) -> current value (bases and non-tensors)
         self.version: dict[int, int] = {}  # id(base) -> number of writes so far
         self.views: dict[int, _View] = {}
@@ -244,7 +245,11 @@ class _Functionalizer:
         if not bsym.sym.effects.may_copy or bsym.sym.is_prim:
             return True
         parent = self.canon(parent)
-        verdict = eager_returns_view(self.base_of(parent), [*self.chain(parent), (bsym, out)], self.trace)
+        base = self.base_of(parent)
+        if not self.writes and any(isinstance(d, Proxy) for d in base.shape):
+            # Copy or view cannot be told apart where nothing is written: keep the sizes symbolic.
+            return True
+        verdict = eager_returns_view(base, [*self.chain(parent), (bsym, out)], self.trace)
         return verdict is not False
 
     def _is_fill(self, value: TensorProxy) -> bool:

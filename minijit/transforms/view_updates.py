@@ -263,12 +263,9 @@ def eager_chain(base: TensorProxy, chain: list[tuple[BoundSymbol, Proxy]],
     result, or None where a step has no eager implementation or depends on a proxy
     other than the tensor it views.
     """
-    symbolic = any(isinstance(d, Proxy) for d in base.shape)
-    if symbolic and (trace is None or not any(b.written() for b in trace.bound_symbols)):
-        # Copy or view cannot be told apart where nothing is written: keep the sizes symbolic.
-        return None
     # With symbolic sizes the answer holds for the sizes seen only (a computed tensor's
     # viewability may depend on them): the guard then checks the inputs' sizes too.
+    symbolic = any(isinstance(d, Proxy) for d in base.shape)
     known = eager_layout(base, trace, sizes_matter=symbolic) if trace is not None else None
     shape = tuple(int(number_value(d)) for d in base.shape)
     values = [known if known is not None else torch.empty(shape, dtype=base.dtype, device="meta")]
