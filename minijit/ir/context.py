@@ -99,6 +99,39 @@ def known_constraint(expr: str) -> bool:
     return expr in _KNOWN.get()
 
 
+def known_equal(left: str, right: str) -> bool:
+    """Whether the compile's constraints make the expressions `left` and `right` equal, through a chain
+    of equalities (`a == b` and `b == c`: a functionalized `b.copy_(a)` then `b + c` asks about a and c).
+    """
+    known = _KNOWN.get()
+    cached = _EQUAL_CLASSES.get()
+    if cached is None or cached[0] is not known or cached[1] != len(known):
+        cached = (known, len(known), _equality_classes(known))
+        _EQUAL_CLASSES.set(cached)
+    classes = cached[2]
+    return left in classes and classes[left] is classes.get(right)
+
+
+# The equality classes of the known constraints, for the list (and its length) they were built from.
+_EQUAL_CLASSES: ContextVar[tuple[Sequence[str], int, dict[str, set[str]]] | None] = ContextVar(
+    "minijit_equal_classes", default=None)
+
+
+def _equality_classes(constraints: Sequence[str]) -> dict[str, set[str]]:
+    """Expression -> the set of expressions the `a == b` constraints make equal to it (the same set object)."""
+    classes: dict[str, set[str]] = {}
+    for c in constraints:
+        parts = c.split(" == ")
+        if len(parts) != 2:
+            continue
+        a, b = (classes.setdefault(x, {x}) for x in parts)
+        if a is not b:
+            a |= b
+            for x in b:
+                classes[x] = a
+    return classes
+
+
 # The checks of the inputs' layouts the compile in progress relies on (`x.is_contiguous()`, ...), from
 # its capture or any pass (functionalization decides `reshape`'s copy-or-view from them); None
 # outside a compile. The cache entry's guard checks them with the constraints.

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from minijit.errors import UnsupportedMethodError, UnsupportedSyntaxError
-from minijit.ir.context import add_constraint, capturing, known_constraint, new_name, where_now
+from minijit.ir.context import add_constraint, capturing, known_constraint, known_equal, new_name, where_now
 
 # method name -> callable(self, *args, **kwargs); filled in by minijit.ops.
 TENSOR_METHODS: dict[str, Callable[..., Any]] = {}
@@ -169,6 +169,8 @@ def known_compare(a: NumberProxy, op: str, b: Any) -> bool:
     if _expression(a) == _expression(b):
         return op == "=="
     if known_constraint(canonical_constraint(_expression(a), op, _expression(b), result, isinstance(b, NumberProxy))):
+        return result
+    if result == (op == "==") and known_equal(_expression(a), _expression(b)):
         return result
     return op == "!="  # not known equal
 

@@ -223,7 +223,7 @@ def _slice_meta(x: TensorProxy, start_indices: Sequence[int], end_indices: Seque
     for start, end, step, size in zip(start_indices, end_indices, strides, x.shape, strict=True):
         if (type(size) is int and not (0 <= start <= end <= size)) or step < 1:
             raise _fail("slice", f"bad slice {start}:{end}:{step} of a dim of size {size}")
-        shape.append((end - start + step - 1) // step)
+        shape.append((end - start + (step - 1)) // step)  # unchanged sizes stay the same value
     return TensorProxy.like(x, shape=tuple(shape))
 
 

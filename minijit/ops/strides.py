@@ -24,11 +24,10 @@ view where eager raises, or write through a copy.
 Symbolic sizes: strides are never symbolic. Layouts are worked out from the sizes seen
 while tracing. Where the answer can change with the sizes, the guard checks the sizes
 too (`tuple(x.shape) == ...`): a layout query (`x.stride()` is a Python value the trace
-keeps), and functionalization's copy-or-view choice in a trace that writes in place
-(`x[:, ::2].reshape(-1)` views only where x's last size is 1 or 2). `view`'s check is not
-pinned: it keeps a trace reusable across sizes (`q.split(C, -1)` then `view`), at the cost
-that a size where eager cannot view runs the view anyway (a known gap; no value differs,
-as no later call writes through a view eager refuses to make).
+keeps), functionalization's copy-or-view choice in a trace that writes in place
+(`x[:, ::2].reshape(-1)` views only where x's last size is 1 or 2), and `view` of a
+non-contiguous tensor unless it only splits dimensions (`q.split(C, -1)` then
+`view(B, T, nh, C // nh)` stays reusable across B and T).
 
 A tensor made by something without an eager implementation (a prim recorded
 directly, a value from inside a decomposition) has no known layout (None); the
@@ -46,7 +45,7 @@ import torch
 from minijit.errors import MetaError, UnsupportedMethodError
 from minijit.ir import TENSOR_METHODS, BoundSymbol, NumberProxy, Proxy, TensorProxy, Trace, tree_flatten, tree_map
 from minijit.ir.context import add_layout_check, current_trace, where_now
-from minijit.ir.proxies import number_value
+from minijit.ir.proxies import known_compare, number_value
 from minijit.ops.registry import EAGER_IMPLS
 
 
@@ -202,7 +201,11 @@ def user_layout(p: TensorProxy) -> torch.Tensor | None:
 
 
 def check_viewable(op: str, p: TensorProxy, shape: tuple[Any, ...]) -> None:
-    """Raise eager's error where `Tensor.view` cannot give `p` the `shape` without copying."""
+    """Raise eager's error where `Tensor.view` cannot give `p` the `shape` without copying.
+
+    With symbolic sizes, a view of a non-contiguous tensor that does more than split its
+    dimensions may be possible at some sizes only: the guard then checks the sizes too.
+    """
     meta = user_layout(p)
     if meta is None:
         return
@@ -211,6 +214,68 @@ def check_viewable(op: str, p: TensorProxy, shape: tuple[Any, ...]) -> None:
     except RuntimeError as e:
         text = str(e).strip().splitlines()[0]
         raise MetaError(f"Tensor.{op}: torch raised RuntimeError: {text}{where_now()}") from e
+    if not _only_splits(tuple(p.shape), shape) and (not meta.is_contiguous() or _through_slices(p)):
+        eager_layout(p, sizes_matter=True)
+
+
+# The view ops whose output's contiguity does not change with the sizes (sizes 0 and 1, which
+# symbolic sizes keep constant, aside): they only reshape or reorder the dimensions.
+_REORDERING_VIEWS = frozenset({"view", "view_as", "reshape", "reshape_as", "flatten", "unflatten", "unsqueeze",
+                               "squeeze", "transpose", "t", "permute", "movedim", "swapaxes", "swapdims", "expand",
+                               "expand_as", "broadcast_to", "contiguous", "alias", "detach"})
+
+
+def _through_slices(p: TensorProxy) -> bool:
+    """Whether `p` views a tensor through an op that may leave gaps (`x[:, :4]` is contiguous only
+    where x's last size is 4): following `p` back through view ops to a tensor of its own memory."""
+    trace = current_trace()
+    producers = {id(out): b for b in trace.bound_symbols for out in b.proxy_outputs()} if trace is not None else {}
+    q: Any = p
+    while (bsym := producers.get(id(q))) is not None:
+        base = bsym.viewed_argument(q)
+        if base is None:
+            return False
+        if bsym.sym.name not in _REORDERING_VIEWS:
+            return True
+        q = base
+    return False
+
+
+def _same_size(a: Any, b: Any) -> bool:
+    """Whether sizes `a` and `b` are equal on every call the trace runs for (records nothing)."""
+    if isinstance(a, NumberProxy):
+        return known_compare(a, "==", b)
+    if isinstance(b, NumberProxy):
+        return known_compare(b, "==", a)
+    return a == b
+
+
+def _only_splits(old: tuple[Any, ...], new: tuple[Any, ...]) -> bool:
+    """Whether `new` only splits `old`'s dimensions (or keeps them), whatever the symbolic sizes are.
+
+    Such a view is possible for any strides; merging dimensions depends on the strides, which
+    may depend on the sizes. A size is kept when it is the same number or the same symbolic
+    size; a constant size may split into constant sizes of the same product; sizes 1 come
+    and go freely.
+    """
+    if any(type(d) is int and d == 0 for d in old):
+        return True  # an empty tensor views to any shape of its element count
+    old = tuple(d for d in old if not (type(d) is int and d == 1))
+    new = tuple(d for d in new if not (type(d) is int and d == 1))
+    j = 0
+    for d in old:
+        if j < len(new) and _same_size(new[j], d):
+            j += 1
+            continue
+        if type(d) is not int:
+            return False
+        product = 1
+        while j < len(new) and type(new[j]) is int and product < d:
+            product *= new[j]
+            j += 1
+        if product != d:
+            return False
+    return j == len(new)
 
 
 # -- the layout queries user code can make on a traced tensor ------------------------------------

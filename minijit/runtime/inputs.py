@@ -9,6 +9,7 @@ the trace), and Python ints and floats among the arguments are inputs too.
 from __future__ import annotations
 
 import inspect
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -49,13 +50,16 @@ def is_symbolic_number(x: Any) -> bool:
 
 
 def proxify_arguments(trace: Trace, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-                      symbolic: bool) -> tuple[tuple[Any, ...], dict[str, Any]]:
+                      symbolic: bool, pinned: frozenset[int] = frozenset()) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Replace the arguments that are trace inputs by proxies named after their parameters.
 
     Must be called while `trace` records: in symbolic mode it records the `prims.shape` calls.
+    The tensors at the flat input positions `pinned` keep constant sizes in symbolic mode,
+    checked by the guard (as a module's parameters do).
     """
     values = list(args) + list(kwargs.values())
     proxied = []
+    position = itertools.count()  # the flat input position of each leaf, in order
     # A module's forward names its parameters after their paths (`fc1_weight`).
     leaf_names: list[str] | None = getattr(fn, "param_names", None)
     for name, value in zip(parameter_names(fn, args, kwargs), values, strict=True):
@@ -69,11 +73,13 @@ def proxify_arguments(trace: Trace, fn: Callable[..., Any], args: tuple[Any, ...
             return name if count[0] == 1 else f"{name}_{count[0] - 1}"
 
         def to_proxy(x: Any, is_module_params: bool = is_module_params) -> Any:
+            at = next(position)
             if isinstance(x, Tensor):
                 p = trace.add_input(TensorProxy(tuple(x.shape), x.dtype, x.device, x.requires_grad), wanted_name())
                 note_layout(p, x)
-                if symbolic and is_module_params:
-                    # A module's parameters keep their sizes: specialise on them, checked by the guard.
+                if symbolic and (is_module_params or at in pinned):
+                    # A module's parameters keep their sizes (and so do overlapping inputs rebuilt from a
+                    # synthetic base): specialise on them, checked by the guard.
                     for i, d in enumerate(p.shape):
                         add_constraint(f"{p.name}.shape[{i}] == {d}")
                 elif symbolic:

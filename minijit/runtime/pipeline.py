@@ -107,8 +107,15 @@ def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
     # The capture records the constraints; the passes after it may rely on them, recording none but
     # the layout checks a decision on an input's strides needs (functionalizing `reshape`).
     constraints: list[str] = []
-    with knowing_constraints(constraints), guarding_layouts(constraints):
-        entry = _compile(fn, args, kwargs, executors, symbolic, constraints)
+    try:
+        with knowing_constraints(constraints), guarding_layouts(constraints):
+            entry = _compile(fn, args, kwargs, executors, symbolic, constraints)
+    except _PinSizes as pin:
+        # Written inputs that overlap are rebuilt from their storage by their concrete layouts:
+        # traced again with those inputs' sizes constant (the rest stay symbolic).
+        constraints = []
+        with knowing_constraints(constraints), guarding_layouts(constraints):
+            entry = _compile(fn, args, kwargs, executors, symbolic, constraints, pinned=pin.positions)
     entry.constraints = drop_implied(constraints)
     entry.prologue = compile_prologue(entry, call, tuple(kwargs), entry.constraints)
     entry.guard = entry.prologue.guard
@@ -119,8 +126,16 @@ def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
     return entry
 
 
-def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-             executors: Sequence[Any], symbolic: bool, constraints: list[str]) -> CompiledEntry:
+class _PinSizes(Exception):
+    """Raised by a symbolic compile that must be redone with the sizes of the inputs at `positions` constant."""
+
+    def __init__(self, positions: frozenset[int]):
+        super().__init__(sorted(positions))
+        self.positions = positions
+
+
+def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], executors: Sequence[Any],
+             symbolic: bool, constraints: list[str], pinned: frozenset[int] = frozenset()) -> CompiledEntry:
     traces: list[Trace] = []
     check = TraceChecker() if checking_traces() else None
 
@@ -137,7 +152,7 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
             return output
 
         with tracing(trace), recording_constraints(constraints):
-            pargs, pkwargs = proxify_arguments(trace, fn, args, kwargs, symbolic)
+            pargs, pkwargs = proxify_arguments(trace, fn, args, kwargs, symbolic, pinned)
             containers = snapshot_containers(fn, pargs, pkwargs)
             if isinstance(fn, ModuleForward):
                 params, _flags, *user_args = pargs
@@ -306,8 +321,13 @@ def functionalize_for_call(trace: Trace, flat: list[Any], no_grad: frozenset[str
     grouped = {i for group in identical + partial for i in group}
     partial = partial + [[i] for i, p in enumerate(trace.args) if i not in grouped and p.name in mutated
                          and isinstance(flat[i], torch.Tensor) and torch._debug_has_internal_overlap(flat[i]) == 1]
-    bases = [_synthetic_base(trace, flat, group, mutated) for group in partial
-             if any(trace.args[i].name in mutated for i in group)]
+    written = [group for group in partial if any(trace.args[i].name in mutated for i in group)]
+    # Identical inputs are one memory only at equal sizes; a synthetic base is built from concrete layouts.
+    symbolic = frozenset(i for group in identical + written for i in group
+                         if not all(type(d) is int for d in trace.args[i].shape))
+    if symbolic:
+        raise _PinSizes(symbolic)
+    bases = [_synthetic_base(trace, flat, group, mutated) for group in written]
     if identical or bases:
         # Functionalized for this aliasing only: the guard below keeps other calls away.
         functional, result = functionalize(trace, input_aliases=identical, non_leaf_inputs=non_leaf, no_grad=no_grad,
@@ -328,8 +348,6 @@ def _synthetic_base(trace: Trace, flat: list[Any], group: list[int], mutated: se
         why = "they view it with different dtypes"
     elif torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         why = "one of them requires grad (the gradient through the shared memory is not supported)"
-    elif any(type(d) is not int for i in group for d in trace.args[i].shape):
-        why = "their sizes are symbolic (cache='symbolic values')"
     if why is not None:
         raise AliasError(
             f"inputs {', '.join(names)} overlap in memory without being the same view, and the function writes "

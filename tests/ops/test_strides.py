@@ -241,3 +241,39 @@ def test_symbolic_sizes_layout_query_holds_for_its_sizes_only() -> None:
     for shape in [(3, 8), (4, 5), (3, 8)]:
         x = torch.randn(*shape)
         torch.testing.assert_close(jf(x), fn(x), rtol=0, atol=0)
+
+
+def _merge_a_slice(x: torch.Tensor) -> torch.Tensor:
+    return x[:, :4].view(-1) * 2  # viewable only where x's last size is 4
+
+
+def _merge_a_transposed_slice(x: torch.Tensor) -> torch.Tensor:
+    return x.t()[1:].view(-1) + 1  # viewable only where x has one column left, or one row
+
+
+def _split_a_chunk(x: torch.Tensor) -> torch.Tensor:
+    a, _ = x.split(4, -1)
+    return a.view(x.shape[0], 2, 2) * 3  # splitting a dimension: viewable at every size
+
+
+@pytest.mark.parametrize("fn, shapes", [
+    (_merge_a_slice, [(3, 4), (3, 8), (5, 4), (2, 6)]),
+    (_merge_a_transposed_slice, [(1, 3), (4, 2), (2, 2), (5, 2)]),
+    (_split_a_chunk, [(3, 8), (5, 8), (7, 8)]),
+])
+def test_symbolic_sizes_view_raises_where_eager_does(fn: Callable[[torch.Tensor], torch.Tensor],
+                                                     shapes: list[tuple[int, ...]]) -> None:
+    # A view whose possibility changes with the sizes holds for the sizes it was traced at only:
+    # at other sizes the call traces again, and raises where eager raises.
+    jf = minijit.jit(fn, cache="symbolic values")
+    for shape in shapes:
+        x = torch.randn(*shape)
+        try:
+            expected = fn(x)
+        except RuntimeError as e:
+            with pytest.raises(MinijitError, match="view"):
+                jf(x)
+            continue
+        torch.testing.assert_close(jf(x), expected)
+    if fn is _split_a_chunk:
+        assert minijit.cache_info(jf).misses == 1  # splits hold at every size: one trace

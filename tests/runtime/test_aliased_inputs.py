@@ -138,10 +138,47 @@ def test_gradient_of_another_input_next_to_overlapping_views_matches_eager():
     torch.testing.assert_close(w.grad, w2.grad)
 
 
-def test_overlapping_views_with_symbolic_sizes_are_refused_clearly():
-    x = torch.randn(6)
-    with pytest.raises(minijit.AliasError, match="symbolic"):
-        minijit.jit(_write_then_read, cache="symbolic values")(x[0:4], x[2:6])
+def _symbolic_calls():
+    """(inputs made from a storage t) for calls at several sizes: overlapping, identical, distinct, repeating."""
+    for n in (6, 8, 8, 10):
+        yield n, lambda t, n=n: (t[0:n - 2], t[2:n])
+        yield n, lambda t, n=n: (t[0:n], t[0:n])
+        yield n, lambda t, n=n: (t[0:n], t[n:2 * n])
+        yield n, lambda t, n=n: (t[0:n].view(2, n // 2).t()[0], t[0:n // 2])
+        yield n, lambda t, n=n: (t[0:n], t[1:2].expand(n))
+
+
+def test_overlapping_views_with_symbolic_sizes_match_eager():
+    # Written inputs that share memory are rebuilt from their storage at their concrete sizes:
+    # the symbolic entry is traced with those sizes constant, and every other size or aliasing misses.
+    def f(a, b):
+        a.mul_(2)
+        return a * 3 + b.sum()
+
+    jf = minijit.jit(f, cache="symbolic values")
+    for n, make in _symbolic_calls():
+        torch.manual_seed(n)
+        t = torch.randn(2 * n)
+        ours, theirs = t.clone(), t.clone()
+        torch.testing.assert_close(jf(*make(ours)), f(*make(theirs)))
+        torch.testing.assert_close(ours, theirs)
+    info = minijit.cache_info(jf)
+    assert info.hits >= 5, info  # the repeated size reuses its entries
+
+
+def test_distinct_inputs_stay_symbolic_after_an_aliased_call():
+    def f(a, b):
+        a.add_(b)
+        return a
+
+    jf = minijit.jit(f, cache="symbolic values")
+    t = torch.randn(8)
+    jf(t[0:4], t[0:4])
+    for n in (5, 7, 9):
+        a, b = torch.randn(n), torch.randn(n)
+        expected = a + b
+        torch.testing.assert_close(jf(a, b), expected)
+    assert minijit.cache_info(jf).misses == 2  # the aliased call's entry, then one symbolic entry for all sizes
 
 
 def test_written_input_that_repeats_elements_matches_eager_and_is_guarded():

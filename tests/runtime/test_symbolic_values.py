@@ -146,3 +146,35 @@ def test_backward_reads_a_size_the_forward_computes_but_never_reads():
         f(xe, we).backward()
         torch.testing.assert_close((x.grad, w.grad), (xe.grad, we.grad))
     assert minijit.cache_info(jf).misses == 1
+
+
+def test_passes_know_sizes_equal_through_a_chain_of_constraints():
+    # Functionalized, `c` is `a`'s value: `c + b` asks whether a's and b's sizes are equal, which
+    # the capture knew only as a.shape == c.shape and c.shape == b.shape.
+    def f(a, b, c):
+        d = c.copy_(a)
+        return d + b
+
+    jf = minijit.jit(f, cache="symbolic values")
+    for n in (4, 6):
+        a, b, c = torch.randn(n, n), torch.randn(n), torch.randn(n, n)
+        c2 = c.clone()
+        torch.testing.assert_close(jf(a, b, c), f(a, b, c2))
+        torch.testing.assert_close(c, c2)
+    assert minijit.cache_info(jf).misses == 1
+
+
+def test_view_minus_one_of_a_regenerated_view():
+    # After x is written, the view is rebuilt from x's new value; `view(-1)` needs no divisibility check.
+    def f(x, y):
+        v = x.unsqueeze(0)
+        x.copy_(y + 1)
+        v.transpose(0, 1).view(-1).fill_(2.0)
+        return x, v
+
+    jf = minijit.jit(f, cache="symbolic values")
+    for shape in ((2, 3, 6), (3, 4, 5)):
+        x, y = torch.randn(shape), torch.randn(shape)
+        x2 = x.clone()
+        for got, expected in zip(jf(x, y), f(x2, y), strict=True):
+            torch.testing.assert_close(got, expected)
