@@ -223,9 +223,14 @@ class _Functionalizer:
             self.unwrapped[id(self.value[id(base)])] = written
 
     def _write_by_positions(self, dst: TensorProxy, base: TensorProxy, new: TensorProxy, op: BoundSymbol) -> None:
+        masked_fill = None
+        if op.sym.name == "masked_fill_" and len(op.args) == 3 and isinstance(op.args[1], TensorProxy):
+            masked_fill = (self.resolve(op.args[1]), self.resolve(op.args[2]))
         self._write_through_views(base, scatter_by_positions(self.resolve(base), self.chain(dst), new, op,
-                                                             uniform=self._is_fill(new)))
-        if base is not dst:
+                                                             uniform=self._is_fill(new), masked_fill=masked_fill))
+        if base is not dst and masked_fill is None:
+            # (A masked fill's view reads again from the base: a position whose mask was False
+            # shows the value where another position on its element was masked.)
             self.cache[id(dst)] = (self.version[id(base)], new)
 
     def _write_through_views(self, dst: TensorProxy, new: TensorProxy) -> None:

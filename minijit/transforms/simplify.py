@@ -14,6 +14,7 @@ import torch
 from minijit.ir import BoundSymbol, Proxy, TensorProxy, Trace, tree_flatten
 from minijit.ir.rewrite import ProxyMap, rewrite
 from minijit.ops import prims
+from minijit.transforms.memory import MemoryModel
 
 _INT_BITS = {torch.bool: 1, torch.uint8: 8, torch.int8: 7, torch.int16: 15, torch.int32: 31, torch.int64: 63}
 
@@ -63,9 +64,15 @@ def _cast_of(bsym: BoundSymbol) -> tuple[TensorProxy, TensorProxy] | None:
 def remove_cast_round_trips(trace: Trace) -> Trace:
     """Replace `cast(cast(x, d1), x.dtype)` by x when the cast to d1 is lossless."""
     source_of = ProxyMap()  # cast output -> the tensor it was cast from
-    # Returning an input itself where the user got a fresh tensor would alias the two.
-    inputs = {id(p) for p in trace.args}
+    # Returning an input or a view of one where the user got a fresh tensor would alias the two
+    # (and the trace's final copies into inputs would change the returned value).
     outputs = {id(p) for p in tree_flatten(trace.output) if isinstance(p, Proxy)}
+    memory: list[MemoryModel] = []  # built on first need
+
+    def in_input_memory(p: Proxy) -> bool:
+        if not memory:
+            memory.append(MemoryModel(trace))
+        return bool(memory[0].input_storages(p))
 
     def drop_round_trip(bsym: BoundSymbol, env: ProxyMap) -> list[BoundSymbol] | None:
         cast = _cast_of(bsym)
@@ -73,7 +80,7 @@ def remove_cast_round_trips(trace: Trace) -> Trace:
             return None
         x, out = cast
         origin = source_of.get(x)
-        aliases_input = id(out) in outputs and origin is not None and id(origin) in inputs
+        aliases_input = id(out) in outputs and origin is not None and in_input_memory(origin)
         if (origin is not None and origin.dtype == out.dtype and is_lossless_cast(origin.dtype, x.dtype)
                 and not aliases_input):
             env[out] = origin

@@ -39,6 +39,7 @@ from minijit.ir.rewrite import ProxyMap, replay_bsym
 from minijit.ops import prims
 from minijit.ops.registry import ALL_LTORCH, EAGER_IMPLS
 from minijit.ops.strides import eager_layout
+from minijit.ops.utils import expand_to
 
 # (view bsym, its output, current value of its input, new value of its output) -> new value of its input
 ScatterRule = Callable[[BoundSymbol, Proxy, TensorProxy, TensorProxy], TensorProxy]
@@ -219,7 +220,8 @@ def _inline(bsym: BoundSymbol, new_input: TensorProxy) -> ProxyMap:
 
 
 def scatter_by_positions(base: TensorProxy, chain: list[tuple[BoundSymbol, Proxy]], new: TensorProxy,
-                         op: BoundSymbol, *, uniform: bool = False) -> TensorProxy:
+                         op: BoundSymbol, *, uniform: bool = False,
+                         masked_fill: tuple[TensorProxy, Any] | None = None) -> TensorProxy:
     """The new value of `base` after the view `chain` (steps from base outwards) of it became `new`.
 
     Replays the chain on the tensor of base's element positions, then writes `new`
@@ -227,9 +229,11 @@ def scatter_by_positions(base: TensorProxy, chain: list[tuple[BoundSymbol, Proxy
     included, as long as the written view itself has no repeated element (checked
     at trace time by running the chain's eager implementations) or `new` is
     `uniform` (one value everywhere, as `zero_` and `fill_` write, which eager allows).
+    With `masked_fill` (mask, value), `new` is the view's `masked_fill(mask, value)`: an
+    element of base gets the value where any of the view's positions on it is masked.
     """
     numel = math.prod(base.shape)
-    if not uniform and _has_repeated_elements(base, chain):
+    if not uniform and masked_fill is None and _has_repeated_elements(base, chain):
         raise InplaceError(f"{op.sym.id}{where(op.source)}: an in-place write into an expanded tensor, where more "
                            "than one element of the written-to tensor refers to a single memory location; minijit "
                            "supports it only for one value written everywhere (zero_, fill_), and eager refuses most "
@@ -244,7 +248,27 @@ def scatter_by_positions(base: TensorProxy, chain: list[tuple[BoundSymbol, Proxy
                                  "update its base (the view reinterprets the base's memory); clone() the view "
                                  "before writing into it")
     n = math.prod(new.shape)
+    if masked_fill is not None:
+        return _fill_where_masked(base, positions, *masked_fill)
     flat = prims.index_copy(prims.reshape(base, (numel,)), prims.reshape(positions, (n,)), prims.reshape(new, (n,)), 0)
+    return prims.reshape(flat, tuple(base.shape))
+
+
+def _fill_where_masked(base: TensorProxy, positions: TensorProxy, mask: TensorProxy, value: Any) -> TensorProxy:
+    """`base` with `value` at each element that one of `positions` (the view's) reaches where `mask` is True.
+
+    Eager's `masked_fill_` through an expanded view writes the one value once per masked
+    position, so an element shared by several positions gets it when any of them is masked.
+    """
+    numel, n = math.prod(base.shape), math.prod(positions.shape)
+    masked = prims.convert_element_type(prims.reshape(expand_to(mask, tuple(positions.shape)), (n,)), torch.int64)
+    hits = prims.index_add(prims.full((numel,), 0, dtype=torch.int64, device=base.device),
+                           prims.reshape(positions, (n,)), masked, 0)
+    if isinstance(value, TensorProxy):
+        fill = expand_to(prims.convert_element_type(value, base.dtype), (numel,))
+    else:
+        fill = prims.full((numel,), value, dtype=base.dtype, device=base.device)
+    flat = prims.where(prims.gt(hits, 0), fill, prims.reshape(base, (numel,)))
     return prims.reshape(flat, tuple(base.shape))
 
 

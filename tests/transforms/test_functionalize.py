@@ -433,3 +433,48 @@ def test_index_copy_then_sdpa():
 def test_symbolic_values_mode(fn):
     _, jf = run_both(fn, torch.randn(4, 4), torch.randn(4, 4), cache="symbolic values")
     check_final_trace(jf)
+
+
+def _masked_fill_expanded(x, y):
+    x.expand(3, 4).masked_fill_(x.sin() < 0.3, -2.0)
+    return x * 1
+
+
+def _masked_fill_transposed_expand(x, y):
+    v = x.expand(2, 4).transpose(0, 1)
+    v.masked_fill_(y.view(4, 2) > 0, -2.0)  # a mask that differs between positions on one element
+    return x.clone(), v + 1
+
+
+def _masked_fill_strided_expand(x, y):
+    x.expand(3, 4)[:, 1::2].masked_fill_(x.expand(3, 4)[:, 1::2] > 0, 3.0)
+    return x.clone()
+
+
+def _masked_fill_tensor_value(x, y):
+    x.expand(2, 4).masked_fill_(y.view(2, 4) > 0, y.sum())
+    return x.clone()
+
+
+def _masked_fill_expanded_input(x, y):
+    x.masked_fill_(y.view(2, 4) > 0, 1.5)
+    return x + 1
+
+
+@pytest.mark.filterwarnings("ignore:Use of masked_fill_ on expanded tensors")
+@pytest.mark.parametrize("cache", ["constant values", "symbolic values"])
+@pytest.mark.parametrize("fn", [_masked_fill_expanded, _masked_fill_transposed_expand, _masked_fill_strided_expand,
+                                _masked_fill_tensor_value, _masked_fill_expanded_input])
+def test_masked_fill_through_an_expanded_view_matches_eager(fn, cache):
+    # Eager allows masked_fill_ into an expanded tensor: an element gets the value when any of
+    # the positions sharing it is masked.
+    for seed in range(3):
+        torch.manual_seed(seed)
+        x, y = torch.randn(4), torch.randn(8)
+        make = (lambda t: t.expand(2, 4)) if fn is _masked_fill_expanded_input else (lambda t: t)
+        ours, theirs = x.clone(), x.clone()
+        got, expected = minijit.jit(fn, cache=cache)(make(ours), y), fn(make(theirs), y)
+        for g, e in zip(got if isinstance(got, tuple) else (got,), expected if isinstance(expected, tuple) else (expected,),
+                        strict=True):
+            torch.testing.assert_close(g, e)
+        torch.testing.assert_close(ours, theirs)
