@@ -6,8 +6,10 @@ written-to tensor refer to a single memory location"). `check_overlaps` asks, fo
 the user's code called that writes a tensor, whether an operand shares memory with it, as
 eager's own check does:
 
-- not the same memory (functionalization's view tracking says which tensors view one base),
-  or either empty: nothing to check;
+- not the same memory, or either empty: nothing to check. Which tensors view one base is
+  functionalization's view tracking (inputs of one storage are views of their synthetic base,
+  or one input where identical), not the memory model: that one answers "may share" (a
+  `reshape` that copies counts as a view), where a refusal needs "does share";
 - both non-overlapping and dense: eager's rule, on byte ranges. Equal ranges with equal
   strides are the same elements in the same order (allowed, `a.mul_(a)`); ranges that
   intersect otherwise are refused;
@@ -46,7 +48,7 @@ ANY_OVERLAP_REFUSED = frozenset({"index_copy_", "index_add_", "index_reduce_", "
                                  "scatter_add_", "scatter_reduce_", "cat"})
 # Ops that read a 0-d tensor operand as a number before writing (`x.fill_(x[0])`).
 READS_SCALAR_FIRST = frozenset({"fill_", "masked_fill_", "index_fill_"})
-# Beyond this many addresses per tensor, an overlap eager does not check is refused without
+# Beyond this many elements per tensor, an overlap eager does not check is refused without
 # enumerating the elements (a conservative answer: the tensors' address ranges do intersect).
 EXACT_LIMIT = 1 << 22
 
