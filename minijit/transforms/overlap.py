@@ -194,9 +194,44 @@ def _status(written: torch.Tensor, read: torch.Tensor, copies: bool, any_overlap
                 and written.dtype.itemsize == read.dtype.itemsize:
             return _CLASH if any_overlap_refused else _FULL
         return _CLASH
+    if written.shape == read.shape and written.stride() == read.stride() \
+            and written.dtype.itemsize == read.dtype.itemsize:
+        # One layout at two offsets (`t[:, ::2]` and `t[:, 1::2]`): each element of one is read at its
+        # own position from another address, so any shared element makes the order matter.
+        shift = read.storage_offset() - written.storage_offset()
+        if shift == 0:  # the same elements, each read where it is written
+            return _ORDER if any_overlap_refused else _NO
+        shared = _shifted_layouts_meet(shift, list(zip(written.stride(), written.shape)))
+        if shared is not None:
+            return _ORDER if shared else _NO
     if max(written.numel(), read.numel()) > EXACT_LIMIT:
         return _ORDER
     return _exact(written, read, copies, any_overlap_refused)
+
+
+def _shifted_layouts_meet(shift: int, dims: list[tuple[int, int]], budget: list[int] | None = None) -> bool | None:
+    """Whether a layout (`dims`: (stride, size) pairs) and itself moved by `shift` elements share an element.
+
+    That is whether `shift` is a sum of `c * stride` with `|c| < size` per dim: a search from the
+    largest stride down, trying the few `c` that leave a remainder the smaller strides can reach.
+    None where the search would take too long.
+    """
+    budget = budget if budget is not None else [10_000]
+    dims = sorted((d for d in dims if d[1] > 1), reverse=True)
+    if not dims:
+        return shift == 0
+    (stride, size), rest = dims[0], dims[1:]
+    if stride == 0:
+        return _shifted_layouts_meet(shift, rest, budget)
+    reach = sum((n - 1) * st for st, n in rest)
+    for c in range(max(-(size - 1), -((reach - shift) // stride)), min(size - 1, (shift + reach) // stride) + 1):
+        budget[0] -= 1
+        if budget[0] < 0:
+            return None
+        found = _shifted_layouts_meet(shift - c * stride, rest, budget)
+        if found is None or found:
+            return found
+    return False
 
 
 def _dense(m: torch.Tensor) -> bool:

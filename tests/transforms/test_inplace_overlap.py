@@ -13,6 +13,7 @@ import torch
 
 import minijit
 from minijit.errors import InplaceError
+from minijit.transforms import overlap
 
 
 def _storage(x: torch.Tensor) -> torch.Tensor:
@@ -248,3 +249,14 @@ def test_with_grad(lo):
     (expected * w).sum().backward()
     (got * w).sum().backward()
     torch.testing.assert_close(xj.grad, x.grad)
+
+
+@pytest.mark.parametrize("name", ["interleaved halves", "identical strided views"])
+def test_one_layout_at_two_offsets_needs_no_enumeration(name, monkeypatch):
+    """Large strided tensors of one layout (`t[:, ::2]`, `t[:, 1::2]`) are decided without listing their elements."""
+    monkeypatch.setattr(overlap, "EXACT_LIMIT", 4)
+    fn, make = CASES[name]
+    assert _compare(fn, make) == "ok"
+    fn, make = ORDER_DEPENDENT["strided slices"]
+    with pytest.raises(InplaceError, match="order the kernel visits"):
+        minijit.jit(fn)(*make())
