@@ -80,6 +80,9 @@ class Trace:
         self.recorded_without_grad: set[str] = set()
         # (op, why its decomposition declined the call) for each op recorded opaque instead:
         self.declined: list[tuple[str, str]] = []
+        # For each top-level copy_ that writes an op's result into its `out=` tensor: the op and the
+        # tensors it read (eager refuses an `out=` that partly overlaps them), keyed by id(copy bsym):
+        self.out_operands: dict[int, tuple[str, tuple[Proxy, ...]]] = {}
         # Turns a real torch.Tensor met among an op's arguments (a global, a closure value, a
         # tensor created natively) into a proxy; set by whoever records the trace.
         self.capture_tensor: Callable[[torch.Tensor], Proxy] | None = None

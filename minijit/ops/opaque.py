@@ -126,8 +126,15 @@ def _into_out(sym: Symbol, args: tuple[Any, ...] | list[Any], kwargs: dict[str, 
             raise UnsupportedOpError(f"{sym.id} with out= {target.type_string()} for a result {value.type_string()}"
                                      f"{where_now()}: minijit does not resize out= tensors or cast into them")
     copy = TENSOR_METHODS["copy_"]
+    trace = current_trace()
+    user_call = trace is not None and trace.recording_user_call
+    operands = tuple(x for x in tree_flatten((args, {k: v for k, v in kwargs.items() if k != "out"}))
+                     if isinstance(x, TensorProxy))
     for target, value in zip(targets, results, strict=True):
         copy(target, value)
+        if user_call and trace.bound_symbols and trace.bound_symbols[-1].output is target:
+            # Functionalization checks the out= tensor against what the op read (the copy reads a fresh value).
+            trace.out_operands[id(trace.bound_symbols[-1])] = (sym.id, operands)
     return out
 
 

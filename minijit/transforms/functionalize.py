@@ -38,6 +38,7 @@ from minijit.ops.opaque import opaque_call
 from minijit.ops.registry import ALL_LTORCH
 from minijit.ops.utils import expand_to, to_dtype
 from minijit.transforms.memory import MemoryModel
+from minijit.transforms.overlap import check_overlaps
 from minijit.transforms.view_updates import (
     ExpandedWrite,
     eager_returns_view,
@@ -360,6 +361,9 @@ class _Functionalizer:
             self._members_as_views()
             for bsym in self.trace.bound_symbols:
                 self.new.source = bsym.source
+                if bsym.written():
+                    # Before the write: eager refuses (or computes in its own order) what reads memory it writes.
+                    check_overlaps(bsym, self.trace, lambda p: self.base_of(self.canon(p)))
                 self.visit(bsym, bsym)
             self.new.source = None
             output = tree_map(self.resolve, self.trace.output)
