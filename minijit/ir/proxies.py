@@ -237,6 +237,8 @@ def _number_operator(method: str, reflected: bool = False) -> Callable[..., Any]
                 return NotImplemented
             if args and _is_identity(method, args[0], reflected=False) and self.python_type is int:
                 return self
+            if method == "mod" and args and type(args[0]) is int and args[0] == 1 and self.python_type is int:
+                return 0  # any int is divisible by 1 (`numel % 1` in `x.view(-1)`'s check)
             return NUMBER_METHODS[method](self, *args)
     return op
 

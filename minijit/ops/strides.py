@@ -200,11 +200,12 @@ def user_layout(p: TensorProxy) -> torch.Tensor | None:
     return eager_layout(p, trace)
 
 
-def check_viewable(op: str, p: TensorProxy, shape: tuple[Any, ...]) -> None:
+def check_viewable(op: str, p: TensorProxy, shape: tuple[Any, ...], requested: tuple[Any, ...] | None = None) -> None:
     """Raise eager's error where `Tensor.view` cannot give `p` the `shape` without copying.
 
-    With symbolic sizes, a view of a non-contiguous tensor that does more than split its
-    dimensions may be possible at some sizes only: the guard then checks the sizes too.
+    `requested` is the shape as the user gave it (a -1 in it inferred as `shape` says). With
+    symbolic sizes, a view of a non-contiguous tensor that does more than split its dimensions
+    may be possible at some sizes only: the guard then checks the sizes too.
     """
     meta = user_layout(p)
     if meta is None:
@@ -214,8 +215,14 @@ def check_viewable(op: str, p: TensorProxy, shape: tuple[Any, ...]) -> None:
     except RuntimeError as e:
         text = str(e).strip().splitlines()[0]
         raise MetaError(f"Tensor.{op}: torch raised RuntimeError: {text}{where_now()}") from e
-    if not _only_splits(tuple(p.shape), shape) and (not meta.is_contiguous() or _through_slices(p)):
+    if _sizes_symbolic(p) and not _only_splits(tuple(p.shape), requested if requested is not None else shape) \
+            and (not meta.is_contiguous() or _through_slices(p)):
         eager_layout(p, sizes_matter=True)
+
+
+def _sizes_symbolic(p: TensorProxy) -> bool:
+    """Whether `p`'s layout may change with symbolic sizes: its own, or those of the inputs it was worked out from."""
+    return any(isinstance(d, NumberProxy) for q in (p, *p.layout_sources) for d in q.shape)
 
 
 # The view ops whose output's contiguity does not change with the sizes (sizes 0 and 1, which
@@ -251,31 +258,46 @@ def _same_size(a: Any, b: Any) -> bool:
 
 
 def _only_splits(old: tuple[Any, ...], new: tuple[Any, ...]) -> bool:
-    """Whether `new` only splits `old`'s dimensions (or keeps them), whatever the symbolic sizes are.
+    """Whether `new` (which may hold one -1) only splits `old`'s dimensions, whatever the symbolic sizes are.
 
     Such a view is possible for any strides; merging dimensions depends on the strides, which
     may depend on the sizes. A size is kept when it is the same number or the same symbolic
-    size; a constant size may split into constant sizes of the same product; sizes 1 come
-    and go freely.
+    size, and a constant size may split into constant sizes of the same product, matched
+    from both ends; what is left between must be one size split into constants and the -1.
+    Sizes 1 come and go freely.
     """
     if any(type(d) is int and d == 0 for d in old):
         return True  # an empty tensor views to any shape of its element count
     old = tuple(d for d in old if not (type(d) is int and d == 1))
     new = tuple(d for d in new if not (type(d) is int and d == 1))
-    j = 0
-    for d in old:
-        if j < len(new) and _same_size(new[j], d):
-            j += 1
+    if -1 not in [d for d in new if type(d) is int]:
+        return _matched(old, new) == (len(old), len(new))
+    k = next(i for i, d in enumerate(new) if type(d) is int and d == -1)
+    i, j = _matched(old, new[:k])
+    i2, j2 = _matched(old[i:][::-1], new[k + 1:][::-1])
+    middle_old, middle_new = old[i:len(old) - i2], new[j:len(new) - j2]
+    return len(middle_old) <= 1 and all(type(d) is int for d in middle_new) and (len(middle_old) == 1 or
+                                                                                 middle_new == (-1,))
+
+
+def _matched(old: tuple[Any, ...], new: tuple[Any, ...]) -> tuple[int, int]:
+    """How many leading sizes of `old` and of `new` match group by group (kept, or a constant split into constants)."""
+    i = j = 0
+    while i < len(old) and j < len(new):
+        d = old[i]
+        if _same_size(new[j], d):
+            i, j = i + 1, j + 1
             continue
         if type(d) is not int:
-            return False
-        product = 1
-        while j < len(new) and type(new[j]) is int and product < d:
-            product *= new[j]
-            j += 1
+            break
+        product, end = 1, j
+        while end < len(new) and type(new[end]) is int and new[end] > 0 and product < d:
+            product *= new[end]
+            end += 1
         if product != d:
-            return False
-    return j == len(new)
+            break
+        i, j = i + 1, end
+    return i, j
 
 
 # -- the layout queries user code can make on a traced tensor ------------------------------------

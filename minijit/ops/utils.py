@@ -162,8 +162,6 @@ def infer_shape(op: str, shape: Sequence[Any], numel: Any) -> tuple[Any, ...]:
         if i not in unknown:
             product = d if type(product) is int and product == 1 else product * d
     if unknown:
-        if type(product) is int and product == 1:
-            return tuple(numel if i in unknown else d for i, d in enumerate(shape))  # `x.view(-1)`: no check needed
         if product == 0 or numel % product != 0:
             raise MetaError(f"ltorch.{op}: shape {list(shape)} is invalid for input of size {numel}{where_now()}")
         return tuple(numel // product if i in unknown else d for i, d in enumerate(shape))

@@ -106,16 +106,17 @@ def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
     call = call_checks(fn, args, kwargs, symbolic)  # before the traced code runs: it might change an argument
     # The capture records the constraints; the passes after it may rely on them, recording none but
     # the layout checks a decision on an input's strides needs (functionalizing `reshape`).
-    constraints: list[str] = []
-    try:
-        with knowing_constraints(constraints), guarding_layouts(constraints):
-            entry = _compile(fn, args, kwargs, executors, symbolic, constraints)
-    except _PinSizes as pin:
-        # Written inputs that overlap are rebuilt from their storage by their concrete layouts:
-        # traced again with those inputs' sizes constant (the rest stay symbolic).
-        constraints = []
-        with knowing_constraints(constraints), guarding_layouts(constraints):
-            entry = _compile(fn, args, kwargs, executors, symbolic, constraints, pinned=pin.positions)
+    pinned: frozenset[int] = frozenset()
+    while True:
+        constraints: list[str] = []
+        try:
+            with knowing_constraints(constraints), guarding_layouts(constraints):
+                entry = _compile(fn, args, kwargs, executors, symbolic, constraints, pinned)
+            break
+        except _PinSizes as pin:
+            # Written inputs that share memory are rebuilt from their storage by their concrete layouts:
+            # traced again with those inputs' sizes constant, the rest symbolic (the set only grows).
+            pinned |= pin.positions
     entry.constraints = drop_implied(constraints)
     entry.prologue = compile_prologue(entry, call, tuple(kwargs), entry.constraints)
     entry.guard = entry.prologue.guard

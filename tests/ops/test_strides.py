@@ -256,8 +256,15 @@ def _split_a_chunk(x: torch.Tensor) -> torch.Tensor:
     return a.view(x.shape[0], 2, 2) * 3  # splitting a dimension: viewable at every size
 
 
+def _split_heads_of_a_chunk(x: torch.Tensor) -> torch.Tensor:
+    # Hugging Face GPT-2's attention: a chunk of the fused projection viewed as heads, the heads' count as -1.
+    q, k = x.split(8, dim=2)
+    return k.view((*k.shape[:-1], -1, 4)).transpose(1, 2) * 3 + q.sum()
+
+
 @pytest.mark.parametrize("fn, shapes", [
     (_merge_a_slice, [(3, 4), (3, 8), (5, 4), (2, 6)]),
+    (_split_heads_of_a_chunk, [(2, 3, 16), (2, 5, 16), (3, 7, 16)]),
     (_merge_a_transposed_slice, [(1, 3), (4, 2), (2, 2), (5, 2)]),
     (_split_a_chunk, [(3, 8), (5, 8), (7, 8)]),
 ])
@@ -276,5 +283,5 @@ def test_symbolic_sizes_view_raises_where_eager_does(fn: Callable[[torch.Tensor]
             assert str(eager).splitlines()[0] in str(info.value)
             continue
         torch.testing.assert_close(jf(x), expected)
-    if fn is _split_a_chunk:
+    if fn in (_split_a_chunk, _split_heads_of_a_chunk):
         assert minijit.cache_info(jf).misses == 1  # splits hold at every size: one trace

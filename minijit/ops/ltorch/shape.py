@@ -146,8 +146,9 @@ def view(a: TensorProxy, *shape: Any) -> TensorProxy:
     if len(shape) == 1 and isinstance(shape[0], torch.dtype):
         raise UnsupportedOpError(f"ltorch.view: reinterpreting a tensor as dtype {shape[0]} is not supported"
                                  f"{where_now()}; use .to({shape[0]}) to convert values instead")
-    new_shape = infer_shape("view", shape_arg(shape), a.numel())
-    check_viewable("view", a, tuple(new_shape))
+    requested = shape_arg(shape)
+    new_shape = infer_shape("view", requested, a.numel())
+    check_viewable("view", a, tuple(new_shape), requested)
     return reshape_to(a, new_shape)
 
 
