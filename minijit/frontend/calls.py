@@ -17,6 +17,7 @@ The order, for every call made by interpreted code:
 
 from __future__ import annotations
 
+import collections
 import functools
 import itertools
 import types
@@ -29,6 +30,7 @@ from minijit.errors import UnsupportedOpError, UnsupportedSyntaxError
 from minijit.frontend.frame import current_state
 from minijit.frontend.interpreter import run_function
 from minijit.frontend.lookasides import LOOKASIDES
+from minijit.frontend.native_tensors import run_native
 from minijit.frontend.outside import item_label, mutator_of
 from minijit.ir import Proxy, current_trace, tree_map
 from minijit.ir.context import where_now
@@ -119,10 +121,11 @@ def call(fn: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> 
     if t is types.FunctionType:
         sym = ltorch_symbol_for(fn)
         if sym is not None:
+            observe_whole_arguments(args, kwargs)
             return call_ltorch(fn, sym, args, kwargs)
         lookaside = LOOKASIDES.get(fn)
         if lookaside is not None:
-            return lookaside(*args, **kwargs)
+            return run_native(lookaside, *args, **kwargs)
         if should_interpret(fn):
             return run_function(fn, args, kwargs)
         wrapped = getattr(fn, "__wrapped__", None)
@@ -152,7 +155,7 @@ def call(fn: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> 
             except TypeError:
                 lookaside = None
             if lookaside is not None:
-                return lookaside(owner, *args, **kwargs)
+                return run_native(lookaside, owner, *args, **kwargs)
             if current_state().outside.is_root(owner):
                 return _call_root_method(owner, fn, args, kwargs)
     try:
@@ -161,9 +164,10 @@ def call(fn: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> 
     except TypeError:  # unhashable callable
         sym = lookaside = None
     if sym is not None:
+        observe_whole_arguments(args, kwargs)
         return call_ltorch(fn, sym, args, kwargs)
     if lookaside is not None:
-        return lookaside(*args, **kwargs)
+        return run_native(lookaside, *args, **kwargs)
     if t is functools.partial:
         return call(fn.func, (*fn.args, *args), {**fn.keywords, **kwargs})
     if isinstance(fn, type):
@@ -241,6 +245,7 @@ def _instantiate(cls: type, args: tuple[Any, ...] | list[Any], kwargs: dict[str,
 
 
 def _call_native(fn: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> Any:
+    observe_whole_arguments(args, kwargs)
     trace = current_trace()
     if (trace is not None and trace.capture_tensor is not None and is_torch_callable(fn)
             and (_contains(args, torch.Tensor) or _contains(kwargs.values(), torch.Tensor))):
@@ -249,6 +254,29 @@ def _call_native(fn: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, A
         args, kwargs = tree_map(lambda x: capture(x) if isinstance(x, torch.Tensor) else x, (list(args), kwargs))
         return call(fn, args, kwargs) if not _is_same_native(fn) else _call_native_with_proxies(fn, args, kwargs)
     return _call_native_with_proxies(fn, args, kwargs)
+
+
+def observe_whole_arguments(args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> None:
+    """Guard every element of the containers from outside the call among `args`: an op (`torch.cat(xs)`) or
+    native code reads each of them whole, so a later call with an element added, removed or replaced
+    must miss. Looks into the lists, tuples, dicts and deques it finds, nested ones included."""
+    outside = current_state().outside
+    if not outside.roots:
+        return
+    pending: list[Any] = [*args, *kwargs.values()]
+    seen: set[int] = set()
+    while pending:
+        x = pending.pop()
+        t = type(x)
+        if not (t is list or t is tuple or t is dict or t is collections.deque) or id(x) in seen:
+            continue
+        seen.add(id(x))
+        if outside.is_root(x):
+            if t is dict:
+                outside.observe_values(current_state().guards, x)
+            else:
+                outside.observe(current_state().guards, x, "iterate")
+        pending.extend(x.values() if t is dict else x)
 
 
 def _is_same_native(fn: Any) -> bool:
@@ -289,7 +317,7 @@ def _call_native_with_proxies(fn: Any, args: tuple[Any, ...] | list[Any], kwargs
             args = [interpreted_iterable(a) for a in args]
         elif consumes == "first" or len(args) == 1:
             args = [interpreted_iterable(args[0]), *args[1:]]
-    return fn(*args, **kwargs)
+    return run_native(fn, *args, **kwargs)
 
 
 # Native callables that iterate over their positional arguments ("first": only the first one;

@@ -62,13 +62,24 @@ def _iterable(obj: Any) -> Any:
 
 def interpreted(fn: Any) -> Any:
     """`fn` wrapped so that native code calling it runs it through the interpreter."""
-    if fn is None or type(fn) in (types.BuiltinFunctionType, types.WrapperDescriptorType, types.MethodDescriptorType):
+    if fn is None or (type(fn) in (types.BuiltinFunctionType, types.WrapperDescriptorType, types.MethodDescriptorType)
+                      and not _is_torch_builtin(fn)):
         return fn
 
     def run(*args: Any, **kwargs: Any) -> Any:
         return _call(fn, args, kwargs)
 
     return run
+
+
+def _is_torch_builtin(fn: Any) -> bool:
+    """A torch function or Tensor method written in C (`torch.add`, `torch.Tensor.mul`): recorded when native code
+    calls it (`functools.reduce(torch.add, xs)`), so it may be given proxies."""
+    objclass = getattr(fn, "__objclass__", None)
+    if isinstance(objclass, type):
+        return issubclass(objclass, torch._C.TensorBase)
+    module = getattr(fn, "__module__", None) or ""
+    return module == "torch" or module.startswith("torch.")
 
 
 def _classinfo_has(classinfo: Any, target: type) -> bool:

@@ -19,6 +19,23 @@ from minijit.ir.symbol import BoundSymbol, SourceLocation, Symbol
 _RESERVED = {"torch", "prims", "ltorch", "opaque", "float", "complex", "slice", "_"} | set(keyword.kwlist)
 
 
+def _same(x: Any) -> Any:
+    return x
+
+
+def _holds_mutable_container(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """True when a list or dict is among the arguments (looking into tuples, lists and dicts)."""
+    stack: list[Any] = [*args, *kwargs.values()]
+    while stack:
+        x = stack.pop()
+        t = type(x)
+        if t is list or t is dict:
+            return True
+        if t is tuple:
+            stack.extend(x)
+    return False
+
+
 class _Names:
     """The set of names used by a family of traces (a trace and those derived from it)."""
 
@@ -119,6 +136,11 @@ class Trace:
         if self.capture_tensor is not None and any(isinstance(x, torch.Tensor) for x in tree_iter((args, kwargs))):
             capture = self.capture_tensor
             args, kwargs = tree_map(lambda x: capture(x) if isinstance(x, torch.Tensor) else x, (args, kwargs))
+        elif _holds_mutable_container(args, kwargs):
+            # The bound symbol keeps its own copy of a list or dict argument: the user's code may change the
+            # list it passed after the call (`torch.stack(xs); xs.append(y)`), and so does undoing the
+            # capture's writes into containers from outside the call.
+            args, kwargs = tree_map(_same, (args, kwargs))
         if sym.is_prim:
             output = sym.meta(*args, **kwargs)
             subsymbols: list[BoundSymbol] = []

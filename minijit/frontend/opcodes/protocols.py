@@ -19,6 +19,7 @@ from minijit.errors import UnsupportedSyntaxError
 from minijit.frontend.calls import call, should_interpret
 from minijit.frontend.frame import current_state
 from minijit.frontend.interpreter import InterpretedGenerator
+from minijit.frontend.native_tensors import COMPUTING_ITERATORS, run_native
 from minijit.frontend.outside import item_label
 from minijit.ir import TensorProxy, current_trace
 from minijit.ir.context import where_now
@@ -341,7 +342,7 @@ def next_item(it: Any) -> Any:
     if "__next__" in members:
         return call_dunder(it, "__next__")
     try:
-        return next(it)
+        return run_native(next, it) if cls in COMPUTING_ITERATORS else next(it)
     except TypeError:
         if _method(it, "__next__") is None:
             raise TypeError(f"'{type(it).__name__}' object is not an iterator") from None
