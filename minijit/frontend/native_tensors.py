@@ -30,6 +30,8 @@ from minijit.ir import current_trace, tree_flatten, tree_map
 _NOT_COMPUTING = frozenset({torch.Tensor.__hash__, torch.Tensor.__repr__, torch.Tensor.__str__,
                             torch.Tensor.__format__, torch.Tensor.__len__, torch.Tensor.__reduce_ex__,
                             torch.Tensor.__deepcopy__, torch.Tensor.__dir__})
+# Conversions of a tensor to a Python value.
+_TO_PYTHON = frozenset({"__bool__", "__float__", "__int__", "__index__", "__complex__", "item", "tolist"})
 # Iterators whose `next` calls functions natively (`map(torch.sin, xs)`).
 COMPUTING_ITERATORS = (map, filter, itertools.accumulate, itertools.starmap, itertools.filterfalse,
                        itertools.takewhile, itertools.dropwhile)
@@ -48,6 +50,9 @@ class _ComputeOnProxies(TorchFunctionMode):
             return func(*args, **kwargs)
         capture = current_trace().capture_tensor
         args, kwargs = tree_map(lambda x: capture(x) if id(x) in found else x, (tuple(args), kwargs))
+        name = getattr(func, "__name__", None)
+        if name in _TO_PYTHON:  # the proxy's own conversion: a value known only when the trace runs
+            return getattr(args[0], name)(*args[1:], **kwargs)
         from minijit.frontend.calls import call
 
         return call(func, args, kwargs)
