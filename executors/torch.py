@@ -57,7 +57,7 @@ class TorchExecutor(OperatorExecutor):
         reads_out = len(others) != len(list(producer.proxy_args()))
         if _is_pointwise_with_out(fn) and _accepts_out(fn, producer, out):
             # TensorIterator allows an input to be exactly the output; the analysis guarantees
-            # that no other view of `out` is read (DESIGN.md, invariant 2).
+            # that no other view of `out` is read (docs/design.md, invariant 2).
             return producer.replace(sym=self._out_symbol(producer.sym), kwargs={**producer.kwargs, "out": out})
         method = _inplace_method(fn)
         if method is not None and producer.args and producer.args[0] is out and out not in _ids(producer.args[1:]):

@@ -118,7 +118,7 @@ class Executor:
     def produce_into(self, producer: BoundSymbol, out: TensorProxy) -> BoundSymbol | None:
         """A version of `producer` (a bound symbol this executor runs) that writes its result into `out`'s memory.
 
-        Called only where the copy_to_out_ analysis found it safe (DESIGN.md, invariant 2);
+        Called only where the copy_to_out_ analysis found it safe (docs/design.md, invariant 2);
         `producer` may read `out` itself but no other view of it. None: keep the real copy.
         """
         return None

@@ -1,4 +1,4 @@
-"""Layers point one way (STYLE.md), read from the source with ast, not by running it.
+"""Layers point one way (docs/design.md, Layers), read from the source with ast, not by running it.
 
     errors  <-  ir  <-  ops  <-  frontend, transforms  <-  extend  <-  runtime  <-  minijit/__init__.py
                                                               ^
@@ -113,7 +113,7 @@ def offending_imports(root: Path = ROOT) -> list[str]:
 def test_minijit_modules_import_only_their_layer_and_below():
     assert len(list((ROOT / "minijit").rglob("*.py"))) > 50
     offenders = offending_imports()
-    assert not offenders, "imports against the layer order (STYLE.md):\n" + "\n".join(offenders)
+    assert not offenders, "imports against the layer order (docs/design.md, Layers):\n" + "\n".join(offenders)
 
 
 def test_each_exception_is_still_needed():

@@ -7,7 +7,7 @@ implementations of its prims, see `codegen.py`) and compiled with
 semantics of eager code (it functionalizes the graph and Inductor stores the new
 values straight into the input buffers), so a region writes its results into the
 caller's tensors itself, with no copy afterwards, and a mutated input ends up
-exactly as eager would leave it (DESIGN.md, invariants 1 and 2). torch.compile does
+exactly as eager would leave it (docs/design.md, invariants 1 and 2). torch.compile does
 not guard against inputs that share memory, so a call where a tensor the region
 writes overlaps another input runs the same function uncompiled (torch calls in
 trace order, eager's semantics).

@@ -301,7 +301,7 @@ class TritonExecutor(FusionExecutor):
 
 def _direct_copy_ok(target: int, kernel_index: int, kernels: list[_Kernel],
                     loads_by_kernel: dict[int, list[tuple[int, set[Any]]]]) -> bool:
-    """Whether a copy into input `target` may write straight into it (DESIGN.md, invariant 2).
+    """Whether a copy into input `target` may write straight into it (docs/design.md, invariant 2).
 
     Safe when every read of the target's old value happens in the kernel that writes it, at the
     very element it writes (each program reads an element before writing it, and no other

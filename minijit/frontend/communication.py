@@ -5,7 +5,7 @@ for. What remains are calls with no traced tensor that still talk to other proce
 keep the books of a distributed wrapper: `dist.barrier()`, the methods of DDP's C++
 `Reducer` (`prepare_for_forward`, `prepare_for_backward`, ...), a process group's collectives,
 `Work.wait()`. Run natively they would happen once, while the trace is recorded, and never
-on later calls (DESIGN.md, invariant 8). minijit keeps communication out of traces instead:
+on later calls (docs/design.md, invariant 8). minijit keeps communication out of traces instead:
 DDP and FSDP2 wrapped around or applied to a jitted module run it eagerly
 (minijit.runtime.distributed).
 """

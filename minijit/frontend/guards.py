@@ -5,7 +5,7 @@ builtin, a closure cell, an attribute or item of an object that exists outside t
 the length, keys or membership of such a container) is recorded as a `GuardEntry`
 saying where it came from and what it was. `build_guard(entries)` turns them into a
 single generated function; the runtime calls it on a cache hit, so a changed value is a
-cache miss, never a wrong result (DESIGN.md invariant 7).
+cache miss, never a wrong result (docs/design.md, invariant 7).
 
 Where a value lives is a `Source`: an object held by reference (a globals dict, a cell,
 a container or object whose own identity is guarded) and how to read the value from it.

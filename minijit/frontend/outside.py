@@ -2,7 +2,7 @@
 
 A compiled trace replays tensor computations; Python state outside the call (a global,
 an optimizer's `param_groups`, a module's hooks, `p.grad`) is not in it. This module
-makes sure that state is never baked in silently (DESIGN.md, invariant 8):
+makes sure that state is never baked in silently (docs/design.md, invariant 8):
 
 **Roots.** The objects the call reaches from outside — its non-tensor arguments,
 globals and closure values, and whatever is read from those — are *roots*. Every read
@@ -445,7 +445,7 @@ def tensor_attribute(outside: Outside, guards: dict[Any, Any], t: Tensor, name: 
 
 
 def check_no_proxy_left(outside: Outside) -> None:
-    """After the capture, no proxy may remain in an object from outside (DESIGN.md, invariant 8),
+    """After the capture, no proxy may remain in an object from outside (docs/design.md, invariant 8),
     but those the caller placed there on purpose (a jitted module's swapped-in parameters)."""
     for obj, label in outside.roots.values():
         for where, value in _shallow_contents(obj):

@@ -29,7 +29,7 @@ class Constants:
         if name is None:
             if contains_proxy(value):
                 # A constant is shared by every call: a traced tensor inside it would reach later
-                # calls, or the user, as a proxy (DESIGN.md, invariant 8).
+                # calls, or the user, as a proxy (docs/design.md, invariant 8).
                 raise MinijitError(f"a {type(value).__name__} holding a traced tensor would become a constant of the "
                                    "compiled trace; pass its tensors to the op directly")
             name = f"_c{len(self.values)}"

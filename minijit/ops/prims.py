@@ -5,7 +5,7 @@ proxies for its outputs. Prims do no implicit broadcasting or type promotion:
 elementwise prims take tensors of one shape and one dtype (plus Python numbers);
 `minijit.ops.ltorch` inserts the `broadcast_in_dim` and `convert_element_type`
 calls that torch performs implicitly. The exceptions to "functional" are `copy_`
-and `copy_to_out_`, which write into an existing tensor (DESIGN.md, invariants 1, 2).
+and `copy_to_out_`, which write into an existing tensor (docs/design.md, invariants 1, 2).
 """
 
 from __future__ import annotations
@@ -727,7 +727,7 @@ def _copy_to_out_meta(computed: TensorProxy, *, out: TensorProxy) -> TensorProxy
 
 
 # `copy_to_out_(computed, out=x)`: x now holds computed. An executor may produce
-# `computed` directly in x's memory when the analysis allows it (DESIGN.md, invariant 2).
+# `computed` directly in x's memory when the analysis allows it (docs/design.md, invariant 2).
 copy_to_out_ = _prim("copy_to_out_", _copy_to_out_meta, Effects(writes=("out",), copies=True))
 
 

@@ -4,7 +4,7 @@ The forward trace returns `(outputs, saved)`. The differentiable output tensors 
 through the Function, so autograd records one node for the whole jitted call; the
 saved tensors go to `ctx.save_for_backward`, so eager autograd's version counter
 check still catches a saved tensor that is modified in place before backward
-(DESIGN.md, invariant 3). The backward trace takes the saved values and one
+(docs/design.md, invariant 3). The backward trace takes the saved values and one
 cotangent per differentiable output and returns one gradient per input.
 
 In-place writes follow eager autograd too:

@@ -5,7 +5,7 @@ device and requires_grad, and on the type and value of every Python number,
 string and None among the arguments; in every mode, on grad mode and on the
 autocast state (one C call when autocast is off, as it usually is). The key is
 built in one pass over the arguments and looked up in a dict: a cache hit costs
-one hash (DESIGN.md, lessons). What goes into it is the list of checks of
+one hash (docs/design.md, lessons). What goes into it is the list of checks of
 `minijit.runtime.checks`: the key holds exactly the values its keyed checks expect.
 """
 

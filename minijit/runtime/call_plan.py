@@ -8,7 +8,7 @@ remembers how to put them back. On every call, `CallPlan.wrap` then
 1. reads the tensors the trace captured from outside (each from its `Source`) and
    passes them after the call's own inputs;
 2. runs the compiled trace;
-3. replays the effects in order (DESIGN.md, invariant 8), with the call's tensors in
+3. replays the effects in order (docs/design.md, invariant 8), with the call's tensors in
    place of the traced ones and containers the trace created rebuilt afresh;
 4. rebuilds the result (a dataclass, a `ModelOutput`, ...) around the call's tensors.
 
@@ -131,7 +131,7 @@ def finish_capture(trace: Trace, where: str, result: Any, outside: Outside) -> t
     Runs at the end of the capture, before the writes into outside objects are undone:
     tensors among the values are captured (a tensor read from outside becomes an input),
     objects the traced code created are rebuilt around each call's tensors (a Hugging Face
-    `DynamicCache`), and no proxy may hide in an object that cannot be rebuilt (DESIGN.md,
+    `DynamicCache`), and no proxy may hide in an object that cannot be rebuilt (docs/design.md,
     invariant 8).
     `where` names the traced function for messages.
     """

@@ -231,7 +231,7 @@ def _storage_key(t: Tensor) -> int:
 def alias_pattern(*values: Any) -> tuple[int, ...]:
     """Which inputs share storage: the position of the first input with the same storage, per input.
 
-    Part of the guard of traces that write into their inputs (DESIGN.md, invariant 1): a trace
+    Part of the guard of traces that write into their inputs (docs/design.md, invariant 1): a trace
     functionalized for distinct inputs is wrong for aliased ones, and the other way round.
     """
     first: dict[int, int] = {}

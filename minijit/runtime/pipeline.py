@@ -263,7 +263,7 @@ def bumping_versions(computation: Callable[..., Any], trace: Trace, mutated_inpu
     """`computation`, followed by a bump of the autograd version counter of each input it writes (`mutated_inputs`).
 
     Torch's own in-place ops bump it; a kernel writing memory directly (Triton, a custom
-    executor) does not. Either way eager autograd must see the write (DESIGN.md, invariant 3):
+    executor) does not. Either way eager autograd must see the write (docs/design.md, invariant 3):
     a node that saved the tensor then raises "modified by an inplace operation".
     """
     mutated = set(mutated_inputs)
@@ -299,7 +299,7 @@ def with_synthetic_bases(computation: Callable[..., Any], aliasing: InputAliasin
 
 def functionalize_for_call(trace: Trace, flat: list[Any], no_grad: frozenset[str] = frozenset()
                            ) -> tuple[Trace, FunctionalizeResult, InputAliasing | None]:
-    """`functionalize`, told which inputs of this call share memory (DESIGN.md, invariant 1).
+    """`functionalize`, told which inputs of this call share memory (docs/design.md, invariant 1).
 
     The same tensor passed twice (or identical views) is one memory that a write updates
     for every name; inputs that overlap differently (`t[1:3]` and `t[2:4]`, `t` and `t.t()`)

@@ -11,7 +11,7 @@ parameter's `sqrt` into the last one's), so a loop over same-sized tensors alloc
 once. Fewer allocations also means fewer fresh pages: a 4 MB buffer allocated anew
 costs about a thousand page faults.
 
-The rules (DESIGN.md, invariants 1 and 2, applied to intermediates):
+The rules (docs/design.md, invariants 1 and 2, applied to intermediates):
 
 - t's memory is known to belong to the trace alone: an executor said the op that
   made it returns a new tensor (`Executor.allocates_output`), or it is such a buffer
@@ -113,7 +113,7 @@ class _BufferReuse:
             home = self.memory.home(m)
             if t is not home and buffer_kind(home) != kind:
                 continue  # a view showing some elements twice (`s.expand(2, 2)`) or not all of them
-            # An op may read its `out` exactly, never through another view of it (DESIGN.md, invariant 2).
+            # An op may read its `out` exactly, never through another view of it (docs/design.md, invariant 2).
             if self._dead(m, i) and not any(p is not t and m in self.memory.storages(p) for p in args):
                 rep = ex.produce_into(bsym, t)
                 if rep is not None:

@@ -1,6 +1,6 @@
 """Where `copy_to_out_` may write in place, and the check that no write into an input comes too early.
 
-`prims.copy_to_out_(computed, out=x)` says "x now holds computed" (DESIGN.md,
+`prims.copy_to_out_(computed, out=x)` says "x now holds computed" (docs/design.md,
 invariant 2). An executor may produce `computed` straight into x's memory, saving
 a buffer and a copy, only when
 
@@ -141,7 +141,7 @@ class _InPlaceChains:
 
         `v.mul_(b).addcmul_(g, g)` is `t = mul(v, b); u = addcmul(t, g, g); v <- u`: once
         addcmul writes u into v, mul may write t into v as well, as no read of v's old value
-        follows mul and nothing reads t after addcmul (DESIGN.md, invariant 2, step by step).
+        follows mul and nothing reads t after addcmul (docs/design.md, invariant 2, step by step).
         """
         memory = self.memory
         out, root = d.out, memory.leaders.get(d.out.name, d.out.name)
@@ -190,7 +190,7 @@ class _InPlaceChains:
             buffer = memory.storages(target)
             others = [p for p in read_proxies(bsym) if p is not target]
             # The step overwrites target's buffer: no other argument may share it, and
-            # nothing may read it afterwards (DESIGN.md, invariant 2, for intermediates too).
+            # nothing may read it afterwards (docs/design.md, invariant 2, for intermediates too).
             if any(memory.storages(p) & buffer for p in others):
                 return None
             if any(r > i for b in buffer for r in memory.readers(b) if r != d.copy_index):
@@ -242,7 +242,7 @@ def check_copies(trace: Trace) -> None:
                             "copy_to_out_ saying so")
     if problems:
         raise CopyToOutError(f"trace {trace.fn_name} ({trace.pass_name}) breaks the copy_to_out_ rules "
-                             "(DESIGN.md, invariants 1 and 2):\n  " + "\n  ".join(dict.fromkeys(problems)))
+                             "(docs/design.md, invariants 1 and 2):\n  " + "\n  ".join(dict.fromkeys(problems)))
 
 
 def _show(trace: Trace, bsym: BoundSymbol) -> str:

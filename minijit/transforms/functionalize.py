@@ -3,7 +3,7 @@
 The captured trace records in-place ops (`x.add_(1)`, `x[0].zero_()`, `x.copy_(y)`)
 with mutation semantics: the bound symbol's output is the mutated proxy itself,
 and its decomposition ends with `prims.copy_(new_value, x)`. This pass rewrites
-the trace so that (DESIGN.md, invariant 1)
+the trace so that (docs/design.md, invariant 1)
 
 - every in-place op is replaced by its decomposition minus the copy (so `add_`
   becomes one `ltorch.add`), and later reads of the mutated tensor read the new

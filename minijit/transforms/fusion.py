@@ -6,7 +6,7 @@ claimed bound symbols; a bound symbol that the executor did not claim and that
 does not depend on the region is hoisted in front of it instead of ending it, so
 unrelated work (a matmul of another branch, say) does not split a region.
 
-Hoisting keeps the copy ordering of DESIGN.md (invariant 1): a bound symbol that
+Hoisting keeps the copy ordering of docs/design.md (invariant 1): a bound symbol that
 writes into a tensor the region reads is never moved in front of the region (the
 region would read the new value instead of the old one); and one that reads a
 value the region produces, including a tensor the region copies into, stays after it.

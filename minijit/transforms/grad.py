@@ -5,7 +5,7 @@ which proxies require grad (the inputs that do, then the outputs of every symbol
 that is not constant for VJP):
 
 - a symbol that is constant for VJP (`is_constant_for_vjp`) is kept as it is in the
-  forward and adds nothing to the backward (DESIGN.md, invariant 4);
+  forward and adds nothing to the backward (docs/design.md, invariant 4);
 - a symbol with a VJP rule (`minijit.transforms.vjp`) runs the rule's forward, which
   records the symbol again and names its residuals; the backward later calls the
   rule's backward on those residuals, so a high-level op (`ltorch.linear`) stays one
@@ -382,7 +382,7 @@ def _recompute_cheap_residuals(fwd: Trace, bwd: Trace, saved: list[Proxy], requi
     """Recompute in the backward each saved output of a cheap op whose inputs are available there anyway.
 
     Only differentiated ops are recomputed: constant ones stay in the forward alone
-    (DESIGN.md, invariant 4).
+    (docs/design.md, invariant 4).
     "Available" means saved already, an input of the trace that the forward does not
     overwrite (the caller keeps it alive), or recomputed itself; so this never saves more and usually saves less (the output of
     `gelu` between two linears, say). A recomputed op is placed right before its first reader.
@@ -447,7 +447,7 @@ class DelBoundSymbol(BoundSymbol):
 
 
 def release_dead_values(trace: Trace) -> Trace:
-    """Insert a `del` after the last use of each value that is not an output (DESIGN.md: memory).
+    """Insert a `del` after the last use of each value that is not an output (docs/design.md: memory).
 
     Run last, on the trace that gets compiled: a backward trace then frees each saved
     tensor and intermediate gradient as soon as nothing reads it.

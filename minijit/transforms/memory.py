@@ -3,7 +3,7 @@
 Computed in one walk over the bound symbols, from the effects their symbols declare
 (minijit/ir/symbol.py, `Effects`), and queried by every pass that reasons about memory
 (functionalize's write-back, the copy_to_out_ analysis, buffer reuse, the checks of
-DESIGN.md invariants 1 and 2). The rules of the walk:
+docs/design.md invariants 1 and 2). The rules of the walk:
 
 - a trace input lives in its own storage, named after the input; inputs that the
   call found to be the same memory (`trace.input_alias_groups`) share the

@@ -1,4 +1,4 @@
-"""Simplify: remove lossless cast round trips (DESIGN.md, invariant 5).
+"""Simplify: remove lossless cast round trips (docs/design.md, invariant 5).
 
 `y = x.to(float32); z = y.to(bfloat16)` with x in bfloat16 gives z == x exactly,
 because every bfloat16 value is a float32 value: z is replaced by x. The other

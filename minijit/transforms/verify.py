@@ -12,7 +12,7 @@
 - **meta re-runs**: re-running a bound symbol's meta function on its arguments fails,
   or gives outputs whose shape, dtype or device differ from the recorded ones (a pass
   that builds bound symbols without running metas got one wrong);
-- **one copy per input** and **reads before the copy** (DESIGN.md, invariant 1), on
+- **one copy per input** and **reads before the copy** (docs/design.md, invariant 1), on
   traces after functionalization: at most one copy onto any input's storage (aliased
   inputs and views of inputs count as that storage, as the symbols' effects say), and
   no read of an input's old value after something wrote into its storage.
@@ -285,7 +285,7 @@ def _executed(bsyms: Sequence[BoundSymbol]) -> Iterator[BoundSymbol]:
 
 
 def _check_copies_last(trace: Trace, facts_of: Callable[[BoundSymbol], _Facts]) -> None:
-    """DESIGN.md, invariant 1: one copy per input storage; the old value is read only before a write."""
+    """docs/design.md, invariant 1: one copy per input storage; the old value is read only before a write."""
     bsyms = list(_executed(trace.bound_symbols))
     memory = MemoryModel(trace, bsyms)
     copied: dict[str, BoundSymbol] = {}
@@ -322,6 +322,12 @@ def _line(bsym: BoundSymbol) -> str:
     return bsym.python_lines(Constants(), "", subsymbol_depth=0)[0].split("  #")[0]
 
 
+# The rules that are numbered invariants of docs/design.md; the others keep a trace well formed.
+_INVARIANT_OF_RULE = {"one copy per input": 1, "reads before the copy": 1}
+
+
 def _fail(trace: Trace, bsym: BoundSymbol | None, rule: str, detail: str) -> None:
     at = f" at `{_line(bsym)}`{where(bsym.source)}" if bsym is not None else ""
-    raise TraceInvariantError(f"trace {trace.fn_name} ({trace.pass_name}) breaks the rule '{rule}'{at}: {detail}")
+    number = _INVARIANT_OF_RULE.get(rule)
+    named = f"'{rule}' (docs/design.md, invariant {number})" if number else f"'{rule}'"
+    raise TraceInvariantError(f"trace {trace.fn_name} ({trace.pass_name}) breaks the rule {named}{at}: {detail}")

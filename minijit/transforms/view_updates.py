@@ -2,7 +2,7 @@
 
 A view op declares it on its symbol (`Effects.views`, minijit/ir/symbol.py): its
 outputs share memory with one of its arguments, the *viewed* tensor. Functionalization
-(DESIGN.md, invariant 1) needs two things per view op: *replay* (recompute the view
+(docs/design.md, invariant 1) needs two things per view op: *replay* (recompute the view
 from the base's new value, by calling the op again) and *scatter* (the inverse
 update: given the base's current value and the view's new value, the base's new
 value):

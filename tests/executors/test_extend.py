@@ -292,7 +292,7 @@ def claim_traced(fn, *args, executors):
 
 
 def test_write_into_a_tensor_the_region_read_is_not_hoisted_before_it():
-    """DESIGN.md invariant 1: a read of x's old value stays before the copy into x."""
+    """docs/design.md invariant 1: a read of x's old value stays before the copy into x."""
     ex = EagerFuser()
 
     def f(x, y):

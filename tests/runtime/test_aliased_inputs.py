@@ -74,7 +74,7 @@ def test_overlapping_views_written_in_place_match_eager(pattern, fn):
     expected = fn(*OVERLAPS[pattern](theirs))
     torch.testing.assert_close(got, expected)
     torch.testing.assert_close(_storage(ours), _storage(theirs))  # every element of the shared storage
-    # The trace writes the shared storage back once (DESIGN.md, invariant 1): one copy, into the base.
+    # The trace writes the shared storage back once (docs/design.md, invariant 1): one copy, into the base.
     final = minijit.last_traces(jf)[-1]
     copies = [b for b in final.bound_symbols if b.sym.name == "copy_to_out_"
               or any(s.sym.name == "copy_to_out_" for s in b.subsymbols)]

@@ -83,7 +83,7 @@ def test_double_backward_is_a_clear_error():
 
 
 def test_saved_tensor_modified_in_place_raises_eagers_error():
-    # DESIGN.md, invariant 3: the saved input goes through save_for_backward, so autograd's
+    # docs/design.md, invariant 3: the saved input goes through save_for_backward, so autograd's
     # version counter catches the mutation instead of computing a wrong gradient.
     x = torch.randn(3, dtype=F64, requires_grad=True)
     w = torch.randn(3, dtype=F64)

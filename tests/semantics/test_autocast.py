@@ -211,7 +211,7 @@ def _mlp() -> nn.Module:
 
 
 def lossless_round_trips(trace: Trace) -> list[str]:
-    """`a -> wider -> a` cast pairs: x bf16 -> f32 -> bf16 is x again (DESIGN.md invariant 5)."""
+    """`a -> wider -> a` cast pairs: x bf16 -> f32 -> bf16 is x again (docs/design.md invariant 5)."""
     made_by: dict[str, BoundSymbol] = {p.name: b for b in trace.bound_symbols for p in b.proxy_outputs()}
     found = []
     for b in trace.bound_symbols:

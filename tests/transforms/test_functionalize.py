@@ -1,4 +1,4 @@
-"""Functionalization (DESIGN.md, invariants 1 and 2): in-place programs under jit match eager, inputs included."""
+"""Functionalization (docs/design.md, invariants 1 and 2): in-place programs under jit match eager, inputs included."""
 
 import pytest
 import torch

@@ -74,7 +74,7 @@ def test_gpt_trains_like_eager(dtype):
                 pe -= 0.5 * ge
     assert minijit.cache_info(jf).misses == 1
     fwd = minijit.last_traces(jf)[-1].python()
-    # The high-level ops run as one torch call each in the forward (DESIGN.md: claim at the right level).
+    # The high-level ops run as one torch call each in the forward (docs/design.md: claim at the right level).
     # (attention runs as prims.sdpa_flash, which also returns the logsumexp its backward needs)
     for op in ("layer_norm", "sdpa_flash", "cross_entropy", "embedding", "linear", "gelu"):
         assert f"torchex.{op}(" in fwd, op

@@ -2,7 +2,7 @@
 
 Each is declared like any other ltorch op, with its decomposition into prims (the formula,
 for executors that fuse prims) and the aten callable the torch executor runs in one
-call (DESIGN.md, lessons: claim at the right level, in the backward as in the forward).
+call (docs/design.md, lessons: claim at the right level, in the backward as in the forward).
 Their signatures are those of the aten ops.
 """
 

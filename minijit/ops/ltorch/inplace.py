@@ -1,7 +1,7 @@
 """In-place ltorch ops (`add_`, `mul_`, `copy_`, `zero_`, ...), recorded as in-place symbols.
 
 Each decomposes into its functional op and a `prims.copy_` of the result into the
-mutated tensor. The `functionalize` pass later removes the copies (DESIGN.md,
+mutated tensor. The `functionalize` pass later removes the copies (docs/design.md,
 invariant 1). Like eager torch, a result that cannot be cast to the tensor's
 dtype, or that would change its shape, is an error.
 """

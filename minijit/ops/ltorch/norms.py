@@ -5,7 +5,7 @@ running statistics in place, as eager does: the decomposition computes the new
 statistics functionally (`prims.batch_norm_training`, one aten call giving the
 output, the saved statistics and the new running ones) and writes them into the
 running-stat tensors with `prims.copy_`. The functionalize pass turns those writes
-into `copy_to_out_` into the module's buffers (DESIGN.md, invariant 1). In eval, or
+into `copy_to_out_` into the module's buffers (docs/design.md, invariant 1). In eval, or
 without running statistics, nothing is written and the op runs as one `F.batch_norm`.
 """
 

@@ -3,7 +3,7 @@
 Ops declaring the VIEW effect return a tensor that aliases their input in eager torch
 (VIEW_OR_COPY: where eager can make a view); the `functionalize` pass uses the effect
 to make writes through a view update its base
-(DESIGN.md, invariant 1). A view op whose result equals its input returns the
+(docs/design.md, invariant 1). A view op whose result equals its input returns the
 input proxy itself (the trace then records nothing). Every other op always
 returns a new proxy, even when its value equals the input (`x.repeat(1)`,
 `x.flip([])`), because a later in-place write to it must not reach the input.

@@ -57,7 +57,7 @@ def opaque_rule(sym: Symbol) -> VjpRule:
 def _saved_arguments(sym: Symbol, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """The arguments the backward runs the op on again: as given, except the trace inputs the op writes.
 
-    Those get their final values copied in at the end of the forward (DESIGN.md, invariant 1),
+    Those get their final values copied in at the end of the forward (docs/design.md, invariant 1),
     so the backward gets copies of their old values instead.
     """
     form = sym.fn if isinstance(sym.fn, FunctionalForm) else None

@@ -27,7 +27,7 @@ def convert_element_type_fwd(x: TensorProxy, dtype: torch.dtype) -> tuple[Tensor
 
 @convert_element_type_fwd.backward
 def convert_element_type_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
-    # The gradient goes back to the input's dtype (DESIGN.md, invariant 5); a round trip
+    # The gradient goes back to the input's dtype (docs/design.md, invariant 5); a round trip
     # this creates (bf16 -> f32 in forward, f32 -> bf16 here) is the user's own cast.
     (x,) = saved
     return (P.convert_element_type(g, x.dtype), None)
