@@ -11,6 +11,10 @@ class UnsupportedOpError(MinijitError):
     """A torch callable or symbol that no minijit op or executor can run."""
 
 
+class DataDependentShapeError(UnsupportedOpError):
+    """A torch op whose result's shape depends on its input's values (`nonzero`, `unique`), where no value can be read."""
+
+
 class UnsupportedMethodError(UnsupportedOpError, AttributeError):
     """A Tensor method or attribute a traced tensor does not support (an AttributeError too, for hasattr)."""
 

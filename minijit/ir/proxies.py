@@ -8,6 +8,7 @@ module knows nothing about torch functions.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -278,6 +279,8 @@ def _number_operator(method: str, reflected: bool = False) -> Callable[..., Any]
         def op(self: NumberProxy, other: Any) -> Any:
             if not isinstance(other, int | float | NumberProxy):
                 return NotImplemented
+            if self.read:  # a value the capture read: the trace checks it, so it is a constant from there on
+                return _PLAIN[method](other, self.value)
             if _is_identity(method, other, reflected=True) and self.python_type is int:
                 return self
             return NUMBER_METHODS[method](other, self)
@@ -285,6 +288,8 @@ def _number_operator(method: str, reflected: bool = False) -> Callable[..., Any]
         def op(self: NumberProxy, *args: Any) -> Any:
             if args and not isinstance(args[0], int | float | NumberProxy):
                 return NotImplemented
+            if self.read:
+                return _PLAIN[method](self.value, *args)
             if args and _is_identity(method, args[0], reflected=False) and self.python_type is int:
                 return self
             if method == "mod" and args and type(args[0]) is int and args[0] == 1 and self.python_type is int:
@@ -302,6 +307,12 @@ def _is_identity(method: str, other: Any, reflected: bool) -> bool:
     return (method == "mul" and other == 1) or (method == "floordiv" and not reflected and other == 1)
 
 
+# method name -> the operation on plain numbers.
+_PLAIN: dict[str, Callable[..., Any]] = {
+    "add": operator.add, "sub": operator.sub, "mul": operator.mul, "truediv": operator.truediv,
+    "floordiv": operator.floordiv, "mod": operator.mod, "pow": operator.pow, "neg": operator.neg,
+    "pos": operator.pos, "abs": operator.abs,
+}
 # method name -> callable recording a number prim; filled in by minijit.ops.
 NUMBER_METHODS: dict[str, Callable[..., Any]] = {}
 

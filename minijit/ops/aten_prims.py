@@ -430,11 +430,13 @@ _COMPARE: dict[str, Callable[[Any, Any], bool]] = {
     "==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
 }
 # How a check reads its value: the value itself, Python's conversions, or a comparison with `other`.
-READS = ("value", "tolist", "bool", "int", "float", "index", *_COMPARE)
+READS = ("value", "tolist", "shape", "bool", "int", "float", "index", *_COMPARE)
 
 
 def observe(value: Any, how: str, other: Any = None) -> Any:
     """What a traced function saw when it read `value` (a real tensor or number) the way `how` names."""
+    if how == "shape":
+        return tuple(value.shape)
     if isinstance(value, torch.Tensor):
         value = value.tolist() if how == "tolist" else value.item()
     if how in ("value", "tolist"):
@@ -463,7 +465,7 @@ def check_readable(x: Any, how: str) -> None:
     """Raise eager's error (as a MetaError) where reading `x` the way `how` names is not allowed."""
     if how not in READS:
         raise _fail("check_value", f"unknown read {how!r}")
-    if not isinstance(x, TensorProxy) or how == "tolist":
+    if not isinstance(x, TensorProxy) or how in ("tolist", "shape"):
         return
     if math.prod(x.shape) != 1:
         what = {"bool": "the truth value of a tensor", "index": "a tensor used as an index"}.get(how, "a Python number")

@@ -25,9 +25,10 @@ from typing import Any
 import torch
 
 from minijit.errors import TraceInvariantError, UnsupportedSyntaxError, ValueGuardMiss
-from minijit.ir import NumberProxy, Proxy, Trace
+from minijit.ir import NumberProxy, Proxy, TensorProxy, Trace, tree_flatten, tree_map
 from minijit.ir.context import current_trace, outside_capture, where_now
 from minijit.ops.aten_prims import check_readable, check_value, is_value_check, observe
+from minijit.ops.opaque import shapes_seen_symbol
 
 
 @dataclass(frozen=True)
@@ -46,8 +47,8 @@ class ValueCheck:
         shown = value if now else self.expected
         if self.how in ("bool", "int", "float", "index"):
             read = f"{self.how}({self.name})"
-        elif self.how == "tolist":
-            read = f"{self.name}.tolist()"
+        elif self.how in ("tolist", "shape"):
+            read = f"{self.name}.tolist()" if self.how == "tolist" else f"{self.name}.shape"
         elif self.how == "value":
             read = self.name
         else:
@@ -82,30 +83,78 @@ class ValueReader:
         self.evaluate = evaluate
         self.checks: list[ValueCheck] = []
 
+    def readable_here(self) -> bool:
+        """Whether values can be read where the capture is: in its own trace, at the level of the user's code
+        (not inside an op's decomposition, whose op is not recorded yet, nor in a traced autograd.Function)."""
+        trace = current_trace()
+        return trace is self.trace and trace.recording_user_call
+
     def __call__(self, x: Proxy, how: str, other: Any) -> Any:
         """The value of `x` read the way `how` names, with its check recorded; NotImplemented where
-        the value cannot be read here (inside an op's decomposition, or in another trace)."""
+        the value cannot be read here.
+
+        Inside an op's decomposition (`x[:n.item()]`, `torch.zeros(n.item())`) only a number the trace
+        computed before the op can be read, and it is read whole: the op's shapes may hold it.
+        """
         trace = current_trace()
-        if trace is not self.trace or not trace.recording_user_call:
+        if trace is not self.trace:
             return NotImplemented
+        nested = not trace.recording_user_call
+        if nested:
+            if not isinstance(x, NumberProxy) or not any(x is o for b in trace.bound_symbols for o in b.proxy_outputs()):
+                return NotImplemented
+            if how != "value":
+                return observe(self(x, "value", None), how, other)
         check_readable(x, how)
+        (real,) = self._real_values([x])
+        observed = observe(real, how, other)
+        self._check(x, how, other, observed, nested)
+        if isinstance(x, NumberProxy) and how == "value":
+            x.value = observed
+            x.read = True
+        return observed
+
+    def call_with_shapes_seen(self, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Record `fn(*args, **kwargs)`, an op whose result's shape depends on the values (`nonzero`), with the
+        shapes it gives on the real values, each checked right after it; NotImplemented where it cannot be."""
+        leaves = tree_flatten((args, kwargs))
+        if not self.readable_here() or "out" in kwargs or any(isinstance(x, NumberProxy) for x in leaves):
+            return NotImplemented
+        proxies = [x for x in leaves if isinstance(x, TensorProxy)]
+        by_id = {id(p): r for p, r in zip(proxies, self._real_values(proxies), strict=True)}
+        real_args, real_kwargs = tree_map(lambda x: by_id.get(id(x), x), (args, kwargs))
+        with rng_preserved(), torch.no_grad():
+            real_out = fn(*real_args, **real_kwargs)
+        requires_grad = torch.is_grad_enabled() and any(p.requires_grad for p in proxies)
+        out = shapes_seen_symbol(fn, real_out, requires_grad)(*args, **kwargs)
+        for proxy, real in zip(tree_flatten(out), tree_flatten(real_out), strict=True):
+            if isinstance(proxy, TensorProxy):
+                self._check(proxy, "shape", None, tuple(real.shape))
+        return out
+
+    def _real_values(self, proxies: list[Proxy]) -> list[Any]:
+        """The real values of `proxies`: the trace recorded so far, run on the call's real inputs."""
+        trace = self.trace
         # Earlier checks hold on the inputs the capture runs on: they need not run again.
         bsyms = [b for b in trace.bound_symbols if not is_value_check(b)]
         if any(b.sym.id == "prims.seed" for b in bsyms):
             raise UnsupportedSyntaxError(
-                f"the value of {x.name}{where_now()} is needed as a Python value, after torch.seed() reseeded from a "
-                "non-deterministic source: it is only known when the trace runs; seed with torch.manual_seed")
-        prefix = trace.derive(bsyms, pass_name="value read", output=x)
+                f"the value of {proxies[0].name}{where_now()} is needed while tracing, after torch.seed() reseeded "
+                "from a non-deterministic source: it is only known when the trace runs; seed with torch.manual_seed")
+        prefix = trace.derive(bsyms, pass_name="value read", output=list(proxies))
         prefix.recorded_without_grad = set(trace.recorded_without_grad)  # constants for grad, free to write
         with outside_capture(), rng_preserved(), torch.no_grad():
-            real = self.evaluate(prefix, self.inputs())
-        observed = observe(real, how, other)
+            return list(self.evaluate(prefix, self.inputs()))
+
+    def _check(self, x: Proxy, how: str, other: Any, observed: Any, nested: bool = False) -> None:
+        """Record the check of the value read, at the top level of the trace (before the op being recorded)."""
         ordinal = len(self.checks)
-        check_value(x, how, other, observed, ordinal)
+        if nested:
+            with self.trace.recording_at_top_level():
+                check_value(x, how, other, observed, ordinal)
+        else:
+            check_value(x, how, other, observed, ordinal)
         self.checks.append(ValueCheck(ordinal, x.name, how, other, observed, where_now()))
-        if isinstance(x, NumberProxy) and how == "value":
-            x.value = observed
-        return observed
 
 
 def value_path(checks: list[ValueCheck]) -> tuple[Any, ...]:

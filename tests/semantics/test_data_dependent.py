@@ -258,3 +258,76 @@ def test_value_read_where_only_the_trace_knows_it_is_refused() -> None:
         minijit.jit(lambda x: _Double.apply(x))(torch.ones(2))
     with pytest.raises(MinijitError, match="only known when the trace runs"):
         minijit.jit(lambda x: f"{x.sum().item()}")(torch.ones(2))
+
+
+# -- results whose shape depends on the values: run while tracing, the shape checked on every call ----------
+
+def masked_with_grad(x):
+    kept = x[x > 0]
+    return kept.square().sum() + torch.masked_select(x, x < -1).sum()
+
+
+def test_boolean_mask_and_masked_select_with_grad() -> None:
+    jf = minijit.jit(masked_with_grad)
+    values = ([1.0, -2.0, 3.0, 0.5], [-1.0, -2.0, -3.0, 0.5], [1.0, -2.0, 3.0, 0.5], [4.0, 2.0, -0.5, 0.5])
+    for v in values:
+        x, xe = torch.tensor(v, requires_grad=True), torch.tensor(v, requires_grad=True)
+        got, want = jf(x), masked_with_grad(xe)
+        assert_same(got, want)
+        got.backward()
+        want.backward()
+        torch.testing.assert_close(x.grad, xe.grad)
+    assert minijit.cache_info(jf).entries == 3
+
+
+def nonzero_unique_and_views(x):
+    rows = torch.nonzero(x > 0).view(-1) + 1
+    values, counts = torch.unique(x.round(), return_counts=True)
+    return rows, values * counts, x.nonzero(as_tuple=True)[0]
+
+
+def test_nonzero_and_unique() -> None:
+    calls = [(torch.tensor(v),) for v in ([1.2, -2.0, 3.0, 1.0], [0.0, 2.0, 2.2, 0.0], [1.2, -2.0, 3.0, 1.0])]
+    _run_both(nonzero_unique_and_views, calls)
+    _run_both(nonzero_unique_and_views, calls, cache="symbolic values")
+
+
+class KeepConfident(nn.Module):
+    """Scores rows, keeps those above a threshold (a mask), and averages them; no row kept is an early exit."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.score = nn.Linear(3, 1)
+
+    def forward(self, x):
+        keep = self.score(x).squeeze(-1) > 0
+        if not keep.any():
+            return x.new_zeros(3)
+        return x[keep].mean(0)
+
+
+def test_module_with_a_mask_and_an_early_exit() -> None:
+    torch.manual_seed(0)
+    eager = KeepConfident()
+    jitted = minijit.jit(KeepConfident())
+    jitted.load_state_dict(eager.state_dict())
+    none_kept = -100 * eager.score.weight.detach().sign().expand(6, 3)  # every score negative: the early exit
+    for x in (torch.randn(6, 3), none_kept, torch.randn(6, 3) * 2, none_kept.clone()):
+        with torch.no_grad():
+            assert_same(jitted(x), eager(x))
+
+
+# -- x.item() as a size or an index inside an op: read whole, one entry per value --------------------------
+
+@pytest.mark.parametrize("fn", [
+    pytest.param(lambda x, n: x[: n.item()] * 2, id="slice"),
+    pytest.param(lambda x, n: torch.zeros(n.item()) + x[0], id="zeros"),
+    pytest.param(lambda x, n: x.view(n.item(), -1).sum(0), id="view"),
+    pytest.param(lambda x, n: x.narrow(0, 1, n.item()), id="narrow"),
+    pytest.param(lambda x, n: x[: 2].repeat(n.item()), id="repeat"),
+    pytest.param(lambda x, n: x[n.item()] + x[-n.item()], id="index"),
+    pytest.param(lambda x, n: x.reshape(-1, n.item()) @ torch.ones(n.item()), id="reshape"),
+])
+def test_item_as_a_size_or_an_index(fn) -> None:
+    jf = _run_both(fn, [(torch.arange(12.0), torch.tensor(v)) for v in (3, 4, 3, 6)])
+    assert minijit.cache_info(jf).entries == 3
