@@ -103,6 +103,8 @@ class NumberProxy(Proxy):
         return self.value
 
     def __bool__(self) -> bool:
+        if capturing() and data_dependent(self):
+            return bool(_read(self, "bool", None))  # one trace per truth value, not per value
         return bool(self._specialise())
 
     def __int__(self) -> int:

@@ -234,6 +234,18 @@ def test_symbolic_values_mode() -> None:
     assert minijit.cache_info(jf).entries == 2  # one per branch, for every size
 
 
+def test_truth_of_an_item_keeps_a_trace_per_truth_value() -> None:
+    jf = _run_both(lambda x, n: x + 1 if n.item() else x - 1, [(torch.ones(2), torch.tensor(v)) for v in (3, 0, 5, 0)])
+    assert minijit.cache_info(jf).entries == 2
+
+
+def test_new_values_warn_as_retraces() -> None:
+    jf = minijit.jit(loop_bounded_by_item, warn_retraces_after=1)
+    jf(torch.ones(1), torch.tensor(1))
+    with pytest.warns(minijit.RetraceWarning, match=r"value guard: i\d+ is 2 "):
+        jf(torch.ones(1), torch.tensor(2))
+
+
 def test_too_many_values_is_a_clear_error() -> None:
     jf = minijit.jit(loop_bounded_by_item)
     jf.max_value_entries = 2
