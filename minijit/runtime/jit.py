@@ -138,12 +138,14 @@ class JitFunction:
         key = cache_key(args, kwargs, symbolic=self._symbolic)
         flat = flat_inputs(args, kwargs, symbolic=self._symbolic)
         candidates = self._entries.get(key, [])
+        fresh = False
         for entry in candidates:
             if entry.guard is None or entry.guard(*flat):
                 self._hits += 1
                 break
         else:
             entry = self._miss(args, kwargs, flat, candidates)
+            fresh = True
             if self.cache_mode != "no caching":
                 self._entries.setdefault(key, []).append(entry)
                 self._info.entries += 1
@@ -151,19 +153,19 @@ class JitFunction:
         try:
             return entry.computation(*flat)
         except ValueGuardMiss as miss:
-            return self._value_miss(entry, miss, args, kwargs)
+            return self._value_miss(entry, miss, args, kwargs, fresh=fresh)
 
     def _value_miss(self, failed: CompiledEntry, miss: ValueGuardMiss, args: tuple[Any, ...],
-                    kwargs: dict[str, Any]) -> Any:
+                    kwargs: dict[str, Any], fresh: bool = False) -> Any:
         """Run the call again with the entry made for the value `failed`'s check saw, tracing one where none is.
 
         Nothing of the failed run landed: its checks come before any write into an input, the outside
-        state is replayed after the trace, and the random generators were put back.
+        state is replayed after the trace, and the random generators were put back. An entry traced
+        for this very call (`fresh`) that fails is an error: the value is not what the capture read.
         """
         key = cache_key(args, kwargs, symbolic=self._symbolic)
         flat = flat_inputs(args, kwargs, symbolic=self._symbolic)
         entries = self._entries.get(key, [])
-        fresh = False
         while True:
             self._info.value_switches += 1
             path = (*failed.value_path[:miss.ordinal], miss.observed)

@@ -17,6 +17,7 @@ from torch import nn
 
 import minijit
 from minijit.errors import MinijitError, ValueGuardError
+from minijit.extend import OperatorExecutor
 from tests.semantics.util import assert_same
 
 
@@ -343,3 +344,13 @@ def test_module_with_a_mask_and_an_early_exit() -> None:
 def test_item_as_a_size_or_an_index(fn) -> None:
     jf = _run_both(fn, [(torch.arange(12.0), torch.tensor(v)) for v in (3, 4, 3, 6)])
     assert minijit.cache_info(jf).entries == 3
+
+
+def test_a_value_the_executors_compute_differently_is_a_clear_error() -> None:
+    # The capture reads values with the torch executor; an executor whose sum differs makes the compiled
+    # trace see another value on the very inputs it was traced for: an error naming the value, not a loop.
+    off_by_one = OperatorExecutor("off_by_one_sum", version="0")
+    off_by_one.register_implementation(torch.sum, lambda x, *args, **kwargs: torch.sum(x, *args, **kwargs) + 1)
+    jf = minijit.jit(lambda x: x * 2 if x.sum() > 0.5 else x, executors=[off_by_one])
+    with pytest.raises(ValueGuardError, match=r"bool\(t\d+\) is True at .* when the compiled trace runs, but it was False"):
+        jf(torch.zeros(2))
