@@ -185,11 +185,13 @@ def value_reader() -> Any:
 
 @contextmanager
 def outside_capture() -> Iterator[None]:
-    """Run the block as a pass would: no trace recording, no constraints recorded, no value reader."""
-    tokens = (_TRACES.set(()), _CONSTRAINTS.set(None), _VALUE_READER.set(None))
+    """Run the block (a side computation of the capture) as a pass would, but adding nothing to the compile:
+    no trace recording, no constraints or layout checks recorded, no value reader."""
+    tokens = (_TRACES.set(()), _CONSTRAINTS.set(None), _VALUE_READER.set(None), _LAYOUT_CHECKS.set(None))
     try:
         yield
     finally:
+        _LAYOUT_CHECKS.reset(tokens[3])
         _VALUE_READER.reset(tokens[2])
         _CONSTRAINTS.reset(tokens[1])
         _TRACES.reset(tokens[0])

@@ -354,3 +354,13 @@ def test_a_value_the_executors_compute_differently_is_a_clear_error() -> None:
     jf = minijit.jit(lambda x: x * 2 if x.sum() > 0.5 else x, executors=[off_by_one])
     with pytest.raises(ValueGuardError, match=r"bool\(t\d+\) is True at .* when the compiled trace runs, but it was False"):
         jf(torch.zeros(2))
+
+
+def mask_slice_and_branch(x, n):
+    return x[x > n].sum() + (x[: n.item()].sum() if x.sum() > 10 else 0)
+
+
+def test_symbolic_sizes_with_values_read() -> None:
+    calls = [(torch.arange(float(size)), torch.tensor(v)) for size, v in ((12, 3), (24, 4), (12, 3), (36, 6), (24, 4))]
+    jf = _run_both(mask_slice_and_branch, calls, cache="symbolic values")
+    assert minijit.cache_info(jf).hits >= 2  # (24, 4) again reuses its entry
