@@ -548,7 +548,8 @@ def shapes_seen_symbol(fn: Any, real_out: Any, requires_grad: bool) -> Symbol:
             return TensorMeta(tuple(x.shape), x.dtype, x.device, requires_grad and x.dtype.is_floating_point)
         if isinstance(x, list | tuple):
             return type(x)(meta_of(v) for v in x) if type(x) in (list, tuple) else type(x)(*(meta_of(v) for v in x))
-        raise UnsupportedOpError(f"{describe(fn)} returns a {type(x).__name__}, not tensors{where_now()}")
+        raise UnsupportedOpError(f"{describe(fn)}{where_now()} returns a {type(x).__name__}, not tensors; compute it "
+                                 "with tensor ops, whose values the code may read (`if (a - b).abs().max() < tol:`)")
 
     outputs = meta_of(real_out)
     namespace, name = printed_name(fn)
