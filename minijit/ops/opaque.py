@@ -538,14 +538,15 @@ def _rebuild(outputs: Any, fresh: Any, given: list[Any] | None = None) -> Any:
     return build(outputs)
 
 
-def shapes_seen_symbol(fn: Any, real_out: Any, requires_grad: bool) -> Symbol:
+def shapes_seen_symbol(fn: Any, real_out: Any) -> Symbol:
     """The opaque symbol of `fn`, an op whose result's shape depends on the values, giving `real_out`'s shapes.
 
-    The capture ran it on the real values (`real_out`); the trace checks the shapes on every call.
+    The capture ran it on the real values (`real_out`, which requires grad as eager's would); the trace checks
+    the shapes on every call.
     """
     def meta_of(x: Any) -> Any:
         if isinstance(x, torch.Tensor):
-            return TensorMeta(tuple(x.shape), x.dtype, x.device, requires_grad and x.dtype.is_floating_point)
+            return TensorMeta(tuple(x.shape), x.dtype, x.device, x.requires_grad)
         if isinstance(x, list | tuple):
             return type(x)(meta_of(v) for v in x) if type(x) in (list, tuple) else type(x)(*(meta_of(v) for v in x))
         raise UnsupportedOpError(f"{describe(fn)}{where_now()} returns a {type(x).__name__}, not tensors; compute it "

@@ -106,7 +106,10 @@ class ValueReader:
             if how != "value":
                 return observe(self(x, "value", None), how, other)
         check_readable(x, how)
-        (real,) = self._real_values([x])
+        values = self._real_values([x])
+        if values is None:
+            return NotImplemented
+        (real,) = values
         observed = observe(real, how, other)
         self._check(x, how, other, observed, nested)
         if isinstance(x, NumberProxy) and how == "value":
@@ -121,19 +124,24 @@ class ValueReader:
         if not self.readable_here() or "out" in kwargs or any(isinstance(x, NumberProxy) for x in leaves):
             return NotImplemented
         proxies = [x for x in leaves if isinstance(x, TensorProxy)]
-        by_id = {id(p): r for p, r in zip(proxies, self._real_values(proxies), strict=True)}
+        values = self._real_values(proxies)
+        if values is None:
+            return NotImplemented
+        # The real values require grad as their proxies do, so that the outputs require grad as eager's would.
+        by_id = {id(p): r.detach().requires_grad_(p.requires_grad and (r.is_floating_point() or r.is_complex()))
+                 for p, r in zip(proxies, values, strict=True)}
         real_args, real_kwargs = tree_map(lambda x: by_id.get(id(x), x), (args, kwargs))
-        with rng_preserved(), torch.no_grad():
+        with rng_preserved():
             real_out = fn(*real_args, **real_kwargs)
-        requires_grad = torch.is_grad_enabled() and any(p.requires_grad for p in proxies)
-        out = shapes_seen_symbol(fn, real_out, requires_grad)(*args, **kwargs)
+        out = shapes_seen_symbol(fn, real_out)(*args, **kwargs)
         for proxy, real in zip(tree_flatten(out), tree_flatten(real_out), strict=True):
             if isinstance(proxy, TensorProxy):
                 self._check(proxy, "shape", None, tuple(real.shape))
         return out
 
-    def _real_values(self, proxies: list[Proxy]) -> list[Any]:
-        """The real values of `proxies`: the trace recorded so far, run on the call's real inputs."""
+    def _real_values(self, proxies: list[Proxy]) -> list[Any] | None:
+        """The real values of `proxies`: the trace recorded so far, run on the call's real inputs (None where that
+        part of the trace reads a value it does not compute: one made inside the op being recorded)."""
         trace = self.trace
         # Earlier checks hold on the inputs the capture runs on: they need not run again.
         bsyms = [b for b in trace.bound_symbols if not is_value_check(b)]
@@ -143,6 +151,8 @@ class ValueReader:
                 "from a non-deterministic source: it is only known when the trace runs; seed with torch.manual_seed")
         prefix = trace.derive(bsyms, pass_name="value read", output=list(proxies))
         prefix.recorded_without_grad = set(trace.recorded_without_grad)  # constants for grad, free to write
+        if prefix.free_proxies():
+            return None
         with outside_capture(), rng_preserved(), torch.no_grad():
             return list(self.evaluate(prefix, self.inputs()))
 
