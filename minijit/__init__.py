@@ -27,6 +27,7 @@ from minijit.errors import (
     MinijitError,
     UnsupportedOpError,
     UnsupportedSyntaxError,
+    ValueGuardError,
 )
 from minijit.ir import Trace
 from minijit.runtime import CacheInfo, JitFunction
@@ -36,8 +37,8 @@ from minijit.runtime.show import show, show_diff
 
 __all__ = [
     "AliasError", "CacheInfo", "FrozenValueError", "GuardError", "MetaError", "MinijitError", "RetraceWarning",
-    "UnsupportedOpError", "UnsupportedSyntaxError", "cache_info", "jit", "last_backward_traces", "last_traces", "show",
-    "show_diff",
+    "UnsupportedOpError", "UnsupportedSyntaxError", "ValueGuardError", "cache_info", "jit", "last_backward_traces",
+    "last_traces", "show", "show_diff",
 ]
 
 

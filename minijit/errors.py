@@ -11,6 +11,10 @@ class UnsupportedOpError(MinijitError):
     """A torch callable or symbol that no minijit op or executor can run."""
 
 
+class DataDependentShapeError(UnsupportedOpError):
+    """A torch op whose result's shape depends on its input's values (`nonzero`, `unique`), where no value can be read."""
+
+
 class UnsupportedMethodError(UnsupportedOpError, AttributeError):
     """A Tensor method or attribute a traced tensor does not support (an AttributeError too, for hasattr)."""
 
@@ -48,6 +52,11 @@ class GuardError(MinijitError):
     """Inputs do not match what a trace was specialised on."""
 
 
+class ValueGuardError(GuardError):
+    """A value the traced code read from a tensor (`if x.sum() > 0`) cannot be guarded: the compiled trace
+    computes another value than the capture read, or too many values were read for one function."""
+
+
 def where(source: object | None) -> str:
     """Format a source location for an error message, or '' when unknown."""
     return f" at {source}" if source is not None else ""
@@ -55,3 +64,17 @@ def where(source: object | None) -> str:
 
 class RegistrationError(MinijitError):
     """A rule or implementation registered for a symbol that does not exist, or that does not fit its signature."""
+
+
+class ValueGuardMiss(Exception):
+    """Raised by a compiled trace's `prims.check_value` when a value the trace branched on differs on this call.
+
+    Internal: the jitted function catches it before any write into an input or outside state
+    has happened, and runs the call again with the cache entry made for the value seen.
+    Not a `MinijitError`: it never reaches the user.
+    """
+
+    def __init__(self, ordinal: int, observed: object):
+        super().__init__(ordinal, observed)
+        self.ordinal = ordinal
+        self.observed = observed

@@ -8,6 +8,8 @@ symbols, and the callables `minijit.ops.opaque.is_opaque_candidate` accepts). Fo
   its decomposition declines a form of the call, that call runs opaque instead;
 - **opaque**: one torch call in the trace, metadata from torch's meta kernels, effects
   from the operator's schema, gradient from torch's autograd;
+- **run on the values while tracing**: an op whose result's shape depends on the values
+  (`nonzero`), and `Tensor.tolist`: run on the real values by the capture, checked per call;
 - **refused**: a clear error at trace time, with the reason (read from torch's own
   operator tags and kernel registrations, so it is known without running anything).
 
@@ -96,7 +98,7 @@ def _symbol(prefix: str, name: str, fn: Any) -> Symbol | None:
 
 
 def classify(prefix: str, name: str, fn: Any) -> tuple[str, str]:
-    """("decomposed" | "opaque" | "refused", detail) for one op."""
+    """("decomposed" | "opaque" | "read" | "refused", detail) for one op."""
     if prefix == "torch.Tensor" and name.endswith("_") and name[:-1] in METADATA_INPLACE:
         return "refused", "changes the tensor's shape or metadata in place; write x = x.op(...) instead"
     sym = _symbol(prefix, name, fn)
@@ -104,11 +106,13 @@ def classify(prefix: str, name: str, fn: Any) -> tuple[str, str]:
         return "decomposed", sym.id
     if prefix == "torch.Tensor" and name in NOT_OPS:
         return "refused", "acts on autograd, storage, devices or other layouts rather than computing from the values"
+    if prefix == "torch.Tensor" and name in TENSOR_METHODS:
+        return "read", ""  # a method reading the values themselves (tolist)
     overloads = _aten_overloads(prefix, name, fn)
-    if overloads and all(any(tag in o.tags for tag in DATA_DEPENDENT) for o in overloads):
-        return "refused", "its output shape depends on the input's values"
     if overloads and not any("Tensor" in str(r.type) for o in overloads for r in o._schema.returns):
         return "refused", "returns a Python value, not a tensor"
+    if overloads and all(any(tag in o.tags for tag in DATA_DEPENDENT) for o in overloads):
+        return "read", ""
     if overloads and not any(_has_meta(o) for o in overloads):
         return "refused", "torch has no meta kernel for it, so its output shape is unknown"
     return "opaque", ""
@@ -117,9 +121,9 @@ def classify(prefix: str, name: str, fn: Any) -> tuple[str, str]:
 def generate() -> str:
     """The text of docs/ops.md for the installed torch and this minijit."""
     sections: list[str] = []
-    totals = {"decomposed": 0, "opaque": 0, "refused": 0}
+    totals = {"decomposed": 0, "opaque": 0, "read": 0, "refused": 0}
     for prefix, ns in NAMESPACES.items():
-        rows = {"decomposed": [], "opaque": [], "refused": []}
+        rows = {"decomposed": [], "opaque": [], "read": [], "refused": []}
         for name, fn in _members(prefix, ns):
             status, detail = classify(prefix, name, fn)
             rows[status].append((name, detail))
@@ -133,6 +137,8 @@ def generate() -> str:
         sections += [
             f"**Decomposed ({len(rows['decomposed'])}):** {decomposed or '-'}", "",
             f"**Opaque ({len(rows['opaque'])}):** {', '.join(f'`{n}`' for n, _ in rows['opaque']) or '-'}", "",
+            f"**Run on the values while tracing ({len(rows['read'])}):** "
+            f"{', '.join(f'`{n}`' for n, _ in rows['read']) or '-'}", "",
             f"**Refused ({len(rows['refused'])}):**", "",
         ]
         if rows["refused"]:
@@ -151,9 +157,14 @@ def generate() -> str:
         "kernels, views and in-place writes from the operator's schema, gradient from torch's autograd "
         "(minijit/ops/opaque.py). A call whose result is not tensors, or whose meta kernel rejects it, is refused "
         "with the reason when traced.",
+        "- **run on the values while tracing**: the result's shape (or, for `tolist`, its values) depends on the "
+        "input's values: the capture runs the op on the call's real values and the trace checks the shapes (values) "
+        "on every call, one cache entry per shape seen (minijit/runtime/values.py). Refused with `out=` or inside a "
+        "traced `autograd.Function`.",
         "- **refused**: a `MinijitError` naming the op and the line, for the reason given.",
         "",
-        f"Totals: {totals['decomposed']} decomposed, {totals['opaque']} opaque, {totals['refused']} refused. "
+        f"Totals: {totals['decomposed']} decomposed, {totals['opaque']} opaque, {totals['read']} run on the values "
+        f"while tracing, {totals['refused']} refused. "
         "Measured coverage: tests/ops/test_opinfo.py runs PyTorch's OpInfo database and prints a summary.",
         "",
     ]

@@ -160,3 +160,38 @@ def add_constraint(expr: str) -> None:
     constraints = _CONSTRAINTS.get()
     if constraints is not None and expr not in constraints:
         constraints.append(expr)
+
+
+# What reads the real value of a proxy while a capture runs (minijit.runtime.values.ValueReader): a
+# callable `(proxy, how, other) -> Python value` that also records the check of that value into the
+# trace; None where no real inputs are at hand (outside a capture, in a pass, in a grad rule).
+_VALUE_READER: ContextVar[Any] = ContextVar("minijit_value_reader", default=None)
+
+
+@contextmanager
+def reading_values(reader: Any) -> Iterator[None]:
+    """Let the capture inside the block read real values of its proxies through `reader`."""
+    token = _VALUE_READER.set(reader)
+    try:
+        yield
+    finally:
+        _VALUE_READER.reset(token)
+
+
+def value_reader() -> Any:
+    """The capture's value reader, or None where values are only known when the trace runs."""
+    return _VALUE_READER.get()
+
+
+@contextmanager
+def outside_capture() -> Iterator[None]:
+    """Run the block (a side computation of the capture) as a pass would, but adding nothing to the compile:
+    no trace recording, no constraints or layout checks recorded, no value reader."""
+    tokens = (_TRACES.set(()), _CONSTRAINTS.set(None), _VALUE_READER.set(None), _LAYOUT_CHECKS.set(None))
+    try:
+        yield
+    finally:
+        _LAYOUT_CHECKS.reset(tokens[3])
+        _VALUE_READER.reset(tokens[2])
+        _CONSTRAINTS.reset(tokens[1])
+        _TRACES.reset(tokens[0])

@@ -8,13 +8,22 @@ module knows nothing about torch functions.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from minijit.errors import UnsupportedMethodError, UnsupportedSyntaxError
-from minijit.ir.context import add_constraint, capturing, known_constraint, known_equal, new_name, where_now
+from minijit.ir.context import (
+    add_constraint,
+    capturing,
+    known_constraint,
+    known_equal,
+    new_name,
+    value_reader,
+    where_now,
+)
 
 # method name -> callable(self, *args, **kwargs); filled in by minijit.ops.
 TENSOR_METHODS: dict[str, Callable[..., Any]] = {}
@@ -69,7 +78,7 @@ class NumberProxy(Proxy):
     then says whether the two are equal on every call the trace runs for.
     """
 
-    __slots__ = ("expr", "origin", "python_type", "value")
+    __slots__ = ("expr", "origin", "python_type", "read", "value")
 
     def __init__(self, value: int | float | bool, python_type: type, name: str | None = None,
                  expr: str | None = None):
@@ -79,16 +88,23 @@ class NumberProxy(Proxy):
         self.expr = expr
         # For a value computed by the trace (Tensor.item()): what computed it, for error messages.
         self.origin: str | None = None
+        # True once the capture has read the real value of such a computed value (`value` is it):
+        # the trace checks it where it was read (prims.check_value), so it is a constant from there on.
+        self.read = False
 
     def type_string(self) -> str:
         return f"{self.python_type.__name__} {self.value}"
 
     def _specialise(self) -> Any:
         if capturing():
+            if data_dependent(self):
+                _read(self, "value", None)
             record_constraint(self, "==", self.value, True)
         return self.value
 
     def __bool__(self) -> bool:
+        if capturing() and data_dependent(self):
+            return bool(_read(self, "bool", None))  # one trace per truth value, not per value
         return bool(self._specialise())
 
     def __int__(self) -> int:
@@ -98,10 +114,15 @@ class NumberProxy(Proxy):
         return float(self._specialise())
 
     # Text needs the value: the trace specialises on it (a value only known when the trace runs is refused).
+    # A value computed by the trace is not read for text (it would make a trace per value: a logged loss).
     def __format__(self, spec: str) -> str:
+        if data_dependent(self):
+            record_constraint(self, "==", self.value, True)  # raises: only known when the trace runs
         return format(self._specialise(), spec)
 
     def __str__(self) -> str:
+        if data_dependent(self):
+            record_constraint(self, "==", self.value, True)
         return str(self._specialise())
 
     def __hash__(self) -> int:
@@ -151,9 +172,39 @@ def guarded_compare(a: NumberProxy, op: str, b: Any) -> bool:
     What a capture decides on a symbolic number (a branch, a broadcast, a size check)
     holds for a later call only while the guard finds the same answer.
     """
+    if data_dependent(b) and not data_dependent(a):
+        return guarded_compare(b, _SWAPPED[op], a)
+    if data_dependent(a):
+        # A value computed by the trace: read it now, and let the trace check the comparison's
+        # outcome on every call (one trace per outcome, not per value).
+        other = b._specialise() if isinstance(b, NumberProxy) else b
+        return bool(_read(a, op, other))
     result = bool(_COMPARISONS[op](a.value, number_value(b)))
     record_constraint(a, op, b, result)
     return result
+
+
+def data_dependent(x: Any) -> bool:
+    """Whether `x` is a number the trace computes (Tensor.item()) whose value the capture has not read."""
+    return isinstance(x, NumberProxy) and x.expr is None and not x.read
+
+
+def _read(x: Proxy, how: str, other: Any) -> Any:
+    """The real value of `x` read the way `how` says, through the capture's value reader (which records
+    the check of it); the error naming where `x` came from where there is no reader."""
+    reader = value_reader()
+    value = reader(x, how, other) if reader is not None else NotImplemented
+    if value is NotImplemented:
+        if isinstance(x, NumberProxy):
+            record_constraint(x, "==", x.value, True)  # raises: the value is only known when the trace runs
+        raise UnsupportedSyntaxError(
+            f"the value of tensor {x.name}{where_now()} is needed as a Python value here, inside an op's "
+            "decomposition or a traced autograd.Function, where only the trace knows it; read it in the "
+            "function itself, or compute with tensors (torch.where)")
+    if isinstance(x, NumberProxy) and how == "value":
+        x.value = value
+        x.read = True
+    return value
 
 
 def known_compare(a: NumberProxy, op: str, b: Any) -> bool:
@@ -186,7 +237,9 @@ def record_constraint(a: NumberProxy, op: str, b: Any, result: bool) -> None:
     """Note that the trace relied on `a <op> b` being `result` (checked by the cache guard)."""
     exprs = []
     for x in (a, b):
-        if isinstance(x, NumberProxy):
+        if isinstance(x, NumberProxy) and x.read:
+            exprs.append(repr(x.value))  # the trace checks this value where it was read
+        elif isinstance(x, NumberProxy):
             if x.expr is None:
                 here = where_now()
                 what = f"{x.name}, {x.origin}," if x.origin else f"{x.name}{here}"
@@ -198,8 +251,8 @@ def record_constraint(a: NumberProxy, op: str, b: Any, result: bool) -> None:
             exprs.append(x.expr)
         else:
             exprs.append(repr(x))
-    if exprs[0] == exprs[1]:
-        return  # a value compared with itself: true for every input
+    if exprs[0] == exprs[1] or not any(isinstance(x, NumberProxy) and not x.read for x in (a, b)):
+        return  # a value compared with itself, or values the trace checks itself: true for every input it runs
     add_constraint(canonical_constraint(exprs[0], op, exprs[1], result, isinstance(b, NumberProxy)))
 
 
@@ -228,6 +281,8 @@ def _number_operator(method: str, reflected: bool = False) -> Callable[..., Any]
         def op(self: NumberProxy, other: Any) -> Any:
             if not isinstance(other, int | float | NumberProxy):
                 return NotImplemented
+            if self.read:  # a value the capture read: the trace checks it, so it is a constant from there on
+                return _PLAIN[method](other, self.value)
             if _is_identity(method, other, reflected=True) and self.python_type is int:
                 return self
             return NUMBER_METHODS[method](other, self)
@@ -235,6 +290,8 @@ def _number_operator(method: str, reflected: bool = False) -> Callable[..., Any]
         def op(self: NumberProxy, *args: Any) -> Any:
             if args and not isinstance(args[0], int | float | NumberProxy):
                 return NotImplemented
+            if self.read:
+                return _PLAIN[method](self.value, *args)
             if args and _is_identity(method, args[0], reflected=False) and self.python_type is int:
                 return self
             if method == "mod" and args and type(args[0]) is int and args[0] == 1 and self.python_type is int:
@@ -252,6 +309,12 @@ def _is_identity(method: str, other: Any, reflected: bool) -> bool:
     return (method == "mul" and other == 1) or (method == "floordiv" and not reflected and other == 1)
 
 
+# method name -> the operation on plain numbers.
+_PLAIN: dict[str, Callable[..., Any]] = {
+    "add": operator.add, "sub": operator.sub, "mul": operator.mul, "truediv": operator.truediv,
+    "floordiv": operator.floordiv, "mod": operator.mod, "pow": operator.pow, "neg": operator.neg,
+    "pos": operator.pos, "abs": operator.abs,
+}
 # method name -> callable recording a number prim; filled in by minijit.ops.
 NUMBER_METHODS: dict[str, Callable[..., Any]] = {}
 
@@ -375,6 +438,8 @@ class TensorProxy(Proxy):
         return self.shape[0]
 
     def __bool__(self) -> bool:
+        if value_reader() is not None:
+            return _read(self, "bool", None)
         raise UnsupportedSyntaxError(
             f"the truth value of tensor {self.name}{where_now()} depends on its data, which "
             "a trace cannot branch on; compute both branches with torch.where, or move the "
@@ -382,9 +447,20 @@ class TensorProxy(Proxy):
         )
 
     def __index__(self) -> int:
+        return self._python_number("index")
+
+    def __int__(self) -> int:
+        return self._python_number("int")
+
+    def __float__(self) -> float:
+        return self._python_number("float")
+
+    def _python_number(self, how: str) -> Any:
+        if value_reader() is not None:
+            return _read(self, how, None)
         raise UnsupportedSyntaxError(
-            f"tensor {self.name}{where_now()} was used as a Python int; data-dependent values "
-            "are not supported in traces"
+            f"tensor {self.name}{where_now()} was used as a Python number; its value is only known when "
+            "the trace runs"
         )
 
     def __format__(self, spec: str) -> str:
@@ -393,8 +469,6 @@ class TensorProxy(Proxy):
             "have; print the tensor itself (print(x) is repeated by every call, with its values), or format it "
             "outside the jitted function"
         )
-
-    __int__ = __float__ = __index__
 
     def __getattr__(self, attr: str) -> Any:
         method = TENSOR_METHODS.get(attr)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import keyword
 import types
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -122,6 +123,16 @@ class Trace:
     def in_user_op(self) -> bool:
         """True inside the decomposition of an op the user's code called (not of an op nested in another)."""
         return self.captures_user_code and len(self._scopes) == 2
+
+    @contextmanager
+    def recording_at_top_level(self) -> Iterator[None]:
+        """Record at the top level inside the block, even inside an op's decomposition: what is recorded
+        then comes before that op (a check of a value its decomposition read)."""
+        self._scopes.append(self.bound_symbols)
+        try:
+            yield
+        finally:
+            self._scopes.pop()
 
     def add_input(self, proxy: Proxy, wanted_name: str | None = None) -> Proxy:
         """Append `proxy` to the inputs, renaming it to `wanted_name` (or a variant) if given."""

@@ -24,14 +24,15 @@ from __future__ import annotations
 
 import inspect
 import math
+import operator
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from minijit.errors import MetaError
-from minijit.ir import TENSOR_METHODS, FloatProxy, IntegerProxy, NumberProxy, Symbol, TensorProxy, tree_map
-from minijit.ir.context import where_now
+from minijit.errors import MetaError, UnsupportedSyntaxError, ValueGuardMiss
+from minijit.ir import TENSOR_METHODS, Effects, FloatProxy, IntegerProxy, NumberProxy, Symbol, TensorProxy, tree_map
+from minijit.ir.context import value_reader, where_now
 from minijit.ops import prims
 from minijit.ops.registry import TORCH_TO_LTORCH
 
@@ -418,3 +419,93 @@ item = prims._prim("item", _item_meta)
 ATEN_IMPLS["item"] = aten._local_scalar_dense.default
 TENSOR_METHODS["item"] = item
 TORCH_TO_LTORCH[torch.Tensor.item] = item
+
+
+# -- values read while tracing ---------------------------------------------------------------------
+# `if x.sum() > 0`, `int(n.item())`, `t.tolist()`: the capture reads the real value (minijit.runtime.values)
+# and records `prims.check_value`, which checks on every call that the value is the one the trace was
+# made for, and raises ValueGuardMiss (before any write into an input) where it is not.
+
+_COMPARE: dict[str, Callable[[Any, Any], bool]] = {
+    "==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
+}
+# How a check reads its value: the value itself, Python's conversions, or a comparison with `other`.
+READS = ("value", "tolist", "shape", "bool", "int", "float", "index", *_COMPARE)
+
+
+def observe(value: Any, how: str, other: Any = None) -> Any:
+    """What a traced function saw when it read `value` (a real tensor or number) the way `how` names."""
+    if how == "shape":
+        return tuple(value.shape)
+    if isinstance(value, torch.Tensor):
+        value = value.tolist() if how == "tolist" else value.item()
+    if how in ("value", "tolist"):
+        return value
+    if how == "bool":
+        return bool(value)
+    if how == "int":
+        return int(value)
+    if how == "float":
+        return float(value)
+    if how == "index":
+        return operator.index(value)
+    return bool(_COMPARE[how](value, other))
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """`a == b` for what `observe` returns, where a NaN equals a NaN (and lists compare element by element)."""
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return type(a) is type(b) and a == b
+
+
+def check_readable(x: Any, how: str) -> None:
+    """Raise eager's error (as a MetaError) where reading `x` the way `how` names is not allowed."""
+    if how not in READS:
+        raise _fail("check_value", f"unknown read {how!r}")
+    if not isinstance(x, TensorProxy) or how in ("tolist", "shape"):
+        return
+    if math.prod(x.shape) != 1:
+        what = {"bool": "the truth value of a tensor", "index": "a tensor used as an index"}.get(how, "a Python number")
+        raise _fail("check_value", f"{what} needs a one-element tensor, got shape {tuple(x.shape)}")
+    if x.dtype.is_complex:
+        raise _fail("check_value", "complex values are not supported")
+    if how == "index" and (x.dtype.is_floating_point or x.dtype == torch.bool):
+        raise _fail("check_value", f"only integer tensors of a single element can be used as an index, got {x.dtype}")
+
+
+def _check_value_meta(x: Any, how: str, other: Any, expected: Any, ordinal: int) -> None:
+    check_readable(x, how)
+
+
+def _check_value_impl(x: Any, how: str, other: Any, expected: Any, ordinal: int) -> None:
+    observed = observe(x, how, other)
+    if not same_value(observed, expected):
+        raise ValueGuardMiss(ordinal, observed)
+
+
+# external: never dropped, never moved, a fusion region boundary; `write_copies_in_place` keeps writes into
+# inputs after it, so a miss leaves the call's inputs as they were.
+check_value = prims._prim("check_value", _check_value_meta, Effects(external=True))
+ATEN_IMPLS["check_value"] = _check_value_impl
+
+
+def is_value_check(bsym: Any) -> bool:
+    """Whether a bound symbol is a `prims.check_value`, as captured or as an executor runs it."""
+    return bsym.sym.name == "check_value" and bsym.sym.effects.external
+
+
+def _tolist(x: TensorProxy) -> Any:
+    """Tensor.tolist(): the values, read while tracing (the trace checks them on every call)."""
+    reader = value_reader()
+    value = reader(x, "tolist", None) if reader is not None else NotImplemented
+    if value is NotImplemented:
+        raise UnsupportedSyntaxError(
+            f"Tensor.tolist on {x.name}{where_now()} needs the tensor's values, which are only known when the "
+            "trace runs here (inside an op's decomposition or a traced autograd.Function); call it in the function itself")
+    return value
+
+
+TENSOR_METHODS["tolist"] = _tolist

@@ -17,7 +17,8 @@ reads off
 - whether it is random: an operator tagged `nondeterministic_seeded`;
 - whether its output shape depends on the data: an operator tagged
   `dynamic_output_shape` or `data_dependent_output` (`nonzero`, `unique`, `.item()`)
-  failed on meta tensors. That, an operator without a meta kernel, a result that is not
+  failed on meta tensors (`DataDependentShapeError`: the capture may then run the op on the
+  real values, minijit.runtime.values). That, an operator without a meta kernel, a result that is not
   made of tensors, or an in-place change of an argument's shape are `MinijitError`s
   naming the op and the user's line.
 
@@ -36,7 +37,7 @@ from typing import Any
 
 import torch
 
-from minijit.errors import MetaError, UnsupportedOpError
+from minijit.errors import DataDependentShapeError, MetaError, UnsupportedOpError
 from minijit.ir import NumberProxy, TensorProxy, tree_flatten
 from minijit.ir.context import where_now
 from minijit.ops.strides import eager_layout, meta_like
@@ -344,10 +345,11 @@ def _explain(e: Exception, calls: list[Any], what: str) -> Exception:
     if (last is not None and any(tag in last.tags for tag in _DATA_DEPENDENT_TAGS)) or \
             "no data" in text or "cannot be called on meta tensors" in text:
         op = f" ({last})" if last is not None else ""
-        return UnsupportedOpError(
+        return DataDependentShapeError(
             f"{what}: its result depends on the values in its input tensors{op} (a data-dependent output shape "
-            "or a Python value read from a tensor), which a trace cannot record; compute it outside the jitted "
-            "function, or use an op whose result shape is known (torch.where instead of masking, say)")
+            "or a Python value read from a tensor), which a trace can record only where the jitted function itself "
+            "calls the op, without out= (it then checks the result's shape on every call); compute it outside the "
+            "jitted function, or use an op whose result shape is known (torch.where instead of masking, say)")
     if isinstance(e, NotImplementedError) and "Meta" in text:
         op = f" ({last})" if last is not None else ""
         return UnsupportedOpError(f"{what}: torch has no meta kernel for it{op}, so minijit cannot know its "

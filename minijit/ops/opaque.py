@@ -20,8 +20,12 @@ The design, in the order a call meets it:
   positions; an op that writes is recorded as a composite whose decomposition is
   its *functional form* (the same call on a copy of what it writes, returning the
   copy) followed by `prims.copy_`, exactly as ltorch's in-place ops are.
-- **Refusals are clear.** A data-dependent output shape (`nonzero`, `unique`,
-  `masked_select`, `.item()`), an op with no meta kernel, a result that is not made
+- **Data-dependent output shapes are read.** An op whose result's shape depends on the values
+  (`nonzero`, `unique`, `masked_select`, `x[mask]`) called by the user's code is run by the capture
+  on the real values (minijit.runtime.values) and recorded with the shapes it gave
+  (`shapes_seen_symbol`), each checked by the trace right after it on every call.
+- **Refusals are clear.** Such an op where no value can be read (inside a traced
+  `autograd.Function`, with `out=`), an op with no meta kernel, a result that is not made
   of tensors, or a call with no tensor result that writes nothing (its effect would
   be lost) is a `MinijitError` naming the op and the user's line. So are callables
   outside torch's op modules (`torch.save`, `torch.distributed.*`), which are never
@@ -48,9 +52,9 @@ from typing import Any
 import torch
 from torch._library.custom_ops import CustomOpDef
 
-from minijit.errors import MinijitError, UnsupportedOpError
+from minijit.errors import DataDependentShapeError, MinijitError, UnsupportedOpError
 from minijit.ir import Effects, Symbol, TensorProxy, current_trace, tree_flatten, tree_map
-from minijit.ir.context import where_now
+from minijit.ir.context import value_reader, where_now
 from minijit.ir.proxies import TENSOR_METHOD_FALLBACKS, TENSOR_METHODS
 from minijit.ops import prims
 from minijit.ops.aliases import canonical
@@ -166,7 +170,16 @@ def opaque_call(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if trace.capture_tensor is not None and any(isinstance(x, torch.Tensor) for x in tree_flatten((args, kwargs))):
         capture = trace.capture_tensor
         args, kwargs = tree_map(lambda x: capture(x) if isinstance(x, torch.Tensor) else x, (args, kwargs))
-    result = run_on_meta(fn, args, kwargs, what)
+    try:
+        result = run_on_meta(fn, args, kwargs, what)
+    except DataDependentShapeError:
+        # Its result's shape depends on the values: the capture runs it on the real values and the trace
+        # checks the shapes seen (minijit.runtime.values), where the capture can read values here.
+        reader = value_reader()
+        out = reader.call_with_shapes_seen(fn, args, kwargs) if reader is not None else NotImplemented
+        if out is NotImplemented:
+            raise
+        return out
     autocast = active_autocast(args, kwargs) if trace.recording_user_call and _any_autocast() else None
     if autocast is not None:
         # The trace runs with autocast off: the casts eager's autocast makes of the arguments are recorded
@@ -306,7 +319,7 @@ TENSOR_DUNDERS = {f"__{prefix}{op}__" for op in ("add", "sub", "mul", "div", "tr
 # memory, devices or other layouts (sparse, quantized, MKL-DNN) rather than compute: never opaque
 # ops (a proxy refuses them with an UnsupportedMethodError).
 NOT_OPS = {
-    "backward", "register_hook", "register_post_accumulate_grad_hook", "retain_grad", "numpy", "tolist", "data_ptr",
+    "backward", "register_hook", "register_post_accumulate_grad_hook", "retain_grad", "numpy", "data_ptr",
     "const_data_ptr", "storage", "untyped_storage", "storage_type", "share_memory_", "pin_memory", "record_stream",
     "is_shared", "is_pinned", "dim_order", "element_size", "get_device",
     "is_set_to", "set_", "apply_", "map_", "map2_", "as_subclass", "new", "reinforce", "is_distributed",
@@ -523,6 +536,30 @@ def _rebuild(outputs: Any, fresh: Any, given: list[Any] | None = None) -> Any:
         return type(x)(*(build(v) for v in x))  # a named tuple
 
     return build(outputs)
+
+
+def shapes_seen_symbol(fn: Any, real_out: Any) -> Symbol:
+    """The opaque symbol of `fn`, an op whose result's shape depends on the values, giving `real_out`'s shapes.
+
+    The capture ran it on the real values (`real_out`, which requires grad as eager's would); the trace checks
+    the shapes on every call.
+    """
+    def meta_of(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            return TensorMeta(tuple(x.shape), x.dtype, x.device, x.requires_grad)
+        if isinstance(x, list | tuple):
+            return type(x)(meta_of(v) for v in x) if type(x) in (list, tuple) else type(x)(*(meta_of(v) for v in x))
+        raise UnsupportedOpError(f"{describe(fn)}{where_now()} returns a {type(x).__name__}, not tensors; compute it "
+                                 "with tensor ops, whose values the code may read (`if (a - b).abs().max() < tol:`)")
+
+    outputs = meta_of(real_out)
+    namespace, name = printed_name(fn)
+
+    def meta(*args: Any, **kwargs: Any) -> Any:
+        return _rebuild(outputs, iter(()))
+
+    return Symbol(name, meta, namespace=namespace, is_prim=True, tags=frozenset({OPAQUE}), fn=fn,
+                  effects=Effects(data_dependent=True))
 
 
 def runtime_leaves(out: Any) -> list[Any]:

@@ -392,7 +392,8 @@ class Prologue:
     """
 
     def __init__(self, name: str, params: list[str], keywords: tuple[str, ...], checks: list[Check],
-                 inputs: list[str], captured: list[tuple[str, str]], env: dict[str, Any]):
+                 inputs: list[str], captured: list[tuple[str, str]], env: dict[str, Any],
+                 value_guards: list[str] | None = None):
         self.params, self.keywords, self.checks = params, keywords, checks
         self.inputs, self.captured, self.env = inputs, captured, env
         env.update(_ENV)
@@ -402,6 +403,9 @@ class Prologue:
         source = _function("check_call", params, key_tests, "# The checks the cache key makes (a dict lookup on a hit).")
         if guard_tests:
             source += "\n\n" + self._guard_source(guard_tests)
+        if value_guards:
+            source += ("\n\n# Checked by the trace itself, where the code read them (prims.check_value); another value\n"
+                       "# runs the call again with its own entry:\n" + "\n".join(f"#   {g}" for g in value_guards) + "\n")
         self.source = source
         exec(compile(source, f"<minijit prologue {name}>", "exec"), env)
         self.check_call: Callable[..., bool] = env["check_call"]

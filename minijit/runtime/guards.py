@@ -47,4 +47,5 @@ def compile_prologue(entry: Any, call: tuple[list[str], list[Check]], keywords: 
     checks = call[1] + guard_checks(constraints, values, captured, aliases, names, env)
     reads = [(name, source.expression(env)) for name, source, _ in captured]
     own = names[: len(names) - len(captured)]
-    return Prologue(traces[0].fn_name, call[0], keywords, checks, own, reads, env)
+    value_guards = [c.describe() for c in entry.capture.value_checks]
+    return Prologue(traces[0].fn_name, call[0], keywords, checks, own, reads, env, value_guards)

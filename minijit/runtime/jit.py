@@ -12,17 +12,20 @@ from typing import Any
 
 import torch
 
-from minijit.errors import MinijitError
+from minijit.errors import MinijitError, ValueGuardError, ValueGuardMiss
 from minijit.extend import Executor, get_executor, resolve_executors
 from minijit.ir import Trace
 from minijit.runtime.cache_key import POSITIONAL_TENSOR_KEYS, POSITIONAL_TENSOR_SYMBOLIC_KEYS, cache_key
 from minijit.runtime.explain import explain_miss
 from minijit.runtime.inputs import flat_inputs
 from minijit.runtime.pipeline import CompiledEntry, compile_for
+from minijit.runtime.values import value_miss_reason
 
 Tensor = torch.Tensor
 
 CACHE_MODES = ("constant values", "symbolic values", "no caching")
+# The most cache entries under one key told apart by values read from tensors (`if x.sum() > 0`).
+MAX_VALUE_ENTRIES = 64
 
 
 class RetraceWarning(UserWarning):
@@ -34,16 +37,26 @@ class CacheInfo:
     """What the cache of a jitted function holds and how it has been used.
 
     `miss_reasons` has one line per miss, in order: why that call could not reuse a trace.
+    `value_guards` lists, per entry that read values from its tensors (`if x.sum() > 0`), the
+    values it was traced for; `value_switches` counts the calls that failed such a check and ran
+    again with another entry: each ran its first entry's trace up to the failing check in vain.
     """
 
     hits: int = 0
     misses: int = 0
     entries: int = 0
     miss_reasons: list[str] = field(default_factory=list)
+    value_switches: int = 0
+    value_guards: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
         lines = [f"{self.hits} hit(s), {self.misses} miss(es), {self.entries} cache entr{'y' if self.entries == 1 else 'ies'}"]
         lines += [f"  miss {i}: {reason}" for i, reason in enumerate(self.miss_reasons, start=1)]
+        if self.value_guards:
+            lines.append(f"  value guards ({len(self.value_guards)} entr{'y' if len(self.value_guards) == 1 else 'ies'} "
+                         f"told apart by values read from tensors; {self.value_switches} call(s) failed a value check "
+                         "and ran again, each after a partial run of the trace):")
+            lines += [f"    {guards}" for guards in self.value_guards]
         return "\n".join(lines)
 
 
@@ -79,6 +92,8 @@ class JitFunction:
         self._info = CacheInfo()
         self._hits = 0  # kept apart from _info: the hit path updates one attribute
         self._last: CompiledEntry | None = None
+        # The most entries one key may have that differ by the values read from tensors (then an error).
+        self.max_value_entries = MAX_VALUE_ENTRIES
         functools.update_wrapper(self, fn)
 
     def __reduce__(self) -> str | tuple[Any, ...]:
@@ -113,24 +128,78 @@ class JitFunction:
                     if entry.guard is None or entry.guard(*args):
                         self._hits += 1
                         self._last = entry
-                        return entry.computation(*args)
+                        try:
+                            return entry.computation(*args)
+                        except ValueGuardMiss as miss:
+                            return self._value_miss(entry, miss, args, kwargs)
         return self._call_general(args, kwargs)
 
     def _call_general(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         key = cache_key(args, kwargs, symbolic=self._symbolic)
         flat = flat_inputs(args, kwargs, symbolic=self._symbolic)
         candidates = self._entries.get(key, [])
+        fresh = False
         for entry in candidates:
             if entry.guard is None or entry.guard(*flat):
                 self._hits += 1
                 break
         else:
             entry = self._miss(args, kwargs, flat, candidates)
+            fresh = True
             if self.cache_mode != "no caching":
                 self._entries.setdefault(key, []).append(entry)
                 self._info.entries += 1
         self._last = entry
-        return entry.computation(*flat)
+        try:
+            return entry.computation(*flat)
+        except ValueGuardMiss as miss:
+            return self._value_miss(entry, miss, args, kwargs, fresh=fresh)
+
+    def _value_miss(self, failed: CompiledEntry, miss: ValueGuardMiss, args: tuple[Any, ...],
+                    kwargs: dict[str, Any], fresh: bool = False) -> Any:
+        """Run the call again with the entry made for the value `failed`'s check saw, tracing one where none is.
+
+        Nothing of the failed run landed: its checks come before any write into an input, the outside
+        state is replayed after the trace, and the random generators were put back. An entry traced
+        for this very call (`fresh`) that fails is an error: the value is not what the capture read.
+        """
+        key = cache_key(args, kwargs, symbolic=self._symbolic)
+        flat = flat_inputs(args, kwargs, symbolic=self._symbolic)
+        entries = self._entries.get(key, [])
+        while True:
+            self._info.value_switches += 1
+            path = (*failed.value_path[:miss.ordinal], miss.observed)
+            if fresh:
+                raise ValueGuardError(value_miss_reason(failed, miss, fresh=True))
+            entry = next((e for e in entries if e.value_path[:len(path)] == path
+                          and (e.guard is None or e.guard(*flat))), None)
+            if entry is None:
+                reason = value_miss_reason(failed, miss)
+                if sum(1 for e in entries if e.value_path) >= self.max_value_entries:
+                    raise ValueGuardError(f"{reason}; {self.max_value_entries} entries were traced for the values "
+                                          "this function reads from its tensors, the most allowed: compute with tensors "
+                                          "(torch.where, masks) instead of reading so many different values")
+                self._hits -= 1
+                self._info.misses += 1
+                self._info.miss_reasons.append(reason)
+                self._warn_retrace(reason)
+                entry = compile_for(self.fn, args, kwargs, self.executors, symbolic=self._symbolic)
+                fresh = True
+                if self.cache_mode != "no caching":
+                    self._info.entries += 1
+                    self._info.value_guards.append("; ".join(c.describe() for c in entry.capture.value_checks))
+                else:
+                    entries = []
+            else:
+                entries.remove(entry)
+            if self.cache_mode != "no caching":
+                entries.insert(0, entry)  # the most recent first: the hit path tries it first
+                self._entries[key] = entries
+            self._last = entry
+            try:
+                return entry.computation(*flat)
+            except ValueGuardMiss as again:
+                failed, miss = entry, again
 
     def _miss(self, args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[Any],
               same_key: list[CompiledEntry]) -> CompiledEntry:
@@ -141,10 +210,16 @@ class JitFunction:
             previous = [e.prologue for entries in self._entries.values() for e in entries]
             reason = explain_miss(previous, [e.prologue for e in same_key], args, kwargs, flat)
         self._info.miss_reasons.append(reason)
+        self._warn_retrace(reason)
+        entry = compile_for(self.fn, args, kwargs, self.executors, symbolic=self._symbolic)
+        if entry.value_path and self.cache_mode != "no caching":
+            self._info.value_guards.append("; ".join(c.describe() for c in entry.capture.value_checks))
+        return entry
+
+    def _warn_retrace(self, reason: str) -> None:
         if self.warn_retraces_after is not None and self._info.misses > self.warn_retraces_after:
             name = getattr(self.fn, "__qualname__", repr(self.fn))
-            warnings.warn(f"minijit traced {name} again (miss {self._info.misses}): {reason}", RetraceWarning, stacklevel=4)
-        return compile_for(self.fn, args, kwargs, self.executors, symbolic=self._symbolic)
+            warnings.warn(f"minijit traced {name} again (miss {self._info.misses}): {reason}", RetraceWarning, stacklevel=5)
 
     def last_traces(self) -> list[Trace]:
         """The traces of the last call, one per pass."""

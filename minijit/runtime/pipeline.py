@@ -10,11 +10,12 @@ from typing import Any
 import torch
 
 from minijit.errors import AliasError
+from minijit.extend import resolve_executors
 from minijit.frontend import GuardEntry, interpret
 from minijit.frontend.guards import Source
 from minijit.frontend.outside import Outside
 from minijit.ir import Trace, tracing
-from minijit.ir.context import guarding_layouts, knowing_constraints, recording_constraints
+from minijit.ir.context import guarding_layouts, knowing_constraints, reading_values, recording_constraints
 from minijit.runtime.autocast import any_autocast_enabled, without_autocast
 from minijit.runtime.autograd import CompiledGrad, autograd_callable
 from minijit.runtime.call_plan import CallPlan, finish_capture
@@ -33,6 +34,13 @@ from minijit.runtime.inputs import (
     tensor_capturer,
 )
 from minijit.runtime.module import ModuleForward
+from minijit.runtime.values import (
+    ValueCheck,
+    ValueReader,
+    check_writes_after_checks,
+    restoring_rng_on_miss,
+    value_path,
+)
 from minijit.transforms import check_copies, claim_executors, dce, functionalize, write_copies_in_place
 from minijit.transforms.buffer_reuse import reuse_buffers
 from minijit.transforms.copy_analysis import CHECK_COPIES
@@ -58,6 +66,8 @@ class CaptureResult:
     declined: list[tuple[str, str]] = field(default_factory=list)
     # How each call fetches the captured tensors, replays the effects and rebuilds the result.
     call_plan: CallPlan = field(default_factory=CallPlan)
+    # The values the code read from its tensors (`if x.sum() > 0`), in order: the trace checks each.
+    value_checks: list[ValueCheck] = field(default_factory=list)
 
 
 @dataclass
@@ -82,6 +92,11 @@ class CompiledEntry:
     constraints: list[str] = field(default_factory=list)
     # The backward traces, one per pass, when the entry differentiates (else empty).
     backward_traces: list[Trace] = field(default_factory=list)
+
+    @property
+    def value_path(self) -> tuple[Any, ...]:
+        """The values this entry's trace checks, in the order the code read them (minijit.runtime.values)."""
+        return value_path(self.capture.value_checks)
 
 
 def _timed(run: Callable[[], Any], traces: list[Trace], check: TraceChecker | None) -> Any:
@@ -120,6 +135,8 @@ def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
     entry.constraints = drop_implied(constraints)
     entry.prologue = compile_prologue(entry, call, tuple(kwargs), entry.constraints)
     entry.guard = entry.prologue.guard
+    if entry.capture.value_checks and any(b.sym.effects.random for t in entry.traces for b in t.bound_symbols):
+        entry.computation = restoring_rng_on_miss(entry.computation)
     if any_autocast_enabled():
         # The trace holds the casts autocast made while it was captured; the cache key keeps
         # calls under another autocast state away from this entry.
@@ -152,7 +169,9 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
             output, found.call_plan = finish_capture(trace, _describe_function(fn), result, outside)
             return output
 
-        with tracing(trace), recording_constraints(constraints):
+        call_inputs = flat_inputs(args, kwargs, symbolic)
+        reader = ValueReader(trace, lambda: call_inputs + [t for _, _, t in found.captured_inputs], _evaluate_prefix)
+        with tracing(trace), recording_constraints(constraints), reading_values(reader):
             pargs, pkwargs = proxify_arguments(trace, fn, args, kwargs, symbolic, pinned)
             containers = snapshot_containers(fn, pargs, pkwargs)
             if isinstance(fn, ModuleForward):
@@ -168,6 +187,7 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
         found.no_grad = frozenset(trace.recorded_without_grad)
         found.declined = list(trace.declined)
         found.call_plan.captured = [(source, t) for _, source, t in found.captured_inputs]
+        found.value_checks = reader.checks
         return trace, found
 
     # The passes, in order. Each is a pure function of its input trace, which it leaves as it is;
@@ -192,6 +212,7 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
     trace = _timed(lambda: reuse_buffers(trace, executors), traces, check)
     if CHECK_COPIES:
         check_copies(trace)
+    check_writes_after_checks(trace)
 
     start = time.perf_counter()
     computation = with_synthetic_bases(bumping_versions(trace.python_callable(), trace, functionalized.mutated_inputs),
@@ -235,6 +256,7 @@ def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[An
                 t = _timed(lambda t=t: reuse_buffers(t, executors), passes, check)
             if CHECK_COPIES:
                 check_copies(t)
+            check_writes_after_checks(t)
         _timed(lambda t=t: release_dead_values(t), passes, check)
     compiled = CompiledGrad(
         forward=bumping_versions(traces[-1].python_callable(), traces[-1], mutated_inputs),
@@ -249,6 +271,16 @@ def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[An
     )
     return autograd_callable(compiled), bwd_traces, split
 
+
+
+def _evaluate_prefix(prefix: Trace, flat: list[Any]) -> Any:
+    """Run `prefix`, the part of a capture recorded so far with the proxy to read as its output, on the
+    call's real inputs (`flat`): functionalized, without its writes into inputs, by the torch executor."""
+    functional, _, aliasing = functionalize_for_call(prefix, flat, frozenset(prefix.recorded_without_grad))
+    kept = [b for b in functional.bound_symbols if not (b.sym.effects.copies and b.sym.name == "copy_to_out_")]
+    functional = dce(functional.derive(kept, pass_name="value read"))
+    functional = claim_executors(functional, resolve_executors(["torch"]))
+    return with_synthetic_bases(without_autocast(functional.python_callable()), aliasing)(*flat)
 
 
 def _describe_function(fn: Any) -> str:

@@ -31,6 +31,7 @@ from typing import Any
 from minijit.errors import CopyToOutError, where
 from minijit.ir import BoundSymbol, Proxy, TensorProxy, Trace, tree_iter
 from minijit.ir.printing import Constants
+from minijit.ops.aten_prims import is_value_check
 from minijit.transforms.memory import MemoryModel, buffer_kind, read_proxies
 
 CHECK_COPIES = os.environ.get("MINIJIT_CHECK_COPIES", "1") != "0"
@@ -102,9 +103,13 @@ def write_copies_in_place(trace: Trace, executors: Sequence[Any]) -> Trace:
     by_namespace = {ex.namespace: ex for ex in executors}
     memory = MemoryModel(trace)
     chains = _InPlaceChains(trace, by_namespace, memory)
+    # A failing value check must find the inputs unwritten (the call runs again): no write into one before it.
+    last_check = max((i for i, b in enumerate(bsyms) if is_value_check(b)), default=-1)
     for d in analyze_copies(trace, memory):
         note = f"copy: {d.reason}"
-        if d.in_place and d.producer_index is not None:
+        if d.in_place and d.producer_index is not None and d.producer_index < last_check:
+            note = f"copy: {d.computed.name} is computed before a value check (prims.check_value), which must run first"
+        elif d.in_place and d.producer_index is not None:
             producer = bsyms[d.producer_index]
             ex = by_namespace.get(producer.sym.namespace)
             replacement = ex.produce_into(producer, d.out) if ex is not None else None
@@ -112,7 +117,9 @@ def write_copies_in_place(trace: Trace, executors: Sequence[Any]) -> Trace:
                 steps = [(d.producer_index, replacement), *chains.earlier_steps(d)]
             else:
                 steps = chains.find(d)
-            if steps:
+            if steps and min(i for i, _ in steps) < last_check:
+                note = f"copy: {d.out.name} would be written before a value check (prims.check_value)"
+            elif steps:
                 for i, rep in steps:
                     bsyms[i] = rep
                 via = ""

@@ -28,7 +28,8 @@ def test_docs_ops_md_is_up_to_date():
 
 def test_every_op_is_classified_with_a_reason_where_refused():
     ops_doc = _ops_doc()
-    assert ops_doc.classify("torch", "nonzero", torch.nonzero)[0] == "refused"
+    assert ops_doc.classify("torch", "nonzero", torch.nonzero)[0] == "read"
+    assert ops_doc.classify("torch", "is_nonzero", torch.is_nonzero)[0] == "refused"
     assert ops_doc.classify("torch", "add", torch.add) == ("decomposed", "ltorch.add")
     assert ops_doc.classify("torch", "logcumsumexp", torch.logcumsumexp) == ("opaque", "")
     assert ops_doc.classify("torch.Tensor", "squeeze_", torch.Tensor.squeeze_)[0] == "refused"
