@@ -42,13 +42,15 @@ class _ComputeOnProxies(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        if func in _NOT_COMPUTING or getattr(func, "__name__", None) == "__get__" or _called_by_minijit():
+        trace = current_trace()
+        if (trace is None or trace.capture_tensor is None or func in _NOT_COMPUTING
+                or getattr(func, "__name__", None) == "__get__" or _called_by_minijit()):
             return func(*args, **kwargs)
         outside = current_state().outside
         found = {id(x) for x in tree_flatten((args, kwargs)) if _real(x) and outside.source_of(x) is not None}
         if not found:
             return func(*args, **kwargs)
-        capture = current_trace().capture_tensor
+        capture = trace.capture_tensor
         args, kwargs = tree_map(lambda x: capture(x) if id(x) in found else x, (tuple(args), kwargs))
         name = getattr(func, "__name__", None)
         if name in _TO_PYTHON:  # the proxy's own conversion: a value known only when the trace runs
@@ -70,7 +72,8 @@ def _called_by_minijit() -> bool:
     while frame is not None and frame.f_globals.get("__name__", "").startswith("torch"):
         frame = frame.f_back
     module = frame.f_globals.get("__name__", "") if frame is not None else ""
-    return module.startswith("minijit.") and not module.startswith("minijit.frontend")
+    return (module.startswith(("minijit.", "executors.")) and not module.startswith("minijit.frontend")) \
+        or module == "<minijit trace>"
 
 
 def run_native(fn: Any, *args: Any, **kwargs: Any) -> Any:
