@@ -21,6 +21,7 @@ import torch
 
 from minijit.errors import (
     AliasError,
+    DeviceError,
     FrozenValueError,
     GuardError,
     MetaError,
@@ -35,7 +36,7 @@ from minijit.runtime.module import JitModule
 from minijit.runtime.show import show, show_diff
 
 __all__ = [
-    "AliasError", "CacheInfo", "FrozenValueError", "GuardError", "MetaError", "MinijitError", "RetraceWarning",
+    "AliasError", "CacheInfo", "DeviceError", "FrozenValueError", "GuardError", "MetaError", "MinijitError", "RetraceWarning",
     "UnsupportedOpError", "UnsupportedSyntaxError", "cache_info", "jit", "last_backward_traces", "last_traces", "show",
     "show_diff",
 ]
