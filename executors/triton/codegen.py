@@ -260,8 +260,13 @@ def pow_source(exponent: float) -> str:
         return "tl.sqrt({0})"
     if exponent == -0.5:
         return "tl.rsqrt({0})"
-    # A negative base gives NaN through log2, as torch.pow does for non-integer exponents.
-    return f"tl.exp2({_literal(float(exponent))} * tl.log2({{0}}))"
+    # exp2(e * log2(|x|)), with torch's special cases written out rather than left to how the device's
+    # log2/exp2 approximations treat 0, -0 and negative inputs: NaN below 0 (a non-integer exponent),
+    # 0 ** e is 0 for e > 0 and inf for e < 0; |x| keeps log2 away from negative arguments.
+    e = float(exponent)
+    at_zero = "0.0" if e > 0 else "float('inf')"
+    return (f"tl.where({{0}} < 0, float('nan'), tl.where({{0}} == 0, {at_zero}, "
+            f"tl.exp2({_literal(e)} * tl.log2(tl.abs({{0}}) + tl.where({{0}} == 0, 1.0, 0.0)))))")
 
 
 def narrow(value: str, dtype: torch.dtype) -> str:
