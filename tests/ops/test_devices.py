@@ -132,3 +132,18 @@ def test_device_moves_have_gradients() -> None:
     x.grad = s.grad = None
     minijit.jit(f)(x, s).backward()
     torch.testing.assert_close((x.grad, s.grad), expected)
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_cuda_and_cpu_moves_have_gradients_on_cuda() -> None:
+    def f(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        y = x.cuda(non_blocking=True) * s  # s: a 0-dim CPU tensor that requires grad
+        return (y.cpu() + y.to("cpu").sin()).sum()
+
+    x, s = torch.randn(4, requires_grad=True), torch.tensor(3.0, requires_grad=True)
+    f(x, s).backward()
+    expected = x.grad.clone(), s.grad.clone()
+    x.grad = s.grad = None
+    minijit.jit(f)(x, s).backward()
+    torch.testing.assert_close((x.grad, s.grad), expected)
