@@ -21,6 +21,7 @@ import torch
 
 from minijit.errors import (
     AliasError,
+    DeviceError,
     FrozenValueError,
     GuardError,
     MetaError,
@@ -36,9 +37,9 @@ from minijit.runtime.module import JitModule
 from minijit.runtime.show import show, show_diff
 
 __all__ = [
-    "AliasError", "CacheInfo", "FrozenValueError", "GuardError", "MetaError", "MinijitError", "RetraceWarning",
-    "UnsupportedOpError", "UnsupportedSyntaxError", "ValueGuardError", "cache_info", "jit", "last_backward_traces",
-    "last_traces", "show", "show_diff",
+    "AliasError", "CacheInfo", "DeviceError", "FrozenValueError", "GuardError", "MetaError", "MinijitError",
+    "RetraceWarning", "UnsupportedOpError", "UnsupportedSyntaxError", "ValueGuardError", "cache_info", "jit",
+    "last_backward_traces", "last_traces", "show", "show_diff",
 ]
 
 

@@ -36,6 +36,11 @@ class MetaError(MinijitError):
     """An op was called with inputs it cannot accept (shapes, dtypes, devices, strides)."""
 
 
+class DeviceError(MetaError):
+    """Tensors on devices that the op cannot combine, where eager PyTorch raises too (a 0-dim CPU tensor
+    combines with any device, as a scalar)."""
+
+
 class InplaceError(MinijitError):
     """An in-place op that eager PyTorch refuses too (a leaf that requires grad, an expanded tensor)."""
 

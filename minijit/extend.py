@@ -100,8 +100,9 @@ class Executor:
         self.name = name
         self.version = version
         # The name final traces call this executor's functions through (`torchex.add`);
-        # distinct from `name` so that the torch executor does not shadow the torch module.
-        self.namespace = f"{name}ex"
+        # distinct from `name` so that the torch executor does not shadow the torch module
+        # (a name that ends in "ex" already, `my_ex`, is its own namespace).
+        self.namespace = name if name.endswith("ex") else f"{name}ex"
 
     def unavailable_reason(self) -> str | None:
         """Why this executor cannot run here (missing package, no GPU), or None if it can."""
@@ -275,6 +276,8 @@ class OperatorExecutor(Executor):
             # A prim and an ltorch op may share a name (transpose, reshape) and a trace both;
             # the printed trace calls them through one namespace, so the prim gets a prefix.
             name = f"prims_{sym.name}" if sym.namespace == "prims" and sym.name in ALL_LTORCH else sym.name
+            if isinstance(impl.fn, Symbol) and self.operators.get(impl.fn.name) is impl.fn:
+                name = impl.fn.name  # an operator of this executor runs it: the trace shows the operator
             exe = Symbol(name, sym.meta, namespace=self.namespace, is_prim=True, tags=sym.tags, fn=impl.fn,
                          effects=sym.effects)
             self._impl_symbols[sym.id] = exe

@@ -1,9 +1,12 @@
-"""The set-up contract: CI runs the README's test command on every supported Python; executors import only minijit.extend."""
+"""The set-up contract: CI runs the README's test command on every supported Python; executors import only
+minijit.extend; `import minijit` leaves torch._dynamo unimported."""
 
 import ast
+import os
 import pathlib
 import re
 import subprocess
+import sys
 import tomllib
 
 from minijit.frontend.versions import VERSIONS
@@ -51,3 +54,23 @@ def test_executors_import_only_the_plugin_api():
             if isinstance(node, ast.Import):
                 for alias in node.names:
                     assert not alias.name.startswith("minijit") or alias.name == "minijit.extend", path.name
+
+
+def test_import_minijit_does_not_import_dynamo():
+    """torch._dynamo costs about 0.9 s of a fresh process: minijit imports it only where it is used."""
+    code = "import sys, minijit; print('torch._dynamo' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.stdout.strip() == "False", out.stderr
+
+
+def test_dynamo_is_compiling_is_true_while_tracing_once_imported():
+    import torch._dynamo
+
+    import minijit
+
+    def f(x):
+        return x + 1 if torch._dynamo.is_compiling() else x - 1
+
+    x = torch.zeros(2)
+    torch.testing.assert_close(minijit.jit(f)(x), x + 1)

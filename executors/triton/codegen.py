@@ -8,6 +8,9 @@ region output is then computed by a kernel over an iteration domain:
 - a *row* kernel (when the region reduces along the last dim of tensors of shape S)
   gives each program a block of rows of S, loads whole rows and reduces them with
   `tl.sum`/`tl.max`/`tl.min`; row values (shape S[:-1]) broadcast back over the row.
+  Rows wider than `ROW_BLOCK_LIMIT` are *looped*: one pass over the row in chunks per
+  level of reductions (softmax: the max, then the sum of exp(x - max)), then one
+  pass computing and storing the outputs, so rows of any width get a kernel.
 
 A value is generated under a *projection*: for each of its dims, the iteration dim
 that indexes it (or None for a broadcast dim, index 0). `broadcast_in_dim`,
@@ -36,6 +39,9 @@ _TL = {
 }
 REDUCTIONS = {"sum": ("tl.sum", "0.0"), "amax": ("tl.max", "float('-inf')"), "amin": ("tl.min", "float('inf')")}
 REMAPS = ("broadcast_in_dim", "reshape", "squeeze", "transpose")
+# The widest row a row kernel holds whole in registers; wider rows are reduced in chunks of this many
+# elements (a power of two).
+ROW_BLOCK_LIMIT = 4096
 
 # Elementwise prims: template over the arguments' generated names, and the dtype kinds they accept.
 _F, _I, _B = "f", "i", "b"
@@ -260,8 +266,13 @@ def pow_source(exponent: float) -> str:
         return "tl.sqrt({0})"
     if exponent == -0.5:
         return "tl.rsqrt({0})"
-    # A negative base gives NaN through log2, as torch.pow does for non-integer exponents.
-    return f"tl.exp2({_literal(float(exponent))} * tl.log2({{0}}))"
+    # exp2(e * log2(|x|)), with torch's special cases written out rather than left to how the device's
+    # log2/exp2 approximations treat 0, -0 and negative inputs: NaN below 0 (a non-integer exponent),
+    # 0 ** e is 0 for e > 0 and inf for e < 0; |x| keeps log2 away from negative arguments.
+    e = float(exponent)
+    at_zero = "0.0" if e > 0 else "float('inf')"
+    return (f"tl.where({{0}} < 0, float('nan'), tl.where({{0}} == 0, {at_zero}, "
+            f"tl.exp2({_literal(e)} * tl.log2(tl.abs({{0}}) + tl.where({{0}} == 0, 1.0, 0.0)))))")
 
 
 def narrow(value: str, dtype: torch.dtype) -> str:
@@ -282,6 +293,43 @@ def _literal(x: Any) -> str:
     return repr(x)
 
 
+_NEUTRAL = {"sum": "0.0", "mean": "0.0", "var": "0.0", "amax": "float('-inf')", "amin": "float('inf')"}
+
+
+def _reductions(roots: Any) -> list[Node]:
+    """The reduce nodes the values `roots` depend on, each once, in a dependency order."""
+    seen: set[int] = set()
+    found: list[Node] = []
+
+    def visit(node: Node) -> None:
+        if id(node) in seen:
+            return
+        seen.add(id(node))
+        for a in node.args:
+            if isinstance(a, Node):
+                visit(a)
+        if node.op == "reduce":
+            if node.attrs["kind"] == "var":
+                visit(node.attrs["pair"]["mean"])
+            found.append(node)
+
+    for root in roots:
+        visit(root)
+    return found
+
+
+def _level(node: Node) -> int:
+    """How many reductions in a chain end at `node` (a looped kernel makes one pass over the row per level)."""
+    memo = node.attrs.get("_level")
+    if memo is None:
+        below = max((_level(a) for a in node.args if isinstance(a, Node)), default=0)
+        if node.op == "reduce" and node.attrs["kind"] == "var":
+            below = max(below, _level(node.attrs["pair"]["mean"]))
+        memo = below + 1 if node.op == "reduce" else below
+        node.attrs["_level"] = memo
+    return memo
+
+
 class KernelWriter:
     """Writes one kernel computing some stores over one iteration domain.
 
@@ -292,6 +340,9 @@ class KernelWriter:
     def __init__(self, domain: tuple[int, ...], row: bool, input_shapes: dict[int, tuple[int, ...]]):
         self.domain = domain
         self.row = row
+        # A looped row kernel: rows wider than ROW_BLOCK_LIMIT, visited in chunks of BLOCK_N columns.
+        self.looped = row and domain[-1] > ROW_BLOCK_LIMIT
+        self.block_n = min(ROW_BLOCK_LIMIT, next_pow2(domain[-1])) if row else 0
         self.input_shapes = input_shapes
         self.lines: list[str] = []
         self.memo: dict[tuple[int, tuple[int | None, ...]], str] = {}
@@ -384,6 +435,8 @@ class KernelWriter:
             (src,) = node.args
             if tuple(src.shape) != self.domain:
                 raise NotFusible("reductions over different shapes")
+            if self.looped:
+                raise NotFusible("a reduction the looped kernel did not plan")  # planned in `_looped_body`
             x = self.gen(src, tuple(range(len(self.domain))))
             if node.attrs["kind"] in ("var", "mean"):
                 return self._var_mean(node, x, proj)
@@ -422,17 +475,22 @@ class KernelWriter:
             return (*range(len(shape) - 1), None)
         raise NotFusible(f"an output of shape {shape} in a kernel over {self.domain}")
 
+    def _store(self, node: Node, ptr: str, dtype: torch.dtype) -> str:
+        """The line storing `node` through pointer `ptr` as `dtype` (its value's code emitted first)."""
+        proj = self.store_projection(node.shape)
+        if node.op == "cast" and node.dtype == dtype and node.args[0].shape == node.shape:
+            node = node.args[0]  # the store rounds to its dtype itself
+        value = self.gen(node, proj)
+        offset = self.index_expr(proj, [f"{ptr}_s{d}" for d in range(len(proj))])
+        cast = f"({value} != 0)" if dtype == torch.bool else narrow(value, dtype)
+        return f"tl.store({ptr} + {offset}, {cast}, mask={self.mask_for(proj)})"
+
     def source(self, kernel_name: str, stores: list[tuple[Node, str, torch.dtype]]) -> tuple[str, list[str]]:
         """The kernel's source and its parameter names; `stores` are (node, pointer name, dtype)."""
-        body: list[str] = []
-        for node, ptr, dtype in stores:
-            proj = self.store_projection(node.shape)
-            if node.op == "cast" and node.dtype == dtype and node.args[0].shape == node.shape:
-                node = node.args[0]  # the store rounds to its dtype itself
-            value = self.gen(node, proj)
-            offset = self.index_expr(proj, [f"{ptr}_s{d}" for d in range(len(proj))])
-            cast = f"({value} != 0)" if dtype == torch.bool else narrow(value, dtype)
-            body.append(f"tl.store({ptr} + {offset}, {cast}, mask={self.mask_for(proj)})")
+        if self.looped:
+            body = self._looped_body(stores)
+        else:
+            body = [self._store(node, ptr, dtype) for node, ptr, dtype in stores]
         params = [f"in{i}" for i in sorted(self.used_inputs)] + [p for _, p, _ in stores]
         strides = [f"in{i}_s{d}" for i in sorted(self.used_inputs) for d in range(len(self.input_shapes[i]))]
         strides += [f"{p}_s{d}" for n, p, _ in stores for d in range(len(n.shape))]
@@ -441,17 +499,79 @@ class KernelWriter:
         lines = head + ["    " + line for line in idx + self.lines + body]
         return "@triton.jit\n" + "\n".join(lines) + "\n", [*params, *strides]
 
+    def _chunk_lines(self, start: str) -> list[str]:
+        """The column index and mask of the chunk of each row that starts at column `start`."""
+        return [f"cols = {start} + tl.arange(0, BLOCK_N)[None, :]", f"mask = rmask & (cols < {self.domain[-1]})",
+                f"i{len(self.domain) - 1} = cols"]
+
+    def _looped_body(self, stores: list[tuple[Node, str, torch.dtype]]) -> list[str]:
+        """A looped row kernel's code after its index lines: per level of reductions, a loop over the row's
+        chunks accumulating them; then the row-shaped stores; then a loop computing and storing the rest."""
+        body: list[str] = []
+        levels: dict[int, list[Node]] = {}
+        for node in _reductions(n for n, _, _ in stores):
+            levels.setdefault(_level(node), []).append(node)
+        row = tuple(range(len(self.domain) - 1))
+        full = tuple(range(len(self.domain)))
+        for level in sorted(levels):
+            finals: list[str] = []
+            step: list[str] = []
+            self.lines, kept = step, dict(self.memo)
+            for node in levels[level]:
+                x = self.gen(node.args[0], full)
+                acc = self.fresh()
+                body.append(f"{acc} = tl.full([BLOCK_M, 1], {_NEUTRAL[node.attrs['kind']]}, "
+                            f"{compute_dtype(node.args[0].dtype)})")
+                kind_ = node.attrs["kind"]
+                self.ops.append(kind_)
+                if kind_ in ("sum", "mean"):
+                    step.append(f"{acc} += tl.sum(tl.where(mask, {x}, 0.0), axis=1, keep_dims=True)")
+                    if kind_ == "mean":
+                        finals.append(f"{acc} = {acc} / {self.domain[-1]}")
+                elif kind_ == "var":
+                    mean = kept[(id(node.attrs["pair"]["mean"]), row)]
+                    diff = self.fresh()
+                    step.append(f"{diff} = tl.where(mask, {x} - {mean}, 0.0)")
+                    step.append(f"{acc} += tl.sum({diff} * {diff}, axis=1, keep_dims=True)")
+                    finals.append(f"{acc} = {acc} / {_literal(self.domain[-1] - node.attrs['correction'])}")
+                else:  # amax, amin: NaN wins, as in torch
+                    fn, neutral = REDUCTIONS[kind_]
+                    pick = "tl.maximum" if kind_ == "amax" else "tl.minimum"
+                    nans = self.fresh()
+                    body.append(f"{nans} = tl.zeros([BLOCK_M, 1], tl.int32)")
+                    step.append(f"{acc} = {pick}({acc}, {fn}(tl.where(mask, {x}, {neutral}), axis=1, keep_dims=True))")
+                    step.append(f"{nans} += tl.sum(tl.where(mask & ({x} != {x}), 1, 0), axis=1, keep_dims=True)")
+                    finals.append(f"{acc} = tl.where({nans} > 0, float('nan'), {acc})")
+                kept[(id(node), row)] = acc
+            body += self._loop(step) + finals
+            self.memo = kept  # values inside the loop were per chunk; the accumulated rows stay
+        self.lines = body
+        for node, ptr, dtype in stores:
+            if self.store_projection(node.shape) != full:
+                body.append(self._store(node, ptr, dtype))
+        kept, step = dict(self.memo), []
+        self.lines = step
+        step += [self._store(node, ptr, dtype) for node, ptr, dtype in stores
+                 if self.store_projection(node.shape) == full]
+        self.memo = kept
+        self.lines = []
+        return body + (self._loop(step) if step else [])
+
+    def _loop(self, step: list[str]) -> list[str]:
+        """`step` run for each chunk of the rows."""
+        inner = self._chunk_lines("start") + step
+        return [f"for start in range(0, {self.domain[-1]}, BLOCK_N):"] + ["    " + line for line in inner]
+
     def _index_lines(self) -> list[str]:
         dom = self.domain
         if self.row:
             n_rows = math.prod(dom[:-1])
             lines = [
                 "rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]",
-                "cols = tl.arange(0, BLOCK_N)[None, :]",
                 f"rmask = rows < {n_rows}",
-                f"mask = rmask & (cols < {dom[-1]})",
-                f"i{len(dom) - 1} = cols",
             ]
+            if not self.looped:
+                lines += self._chunk_lines("0")
             inner = 1
             for d in reversed(range(len(dom) - 1)):
                 lines.append(f"i{d} = (rows // {inner}) % {dom[d]}")

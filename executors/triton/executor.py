@@ -33,9 +33,6 @@ from executors.triton.codegen import (
 )
 from minijit.extend import BoundSymbol, FusionExecutor, Proxy, Region, TensorProxy
 
-# Rows longer than this are left to torch: a row kernel keeps a whole row in registers.
-MAX_ROW = 16384
-
 
 def interpreting() -> bool:
     """Whether Triton runs kernels through its CPU interpreter (TRITON_INTERPRET=1)."""
@@ -85,7 +82,7 @@ class _Kernel:
         dom = writer.domain
         budget = 1 << 16 if interpreting() else 4096
         if writer.row:
-            self.block_n = next_pow2(dom[-1])
+            self.block_n = writer.block_n  # the whole row, or a chunk of a looped one
             n_rows = math.prod(dom[:-1])
             self.block_m = max(1, min(next_pow2(n_rows), budget // self.block_n))
             self.grid = (max(1, -(-n_rows // self.block_m)),)
@@ -227,7 +224,7 @@ class TritonExecutor(FusionExecutor):
                 return False
             dims = tuple(bsym.args[1]) if len(bsym.args) > 1 else tuple(bsym.kwargs.get("dims", ()))
             return (x.dtype in FLOATS and x.ndim >= 1 and tuple(d % x.ndim for d in dims) == (x.ndim - 1,)
-                    and 0 < x.shape[-1] <= MAX_ROW)
+                    and 0 < x.shape[-1])
         if name in REMAPS:
             return remap_dims(bsym) is not None
         return True

@@ -23,6 +23,7 @@ from minijit.errors import MinijitError, UnsupportedSyntaxError
 from minijit.frontend.code import ASYNC_FLAGS, Inst, binder_for, code_info
 from minijit.frontend.frame import GENERATOR, NULL, RETURN, YIELD, Frame, State, current_state, new_interpretation
 from minijit.frontend.guards import GuardEntry, Source
+from minijit.frontend.lookasides import add_dynamo_lookasides
 from minijit.frontend.outside import Outside, check_no_proxy_left
 from minijit.frontend.versions import GENERATOR_CONVERTS_STOPITERATION, RUNNING
 from minijit.ir import Proxy, current_trace
@@ -400,6 +401,7 @@ def interpret(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
         with tracing(trace):
             out = interpret(f, (x_proxy,), {}, guards=guards)
     """
+    add_dynamo_lookasides()
     with new_interpretation(handled=sys.exc_info()[1]) as state:
         return _interpret(state, fn, args, kwargs, guard_roots, finish, placed, keyed, guards)
 

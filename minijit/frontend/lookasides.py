@@ -525,8 +525,18 @@ def _not_dynamo(*args: Any, **kwargs: Any) -> bool:
 LOOKASIDES[torch.compiler.is_compiling] = _compiling
 LOOKASIDES[torch.compiler.is_dynamo_compiling] = _not_dynamo
 LOOKASIDES[torch._utils.is_compiling] = _compiling
-if hasattr(torch, "_dynamo"):
-    LOOKASIDES[torch._dynamo.is_compiling] = _compiling
+
+
+def add_dynamo_lookasides() -> None:
+    """Look aside `torch._dynamo.is_compiling` once something has imported torch._dynamo.
+
+    minijit does not import it itself (about 0.9 s of a fresh process); code can call it
+    only after importing it, so checking before each capture is enough.
+    """
+    dynamo = sys.modules.get("torch._dynamo")
+    is_compiling = getattr(dynamo, "is_compiling", None)
+    if is_compiling is not None and is_compiling not in LOOKASIDES:
+        LOOKASIDES[is_compiling] = _compiling
 
 
 @lookaside(torch.clear_autocast_cache)

@@ -171,6 +171,9 @@ class Trace:
             # these values as constants, as eager autograd would.
             self.recorded_without_grad.update(p.name for p in tree_iter(output) if isinstance(p, Proxy))
         bsym = BoundSymbol(sym, args, kwargs, output, tuple(subsymbols), self.source)
+        if not torch.is_grad_enabled():
+            # An op that writes its arguments and returns nothing (torch._fused_adam_) names what it wrote.
+            self.recorded_without_grad.update(p.name for p in bsym.written())
         if (sym.is_prim and len(self._scopes) > 1 and not sym.effects.random
                 and any(isinstance(x, NumberProxy) for x in tree_iter(output))):
             # Arithmetic on symbolic sizes goes to the top level even inside a decomposition:

@@ -87,9 +87,22 @@ class _Recorder:
             def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
                 kwargs = kwargs or {}
                 calls.append((func, args, kwargs))
-                return func(*args, **kwargs)
+                try:
+                    return func(*args, **kwargs)
+                except NotImplementedError:
+                    if not _only_writes(func):
+                        raise
+                    # No meta kernel (torch._fused_sgd_), but nothing to describe: the op returns nothing
+                    # and its effects are the writes its schema declares, which `_written_by` reads.
+                    return None
 
         self.mode = Mode()
+
+
+def _only_writes(func: Any) -> bool:
+    """Whether an ATen operator returns nothing and writes some of its arguments (its schema says so)."""
+    schema = func._schema
+    return not schema.returns and any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
 
 
 # Torch callables whose result depends on the argument's layout in memory, not only its values.

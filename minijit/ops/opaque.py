@@ -52,7 +52,7 @@ from typing import Any
 import torch
 from torch._library.custom_ops import CustomOpDef
 
-from minijit.errors import DataDependentShapeError, MinijitError, UnsupportedOpError
+from minijit.errors import DataDependentShapeError, DeviceError, MinijitError, UnsupportedOpError
 from minijit.ir import Effects, Symbol, TensorProxy, current_trace, tree_flatten, tree_map
 from minijit.ir.context import value_reader, where_now
 from minijit.ir.proxies import TENSOR_METHOD_FALLBACKS, TENSOR_METHODS
@@ -125,6 +125,9 @@ def _into_out(sym: Symbol, args: tuple[Any, ...] | list[Any], kwargs: dict[str, 
     if len(targets) != len(results):
         raise UnsupportedOpError(f"{sym.id} with {len(targets)} out= tensors for {len(results)} results{where_now()}")
     for target, value in zip(targets, results, strict=True):
+        if target.device != value.device:
+            raise DeviceError(f"{sym.id}: expected the out= tensor on {value.device}, the result's device, got "
+                              f"{target.device}{where_now()}")
         if tuple(target.shape) != tuple(value.shape) or target.device != value.device or not torch.can_cast(
                 value.dtype, target.dtype):
             raise UnsupportedOpError(f"{sym.id} with out= {target.type_string()} for a result {value.type_string()}"

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from minijit.errors import MetaError, UnsupportedOpError
+from minijit.errors import DeviceError, MetaError, UnsupportedOpError
 from minijit.ir import FloatProxy, IntegerProxy, NumberProxy, TensorProxy
 from minijit.ir.context import where_now
 from minijit.ops import prims
@@ -100,15 +100,46 @@ def to_dtype(x: Any, dtype: torch.dtype) -> Any:
     return x
 
 
+def is_cpu_scalar(x: Any) -> bool:
+    """True for a 0-dim CPU tensor, which eager reads as a scalar next to tensors of any device."""
+    return isinstance(x, TensorProxy) and x.ndim == 0 and x.device.type == "cpu"
+
+
+def common_device(op: str, tensors: Sequence[TensorProxy]) -> torch.device:
+    """The device of an elementwise op's result on `tensors`, by eager's rule: all on one device, except that
+    0-dim CPU tensors go with any device; a DeviceError naming the op and the user's line otherwise."""
+    device = None
+    for t in tensors:
+        if is_cpu_scalar(t):
+            continue
+        if device is None:
+            device = t.device
+        elif t.device != device:
+            raise DeviceError(f"{op}: expected all tensors on one device, got {device} and {t.device} (only a "
+                              f"0-dim CPU tensor combines with tensors on another device){where_now()}")
+    return device if device is not None else tensors[0].device
+
+
+def to_device(x: Any, device: torch.device) -> Any:
+    """`x` moved to `device` with `prims.device_put` where it is a tensor elsewhere (numbers unchanged)."""
+    if isinstance(x, TensorProxy) and x.device != device:
+        return prims.device_put(x, device)
+    return x
+
+
 def elementwise(prim: Any, *args: Any, compute_dtype: torch.dtype | None = None,
                 out_dtype: torch.dtype | None = None) -> TensorProxy:
-    """Promote, broadcast and call an elementwise prim, then cast to `out_dtype` if given."""
+    """Promote, broadcast and call an elementwise prim, then cast to `out_dtype` if given.
+
+    A 0-dim CPU tensor next to tensors on another device is moved to theirs first (eager reads it as a scalar).
+    """
     tensors = [a for a in args if isinstance(a, TensorProxy)]
     dtype = compute_dtype if compute_dtype is not None else result_dtype(*args)
     shape = broadcast_shapes(*(t.shape for t in tensors))
     if not tensors:
         raise MetaError(f"{prim.id} needs a tensor argument{where_now()}")
-    converted = [expand_to(to_dtype(a, dtype), shape) for a in args]
+    device = common_device(prim.name, tensors)
+    converted = [expand_to(to_dtype(to_device(a, device), dtype), shape) for a in args]
     out = prim(*converted)
     return to_dtype(out, out_dtype) if out_dtype is not None else out
 

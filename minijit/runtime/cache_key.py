@@ -11,6 +11,7 @@ one hash (docs/design.md, lessons). What goes into it is the list of checks of
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -69,6 +70,27 @@ def _make_positional_tensor_key(arity: int, symbolic: bool = False) -> Any:
     key = env["key"]
     key.__minijit_source__ = source
     return key
+
+
+def exact_tensor_check(args: tuple[Any, ...]) -> Callable[..., bool] | None:
+    """A check, run in C, that a call passes plain tensors with exactly the metadata of `args`: type, sizes,
+    strides, dtype, device, requires_grad and dispatch keys (these include autocast's thread-local keys).
+
+    A call it accepts has the cache key of `args` (grad mode apart, which the caller checks; `args` must
+    come from a call made with autocast off): the hit path tries it before computing a key. It is
+    torch's tensor check for Dynamo's guards (`torch._C._dynamo.guards`, a C module that does not import
+    torch._dynamo); None where torch lacks it or `args` are not all plain tensors.
+    """
+    if not 0 < len(args) < 16 or any(type(a) is not Tensor for a in args):
+        return None
+    try:
+        from torch._C._dynamo.guards import TensorGuards
+
+        guards = TensorGuards(*args, dynamic_dims_sizes=[list(a.shape) for a in args],
+                              dynamic_dims_strides=[list(a.stride()) for a in args])
+    except (ImportError, TypeError, RuntimeError):
+        return None
+    return guards.check
 
 
 # Key functions for calls with 0 to 15 positional tensors, by arity, for each cache mode.

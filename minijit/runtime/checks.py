@@ -400,9 +400,14 @@ class Prologue:
         # A keyword's name is checked by calling `check_call` with it: its test is "True", left out.
         key_tests = [t for c in checks if c.keyed and (t := c.test(env)) != "True"]
         guard_tests = [c.test(env) for c in checks if not c.keyed]
+        # A call with exactly the sizes of the call that made the entry meets its constraints (on symbolic
+        # sizes): `exact_guard` leaves them out (the hit path's exact check, minijit.runtime.cache_key).
+        exact_tests = [c.test(env) for c in checks if not c.keyed and c.aspect != "constraint"]
         source = _function("check_call", params, key_tests, "# The checks the cache key makes (a dict lookup on a hit).")
         if guard_tests:
             source += "\n\n" + self._guard_source(guard_tests)
+        if exact_tests and exact_tests != guard_tests:
+            source += "\n\n" + self._guard_source(exact_tests, "exact_guard", "the call that made the entry's sizes")
         if value_guards:
             source += ("\n\n# Checked by the trace itself, where the code read them (prims.check_value); another value\n"
                        "# runs the call again with its own entry:\n" + "\n".join(f"#   {g}" for g in value_guards) + "\n")
@@ -410,18 +415,20 @@ class Prologue:
         exec(compile(source, f"<minijit prologue {name}>", "exec"), env)
         self.check_call: Callable[..., bool] = env["check_call"]
         self.guard: Callable[..., bool] | None = env.get("guard")
+        self.exact_guard: Callable[..., bool] | None = env.get("exact_guard") if exact_tests != guard_tests else self.guard
         if self.guard is not None:
             self.guard.__minijit_source__ = source  # type: ignore[attr-defined]
 
-    def _guard_source(self, tests: list[str]) -> str:
+    def _guard_source(self, tests: list[str], name: str = "guard", sizes: str = "") -> str:
         """`def guard(inputs)`: fetch the tensors captured from outside, then `tests`."""
         body = "\n            and ".join(tests)
         # Read each input's shape once: `x.shape` costs more than indexing the tuple it gives.
         shaped = [n for n in self.inputs if f"{n}.shape[" in body]
         for n in shaped:
             body = body.replace(f"{n}.shape[", f"{n}_shape[")
-        lines = [f"def guard({', '.join(self.inputs)}):",
-                 "    # The checks the cache key cannot make, run on a hit after the key matched."]
+        lines = [f"def {name}({', '.join(self.inputs)}):",
+                 "    # The checks the cache key cannot make, run on a hit after the key matched"
+                 + (f", for {sizes}." if sizes else ".")]
         lines += [f"    {n}_shape = {n}.shape" for n in shaped]
         if self.captured:
             lines.append("    try:")

@@ -15,13 +15,19 @@ import torch
 from minijit.errors import MinijitError, ValueGuardError, ValueGuardMiss
 from minijit.extend import Executor, get_executor, resolve_executors
 from minijit.ir import Trace
-from minijit.runtime.cache_key import POSITIONAL_TENSOR_KEYS, POSITIONAL_TENSOR_SYMBOLIC_KEYS, cache_key
+from minijit.runtime.cache_key import (
+    POSITIONAL_TENSOR_KEYS,
+    POSITIONAL_TENSOR_SYMBOLIC_KEYS,
+    cache_key,
+    exact_tensor_check,
+)
 from minijit.runtime.explain import explain_miss
 from minijit.runtime.inputs import flat_inputs
 from minijit.runtime.pipeline import CompiledEntry, compile_for
 from minijit.runtime.values import value_miss_reason
 
 Tensor = torch.Tensor
+is_grad_enabled = torch.is_grad_enabled
 
 CACHE_MODES = ("constant values", "symbolic values", "no caching")
 # The most cache entries under one key told apart by values read from tensors (`if x.sum() > 0`).
@@ -94,6 +100,7 @@ class JitFunction:
         self._last: CompiledEntry | None = None
         # The most entries one key may have that differ by the values read from tensors (then an error).
         self.max_value_entries = MAX_VALUE_ENTRIES
+        self._last_grad = True  # the grad mode of the last call's key
         functools.update_wrapper(self, fn)
 
     def __reduce__(self) -> str | tuple[Any, ...]:
@@ -116,9 +123,18 @@ class JitFunction:
         return {"executors": executors, "cache": self.cache_mode, "warn_retraces_after": self.warn_retraces_after}
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        # The hit path for the common call, plain tensors passed positionally: one compiled key
-        # function, one dict lookup, the entry's guard if it has one, and the compiled trace,
-        # which takes the arguments as they are.
+        # The hit path for the common call, plain tensors passed positionally. First, the last entry's
+        # exact check (one C call over the tensors' metadata, which implies the key) with grad mode;
+        # else one compiled key function and one dict lookup. Then the entry's guard if it has one,
+        # and the compiled trace, which takes the arguments as they are.
+        last = self._last
+        if (not kwargs and last is not None and len(args) == last.exact_arity and is_grad_enabled() is self._last_grad
+                and last.exact_check(*args) and (last.exact_guard is None or last.exact_guard(*args))):
+            self._hits += 1
+            try:
+                return last.computation(*args)
+            except ValueGuardMiss as miss:
+                return self._value_miss(last, miss, args, kwargs)
         if not kwargs and len(args) < 16:
             key = self._keys[len(args)](*args)
             if key is not None:
@@ -127,7 +143,7 @@ class JitFunction:
                     entry = entries[0]  # other entries under this key: the general path tries them
                     if entry.guard is None or entry.guard(*args):
                         self._hits += 1
-                        self._last = entry
+                        self._last, self._last_grad = entry, key[0]
                         try:
                             return entry.computation(*args)
                         except ValueGuardMiss as miss:
@@ -149,7 +165,9 @@ class JitFunction:
             if self.cache_mode != "no caching":
                 self._entries.setdefault(key, []).append(entry)
                 self._info.entries += 1
-        self._last = entry
+                if not kwargs and not key[1]:  # made with autocast off: see exact_tensor_check
+                    self._set_exact_check(entry, args)
+        self._last, self._last_grad = entry, key[0]
         try:
             return entry.computation(*flat)
         except ValueGuardMiss as miss:
@@ -200,6 +218,13 @@ class JitFunction:
                 return entry.computation(*flat)
             except ValueGuardMiss as again:
                 failed, miss = entry, again
+
+    @staticmethod
+    def _set_exact_check(entry: CompiledEntry, args: tuple[Any, ...]) -> None:
+        check = exact_tensor_check(args)
+        if check is not None:
+            entry.exact_check, entry.exact_arity = check, len(args)
+            entry.exact_guard = entry.prologue.exact_guard if entry.prologue is not None else entry.guard
 
     def _miss(self, args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[Any],
               same_key: list[CompiledEntry]) -> CompiledEntry:

@@ -92,6 +92,11 @@ class CompiledEntry:
     constraints: list[str] = field(default_factory=list)
     # The backward traces, one per pass, when the entry differentiates (else empty).
     backward_traces: list[Trace] = field(default_factory=list)
+    # The hit path's first try (minijit.runtime.cache_key.exact_tensor_check): True for plain tensors with
+    # exactly the metadata of the call that made the entry; set by the runtime where such a check exists.
+    exact_check: Callable[..., bool] | None = None
+    exact_arity: int = -1
+    exact_guard: Callable[..., bool] | None = None  # the guard for such a call (the prologue's exact_guard)
 
     @property
     def value_path(self) -> tuple[Any, ...]:

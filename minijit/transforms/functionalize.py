@@ -197,7 +197,7 @@ class _Functionalizer:
                 f"{op.sym.id}{where(op.source)} writes in place into {base.name}, a tensor the function did not "
                 "receive and minijit could not trace back to where it lives outside the call; pass it as an "
                 "argument, or read it from a global, closure or attribute")
-        under_no_grad = any(p.name in self.no_grad for p in op.proxy_outputs())
+        under_no_grad = any(p.name in self.no_grad for p in (*op.proxy_outputs(), *op.written()))
         if self.grad_enabled and id(base) in self.leaves and not under_no_grad:
             what = "a view of a leaf Variable" if base is not dst else "a leaf Variable"
             raise InplaceError(f"{op.sym.id}{where(op.source)}: {what} that requires grad is being used in an "

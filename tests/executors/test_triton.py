@@ -63,6 +63,9 @@ UNARY = {
     "expm1": lambda x: x.expm1(), "expm1_small": lambda x: (x * 1e-4).expm1(),
     "pow_int": lambda x: x.pow(3), "pow_neg_int": lambda x: (x.abs() + 0.5).pow(-2), "pow_half": lambda x: x.abs().pow(0.5),
     "pow_frac": lambda x: x.pow(1.5), "pow_zero": lambda x: x.pow(0),
+    # Zeros and negative bases with fractional exponents: 0, inf and NaN exactly where torch gives them.
+    "pow_frac_at_zero": lambda x: x.clamp(min=0).pow(1.5), "pow_neg_frac_at_zero": lambda x: x.clamp(min=0).pow(-1.5),
+    "pow_neg_frac": lambda x: x.pow(-0.75),
 }
 BINARY = {
     "add": lambda x, y: x + y, "sub": lambda x, y: x - y, "mul": lambda x, y: x * y,

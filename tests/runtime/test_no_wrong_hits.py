@@ -40,3 +40,45 @@ def test_random_calls_match_eager(cache):
         assert info.hits == 0
     else:
         assert info.hits > 0 and info.entries == info.misses
+
+
+def _scaled_sum(x, y):
+    # The trace holds sizes, dtype and device as constants: a wrong hit shows.
+    return ((x * SCALE + y).sum(dim=-1) + torch.zeros(x.shape[0], dtype=x.dtype, device=x.device)).to(x.dtype)
+
+
+SCALE = 2.0
+
+
+@pytest.mark.parametrize("cache", ["constant values", "symbolic values"])
+def test_the_exact_check_of_the_hit_path_misses_no_change(cache):
+    """The hit path first tries the last entry's exact check of the tensors' metadata: calls that change
+    what the trace depends on right after a hit still get eager's results (and grad mode, autocast, a
+    global the code read, aliasing and tensor subclasses are told apart)."""
+    global SCALE
+    jf = minijit.jit(_scaled_sum, cache=cache)
+    x, y = torch.randn(2, 3), torch.randn(2, 3)
+    calls = [
+        lambda: (x, y), lambda: (x, y), lambda: (x.double(), y.double()), lambda: (x, y),
+        lambda: (x.t().contiguous().t(), y), lambda: (torch.randn(4, 3), torch.randn(4, 3)), lambda: (x, y),
+        lambda: (x.requires_grad_(True), y), lambda: (x.detach(), y), lambda: (x, x),
+        lambda: (torch.nn.Parameter(x.detach()), y), lambda: (x.detach(), y), lambda: (x.to("meta"), y.to("meta")),
+    ]
+    def check(args):
+        want, have = _scaled_sum(*args), jf(*args)
+        torch.testing.assert_close(have, want)
+        assert (have.dtype, have.device, have.requires_grad) == (want.dtype, want.device, want.requires_grad)
+
+    for make in calls:
+        args = make()
+        check(args)  # right after a plain call with the previous arguments
+        with torch.no_grad():
+            check(args)
+        check(args)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            check(args)
+        check(args)
+    x = x.detach()
+    for SCALE in (2.0, 3.0, 2.0):
+        torch.testing.assert_close(jf(x, y), _scaled_sum(x, y))
+    assert minijit.cache_info(jf).hits > 0

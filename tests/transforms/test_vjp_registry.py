@@ -76,4 +76,4 @@ def test_an_operator_executor_is_never_taken_for_a_fusion_executor_by_its_method
     jf = minijit.jit(lambda a: a.sin() * 2, executors=[ex])
     a = torch.randn(4)
     torch.testing.assert_close(jf(a), a.sin() * 2)
-    assert "helpfulexex.sin" in minijit.last_traces(jf)[-1].python()
+    assert "helpfulex.sin" in minijit.last_traces(jf)[-1].python()

@@ -27,7 +27,11 @@ def _tensor(op: str, x: Any) -> TensorProxy:
 def _device(device: Any, default: torch.device | None = None) -> torch.device:
     if device is None:
         return default if default is not None else torch.get_default_device()
-    return device if isinstance(device, torch.device) else torch.device(device)
+    device = device if isinstance(device, torch.device) else torch.device(device)
+    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
+        # Eager's tensors made on "cuda" are on the current device, "cuda:0" by default.
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def _same_device(a: torch.device, b: torch.device) -> bool:
@@ -91,6 +95,20 @@ def to(input: TensorProxy, *args: Any, **kwargs: Any) -> TensorProxy:  # noqa: A
         # A same-dtype conversion is a new tensor (the executors copy), as copy=True asks.
         out = prims.convert_element_type(input, input.dtype)
     return out
+
+
+@ltorch_op(torch_fns=[torch.Tensor.cpu], methods=["cpu"])
+def cpu(input: TensorProxy, memory_format: Any = None) -> TensorProxy:  # noqa: A002
+    """Tensor.cpu(): the tensor on the CPU (itself if it is there)."""
+    return convert("cpu", _tensor("cpu", input), None, torch.device("cpu"))
+
+
+@ltorch_op(torch_fns=[torch.Tensor.cuda], methods=["cuda"])
+def cuda(input: TensorProxy, device: Any = None, non_blocking: bool = False,  # noqa: A002
+         memory_format: Any = None) -> TensorProxy:
+    """Tensor.cuda(device=None, non_blocking=False): the tensor on that CUDA device (the current one by default)."""
+    target = _device(torch.device("cuda", device) if type(device) is int else device or "cuda")
+    return convert("cuda", _tensor("cuda", input), None, target)
 
 
 def _declare_cast(name: str, dtype: torch.dtype) -> Any:

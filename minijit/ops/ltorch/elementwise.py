@@ -11,7 +11,16 @@ from minijit.ir import TensorProxy
 from minijit.ir.context import where_now
 from minijit.ops import prims
 from minijit.ops.registry import ALL_LTORCH, ltorch_op
-from minijit.ops.utils import broadcast_shapes, elementwise, expand_to, float_dtype, result_dtype, to_dtype
+from minijit.ops.utils import (
+    broadcast_shapes,
+    common_device,
+    elementwise,
+    expand_to,
+    float_dtype,
+    result_dtype,
+    to_device,
+    to_dtype,
+)
 
 # Other names torch gives an op (torch.greater is torch.gt), as functions and Tensor methods.
 _ALIASES = {
@@ -174,8 +183,9 @@ def where(condition: TensorProxy, input: Any, other: Any) -> TensorProxy:  # noq
         raise MetaError(f"where: expected a bool condition tensor, got {got}{where_now()}")
     dtype = result_dtype(input, other)
     shape = broadcast_shapes(*(t.shape for t in (condition, input, other) if isinstance(t, TensorProxy)))
-    args = [expand_to(to_dtype(x, dtype), shape) for x in (input, other)]
-    cond = expand_to(to_dtype(condition, torch.bool), shape)
+    device = common_device("where", [t for t in (condition, input, other) if isinstance(t, TensorProxy)])
+    args = [expand_to(to_dtype(to_device(x, device), dtype), shape) for x in (input, other)]
+    cond = expand_to(to_dtype(to_device(condition, device), torch.bool), shape)
     return prims.where(cond, *args)
 
 

@@ -12,13 +12,13 @@ from typing import Any
 
 import torch
 
-from minijit.errors import MetaError, UnsupportedOpError
+from minijit.errors import DeviceError, MetaError, UnsupportedOpError
 from minijit.ir import TENSOR_METHODS, Effects, TensorProxy
 from minijit.ir.context import where_now
 from minijit.ops import prims
 from minijit.ops.ltorch.indexing import indexed_update
 from minijit.ops.registry import ALL_LTORCH, ltorch_op
-from minijit.ops.utils import expand_to, to_dtype
+from minijit.ops.utils import expand_to, to_device, to_dtype
 
 INPLACE = Effects(writes=(0,))  # writes into its first argument
 
@@ -34,6 +34,9 @@ def write_into(target: TensorProxy, value: Any, op: str) -> TensorProxy:
             raise MetaError(f"ltorch.{op}: result type {value.dtype} can't be cast to the desired output type "
                             f"{target.dtype} of the tensor written in place{where_now()}")
         _check_broadcasts(op, value, target)
+        if value.device != target.device:
+            raise DeviceError(f"ltorch.{op}: the result is on {value.device} but the tensor written in place is on "
+                              f"{target.device}{where_now()}")
         value = expand_to(to_dtype(value, target.dtype), target.shape)
     else:
         value = prims.full(target.shape, value, dtype=target.dtype, device=target.device)
@@ -127,7 +130,7 @@ def copy_(a: TensorProxy, src: Any, non_blocking: bool = False) -> TensorProxy:
     if not isinstance(src, TensorProxy):
         raise MetaError(f"ltorch.copy_: expects a tensor source, got {type(src).__name__}{where_now()}")
     _check_broadcasts("copy_", src, a)
-    return prims.copy_(expand_to(to_dtype(src, a.dtype), a.shape), a)
+    return prims.copy_(expand_to(to_dtype(to_device(src, a.device), a.dtype), a.shape), a)
 
 
 @ltorch_op(torch_fns=[torch.Tensor.zero_, torch.zero_], methods=["zero_"], effects=INPLACE)
@@ -143,7 +146,7 @@ def fill_(a: TensorProxy, value: Any) -> TensorProxy:
         if value.ndim != 0:
             raise MetaError(f"ltorch.fill_: only supports a 0-dimensional value tensor, got shape "
                             f"{list(value.shape)}{where_now()}")
-        return prims.copy_(expand_to(to_dtype(value, a.dtype), a.shape), a)
+        return prims.copy_(expand_to(to_dtype(to_device(value, a.device), a.dtype), a.shape), a)
     return prims.copy_(prims.full(a.shape, value, dtype=a.dtype, device=a.device), a)
 
 
