@@ -39,7 +39,7 @@ from minijit.ir.rewrite import ProxyMap, replay_bsym
 from minijit.ops import prims
 from minijit.ops.registry import ALL_LTORCH, EAGER_IMPLS
 from minijit.ops.strides import eager_layout, only_splits
-from minijit.ops.utils import expand_to
+from minijit.ops.utils import expand_to, shape_arg
 
 # (view bsym, its output, current value of its input, new value of its output) -> new value of its input
 ScatterRule = Callable[[BoundSymbol, Proxy, TensorProxy, TensorProxy], TensorProxy]
@@ -340,8 +340,11 @@ def _views_any_layout(step: BoundSymbol, out: Proxy) -> bool:
         return True
     if step.sym.name == "getitem":  # ints, slices, None, Ellipsis: basic indexing, always a view
         return not any(isinstance(a, TensorProxy) and a is not viewed for a in tree_flatten((step.args, step.kwargs)))
-    return step.sym.name in _RESHAPES and isinstance(viewed, TensorProxy) and \
-        only_splits(tuple(viewed.shape), tuple(out.shape))
+    if step.sym.name not in _RESHAPES or not isinstance(viewed, TensorProxy):
+        return False
+    # The shape as given (a -1 in it stands for what is left of the dimension it splits).
+    requested = shape_arg(step.args[1:]) if step.sym.name == "reshape" and not step.kwargs else tuple(out.shape)
+    return only_splits(tuple(viewed.shape), requested)
 
 
 def _eager_impl(bsym: BoundSymbol) -> Any:

@@ -205,3 +205,22 @@ def test_specialised_where_torch_specialises() -> None:
         torch.testing.assert_close(jf(x), F.interpolate(x, scale_factor=2.0))
     info = minijit.cache_info(jf)
     assert (info.misses, info.hits) == (2, 1), str(info)
+
+
+def test_writes_through_views_of_computed_tensors_keep_sizes_symbolic() -> None:
+    """Basic indexing and reshapes that only split dims view any layout: no need to pin a computed tensor's sizes."""
+
+    def f(x):
+        y = torch.relu(x)
+        z = y[:, None].flatten(2)
+        z.mul_(2)
+        w = (x + 1).reshape(x.shape[0], 2, -1)
+        w.add_(1)
+        return y, z, w
+
+    jf = minijit.jit(f, cache="symbolic values")
+    for n, d in [(2, 4), (3, 6), (5, 8)]:
+        x = torch.randn(n, d)
+        for have, want in zip(jf(x), f(x), strict=True):
+            torch.testing.assert_close(have, want)
+    assert minijit.cache_info(jf).misses == 1, str(minijit.cache_info(jf))
