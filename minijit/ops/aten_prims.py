@@ -14,8 +14,10 @@ metadata itself, where that is simple and torch's meta kernel is slow (the upsam
 and batch norm ones run Python decompositions) or wrong for the CPU (grouped_mm's
 asks for bfloat16). Otherwise the metadata comes from running the aten op on meta
 tensors, so the shape formulas (pooling with `ceil_mode`, transposed convolutions)
-are torch's own. A symbolic size ("symbolic values" mode) is specialised to its
-value there, which records the constraint the cache guard checks. Either way an
+are torch's own. Symbolic sizes ("symbolic values" mode) stay symbolic where the
+output sizes follow from them (`minijit.ops.symbolic_sizes`: the kernel run on torch's
+symbolic sizes, its decisions guarded); elsewhere they are specialised to their values,
+which records the constraints the cache guard checks. Either way an
 output requires grad when a tensor argument does and it is floating point. The
 torch executor runs each prim as its aten op (`aten_prim_implementations`).
 """
@@ -33,8 +35,10 @@ import torch
 from minijit.errors import MetaError, UnsupportedSyntaxError, ValueGuardMiss
 from minijit.ir import TENSOR_METHODS, Effects, FloatProxy, IntegerProxy, NumberProxy, Symbol, TensorProxy, tree_map
 from minijit.ir.context import value_reader, where_now
+from minijit.ir.proxies import number_value
 from minijit.ops import prims
 from minijit.ops.registry import TORCH_TO_LTORCH
+from minijit.ops.symbolic_sizes import has_symbolic_sizes, symbolic_output_shapes
 
 aten = torch.ops.aten
 
@@ -84,26 +88,40 @@ def _meta_outputs(name: str, aten_fn: Callable[..., Any], args: tuple[Any, ...],
 
     def to_meta(x: Any) -> Any:
         if isinstance(x, TensorProxy):
-            return torch.empty(tuple(_concrete(d) for d in x.shape), dtype=x.dtype, device="meta")
-        if isinstance(x, NumberProxy):
-            return _concrete(x)
-        return x
+            return torch.empty(tuple(number_value(d) for d in x.shape), dtype=x.dtype, device="meta")
+        return number_value(x)
 
     try:
         out = aten_fn(*tree_map(to_meta, args), **tree_map(to_meta, kwargs))
     except (RuntimeError, ValueError, TypeError, IndexError, NotImplementedError) as e:
+        _specialise((args, kwargs))
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise MetaError(f"prims.{name}: {first_line}{where_now()}") from None
+    outs = list(out) if isinstance(out, tuple | list) else [out]
+    shapes = [tuple(x.shape) if isinstance(x, torch.Tensor) else None for x in outs]
+    if has_symbolic_sizes((args, kwargs)):
+        # Sizes that follow from symbolic input sizes stay symbolic (guarded by torch's own decisions).
+        derived = symbolic_output_shapes(aten_fn, args, kwargs, shapes)
+        if derived is None:
+            _specialise((args, kwargs))
+        else:
+            shapes = derived
 
-    def to_proxy(x: Any) -> Any:
+    def to_proxy(x: Any, shape: Any) -> Any:
         if not isinstance(x, torch.Tensor):
             return x
         differentiable = x.dtype.is_floating_point or x.dtype.is_complex
-        return TensorProxy(tuple(x.shape), x.dtype, device, requires_grad and differentiable)
+        return TensorProxy(shape, x.dtype, device, requires_grad and differentiable)
 
-    if isinstance(out, tuple | list):
-        return tuple(to_proxy(x) for x in out)
-    return to_proxy(out)
+    proxies = tuple(to_proxy(x, shape) for x, shape in zip(outs, shapes, strict=True))
+    return proxies if isinstance(out, tuple | list) else proxies[0]
+
+
+def _specialise(args: Any) -> None:
+    """Use the values of the symbolic numbers among `args` (a tree), recording that the trace relies on them."""
+    for x in _leaves(args):
+        for d in x.shape if isinstance(x, TensorProxy) else (x,):
+            _concrete(d)
 
 
 def _with_requires_grad(outputs: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -40,7 +40,9 @@ import torch
 from minijit.errors import DataDependentShapeError, MetaError, UnsupportedOpError
 from minijit.ir import NumberProxy, TensorProxy, tree_flatten
 from minijit.ir.context import where_now
+from minijit.ir.proxies import number_value
 from minijit.ops.strides import eager_layout, meta_like
+from minijit.ops.symbolic_sizes import has_symbolic_sizes, symbolic_output_shapes
 
 
 @dataclass(frozen=True)
@@ -115,8 +117,10 @@ _CACHE_SIZE = 4096
 def run_on_meta(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], what: str) -> MetaResult:
     """Run `fn(*args, **kwargs)` with meta tensors for the tensor proxies; `what` names the op in errors.
 
-    Symbolic numbers among the arguments (and sizes) are specialised on: their values
-    are used, and the constraints that they keep those values are recorded.
+    Symbolic numbers among the arguments (and sizes): output sizes that follow from them are
+    symbolic (`minijit.ops.symbolic_sizes`, which records the constraints torch's kernel
+    relied on); where that cannot be derived, they are specialised on: their values are used,
+    and the constraints that they keep those values are recorded.
     """
     if fn in _READS_STORAGE:
         # Its result depends on where the argument's elements sit in memory: use (and guard) its eager layout.
@@ -134,9 +138,62 @@ def run_on_meta(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
             _CACHE[key] = cached
             if len(_CACHE) > _CACHE_SIZE:
                 _CACHE.popitem(last=False)
+    symbolic = has_symbolic_sizes((args, kwargs))
     if isinstance(cached, Exception):
+        if symbolic:
+            _specialise((args, kwargs))
         raise type(cached)(f"{cached.args[0]}{where_now()}") from cached.__cause__
+    if symbolic:
+        return _with_symbolic_shapes(fn, args, kwargs, cached)
     return cached
+
+
+def _with_symbolic_shapes(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                          result: MetaResult) -> MetaResult:
+    """`result` with the output sizes that follow from the arguments' symbolic sizes as number proxies
+    (`minijit.ops.symbolic_sizes`); where they cannot be derived soundly, the symbolic numbers among the
+    arguments are specialised (the trace relies on their values)."""
+    leaves = tree_flatten((args, kwargs))
+    metas = _meta_leaves(result.outputs)
+    concrete = [m.shape if isinstance(m, TensorMeta) else None for m in metas]
+    factory = kwargs.get("device") is not None or not any(isinstance(x, TensorProxy) for x in leaves)
+    derived = None
+    if not result.written:
+        derived = symbolic_output_shapes(fn, args, kwargs, concrete, meta_device=factory,
+                                         reads_layout=fn in _READS_STORAGE)
+    if derived is None:
+        _specialise((args, kwargs))
+        return result
+    shapes = iter(derived)
+
+    def rebuild(x: Any) -> Any:
+        if isinstance(x, TensorMeta):
+            return replace(x, shape=next(shapes))
+        if x is None:
+            next(shapes)
+            return None
+        if type(x) is list:
+            return [rebuild(v) for v in x]
+        if type(x) is tuple:
+            return tuple(rebuild(v) for v in x)
+        return type(x)(*(rebuild(v) for v in x))  # a named tuple
+
+    return replace(result, outputs=rebuild(result.outputs))
+
+
+def _meta_leaves(outputs: Any) -> list[Any]:
+    """The TensorMeta and None leaves of a meta run's outputs, in order."""
+    if isinstance(outputs, list | tuple):
+        return [leaf for x in outputs for leaf in _meta_leaves(x)]
+    return [outputs]
+
+
+def _specialise(args: Any) -> None:
+    """Use the values of the symbolic numbers among `args` (a tree), recording that the trace relies on them."""
+    for x in tree_flatten(args):
+        for d in x.shape if isinstance(x, TensorProxy) else (x,):
+            if isinstance(d, NumberProxy) and d.expr is not None:
+                d.python_type(d)
 
 
 # -- the signature a result is cached under ------------------------------------------------
@@ -170,9 +227,10 @@ def _structure(x: Any) -> Any:
 def _leaf_key(x: Any, seen: dict[int, int]) -> Any:
     if isinstance(x, TensorProxy):
         alias = seen.setdefault(id(x), len(seen))
-        return ("tensor", alias, tuple(int(d) for d in x.shape), x.dtype, x.device, x.requires_grad, x.memory)
+        return ("tensor", alias, tuple(number_value(d) for d in x.shape), x.dtype, x.device, x.requires_grad,
+                x.memory)
     if isinstance(x, NumberProxy):
-        return (x.python_type, x.python_type(x))
+        return (x.python_type, x.value)
     if isinstance(x, torch.Tensor):
         alias = seen.setdefault(id(x), len(seen))
         return ("real tensor", alias, id(x))
@@ -185,7 +243,7 @@ def _to_meta(x: Any, metas: dict[int, torch.Tensor], grad: bool) -> Any:
     if isinstance(x, TensorProxy):
         t = metas.get(id(x))
         if t is None:
-            shape = tuple(int(d) for d in x.shape)
+            shape = tuple(number_value(d) for d in x.shape)
             # Not a leaf where it requires grad: eager refuses in-place writes into leaves that
             # require grad, and minijit reports those itself (functionalize), naming the input.
             needs_grad = grad and x.requires_grad and (x.dtype.is_floating_point or x.dtype.is_complex)
@@ -198,7 +256,7 @@ def _to_meta(x: Any, metas: dict[int, torch.Tensor], grad: bool) -> Any:
             metas[id(x)] = t
         return t
     if isinstance(x, NumberProxy):
-        return x.python_type(x)
+        return x.value
     return x
 
 

@@ -215,7 +215,7 @@ def check_viewable(op: str, p: TensorProxy, shape: tuple[Any, ...], requested: t
     except RuntimeError as e:
         text = str(e).strip().splitlines()[0]
         raise MetaError(f"Tensor.{op}: torch raised RuntimeError: {text}{where_now()}") from e
-    if _sizes_symbolic(p) and not _only_splits(tuple(p.shape), requested if requested is not None else shape) \
+    if _sizes_symbolic(p) and not only_splits(tuple(p.shape), requested if requested is not None else shape) \
             and (not meta.is_contiguous() or _through_slices(p)):
         eager_layout(p, sizes_matter=True)
 
@@ -257,7 +257,7 @@ def _same_size(a: Any, b: Any) -> bool:
     return a == b
 
 
-def _only_splits(old: tuple[Any, ...], new: tuple[Any, ...]) -> bool:
+def only_splits(old: tuple[Any, ...], new: tuple[Any, ...]) -> bool:
     """Whether `new` (which may hold one -1) only splits `old`'s dimensions, whatever the symbolic sizes are.
 
     Such a view is possible for any strides; merging dimensions depends on the strides, which

@@ -38,8 +38,8 @@ from minijit.ir.proxies import number_value
 from minijit.ir.rewrite import ProxyMap, replay_bsym
 from minijit.ops import prims
 from minijit.ops.registry import ALL_LTORCH, EAGER_IMPLS
-from minijit.ops.strides import eager_layout
-from minijit.ops.utils import expand_to
+from minijit.ops.strides import eager_layout, only_splits
+from minijit.ops.utils import expand_to, shape_arg
 
 # (view bsym, its output, current value of its input, new value of its output) -> new value of its input
 ScatterRule = Callable[[BoundSymbol, Proxy, TensorProxy, TensorProxy], TensorProxy]
@@ -315,11 +315,36 @@ def eager_returns_view(base: TensorProxy, chain: list[tuple[BoundSymbol, Proxy]]
     `reshape`, `flatten` and `x[...]` copy a tensor that they cannot view; None: unknown.
     `base` has its eager layout where `trace` tells it, else it is taken as contiguous.
     """
+    if all(_views_any_layout(step, out) for step, out in chain):
+        return True  # no need to know the layout (which, for a computed tensor, may depend on symbolic sizes)
     values = eager_chain(base, chain, trace)
     if values is None:
         return None
     last, before = values[-1], values[-2]
     return last is before or last._is_view()
+
+
+# ltorch ops that view any tensor whatever its strides (`view` raises where it cannot; `getitem` too, with
+# no tensor in its key), and those that view it where they only split its dimensions (`only_splits`), else copy.
+_ALWAYS_VIEWS = frozenset({"view", "view_as", "unflatten", "unsqueeze", "squeeze", "transpose", "t", "permute",
+                           "movedim", "swapaxes", "swapdims", "expand", "expand_as", "broadcast_to", "alias", "detach"})
+_RESHAPES = frozenset({"reshape", "reshape_as", "flatten"})
+
+
+def _views_any_layout(step: BoundSymbol, out: Proxy) -> bool:
+    """Whether `step` makes `out` a view of the tensor it views for every layout that tensor may have."""
+    if step.sym.namespace != "ltorch" or not isinstance(out, TensorProxy):
+        return False
+    viewed = viewed_tensor(step)
+    if step.sym.name in _ALWAYS_VIEWS:
+        return True
+    if step.sym.name == "getitem":  # ints, slices, None, Ellipsis: basic indexing, always a view
+        return not any(isinstance(a, TensorProxy) and a is not viewed for a in tree_flatten((step.args, step.kwargs)))
+    if step.sym.name not in _RESHAPES or not isinstance(viewed, TensorProxy):
+        return False
+    # The shape as given (a -1 in it stands for what is left of the dimension it splits).
+    requested = shape_arg(step.args[1:]) if step.sym.name == "reshape" and not step.kwargs else tuple(out.shape)
+    return only_splits(tuple(viewed.shape), requested)
 
 
 def _eager_impl(bsym: BoundSymbol) -> Any:
