@@ -1,0 +1,139 @@
+"""Double backward: the backward of a jitted call, differentiable when autograd asks for it (`create_graph=True`).
+
+The compiled backward reads residuals the forward saved under grad mode off (inside the
+`autograd.Function`), so they carry no history and its gradients would be constants to a
+second differentiation: silently wrong. So a backward run with grad mode on (a gradient
+penalty's `autograd.grad(D(x).sum(), x, create_graph=True)`) recomputes instead: the
+functional trace (the one the grad pass split) runs again on the call's inputs as eager
+torch ops (the torch executor only, never a fusion kernel autograd cannot see), with grad
+mode on, and eager autograd differentiates it with `create_graph=True`. The gradients it
+returns carry eager's graph, so every higher order is eager's too.
+
+What the recompute must reproduce is checked when the entry is compiled, and a trace
+it cannot reproduce is refused at the double backward with the reason:
+
+- values computed under `torch.no_grad()` are detached in the recomputed trace, as eager
+  computed them without history;
+- a traced custom `autograd.Function` is refused: eager autograd would differentiate its
+  forward's ops, not the user's backward;
+- random ops are refused: a second run would draw other numbers;
+- a trace that writes into its inputs is refused: a second run would write them again.
+
+An input changed in place between the call and the double backward raises eager's
+"modified by an inplace operation" error: the recompute would read its new value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from minijit.errors import MinijitError
+from minijit.extend import get_executor
+from minijit.ir import BoundSymbol, TensorProxy, Trace, tracing, tree_flatten
+from minijit.ir.rewrite import ProxyMap, rewrite
+from minijit.ops import prims
+from minijit.runtime.autocast import without_autocast
+from minijit.transforms import claim_executors, dce
+
+__all__ = ["Recompute", "recompute_for"]
+
+
+@dataclass
+class Recompute:
+    """How a jitted call's backward becomes differentiable: the functional trace, run again eagerly.
+
+    `refusal` says why it cannot (None when it can); the eager forward is compiled on first use.
+    """
+
+    name: str
+    trace: Trace | None
+    refusal: str | None = None
+    _forward: Callable[..., Any] | None = field(default=None, repr=False)
+
+    def forward(self) -> Callable[..., Any]:
+        """The trace as eager torch ops, compiled once: inputs -> the output's flattened leaves."""
+        if self.refusal is not None:
+            raise MinijitError(f"double backward (create_graph=True) through the jitted function {self.name!r}: "
+                               f"{self.refusal}; call backward without create_graph, or differentiate the "
+                               "function eagerly")
+        if self._forward is None:
+            assert self.trace is not None
+            trace = claim_executors(self.trace, [get_executor("torch")])
+            run = without_autocast(dce(trace).python_callable())
+            self._forward = lambda *inputs: tree_flatten(run(*inputs))
+            self.trace = None  # the compiled function holds what it needs
+        return self._forward
+
+    def gradients(self, inputs: Sequence[Any], versions: Sequence[int | None], positions: Sequence[int],
+                  cotangents: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
+        """One gradient per input (None where none), with eager's graph, for the cotangents of the outputs at `positions`."""
+        run = self.forward()
+        for t, v in zip(inputs, versions):
+            if v is not None and t._version != v:
+                raise RuntimeError(
+                    "one of the variables needed for gradient computation has been modified by an inplace "
+                    f"operation: an input of the jitted function {self.name!r} changed after the call, and the "
+                    "double backward (create_graph=True) recomputes the call from its inputs")
+        wanted = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor) and t.requires_grad]
+        with torch.enable_grad():
+            leaves = run(*inputs)
+            pairs = [(leaves[p], c) for p, c in zip(positions, cotangents)
+                     if c is not None and isinstance(leaves[p], torch.Tensor) and leaves[p].requires_grad]
+            if not pairs or not wanted:
+                return [None] * len(inputs)
+            outs, cots = zip(*pairs)
+            grads = torch.autograd.grad(outs, [inputs[i] for i in wanted], cots, create_graph=True,
+                                        allow_unused=True)
+        result: list[torch.Tensor | None] = [None] * len(inputs)
+        for i, g in zip(wanted, grads):
+            result[i] = g
+        return result
+
+
+def _walk(bsyms: Iterable[BoundSymbol]) -> Iterable[BoundSymbol]:
+    for b in bsyms:
+        yield b
+        yield from _walk(b.subsymbols)
+
+
+def _refusal(trace: Trace, mutated_inputs: Sequence[str]) -> str | None:
+    """Why running `trace` again eagerly would not reproduce the call's gradients, or None."""
+    if mutated_inputs:
+        return f"it writes into its input(s) {', '.join(mutated_inputs)}, which a recompute would write again"
+    for b in _walk(trace.bound_symbols):
+        if b.sym.namespace == "autograd_function":
+            return (f"it calls the custom autograd.Function {b.sym.name}, whose backward eager autograd "
+                    "cannot differentiate from a recompute of its forward")
+        if b.sym.effects.random:
+            return f"it draws random numbers ({b.sym.id}), which a recompute would draw again, differently"
+    return None
+
+
+def _detach_no_grad(trace: Trace, no_grad: frozenset[str]) -> Trace:
+    """`trace` with each value computed under torch.no_grad() detached, so an eager run gives it no history."""
+    if not no_grad:
+        return trace
+
+    def rule(bsym: BoundSymbol, env: ProxyMap) -> Sequence[BoundSymbol] | None:
+        outs = [p for p in bsym.proxy_outputs() if isinstance(p, TensorProxy) and p.name in no_grad]
+        if not outs:
+            return None
+        scratch = trace.derive([], pass_name="detach no_grad values")
+        with tracing(scratch):
+            for p in outs:
+                env[p] = prims.detach(p)
+        return [bsym, *scratch.bound_symbols]
+
+    return rewrite(trace, rule, pass_name="detach no_grad values")
+
+
+def recompute_for(trace: Trace, name: str, no_grad: frozenset[str], mutated_inputs: Sequence[str]) -> Recompute:
+    """The recompute of a functional trace (before the grad split) for a double backward, or why there is none."""
+    refusal = _refusal(trace, mutated_inputs)
+    if refusal is not None:
+        return Recompute(name, None, refusal)
+    return Recompute(name, _detach_no_grad(trace, no_grad))
