@@ -73,6 +73,10 @@ HF_MODELS: dict[str, tuple[Callable[[], nn.Module], str]] = {
                  max_position_embeddings=64, decoder_start_token_id=2, **_TOKENS), "seq2seq"),
     "vit": (_hf("AutoModelForImageClassification", "vit", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                 num_attention_heads=4, image_size=16, patch_size=4, num_labels=3), "image"),
+    # Its selective scan calls torch's associative_scan (transformers takes that path when
+    # torch.compiler.is_compiling() is True, as it is while minijit traces): minijit/frontend/scan.py.
+    "mamba": (_hf("AutoModelForCausalLM", "mamba", hidden_size=16, state_size=4, num_hidden_layers=1, expand=2,
+                  conv_kernel=4, **_TOKENS), "recurrent"),
     "resnet": (_hf("AutoModelForImageClassification", "resnet", embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1],
                    layer_type="basic", num_labels=3), "image"),
 }
@@ -159,8 +163,10 @@ def run_against_eager(eager: nn.Module, make_inputs: Callable[[], dict[str, Any]
     return jm
 
 
+# Kinds of inputs without a padding mask: images, and recurrent models (Mamba), which take none.
+UNMASKED = {"image", "recurrent"}
 HF_CASES = [(name, masked) for name, (_, kind) in HF_MODELS.items() for masked in
-            ((False, True) if kind != "image" else (False,))]
+            ((False, True) if kind not in UNMASKED else (False,))]
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
