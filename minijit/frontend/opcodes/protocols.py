@@ -395,10 +395,37 @@ def store_attr(obj: Any, name: str, value: Any) -> None:
         if "__setattr__" in members:
             call_dunder(obj, "__setattr__", name, value)
             return
+    if isinstance(obj, TensorProxy) and name == "requires_grad" and _set_requires_grad(obj, value):
+        return
     if isinstance(obj, TensorProxy) or (isinstance(obj, torch.Tensor) and isinstance(value, TensorProxy)):
         _refuse_tensor_attribute_write(obj, name)
     _log_attribute_write(obj, name, value, delete=False)
     setattr(obj, name, value)
+
+
+def _set_requires_grad(t: TensorProxy, value: Any) -> bool:
+    """`t.requires_grad = value` for a tensor the trace computed; False where it is refused instead.
+
+    As in eager, only a leaf's flag may change: a computed tensor that requires grad has a
+    history (eager's RuntimeError), one that does not is a leaf. Turning it on makes it a leaf
+    whose own gradient nobody reads (transformers does this to a view of the input so that
+    gradient checkpointing sees a tensor requiring grad): later ops see the flag, as eager's
+    do, and their gradients flow to the inputs as eager's do. Refused where the flag would
+    be all that requires grad (no input does: the outputs would require grad only in eager).
+    """
+    trace = current_trace()
+    if trace is None or type(value) is not bool or any(a is t for a in trace.args):
+        return False  # an input's flag is the caller's: refused
+    if t.requires_grad:
+        raise RuntimeError(f"you can only change requires_grad flags of leaf variables ({t.name}{where_now()})")
+    if value and torch.is_grad_enabled() and not any(isinstance(a, TensorProxy) and a.requires_grad
+                                                     for a in trace.args):
+        raise UnsupportedSyntaxError(
+            f"assigning {t.name}.requires_grad = True{where_now()} in a function none of whose inputs requires "
+            "grad is not supported: the outputs would require grad only through that tensor, which minijit "
+            "does not differentiate; set requires_grad on an input before the call")
+    t.requires_grad = value
+    return True
 
 
 def _refuse_tensor_attribute_write(obj: Any, name: str) -> None:
