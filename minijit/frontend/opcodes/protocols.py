@@ -16,10 +16,11 @@ from typing import Any
 import torch
 
 from minijit.errors import UnsupportedSyntaxError
-from minijit.frontend.calls import call, should_interpret
+from minijit.frontend.calls import call, dispatch_torch_function, should_interpret
 from minijit.frontend.frame import current_state
 from minijit.frontend.interpreter import InterpretedGenerator
 from minijit.frontend.outside import item_label
+from minijit.frontend.torch_function import OPERATOR_METHODS, overrides_torch_function
 from minijit.ir import TensorProxy, current_trace
 from minijit.ir.context import where_now
 
@@ -109,7 +110,22 @@ def binary_op(a: Any, b: Any, index: int) -> Any:
                 return result
         plain = BINARY_OPS[index - 13]
         return _binary_slow(a, b, plain[2], plain[3], symbol)
+    if dunder in OPERATOR_METHODS:
+        method = _tensor_operator_override(a, b, dunder)
+        if method is not None:
+            return method
     return _binary_slow(a, b, dunder, other, symbol)
+
+
+def _tensor_operator_override(a: Any, b: Any, dunder: str) -> Any:
+    """`a <op> b` between a traced tensor and an object overriding `__torch_function__`: eager's dispatch to it
+    (the Tensor method, the tensor first); None where no override takes part."""
+    left, right = OPERATOR_METHODS[dunder]
+    if isinstance(a, TensorProxy) and overrides_torch_function(type(b)):
+        return dispatch_torch_function(left, [b], (a, b), {})
+    if isinstance(b, TensorProxy) and overrides_torch_function(type(a)) and class_attr(type(a), dunder) is None:
+        return dispatch_torch_function(right, [a], (b, a), {})
+    return None
 
 
 def _binary_slow(a: Any, b: Any, dunder: str, reflected: str, symbol: str) -> Any:
