@@ -25,7 +25,8 @@ from typing import Any
 
 import torch
 
-from minijit.errors import UnsupportedOpError, UnsupportedSyntaxError
+from minijit.errors import MetaError, UnsupportedOpError, UnsupportedSyntaxError
+from minijit.frontend.folding import NOT_FOLDED, fold, fold_numbers_only, unfold_sizes
 from minijit.frontend.frame import current_state
 from minijit.frontend.interpreter import run_function
 from minijit.frontend.lookasides import LOOKASIDES
@@ -135,6 +136,7 @@ def call(fn: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> 
     if t is types.MethodType:
         return call(fn.__func__, (fn.__self__, *args), kwargs)
     if t is _BoundMethod:
+        args, kwargs = unfold_sizes(args, kwargs)
         return fn(*args, **kwargs)
     if t is types.MethodWrapperType and fn.__name__ in ("__setattr__", "__delattr__"):
         # `super().__setattr__(name, value)`: object's own slot, bound; an effect on an outside object.
@@ -180,11 +182,22 @@ def call(fn: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> 
 
 
 def _call_ltorch(fn: Any, sym: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> Any:
-    """A torch callable with an ltorch symbol: recorded, or dispatched to an argument's `__torch_function__`."""
+    """A torch callable with an ltorch symbol: recorded, dispatched to an argument's `__torch_function__`,
+    or folded (on Python numbers only: minijit/frontend/folding.py)."""
     overloaded = overloaded_arguments(args, kwargs)
     if overloaded:
         return dispatch_torch_function(fn, overloaded, args, kwargs)
-    return call_ltorch(fn, sym, args, kwargs)
+    folded = fold(fn, args, kwargs)
+    if folded is not NOT_FOLDED:
+        return folded
+    args, kwargs = unfold_sizes(args, kwargs)
+    try:
+        return call_ltorch(fn, sym, args, kwargs)
+    except MetaError:
+        folded = fold_numbers_only(fn, args, kwargs)
+        if folded is NOT_FOLDED:
+            raise
+        return folded
 
 
 def dispatch_torch_function(fn: Any, overloaded: list[Any], args: tuple[Any, ...] | list[Any],
@@ -270,6 +283,10 @@ def _call_native(fn: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, A
         overloaded = overloaded_arguments(args, kwargs)
         if overloaded:
             return dispatch_torch_function(fn, overloaded, args, kwargs)
+        folded = fold(fn, args, kwargs)
+        if folded is not NOT_FOLDED:
+            return folded
+        args, kwargs = unfold_sizes(args, kwargs)
     if (trace is not None and trace.capture_tensor is not None and is_torch_callable(fn)
             and (_contains(args, torch.Tensor) or _contains(kwargs.values(), torch.Tensor))):
         # A torch function given tensors from outside the call would run once, here: record it instead.

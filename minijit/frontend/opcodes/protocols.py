@@ -17,6 +17,7 @@ import torch
 
 from minijit.errors import UnsupportedSyntaxError
 from minijit.frontend.calls import call, dispatch_torch_function, should_interpret
+from minijit.frontend.folding import NOT_FOLDED, fold
 from minijit.frontend.frame import current_state
 from minijit.frontend.interpreter import InterpretedGenerator
 from minijit.frontend.outside import item_label
@@ -58,10 +59,11 @@ def _method(obj: Any, name: str) -> Any:
 
 
 def traced(x: Any) -> Any:
-    """`x`, or while tracing, the proxy of a real tensor: operators on it must be recorded, not run once here."""
+    """`x`, or while tracing, the proxy of a real tensor: operators on it must be recorded, not run once here
+    (except on a tensor folded from Python numbers: minijit/frontend/folding.py)."""
     if isinstance(x, torch.Tensor) and not isinstance(x, TensorProxy):
         trace = current_trace()
-        if trace is not None and trace.capture_tensor is not None:
+        if trace is not None and trace.capture_tensor is not None and id(x) not in trace.folded_constants:
             return trace.capture_tensor(x)
     return x
 
@@ -101,7 +103,8 @@ def binary_op(a: Any, b: Any, index: int) -> Any:
     a, b = traced(a), traced(b)
     ma, mb = _members_of(a, b)
     if not (ma or mb):
-        return native(a, b)
+        folded = fold(native, (a, b), {})  # arithmetic on a tensor folded from numbers: folded too
+        return native(a, b) if folded is NOT_FOLDED else folded
     if index >= 13:
         inplace = _method(a, dunder)
         if inplace is not None:
