@@ -61,6 +61,7 @@ class _JitFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, compiled: CompiledGrad, box: list[Any], *tensors: torch.Tensor) -> Any:  # type: ignore[override]
+        ctx.rng = compiled.recompute.rng_state(tensors) if compiled.recompute is not None else None
         out, saved = compiled.forward(*tensors)
         leaves = tree_flatten(out)
         box.append((out, leaves))
@@ -102,7 +103,7 @@ class _JitFunction(torch.autograd.Function):
                     "supported; call backward without create_graph, or differentiate the function eagerly"
                 )
             grads = compiled.recompute.gradients(ctx.inputs, ctx.input_versions, compiled.differentiable_outputs,
-                                                 cotangents[:len(compiled.differentiable_outputs)])
+                                                 cotangents[:len(compiled.differentiable_outputs)], ctx.rng)
             return (None, None, *grads)
         count, tensor_positions, others = ctx.saved_layout
         saved: list[Any] = [None] * count

@@ -16,7 +16,9 @@ it cannot reproduce is refused at the double backward with the reason:
   computed them without history;
 - a traced custom `autograd.Function` is refused: eager autograd would differentiate its
   forward's ops, not the user's backward;
-- random ops are refused: a second run would draw other numbers;
+- random ops (dropout) draw again what they drew: the call saves the generators' states
+  before it runs (only for such traces), and the recompute starts from them, its own
+  draws leaving the generators as they were;
 - a trace that writes into its inputs is refused: a second run would write them again.
 
 An input changed in place between the call and the double backward raises eager's
@@ -25,7 +27,8 @@ An input changed in place between the call and the double backward raises eager'
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +55,8 @@ class Recompute:
     name: str
     trace: Trace | None
     refusal: str | None = None
+    # Whether the trace draws random numbers: each call then saves the generators' states for it.
+    random: bool = False
     _forward: Callable[..., Any] | None = field(default=None, repr=False)
 
     def forward(self) -> Callable[..., Any]:
@@ -68,9 +73,19 @@ class Recompute:
             self.trace = None  # the compiled function holds what it needs
         return self._forward
 
+    def rng_state(self, inputs: Sequence[Any]) -> Any:
+        """The generators' states a call starts from, when the trace draws random numbers (else None)."""
+        if not self.random:
+            return None
+        cuda = sorted({t.device.index or 0 for t in inputs if isinstance(t, torch.Tensor) and t.is_cuda})
+        return torch.get_rng_state(), [(d, torch.cuda.get_rng_state(d)) for d in cuda]
+
     def gradients(self, inputs: Sequence[Any], versions: Sequence[int | None], positions: Sequence[int],
-                  cotangents: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
-        """One gradient per input (None where none), with eager's graph, for the cotangents of the outputs at `positions`."""
+                  cotangents: Sequence[torch.Tensor | None], rng: Any = None) -> list[torch.Tensor | None]:
+        """One gradient per input (None where none), with eager's graph, for the cotangents of the outputs at `positions`.
+
+        `rng` (from `rng_state`) is where the call's random draws started.
+        """
         run = self.forward()
         for t, v in zip(inputs, versions):
             if v is not None and t._version != v:
@@ -79,7 +94,7 @@ class Recompute:
                     f"operation: an input of the jitted function {self.name!r} changed after the call, and the "
                     "double backward (create_graph=True) recomputes the call from its inputs")
         wanted = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor) and t.requires_grad]
-        with torch.enable_grad():
+        with torch.enable_grad(), _replaying(rng):
             leaves = run(*inputs)
             pairs = [(leaves[p], c) for p, c in zip(positions, cotangents)
                      if c is not None and isinstance(leaves[p], torch.Tensor) and leaves[p].requires_grad]
@@ -92,6 +107,20 @@ class Recompute:
         for i, g in zip(wanted, grads):
             result[i] = g
         return result
+
+
+@contextmanager
+def _replaying(rng: Any) -> Iterator[None]:
+    """Draw from the generators' states `rng` (None: as they are), leaving them as they were after."""
+    if rng is None:
+        yield
+        return
+    cpu, cuda = rng
+    with torch.random.fork_rng(devices=[d for d, _ in cuda]):
+        torch.set_rng_state(cpu)
+        for d, state in cuda:
+            torch.cuda.set_rng_state(state, d)
+        yield
 
 
 def _walk(bsyms: Iterable[BoundSymbol]) -> Iterable[BoundSymbol]:
@@ -108,8 +137,6 @@ def _refusal(trace: Trace, mutated_inputs: Sequence[str]) -> str | None:
         if b.sym.namespace == "autograd_function":
             return (f"it calls the custom autograd.Function {b.sym.name}, whose backward eager autograd "
                     "cannot differentiate from a recompute of its forward")
-        if b.sym.effects.random:
-            return f"it draws random numbers ({b.sym.id}), which a recompute would draw again, differently"
     return None
 
 
@@ -136,4 +163,5 @@ def recompute_for(trace: Trace, name: str, no_grad: frozenset[str], mutated_inpu
     refusal = _refusal(trace, mutated_inputs)
     if refusal is not None:
         return Recompute(name, None, refusal)
-    return Recompute(name, _detach_no_grad(trace, no_grad))
+    random = any(b.is_random() for b in trace.bound_symbols)
+    return Recompute(name, _detach_no_grad(trace, no_grad), random=random)
