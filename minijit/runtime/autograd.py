@@ -72,9 +72,11 @@ class _JitFunction(torch.autograd.Function):
         ctx.compiled = compiled
         ctx.num_inputs = len(tensors)
         # For a double backward, which recomputes from the inputs (not saved: no version check of
-        # its own on a backward without create_graph, where eager saves only what it reads).
-        ctx.inputs = tensors
-        ctx.input_versions = tuple(t._version if isinstance(t, torch.Tensor) else None for t in tensors)
+        # its own on a backward without create_graph, where eager saves only what it reads). Kept only
+        # where it can run, so never for inputs written in place (returned, marked dirty: a cycle).
+        recompute = compiled.recompute is not None and compiled.recompute.refusal is None
+        ctx.inputs = tensors if recompute else ()
+        ctx.input_versions = tuple(t._version if isinstance(t, torch.Tensor) else None for t in ctx.inputs)
         ctx.mutated_requiring_grad = [i for i in compiled.backward_mutated_inputs if tensors[i].requires_grad]
         dirty = tuple(tensors[i] for i in compiled.dirty_inputs)
         if dirty:
