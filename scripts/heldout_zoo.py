@@ -187,6 +187,20 @@ MODELS: dict[str, tuple[Callable[[], torch.nn.Module], Callable[[bool], dict[str
                                  conv_kernel=(10, 8), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4,
                                  vocab_size=24, pad_token_id=0, mask_time_prob=0.0, ctc_loss_reduction="mean"),
                             ctc_inputs, True),
+    # Hubert and SEW's CTC loss first checks `labels.max() >= vocab_size` (a branch on data): refused there;
+    # tests/models/test_zoo.py runs them on their logits.
+    "hubert (CTC loss)": (auto("AutoModelForCTC", "hubert", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                               num_attention_heads=4, conv_dim=(16, 16), conv_stride=(5, 4), conv_kernel=(10, 8),
+                               num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4, vocab_size=24,
+                               pad_token_id=0, mask_time_prob=0.0, layerdrop=0.0, ctc_loss_reduction="mean"),
+                          ctc_inputs, True),
+    # Longformer branches on whether any token has global attention (`is_global_attn`, from the mask's values).
+    "longformer": (auto("AutoModelForMaskedLM", "longformer", attention_window=4, **{**SMALL, "pad_token_id": 1}),
+                   tokens(False), True),
+    "mamba (selective scan: associative_scan)": (
+        auto("AutoModelForCausalLM", "mamba", hidden_size=32, state_size=8, num_hidden_layers=2, expand=2,
+             conv_kernel=4, **IDS), lambda m: {k: v for k, v in tokens(False)(m).items() if k != "attention_mask"},
+        False),
     "llama (gradient checkpointing)": (checkpointed(auto("AutoModelForCausalLM", "llama", num_key_value_heads=2,
                                                          **SMALL)), tokens(True), True),
     "gpt2 (eager attention, all hidden states and attentions)": (

@@ -17,7 +17,8 @@ one instruction at a time, so that every call can be inspected before it happens
 - `lookasides`: replacements for builtins that must see the interpreter's view
   (`super()`, `isinstance(proxy, torch.Tensor)`, `map(f, ...)`, class bodies, ...);
   `nondeterminism`: torch's RNG state calls recorded into the trace, and Python's random,
-  numpy.random, clocks and entropy refused (their values would be frozen at trace time).
+  numpy.random, clocks and entropy refused (their values would be frozen at trace time);
+  `scan`: `associative_scan` traced as the scan it computes.
 - `guards`: `GuardEntry` (a value the trace read and where from) and `build_guard`, which
   compiles one function checking that they all still hold.
 
@@ -38,6 +39,7 @@ from minijit.frontend import (
     communication,  # noqa: F401  (refuses torch.distributed's calls without traced tensors)
     foreach,  # noqa: F401  (registers the torch._foreach_* lookasides)
     nondeterminism,  # noqa: F401  (registers the RNG, clock and entropy lookasides)
+    scan,  # noqa: F401  (registers the associative_scan lookaside)
 )
 
 # Call dispatch and the opcode table import the interpreter, which therefore imports them

@@ -26,12 +26,14 @@ from typing import Any
 
 import torch
 
-from minijit.errors import UnsupportedOpError, UnsupportedSyntaxError
+from minijit.errors import MetaError, UnsupportedOpError, UnsupportedSyntaxError
+from minijit.frontend.folding import NOT_FOLDED, fold, fold_numbers_only, unfold_sizes
 from minijit.frontend.frame import current_state
 from minijit.frontend.interpreter import run_function
 from minijit.frontend.lookasides import LOOKASIDES
 from minijit.frontend.native_tensors import run_native
 from minijit.frontend.outside import item_label, mutator_of
+from minijit.frontend.torch_function import dispatch_order, overloaded_arguments
 from minijit.ir import Proxy, current_trace, tree_map
 from minijit.ir.context import where_now
 from minijit.ir.proxies import _BoundMethod
@@ -122,7 +124,7 @@ def call(fn: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> 
         sym = ltorch_symbol_for(fn)
         if sym is not None:
             observe_whole_arguments(args, kwargs)
-            return call_ltorch(fn, sym, args, kwargs)
+            return _call_ltorch(fn, sym, args, kwargs)
         lookaside = LOOKASIDES.get(fn)
         if lookaside is not None:
             return run_native(lookaside, *args, **kwargs)
@@ -137,6 +139,7 @@ def call(fn: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> 
     if t is types.MethodType:
         return call(fn.__func__, (fn.__self__, *args), kwargs)
     if t is _BoundMethod:
+        args, kwargs = unfold_sizes(args, kwargs)
         return fn(*args, **kwargs)
     if t is types.MethodWrapperType and fn.__name__ in ("__setattr__", "__delattr__"):
         # `super().__setattr__(name, value)`: object's own slot, bound; an effect on an outside object.
@@ -165,7 +168,7 @@ def call(fn: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> 
         sym = lookaside = None
     if sym is not None:
         observe_whole_arguments(args, kwargs)
-        return call_ltorch(fn, sym, args, kwargs)
+        return _call_ltorch(fn, sym, args, kwargs)
     if lookaside is not None:
         return run_native(lookaside, *args, **kwargs)
     if t is functools.partial:
@@ -180,6 +183,40 @@ def call(fn: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> 
     if type(dunder_call) is types.FunctionType and should_interpret(dunder_call):
         return run_function(dunder_call, (fn, *args), kwargs)
     return _call_native(fn, args, kwargs)
+
+
+def _call_ltorch(fn: Any, sym: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> Any:
+    """A torch callable with an ltorch symbol: recorded, dispatched to an argument's `__torch_function__`,
+    or folded (on Python numbers only: minijit/frontend/folding.py)."""
+    overloaded = overloaded_arguments(args, kwargs)
+    if overloaded:
+        return dispatch_torch_function(fn, overloaded, args, kwargs)
+    folded = fold(fn, args, kwargs)
+    if folded is not NOT_FOLDED:
+        return folded
+    args, kwargs = unfold_sizes(args, kwargs)
+    try:
+        return call_ltorch(fn, sym, args, kwargs)
+    except MetaError:
+        folded = fold_numbers_only(fn, args, kwargs)
+        if folded is NOT_FOLDED:
+            raise
+        return folded
+
+
+def dispatch_torch_function(fn: Any, overloaded: list[Any], args: tuple[Any, ...] | list[Any],
+                            kwargs: dict[str, Any]) -> Any:
+    """`fn(*args, **kwargs)` where arguments override `__torch_function__`: each override in eager's order,
+    interpreted, until one does not return NotImplemented (minijit/frontend/torch_function.py)."""
+    ordered = dispatch_order(overloaded)
+    types_ = tuple(type(a) for a in ordered)
+    for a in ordered:
+        result = call(a.__torch_function__, (fn, types_, tuple(args), dict(kwargs)), {})
+        if result is not NotImplemented:
+            return result
+    raise TypeError(f"Multiple dispatch failed for '{torch_name(fn)}'; all __torch_function__ handlers returned "
+                    "NotImplemented:\n\n" + "".join(f"  - tensor subclass {t}\n" for t in types_)
+                    + "\nFor more information, try re-running with TORCH_LOGS=not_implemented")
 
 
 def _real_tensor_method(t: torch.Tensor, name: str) -> Callable[..., Any] | None:
@@ -247,6 +284,14 @@ def _instantiate(cls: type, args: tuple[Any, ...] | list[Any], kwargs: dict[str,
 def _call_native(fn: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> Any:
     observe_whole_arguments(args, kwargs)
     trace = current_trace()
+    if trace is not None and is_torch_callable(fn):
+        overloaded = overloaded_arguments(args, kwargs)
+        if overloaded:
+            return dispatch_torch_function(fn, overloaded, args, kwargs)
+        folded = fold(fn, args, kwargs)
+        if folded is not NOT_FOLDED:
+            return folded
+        args, kwargs = unfold_sizes(args, kwargs)
     if (trace is not None and trace.capture_tensor is not None and is_torch_callable(fn)
             and (_contains(args, torch.Tensor) or _contains(kwargs.values(), torch.Tensor))):
         # A torch function given tensors from outside the call would run once, here: record it instead.

@@ -502,14 +502,16 @@ LOOKASIDES[exec] = _dynamic(exec)
 
 # -- torch's own machinery, as seen by torch's Python code running on proxies ---------------------------
 
-def _no_torch_function(*args: Any, **kwargs: Any) -> bool:
-    """torch.overrides.has_torch_function*: proxies carry no `__torch_function__` override."""
-    return False
+def _has_torch_function(relevant: Any) -> bool:
+    """torch.overrides.has_torch_function: eager's answer for real objects; proxies (plain tensors) have no override."""
+    from minijit.frontend.torch_function import has_override
+
+    return has_override(relevant)
 
 
-for _check in (torch.overrides.has_torch_function, torch.overrides.has_torch_function_unary,
-               torch.overrides.has_torch_function_variadic):
-    LOOKASIDES[_check] = _no_torch_function
+LOOKASIDES[torch.overrides.has_torch_function] = _has_torch_function
+LOOKASIDES[torch.overrides.has_torch_function_unary] = lambda a: _has_torch_function((a,))
+LOOKASIDES[torch.overrides.has_torch_function_variadic] = lambda *args: _has_torch_function(args)
 
 
 def _compiling(*args: Any, **kwargs: Any) -> bool:

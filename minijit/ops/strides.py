@@ -156,8 +156,10 @@ def _replay(bsym: BoundSymbol, inputs: dict[int, TensorProxy]) -> None:
         for source in _sources(a, inputs):
             sources[id(source)] = source
     margs, mkwargs = tree_map(to_meta, (bsym.args, bsym.kwargs))
-    if not args:
-        mkwargs["device"] = "meta"  # a factory (`torch.zeros(n, device=d)`): nothing allocated on d
+    margs = [torch.device("meta") if isinstance(a, torch.device) else a for a in margs]
+    if not args or "device" in mkwargs:
+        # A factory (`torch.zeros(n, device=d)`) or a move (`x.to(device=d)`): nothing allocated on d.
+        mkwargs["device"] = "meta"
     try:
         with torch.no_grad():
             result = tree_flatten(impl(*margs, **mkwargs))

@@ -17,6 +17,10 @@ In-place writes follow eager autograd too:
 - a backward that writes into an input that requires grad (a traced custom
   Function's backward) raises when it runs with grad mode on (`create_graph=True`),
   checking only the inputs listed when the call was compiled.
+
+A backward run with grad mode on (`create_graph=True`: a gradient penalty, a Hessian-vector
+product) recomputes the call eagerly from its inputs and differentiates it with eager
+autograd (`minijit/runtime/double_backward.py`), so its gradients are differentiable again.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import torch
 
 from minijit.errors import InplaceError, MinijitError
 from minijit.ir import tree_flatten, tree_map
+from minijit.runtime.double_backward import Recompute
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,8 @@ class CompiledGrad:
     overwritten_saved: tuple[str, ...] = ()
     # Inputs the backward writes into.
     backward_mutated_inputs: tuple[int, ...] = ()
+    # How a backward under grad mode (create_graph=True) recomputes the call differentiably, or why it cannot.
+    recompute: Recompute | None = None
 
 
 class _JitFunction(torch.autograd.Function):
@@ -54,6 +61,7 @@ class _JitFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, compiled: CompiledGrad, box: list[Any], *tensors: torch.Tensor) -> Any:  # type: ignore[override]
+        ctx.rng = compiled.recompute.rng_state(tensors) if compiled.recompute is not None else None
         out, saved = compiled.forward(*tensors)
         leaves = tree_flatten(out)
         box.append((out, leaves))
@@ -63,6 +71,12 @@ class _JitFunction(torch.autograd.Function):
                             {i: s for i, s in enumerate(saved) if not isinstance(s, torch.Tensor)})
         ctx.compiled = compiled
         ctx.num_inputs = len(tensors)
+        # For a double backward, which recomputes from the inputs (not saved: no version check of
+        # its own on a backward without create_graph, where eager saves only what it reads). Kept only
+        # where it can run, so never for inputs written in place (returned, marked dirty: a cycle).
+        recompute = compiled.recompute is not None and compiled.recompute.refusal is None
+        ctx.inputs = tensors if recompute else ()
+        ctx.input_versions = tuple(t._version if isinstance(t, torch.Tensor) else None for t in ctx.inputs)
         ctx.mutated_requiring_grad = [i for i in compiled.backward_mutated_inputs if tensors[i].requires_grad]
         dirty = tuple(tensors[i] for i in compiled.dirty_inputs)
         if dirty:
@@ -85,10 +99,14 @@ class _JitFunction(torch.autograd.Function):
                     f"the backward of the jitted function {compiled.name!r} writes in place into {names}, which "
                     "requires grad, while grad mode is on (create_graph=True); run backward without create_graph"
                 )
-            raise MinijitError(
-                f"double backward (create_graph=True) through the jitted function {compiled.name!r} is not "
-                "supported; call backward without create_graph, or differentiate the function eagerly"
-            )
+            if compiled.recompute is None:
+                raise MinijitError(
+                    f"double backward (create_graph=True) through the jitted function {compiled.name!r} is not "
+                    "supported; call backward without create_graph, or differentiate the function eagerly"
+                )
+            grads = compiled.recompute.gradients(ctx.inputs, ctx.input_versions, compiled.differentiable_outputs,
+                                                 cotangents[:len(compiled.differentiable_outputs)], ctx.rng)
+            return (None, None, *grads)
         count, tensor_positions, others = ctx.saved_layout
         saved: list[Any] = [None] * count
         for i, t in zip(tensor_positions, ctx.saved_tensors):

@@ -72,9 +72,10 @@ def proxify_arguments(trace: Trace, fn: Callable[..., Any], args: tuple[Any, ...
                 return leaf_names[count[0] - 1]
             return name if count[0] == 1 else f"{name}_{count[0] - 1}"
 
-        def to_proxy(x: Any, is_module_params: bool = is_module_params) -> Any:
+        def to_proxy(x: Any, is_module_params: bool = is_module_params, name: str = name) -> Any:
             at = next(position)
             if isinstance(x, Tensor):
+                refuse_tensor_subclass(x, f"the argument {name}")
                 p = trace.add_input(TensorProxy(tuple(x.shape), x.dtype, x.device, x.requires_grad), wanted_name())
                 note_layout(p, x)
                 if symbolic and (is_module_params or at in pinned):
@@ -95,6 +96,20 @@ def proxify_arguments(trace: Trace, fn: Callable[..., Any], args: tuple[Any, ...
         spec, leaves = flatten(value, _input_leaf(symbolic))
         proxied.append(spec.rebuild([to_proxy(x) for x in leaves]))
     return tuple(proxied[: len(args)]), dict(zip(kwargs, proxied[len(args):], strict=True))
+
+
+def refuse_tensor_subclass(t: Tensor, what: str) -> None:
+    """Refuse a Tensor subclass whose `__torch_function__` eager would call: the trace sees plain tensors.
+
+    Subclasses that disable it (`nn.Parameter`, DTensor) behave as plain tensors and pass.
+    """
+    cls = type(t)
+    if cls is Tensor or cls.__torch_function__ is torch._C._disabled_torch_function_impl:
+        return
+    raise UnsupportedOpError(
+        f"{what} is a {cls.__qualname__}, a Tensor subclass with __torch_function__, which eager calls on every "
+        f"torch function{where_now()}; minijit traces plain tensors. Pass t.as_subclass(torch.Tensor) (and wrap "
+        "it inside the function), or set __torch_function__ = torch._C._disabled_torch_function_impl")
 
 
 def _input_leaf(symbolic: bool) -> Callable[[Any], bool]:
@@ -149,6 +164,7 @@ def tensor_capturer(trace: Trace, inputs: list[tuple[str, Source, Tensor]],
         if proxy is not None:
             return proxy
         source = current_state().outside.source_of(t)
+        refuse_tensor_subclass(t, f"the tensor {source.label}" if source is not None else "a tensor")
         if source is not None:
             proxy = TensorProxy(tuple(t.shape), t.dtype, t.device, t.requires_grad)
             note_layout(proxy, t)

@@ -20,6 +20,7 @@ from minijit.runtime.autocast import any_autocast_enabled, without_autocast
 from minijit.runtime.autograd import CompiledGrad, autograd_callable
 from minijit.runtime.call_plan import CallPlan, finish_capture
 from minijit.runtime.checks import Prologue, call_checks
+from minijit.runtime.double_backward import recompute_for
 from minijit.runtime.guards import compile_prologue, drop_implied
 from minijit.runtime.inputs import (
     InputAliasing,
@@ -273,6 +274,7 @@ def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[An
         dirty_inputs=split.dirty_inputs,
         overwritten_saved=split.overwritten_saved,
         backward_mutated_inputs=mutated_by_backward,
+        recompute=recompute_for(trace, trace.fn_name, frozenset(no_grad), mutated_inputs),
     )
     return autograd_callable(compiled), bwd_traces, split
 

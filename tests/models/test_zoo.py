@@ -44,6 +44,16 @@ def _hf(auto: str, model_type: str, **config: Any) -> Callable[[], nn.Module]:
     return build
 
 
+def _audio(model_type: str, **config: Any) -> Callable[[], nn.Module]:
+    """A CTC speech model's logits and a loss on them (its own CTC loss first checks `labels.max()`, a branch on
+    data, which a trace cannot take); LayerDrop off (it branches on a random draw)."""
+    build = _hf("AutoModelForCTC", model_type, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                num_attention_heads=2, conv_dim=(8, 8), conv_stride=(5, 4), conv_kernel=(10, 8),
+                num_conv_pos_embeddings=8, num_conv_pos_embedding_groups=2, vocab_size=24, mask_time_prob=0.0,
+                layerdrop=0.0, **config)
+    return lambda: WithLoss(build(), lambda body, **inputs: body(**inputs).logits)
+
+
 # name -> (builder, kind of inputs)
 HF_MODELS: dict[str, tuple[Callable[[], nn.Module], str]] = {
     "llama": (_hf("AutoModelForCausalLM", "llama", **_DECODER), "causal"),
@@ -73,6 +83,13 @@ HF_MODELS: dict[str, tuple[Callable[[], nn.Module], str]] = {
                  max_position_embeddings=64, decoder_start_token_id=2, **_TOKENS), "seq2seq"),
     "vit": (_hf("AutoModelForImageClassification", "vit", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                 num_attention_heads=4, image_size=16, patch_size=4, num_labels=3), "image"),
+    # Its selective scan calls torch's associative_scan (transformers takes that path when
+    # torch.compiler.is_compiling() is True, as it is while minijit traces): minijit/frontend/scan.py.
+    "mamba": (_hf("AutoModelForCausalLM", "mamba", hidden_size=16, state_size=4, num_hidden_layers=1, expand=2,
+                  conv_kernel=4, **_TOKENS), "recurrent"),
+    # The feature encoder sets `requires_grad = True` on a view of its input in training.
+    "hubert": (_audio("hubert"), "audio"),
+    "sew": (_audio("sew", squeeze_factor=2), "audio"),
     "resnet": (_hf("AutoModelForImageClassification", "resnet", embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1],
                    layer_type="basic", num_labels=3), "image"),
 }
@@ -103,6 +120,10 @@ def _text_inputs(kind: str, masked: bool) -> dict[str, Any]:
 
 def _image_inputs() -> dict[str, Any]:
     return {"pixel_values": torch.randn(BATCH, 3, 16, 16), "labels": torch.randint(0, 3, (BATCH,))}
+
+
+def _audio_inputs() -> dict[str, Any]:
+    return {"input_values": torch.randn(BATCH, 400)}
 
 
 def tensors_in(value: Any, depth: int = 0) -> list[torch.Tensor]:
@@ -159,8 +180,10 @@ def run_against_eager(eager: nn.Module, make_inputs: Callable[[], dict[str, Any]
     return jm
 
 
+# Kinds of inputs run without a padding mask: images, speech, and recurrent models (Mamba), which take none.
+UNMASKED = {"image", "audio", "recurrent"}
 HF_CASES = [(name, masked) for name, (_, kind) in HF_MODELS.items() for masked in
-            ((False, True) if kind != "image" else (False,))]
+            ((False, True) if kind not in UNMASKED else (False,))]
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
@@ -169,7 +192,7 @@ def test_hugging_face_model_matches_eager(name: str, masked: bool) -> None:
     build, kind = HF_MODELS[name]
     torch.manual_seed(0)
     model = build().train()
-    make = _image_inputs if kind == "image" else lambda: _text_inputs(kind, masked)
+    make = {"image": _image_inputs, "audio": _audio_inputs}.get(kind, lambda: _text_inputs(kind, masked))
     jm = run_against_eager(model, make, calls=3)
     info = minijit.cache_info(jm)
     if name in FIRST_CALL_CHANGES:

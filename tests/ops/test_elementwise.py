@@ -89,3 +89,18 @@ def test_torch_aliases_of_ops_are_the_ops(name: str) -> None:
         jitted = minijit.jit(form)
         torch.testing.assert_close(jitted(*args), form(*args))
         assert "ltorch" in str(minijit.last_traces(jitted)[0])
+
+
+@pytest.mark.parametrize("form", ["method", "unbound method", "function"])
+def test_where_as_a_tensor_method_takes_the_tensor_as_input(form: str) -> None:
+    # x.where(condition, y) is torch.where(condition, x, y); with bool x the two readings differ silently.
+    import minijit
+
+    calls = {"method": lambda a, m, b: a.where(m, b), "unbound method": lambda a, m, b: torch.Tensor.where(a, m, b),
+             "function": lambda a, m, b: torch.where(m, a, b)}
+    gen = torch.Generator().manual_seed(0)
+    a, m, b = (torch.rand(16, generator=gen) > 0.5 for _ in range(3))
+    f = calls[form]
+    assert torch.equal(minijit.jit(f)(a, m, b), f(a, m, b))
+    x = torch.randn(16, generator=gen)
+    assert torch.equal(minijit.jit(lambda x, m: x.where(m, 0.5))(x, m), x.where(m, 0.5))

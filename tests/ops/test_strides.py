@@ -285,3 +285,17 @@ def test_symbolic_sizes_view_raises_where_eager_does(fn: Callable[[torch.Tensor]
         torch.testing.assert_close(jf(x), expected)
     if fn in (_split_a_chunk, _split_heads_of_a_chunk):
         assert minijit.cache_info(jf).misses == 1  # splits hold at every size: one trace
+
+
+def test_layout_through_a_move_to_a_device_matches_eager() -> None:
+    # x.to(device=d) is replayed on meta tensors with the device as meta: the layout stays known.
+    import minijit
+
+    def f(x):
+        y = x.t().to(device=x.device, dtype=torch.float64)
+        return y.stride(), y.view(-1) if y.is_contiguous() else y.reshape(-1)
+
+    x = torch.randn(3, 4)
+    want, have = f(x), minijit.jit(f)(x)
+    assert have[0] == want[0]
+    torch.testing.assert_close(have[1], want[1])

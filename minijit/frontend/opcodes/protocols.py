@@ -16,11 +16,13 @@ from typing import Any
 import torch
 
 from minijit.errors import UnsupportedSyntaxError
-from minijit.frontend.calls import call, should_interpret
+from minijit.frontend.calls import call, dispatch_torch_function, should_interpret
+from minijit.frontend.folding import NOT_FOLDED, fold
 from minijit.frontend.frame import current_state
 from minijit.frontend.interpreter import InterpretedGenerator
 from minijit.frontend.native_tensors import COMPUTING_ITERATORS, run_native
 from minijit.frontend.outside import item_label
+from minijit.frontend.torch_function import OPERATOR_METHODS, overrides_torch_function
 from minijit.ir import TensorProxy, current_trace
 from minijit.ir.context import where_now
 
@@ -58,10 +60,11 @@ def _method(obj: Any, name: str) -> Any:
 
 
 def traced(x: Any) -> Any:
-    """`x`, or while tracing, the proxy of a real tensor: operators on it must be recorded, not run once here."""
+    """`x`, or while tracing, the proxy of a real tensor: operators on it must be recorded, not run once here
+    (except on a tensor folded from Python numbers: minijit/frontend/folding.py)."""
     if isinstance(x, torch.Tensor) and not isinstance(x, TensorProxy):
         trace = current_trace()
-        if trace is not None and trace.capture_tensor is not None:
+        if trace is not None and trace.capture_tensor is not None and id(x) not in trace.folded_constants:
             return trace.capture_tensor(x)
     return x
 
@@ -101,7 +104,8 @@ def binary_op(a: Any, b: Any, index: int) -> Any:
     a, b = traced(a), traced(b)
     ma, mb = _members_of(a, b)
     if not (ma or mb):
-        return native(a, b)
+        folded = fold(native, (a, b), {})  # arithmetic on a tensor folded from numbers: folded too
+        return native(a, b) if folded is NOT_FOLDED else folded
     if index >= 13:
         inplace = _method(a, dunder)
         if inplace is not None:
@@ -110,7 +114,22 @@ def binary_op(a: Any, b: Any, index: int) -> Any:
                 return result
         plain = BINARY_OPS[index - 13]
         return _binary_slow(a, b, plain[2], plain[3], symbol)
+    if dunder in OPERATOR_METHODS:
+        method = _tensor_operator_override(a, b, dunder)
+        if method is not None:
+            return method
     return _binary_slow(a, b, dunder, other, symbol)
+
+
+def _tensor_operator_override(a: Any, b: Any, dunder: str) -> Any:
+    """`a <op> b` between a traced tensor and an object overriding `__torch_function__`: eager's dispatch to it
+    (the Tensor method, the tensor first); None where no override takes part."""
+    left, right = OPERATOR_METHODS[dunder]
+    if isinstance(a, TensorProxy) and overrides_torch_function(type(b)):
+        return dispatch_torch_function(left, [b], (a, b), {})
+    if isinstance(b, TensorProxy) and overrides_torch_function(type(a)) and class_attr(type(a), dunder) is None:
+        return dispatch_torch_function(right, [a], (b, a), {})
+    return None
 
 
 def _binary_slow(a: Any, b: Any, dunder: str, reflected: str, symbol: str) -> Any:
@@ -396,10 +415,37 @@ def store_attr(obj: Any, name: str, value: Any) -> None:
         if "__setattr__" in members:
             call_dunder(obj, "__setattr__", name, value)
             return
+    if isinstance(obj, TensorProxy) and name == "requires_grad" and _set_requires_grad(obj, value):
+        return
     if isinstance(obj, TensorProxy) or (isinstance(obj, torch.Tensor) and isinstance(value, TensorProxy)):
         _refuse_tensor_attribute_write(obj, name)
     _log_attribute_write(obj, name, value, delete=False)
     setattr(obj, name, value)
+
+
+def _set_requires_grad(t: TensorProxy, value: Any) -> bool:
+    """`t.requires_grad = value` for a tensor the trace computed; False where it is refused instead.
+
+    As in eager, only a leaf's flag may change: a computed tensor that requires grad has a
+    history (eager's RuntimeError), one that does not is a leaf. Turning it on makes it a leaf
+    whose own gradient nobody reads (transformers does this to a view of the input so that
+    gradient checkpointing sees a tensor requiring grad): later ops see the flag, as eager's
+    do, and their gradients flow to the inputs as eager's do. Refused where the flag would
+    be all that requires grad (no input does: the outputs would require grad only in eager).
+    """
+    trace = current_trace()
+    if trace is None or type(value) is not bool or any(a is t for a in trace.args):
+        return False  # an input's flag is the caller's: refused
+    if t.requires_grad:
+        raise RuntimeError(f"you can only change requires_grad flags of leaf variables ({t.name}{where_now()})")
+    if value and torch.is_grad_enabled() and not any(isinstance(a, TensorProxy) and a.requires_grad
+                                                     for a in trace.args):
+        raise UnsupportedSyntaxError(
+            f"assigning {t.name}.requires_grad = True{where_now()} in a function none of whose inputs requires "
+            "grad is not supported: the outputs would require grad only through that tensor, which minijit "
+            "does not differentiate; set requires_grad on an input before the call")
+    t.requires_grad = value
+    return True
 
 
 def _refuse_tensor_attribute_write(obj: Any, name: str) -> None:

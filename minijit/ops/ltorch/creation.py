@@ -205,11 +205,16 @@ def full_like(input: TensorProxy, fill_value: Any, *, dtype: torch.dtype | None 
 
 
 def _declare_new(name: str, value: Any) -> Any:
-    def decomposition(input: TensorProxy, *size: Any, dtype: torch.dtype | None = None, layout: Any = None,  # noqa: A002
-                      device: Any = None, pin_memory: bool = False, requires_grad: bool = False) -> TensorProxy:
+    def decomposition(input: TensorProxy, *sizes: Any, size: Any = None, dtype: torch.dtype | None = None,  # noqa: A002
+                      layout: Any = None, device: Any = None, pin_memory: bool = False,
+                      requires_grad: bool = False) -> TensorProxy:
         _tensor(name, input)
         _check_options(name, requires_grad, None, layout)
-        return _filled(name, parse_shape(name, size), value, dtype or input.dtype, _device(device, input.device))
+        if size is not None:  # x.new_ones(size=(2, 3)), as transformers' Longformer calls it
+            if sizes:
+                raise TypeError(f"{name}() got multiple values for argument 'size'")
+            sizes = (size,)
+        return _filled(name, parse_shape(name, sizes), value, dtype or input.dtype, _device(device, input.device))
 
     decomposition.__name__ = name
     decomposition.__doc__ = f"Tensor.{name}(size): a tensor of input's dtype and device filled with {value}."

@@ -175,7 +175,7 @@ for _name in ("logical_and", "logical_or", "logical_xor"):
     _declare_logical(_name)
 
 
-@ltorch_op(torch_fns=[torch.where, torch.Tensor.where], methods=["where"])
+@ltorch_op(torch_fns=[torch.where])
 def where(condition: TensorProxy, input: Any, other: Any) -> TensorProxy:  # noqa: A002 - torch's names
     """torch.where(condition, input, other) with broadcasting and promotion."""
     if not isinstance(condition, TensorProxy) or condition.dtype not in (torch.bool, torch.uint8):
@@ -187,6 +187,12 @@ def where(condition: TensorProxy, input: Any, other: Any) -> TensorProxy:  # noq
     args = [expand_to(to_dtype(to_device(x, device), dtype), shape) for x in (input, other)]
     cond = expand_to(to_dtype(to_device(condition, device), torch.bool), shape)
     return prims.where(cond, *args)
+
+
+@ltorch_op("where_method", torch_fns=[torch.Tensor.where], methods=["where"])
+def where_method(input: TensorProxy, condition: Any, other: Any) -> TensorProxy:  # noqa: A002 - torch's names
+    """Tensor.where(condition, other): the tensor itself is where's `input`, the value where condition holds."""
+    return where(condition, input, other)
 
 
 @ltorch_op(torch_fns=[torch.clamp, torch.clip, torch.Tensor.clamp, torch.Tensor.clip], methods=["clamp", "clip"])

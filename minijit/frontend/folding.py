@@ -1,0 +1,82 @@
+"""Torch arithmetic on Python numbers only, folded at trace time: `torch.div(seq_len, w, rounding_mode="trunc")`.
+
+Eager wraps the numbers into 0-dim tensors and returns one; code written for tracing (Hugging Face
+Longformer) then uses it as a size (`x.new_zeros((n, chunks + 1))`, `view`, `as_strided`), where
+eager reads its value. In a trace such a value is known: it comes from numbers the trace was
+specialised on. So:
+
+- a torch call whose arguments hold no traced value and no tensor but these folded ones, which
+  ltorch cannot record (`prims.div needs a tensor argument`) or which reads only folded tensors
+  (`chunks - 1`), runs natively at trace time; its tensor result is a folded constant too;
+- a folded 0-dim integer tensor that reaches a call with traced values is the number it holds, as
+  eager's size arguments read it (and as an int it promotes like the 0-dim integer tensor it is);
+  a folded tensor of another kind reaches the trace as a constant (`prims.tensor_constant`).
+
+Random ops are never folded (their draws would be frozen), and a tensor from outside the call is
+never folded (its value may change between calls: it is a trace input).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from minijit.ir import Proxy, Trace, current_trace, tree_flatten, tree_map
+from minijit.ops.opaque import draws_random_numbers
+
+__all__ = ["NOT_FOLDED", "fold", "fold_numbers_only", "unfold_sizes"]
+
+NOT_FOLDED = object()
+
+
+def _folded(trace: Trace | None) -> dict[int, torch.Tensor]:
+    return trace.folded_constants if trace is not None else {}
+
+
+def _run(trace: Trace, fn: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+    with torch.no_grad():
+        out = fn(*args, **kwargs)
+    for t in tree_flatten(out):
+        if isinstance(t, torch.Tensor):
+            trace.folded_constants[id(t)] = t  # kept alive with the trace: ids stay unique
+    return out
+
+
+def fold(fn: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+    """`fn(*args, **kwargs)` run now when every tensor among the arguments is folded (none traced); else NOT_FOLDED."""
+    trace = current_trace()
+    folded = _folded(trace)
+    if not folded:
+        return NOT_FOLDED
+    leaves = tree_flatten((list(args), kwargs))
+    tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
+    if (not tensors or any(isinstance(x, Proxy) for x in leaves) or any(id(t) not in folded for t in tensors)
+            or draws_random_numbers(fn)):
+        return NOT_FOLDED
+    return _run(trace, fn, args, kwargs)
+
+
+def fold_numbers_only(fn: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+    """`fn(*args, **kwargs)` run now when its arguments are plain Python values (no tensor, no proxy); else NOT_FOLDED."""
+    trace = current_trace()
+    leaves = tree_flatten((list(args), kwargs))
+    if (trace is None or any(isinstance(x, torch.Tensor | Proxy) for x in leaves) or draws_random_numbers(fn)
+            or not any(isinstance(x, int | float) for x in leaves)):
+        return NOT_FOLDED
+    return _run(trace, fn, args, kwargs)
+
+
+def unfold_sizes(args: Any, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """The arguments with each folded 0-dim integer tensor replaced by its value (unchanged when there is none)."""
+    folded = _folded(current_trace())
+    if not folded:
+        return args, kwargs
+
+    def value(x: Any) -> Any:
+        if (isinstance(x, torch.Tensor) and id(x) in folded and x.ndim == 0
+                and not (x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool)):
+            return int(x)
+        return x
+
+    return tree_map(value, (args, kwargs))

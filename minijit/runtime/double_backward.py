@@ -1,0 +1,167 @@
+"""Double backward: the backward of a jitted call, differentiable when autograd asks for it (`create_graph=True`).
+
+The compiled backward reads residuals the forward saved under grad mode off (inside the
+`autograd.Function`), so they carry no history and its gradients would be constants to a
+second differentiation: silently wrong. So a backward run with grad mode on (a gradient
+penalty's `autograd.grad(D(x).sum(), x, create_graph=True)`) recomputes instead: the
+functional trace (the one the grad pass split) runs again on the call's inputs as eager
+torch ops (the torch executor only, never a fusion kernel autograd cannot see), with grad
+mode on, and eager autograd differentiates it with `create_graph=True`. The gradients it
+returns carry eager's graph, so every higher order is eager's too.
+
+What the recompute must reproduce is checked when the entry is compiled, and a trace
+it cannot reproduce is refused at the double backward with the reason:
+
+- values computed under `torch.no_grad()` are detached in the recomputed trace, as eager
+  computed them without history;
+- a traced custom `autograd.Function` is refused: eager autograd would differentiate its
+  forward's ops, not the user's backward;
+- random ops (dropout) draw again what they drew: the call saves the generators' states
+  before it runs (only for such traces), and the recompute starts from them, its own
+  draws leaving the generators as they were;
+- a trace that writes into its inputs is refused: a second run would write them again.
+
+An input changed in place between the call and the double backward raises eager's
+"modified by an inplace operation" error: the recompute would read its new value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from minijit.errors import MinijitError
+from minijit.extend import get_executor
+from minijit.ir import BoundSymbol, TensorProxy, Trace, tracing, tree_flatten
+from minijit.ir.rewrite import ProxyMap, rewrite
+from minijit.ops import prims
+from minijit.runtime.autocast import without_autocast
+from minijit.transforms import claim_executors, dce
+
+__all__ = ["Recompute", "recompute_for"]
+
+
+@dataclass
+class Recompute:
+    """How a jitted call's backward becomes differentiable: the functional trace, run again eagerly.
+
+    `refusal` says why it cannot (None when it can); the eager forward is compiled on first use.
+    """
+
+    name: str
+    trace: Trace | None
+    refusal: str | None = None
+    # Whether the trace draws random numbers: each call then saves the generators' states for it.
+    random: bool = False
+    _forward: Callable[..., Any] | None = field(default=None, repr=False)
+
+    def forward(self) -> Callable[..., Any]:
+        """The trace as eager torch ops, compiled once: inputs -> the output's flattened leaves."""
+        if self.refusal is not None:
+            raise MinijitError(f"double backward (create_graph=True) through the jitted function {self.name!r}: "
+                               f"{self.refusal}; call backward without create_graph, or differentiate the "
+                               "function eagerly")
+        if self._forward is None:
+            assert self.trace is not None
+            trace = claim_executors(self.trace, [get_executor("torch")])
+            run = without_autocast(dce(trace).python_callable())
+            self._forward = lambda *inputs: tree_flatten(run(*inputs))
+            self.trace = None  # the compiled function holds what it needs
+        return self._forward
+
+    def rng_state(self, inputs: Sequence[Any]) -> Any:
+        """The generators' states a call starts from, when the trace draws random numbers (else None)."""
+        if not self.random:
+            return None
+        cuda = sorted({t.device.index or 0 for t in inputs if isinstance(t, torch.Tensor) and t.is_cuda})
+        return torch.get_rng_state(), [(d, torch.cuda.get_rng_state(d)) for d in cuda]
+
+    def gradients(self, inputs: Sequence[Any], versions: Sequence[int | None], positions: Sequence[int],
+                  cotangents: Sequence[torch.Tensor | None], rng: Any = None) -> list[torch.Tensor | None]:
+        """One gradient per input (None where none), with eager's graph, for the cotangents of the outputs at `positions`.
+
+        `rng` (from `rng_state`) is where the call's random draws started.
+        """
+        run = self.forward()
+        for t, v in zip(inputs, versions):
+            if v is not None and t._version != v:
+                raise RuntimeError(
+                    "one of the variables needed for gradient computation has been modified by an inplace "
+                    f"operation: an input of the jitted function {self.name!r} changed after the call, and the "
+                    "double backward (create_graph=True) recomputes the call from its inputs")
+        wanted = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor) and t.requires_grad]
+        with torch.enable_grad(), _replaying(rng):
+            leaves = run(*inputs)
+            pairs = [(leaves[p], c) for p, c in zip(positions, cotangents)
+                     if c is not None and isinstance(leaves[p], torch.Tensor) and leaves[p].requires_grad]
+            if not pairs or not wanted:
+                return [None] * len(inputs)
+            outs, cots = zip(*pairs)
+            grads = torch.autograd.grad(outs, [inputs[i] for i in wanted], cots, create_graph=True,
+                                        allow_unused=True)
+        result: list[torch.Tensor | None] = [None] * len(inputs)
+        for i, g in zip(wanted, grads):
+            result[i] = g
+        return result
+
+
+@contextmanager
+def _replaying(rng: Any) -> Iterator[None]:
+    """Draw from the generators' states `rng` (None: as they are), leaving them as they were after."""
+    if rng is None:
+        yield
+        return
+    cpu, cuda = rng
+    with torch.random.fork_rng(devices=[d for d, _ in cuda]):
+        torch.set_rng_state(cpu)
+        for d, state in cuda:
+            torch.cuda.set_rng_state(state, d)
+        yield
+
+
+def _walk(bsyms: Iterable[BoundSymbol]) -> Iterable[BoundSymbol]:
+    for b in bsyms:
+        yield b
+        yield from _walk(b.subsymbols)
+
+
+def _refusal(trace: Trace, mutated_inputs: Sequence[str]) -> str | None:
+    """Why running `trace` again eagerly would not reproduce the call's gradients, or None."""
+    if mutated_inputs:
+        return f"it writes into its input(s) {', '.join(mutated_inputs)}, which a recompute would write again"
+    for b in _walk(trace.bound_symbols):
+        if b.sym.namespace == "autograd_function":
+            return (f"it calls the custom autograd.Function {b.sym.name}, whose backward eager autograd "
+                    "cannot differentiate from a recompute of its forward")
+    return None
+
+
+def _detach_no_grad(trace: Trace, no_grad: frozenset[str]) -> Trace:
+    """`trace` with each value computed under torch.no_grad() detached, so an eager run gives it no history."""
+    if not no_grad:
+        return trace
+
+    def rule(bsym: BoundSymbol, env: ProxyMap) -> Sequence[BoundSymbol] | None:
+        outs = [p for p in bsym.proxy_outputs() if isinstance(p, TensorProxy) and p.name in no_grad]
+        if not outs:
+            return None
+        scratch = trace.derive([], pass_name="detach no_grad values")
+        with tracing(scratch):
+            for p in outs:
+                env[p] = prims.detach(p)
+        return [bsym, *scratch.bound_symbols]
+
+    return rewrite(trace, rule, pass_name="detach no_grad values")
+
+
+def recompute_for(trace: Trace, name: str, no_grad: frozenset[str], mutated_inputs: Sequence[str]) -> Recompute:
+    """The recompute of a functional trace (before the grad split) for a double backward, or why there is none."""
+    refusal = _refusal(trace, mutated_inputs)
+    if refusal is not None:
+        return Recompute(name, None, refusal)
+    random = any(b.is_random() for b in trace.bound_symbols)
+    return Recompute(name, _detach_no_grad(trace, no_grad), random=random)
