@@ -49,6 +49,7 @@ from minijit.frontend.guards import (
     short_repr,
 )
 from minijit.ir import Proxy
+from minijit.ir.containers import contains_proxy
 from minijit.ir.context import where_now
 
 Tensor = torch.Tensor
@@ -126,6 +127,8 @@ class Outside:
     # id -> object: instances of Python classes the traced code created; a result or stored value
     # holding traced tensors in one is rebuilt for each call from its attributes.
     created: dict[int, Any] = field(default_factory=dict)
+    # Objects from outside the call that the call returns as themselves (a cache passed in and returned).
+    returned: list[Any] = field(default_factory=list)
 
     # -- roots and sources --------------------------------------------------------------------
     def add_root(self, obj: Any, label: str) -> None:
@@ -454,6 +457,11 @@ def check_no_proxy_left(outside: Outside) -> None:
                     f"a traced tensor ({value.name}) was stored into {where} of a {type(obj).__name__} ({label}) that "
                     "exists outside the jitted call, by code minijit runs natively; it cannot be replayed. Return "
                     "the tensor from the jitted function and store it outside")
+    for obj in outside.returned:
+        if contains_proxy(obj):
+            raise UnsupportedSyntaxError(
+                f"the jitted call returns the {type(obj).__name__} it was given, and a traced tensor is still inside "
+                "it where minijit cannot replay the write that put it there. Return the tensor itself")
 
 
 def _slots(obj: Any) -> list[tuple[str, Any, Any]]:

@@ -44,7 +44,8 @@ def compile_prologue(entry: Any, call: tuple[list[str], list[Check]], keywords: 
     traces = entry.traces
     names = input_names(traces[0])
     env: dict[str, Any] = {}
-    checks = call[1] + guard_checks(constraints, values, captured, aliases, names, env)
+    checks = call[1] + guard_checks(constraints, values, captured, aliases, names, env,
+                                    entry.capture.symbolic_captured)
     reads = [(name, source.expression(env)) for name, source, _ in captured]
     own = names[: len(names) - len(captured)]
     return Prologue(traces[0].fn_name, call[0], keywords, checks, own, reads, env)

@@ -50,6 +50,8 @@ class CaptureResult:
     guards: list[GuardEntry] = field(default_factory=list)
     # Tensors read from outside the call, trace inputs after the call's own: (input name, source, tensor seen).
     captured_inputs: list[tuple[str, Source, torch.Tensor]] = field(default_factory=list)
+    # Names of the captured tensors traced with symbolic sizes (the guard checks their rank and constraints).
+    symbolic_captured: set[str] = field(default_factory=set)
     # Tensors made while tracing that the trace holds as constants (kept alive with the entry).
     constants: list[torch.Tensor] = field(default_factory=list)
     # Names of the values computed under torch.no_grad(): constants for grad, free to write into leaves.
@@ -145,7 +147,8 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
         if not trace.fn_name.isidentifier():
             trace.fn_name = "computation"
         found = CaptureResult()
-        trace.capture_tensor = tensor_capturer(trace, found.captured_inputs, found.constants)
+        trace.capture_tensor = tensor_capturer(trace, found.captured_inputs, found.constants, symbolic, pinned,
+                                               found.symbolic_captured)
         trace.captures_user_code = True
 
         def finish(result: Any, outside: Outside) -> Any:
