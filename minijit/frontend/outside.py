@@ -132,8 +132,9 @@ class Outside:
 
     # -- roots and sources --------------------------------------------------------------------
     def add_root(self, obj: Any, label: str) -> None:
-        """Guard reads of `obj` and log writes into it from now on."""
-        if id(obj) not in self.roots and may_have_guarded_attributes(obj):
+        """Guard reads of `obj` and log writes into it from now on (not for an object the trace created: its
+        state is the trace's own, rebuilt for each call, even once it is stored into an object from outside)."""
+        if id(obj) not in self.roots and not self.is_created(obj) and may_have_guarded_attributes(obj):
             self.roots[id(obj)] = (obj, label)
 
     def is_root(self, obj: Any) -> bool:

@@ -159,8 +159,11 @@ def finish_capture(trace: Trace, where: str, result: Any, outside: Outside) -> t
         notes.append(f"then {effect.describe()}: {spec.describe([_name(x) for x in leaves])}")
     inputs = {id(p): i for i, p in enumerate(trace.args)}
     plan.passthrough = [(i, inputs[id(x)]) for i, x in enumerate(result_leaves) if id(x) in inputs]
-    if plan.effects or result_spec.needs_rebuild() or plan.passthrough:
-        plan.result = result_spec if result_spec.needs_rebuild() or plan.passthrough else None
+    # An object from outside in the result is put back by the plan, not held by the trace: an entry moved
+    # to new objects (minijit.runtime.rebind) returns the new one.
+    rebuild = result_spec.needs_rebuild() or bool(plan.passthrough) or bool(outside.returned)
+    if plan.effects or rebuild:
+        plan.result = result_spec if rebuild else None
         output: Any = (tuple(result_leaves) if plan.result is not None else result_spec.rebuild(result_leaves),
                        tuple(effect_leaves))
         if plan.result is not None:

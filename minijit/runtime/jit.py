@@ -19,6 +19,7 @@ from minijit.runtime.cache_key import POSITIONAL_TENSOR_KEYS, POSITIONAL_TENSOR_
 from minijit.runtime.explain import explain_miss
 from minijit.runtime.inputs import flat_inputs
 from minijit.runtime.pipeline import CompiledEntry, compile_for
+from minijit.runtime.rebind import rebind
 
 Tensor = torch.Tensor
 
@@ -39,10 +40,13 @@ class CacheInfo:
     hits: int = 0
     misses: int = 0
     entries: int = 0
+    # Calls that reused a trace for new objects of the kinds it was traced with (minijit.runtime.rebind).
+    rebound: int = 0
     miss_reasons: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
-        lines = [f"{self.hits} hit(s), {self.misses} miss(es), {self.entries} cache entr{'y' if self.entries == 1 else 'ies'}"]
+        lines = [f"{self.hits} hit(s), {self.misses} miss(es), {self.entries} cache entr{'y' if self.entries == 1 else 'ies'}"
+                 + (f", {self.rebound} rebound to new objects" if self.rebound else "")]
         lines += [f"  miss {i}: {reason}" for i, reason in enumerate(self.miss_reasons, start=1)]
         return "\n".join(lines)
 
@@ -125,12 +129,31 @@ class JitFunction:
                 self._hits += 1
                 break
         else:
-            entry = self._miss(args, kwargs, flat, candidates)
-            if self.cache_mode != "no caching":
+            moved = self._rebind(args, kwargs, flat) if self.cache_mode != "no caching" else None
+            if moved is not None:
+                entry = moved
                 self._entries.setdefault(key, []).append(entry)
-                self._info.entries += 1
+            else:
+                entry = self._miss(args, kwargs, flat, candidates)
+                if self.cache_mode != "no caching":
+                    self._entries.setdefault(key, []).append(entry)
+                    self._info.entries += 1
         self._last = entry
         return entry.computation(*flat)
+
+    def _rebind(self, args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[Any]) -> CompiledEntry | None:
+        """An entry moved from its objects to this call's objects of the same types (minijit.runtime.rebind),
+        in place of the entry it was moved from; None when no entry can be."""
+        for key, entries in reversed(list(self._entries.items())):
+            for entry in reversed(entries):
+                moved = rebind(entry, self.fn, args, kwargs, flat, self._symbolic)
+                if moved is not None:
+                    entries.remove(entry)  # its objects are the previous call's: the entries stay as many
+                    if not entries:
+                        del self._entries[key]
+                    self._info.rebound += 1
+                    return moved
+        return None
 
     def _miss(self, args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[Any],
               same_key: list[CompiledEntry]) -> CompiledEntry:

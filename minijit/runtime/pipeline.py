@@ -33,6 +33,7 @@ from minijit.runtime.inputs import (
     tensor_capturer,
 )
 from minijit.runtime.module import ModuleForward
+from minijit.runtime.rebind import object_arguments
 from minijit.transforms import check_copies, claim_executors, dce, functionalize, write_copies_in_place
 from minijit.transforms.buffer_reuse import reuse_buffers
 from minijit.transforms.copy_analysis import CHECK_COPIES
@@ -84,6 +85,10 @@ class CompiledEntry:
     constraints: list[str] = field(default_factory=list)
     # The backward traces, one per pass, when the entry differentiates (else empty).
     backward_traces: list[Trace] = field(default_factory=list)
+    # The compiled trace before the call plan wraps it (None when it differentiates), and the
+    # (subject, object) of the arguments specialised on by identity: what `rebind` needs.
+    plain: Callable[..., Any] | None = None
+    arg_objects: list[tuple[str, Any]] = field(default_factory=list)
 
 
 def _timed(run: Callable[[], Any], traces: list[Trace], check: TraceChecker | None) -> Any:
@@ -120,6 +125,7 @@ def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
             # traced again with those inputs' sizes constant, the rest symbolic (the set only grows).
             pinned |= pin.positions
     entry.constraints = drop_implied(constraints)
+    entry.arg_objects = object_arguments(call[0], call[1], args, kwargs)
     entry.prologue = compile_prologue(entry, call, tuple(kwargs), entry.constraints)
     entry.guard = entry.prologue.guard
     if any_autocast_enabled():
@@ -200,7 +206,7 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
     computation = with_synthetic_bases(bumping_versions(trace.python_callable(), trace, functionalized.mutated_inputs),
                                        aliasing)
     traces[-1].elapsed_ms += (time.perf_counter() - start) * 1e3
-    return CompiledEntry(found.call_plan.wrap(computation), traces, **records)
+    return CompiledEntry(found.call_plan.wrap(computation), traces, **records, plain=computation)
 
 
 def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[Any], check: TraceChecker | None,
