@@ -345,7 +345,8 @@ def guard_checks(constraints: Sequence[str], values: Sequence[GuardEntry],
     env.update(guard_names())
     checks = [Check("constraint failed", "constraint", c, True, keyed=False, explain=_constraint_failed) for c in constraints]
     for i, value in enumerate(values):
-        checks.append(Check(str(value), "read", guard_expression(env, i, value), True, keyed=False,
+        # Labelled lazily: the value read may be a big object (a model's config), worded only for a miss.
+        checks.append(Check("a value read from outside", "read", guard_expression(env, i, value), True, keyed=False,
                             explain=lambda now, expected, value=value: f"{value} changed"))
     for name, _, t in captured:
         meta = (t.ndim if name in symbolic_captured else t.shape, t.dtype, t.device, t.requires_grad)

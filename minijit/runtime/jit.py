@@ -35,6 +35,8 @@ class CacheInfo:
     """What the cache of a jitted function holds and how it has been used.
 
     `miss_reasons` has one line per miss, in order: why that call could not reuse a trace.
+    `rebound` counts the calls that reused a trace for new objects passed in place of those it was
+    traced with (a Hugging Face cache made by each `generate()`): neither hits nor misses.
     """
 
     hits: int = 0

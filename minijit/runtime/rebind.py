@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from minijit.frontend import GuardEntry
-from minijit.frontend.guards import Source, has_snapshot, may_have_guarded_attributes
+from minijit.frontend.guards import MISSING, Source, has_snapshot, is_constant, may_have_guarded_attributes
 from minijit.ir.containers import Constant, Mapping, Registered, Sequence, Spec
 from minijit.runtime.autocast import any_autocast_enabled, without_autocast
 from minijit.runtime.call_plan import CallPlan
@@ -80,6 +80,8 @@ def rebind(entry: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: di
             call_plan=pairs.plan(entry.capture.call_plan))
     except _Unpaired:
         return None
+    if not all(_may_hold(g) for g in capture.guards):
+        return None  # a value read from the new objects differs: no need to compile a guard to know
     copy = dataclasses.replace(entry, capture=capture, arg_objects=objects)
     copy.prologue = compile_prologue(copy, (params, checks), tuple(kwargs), copy.constraints)
     copy.guard = copy.prologue.guard
@@ -151,11 +153,12 @@ class _Pairs:
         holder = self.source(s.holder) if isinstance(s.holder, Source) else self.move(s.holder)
         return dataclasses.replace(s, holder=holder)
 
-    def guard(self, g: GuardEntry, copied: Any) -> GuardEntry:
-        """`g` moved; a list, dict or set of constants keeps the copy the old prologue compares with (`copied`),
-        taken when the trace was made, not the container as it is now."""
+    def guard(self, g: GuardEntry, compared: Any) -> GuardEntry:
+        """`g` moved. `compared` is what the old prologue compares the value read with: where that is a copy
+        (a list, dict or set of constants, copied when the trace was made), the copy is kept, whatever the
+        container holds now; otherwise the value itself, moved like the rest."""
         namespace = self.source(g.namespace) if isinstance(g.namespace, Source) else self.move(g.namespace)
-        value = copied if has_snapshot(g.value) and copied is not None else self.move(g.value)
+        value = compared if compared is not None and compared is not g.value else self.move(g.value)
         return dataclasses.replace(g, namespace=namespace, value=value,
                                    shadow=None if g.shadow is None else self.move(g.shadow))
 
@@ -177,6 +180,30 @@ class _Pairs:
         if isinstance(s, Registered):
             return Registered(s.kind, s.context, [self.spec(c) for c in s.children])
         return s
+
+
+def _may_hold(g: GuardEntry) -> bool:
+    """False when the guard entry `g` plainly fails now (a different constant or object read, a different length);
+    True otherwise, and whenever it cannot tell: a quick filter before the compiled guard, which decides."""
+    ns = g.namespace
+    try:
+        if isinstance(ns, Source) or g.shadow is not None:
+            return True
+        if g.kind == "length":
+            return len(ns) == g.value
+        if g.kind == "attribute":
+            now = vars(ns).get(g.name, MISSING)
+        elif g.kind == "item" and isinstance(ns, dict):
+            now = dict.get(ns, g.name, MISSING)
+        else:
+            return True
+        if isinstance(g.value, torch.Tensor):
+            return isinstance(now, torch.Tensor)
+        if is_constant(g.value) or has_snapshot(g.value):
+            return type(now) is type(g.value) and now == g.value
+        return now is g.value
+    except Exception:
+        return True
 
 
 def _plain(cls: type) -> bool:

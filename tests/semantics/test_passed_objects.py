@@ -201,3 +201,48 @@ def test_deep_copied_cache_reuses_the_trace() -> None:
     for h, w in zip(_state(fork_have), _state(fork_want), strict=True):
         torch.testing.assert_close(h, w)
     assert minijit.cache_info(jitted).rebound == 1, str(minijit.cache_info(jitted))
+
+
+SETTINGS = {"scale": 2.0}
+
+
+def shift(x: torch.Tensor, state: Any) -> torch.Tensor:
+    return x * SETTINGS["scale"] + state.settings["scale"]
+
+
+def test_object_the_function_also_reaches_through_a_global_is_not_moved() -> None:
+    jitted = minijit.jit(shift)
+    x = torch.randn(3)
+    try:
+        torch.testing.assert_close(jitted(x, State(SETTINGS)), shift(x, State(SETTINGS)))
+        other = State({"scale": 2.0})
+        torch.testing.assert_close(jitted(x, other), shift(x, other))
+        SETTINGS["scale"] = 5.0  # the global changes: the function must see it
+        torch.testing.assert_close(jitted(x, other), shift(x, other))
+    finally:
+        SETTINGS["scale"] = 2.0
+
+
+class Settings:
+    def __init__(self, scale: float) -> None:
+        self.scale = scale
+
+
+OPTIONS = Settings(2.0)
+
+
+def shift_by_options(x: torch.Tensor, state: Any) -> torch.Tensor:
+    return x * OPTIONS.scale + state.settings.scale
+
+
+def test_object_of_a_global_shared_with_the_argument_is_not_moved() -> None:
+    jitted = minijit.jit(shift_by_options)
+    x = torch.randn(3)
+    try:
+        torch.testing.assert_close(jitted(x, State(OPTIONS)), shift_by_options(x, State(OPTIONS)))
+        other = State(Settings(2.0))
+        torch.testing.assert_close(jitted(x, other), shift_by_options(x, other))
+        OPTIONS.scale = 5.0  # the global's attribute changes: the function must see it
+        torch.testing.assert_close(jitted(x, other), shift_by_options(x, other))
+    finally:
+        OPTIONS.scale = 2.0
