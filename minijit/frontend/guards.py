@@ -61,11 +61,14 @@ class Source:
 
 
 def _bind(env: dict[str, Any], value: Any, prefix: str) -> str:
-    for name, bound in env.items():
-        if bound is value and name.startswith(prefix):
-            return name
+    # The names already bound, by (id, prefix), kept in `env` itself: a guard may bind hundreds of objects.
+    bound: dict[tuple[int, str], str] = env.setdefault("_bound_names", {})
+    name = bound.get((id(value), prefix))
+    if name is not None and env.get(name) is value:
+        return name
     name = f"{prefix}{len(env)}"
     env[name] = value
+    bound[(id(value), prefix)] = name
     return name
 
 

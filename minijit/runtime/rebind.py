@@ -73,15 +73,17 @@ def rebind(entry: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: di
             return None
         for (_, before), (_, now) in zip(entry.arg_objects, objects, strict=True):
             pairs.walk(before, now, 0)
+        guards = []
+        for i, g in enumerate(entry.capture.guards):
+            guards.append(pairs.guard(g, entry.prologue.env.get(f"_v{i}")))
+            if not _may_hold(guards[-1]):
+                return None  # a value read from the new objects differs: no need to compile a guard to know
         capture = dataclasses.replace(
-            entry.capture, guards=[pairs.guard(g, entry.prologue.env.get(f"_v{i}"))
-                                   for i, g in enumerate(entry.capture.guards)],
+            entry.capture, guards=guards,
             captured_inputs=[(name, pairs.source(s), t) for name, s, t in entry.capture.captured_inputs],
             call_plan=pairs.plan(entry.capture.call_plan))
     except _Unpaired:
         return None
-    if not all(_may_hold(g) for g in capture.guards):
-        return None  # a value read from the new objects differs: no need to compile a guard to know
     copy = dataclasses.replace(entry, capture=capture, arg_objects=objects)
     copy.prologue = compile_prologue(copy, (params, checks), tuple(kwargs), copy.constraints)
     copy.guard = copy.prologue.guard
