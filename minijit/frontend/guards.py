@@ -61,11 +61,14 @@ class Source:
 
 
 def _bind(env: dict[str, Any], value: Any, prefix: str) -> str:
-    for name, bound in env.items():
-        if bound is value and name.startswith(prefix):
-            return name
+    # The names already bound, by (id, prefix), kept in `env` itself: a guard may bind hundreds of objects.
+    bound: dict[tuple[int, str], str] = env.setdefault("_bound_names", {})
+    name = bound.get((id(value), prefix))
+    if name is not None and env.get(name) is value:
+        return name
     name = f"{prefix}{len(env)}"
     env[name] = value
+    bound[(id(value), prefix)] = name
     return name
 
 
@@ -115,10 +118,30 @@ class GuardEntry:
 
 def short_repr(value: Any) -> str:
     """A one-line, short repr of a value for messages and trace comments."""
+    text = " ".join(_bounded_repr(value, 60).split())
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _bounded_repr(value: Any, limit: int) -> str:
+    """repr(value), but tensors as their shapes and lists, tuples and dicts cut off past about `limit`
+    characters (a list of tensors is never printed whole)."""
     if isinstance(value, torch.Tensor):
         return f"a tensor of shape {tuple(value.shape)}"
-    text = " ".join(repr(value).split())
-    return text if len(text) <= 60 else text[:57] + "..."
+    if type(value) in (list, tuple, dict):
+        items = value.items() if isinstance(value, dict) else value
+        parts: list[str] = []
+        length = 0
+        for item in items:
+            part = (f"{_bounded_repr(item[0], limit)}: {_bounded_repr(item[1], limit)}" if isinstance(value, dict)
+                    else _bounded_repr(item, limit))
+            parts.append(part)
+            length += len(part) + 2
+            if length > limit:
+                parts.append("...")
+                break
+        open_, close = {list: "[]", tuple: "()", dict: "{}"}[type(value)]
+        return open_ + ", ".join(parts) + ("," if type(value) is tuple and len(parts) == 1 else "") + close
+    return repr(value)
 
 
 def is_constant(value: Any) -> bool:

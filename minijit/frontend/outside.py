@@ -49,6 +49,7 @@ from minijit.frontend.guards import (
     short_repr,
 )
 from minijit.ir import Proxy
+from minijit.ir.containers import contains_proxy
 from minijit.ir.context import where_now
 
 Tensor = torch.Tensor
@@ -126,11 +127,14 @@ class Outside:
     # id -> object: instances of Python classes the traced code created; a result or stored value
     # holding traced tensors in one is rebuilt for each call from its attributes.
     created: dict[int, Any] = field(default_factory=dict)
+    # Objects from outside the call that the call returns as themselves (a cache passed in and returned).
+    returned: list[Any] = field(default_factory=list)
 
     # -- roots and sources --------------------------------------------------------------------
     def add_root(self, obj: Any, label: str) -> None:
-        """Guard reads of `obj` and log writes into it from now on."""
-        if id(obj) not in self.roots and may_have_guarded_attributes(obj):
+        """Guard reads of `obj` and log writes into it from now on (not for an object the trace created: its
+        state is the trace's own, rebuilt for each call, even once it is stored into an object from outside)."""
+        if id(obj) not in self.roots and not self.is_created(obj) and may_have_guarded_attributes(obj):
             self.roots[id(obj)] = (obj, label)
 
     def is_root(self, obj: Any) -> bool:
@@ -454,6 +458,11 @@ def check_no_proxy_left(outside: Outside) -> None:
                     f"a traced tensor ({value.name}) was stored into {where} of a {type(obj).__name__} ({label}) that "
                     "exists outside the jitted call, by code minijit runs natively; it cannot be replayed. Return "
                     "the tensor from the jitted function and store it outside")
+    for obj in outside.returned:
+        if contains_proxy(obj):
+            raise UnsupportedSyntaxError(
+                f"the jitted call returns the {type(obj).__name__} it was given, and a traced tensor is still inside "
+                "it where minijit cannot replay the write that put it there. Return the tensor itself")
 
 
 def _slots(obj: Any) -> list[tuple[str, Any, Any]]:

@@ -146,21 +146,24 @@ def finish_capture(trace: Trace, where: str, result: Any, outside: Outside) -> t
 
     plan = CallPlan()
     result_spec, result_leaves = flatten(result, is_leaf, outside.is_created)
-    _check_no_hidden_proxy(result_spec, f"the result of {where}")
+    _check_no_hidden_proxy(result_spec, f"the result of {where}", outside)
     result_leaves = proxies(result_leaves)
     effect_leaves: list[Any] = []
     notes: list[str] = []
     for effect in outside.effects:
         spec, leaves = flatten(effect.value, is_leaf, outside.is_created)
-        _check_no_hidden_proxy(spec, f"a value stored outside the call by {where} ({effect.describe()})")
+        _check_no_hidden_proxy(spec, f"a value stored outside the call by {where} ({effect.describe()})", outside)
         plan.effects.append((effect, spec))
         leaves = proxies(leaves)
         effect_leaves += leaves
         notes.append(f"then {effect.describe()}: {spec.describe([_name(x) for x in leaves])}")
     inputs = {id(p): i for i, p in enumerate(trace.args)}
     plan.passthrough = [(i, inputs[id(x)]) for i, x in enumerate(result_leaves) if id(x) in inputs]
-    if plan.effects or result_spec.needs_rebuild() or plan.passthrough:
-        plan.result = result_spec if result_spec.needs_rebuild() or plan.passthrough else None
+    # An object from outside in the result is put back by the plan, not held by the trace: an entry moved
+    # to new objects (minijit.runtime.rebind) returns the new one.
+    rebuild = result_spec.needs_rebuild() or bool(plan.passthrough) or bool(outside.returned)
+    if plan.effects or rebuild:
+        plan.result = result_spec if rebuild else None
         output: Any = (tuple(result_leaves) if plan.result is not None else result_spec.rebuild(result_leaves),
                        tuple(effect_leaves))
         if plan.result is not None:
@@ -175,9 +178,18 @@ def _name(x: Any) -> str:
     return x.name if isinstance(x, Proxy) else repr(x)
 
 
-def _check_no_hidden_proxy(spec: Spec, what: str) -> None:
-    """Refuse a proxy inside an object minijit cannot rebuild (it would reach the user, or a later call)."""
+def _check_no_hidden_proxy(spec: Spec, what: str, outside: Outside) -> None:
+    """Refuse a proxy inside an object minijit cannot rebuild (it would reach the user, or a later call).
+
+    An object from outside the call (a Hugging Face cache passed in, written and returned) is
+    returned as itself: the proxies in it now are the trace's writes into it, logged as effects
+    and replayed with each call's tensors; one still in it once those writes are undone is
+    refused when the capture ends (`check_no_proxy_left`).
+    """
     for constant in _constants(spec):
+        if outside.is_root(constant.value):
+            outside.returned.append(constant.value)
+            continue
         if contains_proxy(constant.value):
             raise UnsupportedSyntaxError(
                 f"{what}{where_now()} holds a traced tensor inside a {type(constant.value).__name__}, which minijit "

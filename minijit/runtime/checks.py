@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,7 +97,8 @@ class Check:
         if aspect == "keyword":
             return "True"  # calling the generated function with the keyword checks its name
         if aspect == "captured":
-            return (f"type({s}) in _TENSOR_TYPES and ({s}.shape, {s}.dtype, {s}.device, {s}.requires_grad) "
+            size = f"{s}.ndim" if isinstance(v[0], int) else f"{s}.shape"
+            return (f"type({s}) in _TENSOR_TYPES and ({size}, {s}.dtype, {s}.device, {s}.requires_grad) "
                     f"== _meta_{s}")
         if aspect == "autocast":
             return f"({s}) == {literal(env, v)}"
@@ -335,16 +337,19 @@ def _autocast_changed(now: Any, expected: Any) -> str:
 
 def guard_checks(constraints: Sequence[str], values: Sequence[GuardEntry],
                  captured: Sequence[tuple[str, Source, Tensor]], aliasing: InputAliasing | None,
-                 input_names: Sequence[str], env: dict[str, Any]) -> list[Check]:
+                 input_names: Sequence[str], env: dict[str, Any], symbolic_captured: AbstractSet[str] = frozenset()
+                 ) -> list[Check]:
     """The checks the key cannot make, over the trace's inputs: constraints on symbolic values, values the
-    code read from outside, tensors it read from outside (fetched in the guard), and how inputs share memory."""
+    code read from outside, tensors it read from outside (fetched in the guard), and how inputs share memory.
+    A captured tensor named in `symbolic_captured` has its rank checked here, its sizes by the constraints."""
     env.update(guard_names())
     checks = [Check("constraint failed", "constraint", c, True, keyed=False, explain=_constraint_failed) for c in constraints]
     for i, value in enumerate(values):
-        checks.append(Check(str(value), "read", guard_expression(env, i, value), True, keyed=False,
+        # Labelled lazily: the value read may be a big object (a model's config), worded only for a miss.
+        checks.append(Check("a value read from outside", "read", guard_expression(env, i, value), True, keyed=False,
                             explain=lambda now, expected, value=value: f"{value} changed"))
     for name, _, t in captured:
-        meta = (t.shape, t.dtype, t.device, t.requires_grad)
+        meta = (t.ndim if name in symbolic_captured else t.shape, t.dtype, t.device, t.requires_grad)
         env[f"_meta_{name}"] = meta
         env.setdefault("_TENSOR_TYPES", set()).add(type(t))
         checks.append(Check(name, "captured", name, meta, keyed=False,
@@ -373,6 +378,9 @@ def _captured_changed(name: str, now: Any, expected: tuple[Any, ...]) -> str:
     if not isinstance(now, Tensor):
         return f"{name}, read from outside the call, is no longer a tensor (a {type(now).__name__})"
     shape, dtype, _, requires_grad = expected
+    if isinstance(shape, int):  # symbolic sizes: the rank is checked here, the sizes by the constraints
+        return (f"the tensor {name} read from outside the call changed: rank {now.ndim}, {now.dtype}, "
+                f"requires_grad={now.requires_grad} (was {shape}, {dtype}, requires_grad={requires_grad})")
     return (f"the tensor {name} read from outside the call changed: shape {tuple(now.shape)}, {now.dtype}, "
             f"requires_grad={now.requires_grad} (was {tuple(shape)}, {dtype}, requires_grad={requires_grad})")
 

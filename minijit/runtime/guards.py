@@ -44,7 +44,8 @@ def compile_prologue(entry: Any, call: tuple[list[str], list[Check]], keywords: 
     traces = entry.traces
     names = input_names(traces[0])
     env: dict[str, Any] = {}
-    checks = call[1] + guard_checks(constraints, values, captured, aliases, names, env)
+    checks = call[1] + guard_checks(constraints, values, captured, aliases, names, env,
+                                    entry.capture.symbolic_captured)
     reads = [(name, source.expression(env)) for name, source, _ in captured]
     own = names[: len(names) - len(captured)]
     value_guards = [c.describe() for c in entry.capture.value_checks]

@@ -148,14 +148,19 @@ def input_names(trace: Trace) -> list[str]:
     return [p.name for p in trace.args if isinstance(p, Proxy)]
 
 
-def tensor_capturer(trace: Trace, inputs: list[tuple[str, Source, Tensor]],
-                    constants: list[Tensor]) -> Callable[[Tensor], Proxy]:
+def tensor_capturer(trace: Trace, inputs: list[tuple[str, Source, Tensor]], constants: list[Tensor],
+                    symbolic: bool = False, pinned: frozenset[int] = frozenset(),
+                    symbolic_names: set[str] | None = None) -> Callable[[Tensor], Proxy]:
     """The `trace.capture_tensor` hook: the proxy of a real tensor met among an op's arguments, once per tensor.
 
     A tensor read from outside the call (minijit.frontend.outside knows its source) becomes
     an input of the trace, read again from that source on every call, and is appended to
     `inputs` as (input name, source, tensor); any other real tensor (made natively while
     tracing) becomes `prims.tensor_constant(tensor)` and is appended to `constants`.
+    With `symbolic`, a captured tensor held as an attribute of a plain object (state such as a
+    Hugging Face cache layer's `keys`, which grows from call to call) gets symbolic sizes, unless
+    its input position is `pinned`; its name is added to `symbolic_names` (the guard then checks
+    its rank, the constraints its sizes). Parameters, buffers, globals and items keep their sizes.
     """
     captured: dict[int, Proxy] = {}
 
@@ -168,8 +173,13 @@ def tensor_capturer(trace: Trace, inputs: list[tuple[str, Source, Tensor]],
         if source is not None:
             proxy = TensorProxy(tuple(t.shape), t.dtype, t.device, t.requires_grad)
             note_layout(proxy, t)
+            position = len(trace.args)
             trace.add_input(proxy, source.label)
             inputs.append((proxy.name, source, t))
+            if symbolic and position not in pinned and _is_state_tensor(t, source):
+                _make_sizes_symbolic(proxy)
+                if symbolic_names is not None:
+                    symbolic_names.add(proxy.name)
         else:
             if t.requires_grad and torch.is_grad_enabled():
                 raise UnsupportedOpError(
@@ -188,6 +198,12 @@ def tensor_capturer(trace: Trace, inputs: list[tuple[str, Source, Tensor]],
         return proxy
 
     return capture
+
+
+def _is_state_tensor(t: Tensor, source: Source) -> bool:
+    """A tensor held in an instance attribute of a plain object (not a module, not a parameter)."""
+    return (source.access == "attribute" and not isinstance(source.holder, Source | torch.nn.Module)
+            and not isinstance(t, torch.nn.Parameter))
 
 
 def snapshot_containers(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:

@@ -24,6 +24,7 @@ from minijit.runtime.cache_key import (
 from minijit.runtime.explain import explain_miss
 from minijit.runtime.inputs import flat_inputs
 from minijit.runtime.pipeline import CompiledEntry, compile_for
+from minijit.runtime.rebind import rebind
 from minijit.runtime.values import value_miss_reason
 
 Tensor = torch.Tensor
@@ -46,17 +47,22 @@ class CacheInfo:
     `value_guards` lists, per entry that read values from its tensors (`if x.sum() > 0`), the
     values it was traced for; `value_switches` counts the calls that failed such a check and ran
     again with another entry: each ran its first entry's trace up to the failing check in vain.
+    `rebound` counts the calls that reused a trace for new objects passed in place of those it was
+    traced with (a Hugging Face cache made by each `generate()`): neither hits nor misses.
     """
 
     hits: int = 0
     misses: int = 0
     entries: int = 0
+    # Calls that reused a trace for new objects of the kinds it was traced with (minijit.runtime.rebind).
+    rebound: int = 0
     miss_reasons: list[str] = field(default_factory=list)
     value_switches: int = 0
     value_guards: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
-        lines = [f"{self.hits} hit(s), {self.misses} miss(es), {self.entries} cache entr{'y' if self.entries == 1 else 'ies'}"]
+        lines = [f"{self.hits} hit(s), {self.misses} miss(es), {self.entries} cache entr{'y' if self.entries == 1 else 'ies'}"
+                 + (f", {self.rebound} rebound to new objects" if self.rebound else "")]
         lines += [f"  miss {i}: {reason}" for i, reason in enumerate(self.miss_reasons, start=1)]
         if self.value_guards:
             lines.append(f"  value guards ({len(self.value_guards)} entr{'y' if len(self.value_guards) == 1 else 'ies'} "
@@ -160,13 +166,18 @@ class JitFunction:
                 self._hits += 1
                 break
         else:
-            entry = self._miss(args, kwargs, flat, candidates)
-            fresh = True
-            if self.cache_mode != "no caching":
+            moved = self._rebind(args, kwargs, flat) if self.cache_mode != "no caching" else None
+            if moved is not None:
+                entry = moved
                 self._entries.setdefault(key, []).append(entry)
-                self._info.entries += 1
-                if not kwargs and not key[1]:  # made with autocast off: see exact_tensor_check
-                    self._set_exact_check(entry, args)
+            else:
+                entry = self._miss(args, kwargs, flat, candidates)
+                fresh = True
+                if self.cache_mode != "no caching":
+                    self._entries.setdefault(key, []).append(entry)
+                    self._info.entries += 1
+                    if not kwargs and not key[1]:  # made with autocast off: see exact_tensor_check
+                        self._set_exact_check(entry, args)
         self._last, self._last_grad = entry, key[0]
         try:
             return entry.computation(*flat)
@@ -225,6 +236,20 @@ class JitFunction:
         if check is not None:
             entry.exact_check, entry.exact_arity = check, len(args)
             entry.exact_guard = entry.prologue.exact_guard if entry.prologue is not None else entry.guard
+
+    def _rebind(self, args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[Any]) -> CompiledEntry | None:
+        """An entry moved from its objects to this call's objects of the same types (minijit.runtime.rebind),
+        in place of the entry it was moved from; None when no entry can be."""
+        for key, entries in reversed(list(self._entries.items())):
+            for entry in reversed(entries):
+                moved = rebind(entry, self.fn, args, kwargs, flat, self._symbolic)
+                if moved is not None:
+                    entries.remove(entry)  # its objects are the previous call's: the entries stay as many
+                    if not entries:
+                        del self._entries[key]
+                    self._info.rebound += 1
+                    return moved
+        return None
 
     def _miss(self, args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[Any],
               same_key: list[CompiledEntry]) -> CompiledEntry:

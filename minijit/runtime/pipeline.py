@@ -35,6 +35,7 @@ from minijit.runtime.inputs import (
     tensor_capturer,
 )
 from minijit.runtime.module import ModuleForward
+from minijit.runtime.rebind import object_arguments
 from minijit.runtime.values import (
     ValueCheck,
     ValueReader,
@@ -59,6 +60,8 @@ class CaptureResult:
     guards: list[GuardEntry] = field(default_factory=list)
     # Tensors read from outside the call, trace inputs after the call's own: (input name, source, tensor seen).
     captured_inputs: list[tuple[str, Source, torch.Tensor]] = field(default_factory=list)
+    # Names of the captured tensors traced with symbolic sizes (the guard checks their rank and constraints).
+    symbolic_captured: set[str] = field(default_factory=set)
     # Tensors made while tracing that the trace holds as constants (kept alive with the entry).
     constants: list[torch.Tensor] = field(default_factory=list)
     # Names of the values computed under torch.no_grad(): constants for grad, free to write into leaves.
@@ -103,6 +106,10 @@ class CompiledEntry:
     def value_path(self) -> tuple[Any, ...]:
         """The values this entry's trace checks, in the order the code read them (minijit.runtime.values)."""
         return value_path(self.capture.value_checks)
+    # The compiled trace before the call plan wraps it (None when it differentiates), and the
+    # (subject, object) of the arguments specialised on by identity: what `rebind` needs.
+    plain: Callable[..., Any] | None = None
+    arg_objects: list[tuple[str, Any]] = field(default_factory=list)
 
 
 def _timed(run: Callable[[], Any], traces: list[Trace], check: TraceChecker | None) -> Any:
@@ -139,6 +146,7 @@ def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
             # traced again with those inputs' sizes constant, the rest symbolic (the set only grows).
             pinned |= pin.positions
     entry.constraints = drop_implied(constraints)
+    entry.arg_objects = object_arguments(call[0], call[1], args, kwargs)
     entry.prologue = compile_prologue(entry, call, tuple(kwargs), entry.constraints)
     entry.guard = entry.prologue.guard
     if entry.capture.value_checks and any(b.sym.effects.random for t in entry.traces for b in t.bound_symbols):
@@ -168,7 +176,8 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
         if not trace.fn_name.isidentifier():
             trace.fn_name = "computation"
         found = CaptureResult()
-        trace.capture_tensor = tensor_capturer(trace, found.captured_inputs, found.constants)
+        trace.capture_tensor = tensor_capturer(trace, found.captured_inputs, found.constants, symbolic, pinned,
+                                               found.symbolic_captured)
         trace.captures_user_code = True
 
         def finish(result: Any, outside: Outside) -> Any:
@@ -224,7 +233,7 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
     computation = with_synthetic_bases(bumping_versions(trace.python_callable(), trace, functionalized.mutated_inputs),
                                        aliasing)
     traces[-1].elapsed_ms += (time.perf_counter() - start) * 1e3
-    return CompiledEntry(found.call_plan.wrap(computation), traces, **records)
+    return CompiledEntry(found.call_plan.wrap(computation), traces, **records, plain=computation)
 
 
 def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[Any], check: TraceChecker | None,

@@ -1,0 +1,246 @@
+"""Reusing a cache entry for a new object of the same kind as one it was traced with (no re-trace).
+
+An object passed to a jitted function (not a tensor, not a container) is specialised on by
+identity, and what the trace read from it and wrote into it is held by reference: guards on its
+attributes, the sources of the tensors it holds, the effects replayed into it. Hugging Face's
+`generate()` makes a new cache object for every call and passes it to the jitted forward on each
+step; without this module every `generate()` would trace again.
+
+On a miss whose only difference from an entry is the identity of such objects (of the same
+types), `rebind` walks the old and the new object side by side (attributes, list and dict items)
+and pairs the objects found at the same places. If every object of the old one that the entry
+refers to has a partner, the entry is copied with each reference moved to the partner, and its
+prologue is compiled again: the new entry's guard checks the new objects afresh, and is run
+before the entry is used, so a partner in another state is a miss (then a trace), never a wrong
+hit. The compiled trace itself is shared.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from minijit.frontend import GuardEntry
+from minijit.frontend.guards import MISSING, Source, has_snapshot, is_constant, may_have_guarded_attributes
+from minijit.ir.containers import Constant, Mapping, Registered, Sequence, Spec
+from minijit.runtime.autocast import any_autocast_enabled, without_autocast
+from minijit.runtime.call_plan import CallPlan
+from minijit.runtime.checks import Check, call_checks
+from minijit.runtime.guards import compile_prologue
+
+_DEPTH = 8
+
+
+def object_arguments(params: list[str], checks: list[Check], args: tuple[Any, ...], kwargs: dict[str, Any]
+                     ) -> list[tuple[str, Any]]:
+    """(subject, object) for each argument the call's checks specialise on by identity."""
+    try:
+        return [(c.subject, _read(params, c.subject)(*args, *kwargs.values())) for c in checks
+                if c.aspect == "object"]
+    except Exception:  # a subject that is not a plain expression over the parameters: no rebinding
+        return []
+
+
+def _read(params: list[str], subject: str) -> Callable[..., Any]:
+    return eval(f"lambda {', '.join(params)}: ({subject})")  # our own generated subject, as the prologue's
+
+
+def rebind(entry: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[Any],
+           symbolic: bool) -> Any | None:
+    """A copy of `entry` for these arguments, which differ from its own only in objects of the same types,
+    when its guard holds for them; else None."""
+    if entry.plain is None or not entry.arg_objects or getattr(fn, "state_checks", None) is not None:
+        return None  # a jitted module's tree state is an interned object whose identity is its meaning
+    params, checks = call_checks(fn, args, kwargs, symbolic)
+    old = [c for c in entry.prologue.checks if c.keyed]
+    new = [c for c in checks if c.keyed]
+    if params != entry.prologue.params or len(old) != len(new):
+        return None
+    for o, n in zip(old, new, strict=True):
+        if o.aspect != n.aspect or o.subject != n.subject:
+            return None
+        if o.aspect == "object" and o.expected[0] is n.expected[0] and _plain(o.expected[0]):
+            continue
+        if o.key_values() != n.key_values():
+            return None
+    objects = object_arguments(params, checks, args, kwargs)
+    pairs = _Pairs(_held_by_bound_self(fn))
+    try:
+        if len(objects) != len(entry.arg_objects):
+            return None
+        for (_, before), (_, now) in zip(entry.arg_objects, objects, strict=True):
+            pairs.walk(before, now, 0)
+        guards = []
+        for i, g in enumerate(entry.capture.guards):
+            guards.append(pairs.guard(g, entry.prologue.env.get(f"_v{i}")))
+            if not _may_hold(guards[-1]):
+                return None  # a value read from the new objects differs: no need to compile a guard to know
+        capture = dataclasses.replace(
+            entry.capture, guards=guards,
+            captured_inputs=[(name, pairs.source(s), t) for name, s, t in entry.capture.captured_inputs],
+            call_plan=pairs.plan(entry.capture.call_plan))
+    except _Unpaired:
+        return None
+    copy = dataclasses.replace(entry, capture=capture, arg_objects=objects)
+    copy.prologue = compile_prologue(copy, (params, checks), tuple(kwargs), copy.constraints)
+    copy.guard = copy.prologue.guard
+    if not copy.prologue.holds(args, kwargs, flat):
+        return None
+    computation = capture.call_plan.wrap(entry.plain)
+    copy.computation = without_autocast(computation) if any_autocast_enabled() else computation
+    return copy
+
+
+class _Unpaired(Exception):
+    """An object of the old argument that the entry refers to has no partner in the new one."""
+
+
+class _Pairs:
+    """The objects of an old argument (by id) and their partners at the same places in the new one."""
+
+    def __init__(self, shared: set[int]) -> None:
+        # ids of objects the function reaches otherwise (its module's config): never moved to a partner.
+        self.shared = shared
+        self.partner: dict[int, Any] = {}
+        self.reached: set[int] = set()
+        self.keep: list[Any] = []  # what the ids are of, alive while pairing
+
+    def walk(self, old: Any, new: Any, depth: int) -> None:
+        """Pair `old` with `new`, then what they hold, where both hold the same kind of thing.
+
+        Another module, or another object whose state is not plain data (no `__dict__`: its guards
+        could not be moved), in the place of the old one is refused."""
+        if isinstance(old, torch.Tensor) or id(old) in self.reached:
+            return
+        if isinstance(old, torch.nn.Module) or not _has_parts(old):
+            if new is not old and (isinstance(old, torch.nn.Module) or may_have_guarded_attributes(old)):
+                raise _Unpaired
+            return
+        self.reached.add(id(old))
+        self.keep.append(old)
+        if type(new) is not type(old) or (new is not old and id(old) in self.shared):
+            self._reach(old, depth)
+            return
+        self.partner[id(old)] = new
+        if depth >= _DEPTH:
+            return
+        for (k_old, v_old), (k_new, v_new) in _parts(old, new):
+            if k_old is k_new or (type(k_old) in (int, str) and k_old == k_new):
+                self.walk(v_old, v_new, depth + 1)
+            else:
+                self._reach(v_old, depth + 1)
+
+    def _reach(self, old: Any, depth: int) -> None:
+        """Note `old` and what it holds as parts of the old argument, with no partners."""
+        if isinstance(old, torch.Tensor | torch.nn.Module) or not _has_parts(old) or depth > _DEPTH:
+            return
+        self.reached.add(id(old))
+        self.keep.append(old)
+        for (_, v), _ in _parts(old, old):
+            if id(v) not in self.reached:
+                self._reach(v, depth + 1)
+
+    def move(self, value: Any) -> Any:
+        """`value`'s partner if it is part of the old argument (refused without one), else `value`."""
+        if id(value) in self.reached:
+            if id(value) not in self.partner:
+                raise _Unpaired
+            return self.partner[id(value)]
+        return value
+
+    def source(self, s: Source) -> Source:
+        holder = self.source(s.holder) if isinstance(s.holder, Source) else self.move(s.holder)
+        return dataclasses.replace(s, holder=holder)
+
+    def guard(self, g: GuardEntry, compared: Any) -> GuardEntry:
+        """`g` moved. `compared` is what the old prologue compares the value read with: where that is a copy
+        (a list, dict or set of constants, copied when the trace was made), the copy is kept, whatever the
+        container holds now; otherwise the value itself, moved like the rest."""
+        namespace = self.source(g.namespace) if isinstance(g.namespace, Source) else self.move(g.namespace)
+        value = compared if compared is not None and compared is not g.value else self.move(g.value)
+        return dataclasses.replace(g, namespace=namespace, value=value,
+                                   shadow=None if g.shadow is None else self.move(g.shadow))
+
+    def plan(self, p: CallPlan) -> CallPlan:
+        effects = [(dataclasses.replace(e, holder=self.source(e.holder) if isinstance(e.holder, Source)
+                                        else self.move(e.holder)), self.spec(spec)) for e, spec in p.effects]
+        return CallPlan(captured=[(self.source(s), t) for s, t in p.captured],
+                        result=None if p.result is None else self.spec(p.result), effects=effects,
+                        passthrough=list(p.passthrough))
+
+    def spec(self, s: Spec) -> Spec:
+        if isinstance(s, Constant):
+            return Constant(self.move(s.value))
+        if isinstance(s, Sequence):
+            return Sequence(s.kind, [self.spec(c) for c in s.children])
+        if isinstance(s, Mapping):
+            return Mapping(s.kind, [self.move(k) for k in s.keys], [self.spec(c) for c in s.children], list(s.names),
+                           [self.spec(a) for a in s.attributes])
+        if isinstance(s, Registered):
+            return Registered(s.kind, s.context, [self.spec(c) for c in s.children])
+        return s
+
+
+def _may_hold(g: GuardEntry) -> bool:
+    """False when the guard entry `g` plainly fails now (a different constant or object read, a different length);
+    True otherwise, and whenever it cannot tell: a quick filter before the compiled guard, which decides."""
+    ns = g.namespace
+    try:
+        if isinstance(ns, Source) or g.shadow is not None:
+            return True
+        if g.kind == "length":
+            return len(ns) == g.value
+        if g.kind == "attribute":
+            now = vars(ns).get(g.name, MISSING)
+        elif g.kind == "item" and isinstance(ns, dict):
+            now = dict.get(ns, g.name, MISSING)
+        else:
+            return True
+        if isinstance(g.value, torch.Tensor):
+            return isinstance(now, torch.Tensor)
+        if is_constant(g.value) or has_snapshot(g.value):
+            return type(now) is type(g.value) and now == g.value
+        return now is g.value
+    except Exception:
+        return True
+
+
+def _plain(cls: type) -> bool:
+    """Instances of `cls` keep their state in a `__dict__` (no slots of their own), and are not modules."""
+    return not issubclass(cls, torch.nn.Module) and "__slots__" not in vars(cls) and hasattr(cls, "__dict__")
+
+
+def _held_by_bound_self(fn: Any) -> set[int]:
+    """ids of the objects a bound method's `self` holds (a model's config), a few levels deep, modules aside."""
+    found: set[int] = set()
+    owner = getattr(fn, "__self__", None)
+    todo = [(vars(owner), 0)] if isinstance(getattr(owner, "__dict__", None), dict) else []
+    while todo:
+        x, depth = todo.pop()
+        if id(x) in found or isinstance(x, torch.Tensor | torch.nn.Module) or not _has_parts(x) or depth > 3:
+            continue
+        found.add(id(x))
+        todo += [(v, depth + 1) for (_, v), _ in _parts(x, x)]
+    return found
+
+
+def _has_parts(x: Any) -> bool:
+    return isinstance(x, list | tuple | dict) or isinstance(getattr(x, "__dict__", None), dict)
+
+
+def _parts(old: Any, new: Any) -> list[tuple[tuple[Any, Any], tuple[Any, Any]]]:
+    """(key, value) pairs of `old` and `new` side by side: items of lists, tuples and dicts; an object's
+    `__dict__` (itself paired, for guards that read it) and then its attributes."""
+    if isinstance(old, list | tuple):
+        return [((i, a), (i, b)) for i, (a, b) in enumerate(zip(old, new))] if len(old) == len(new) else \
+            [((i, a), (None, None)) for i, a in enumerate(old)]
+    if isinstance(old, dict):
+        return [((k, v), (k, new[k]) if k in new else (_NOWHERE, None)) for k, v in old.items()]
+    own_old, own_new = old.__dict__, getattr(new, "__dict__", {})
+    return [(("__dict__", own_old), ("__dict__", own_new))]
+
+
+_NOWHERE = object()

@@ -1,0 +1,248 @@
+"""Objects passed in, written and returned (a key/value cache): as eager leaves them, and one trace for new ones.
+
+A plain object given to a jitted function is read afresh on each call (its tensors are trace
+inputs), what the function writes into it is replayed after each call with that call's values
+(a tensor attribute replaced, a list of layers growing, `index_copy_` into a preallocated buffer),
+and returning it returns the object itself. A new object of the same class, in the same state,
+reuses the trace (`cache_info(...).rebound`); one in another state, another module in its place,
+or a changed object the function also reaches another way is a re-trace, never a wrong result.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import nn
+
+import minijit
+
+
+class Layer:
+    """One layer of a growing cache: keys assigned anew on each update (as transformers' DynamicLayer)."""
+
+    def __init__(self) -> None:
+        self.keys: torch.Tensor | None = None
+
+    def update(self, k: torch.Tensor) -> torch.Tensor:
+        self.keys = k if self.keys is None else torch.cat([self.keys, k], dim=1)
+        return self.keys
+
+
+class GrowingCache:
+    """Layers created on first use, appended to a list."""
+
+    def __init__(self) -> None:
+        self.layers: list[Layer] = []
+
+    def update(self, i: int, k: torch.Tensor) -> torch.Tensor:
+        while len(self.layers) <= i:
+            self.layers.append(Layer())
+        return self.layers[i].update(k)
+
+
+class StaticBuffers:
+    """Preallocated buffers written with `index_copy_` at the call's positions (as transformers' StaticLayer)."""
+
+    def __init__(self, batch: int, length: int, width: int) -> None:
+        self.keys = torch.zeros(batch, length, width)
+        self.filled = torch.zeros((), dtype=torch.long)
+
+    def update(self, positions: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        self.keys.index_copy_(1, positions, k)
+        self.filled.add_(k.shape[1])
+        return self.keys
+
+
+def attend(x: torch.Tensor, cache: GrowingCache) -> tuple[torch.Tensor, GrowingCache]:
+    """Two layers of a toy attention over everything cached so far; returns the cache it was given."""
+    for i in range(2):
+        keys = cache.update(i, x * (i + 1))
+        x = torch.softmax(x @ keys.transpose(1, 2), dim=-1) @ keys
+    return x, cache
+
+
+def attend_static(x: torch.Tensor, positions: torch.Tensor, cache: StaticBuffers) -> tuple[torch.Tensor, Any]:
+    keys = cache.update(positions, x)
+    return torch.softmax(x @ keys.transpose(1, 2), dim=-1) @ keys, cache
+
+
+def _state(cache: Any) -> list[torch.Tensor]:
+    if isinstance(cache, GrowingCache):
+        return [layer.keys for layer in cache.layers]
+    return [cache.keys, cache.filled]
+
+
+def _steps(fn: Any, cache: Any, inputs: list[tuple[torch.Tensor, ...]]) -> list[torch.Tensor]:
+    outs = []
+    for args in inputs:
+        out, returned = fn(*args, cache)
+        assert returned is cache  # the very object, as eager returns it
+        outs.append(out)
+    return outs
+
+
+def _generation(steps: int, seed: int) -> list[tuple[torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(2, 3 if i == 0 else 1, 4, generator=g),) for i in range(steps)]
+
+
+def test_growing_cache_matches_eager_and_new_caches_reuse_the_traces() -> None:
+    jitted = minijit.jit(attend, cache="symbolic values")
+    for generation in range(3):
+        inputs = _generation(5, seed=generation)
+        want_cache, have_cache = GrowingCache(), GrowingCache()
+        want = _steps(attend, want_cache, inputs)
+        have = _steps(jitted, have_cache, inputs)
+        for h, w in zip(have, want, strict=True):
+            torch.testing.assert_close(h, w)
+        assert len(have_cache.layers) == len(want_cache.layers) == 2
+        for h, w in zip(_state(have_cache), _state(want_cache), strict=True):
+            torch.testing.assert_close(h, w)
+    info = minijit.cache_info(jitted)
+    # The first step (no layers yet) and the later steps (the keys grow) each trace once, for all generations.
+    assert info.misses == 2, str(info)
+    assert info.rebound == 4 and info.hits == 15 - 2 - 4, str(info)
+
+
+def test_static_buffers_written_in_place_as_eager() -> None:
+    jitted = minijit.jit(attend_static)
+    for generation in range(2):
+        g = torch.Generator().manual_seed(generation)
+        inputs = [(torch.randn(2, 1, 4, generator=g), torch.tensor([i])) for i in range(4)]
+        want_cache, have_cache = StaticBuffers(2, 4, 4), StaticBuffers(2, 4, 4)
+        have_keys = have_cache.keys
+        want = _steps(attend_static, want_cache, inputs)
+        have = _steps(jitted, have_cache, inputs)
+        for h, w in zip(have, want, strict=True):
+            torch.testing.assert_close(h, w)
+        assert have_cache.keys is have_keys  # written in place, as eager
+        for h, w in zip(_state(have_cache), _state(want_cache), strict=True):
+            torch.testing.assert_close(h, w)
+    info = minijit.cache_info(jitted)
+    assert (info.misses, info.rebound, info.hits) == (1, 1, 6), str(info)
+
+
+def test_new_object_in_another_state_is_a_retrace() -> None:
+    """A new cache whose guarded state differs (a layer already there) re-traces instead of reusing."""
+    jitted = minijit.jit(attend, cache="symbolic values")
+    x = torch.randn(2, 1, 4)
+    _steps(jitted, GrowingCache(), [(x,)])
+    warm_want, warm_have = GrowingCache(), GrowingCache()
+    warm_want.update(0, x)
+    warm_have.update(0, x.clone())
+    want = _steps(attend, warm_want, [(x,)])
+    have = _steps(jitted, warm_have, [(x,)])
+    torch.testing.assert_close(have[0], want[0])
+    info = minijit.cache_info(jitted)
+    assert info.misses == 2 and info.rebound == 0, str(info)
+
+
+class Scaler:
+    """Holds a module; the function reads the module's attributes."""
+
+    def __init__(self, layer: nn.Module) -> None:
+        self.layer = layer
+
+
+def scale(x: torch.Tensor, holder: Scaler) -> torch.Tensor:
+    return holder.layer(x)
+
+
+def test_another_module_in_a_new_object_is_a_retrace() -> None:
+    torch.manual_seed(0)
+    jitted = minijit.jit(scale)
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(jitted(x, Scaler(nn.LeakyReLU(0.1))), nn.LeakyReLU(0.1)(x))
+    torch.testing.assert_close(jitted(x, Scaler(nn.LeakyReLU(0.5))), nn.LeakyReLU(0.5)(x))
+    info = minijit.cache_info(jitted)
+    assert info.misses == 2 and info.rebound == 0, str(info)
+
+
+class Model:
+    """A bound method reading its own settings, given state that refers to the same settings object."""
+
+    def __init__(self) -> None:
+        self.settings = {"scale": 2.0}
+
+    def step(self, x: torch.Tensor, state: Any) -> torch.Tensor:
+        return x * self.settings["scale"] + state.settings["scale"]
+
+
+class State:
+    def __init__(self, settings: dict[str, float]) -> None:
+        self.settings = settings
+
+
+def test_object_the_function_also_reaches_through_self_is_not_moved() -> None:
+    model = Model()
+    jitted = minijit.jit(model.step)
+    x = torch.randn(3)
+    torch.testing.assert_close(jitted(x, State(model.settings)), model.step(x, State(model.settings)))
+    other = State({"scale": 2.0})  # equal values, another object
+    torch.testing.assert_close(jitted(x, other), model.step(x, other))
+    model.settings["scale"] = 5.0  # the model's own settings change: the function must see it
+    torch.testing.assert_close(jitted(x, other), model.step(x, other))
+
+
+def test_deep_copied_cache_reuses_the_trace() -> None:
+    """A copy of a cache (as beam search reorders or a user forks a generation) is a new object in the same state."""
+    jitted = minijit.jit(attend, cache="symbolic values")
+    prompt, step = torch.randn(2, 3, 4), torch.randn(2, 1, 4)
+    cache = GrowingCache()
+    jitted(prompt, cache)
+    jitted(step, cache)
+    fork_have = copy.deepcopy(cache)
+    fork_want = copy.deepcopy(cache)
+    have, _ = jitted(step, fork_have)
+    want, _ = attend(step, fork_want)
+    torch.testing.assert_close(have, want)
+    for h, w in zip(_state(fork_have), _state(fork_want), strict=True):
+        torch.testing.assert_close(h, w)
+    assert minijit.cache_info(jitted).rebound == 1, str(minijit.cache_info(jitted))
+
+
+SETTINGS = {"scale": 2.0}
+
+
+def shift(x: torch.Tensor, state: Any) -> torch.Tensor:
+    return x * SETTINGS["scale"] + state.settings["scale"]
+
+
+def test_object_the_function_also_reaches_through_a_global_is_not_moved() -> None:
+    jitted = minijit.jit(shift)
+    x = torch.randn(3)
+    try:
+        torch.testing.assert_close(jitted(x, State(SETTINGS)), shift(x, State(SETTINGS)))
+        other = State({"scale": 2.0})
+        torch.testing.assert_close(jitted(x, other), shift(x, other))
+        SETTINGS["scale"] = 5.0  # the global changes: the function must see it
+        torch.testing.assert_close(jitted(x, other), shift(x, other))
+    finally:
+        SETTINGS["scale"] = 2.0
+
+
+class Settings:
+    def __init__(self, scale: float) -> None:
+        self.scale = scale
+
+
+OPTIONS = Settings(2.0)
+
+
+def shift_by_options(x: torch.Tensor, state: Any) -> torch.Tensor:
+    return x * OPTIONS.scale + state.settings.scale
+
+
+def test_object_of_a_global_shared_with_the_argument_is_not_moved() -> None:
+    jitted = minijit.jit(shift_by_options)
+    x = torch.randn(3)
+    try:
+        torch.testing.assert_close(jitted(x, State(OPTIONS)), shift_by_options(x, State(OPTIONS)))
+        other = State(Settings(2.0))
+        torch.testing.assert_close(jitted(x, other), shift_by_options(x, other))
+        OPTIONS.scale = 5.0  # the global's attribute changes: the function must see it
+        torch.testing.assert_close(jitted(x, other), shift_by_options(x, other))
+    finally:
+        OPTIONS.scale = 2.0
