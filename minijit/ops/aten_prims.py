@@ -34,6 +34,7 @@ from minijit.ir import TENSOR_METHODS, FloatProxy, IntegerProxy, NumberProxy, Sy
 from minijit.ir.context import where_now
 from minijit.ops import prims
 from minijit.ops.registry import TORCH_TO_LTORCH
+from minijit.ops.strides import outside_inference_mode
 
 aten = torch.ops.aten
 
@@ -89,7 +90,8 @@ def _meta_outputs(name: str, aten_fn: Callable[..., Any], args: tuple[Any, ...],
         return x
 
     try:
-        out = aten_fn(*tree_map(to_meta, args), **tree_map(to_meta, kwargs))
+        with outside_inference_mode():
+            out = aten_fn(*tree_map(to_meta, args), **tree_map(to_meta, kwargs))
     except (RuntimeError, ValueError, TypeError, IndexError, NotImplementedError) as e:
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise MetaError(f"prims.{name}: {first_line}{where_now()}") from None

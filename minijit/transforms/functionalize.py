@@ -24,8 +24,8 @@ together with the base version that value belongs to.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -61,6 +61,11 @@ class FunctionalizeResult:
     # The names of the trace inputs written in place, each now the target of one copy at the end
     # (in the order of the inputs); the runtime bumps their autograd version counters.
     mutated_inputs: tuple[str, ...] = ()
+    # For each of `mutated_inputs`, the op and line of the first write into it (for the runtime's errors).
+    write_sites: tuple[str, ...] = ()
+    # In-place ops, as the value each wrote -> the value it read from the tensor it wrote (`x * k` -> `x`
+    # for `x.mul_(k)`): eager's in-place op keeps its own copy of the latter for its backward.
+    inplace_originals: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -203,6 +208,8 @@ class _Functionalizer:
             raise InplaceError(f"{op.sym.id}{where(op.source)}: {what} that requires grad is being used in an "
                                f"in-place operation (input {base.name}, as in eager); use torch.no_grad() or "
                                "write into a clone")
+        if id(base) in self.inputs:
+            self.write_sites.setdefault(base.name, f"{op.sym.name}{where(op.source)}")
         before = self.resolve(base) if under_no_grad and base.requires_grad and id(base) in self.inputs else None
         if id(base) in self.synthetic:
             # A synthetic base (its members may repeat elements, `o.expand(4, 4)`): one scatter
@@ -286,8 +293,13 @@ class _Functionalizer:
             if not bsym.subsymbols:
                 raise UnsupportedOpError(f"{name}{where(bsym.source)}: an in-place op without a decomposition "
                                          "cannot be functionalized")
+            before = [self.resolve(t) for t in bsym.written()]
             for sub in bsym.subsymbols:
                 self.visit(sub, top)
+            for t, old_value in zip(bsym.written(), before, strict=True):
+                new_value = self.resolve(t)
+                if isinstance(new_value, Proxy) and isinstance(old_value, Proxy) and new_value is not old_value:
+                    self.inplace_originals[new_value.name] = old_value.name
             for old in tree_flatten(bsym.output):
                 if isinstance(old, Proxy) and id(old) not in self.value and not self._known(old):
                     raise UnsupportedOpError(f"{name}{where(bsym.source)}: its output {old.name} is not "
@@ -357,6 +369,8 @@ class _Functionalizer:
     # -- the pass ------------------------------------------------------------------
     def run(self) -> tuple[Trace, FunctionalizeResult]:
         self.produced: set[int] = set()
+        self.write_sites: dict[str, str] = {}
+        self.inplace_originals: dict[str, str] = {}
         with tracing(self.new):
             self._members_as_views()
             for bsym in self.trace.bound_symbols:
@@ -368,7 +382,9 @@ class _Functionalizer:
             self.new.source = None
             output = tree_map(self.resolve, self.trace.output)
             self.new.output = self._write_back(output)
-        return self.new, FunctionalizeResult(mutated_inputs=tuple(self.mutated))
+        sites = tuple(self.write_sites.get(n, "") for n in self.mutated)
+        return self.new, FunctionalizeResult(mutated_inputs=tuple(self.mutated), write_sites=sites,
+                                             inplace_originals=self.inplace_originals)
 
     def _members_as_views(self) -> None:
         """Each member of a synthetic base becomes a view of it; it reads as the input itself until written."""

@@ -38,7 +38,7 @@ from minijit.ir.proxies import number_value
 from minijit.ir.rewrite import ProxyMap, replay_bsym
 from minijit.ops import prims
 from minijit.ops.registry import ALL_LTORCH, EAGER_IMPLS
-from minijit.ops.strides import eager_layout
+from minijit.ops.strides import eager_layout, outside_inference_mode
 from minijit.ops.utils import expand_to
 
 # (view bsym, its output, current value of its input, new value of its output) -> new value of its input
@@ -292,7 +292,12 @@ def eager_chain(base: TensorProxy, chain: list[tuple[BoundSymbol, Proxy]],
     symbolic = any(isinstance(d, Proxy) for d in base.shape)
     known = eager_layout(base, trace, sizes_matter=symbolic) if trace is not None else None
     shape = tuple(int(number_value(d)) for d in base.shape)
-    values = [known if known is not None else torch.empty(shape, dtype=base.dtype, device="meta")]
+    with outside_inference_mode():
+        return _run_chain(known if known is not None else torch.empty(shape, dtype=base.dtype, device="meta"), chain)
+
+
+def _run_chain(start: torch.Tensor, chain: list[tuple[BoundSymbol, Proxy]]) -> list[torch.Tensor] | None:
+    values = [start]
     for step, out in chain:
         impl = _eager_impl(step)
         viewed = viewed_tensor(step)
