@@ -14,7 +14,7 @@ from minijit.frontend import GuardEntry, interpret
 from minijit.frontend.guards import Source
 from minijit.frontend.outside import Outside
 from minijit.ir import Trace, tracing
-from minijit.ir.context import guarding_layouts, knowing_constraints, recording_constraints
+from minijit.ir.context import guarding_layouts, knowing_constraints, noting_state_reads, recording_constraints
 from minijit.runtime.autocast import any_autocast_enabled, without_autocast
 from minijit.runtime.autograd import CompiledGrad, autograd_callable
 from minijit.runtime.call_plan import CallPlan, finish_capture
@@ -109,14 +109,17 @@ def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
     pinned: frozenset[int] = frozenset()
     while True:
         constraints: list[str] = []
+        state_reads: dict[str, Callable[[], Any]] = {}
         try:
-            with knowing_constraints(constraints), guarding_layouts(constraints):
+            with knowing_constraints(constraints), guarding_layouts(constraints), noting_state_reads(state_reads):
                 entry = _compile(fn, args, kwargs, executors, symbolic, constraints, pinned)
             break
         except _PinSizes as pin:
             # Written inputs that share memory are rebuilt from their storage by their concrete layouts:
             # traced again with those inputs' sizes constant, the rest symbolic (the set only grows).
             pinned |= pin.positions
+    # Read now, back in the call's state (the traced code may have changed it inside `with` blocks).
+    constraints += [f"{expr} == {query()!r}" for expr, query in state_reads.items()]
     entry.constraints = drop_implied(constraints)
     entry.prologue = compile_prologue(entry, call, tuple(kwargs), entry.constraints)
     entry.guard = entry.prologue.guard

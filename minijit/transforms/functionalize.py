@@ -208,6 +208,8 @@ class _Functionalizer:
             raise InplaceError(f"{op.sym.id}{where(op.source)}: {what} that requires grad is being used in an "
                                f"in-place operation (input {base.name}, as in eager); use torch.no_grad() or "
                                "write into a clone")
+        if self.grad_enabled and base is not dst and not under_no_grad:
+            self._check_multi_output_view(dst, op)
         if id(base) in self.inputs:
             self.write_sites.setdefault(base.name, f"{op.sym.name}{where(op.source)}")
         before = self.resolve(base) if under_no_grad and base.requires_grad and id(base) in self.inputs else None
@@ -229,6 +231,17 @@ class _Functionalizer:
             written = self.value[id(base)]
             self.value[id(base)] = prims.no_grad_update(before, written)
             self.unwrapped[id(self.value[id(base)])] = written
+
+    def _check_multi_output_view(self, dst: TensorProxy, op: BoundSymbol) -> None:
+        """Eager's refusal of an in-place op that needs grad on a view made by an op returning several views."""
+        if not any(isinstance(a, TensorProxy) and a.requires_grad for a in op.proxy_args()):
+            return
+        for step, _ in self.chain(dst):
+            if sum(isinstance(o, TensorProxy) for o in tree_flatten(step.output)) > 1:
+                raise InplaceError(
+                    f"{op.sym.id}{where(op.source)}: writes in place, with grad, into a view that {step.sym.name} "
+                    "returned among several views; eager refuses it (such functions do not allow the output views "
+                    "to be modified inplace); use the out-of-place op, or clone() the view")
 
     def _write_by_positions(self, dst: TensorProxy, base: TensorProxy, new: TensorProxy, op: BoundSymbol) -> None:
         masked_fill = None

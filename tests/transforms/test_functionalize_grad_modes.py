@@ -96,6 +96,36 @@ def _whole_mul(kc, k):
     return kc[1:].sum(0)
 
 
+def _reshape_that_copies(kc, k):
+    kc.t().reshape(-1)[:3].add_(k)  # eager's reshape copies a transpose: kc keeps its values
+    return kc.sum(0)
+
+
+def _unbind(kc, k):
+    kc.unbind(0)[2].mul_(k)
+    return kc.sum(1)
+
+
+def _permute(kc, k):
+    kc[None].permute(0, 2, 1)[0, 1].add_(1.5)
+    return kc * k
+
+
+def _chunk(kc, k):
+    kc.chunk(2, 1)[0].sub_(k[:2])
+    return kc.sum(0)
+
+
+def _as_strided(kc, k):
+    kc.as_strided((2, 2), (3, 1), 1).add_(k[0])
+    return kc.sum(1)
+
+
+def _advanced_setitem(kc, k):
+    kc[torch.tensor([0, 2])] = k * 2
+    return kc.sum(0)
+
+
 def _into_clone(kc, k):
     y = kc.clone()
     y[1].add_(k)
@@ -104,7 +134,8 @@ def _into_clone(kc, k):
 
 FORMS: dict[str, Callable[..., Any]] = {f.__name__.lstrip("_"): f for f in (
     _select_method, _setitem, _out, _index_copy, _view_of_view, _slice, _view, _transpose, _unsqueeze,
-    _narrow, _diagonal, _copy, _opaque_fill_diagonal, _whole, _whole_mul, _into_clone)}
+    _narrow, _diagonal, _copy, _opaque_fill_diagonal, _whole, _whole_mul, _reshape_that_copies, _unbind, _permute,
+    _chunk, _as_strided, _advanced_setitem, _into_clone)}
 
 # (grad mode of the call, inputs made inside inference_mode?) per call.
 SEQUENCES = {
@@ -137,6 +168,7 @@ def _call(fn: Callable[..., Any], mode: str, kc: torch.Tensor, k: torch.Tensor) 
 def test_inplace_through_views_matches_eager_across_grad_modes(form: str, sequence: str) -> None:
     fn = FORMS[form]
     jf = minijit.jit(fn)
+    traced_for = set()  # the grad modes (in the key) of the calls that got a trace
     for seed, (mode, inside) in enumerate(SEQUENCES[sequence]):
         grad = mode == "grad"
         e_kc, e_k = _inputs(seed, inside, grad)
@@ -150,22 +182,24 @@ def test_inplace_through_views_matches_eager_across_grad_modes(form: str, sequen
             # minijit refuses before writing anything), or out= with an argument requiring grad.
             assert isinstance(j_err, MinijitError), f"{what}: eager raised {e_err!r}, jit gave {j_err!r}"
             assert ("inference" in str(j_err)) == j_kc.is_inference()
-            if j_kc.is_inference():
+            if j_kc.is_inference():  # refused by the traced function, when called
                 torch.testing.assert_close(j_kc, before, msg=lambda m: f"{what}: refused, but kc was written: {m}")
-            else:
+                traced_for.add(grad)
+            else:  # refused while tracing
                 torch.testing.assert_close(j_kc, e_kc, msg=lambda m: f"{what}: kc after the refusal: {m}")
             continue
         assert j_err is None, f"{what}: {j_err!r}"
+        traced_for.add(grad)
         torch.testing.assert_close(got, expected, msg=lambda m: f"{what}: result differs: {m}")
         torch.testing.assert_close(j_kc.detach(), e_kc.detach(), msg=lambda m: f"{what}: kc after the call: {m}")
         torch.testing.assert_close(j_k.detach(), e_k.detach())
-        if grad and e_err is None:
+        assert got.requires_grad == expected.requires_grad, what
+        if expected.requires_grad:
             expected.sum().backward()
             got.sum().backward()
             torch.testing.assert_close(j_k.grad, e_k.grad, msg=lambda m: f"{what}: grad of k differs: {m}")
-    # One trace with grad on (k requires grad), one shared by no_grad and inference_mode
-    # (out= with grad on is refused while tracing: no entry).
-    assert minijit.cache_info(jf).entries == (1 if fn is _out else 2)
+    # One trace with grad on (k requires grad), one shared by no_grad and inference_mode.
+    assert minijit.cache_info(jf).entries == len(traced_for)
 
 
 def test_trace_made_under_inference_mode_is_reused_under_no_grad() -> None:
@@ -234,3 +268,33 @@ def test_opaque_ops_on_inference_tensors(op: str) -> None:
             x = torch.randn(3, 3)
         with _MODES[mode]():
             torch.testing.assert_close(jf(x), f(x))
+
+
+def test_code_reading_inference_mode_is_guarded_on_it() -> None:
+    # no_grad and inference_mode share a cache key; a trace that kept the mode's value must not be shared.
+    def f(x):
+        if torch.is_inference_mode_enabled():
+            return x * 2
+        return x * 3
+
+    jf = minijit.jit(f)
+    x = torch.ones(2)
+    for mode in ("inference", "no_grad", "inference", "grad", "no_grad"):
+        with _MODES[mode]():
+            torch.testing.assert_close(jf(x), f(x))
+    info = minijit.cache_info(jf)
+    assert (info.entries, info.hits) == (3, 2)
+    assert "torch.is_inference_mode_enabled() == True" in info.miss_reasons[1]
+
+
+def test_inference_mode_entered_inside_the_function_keeps_one_trace() -> None:
+    def f(x):
+        with torch.inference_mode():
+            y = x * 2 if torch.is_inference_mode_enabled() else x
+        return y + 1
+
+    jf = minijit.jit(f)
+    for _ in range(3):
+        x = torch.randn(3)
+        torch.testing.assert_close(jf(x), f(x))
+    assert minijit.cache_info(jf).entries == 1
