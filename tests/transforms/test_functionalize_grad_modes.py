@@ -168,10 +168,18 @@ def _call(fn: Callable[..., Any], mode: str, kc: torch.Tensor, k: torch.Tensor) 
 @pytest.mark.parametrize("sequence", list(SEQUENCES))
 @pytest.mark.parametrize("form", list(FORMS))
 def test_inplace_through_views_matches_eager_across_grad_modes(form: str, sequence: str) -> None:
-    fn = FORMS[form]
-    jf = minijit.jit(fn)
+    _check_calls(FORMS[form], SEQUENCES[sequence], "constant values")
+
+
+@pytest.mark.parametrize("form", list(FORMS))
+def test_inplace_through_views_matches_eager_across_grad_modes_with_symbolic_values(form: str) -> None:
+    _check_calls(FORMS[form], SEQUENCES["inference-first"], "symbolic values")
+
+
+def _check_calls(fn: Callable[..., Any], calls: list[tuple[str, bool]], cache: str) -> None:
+    jf = minijit.jit(fn, cache=cache)
     traced_for = set()  # the grad modes (in the key) of the calls that got a trace
-    for seed, (mode, inside) in enumerate(SEQUENCES[sequence]):
+    for seed, (mode, inside) in enumerate(calls):
         grad = mode == "grad"
         e_kc, e_k = _inputs(seed, inside, grad)
         j_kc, j_k = _inputs(seed, inside, grad)
