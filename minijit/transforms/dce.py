@@ -9,8 +9,8 @@ def dce(trace: Trace, *, keep_sizes: bool = False) -> Trace:
     """Remove bound symbols whose outputs are unused and that have no side effect (a write, a draw from the RNG, ...).
 
     With `keep_sizes`, the symbolic sizes in the shapes of the tensors it keeps (and of those
-    inside their decompositions) are kept too (before the grad pass, which may save them for the backward: `t56: f32[i12, 32]`
-    needs `i12 = prims.num_sub(i11, 1)` there).
+    inside their decompositions) are kept too (before the grad pass, which may save them for
+    the backward: `t56: f32[i12, 32]` needs `i12 = prims.num_sub(i11, 1)` there).
     """
     needed = {x.name for x in tree_iter(trace.output) if isinstance(x, Proxy)}
     kept = []

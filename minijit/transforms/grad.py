@@ -323,14 +323,14 @@ def split_forward_backward(trace: Trace, executors: Sequence[Any] = (), no_grad:
     not require grad or that no output depends on). Cotangents come in the order of
     the differentiable output leaves (`differentiable_outputs`), then one per input
     that requires grad and is written in place (`dirty_inputs`, positions among the
-    inputs), for its new value. Saved values that the forward overwrites are returned
-    as None and named in `overwritten_saved`, but for the values an in-place op read from
-    the tensor it wrote and saved for itself (`inplace_originals`, functionalize's: the
-    value each in-place op wrote -> the one it read), of which eager's in-place op keeps
-    a copy, and for views of overwritten inputs: those are cloned before the forward's
-    copies. Where the first of `executors` that
-    claims a call has a grad transform for it, that is its VJP rule. Symbols whose
-    outputs are in `no_grad` (computed under `torch.no_grad()`) are constant for VJP.
+    inputs), for its new value. A saved input that the forward overwrites is returned as
+    None and named in `overwritten_saved` (its backward raises, as eager's does), unless
+    only in-place ops saved it, each the value it read from the tensor it wrote
+    (`inplace_originals`, functionalize's: the value each in-place op wrote -> the one it
+    read), which eager's in-place ops copy; those, and saved views of overwritten inputs,
+    are cloned before the forward's copies. Where the first of `executors` that claims a
+    call has a grad transform for it, that is its VJP rule. Symbols whose outputs are in
+    `no_grad` (computed under `torch.no_grad()`) are constant for VJP.
     `trace` is left as it is.
     """
     splitter = _Splitter(trace, executors, no_grad)

@@ -297,6 +297,7 @@ def eager_chain(base: TensorProxy, chain: list[tuple[BoundSymbol, Proxy]],
 
 
 def _run_chain(start: torch.Tensor, chain: list[tuple[BoundSymbol, Proxy]]) -> list[torch.Tensor] | None:
+    """`start` and each step's eager result along `chain` (see eager_chain), or None."""
     values = [start]
     for step, out in chain:
         impl = _eager_impl(step)

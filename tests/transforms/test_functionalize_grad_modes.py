@@ -306,3 +306,24 @@ def test_inference_mode_entered_inside_the_function_keeps_one_trace() -> None:
         x = torch.randn(3)
         torch.testing.assert_close(jf(x), f(x))
     assert minijit.cache_info(jf).entries == 1
+
+
+@pytest.mark.parametrize("form", ["select_method", "view_of_view", "narrow", "diagonal", "whole_mul", "transpose"])
+def test_inplace_into_a_non_leaf_input_requiring_grad(form: str) -> None:
+    # The written input is part of the graph: its old value (or a view of it) saved for the
+    # backward must be the value before the write, as eager's in-place op keeps it.
+    fn = FORMS[form]
+    jf = minijit.jit(fn)
+    for seed in range(3):
+        grads = []
+        for f in (fn, jf):
+            gen = torch.Generator().manual_seed(seed)
+            leaf = torch.randn(4, 3, generator=gen, requires_grad=True)
+            k = torch.randn(3, generator=gen, requires_grad=True)
+            kc = leaf * 1
+            out = f(kc, k)
+            (out.sum() + kc.pow(2).sum()).backward()
+            grads.append((out.detach(), kc.detach(), leaf.grad, k.grad))
+        for got, expected in zip(grads[1], grads[0], strict=True):
+            torch.testing.assert_close(got, expected)
+    assert minijit.cache_info(jf).entries == 1
