@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from minijit.errors import InplaceError, UnsupportedOpError, where
+from minijit.errors import InplaceError, MetaError, UnsupportedOpError, where
 from minijit.ir import BoundSymbol, NumberProxy, Proxy, Symbol, TensorProxy, Trace, tree_flatten
 from minijit.ir.proxies import number_value
 from minijit.ir.rewrite import ProxyMap, replay_bsym
@@ -239,9 +239,14 @@ def scatter_by_positions(base: TensorProxy, chain: list[tuple[BoundSymbol, Proxy
                            "supports it only for one value written everywhere (zero_, fill_), and eager refuses most "
                            "such writes; clone() the tensor before writing into it")
     positions = prims.reshape(prims.iota(numel, start=0, step=1, dtype=torch.int64, device=base.device), base.shape)
+    reinterprets = False
     for step, out in chain:
-        positions = replay(step, out, positions)
-    if tuple(positions.shape) != tuple(new.shape) or new.dtype != base.dtype:
+        try:
+            positions = replay(step, out, positions)
+        except MetaError:  # a view only of some dtypes (`torch.view_as_real` of a complex tensor)
+            reinterprets = True
+            break
+    if reinterprets or tuple(positions.shape) != tuple(new.shape) or new.dtype != base.dtype:
         # A view that reinterprets memory (`x.real` of a complex x, `x.view(dtype)`) shows no element positions.
         step = chain[-1][0]
         raise UnsupportedOpError(f"{step.sym.id}{where(op.source)}: an in-place write through this view cannot "
