@@ -202,14 +202,14 @@ class _Functionalizer:
                 f"{op.sym.id}{where(op.source)} writes in place into {base.name}, a tensor the function did not "
                 "receive and minijit could not trace back to where it lives outside the call; pass it as an "
                 "argument, or read it from a global, closure or attribute")
-        under_no_grad = any(p.name in self.no_grad for p in op.proxy_outputs())
+        under_no_grad = self._recorded_without_grad(op)
         if self.grad_enabled and id(base) in self.leaves and not under_no_grad:
             what = "a view of a leaf Variable" if base is not dst else "a leaf Variable"
             raise InplaceError(f"{op.sym.id}{where(op.source)}: {what} that requires grad is being used in an "
                                f"in-place operation (input {base.name}, as in eager); use torch.no_grad() or "
                                "write into a clone")
         if self.grad_enabled and base is not dst and not under_no_grad:
-            self._check_multi_output_view(dst, op)
+            self._check_view_for_grad(dst, op)
         if id(base) in self.inputs:
             self.write_sites.setdefault(base.name, f"{op.sym.name}{where(op.source)}")
         before = self.resolve(base) if under_no_grad and base.requires_grad and id(base) in self.inputs else None
@@ -232,16 +232,32 @@ class _Functionalizer:
             self.value[id(base)] = prims.no_grad_update(before, written)
             self.unwrapped[id(self.value[id(base)])] = written
 
-    def _check_multi_output_view(self, dst: TensorProxy, op: BoundSymbol) -> None:
-        """Eager's refusal of an in-place op that needs grad on a view made by an op returning several views."""
+    def _recorded_without_grad(self, op: BoundSymbol) -> bool:
+        """Whether the user's code ran `op` under `torch.no_grad()` (or inference mode).
+
+        An in-place op's output is the tensor it writes, which may have been made with grad
+        off while the op itself runs with grad on: what its decomposition computed tells.
+        """
+        own = {p.name for p in op.proxy_outputs()}
+        fresh = [p.name for sub in op.subsymbols for p in sub.proxy_outputs() if p.name not in own]
+        return any(n in self.no_grad for n in (fresh or own))
+
+    def _check_view_for_grad(self, dst: TensorProxy, op: BoundSymbol) -> None:
+        """Eager's refusals of an in-place op that needs grad on a view made by an op returning several
+        views, or made under `torch.no_grad()` / `torch.inference_mode()`."""
         if not any(isinstance(a, TensorProxy) and a.requires_grad for a in op.proxy_args()):
             return
-        for step, _ in self.chain(dst):
+        for step, out in self.chain(dst):
             if sum(isinstance(o, TensorProxy) for o in tree_flatten(step.output)) > 1:
-                raise InplaceError(
-                    f"{op.sym.id}{where(op.source)}: writes in place, with grad, into a view that {step.sym.name} "
-                    "returned among several views; eager refuses it (such functions do not allow the output views "
-                    "to be modified inplace); use the out-of-place op, or clone() the view")
+                why = f"{step.sym.name} returned among several views (eager: such functions do not allow the output " \
+                      "views to be modified inplace)"
+            elif out.name in self.no_grad:
+                why = f"{step.sym.name} made with grad off (eager: a view was created in no_grad mode and is being " \
+                      "modified inplace with grad mode enabled)"
+            else:
+                continue
+            raise InplaceError(f"{op.sym.id}{where(op.source)}: writes in place, with grad, into a view that {why}; "
+                               "use the out-of-place op, or clone() the view")
 
     def _write_by_positions(self, dst: TensorProxy, base: TensorProxy, new: TensorProxy, op: BoundSymbol) -> None:
         masked_fill = None

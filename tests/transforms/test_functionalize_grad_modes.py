@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import minijit
-from minijit.errors import MinijitError
+from minijit.errors import InplaceError, MinijitError
 
 
 def _select_method(kc, k):
@@ -327,3 +327,45 @@ def test_inplace_into_a_non_leaf_input_requiring_grad(form: str) -> None:
         for got, expected in zip(grads[1], grads[0], strict=True):
             torch.testing.assert_close(got, expected)
     assert minijit.cache_info(jf).entries == 1
+
+
+def _view_made_without_grad(x, k):
+    with torch.no_grad():
+        v = x[0]
+    v.mul_(k)  # needs grad (k requires it)
+    return x.sum()
+
+
+def _leaf_view_made_without_grad(x, k):
+    with torch.no_grad():
+        v = x[1:]
+    v.mul_(2)  # with grad on: x is a leaf that requires grad
+    return x.sum() * k
+
+
+def _view_made_in_inference_mode(x, k):
+    with torch.inference_mode():
+        v = x.t()
+    v.add_(k[:, None])
+    return x.sum(0)
+
+
+@pytest.mark.parametrize("fn", [_view_made_without_grad, _leaf_view_made_without_grad, _view_made_in_inference_mode])
+def test_inplace_with_grad_into_a_view_made_with_grad_off_is_refused_as_in_eager(fn) -> None:
+    def inputs():
+        return torch.randn(3, 3, requires_grad=fn is _leaf_view_made_without_grad), torch.randn(3, requires_grad=True)
+
+    with pytest.raises(RuntimeError):
+        fn(*inputs())
+    x, k = inputs()
+    before = x.detach().clone()
+    with pytest.raises(InplaceError):
+        minijit.jit(fn)(x, k)
+    torch.testing.assert_close(x.detach(), before)
+    # With grad off (and k not requiring grad) eager runs it, and so does minijit.
+    with torch.no_grad():
+        (x, k), (xe, ke) = inputs(), inputs()
+        xe.copy_(x)
+        ke.copy_(k)
+        torch.testing.assert_close(minijit.jit(fn)(x, k), fn(xe, ke))
+        torch.testing.assert_close(x, xe)
