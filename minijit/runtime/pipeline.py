@@ -214,7 +214,8 @@ def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[An
     # The VJP rules choose the backward's ops by the sizes (a slice's padding, a broadcast's sum),
     # as capture chose the forward's: their comparisons are guarded like the capture's.
     with recording_constraints(constraints):
-        fwd, bwd, split = split_forward_backward(trace, executors, no_grad, functionalized.inplace_originals)
+        fwd, bwd, split = split_forward_backward(trace, executors, no_grad, functionalized.inplace_originals,
+                                                 functionalized.written_with_grad)
     fwd.elapsed_ms = bwd.elapsed_ms = (time.perf_counter() - start) * 1e3
     traces.append(fwd)
     bwd_traces = [bwd]

@@ -66,6 +66,8 @@ class FunctionalizeResult:
     # In-place ops, as the value each wrote -> the value it read from the tensor it wrote (`x * k` -> `x`
     # for `x.mul_(k)`): eager's in-place op keeps its own copy of the latter for its backward.
     inplace_originals: Mapping[str, str] = field(default_factory=dict)
+    # The mutated inputs written at least once with grad on (the others only under torch.no_grad()).
+    written_with_grad: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -212,6 +214,8 @@ class _Functionalizer:
             self._check_view_for_grad(dst, op)
         if id(base) in self.inputs:
             self.write_sites.setdefault(base.name, f"{op.sym.name}{where(op.source)}")
+            if not under_no_grad:
+                self.written_with_grad.add(base.name)
         before = self.resolve(base) if under_no_grad and base.requires_grad and id(base) in self.inputs else None
         if id(base) in self.synthetic:
             # A synthetic base (its members may repeat elements, `o.expand(4, 4)`): one scatter
@@ -400,6 +404,7 @@ class _Functionalizer:
         self.produced: set[int] = set()
         self.write_sites: dict[str, str] = {}
         self.inplace_originals: dict[str, str] = {}
+        self.written_with_grad: set[str] = set()
         with tracing(self.new):
             self._members_as_views()
             for bsym in self.trace.bound_symbols:
@@ -413,7 +418,8 @@ class _Functionalizer:
             self.new.output = self._write_back(output)
         sites = tuple(self.write_sites.get(n, "") for n in self.mutated)
         return self.new, FunctionalizeResult(mutated_inputs=tuple(self.mutated), write_sites=sites,
-                                             inplace_originals=self.inplace_originals)
+                                             inplace_originals=self.inplace_originals,
+                                             written_with_grad=frozenset(self.written_with_grad))
 
     def _members_as_views(self) -> None:
         """Each member of a synthetic base becomes a view of it; it reads as the input itself until written."""

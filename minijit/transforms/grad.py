@@ -127,8 +127,10 @@ class SplitResult:
 class _Splitter:
     """The state of one forward/backward split."""
 
-    def __init__(self, trace: Trace, executors: Sequence[Any], no_grad: Collection[str]):
+    def __init__(self, trace: Trace, executors: Sequence[Any], no_grad: Collection[str],
+                 written_with_grad: Collection[str] | None = None):
         self.trace = trace
+        self.written_with_grad = written_with_grad
         self.executors = executors
         self.requires = {p.name for p in trace.args if is_differentiable(p) and p.requires_grad}
         for p in trace.args:
@@ -193,7 +195,10 @@ class _Splitter:
         for p in tree_flatten(bsym.output):
             if not isinstance(p, TensorProxy):
                 continue
-            if p.name in self.inputs_requiring:
+            if p.name in self.inputs_requiring and self.written_with_grad is not None \
+                    and p.name not in self.written_with_grad:
+                pass  # written under torch.no_grad() only: a side effect, the input keeps its history
+            elif p.name in self.inputs_requiring:
                 if not bsym.sym.effects.copies:
                     raise MinijitError(
                         f"{bsym.sym.id}{where(bsym.source)} writes in place into {p.name}, an input that requires "
@@ -316,7 +321,8 @@ def requires_grad_inputs(trace: Trace) -> list[Proxy]:
 
 
 def split_forward_backward(trace: Trace, executors: Sequence[Any] = (), no_grad: Collection[str] = (),
-                           inplace_originals: Mapping[str, str] | None = None) -> tuple[Trace, Trace, SplitResult]:
+                           inplace_originals: Mapping[str, str] | None = None,
+                           written_with_grad: Collection[str] | None = None) -> tuple[Trace, Trace, SplitResult]:
     """The forward trace (returns `(outputs, saved)`), the backward trace (takes `*saved, *cotangents`), and a `SplitResult`.
 
     The backward returns one gradient per input of `trace` (None for inputs that do
@@ -330,10 +336,12 @@ def split_forward_backward(trace: Trace, executors: Sequence[Any] = (), no_grad:
     read), which eager's in-place ops copy; those, and saved views of overwritten inputs,
     are cloned before the forward's copies. Where the first of `executors` that claims a
     call has a grad transform for it, that is its VJP rule. Symbols whose outputs are in
-    `no_grad` (computed under `torch.no_grad()`) are constant for VJP.
-    `trace` is left as it is.
+    `no_grad` (computed under `torch.no_grad()`) are constant for VJP. An input requiring
+    grad that the code wrote only under `torch.no_grad()` (not in `written_with_grad`,
+    functionalize's; default: every written input counts) keeps its autograd identity, as
+    in eager: it is not dirty. `trace` is left as it is.
     """
-    splitter = _Splitter(trace, executors, no_grad)
+    splitter = _Splitter(trace, executors, no_grad, written_with_grad)
     for bsym in trace.bound_symbols:
         splitter.forward(bsym)
     bwd, saved = splitter.backward()

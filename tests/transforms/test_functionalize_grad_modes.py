@@ -369,3 +369,46 @@ def test_inplace_with_grad_into_a_view_made_with_grad_off_is_refused_as_in_eager
         ke.copy_(k)
         torch.testing.assert_close(minijit.jit(fn)(x, k), fn(xe, ke))
         torch.testing.assert_close(x, xe)
+
+
+def _no_grad_write_into_a_view(x, k):
+    with torch.no_grad():
+        x[0].mul_(2)
+    return x.sum() * k
+
+
+def _no_grad_write_then_saved(x, k):
+    with torch.no_grad():
+        x.add_(1)
+    return (x * k).sum(0)
+
+
+def _no_grad_write_through_transpose(x, k):
+    with torch.no_grad():
+        x.t()[1].copy_(k)
+    return (x.exp() * k).sum(1)
+
+
+@pytest.mark.parametrize("leaf", [True, False])
+@pytest.mark.parametrize("fn", [_no_grad_write_into_a_view, _no_grad_write_then_saved,
+                                _no_grad_write_through_transpose])
+def test_write_under_no_grad_inside_the_function_into_an_input_requiring_grad(fn, leaf: bool) -> None:
+    # Eager lets code write under torch.no_grad() into a tensor that requires grad, leaf or not;
+    # the tensor keeps its place in the graph.
+    jf = minijit.jit(fn)
+    for seed in range(3):
+        results = []
+        for f in (fn, jf):
+            gen = torch.Generator().manual_seed(seed)
+            source = torch.randn(3, 3, generator=gen, requires_grad=True)
+            k = torch.randn(3, generator=gen, requires_grad=True)
+            x = source if leaf else source * 1
+            out = f(x, k)
+            out.sum().backward()
+            results.append((out.detach(), x.detach().clone(), source.grad, k.grad, x.is_leaf))
+        for got, expected in zip(results[1], results[0], strict=True):
+            if isinstance(expected, torch.Tensor):
+                torch.testing.assert_close(got, expected)
+            else:
+                assert got == expected
+    assert minijit.cache_info(jf).entries == 1
