@@ -23,7 +23,7 @@ import torch.utils.checkpoint
 from minijit.errors import UnsupportedSyntaxError
 from minijit.frontend.frame import NULL, current_frame, current_state
 from minijit.ir import NumberProxy, TensorProxy, current_trace
-from minijit.ir.context import where_now
+from minijit.ir.context import note_state_read, where_now
 from minijit.ops import aten_prims, prims
 
 LOOKASIDES: dict[Any, Callable[..., Any]] = {}
@@ -116,6 +116,13 @@ def _tensor_query(native: Callable[..., Any], method: str) -> Callable[..., Any]
 for _native_query, _method in ((torch.is_floating_point, "is_floating_point"), (torch.is_complex, "is_complex"),
                                (torch.is_signed, "is_signed"), (torch.numel, "numel")):
     LOOKASIDES[_native_query] = _tensor_query(_native_query, _method)
+
+
+@lookaside(torch.is_inference_mode_enabled)
+def is_inference_mode_enabled() -> bool:
+    """The mode now; the trace keeps it, so the entry's guard checks the mode of later calls (the key has grad mode only)."""
+    note_state_read("torch.is_inference_mode_enabled()", torch.is_inference_mode_enabled)
+    return torch.is_inference_mode_enabled()
 
 
 @lookaside(round)

@@ -13,7 +13,7 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Sequence
+    from collections.abc import Callable, Iterator, Sequence
 
     from minijit.ir.trace import Trace
 
@@ -195,3 +195,26 @@ def outside_capture() -> Iterator[None]:
         _VALUE_READER.reset(tokens[2])
         _CONSTRAINTS.reset(tokens[1])
         _TRACES.reset(tokens[0])
+
+
+# State of the call that the code under capture read through a query whose answer the trace then
+# keeps (`torch.is_inference_mode_enabled()`): query expression -> the query. The compile in progress
+# adds, for each, a check that later calls run in the state of the call that compiled it.
+_STATE_READS: ContextVar[dict[str, Callable[[], Any]] | None] = ContextVar("minijit_state_reads", default=None)
+
+
+@contextmanager
+def noting_state_reads(into: dict[str, Callable[[], Any]]) -> Iterator[None]:
+    """Collect into `into` the state queries (`note_state_read`) the code under capture made inside the block."""
+    token = _STATE_READS.set(into)
+    try:
+        yield
+    finally:
+        _STATE_READS.reset(token)
+
+
+def note_state_read(expr: str, query: Callable[[], Any]) -> None:
+    """Record that the trace keeps the answer of `query` (written `expr` in a guard), a state of the call."""
+    reads = _STATE_READS.get()
+    if reads is not None:
+        reads.setdefault(expr, query)

@@ -38,6 +38,7 @@ from minijit.ir.context import value_reader, where_now
 from minijit.ir.proxies import number_value
 from minijit.ops import prims
 from minijit.ops.registry import TORCH_TO_LTORCH
+from minijit.ops.strides import outside_inference_mode
 from minijit.ops.symbolic_sizes import has_symbolic_sizes, symbolic_output_shapes
 
 aten = torch.ops.aten
@@ -92,7 +93,8 @@ def _meta_outputs(name: str, aten_fn: Callable[..., Any], args: tuple[Any, ...],
         return number_value(x)
 
     try:
-        out = aten_fn(*tree_map(to_meta, args), **tree_map(to_meta, kwargs))
+        with outside_inference_mode():
+            out = aten_fn(*tree_map(to_meta, args), **tree_map(to_meta, kwargs))
     except (RuntimeError, ValueError, TypeError, IndexError, NotImplementedError) as e:
         _specialise((args, kwargs))
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

@@ -41,7 +41,7 @@ from minijit.errors import DataDependentShapeError, MetaError, UnsupportedOpErro
 from minijit.ir import NumberProxy, TensorProxy, tree_flatten
 from minijit.ir.context import where_now
 from minijit.ir.proxies import number_value
-from minijit.ops.strides import eager_layout, meta_like
+from minijit.ops.strides import eager_layout, meta_like, outside_inference_mode
 from minijit.ops.symbolic_sizes import has_symbolic_sizes, symbolic_output_shapes
 
 
@@ -131,7 +131,8 @@ def run_on_meta(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
     cached = _CACHE.get(key) if key is not None else None
     if cached is None:
         try:
-            cached = _run(fn, args, kwargs, what)
+            with outside_inference_mode():
+                cached = _run(fn, args, kwargs, what)
         except (MetaError, UnsupportedOpError) as e:
             cached = e
         if key is not None:

@@ -52,7 +52,7 @@ from typing import Any
 import torch
 from torch._library.custom_ops import CustomOpDef
 
-from minijit.errors import DataDependentShapeError, DeviceError, MinijitError, UnsupportedOpError
+from minijit.errors import DataDependentShapeError, DeviceError, InplaceError, MinijitError, UnsupportedOpError
 from minijit.ir import Effects, Symbol, TensorProxy, current_trace, tree_flatten, tree_map
 from minijit.ir.context import value_reader, where_now
 from minijit.ir.proxies import TENSOR_METHOD_FALLBACKS, TENSOR_METHODS
@@ -119,8 +119,13 @@ def call_ltorch(fn: Any, sym: Symbol, args: tuple[Any, ...] | list[Any], kwargs:
 
 def _into_out(sym: Symbol, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any], out: Any) -> Any:
     """`sym` without `out=`, its results copied into `out` (declined where eager would resize or refuse `out`)."""
-    result = sym(*args, **{k: v for k, v in kwargs.items() if k != "out"})
     targets = out if isinstance(out, tuple | list) else (out,)
+    if torch.is_grad_enabled() and any(isinstance(x, TensorProxy) and x.requires_grad
+                                       for x in tree_flatten((args, kwargs))):
+        raise InplaceError(f"{sym.id}{where_now()}: functions with out=... arguments don't support automatic "
+                           "differentiation, but one of the arguments requires grad (as in eager); call it without "
+                           "out=, or under torch.no_grad()")
+    result = sym(*args, **{k: v for k, v in kwargs.items() if k != "out"})
     results = result if isinstance(result, tuple | list) else (result,)
     if len(targets) != len(results):
         raise UnsupportedOpError(f"{sym.id} with {len(targets)} out= tensors for {len(results)} results{where_now()}")

@@ -38,6 +38,8 @@ reshape).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -72,16 +74,35 @@ def _sizes(p: TensorProxy) -> tuple[int, ...]:
     return tuple(int(number_value(d)) for d in p.shape)
 
 
+@contextmanager
+def outside_inference_mode() -> Iterator[None]:
+    """Leave `torch.inference_mode()` (keeping the grad mode) while minijit works on meta tensors.
+
+    Tensors made under inference mode are *inference tensors*: their views do not say
+    they are views (`_is_view()` is False) and they keep no version counter, so a
+    decision read from them (does this op view or copy? which argument does it
+    write?) would depend on the mode the first call happened to run under. Meta
+    tensors made here are ordinary ones whatever the user's mode.
+    """
+    if not torch.is_inference_mode_enabled():
+        yield
+        return
+    grad = torch.is_grad_enabled()
+    with torch.inference_mode(False), torch.set_grad_enabled(grad):
+        yield
+
+
 def meta_like(p: TensorProxy, requires_grad: bool = False) -> torch.Tensor:
     """A meta tensor with `p`'s shape, dtype and known layout (`p.memory`); a non-leaf with `requires_grad`."""
     assert p.memory is not None
     shape = _sizes(p)
     strides, offset = p.memory
     extent = offset + 1 + sum((n - 1) * abs(s) for n, s in zip(shape, strides, strict=True)) if all(shape) else offset
-    storage = torch.empty(extent, dtype=p.dtype, device="meta")
-    if requires_grad:
-        storage = storage.requires_grad_(True).clone()
-    return storage.as_strided(shape, strides, offset)
+    with outside_inference_mode():
+        storage = torch.empty(extent, dtype=p.dtype, device="meta")
+        if requires_grad:
+            storage = storage.requires_grad_(True).clone()
+        return storage.as_strided(shape, strides, offset)
 
 
 def _eager_impl(bsym: BoundSymbol) -> Any:
@@ -161,7 +182,7 @@ def _replay(bsym: BoundSymbol, inputs: dict[int, TensorProxy]) -> None:
         # A factory (`torch.zeros(n, device=d)`) or a move (`x.to(device=d)`): nothing allocated on d.
         mkwargs["device"] = "meta"
     try:
-        with torch.no_grad():
+        with outside_inference_mode(), torch.no_grad():
             result = tree_flatten(impl(*margs, **mkwargs))
     except Exception:
         return  # the eager implementation does not run on meta tensors: layout unknown

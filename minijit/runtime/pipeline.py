@@ -9,13 +9,19 @@ from typing import Any
 
 import torch
 
-from minijit.errors import AliasError
+from minijit.errors import AliasError, InplaceError
 from minijit.extend import resolve_executors
 from minijit.frontend import GuardEntry, interpret
 from minijit.frontend.guards import Source
 from minijit.frontend.outside import Outside
 from minijit.ir import Trace, tracing
-from minijit.ir.context import guarding_layouts, knowing_constraints, reading_values, recording_constraints
+from minijit.ir.context import (
+    guarding_layouts,
+    knowing_constraints,
+    noting_state_reads,
+    reading_values,
+    recording_constraints,
+)
 from minijit.runtime.autocast import any_autocast_enabled, without_autocast
 from minijit.runtime.autograd import CompiledGrad, autograd_callable
 from minijit.runtime.call_plan import CallPlan, finish_capture
@@ -137,14 +143,17 @@ def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
     pinned: frozenset[int] = frozenset()
     while True:
         constraints: list[str] = []
+        state_reads: dict[str, Callable[[], Any]] = {}
         try:
-            with knowing_constraints(constraints), guarding_layouts(constraints):
+            with knowing_constraints(constraints), guarding_layouts(constraints), noting_state_reads(state_reads):
                 entry = _compile(fn, args, kwargs, executors, symbolic, constraints, pinned)
             break
         except _PinSizes as pin:
             # Written inputs that share memory are rebuilt from their storage by their concrete layouts:
             # traced again with those inputs' sizes constant, the rest symbolic (the set only grows).
             pinned |= pin.positions
+    # Read now, back in the call's state (the traced code may have changed it inside `with` blocks).
+    constraints += [f"{expr} == {query()!r}" for expr, query in state_reads.items()]
     entry.constraints = drop_implied(constraints)
     entry.arg_objects = object_arguments(call[0], call[1], args, kwargs)
     entry.prologue = compile_prologue(entry, call, tuple(kwargs), entry.constraints)
@@ -216,7 +225,7 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
 
     if torch.is_grad_enabled() and requires_grad_inputs(trace):
         computation, backward_traces, split = _compile_with_grad(
-            trace, traces, executors, check, found.no_grad, functionalized.mutated_inputs, constraints)
+            trace, traces, executors, check, found.no_grad, functionalized, constraints)
         computation = with_synthetic_bases(computation, aliasing)
         return CompiledEntry(found.call_plan.wrap(computation), traces, **records, split=split,
                              backward_traces=backward_traces)
@@ -230,14 +239,14 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
     check_writes_after_checks(trace)
 
     start = time.perf_counter()
-    computation = with_synthetic_bases(bumping_versions(trace.python_callable(), trace, functionalized.mutated_inputs),
-                                       aliasing)
+    computation = bumping_versions(trace.python_callable(), trace, functionalized.mutated_inputs)
+    computation = with_synthetic_bases(refusing_inference_writes(computation, trace, functionalized), aliasing)
     traces[-1].elapsed_ms += (time.perf_counter() - start) * 1e3
     return CompiledEntry(found.call_plan.wrap(computation), traces, **records, plain=computation)
 
 
 def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[Any], check: TraceChecker | None,
-                       no_grad: frozenset[str], mutated_inputs: Sequence[str], constraints: list[str]
+                       no_grad: frozenset[str], functionalized: FunctionalizeResult, constraints: list[str]
                        ) -> tuple[Callable[..., Any], list[Trace], SplitResult]:
     """Grad is needed: split into forward and backward, run the passes on both, compile both.
 
@@ -247,7 +256,8 @@ def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[An
     # The VJP rules choose the backward's ops by the sizes (a slice's padding, a broadcast's sum),
     # as capture chose the forward's: their comparisons are guarded like the capture's.
     with recording_constraints(constraints):
-        fwd, bwd, split = split_forward_backward(trace, executors, no_grad)
+        fwd, bwd, split = split_forward_backward(trace, executors, no_grad, functionalized.inplace_originals,
+                                                 functionalized.written_with_grad)
     fwd.elapsed_ms = bwd.elapsed_ms = (time.perf_counter() - start) * 1e3
     traces.append(fwd)
     bwd_traces = [bwd]
@@ -274,7 +284,9 @@ def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[An
             check_writes_after_checks(t)
         _timed(lambda t=t: release_dead_values(t), passes, check)
     compiled = CompiledGrad(
-        forward=bumping_versions(traces[-1].python_callable(), traces[-1], mutated_inputs),
+        forward=refusing_inference_writes(
+            bumping_versions(traces[-1].python_callable(), traces[-1], functionalized.mutated_inputs), traces[-1],
+            functionalized),
         # A backward called under autocast must not cast again: its trace holds eager's casts.
         backward=without_autocast(bwd_traces[-1].python_callable()),
         differentiable_outputs=split.differentiable_outputs,
@@ -283,7 +295,7 @@ def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[An
         dirty_inputs=split.dirty_inputs,
         overwritten_saved=split.overwritten_saved,
         backward_mutated_inputs=mutated_by_backward,
-        recompute=recompute_for(trace, trace.fn_name, frozenset(no_grad), mutated_inputs),
+        recompute=recompute_for(trace, trace.fn_name, frozenset(no_grad), functionalized.mutated_inputs),
     )
     return autograd_callable(compiled), bwd_traces, split
 
@@ -324,6 +336,33 @@ def bumping_versions(computation: Callable[..., Any], trace: Trace, mutated_inpu
         out = computation(*inputs)
         bump([inputs[i] for i in positions])
         return out
+
+    return run
+
+
+def refusing_inference_writes(computation: Callable[..., Any], trace: Trace,
+                              functionalized: FunctionalizeResult) -> Callable[..., Any]:
+    """`computation`, first refusing as eager does a call that would write into an inference tensor.
+
+    Outside `torch.inference_mode()` eager raises at an in-place write into a tensor made
+    inside it; the compiled trace writes its inputs back at the end, so the call is
+    refused before anything runs (no input half written), naming the op and line.
+    """
+    sites = dict(zip(functionalized.mutated_inputs, functionalized.write_sites, strict=True))
+    positions = [(i, p.name) for i, p in enumerate(trace.args) if p.name in sites]
+    if not positions:
+        return computation
+    inference_mode = torch.is_inference_mode_enabled
+
+    def run(*inputs: Any) -> Any:
+        if not inference_mode():
+            for i, name in positions:
+                if inputs[i].is_inference():
+                    raise InplaceError(
+                        f"{sites[name]}: an in-place write into {name}, a tensor made under torch.inference_mode(), "
+                        "outside inference mode (eager raises: inplace update to inference tensor outside "
+                        "InferenceMode is not allowed); call under torch.inference_mode(), or pass a clone")
+        return computation(*inputs)
 
     return run
 

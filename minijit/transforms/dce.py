@@ -8,9 +8,9 @@ from minijit.ir import BoundSymbol, NumberProxy, Proxy, TensorProxy, Trace, tree
 def dce(trace: Trace, *, keep_sizes: bool = False) -> Trace:
     """Remove bound symbols whose outputs are unused and that have no side effect (a write, a draw from the RNG, ...).
 
-    With `keep_sizes`, the symbolic sizes in the shapes of the tensors it keeps are kept
-    too (before the grad pass, which may save them for the backward: `t56: f32[i12, 32]`
-    needs `i12 = prims.num_sub(i11, 1)` there).
+    With `keep_sizes`, the symbolic sizes in the shapes of the tensors it keeps (and of those
+    inside their decompositions) are kept too (before the grad pass, which may save them for
+    the backward: `t56: f32[i12, 32]` needs `i12 = prims.num_sub(i11, 1)` there).
     """
     needed = {x.name for x in tree_iter(trace.output) if isinstance(x, Proxy)}
     kept = []
@@ -20,10 +20,18 @@ def dce(trace: Trace, *, keep_sizes: bool = False) -> Trace:
             kept.append(bsym)
             _mark_used(bsym, needed)
             if keep_sizes:
-                for p in bsym.proxy_outputs():
-                    if isinstance(p, TensorProxy):
-                        needed.update(s.name for s in p.shape if isinstance(s, NumberProxy))
+                _mark_sizes(bsym, needed)
     return trace.derive(reversed(kept), pass_name="dce")
+
+
+def _mark_sizes(bsym: BoundSymbol, needed: set[str]) -> None:
+    # The tensors inside a decomposition count too: the grad pass differentiates through it,
+    # and a rule may save their sizes (`t1: f32[i5, i1]` of the slice under `w[pos]`).
+    for p in bsym.proxy_outputs():
+        if isinstance(p, TensorProxy):
+            needed.update(s.name for s in p.shape if isinstance(s, NumberProxy))
+    for sub in bsym.subsymbols:
+        _mark_sizes(sub, needed)
 
 
 def _mark_used(bsym: BoundSymbol, needed: set[str]) -> None:

@@ -24,8 +24,8 @@ together with the base version that value belongs to.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -61,6 +61,13 @@ class FunctionalizeResult:
     # The names of the trace inputs written in place, each now the target of one copy at the end
     # (in the order of the inputs); the runtime bumps their autograd version counters.
     mutated_inputs: tuple[str, ...] = ()
+    # For each of `mutated_inputs`, the op and line of the first write into it (for the runtime's errors).
+    write_sites: tuple[str, ...] = ()
+    # In-place ops, as the value each wrote -> the value it read from the tensor it wrote (`x * k` -> `x`
+    # for `x.mul_(k)`): eager's in-place op keeps its own copy of the latter for its backward.
+    inplace_originals: Mapping[str, str] = field(default_factory=dict)
+    # The mutated inputs written at least once with grad on (the others only under torch.no_grad()).
+    written_with_grad: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -197,12 +204,18 @@ class _Functionalizer:
                 f"{op.sym.id}{where(op.source)} writes in place into {base.name}, a tensor the function did not "
                 "receive and minijit could not trace back to where it lives outside the call; pass it as an "
                 "argument, or read it from a global, closure or attribute")
-        under_no_grad = any(p.name in self.no_grad for p in (*op.proxy_outputs(), *op.written()))
+        under_no_grad = self._recorded_without_grad(op)
         if self.grad_enabled and id(base) in self.leaves and not under_no_grad:
             what = "a view of a leaf Variable" if base is not dst else "a leaf Variable"
             raise InplaceError(f"{op.sym.id}{where(op.source)}: {what} that requires grad is being used in an "
                                f"in-place operation (input {base.name}, as in eager); use torch.no_grad() or "
                                "write into a clone")
+        if self.grad_enabled and base is not dst and not under_no_grad:
+            self._check_view_for_grad(dst, op)
+        if id(base) in self.inputs:
+            self.write_sites.setdefault(base.name, f"{op.sym.name}{where(op.source)}")
+            if not under_no_grad:
+                self.written_with_grad.add(base.name)
         before = self.resolve(base) if under_no_grad and base.requires_grad and id(base) in self.inputs else None
         if id(base) in self.synthetic:
             # A synthetic base (its members may repeat elements, `o.expand(4, 4)`): one scatter
@@ -222,6 +235,34 @@ class _Functionalizer:
             written = self.value[id(base)]
             self.value[id(base)] = prims.no_grad_update(before, written)
             self.unwrapped[id(self.value[id(base)])] = written
+
+    def _recorded_without_grad(self, op: BoundSymbol) -> bool:
+        """Whether the user's code ran `op` under `torch.no_grad()` (or inference mode).
+
+        An in-place op's output is the tensor it writes, which may have been made with grad
+        off while the op itself runs with grad on: what its decomposition computed tells.
+        """
+        own = {p.name for p in op.proxy_outputs()}
+        fresh = [p.name for sub in op.subsymbols for p in sub.proxy_outputs() if p.name not in own]
+        # An op with no outputs of its own (a fused optimizer step) tells by the tensors it writes.
+        return any(n in self.no_grad for n in (fresh or own or [p.name for p in op.written()]))
+
+    def _check_view_for_grad(self, dst: TensorProxy, op: BoundSymbol) -> None:
+        """Eager's refusals of an in-place op that needs grad on a view made by an op returning several
+        views, or made under `torch.no_grad()` / `torch.inference_mode()`."""
+        if not any(isinstance(a, TensorProxy) and a.requires_grad for a in op.proxy_args()):
+            return
+        for step, out in self.chain(dst):
+            if sum(isinstance(o, TensorProxy) for o in tree_flatten(step.output)) > 1:
+                why = f"{step.sym.name} returned among several views (eager: such functions do not allow the output " \
+                      "views to be modified inplace)"
+            elif out.name in self.no_grad:
+                why = f"{step.sym.name} made with grad off (eager: a view was created in no_grad mode and is being " \
+                      "modified inplace with grad mode enabled)"
+            else:
+                continue
+            raise InplaceError(f"{op.sym.id}{where(op.source)}: writes in place, with grad, into a view that {why}; "
+                               "use the out-of-place op, or clone() the view")
 
     def _write_by_positions(self, dst: TensorProxy, base: TensorProxy, new: TensorProxy, op: BoundSymbol) -> None:
         masked_fill = None
@@ -286,8 +327,13 @@ class _Functionalizer:
             if not bsym.subsymbols:
                 raise UnsupportedOpError(f"{name}{where(bsym.source)}: an in-place op without a decomposition "
                                          "cannot be functionalized")
+            before = [self.resolve(t) for t in bsym.written()]
             for sub in bsym.subsymbols:
                 self.visit(sub, top)
+            for t, old_value in zip(bsym.written(), before, strict=True):
+                new_value = self.resolve(t)
+                if isinstance(new_value, Proxy) and isinstance(old_value, Proxy) and new_value is not old_value:
+                    self.inplace_originals[new_value.name] = old_value.name
             for old in tree_flatten(bsym.output):
                 if isinstance(old, Proxy) and id(old) not in self.value and not self._known(old):
                     raise UnsupportedOpError(f"{name}{where(bsym.source)}: its output {old.name} is not "
@@ -357,6 +403,9 @@ class _Functionalizer:
     # -- the pass ------------------------------------------------------------------
     def run(self) -> tuple[Trace, FunctionalizeResult]:
         self.produced: set[int] = set()
+        self.write_sites: dict[str, str] = {}
+        self.inplace_originals: dict[str, str] = {}
+        self.written_with_grad: set[str] = set()
         with tracing(self.new):
             self._members_as_views()
             for bsym in self.trace.bound_symbols:
@@ -368,7 +417,10 @@ class _Functionalizer:
             self.new.source = None
             output = tree_map(self.resolve, self.trace.output)
             self.new.output = self._write_back(output)
-        return self.new, FunctionalizeResult(mutated_inputs=tuple(self.mutated))
+        sites = tuple(self.write_sites.get(n, "") for n in self.mutated)
+        return self.new, FunctionalizeResult(mutated_inputs=tuple(self.mutated), write_sites=sites,
+                                             inplace_originals=self.inplace_originals,
+                                             written_with_grad=frozenset(self.written_with_grad))
 
     def _members_as_views(self) -> None:
         """Each member of a synthetic base becomes a view of it; it reads as the input itself until written."""

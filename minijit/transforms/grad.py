@@ -23,7 +23,7 @@ the residuals the backward actually reads are saved.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Collection, Container, Sequence
+from collections.abc import Callable, Collection, Container, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +34,7 @@ from minijit.ir.rewrite import ProxyMap
 from minijit.ops import prims
 from minijit.ops.opaque import OPAQUE
 from minijit.transforms.dce import dce
+from minijit.transforms.memory import MemoryModel
 from minijit.transforms.vjp import KeywordGrads, VjpRule, rule_for
 
 
@@ -126,8 +127,10 @@ class SplitResult:
 class _Splitter:
     """The state of one forward/backward split."""
 
-    def __init__(self, trace: Trace, executors: Sequence[Any], no_grad: Collection[str]):
+    def __init__(self, trace: Trace, executors: Sequence[Any], no_grad: Collection[str],
+                 written_with_grad: Collection[str] | None = None):
         self.trace = trace
+        self.written_with_grad = written_with_grad
         self.executors = executors
         self.requires = {p.name for p in trace.args if is_differentiable(p) and p.requires_grad}
         for p in trace.args:
@@ -192,7 +195,10 @@ class _Splitter:
         for p in tree_flatten(bsym.output):
             if not isinstance(p, TensorProxy):
                 continue
-            if p.name in self.inputs_requiring:
+            if p.name in self.inputs_requiring and self.written_with_grad is not None \
+                    and p.name not in self.written_with_grad:
+                pass  # written under torch.no_grad() only: a side effect, the input keeps its history
+            elif p.name in self.inputs_requiring:
                 if not bsym.sym.effects.copies:
                     raise MinijitError(
                         f"{bsym.sym.id}{where(bsym.source)} writes in place into {p.name}, an input that requires "
@@ -314,21 +320,28 @@ def requires_grad_inputs(trace: Trace) -> list[Proxy]:
     return [p for p in trace.args if is_differentiable(p) and p.requires_grad]
 
 
-def split_forward_backward(trace: Trace, executors: Sequence[Any] = (), no_grad: Collection[str] = ()
-                           ) -> tuple[Trace, Trace, SplitResult]:
+def split_forward_backward(trace: Trace, executors: Sequence[Any] = (), no_grad: Collection[str] = (),
+                           inplace_originals: Mapping[str, str] | None = None,
+                           written_with_grad: Collection[str] | None = None) -> tuple[Trace, Trace, SplitResult]:
     """The forward trace (returns `(outputs, saved)`), the backward trace (takes `*saved, *cotangents`), and a `SplitResult`.
 
     The backward returns one gradient per input of `trace` (None for inputs that do
     not require grad or that no output depends on). Cotangents come in the order of
     the differentiable output leaves (`differentiable_outputs`), then one per input
     that requires grad and is written in place (`dirty_inputs`, positions among the
-    inputs), for its new value. Saved values that the forward overwrites are returned
-    as None and named in `overwritten_saved`. Where the first of `executors` that
-    claims a call has a grad transform for it, that is its VJP rule. Symbols whose
-    outputs are in `no_grad` (computed under `torch.no_grad()`) are constant for VJP.
-    `trace` is left as it is.
+    inputs), for its new value. A saved input that the forward overwrites is returned as
+    None and named in `overwritten_saved` (its backward raises, as eager's does), unless
+    only in-place ops saved it, each the value it read from the tensor it wrote
+    (`inplace_originals`, functionalize's: the value each in-place op wrote -> the one it
+    read), which eager's in-place ops copy; those, and saved views of overwritten inputs,
+    are cloned before the forward's copies. Where the first of `executors` that claims a
+    call has a grad transform for it, that is its VJP rule. Symbols whose outputs are in
+    `no_grad` (computed under `torch.no_grad()`) are constant for VJP. An input requiring
+    grad that the code wrote only under `torch.no_grad()` (not in `written_with_grad`,
+    functionalize's; default: every written input counts) keeps its autograd identity, as
+    in eager: it is not dirty. `trace` is left as it is.
     """
-    splitter = _Splitter(trace, executors, no_grad)
+    splitter = _Splitter(trace, executors, no_grad, written_with_grad)
     for bsym in trace.bound_symbols:
         splitter.forward(bsym)
     bwd, saved = splitter.backward()
@@ -336,15 +349,54 @@ def split_forward_backward(trace: Trace, executors: Sequence[Any] = (), no_grad:
     overwritten = {p.name for b in fwd.bound_symbols if b.sym.effects.copies for p in b.written()}
     bwd, saved = _recompute_cheap_residuals(fwd, bwd, saved, splitter.requires, overwritten)
     _bind_input_sizes(fwd, saved)
+    kept = _keep_old_values(fwd, saved, overwritten, _copied_by_eager(splitter.tape, inplace_originals or {}))
     # An input the forward overwrites cannot serve the backward its old value: as eager
     # autograd does for a saved tensor modified in place, the backward raises (runtime/autograd.py).
-    fwd.output = (trace.output, tuple(None if p.name in overwritten else p for p in saved))
+    fwd.output = (trace.output, tuple(kept.get(p.name, None if p.name in overwritten else p) for p in saved))
     positions = {p.name: i for i, p in enumerate(trace.args)}
     return fwd, bwd, SplitResult(
         differentiable_outputs=differentiable_outputs(trace, splitter.requires),
         dirty_inputs=tuple(positions[p.name] for p, _ in splitter.dirty),
-        overwritten_saved=tuple(p.name for p in saved if p.name in overwritten),
+        overwritten_saved=tuple(p.name for p in saved if p.name in overwritten and p.name not in kept),
     )
+
+
+def _copied_by_eager(tape: Sequence[_TapeEntry], inplace_originals: Mapping[str, str]) -> set[str]:
+    """The saved values that only in-place ops saved, each the value it read from the tensor it wrote."""
+    copied, by_reference = set(), set()
+    for entry in tape:
+        own = {inplace_originals.get(o.name) for o in entry.bsym.proxy_outputs()}
+        for x in tree_flatten(entry.saved):
+            if isinstance(x, Proxy):
+                (copied if x.name in own else by_reference).add(x.name)
+    return copied - by_reference
+
+
+def _keep_old_values(fwd: Trace, saved: Sequence[Proxy], overwritten: Collection[str],
+                     copied_by_eager: Collection[str]) -> dict[str, Proxy]:
+    """Clone, before the forward's copies into inputs, the saved old values of inputs they overwrite.
+
+    Those are the inputs (and their views) an in-place op read before writing them (`x`
+    of `x.mul_(k)`), of which eager's in-place op keeps a copy for its backward, and the
+    other views of overwritten inputs (`kc[1]` read by a `mul`: at run time it shares
+    the input's memory, which the copy at the end overwrites). An overwritten input saved
+    for another op is left out: eager's backward raises there. Returns saved name -> the
+    clone the forward returns in its place (the backward reads it under the saved value's name).
+    """
+    if not overwritten:
+        return {}
+    memory = MemoryModel(fwd)
+    views = [p for p in saved if isinstance(p, TensorProxy) and memory.input_storages(p) & set(overwritten)
+             and (p.name not in overwritten or p.name in copied_by_eager)]
+    if not views:
+        return {}
+    first_copy = next(i for i, b in enumerate(fwd.bound_symbols) if b.sym.effects.copies)
+    count = len(fwd.bound_symbols)
+    with tracing(fwd):
+        clones = {p.name: prims.clone(p) for p in views}
+    fwd.bound_symbols[first_copy:first_copy] = fwd.bound_symbols[count:]
+    del fwd.bound_symbols[count + len(clones):]
+    return clones
 
 
 def _bind_input_sizes(fwd: Trace, saved: Sequence[Proxy]) -> None:

@@ -32,13 +32,13 @@ from typing import Any
 
 import torch
 
-from minijit.errors import InplaceError, UnsupportedOpError, where
+from minijit.errors import InplaceError, MetaError, UnsupportedOpError, where
 from minijit.ir import BoundSymbol, NumberProxy, Proxy, Symbol, TensorProxy, Trace, tree_flatten
 from minijit.ir.proxies import number_value
 from minijit.ir.rewrite import ProxyMap, replay_bsym
 from minijit.ops import prims
 from minijit.ops.registry import ALL_LTORCH, EAGER_IMPLS
-from minijit.ops.strides import eager_layout, only_splits
+from minijit.ops.strides import eager_layout, only_splits, outside_inference_mode
 from minijit.ops.utils import expand_to, shape_arg
 
 # (view bsym, its output, current value of its input, new value of its output) -> new value of its input
@@ -239,9 +239,14 @@ def scatter_by_positions(base: TensorProxy, chain: list[tuple[BoundSymbol, Proxy
                            "supports it only for one value written everywhere (zero_, fill_), and eager refuses most "
                            "such writes; clone() the tensor before writing into it")
     positions = prims.reshape(prims.iota(numel, start=0, step=1, dtype=torch.int64, device=base.device), base.shape)
+    reinterprets = False
     for step, out in chain:
-        positions = replay(step, out, positions)
-    if tuple(positions.shape) != tuple(new.shape) or new.dtype != base.dtype:
+        try:
+            positions = replay(step, out, positions)
+        except MetaError:  # a view only of some dtypes (`torch.view_as_real` of a complex tensor)
+            reinterprets = True
+            break
+    if reinterprets or tuple(positions.shape) != tuple(new.shape) or new.dtype != base.dtype:
         # A view that reinterprets memory (`x.real` of a complex x, `x.view(dtype)`) shows no element positions.
         step = chain[-1][0]
         raise UnsupportedOpError(f"{step.sym.id}{where(op.source)}: an in-place write through this view cannot "
@@ -292,7 +297,13 @@ def eager_chain(base: TensorProxy, chain: list[tuple[BoundSymbol, Proxy]],
     symbolic = any(isinstance(d, Proxy) for d in base.shape)
     known = eager_layout(base, trace, sizes_matter=symbolic) if trace is not None else None
     shape = tuple(int(number_value(d)) for d in base.shape)
-    values = [known if known is not None else torch.empty(shape, dtype=base.dtype, device="meta")]
+    with outside_inference_mode():
+        return _run_chain(known if known is not None else torch.empty(shape, dtype=base.dtype, device="meta"), chain)
+
+
+def _run_chain(start: torch.Tensor, chain: list[tuple[BoundSymbol, Proxy]]) -> list[torch.Tensor] | None:
+    """`start` and each step's eager result along `chain` (see eager_chain), or None."""
+    values = [start]
     for step, out in chain:
         impl = _eager_impl(step)
         viewed = viewed_tensor(step)

@@ -478,3 +478,16 @@ def test_masked_fill_through_an_expanded_view_matches_eager(fn, cache):
                         strict=True):
             torch.testing.assert_close(g, e)
         torch.testing.assert_close(ours, theirs)
+
+
+def test_write_through_view_as_real_is_refused_naming_the_view():
+    # Element positions cannot follow a view that reinterprets memory: a clear refusal, not a meta error.
+    def f(x):
+        z = torch.complex(x, x * 2)
+        torch.view_as_real(z).select(-1, 1).add_(1)
+        return z * 2
+
+    x = torch.randn(3)
+    f(x)  # eager runs it
+    with pytest.raises(UnsupportedOpError, match=r"view_as_real at .*reinterprets"):
+        minijit.jit(f)(x)
