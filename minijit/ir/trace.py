@@ -172,10 +172,15 @@ class Trace:
         if not torch.is_grad_enabled():
             # Computed under torch.no_grad() inside the traced function: the grad pass treats
             # these values as constants, as eager autograd would.
-            self.recorded_without_grad.update(p.name for p in tree_iter(output) if isinstance(p, Proxy))
+            # Not an argument handed back (an in-place op's result is the tensor it wrote, which keeps the
+            # history it had: `v = w.clone()`, then `v.clamp_()` under no_grad, still has grad through the clone).
+            given = {id(a) for a in tree_iter((args, kwargs)) if isinstance(a, Proxy)}
+            self.recorded_without_grad.update(p.name for p in tree_iter(output)
+                                              if isinstance(p, Proxy) and id(p) not in given)
         bsym = BoundSymbol(sym, args, kwargs, output, tuple(subsymbols), self.source)
-        if not torch.is_grad_enabled():
-            # An op that writes its arguments and returns nothing (torch._fused_adam_) names what it wrote.
+        if not torch.is_grad_enabled() and not any(isinstance(p, Proxy) for p in tree_iter(output)):
+            # An op that writes its arguments and returns nothing (torch._fused_adam_) names what it wrote. (Not
+            # an op with outputs: the tensor it writes may carry grad from before, `v = v.clone()` then a clamp_.)
             self.recorded_without_grad.update(p.name for p in bsym.written())
         if (sym.is_prim and len(self._scopes) > 1 and not sym.effects.random
                 and any(isinstance(x, NumberProxy) for x in tree_iter(output))):

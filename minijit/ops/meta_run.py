@@ -368,7 +368,7 @@ def _tensor_meta(t: torch.Tensor, device: torch.device) -> TensorMeta:
 _NAMED_TUPLES: dict[type, type] = {}
 
 
-def _named_tuple_for(t: type) -> type:
+def named_tuple_for(t: type) -> type:
     """A named tuple class with the fields of a torch structseq type (`torch.return_types.max`)."""
     cls = _NAMED_TUPLES.get(t)
     if cls is None:
@@ -399,7 +399,7 @@ def _describe(out: Any, by_id: dict[int, int], storage_of: dict[int, int], devic
         if t is tuple:
             return tuple(convert(v) for v in x)
         if isinstance(x, tuple) and hasattr(t, "__match_args__") and hasattr(t, "n_fields"):
-            return _named_tuple_for(t)(*(convert(v) for v in x))
+            return named_tuple_for(t)(*(convert(v) for v in x))
         raise UnsupportedOpError(f"{what} returns a {t.__name__}, not tensors; minijit traces only tensor "
                                  "results of torch ops (a Python value read from a tensor cannot be traced); "
                                  "compute it outside the jitted function")

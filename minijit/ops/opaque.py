@@ -59,7 +59,7 @@ from minijit.ir.proxies import TENSOR_METHOD_FALLBACKS, TENSOR_METHODS
 from minijit.ops import prims
 from minijit.ops.aliases import canonical
 from minijit.ops.autocast import active_autocast, opaque_autocast_arguments
-from minijit.ops.meta_run import MetaResult, TensorMeta, run_on_meta
+from minijit.ops.meta_run import MetaResult, TensorMeta, named_tuple_for, run_on_meta
 from minijit.ops.registry import ltorch_symbol_for
 
 _any_autocast = torch._C._is_any_autocast_enabled
@@ -541,9 +541,19 @@ def _rebuild(outputs: Any, fresh: Any, given: list[Any] | None = None) -> Any:
             return [build(v) for v in x]
         if type(x) is tuple:
             return tuple(build(v) for v in x)
-        return type(x)(*(build(v) for v in x))  # a named tuple
+        return _same_kind(x, [build(v) for v in x])
 
     return build(outputs)
+
+
+def _same_kind(container: Any, items: list[Any]) -> Any:
+    """`items` in a container of `container`'s type: a list, a tuple, a named tuple or one of torch's return types."""
+    kind = type(container)
+    if kind is list or kind is tuple:
+        return kind(items)
+    if hasattr(container, "_fields"):
+        return kind(*items)  # a named tuple
+    return kind(items)  # torch.return_types (a structseq takes one sequence)
 
 
 def shapes_seen_symbol(fn: Any, real_out: Any) -> Symbol:
@@ -555,8 +565,10 @@ def shapes_seen_symbol(fn: Any, real_out: Any) -> Symbol:
     def meta_of(x: Any) -> Any:
         if isinstance(x, torch.Tensor):
             return TensorMeta(tuple(x.shape), x.dtype, x.device, x.requires_grad)
-        if isinstance(x, list | tuple):
-            return type(x)(meta_of(v) for v in x) if type(x) in (list, tuple) else type(x)(*(meta_of(v) for v in x))
+        if type(x) in (list, tuple) or hasattr(x, "_fields"):
+            return _same_kind(x, [meta_of(v) for v in x])
+        if isinstance(x, tuple) and hasattr(type(x), "n_fields"):  # torch.return_types: as a named tuple
+            return named_tuple_for(type(x))(*(meta_of(v) for v in x))
         raise UnsupportedOpError(f"{describe(fn)}{where_now()} returns a {type(x).__name__}, not tensors; compute it "
                                  "with tensor ops, whose values the code may read (`if (a - b).abs().max() < tol:`)")
 

@@ -76,7 +76,8 @@ class _JitFunction(torch.autograd.Function):
         # where it can run, so never for inputs written in place (returned, marked dirty: a cycle).
         recompute = compiled.recompute is not None and compiled.recompute.refusal is None
         ctx.inputs = tensors if recompute else ()
-        ctx.input_versions = tuple(t._version if isinstance(t, torch.Tensor) else None for t in ctx.inputs)
+        ctx.input_versions = tuple(t._version if isinstance(t, torch.Tensor) and not t.is_inference() else None
+                                   for t in ctx.inputs)
         ctx.mutated_requiring_grad = [i for i in compiled.backward_mutated_inputs if tensors[i].requires_grad]
         dirty = tuple(tensors[i] for i in compiled.dirty_inputs)
         if dirty:

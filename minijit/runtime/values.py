@@ -134,6 +134,8 @@ class ValueReader:
         with rng_preserved():
             real_out = fn(*real_args, **real_kwargs)
         out = shapes_seen_symbol(fn, real_out)(*args, **kwargs)
+        if isinstance(real_out, tuple) and hasattr(type(real_out), "n_fields"):
+            real_out = tuple(real_out)  # torch.return_types, which the symbol gives as a named tuple
         for proxy, real in zip(tree_flatten(out), tree_flatten(real_out), strict=True):
             if isinstance(proxy, TensorProxy):
                 self._check(proxy, "shape", None, tuple(real.shape))

@@ -216,7 +216,7 @@ class _Functionalizer:
             self.write_sites.setdefault(base.name, f"{op.sym.name}{where(op.source)}")
             if not under_no_grad:
                 self.written_with_grad.add(base.name)
-        before = self.resolve(base) if under_no_grad and base.requires_grad and id(base) in self.inputs else None
+        before = self.resolve(base) if under_no_grad and base.requires_grad else None
         if id(base) in self.synthetic:
             # A synthetic base (its members may repeat elements, `o.expand(4, 4)`): one scatter
             # by element positions through the whole view chain.

@@ -44,7 +44,8 @@ CASES: list[tuple[str, Callable[[], tuple[Any, ...]]]] = [
 # Prims that need no rule: backward kernels that only VJP rules record, histc (torch defines no
 # gradient; ltorch.histc detaches its input) and item (its output is a Python number).
 NOT_DIFFERENTIABLE = {"convolution_backward", "avg_pool_backward", "adaptive_avg_pool_backward", "upsample_backward",
-                      "batch_norm_backward", "histc", "item"}
+                      "batch_norm_backward", "histc", "item",
+                      "check_value"}  # a check of a value read while tracing: no tensor result
 
 # Prims whose gradient is tested in tests/transforms/test_grad_modelops.py: the generic harness makes
 # every floating point argument require grad and differentiates every floating point output, but eager's

@@ -412,3 +412,32 @@ def test_write_under_no_grad_inside_the_function_into_an_input_requiring_grad(fn
             else:
                 assert got == expected
     assert minijit.cache_info(jf).entries == 1
+
+
+def _clamped_clone(v: torch.Tensor) -> torch.Tensor:
+    v = v.clone()
+    with torch.no_grad():
+        v.clamp_(min=0.5)  # torch's gaussian_nll_loss does this to its variance
+    return (v * v).sum()
+
+
+def _scaled_view_of_clone(v: torch.Tensor) -> torch.Tensor:
+    w = v * 2
+    with torch.no_grad():
+        w[1:].mul_(3)
+    return (w.exp() * v).sum()
+
+
+def _gaussian_nll(v: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.gaussian_nll_loss(v.detach() * 0.5 + 0.1, v.detach(), v)
+
+
+@pytest.mark.parametrize("fn", [_clamped_clone, _scaled_view_of_clone, _gaussian_nll], ids=lambda f: f.__name__)
+def test_in_place_under_no_grad_keeps_the_written_tensors_gradient(fn: Callable[..., Any]) -> None:
+    """A tensor that requires grad, written in place under no_grad: its value changes, its history stays (eager)."""
+    jf = minijit.jit(fn)
+    for i in range(3):
+        v = (torch.rand(5, generator=torch.Generator().manual_seed(i)) + 0.2).requires_grad_()
+        want = torch.autograd.grad(fn(v), v)[0]
+        got = torch.autograd.grad(jf(v), v)[0]
+        torch.testing.assert_close(got, want)
