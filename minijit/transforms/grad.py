@@ -325,7 +325,8 @@ def split_forward_backward(trace: Trace, executors: Sequence[Any] = (), no_grad:
     inputs), for its new value. Saved values that the forward overwrites are returned
     as None and named in `overwritten_saved`. Where the first of `executors` that
     claims a call has a grad transform for it, that is its VJP rule. Symbols whose
-    outputs are in `no_grad` (computed under `torch.no_grad()`) are constant for VJP.
+    outputs are in `no_grad` (computed under `torch.no_grad()`) are constant for VJP. Cheap residuals are
+    recomputed in the backward (not saved) only where one of `executors` fuses regions.
     `trace` is left as it is.
     """
     splitter = _Splitter(trace, executors, no_grad)
@@ -334,7 +335,10 @@ def split_forward_backward(trace: Trace, executors: Sequence[Any] = (), no_grad:
     bwd, saved = splitter.backward()
     fwd = splitter.fwd
     overwritten = {p.name for b in fwd.bound_symbols if b.sym.effects.copies for p in b.written()}
-    bwd, saved = _recompute_cheap_residuals(fwd, bwd, saved, splitter.requires, overwritten)
+    if any(getattr(ex, "fuses_regions", False) for ex in executors):
+        # Recomputation is free only where a fusion executor folds it into the backward's regions; with
+        # torch calls alone each recomputed op is one more kernel than eager's autograd runs.
+        bwd, saved = _recompute_cheap_residuals(fwd, bwd, saved, splitter.requires, overwritten)
     _bind_input_sizes(fwd, saved)
     # An input the forward overwrites cannot serve the backward its old value: as eager
     # autograd does for a saved tensor modified in place, the backward raises (runtime/autograd.py).
