@@ -103,6 +103,10 @@ def gpt_block_loss(x, ln1_w, ln1_b, w_attn, b_attn, w_proj, b_proj, ln2_w, ln2_b
     return x.square().mean()
 
 
+def sdpa_loss(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True).square().mean()
+
+
 def index_copy_sdpa(q, k, v, mask, idx, src):
     q.index_copy_(2, idx, src)
     k.index_copy_(2, idx, src)
@@ -225,6 +229,8 @@ def workloads() -> list[Workload]:
         Workload("adam-optim", "jit(opt.step), torch.optim.Adam, 20 x 1M", optimizer_step, optimizer_args, "optimizer"),
         Workload("gpt", "GPT block fwd+bwd (B=4, T=128, C=256)", gpt_block_loss, gpt_args, "train"),
         Workload("mutation", "index_copy_ x2 + sdpa (issue 5)", index_copy_sdpa, mutation_args, "inplace"),
+        Workload("sdpa", "causal SDPA fwd+bwd (B=1, H=4, T=1024, E=64)", sdpa_loss,
+                 lambda: [_randn(1, 4, 1024, 64, grad=True) for _ in range(3)], "train"),
     ]
     if importlib.util.find_spec("transformers") is not None:
         found.append(Workload("llama", "HF Llama fwd+bwd (B=4, T=128, hidden 256, 4 layers)", hf_llama(), llama_args,
@@ -438,6 +444,7 @@ def table_rows(works: list[Workload], all_results: dict[str, dict[str, Result]],
             continue
         work = next(w for w in works if w.key == key)
         res = all_results[key]
+        fc_variants = [v for v in fc_variants if v in res]
         if all(res[v].first_call is None and res[v].first_call_note is None for v in fc_variants):
             continue
         row = [f"first call, {work.title}"]
@@ -544,7 +551,9 @@ def main() -> None:
                         help="also time torch.compile's first call (a cold Inductor compile: minutes on 2 cores)")
     parser.add_argument("--first-call-timeout", type=float, default=240.0)
     parser.add_argument("--only", default=None,
-                        help="comma-separated workload keys (overhead,pointwise,mlp,adam,adam-optim,gpt,mutation,llama)")
+                        help="comma-separated workload keys (overhead,pointwise,mlp,adam,adam-optim,gpt,mutation,sdpa,llama)")
+    parser.add_argument("--variants", default=None,
+                        help=f"comma-separated variants, eager first (default: all of {','.join(VARIANTS)})")
     parser.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"), help="markdown file to write ('' for none)")
     parser.add_argument("--first-call", nargs=2, metavar=("WORKLOAD", "VARIANT"), help=argparse.SUPPRESS)
     opts = parser.parse_args()
@@ -559,7 +568,9 @@ def main() -> None:
     if opts.only:
         keys = opts.only.split(",")
         works = [w for w in works if w.key in keys]
-    variants = list(VARIANTS)
+    variants = opts.variants.split(",") if opts.variants else list(VARIANTS)
+    if variants[0] != "eager" or not set(variants) <= set(VARIANTS):
+        parser.error(f"--variants: eager first, then some of {', '.join(VARIANTS[1:])}")
     all_results: dict[str, dict[str, Result]] = {}
     for work in works:
         print(f"[{time.perf_counter() - start:6.0f} s] steady state: {work.title}", file=sys.stderr, flush=True)
@@ -571,7 +582,7 @@ def main() -> None:
                 if key not in all_results:
                     continue
                 for v in fc_variants:
-                    if all_results[key][v].note:
+                    if v not in variants or all_results[key][v].note:
                         continue
                     if v == "torch.compile" and not opts.first_call_torch_compile:
                         all_results[key][v].first_call_note = "not run (--first-call-torch-compile)"

@@ -74,3 +74,37 @@ def test_dynamo_is_compiling_is_true_while_tracing_once_imported():
 
     x = torch.zeros(2)
     torch.testing.assert_close(minijit.jit(f)(x), x + 1)
+
+
+def _pins(python: str) -> dict[str, str]:
+    """constraints.txt's pinned versions for one Python version (environment markers evaluated)."""
+    from packaging.requirements import Requirement
+
+    pins = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        req = Requirement(line)
+        if req.marker is None or req.marker.evaluate({"python_version": python}):
+            assert req.name not in pins, f"two pins of {req.name} for Python {python}"
+            (spec,) = req.specifier
+            pins[req.name] = spec.version
+    return pins
+
+
+def test_declared_torch_is_the_tested_torch():
+    # Each supported Python gets one pinned torch and Triton; the package declares the pinned torches and no others
+    # (3.12 runs the GPU machines' torch, 2.11).
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    (torch_req,) = [Requirement(d) for d in project["dependencies"] if d.startswith("torch")]
+    (triton_req,) = [Requirement(d) for d in project["optional-dependencies"]["triton"]]
+    pinned = {v: _pins(v) for v in VERSIONS}
+    assert pinned["3.12"]["torch"] == "2.11.0"
+    for v, pins in pinned.items():
+        assert pins["torch"] in torch_req.specifier, f"Python {v}: torch {pins['torch']} is not declared"
+        assert pins["triton"] in triton_req.specifier, f"Python {v}: triton {pins['triton']} is not declared"
+    tested_minors = {p["torch"].rsplit(".", 1)[0] for p in pinned.values()}
+    for minor in ("2.5", "2.10", "2.12", "2.14"):
+        assert minor in tested_minors or f"{minor}.0" not in torch_req.specifier, f"torch {minor} is declared, not tested"

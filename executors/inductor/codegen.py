@@ -9,6 +9,8 @@ that source (plus the inputs' metadata) is the key of the compiled-region cache.
 
 from __future__ import annotations
 
+import itertools
+import linecache
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -142,8 +144,19 @@ def _track_writes(bsym: BoundSymbol, roots: dict[str, int], written: set[int]) -
             roots[p.name] = roots[viewed.name]
 
 
+_made = itertools.count()
+
+
 def make_function(src: RegionSource) -> Callable[..., Any]:
-    """The generated function itself (a fresh function object, so torch.compile caches it on its own)."""
+    """The generated function itself: a fresh function and code object, so torch.compile caches it on its own.
+
+    Its source is registered with `linecache` under a file name of its own, so tracebacks
+    show it and `inspect.getsourcefile` finds it: where it finds none, torch.compile (2.11)
+    runs the function inside one wrapper frame shared by every compiled function, and
+    after 8 regions that frame hits Dynamo's recompile limit (a hard failure under fullgraph).
+    """
+    filename = f"<minijit inductor region {next(_made)}>"
+    linecache.cache[filename] = (len(src.source), None, src.source.splitlines(keepends=True), filename)
     namespace = dict(src.globals)
-    exec(compile(src.source, "<minijit inductor region>", "exec"), namespace)
+    exec(compile(src.source, filename, "exec"), namespace)
     return namespace["region"]

@@ -42,7 +42,7 @@ from minijit.extend import BoundSymbol, FusionExecutor, Proxy, Region, TensorPro
 # prims), real tensors captured into the trace (a cache keyed by source must not bake one in),
 # and device moves. Random prims never reach `fusible`: FusionExecutor.claims keeps them with
 # the torch executor, which draws as eager does.
-EXCLUDED = {"shape", "tensor_constant", "device_put", "sdpa_flash", "sdpa_flash_backward",
+EXCLUDED = {"shape", "tensor_constant", "device_put", "sdpa_flash", "sdpa_flash_backward", "sdpa_cuda", "sdpa_cuda_backward",
             *(f"num_{op}" for op in prims.NUMBER_OPS)}
 # Devices Inductor generates code for.
 DEVICES = {"cpu", "cuda"}

@@ -339,7 +339,8 @@ def split_forward_backward(trace: Trace, executors: Sequence[Any] = (), no_grad:
     `no_grad` (computed under `torch.no_grad()`) are constant for VJP. An input requiring
     grad that the code wrote only under `torch.no_grad()` (not in `written_with_grad`,
     functionalize's; default: every written input counts) keeps its autograd identity, as
-    in eager: it is not dirty. `trace` is left as it is.
+    in eager: it is not dirty. Cheap residuals are recomputed in the backward (not saved) only where one
+    of `executors` fuses regions. `trace` is left as it is.
     """
     splitter = _Splitter(trace, executors, no_grad, written_with_grad)
     for bsym in trace.bound_symbols:
@@ -347,7 +348,10 @@ def split_forward_backward(trace: Trace, executors: Sequence[Any] = (), no_grad:
     bwd, saved = splitter.backward()
     fwd = splitter.fwd
     overwritten = {p.name for b in fwd.bound_symbols if b.sym.effects.copies for p in b.written()}
-    bwd, saved = _recompute_cheap_residuals(fwd, bwd, saved, splitter.requires, overwritten)
+    if any(getattr(ex, "fuses_regions", False) for ex in executors):
+        # Recomputation is free only where a fusion executor folds it into the backward's regions; with
+        # torch calls alone each recomputed op is one more kernel than eager's autograd runs.
+        bwd, saved = _recompute_cheap_residuals(fwd, bwd, saved, splitter.requires, overwritten)
     _bind_input_sizes(fwd, saved)
     kept = _keep_old_values(fwd, saved, overwritten, _copied_by_eager(splitter.tape, inplace_originals or {}))
     # An input the forward overwrites cannot serve the backward its old value: as eager

@@ -221,3 +221,20 @@ def test_written_input_overlapping_another_input_matches_eager(alias):
     torch.testing.assert_close(a, ea)
     torch.testing.assert_close(b, eb)
     assert "inductorex.fusion_" in final_source(jf)
+
+
+def test_each_region_function_has_a_source_file_of_its_own():
+    # torch.compile (2.11) runs a function whose source file it cannot find inside one shared wrapper
+    # frame, which hits Dynamo's recompile limit after 8 regions (FailOnRecompileLimitHit under fullgraph).
+    import inspect
+
+    from executors.inductor.codegen import RegionSource, make_function
+
+    src = RegionSource(source="def region(i0):\n    return (torch.sin(i0),)\n", globals={"torch": torch},
+                       passthrough=[None], n_returned=1, written=[])
+    a, b = make_function(src), make_function(src)
+    assert a.__code__ is not b.__code__
+    files = {inspect.getsourcefile(a), inspect.getsourcefile(b)}
+    assert None not in files and len(files) == 2
+    assert inspect.getsource(a) == src.source
+    torch.testing.assert_close(a(torch.ones(3))[0], torch.sin(torch.ones(3)))

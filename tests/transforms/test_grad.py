@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 import minijit
 from minijit.errors import UnsupportedOpError
+from minijit.extend import FusionExecutor
 from minijit.ir import TensorProxy, Trace, tracing
 from minijit.ops import ltorch, prims
 from minijit.transforms.grad import is_constant_for_vjp, split_forward_backward
@@ -399,25 +400,51 @@ def test_multi_output_pieces_under_grad(op, arg, use):
     assert bwd.count("torchex.cat(") <= 1, bwd  # the pieces' gradients are joined once
 
 
-def test_cheap_pointwise_output_is_recomputed_not_saved():
-    # gelu's input is saved for gelu's backward anyway: its output, needed by the second
-    # linear's backward, is recomputed there rather than kept alive between forward and backward.
+class _NoFusion(FusionExecutor):
+    """A fusion executor that fuses nothing: what the grad pass sees of any fusion executor in the list."""
+
+    def __init__(self):
+        super().__init__("nofusion")
+
+    def fusible(self, bsym):
+        return False
+
+    def fuse(self, region):
+        return None
+
+
+@pytest.mark.parametrize("fusion", [True, False])
+def test_cheap_pointwise_output_is_recomputed_where_a_fusion_executor_runs(fusion):
+    # gelu's input is saved for gelu's backward anyway: with a fusion executor its output, needed by the
+    # second linear's backward, is recomputed there (fused into the backward's regions) rather than kept
+    # alive between forward and backward. With torch calls alone it is saved, as eager's autograd does:
+    # recomputing would be one more kernel than eager runs.
     def f(x, w1, w2):
         return ltorch.linear(ltorch.gelu(ltorch.linear(x, w1)), w2).sum()
 
     x = torch.randn(4, 5, dtype=F64)
     w1, w2 = _params((6, 5), (3, 6))
-    jf = minijit.jit(f)
+    jf = minijit.jit(f, executors=[_NoFusion()] if fusion else None)
     out = jf(x, w1, w2)
     fwd = minijit.last_traces(jf)[-1]
     (gelu,) = [b for b in fwd.bound_symbols if b.sym.name == "gelu"]
     saved_names = {p.name for p in fwd.output[1]}
-    assert gelu.output.name not in saved_names
+    assert (gelu.output.name not in saved_names) == fusion
     assert gelu.args[0].name in saved_names
-    assert "torchex.gelu(" in _final_source(minijit.last_backward_traces(jf))
+    assert ("torchex.gelu(" in _final_source(minijit.last_backward_traces(jf))) == fusion
     got = torch.autograd.grad(out, (w1, w2))
     want = torch.autograd.grad(F.linear(F.gelu(F.linear(x, w1)), w2).sum(), (w1, w2))
     torch.testing.assert_close(got, want)
+
+
+def test_square_has_one_gradient_term():
+    # x * x: one 2 * x * g, not g * x twice and a sum.
+    jf = minijit.jit(lambda x: (x * x).sum())
+    x = torch.randn(5, dtype=F64, requires_grad=True)
+    jf(x).backward()
+    torch.testing.assert_close(x.grad, 2 * x.detach())
+    bwd = _final_source(minijit.last_backward_traces(jf))
+    assert "prims_add" not in bwd, bwd
 
 
 # -- with the interpreter: torch code, modules, no_grad regions --------------------------------------

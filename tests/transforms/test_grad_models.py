@@ -75,8 +75,9 @@ def test_gpt_trains_like_eager(dtype):
     assert minijit.cache_info(jf).misses == 1
     fwd = minijit.last_traces(jf)[-1].python()
     # The high-level ops run as one torch call each in the forward (docs/design.md: claim at the right level).
-    # (attention runs as prims.sdpa_flash, which also returns the logsumexp its backward needs)
-    for op in ("layer_norm", "sdpa_flash", "cross_entropy", "embedding", "linear", "gelu"):
+    # As in eager's autograd: attention runs as prims.sdpa_flash and layer norm as native_layer_norm, which also
+    # return what their backward kernels need (logsumexp; mean and rstd); cross entropy as log_softmax and nll_loss.
+    for op in ("native_layer_norm", "sdpa_flash", "log_softmax", "nll_loss_forward", "embedding", "linear", "gelu"):
         assert f"torchex.{op}(" in fwd, op
     assert not re.search(r"torchex\.(prims_)?(exp|var_mean)\(", fwd)
 

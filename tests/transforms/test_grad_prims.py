@@ -228,7 +228,7 @@ NOT_DIFFERENTIABLE = {
     "tensor_constant",
     # Attention kernels that only the VJP rule of ltorch.scaled_dot_product_attention records,
     # in the forward and backward traces it builds; nothing differentiates those again.
-    "sdpa_flash", "sdpa_flash_backward", "native_dropout_backward",
+    "sdpa_flash", "sdpa_flash_backward", "sdpa_cuda", "sdpa_cuda_backward", "native_dropout_backward",
     *aten_prim_cases.NOT_DIFFERENTIABLE,
 }
 # Prims whose rule refuses complex inputs (tested by the error test below) and has no real-input case torch runs.

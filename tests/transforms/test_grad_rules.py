@@ -61,11 +61,15 @@ def test_layer_norm_backward(affine, normalized):
     inputs = [x] + ([w, b] if affine else [])
     want = torch.autograd.grad(out, inputs, g)
 
-    def bwd(x, w, b, g):
-        gx, _, gw, gb, _ = _bwd("layer_norm")((x, w, b, list(normalized), 1e-5), g)
+    _, mean, rstd = torch.ops.aten.native_layer_norm(x.detach(), normalized, w.detach() if affine else None,
+                                                     b.detach() if affine else None, 1e-5)
+
+    def bwd(x, w, b, mean, rstd, g):
+        gx, _, gw, gb, _ = _bwd("layer_norm")((x, w, b, list(normalized), mean, rstd), g)
         return (gx, gw, gb) if affine else (gx,)
 
-    got = run_decomposed(bwd, x.detach(), w.detach() if affine else None, b.detach() if affine else None, g)
+    got = run_decomposed(bwd, x.detach(), w.detach() if affine else None, b.detach() if affine else None, mean, rstd,
+                         g)
     _check(got, want)
 
 
@@ -96,7 +100,29 @@ def test_cross_entropy_backward(reduction):
     out = F.cross_entropy(x, target, reduction=reduction)
     g = torch.randn_like(out)
     (want,) = torch.autograd.grad(out, x, g)
-    got = run_decomposed(lambda x, t, g: _bwd("cross_entropy")((x, t, -100, reduction), g)[0], x.detach(), target, g)
+    logp = F.log_softmax(x.detach(), 1)
+    red = {"none": 0, "mean": 1, "sum": 2}[reduction]
+    total = (target != -100).sum().to(F64)
+
+    def bwd(x, logp, t, total, g):
+        return _bwd("cross_entropy")((x, logp, t, None, red, -100, total, 1), g)[0]
+
+    got = run_decomposed(bwd, x.detach(), logp, target, total, g)
+    _check([got], [want])
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_nll_loss_backward(reduction):
+    x = torch.randn(5, 4, dtype=F64).log_softmax(1).requires_grad_()
+    target = torch.tensor([0, 3, -100, 1, 3])
+    w = torch.rand(4, dtype=F64)
+    out = F.nll_loss(x, target, w, reduction=reduction)
+    g = torch.randn_like(out)
+    (want,) = torch.autograd.grad(out, x, g)
+    red = {"none": 0, "mean": 1, "sum": 2}[reduction]
+    total = torch.ops.aten.nll_loss_forward(x.detach(), target, w, red, -100)[1]
+    got = run_decomposed(lambda x, t, w, total, g: _bwd("nll_loss")((x, t, w, red, -100, total), g)[0],
+                         x.detach(), target, w, total, g)
     _check([got], [want])
 
 
@@ -128,7 +154,8 @@ def test_sdpa_backward(mask, is_causal):
 
 @pytest.mark.parametrize(("name", "torch_fn"), [
     ("softmax", F.softmax), ("log_softmax", F.log_softmax), ("layer_norm", F.layer_norm), ("silu", F.silu),
-    ("embedding", F.embedding), ("cross_entropy", F.cross_entropy), ("linear", None), ("gelu", None),
+    ("embedding", F.embedding), ("cross_entropy", F.cross_entropy), ("nll_loss", F.nll_loss), ("linear", None),
+    ("gelu", None), ("rms_norm", F.rms_norm),
 ])
 def test_rule_forward_has_the_torch_signature(name, torch_fn):
     # The grad pass uses a rule only where the op's decomposition has the rule's parameter

@@ -143,3 +143,109 @@ def embedding_dense_backward(grad_output: TensorProxy, indices: TensorProxy, num
         g2 = P.where(pad, _zeros_like(g2), g2)
     zeros = P.full((num_weights, dim), 0, dtype=grad_output.dtype, device=grad_output.device)
     return P.index_add(zeros, flat, g2, 0)
+
+
+@ltorch_op("silu_backward", impl=aten.silu_backward.default)
+def silu_backward(grad_output: TensorProxy, self: TensorProxy) -> TensorProxy:
+    """aten.silu_backward: grad_output * silu'(self), with s = sigmoid(self): s * (1 + self * (1 - s))."""
+    dtype = compute_dtype(self.dtype)
+    x = _up(self, dtype)
+    s = P.reciprocal(P.add(P.exp(P.neg(x)), 1))
+    d = P.mul(s, P.add(P.mul(x, P.sub(1, s)), 1))
+    return _cast_like(P.mul(_up(grad_output, dtype), d), self)
+
+
+# aten's loss reductions as the integers its loss kernels take.
+REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
+
+
+def _nll_rows(self: TensorProxy, target: TensorProxy, weight: Any,
+              ignore_index: int) -> tuple[TensorProxy, TensorProxy, TensorProxy, TensorProxy]:
+    """The (N, C) log-probabilities, each row's target as an (N, 1) index, each row's weight (0 where ignored),
+    and where the target is ignored."""
+    x = self if self.ndim == 2 else P.reshape(self, (1, self.shape[0]))
+    n = x.shape[0]
+    t = _up(P.reshape(target, (n,)), torch.int64)
+    ignored = P.eq(t, ignore_index)
+    safe = P.where(ignored, P.full((n,), 0, dtype=torch.int64, device=t.device), t)
+    zeros = P.full((n,), 0, dtype=x.dtype, device=x.device)
+    if isinstance(weight, TensorProxy):
+        w = P.where(ignored, zeros, _up(P.take(weight, safe, 0), x.dtype))
+    else:
+        w = P.where(ignored, zeros, P.full((n,), 1, dtype=x.dtype, device=x.device))
+    return x, P.reshape(safe, (n, 1)), w, ignored
+
+
+@ltorch_op("nll_loss_forward", impl=aten.nll_loss_forward.default)
+def nll_loss_forward(self: TensorProxy, target: TensorProxy, weight: Any, reduction: int,
+                     ignore_index: int) -> tuple[TensorProxy, TensorProxy]:
+    """aten.nll_loss_forward on (C,) or (N, C) log-probabilities: the loss and the summed weights of the targets."""
+    x, index, w, _ = _nll_rows(self, target, weight, ignore_index)
+    picked = P.reshape(P.take_along_axis(x, index, 1), w.shape)
+    loss = P.neg(P.mul(picked, w))
+    total = P.sum(w, (0,))
+    if reduction == REDUCTIONS["none"]:
+        return P.reshape(loss, tuple(target.shape)), total
+    summed = P.sum(loss, (0,))
+    return (P.div(summed, total) if reduction == REDUCTIONS["mean"] else summed), total
+
+
+@ltorch_op("nll_loss_backward", impl=aten.nll_loss_backward.default)
+def nll_loss_backward(grad_output: TensorProxy, self: TensorProxy, target: TensorProxy, weight: Any, reduction: int,
+                      ignore_index: int, total_weight: TensorProxy) -> TensorProxy:
+    """aten.nll_loss_backward: -weight[target] * grad_output at each row's target (divided by total_weight for 'mean')."""
+    x, index, w, ignored = _nll_rows(self, target, weight, ignore_index)
+    n = x.shape[0]
+    g = _up(grad_output, x.dtype)
+    g = P.reshape(g, (n,)) if reduction == REDUCTIONS["none"] else P.broadcast_in_dim(g, (n,), ())
+    if reduction == REDUCTIONS["mean"]:
+        g = P.div(g, P.broadcast_in_dim(_up(total_weight, x.dtype), (n,), ()))
+    # ignored rows get no gradient (not 0 / 0 where every target is ignored)
+    values = P.where(ignored, P.full((n,), 0, dtype=x.dtype, device=x.device), P.neg(P.mul(w, g)))
+    values = P.reshape(values, (n, 1))
+    grad = P.scatter_add(P.full(tuple(x.shape), 0, dtype=x.dtype, device=x.device), index, values, 1)
+    return P.reshape(grad, tuple(self.shape))
+
+
+def _rms_dims(x: TensorProxy, normalized_shape: Sequence[int]) -> tuple[int, ...]:
+    return tuple(range(x.ndim - len(normalized_shape), x.ndim))
+
+
+def _rms_eps(dtype: torch.dtype, eps: Any) -> float:
+    return torch.finfo(dtype).eps if eps is None else eps  # as the op: the compute dtype's epsilon
+
+
+@ltorch_op("fused_rms_norm", impl=aten._fused_rms_norm.default)
+def fused_rms_norm(input: TensorProxy, normalized_shape: Sequence[int], weight: Any,  # noqa: A002
+                   eps: Any) -> tuple[TensorProxy, TensorProxy]:
+    """aten._fused_rms_norm (one kernel on CUDA): x * rstd * weight, and rstd (kept dims, the compute dtype)."""
+    dims = _rms_dims(input, normalized_shape)
+    dtype = compute_dtype(input.dtype)
+    x = _up(input, dtype)
+    count = math.prod(input.shape[d] for d in dims)
+    rstd = P.rsqrt(P.add(P.div(P.sum(P.mul(x, x), dims), count), _rms_eps(dtype, eps)))
+    out = P.mul(x, restore_reduced(rstd, x.shape, dims))
+    if isinstance(weight, TensorProxy):
+        out = P.mul(out, P.broadcast_in_dim(_up(weight, dtype), x.shape, dims))
+    kept = (*input.shape[: input.ndim - len(dims)], *(1,) * len(dims))
+    return _cast_like(out, input), P.reshape(rstd, kept)
+
+
+@ltorch_op("fused_rms_norm_backward", impl=aten._fused_rms_norm_backward.default)
+def fused_rms_norm_backward(grad_out: TensorProxy, input: TensorProxy, normalized_shape: Sequence[int],  # noqa: A002
+                            rstd: TensorProxy, weight: Any, output_mask: Sequence[bool]) -> tuple[Any, Any]:
+    """aten._fused_rms_norm_backward: the gradients of input and weight (None where not asked for)."""
+    dims = _rms_dims(input, normalized_shape)
+    batch = tuple(range(input.ndim - len(dims)))
+    count = math.prod(input.shape[d] for d in dims)
+    dtype = compute_dtype(input.dtype)
+    x, g = _up(input, dtype), _up(grad_out, dtype)
+    r = P.broadcast_in_dim(_up(rstd, dtype), x.shape, tuple(range(x.ndim)))
+    xhat = P.mul(x, r)
+    dxhat = P.mul(g, P.broadcast_in_dim(_up(weight, dtype), x.shape, dims)) if isinstance(weight, TensorProxy) else g
+    gx = gw = None
+    if output_mask[0]:
+        gx = _cast_like(P.mul(P.sub(dxhat, P.mul(P.div(xhat, count), _sum_keep(P.mul(xhat, dxhat), dims))), r), input)
+    if output_mask[1] and isinstance(weight, TensorProxy):
+        gw = _cast_like(P.sum(P.mul(g, xhat), batch) if batch else P.mul(g, xhat), weight)
+    return gx, gw

@@ -164,6 +164,8 @@ mul_fwd = _binary(prims.mul)
 @mul_fwd.backward
 def mul_bwd(saved: tuple[Any, ...], g: TensorProxy) -> tuple[Any, ...]:
     a, b = saved
+    if a is b and is_tensor(a):  # x * x (x ** 2 decomposed): one gradient, 2 * x * g, rather than two to add
+        return P.mul(P.mul(g, a), 2), None
     return _tensor_grads(saved, (lambda: P.mul(g, b), lambda: P.mul(g, a)))
 
 

@@ -17,13 +17,19 @@ from typing import Any
 import torch
 
 from minijit.ir import TensorProxy
-from minijit.ops import prims
+from minijit.ops import cuda_attention, prims
 from minijit.ops.ltorch.backward import (
+    REDUCTIONS,
     embedding_dense_backward,
+    fused_rms_norm,
+    fused_rms_norm_backward,
     gelu_backward,
     log_softmax_backward,
     native_layer_norm,
     native_layer_norm_backward,
+    nll_loss_backward,
+    nll_loss_forward,
+    silu_backward,
     softmax_backward,
     threshold_backward,
 )
@@ -129,11 +135,7 @@ def silu_fwd(input: TensorProxy, inplace: bool = False) -> Any:  # noqa: A002 - 
 @silu_fwd.backward
 def silu_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
     (a,) = saved
-    dtype = compute_dtype(a.dtype)
-    x = _up(a, dtype)
-    s = P.reciprocal(P.add(P.exp(P.neg(x)), 1))
-    d = P.mul(s, P.add(P.mul(x, P.sub(1, s)), 1))
-    return cast_like(P.mul(_up(g, dtype), d), a), None
+    return silu_backward(g, a), None
 
 
 def _softmax_like(name: str, log: bool) -> None:
@@ -158,17 +160,30 @@ _softmax_like("log_softmax", log=True)
 @vjp("ltorch.layer_norm")
 def layer_norm_fwd(input: TensorProxy, normalized_shape: Any, weight: Any = None, bias: Any = None,  # noqa: A002
                    eps: float = 1e-5) -> Any:
-    out = _op("layer_norm")(input, normalized_shape, weight, bias, eps)
+    # Eager's autograd runs aten.native_layer_norm and keeps its mean and rstd for the backward kernel.
     shape = [normalized_shape] if isinstance(normalized_shape, int) else list(normalized_shape)
-    return out, (input, weight, bias, shape, eps)
+    if not _layer_norm_shapes_ok(input, shape, weight, bias):
+        return NotImplemented  # the op's decomposition raises eager's error
+    out, mean, rstd = native_layer_norm(input, shape, weight, bias, eps)
+    return out, (input, weight, bias, shape, mean, rstd)
+
+
+def _layer_norm_shapes_ok(x: Any, shape: list[Any], weight: Any, bias: Any) -> bool:
+    """Whether F.layer_norm accepts these shapes (where they are known numbers)."""
+    if not isinstance(x, TensorProxy) or not 0 < len(shape) <= x.ndim:
+        return False
+    known = all(type(d) is int for d in (*shape, *x.shape))
+    if known and list(x.shape[x.ndim - len(shape):]) != shape:
+        return False
+    for p in (weight, bias):
+        if p is not None and not (isinstance(p, TensorProxy) and (not known or list(p.shape) == shape)):
+            return False
+    return True
 
 
 @layer_norm_fwd.backward
 def layer_norm_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
-    # Recompute mean and rstd (one aten call) rather than keep them from the forward, which
-    # ran F.layer_norm as one call and does not return them.
-    a, weight, bias, normalized_shape, eps = saved
-    _, mean, rstd = native_layer_norm(a, normalized_shape, weight, bias, eps)
+    a, weight, bias, normalized_shape, mean, rstd = saved
     mask = [True, isinstance(weight, TensorProxy), isinstance(bias, TensorProxy)]
     gx, gw, gb = native_layer_norm_backward(g, a, normalized_shape, mean, rstd, weight, bias, mask)
     return gx, None, gw, gb, None
@@ -191,43 +206,58 @@ def embedding_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
     return None, embedding_dense_backward(g, index, rows, pad, False), None, None, None, None, None
 
 
+def _nll_args_ok(input: Any, target: Any, weight: Any, size_average: Any, reduce: Any,  # noqa: A002
+                 reduction: Any) -> bool:
+    """Calls aten's nll_loss kernels take as they are: (C,) or (N, C) inputs, class-index targets, fixed weights."""
+    if not (isinstance(input, TensorProxy) and isinstance(target, TensorProxy) and input.dtype.is_floating_point):
+        return False
+    if size_average is not None or reduce is not None or reduction not in REDUCTIONS or input.ndim not in (1, 2):
+        return False
+    if target.dtype not in (torch.int64, torch.int32, torch.uint8) or target.ndim != input.ndim - 1:
+        return False
+    if input.ndim == 2 and not (type(input.shape[0]) is int and tuple(target.shape) == (input.shape[0],)):
+        return False
+    # eager gives no gradient for the class weights (its derivative is not implemented)
+    return weight is None or (isinstance(weight, TensorProxy) and not weight.requires_grad
+                              and tuple(weight.shape) == (input.shape[-1],))
+
+
+@vjp("ltorch.nll_loss")
+def nll_loss_fwd(input: TensorProxy, target: TensorProxy, weight: Any = None, size_average: Any = None,  # noqa: A002
+                 ignore_index: int = -100, reduce: Any = None, reduction: str = "mean") -> Any:
+    if not _nll_args_ok(input, target, weight, size_average, reduce, reduction):
+        return NotImplemented
+    red = REDUCTIONS[reduction]
+    out, total_weight = nll_loss_forward(input, target, weight, red, ignore_index)
+    return out, (input, target, weight, red, ignore_index, total_weight)
+
+
+@nll_loss_fwd.backward
+def nll_loss_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
+    logp, target, weight, red, ignore_index, total_weight = saved
+    return nll_loss_backward(g, logp, target, weight, red, ignore_index, total_weight), None, None, None, None, None, None
+
+
 @vjp("ltorch.cross_entropy")
 def cross_entropy_fwd(input: TensorProxy, target: TensorProxy, weight: Any = None, size_average: Any = None,  # noqa: A002
                       ignore_index: int = -100, reduce: Any = None, reduction: str = "mean",
                       label_smoothing: float = 0.0) -> Any:
-    simple = (weight is None and size_average is None and reduce is None and label_smoothing == 0.0
-              and isinstance(target, TensorProxy) and not target.dtype.is_floating_point
-              and input.ndim == 2 and target.ndim == 1 and reduction in ("mean", "sum", "none"))
-    if not simple:
+    # As eager's autograd: log_softmax over the class dim, then nll_loss; the backward runs their two kernels.
+    if label_smoothing != 0.0 or not _nll_args_ok(input, target, weight, size_average, reduce, reduction):
         return NotImplemented
-    out = _op("cross_entropy")(input, target, weight, size_average, ignore_index, reduce, reduction, label_smoothing)
-    return out, (input, target, ignore_index, reduction)
+    class_dim = input.ndim - 1
+    logp = _op("log_softmax")(input, class_dim)
+    red = REDUCTIONS[reduction]
+    out, total_weight = nll_loss_forward(logp, target, weight, red, ignore_index)
+    return out, (input, logp, target, weight, red, ignore_index, total_weight, class_dim)
 
 
 @cross_entropy_fwd.backward
 def cross_entropy_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
-    # d loss_i / d logits_i = softmax(logits_i) - onehot(target_i), scaled by the reduction;
-    # the one-hot is subtracted with one scatter_add (ignored rows are scaled by 0).
-    logits, target, ignore_index, reduction = saved
-    dtype = compute_dtype(logits.dtype)
-    n, c = logits.shape
-    p = _up(_op("softmax")(logits, 1, dtype=dtype) if dtype != logits.dtype else _op("softmax")(logits, 1), dtype)
-    valid_b = P.ne(target, ignore_index)
-    safe_target = P.where(valid_b, target, P.full(target.shape, 0, dtype=target.dtype, device=target.device))
-    index = P.reshape(safe_target, (n, 1))
-    minus_one = P.full((n, 1), -1, dtype=dtype, device=logits.device)
-    p = P.scatter_add(p, index, minus_one, 1)
-    valid = P.convert_element_type(valid_b, dtype)
-    gg = _up(g, dtype)
-    if reduction == "none":
-        scale = P.mul(valid, gg)
-    elif reduction == "sum":
-        scale = P.mul(valid, P.broadcast_in_dim(gg, (n,), ()))
-    else:
-        total = P.broadcast_in_dim(P.sum(valid, (0,)), (n,), ())
-        scale = P.div(P.mul(valid, P.broadcast_in_dim(gg, (n,), ())), total)
-    grad = P.mul(p, P.broadcast_in_dim(scale, (n, c), (0,)))
-    return cast_like(grad, logits), None, None, None, None, None, None, None
+    x, logp, target, weight, red, ignore_index, total_weight, class_dim = saved
+    g_logp = nll_loss_backward(g, logp, target, weight, red, ignore_index, total_weight)
+    grad = log_softmax_backward(g_logp, logp, class_dim, logp.dtype)
+    return cast_like(grad, x), None, None, None, None, None, None, None
 
 
 @vjp("ltorch.scaled_dot_product_attention")
@@ -236,13 +266,15 @@ def sdpa_fwd(query: TensorProxy, key: TensorProxy, value: TensorProxy, attn_mask
     # Key/value heads shared among query heads (GQA): each repeated for its group of query heads, as eager's
     # kernels do; the backward sums each group's gradients back onto its head.
     groups = _gqa_groups(query, key, value) if enable_gqa else 1
+    family = _cuda_family(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     if groups > 1:
         key, value, enable_gqa = _repeat_heads(key, groups), _repeat_heads(value, groups), False
+    if family is not None:  # on CUDA: the fused kernel eager's dispatcher picks, and its backward
+        mask = _float_mask(attn_mask, query)
+        out, logsumexp, seed, offset = cuda_attention.sdpa_cuda(query, key, value, mask, is_causal, scale, family)
+        return out, ("cuda", query, key, value, mask, out, logsumexp, seed, offset, is_causal, scale, groups, family)
     if dropout_p == 0.0 and _flash_supported(query, key, value, attn_mask, is_causal, scale):
-        mask = attn_mask
-        if isinstance(mask, TensorProxy) and mask.dtype == torch.bool:
-            zeros = P.full(mask.shape, 0.0, dtype=query.dtype, device=query.device)
-            mask = P.where(mask, zeros, float("-inf"))
+        mask = _float_mask(attn_mask, query)
         out, logsumexp = P.sdpa_flash(query, key, value, mask, is_causal, scale)
         return out, ("flash", query, key, value, out, logsumexp, mask, is_causal, scale, groups)
     same_batch = tuple(query.shape[:-2]) == tuple(key.shape[:-2]) == tuple(value.shape[:-2])
@@ -251,6 +283,38 @@ def sdpa_fwd(query: TensorProxy, key: TensorProxy, value: TensorProxy, attn_mask
     out = _op("scaled_dot_product_attention")(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     scale = scale if scale is not None else 1 / math.sqrt(query.shape[-1])
     return out, (query, key, value, attn_mask, is_causal, scale, groups)
+
+
+def _float_mask(mask: Any, query: TensorProxy) -> Any:
+    """A boolean mask as the additive float mask eager's kernels take (0 where kept, -inf where masked)."""
+    if not isinstance(mask, TensorProxy) or mask.dtype != torch.bool:
+        return mask
+    zeros = P.full(mask.shape, 0.0, dtype=query.dtype, device=query.device)
+    return P.where(mask, zeros, float("-inf"))
+
+
+def _cuda_family(q: Any, k: Any, v: Any, mask: Any, dropout_p: Any, is_causal: Any, scale: Any,
+                 enable_gqa: Any) -> str | None:
+    """The fused CUDA kernel family (flash, efficient, cudnn) eager runs this call with, where `prims.sdpa_cuda`
+    computes it as eager does; None elsewhere (the CPU, math, dropout, a mask that needs a gradient)."""
+    tensors = (q, k, v)
+    if not all(isinstance(t, TensorProxy) and t.ndim == 4 and t.device.type == "cuda" for t in tensors):
+        return None
+    if not all(type(d) is int and d > 0 for t in tensors for d in t.shape) or dropout_p != 0.0:
+        return None
+    if not q.dtype == k.dtype == v.dtype or not q.device == k.device == v.device or not isinstance(is_causal, bool):
+        return None
+    if scale is not None and type(scale) not in (int, float):
+        return None
+    if mask is not None and not (isinstance(mask, TensorProxy) and not mask.requires_grad and mask.device == q.device
+                                 and mask.dtype in (torch.bool, q.dtype) and all(type(d) is int for d in mask.shape)):
+        return None
+    family = cuda_attention.eager_family(q, k, v, mask, dropout_p, is_causal, scale, bool(enable_gqa))
+    if family is None or (mask is not None and family not in cuda_attention.MASKED_FAMILIES):
+        return None
+    if family == "flash" and q.shape[-1] % 8:
+        return None  # eager pads the head size for this kernel; the math formula stands in
+    return family
 
 
 def _gqa_groups(q: Any, k: Any, v: Any) -> int:
@@ -309,6 +373,11 @@ def _flash_supported(q: Any, k: Any, v: Any, mask: Any, is_causal: Any, scale: A
 
 @sdpa_fwd.backward
 def sdpa_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
+    if isinstance(saved[0], str) and saved[0] == "cuda":  # the forward ran prims.sdpa_cuda
+        _, q, k, v, mask, out, logsumexp, seed, offset, is_causal, scale, groups, family = saved
+        gq, gk, gv = cuda_attention.sdpa_cuda_backward(cast_like(g, out), q, k, v, mask, out, logsumexp, seed, offset,
+                                                       is_causal, scale, family)
+        return gq, _sum_groups(gk, groups), _sum_groups(gv, groups), None
     if isinstance(saved[0], str):  # ("flash", ...): the forward ran prims.sdpa_flash
         _, q, k, v, out, logsumexp, mask, is_causal, scale, groups = saved
         gq, gk, gv = P.sdpa_flash_backward(cast_like(g, out), q, k, v, out, logsumexp, mask, is_causal, scale)
@@ -362,13 +431,31 @@ def index_fill_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
 
 @vjp("ltorch.rms_norm")
 def rms_norm_fwd(input: TensorProxy, normalized_shape: Any, weight: Any = None, eps: Any = None) -> Any:  # noqa: A002
+    shape = [normalized_shape] if isinstance(normalized_shape, int) else list(normalized_shape)
+    if input.device.type == "cuda" and input.dtype.is_floating_point and _rms_shapes_ok(input, shape, weight):
+        # On CUDA eager's autograd runs aten._fused_rms_norm and its backward kernel on the saved rstd
+        # (on the CPU it differentiates the composite, which the formula below stands for).
+        out, rstd = fused_rms_norm(input, shape, weight, eps)
+        return out, ("fused", input, weight, shape, rstd)
     out = _op("rms_norm")(input, normalized_shape, weight, eps)
-    n = 1 if isinstance(normalized_shape, int) else len(normalized_shape)
-    return out, (input, weight, n, eps)
+    return out, (input, weight, len(shape), eps)
+
+
+def _rms_shapes_ok(x: TensorProxy, shape: list[Any], weight: Any) -> bool:
+    """Whether the shapes are F.rms_norm's (known numbers only: the op's decomposition raises otherwise)."""
+    if not 0 < len(shape) <= x.ndim or not all(type(d) is int for d in (*shape, *x.shape)):
+        return False
+    if list(x.shape[x.ndim - len(shape):]) != shape:
+        return False
+    return weight is None or (isinstance(weight, TensorProxy) and list(weight.shape) == shape)
 
 
 @rms_norm_fwd.backward
 def rms_norm_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
+    if isinstance(saved[0], str):  # ("fused", ...): the forward ran aten._fused_rms_norm
+        _, a, weight, shape, rstd = saved
+        gx, gw = fused_rms_norm_backward(g, a, shape, rstd, weight, [True, isinstance(weight, TensorProxy)])
+        return gx, None, gw, None
     a, weight, n, eps = saved
     dtype = compute_dtype(a.dtype)
     x, gg = _up(a, dtype), _up(g, dtype)

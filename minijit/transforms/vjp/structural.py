@@ -29,8 +29,9 @@ def convert_element_type_fwd(x: TensorProxy, dtype: torch.dtype) -> tuple[Tensor
 def convert_element_type_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
     # The gradient goes back to the input's dtype (docs/design.md, invariant 5); a round trip
     # this creates (bf16 -> f32 in forward, f32 -> bf16 here) is the user's own cast.
+    # A same-dtype conversion (a clone, `.contiguous()`) passes the gradient through, as eager's does: no copy.
     (x,) = saved
-    return (P.convert_element_type(g, x.dtype), None)
+    return (g if g.dtype == x.dtype else P.convert_element_type(g, x.dtype), None)
 
 
 # -- shape and layout ------------------------------------------------------------------------
