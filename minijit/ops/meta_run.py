@@ -352,4 +352,6 @@ def _explain(e: Exception, calls: list[Any], what: str) -> Exception:
         op = f" ({last})" if last is not None else ""
         return UnsupportedOpError(f"{what}: torch has no meta kernel for it{op}, so minijit cannot know its "
                                   "result's shape; call it outside the jitted function")
-    return MetaError(f"{what}: torch raised {type(e).__name__}: {text}")
+    error = MetaError(f"{what}: torch raised {type(e).__name__}: {text}")
+    error.eager_raised = type(e)  # type: ignore[attr-defined]
+    return error

@@ -16,8 +16,11 @@ from minijit.errors import MinijitError
 from minijit.extend import Executor, get_executor, resolve_executors
 from minijit.ir import Trace
 from minijit.runtime.cache_key import POSITIONAL_TENSOR_KEYS, POSITIONAL_TENSOR_SYMBOLIC_KEYS, cache_key
+from minijit.runtime.call_plan import CALL_ARGUMENTS
 from minijit.runtime.explain import explain_miss
+from minijit.runtime.fallback import RaisedInTry
 from minijit.runtime.inputs import flat_inputs
+from minijit.runtime.iterators import advance, standing_in
 from minijit.runtime.pipeline import CompiledEntry, compile_for
 
 Tensor = torch.Tensor
@@ -40,10 +43,17 @@ class CacheInfo:
     misses: int = 0
     entries: int = 0
     miss_reasons: list[str] = field(default_factory=list)
+    # Calls whose compiled trace raised where the user's `except` may catch it, run eagerly instead
+    # (minijit.runtime.fallback); each distinct reason once.
+    eager_calls: int = 0
+    eager_reasons: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
         lines = [f"{self.hits} hit(s), {self.misses} miss(es), {self.entries} cache entr{'y' if self.entries == 1 else 'ies'}"]
         lines += [f"  miss {i}: {reason}" for i, reason in enumerate(self.miss_reasons, start=1)]
+        if self.eager_calls:
+            lines.append(f"{self.eager_calls} call(s) ran eagerly")
+            lines += [f"  eager: {reason}" for reason in self.eager_reasons]
         return "\n".join(lines)
 
 
@@ -113,10 +123,26 @@ class JitFunction:
                     if entry.guard is None or entry.guard(*args):
                         self._hits += 1
                         self._last = entry
-                        return entry.computation(*args)
+                        try:
+                            return entry.computation(*args)
+                        except RaisedInTry as raised:
+                            return self._run_eagerly(raised, args, kwargs)
         return self._call_general(args, kwargs)
 
     def _call_general(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        stand_in = standing_in(args, kwargs)
+        if stand_in is not None:  # an iterator argument: the trace takes the items it has left
+            given = args, kwargs
+            args, kwargs, originals = stand_in
+            result, ran = self._call_entry(args, kwargs, given)
+            if ran is not None:
+                advance(originals, ran.capture.iterators_consumed)
+            return result
+        return self._call_entry(args, kwargs, (args, kwargs))[0]
+
+    def _call_entry(self, args: tuple[Any, ...], kwargs: dict[str, Any],
+                    given: tuple[tuple[Any, ...], dict[str, Any]]) -> tuple[Any, CompiledEntry | None]:
+        """(the result, the entry that computed it; None where the call ran eagerly on the `given` arguments)."""
         key = cache_key(args, kwargs, symbolic=self._symbolic)
         flat = flat_inputs(args, kwargs, symbolic=self._symbolic)
         candidates = self._entries.get(key, [])
@@ -130,7 +156,23 @@ class JitFunction:
                 self._entries.setdefault(key, []).append(entry)
                 self._info.entries += 1
         self._last = entry
-        return entry.computation(*flat)
+        # A trace that writes into a list or dict argument finds the caller's through CALL_ARGUMENTS.
+        token = CALL_ARGUMENTS.set((*args, *kwargs.values())) if entry.capture.call_plan.writes_arguments else None
+        try:
+            return entry.computation(*flat), entry
+        except RaisedInTry as raised:
+            return self._run_eagerly(raised, *given), None
+        finally:
+            if token is not None:
+                CALL_ARGUMENTS.reset(token)
+
+    def _run_eagerly(self, raised: RaisedInTry, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The call whose compiled trace raised inside a user's `try`, run as eager runs it (minijit.runtime.fallback)."""
+        self._info.eager_calls += 1
+        if raised.reason not in self._info.eager_reasons and len(self._info.eager_reasons) < 20:
+            self._info.eager_reasons.append(raised.reason)
+        eager = getattr(self.fn, "run_eagerly", self.fn)
+        return eager(*args, **kwargs)
 
     def _miss(self, args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[Any],
               same_key: list[CompiledEntry]) -> CompiledEntry:
