@@ -3,7 +3,8 @@
 Eager PyTorch raises `RuntimeError`, `IndexError`, `ValueError` or `TypeError` for inputs an op
 rejects; user code catches them (`try: x.view(s) except RuntimeError: x.reshape(s)`). When an
 ltorch op's checks reject a call the user's code made, the type eager would raise is found by
-running the op's eager implementation on meta tensors shaped like the proxies (or taken from
+running the op's eager implementation on meta tensors shaped like the proxies (on small CPU
+tensors of zeros where meta kernels skip the check, as they do dtype support; or taken from
 torch's own error, where the check ran torch), and the `MetaError` becomes an instance of that
 type too (`minijit.errors.as_eager`). Where eager's type cannot be found (torch accepts the meta
 tensors, or has no meta kernel) the error stays a plain `MetaError`, which no user `except` catches.
@@ -11,12 +12,13 @@ tensors, or has no meta kernel) the error stays a plain `MetaError`, which no us
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 
 from minijit.errors import MetaError, MinijitError, as_eager
-from minijit.ir import NumberProxy, TensorProxy, tree_map
+from minijit.ir import NumberProxy, TensorProxy, tree_flatten, tree_map
 from minijit.ir.context import where_now
 from minijit.ir.proxies import number_value
 
@@ -56,15 +58,36 @@ def _raised_on_meta(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
         if isinstance(x, TensorProxy):
             if x.memory is not None:
                 return meta_like(x)
-            return torch.empty(tuple(int(number_value(d)) for d in x.shape), dtype=x.dtype, device="meta")
+            return torch.empty(_sizes(x), dtype=x.dtype, device="meta")
         if isinstance(x, NumberProxy):
             return x.value
         return x
 
+    found = _raised(impl, tree_map(to_meta, (tuple(args), dict(kwargs))))
+    if found is not None:
+        return found
+    # Meta kernels skip some checks (the dtypes a CPU kernel supports): small CPU tensors of zeros make them.
+    proxies = [x for x in tree_flatten((tuple(args), kwargs)) if isinstance(x, TensorProxy)]
+    if not proxies or any(x.device.type != "cpu" for x in proxies) or sum(math.prod(_sizes(x)) for x in proxies) > 2**16:
+        return None
+
+    def to_zeros(x: Any) -> Any:
+        if isinstance(x, TensorProxy):
+            return torch.zeros(_sizes(x), dtype=x.dtype)
+        return x.value if isinstance(x, NumberProxy) else x
+
+    return _raised(impl, tree_map(to_zeros, (tuple(args), dict(kwargs))))
+
+
+def _sizes(p: TensorProxy) -> tuple[int, ...]:
+    return tuple(int(number_value(d)) for d in p.shape)
+
+
+def _raised(impl: Any, call: tuple[tuple[Any, ...], dict[str, Any]]) -> Exception | None:
+    """The exception `impl(*args, **kwargs)` raises (none for a missing meta kernel), or None."""
     try:
-        margs, mkwargs = tree_map(to_meta, (tuple(args), dict(kwargs)))
         with torch.no_grad():
-            impl(*margs, **mkwargs)
+            impl(*call[0], **call[1])
     except NotImplementedError as e:
         return None if "Meta" in str(e) else e
     except Exception as e:  # what eager raises is what we are after

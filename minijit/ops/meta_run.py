@@ -121,7 +121,10 @@ def run_on_meta(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
             if len(_CACHE) > _CACHE_SIZE:
                 _CACHE.popitem(last=False)
     if isinstance(cached, Exception):
-        raise type(cached)(f"{cached.args[0]}{where_now()}") from cached.__cause__
+        error = type(cached)(f"{cached.args[0]}{where_now()}")
+        if hasattr(cached, "eager_raised"):  # the type of torch's own error, for the user's `except`
+            error.eager_raised = cached.eager_raised  # type: ignore[attr-defined]
+        raise error from cached.__cause__
     return cached
 
 

@@ -43,10 +43,14 @@ def standing_in(args: tuple[Any, ...], kwargs: dict[str, Any]
                 ) -> tuple[tuple[Any, ...], dict[str, Any], list[tuple[int, Any, int]]] | None:
     """The arguments with each list, tuple or range iterator among them replaced by an `ArgumentIterator`,
     and (argument position, the caller's iterator, its position) of each; None when there is none."""
+    for v in args:  # the common case, no iterator, costs one type test per argument
+        if type(v) in _REWINDABLE:
+            break
+    else:
+        if not kwargs or not any(type(v) in _REWINDABLE for v in kwargs.values()):
+            return None
     values = [*args, *kwargs.values()]
     found = [(i, v) for i, v in enumerate(values) if type(v) in _REWINDABLE]
-    if not found:
-        return None
     originals = []
     for i, it in found:
         reduced = it.__reduce__()

@@ -290,3 +290,33 @@ def test_caught_under_symbolic_values():
     for n in (3, 5, 7):
         x = torch.randn(2, n)
         assert torch.equal(jf(x), f(x))
+
+
+MORE = {
+    "opaque_solve": lambda x: torch.linalg.solve(x, torch.ones(5, 2)),
+    "linear": lambda x: torch.nn.functional.linear(x, torch.ones(3, 7)),
+    "cat": lambda x: torch.cat([x, torch.ones(2, 5)]),
+    "reshape": lambda x: x.reshape(5),
+    "sum_dim": lambda x: x.sum(dim=5),
+    "transpose": lambda x: x.transpose(0, 4),
+    "softmax_int": lambda x: torch.softmax(x.long(), 0),
+    "matmul_dtypes": lambda x: x @ x.t().double(),
+    "index_select_float": lambda x: torch.index_select(x, 0, torch.tensor([0.5])),
+    "narrow": lambda x: x.narrow(0, 2, 5),
+    "topk": lambda x: x.topk(10),
+    "embedding": lambda x: torch.nn.functional.embedding(torch.tensor([1]), x),
+}
+_TYPES = (IndexError, ValueError, TypeError, NotImplementedError, RuntimeError)
+
+
+@pytest.mark.parametrize("name", sorted(MORE))
+def test_more_ops_caught_by_eagers_class(name):
+    op = MORE[name]
+
+    def f(x):
+        try:
+            return op(x)
+        except _TYPES as e:  # which class caught it is the result
+            return torch.full((1,), float([isinstance(e, t) for t in _TYPES].index(True)))
+
+    _same_outcome(f, torch.randn(3, 4))
