@@ -227,26 +227,32 @@ def _fresh(size_or_like: Any, dtype: torch.dtype, device: Any) -> torch.Tensor:
     return torch.empty(tuple(size_or_like), dtype=dtype, device=device)
 
 
-def _uniform(size_or_like: Any, low: float, high: float, *, dtype: torch.dtype, device: Any = None) -> torch.Tensor:
-    return _fresh(size_or_like, dtype, device).uniform_(low, high)
+def _uniform(size_or_like: Any, low: float, high: float, *, dtype: torch.dtype, device: Any = None,
+             generator: torch.Generator | None = None) -> torch.Tensor:
+    return _fresh(size_or_like, dtype, device).uniform_(low, high, generator=generator)
 
 
-def _normal(size_or_like: Any, mean: float, std: float, *, dtype: torch.dtype, device: Any = None) -> torch.Tensor:
-    return _fresh(size_or_like, dtype, device).normal_(mean, std)
+def _normal(size_or_like: Any, mean: float, std: float, *, dtype: torch.dtype, device: Any = None,
+            generator: torch.Generator | None = None) -> torch.Tensor:
+    return _fresh(size_or_like, dtype, device).normal_(mean, std, generator=generator)
 
 
 def _random_integers(size_or_like: Any, low: int | None, high: int | None, *, dtype: torch.dtype,
-                     device: Any = None) -> torch.Tensor:
+                     device: Any = None, generator: torch.Generator | None = None) -> torch.Tensor:
     fresh = _fresh(size_or_like, dtype, device)
-    return fresh.random_() if low is None and high is None else fresh.random_(low, high)
+    if low is None and high is None:
+        return fresh.random_(generator=generator)
+    return fresh.random_(low, high, generator=generator)
 
 
-def _bernoulli(size_or_like: Any, p: Any, *, dtype: torch.dtype, device: Any = None) -> torch.Tensor:
-    return _fresh(size_or_like, dtype, device).bernoulli_(p)
+def _bernoulli(size_or_like: Any, p: Any, *, dtype: torch.dtype, device: Any = None,
+               generator: torch.Generator | None = None) -> torch.Tensor:
+    return _fresh(size_or_like, dtype, device).bernoulli_(p, generator=generator)
 
 
-def _exponential(size_or_like: Any, rate: float, *, dtype: torch.dtype, device: Any = None) -> torch.Tensor:
-    return _fresh(size_or_like, dtype, device).exponential_(rate)
+def _exponential(size_or_like: Any, rate: float, *, dtype: torch.dtype, device: Any = None,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+    return _fresh(size_or_like, dtype, device).exponential_(rate, generator=generator)
 
 
 def _manual_seed(seed: int) -> None:
@@ -267,7 +273,8 @@ def _set_rng_state(state: torch.Tensor, device: torch.device) -> None:
 _RANDOM_IMPLS = {
     "uniform": _uniform, "normal": _normal, "random_integers": _random_integers, "bernoulli": _bernoulli,
     "exponential": _exponential,
-    "randperm": lambda n, *, dtype, device: torch.randperm(n, dtype=dtype, device=device),
+    "randperm": lambda n, *, dtype, device, generator=None: torch.randperm(n, dtype=dtype, device=device,
+                                                                             generator=generator),
     "multinomial": torch.multinomial, "manual_seed": _manual_seed,
     "seed": torch.seed, "initial_seed": torch.initial_seed, "get_rng_state": _get_rng_state,
     "set_rng_state": _set_rng_state,

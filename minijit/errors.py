@@ -83,3 +83,48 @@ class ValueGuardMiss(Exception):
         super().__init__(ordinal, observed)
         self.ordinal = ordinal
         self.observed = observed
+
+
+# --- errors that stand for eager's --------------------------------------------------------------------------
+
+# The exception types eager PyTorch raises for bad input that a minijit error may stand for.
+EAGER_TYPES: tuple[type[Exception], ...] = (IndexError, ValueError, TypeError, NotImplementedError, RuntimeError)
+_EAGER_TYPED: dict[tuple[type[MinijitError], type[Exception]], type[MinijitError]] = {}
+
+
+def as_eager(error: MinijitError, eager: type[BaseException]) -> MinijitError:
+    """`error` as an instance of a class deriving from both its class and `eager`, the exception type eager
+    raises for the same input (`MetaError[IndexError]`): the user's `except IndexError` catches it, as in
+    eager, both inside traced code and around the jitted call. `error` itself where `eager` is no type
+    eager raises for bad input (or where it already is one)."""
+    if not issubclass(eager, EAGER_TYPES) or isinstance(error, eager):
+        return error
+    cls = type(error)
+    typed = _EAGER_TYPED.get((cls, eager))
+    if typed is None:
+        name = f"{cls.__name__}[{eager.__name__}]"
+        try:
+            typed = type(name, (cls, eager), {"__module__": cls.__module__, "__qualname__": name, "eager_type": eager,
+                                              "__doc__": f"{cls.__name__}, standing for eager's {eager.__name__}.",
+                                              "__reduce__": _reduce_eager_typed})
+        except TypeError:  # an exception type whose instance layout cannot be combined
+            return error
+        _EAGER_TYPED[(cls, eager)] = typed
+    new = typed(*error.args)
+    new.__cause__, new.__suppress_context__ = error.__cause__, error.__suppress_context__
+    return new
+
+
+def _reduce_eager_typed(error: MinijitError) -> tuple[object, ...]:
+    """Pickling: the class is made on demand, so it is rebuilt from its base and eager's type."""
+    base = next(c for c in type(error).__mro__[1:] if issubclass(c, MinijitError))
+    return (_rebuild_eager_typed, (base, type(error).eager_type, error.args))  # type: ignore[attr-defined]
+
+
+def _rebuild_eager_typed(base: type[MinijitError], eager: type[BaseException], args: tuple[object, ...]) -> MinijitError:
+    return as_eager(base(*args), eager)
+
+
+def reaches_user(exc: BaseException) -> bool:
+    """True for a MinijitError no `except` in traced code may catch: one that does not stand for eager's error."""
+    return isinstance(exc, MinijitError) and getattr(type(exc), "eager_type", None) is None

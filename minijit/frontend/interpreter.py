@@ -19,7 +19,7 @@ from typing import Any
 
 from torch import Tensor
 
-from minijit.errors import MinijitError, UnsupportedSyntaxError
+from minijit.errors import UnsupportedSyntaxError, as_eager, reaches_user
 from minijit.frontend.code import ASYNC_FLAGS, Inst, binder_for, code_info
 from minijit.frontend.frame import GENERATOR, NULL, RETURN, YIELD, Frame, State, current_state, new_interpretation
 from minijit.frontend.guards import GuardEntry, Source
@@ -57,10 +57,21 @@ def run_frame(frame: Frame, throw: BaseException | None = None) -> str:
         try:
             signal = inst.handler(frame, inst)
         except BaseException as exc:  # user code may catch any exception, so the loop must see all
-            _unwind(frame, inst, exc)
+            _unwind(frame, inst, _as_eager_raised(exc))
             continue
         if signal is not None:
             return signal
+
+
+def _as_eager_raised(exc: BaseException) -> BaseException:
+    """A MetaError for a check torch itself made (an opaque op's meta run, a view) as eager's type too."""
+    raised = getattr(exc, "eager_raised", None)
+    if raised is None or not reaches_user(exc):
+        return exc
+    typed = as_eager(exc, raised)  # type: ignore[arg-type]
+    if typed is not exc:
+        typed.__traceback__, typed.__context__ = exc.__traceback__, exc.__context__
+    return typed
 
 
 def _unwind(frame: Frame, inst: Inst, exc: BaseException) -> None:
@@ -85,7 +96,7 @@ def _unwind(frame: Frame, inst: Inst, exc: BaseException) -> None:
         frame.stack.append(inst.offset)
     frame.stack.append(exc)
     frame.ip = target
-    if isinstance(exc, MinijitError):
+    if reaches_user(exc):
         # A MinijitError means no trace can be built: `finally` blocks and `__exit__` still run (so
         # e.g. grad mode is restored), but no user `except` may swallow it. Typed `except` clauses
         # never match it (CHECK_EXC_MATCH); a bare `except:` is skipped here, straight to its cleanup.

@@ -7,8 +7,10 @@ would be frozen into the trace. Each family gets one behaviour:
   `torch.get_rng_state`/`set_rng_state`, `torch.random.fork_rng`, the methods of
   `torch.default_generator`): recorded as RANDOM prims, so every call reproduces eager,
   in order with the random ops around it;
-- seeding or reading other generators (`torch.cuda.manual_seed`, a private
-  `torch.Generator`): refused, with what to do instead;
+- draws from an explicit `torch.Generator` (`generator=g`): traced, the generator a constant of
+  the trace (minijit.ops.ltorch.randomness); seeding or reading other generators
+  (`torch.cuda.manual_seed`, `g.manual_seed`) or making one (`torch.Generator()`) inside the
+  function: refused, with what to do instead;
 - Python's `random` (module functions and `random.Random` instances), `numpy.random`,
   clocks (`time.time`, `time.perf_counter`, `datetime.now`, ...), `os.urandom` and
   `uuid.uuid1/uuid4`: refused with a `FrozenValueError` naming the call and the user's
@@ -111,8 +113,9 @@ def _default_generator_method(name: str, record: Callable[..., Any]) -> None:
     def method(generator: torch.Generator, *args: Any) -> Any:
         if generator is not torch.default_generator:
             raise UnsupportedOpError(
-                f"torch.Generator.{name} on a generator other than torch.default_generator{where_now()}: minijit "
-                "traces draws from the default generator only; seed with torch.manual_seed, or call it outside")
+                f"torch.Generator.{name} on a generator other than torch.default_generator{where_now()} would run "
+                "only while tracing: call it outside the jitted function (draws from the generator, `generator=g`, "
+                "are traced and run on every call)")
         return record(*args)
 
     method.__doc__ = f"torch.default_generator.{name}, recorded like its torch.* function."
@@ -124,6 +127,17 @@ _default_generator_method("seed", seed)
 _default_generator_method("initial_seed", initial_seed)
 _default_generator_method("get_state", get_rng_state)
 _default_generator_method("set_state", lambda state: (set_rng_state(state), torch.default_generator)[1])
+
+
+@lookaside(torch.Generator)
+def generator(*args: Any, **kwargs: Any) -> torch.Generator:
+    """torch.Generator() inside traced code: refused (the trace would keep drawing from the one made while tracing)."""
+    if current_trace() is None:
+        return torch.Generator(*args, **kwargs)
+    raise FrozenValueError(
+        f"torch.Generator(){where_now()} made inside a jitted function would be made once, while tracing, and every "
+        "later call would draw on from it; make the generator outside and pass it in (or draw from torch's default "
+        "generator)")
 
 
 def _refuse_cuda_rng(fn: Any, name: str) -> None:

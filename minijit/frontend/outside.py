@@ -76,9 +76,10 @@ class Effect:
 
     `op` is "setattr", "delattr" (plain setattr; "object setattr"/"object delattr": through
     `object.__setattr__`, where a class's own `__setattr__` was interpreted), "setitem",
-    "delitem", "cell" (a closure cell assigned) or "call" (a container method: `key` is its
-    name, `value` its argument tuple). `holder` is the object written (held by reference) or
-    the `Source` of a tensor (read again on each call).
+    "delitem", "cell" (a closure cell assigned), "call" (a container method: `key` is its
+    name, `value` its argument tuple) or "replace" (a list or dict argument's new contents).
+    `holder` is the object written (held by reference), the `Source` of a tensor (read again on
+    each call) or the path to an argument (minijit.runtime.call_plan.ArgumentPath).
     """
 
     op: str
@@ -97,6 +98,8 @@ class Effect:
             return f"assign the closure variable {self.key}"
         if self.op == "function":
             return f"call {getattr(self.holder, '__name__', 'a function')}(...)"
+        if self.op == "replace":
+            return f"replace the contents of {self.holder}"
         return f"{owner}.{self.key}(...)"
 
 
@@ -174,14 +177,17 @@ class Outside:
                     return source
         return None
 
-    def note_value(self, value: Any, source: Source) -> None:
-        """A value just read from outside: a tensor remembers its source, an object becomes a root."""
+    def note_value(self, value: Any, source: Source, whole: bool = True) -> None:
+        """A value just read from outside: a tensor remembers its source, an object becomes a root.
+
+        `whole`: the read's guard compares a list, dict or set of constants whole (False when the
+        cache key covered the read instead, so that its later reads are guarded one by one)."""
         if isinstance(value, Tensor):
             if id(value) not in self.tensor_sources:
                 self.tensor_sources[id(value)] = (value, source)
         elif not isinstance(value, Proxy):
             self.add_root(value, source.label)
-            if has_snapshot(value):
+            if whole and has_snapshot(value):
                 self.whole.add(id(value))
             self.note_iterator(value, source.label)
 
@@ -210,9 +216,11 @@ class Outside:
             self._guard_before_change(guards, holder)
         elif id(holder) not in self.whole and (id(holder), key) not in self.keyed:  # keyed: the cache key covers it
             record(guards, kind, holder, key, value, shadow)
+        # A value read through a keyed slot has no guard of its own: its contents are not guarded whole.
+        guarded = (id(holder), key) not in self.keyed
         access = {"global": "item", "builtin": "item", "item": "item", "cell": "cell"}.get(kind, "attribute")
         if shadow is None:
-            self.note_value(value, Source(holder, access, key, label))
+            self.note_value(value, Source(holder, access, key, label), whole=guarded)
 
     def observe(self, guards: dict[Any, Any], container: Any, how: str, key: Any = None, result: Any = None) -> None:
         """Record a structural read of the root `container`: "length", "contains" (`key in c` was `result`),

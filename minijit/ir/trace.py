@@ -110,6 +110,10 @@ class Trace:
         # True for a trace that records the user's code (a capture), where an op called at the top
         # level is a call the user's code made; ops may then adjust their arguments (autocast).
         self.captures_user_code = False
+        # Where the user's code sits in a `try` whose `except` may catch an error (None: nowhere), set by the
+        # capture; each op recorded there is noted in `ops_in_try` as (op, the user's line).
+        self.try_probe: Callable[[], SourceLocation | None] | None = None
+        self.ops_in_try: list[tuple[str, SourceLocation]] = []
         self._scopes: list[list[BoundSymbol]] = [self.bound_symbols]
 
     # -- building -------------------------------------------------------------
@@ -189,6 +193,8 @@ class Trace:
             self._scopes[0].append(bsym)
         else:
             self._scopes[-1].append(bsym)
+        if self.try_probe is not None and len(self._scopes) == 1 and (where := self.try_probe()) is not None:
+            self.ops_in_try.append((sym.id, where))
         return output
 
     def derive(self, bound_symbols: Iterable[BoundSymbol], *, pass_name: str,

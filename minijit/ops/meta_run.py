@@ -143,7 +143,10 @@ def run_on_meta(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
     if isinstance(cached, Exception):
         if symbolic:
             _specialise((args, kwargs))
-        raise type(cached)(f"{cached.args[0]}{where_now()}") from cached.__cause__
+        error = type(cached)(f"{cached.args[0]}{where_now()}")
+        if hasattr(cached, "eager_raised"):  # the type of torch's own error, for the user's `except`
+            error.eager_raised = cached.eager_raised  # type: ignore[attr-defined]
+        raise error from cached.__cause__
     if symbolic:
         return _with_symbolic_shapes(fn, args, kwargs, cached)
     return cached
@@ -426,4 +429,6 @@ def _explain(e: Exception, calls: list[Any], what: str) -> Exception:
         op = f" ({last})" if last is not None else ""
         return UnsupportedOpError(f"{what}: torch has no meta kernel for it{op}, so minijit cannot know its "
                                   "result's shape; call it outside the jitted function")
-    return MetaError(f"{what}: torch raised {type(e).__name__}: {text}")
+    error = MetaError(f"{what}: torch raised {type(e).__name__}: {text}")
+    error.eager_raised = type(e)  # type: ignore[attr-defined]
+    return error

@@ -60,6 +60,7 @@ from minijit.ops import prims
 from minijit.ops.aliases import canonical
 from minijit.ops.autocast import active_autocast, opaque_autocast_arguments
 from minijit.ops.meta_run import MetaResult, TensorMeta, named_tuple_for, run_on_meta
+from minijit.ops.number_args import check_dtype, numbers_only, takes_tensor_first, with_tensor_input
 from minijit.ops.registry import ltorch_symbol_for
 
 _any_autocast = torch._C._is_any_autocast_enabled
@@ -99,6 +100,11 @@ def call_ltorch(fn: Any, sym: Symbol, args: tuple[Any, ...] | list[Any], kwargs:
     `out=` given to an op whose decomposition has no `out` is the decomposition's result copied
     into it, as eager writes its result into `out` and returns `out`.
     """
+    if current_trace() is not None and numbers_only(args, kwargs) and takes_tensor_first(sym.meta):
+        # torch.div(7, 2): eager makes a 0-dim tensor of the first number (minijit.ops.number_args).
+        found = with_tensor_input(fn, args, kwargs)
+        if found is not None:
+            return check_dtype(f"torch.{getattr(fn, '__name__', sym.name)}", sym(*found[0], **kwargs), found[1])
     try:
         out = kwargs.get("out")
         if out is None or "out" in _parameters(sym):

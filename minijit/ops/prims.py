@@ -477,7 +477,7 @@ iota = _prim("iota", _iota_meta)
 
 # -- randomness ------------------------------------------------------------------------
 #
-# Random prims draw from torch's default generator exactly as eager's ops do (the torch
+# Random prims draw from torch's default generator (or the `generator=` given) exactly as eager's ops do (the torch
 # executor runs each as that very call), so a seeded run matches eager bit for bit and
 # leaves the generator where eager leaves it. Their first argument is the result's size,
 # or a tensor whose size and memory layout the result takes (as `torch.empty_like`, which
@@ -485,8 +485,18 @@ iota = _prim("iota", _iota_meta)
 # element gets which draw). Tagged RANDOM, as are the prims that seed or read the
 # generator: they run in trace order, each exactly once, and no pass merges or drops them.
 
+def _check_generator(op: str, generator: Any, device: Any) -> None:
+    """An explicit `generator=`: a torch.Generator on the result's device (eager refuses another)."""
+    if generator is None:
+        return
+    if not isinstance(generator, torch.Generator):
+        raise _fail(op, f"generator must be a torch.Generator, got {type(generator).__name__}")
+    if device is not None and torch.device(generator.device).type != torch.device(device).type:
+        raise _fail(op, f"the generator is on {generator.device}, the result on {device}")
+
+
 def _random_result(op: str, size_or_like: Any, dtype: torch.dtype, device: Any,
-                   kinds: str = "floating") -> TensorProxy:
+                   kinds: str = "floating", generator: Any = None) -> TensorProxy:
     if isinstance(size_or_like, TensorProxy):
         shape_, device = tuple(size_or_like.shape), device if device is not None else size_or_like.device
     elif isinstance(size_or_like, tuple | list):
@@ -497,18 +507,21 @@ def _random_result(op: str, size_or_like: Any, dtype: torch.dtype, device: Any,
         raise _fail(op, f"needs a {kinds} dtype, got {dtype}")
     if device is None:
         raise _fail(op, "needs a device when given a size")
+    _check_generator(op, generator, device)
     return TensorProxy(shape_, dtype, torch.device(device), requires_grad=False)
 
 
 def _two_parameter_meta(op: str, kinds: str = "floating") -> Callable[..., TensorProxy]:
-    def meta(size_or_like: Any, a: Number, b: Number, *, dtype: torch.dtype, device: Any = None) -> TensorProxy:
-        return _random_result(op, size_or_like, dtype, device, kinds)
+    def meta(size_or_like: Any, a: Number, b: Number, *, dtype: torch.dtype, device: Any = None,
+             generator: torch.Generator | None = None) -> TensorProxy:
+        return _random_result(op, size_or_like, dtype, device, kinds, generator)
     return meta
 
 
 def _one_parameter_meta(op: str) -> Callable[..., TensorProxy]:
-    def meta(size_or_like: Any, a: Number, *, dtype: torch.dtype, device: Any = None) -> TensorProxy:
-        return _random_result(op, size_or_like, dtype, device)
+    def meta(size_or_like: Any, a: Number, *, dtype: torch.dtype, device: Any = None,
+             generator: torch.Generator | None = None) -> TensorProxy:
+        return _random_result(op, size_or_like, dtype, device, generator=generator)
     return meta
 
 
@@ -522,8 +535,9 @@ random_integers = _prim("random_integers", _two_parameter_meta("random_integers"
 exponential = _prim("exponential", _one_parameter_meta("exponential"), RANDOM)
 
 
-def _bernoulli_meta(size_or_like: Any, p: Any, *, dtype: torch.dtype, device: Any = None) -> TensorProxy:
-    out = _random_result("bernoulli", size_or_like, dtype, device, kinds="real")
+def _bernoulli_meta(size_or_like: Any, p: Any, *, dtype: torch.dtype, device: Any = None,
+                    generator: torch.Generator | None = None) -> TensorProxy:
+    out = _random_result("bernoulli", size_or_like, dtype, device, kinds="real", generator=generator)
     if isinstance(p, TensorProxy):
         if not p.dtype.is_floating_point:
             raise _fail("bernoulli", f"needs floating point probabilities, got {p.dtype}")
@@ -560,9 +574,10 @@ def _native_dropout_backward_meta(grad: TensorProxy, mask: TensorProxy, scale: f
 native_dropout_backward = _prim("native_dropout_backward", _native_dropout_backward_meta)
 
 
-def _randperm_meta(n: int, *, dtype: torch.dtype, device: Any) -> TensorProxy:
+def _randperm_meta(n: int, *, dtype: torch.dtype, device: Any, generator: torch.Generator | None = None) -> TensorProxy:
     if type(n) is not int or n < 0:
         raise _fail("randperm", f"n must be a non-negative int, got {n!r}")
+    _check_generator("randperm", generator, device)
     return TensorProxy((n,), dtype, torch.device(device), requires_grad=False)
 
 
@@ -570,8 +585,10 @@ def _randperm_meta(n: int, *, dtype: torch.dtype, device: Any) -> TensorProxy:
 randperm = _prim("randperm", _randperm_meta, RANDOM)
 
 
-def _multinomial_meta(probs: TensorProxy, num_samples: int, replacement: bool) -> TensorProxy:
+def _multinomial_meta(probs: TensorProxy, num_samples: int, replacement: bool, *,
+                      generator: torch.Generator | None = None) -> TensorProxy:
     _check_tensor("multinomial", probs, "the probabilities")
+    _check_generator("multinomial", generator, probs.device)
     if probs.ndim not in (1, 2) or type(num_samples) is not int or num_samples <= 0:
         raise _fail("multinomial", f"needs 1-d or 2-d probabilities and a positive number of samples, got "
                                    f"{probs.type_string()} and {num_samples!r}")

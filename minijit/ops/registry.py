@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from minijit.errors import MetaError, MinijitError
 from minijit.ir import NO_EFFECTS, TENSOR_METHODS, Effects, Symbol, current_trace
 from minijit.ops.autocast import autocast_arguments
 
@@ -33,9 +34,30 @@ class LtorchSymbol(Symbol):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         trace = current_trace()
-        if trace is not None and trace.recording_user_call and _any_autocast():
+        if trace is None or not trace.recording_user_call:
+            return super().__call__(*args, **kwargs)
+        if _any_autocast():
             args, kwargs = autocast_arguments(self.name, self.meta, args, kwargs)
-        return super().__call__(*args, **kwargs)
+        try:
+            return super().__call__(*args, **kwargs)
+        except MetaError as e:
+            # Inputs eager rejects too: the error is eager's type as well, for the user's `except`.
+            from minijit.ops.eager_errors import eager_error  # it reads the layouts minijit.ops.strides keeps
+
+            typed = eager_error(e, self.name, args, kwargs)
+            if typed is e:
+                raise
+            raise typed.with_traceback(e.__traceback__) from e.__cause__
+        except (TypeError, AttributeError, ValueError, IndexError) as e:
+            # A check that failed on an argument of a type it does not expect: eager's refusal, where eager refuses.
+            from minijit.ops.eager_errors import eager_refusal
+
+            if isinstance(e, MinijitError):
+                raise
+            refusal = eager_refusal(self.name, args, kwargs)
+            if refusal is None:
+                raise
+            raise refusal from None
 
 
 def ltorch_op(

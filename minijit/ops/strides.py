@@ -237,7 +237,9 @@ def check_viewable(op: str, p: TensorProxy, shape: tuple[Any, ...], requested: t
         meta.view(tuple(int(number_value(d)) for d in shape))
     except RuntimeError as e:
         text = str(e).strip().splitlines()[0]
-        raise MetaError(f"Tensor.{op}: torch raised RuntimeError: {text}{where_now()}") from e
+        error = MetaError(f"Tensor.{op}: torch raised RuntimeError: {text}{where_now()}")
+        error.eager_raised = type(e)  # type: ignore[attr-defined]
+        raise error from e
     if _sizes_symbolic(p) and not only_splits(tuple(p.shape), requested if requested is not None else shape) \
             and (not meta.is_contiguous() or _through_slices(p)):
         eager_layout(p, sizes_matter=True)

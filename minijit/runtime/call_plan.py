@@ -19,6 +19,7 @@ single call.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,29 @@ from minijit.ir.containers import Constant, Mapping, Registered, Sequence, Spec,
 from minijit.ir.context import where_now
 
 Tensor = torch.Tensor
+
+# The arguments of the call in progress, as one tuple (positional, then keyword values), while a trace that
+# writes into an argument's list or dict runs (set by minijit.runtime.jit).
+CALL_ARGUMENTS: ContextVar[tuple[Any, ...]] = ContextVar("minijit_call_arguments")
+
+
+@dataclass(frozen=True)
+class ArgumentPath:
+    """A list or dict among a call's arguments: the argument's position, then the keys down to it."""
+
+    path: tuple[Any, ...]
+    label: str
+
+    def resolve(self, arguments: tuple[Any, ...]) -> Any:
+        """The container this call was given at the path."""
+        value = arguments[self.path[0]]
+        for key in self.path[1:]:
+            value = value[key]
+        return value
+
+    def __str__(self) -> str:
+        keys = "".join(f"[{k!r}]" for k in self.path[1:])
+        return f"argument '{self.label}'{keys}"
 
 
 @dataclass
@@ -47,6 +71,10 @@ class CallPlan:
     # (position among the result's leaves, trace input index): an input returned as it is. Eager returns
     # that very tensor object (a Parameter stays a leaf), so the call does too.
     passthrough: list[tuple[int, int]] = field(default_factory=list)
+    # The same for the effects' values (`lst.append(x)` appends the caller's `x` itself).
+    effect_passthrough: list[tuple[int, int]] = field(default_factory=list)
+    # True when an effect writes into a list or dict argument (the call's arguments are needed).
+    writes_arguments: bool = False
 
     def is_trivial(self) -> bool:
         """True when the compiled trace can be called directly."""
@@ -67,6 +95,7 @@ class CallPlan:
         fetch = self.fetch_function() if self.captured else None
         split = self.result is not None or bool(self.effects)
         result_spec, effects, passthrough = self.result, self.effects, self.passthrough
+        effect_passthrough = self.effect_passthrough
         holders = [_holder_reader(effect) for effect, _ in effects]
 
         def run(*inputs: Any) -> Any:
@@ -76,7 +105,10 @@ class CallPlan:
             if not split:
                 return out
             result, values = out
-            replay(effects, holders, list(values))
+            values = list(values)
+            for position, index in effect_passthrough:
+                values[position] = inputs[index]
+            replay(effects, holders, values)
             if result_spec is None:
                 return result
             leaves = list(result)
@@ -91,6 +123,8 @@ class CallPlan:
 def _holder_reader(effect: Effect) -> Callable[[], Any]:
     """What reads the object an effect writes into on each call: itself, or its source, compiled once."""
     holder = effect.holder
+    if isinstance(holder, ArgumentPath):
+        return lambda: holder.resolve(CALL_ARGUMENTS.get())
     if not isinstance(holder, Source):
         return lambda: holder
     env: dict[str, Any] = {}
@@ -121,6 +155,12 @@ def replay(effects: list[tuple[Effect, Spec]], holders: list[Callable[[], Any]],
             holder.cell_contents = value
         elif op == "function":
             holder(*value[0], **value[1])
+        elif op == "replace":  # a list or dict argument: its new contents, in place
+            if isinstance(holder, list):
+                holder[:] = value
+            else:
+                holder.clear()
+                holder.update(value)
         else:  # a container method, with the effect's arguments as its value
             getattr(holder, effect.key)(*value)
 
@@ -159,6 +199,8 @@ def finish_capture(trace: Trace, where: str, result: Any, outside: Outside) -> t
         notes.append(f"then {effect.describe()}: {spec.describe([_name(x) for x in leaves])}")
     inputs = {id(p): i for i, p in enumerate(trace.args)}
     plan.passthrough = [(i, inputs[id(x)]) for i, x in enumerate(result_leaves) if id(x) in inputs]
+    plan.effect_passthrough = [(i, inputs[id(x)]) for i, x in enumerate(effect_leaves) if id(x) in inputs]
+    plan.writes_arguments = any(isinstance(effect.holder, ArgumentPath) for effect, _ in plan.effects)
     # An object from outside in the result is put back by the plan, not held by the trace: an entry moved
     # to new objects (minijit.runtime.rebind) returns the new one.
     rebuild = result_spec.needs_rebuild() or bool(plan.passthrough) or bool(outside.returned)
@@ -208,4 +250,4 @@ def _constants(spec: Spec) -> list[Constant]:
     return [c for child in children for c in _constants(child)]
 
 
-__all__ = ["CallPlan", "finish_capture", "replay"]
+__all__ = ["CALL_ARGUMENTS", "ArgumentPath", "CallPlan", "finish_capture", "replay"]

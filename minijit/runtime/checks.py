@@ -468,8 +468,8 @@ class Prologue:
             if not check.keyed:
                 continue
             holds, now = self._run(check, self.params, values)
-            if holds is False:
-                reasons.append(check.words(now))
+            if holds is False and (words := check.words(now)):  # "": said by an earlier check's words
+                reasons.append(words)
         if reasons or flat is None:
             return reasons
         constraints = []

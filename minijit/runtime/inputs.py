@@ -93,6 +93,9 @@ def proxify_arguments(trace: Trace, fn: Callable[..., Any], args: tuple[Any, ...
                 return p
             return x
 
+        if type(value) is set:  # a copy, as for lists: a change the code makes is replayed, never made twice
+            proxied.append(set(value))
+            continue
         spec, leaves = flatten(value, _input_leaf(symbolic))
         proxied.append(spec.rebuild([to_proxy(x) for x in leaves]))
     return tuple(proxied[: len(args)]), dict(zip(kwargs, proxied[len(args):], strict=True))
@@ -209,24 +212,33 @@ def _is_state_tensor(t: Tensor, source: Source) -> bool:
 def snapshot_containers(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
     """The containers among the (proxied) arguments — lists, dicts, sets, dataclasses, ... — with a copy of their state.
 
-    The traced function receives rebuilt copies of them: a change it made would be lost.
+    The traced function receives rebuilt copies of them: a change it made is either replayed into the
+    caller's container on every call (`changed_argument_lists`) or refused (`check_containers_unchanged`).
+    Each is (label, path, container, state): `path` is the argument's position, then the keys down to it.
     """
     found: list[Any] = []
 
-    def walk(label: str, x: Any) -> None:
+    def walk(label: str, path: tuple[Any, ...], x: Any) -> None:
+        if type(x) is set:
+            found.append((label, path, x, _container_state(x)))
+            return
         if not is_container(x) or type(x) is slice:
             return
         if isinstance(x, tuple):  # immutable: only what it holds may change
-            for v in x:
-                walk(label, v)
+            for i, v in enumerate(x):
+                walk(label, (*path, i), v)
             return
         state = _container_state(x)
-        found.append((label, x, state))
-        for v in [v for part in state for _, v in part]:
-            walk(label, v)
+        found.append((label, path, x, state))
+        if isinstance(x, dict | list):
+            for k, v in state[0]:
+                walk(label, (*path, k), v)
+        else:  # reached for the refusal only: no path leads back to it
+            for v in [v for part in state for _, v in part]:
+                walk(label, (*path, None), v)
 
-    for name, value in zip(parameter_names(fn, args, kwargs), (*args, *kwargs.values()), strict=True):
-        walk(name, value)
+    for i, (name, value) in enumerate(zip(parameter_names(fn, args, kwargs), (*args, *kwargs.values()), strict=True)):
+        walk(name, (i,), value)
     return found
 
 
@@ -242,13 +254,35 @@ def _container_state(x: Any) -> tuple[list[tuple[Any, Any]], list[tuple[Any, Any
     return items, list(own.items()) if isinstance(own, dict) else []
 
 
-def check_containers_unchanged(snapshot: list[Any]) -> None:
-    """Refuse a traced function that changed a container it was given: that would not be replayed."""
-    for label, container, before in snapshot:
-        now = _container_state(container)
-        same = all(len(a) == len(b) and all(ka == kb and va is vb for (ka, va), (kb, vb) in zip(a, b))
-                   for a, b in zip(now, before))
-        if not same:
+def _unchanged(container: Any, before: Any) -> bool:
+    now = _container_state(container)
+    return all(len(a) == len(b) and all(ka == kb and va is vb for (ka, va), (kb, vb) in zip(a, b))
+               for a, b in zip(now, before))
+
+
+def changed_argument_lists(snapshot: list[Any]) -> list[tuple[str, tuple[Any, ...], Any]]:
+    """(label, path, container) of each plain list, dict or set argument the traced code changed (appended to,
+    assigned an item, popped, updated) that the caller's call replays: every path to it is keys of
+    lists, dicts and tuples, and it holds none of the other argument containers (whose identity a
+    rebuilt copy would lose)."""
+    containers = {id(c) for _, _, c, _ in snapshot}
+    changed = []
+    for label, path, container, before in snapshot:
+        if _unchanged(container, before) or type(container) not in (list, dict, set) or None in path[1:]:
+            continue
+        values = container.values() if isinstance(container, dict) else container
+        if isinstance(container, set) and len(path) > 1:
+            continue  # a set inside another argument was not copied for the trace: refused
+        if any(id(v) in containers for v in values):
+            continue
+        changed.append((label, path, container))
+    return changed
+
+
+def check_containers_unchanged(snapshot: list[Any], replayed: set[int] = frozenset()) -> None:  # type: ignore[assignment]
+    """Refuse a traced function that changed a container it was given that is not replayed (ids in `replayed`)."""
+    for label, _, container, before in snapshot:
+        if id(container) not in replayed and not _unchanged(container, before):
             raise UnsupportedSyntaxError(
                 f"the jitted function modified the {type(container).__name__} passed as argument '{label}' in place; "
                 "minijit would not repeat that on later calls. Return the new values instead"

@@ -21,8 +21,11 @@ from minijit.runtime.cache_key import (
     cache_key,
     exact_tensor_check,
 )
+from minijit.runtime.call_plan import CALL_ARGUMENTS
 from minijit.runtime.explain import explain_miss
+from minijit.runtime.fallback import RaisedInTry
 from minijit.runtime.inputs import flat_inputs
+from minijit.runtime.iterators import advance, standing_in
 from minijit.runtime.pipeline import CompiledEntry, compile_for
 from minijit.runtime.rebind import rebind
 from minijit.runtime.values import value_miss_reason
@@ -59,6 +62,10 @@ class CacheInfo:
     miss_reasons: list[str] = field(default_factory=list)
     value_switches: int = 0
     value_guards: list[str] = field(default_factory=list)
+    # Calls whose compiled trace raised where the user's `except` may catch it, run eagerly instead
+    # (minijit.runtime.fallback); each distinct reason once.
+    eager_calls: int = 0
+    eager_reasons: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
         lines = [f"{self.hits} hit(s), {self.misses} miss(es), {self.entries} cache entr{'y' if self.entries == 1 else 'ies'}"
@@ -69,6 +76,9 @@ class CacheInfo:
                          f"told apart by values read from tensors; {self.value_switches} call(s) failed a value check "
                          "and ran again, each after a partial run of the trace):")
             lines += [f"    {guards}" for guards in self.value_guards]
+        if self.eager_calls:
+            lines.append(f"{self.eager_calls} call(s) ran eagerly")
+            lines += [f"  eager: {reason}" for reason in self.eager_reasons]
         return "\n".join(lines)
 
 
@@ -141,6 +151,8 @@ class JitFunction:
                 return last.computation(*args)
             except ValueGuardMiss as miss:
                 return self._value_miss(last, miss, args, kwargs)
+            except RaisedInTry as raised:
+                return self._run_eagerly(raised, args, kwargs)
         if not kwargs and len(args) < 16:
             key = self._keys[len(args)](*args)
             if key is not None:
@@ -154,9 +166,24 @@ class JitFunction:
                             return entry.computation(*args)
                         except ValueGuardMiss as miss:
                             return self._value_miss(entry, miss, args, kwargs)
+                        except RaisedInTry as raised:
+                            return self._run_eagerly(raised, args, kwargs)
         return self._call_general(args, kwargs)
 
     def _call_general(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        stand_in = standing_in(args, kwargs)
+        if stand_in is not None:  # an iterator argument: the trace takes the items it has left
+            given = args, kwargs
+            args, kwargs, originals = stand_in
+            result, ran = self._call_entry(args, kwargs, given)
+            if ran is not None:
+                advance(originals, ran.capture.iterators_consumed)
+            return result
+        return self._call_entry(args, kwargs, (args, kwargs))[0]
+
+    def _call_entry(self, args: tuple[Any, ...], kwargs: dict[str, Any],
+                    given: tuple[tuple[Any, ...], dict[str, Any]]) -> tuple[Any, CompiledEntry | None]:
+        """(the result, the entry that computed it; None where the call ran eagerly on the `given` arguments)."""
         key = cache_key(args, kwargs, symbolic=self._symbolic)
         flat = flat_inputs(args, kwargs, symbolic=self._symbolic)
         candidates = self._entries.get(key, [])
@@ -179,10 +206,25 @@ class JitFunction:
                     if not kwargs and not key[1]:  # made with autocast off: see exact_tensor_check
                         self._set_exact_check(entry, args)
         self._last, self._last_grad = entry, key[0]
+        # A trace that writes into a list or dict argument finds the caller's through CALL_ARGUMENTS.
+        token = CALL_ARGUMENTS.set((*args, *kwargs.values())) if entry.capture.call_plan.writes_arguments else None
         try:
-            return entry.computation(*flat)
+            return entry.computation(*flat), entry
         except ValueGuardMiss as miss:
-            return self._value_miss(entry, miss, args, kwargs, fresh=fresh)
+            return self._value_miss(entry, miss, args, kwargs, fresh=fresh), entry
+        except RaisedInTry as raised:
+            return self._run_eagerly(raised, *given), None
+        finally:
+            if token is not None:
+                CALL_ARGUMENTS.reset(token)
+
+    def _run_eagerly(self, raised: RaisedInTry, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The call whose compiled trace raised inside a user's `try`, run as eager runs it (minijit.runtime.fallback)."""
+        self._info.eager_calls += 1
+        if raised.reason not in self._info.eager_reasons and len(self._info.eager_reasons) < 20:
+            self._info.eager_reasons.append(raised.reason)
+        eager = getattr(self.fn, "run_eagerly", self.fn)
+        return eager(*args, **kwargs)
 
     def _value_miss(self, failed: CompiledEntry, miss: ValueGuardMiss, args: tuple[Any, ...],
                     kwargs: dict[str, Any], fresh: bool = False) -> Any:
@@ -229,6 +271,8 @@ class JitFunction:
                 return entry.computation(*flat)
             except ValueGuardMiss as again:
                 failed, miss = entry, again
+            except RaisedInTry as raised:
+                return self._run_eagerly(raised, args, kwargs)
 
     @staticmethod
     def _set_exact_check(entry: CompiledEntry, args: tuple[Any, ...]) -> None:

@@ -18,6 +18,7 @@ every module method acts on the wrapped module.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 from collections import OrderedDict
@@ -52,16 +53,7 @@ class ModuleForward:
         self.__name__ = type(module).__name__.lower() + "_forward"
         self.__qualname__ = f"{type(module).__qualname__}.forward"
         # (path, owner module path, kind, name) per distinct tensor; tied weights appear once.
-        self.slots: list[tuple[str, str, str, str]] = []
-        seen: set[int] = set()
-        for kind in ("_parameters", "_buffers"):  # parameters first, as named_parameters() lists them
-            for owner_path, owner in module.named_modules(remove_duplicate=False):
-                for name, tensor in getattr(owner, kind).items():
-                    if tensor is None or id(tensor) in seen:
-                        continue
-                    seen.add(id(tensor))
-                    path = f"{owner_path}.{name}" if owner_path else name
-                    self.slots.append((path, owner_path, kind, name))
+        self.slots = _slots(module)
         self.param_names = [path.replace(".", "_") for path, *_ in self.slots]
         # Lazy modules (nn.LazyLinear) have no shapes until their first call materialises them.
         self.uninitialized = any(torch.nn.parameter.is_lazy(getattr(module.get_submodule(owner), kind)[name])
@@ -79,6 +71,10 @@ class ModuleForward:
     def __call__(self, params: tuple[Any, ...], state: ModuleState, *args: Any, **kwargs: Any) -> Any:
         with self.swapped_in(params):
             return self.module(*args, **kwargs)
+
+    def run_eagerly(self, params: tuple[Any, ...], state: ModuleState, *args: Any, **kwargs: Any) -> Any:
+        """The module's own call, not traced (a call whose compiled trace raised inside a user's `try`)."""
+        return self.module(*args, **kwargs)
 
     @contextmanager
     def swapped_in(self, values: tuple[Any, ...]) -> Iterator[tuple[list[tuple[Any, Any]], list[Any]]]:
@@ -119,28 +115,79 @@ class ModuleForward:
     def state_checks(self, name: str, subject: str, value: Any, symbolic: bool) -> list[Check] | None:
         """The checks on the `params` and `state` arguments, named by path (None for the other arguments)."""
         if name == "params":
-            checks = [Check("self", "length", subject, (type(value), len(value)))]
+            checks = [Check("self", "length", subject, (type(value), len(value)),
+                            explain=functools.partial(_slots_changed, self))]
             for i, ((path, *_), tensor) in enumerate(zip(self.slots, value, strict=True)):
-                checks += tensor_checks(f"self.{path}", f"{subject}[{i}]", tensor, symbolic)
+                checks += [dataclasses.replace(c, explain=functools.partial(_unless_slots_changed, self, c))
+                           for c in tensor_checks(f"self.{path}", f"{subject}[{i}]", tensor, symbolic)]
             return checks
         if name == "state":  # interned: the key holds it by identity
             return [Check("self", "object", subject, (type(value), id(value)),
-                          explain=functools.partial(_state_changed, self.module_paths, value))]
+                          explain=functools.partial(_state_changed, value))]
         return None
 
 
-def _state_changed(module_paths: list[str], before: ModuleState, now: Any, expected: Any) -> str:
+def _slots(module: torch.nn.Module) -> list[tuple[str, str, str, str]]:
+    """(path, owner module path, kind, name) of each distinct parameter and buffer; tied weights appear once."""
+    slots = []
+    seen: set[int] = set()
+    for kind in ("_parameters", "_buffers"):  # parameters first, as named_parameters() lists them
+        for owner_path, owner in module.named_modules(remove_duplicate=False):
+            for name, tensor in getattr(owner, kind).items():
+                if tensor is None or id(tensor) in seen:
+                    continue
+                seen.add(id(tensor))
+                path = f"{owner_path}.{name}" if owner_path else name
+                slots.append((path, owner_path, kind, name))
+    return slots
+
+
+def _slots_changed(forward: ModuleForward, now: Any, expected: Any) -> str:
+    """Which parameters and buffers the module has gained or lost since `forward` took stock, in words."""
+    paths = [path for path, *_ in forward.slots]
+    current = [path for path, *_ in _slots(forward.module)]
+    reasons = []
+    for path in paths:
+        if path not in current:
+            owner, _, name = path.rpartition(".")
+            try:
+                gone = "set to None" if getattr(forward.module.get_submodule(owner), name) is None else "removed"
+            except AttributeError:
+                gone = "removed"
+            reasons.append(f"self.{path}: {gone}")
+    reasons += [f"self.{path}: added" for path in current if path not in paths]
+    if reasons:
+        return "parameters and buffers changed: " + "; ".join(reasons)
+    return f"self: length {len(now)} != {expected[1]}" if isinstance(now, tuple) else "self: parameters changed"
+
+
+def _unless_slots_changed(forward: ModuleForward, check: Check, now: Any, expected: Any) -> str:
+    """A parameter's own check in words; nothing where the set of parameters changed (said once, by its length)."""
+    if [path for path, *_ in forward.slots] != [path for path, *_ in _slots(forward.module)]:
+        return ""
+    return dataclasses.replace(check, explain=None).words(now)
+
+
+def _state_changed(before: ModuleState, now: Any, expected: Any) -> str:
     """How the module tree's state differs from `before`, in words (`self.fc1: forward hook added`)."""
     if not isinstance(now, ModuleState):
         return f"self: module state {type(now).__name__} != ModuleState"
     reasons = []
-    for path, module, was in zip(module_paths[1:], now.modules, before.modules, strict=True):
-        if module is not was:
+    # The tree may have grown or shrunk (a submodule wrapped, removed): compare path by path.
+    modules, old_modules = dict(zip(now.paths[1:], now.modules)), dict(zip(before.paths[1:], before.modules))
+    for path in [*old_modules, *(p for p in modules if p not in old_modules)]:
+        module, was = modules.get(path), old_modules.get(path)
+        if path not in modules:
+            reasons.append(f"self.{path}: submodule {type(was).__name__} removed")
+        elif path not in old_modules:
+            reasons.append(f"self.{path}: submodule {type(module).__name__} added")
+        elif module is not was:
             reasons.append(f"self.{path}: module {type(module).__name__} at {id(module):#x} != "
                            f"{type(was).__name__} at {id(was):#x}")
-    for path, training, was in zip(module_paths, now.training, before.training, strict=True):
-        if training != was:
-            reasons.append(f"{_label(path)}.training: value {training} (bool) != {was} (bool)")
+    flags = dict(zip(before.paths, before.training))
+    for path, training in zip(now.paths, now.training):
+        if path in flags and training != flags[path]:
+            reasons.append(f"{_label(path)}.training: value {training} (bool) != {flags[path]} (bool)")
     old = {(label, kind): ids for label, kind, ids in before.hooks or ()}
     new = {(label, kind): ids for label, kind, ids in now.hooks or ()}
     for label, kind in [*new, *(k for k in old if k not in new)]:
@@ -166,10 +213,11 @@ class ModuleState:
     Interned by the fetch (equal states are one object), so the cache key holds it by identity.
     """
 
-    __slots__ = ("hooks", "modules", "training")
+    __slots__ = ("hooks", "modules", "paths", "training")
 
-    def __init__(self, modules: tuple[torch.nn.Module, ...], training: tuple[bool, ...],
+    def __init__(self, paths: tuple[str, ...], modules: tuple[torch.nn.Module, ...], training: tuple[bool, ...],
                  hooks: tuple[tuple[str, str, tuple[int, ...]], ...] | None):
+        self.paths = paths  # of every module, the root's ("") first: `modules` are those of paths[1:]
         self.modules = modules
         self.training = training
         self.hooks = hooks
@@ -274,10 +322,14 @@ def _compile_fetch(root: torch.nn.Module, slots: list[tuple[str, str, str, str]]
               "    try:",
               "        state = _states[key]",
               "    except KeyError:",
-              f"        state = _states[key] = _State(key[:{len(module_paths) - 1}], key[{len(module_paths) - 1}:-1], hooks)"]
-    tensors = "".join(f"{dicts[owner]}[{kind!r}][{name!r}], " for _, owner, kind, name in slots)
-    lines.append(f"    return ({tensors}), state")
-    env: dict[str, Any] = {"_states": states, "_State": ModuleState, "_hooks": functools.partial(_hook_ids, module_paths)}
+              f"        state = _states[key] = _State(_paths, key[:{len(module_paths) - 1}], "
+              f"key[{len(module_paths) - 1}:-1], hooks)"]
+    lines += [f"    t{i} = {dicts[owner]}[{kind!r}][{name!r}]" for i, (_, owner, kind, name) in enumerate(slots)]
+    if slots:  # a parameter or buffer set to None since: take stock again
+        lines += [f"    if {' or '.join(f't{i} is None' for i in range(len(slots)))}:", "        raise KeyError('None')"]
+    lines.append(f"    return ({''.join(f't{i}, ' for i in range(len(slots)))}), state")
+    env: dict[str, Any] = {"_states": states, "_State": ModuleState, "_paths": tuple(module_paths),
+                           "_hooks": functools.partial(_hook_ids, module_paths)}
     env.update({f"_g{i}": vars(torch_module)[name] for i, name in enumerate(_GLOBAL_HOOKS)})
     exec(compile("\n".join(lines) + "\n", "<minijit module fetch>", "exec"), env)
     return env["fetch"]

@@ -13,7 +13,8 @@ from minijit.errors import AliasError, InplaceError
 from minijit.extend import resolve_executors
 from minijit.frontend import GuardEntry, interpret
 from minijit.frontend.guards import Source
-from minijit.frontend.outside import Outside
+from minijit.frontend.outside import Effect, Outside
+from minijit.frontend.try_blocks import user_try_location
 from minijit.ir import Trace, tracing
 from minijit.ir.context import (
     guarding_layouts,
@@ -22,17 +23,20 @@ from minijit.ir.context import (
     reading_values,
     recording_constraints,
 )
+from minijit.ir.symbol import SourceLocation
 from minijit.runtime.autocast import any_autocast_enabled, without_autocast
 from minijit.runtime.autograd import CompiledGrad, autograd_callable
-from minijit.runtime.call_plan import CallPlan, finish_capture
+from minijit.runtime.call_plan import ArgumentPath, CallPlan, finish_capture
 from minijit.runtime.checks import Prologue, call_checks
 from minijit.runtime.double_backward import recompute_for
+from minijit.runtime.fallback import falling_back
 from minijit.runtime.guards import compile_prologue, drop_implied
 from minijit.runtime.inputs import (
     InputAliasing,
     alias_groups,
     alias_layout,
     alias_pattern,
+    changed_argument_lists,
     check_containers_unchanged,
     flat_inputs,
     proxify_arguments,
@@ -40,6 +44,7 @@ from minijit.runtime.inputs import (
     synthetic_base_layout,
     tensor_capturer,
 )
+from minijit.runtime.iterators import ArgumentIterator, consumed, refuse_escaping
 from minijit.runtime.module import ModuleForward
 from minijit.runtime.rebind import object_arguments
 from minijit.runtime.values import (
@@ -78,6 +83,10 @@ class CaptureResult:
     call_plan: CallPlan = field(default_factory=CallPlan)
     # The values the code read from its tensors (`if x.sum() > 0`), in order: the trace checks each.
     value_checks: list[ValueCheck] = field(default_factory=list)
+    # (op, the user's line) for each op recorded inside a user's `try` whose `except` may catch its error.
+    ops_in_try: list[tuple[str, SourceLocation]] = field(default_factory=list)
+    # argument position -> how many items the code took from the iterator passed there (minijit.runtime.iterators).
+    iterators_consumed: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -164,6 +173,13 @@ def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
         # The trace holds the casts autocast made while it was captured; the cache key keeps
         # calls under another autocast state away from this entry.
         entry.computation = without_autocast(entry.computation)
+    if entry.capture.ops_in_try:
+        # An op there may raise at run time on other data: such a call runs eagerly (minijit.runtime.fallback).
+        draws = [b for b in entry.traces[0].bound_symbols if b.sym.effects.random]
+        generators = list({id(g): g for b in draws if isinstance(g := b.kwargs.get("generator"), torch.Generator)
+                           }.values())
+        entry.computation = falling_back(entry.computation, entry.capture.ops_in_try,
+                                         entry.functionalized.mutated_inputs, bool(draws), generators)
     return entry
 
 
@@ -188,8 +204,22 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
         trace.capture_tensor = tensor_capturer(trace, found.captured_inputs, found.constants, symbolic, pinned,
                                                found.symbolic_captured)
         trace.captures_user_code = True
+        trace.try_probe = user_try_location
 
         def finish(result: Any, outside: Outside) -> Any:
+            # A list or dict argument the code changed: its new contents go back into the caller's, every call.
+            for label, path, container in changed_argument_lists(containers):
+                contents = type(container)(container)  # a copy of the final contents
+                outside.effects.append(Effect("replace", ArgumentPath(path, label), None, contents))
+                replayed.add(id(container))
+            for _, path, container, before in containers:
+                if isinstance(container, ArgumentIterator) and len(path) == 1:
+                    found.iterators_consumed[path[0]] = consumed(container.position, before)
+                    replayed.add(id(container))
+            if found.iterators_consumed:
+                refuse_escaping(result, "the result")
+                for effect in outside.effects:
+                    refuse_escaping(effect.value, f"a value stored outside the call ({effect.describe()})")
             output, found.call_plan = finish_capture(trace, _describe_function(fn), result, outside)
             return output
 
@@ -198,6 +228,7 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
         with tracing(trace), recording_constraints(constraints), reading_values(reader):
             pargs, pkwargs = proxify_arguments(trace, fn, args, kwargs, symbolic, pinned)
             containers = snapshot_containers(fn, pargs, pkwargs)
+            replayed: set[int] = set()
             if isinstance(fn, ModuleForward):
                 params, _flags, *user_args = pargs
                 with fn.swapped_in(params) as keyed:
@@ -205,9 +236,11 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
                                              finish=finish, placed=params, keyed=keyed, guards=found.guards)
             else:
                 trace.output = interpret(fn, pargs, pkwargs, finish=finish, guards=found.guards)
-            check_containers_unchanged(containers)
+            check_containers_unchanged(containers, replayed)
         trace.capture_tensor = None
         trace.captures_user_code = False
+        trace.try_probe = None
+        found.ops_in_try = list(trace.ops_in_try)
         found.no_grad = frozenset(trace.recorded_without_grad)
         found.declined = list(trace.declined)
         found.call_plan.captured = [(source, t) for _, source, t in found.captured_inputs]

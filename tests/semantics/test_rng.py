@@ -23,6 +23,7 @@ from minijit.extend import FusionExecutor
 from minijit.ir import BoundSymbol
 
 CALLS = 3
+G = torch.Generator()  # a generator from outside the calls
 
 
 def _leaves(x: Any) -> list[Any]:
@@ -257,22 +258,26 @@ def test_seed_value_cannot_decide_a_branch() -> None:
 
 @pytest.mark.parametrize("call, name", [
     (lambda: torch.cuda.manual_seed(0), "torch.cuda.manual_seed"),
-    (lambda: torch.Generator().manual_seed(0), "torch.Generator.manual_seed"),
+    (lambda: torch.Generator().manual_seed(0), r"torch\.Generator\(\)"),  # made inside: refused where it is made
+    (lambda: G.manual_seed(0), "torch.Generator.manual_seed"),
 ])
 def test_other_generators_are_refused(call: Callable[[], Any], name: str) -> None:
     def fn(x: torch.Tensor) -> torch.Tensor:
         call()
         return x + 1
 
-    with pytest.raises(minijit.UnsupportedOpError, match=name) as err:
+    with pytest.raises(minijit.MinijitError, match=name) as err:
         minijit.jit(fn)(X)
     assert "test_rng.py" in str(err.value)
 
 
-def test_explicit_generator_argument_is_refused() -> None:
-    g = torch.Generator().manual_seed(0)
-    with pytest.raises(minijit.MetaError, match="explicit generator"):
-        minijit.jit(lambda x: x + torch.rand(4, 6, generator=g))(X)
+def test_explicit_generator_draws_as_eager() -> None:
+    # More cases in tests/semantics/test_explicit_generator.py.
+    mine, theirs = torch.Generator().manual_seed(0), torch.Generator().manual_seed(0)
+    jf = minijit.jit(lambda x: x + torch.rand(4, 6, generator=mine))
+    for _ in range(CALLS):
+        assert torch.equal(jf(X), X + torch.rand(4, 6, generator=theirs))
+    assert torch.equal(mine.get_state(), theirs.get_state())
 
 
 # -- fusion executors ------------------------------------------------------------------------------------

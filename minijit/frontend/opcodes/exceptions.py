@@ -4,7 +4,8 @@ The exception being handled (`sys.exc_info()` inside interpreted code) lives in
 `current_state().handled`: PUSH_EXC_INFO saves the previous one on the value stack and
 POP_EXCEPT restores it, exactly as CPython does with its thread state.
 
-A MinijitError always reaches the user: no `except` or `except*` clause matches it, and
+A MinijitError always reaches the user: no `except` or `except*` clause matches it (unless it
+stands for an error eager raises too, `minijit.errors.as_eager`: that one is caught as eager's), and
 one raised inside an `except*` clause leaves the block as it is, not inside a group.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from minijit.errors import MinijitError
+from minijit.errors import reaches_user
 from minijit.frontend.calls import bind_method, call
 from minijit.frontend.code import Inst, native_instruction
 from minijit.frontend.frame import Frame, current_state
@@ -79,8 +80,8 @@ def check_exc_match(frame: Frame, inst: Inst) -> None:
         if not (isinstance(c, type) and issubclass(c, BaseException)):
             raise TypeError("catching classes that do not inherit from BaseException is not allowed")
     exc = frame.stack[-1]
-    # A MinijitError must reach the user: their `except` clauses never catch it.
-    frame.stack.append(issubclass(type(exc), cls) and not isinstance(exc, MinijitError))
+    # A MinijitError must reach the user: their `except` clauses never catch it (one standing for eager's may).
+    frame.stack.append(issubclass(type(exc), cls) and not reaches_user(exc))
 
 
 @handles("LOAD_ASSERTION_ERROR")
@@ -112,7 +113,7 @@ def with_except_start(frame: Frame, inst: Inst) -> None:
     exit_ = frame.stack[-4]
     suppress = call(exit_, (type(exc), exc, exc.__traceback__), {})
     # __exit__ runs (restoring grad mode, closing files), but it cannot suppress a MinijitError.
-    frame.stack.append(False if isinstance(exc, MinijitError) else suppress)
+    frame.stack.append(False if reaches_user(exc) else suppress)
 
 
 
@@ -130,7 +131,7 @@ def _split_group(exc: Any, match_type: Any) -> tuple[Any, Any]:
     """(match, rest) of the exception being handled against an `except*` clause's classes (None: nothing)."""
     if exc is None:
         return None, None
-    if isinstance(exc, MinijitError):
+    if reaches_user(exc):
         return None, exc
     if issubclass(type(exc), match_type):
         if isinstance(exc, BaseExceptionGroup):
@@ -165,7 +166,7 @@ def reraise_star(orig: BaseException, raised: list[Any], native: Any) -> BaseExc
     """What a try/except* block re-raises: `native` (CPython's own PREP_RERAISE_STAR) combines what its
     clauses raised and re-raised with the original group; a MinijitError among them goes out alone."""
     for exc in raised:
-        if isinstance(exc, MinijitError):
+        if reaches_user(exc):
             return exc
     # CPython tells a part of `orig` re-raised by a bare `raise` from a new exception by its unchanged
     # traceback. Re-raising from the interpreter's Python code prepends entries for its own frames:

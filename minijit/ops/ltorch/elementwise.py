@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from minijit.errors import MetaError
-from minijit.ir import TensorProxy
+from minijit.ir import NumberProxy, TensorProxy
 from minijit.ir.context import where_now
 from minijit.ops import prims
 from minijit.ops.registry import ALL_LTORCH, ltorch_op
@@ -94,6 +94,10 @@ for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
     _declare_binary(_name)
 
 
+def _is_int(x: Any) -> bool:
+    return type(x) in (int, bool) or (isinstance(x, NumberProxy) and x.python_type in (int, bool))
+
+
 def scaled(x: Any, factor: Any) -> Any:
     """`x * factor` for a Scalar argument (`alpha=`, `value=`): a number, or a 0-d tensor, which eager
     reads as a number (it neither broadcasts nor promotes the result's dtype)."""
@@ -103,7 +107,11 @@ def scaled(x: Any, factor: Any) -> Any:
                             f"{where_now()}")
         like = x.dtype if isinstance(x, TensorProxy) else factor.dtype
         return mul(x, to_dtype(factor, like))
-    return x if factor is None or factor == 1 else mul(x, factor)
+    if factor is None or factor == 1:
+        return x
+    if _is_int(x) and _is_int(factor) and (isinstance(x, NumberProxy) or -(2**24) < x * factor < 2**24):
+        return x * factor  # exact in every dtype eager might compute it in (a symbolic one: at its usual sizes)
+    return mul(x, factor)
 
 
 @ltorch_op(torch_fns=[torch.add, torch.Tensor.add], methods=["add"])
