@@ -192,7 +192,7 @@ class _CustomFunctionCall:
         # as in eager they get no gradient.
         raw.args += raw.free_proxies()
         self.raw_produced = _produced(raw)
-        fwd, functionalized = functionalize(raw, grad_enabled=False, no_grad=raw.recorded_without_grad)
+        fwd, functionalized = functionalize(raw, grad_enabled=False, no_grad=raw.recorded_without_grad | raw.written_without_grad)
         if functionalized.mutated_inputs:
             raise UnsupportedSyntaxError(
                 f"{self.name}.forward modifies its input(s) {', '.join(functionalized.mutated_inputs)} in place"
@@ -242,7 +242,7 @@ class _CustomFunctionCall:
                     f"{self.name}.backward reads the tensor {p.name}, which its forward neither received nor "
                     f"computed{where_now()}; save it with ctx.save_for_backward")
         raw.args = [*fwd.args, *residuals, *ct_proxies]
-        bwd, _ = functionalize(raw, grad_enabled=False, no_grad=raw.recorded_without_grad)
+        bwd, _ = functionalize(raw, grad_enabled=False, no_grad=raw.recorded_without_grad | raw.written_without_grad)
         return bwd, residuals
 
     def _check_grads(self, grads: Any) -> tuple[Any, ...]:

@@ -37,6 +37,7 @@ from minijit.frontend.torch_function import dispatch_order, overloaded_arguments
 from minijit.ir import Proxy, current_trace, tree_map
 from minijit.ir.context import where_now
 from minijit.ir.proxies import _BoundMethod
+from minijit.ops.number_args import takes_tensor_first
 from minijit.ops.opaque import call_ltorch, call_torch, draws_random_numbers, is_opaque_candidate
 from minijit.ops.registry import ltorch_symbol_for
 
@@ -192,6 +193,10 @@ def _call_ltorch(fn: Any, sym: Any, args: tuple[Any, ...] | list[Any], kwargs: d
     if overloaded:
         return dispatch_torch_function(fn, overloaded, args, kwargs)
     folded = fold(fn, args, kwargs)
+    if folded is NOT_FOLDED and takes_tensor_first(sym.meta):
+        # Tensor arithmetic given plain Python numbers only (constants of this trace, `torch.div(7, 2)`):
+        # computed now, so that a size may read the result (minijit/frontend/folding.py).
+        folded = fold_numbers_only(fn, args, kwargs)
     if folded is not NOT_FOLDED:
         return folded
     args, kwargs = unfold_sizes(args, kwargs)

@@ -25,7 +25,7 @@ import torch
 from minijit.ir import Proxy, Trace, current_trace, tree_flatten, tree_map
 from minijit.ops.opaque import draws_random_numbers
 
-__all__ = ["NOT_FOLDED", "fold", "fold_numbers_only", "unfold_sizes"]
+__all__ = ["NOT_FOLDED", "fold", "fold_numbers_only", "fresh_folded", "unfold_sizes"]
 
 NOT_FOLDED = object()
 
@@ -80,3 +80,21 @@ def unfold_sizes(args: Any, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]
         return x
 
     return tree_map(value, (args, kwargs))
+
+
+def fresh_folded(value: Any) -> Any:
+    """`value` (a result, or a value stored outside the call) with each folded tensor in it (in tuples, lists
+    and dicts) replaced by a copy the trace makes on every call: eager gives a new tensor each time, which the
+    caller may change without changing later results."""
+    trace = current_trace()
+    folded = _folded(trace)
+    if not folded or trace is None or trace.capture_tensor is None:
+        return value
+    from minijit.ir.proxies import TENSOR_METHODS
+
+    def fresh(x: Any) -> Any:
+        if isinstance(x, torch.Tensor) and id(x) in folded:
+            return TENSOR_METHODS["clone"](trace.capture_tensor(x))
+        return x
+
+    return tree_map(fresh, value)

@@ -96,6 +96,9 @@ class Trace:
         # Filled while recording, for whoever records the trace; `derive` starts them empty.
         # Names of the outputs recorded while torch's grad mode was off (torch.no_grad() in the code):
         self.recorded_without_grad: set[str] = set()
+        # ... and of the results of in-place ops recorded then, which are the tensors they wrote (whose history
+        # stays: `v = w.clone()`, then `v.clamp_()` under no_grad, still has grad through the clone):
+        self.written_without_grad: set[str] = set()
         # (op, why its decomposition declined the call) for each op recorded opaque instead:
         self.declined: list[tuple[str, str]] = []
         # For each top-level copy_ that writes an op's result into its `out=` tensor: the op and the
@@ -176,16 +179,14 @@ class Trace:
         if not torch.is_grad_enabled():
             # Computed under torch.no_grad() inside the traced function: the grad pass treats
             # these values as constants, as eager autograd would.
-            # Not an argument handed back (an in-place op's result is the tensor it wrote, which keeps the
-            # history it had: `v = w.clone()`, then `v.clamp_()` under no_grad, still has grad through the clone).
             given = {id(a) for a in tree_iter((args, kwargs)) if isinstance(a, Proxy)}
-            self.recorded_without_grad.update(p.name for p in tree_iter(output)
-                                              if isinstance(p, Proxy) and id(p) not in given)
+            for p in tree_iter(output):
+                if isinstance(p, Proxy):
+                    (self.written_without_grad if id(p) in given else self.recorded_without_grad).add(p.name)
         bsym = BoundSymbol(sym, args, kwargs, output, tuple(subsymbols), self.source)
-        if not torch.is_grad_enabled() and not any(isinstance(p, Proxy) for p in tree_iter(output)):
-            # An op that writes its arguments and returns nothing (torch._fused_adam_) names what it wrote. (Not
-            # an op with outputs: the tensor it writes may carry grad from before, `v = v.clone()` then a clamp_.)
-            self.recorded_without_grad.update(p.name for p in bsym.written())
+        if not torch.is_grad_enabled():
+            # An op that writes its arguments and returns nothing (torch._fused_adam_) names what it wrote.
+            self.written_without_grad.update(p.name for p in bsym.written())
         if (sym.is_prim and len(self._scopes) > 1 and not sym.effects.random
                 and any(isinstance(x, NumberProxy) for x in tree_iter(output))):
             # Arithmetic on symbolic sizes goes to the top level even inside a decomposition:

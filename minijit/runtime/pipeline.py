@@ -12,6 +12,7 @@ import torch
 from minijit.errors import AliasError, InplaceError
 from minijit.extend import resolve_executors
 from minijit.frontend import GuardEntry, interpret
+from minijit.frontend.folding import fresh_folded
 from minijit.frontend.guards import Source
 from minijit.frontend.outside import Effect, Outside
 from minijit.frontend.try_blocks import user_try_location
@@ -77,6 +78,8 @@ class CaptureResult:
     constants: list[torch.Tensor] = field(default_factory=list)
     # Names of the values computed under torch.no_grad(): constants for grad, free to write into leaves.
     no_grad: frozenset[str] = frozenset()
+    # Names of the results of in-place ops run under torch.no_grad(): the tensors they wrote, whose history stays.
+    no_grad_writes: frozenset[str] = frozenset()
     # (op, why its decomposition declined the call) for each op recorded as an opaque torch call instead.
     declined: list[tuple[str, str]] = field(default_factory=list)
     # How each call fetches the captured tensors, replays the effects and rebuilds the result.
@@ -220,6 +223,9 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
                 refuse_escaping(result, "the result")
                 for effect in outside.effects:
                     refuse_escaping(effect.value, f"a value stored outside the call ({effect.describe()})")
+            result = fresh_folded(result)
+            for effect in outside.effects:
+                effect.value = fresh_folded(effect.value)
             output, found.call_plan = finish_capture(trace, _describe_function(fn), result, outside)
             return output
 
@@ -242,6 +248,7 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
         trace.try_probe = None
         found.ops_in_try = list(trace.ops_in_try)
         found.no_grad = frozenset(trace.recorded_without_grad)
+        found.no_grad_writes = frozenset(trace.written_without_grad)
         found.declined = list(trace.declined)
         found.call_plan.captured = [(source, t) for _, source, t in found.captured_inputs]
         found.value_checks = reader.checks
@@ -251,7 +258,8 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
     # some also return what they found (a typed record the cache entry keeps).
     trace, found = _timed(capture, traces, check)
     flat = flat_inputs(args, kwargs, symbolic) + [t for _, _, t in found.captured_inputs]
-    trace, functionalized, aliasing = _timed(lambda: functionalize_for_call(trace, flat, found.no_grad), traces, check)
+    trace, functionalized, aliasing = _timed(lambda: functionalize_for_call(trace, flat, found.no_grad | found.no_grad_writes),
+                                            traces, check)
     trace = _timed(lambda: dce(trace, keep_sizes=True), traces, check)  # the grad pass may save them
     trace = _timed(lambda: remove_cast_round_trips(trace), traces, check)
     records = dict(capture=found, functionalized=functionalized, aliasing=aliasing)
@@ -337,7 +345,8 @@ def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[An
 def _evaluate_prefix(prefix: Trace, flat: list[Any]) -> Any:
     """Run `prefix`, the part of a capture recorded so far with the proxy to read as its output, on the
     call's real inputs (`flat`): functionalized, without its writes into inputs, by the torch executor."""
-    functional, _, aliasing = functionalize_for_call(prefix, flat, frozenset(prefix.recorded_without_grad))
+    functional, _, aliasing = functionalize_for_call(prefix, flat,
+                                                       frozenset(prefix.recorded_without_grad | prefix.written_without_grad))
     kept = [b for b in functional.bound_symbols if not (b.sym.effects.copies and b.sym.name == "copy_to_out_")]
     functional = dce(functional.derive(kept, pass_name="value read"))
     functional = claim_executors(functional, resolve_executors(["torch"]))

@@ -210,7 +210,8 @@ def _may_hold(g: GuardEntry) -> bool:
 
 def _plain(cls: type) -> bool:
     """Instances of `cls` keep their state in a `__dict__` (no slots of their own), and are not modules."""
-    return not issubclass(cls, torch.nn.Module) and "__slots__" not in vars(cls) and hasattr(cls, "__dict__")
+    # (`__dictoffset__` is 0 for a C type whose instances hold no `__dict__`: a torch.Generator's state is its own.)
+    return not issubclass(cls, torch.nn.Module) and "__slots__" not in vars(cls) and cls.__dictoffset__ != 0
 
 
 def _held_by_bound_self(fn: Any) -> set[int]:

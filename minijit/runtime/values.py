@@ -153,6 +153,7 @@ class ValueReader:
                 "from a non-deterministic source: it is only known when the trace runs; seed with torch.manual_seed")
         prefix = trace.derive(bsyms, pass_name="value read", output=list(proxies))
         prefix.recorded_without_grad = set(trace.recorded_without_grad)  # constants for grad, free to write
+        prefix.written_without_grad = set(trace.written_without_grad)
         if prefix.free_proxies():
             return None
         with outside_capture(), rng_preserved(), torch.no_grad():
