@@ -54,7 +54,8 @@ def standing_in(args: tuple[Any, ...], kwargs: dict[str, Any]
     originals = []
     for i, it in found:
         reduced = it.__reduce__()
-        sequence, start = reduced[1][0], (reduced[2] if len(reduced) > 2 else 0)
+        # (Python 3.12 reduces a range iterator to the range left, with no position.)
+        sequence, start = reduced[1][0], (reduced[2] if len(reduced) > 2 and reduced[2] is not None else 0)
         values[i] = ArgumentIterator(tuple(sequence[start:]))
         originals.append((i, it, start))
     return tuple(values[:len(args)]), dict(zip(kwargs, values[len(args):], strict=True)), originals
@@ -68,10 +69,9 @@ def consumed(position: int, before: Any) -> int:
 
 def advance(originals: list[tuple[int, Any, int]], taken: dict[int, int]) -> None:
     """Move each caller's iterator on by the number of items the trace took from it."""
-    for index, it, start in originals:
-        count = taken.get(index, 0)
-        if count:
-            it.__setstate__(start + count)
+    for index, it, _ in originals:
+        for _ in range(taken.get(index, 0)):
+            next(it)
 
 
 def refuse_escaping(value: Any, what: str) -> None:
