@@ -116,7 +116,9 @@ class JitFunction:
         self._last: CompiledEntry | None = None
         # The most entries one key may have that differ by the values read from tensors (then an error).
         self.max_value_entries = MAX_VALUE_ENTRIES
-        self._last_grad = True  # the grad mode of the last call's key
+        # The hit path's first try, from the last call's entry: (arity, grad mode, exact check, its guard,
+        # computation), or None where that entry has no exact check.
+        self._fast: tuple[Any, ...] | None = None
         functools.update_wrapper(self, fn)
 
     def __reduce__(self) -> str | tuple[Any, ...]:
@@ -143,14 +145,14 @@ class JitFunction:
         # exact check (one C call over the tensors' metadata, which implies the key) with grad mode;
         # else one compiled key function and one dict lookup. Then the entry's guard if it has one,
         # and the compiled trace, which takes the arguments as they are.
-        last = self._last
-        if (not kwargs and last is not None and len(args) == last.exact_arity and is_grad_enabled() is self._last_grad
-                and last.exact_check(*args) and (last.exact_guard is None or last.exact_guard(*args))):
+        fast = self._fast
+        if (fast is not None and not kwargs and len(args) == fast[0] and is_grad_enabled() is fast[1]
+                and fast[2](*args) and (fast[3] is None or fast[3](*args))):
             self._hits += 1
             try:
-                return last.computation(*args)
+                return fast[4](*args)
             except ValueGuardMiss as miss:
-                return self._value_miss(last, miss, args, kwargs)
+                return self._value_miss(self._last, miss, args, kwargs)
             except RaisedInTry as raised:
                 return self._run_eagerly(raised, args, kwargs)
         if not kwargs and len(args) < 16:
@@ -161,7 +163,7 @@ class JitFunction:
                     entry = entries[0]  # other entries under this key: the general path tries them
                     if entry.guard is None or entry.guard(*args):
                         self._hits += 1
-                        self._last, self._last_grad = entry, key[0]
+                        self._remember(entry, key[0])
                         try:
                             return entry.computation(*args)
                         except ValueGuardMiss as miss:
@@ -205,7 +207,7 @@ class JitFunction:
                     self._info.entries += 1
                     if not kwargs and not key[1]:  # made with autocast off: see exact_tensor_check
                         self._set_exact_check(entry, args)
-        self._last, self._last_grad = entry, key[0]
+        self._remember(entry, key[0])
         # A trace that writes into a list or dict argument finds the caller's through CALL_ARGUMENTS.
         token = CALL_ARGUMENTS.set((*args, *kwargs.values())) if entry.capture.call_plan.writes_arguments else None
         try:
@@ -217,6 +219,12 @@ class JitFunction:
         finally:
             if token is not None:
                 CALL_ARGUMENTS.reset(token)
+
+    def _remember(self, entry: CompiledEntry, grad: bool) -> None:
+        """Make `entry` the last one, which the next call's hit path tries first (with the grad mode of its key)."""
+        self._last = entry
+        self._fast = None if entry.exact_check is None else (
+            entry.exact_arity, grad, entry.exact_check, entry.exact_guard, entry.computation)
 
     def _run_eagerly(self, raised: RaisedInTry, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The call whose compiled trace raised inside a user's `try`, run as eager runs it (minijit.runtime.fallback)."""
@@ -266,7 +274,7 @@ class JitFunction:
             if self.cache_mode != "no caching":
                 entries.insert(0, entry)  # the most recent first: the hit path tries it first
                 self._entries[key] = entries
-            self._last = entry
+            self._remember(entry, key[0])
             try:
                 return entry.computation(*flat)
             except ValueGuardMiss as again:
