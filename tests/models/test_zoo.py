@@ -90,6 +90,11 @@ HF_MODELS: dict[str, tuple[Callable[[], nn.Module], str]] = {
     # The feature encoder sets `requires_grad = True` on a view of its input in training.
     "hubert": (_audio("hubert"), "audio"),
     "sew": (_audio("sew", squeeze_factor=2), "audio"),
+    # Its chunked attention computes chunk counts with torch.div on Python ints and branches on the mask's values
+    # (`is_global_attn = ....any().item()`): folded numbers and a value guard (minijit/runtime/values.py).
+    "longformer": (_hf("AutoModelForMaskedLM", "longformer", **{**_ENCODER, "num_hidden_layers": 1,
+                                                                 "max_position_embeddings": 66, "pad_token_id": 1},
+                       attention_window=4), "masked"),
     "resnet": (_hf("AutoModelForImageClassification", "resnet", embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1],
                    layer_type="basic", num_labels=3), "image"),
 }
