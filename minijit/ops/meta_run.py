@@ -170,19 +170,11 @@ def _with_symbolic_shapes(fn: Callable[..., Any], args: tuple[Any, ...], kwargs:
         return result
     shapes = iter(derived)
 
-    def rebuild(x: Any) -> Any:
-        if isinstance(x, TensorMeta):
-            return replace(x, shape=next(shapes))
-        if x is None:
-            next(shapes)
-            return None
-        if type(x) is list:
-            return [rebuild(v) for v in x]
-        if type(x) is tuple:
-            return tuple(rebuild(v) for v in x)
-        return type(x)(*(rebuild(v) for v in x))  # a named tuple
+    def with_shape(meta: TensorMeta | None, _: int) -> TensorMeta | None:
+        shape = next(shapes)
+        return None if meta is None else replace(meta, shape=shape)
 
-    return replace(result, outputs=rebuild(result.outputs))
+    return replace(result, outputs=map_leaves(result.outputs, with_shape))
 
 
 def _meta_leaves(outputs: Any) -> list[Any]:
@@ -366,6 +358,23 @@ def _written_by(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> lis
 
 def _tensor_meta(t: torch.Tensor, device: torch.device) -> TensorMeta:
     return TensorMeta(tuple(t.shape), t.dtype, device if t.device.type == "meta" else t.device, t.requires_grad)
+
+
+def map_leaves(outputs: Any, fn: Callable[[TensorMeta | None, int], Any]) -> Any:
+    """`outputs` (a meta run's: TensorMeta and None leaves in lists, tuples and named tuples) rebuilt with each leaf
+    replaced by `fn(leaf, its position among the leaves)`."""
+    position = iter(range(1 << 62))
+
+    def walk(x: Any) -> Any:
+        if x is None or isinstance(x, TensorMeta):
+            return fn(x, next(position))
+        items = [walk(v) for v in x]
+        kind = type(x)
+        if kind is list or kind is tuple:
+            return kind(items)
+        return kind(*items) if hasattr(x, "_fields") else kind(items)  # a named tuple; torch.return_types
+
+    return walk(outputs)
 
 
 _NAMED_TUPLES: dict[type, type] = {}

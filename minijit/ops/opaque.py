@@ -59,7 +59,7 @@ from minijit.ir.proxies import TENSOR_METHOD_FALLBACKS, TENSOR_METHODS
 from minijit.ops import prims
 from minijit.ops.aliases import canonical
 from minijit.ops.autocast import active_autocast, opaque_autocast_arguments
-from minijit.ops.meta_run import MetaResult, TensorMeta, named_tuple_for, run_on_meta
+from minijit.ops.meta_run import MetaResult, TensorMeta, map_leaves, named_tuple_for, run_on_meta
 from minijit.ops.number_args import check_dtype, numbers_only, takes_tensor_first, with_tensor_input
 from minijit.ops.registry import ltorch_symbol_for
 
@@ -531,35 +531,15 @@ def _proxy(m: TensorMeta) -> TensorProxy:
 
 def _rebuild(outputs: Any, fresh: Any, given: list[Any] | None = None) -> Any:
     """`outputs` (TensorMeta leaves) as proxies: `given[i]` where set, else the next of `fresh`, else a new proxy."""
-    position = iter(range(1 << 62))
-
-    def build(x: Any) -> Any:
-        if isinstance(x, TensorMeta):
-            i = next(position)
-            if given is not None and given[i] is not None:
-                return given[i]
-            value = next(fresh, None)
-            return value if value is not None else _proxy(x)
-        if x is None:
-            next(position)
+    def build(meta: TensorMeta | None, i: int) -> Any:
+        if meta is None:
             return None
-        if type(x) is list:
-            return [build(v) for v in x]
-        if type(x) is tuple:
-            return tuple(build(v) for v in x)
-        return _same_kind(x, [build(v) for v in x])
+        if given is not None and given[i] is not None:
+            return given[i]
+        value = next(fresh, None)
+        return value if value is not None else _proxy(meta)
 
-    return build(outputs)
-
-
-def _same_kind(container: Any, items: list[Any]) -> Any:
-    """`items` in a container of `container`'s type: a list, a tuple, a named tuple or one of torch's return types."""
-    kind = type(container)
-    if kind is list or kind is tuple:
-        return kind(items)
-    if hasattr(container, "_fields"):
-        return kind(*items)  # a named tuple
-    return kind(items)  # torch.return_types (a structseq takes one sequence)
+    return map_leaves(outputs, build)
 
 
 def shapes_seen_symbol(fn: Any, real_out: Any) -> Symbol:
@@ -571,10 +551,10 @@ def shapes_seen_symbol(fn: Any, real_out: Any) -> Symbol:
     def meta_of(x: Any) -> Any:
         if isinstance(x, torch.Tensor):
             return TensorMeta(tuple(x.shape), x.dtype, x.device, x.requires_grad)
-        if type(x) in (list, tuple) or hasattr(x, "_fields"):
-            return _same_kind(x, [meta_of(v) for v in x])
         if isinstance(x, tuple) and hasattr(type(x), "n_fields"):  # torch.return_types: as a named tuple
             return named_tuple_for(type(x))(*(meta_of(v) for v in x))
+        if isinstance(x, list | tuple):
+            return type(x)(meta_of(v) for v in x) if type(x) in (list, tuple) else type(x)(*(meta_of(v) for v in x))
         raise UnsupportedOpError(f"{describe(fn)}{where_now()} returns a {type(x).__name__}, not tensors; compute it "
                                  "with tensor ops, whose values the code may read (`if (a - b).abs().max() < tol:`)")
 

@@ -75,19 +75,11 @@ def test_cpu_scalar_on_meta_matches_eager(case: str) -> None:
     assert [(e.shape, e.dtype, e.device) for e in expected] == [(g.shape, g.dtype, g.device) for g in got]
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, needs_cuda])])
 @pytest.mark.parametrize("case", list(CASES))
-def test_same_code_on_cpu_matches_eager_values(case: str) -> None:
-    expected, got = _run(case, "cpu")
-    for e, g in zip(expected, got, strict=True):
-        assert g.dtype == e.dtype and g.device == e.device
-        torch.testing.assert_close(g, e)
-
-
-@pytest.mark.cuda
-@needs_cuda
-@pytest.mark.parametrize("case", list(CASES))
-def test_cpu_scalar_on_cuda_matches_eager(case: str) -> None:
-    expected, got = _run(case, "cuda")
+def test_same_code_matches_eager_values(case: str, device: str) -> None:
+    """On the CPU, and with the 0-dim CPU scalar beside CUDA tensors where there is a GPU."""
+    expected, got = _run(case, device)
     for e, g in zip(expected, got, strict=True):
         assert g.dtype == e.dtype and g.device == e.device
         torch.testing.assert_close(g, e)
