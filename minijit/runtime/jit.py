@@ -163,7 +163,8 @@ class JitFunction:
                     entry = entries[0]  # other entries under this key: the general path tries them
                     if entry.guard is None or entry.guard(*args):
                         self._hits += 1
-                        self._remember(entry, key[0])
+                        if entry is not self._last:  # (the same entry: the same key, so the same grad mode)
+                            self._remember(entry, key[0])
                         try:
                             return entry.computation(*args)
                         except ValueGuardMiss as miss:
