@@ -44,7 +44,8 @@ __all__ = [
 
 
 def jit(fn: Callable[..., Any], *, executors: Sequence[Any] | None = None,
-        cache: str = "constant values", warn_retraces_after: int | None = None) -> JitFunction | JitModule:
+        cache: str = "constant values", warn_retraces_after: int | None = None,
+        cuda_graphs: bool = False) -> JitFunction | JitModule:
     """Compile `fn` (a function or an `nn.Module`) on its first call with each new kind of input.
 
     Later calls with inputs like those reuse the compiled trace. For a module, its
@@ -56,6 +57,10 @@ def jit(fn: Callable[..., Any], *, executors: Sequence[Any] | None = None,
     always appended as the fallback); `cache` is "constant values" or "no caching".
     With `warn_retraces_after=N` (or the environment variable MINIJIT_WARN_RETRACES=N)
     every trace after the first N warns with a `RetraceWarning` naming what changed.
+    With `cuda_graphs=True` each compiled forward, backward and computation on CUDA tensors
+    is captured into a CUDA graph on its second call and replayed after that (one launch for
+    all its kernels); calls that cannot be replayed run as usual, and `cache_info()` says why
+    (minijit/runtime/cuda_graphs.py).
 
     Example::
 
@@ -65,8 +70,8 @@ def jit(fn: Callable[..., Any], *, executors: Sequence[Any] | None = None,
     if isinstance(fn, JitModule | JitFunction):
         fn = fn._orig_mod if isinstance(fn, JitModule) else fn.fn  # jitting again: new options, a new cache
     if isinstance(fn, torch.nn.Module):
-        return JitModule(fn, executors, cache, warn_retraces_after)
-    return JitFunction(fn, executors, cache, warn_retraces_after)
+        return JitModule(fn, executors, cache, warn_retraces_after, cuda_graphs)
+    return JitFunction(fn, executors, cache, warn_retraces_after, cuda_graphs)
 
 
 def _jit_function(jfn: JitFunction | JitModule) -> JitFunction:

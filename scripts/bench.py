@@ -9,6 +9,7 @@ difference from eager over every result (outputs, gradients, mutated inputs), ea
 variant run once from the same fresh state.
 
 Run: python scripts/bench.py [--quick] [--repeats N] [--no-first-call] [--out docs/benchmarks.md]
+On a GPU: python scripts/bench.py --device cuda [options of scripts/bench_gpu.py]
 """
 
 from __future__ import annotations
@@ -542,8 +543,17 @@ def write_markdown(path: Path, head: list[str], rows: list[list[str]], info: dic
     path.write_text("\n".join(lines))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--device", default="cpu")
+    known, rest = pre.parse_known_args(argv)
+    if known.device != "cpu":  # the GPU suite, with the other options
+        import bench_gpu  # beside this file
+
+        bench_gpu.main(["--device", known.device, *rest])
+        return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda: runs scripts/bench_gpu.py with the other options")
     parser.add_argument("--quick", action="store_true", help="shorter samples (0.1 s of eager instead of 0.25 s), 2 repeats")
     parser.add_argument("--repeats", type=int, default=None, help="interleaved samples per variant (default 3, quick 2)")
     parser.add_argument("--no-first-call", action="store_true", help="skip the fresh-process first-call figures")
@@ -556,7 +566,7 @@ def main() -> None:
                         help=f"comma-separated variants, eager first (default: all of {','.join(VARIANTS)})")
     parser.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"), help="markdown file to write ('' for none)")
     parser.add_argument("--first-call", nargs=2, metavar=("WORKLOAD", "VARIANT"), help=argparse.SUPPRESS)
-    opts = parser.parse_args()
+    opts = parser.parse_args(argv)
     if opts.first_call:
         first_call_here(*opts.first_call)
         return

@@ -92,19 +92,53 @@ class _Kernel:
             self.block_n = min(next_pow2(numel), budget if interpreting() else 1024)
             self.grid = (max(1, -(-numel // self.block_n)),)
         self.empty = math.prod(dom) == 0
+        self.used = sorted(writer.used_inputs)
+        self.grid3 = (*self.grid, 1, 1)[:3]
+        # Compiled kernels by the specialization Triton compiled them for (see _launch_key): launched
+        # through their compiled launcher, without Triton's per-call binding and cache lookup.
+        self.compiled: dict[tuple[Any, ...], Any] = {}
 
     def launch(self, inputs: Sequence[Any], destinations: list[torch.Tensor]) -> None:
         """Run the kernel on the region's inputs, storing into `destinations` (one per store)."""
         if self.empty:
             return
-        kernel = KERNELS.get(self.name, self.source)
-        used = sorted(self.writer.used_inputs)
-        args: list[Any] = [inputs[i] for i in used] + destinations
-        for i in used:
-            args += list(inputs[i].stride())
+        args: list[Any] = [inputs[i] for i in self.used] + destinations
+        for i in self.used:
+            args += inputs[i].stride()
         for d in destinations:
-            args += list(d.stride())
-        kernel[self.grid](*args, BLOCK_M=self.block_m, BLOCK_N=self.block_n)
+            args += d.stride()
+        if self.compiled:
+            compiled = self.compiled.get(_launch_key(args))
+            device, stream, hooks = _runtime()
+            if compiled is not None and hooks.launch_enter_hook is None and hooks.launch_exit_hook is None:
+                # Triton's own launch, less its per-call work: no hooks set, so no launch metadata.
+                compiled.run(*self.grid3, stream(device()), compiled.function, compiled.packed_metadata, None,
+                             None, None, *args, self.block_m, self.block_n)
+                return
+        kernel = KERNELS.get(self.name, self.source)
+        compiled = kernel[self.grid](*args, BLOCK_M=self.block_m, BLOCK_N=self.block_n)
+        if not interpreting() and hasattr(compiled, "packed_metadata") and len(self.compiled) < 8:
+            self.compiled[_launch_key(args)] = compiled
+
+
+def _launch_key(args: Sequence[Any]) -> tuple[Any, ...]:
+    """What Triton specializes a kernel on, for these arguments: each pointer's dtype and 16-byte alignment,
+    and each integer's being 1, a multiple of 16, and within 32 bits."""
+    return tuple((a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor)
+                 else (a == 1, a % 16 == 0, -2**31 <= a < 2**31) for a in args)
+
+
+_RUNTIME: list[Any] = []  # Triton's current-device and current-stream functions, and its runtime knobs
+
+
+def _runtime() -> list[Any]:
+    """(current device, current stream, runtime knobs) of Triton's driver, looked up once."""
+    if not _RUNTIME:
+        from triton import knobs
+        from triton.runtime import driver
+
+        _RUNTIME.extend((driver.active.get_current_device, driver.active.get_current_stream, knobs.runtime))
+    return _RUNTIME
 
 
 class FusedRegion:

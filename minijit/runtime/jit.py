@@ -66,6 +66,9 @@ class CacheInfo:
     # (minijit.runtime.fallback); each distinct reason once.
     eager_calls: int = 0
     eager_reasons: list[str] = field(default_factory=list)
+    # With jit(cuda_graphs=True): per compiled forward, backward or computation, how its calls ran
+    # (replayed, captured, or with ordinary launches and why: minijit.runtime.cuda_graphs).
+    cuda_graphs: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
         lines = [f"{self.hits} hit(s), {self.misses} miss(es), {self.entries} cache entr{'y' if self.entries == 1 else 'ies'}"
@@ -79,6 +82,9 @@ class CacheInfo:
         if self.eager_calls:
             lines.append(f"{self.eager_calls} call(s) ran eagerly")
             lines += [f"  eager: {reason}" for reason in self.eager_reasons]
+        if self.cuda_graphs:
+            lines.append("CUDA graphs:")
+            lines += [f"  {part}" for part in self.cuda_graphs]
         return "\n".join(lines)
 
 
@@ -97,7 +103,7 @@ class JitFunction:
     """A jitted function: call it like the original."""
 
     def __init__(self, fn: Callable[..., Any], executors: Sequence[Executor | str] | None, cache: str,
-                 warn_retraces_after: int | None = None):
+                 warn_retraces_after: int | None = None, cuda_graphs: bool = False):
         if cache not in CACHE_MODES:
             raise ValueError(f"cache must be one of {CACHE_MODES}, got {cache!r}")
         if warn_retraces_after is None and os.environ.get("MINIJIT_WARN_RETRACES"):
@@ -107,6 +113,7 @@ class JitFunction:
         self.fn = fn
         self.executors = resolve_executors(list(executors) if executors is not None else None)
         self.cache_mode = cache
+        self.cuda_graphs = cuda_graphs
         self._symbolic = cache == "symbolic values"
         self._keys = POSITIONAL_TENSOR_SYMBOLIC_KEYS if self._symbolic else POSITIONAL_TENSOR_KEYS
         # key -> the entries compiled for calls with that key, told apart by their guards.
@@ -129,7 +136,8 @@ class JitFunction:
         if isinstance(name, str) and getattr(module, name, None) is self:
             return name
         options = self.options()
-        return (JitFunction, (self.fn, options["executors"], options["cache"], options["warn_retraces_after"]))
+        return (JitFunction, (self.fn, options["executors"], options["cache"], options["warn_retraces_after"],
+                              options["cuda_graphs"]))
 
     def minijit_traced_callable(self) -> Callable[..., Any]:
         """What code traced by minijit calls in place of this jitted function: the function, traced inline."""
@@ -138,7 +146,8 @@ class JitFunction:
     def options(self) -> dict[str, Any]:
         """The `jit` options this function was made with (executors by name where that name finds them)."""
         executors = None if self._given_executors is None else [_by_name(e) for e in self._given_executors]
-        return {"executors": executors, "cache": self.cache_mode, "warn_retraces_after": self.warn_retraces_after}
+        return {"executors": executors, "cache": self.cache_mode, "warn_retraces_after": self.warn_retraces_after,
+                "cuda_graphs": self.cuda_graphs}
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # The hit path for the common call, plain tensors passed positionally. First, the last entry's
@@ -263,7 +272,8 @@ class JitFunction:
                 self._info.misses += 1
                 self._info.miss_reasons.append(reason)
                 self._warn_retrace(reason)
-                entry = compile_for(self.fn, args, kwargs, self.executors, symbolic=self._symbolic)
+                entry = compile_for(self.fn, args, kwargs, self.executors, symbolic=self._symbolic,
+                                    cuda_graphs=self.cuda_graphs)
                 fresh = True
                 if self.cache_mode != "no caching":
                     self._info.entries += 1
@@ -314,7 +324,8 @@ class JitFunction:
             reason = explain_miss(previous, [e.prologue for e in same_key], args, kwargs, flat)
         self._info.miss_reasons.append(reason)
         self._warn_retrace(reason)
-        entry = compile_for(self.fn, args, kwargs, self.executors, symbolic=self._symbolic)
+        entry = compile_for(self.fn, args, kwargs, self.executors, symbolic=self._symbolic,
+                                    cuda_graphs=self.cuda_graphs)
         if entry.value_path and self.cache_mode != "no caching":
             self._info.value_guards.append("; ".join(c.describe() for c in entry.capture.value_checks))
         return entry
@@ -351,4 +362,7 @@ class JitFunction:
     def cache_info(self) -> CacheInfo:
         """Hits, misses and entries of this function's cache."""
         self._info.hits = self._hits
+        self._info.cuda_graphs = [part.describe() for entries in self._entries.values() for e in entries
+                                  if e.graphs is not None for part in e.graphs.parts
+                                  if part.replays or part.ordinary]
         return self._info

@@ -369,7 +369,7 @@ class JitModule(torch.nn.Module):
     """
 
     def __init__(self, module: torch.nn.Module, executors: Any = None, cache: str = "constant values",
-                 warn_retraces_after: int | None = None):
+                 warn_retraces_after: int | None = None, cuda_graphs: bool = False):
         # No nn.Module.__init__: the wrapper keeps no parameters, submodules, hooks or flags of its own.
         # Imported here: minijit.runtime.jit imports the pipeline, which imports this file.
         from minijit.runtime.jit import JitFunction
@@ -378,12 +378,14 @@ class JitModule(torch.nn.Module):
         attribute = distributed.wrapped_attribute(module)
         if attribute is not None:
             # A wrapper like DDP: its forward runs eagerly, around its module jitted (minijit.runtime.distributed).
-            options = {"executors": executors, "cache": cache, "warn_retraces_after": warn_retraces_after}
+            options = {"executors": executors, "cache": cache, "warn_retraces_after": warn_retraces_after,
+                       "cuda_graphs": cuda_graphs}
             self._set_wrapped(attribute, getattr(module, attribute), options)
             return
         forward = ModuleForward(module)
         object.__setattr__(self, "_minijit_forward", forward)
-        object.__setattr__(self, "_minijit_function", JitFunction(forward, executors, cache, warn_retraces_after))
+        object.__setattr__(self, "_minijit_function", JitFunction(forward, executors, cache, warn_retraces_after,
+                                                                          cuda_graphs))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         namespace = self.__dict__

@@ -29,6 +29,7 @@ from minijit.runtime.autocast import any_autocast_enabled, without_autocast
 from minijit.runtime.autograd import CompiledGrad, autograd_callable
 from minijit.runtime.call_plan import ArgumentPath, CallPlan, finish_capture
 from minijit.runtime.checks import Prologue, call_checks
+from minijit.runtime.cuda_graphs import GraphedCallable, GraphFamily, graph_refusal
 from minijit.runtime.double_backward import recompute_for
 from minijit.runtime.fallback import falling_back
 from minijit.runtime.guards import compile_prologue, drop_implied
@@ -128,6 +129,8 @@ class CompiledEntry:
     # (subject, object) of the arguments specialised on by identity: what `rebind` needs.
     plain: Callable[..., Any] | None = None
     arg_objects: list[tuple[str, Any]] = field(default_factory=list)
+    # With jit(cuda_graphs=True): the entry's graphed callables and how their calls ran.
+    graphs: GraphFamily | None = None
 
 
 def _timed(run: Callable[[], Any], traces: list[Trace], check: TraceChecker | None) -> Any:
@@ -143,11 +146,12 @@ def _timed(run: Callable[[], Any], traces: list[Trace], check: TraceChecker | No
 
 
 def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-                executors: Sequence[Any], symbolic: bool = False) -> CompiledEntry:
+                executors: Sequence[Any], symbolic: bool = False, cuda_graphs: bool = False) -> CompiledEntry:
     """Capture `fn` on proxies of `args`, run the passes, and compile the final trace.
 
     With `symbolic`, sizes and Python numbers are traced as symbolic values, and the
-    entry's guard checks the constraints the trace relied on.
+    entry's guard checks the constraints the trace relied on. With `cuda_graphs`, the
+    compiled traces replay from CUDA graphs where they can (minijit.runtime.cuda_graphs).
     """
     call = call_checks(fn, args, kwargs, symbolic)  # before the traced code runs: it might change an argument
     # The capture records the constraints; the passes after it may rely on them, recording none but
@@ -158,7 +162,7 @@ def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
         state_reads: dict[str, Callable[[], Any]] = {}
         try:
             with knowing_constraints(constraints), guarding_layouts(constraints), noting_state_reads(state_reads):
-                entry = _compile(fn, args, kwargs, executors, symbolic, constraints, pinned)
+                entry = _compile(fn, args, kwargs, executors, symbolic, constraints, pinned, cuda_graphs)
             break
         except _PinSizes as pin:
             # Written inputs that share memory are rebuilt from their storage by their concrete layouts:
@@ -195,8 +199,10 @@ class _PinSizes(Exception):
 
 
 def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], executors: Sequence[Any],
-             symbolic: bool, constraints: list[str], pinned: frozenset[int] = frozenset()) -> CompiledEntry:
+             symbolic: bool, constraints: list[str], pinned: frozenset[int] = frozenset(),
+             cuda_graphs: bool = False) -> CompiledEntry:
     traces: list[Trace] = []
+    family = GraphFamily() if cuda_graphs else None
     check = TraceChecker() if checking_traces() else None
 
     def capture() -> tuple[Trace, CaptureResult]:
@@ -266,10 +272,10 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
 
     if torch.is_grad_enabled() and requires_grad_inputs(trace):
         computation, backward_traces, split = _compile_with_grad(
-            trace, traces, executors, check, found.no_grad, functionalized, constraints)
+            trace, traces, executors, check, found.no_grad, functionalized, constraints, family)
         computation = with_synthetic_bases(computation, aliasing)
         return CompiledEntry(found.call_plan.wrap(computation), traces, **records, split=split,
-                             backward_traces=backward_traces)
+                             backward_traces=backward_traces, graphs=family)
 
     trace = _timed(lambda: claim_executors(trace, executors), traces, check)
     trace = _timed(lambda: dce(trace), traces, check)
@@ -280,15 +286,16 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
     check_writes_after_checks(trace)
 
     start = time.perf_counter()
-    computation = bumping_versions(trace.python_callable(), trace, functionalized.mutated_inputs)
+    computation = graphed(trace.python_callable(), trace, family, "computation", functionalized.mutated_inputs)
+    computation = bumping_versions(computation, trace, functionalized.mutated_inputs)
     computation = with_synthetic_bases(refusing_inference_writes(computation, trace, functionalized), aliasing)
     traces[-1].elapsed_ms += (time.perf_counter() - start) * 1e3
-    return CompiledEntry(found.call_plan.wrap(computation), traces, **records, plain=computation)
+    return CompiledEntry(found.call_plan.wrap(computation), traces, **records, plain=computation, graphs=family)
 
 
 def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[Any], check: TraceChecker | None,
-                       no_grad: frozenset[str], functionalized: FunctionalizeResult, constraints: list[str]
-                       ) -> tuple[Callable[..., Any], list[Trace], SplitResult]:
+                       no_grad: frozenset[str], functionalized: FunctionalizeResult, constraints: list[str],
+                       family: GraphFamily | None = None) -> tuple[Callable[..., Any], list[Trace], SplitResult]:
     """Grad is needed: split into forward and backward, run the passes on both, compile both.
 
     Returns the autograd-aware computation, the backward traces (one per pass) and the split's facts.
@@ -324,12 +331,15 @@ def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[An
                 check_copies(t)
             check_writes_after_checks(t)
         _timed(lambda t=t: release_dead_values(t), passes, check)
+    forward = graphed(traces[-1].python_callable(), traces[-1], family, "forward", functionalized.mutated_inputs,
+                      saved_from=True)
+    backward = graphed(bwd_traces[-1].python_callable(), bwd_traces[-1], family, "backward", (),
+                       refusal="the backward writes into inputs of the forward" if mutated_by_backward else None)
     compiled = CompiledGrad(
         forward=refusing_inference_writes(
-            bumping_versions(traces[-1].python_callable(), traces[-1], functionalized.mutated_inputs), traces[-1],
-            functionalized),
+            bumping_versions(forward, traces[-1], functionalized.mutated_inputs), traces[-1], functionalized),
         # A backward called under autocast must not cast again: its trace holds eager's casts.
-        backward=without_autocast(bwd_traces[-1].python_callable()),
+        backward=without_autocast(backward),
         differentiable_outputs=split.differentiable_outputs,
         name=trace.fn_name,
         input_names=tuple(p.name for p in trace.args),
@@ -359,6 +369,16 @@ def _describe_function(fn: Any) -> str:
     code = getattr(target, "__code__", None)
     name = getattr(fn, "__qualname__", type(fn).__name__)
     return f"{name} ({code.co_filename}:{code.co_firstlineno})" if code is not None else name
+
+
+def graphed(computation: Callable[..., Any], trace: Trace, family: GraphFamily | None, part: str,
+            mutated_inputs: Sequence[str], saved_from: bool = False, refusal: str | None = None) -> Callable[..., Any]:
+    """`computation` (the compiled `trace`) replayed from CUDA graphs where it can be, when `family` is given."""
+    if family is None:
+        return computation
+    mutated = set(mutated_inputs)
+    return GraphedCallable(computation, family, part, saved_from=saved_from, refusal=refusal or graph_refusal(trace),
+                           mutated=[i for i, p in enumerate(trace.args) if p.name in mutated])
 
 
 def bumping_versions(computation: Callable[..., Any], trace: Trace, mutated_inputs: Sequence[str]) -> Callable[..., Any]:
