@@ -30,7 +30,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import IO, Any
 
@@ -130,6 +130,8 @@ class Row:
     memset: int | None = None
     kernel_ms: float | None = None  # summed kernel time of one iteration
     host_ms: float | None = None  # issuing one iteration, without waiting for the device
+    explain: str | None = None  # minijit variants: cache_info() after the run (CUDA graph replays, reasons)
+    built: Any = field(default=None, repr=False)  # the variant's callable (not in the JSON)
 
 
 # -- variants and measurements ----------------------------------------------------------
@@ -260,7 +262,7 @@ def first_call(ctx: Ctx, v: str, prepare: Callable[[str], Case], row: Row,
     case = prepare(v)
     ctx.sync()
     t0 = time.perf_counter()
-    fn = wrap(v, case.fn)
+    fn = row.built = wrap(v, case.fn)
     got = case.step(fn)
     ctx.sync()
     row.first_call_s = time.perf_counter() - t0
@@ -322,11 +324,16 @@ def run_workload(ctx: Ctx, work: Workload, rows: dict[str, Row]) -> None:
                 row.host_ms = host_ms(ctx, it)
             except Exception as e:
                 log(f"{work.key} / {v}: profile: {reason(e)}")
-        ctx.emit({"workload": work.key, "variant": v, "record": "row", **asdict(row),
+        if v.startswith("minijit"):
+            row.explain = str(minijit.cache_info(row.built))
+        ctx.emit({"workload": work.key, "variant": v, "record": "row",
+                  **{f.name: getattr(row, f.name) for f in fields(row) if f.name != "built"},
                   "ratio": eager_ms / row.ms if eager_ms else None,
                   "gbs": work.bytes_moved / row.ms / 1e6 if work.bytes_moved else None,
                   "host_us_per_kernel": row.host_ms * 1e3 / row.kernels if row.host_ms and row.kernels else None})
         log(f"{work.key} / {v}: {fmt_time(row.ms / 1e3)} per iteration")
+    for row in rows.values():
+        row.built = None  # the variants' models, caches and graphs go with the workload
 
 
 # -- workloads ----------------------------------------------------------------------------
@@ -572,7 +579,8 @@ def main(argv: list[str] | None = None) -> None:
     if ctx.cuda:  # the context, cuBLAS and the caching allocator start here rather than in eager's first call
         for dtype in (torch.float32, torch.bfloat16):
             (torch.ones(64, 64, device=dev, dtype=dtype) @ torch.ones(64, 64, device=dev, dtype=dtype)).sum().item()
-    works = [w for w in workloads(dev, opts.small) if w.key in keys]
+    found = {w.key: w for w in workloads(dev, opts.small)}
+    works = [found[k] for k in keys if k in found]  # in the order asked for
     results: dict[str, dict[str, Row]] = {}
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # a timeout: the report still written
     try:

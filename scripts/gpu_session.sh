@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One call on the GPU machine (issue 27): versions, the CUDA tests, scripts/gpu_check.py, the GPU benchmark.
+# One call on the GPU machine (issue 27): versions, the CUDA tests, scripts/gpu_check.py, a host-time probe
+# (scripts/gpu_probe.py), the GPU benchmark.
 #
 # From the repository root on the device machine:
 #     bash scripts/gpu_session.sh                      # every step
@@ -12,7 +13,7 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=f
 OUT=${OUT:-/tmp/gpu_out}
 LOGS=$OUT/logs
 mkdir -p "$LOGS"
-STEPS=${STEPS:-tests,check,bench}
+STEPS=${STEPS:-tests,check,probe,bench}
 summary=()
 
 {
@@ -37,6 +38,10 @@ if [[ $STEPS == *check* ]]; then
     timeout "${CHECK_S:-100}" python3 scripts/gpu_check.py --log "$LOGS/gpu_check.log" > "$LOGS/gpu_check.txt" 2>&1
     summary+=("gpu_check rc=$?")
 fi
+if [[ $STEPS == *probe* ]]; then
+    timeout "${PROBE_S:-90}" python3 scripts/gpu_probe.py > "$LOGS/probe.txt" 2>&1
+    summary+=("probe rc=$?")
+fi
 if [[ $STEPS == *bench* ]]; then
     # shellcheck disable=SC2086  # BENCH_ARGS is a list of arguments
     timeout "${BENCH_S:-300}" python3 scripts/bench.py --device cuda --out "$OUT/gpu.md" --json "$LOGS/bench.jsonl" \
@@ -47,5 +52,6 @@ tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$LOGS"
 echo "== failures"
 tar xzf "$OUT/logs.tgz" -O logs/tests.txt 2> /dev/null | grep -E "^(FAILED|ERROR)" | head -40
 tar xzf "$OUT/logs.tgz" -O logs/gpu_check.txt 2> /dev/null | tail -25
+tar xzf "$OUT/logs.tgz" -O logs/probe.txt 2> /dev/null | head -8
 tar xzf "$OUT/logs.tgz" -O logs/bench.txt 2> /dev/null | tail -40
 printf '%s\n' "${summary[@]}"

@@ -23,6 +23,7 @@ stores cast to the output's dtype.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -277,11 +278,14 @@ def pow_source(exponent: float) -> str:
 
 def narrow(value: str, dtype: torch.dtype) -> str:
     """Source converting a computed value to `dtype`, rounding to nearest even."""
-    if dtype == torch.bfloat16:
-        # Round the float32 bits explicitly: Triton's interpreter truncates float32 -> bfloat16.
-        bits = f"{value}.to(tl.float32).to(tl.uint32, bitcast=True)"
-        rounded = f"(({bits} + 0x7FFF + (({bits} >> 16) & 1)) & 0xFFFF0000)"
-        return f"{rounded}.to(tl.float32, bitcast=True).to(tl.bfloat16)"
+    if dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        # Round the float32 bits explicitly: Triton's interpreter truncates float32 -> bfloat16 (on a GPU the
+        # conversion rounds to nearest even itself). NaN passes as is: the carry of the rounding would turn
+        # a NaN with a full payload (CUDA's 0x7FFFFFFF) into -0.0.
+        x = f"{value}.to(tl.float32)"
+        bits = f"{x}.to(tl.uint32, bitcast=True)"
+        rounded = f"(({bits} + 0x7FFF + (({bits} >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)"
+        return f"tl.where({x} != {x}, {x}, {rounded}).to(tl.bfloat16)"
     return f"{value}.to({_TL[dtype]})"
 
 

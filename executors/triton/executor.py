@@ -160,6 +160,7 @@ class FusedRegion:
         device = tensors[0].device if tensors else torch.device("cpu")
         outputs: list[Any] = [None] * self.n_outputs
         late_copies: list[tuple[torch.Tensor, torch.Tensor]] = []
+        storages: dict[int, int] | None = None  # storage -> how many inputs live in it (counted when needed)
         for kernel in self.kernels:
             destinations = []
             for s in kernel.stores:
@@ -168,7 +169,9 @@ class FusedRegion:
                     outputs[s.output_index] = t
                 else:
                     target = inputs[s.target]
-                    if self.direct_copy_ok[s.target] and not _overlaps(target, inputs, s.target):
+                    if storages is None and self.direct_copy_ok[s.target]:
+                        storages = _storage_counts(inputs)
+                    if self.direct_copy_ok[s.target] and storages[target.untyped_storage().data_ptr()] == 1:
                         t = target
                     else:
                         # Invariant 2: where writing straight into the target could be seen by a
@@ -186,10 +189,14 @@ class FusedRegion:
         return tuple(outputs)
 
 
-def _overlaps(target: torch.Tensor, inputs: Sequence[Any], index: int) -> bool:
-    ptr = target.untyped_storage().data_ptr()
-    return any(isinstance(x, torch.Tensor) and i != index and x.untyped_storage().data_ptr() == ptr
-               for i, x in enumerate(inputs))
+def _storage_counts(inputs: Sequence[Any]) -> dict[int, int]:
+    """How many of the inputs live in each storage (a target sharing one with another input is written late)."""
+    counts: dict[int, int] = {}
+    for x in inputs:
+        if isinstance(x, torch.Tensor):
+            ptr = x.untyped_storage().data_ptr()
+            counts[ptr] = counts.get(ptr, 0) + 1
+    return counts
 
 
 def _row_like(shape: tuple[int, ...], domain: tuple[int, ...]) -> bool:

@@ -29,7 +29,7 @@ aten = torch.ops.aten
 # torch._fused_sdp_choice's answers (torch.nn.attention.SDPBackend) -> the family's name here
 FAMILIES = {1: "flash", 2: "efficient", 3: "cudnn"}
 # The families that take an attention mask (as a float bias); flash takes none.
-MASKED_FAMILIES = {"efficient"}
+MASKED_FAMILIES = {"efficient", "cudnn"}
 _ALIGNMENT = 16  # the memory-efficient kernel's bias row alignment, in elements
 
 

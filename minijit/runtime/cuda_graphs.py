@@ -2,37 +2,39 @@
 
 `minijit.jit(fn, cuda_graphs=True)` wraps each compiled callable of a cache entry (the
 forward, the backward, or the whole computation when nothing is differentiated) in a
-`GraphedCallable`. For each kind of call (the inputs' shapes, strides and dtypes, and any
-numbers passed) it runs:
+`GraphedCallable`. For each kind of call (the inputs' shapes, strides and dtypes, the numbers
+passed, the values of 0-dim CPU tensors) it runs:
 
-1. the first call with ordinary launches: it compiles the kernels (Triton, cuBLAS handles)
-   and records where the input tensors live;
-2. the second call captures the graph and replays it. An input found at the same address
-   as on the first call (a parameter, an optimizer state, a forward's saved tensor that is
-   itself a graph output) is read in place: the graph holds it. Any other input is copied
+1. the first call with ordinary launches: it compiles the kernels (Triton, cuBLAS handles),
+   records where the input tensors live, and watches for a synchronization with the CPU
+   (`.item()`, a data-dependent shape, a value guard), which no graph can hold;
+2. the second call captures a graph and replays it. An input found at the same address as
+   on the first call (a parameter, an optimizer state, a forward's saved tensor that is
+   itself a graph's output) is read in place: the graph holds it. Any other input is copied
    into a buffer of the graph's own before each replay, and copied back after the replay
    where the trace writes into it;
-3. later calls replay. An input read in place that moved gets its own buffer (the graph is
-   captured again, a few times at most).
+3. later calls replay a graph whose inputs read in place are where the call's are.
 
-Results: what the user gets (outputs, gradients) is copied out of the graph's memory after
-each replay, so a later replay never changes it. The tensors a forward saves for its
-backward are handed out as views of the graph's memory instead, and a replay waits for
-them to be released: when a view handed out by the last replay is still alive (two forwards
-before one backward), the call runs with ordinary launches.
+Results are handed out as views of the graph's memory, except what a forward under autograd
+returns to the user (copied out: autograd wraps those tensors). A graph whose views are still
+alive is busy (its storages' use counts say so): a call then uses another graph of the same
+kind, captured when needed (three at most), so a result is never overwritten while anyone
+holds it: `y = f(x)` in a loop alternates two graphs, two forwards before one backward use
+two, and gradients that autograd keeps as `.grad` keep their graph busy until zeroed.
 
 Each graph has its own memory pool (a pool shared by graphs of several shapes could hand
-one graph's live outputs to another's temporaries). The random generator of the device is
-registered by torch's capture, so each replay draws new numbers, as eager does.
+one graph's live outputs to another's temporaries). Torch's capture registers the device's
+random generator, so each replay draws new numbers, as eager does.
 
-A call that cannot be captured runs with ordinary launches, and the reason is counted in
-`cache_info()`: an input on the CPU (torch.optim keeps `step` on the CPU unless
-`capturable=True`), a trace that synchronizes with the CPU (`.item()`, a data-dependent
-shape, a value guard), random numbers drawn on the CPU or from an explicit generator.
+A call that cannot be replayed runs with ordinary launches, and the reason is counted in
+`cache_info()`: a CPU tensor input other than an unwritten 0-dim one (torch.optim keeps
+Adam's `step` on the CPU and increments it unless `capturable=True`), a trace that
+synchronizes with the CPU, random numbers drawn on the CPU or from an explicit generator.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,7 +44,8 @@ import torch
 from minijit.ir import Trace, tree_flatten, tree_map
 
 _use_count = torch._C._storage_Use_Count
-MAX_CAPTURES = 4  # per kind of call: captures beyond the first are made when inputs read in place move
+MAX_INSTANCES = 3  # graphs per kind of call: another is captured while the results of one are alive
+MAX_CAPTURES = 6  # per kind of call, in all: inputs read in place may move
 
 
 class CudaGraphs:
@@ -59,7 +62,9 @@ class CudaGraphs:
         return graph, result
 
     @staticmethod
-    def replay(graph: Any) -> None:
+    def replay(graph: Any, args: list[Any]) -> None:
+        """Run `graph` (`args`: what the call passes, our buffers in place of inputs copied in; the graph itself
+        reads the addresses it was captured with)."""
         graph.replay()
 
 
@@ -108,27 +113,34 @@ class GraphStats:
 
 @dataclass
 class _Graph:
-    """One captured graph and the buffers around it."""
+    """One captured graph (an instance for its kind of call) and the buffers around it."""
 
     graph: Any  # torch.cuda.CUDAGraph
-    args: list[Any]  # what the capture was called with: the callers' tensors read in place, our buffers
+    args: list[Any]  # our buffers, at the positions copied in (None elsewhere)
     in_place: dict[int, int]  # position -> data_ptr of an input read in place
     buffered: tuple[int, ...]  # positions copied into args[i] before each replay
     copy_back: tuple[int, ...]  # buffered positions the trace writes into
     result: Any  # the static result tree
     leaves: list[Any]
-    aliased: frozenset[int]  # leaf positions handed out as views (saved tensors)
+    cloned: frozenset[int]  # leaf positions copied out (what the user gets from a forward with saved tensors)
     returned: dict[int, int]  # leaf positions that are inputs: the call's own input there is returned
-    watched: list[tuple[Any, int]]  # (storage, use count when nothing we handed out is alive)
+    watched: list[tuple[Any, int]]  # (storage, its use count when nothing handed out is alive)
+
+    def fits(self, inputs: tuple[Any, ...]) -> bool:
+        """Whether the inputs read in place are where they were at the capture."""
+        return all(inputs[i].data_ptr() == ptr for i, ptr in self.in_place.items())
+
+    def free(self) -> bool:
+        """Whether no view this graph handed out is alive (a replay would overwrite it)."""
+        return all(_use_count(storage._cdata) == count for storage, count in self.watched)
 
 
 class GraphFamily:
     """The graphed callables of one cache entry: a backward reads its forward's outputs in place."""
 
     def __init__(self) -> None:
-        # data_ptr -> a graph output handed out as views (saved tensors): read in place by later graphs,
-        # which hold this tensor rather than the view they were called with (a view held would look alive).
-        self.outputs: dict[int, torch.Tensor] = {}
+        # (data_ptr, shape, strides, dtype) of the forward graphs' saved outputs: read in place by later graphs.
+        self.outputs: set[tuple[Any, ...]] = set()
         self.parts: list[GraphStats] = []
 
 
@@ -136,16 +148,18 @@ class GraphedCallable:
     """`fn` run from CUDA graphs captured per kind of call (see the module docstring)."""
 
     def __init__(self, fn: Callable[..., Any], family: GraphFamily, part: str, *,
-                 saved_from: bool = False, mutated: Sequence[int] = (), refusal: str | None = None):
+                 saved_from: bool = False, mutated: Sequence[int] = (), refusal: str | None = None,
+                 names: Sequence[str] = ()):
         self.fn = fn
+        self.names = tuple(names)  # the trace's input names, for the reasons
         self.family = family
         self.stats = GraphStats(part)
         family.parts.append(self.stats)
-        self.saved_from = saved_from  # the result is (outputs, saved): saved leaves are handed out as views
+        self.saved_from = saved_from  # the result is (outputs, saved): the outputs are copied out
         self.mutated = frozenset(mutated)
         self.refusal = refusal
         self.first_addresses: dict[Hashable, dict[int, int]] = {}
-        self.graphs: dict[Hashable, _Graph] = {}
+        self.graphs: dict[Hashable, list[_Graph]] = {}
         self.capture_counts: dict[Hashable, int] = {}
 
     def __call__(self, *inputs: Any) -> Any:
@@ -156,44 +170,76 @@ class GraphedCallable:
         if isinstance(key, str):
             self.stats.ordinary_run(key)
             return self.fn(*inputs)
-        graph = self.graphs.get(key)
-        if graph is None:
+        graphs = self.graphs.get(key)
+        if graphs is None:
             first = self.first_addresses.get(key)
             if first is None:
                 self.first_addresses[key] = _addresses(inputs)
-                self.stats.ordinary_run("first call of this kind (compiles kernels; the next call captures)")
-                return self.fn(*inputs)
+                return self._first_run(inputs)
             return self._capture(key, inputs, first)
-        for i, ptr in graph.in_place.items():
-            if inputs[i].data_ptr() != ptr:
-                del self.graphs[key]  # captured again with that input in a buffer of its own
-                return self._capture(key, inputs, {j: p for j, p in graph.in_place.items() if j != i})
-        for storage, count in graph.watched:
-            if _use_count(storage._cdata) != count:
-                self.stats.ordinary_run("a view handed out by the last replay is still alive (e.g. two forwards "
-                                        "before one backward)")
-                return self.fn(*inputs)
-        return self._replay(graph, inputs)
+        busy = False
+        for graph in graphs:
+            if graph.fits(inputs):
+                if graph.free():
+                    return self._replay(graph, inputs)
+                busy = True
+        if len(graphs) >= MAX_INSTANCES:
+            self.stats.ordinary_run(
+                f"{MAX_INSTANCES} graphs of this kind hold results still alive (e.g. three forwards before one "
+                "backward)" if busy else f"inputs read in place moved (the last {MAX_INSTANCES} graphs read others)")
+            return self.fn(*inputs)
+        stay = {i: p for g in graphs for i, p in g.in_place.items() if inputs[i].data_ptr() == p}
+        return self._capture(key, inputs, stay)
+
+    def _first_run(self, inputs: tuple[Any, ...]) -> Any:
+        """The first call of a kind: ordinary launches, watched for a synchronization with the CPU (which no
+        graph can capture: a capture that fails leaves torch's random generator unusable)."""
+        self.stats.ordinary_run("first call of this kind (compiles kernels; the next call captures)")
+        if BACKEND.device_type != "cuda":
+            return self.fn(*inputs)
+        mode = torch.cuda.get_sync_debug_mode()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                result = self.fn(*inputs)
+            finally:
+                torch.cuda.set_sync_debug_mode(mode)
+        syncs = [w for w in caught if "synchroniz" in str(w.message)]
+        for w in caught:
+            if w not in syncs:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        if syncs:
+            self.refusal = f"the trace synchronizes with the CPU ({str(syncs[0].message).splitlines()[0][:100]})"
+        return result
 
     def _key(self, inputs: tuple[Any, ...]) -> Hashable | str:
-        """The kind of call (metadata and numbers), or the reason it cannot be replayed."""
+        """The kind of call (metadata, numbers, the values of CPU scalars), or why it cannot be replayed."""
         parts: list[Any] = []
         for i, x in enumerate(inputs):
             if isinstance(x, torch.Tensor):
                 if x.device.type != BACKEND.device_type:
-                    return f"input {i} is a {x.device.type} tensor (a graph replays device work only)"
+                    if x.device.type != "cpu" or x.dim() != 0 or i in self.mutated:
+                        return (f"input {self._name(i)} is a {x.device.type} tensor of shape {tuple(x.shape)}"
+                                f"{' written by the trace' if i in self.mutated else ''} (a graph replays device "
+                                "work only)")
+                    parts.append(("cpu scalar", x.dtype, x.item()))  # read by value at the capture
+                    continue
                 parts.append((x.shape, x.stride(), x.storage_offset(), x.dtype, x.device.index))
             elif x is None or isinstance(x, bool | int | float | str | torch.dtype | torch.device):
                 parts.append((type(x), x))
             else:
-                return f"input {i} is a {type(x).__name__}"
+                return f"input {self._name(i)} is a {type(x).__name__}"
         return tuple(parts)
 
+    def _name(self, i: int) -> str:
+        return f"{i} ({self.names[i]})" if i < len(self.names) else str(i)
+
     def _capture(self, key: Hashable, inputs: tuple[Any, ...], stay: dict[int, int]) -> Any:
-        """Capture the graph for `key` (inputs at `stay`'s addresses read in place), then replay it."""
+        """Capture a graph for `key` (inputs at `stay`'s addresses, or a graph's outputs, read in place), replay it."""
         count = self.capture_counts.get(key, 0)
         if count >= MAX_CAPTURES:
-            self.stats.ordinary_run(f"inputs read in place moved {MAX_CAPTURES} times")
+            self.stats.ordinary_run(f"{MAX_CAPTURES} graphs were captured for this kind of call, the most allowed")
             return self.fn(*inputs)
         self.capture_counts[key] = count + 1
         shared = _shared_storages(inputs)
@@ -201,21 +247,18 @@ class GraphedCallable:
         buffered: list[int] = []
         args = list(inputs)
         for i, x in enumerate(inputs):
-            if not isinstance(x, torch.Tensor):
+            if not isinstance(x, torch.Tensor) or x.device.type != BACKEND.device_type:
                 continue
             ptr = x.data_ptr()
-            output = self.family.outputs.get(ptr)
-            if output is not None and (output.shape, output.stride(), output.dtype) == (x.shape, x.stride(), x.dtype):
-                in_place[i] = ptr
-                args[i] = output
-            elif stay.get(i) == ptr or not _bufferable(x, shared):
+            if (ptr, x.shape, x.stride(), x.dtype) in self.family.outputs or stay.get(i) == ptr \
+                    or not _bufferable(x, shared):
                 in_place[i] = ptr
             else:
                 buffered.append(i)
                 args[i] = torch.empty_like(x, memory_format=torch.contiguous_format).copy_(x)
         try:
             graph, result = BACKEND.capture(self.fn, args)
-        except Exception as e:  # a trace that synchronizes, or an op capture does not allow
+        except Exception as e:  # an op capture does not allow
             first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
             self.refusal = f"capture failed: {type(e).__name__}: {first}"
             self.stats.ordinary_run(self.refusal)
@@ -224,12 +267,14 @@ class GraphedCallable:
         outputs, saved = (result[0], result[1]) if self.saved_from else (result, ())
         n_out = len(tree_flatten(outputs))
         leaves = tree_flatten(outputs) + tree_flatten(saved)
-        aliased = frozenset(range(n_out, len(leaves))) if self.saved_from else frozenset()
+        cloned = frozenset(j for j in range(n_out) if isinstance(leaves[j], torch.Tensor)) if self.saved_from \
+            else frozenset()
         input_ptrs = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
         positions = {id(a): i for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
         returned: dict[int, int] = {}  # leaf -> the input position it is (the call returns that input itself)
+        handed_out: list[int] = []
         for j, leaf in enumerate(leaves):
-            if not isinstance(leaf, torch.Tensor) or j in aliased:
+            if not isinstance(leaf, torch.Tensor):
                 continue
             if id(leaf) in positions:
                 returned[j] = positions[id(leaf)]
@@ -237,28 +282,33 @@ class GraphedCallable:
                 self.refusal = "a result is a view of an input"
                 self.stats.ordinary_run(self.refusal)
                 return self.fn(*inputs)
-        for j in aliased:
-            if isinstance(leaves[j], torch.Tensor):
-                self.family.outputs[leaves[j].data_ptr()] = leaves[j]
-        storages = {s.data_ptr(): s for s in
-                    [leaves[j].untyped_storage() for j in aliased if isinstance(leaves[j], torch.Tensor)]
+            elif j not in cloned:
+                handed_out.append(j)
+                if self.saved_from:
+                    self.family.outputs.add((leaf.data_ptr(), leaf.shape, leaf.stride(), leaf.dtype))
+        # Nothing of the caller's is kept: an input read in place is the call's own tensor at each replay
+        # (a reference kept would also make a graph's output passed here look alive to its graph).
+        args = [a if i in buffered else None for i, a in enumerate(args)]
+        leaves = [None if j in returned else leaf for j, leaf in enumerate(leaves)]
+        result = tree_map(lambda _: None, result)  # the structure (the leaves are `leaves`)
+        storages = {s.data_ptr(): s for s in [leaves[j].untyped_storage() for j in handed_out]
                     + [args[i].untyped_storage() for i in buffered]}
         watched = [(s, _use_count(s._cdata)) for s in storages.values()]
         captured = _Graph(graph, args, in_place, tuple(buffered), tuple(i for i in buffered if i in self.mutated),
-                          result, leaves, aliased, returned, watched)
-        self.graphs[key] = captured
+                          result, leaves, cloned, returned, watched)
+        self.graphs.setdefault(key, []).append(captured)
         return self._replay(captured, inputs, counted=False)
 
     def _replay(self, graph: _Graph, inputs: tuple[Any, ...], counted: bool = True) -> Any:
         for i in graph.buffered:
             graph.args[i].copy_(inputs[i])
-        BACKEND.replay(graph.graph)
+        BACKEND.replay(graph.graph, [graph.args[i] if i in graph.buffered else x for i, x in enumerate(inputs)])
         for i in graph.copy_back:
             inputs[i].copy_(graph.args[i])
         if counted:
             self.stats.replays += 1
-        handed = iter([inputs[graph.returned[j]] if j in graph.returned else leaf.detach() if j in graph.aliased
-                       else leaf.clone() if isinstance(leaf, torch.Tensor) else leaf
+        handed = iter([inputs[graph.returned[j]] if j in graph.returned else leaf.clone() if j in graph.cloned
+                       else leaf.detach() if isinstance(leaf, torch.Tensor) else leaf
                        for j, leaf in enumerate(graph.leaves)])
         if not self.saved_from:
             return tree_map(lambda _: next(handed), graph.result)

@@ -378,7 +378,8 @@ def graphed(computation: Callable[..., Any], trace: Trace, family: GraphFamily |
         return computation
     mutated = set(mutated_inputs)
     return GraphedCallable(computation, family, part, saved_from=saved_from, refusal=refusal or graph_refusal(trace),
-                           mutated=[i for i, p in enumerate(trace.args) if p.name in mutated])
+                           mutated=[i for i, p in enumerate(trace.args) if p.name in mutated],
+                           names=[p.name for p in trace.args])
 
 
 def bumping_versions(computation: Callable[..., Any], trace: Trace, mutated_inputs: Sequence[str]) -> Callable[..., Any]:

@@ -307,6 +307,14 @@ def test_nan_propagates_like_eager():
     assert_fused(jf)
 
 
+def test_nan_with_a_full_payload_stays_nan_in_bfloat16():
+    """CUDA's NaN is 0x7FFFFFFF: rounding its bits to bfloat16 by hand carried into the sign (-0.0), on the GPU."""
+    x = torch.tensor([0x7FFFFFFF, 0x7FC00000, 0x3F800000], dtype=torch.int32).view(torch.float32).to(DEVICE)
+    jf = minijit.jit(lambda x: (x * 2).to(torch.bfloat16), executors=["triton"])
+    torch.testing.assert_close(jf(x), (x * 2).to(torch.bfloat16), equal_nan=True)
+    assert_fused(jf)
+
+
 @pytest.mark.skipif(importlib.util.find_spec("minijit.transforms.grad") is None,
                     reason="the grad transform (minijit.transforms.grad) is not part of this build")
 @pytest.mark.parametrize("layout", ["contiguous", "strided"])

@@ -30,7 +30,7 @@ CUDA_OPTIONS = {
     "AdamW": ({"capturable": True}, {"fused": True}),
     "SGD momentum": ({"fused": True},),
     "RMSprop": ({"capturable": True},),
-    "Adagrad": ({"fused": True},),
+    "Adagrad": ({"fused": True},),  # where torch has it on CUDA (not in 2.11: eager refuses, the case is skipped)
 }
 
 
@@ -67,7 +67,13 @@ def test_fused_step_on_cpu_matches_eager(name: str) -> None:
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
 def test_step_on_cuda_matches_eager(name: str) -> None:
     for options in ({}, *CUDA_OPTIONS[name]):
-        want, have = (_run(name, "cuda", use_jit, **options) for use_jit in (False, True))
+        try:
+            want = _run(name, "cuda", False, **options)
+        except RuntimeError as e:
+            if "fused=True" not in str(e):
+                raise
+            continue  # this torch has no fused kernel for it on CUDA: nothing to compare
+        have = _run(name, "cuda", True, **options)
         for w, h in zip(want, have, strict=True):
             assert h.device == w.device, options
             torch.testing.assert_close(h, w, msg=lambda m, o=options: f"{name} {o}: {m}")

@@ -38,7 +38,7 @@ CASES: dict[str, Callable[[torch.Tensor, torch.Tensor], object]] = {
     "0-dim x f64 scalar": lambda x, s: x.sum() * s.double(),
     "pow scalar base": lambda x, s: torch.pow(s, x),
     "where": lambda x, s: torch.where(x > 0, x, s),
-    "clamp": lambda x, s: torch.clamp(x, s - 1, s),
+    "clamp": lambda x, s: torch.clamp(x, (s - 1).to(x.device), s.to(x.device)),
     "lerp weight": lambda x, s: torch.lerp(x, x * 2, s),
     "addcdiv value": lambda x, s: x.addcdiv(x, x + 3, value=-s),
     "mul_": lambda x, s: x.clone().mul_(s),
@@ -100,6 +100,22 @@ REFUSED: dict[str, Callable[[torch.Tensor, torch.Tensor], object]] = {
     "out= on the CPU": lambda x, c: torch.mul(x, 2, out=c),
     "cat": lambda x, c: torch.cat([x, c]),
 }
+
+
+def test_clamp_takes_no_cpu_scalar_bounds_on_an_accelerator() -> None:
+    """Eager's clamp on CUDA refuses a 0-dim CPU bound (its device check is strict; the meta device's is not)."""
+    with pytest.raises(minijit.DeviceError, match=r"clamp: min is on cpu.*test_devices.py"):
+        minijit.jit(lambda x, s: torch.clamp(x, s))(torch.ones(4, device="meta"), _scalar())
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_clamp_cpu_scalar_bound_raises_as_eager_on_cuda() -> None:
+    x = torch.ones(4, device="cuda")
+    with pytest.raises(RuntimeError, match="same device"):
+        torch.clamp(x, _scalar())
+    with pytest.raises(minijit.DeviceError, match="clamp: min is on cpu"):
+        minijit.jit(lambda x, s: torch.clamp(x, s))(x, _scalar())
 
 
 @pytest.mark.parametrize("case", list(REFUSED))

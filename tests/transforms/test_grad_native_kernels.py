@@ -202,7 +202,18 @@ CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA de
 def test_backward_runs_eagers_kernels_on_cuda(name, dtype):
     fn, make = _cases("cuda", dtype)[name]
     tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
-    _check(fn, make, atol=tol, rtol=tol)
+    # Where eager's dispatcher picks no fused attention kernel (math: GQA in float32, say), eager's autograd
+    # differentiates a composite and there is no one kernel to match: values only.
+    _check(fn, make, atol=tol, rtol=tol, kernels=not (name.startswith("sdpa") and _eager_math(fn, make)))
+
+
+def _eager_math(fn: Callable[..., torch.Tensor], make: Callable[[], tuple]) -> bool:
+    """Whether eager ran this attention as math (no fused flash, efficient or cuDNN kernel among its ops)."""
+    args = make()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn(*args)
+    fused = ("_flash_attention", "_efficient_attention", "_cudnn_attention")
+    return not any(f in e.name for e in prof.events() for f in fused)
 
 
 @pytest.mark.cuda

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from minijit.errors import MetaError
+from minijit.errors import DeviceError, MetaError
 from minijit.ir import NumberProxy, TensorProxy
 from minijit.ir.context import where_now
 from minijit.ops import prims
@@ -208,6 +208,12 @@ def clamp(a: TensorProxy, min: Any = None, max: Any = None) -> TensorProxy:  # n
     """torch.clamp: elementwise bounds (either may be None)."""
     if min is None and max is None:
         raise ValueError("clamp: at least one of min and max must be given")
+    for name, bound in (("min", min), ("max", max)):
+        # Unlike the arithmetic ops, eager's clamp checks its tensor bounds' device strictly (no 0-dim CPU
+        # tensor as a scalar); the meta device lets it pass, CUDA does not.
+        if isinstance(bound, TensorProxy) and bound.device != a.device:
+            raise DeviceError(f"clamp: {name} is on {bound.device} and the input on {a.device}; eager's clamp "
+                              f"takes tensor bounds on the input's device only{where_now()}")
     out = a
     if min is not None:
         dtype = result_dtype(a, min)
