@@ -15,7 +15,11 @@ region output is then computed by a kernel over an iteration domain:
 A value is generated under a *projection*: for each of its dims, the iteration dim
 that indexes it (or None for a broadcast dim, index 0). `broadcast_in_dim`,
 `transpose` and size-1 reshapes only change the projection, so a broadcast input is
-a zero-stride load and no intermediate is ever materialized. Values load in their
+a zero-stride load and no intermediate is ever materialized. A projection entry may
+carry an offset, `(dim, offset)`: a `slice` shifts its input's indices by its starts,
+and a `cat` computes each part under its own offset, its loads masked to the part's
+range, and picks the part by the index (rotary embeddings' halves, their gradient's
+zero padding: no copy of either). `full` is a constant under any projection. Values load in their
 dtype and compute in float32 (float16/bfloat16/float32; float64 stays float64);
 stores cast to the output's dtype.
 """
@@ -40,6 +44,8 @@ _TL = {
 }
 REDUCTIONS = {"sum": ("tl.sum", "0.0"), "amax": ("tl.max", "float('-inf')"), "amin": ("tl.min", "float('inf')")}
 REMAPS = ("broadcast_in_dim", "reshape", "squeeze", "transpose")
+# Index arithmetic: no kernel of their own, fused where they feed or are fed by pointwise work.
+PLACEMENTS = ("slice", "cat", "full")
 # The widest row a row kernel holds whole in registers; wider rows are reduced in chunks of this many
 # elements (a power of two).
 ROW_BLOCK_LIMIT = 4096
@@ -146,10 +152,33 @@ class Store:
     output_index: int | None
 
 
+# A projection entry: the iteration dim indexing a value's dim (None: index 0), or (dim or None, offset).
+Entry = int | None | tuple[int | None, int]
+
+
+def entry_dim(e: Entry) -> int | None:
+    """The iteration dim an entry reads (None for a constant index)."""
+    return e[0] if isinstance(e, tuple) else e
+
+
+def shift(e: Entry, k: int) -> Entry:
+    """The entry indexing `k` elements further along."""
+    d, o = e if isinstance(e, tuple) else (e, 0)
+    return d if o + k == 0 else (d, o + k)
+
+
+def index_of(e: Entry) -> str:
+    """Source of the element index an entry gives."""
+    if isinstance(e, tuple):
+        d, o = e
+        return str(o) if d is None else f"(i{d} + {o})"
+    return "0" if e is None else f"i{e}"
+
+
 def view_of_input(node: Node) -> tuple[int, list[Node]] | None:
-    """(input index, remaps from it, outermost last) when `node` only re-indexes an input, else None."""
+    """(input index, remaps or slices from it, outermost last) when `node` only re-indexes an input, else None."""
     chain: list[Node] = []
-    while node.op == "remap":
+    while node.op in ("remap", "slice"):
         chain.append(node)
         node = node.args[0]
     if node.op != "load" or not chain:
@@ -160,6 +189,9 @@ def view_of_input(node: Node) -> tuple[int, list[Node]] | None:
 def apply_view(t: torch.Tensor, chain: list[Node]) -> torch.Tensor:
     """`t` re-indexed by a chain of remap nodes, as a torch view (no copy)."""
     for node in chain:
+        if node.op == "slice":
+            t = t[tuple(slice(start, start + size) for start, size in zip(node.attrs["starts"], node.shape))]
+            continue
         prim, params = node.attrs["prim"], node.attrs["params"]
         if prim == "broadcast_in_dim":
             shape, bdims = params[0], params[1]
@@ -213,6 +245,24 @@ def build_graph(region: Region) -> tuple[list[Node], list[Store], dict[int, int]
                 raise NotFusible(f"{name} is not a broadcast, permutation or size-1 reshape")
             node = Node("remap", tuple(out.shape), out.dtype, (arg(bsym.args[0]),),
                         {"dims": dims, "prim": name, "params": bsym.args[1:]})
+        elif name == "slice":
+            x, starts, _, steps = slice_args(bsym)
+            if steps is not None and any(step != 1 for step in steps):
+                raise NotFusible("a slice with steps")
+            node = Node("slice", tuple(out.shape), out.dtype, (arg(x),), {"starts": tuple(starts)})
+        elif name == "cat":
+            tensors = bsym.args[0] if bsym.args else bsym.kwargs["tensors"]
+            dim = (bsym.args[1] if len(bsym.args) > 1 else bsym.kwargs.get("dim", 0)) % out.ndim
+            parts, bounds, lo = [], [], 0
+            for t in tensors:
+                if t.shape[dim]:
+                    parts.append(arg(t))
+                    bounds.append((lo, lo + t.shape[dim]))
+                    lo += t.shape[dim]
+            node = Node("cat", tuple(out.shape), out.dtype, tuple(parts), {"dim": dim, "bounds": tuple(bounds)})
+        elif name == "full":
+            value = bsym.args[1] if len(bsym.args) > 1 else bsym.kwargs["fill_value"]
+            node = Node("full", tuple(out.shape), out.dtype, (), {"value": arg(value)})
         elif name in REDUCTIONS:
             node = Node("reduce", tuple(out.shape), out.dtype, (arg(bsym.args[0]),), {"kind": name})
         elif name == "var_mean":
@@ -241,6 +291,13 @@ def build_graph(region: Region) -> tuple[list[Node], list[Store], dict[int, int]
     for target, node in copies.items():
         stores.append(Store(node, target, None))
     return [n for n in loads if n is not None], stores, aliases, views
+
+
+def slice_args(bsym: BoundSymbol) -> tuple[Any, Any, Any, Any]:
+    """(x, start_indices, end_indices, strides) of a `prims.slice`, however they were passed."""
+    names = ("x", "start_indices", "end_indices", "strides")
+    values = list(bsym.args) + [bsym.kwargs.get(n) for n in names[len(bsym.args):]]
+    return tuple(values)  # type: ignore[return-value]
 
 
 def next_pow2(n: int) -> int:
@@ -349,7 +406,9 @@ class KernelWriter:
         self.block_n = min(ROW_BLOCK_LIMIT, next_pow2(domain[-1])) if row else 0
         self.input_shapes = input_shapes
         self.lines: list[str] = []
-        self.memo: dict[tuple[int, tuple[int | None, ...]], str] = {}
+        self.memo: dict[tuple[Any, ...], str] = {}
+        # Conditions the loads being generated are masked with too (a part of a cat: its index range).
+        self.guards: tuple[str, ...] = ()
         self.used_inputs: set[int] = set()
         # input index -> projections it is loaded with (for the copy_to_out_ safety check)
         self.load_projections: dict[int, set[tuple[int | None, ...]]] = {}
@@ -366,22 +425,21 @@ class KernelWriter:
         """The iteration dim that indexes columns in a row kernel."""
         return len(self.domain) - 1
 
-    def index_expr(self, dims: tuple[int | None, ...], strides: list[str]) -> str:
-        """The element offset of a tensor indexed by iteration dims `dims` (None: index 0)."""
-        terms = [f"i{d} * {s}" for d, s in zip(dims, strides) if d is not None]
+    def index_expr(self, dims: tuple[Entry, ...], strides: list[str]) -> str:
+        """The element offset of a tensor indexed by projection entries `dims` (None: index 0)."""
+        terms = [f"{index_of(d)} * {s}" for d, s in zip(dims, strides) if d is not None]
         if not terms:
             return "(rows * 0)" if self.row else "(offs * 0)"
         return " + ".join(terms)
 
-    def mask_for(self, dims: tuple[int | None, ...]) -> str:
-        """The mask of a load or store indexed by `dims` (rows only, or the whole tile)."""
-        if self.row and self.last_dim not in dims:
-            return "rmask"
-        return "mask"
+    def mask_for(self, dims: tuple[Entry, ...]) -> str:
+        """The mask of a load or store indexed by `dims` (rows only, or the whole tile), with the guards."""
+        base = "rmask" if self.row and self.last_dim not in {entry_dim(d) for d in dims} else "mask"
+        return " & ".join((base, *self.guards))
 
     def gen(self, node: Node, proj: tuple[int | None, ...]) -> str:
         """The variable holding `node` under projection `proj`, emitting its code once."""
-        key = (id(node), proj)
+        key = (id(node), proj, self.guards)
         name = self.memo.get(key)
         if name is not None:
             return name
@@ -397,6 +455,17 @@ class KernelWriter:
             self.load_projections.setdefault(i, set()).add(proj)
             offset = self.index_expr(proj, [f"in{i}_s{d}" for d in range(len(proj))])
             self.lines.append(f"{name} = tl.load(in{i} + {offset}, mask={self.mask_for(proj)}, other=1)"
+                              f".to({compute_dtype(node.dtype)})")
+            return name
+        if node.op == "slice":
+            (src,) = node.args
+            return self.gen(src, tuple(shift(e, start) for e, start in zip(proj, node.attrs["starts"])))
+        if node.op == "cat":
+            return self._cat(node, proj)
+        if node.op == "full":
+            name = self.fresh()
+            value = _literal(node.attrs["value"])
+            self.lines.append(f"{name} = tl.where({self.mask_for(proj)}, {value}, {value})"
                               f".to({compute_dtype(node.dtype)})")
             return name
         if node.op == "remap":
@@ -456,6 +525,25 @@ class KernelWriter:
             return name
         raise NotFusible(node.op)
 
+    def _cat(self, node: Node, proj: tuple[Entry, ...]) -> str:
+        """A cat: each part computed at its offset, its loads guarded by its range; the index picks one."""
+        dim = node.attrs["dim"]
+        entry = proj[dim]
+        index = index_of(entry)
+        self.ops.append("cat")
+        values = []
+        for (lo, hi), part in zip(node.attrs["bounds"], node.args):
+            outer = self.guards
+            self.guards = (*outer, f"({index} >= {lo})", f"({index} < {hi})")
+            values.append(self.gen(part, tuple(shift(e, -lo) if k == dim else e for k, e in enumerate(proj))))
+            self.guards = outer
+        expr = values[-1]
+        for (_, hi), value in zip(reversed(node.attrs["bounds"][:-1]), reversed(values[:-1])):
+            expr = f"tl.where({index} < {hi}, {value}, {expr})"
+        name = self.fresh()
+        self.lines.append(f"{name} = {expr}")
+        return name
+
     def _var_mean(self, node: Node, x: str, proj: tuple[int | None, ...]) -> str:
         """Both halves of a var_mean (two passes over the row held in registers); returns `node`'s."""
         pair = node.attrs["pair"]
@@ -465,8 +553,8 @@ class KernelWriter:
         self.lines.append(f"{mean} = tl.sum(tl.where(mask, {x}, 0.0), axis=1, keep_dims=True) / {n}")
         self.lines.append(f"{diff} = tl.where(mask, {x} - {mean}, 0.0)")
         self.lines.append(f"{var} = tl.sum({diff} * {diff}, axis=1, keep_dims=True) / {_literal(n - node.attrs['correction'])}")
-        self.memo[(id(pair["mean"]), proj)] = mean
-        self.memo[(id(pair["var"]), proj)] = var
+        self.memo[(id(pair["mean"]), proj, self.guards)] = mean
+        self.memo[(id(pair["var"]), proj, self.guards)] = var
         return mean if node is pair["mean"] else var
 
     def store_projection(self, shape: tuple[int, ...]) -> tuple[int | None, ...]:
@@ -533,7 +621,7 @@ class KernelWriter:
                     if kind_ == "mean":
                         finals.append(f"{acc} = {acc} / {self.domain[-1]}")
                 elif kind_ == "var":
-                    mean = kept[(id(node.attrs["pair"]["mean"]), row)]
+                    mean = kept[(id(node.attrs["pair"]["mean"]), row, ())]
                     diff = self.fresh()
                     step.append(f"{diff} = tl.where(mask, {x} - {mean}, 0.0)")
                     step.append(f"{acc} += tl.sum({diff} * {diff}, axis=1, keep_dims=True)")
@@ -546,7 +634,7 @@ class KernelWriter:
                     step.append(f"{acc} = {pick}({acc}, {fn}(tl.where(mask, {x}, {neutral}), axis=1, keep_dims=True))")
                     step.append(f"{nans} += tl.sum(tl.where(mask & ({x} != {x}), 1, 0), axis=1, keep_dims=True)")
                     finals.append(f"{acc} = tl.where({nans} > 0, float('nan'), {acc})")
-                kept[(id(node), row)] = acc
+                kept[(id(node), row, ())] = acc
             body += self._loop(step) + finals
             self.memo = kept  # values inside the loop were per chunk; the accumulated rows stay
         self.lines = body

@@ -18,6 +18,8 @@ from executors.triton.codegen import (
     DTYPES,
     ELEMENTWISE,
     FLOATS,
+    INTS,
+    PLACEMENTS,
     REDUCTIONS,
     REMAPS,
     KernelWriter,
@@ -30,6 +32,7 @@ from executors.triton.codegen import (
     next_pow2,
     pow_exponent_ok,
     remap_dims,
+    slice_args,
 )
 from minijit.extend import BoundSymbol, FusionExecutor, Proxy, Region, TensorProxy
 
@@ -233,18 +236,26 @@ class TritonExecutor(FusionExecutor):
         return t.device.type == ("cpu" if interpreting() else "cuda")
 
     def fusible(self, bsym: BoundSymbol) -> bool:
-        """Pointwise prims, casts, broadcasts/permutes/size-1 reshapes, copies, and last-dim sum/amax/amin."""
+        """Pointwise prims, casts, broadcasts/permutes/size-1 reshapes, slices, cats, fills, copies, and last-dim
+        sum/amax/amin."""
         if bsym.sym.namespace != "prims":
             return False
         name = bsym.sym.name
         if name not in ELEMENTWISE and name not in REMAPS and name not in REDUCTIONS and not bsym.sym.effects.copies \
-                and name not in ("convert_element_type", "var_mean"):
+                and name not in ("convert_element_type", "var_mean", *PLACEMENTS):
             return False
         if bsym.sym.effects.copies and not self.fuse_copies_to_out:
             return False
         values = [*bsym.args, *bsym.kwargs.values()]
         tensors = [x for x in values if isinstance(x, TensorProxy)]
+        if name == "cat":
+            tensors = list(bsym.args[0] if bsym.args else bsym.kwargs["tensors"])
         outs = [p for p in bsym.proxy_outputs()]
+        if name == "full":
+            value = bsym.args[1] if len(bsym.args) > 1 else bsym.kwargs.get("fill_value")
+            out = bsym.output
+            return (isinstance(value, bool | int | float) and out.dtype in (*FLOATS, *INTS) and self._device_ok(out)
+                    and all(type(d) is int for d in out.shape))
         if not tensors or any(not isinstance(p, TensorProxy) for p in outs):
             return False
         for t in tensors + outs:
@@ -268,12 +279,20 @@ class TritonExecutor(FusionExecutor):
                     and 0 < x.shape[-1])
         if name in REMAPS:
             return remap_dims(bsym) is not None
+        if name == "slice":
+            steps = slice_args(bsym)[3]
+            return steps is None or all(step == 1 for step in steps)
+        if name == "cat":
+            return all(isinstance(t, TensorProxy) and t.dtype == bsym.output.dtype for t in tensors)
         return True
 
     def can_join(self, members: Sequence[BoundSymbol], bsym: BoundSymbol) -> bool:
         """Keep one reduction domain per region, and row results only flowing back into rows of it."""
         domain: tuple[int, ...] | None = None
         derived: set[str] = set()
+        names = {b.sym.name for b in [*members, bsym]}
+        if names & {"slice", "cat"} and names & {*REDUCTIONS, "var_mean"}:
+            return False  # shifted indices stay in pointwise kernels (a row kernel's loads assume its rows)
         for b in [*members, bsym]:
             name = b.sym.name
             outs = {p.name for p in b.proxy_outputs()}
@@ -294,8 +313,10 @@ class TritonExecutor(FusionExecutor):
     def fuse(self, region: Region) -> FusedRegion | None:
         """Generate (or reuse) the region's kernels; None for a region not worth a kernel."""
         names = {b.sym.name for b in region.members}
-        if names <= set(REMAPS):
+        if names <= {*REMAPS, "slice"}:
             return None  # views only: torch does them without copying
+        if names <= {"full"}:
+            return None  # a fill is one kernel either way
         try:
             return self._compile(region)
         except NotFusible:

@@ -392,3 +392,45 @@ def test_norms_are_one_row_kernel(dtype, layout):
         assert out.dtype == ref.dtype
         torch.testing.assert_close(out, ref, **TOL[dtype])
     assert_fused(jf)
+
+
+def _rotate_half(x):
+    # Hugging Face's rotary embedding (Llama): the two halves of the last dim swapped, the second negated.
+    x1 = x[..., : x.shape[-1] // 2]
+    x2 = x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_rotary_embedding_is_one_kernel_forward_and_backward(dtype):
+    """Slices and the cat of rotate_half, and the zero padding of its gradient, fuse with the products."""
+    def rope(q, cos, sin):
+        return q * cos + _rotate_half(q) * sin
+
+    q = make((2, 3, 5, 16), dtype, "contiguous").transpose(1, 2).requires_grad_()  # strided, as after a view
+    cos, sin = make((1, 5, 1, 16), dtype, "contiguous"), make((1, 5, 1, 16), dtype, "contiguous")
+    jf = minijit.jit(rope, executors=["triton"])
+    out = jf(q, cos, sin)
+    g = torch.randn_like(out)
+    (got,) = torch.autograd.grad(out, q, g)
+    want_out = rope(q, cos, sin)
+    (want,) = torch.autograd.grad(want_out, q, g)
+    tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else {}
+    torch.testing.assert_close(out, want_out, **tol)
+    torch.testing.assert_close(got, want, **tol)
+    for trace in (minijit.last_traces(jf)[-1], minijit.last_backward_traces(jf)[-1]):
+        src = trace.python()
+        assert src.count("tritonex.fusion_") == 1 and "torchex." not in src, src
+
+
+def test_cat_slice_and_full_fuse_with_pointwise_work():
+    """A cat of three parts (one broadcast) along a middle dim, slices at offsets of a strided input, a fill."""
+    def f(x, y, b):
+        parts = torch.cat([x[:, 1:3] * 2, y.exp(), b.expand(4, 2, 6)], dim=1)
+        return torch.where(parts > 0.5, parts, torch.zeros_like(parts)) * 3
+
+    x = torch.randn(4, 12, 6, device=DEVICE)[:, ::2]  # strided
+    y, b = make((4, 3, 6), torch.float32, "contiguous"), make((1, 2, 6), torch.float32, "contiguous")
+    jf = minijit.jit(f, executors=["triton"])
+    torch.testing.assert_close(jf(x, y, b), f(x, y, b))
+    assert_fused(jf)
