@@ -100,6 +100,19 @@ def llama_profile(dev: str, small: bool, executors: list[str] | None) -> None:
     out = io.StringIO()
     pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(25)
     print("\n".join(line for line in out.getvalue().splitlines() if line.strip())[:6000])
+    if torch.cuda.is_available():
+        kernel_times(step, f"Llama step, executors={executors}")
+
+
+def kernel_times(step: object, title: str) -> None:
+    """The device time of one call of `step` by kernel name (torch.profiler), the largest first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step()
+        sync()
+    table = prof.key_averages().table(sort_by="self_device_time_total", row_limit=18, max_name_column_width=70)
+    print(f"\n{title}: device time by kernel\n{table[:7000]}")
 
 
 def main() -> None:
@@ -110,6 +123,30 @@ def main() -> None:
     per_call(dev)
     for executors in (None, ["triton"]):
         llama_profile(dev, opts.small, executors)
+    if torch.cuda.is_available():
+        eager_llama_kernels(opts.small)
+
+
+def eager_llama_kernels(small: bool) -> None:
+    """Eager's device time by kernel on the same Llama step, for comparison."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = CausalLMLoss(LlamaForCausalLM(LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816,
+                                                      num_hidden_layers=8, num_attention_heads=16,
+                                                      num_key_value_heads=8, max_position_embeddings=1024,
+                                                      pad_token_id=0, bos_token_id=1, eos_token_id=2)).train())
+    model = model.to(device="cuda", dtype=torch.bfloat16)
+    ids = torch.randint(3, 32000, (4, 512), device="cuda")
+
+    def step() -> None:
+        for p in model.parameters():
+            p.grad = None
+        model(ids, ids).backward()
+
+    for _ in range(3):
+        step()
+    kernel_times(step, "Llama step, eager")
 
 
 if __name__ == "__main__":
