@@ -80,6 +80,8 @@ ELEMENTWISE: dict[str, tuple[str, str]] = {
     "isnan": ("({0} != {0})", _F), "isinf": ("(tl.abs({0}) == float('inf'))", _F),
     "isfinite": ("(({0} == {0}) & (tl.abs({0}) != float('inf')))", _F),
     "where": ("tl.where({0}, {1}, {2})", _F + _I + _B),
+    # torch's lerp: from the nearer end, as its kernels compute it (the same rounding).
+    "lerp": ("tl.where(tl.abs({2}) < 0.5, {0} + {2} * ({1} - {0}), {1} - ({1} - {0}) * (1.0 - {2}))", _F),
 }
 
 
@@ -496,6 +498,8 @@ class KernelWriter:
             template = ELEMENTWISE[prim][0]
             if prim == "pow":
                 template = pow_source(node.args[1])
+            if prim == "lerp" and not isinstance(node.args[2], Node):  # a number weight: its branch, chosen here
+                template = "({0} + {2} * ({1} - {0}))" if abs(node.args[2]) < 0.5 else "({1} - ({1} - {0}) * (1.0 - {2}))"
             if prim in ("maximum", "minimum") and node.dtype.is_floating_point:
                 # torch.maximum/minimum propagate NaN; Triton's do not unless asked.
                 template = template.replace(")", ", propagate_nan=tl.PropagateNan.ALL)")
@@ -529,6 +533,10 @@ class KernelWriter:
         """A cat: each part computed at its offset, its loads guarded by its range; the index picks one."""
         dim = node.attrs["dim"]
         entry = proj[dim]
+        if entry_dim(entry) is None:  # read at one index (a slice of one element): that part, no choice to make
+            at = entry[1] if isinstance(entry, tuple) else 0
+            (lo, _), part = next((b, p) for b, p in zip(node.attrs["bounds"], node.args) if b[0] <= at < b[1])
+            return self.gen(part, tuple(shift(e, -lo) if k == dim else e for k, e in enumerate(proj)))
         index = index_of(entry)
         self.ops.append("cat")
         values = []

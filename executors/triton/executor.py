@@ -336,10 +336,12 @@ class TritonExecutor(FusionExecutor):
                 groups.setdefault((True, domain), []).append(s)
             else:
                 groups.setdefault((False, s.node.shape), []).append(s)
+        packs = [(row, dom, pack) for (row, dom), group in groups.items()
+                 for pack in ([group] if row else _packs(group, input_shapes, math.prod(dom)))]
         kernels: list[_Kernel] = []
         loads_by_kernel: dict[int, list[tuple[int, set[Any]]]] = {}
         store_kernel: dict[int, int] = {}
-        for (row, dom), group in groups.items():
+        for row, dom, group in packs:
             writer = KernelWriter(dom, row, input_shapes)
             ptrs = []
             for j, s in enumerate(group):
@@ -356,6 +358,62 @@ class TritonExecutor(FusionExecutor):
             kernels.append(_Kernel(writer, group, source, name, params))
         direct = {t: _direct_copy_ok(t, k, kernels, loads_by_kernel) for t, k in store_kernel.items()}
         return FusedRegion(region, kernels, len(region.outputs), aliases, direct, views)
+
+
+# The most whole-tensor inputs one pointwise kernel loads, where its stores are independent computations:
+# more (a foreach optimizer step over 20 parameters in one kernel) keeps too many values live per element.
+LOADS_PER_KERNEL = 8
+
+
+def _packs(group: list[Store], input_shapes: dict[int, tuple[int, ...]], numel: int) -> list[list[Store]]:
+    """`group`'s stores (over a domain of `numel` elements) in kernels: stores computed from shared whole-size
+    values or inputs stay together; independent computations are packed into kernels of at most
+    LOADS_PER_KERNEL whole-tensor loads. Smaller values (a bias correction, a broadcast row) join nothing:
+    each kernel computes them again."""
+    parent: dict[tuple[str, int], tuple[str, int]] = {}
+
+    def find(x: tuple[str, int]) -> tuple[str, int]:
+        while parent.setdefault(x, x) != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    reads: list[set[int]] = []  # per store: the whole-tensor inputs it loads
+    for k, s in enumerate(group):
+        seen: set[int] = set()
+        inputs: set[int] = set()
+        stack = [s.node]
+        while stack:
+            node = stack.pop()
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            if node.op == "load":
+                i = node.attrs["input"]
+                if math.prod(input_shapes[i]) == numel:
+                    inputs.add(i)
+                    parent[find(("input", i))] = find(("store", k))
+            else:
+                if math.prod(node.shape) == numel:
+                    parent[find(("node", id(node)))] = find(("store", k))
+                stack += [a for a in node.args if isinstance(a, Node)]
+        if s.target is not None:
+            parent[find(("input", s.target))] = find(("store", k))
+        reads.append(inputs)
+    components: dict[tuple[str, int], list[int]] = {}
+    for k in range(len(group)):
+        components.setdefault(find(("store", k)), []).append(k)
+    packs: list[list[Store]] = []
+    loads: set[int] = set()
+    for members in components.values():
+        needed = set().union(*(reads[k] for k in members))
+        if packs and len(loads | needed) <= LOADS_PER_KERNEL:
+            packs[-1] += [group[k] for k in members]
+            loads |= needed
+        else:
+            packs.append([group[k] for k in members])
+            loads = needed
+    return packs
 
 
 def _direct_copy_ok(target: int, kernel_index: int, kernels: list[_Kernel],

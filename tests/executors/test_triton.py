@@ -8,6 +8,7 @@ on contiguous and strided inputs. Ops are grouped into a few functions so that e
 from __future__ import annotations
 
 import importlib.util
+import re
 
 import pytest
 import torch
@@ -434,3 +435,34 @@ def test_cat_slice_and_full_fuse_with_pointwise_work():
     jf = minijit.jit(f, executors=["triton"])
     torch.testing.assert_close(jf(x, y, b), f(x, y, b))
     assert_fused(jf)
+
+
+def test_independent_updates_are_packed_into_several_kernels():
+    """A foreach Adam step over 20 parameters: each kernel loads at most LOADS_PER_KERNEL whole tensors
+    (one kernel for all of them kept 80 values live per element), lerp included; equal to eager."""
+    from executors.triton.executor import LOADS_PER_KERNEL
+
+    def make_opt():
+        torch.manual_seed(0)
+        params = [torch.nn.Parameter(torch.randn(64, device=DEVICE)) for _ in range(20)]
+        for p in params:
+            p.grad = torch.randn(64, device=DEVICE)
+        return params, torch.optim.Adam(params, lr=1e-3, foreach=True)
+
+    params, opt = make_opt()
+    eager_params, eager_opt = make_opt()
+    step = minijit.jit(opt.step, executors=["triton"])
+    with torch.no_grad():
+        for _ in range(3):
+            step()
+            eager_opt.step()
+    for p, e in zip(params, eager_params):
+        torch.testing.assert_close(p, e)
+    src = final_source(step)
+    assert "torchex.lerp" not in src and src.count("triton_pw_") > 1, src
+    kernels = [k for region in sorted(set(re.findall(r"tritonex\.(fusion_\d+)", src)))
+               for k in kernel_source(step, region).split("@triton.jit") if k.strip()]
+    assert len(kernels) > 2
+    for kernel in kernels:
+        whole = [line for line in kernel.splitlines() if "tl.load(" in line and "(offs * 0)" not in line]
+        assert len(whole) <= LOADS_PER_KERNEL, kernel
