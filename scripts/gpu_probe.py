@@ -115,16 +115,40 @@ def kernel_times(step: object, title: str) -> None:
     print(f"\n{title}: device time by kernel\n{table[:7000]}")
 
 
+def adam_kernels(dev: str, small: bool) -> None:
+    """Device time by kernel of jit(opt.step) with the Triton executor, torch.optim.Adam over 20 parameters."""
+    params = [torch.nn.Parameter(torch.randn(64 if small else 1 << 22, device=dev)) for _ in range(20)]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = torch.optim.Adam(params, lr=1e-3)
+    step = minijit.jit(opt.step, executors=["triton"])
+    with torch.no_grad():
+        for _ in range(4):
+            step()
+        sync()
+        start = time.perf_counter()
+        step()
+        print(f"\nAdam step, triton: host {(time.perf_counter() - start) * 1e3:.2f} ms")
+        if torch.cuda.is_available():
+            kernel_times(step, "Adam step, triton")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--small", action="store_true", default=not torch.cuda.is_available())
+    parser.add_argument("--only", default="calls,llama,adam", help="comma-separated: calls, llama, adam")
     opts = parser.parse_args()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    per_call(dev)
-    for executors in (None, ["triton"]):
-        llama_profile(dev, opts.small, executors)
-    if torch.cuda.is_available():
-        eager_llama_kernels(opts.small)
+    parts = opts.only.split(",")
+    if "calls" in parts:
+        per_call(dev)
+    if "adam" in parts:
+        adam_kernels(dev, opts.small)
+    if "llama" in parts:
+        for executors in (None, ["triton"]):
+            llama_profile(dev, opts.small, executors)
+        if torch.cuda.is_available():
+            eager_llama_kernels(opts.small)
 
 
 def eager_llama_kernels(small: bool) -> None:

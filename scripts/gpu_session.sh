@@ -39,7 +39,8 @@ if [[ $STEPS == *check* ]]; then
     summary+=("gpu_check rc=$?")
 fi
 if [[ $STEPS == *probe* ]]; then
-    timeout "${PROBE_S:-90}" python3 scripts/gpu_probe.py > "$LOGS/probe.txt" 2>&1
+    # shellcheck disable=SC2086  # PROBE_ARGS is a list of arguments
+    timeout "${PROBE_S:-90}" python3 scripts/gpu_probe.py ${PROBE_ARGS:-} > "$LOGS/probe.txt" 2>&1
     summary+=("probe rc=$?")
 fi
 if [[ $STEPS == *bench* ]]; then

@@ -113,7 +113,7 @@ class _Kernel:
         if self.compiled:
             compiled = self.compiled.get(_launch_key(args))
             device, stream, hooks = _runtime()
-            if compiled is not None and hooks.launch_enter_hook is None and hooks.launch_exit_hook is None:
+            if compiled is not None and _no_hook(hooks.launch_enter_hook) and _no_hook(hooks.launch_exit_hook):
                 # Triton's own launch, less its per-call work: no hooks set, so no launch metadata.
                 compiled.run(*self.grid3, stream(device()), compiled.function, compiled.packed_metadata, None,
                              None, None, *args, self.block_m, self.block_n)
@@ -129,6 +129,11 @@ def _launch_key(args: Sequence[Any]) -> tuple[Any, ...]:
     and each integer's being 1, a multiple of 16, and within 32 bits."""
     return tuple((a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor)
                  else (a == 1, a % 16 == 0, -2**31 <= a < 2**31) for a in args)
+
+
+def _no_hook(hook: Any) -> bool:
+    """Whether a Triton launch hook is unset: None, or (Triton 3.5+) a hook chain with nothing in it."""
+    return hook is None or not getattr(hook, "calls", True)
 
 
 _RUNTIME: list[Any] = []  # Triton's current-device and current-stream functions, and its runtime knobs
@@ -150,6 +155,9 @@ class FusedRegion:
     def __init__(self, region: Region, kernels: list[_Kernel], n_outputs: int, aliases: dict[int, int],
                  direct_copy_ok: dict[int, bool], views: dict[int, tuple[int, list[Node]]]):
         self.region_name = region.name
+        # Where the outputs go: the region's own device (a region of fills has no tensor input to take it from).
+        self.device = next((torch.device(p.device) for p in region.outputs if isinstance(p, TensorProxy)),
+                           torch.device("cuda" if not interpreting() else "cpu"))
         self.kernels = kernels
         self.n_outputs = n_outputs
         self.aliases = aliases
@@ -159,8 +167,7 @@ class FusedRegion:
         self.note = "triton kernels: " + ", ".join(k.name for k in kernels)
 
     def __call__(self, *inputs: Any) -> tuple[Any, ...]:
-        tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
-        device = tensors[0].device if tensors else torch.device("cpu")
+        device = self.device
         outputs: list[Any] = [None] * self.n_outputs
         late_copies: list[tuple[torch.Tensor, torch.Tensor]] = []
         storages: dict[int, int] | None = None  # storage -> how many inputs live in it (counted when needed)

@@ -54,6 +54,11 @@ def _forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_m
     else:
         out, lse, _, _, _, _, seed, offset, _ = aten._scaled_dot_product_cudnn_attention(
             query, key, value, attn_mask, True, 0.0, is_causal, False, scale=scale)
+    # Without dropout the kernels return the RNG seed and offset uninitialised (0-dim tensors that the backward
+    # does not read); zeros in their place keep the saved values the same on every call (a CUDA graph's
+    # backward is captured per value of such a CPU scalar).
+    if seed.device.type == "cpu":
+        seed, offset = torch.zeros_like(seed), torch.zeros_like(offset)
     return out, lse, seed, offset
 
 

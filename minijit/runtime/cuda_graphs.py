@@ -34,7 +34,6 @@ synchronizes with the CPU, random numbers drawn on the CPU or from an explicit g
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +43,10 @@ import torch
 from minijit.ir import Trace, tree_flatten, tree_map
 
 _use_count = torch._C._storage_Use_Count
+# Ops reading a device tensor's metadata only (no wait for the device).
+METADATA = frozenset({"shape"})
+# Ops on the random generator's state: a replay would not run them (it would draw from the state of the moment).
+RNG_STATE = frozenset({"manual_seed", "seed", "initial_seed", "get_rng_state", "set_rng_state"})
 MAX_INSTANCES = 3  # graphs per kind of call: another is captured while the results of one are alive
 MAX_CAPTURES = 6  # per kind of call, in all: inputs read in place may move
 
@@ -73,16 +76,43 @@ BACKEND: Any = CudaGraphs
 
 def graph_refusal(trace: Trace) -> str | None:
     """Why `trace` can never be replayed from a CUDA graph, or None."""
+    for b in trace.bound_symbols:
+        if _synchronizes(b):
+            return f"{b.sym.name} synchronizes with the CPU (it reads a value of a device tensor){_at(b)}"
     for b in _walk(trace.bound_symbols):
+        if b.sym.name in RNG_STATE:
+            return f"{b.sym.name} sets or reads the random generator's state, which a replay would not{_at(b)}"
         if not b.sym.effects.random:
             continue
         if b.kwargs.get("generator") is not None:
-            return f"{b.sym.name} draws from an explicit torch.Generator (line {b.source or '?'})"
+            return f"{b.sym.name} draws from an explicit torch.Generator{_at(b)}"
         for out in tree_flatten(b.output):
             device = getattr(out, "device", None)
             if device is not None and torch.device(device).type != BACKEND.device_type:
                 return f"{b.sym.name} draws random numbers on {device}, which a replay would not draw again"
     return None
+
+
+def _synchronizes(b: Any) -> bool:
+    """Whether a bound symbol waits for the device: a value check, or a number or a tensor elsewhere made from a
+    device tensor (`item`, a move to the CPU). A capture of such a call would fail, and leave torch's
+    random generator in its capture state."""
+    if b.sym.name == "check_value":
+        return True
+    if b.sym.name in METADATA:
+        return False
+    if not any(getattr(a, "device", None) is not None and torch.device(a.device).type == BACKEND.device_type
+               for a in b.proxy_args()):
+        return False
+    for out in b.proxy_outputs():
+        device = getattr(out, "device", None)
+        if device is None or torch.device(device).type != BACKEND.device_type:
+            return True
+    return False
+
+
+def _at(b: Any) -> str:
+    return f" (at {b.source})" if b.source is not None else ""
 
 
 def _walk(bsyms: Sequence[Any]) -> Any:
@@ -124,6 +154,8 @@ class _Graph:
     leaves: list[Any]
     cloned: frozenset[int]  # leaf positions copied out (what the user gets from a forward with saved tensors)
     returned: dict[int, int]  # leaf positions that are inputs: the call's own input there is returned
+    # leaf positions that are views of inputs: (input, storage offset from it, shape, strides), made on the call's
+    viewed: dict[int, tuple[int, int, tuple[int, ...], tuple[int, ...]]]
     watched: list[tuple[Any, int]]  # (storage, its use count when nothing handed out is alive)
 
     def fits(self, inputs: tuple[Any, ...]) -> bool:
@@ -192,26 +224,9 @@ class GraphedCallable:
         return self._capture(key, inputs, stay)
 
     def _first_run(self, inputs: tuple[Any, ...]) -> Any:
-        """The first call of a kind: ordinary launches, watched for a synchronization with the CPU (which no
-        graph can capture: a capture that fails leaves torch's random generator unusable)."""
+        """The first call of a kind: ordinary launches (the kernels compile, lazy handles are made)."""
         self.stats.ordinary_run("first call of this kind (compiles kernels; the next call captures)")
-        if BACKEND.device_type != "cuda":
-            return self.fn(*inputs)
-        mode = torch.cuda.get_sync_debug_mode()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                result = self.fn(*inputs)
-            finally:
-                torch.cuda.set_sync_debug_mode(mode)
-        syncs = [w for w in caught if "synchroniz" in str(w.message)]
-        for w in caught:
-            if w not in syncs:
-                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-        if syncs:
-            self.refusal = f"the trace synchronizes with the CPU ({str(syncs[0].message).splitlines()[0][:100]})"
-        return result
+        return self.fn(*inputs)
 
     def _key(self, inputs: tuple[Any, ...]) -> Hashable | str:
         """The kind of call (metadata, numbers, the values of CPU scalars), or why it cannot be replayed."""
@@ -269,19 +284,18 @@ class GraphedCallable:
         leaves = tree_flatten(outputs) + tree_flatten(saved)
         cloned = frozenset(j for j in range(n_out) if isinstance(leaves[j], torch.Tensor)) if self.saved_from \
             else frozenset()
-        input_ptrs = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
+        input_ptrs = {a.untyped_storage().data_ptr(): i for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
         positions = {id(a): i for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
         returned: dict[int, int] = {}  # leaf -> the input position it is (the call returns that input itself)
+        viewed: dict[int, tuple[int, int]] = {}  # leaf -> (input position, storage offset from that input's)
         handed_out: list[int] = []
         for j, leaf in enumerate(leaves):
             if not isinstance(leaf, torch.Tensor):
                 continue
             if id(leaf) in positions:
                 returned[j] = positions[id(leaf)]
-            elif leaf.untyped_storage().data_ptr() in input_ptrs:
-                self.refusal = "a result is a view of an input"
-                self.stats.ordinary_run(self.refusal)
-                return self.fn(*inputs)
+            elif (i := input_ptrs.get(leaf.untyped_storage().data_ptr())) is not None:
+                viewed[j] = (i, leaf.storage_offset() - args[i].storage_offset())  # made again on the call's input
             elif j not in cloned:
                 handed_out.append(j)
                 if self.saved_from:
@@ -289,13 +303,15 @@ class GraphedCallable:
         # Nothing of the caller's is kept: an input read in place is the call's own tensor at each replay
         # (a reference kept would also make a graph's output passed here look alive to its graph).
         args = [a if i in buffered else None for i, a in enumerate(args)]
-        leaves = [None if j in returned else leaf for j, leaf in enumerate(leaves)]
+        layouts = {j: (tuple(leaves[j].shape), leaves[j].stride()) for j in viewed}
+        leaves = [None if j in returned or j in viewed else leaf for j, leaf in enumerate(leaves)]
         result = tree_map(lambda _: None, result)  # the structure (the leaves are `leaves`)
         storages = {s.data_ptr(): s for s in [leaves[j].untyped_storage() for j in handed_out]
                     + [args[i].untyped_storage() for i in buffered]}
         watched = [(s, _use_count(s._cdata)) for s in storages.values()]
         captured = _Graph(graph, args, in_place, tuple(buffered), tuple(i for i in buffered if i in self.mutated),
-                          result, leaves, cloned, returned, watched)
+                          result, leaves, cloned, returned, {j: (i, d, *layouts[j]) for j, (i, d) in viewed.items()},
+                          watched)
         self.graphs.setdefault(key, []).append(captured)
         return self._replay(captured, inputs, counted=False)
 
@@ -307,13 +323,21 @@ class GraphedCallable:
             inputs[i].copy_(graph.args[i])
         if counted:
             self.stats.replays += 1
-        handed = iter([inputs[graph.returned[j]] if j in graph.returned else leaf.clone() if j in graph.cloned
+        handed = iter([inputs[graph.returned[j]] if j in graph.returned
+                       else _view_of(inputs, *graph.viewed[j]) if j in graph.viewed
+                       else leaf.clone() if j in graph.cloned
                        else leaf.detach() if isinstance(leaf, torch.Tensor) else leaf
                        for j, leaf in enumerate(graph.leaves)])
         if not self.saved_from:
             return tree_map(lambda _: next(handed), graph.result)
         outputs = tree_map(lambda _: next(handed), graph.result[0])
         return outputs, tree_map(lambda _: next(handed), graph.result[1])
+
+
+def _view_of(inputs: tuple[Any, ...], i: int, delta: int, shape: tuple[int, ...], stride: tuple[int, ...]) -> Any:
+    """The view of the call's input `i` that a result was of the captured one (what an ordinary run returns)."""
+    x = inputs[i]
+    return x.as_strided(shape, stride, x.storage_offset() + delta)
 
 
 def _addresses(inputs: tuple[Any, ...]) -> dict[int, int]:

@@ -466,3 +466,30 @@ def test_independent_updates_are_packed_into_several_kernels():
     for kernel in kernels:
         whole = [line for line in kernel.splitlines() if "tl.load(" in line and "(offs * 0)" not in line]
         assert len(whole) <= LOADS_PER_KERNEL, kernel
+
+
+def test_region_of_fills_makes_its_outputs_on_the_region_device():
+    """A region with no tensor input (a fill and work on it) puts its outputs on the trace's device (it once
+    took the device from its first input, and fell back to the CPU: a CPU pointer for a CUDA kernel)."""
+    def f(x):
+        y = x @ x
+        return y, torch.zeros(4, 4, device=x.device).add(1).mul(3)
+
+    x = make((4, 4), torch.float32, "contiguous")
+    jf = minijit.jit(f, executors=["triton"])
+    for got, want in zip(jf(x), f(x), strict=True):
+        assert got.device == want.device
+        torch.testing.assert_close(got, want)
+    assert re.search(r"= tritonex\.fusion_\d+\(\)", final_source(jf)), final_source(jf)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled launcher exists on CUDA only")
+def test_kernels_launch_through_the_compiled_launcher(monkeypatch):
+    """After its first launch a kernel runs through Triton's compiled launcher, not Triton's per-call path
+    (which binds the arguments and looks the kernel up again: tens of microseconds per launch)."""
+    jf = minijit.jit(lambda x: x * 2 + 1, executors=["triton"])
+    x = make((100,), torch.float32, "contiguous")
+    jf(x)
+    monkeypatch.setattr(KERNELS, "get", lambda *args: pytest.fail("the kernel launched through Triton's own path"))
+    torch.testing.assert_close(jf(x), x * 2 + 1)

@@ -159,13 +159,30 @@ def test_input_read_in_place_moves(fake_graphs: None) -> None:
     assert "2 capture(s)" in _parts(jlin)
 
 
-def test_result_sharing_an_input_runs_ordinarily(fake_graphs: None) -> None:
-    f = minijit.jit(lambda x: x[1:], cuda_graphs=True)
-    x = torch.randn(4)
+def test_results_that_view_inputs_are_views_of_the_calls_inputs(fake_graphs: None) -> None:
+    """A result that is a view of an input (a slice, the saved input of a backward, a gradient passed through)
+    is that view of the call's own input, as an ordinary run returns it."""
+    f = minijit.jit(lambda x: (x[1:], x * 2), cuda_graphs=True)
+    for _ in range(6):
+        x = torch.randn(4)
+        view, doubled = f(x)
+        assert view._base is x and view.data_ptr() == x[1:].data_ptr()
+        torch.testing.assert_close(doubled, x * 2)
+    # (the second call's input may sit where the first call's did: read in place, then captured again buffered)
+    assert _replays(f, "computation") >= 2
+
+
+def test_value_reads_and_seeding_are_never_captured(fake_graphs: None) -> None:
+    """`.item()` waits for the device (a capture would fail); `torch.manual_seed` inside would run only at the
+    capture, so replays would draw from whatever state the generator had."""
+    f = minijit.jit(lambda x: x * x.sum().item(), cuda_graphs=True)
+    g = minijit.jit(lambda x: (torch.manual_seed(0), x + 1)[1], cuda_graphs=True)
     for _ in range(3):
-        out = f(x)
-        assert out.data_ptr() == x[1:].data_ptr()
-    assert "a result is a view of an input" in _parts(f)
+        x = torch.randn(4)
+        torch.testing.assert_close(f(x), x * x.sum().item())
+        torch.testing.assert_close(g(x), x + 1)
+    assert "item synchronizes with the CPU" in _parts(f) and _replays(f, "computation") == 0
+    assert "manual_seed sets or reads the random generator's state" in _parts(g) and _replays(g, "computation") == 0
 
 
 def test_cpu_tensors_and_cpu_random_are_named() -> None:
@@ -229,7 +246,7 @@ def test_cuda_dropout_draws_anew_on_each_replay() -> None:
     torch.manual_seed(1)
     want = [f(x) for _ in range(5)]
     torch.manual_seed(1)
-    have = [jf(x) for _ in range(5)]
+    have = [jf(x).clone() for _ in range(5)]  # each result let go at once: one graph replays
     for h, w in zip(have, want):
         torch.testing.assert_close(h, w)
     assert not torch.equal(have[3], have[4])
