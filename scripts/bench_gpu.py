@@ -77,6 +77,7 @@ class Ctx:
     dev: torch.device
     json_file: IO[str] | None
     copy_gbs: float | None = None
+    notes: list[str] = field(default_factory=list)  # the Notes section of the report already at --out
 
     @property
     def cuda(self) -> bool:
@@ -544,8 +545,19 @@ def report(ctx: Ctx, works: list[Workload], results: dict[str, dict[str, Row]], 
               "compiled variants wrap `opt.step` itself. gpt, llama: parameters shared by the variants, grads set to "
               "None every iteration.",
               "- torch.compile(reduce-overhead) calls `torch.compiler.cudagraph_mark_step_begin()` before each call.",
-              "", "## Notes", "", "- (notes from the run go here)", ""]
+              "", "## Notes", "", *(ctx.notes or ["- (notes from the run go here)"]), ""]
     return "\n".join(lines)
+
+
+def kept_notes(path: str) -> list[str]:
+    """The Notes section of an earlier report at `path` (kept when the report is written again), or []."""
+    try:
+        text = Path(path).read_text()
+    except OSError:
+        return []
+    if "\n## Notes\n" not in text:
+        return []
+    return text.split("\n## Notes\n", 1)[1].strip("\n").splitlines()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -572,7 +584,7 @@ def main(argv: list[str] | None = None) -> None:
     variants = ["eager", *(v for v in variants if v != "eager" and not (opts.no_compile and v.startswith("torch.compile")))]
     warnings.filterwarnings("ignore")
     json_file = open(opts.json, "w") if opts.json else None  # open for the whole run, flushed per line
-    ctx = Ctx(opts, dev, json_file)
+    ctx = Ctx(opts, dev, json_file, notes=kept_notes(opts.out) if opts.out else [])
     info = machine(ctx)
     ctx.emit({"record": "machine", **dict(info), "options": vars(opts)})
     log(f"{info[0][1]}; workloads {','.join(keys)}; variants {','.join(variants)}")
