@@ -65,9 +65,9 @@ class CudaGraphs:
         return graph, result
 
     @staticmethod
-    def replay(graph: Any, args: list[Any]) -> None:
-        """Run `graph` (`args`: what the call passes, our buffers in place of inputs copied in; the graph itself
-        reads the addresses it was captured with)."""
+    def replay(graph: Any, inputs: tuple[Any, ...], buffers: list[Any]) -> None:
+        """Run `graph` for a call of `inputs` (`buffers`: the graph's own, None where an input is read in place;
+        the graph itself reads the addresses it was captured with)."""
         graph.replay()
 
 
@@ -191,6 +191,9 @@ class GraphedCallable:
         self.mutated = frozenset(mutated)
         self.refusal = refusal
         self.first_addresses: dict[Hashable, dict[int, int]] = {}
+        # The kinds of call seen: (tensor metadata check, the other inputs, positions among the tensors of the
+        # CPU scalars, the kind's structure): the key of a call is (structure, the CPU scalars' values).
+        self.kinds: list[tuple[Callable[..., bool], list[tuple[int, type, Any]], tuple[int, ...], Hashable]] = []
         self.graphs: dict[Hashable, list[_Graph]] = {}
         self.capture_counts: dict[Hashable, int] = {}
 
@@ -198,7 +201,7 @@ class GraphedCallable:
         if self.refusal is not None:
             self.stats.ordinary_run(self.refusal)
             return self.fn(*inputs)
-        key = self._key(inputs)
+        key = self._kind(inputs)
         if isinstance(key, str):
             self.stats.ordinary_run(key)
             return self.fn(*inputs)
@@ -223,14 +226,38 @@ class GraphedCallable:
         stay = {i: p for g in graphs for i, p in g.in_place.items() if inputs[i].data_ptr() == p}
         return self._capture(key, inputs, stay)
 
+    def _kind(self, inputs: tuple[Any, ...]) -> Hashable | str:
+        """The kind of call: one C check of the tensors' metadata against the kinds seen (torch's tensor guard),
+        the other inputs compared by value; the full key (`_key`) for a kind not seen yet."""
+        tensors: list[torch.Tensor] = []
+        others: list[tuple[int, type, Any]] = []
+        for i, x in enumerate(inputs):
+            if isinstance(x, torch.Tensor):
+                tensors.append(x)
+            else:
+                others.append((i, type(x), x))
+        for check, known, scalars, structure in self.kinds:
+            if known == others and check(*tensors):
+                return (structure, tuple(tensors[k].item() for k in scalars))
+        key = self._key(inputs)
+        if isinstance(key, str):
+            return key
+        check = _tensor_check(tensors)
+        if check is not None and len(self.kinds) < 8:
+            scalars = tuple(k for k, t in enumerate(tensors) if t.device.type != BACKEND.device_type)
+            self.kinds.append((check, others, scalars, key[0]))
+        return key
+
     def _first_run(self, inputs: tuple[Any, ...]) -> Any:
         """The first call of a kind: ordinary launches (the kernels compile, lazy handles are made)."""
         self.stats.ordinary_run("first call of this kind (compiles kernels; the next call captures)")
         return self.fn(*inputs)
 
     def _key(self, inputs: tuple[Any, ...]) -> Hashable | str:
-        """The kind of call (metadata, numbers, the values of CPU scalars), or why it cannot be replayed."""
+        """(the kind's structure: metadata and numbers, the values of the CPU scalars, read by value at the
+        capture), or why the call cannot be replayed."""
         parts: list[Any] = []
+        values: list[Any] = []
         for i, x in enumerate(inputs):
             if isinstance(x, torch.Tensor):
                 if x.device.type != BACKEND.device_type:
@@ -238,14 +265,15 @@ class GraphedCallable:
                         return (f"input {self._name(i)} is a {x.device.type} tensor of shape {tuple(x.shape)}"
                                 f"{' written by the trace' if i in self.mutated else ''} (a graph replays device "
                                 "work only)")
-                    parts.append(("cpu scalar", x.dtype, x.item()))  # read by value at the capture
+                    parts.append(("cpu scalar", x.dtype))
+                    values.append(x.item())
                     continue
-                parts.append((x.shape, x.stride(), x.storage_offset(), x.dtype, x.device.index))
+                parts.append((x.shape, x.stride(), x.dtype, x.device.index))
             elif x is None or isinstance(x, bool | int | float | str | torch.dtype | torch.device):
                 parts.append((type(x), x))
             else:
                 return f"input {self._name(i)} is a {type(x).__name__}"
-        return tuple(parts)
+        return (tuple(parts), tuple(values))
 
     def _name(self, i: int) -> str:
         return f"{i} ({self.names[i]})" if i < len(self.names) else str(i)
@@ -318,7 +346,7 @@ class GraphedCallable:
     def _replay(self, graph: _Graph, inputs: tuple[Any, ...], counted: bool = True) -> Any:
         for i in graph.buffered:
             graph.args[i].copy_(inputs[i])
-        BACKEND.replay(graph.graph, [graph.args[i] if i in graph.buffered else x for i, x in enumerate(inputs)])
+        BACKEND.replay(graph.graph, inputs, graph.args)
         for i in graph.copy_back:
             inputs[i].copy_(graph.args[i])
         if counted:
@@ -329,9 +357,31 @@ class GraphedCallable:
                        else leaf.detach() if isinstance(leaf, torch.Tensor) else leaf
                        for j, leaf in enumerate(graph.leaves)])
         if not self.saved_from:
-            return tree_map(lambda _: next(handed), graph.result)
-        outputs = tree_map(lambda _: next(handed), graph.result[0])
-        return outputs, tree_map(lambda _: next(handed), graph.result[1])
+            return _rebuilt(graph.result, handed)
+        outputs = _rebuilt(graph.result[0], handed)
+        return outputs, _rebuilt(graph.result[1], handed)
+
+
+def _rebuilt(tree: Any, leaves: Any) -> Any:
+    """`tree` with its leaves taken in order from the iterator `leaves` (a flat tuple, the saved tensors'
+    usual form, without a walk)."""
+    if type(tree) is tuple and not any(isinstance(x, tuple | list | dict | slice) for x in tree):
+        return tuple(next(leaves) for _ in tree)
+    return tree_map(lambda _: next(leaves), tree)
+
+
+def _tensor_check(tensors: list[torch.Tensor]) -> Callable[..., bool] | None:
+    """A check, in C, that tensors have exactly these tensors' types, sizes, strides, dtypes, devices,
+    requires_grad and dispatch keys (torch's tensor guard, as the cache's exact check), or None without it."""
+    if not tensors:
+        return lambda: True
+    try:
+        from torch._C._dynamo.guards import TensorGuards
+
+        return TensorGuards(*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
+                            dynamic_dims_strides=[list(t.stride()) for t in tensors]).check
+    except (ImportError, TypeError, RuntimeError):
+        return None
 
 
 def _view_of(inputs: tuple[Any, ...], i: int, delta: int, shape: tuple[int, ...], stride: tuple[int, ...]) -> Any:

@@ -42,9 +42,9 @@ class FakeGraphs:
         return types.SimpleNamespace(fn=fn, result=result), result  # holding no argument, as a CUDA graph
 
     @staticmethod
-    def replay(graph: Any, args: list[Any]) -> None:
+    def replay(graph: Any, inputs: tuple[Any, ...], buffers: list[Any]) -> None:
         with torch.no_grad():
-            fresh = graph.fn(*args)
+            fresh = graph.fn(*(x if b is None else b for x, b in zip(inputs, buffers)))
             for static, new in zip(tree_flatten(graph.result), tree_flatten(fresh)):
                 if isinstance(static, torch.Tensor):
                     static.copy_(new)
