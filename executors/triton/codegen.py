@@ -19,7 +19,8 @@ a zero-stride load and no intermediate is ever materialized. A projection entry 
 carry an offset, `(dim, offset)`: a `slice` shifts its input's indices by its starts,
 and a `cat` computes each part under its own offset, its loads masked to the part's
 range, and picks the part by the index (rotary embeddings' halves, their gradient's
-zero padding: no copy of either). `full` is a constant under any projection. Values load in their
+zero padding: no copy of either). `full` is a constant under any projection, `iota` the
+index of the iteration dim reading it (a one-hot pick: nll_loss's gather and scatter). Values load in their
 dtype and compute in float32 (float16/bfloat16/float32; float64 stays float64);
 stores cast to the output's dtype.
 """
@@ -45,7 +46,7 @@ _TL = {
 REDUCTIONS = {"sum": ("tl.sum", "0.0"), "amax": ("tl.max", "float('-inf')"), "amin": ("tl.min", "float('inf')")}
 REMAPS = ("broadcast_in_dim", "reshape", "squeeze", "transpose")
 # Index arithmetic: no kernel of their own, fused where they feed or are fed by pointwise work.
-PLACEMENTS = ("slice", "cat", "full")
+PLACEMENTS = ("slice", "cat", "full", "iota")
 # The widest row a row kernel holds whole in registers; wider rows are reduced in chunks of this many
 # elements (a power of two).
 ROW_BLOCK_LIMIT = 4096
@@ -265,6 +266,9 @@ def build_graph(region: Region) -> tuple[list[Node], list[Store], dict[int, int]
         elif name == "full":
             value = bsym.args[1] if len(bsym.args) > 1 else bsym.kwargs["fill_value"]
             node = Node("full", tuple(out.shape), out.dtype, (), {"value": arg(value)})
+        elif name == "iota":
+            node = Node("iota", tuple(out.shape), out.dtype, (),
+                        {"start": arg(bsym.kwargs["start"]), "step": arg(bsym.kwargs["step"])})
         elif name in REDUCTIONS:
             node = Node("reduce", tuple(out.shape), out.dtype, (arg(bsym.args[0]),), {"kind": name})
         elif name == "var_mean":
@@ -469,6 +473,14 @@ class KernelWriter:
             value = _literal(node.attrs["value"])
             self.lines.append(f"{name} = tl.where({self.mask_for(proj)}, {value}, {value})"
                               f".to({compute_dtype(node.dtype)})")
+            return name
+        if node.op == "iota":  # start + step * the index of the iteration dim reading it
+            name = self.fresh()
+            index = index_of(proj[0])
+            if entry_dim(proj[0]) is None:
+                index = f"tl.where({self.mask_for(proj)}, {index}, {index})"
+            start, step = _literal(node.attrs["start"]), _literal(node.attrs["step"])
+            self.lines.append(f"{name} = ({start} + {step} * {index}).to({compute_dtype(node.dtype)})")
             return name
         if node.op == "remap":
             (src,) = node.args

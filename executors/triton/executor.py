@@ -258,11 +258,12 @@ class TritonExecutor(FusionExecutor):
         if name == "cat":
             tensors = list(bsym.args[0] if bsym.args else bsym.kwargs["tensors"])
         outs = [p for p in bsym.proxy_outputs()]
-        if name == "full":
-            value = bsym.args[1] if len(bsym.args) > 1 else bsym.kwargs.get("fill_value")
+        if name in ("full", "iota"):
+            values = [bsym.args[1] if len(bsym.args) > 1 else bsym.kwargs.get("fill_value")] if name == "full" \
+                else [bsym.kwargs.get("start"), bsym.kwargs.get("step")]
             out = bsym.output
-            return (isinstance(value, bool | int | float) and out.dtype in (*FLOATS, *INTS) and self._device_ok(out)
-                    and all(type(d) is int for d in out.shape))
+            return (all(isinstance(v, bool | int | float) for v in values) and out.dtype in (*FLOATS, *INTS)
+                    and self._device_ok(out) and all(type(d) is int for d in out.shape))
         if not tensors or any(not isinstance(p, TensorProxy) for p in outs):
             return False
         for t in tensors + outs:
@@ -322,7 +323,7 @@ class TritonExecutor(FusionExecutor):
         names = {b.sym.name for b in region.members}
         if names <= {*REMAPS, "slice"}:
             return None  # views only: torch does them without copying
-        if names <= {"full"}:
+        if names <= {"full", "iota"}:
             return None  # a fill is one kernel either way
         try:
             return self._compile(region)

@@ -181,7 +181,9 @@ def nll_loss_forward(self: TensorProxy, target: TensorProxy, weight: Any, reduct
                      ignore_index: int) -> tuple[TensorProxy, TensorProxy]:
     """aten.nll_loss_forward on (C,) or (N, C) log-probabilities: the loss and the summed weights of the targets."""
     x, index, w, _ = _nll_rows(self, target, weight, ignore_index)
-    picked = P.reshape(P.take_along_axis(x, index, 1), w.shape)
+    # Each row's target entry, as a sum of the row masked to it (one-hot): exact, and a row reduction that a
+    # fusion executor computes in the kernel of the log_softmax before it (a gather would leave that kernel).
+    picked = P.sum(P.where(_one_hot(x, index), x, 0.0), (1,))
     loss = P.neg(P.mul(picked, w))
     total = P.sum(w, (0,))
     if reduction == REDUCTIONS["none"]:
@@ -202,9 +204,15 @@ def nll_loss_backward(grad_output: TensorProxy, self: TensorProxy, target: Tenso
         g = P.div(g, P.broadcast_in_dim(_up(total_weight, x.dtype), (n,), ()))
     # ignored rows get no gradient (not 0 / 0 where every target is ignored)
     values = P.where(ignored, P.full((n,), 0, dtype=x.dtype, device=x.device), P.neg(P.mul(w, g)))
-    values = P.reshape(values, (n, 1))
-    grad = P.scatter_add(P.full(tuple(x.shape), 0, dtype=x.dtype, device=x.device), index, values, 1)
+    values = P.broadcast_in_dim(values, tuple(x.shape), (0,))
+    grad = P.where(_one_hot(x, index), values, P.full(tuple(x.shape), 0, dtype=x.dtype, device=x.device))
     return P.reshape(grad, tuple(self.shape))
+
+
+def _one_hot(x: TensorProxy, index: TensorProxy) -> TensorProxy:
+    """Where each row of the (N, C) `x` is at its (N, 1) `index`: pointwise, so it fuses with the row's work."""
+    columns = P.iota(x.shape[1], start=0, step=1, dtype=torch.int64, device=x.device)
+    return P.eq(P.broadcast_in_dim(columns, tuple(x.shape), (1,)), P.broadcast_in_dim(index, tuple(x.shape), (0, 1)))
 
 
 def _rms_dims(x: TensorProxy, normalized_shape: Sequence[int]) -> tuple[int, ...]:
