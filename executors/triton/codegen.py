@@ -155,17 +155,24 @@ class Store:
     output_index: int | None
 
 
-# A projection entry: the iteration dim indexing a value's dim (None: index 0), or (dim or None, offset).
-Entry = int | None | tuple[int | None, int]
+# A projection entry: the iteration dim indexing a value's dim (None: index 0), (dim or None, offset), or
+# ("x", source, dims): an index computed from several iteration dims (a reshape's regrouping).
+Entry = int | None | tuple[Any, ...]
 
 
-def entry_dim(e: Entry) -> int | None:
-    """The iteration dim an entry reads (None for a constant index)."""
-    return e[0] if isinstance(e, tuple) else e
+def entry_dims(e: Entry) -> frozenset[int]:
+    """The iteration dims an entry reads (none for a constant index)."""
+    if isinstance(e, tuple):
+        return e[2] if e[0] == "x" else frozenset() if e[0] is None else frozenset({e[0]})
+    return frozenset() if e is None else frozenset({e})
 
 
 def shift(e: Entry, k: int) -> Entry:
     """The entry indexing `k` elements further along."""
+    if k == 0:
+        return e
+    if isinstance(e, tuple) and e[0] == "x":
+        return ("x", f"({e[1]} + {k})", e[2])
     d, o = e if isinstance(e, tuple) else (e, 0)
     return d if o + k == 0 else (d, o + k)
 
@@ -173,15 +180,58 @@ def shift(e: Entry, k: int) -> Entry:
 def index_of(e: Entry) -> str:
     """Source of the element index an entry gives."""
     if isinstance(e, tuple):
+        if e[0] == "x":
+            return e[1]
         d, o = e
         return str(o) if d is None else f"(i{d} + {o})"
     return "0" if e is None else f"i{e}"
 
 
+def regroup(proj: tuple[Entry, ...], out_shape: tuple[int, ...], in_shape: tuple[int, ...]) -> tuple[Entry, ...]:
+    """The input's entries of a reshape from `in_shape` to `out_shape` read under the output's `proj`: per group
+    of dims holding the same elements, the output's flat index within the group split into the input's dims."""
+    entries: list[Entry] = []
+    i = j = 0
+    while i < len(in_shape) or j < len(out_shape):
+        ins, outs = [i], [j]
+        a = in_shape[i] if i < len(in_shape) else 1
+        b = out_shape[j] if j < len(out_shape) else 1
+        while a != b:
+            if a < b:
+                i += 1
+                ins.append(i)
+                a *= in_shape[i]
+            else:
+                j += 1
+                outs.append(j)
+                b *= out_shape[j]
+        i, j = i + 1, j + 1
+        ins = [d for d in ins if d < len(in_shape)]
+        outs = [d for d in outs if d < len(out_shape)]
+        if len(ins) == 1 and len(outs) == 1:
+            entries.append(proj[outs[0]])
+            continue
+        dims = frozenset().union(*(entry_dims(proj[d]) for d in outs))
+        flat, inner = [], 1
+        for d in reversed(outs):
+            flat.append(index_of(proj[d]) if inner == 1 else f"{index_of(proj[d])} * {inner}")
+            inner *= out_shape[d]
+        total = "(" + " + ".join(reversed(flat)) + ")" if flat else "0"
+        inner = 1
+        split: list[Entry] = []
+        for d in reversed(ins):
+            size = in_shape[d]
+            part = total if inner == 1 else f"({total} // {inner})"
+            split.append(("x", part if d == ins[0] else f"({part} % {size})", dims) if dims else None)
+            inner *= size
+        entries += reversed(split)
+    return tuple(entries)
+
+
 def view_of_input(node: Node) -> tuple[int, list[Node]] | None:
     """(input index, remaps or slices from it, outermost last) when `node` only re-indexes an input, else None."""
     chain: list[Node] = []
-    while node.op in ("remap", "slice"):
+    while node.op in ("remap", "slice", "reshape"):
         chain.append(node)
         node = node.args[0]
     if node.op != "load" or not chain:
@@ -194,6 +244,9 @@ def apply_view(t: torch.Tensor, chain: list[Node]) -> torch.Tensor:
     for node in chain:
         if node.op == "slice":
             t = t[tuple(slice(start, start + size) for start, size in zip(node.attrs["starts"], node.shape))]
+            continue
+        if node.op == "reshape":
+            t = t.reshape(node.shape)
             continue
         prim, params = node.attrs["prim"], node.attrs["params"]
         if prim == "broadcast_in_dim":
@@ -209,9 +262,11 @@ def apply_view(t: torch.Tensor, chain: list[Node]) -> torch.Tensor:
     return t
 
 
-def build_graph(region: Region) -> tuple[list[Node], list[Store], dict[int, int], dict[int, tuple[int, list[Node]]]]:
+def build_graph(region: Region) -> tuple[list[Node], list[Store], dict[int, int], dict[int, tuple[int, list[Node]]],
+                                         dict[int, tuple[int, list[Node]]]]:
     """The region's dataflow graph: input loads, stores (outputs and copies), output -> input aliases,
-    and outputs that are views of inputs (a broadcast kept for backward is not worth a kernel store).
+    outputs that are views of inputs (a broadcast kept for backward is not worth a kernel store), and
+    outputs that are views of other outputs (a value and its reshape both leave the region: one store).
 
     Raises `NotFusible` for a region that the kernels cannot express.
     """
@@ -244,10 +299,14 @@ def build_graph(region: Region) -> tuple[list[Node], list[Store], dict[int, int]
             node = Node("cast", tuple(out.shape), out.dtype, (arg(bsym.args[0]),))
         elif name in REMAPS:
             dims = remap_dims(bsym)
-            if dims is None:
-                raise NotFusible(f"{name} is not a broadcast, permutation or size-1 reshape")
-            node = Node("remap", tuple(out.shape), out.dtype, (arg(bsym.args[0]),),
-                        {"dims": dims, "prim": name, "params": bsym.args[1:]})
+            if dims is not None:
+                node = Node("remap", tuple(out.shape), out.dtype, (arg(bsym.args[0]),),
+                            {"dims": dims, "prim": name, "params": bsym.args[1:]})
+            elif name == "reshape" and 0 not in bsym.args[0].shape:
+                node = Node("reshape", tuple(out.shape), out.dtype, (arg(bsym.args[0]),),
+                            {"in_shape": tuple(bsym.args[0].shape)})
+            else:
+                raise NotFusible(f"{name} is not a broadcast, permutation or reshape")
         elif name == "slice":
             x, starts, _, steps = slice_args(bsym)
             if steps is not None and any(step != 1 for step in steps):
@@ -287,16 +346,45 @@ def build_graph(region: Region) -> tuple[list[Node], list[Store], dict[int, int]
     stores: list[Store] = []
     aliases: dict[int, int] = {}
     views: dict[int, tuple[int, list[Node]]] = {}
+    derived: dict[int, tuple[int, list[Node]]] = {}
+    stored: dict[int, int] = {}  # node id -> the output storing it
+    chains: list[tuple[int, Node, list[Node]]] = []
     for k, p in enumerate(region.outputs):
         if p.name in index:
             aliases[k] = index[p.name]  # written by a copy, or passed through unchanged
         elif (view := view_of_input(env[p.name])) is not None and view[0] not in copies:
             views[k] = view
+        elif (chain := reindexing(env[p.name]))[1]:
+            chains.append((k, *chain))
         else:
             stores.append(Store(env[p.name], None, k))
+            stored.setdefault(id(env[p.name]), k)
+    # The shapes kernels iterate over anyway: the stores', and the rows of any reduction.
+    domains = {s.node.shape for s in stores} | {n.args[0].shape for n in env.values() if n.op == "reduce"}
+    for k, base, chain in chains:
+        # A view (a reshape, a transpose) of a value the region computes: the value is stored (as a hidden
+        # output, numbered after the region's own, unless it is one of them) and torch makes the view;
+        # stored as the view itself where its shape is iterated over and the value's is not (one kernel).
+        if id(base) not in stored and chain[-1].shape in domains and base.shape not in domains:
+            stores.append(Store(env[region.outputs[k].name], None, k))
+            continue
+        if id(base) not in stored:
+            stored[id(base)] = len(region.outputs) + sum(1 for s in stores if s.output_index is not None
+                                                         and s.output_index >= len(region.outputs))
+            stores.append(Store(base, None, stored[id(base)]))
+        derived[k] = (stored[id(base)], chain)
     for target, node in copies.items():
         stores.append(Store(node, target, None))
-    return [n for n in loads if n is not None], stores, aliases, views
+    return [n for n in loads if n is not None], stores, aliases, views, derived
+
+
+def reindexing(node: Node) -> tuple[Node, list[Node]]:
+    """(the value `node` re-indexes, the remaps, reshapes and slices from it, outermost last)."""
+    chain: list[Node] = []
+    while node.op in ("remap", "slice", "reshape"):
+        chain.append(node)
+        node = node.args[0]
+    return node, chain[::-1]
 
 
 def slice_args(bsym: BoundSymbol) -> tuple[Any, Any, Any, Any]:
@@ -440,7 +528,7 @@ class KernelWriter:
 
     def mask_for(self, dims: tuple[Entry, ...]) -> str:
         """The mask of a load or store indexed by `dims` (rows only, or the whole tile), with the guards."""
-        base = "rmask" if self.row and self.last_dim not in {entry_dim(d) for d in dims} else "mask"
+        base = "rmask" if self.row and not any(self.last_dim in entry_dims(d) for d in dims) else "mask"
         return " & ".join((base, *self.guards))
 
     def gen(self, node: Node, proj: tuple[int | None, ...]) -> str:
@@ -466,6 +554,9 @@ class KernelWriter:
         if node.op == "slice":
             (src,) = node.args
             return self.gen(src, tuple(shift(e, start) for e, start in zip(proj, node.attrs["starts"])))
+        if node.op == "reshape":
+            (src,) = node.args
+            return self.gen(src, regroup(proj, node.shape, node.attrs["in_shape"]))
         if node.op == "cat":
             return self._cat(node, proj)
         if node.op == "full":
@@ -477,7 +568,7 @@ class KernelWriter:
         if node.op == "iota":  # start + step * the index of the iteration dim reading it
             name = self.fresh()
             index = index_of(proj[0])
-            if entry_dim(proj[0]) is None:
+            if not entry_dims(proj[0]):
                 index = f"tl.where({self.mask_for(proj)}, {index}, {index})"
             start, step = _literal(node.attrs["start"]), _literal(node.attrs["step"])
             self.lines.append(f"{name} = ({start} + {step} * {index}).to({compute_dtype(node.dtype)})")
@@ -545,7 +636,7 @@ class KernelWriter:
         """A cat: each part computed at its offset, its loads guarded by its range; the index picks one."""
         dim = node.attrs["dim"]
         entry = proj[dim]
-        if entry_dim(entry) is None:  # read at one index (a slice of one element): that part, no choice to make
+        if not entry_dims(entry):  # read at one index (a slice of one element): that part, no choice to make
             at = entry[1] if isinstance(entry, tuple) else 0
             (lo, _), part = next((b, p) for b, p in zip(node.attrs["bounds"], node.args) if b[0] <= at < b[1])
             return self.gen(part, tuple(shift(e, -lo) if k == dim else e for k, e in enumerate(proj)))

@@ -153,7 +153,8 @@ class FusedRegion:
     """The callable a Triton region runs as: launches its kernels, returns the region's outputs."""
 
     def __init__(self, region: Region, kernels: list[_Kernel], n_outputs: int, aliases: dict[int, int],
-                 direct_copy_ok: dict[int, bool], views: dict[int, tuple[int, list[Node]]]):
+                 direct_copy_ok: dict[int, bool], views: dict[int, tuple[int, list[Node]]],
+                 derived: dict[int, tuple[int, list[Node]]] | None = None):
         self.region_name = region.name
         # Where the outputs go: the region's own device (a region of fills has no tensor input to take it from).
         self.device = next((torch.device(p.device) for p in region.outputs if isinstance(p, TensorProxy)),
@@ -163,12 +164,16 @@ class FusedRegion:
         self.aliases = aliases
         self.direct_copy_ok = direct_copy_ok
         self.views = views
+        self.derived = derived or {}  # outputs that are views of other outputs
+        # the region's outputs, then values stored only for a view of them to be an output
+        self.slots = max([n_outputs - 1, *(s.output_index for k in kernels for s in k.stores
+                                           if s.output_index is not None)]) + 1
         self.sources = [k.source for k in kernels]
         self.note = "triton kernels: " + ", ".join(k.name for k in kernels)
 
     def __call__(self, *inputs: Any) -> tuple[Any, ...]:
         device = self.device
-        outputs: list[Any] = [None] * self.n_outputs
+        outputs: list[Any] = [None] * self.slots
         late_copies: list[tuple[torch.Tensor, torch.Tensor]] = []
         storages: dict[int, int] | None = None  # storage -> how many inputs live in it (counted when needed)
         for kernel in self.kernels:
@@ -196,7 +201,9 @@ class FusedRegion:
             outputs[k] = inputs[i]
         for k, (i, chain) in self.views.items():
             outputs[k] = apply_view(inputs[i], chain)
-        return tuple(outputs)
+        for k, (j, chain) in self.derived.items():
+            outputs[k] = apply_view(outputs[j], chain)
+        return tuple(outputs[:self.n_outputs])
 
 
 def _storage_counts(inputs: Sequence[Any]) -> dict[int, int]:
@@ -207,6 +214,17 @@ def _storage_counts(inputs: Sequence[Any]) -> dict[int, int]:
             ptr = x.untyped_storage().data_ptr()
             counts[ptr] = counts.get(ptr, 0) + 1
     return counts
+
+
+def _regroups_rows(b: BoundSymbol, domain: tuple[int, ...]) -> bool:
+    """Whether `b` is a reshape a row kernel over `domain` cannot index: one making a value of the domain's
+    shape without keeping its last dim whole, or a value of another shape (row values regroup freely)."""
+    if b.sym.name != "reshape" or remap_dims(b) is not None:
+        return False
+    x, out = b.args[0], tuple(b.output.shape)
+    if out == domain:
+        return not (x.ndim and x.shape[-1] == domain[-1])
+    return not _row_like(out, domain)
 
 
 def _row_like(shape: tuple[int, ...], domain: tuple[int, ...]) -> bool:
@@ -286,7 +304,9 @@ class TritonExecutor(FusionExecutor):
             return (x.dtype in FLOATS and x.ndim >= 1 and tuple(d % x.ndim for d in dims) == (x.ndim - 1,)
                     and 0 < x.shape[-1])
         if name in REMAPS:
-            return remap_dims(bsym) is not None
+            x = bsym.args[0]
+            # Any reshape regroups indices (a row-major flat index split again); zero-size ones make no kernel.
+            return remap_dims(bsym) is not None or (name == "reshape" and 0 not in x.shape and x.ndim > 0)
         if name == "slice":
             steps = slice_args(bsym)[3]
             return steps is None or all(step == 1 for step in steps)
@@ -301,6 +321,9 @@ class TritonExecutor(FusionExecutor):
         names = {b.sym.name for b in [*members, bsym]}
         if names & {"slice", "cat"} and names & {*REDUCTIONS, "var_mean"}:
             return False  # shifted indices stay in pointwise kernels (a row kernel's loads assume its rows)
+        reductions = [b for b in [*members, bsym] if b.sym.name in REDUCTIONS or b.sym.name == "var_mean"]
+        if reductions and any(_regroups_rows(b, tuple(reductions[0].args[0].shape)) for b in [*members, bsym]):
+            return False
         for b in [*members, bsym]:
             name = b.sym.name
             outs = {p.name for p in b.proxy_outputs()}
@@ -331,7 +354,7 @@ class TritonExecutor(FusionExecutor):
             return None
 
     def _compile(self, region: Region) -> FusedRegion:
-        _, stores, aliases, views = build_graph(region)
+        _, stores, aliases, views, derived = build_graph(region)
         input_shapes = {i: tuple(p.shape) for i, p in enumerate(region.inputs) if isinstance(p, TensorProxy)}
         domain = None
         for b in region.members:
@@ -365,7 +388,7 @@ class TritonExecutor(FusionExecutor):
             loads_by_kernel[len(kernels)] = list(writer.load_projections.items())
             kernels.append(_Kernel(writer, group, source, name, params))
         direct = {t: _direct_copy_ok(t, k, kernels, loads_by_kernel) for t, k in store_kernel.items()}
-        return FusedRegion(region, kernels, len(region.outputs), aliases, direct, views)
+        return FusedRegion(region, kernels, len(region.outputs), aliases, direct, views, derived)
 
 
 # The most whole-tensor inputs one pointwise kernel loads, where its stores are independent computations:

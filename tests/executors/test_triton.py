@@ -12,6 +12,7 @@ import re
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed (pip install 'minijit[triton]' to run these tests)", allow_module_level=True)
@@ -493,3 +494,43 @@ def test_kernels_launch_through_the_compiled_launcher(monkeypatch):
     jf(x)
     monkeypatch.setattr(KERNELS, "get", lambda *args: pytest.fail("the kernel launched through Triton's own path"))
     torch.testing.assert_close(jf(x), x * 2 + 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_cross_entropy_over_a_reshape_is_one_row_kernel_each_way(dtype):
+    """Hugging Face's loss: logits upcast, flattened with view(-1, C), cross_entropy with ignore_index. The upcast,
+    the reshape, log_softmax and the pick of each row's target (a one-hot of iota) are one row kernel; its
+    gradient one more; a float32 copy of the logits is never stored."""
+    def loss(logits, labels):
+        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.view(-1), ignore_index=-100)
+
+    logits = make((2, 8, 37), dtype, "contiguous").requires_grad_()
+    labels = torch.randint(0, 37, (2, 8), device=DEVICE)
+    labels[0, 3] = -100
+    jf = minijit.jit(loss, executors=["triton"])
+    got = jf(logits, labels)
+    want = loss(logits, labels)
+    g = torch.randn_like(got)
+    torch.testing.assert_close(torch.autograd.grad(got, logits, g), torch.autograd.grad(want, logits, g),
+                               **({"rtol": 2e-2, "atol": 2e-2} if dtype == torch.bfloat16 else {}))
+    torch.testing.assert_close(got, want)
+    forward = minijit.last_traces(jf)[-1].python()
+    assert "torchex." not in forward and forward.count("triton_red_") == 2, forward  # rows, then the mean
+    code = "\n".join(line for line in forward.splitlines() if not line.lstrip().startswith("#"))
+    assert "f32[2, 8, 37]" not in code, forward
+
+
+def test_reshapes_fuse_and_views_of_outputs_stay_views():
+    """Merging and splitting dims of a strided value inside a kernel; a value and its reshape both leaving the
+    region are one store and a torch view of it."""
+    def f(x, y):
+        a = (x * 2).reshape(6, 4)          # merge (2, 3) of a strided input
+        b = (a + y).reshape(2, 3, 2, 2)    # split
+        return a, b.exp(), b.sum(-1)
+
+    x = torch.randn(2, 3, 8, device=DEVICE)[:, :, ::2]
+    y = make((6, 4), torch.float32, "contiguous")
+    jf = minijit.jit(f, executors=["triton"])
+    for got, want in zip(jf(x, y), f(x, y), strict=True):
+        torch.testing.assert_close(got, want)
+    assert "torchex.prims_reshape" not in final_source(jf) and "torchex.reshape" not in final_source(jf)
