@@ -5,15 +5,21 @@ from minijit.ir.proxies import TENSOR_METHODS, FloatProxy, IntegerProxy, NumberP
 from minijit.ir.pytree import tree_flatten, tree_iter, tree_map
 from minijit.ir.symbol import (
     NO_EFFECTS,
+    VIEWS_ANY_LAYOUT,
+    VIEWS_IF_BASIC_KEY,
+    VIEWS_IF_SPLITS,
     BoundSymbol,
     Effects,
     SourceLocation,
     Symbol,
+    Tag,
+    check_table,
 )
 from minijit.ir.trace import Trace
 
 __all__ = [
-    "NO_EFFECTS", "TENSOR_METHODS", "BoundSymbol", "Effects", "FloatProxy", "IntegerProxy", "NumberProxy", "Proxy",
-    "SourceLocation", "Symbol", "TensorProxy", "Trace", "current_trace", "tracing",
+    "NO_EFFECTS", "TENSOR_METHODS", "VIEWS_ANY_LAYOUT", "VIEWS_IF_BASIC_KEY", "VIEWS_IF_SPLITS", "BoundSymbol",
+    "Effects", "FloatProxy", "IntegerProxy", "NumberProxy", "Proxy", "SourceLocation", "Symbol", "Tag", "TensorProxy",
+    "Trace", "check_table", "current_trace", "tracing",
     "tree_flatten", "tree_iter", "tree_map",
 ]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -32,6 +32,11 @@ class SourceLocation:
 # An argument of a call: a positional argument's index, or a keyword argument's name.
 ArgRef = int | str
 
+# The values of `Effects.view_layouts`.
+VIEWS_ANY_LAYOUT = "any layout"
+VIEWS_IF_SPLITS = "if it only splits dimensions"
+VIEWS_IF_BASIC_KEY = "for a basic key"
+
 
 @dataclass(frozen=True)
 class Effects:
@@ -57,6 +62,26 @@ class Effects:
       cannot record it.
     - `external`: changes state outside the trace's tensors (a seed, a Python
       object): never removed, never reordered.
+
+    Facts of a view (with `views`):
+
+    - `reorders`: the output holds all of the viewed tensor's elements, only
+      reshaped, reordered or broadcast (no slicing), so whether it is contiguous
+      does not change with the sizes (`transpose`, `reshape`, `expand`).
+    - `view_layouts`: for which layouts of the viewed tensor eager returns a view:
+      `VIEWS_ANY_LAYOUT` (all: `Tensor.view` raises where it cannot),
+      `VIEWS_IF_SPLITS` (where the new shape only splits dimensions, else a copy:
+      `reshape`), `VIEWS_IF_BASIC_KEY` (for a key without tensors, else a gather:
+      `x[idx]`); None where eager has to be asked.
+
+    Facts of a write (with `writes`, or of the op `out=` calls):
+
+    - `moves_values`: it moves values without computing (`Tensor.copy_`): eager's
+      overlap check treats it as a copy, as it does `copies`.
+    - `refuses_overlap`: eager refuses any overlap of the written tensor with an
+      operand, the same elements included (`index_copy_`, `scatter_`, `cat(out=)`).
+    - `reads_scalar_first`: a 0-d tensor operand is read as a number before the
+      write (`x.fill_(x[0])`), so it cannot clash with it.
     """
 
     writes: tuple[ArgRef, ...] = ()
@@ -67,6 +92,17 @@ class Effects:
     random: bool = False
     data_dependent: bool = False
     external: bool = False
+    reorders: bool = False
+    view_layouts: str | None = None
+    moves_values: bool = False
+    refuses_overlap: bool = False
+    reads_scalar_first: bool = False
+
+    def __post_init__(self) -> None:
+        if (self.reorders or self.view_layouts is not None) and (self.views is None or self.same_if_unchanged):
+            raise ValueError("Effects: `reorders` and `view_layouts` are facts of a view (`views=`)")
+        if self.view_layouts not in (None, VIEWS_ANY_LAYOUT, VIEWS_IF_SPLITS, VIEWS_IF_BASIC_KEY):
+            raise ValueError(f"Effects: unknown view_layouts {self.view_layouts!r}")
 
     @property
     def has_side_effects(self) -> bool:
@@ -75,6 +111,34 @@ class Effects:
 
 
 NO_EFFECTS = Effects()
+
+
+class Tag:
+    """Facts about an op that are not effects, set in `Symbol.tags` where the op is declared.
+
+    Passes ask `Tag.X in bsym.sym.tags`, never the op's name; a table a pass keeps per
+    symbol is keyed by the `Symbol` and checked, when it is built, to cover every
+    symbol with the fact it needs (`check_table`).
+    """
+
+    OPAQUE = "opaque"  # a torch op without a decomposition, run as the torch call it is
+    CHEAP = "cheap"  # a prim costing one pass over memory: recomputed in the backward rather than saved
+    STOPS_GRADIENT = "stops gradient"  # its outputs are cut from autograd by definition (`detach`)
+    CAST = "cast"  # only converts argument 0's dtype (`convert_element_type`)
+    LAYOUT_STRICT = "layout strict"  # a view that raises on layouts it cannot view (`Tensor.view`)
+    MASKED_FILL = "masked fill"  # writes argument 2 into argument 0 where the mask, argument 1, is True
+    INDEXED_WRITE = "indexed write"  # `a[key] = value` with torch's indexing semantics: (a, key, value)
+
+
+def check_table(table: dict[Symbol, Any], symbols: Iterable[Symbol], needs: Callable[[Symbol], bool],
+                what: str) -> None:
+    """Raise a MinijitError naming each symbol among `symbols` for which `needs` holds but `table` has no entry.
+
+    `what` says what the table holds, for the message ("a scatter rule").
+    """
+    missing = [s.id for s in symbols if needs(s) and s not in table]
+    if missing:
+        raise MinijitError(f"no {what} for {', '.join(sorted(missing))}: declare one beside the others")
 
 
 class Symbol:
@@ -86,7 +150,7 @@ class Symbol:
     that executors put into final traces. `namespace` is the name the printed trace
     calls it through (`prims.add`, `ltorch.linear`, `torchex.add`). `effects` says
     what it does besides computing its outputs (writes, views, randomness); `tags`
-    are free-form labels (`"opaque"`).
+    the other facts passes ask about it (`Tag`).
     """
 
     def __init__(
@@ -207,12 +271,27 @@ class BoundSymbol:
             views = views[position]
         return self.argument(views)
 
+    def is_view(self) -> bool:
+        """Whether this call's outputs are views of an argument (its symbol declares `views`), which writes
+        through them update; an op that returns its argument only where nothing changes is none."""
+        effects = self.sym.effects
+        return effects.views is not None and not effects.same_if_unchanged
+
+    def viewed_tensor(self) -> TensorProxy | None:
+        """The tensor this call views (the first that an output views, per its symbol's `views`), or None."""
+        for out in tree_flatten(self.output):
+            arg = self.viewed_argument(out)
+            if isinstance(arg, TensorProxy):
+                return arg
+        return None
+
     def may_alias_input(self) -> bool:
-        """Whether an output of this call may share memory with one of its tensor arguments at run time."""
+        """Whether an output of this call may share memory with one of its tensor arguments at run time:
+        a view (`is_view`), or an op that returns its argument where nothing changes, when nothing does."""
         effects = self.sym.effects
         if effects.views is None:
             return False
-        if not effects.same_if_unchanged:
+        if self.is_view():
             return True
         ins = [a for a in tree_flatten(self.argument(effects.views)) if isinstance(a, TensorProxy)]
         outs = [o for o in self.proxy_outputs() if isinstance(o, TensorProxy)]

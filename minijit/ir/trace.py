@@ -103,7 +103,7 @@ class Trace:
         self.declined: list[tuple[str, str]] = []
         # For each top-level copy_ that writes an op's result into its `out=` tensor: the op and the
         # tensors it read (eager refuses an `out=` that partly overlaps them), keyed by id(copy bsym):
-        self.out_operands: dict[int, tuple[str, tuple[Proxy, ...]]] = {}
+        self.out_operands: dict[int, tuple[Symbol, tuple[Proxy, ...]]] = {}
         # Tensors computed at trace time from Python numbers only (torch.div(6, 2)), by id: their values
         # are known, so a size may read them (minijit/frontend/folding.py).
         self.folded_constants: dict[int, torch.Tensor] = {}

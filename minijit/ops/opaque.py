@@ -53,18 +53,19 @@ import torch
 from torch._library.custom_ops import CustomOpDef
 
 from minijit.errors import DataDependentShapeError, DeviceError, InplaceError, MinijitError, UnsupportedOpError
-from minijit.ir import Effects, Symbol, TensorProxy, current_trace, tree_flatten, tree_map
+from minijit.ir import Effects, Symbol, Tag, TensorProxy, current_trace, tree_flatten, tree_map
 from minijit.ir.context import value_reader, where_now
 from minijit.ir.proxies import TENSOR_METHOD_FALLBACKS, TENSOR_METHODS
 from minijit.ops import prims
 from minijit.ops.aliases import canonical
 from minijit.ops.autocast import active_autocast, opaque_autocast_arguments
+from minijit.ops.eager_facts import write_facts
 from minijit.ops.meta_run import MetaResult, TensorMeta, map_leaves, named_tuple_for, run_on_meta
 from minijit.ops.number_args import check_dtype, numbers_only, takes_tensor_first, with_tensor_input
 from minijit.ops.registry import ltorch_symbol_for
 
 _any_autocast = torch._C._is_any_autocast_enabled
-OPAQUE = "opaque"  # the tag of opaque symbols: the torch executor runs each by calling its `fn`
+OPAQUE = Tag.OPAQUE  # the tag of opaque symbols: the torch executor runs each by calling its `fn`
 # The errors by which an ltorch decomposition declines a call that torch may still run: a form of the
 # call it does not support (UnsupportedOpError) or an argument its signature lacks (TypeError). A
 # MetaError stands: ltorch raises it for inputs eager rejects too (shapes, dtypes), and torch's meta
@@ -152,7 +153,7 @@ def _into_out(sym: Symbol, args: tuple[Any, ...] | list[Any], kwargs: dict[str, 
         copy(target, value)
         if user_call and trace.bound_symbols and trace.bound_symbols[-1].output is target:
             # Functionalization checks the out= tensor against what the op read (the copy reads a fresh value).
-            trace.out_operands[id(trace.bound_symbols[-1])] = (sym.id, operands)
+            trace.out_operands[id(trace.bound_symbols[-1])] = (sym, operands)
     return out
 
 
@@ -433,11 +434,12 @@ def _plain_symbol(fn: Any, result: MetaResult, refs: list[int | str]) -> Symbol:
     """The symbol of a call that writes nothing: `fn` itself, with the views and randomness the meta run found."""
     views = tuple(refs[v] if v is not None else refs[s] if s is not None else None
                   for v, s in zip(result.views, result.same_as, strict=True))
-    effects = Effects(views=views if any(v is not None for v in views) else None, random=result.random)
+    namespace, name = printed_name(fn)
+    effects = Effects(views=views if any(v is not None for v in views) else None, random=result.random,
+                      **write_facts(name))
     key = ("plain", fn, effects)
     sym = _SYMBOLS.get(key)
     if sym is None:
-        namespace, name = printed_name(fn)
         what = describe(fn)
 
         def meta(*args: Any, **kwargs: Any) -> Any:
@@ -450,11 +452,12 @@ def _plain_symbol(fn: Any, result: MetaResult, refs: list[int | str]) -> Symbol:
 
 def _inplace_symbol(fn: Any, result: MetaResult, refs: list[int | str]) -> Symbol:
     """The symbol of a call that writes into arguments: a composite of its functional form and `prims.copy_`s."""
-    effects = Effects(writes=tuple(dict.fromkeys(refs[i] for i in result.written)), random=result.random)
+    namespace, name = printed_name(fn)
+    effects = Effects(writes=tuple(dict.fromkeys(refs[i] for i in result.written)), random=result.random,
+                      **write_facts(name))
     key = ("in place", fn, effects)
     sym = _SYMBOLS.get(key)
     if sym is None:
-        namespace, name = printed_name(fn)
         what = describe(fn)
 
         def decomposition(*args: Any, **kwargs: Any) -> Any:

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from minijit.errors import MetaError
-from minijit.ir import Effects, FloatProxy, IntegerProxy, NumberProxy, Symbol, TensorProxy
+from minijit.ir import Effects, FloatProxy, IntegerProxy, NumberProxy, Symbol, Tag, TensorProxy
 from minijit.ir.context import where_now
 from minijit.ir.proxies import NUMBER_METHODS, number_value
 
@@ -29,12 +29,15 @@ ALL_PRIMS: dict[str, Symbol] = {}
 
 # The effects prims declare (minijit.ir.Effects): the few that are not pure functions.
 VIEW = Effects(views=0)  # the output views the first argument (torch runs these as views)
+REORDERING_VIEW = Effects(views=0, reorders=True)  # ... holding all its elements, reshaped or reordered
 SAME_IF_UNCHANGED = Effects(views=0, same_if_unchanged=True)  # torch returns the argument itself for a no-op
 RANDOM = Effects(random=True)  # draws from, seeds or reads torch's generator: kept, in order, never deduplicated
+CHEAP = frozenset({Tag.CHEAP})  # the tags (minijit.ir.Tag) of the pointwise and layout prims
 
 
-def _prim(name: str, meta: Callable[..., Any], effects: Effects | None = None) -> Symbol:
-    sym = Symbol(name, meta, namespace="prims", is_prim=True, effects=effects or Effects())
+def _prim(name: str, meta: Callable[..., Any], effects: Effects | None = None,
+          tags: frozenset[str] = frozenset()) -> Symbol:
+    sym = Symbol(name, meta, namespace="prims", is_prim=True, effects=effects or Effects(), tags=tags)
     ALL_PRIMS[name] = sym
     return sym
 
@@ -113,7 +116,7 @@ _REAL_RESULT = {"abs", "real", "imag"}
 for _name in UNARY + BINARY + ("lerp",):
     _rule = _to_bool if _name in _BOOL_RESULT else _to_real if _name in _REAL_RESULT else None
     # torch.real and torch.imag return views of a complex tensor.
-    globals()[_name] = _prim(_name, _elementwise_meta(_name, _rule), VIEW if _name in ("real", "imag") else None)
+    globals()[_name] = _prim(_name, _elementwise_meta(_name, _rule), VIEW if _name in ("real", "imag") else None, CHEAP)
 
 
 def _where_meta(pred: TensorProxy, a: Any, b: Any) -> TensorProxy:
@@ -128,7 +131,7 @@ def _where_meta(pred: TensorProxy, a: Any, b: Any) -> TensorProxy:
     return TensorProxy(pred.shape, dtype, like.device, any(v.requires_grad for v in values))
 
 
-where = _prim("where", _where_meta)
+where = _prim("where", _where_meta, tags=CHEAP)
 
 
 def _polygamma_meta(n: int, x: TensorProxy) -> TensorProxy:
@@ -155,7 +158,8 @@ def _convert_element_type_meta(x: Any, dtype: torch.dtype) -> Any:
     raise _fail("convert_element_type", f"expected a tensor, got {type(x).__name__}")
 
 
-convert_element_type = _prim("convert_element_type", _convert_element_type_meta, SAME_IF_UNCHANGED)
+convert_element_type = _prim("convert_element_type", _convert_element_type_meta, SAME_IF_UNCHANGED,
+                             CHEAP | {Tag.CAST})
 
 
 def _broadcast_in_dim_meta(x: TensorProxy, shape: Shape, broadcast_dims: Sequence[int]) -> TensorProxy:
@@ -173,7 +177,7 @@ def _broadcast_in_dim_meta(x: TensorProxy, shape: Shape, broadcast_dims: Sequenc
     return TensorProxy.like(x, shape=tuple(shape))
 
 
-broadcast_in_dim = _prim("broadcast_in_dim", _broadcast_in_dim_meta, VIEW)
+broadcast_in_dim = _prim("broadcast_in_dim", _broadcast_in_dim_meta, VIEW, CHEAP)
 
 
 def _device_put_meta(x: TensorProxy, device: torch.device) -> TensorProxy:
@@ -200,7 +204,7 @@ def _reshape_meta(x: TensorProxy, shape: Shape) -> TensorProxy:
     return TensorProxy.like(x, shape=tuple(shape))
 
 
-reshape = _prim("reshape", _reshape_meta, VIEW)
+reshape = _prim("reshape", _reshape_meta, REORDERING_VIEW, CHEAP)
 
 
 def _transpose_meta(x: TensorProxy, permutation: Sequence[int]) -> TensorProxy:
@@ -210,7 +214,7 @@ def _transpose_meta(x: TensorProxy, permutation: Sequence[int]) -> TensorProxy:
     return TensorProxy.like(x, shape=tuple(x.shape[p] for p in permutation))
 
 
-transpose = _prim("transpose", _transpose_meta, VIEW)
+transpose = _prim("transpose", _transpose_meta, REORDERING_VIEW, CHEAP)
 
 
 def _slice_meta(x: TensorProxy, start_indices: Sequence[int], end_indices: Sequence[int],
@@ -239,7 +243,7 @@ def _squeeze_meta(x: TensorProxy, dims: Sequence[int]) -> TensorProxy:
     return TensorProxy.like(x, shape=tuple(s for i, s in enumerate(x.shape) if i not in dims))
 
 
-squeeze = _prim("squeeze", _squeeze_meta, VIEW)
+squeeze = _prim("squeeze", _squeeze_meta, REORDERING_VIEW, CHEAP)
 
 
 def _cat_meta(tensors: Sequence[TensorProxy], dim: int) -> TensorProxy:
@@ -278,7 +282,7 @@ def _detach_meta(x: TensorProxy) -> TensorProxy:
 
 
 # The same values with requires_grad=False: where gradients stop (torch.detach, x.data).
-detach = _prim("detach", _detach_meta)
+detach = _prim("detach", _detach_meta, tags=frozenset({Tag.STOPS_GRADIENT}))
 
 
 # -- reductions ---------------------------------------------------------------

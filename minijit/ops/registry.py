@@ -8,13 +8,13 @@ the first of `torch_fns`) with the bound symbol's arguments unchanged.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
 
 from minijit.errors import MetaError, MinijitError
-from minijit.ir import NO_EFFECTS, TENSOR_METHODS, Effects, Symbol, current_trace
+from minijit.ir import NO_EFFECTS, TENSOR_METHODS, Effects, Symbol, Tag, current_trace
 from minijit.ops.autocast import autocast_arguments
 
 # torch callable (function, method descriptor, builtin) -> ltorch symbol
@@ -23,6 +23,8 @@ TORCH_TO_LTORCH: dict[Any, Symbol] = {}
 ALL_LTORCH: dict[str, Symbol] = {}
 # ltorch op name -> the eager callable that implements it with the same signature
 EAGER_IMPLS: dict[str, Callable[..., Any]] = {}
+# ... the same, by symbol (what passes ask: `eager_impl`)
+_EAGER_BY_SYMBOL: dict[Symbol, Callable[..., Any]] = {}
 
 
 _any_autocast = torch._C._is_any_autocast_enabled
@@ -67,6 +69,7 @@ def ltorch_op(
     methods: Sequence[str] = (),
     impl: Callable[..., Any] | None = None,
     effects: Effects = NO_EFFECTS,
+    tags: Iterable[str] = (),
 ) -> Callable[[Callable[..., Any]], Symbol]:
     """Declare an ltorch op from its decomposition.
 
@@ -74,7 +77,8 @@ def ltorch_op(
     `methods` the `Tensor` method names that dispatch to it on proxies; `impl` the
     eager implementation with the decomposition's signature (default: the first
     torch callable); `effects` what it does besides computing its outputs (views,
-    writes into its arguments, randomness: `minijit.ir.Effects`).
+    writes into its arguments, randomness: `minijit.ir.Effects`); `tags` the other
+    facts passes ask about it (`minijit.ir.Tag`).
 
     Example::
 
@@ -86,7 +90,7 @@ def ltorch_op(
         op_name = name or decomposition.__name__
         if op_name in ALL_LTORCH:
             raise ValueError(f"ltorch op {op_name!r} is declared twice")
-        sym = LtorchSymbol(op_name, decomposition, namespace="ltorch", effects=effects)
+        sym = LtorchSymbol(op_name, decomposition, namespace="ltorch", effects=effects, tags=frozenset(tags))
         sym.__doc__ = decomposition.__doc__
         ALL_LTORCH[op_name] = sym
         for fn in torch_fns:
@@ -96,6 +100,7 @@ def ltorch_op(
         eager = impl if impl is not None else (torch_fns[0] if torch_fns else None)
         if eager is not None:
             EAGER_IMPLS[op_name] = eager
+            _EAGER_BY_SYMBOL[sym] = eager
         return sym
 
     return register
@@ -107,3 +112,12 @@ def ltorch_symbol_for(fn: Any) -> Symbol | None:
         return TORCH_TO_LTORCH.get(fn)
     except TypeError:  # unhashable
         return None
+
+
+def eager_impl(sym: Symbol) -> Callable[..., Any] | None:
+    """The eager callable that runs `sym` with a bound symbol's own arguments: an ltorch op's, or an opaque
+    torch op itself; None for others."""
+    found = _EAGER_BY_SYMBOL.get(sym)
+    if found is None and Tag.OPAQUE in sym.tags:
+        return sym.fn
+    return found

@@ -48,7 +48,7 @@ from minijit.errors import MetaError, UnsupportedMethodError
 from minijit.ir import TENSOR_METHODS, BoundSymbol, NumberProxy, Proxy, TensorProxy, Trace, tree_flatten, tree_map
 from minijit.ir.context import add_layout_check, current_trace, where_now
 from minijit.ir.proxies import known_compare, number_value
-from minijit.ops.registry import EAGER_IMPLS
+from minijit.ops.registry import eager_impl
 
 
 def _sources(p: TensorProxy, inputs: dict[int, TensorProxy]) -> tuple[TensorProxy, ...]:
@@ -105,12 +105,6 @@ def meta_like(p: TensorProxy, requires_grad: bool = False) -> torch.Tensor:
         return storage.as_strided(shape, strides, offset)
 
 
-def _eager_impl(bsym: BoundSymbol) -> Any:
-    if bsym.sym.namespace == "ltorch":
-        return EAGER_IMPLS.get(bsym.sym.name)
-    return bsym.sym.fn if "opaque" in bsym.sym.tags else None
-
-
 def eager_layout(p: TensorProxy, trace: Trace | None = None, *, offset_matters: bool = False,
                  guard: bool = True, sizes_matter: bool = False) -> torch.Tensor | None:
     """A meta tensor with the shape, strides and storage offset eager torch gives `p`; None where unknown.
@@ -159,7 +153,7 @@ def _work_out(p: TensorProxy, trace: Trace, inputs: dict[int, TensorProxy]) -> N
 
 
 def _replay(bsym: BoundSymbol, inputs: dict[int, TensorProxy]) -> None:
-    impl = _eager_impl(bsym)
+    impl = eager_impl(bsym.sym)
     args = [a for a in bsym.proxy_args() if isinstance(a, TensorProxy)]
     if impl is None or any(a.memory is None for a in args):
         return
@@ -250,13 +244,6 @@ def _sizes_symbolic(p: TensorProxy) -> bool:
     return any(isinstance(d, NumberProxy) for q in (p, *p.layout_sources) for d in q.shape)
 
 
-# The view ops whose output's contiguity does not change with the sizes (sizes 0 and 1, which
-# symbolic sizes keep constant, aside): they only reshape or reorder the dimensions.
-_REORDERING_VIEWS = frozenset({"view", "view_as", "reshape", "reshape_as", "flatten", "unflatten", "unsqueeze",
-                               "squeeze", "transpose", "t", "permute", "movedim", "swapaxes", "swapdims", "expand",
-                               "expand_as", "broadcast_to", "contiguous", "alias", "detach"})
-
-
 def _through_slices(p: TensorProxy) -> bool:
     """Whether `p` views a tensor through an op that may leave gaps (`x[:, :4]` is contiguous only
     where x's last size is 4): following `p` back through view ops to a tensor of its own memory."""
@@ -267,7 +254,9 @@ def _through_slices(p: TensorProxy) -> bool:
         base = bsym.viewed_argument(q)
         if base is None:
             return False
-        if bsym.sym.name not in _REORDERING_VIEWS:
+        # A view that only reshapes or reorders keeps its contiguity whatever the sizes (0 and 1,
+        # which symbolic sizes keep constant, aside).
+        if not bsym.sym.effects.reorders:
             return True
         q = base
     return False

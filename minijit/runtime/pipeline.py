@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -171,6 +173,7 @@ def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
     # Read now, back in the call's state (the traced code may have changed it inside `with` blocks).
     constraints += [f"{expr} == {query()!r}" for expr, query in state_reads.items()]
     entry.constraints = drop_implied(constraints)
+    _dump_traces(entry)
     entry.arg_objects = object_arguments(call[0], call[1], args, kwargs)
     entry.prologue = compile_prologue(entry, call, tuple(kwargs), entry.constraints)
     entry.guard = entry.prologue.guard
@@ -188,6 +191,24 @@ def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
         entry.computation = falling_back(entry.computation, entry.capture.ops_in_try,
                                          entry.functionalized.mutated_inputs, bool(draws), generators)
     return entry
+
+
+def _dump_traces(entry: CompiledEntry) -> None:
+    """With MINIJIT_DUMP_TRACES=<dir>, append the final traces' source to a file per pytest test in <dir>.
+
+    A debugging aid: two runs of the same tests give byte-identical dumps unless a change altered the traces.
+    """
+    folder = os.environ.get("MINIJIT_DUMP_TRACES")
+    if not folder:
+        return
+    test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", test)[-200:] or "other"
+    text = entry.traces[-1].python() + "\n"
+    if entry.backward_traces:
+        text += entry.backward_traces[-1].python() + "\n"
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, name + ".py.txt"), "a") as f:
+        f.write(text)
 
 
 class _PinSizes(Exception):

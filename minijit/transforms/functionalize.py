@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from minijit.errors import AliasError, InplaceError, UnsupportedOpError, where
-from minijit.ir import BoundSymbol, Proxy, TensorProxy, Trace, tracing, tree_flatten, tree_map
+from minijit.ir import BoundSymbol, Proxy, Tag, TensorProxy, Trace, tracing, tree_flatten, tree_map
 from minijit.ir.rewrite import replay_bsym
 from minijit.ops import prims
 from minijit.ops.opaque import opaque_call
@@ -42,13 +42,11 @@ from minijit.transforms.overlap import check_overlaps
 from minijit.transforms.view_updates import (
     ExpandedWrite,
     eager_returns_view,
-    is_view_op,
     is_view_step,
     layout_free,
     replay,
     scatter,
     scatter_by_positions,
-    viewed_tensor,
 )
 
 __all__ = ["FunctionalizeResult", "SyntheticBase", "functionalize"]
@@ -266,7 +264,7 @@ class _Functionalizer:
 
     def _write_by_positions(self, dst: TensorProxy, base: TensorProxy, new: TensorProxy, op: BoundSymbol) -> None:
         masked_fill = None
-        if op.sym.name == "masked_fill_" and len(op.args) == 3 and isinstance(op.args[1], TensorProxy):
+        if Tag.MASKED_FILL in op.sym.tags and len(op.args) == 3 and isinstance(op.args[1], TensorProxy):
             masked_fill = (self.resolve(op.args[1]), self.resolve(op.args[2]))
         self._write_through_views(base, scatter_by_positions(self.resolve(base), self.chain(dst), new, op,
                                                              uniform=self._is_fill(new), masked_fill=masked_fill))
@@ -303,7 +301,7 @@ class _Functionalizer:
         """Whether `value` was made by prims.full (one value everywhere)."""
         for bsym in reversed(self.new.bound_symbols):
             if any(o is value for o in bsym.proxy_outputs()):
-                return bsym.sym.id == "prims.full"
+                return bsym.sym is prims.full
         return False
 
     def chain(self, p: TensorProxy) -> list[tuple[BoundSymbol, Proxy]]:
@@ -321,7 +319,7 @@ class _Functionalizer:
         if bsym.sym.effects.copies:
             (target,) = bsym.written()
             self.write(target, self.resolve(bsym.copied_value()), top)
-        elif name == "ltorch.setitem" and _is_basic_key(bsym.args[1]) and self.setitem_into_view(bsym, top):
+        elif Tag.INDEXED_WRITE in bsym.sym.tags and _is_basic_key(bsym.args[1]) and self.setitem_into_view(bsym, top):
             pass
         elif bsym.written():
             if not bsym.subsymbols:
@@ -339,7 +337,7 @@ class _Functionalizer:
                     raise UnsupportedOpError(f"{name}{where(bsym.source)}: its output {old.name} is not "
                                              "computed by its decomposition")
         else:
-            if name == "prims.tensor_constant":
+            if bsym.sym is prims.tensor_constant:
                 self.constants.add(id(bsym.output))
             self.emit(bsym)
 
@@ -386,8 +384,8 @@ class _Functionalizer:
     def emit(self, bsym: BoundSymbol) -> None:
         """Append `bsym` reading current values: as it is, or recorded again where an argument changed."""
         result = replay_bsym(bsym, self.resolve, sym=layout_free(bsym.sym), reuse_unchanged=True)
-        parent = viewed_tensor(bsym)
-        is_view = parent is not None and is_view_op(bsym)
+        parent = bsym.viewed_tensor()
+        is_view = parent is not None and bsym.is_view()
         for old, new in zip(tree_flatten(bsym.output), tree_flatten(result), strict=True):
             if not isinstance(old, Proxy):
                 continue

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from minijit.errors import MinijitError, UnsupportedOpError, where
-from minijit.ir import BoundSymbol, NumberProxy, Proxy, Symbol, TensorProxy, Trace, tracing, tree_flatten
+from minijit.ir import BoundSymbol, NumberProxy, Proxy, Symbol, Tag, TensorProxy, Trace, tracing, tree_flatten
 from minijit.ir.printing import Constants
 from minijit.ir.rewrite import ProxyMap
 from minijit.ops import prims
@@ -43,10 +43,6 @@ def is_differentiable(x: Any) -> bool:
     return isinstance(x, TensorProxy) and (x.dtype.is_floating_point or x.dtype.is_complex)
 
 
-# Symbols whose outputs are cut from autograd by definition (torch.detach, x.data).
-STOPS_GRADIENT = frozenset({"prims.detach"})
-
-
 def is_constant_for_vjp(bsym: BoundSymbol, requires_grad: Container[str], no_grad: Container[str] = ()) -> bool:
     """True when `bsym` contributes nothing to any gradient.
 
@@ -58,7 +54,7 @@ def is_constant_for_vjp(bsym: BoundSymbol, requires_grad: Container[str], no_gra
     `torch.no_grad()` (its outputs are in `no_grad`). Constant symbols stay in
     the forward and add nothing to the backward.
     """
-    if bsym.sym.id in STOPS_GRADIENT:
+    if Tag.STOPS_GRADIENT in bsym.sym.tags:
         return True
     if bsym.sym.is_prim and bsym.sym.effects.random and not any(
             isinstance(p, TensorProxy) and p.requires_grad for p in bsym.proxy_outputs()):
@@ -419,17 +415,13 @@ def _bind_input_sizes(fwd: Trace, saved: Sequence[Proxy]) -> None:
     fwd.bound_symbols[:0] = head
 
 
-# Ops that cost one pass over memory: recomputing them in the backward beats keeping their output.
-_CHEAP_PRIMS = frozenset(prims.UNARY + prims.BINARY) | {
-    "where", "lerp", "convert_element_type", "broadcast_in_dim", "reshape", "transpose", "squeeze"}
-
-
 def _is_cheap(bsym: BoundSymbol) -> bool:
     """True for pointwise and layout ops (or ops that decompose only into those); never random ones."""
     if bsym.is_random() or bsym.written():
         return False
     if bsym.sym.is_prim:
-        return bsym.sym.namespace == "prims" and bsym.sym.name in _CHEAP_PRIMS
+        # Prims that cost one pass over memory: recomputing them in the backward beats keeping their output.
+        return Tag.CHEAP in bsym.sym.tags
     return bool(bsym.subsymbols) and all(_is_cheap(s) for s in bsym.subsymbols)
 
 

@@ -20,7 +20,7 @@ eager's own check does:
   would depend on that order.
 
 A few ops (`index_copy_`, `scatter_`, `index_put_`, `cat(out=)`, ...) refuse any overlap,
-the same elements included. Layouts come from `minijit.ops.strides.eager_layout`; where one
+the same elements included (`Effects.refuses_overlap`). Layouts come from `minijit.ops.strides.eager_layout`; where one
 is unknown nothing is refused. A decision that two tensors of one memory do not clash holds
 for the layouts (and symbolic sizes) seen: they join the entry's guard.
 """
@@ -35,19 +35,12 @@ from typing import Any
 import torch
 
 from minijit.errors import InplaceError, where
-from minijit.ir import BoundSymbol, NumberProxy, TensorProxy, Trace, tree_flatten, tree_map
+from minijit.ir import BoundSymbol, NumberProxy, Tag, TensorProxy, Trace, tree_flatten, tree_map
 from minijit.ir.proxies import number_value
 from minijit.ops.strides import eager_layout
-from minijit.transforms.view_updates import viewed_tensor
 
 __all__ = ["check_overlaps"]
 
-# Ops whose eager kernels refuse any overlap of the written tensor with an operand (ATen's
-# assert_no_overlap), the same elements in the same order included.
-ANY_OVERLAP_REFUSED = frozenset({"index_copy_", "index_add_", "index_reduce_", "index_put_", "put_", "scatter_",
-                                 "scatter_add_", "scatter_reduce_", "cat"})
-# Ops that read a 0-d tensor operand as a number before writing (`x.fill_(x[0])`).
-READS_SCALAR_FIRST = frozenset({"fill_", "masked_fill_", "index_fill_"})
 # Beyond this many elements per tensor, an overlap eager does not check is refused without
 # enumerating the elements (a conservative answer: the tensors' address ranges do intersect).
 EXACT_LIMIT = 1 << 22
@@ -60,7 +53,7 @@ class _Access:
     """What an op the user called writes and reads, as eager runs it."""
 
     op: str  # for messages: `ltorch.add_`, `ltorch.add with out=`
-    eager_op: str  # the eager op whose check applies: `add_`, `index_put_`
+    refuses_any_overlap: bool = False  # eager's kernel refuses any overlap (`Effects.refuses_overlap`)
     writes: list[tuple[TensorProxy, Any]] = field(default_factory=list)  # (tensor, the key of the region written)
     operands: list[TensorProxy] = field(default_factory=list)
     copies: bool = False  # it moves values without computing (copy_, `a[key] = v`)
@@ -74,7 +67,7 @@ def check_overlaps(bsym: BoundSymbol, trace: Trace, base_of: Callable[[TensorPro
     aliased inputs mapped to one of them: two tensors of different bases share no element.
     """
     access = _access(bsym, trace)
-    any_overlap_refused = access.eager_op in ANY_OVERLAP_REFUSED
+    any_overlap_refused = access.refuses_any_overlap
     for target, key in access.writes:
         for operand in access.operands:
             if operand is target and key is None and not any_overlap_refused:
@@ -105,11 +98,6 @@ def check_overlaps(bsym: BoundSymbol, trace: Trace, base_of: Callable[[TensorPro
                 eager_layout(p, trace, sizes_matter=True)
 
 
-def _op_name(sym_name: str) -> str:
-    """`index_copy_` for `index_copy_` or `Tensor.index_copy_`."""
-    return sym_name.rsplit(".", 1)[-1]
-
-
 def _describe(p: TensorProxy, trace: Trace) -> str:
     """`p`'s name, and the input it views where it views one (`t2 (a view of x)`)."""
     made_by: dict[int, BoundSymbol] = {}
@@ -119,7 +107,7 @@ def _describe(p: TensorProxy, trace: Trace) -> str:
     inputs = {id(a) for a in trace.args}
     q = p
     while id(q) not in inputs and id(q) in made_by:
-        viewed = viewed_tensor(made_by[id(q)])
+        viewed = made_by[id(q)].viewed_tensor()
         if viewed is None or viewed is q:
             break
         q = viewed
@@ -127,28 +115,29 @@ def _describe(p: TensorProxy, trace: Trace) -> str:
 
 
 def _access(bsym: BoundSymbol, trace: Trace) -> _Access:
-    name = _op_name(bsym.sym.name)
     out = trace.out_operands.get(id(bsym))
     if out is not None:  # `torch.add(a, b, out=c)`: c against what add read
         op, operands = out
-        return _Access(f"{op} with out=", _op_name(op), [(bsym.args[0], None)],
+        return _Access(f"{op.id} with out=", op.effects.refuses_overlap, [(bsym.args[0], None)],
                        [p for p in operands if isinstance(p, TensorProxy)])
-    if name == "setitem":
+    if Tag.INDEXED_WRITE in bsym.sym.tags:
         return _setitem_access(bsym)
     written = bsym.written()
-    refs = bsym.sym.effects.writes
+    effects = bsym.sym.effects
+    refs = effects.writes
     # The arguments not written (by position: `u.index_copy_(0, i, u)` reads the u it writes).
     read = ([a for i, a in enumerate(bsym.args) if i not in refs], [v for k, v in bsym.kwargs.items() if k not in refs])
     operands = [p for p in tree_flatten(read) if isinstance(p, TensorProxy)
                 and not (refs == () and any(p is w for w in written))
-                and not (name in READS_SCALAR_FIRST and p.ndim == 0)]
-    return _Access(bsym.sym.id, name, [(w, None) for w in written], operands, copies=name == "copy_")
+                and not (effects.reads_scalar_first and p.ndim == 0)]
+    return _Access(bsym.sym.id, effects.refuses_overlap, [(w, None) for w in written], operands,
+                   copies=effects.copies or effects.moves_values)
 
 
 def _setitem_access(bsym: BoundSymbol) -> _Access:
     """`a[key] = value` as eager runs it: a copy into the view a[key], or an index_put_ into a."""
     a, key, value = bsym.args
-    nothing = _Access(bsym.sym.id, "setitem")
+    nothing = _Access(bsym.sym.id)
     if not isinstance(value, TensorProxy):
         return nothing
     items = key if isinstance(key, tuple) else (key,)
@@ -156,11 +145,11 @@ def _setitem_access(bsym: BoundSymbol) -> _Access:
         # A 0-d value is filled in as a number; others are broadcast, then copied into the region.
         if value.ndim == 0:
             return nothing
-        return _Access(bsym.sym.id, "copy_", [(a, key)], [value], copies=True, broadcast_first=True)
+        return _Access(bsym.sym.id, False, [(a, key)], [value], copies=True, broadcast_first=True)  # as copy_
     if all(isinstance(k, TensorProxy) for k in items):
         if len(items) == 1 and items[0].dtype == torch.bool and value.ndim == 0:
             return nothing  # masked_fill_ with a number
-        return _Access(f"{bsym.sym.id} (an index_put_)", "index_put_", [(a, None)], [value])
+        return _Access(f"{bsym.sym.id} (an index_put_)", True, [(a, None)], [value])  # which refuses any overlap
     return nothing  # basic and advanced indexing mixed: not checked
 
 

@@ -11,9 +11,8 @@ import math
 
 import torch
 
-from minijit.ir import BoundSymbol, Proxy, TensorProxy, Trace, tree_flatten
+from minijit.ir import BoundSymbol, Proxy, Tag, TensorProxy, Trace, tree_flatten
 from minijit.ir.rewrite import ProxyMap, rewrite
-from minijit.ops import prims
 from minijit.transforms.memory import MemoryModel
 
 _INT_BITS = {torch.bool: 1, torch.uint8: 8, torch.int8: 7, torch.int16: 15, torch.int32: 31, torch.int64: 63}
@@ -49,7 +48,7 @@ def _significand_bits(dtype: torch.dtype) -> int:
 
 def _cast_of(bsym: BoundSymbol) -> tuple[TensorProxy, TensorProxy] | None:
     """(input, output) when `bsym` only converts a tensor's dtype (a prim or an op decomposing to one)."""
-    if bsym.sym is prims.convert_element_type or (bsym.sym.is_prim and bsym.sym.name == "convert_element_type"):
+    if Tag.CAST in bsym.sym.tags and bsym.sym.is_prim:  # the prim, or an executor's symbol running it
         x, out = bsym.args[0], bsym.output
         if isinstance(x, TensorProxy) and isinstance(out, TensorProxy):
             return x, out

@@ -1,14 +1,17 @@
 """Views for functionalization: which outputs alias their input, replaying a view, writing a view back.
 
 A view op declares it on its symbol (`Effects.views`, minijit/ir/symbol.py): its
-outputs share memory with one of its arguments, the *viewed* tensor. Functionalization
+outputs share memory with one of its arguments, the *viewed* tensor (the bound symbol
+answers: `BoundSymbol.is_view`, `viewed_tensor`, `may_alias_input`). Functionalization
 (docs/design.md, invariant 1) needs two things per view op: *replay* (recompute the view
 from the base's new value, by calling the op again) and *scatter* (the inverse
 update: given the base's current value and the view's new value, the base's new
 value):
 
 - the view prims (transpose, reshape, squeeze, slice, broadcast_in_dim as unsqueeze)
-  have a scatter rule each, in `PRIM_SCATTER`;
+  have a scatter rule each, in `PRIM_SCATTER`, keyed by the prim: every prim whose
+  effects say its output may share an argument's memory has an entry (None where a
+  write through it is refused), checked when the table is built;
 - an ltorch view op decomposes into view prims: `invert_decomposition` walks the
   decomposition back from the output to the input and applies the prim rules in
   reverse. A view op that may copy (`Effects.may_copy`: `x[idx_tensor]`, whose
@@ -27,37 +30,36 @@ the base by element positions instead.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 
 from minijit.errors import InplaceError, MetaError, UnsupportedOpError, where
-from minijit.ir import BoundSymbol, NumberProxy, Proxy, Symbol, TensorProxy, Trace, tree_flatten
+from minijit.ir import (
+    VIEWS_ANY_LAYOUT,
+    VIEWS_IF_BASIC_KEY,
+    VIEWS_IF_SPLITS,
+    BoundSymbol,
+    NumberProxy,
+    Proxy,
+    Symbol,
+    Tag,
+    TensorProxy,
+    Trace,
+    check_table,
+    tree_flatten,
+)
 from minijit.ir.proxies import number_value
 from minijit.ir.rewrite import ProxyMap, replay_bsym
 from minijit.ops import prims
-from minijit.ops.registry import ALL_LTORCH, EAGER_IMPLS
+from minijit.ops.ltorch import shape as ltorch_shape
+from minijit.ops.registry import ALL_LTORCH, eager_impl
 from minijit.ops.strides import eager_layout, only_splits, outside_inference_mode
 from minijit.ops.utils import expand_to, shape_arg
 
 # (view bsym, its output, current value of its input, new value of its output) -> new value of its input
 ScatterRule = Callable[[BoundSymbol, Proxy, TensorProxy, TensorProxy], TensorProxy]
-
-
-def is_view_op(bsym: BoundSymbol) -> bool:
-    """Whether `bsym`'s symbol declares that its outputs view one of its arguments."""
-    effects = bsym.sym.effects
-    return effects.views is not None and not effects.same_if_unchanged
-
-
-def viewed_tensor(bsym: BoundSymbol) -> TensorProxy | None:
-    """The tensor a view op views (per its symbol's effects), or None."""
-    for out in tree_flatten(bsym.output):
-        arg = bsym.viewed_argument(out)
-        if isinstance(arg, TensorProxy):
-            return arg
-    return None
 
 
 def output_position(bsym: BoundSymbol, out: Proxy) -> int:
@@ -77,7 +79,7 @@ def replay(bsym: BoundSymbol, out: Proxy, new_input: TensorProxy) -> TensorProxy
 
 def _with_viewed(bsym: BoundSymbol, new_input: Any) -> tuple[list[Any], dict[str, Any]]:
     """`bsym`'s arguments with the viewed tensor replaced by `new_input`."""
-    old_input = viewed_tensor(bsym)
+    old_input = bsym.viewed_tensor()
     args, kwargs = list(bsym.args), dict(bsym.kwargs)
     for i, a in enumerate(args):
         if a is old_input:
@@ -92,13 +94,15 @@ def _with_viewed(bsym: BoundSymbol, new_input: Any) -> tuple[list[Any], dict[str
 
 # Recomputed values may have any memory layout (a scattered base is often a transpose),
 # and `Tensor.view` refuses some layouts; functionally it is the same as reshape.
-_LAYOUT_FREE = {"view": "reshape", "view_as": "reshape_as"}
+LAYOUT_FREE: dict[Symbol, Symbol] = {
+    ltorch_shape.view: ltorch_shape.reshape,
+    ltorch_shape.view_as: ltorch_shape.reshape_as,
+}
 
 
 def layout_free(sym: Symbol) -> Symbol:
     """`sym`, or the op computing the same values on tensors of any layout (view -> reshape)."""
-    other = _LAYOUT_FREE.get(sym.name) if sym.namespace == "ltorch" else None
-    return ALL_LTORCH.get(other, sym) if other is not None else sym
+    return LAYOUT_FREE.get(sym, sym)
 
 
 # -- prim rules ----------------------------------------------------------------------
@@ -135,13 +139,52 @@ def _scatter_broadcast(bsym: BoundSymbol, out: Proxy, current: TensorProxy, new:
     return prims.reshape(new, tuple(current.shape))
 
 
-PRIM_SCATTER: dict[str, ScatterRule] = {
-    "transpose": _scatter_transpose,
-    "reshape": _scatter_reshape,
-    "squeeze": _scatter_reshape,
-    "slice": _scatter_slice,
-    "broadcast_in_dim": _scatter_broadcast,
+# Per prim whose output may share an argument's memory: its scatter rule, or None where a write
+# through it cannot update the argument (it is refused).
+PRIM_SCATTER: dict[Symbol, ScatterRule | None] = {
+    prims.transpose: _scatter_transpose,
+    prims.reshape: _scatter_reshape,
+    prims.squeeze: _scatter_reshape,
+    prims.slice_prim: _scatter_slice,
+    prims.broadcast_in_dim: _scatter_broadcast,
+    prims.real: None,  # views reinterpreting a complex tensor's memory
+    prims.imag: None,
+    prims.convert_element_type: None,  # the argument itself only where nothing changes
+    prims.device_put: None,
 }
+
+
+def _may_view(sym: Symbol) -> bool:
+    return sym.effects.views is not None
+
+
+# The shape a view-or-copy op asks for, as given (a -1 in it stands for what is left of the
+# dimension it splits): whether it only splits dimensions decides whether eager views or copies.
+REQUESTED_SHAPE: dict[Symbol, Callable[[BoundSymbol, TensorProxy], tuple[Any, ...]]] = {
+    ltorch_shape.reshape: lambda step, out: shape_arg(step.args[1:]) if not step.kwargs else tuple(out.shape),
+    ltorch_shape.reshape_as: lambda step, out: tuple(out.shape),
+    ltorch_shape.flatten: lambda step, out: tuple(out.shape),
+}
+
+
+def check_view_tables(prim_symbols: Iterable[Symbol] | None = None, ltorch_symbols: Iterable[Symbol] | None = None,
+                      ) -> None:
+    """Raise a MinijitError naming each symbol that lacks an entry its facts need in this module's tables.
+
+    Every prim that may view an argument needs a scatter rule (or None); every op with
+    `Tag.LAYOUT_STRICT` a layout-free twin; every `VIEWS_IF_SPLITS` view the shape it asks for.
+    By default all the prims and ltorch ops declared; run when this module is imported.
+    """
+    prim_symbols = list(prims.ALL_PRIMS.values()) if prim_symbols is None else list(prim_symbols)
+    ltorch_symbols = list(ALL_LTORCH.values()) if ltorch_symbols is None else list(ltorch_symbols)
+    check_table(PRIM_SCATTER, prim_symbols, _may_view, "scatter rule (view_updates.PRIM_SCATTER)")
+    check_table(LAYOUT_FREE, ltorch_symbols, lambda s: Tag.LAYOUT_STRICT in s.tags,
+                "layout-free twin (view_updates.LAYOUT_FREE)")
+    check_table(REQUESTED_SHAPE, ltorch_symbols, lambda s: s.effects.view_layouts == VIEWS_IF_SPLITS,
+                "requested shape (view_updates.REQUESTED_SHAPE)")
+
+
+check_view_tables()
 
 
 # -- ltorch rules ----------------------------------------------------------------------
@@ -151,7 +194,7 @@ def view_path(bsym: BoundSymbol, out: Proxy) -> list[tuple[BoundSymbol, Proxy]] 
 
     None means `out` is not reached from the input through view ops only.
     """
-    source = viewed_tensor(bsym)
+    source = bsym.viewed_tensor()
     producers = {id(o): sub for sub in bsym.subsymbols for o in sub.proxy_outputs()}
     steps: list[tuple[BoundSymbol, Proxy]] = []
     cur: Any = out
@@ -160,13 +203,13 @@ def view_path(bsym: BoundSymbol, out: Proxy) -> list[tuple[BoundSymbol, Proxy]] 
         if sub is None or not is_view_step(sub, cur):
             return None
         steps.append((sub, cur))
-        cur = viewed_tensor(sub)
+        cur = sub.viewed_tensor()
     return steps[::-1]
 
 
 def is_view_step(bsym: BoundSymbol, out: Proxy) -> bool:
     """Whether `out` (an output of `bsym`) is a view of the tensor `bsym` views (per its symbol's effects)."""
-    if not is_view_op(bsym) or not isinstance(bsym.viewed_argument(out), TensorProxy):
+    if not bsym.is_view() or not isinstance(bsym.viewed_argument(out), TensorProxy):
         return False
     if bsym.sym.is_prim or view_path(bsym, out) is not None:
         return True
@@ -179,10 +222,10 @@ def scatter(bsym: BoundSymbol, out: Proxy, current: TensorProxy, new: TensorProx
     """The new value of `bsym`'s input after its output `out` became `new` (records into the current trace)."""
     if not bsym.sym.is_prim:
         return invert_decomposition(bsym, out, current, new)
-    rule = PRIM_SCATTER.get(bsym.sym.name) if bsym.sym.namespace == "prims" else None
-    if rule is not None:
-        return rule(bsym, out, current, new)
-    if bsym.sym.namespace == "prims":
+    if bsym.sym in PRIM_SCATTER:
+        rule = PRIM_SCATTER[bsym.sym]
+        if rule is not None:
+            return rule(bsym, out, current, new)
         raise UnsupportedOpError(f"{bsym.sym.id}{where(bsym.source)}: an in-place write through this view cannot "
                                  "update its base; clone() the view before writing into it")
     # An opaque torch view op: write the new values at the element positions the view shows.
@@ -201,10 +244,11 @@ def invert_decomposition(bsym: BoundSymbol, out: Proxy, current: TensorProxy, ne
     # only inside `bsym`; record the decomposition again so that the scatters can use them.
     env = _inline(bsym, current)
     for step, step_out in reversed(path):
-        step_input = env.value(viewed_tensor(step))
-        if step.sym.is_prim and step.sym.name in PRIM_SCATTER:
+        step_input = env.value(step.viewed_tensor())
+        rule = PRIM_SCATTER.get(step.sym)
+        if rule is not None:
             args, kwargs = env((step.args, step.kwargs))
-            new = PRIM_SCATTER[step.sym.name](step.replace(args=args, kwargs=kwargs), step_out, step_input, new)
+            new = rule(step.replace(args=args, kwargs=kwargs), step_out, step_input, new)
         else:
             new = scatter(step, step_out, step_input, new)
     return new
@@ -213,7 +257,7 @@ def invert_decomposition(bsym: BoundSymbol, out: Proxy, current: TensorProxy, ne
 def _inline(bsym: BoundSymbol, new_input: TensorProxy) -> ProxyMap:
     """Record `bsym`'s subsymbols on `new_input` in the current trace; their old proxies -> the new ones."""
     env = ProxyMap()
-    env[viewed_tensor(bsym)] = new_input
+    env[bsym.viewed_tensor()] = new_input
     for sub in bsym.subsymbols:
         replay_bsym(sub, env, sym=layout_free(sub.sym))
     return env
@@ -305,8 +349,8 @@ def _run_chain(start: torch.Tensor, chain: list[tuple[BoundSymbol, Proxy]]) -> l
     """`start` and each step's eager result along `chain` (see eager_chain), or None."""
     values = [start]
     for step, out in chain:
-        impl = _eager_impl(step)
-        viewed = viewed_tensor(step)
+        impl = eager_impl(step.sym)
+        viewed = step.viewed_tensor()
         if impl is None or any(isinstance(a, Proxy) and a is not viewed and not isinstance(a, NumberProxy)
                                for a in tree_flatten((step.args, step.kwargs))):
             return None
@@ -335,31 +379,21 @@ def eager_returns_view(base: TensorProxy, chain: list[tuple[BoundSymbol, Proxy]]
     return last is before or last._is_view()
 
 
-# ltorch ops that view any tensor whatever its strides (`view` raises where it cannot; `getitem` too, with
-# no tensor in its key), and those that view it where they only split its dimensions (`only_splits`), else copy.
-_ALWAYS_VIEWS = frozenset({"view", "view_as", "unflatten", "unsqueeze", "squeeze", "transpose", "t", "permute",
-                           "movedim", "swapaxes", "swapdims", "expand", "expand_as", "broadcast_to", "alias", "detach"})
-_RESHAPES = frozenset({"reshape", "reshape_as", "flatten"})
-
-
 def _views_any_layout(step: BoundSymbol, out: Proxy) -> bool:
-    """Whether `step` makes `out` a view of the tensor it views for every layout that tensor may have."""
-    if step.sym.namespace != "ltorch" or not isinstance(out, TensorProxy):
+    """Whether `step` makes `out` a view of the tensor it views for every layout that tensor may have.
+
+    Asked of the op's declared `view_layouts`: any layout (`view` raises where it cannot), a
+    basic key (ints, slices, None, Ellipsis: no tensor in it), or a new shape that only splits
+    the viewed tensor's dimensions (`only_splits`).
+    """
+    layouts = step.sym.effects.view_layouts
+    if layouts is None or not isinstance(out, TensorProxy):
         return False
-    viewed = viewed_tensor(step)
-    if step.sym.name in _ALWAYS_VIEWS:
+    viewed = step.viewed_tensor()
+    if layouts == VIEWS_ANY_LAYOUT:
         return True
-    if step.sym.name == "getitem":  # ints, slices, None, Ellipsis: basic indexing, always a view
+    if layouts == VIEWS_IF_BASIC_KEY:
         return not any(isinstance(a, TensorProxy) and a is not viewed for a in tree_flatten((step.args, step.kwargs)))
-    if step.sym.name not in _RESHAPES or not isinstance(viewed, TensorProxy):
+    if layouts != VIEWS_IF_SPLITS or not isinstance(viewed, TensorProxy):
         return False
-    # The shape as given (a -1 in it stands for what is left of the dimension it splits).
-    requested = shape_arg(step.args[1:]) if step.sym.name == "reshape" and not step.kwargs else tuple(out.shape)
-    return only_splits(tuple(viewed.shape), requested)
-
-
-def _eager_impl(bsym: BoundSymbol) -> Any:
-    """The eager callable that runs `bsym` with its own arguments: an ltorch op's, or an opaque torch op itself."""
-    if bsym.sym.namespace == "ltorch":
-        return EAGER_IMPLS.get(bsym.sym.name)
-    return bsym.sym.fn if "opaque" in bsym.sym.tags else None
+    return only_splits(tuple(viewed.shape), REQUESTED_SHAPE[step.sym](step, out))

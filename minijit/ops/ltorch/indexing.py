@@ -20,10 +20,10 @@ from typing import Any
 import torch
 
 from minijit.errors import MetaError, UnsupportedOpError
-from minijit.ir import TENSOR_METHODS, IntegerProxy, NumberProxy, TensorProxy
+from minijit.ir import TENSOR_METHODS, VIEWS_IF_BASIC_KEY, Effects, IntegerProxy, NumberProxy, TensorProxy
 from minijit.ir.context import where_now
 from minijit.ops import prims
-from minijit.ops.ltorch.shape import VIEW_OR_COPY, movedim, permute, slice_dim
+from minijit.ops.ltorch.shape import movedim, permute, slice_dim
 from minijit.ops.registry import ltorch_op
 from minijit.ops.utils import (
     broadcast_shapes,
@@ -249,7 +249,7 @@ def _is_advanced(key: Any) -> bool:
                for item in _key_tuple(key))
 
 
-@ltorch_op("getitem", impl=_getitem_eager, effects=VIEW_OR_COPY)
+@ltorch_op("getitem", impl=_getitem_eager, effects=Effects(views=0, may_copy=True, view_layouts=VIEWS_IF_BASIC_KEY))
 def getitem(a: TensorProxy, key: Any) -> TensorProxy:
     """`a[key]` with ints, slices, None, Ellipsis, bools and 0-d int tensors: a view of `a`."""
     if _is_advanced(key):

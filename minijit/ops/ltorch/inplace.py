@@ -8,19 +8,23 @@ dtype, or that would change its shape, is an error.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from minijit.errors import DeviceError, MetaError, UnsupportedOpError
-from minijit.ir import TENSOR_METHODS, Effects, TensorProxy
+from minijit.ir import TENSOR_METHODS, Effects, Tag, TensorProxy
 from minijit.ir.context import where_now
 from minijit.ops import prims
+from minijit.ops.eager_facts import write_facts
 from minijit.ops.ltorch.indexing import indexed_update
 from minijit.ops.registry import ALL_LTORCH, ltorch_op
 from minijit.ops.utils import expand_to, to_device, to_dtype
 
 INPLACE = Effects(writes=(0,))  # writes into its first argument
+# The tags of in-place ops declared from their functional op (minijit.ir.Tag).
+_INPLACE_TAGS = {"masked_fill": frozenset({Tag.MASKED_FILL})}
 
 
 def _category(dtype: torch.dtype) -> int:
@@ -54,7 +58,8 @@ def _declare_inplace(name: str, functional_name: str) -> None:
     fns = [getattr(torch.Tensor, f"{name}_")]
     if hasattr(torch, f"{name}_"):
         fns.append(getattr(torch, f"{name}_"))
-    ltorch_op(f"{name}_", torch_fns=fns, methods=[f"{name}_"], effects=INPLACE)(decomposition)
+    ltorch_op(f"{name}_", torch_fns=fns, methods=[f"{name}_"], effects=replace(INPLACE, **write_facts(f"{name}_")),
+              tags=_INPLACE_TAGS.get(name, ()))(decomposition)
 
 
 _INPLACE_OF = (
@@ -124,7 +129,7 @@ def _check_broadcasts(op: str, value: TensorProxy, target: TensorProxy) -> None:
                         f"tensor of shape {tuple(target.shape)} written in place{where_now()}")
 
 
-@ltorch_op(torch_fns=[torch.Tensor.copy_], methods=["copy_"], effects=INPLACE)
+@ltorch_op(torch_fns=[torch.Tensor.copy_], methods=["copy_"], effects=replace(INPLACE, moves_values=True))
 def copy_(a: TensorProxy, src: Any, non_blocking: bool = False) -> TensorProxy:
     """Tensor.copy_: writes src (cast to a's dtype whatever it is, and broadcast) into a."""
     if not isinstance(src, TensorProxy):
@@ -139,7 +144,8 @@ def zero_(a: TensorProxy) -> TensorProxy:
     return prims.copy_(prims.full(a.shape, 0, dtype=a.dtype, device=a.device), a)
 
 
-@ltorch_op(torch_fns=[torch.Tensor.fill_, torch.fill_], methods=["fill_"], effects=INPLACE)
+@ltorch_op(torch_fns=[torch.Tensor.fill_, torch.fill_], methods=["fill_"],
+           effects=replace(INPLACE, reads_scalar_first=True))
 def fill_(a: TensorProxy, value: Any) -> TensorProxy:
     """Tensor.fill_ with a number or a 0-d tensor (cast to a's dtype)."""
     if isinstance(value, TensorProxy):
@@ -155,7 +161,8 @@ def _setitem_eager(a: torch.Tensor, key: Any, value: Any) -> torch.Tensor:
     return a
 
 
-@ltorch_op("setitem", torch_fns=[torch.Tensor.__setitem__], methods=["setitem"], impl=_setitem_eager, effects=INPLACE)
+@ltorch_op("setitem", torch_fns=[torch.Tensor.__setitem__], methods=["setitem"], impl=_setitem_eager, effects=INPLACE,
+           tags={Tag.INDEXED_WRITE})
 def setitem(a: TensorProxy, key: Any, value: Any) -> TensorProxy:
     """`a[key] = value`: the updated tensor computed functionally, then one copy into `a`.
 

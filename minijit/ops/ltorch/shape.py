@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from minijit.errors import MetaError, UnsupportedOpError
-from minijit.ir import Effects, TensorProxy
+from minijit.ir import VIEWS_ANY_LAYOUT, VIEWS_IF_SPLITS, Effects, Tag, TensorProxy
 from minijit.ir.context import where_now
 from minijit.ops import prims
 from minijit.ops.registry import ltorch_op
@@ -30,6 +30,10 @@ from minijit.ops.utils import canonical_dim, infer_shape, reshape_to, shape_arg,
 # with VIEW_OR_COPY only where eager can make a view, else it is a copy.
 VIEW = Effects(views=0)
 VIEW_OR_COPY = Effects(views=0, may_copy=True)
+# Views that keep all the input's elements, only reshaped, reordered or broadcast: a view of any layout,
+# or (RESHAPE) a view where the new shape only splits dimensions, else a copy.
+REORDERING_VIEW = Effects(views=0, reorders=True, view_layouts=VIEWS_ANY_LAYOUT)
+RESHAPE = Effects(views=0, may_copy=True, reorders=True, view_layouts=VIEWS_IF_SPLITS)
 
 
 def _fail(op: str, msg: str) -> MetaError:
@@ -58,7 +62,7 @@ def slice_dim(a: TensorProxy, dim: int, start: int, stop: int, step: int = 1) ->
 
 @ltorch_op(torch_fns=[torch.transpose, torch.swapaxes, torch.swapdims, torch.Tensor.transpose, torch.Tensor.swapaxes,
                       torch.Tensor.swapdims],
-           methods=["transpose", "swapaxes", "swapdims"], effects=VIEW)
+           methods=["transpose", "swapaxes", "swapdims"], effects=REORDERING_VIEW)
 def transpose(a: TensorProxy, dim0: int, dim1: int) -> TensorProxy:
     """torch.transpose: swaps two dims."""
     d0, d1 = canonical_dim(dim0, a.ndim), canonical_dim(dim1, a.ndim)
@@ -69,7 +73,7 @@ def transpose(a: TensorProxy, dim0: int, dim1: int) -> TensorProxy:
     return prims.transpose(a, tuple(perm))
 
 
-@ltorch_op(torch_fns=[torch.t, torch.Tensor.t], methods=["t"], effects=VIEW)
+@ltorch_op(torch_fns=[torch.t, torch.Tensor.t], methods=["t"], effects=REORDERING_VIEW)
 def t(a: TensorProxy) -> TensorProxy:
     """torch.t: transposes a matrix (0-d and 1-d tensors are returned as they are)."""
     if a.ndim > 2:
@@ -77,7 +81,8 @@ def t(a: TensorProxy) -> TensorProxy:
     return transpose(a, 0, 1) if a.ndim == 2 else a
 
 
-@ltorch_op(torch_fns=[torch.permute, torch.Tensor.permute], methods=["permute"], impl=torch.Tensor.permute, effects=VIEW)
+@ltorch_op(torch_fns=[torch.permute, torch.Tensor.permute], methods=["permute"], impl=torch.Tensor.permute,
+           effects=REORDERING_VIEW)
 def permute(a: TensorProxy, *dims: int | Sequence[int]) -> TensorProxy:
     """torch.permute (dims as one sequence or as separate ints)."""
     perm = tuple(canonical_dim(d, a.ndim) for d in shape_arg(dims))
@@ -109,7 +114,7 @@ def mT(a: TensorProxy) -> TensorProxy:
 
 
 @ltorch_op(torch_fns=[torch.movedim, torch.moveaxis, torch.Tensor.movedim, torch.Tensor.moveaxis],
-           methods=["movedim", "moveaxis"], effects=VIEW)
+           methods=["movedim", "moveaxis"], effects=REORDERING_VIEW)
 def movedim(input: TensorProxy, source: int | Sequence[int], destination: int | Sequence[int]) -> TensorProxy:  # noqa: A002
     """torch.movedim: moves dims `source` to positions `destination`, keeping the others in order."""
     src = (source,) if isinstance(source, int) else tuple(source)
@@ -130,7 +135,7 @@ def movedim(input: TensorProxy, source: int | Sequence[int], destination: int | 
 # -- reshapes -----------------------------------------------------------------
 
 @ltorch_op(torch_fns=[torch.reshape, torch.Tensor.reshape], methods=["reshape"],
-           impl=torch.Tensor.reshape, effects=VIEW_OR_COPY)
+           impl=torch.Tensor.reshape, effects=RESHAPE)
 def reshape(a: TensorProxy, *shape: Any) -> TensorProxy:
     """torch.reshape / Tensor.reshape, shape as ints or one sequence, with one -1 inferred."""
     return reshape_to(a, infer_shape("reshape", shape_arg(shape), a.numel()))
@@ -140,7 +145,8 @@ def reshape(a: TensorProxy, *shape: Any) -> TensorProxy:
 # (minijit.ops.strides: `x.t().view(-1)` raises eager's error), then runs as a reshape:
 # values recomputed by passes (functionalization, fusions) may have other layouts, and
 # where eager's view succeeds, reshape returns the same view.
-@ltorch_op(torch_fns=[torch.Tensor.view], methods=["view"], impl=torch.Tensor.reshape, effects=VIEW)
+@ltorch_op(torch_fns=[torch.Tensor.view], methods=["view"], impl=torch.Tensor.reshape, effects=REORDERING_VIEW,
+           tags={Tag.LAYOUT_STRICT})
 def view(a: TensorProxy, *shape: Any) -> TensorProxy:
     """Tensor.view(shape); the dtype-reinterpreting form `view(dtype)` is not supported."""
     if len(shape) == 1 and isinstance(shape[0], torch.dtype):
@@ -152,7 +158,8 @@ def view(a: TensorProxy, *shape: Any) -> TensorProxy:
     return reshape_to(a, new_shape)
 
 
-@ltorch_op(torch_fns=[torch.Tensor.view_as], methods=["view_as"], impl=torch.Tensor.reshape_as, effects=VIEW)
+@ltorch_op(torch_fns=[torch.Tensor.view_as], methods=["view_as"], impl=torch.Tensor.reshape_as,
+           effects=REORDERING_VIEW, tags={Tag.LAYOUT_STRICT})
 def view_as(a: TensorProxy, other: TensorProxy) -> TensorProxy:
     """Tensor.view_as: a view with other's shape."""
     new_shape = infer_shape("view_as", other.shape, a.numel())
@@ -160,13 +167,13 @@ def view_as(a: TensorProxy, other: TensorProxy) -> TensorProxy:
     return reshape_to(a, new_shape)
 
 
-@ltorch_op(torch_fns=[torch.Tensor.reshape_as], methods=["reshape_as"], effects=VIEW_OR_COPY)
+@ltorch_op(torch_fns=[torch.Tensor.reshape_as], methods=["reshape_as"], effects=RESHAPE)
 def reshape_as(a: TensorProxy, other: TensorProxy) -> TensorProxy:
     """Tensor.reshape_as: a reshape to other's shape."""
     return reshape_to(a, infer_shape("reshape_as", other.shape, a.numel()))
 
 
-@ltorch_op(torch_fns=[torch.flatten, torch.Tensor.flatten], methods=["flatten"], effects=VIEW_OR_COPY)
+@ltorch_op(torch_fns=[torch.flatten, torch.Tensor.flatten], methods=["flatten"], effects=RESHAPE)
 def flatten(input: TensorProxy, start_dim: int = 0, end_dim: int = -1) -> TensorProxy:  # noqa: A002
     """torch.flatten: merges dims start_dim..end_dim into one (a 0-d tensor becomes 1-d)."""
     if input.ndim == 0:
@@ -186,7 +193,7 @@ def ravel(input: TensorProxy) -> TensorProxy:  # noqa: A002
     return reshape_to(input, (input.numel(),))
 
 
-@ltorch_op(torch_fns=[torch.unflatten, torch.Tensor.unflatten], methods=["unflatten"], effects=VIEW)
+@ltorch_op(torch_fns=[torch.unflatten, torch.Tensor.unflatten], methods=["unflatten"], effects=REORDERING_VIEW)
 def unflatten(input: TensorProxy, dim: int, sizes: Sequence[int]) -> TensorProxy:  # noqa: A002
     """torch.unflatten: splits one dim into `sizes` (one -1 inferred)."""
     d = canonical_dim(dim, input.ndim)
@@ -196,7 +203,7 @@ def unflatten(input: TensorProxy, dim: int, sizes: Sequence[int]) -> TensorProxy
     return reshape_to(input, (*input.shape[:d], *sizes, *input.shape[d + 1:]))
 
 
-@ltorch_op(torch_fns=[torch.squeeze, torch.Tensor.squeeze], methods=["squeeze"], effects=VIEW)
+@ltorch_op(torch_fns=[torch.squeeze, torch.Tensor.squeeze], methods=["squeeze"], effects=REORDERING_VIEW)
 def squeeze(input: TensorProxy, dim: int | Sequence[int] | None = None) -> TensorProxy:  # noqa: A002
     """torch.squeeze: removes size-1 dims (all, or those named; named dims of other sizes stay)."""
     if dim is None:
@@ -207,13 +214,13 @@ def squeeze(input: TensorProxy, dim: int | Sequence[int] | None = None) -> Tenso
     return prims.squeeze(input, dims) if dims else input
 
 
-@ltorch_op(torch_fns=[torch.unsqueeze, torch.Tensor.unsqueeze], methods=["unsqueeze"], effects=VIEW)
+@ltorch_op(torch_fns=[torch.unsqueeze, torch.Tensor.unsqueeze], methods=["unsqueeze"], effects=REORDERING_VIEW)
 def unsqueeze(input: TensorProxy, dim: int) -> TensorProxy:  # noqa: A002
     """torch.unsqueeze: inserts a size-1 dim at `dim` (in range -ndim-1 .. ndim)."""
     return unsqueeze_at(input, [canonical_dim(dim, input.ndim + 1)])
 
 
-@ltorch_op(torch_fns=[torch.Tensor.expand], methods=["expand"], effects=VIEW)
+@ltorch_op(torch_fns=[torch.Tensor.expand], methods=["expand"], effects=REORDERING_VIEW)
 def expand(a: TensorProxy, *sizes: Any) -> TensorProxy:
     """Tensor.expand: broadcasts to `sizes` (-1 keeps a dim; new dims go in front)."""
     return _expand("expand", a, shape_arg(sizes))
@@ -240,13 +247,14 @@ def _expand(op: str, a: TensorProxy, sizes: tuple[Any, ...]) -> TensorProxy:
     return prims.broadcast_in_dim(a, tuple(shape), tuple(range(offset, len(shape))))
 
 
-@ltorch_op(torch_fns=[torch.Tensor.expand_as], methods=["expand_as"], effects=VIEW)
+@ltorch_op(torch_fns=[torch.Tensor.expand_as], methods=["expand_as"], effects=REORDERING_VIEW)
 def expand_as(a: TensorProxy, other: TensorProxy) -> TensorProxy:
     """Tensor.expand_as: broadcasts to other's shape."""
     return _expand("expand_as", a, tuple(other.shape))
 
 
-@ltorch_op(torch_fns=[torch.broadcast_to, torch.Tensor.broadcast_to], methods=["broadcast_to"], effects=VIEW)
+@ltorch_op(torch_fns=[torch.broadcast_to, torch.Tensor.broadcast_to], methods=["broadcast_to"],
+           effects=REORDERING_VIEW)
 def broadcast_to(input: TensorProxy, size: Sequence[Any]) -> TensorProxy:  # noqa: A002
     """torch.broadcast_to: like expand with the shape as one sequence."""
     return _expand("broadcast_to", input, tuple(size))
@@ -254,7 +262,8 @@ def broadcast_to(input: TensorProxy, size: Sequence[Any]) -> TensorProxy:  # noq
 
 # -- copies and passthroughs ------------------------------------------------------
 
-@ltorch_op(torch_fns=[torch.Tensor.contiguous], methods=["contiguous"], effects=VIEW_OR_COPY)
+@ltorch_op(torch_fns=[torch.Tensor.contiguous], methods=["contiguous"],
+           effects=Effects(views=0, may_copy=True, reorders=True))
 def contiguous(a: TensorProxy, memory_format: torch.memory_format = torch.contiguous_format) -> TensorProxy:
     """Tensor.contiguous: the input itself where its eager layout already is `memory_format`, else a copy."""
     meta = user_layout(a)
@@ -269,7 +278,7 @@ def clone(input: TensorProxy, *, memory_format: torch.memory_format = torch.pres
     return fresh(input)
 
 
-@ltorch_op(torch_fns=[torch.detach, torch.Tensor.detach], methods=["detach", "data"], effects=VIEW)
+@ltorch_op(torch_fns=[torch.detach, torch.Tensor.detach], methods=["detach", "data"], effects=REORDERING_VIEW)
 def detach(input: TensorProxy) -> TensorProxy:  # noqa: A002
     """torch.detach: the same values, cut from autograd (prims.detach, requires_grad=False)."""
     return prims.detach(input)
@@ -413,7 +422,7 @@ def _joined(op: str, tensors: Sequence[TensorProxy], dim: int) -> TensorProxy:
     return prims.cat([prims.convert_element_type(t, dtype) if t.dtype != dtype else t for t in real], d)
 
 
-@ltorch_op(torch_fns=[torch.cat, torch.concat, torch.concatenate])
+@ltorch_op(torch_fns=[torch.cat, torch.concat, torch.concatenate], effects=Effects(refuses_overlap=True))  # with out=
 def cat(tensors: Sequence[TensorProxy], dim: int = 0) -> TensorProxy:
     """torch.cat: joins tensors along an existing dim, promoting their dtypes."""
     return _joined("cat", tensors, dim)

@@ -1,0 +1,21 @@
+"""What eager's kernels do when the tensor an op writes overlaps one of its operands, by torch op name.
+
+These are facts of `Effects` (minijit.ir.symbol) for the ops minijit knows by their torch
+name only: opaque torch ops, and the in-place ltorch ops declared in a loop
+(minijit/ops/ltorch/inplace.py). Ops declared one by one state them in their declaration.
+"""
+
+from __future__ import annotations
+
+# Eager refuses any overlap of the written tensor with an operand (ATen's assert_no_overlap),
+# the same elements in the same order included.
+REFUSES_ANY_OVERLAP = frozenset({"index_copy_", "index_add_", "index_reduce_", "index_put_", "put_", "scatter_",
+                                 "scatter_add_", "scatter_reduce_", "cat"})
+# A 0-d tensor operand is read as a number before the write (`x.fill_(x[0])`).
+READS_SCALAR_FIRST = frozenset({"fill_", "masked_fill_", "index_fill_"})
+
+
+def write_facts(name: str) -> dict[str, bool]:
+    """The `Effects` fields about overlapping writes for the torch op `name` (`index_copy_`, `Tensor.index_copy_`)."""
+    op = name.rsplit(".", 1)[-1]
+    return {"refuses_overlap": op in REFUSES_ANY_OVERLAP, "reads_scalar_first": op in READS_SCALAR_FIRST}

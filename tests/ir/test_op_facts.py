@@ -1,0 +1,123 @@
+"""Op facts live on the symbol (`Effects`, `Tag`), never in a pass's list of op names.
+
+A pass's table per symbol is keyed by the `Symbol` and checked for completeness when it
+is built: a symbol declared with a fact but without its entry fails, naming the symbol.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+import minijit  # noqa: F401 - declares every op
+from minijit.errors import MinijitError
+from minijit.ir import VIEWS_ANY_LAYOUT, VIEWS_IF_SPLITS, Effects, Symbol, Tag, check_table
+from minijit.ops import prims
+from minijit.ops.eager_facts import write_facts
+from minijit.ops.registry import ALL_LTORCH
+from minijit.transforms import view_updates
+from minijit.transforms.view_updates import PRIM_SCATTER, check_view_tables
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _meta(x):
+    return x
+
+
+def test_the_declared_symbols_have_every_entry_their_facts_need():
+    check_view_tables()  # as at import, on every prim and ltorch op declared by now
+
+
+def test_a_view_prim_without_a_scatter_rule_is_named():
+    throwaway = Symbol("throwaway_view", _meta, namespace="prims", is_prim=True, effects=Effects(views=0))
+    with pytest.raises(MinijitError, match=r"no scatter rule .* for prims\.throwaway_view"):
+        check_view_tables(prim_symbols=[*prims.ALL_PRIMS.values(), throwaway])
+
+
+def test_a_prim_that_returns_its_argument_unchanged_needs_an_entry_too():
+    throwaway = Symbol("throwaway_to", _meta, namespace="prims", is_prim=True,
+                       effects=Effects(views=0, same_if_unchanged=True))
+    with pytest.raises(MinijitError, match=r"prims\.throwaway_to"):
+        check_view_tables(prim_symbols=[throwaway])
+
+
+def test_a_layout_strict_view_without_a_layout_free_twin_is_named():
+    throwaway = Symbol("throwaway_view", _meta, namespace="ltorch", effects=Effects(views=0),
+                       tags=frozenset({Tag.LAYOUT_STRICT}))
+    with pytest.raises(MinijitError, match=r"no layout-free twin .* for ltorch\.throwaway_view"):
+        check_view_tables(ltorch_symbols=[*ALL_LTORCH.values(), throwaway])
+
+
+def test_a_view_or_copy_by_shape_without_its_requested_shape_is_named():
+    throwaway = Symbol("throwaway_reshape", _meta, namespace="ltorch",
+                       effects=Effects(views=0, may_copy=True, reorders=True, view_layouts=VIEWS_IF_SPLITS))
+    with pytest.raises(MinijitError, match=r"no requested shape .* for ltorch\.throwaway_reshape"):
+        check_view_tables(ltorch_symbols=[throwaway])
+
+
+def test_check_table_names_every_missing_symbol_and_accepts_a_complete_table():
+    a = Symbol("a", _meta, namespace="test", tags=frozenset({"fact"}))
+    b = Symbol("b", _meta, namespace="test", tags=frozenset({"fact"}))
+    c = Symbol("c", _meta, namespace="test")
+    with pytest.raises(MinijitError, match=r"no rule for test\.a, test\.b"):
+        check_table({}, [a, b, c], lambda s: "fact" in s.tags, "rule")
+    check_table({a: 1, b: None}, [a, b, c], lambda s: "fact" in s.tags, "rule")
+
+
+def test_view_facts_need_a_view():
+    with pytest.raises(ValueError, match="facts of a view"):
+        Effects(reorders=True)
+    with pytest.raises(ValueError, match="facts of a view"):
+        Effects(views=0, same_if_unchanged=True, view_layouts=VIEWS_ANY_LAYOUT)
+    with pytest.raises(ValueError, match="unknown view_layouts"):
+        Effects(views=0, view_layouts="sometimes")
+
+
+def test_scatter_rules_are_keyed_by_symbol():
+    assert all(isinstance(k, Symbol) for k in PRIM_SCATTER)
+    assert all(isinstance(k, Symbol) and isinstance(v, Symbol) for k, v in view_updates.LAYOUT_FREE.items())
+
+
+def test_ltorch_in_place_ops_state_eager_s_overlap_facts():
+    for sym in set(ALL_LTORCH.values()):
+        facts = write_facts(sym.name)
+        assert (sym.effects.refuses_overlap, sym.effects.reads_scalar_first) == \
+            (facts["refuses_overlap"], facts["reads_scalar_first"]), sym
+
+
+# Comparisons of an op's name, id or namespace, and lookups keyed by them: a pass asks the
+# symbol's effects and tags instead (messages may print names: those are not matched).
+_NAME_DECISION = re.compile(
+    r"""sym\.(name|id|namespace)\s*(==|!=|\bin\b|\bnot\s+in\b)"""
+    r"""|(==|!=|\bin\b)\s*sym\.(name|id)\b"""
+    r"""|\.get\([^)]*\bsym\.(name|id)\s*[,)]"""
+    r"""|\[\s*[\w.]*sym\.(name|id)\s*\]"""
+    r"""|(==|!=)\s*["'](prims|ltorch|opaque|torch)\.\w+["']""")
+
+
+def _sources() -> list[Path]:
+    return [*sorted((ROOT / "minijit" / "transforms").rglob("*.py")), ROOT / "minijit" / "ops" / "strides.py",
+            ROOT / "minijit" / "ir" / "symbol.py"]
+
+
+def test_no_pass_decides_by_op_name():
+    found = []
+    for path in _sources():
+        for lineno, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("#", 1)[0]
+            if _NAME_DECISION.search(code):
+                found.append(f"{path.relative_to(ROOT)}:{lineno}: {line.strip()}")
+    assert not found, "decisions by op name (ask the symbol's Effects or Tag instead):\n" + "\n".join(found)
+
+
+def test_the_name_check_catches_what_it_is_for():
+    bad = ['if bsym.sym.name == "masked_fill_":', "if step.sym.name in _RESHAPES:",
+           'rule = PRIM_SCATTER.get(bsym.sym.name)', 'if bsym.sym.id == "prims.full":',
+           'if name == "prims.tensor_constant":', 'if bsym.sym.namespace != "ltorch":']
+    good = ['raise MinijitError(f"{bsym.sym.id}: cannot")', 'if Tag.CAST in bsym.sym.tags:',
+            'rule = PRIM_SCATTER.get(bsym.sym)']
+    assert all(_NAME_DECISION.search(line) for line in bad)
+    assert not any(_NAME_DECISION.search(line) for line in good)
