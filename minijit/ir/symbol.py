@@ -128,6 +128,7 @@ class Tag:
     LAYOUT_STRICT = "layout strict"  # a view that raises on layouts it cannot view (`Tensor.view`)
     MASKED_FILL = "masked fill"  # writes argument 2 into argument 0 where the mask, argument 1, is True
     INDEXED_WRITE = "indexed write"  # `a[key] = value` with torch's indexing semantics: (a, key, value)
+    METADATA = "metadata"  # reads only its tensor's metadata (sizes), never its values: no wait for a device
 
 
 def check_table(table: dict[Symbol, Any], symbols: Iterable[Symbol], needs: Callable[[Symbol], bool],

@@ -273,7 +273,7 @@ def _shape_meta(x: TensorProxy) -> tuple[Any, ...]:
     return tuple(x.shape)
 
 
-shape = _prim("shape", _shape_meta)
+shape = _prim("shape", _shape_meta, tags=frozenset({Tag.METADATA}))
 
 
 def _detach_meta(x: TensorProxy) -> TensorProxy:

@@ -40,13 +40,9 @@ from typing import Any
 
 import torch
 
-from minijit.ir import Trace, tree_flatten, tree_map
+from minijit.ir import Tag, Trace, tree_flatten, tree_map
 
 _use_count = torch._C._storage_Use_Count
-# Ops reading a device tensor's metadata only (no wait for the device).
-METADATA = frozenset({"shape"})
-# Ops on the random generator's state: a replay would not run them (it would draw from the state of the moment).
-RNG_STATE = frozenset({"manual_seed", "seed", "initial_seed", "get_rng_state", "set_rng_state"})
 MAX_INSTANCES = 3  # graphs per kind of call: another is captured while the results of one are alive
 MAX_CAPTURES = 6  # per kind of call, in all: inputs read in place may move
 
@@ -77,32 +73,30 @@ BACKEND: Any = CudaGraphs
 def graph_refusal(trace: Trace) -> str | None:
     """Why `trace` can never be replayed from a CUDA graph, or None."""
     for b in trace.bound_symbols:
+        if b.sym.effects.external:
+            return f"{b.sym.name} acts outside the trace's tensors (a value check), which a replay would not{_at(b)}"
         if _synchronizes(b):
             return f"{b.sym.name} synchronizes with the CPU (it reads a value of a device tensor){_at(b)}"
     for b in _walk(trace.bound_symbols):
-        if b.sym.name in RNG_STATE:
-            return f"{b.sym.name} sets or reads the random generator's state, which a replay would not{_at(b)}"
         if not b.sym.effects.random:
             continue
         if b.kwargs.get("generator") is not None:
             return f"{b.sym.name} draws from an explicit torch.Generator{_at(b)}"
-        for out in tree_flatten(b.output):
-            device = getattr(out, "device", None)
-            if device is not None and torch.device(device).type != BACKEND.device_type:
+        devices = [torch.device(o.device) for o in tree_flatten(b.output) if getattr(o, "device", None) is not None]
+        if not devices:
+            return f"{b.sym.name} sets or reads the random generator's state, which a replay would not{_at(b)}"
+        for device in devices:
+            if device.type != BACKEND.device_type:
                 return f"{b.sym.name} draws random numbers on {device}, which a replay would not draw again"
     return None
 
 
 def _synchronizes(b: Any) -> bool:
-    """Whether a bound symbol waits for the device: a value check, or a number or a tensor elsewhere made from a
-    device tensor (`item`, a move to the CPU). A capture of such a call would fail, and leave torch's
-    random generator in its capture state."""
-    if b.sym.name == "check_value":
-        return True
-    if b.sym.name in METADATA:
-        return False
-    if not any(getattr(a, "device", None) is not None and torch.device(a.device).type == BACKEND.device_type
-               for a in b.proxy_args()):
+    """Whether a bound symbol waits for the device: a number or a tensor elsewhere made from a device tensor
+    (`item`, a move to the CPU; not the shape). A capture of such a call would fail, and leave torch's random
+    generator in its capture state."""
+    if Tag.METADATA in b.sym.tags or not any(getattr(a, "device", None) is not None and
+                                       torch.device(a.device).type == BACKEND.device_type for a in b.proxy_args()):
         return False
     for out in b.proxy_outputs():
         device = getattr(out, "device", None)

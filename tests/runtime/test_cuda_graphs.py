@@ -185,6 +185,15 @@ def test_value_reads_and_seeding_are_never_captured(fake_graphs: None) -> None:
     assert "manual_seed sets or reads the random generator's state" in _parts(g) and _replays(g, "computation") == 0
 
 
+def test_symbolic_sizes_read_in_the_trace_do_not_wait_for_the_device(fake_graphs: None) -> None:
+    """`prims.shape` reads metadata only: a trace of symbolic sizes replays (one graph per size)."""
+    f = minijit.jit(lambda x: x.reshape(-1) * x.shape[0], cache="symbolic values", cuda_graphs=True)
+    for n in (3, 3, 3, 5, 5, 5):
+        x = torch.randn(n, 4)
+        torch.testing.assert_close(f(x), x.reshape(-1) * n)
+    assert _replays(f, "computation") >= 2, _parts(f)
+
+
 def test_cpu_tensors_and_cpu_random_are_named() -> None:
     """With torch's graphs on a CPU-only call: ordinary launches, the reason in cache_info."""
     f = minijit.jit(lambda x: x * 2, cuda_graphs=True)
