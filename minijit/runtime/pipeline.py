@@ -147,6 +147,73 @@ def _timed(run: Callable[[], Any], traces: list[Trace], check: TraceChecker | No
     return result
 
 
+@dataclass(frozen=True)
+class PassContext:
+    """What the conditions of the pass list ask about the trace the passes are given."""
+
+    # "computation" (no grad: the whole trace), "forward" or "backward" (the two halves of the split).
+    part: str
+    executors: Sequence[Any]
+    # Whether the trace may write into the call's inputs: every trace but a backward, which writes
+    # into inputs of the forward only where a traced custom Function's backward does.
+    writes_inputs: bool = True
+    # Whether the forward runs inside autograd.Function with grad mode off: it has outputs to
+    # differentiate or inputs it writes that are marked dirty.
+    in_function: bool = False
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One entry of the pass list: the pass, and the condition on the trace for it to run."""
+
+    name: str
+    run: Callable[[Trace, PassContext], Trace]
+    when: Callable[[PassContext], bool]
+    # The pass decides how the trace writes memory: the checks of those writes run after the last such pass.
+    writes: bool = False
+
+
+def _split(ctx: PassContext) -> bool:
+    return ctx.part != "computation"
+
+
+def _always(ctx: PassContext) -> bool:
+    return True
+
+
+def _reuses_buffers(ctx: PassContext) -> bool:
+    # Only where the trace runs with grad mode off (no grad, or inside autograd.Function): a forward
+    # with nothing to differentiate runs as is, and `out=` refuses arguments requiring grad.
+    return ctx.writes_inputs and (ctx.part != "forward" or ctx.in_function)
+
+
+# The passes after capture, functionalization and simplification, in order, for each trace the runtime
+# compiles: the whole trace without grad, or the forward and then the backward of the split. A pass runs on a
+# trace where its condition holds; the names here are the module's (tests replace `dce`, say).
+PASSES: tuple[Pass, ...] = (
+    Pass("dce", lambda t, ctx: dce(t), _split),  # what the split left dead
+    Pass("claim executors", lambda t, ctx: claim_executors(t, ctx.executors), _always),
+    Pass("dce", lambda t, ctx: dce(t), _always),
+    Pass("write copies in place", lambda t, ctx: write_copies_in_place(t, ctx.executors),
+         lambda ctx: ctx.writes_inputs, writes=True),
+    Pass("reuse buffers", lambda t, ctx: reuse_buffers(t, ctx.executors), _reuses_buffers, writes=True),
+    Pass("release dead values", lambda t, ctx: release_dead_values(t), _split),
+)
+
+
+def run_passes(trace: Trace, ctx: PassContext, traces: list[Trace], check: TraceChecker | None) -> Trace:
+    """The last trace of the passes of `PASSES` whose condition holds for `ctx`, each trace kept in `traces`."""
+    chosen = [p for p in PASSES if p.when(ctx)]
+    settled = max((i for i, p in enumerate(chosen) if p.writes), default=-1)
+    for i, p in enumerate(chosen):
+        trace = _timed(lambda t=trace, p=p: p.run(t, ctx), traces, check)
+        if i == settled:
+            if CHECK_COPIES:
+                check_copies(trace)
+            check_writes_after_checks(trace)
+    return trace
+
+
 def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
                 executors: Sequence[Any], symbolic: bool = False, cuda_graphs: bool = False) -> CompiledEntry:
     """Capture `fn` on proxies of `args`, run the passes, and compile the final trace.
@@ -298,13 +365,7 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
         return CompiledEntry(found.call_plan.wrap(computation), traces, **records, split=split,
                              backward_traces=backward_traces, graphs=family)
 
-    trace = _timed(lambda: claim_executors(trace, executors), traces, check)
-    trace = _timed(lambda: dce(trace), traces, check)
-    trace = _timed(lambda: write_copies_in_place(trace, executors), traces, check)
-    trace = _timed(lambda: reuse_buffers(trace, executors), traces, check)
-    if CHECK_COPIES:
-        check_copies(trace)
-    check_writes_after_checks(trace)
+    trace = run_passes(trace, PassContext("computation", executors), traces, check)
 
     start = time.perf_counter()
     computation = graphed(trace.python_callable(), trace, family, "computation", functionalized.mutated_inputs)
@@ -338,20 +399,9 @@ def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[An
     # A traced custom Function's backward may write into forward inputs.
     mutated_by_backward = tuple(positions[p.name] for b in bwd.bound_symbols if b.sym.effects.copies
                                 for p in b.written() if p.name in positions)
-    for passes, t in ((traces, fwd), (bwd_traces, bwd)):
-        t = _timed(lambda t=t: dce(t), passes, check)
-        t = _timed(lambda t=t: claim_executors(t, executors), passes, check)
-        t = _timed(lambda t=t: dce(t), passes, check)
-        if passes is traces or mutated_by_backward:
-            t = _timed(lambda t=t: write_copies_in_place(t, executors), passes, check)
-            # Only where the trace runs inside autograd.Function, with grad mode off: a forward
-            # with nothing to differentiate runs as is, and `out=` refuses arguments requiring grad.
-            if passes is bwd_traces or split.differentiable_outputs or split.dirty_inputs:
-                t = _timed(lambda t=t: reuse_buffers(t, executors), passes, check)
-            if CHECK_COPIES:
-                check_copies(t)
-            check_writes_after_checks(t)
-        _timed(lambda t=t: release_dead_values(t), passes, check)
+    in_function = bool(split.differentiable_outputs or split.dirty_inputs)
+    run_passes(fwd, PassContext("forward", executors, in_function=in_function), traces, check)
+    run_passes(bwd, PassContext("backward", executors, writes_inputs=bool(mutated_by_backward)), bwd_traces, check)
     forward = graphed(traces[-1].python_callable(), traces[-1], family, "forward", functionalized.mutated_inputs,
                       saved_from=True)
     backward = graphed(bwd_traces[-1].python_callable(), bwd_traces[-1], family, "backward", (),
