@@ -6,7 +6,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -135,16 +135,120 @@ class CompiledEntry:
     graphs: GraphFamily | None = None
 
 
-def _timed(run: Callable[[], Any], traces: list[Trace], check: TraceChecker | None) -> Any:
-    """What `run` returns (a trace, or a tuple of a trace and the pass's results), its trace timed and kept."""
+@dataclass(frozen=True)
+class AfterPass:
+    """What the hooks run after a pass ask: the compile's trace checker, and whether the pass settled the writes."""
+
+    # The checker of this compile's traces, with MINIJIT_CHECK_TRACES=1 (it keeps what it learnt between traces).
+    checker: TraceChecker | None = None
+    # The pass was the last of a trace's passes that decide how it writes memory (`Pass.writes`).
+    writes_settled: bool = False
+
+
+@dataclass(frozen=True)
+class Hook:
+    """A check run on the trace each pass makes, where its condition holds; it raises where the trace is wrong."""
+
+    name: str
+    run: Callable[[Trace, AfterPass], None]
+    when: Callable[[AfterPass], bool]
+
+
+def _verify(trace: Trace, at: AfterPass) -> None:
+    assert at.checker is not None
+    at.checker.check(trace)
+
+
+# The checks after each pass, in order: the verifier (minijit.transforms.verify) after every pass with
+# MINIJIT_CHECK_TRACES=1, and once a trace's writes are settled, `check_copies` (unless MINIJIT_CHECK_COPIES=0)
+# and the check that no input is written before a value check.
+AFTER_PASS: tuple[Hook, ...] = (
+    Hook("verify", _verify, lambda at: at.checker is not None),
+    Hook("check copies", lambda t, at: check_copies(t), lambda at: at.writes_settled and CHECK_COPIES),
+    Hook("check writes after checks", lambda t, at: check_writes_after_checks(t), lambda at: at.writes_settled),
+)
+
+
+def after_pass(trace: Trace, at: AfterPass) -> None:
+    """Run the hooks of `AFTER_PASS` whose condition holds at `at` on `trace`, the trace a pass just made."""
+    for hook in AFTER_PASS:
+        if hook.when(at):
+            hook.run(trace, at)
+
+
+def _timed(run: Callable[[], Any], traces: list[Trace], at: AfterPass) -> Any:
+    """What `run` returns (a trace, or a tuple of a trace and the pass's results), its trace timed, kept and checked."""
     start = time.perf_counter()
     result = run()
     trace = result[0] if isinstance(result, tuple) else result
     trace.elapsed_ms = (time.perf_counter() - start) * 1e3
     traces.append(trace)
-    if check is not None:
-        check.check(trace)
+    after_pass(trace, at)
     return result
+
+
+@dataclass(frozen=True)
+class PassContext:
+    """What the conditions of the pass list ask about the trace the passes are given."""
+
+    # "computation" (no grad: the whole trace), "forward" or "backward" (the two halves of the split).
+    part: str
+    executors: Sequence[Any]
+    # Whether the trace may write into the call's inputs: every trace but a backward, which writes
+    # into inputs of the forward only where a traced custom Function's backward does.
+    writes_inputs: bool = True
+    # Whether the forward runs inside autograd.Function with grad mode off: it has outputs to
+    # differentiate or inputs it writes that are marked dirty.
+    in_function: bool = False
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One entry of the pass list: the pass, and the condition on the trace for it to run."""
+
+    name: str
+    run: Callable[[Trace, PassContext], Trace]
+    when: Callable[[PassContext], bool]
+    # The pass decides how the trace writes memory: the checks of those writes run after the last such pass.
+    writes: bool = False
+
+
+def _split(ctx: PassContext) -> bool:
+    return ctx.part != "computation"
+
+
+def _always(ctx: PassContext) -> bool:
+    return True
+
+
+def _reuses_buffers(ctx: PassContext) -> bool:
+    # Only where the trace runs with grad mode off (no grad, or inside autograd.Function): a forward
+    # with nothing to differentiate runs as is, and `out=` refuses arguments requiring grad.
+    return ctx.writes_inputs and (ctx.part != "forward" or ctx.in_function)
+
+
+# The passes after capture, functionalization and simplification, in order, for each trace the runtime
+# compiles: the whole trace without grad, or the forward and then the backward of the split. A pass runs on a
+# trace where its condition holds; the names here are the module's (tests replace `dce`, say).
+PASSES: tuple[Pass, ...] = (
+    Pass("dce", lambda t, ctx: dce(t), _split),  # what the split left dead
+    Pass("claim executors", lambda t, ctx: claim_executors(t, ctx.executors), _always),
+    Pass("dce", lambda t, ctx: dce(t), _always),
+    Pass("write copies in place", lambda t, ctx: write_copies_in_place(t, ctx.executors),
+         lambda ctx: ctx.writes_inputs, writes=True),
+    Pass("reuse buffers", lambda t, ctx: reuse_buffers(t, ctx.executors), _reuses_buffers, writes=True),
+    Pass("release dead values", lambda t, ctx: release_dead_values(t), _split),
+)
+
+
+def run_passes(trace: Trace, ctx: PassContext, traces: list[Trace], at: AfterPass) -> Trace:
+    """The last trace of the passes of `PASSES` whose condition holds for `ctx`, each trace kept in `traces`
+    and given to the hooks of `AFTER_PASS`."""
+    chosen = [p for p in PASSES if p.when(ctx)]
+    settled = max((i for i, p in enumerate(chosen) if p.writes), default=-1)
+    for i, p in enumerate(chosen):
+        trace = _timed(lambda t=trace, p=p: p.run(t, ctx), traces, replace(at, writes_settled=i == settled))
+    return trace
 
 
 def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -224,7 +328,7 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
              cuda_graphs: bool = False) -> CompiledEntry:
     traces: list[Trace] = []
     family = GraphFamily() if cuda_graphs else None
-    check = TraceChecker() if checking_traces() else None
+    at = AfterPass(TraceChecker() if checking_traces() else None)
 
     def capture() -> tuple[Trace, CaptureResult]:
         trace = Trace(getattr(fn, "__name__", "computation").replace("<lambda>", "lambda_fn"))
@@ -283,28 +387,22 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
 
     # The passes, in order. Each is a pure function of its input trace, which it leaves as it is;
     # some also return what they found (a typed record the cache entry keeps).
-    trace, found = _timed(capture, traces, check)
+    trace, found = _timed(capture, traces, at)
     flat = flat_inputs(args, kwargs, symbolic) + [t for _, _, t in found.captured_inputs]
     trace, functionalized, aliasing = _timed(lambda: functionalize_for_call(trace, flat, found.no_grad | found.no_grad_writes),
-                                            traces, check)
-    trace = _timed(lambda: dce(trace, keep_sizes=True), traces, check)  # the grad pass may save them
-    trace = _timed(lambda: remove_cast_round_trips(trace), traces, check)
+                                            traces, at)
+    trace = _timed(lambda: dce(trace, keep_sizes=True), traces, at)  # the grad pass may save them
+    trace = _timed(lambda: remove_cast_round_trips(trace), traces, at)
     records = dict(capture=found, functionalized=functionalized, aliasing=aliasing)
 
     if torch.is_grad_enabled() and requires_grad_inputs(trace):
         computation, backward_traces, split = _compile_with_grad(
-            trace, traces, executors, check, found.no_grad, functionalized, constraints, family)
+            trace, traces, executors, at, found.no_grad, functionalized, constraints, family)
         computation = with_synthetic_bases(computation, aliasing)
         return CompiledEntry(found.call_plan.wrap(computation), traces, **records, split=split,
                              backward_traces=backward_traces, graphs=family)
 
-    trace = _timed(lambda: claim_executors(trace, executors), traces, check)
-    trace = _timed(lambda: dce(trace), traces, check)
-    trace = _timed(lambda: write_copies_in_place(trace, executors), traces, check)
-    trace = _timed(lambda: reuse_buffers(trace, executors), traces, check)
-    if CHECK_COPIES:
-        check_copies(trace)
-    check_writes_after_checks(trace)
+    trace = run_passes(trace, PassContext("computation", executors), traces, at)
 
     start = time.perf_counter()
     computation = graphed(trace.python_callable(), trace, family, "computation", functionalized.mutated_inputs)
@@ -314,7 +412,7 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
     return CompiledEntry(found.call_plan.wrap(computation), traces, **records, plain=computation, graphs=family)
 
 
-def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[Any], check: TraceChecker | None,
+def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[Any], at: AfterPass,
                        no_grad: frozenset[str], functionalized: FunctionalizeResult, constraints: list[str],
                        family: GraphFamily | None = None) -> tuple[Callable[..., Any], list[Trace], SplitResult]:
     """Grad is needed: split into forward and backward, run the passes on both, compile both.
@@ -330,28 +428,16 @@ def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[An
     fwd.elapsed_ms = bwd.elapsed_ms = (time.perf_counter() - start) * 1e3
     traces.append(fwd)
     bwd_traces = [bwd]
-    if check is not None:
-        check.check(fwd)
-        check.check(bwd)
-    bwd = _timed(lambda: remove_cast_round_trips(bwd), bwd_traces, check)
+    after_pass(fwd, at)
+    after_pass(bwd, at)
+    bwd = _timed(lambda: remove_cast_round_trips(bwd), bwd_traces, at)
     positions = {p.name: i for i, p in enumerate(trace.args)}
     # A traced custom Function's backward may write into forward inputs.
     mutated_by_backward = tuple(positions[p.name] for b in bwd.bound_symbols if b.sym.effects.copies
                                 for p in b.written() if p.name in positions)
-    for passes, t in ((traces, fwd), (bwd_traces, bwd)):
-        t = _timed(lambda t=t: dce(t), passes, check)
-        t = _timed(lambda t=t: claim_executors(t, executors), passes, check)
-        t = _timed(lambda t=t: dce(t), passes, check)
-        if passes is traces or mutated_by_backward:
-            t = _timed(lambda t=t: write_copies_in_place(t, executors), passes, check)
-            # Only where the trace runs inside autograd.Function, with grad mode off: a forward
-            # with nothing to differentiate runs as is, and `out=` refuses arguments requiring grad.
-            if passes is bwd_traces or split.differentiable_outputs or split.dirty_inputs:
-                t = _timed(lambda t=t: reuse_buffers(t, executors), passes, check)
-            if CHECK_COPIES:
-                check_copies(t)
-            check_writes_after_checks(t)
-        _timed(lambda t=t: release_dead_values(t), passes, check)
+    in_function = bool(split.differentiable_outputs or split.dirty_inputs)
+    run_passes(fwd, PassContext("forward", executors, in_function=in_function), traces, at)
+    run_passes(bwd, PassContext("backward", executors, writes_inputs=bool(mutated_by_backward)), bwd_traces, at)
     forward = graphed(traces[-1].python_callable(), traces[-1], family, "forward", functionalized.mutated_inputs,
                       saved_from=True)
     backward = graphed(bwd_traces[-1].python_callable(), bwd_traces[-1], family, "backward", (),
