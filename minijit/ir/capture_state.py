@@ -18,10 +18,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from minijit.ir.proxies import Proxy
+from minijit.ir.proxies import Proxy, TensorProxy
 from minijit.ir.symbol import SourceLocation
 
 __all__ = ["CaptureState"]
@@ -48,3 +49,9 @@ class CaptureState:
     written_without_grad: set[str] = field(default_factory=set)
     # (op, why its decomposition declined the call) for each op recorded opaque instead:
     declined: list[tuple[str, str]] = field(default_factory=list)
+    # The generators the traced function created with a constant seed, whose draws repeat
+    # (minijit/frontend/nondeterminism.py):
+    seeded_generators: list[Any] = field(default_factory=list)
+    # {(id of a trace input, dtype): its cast}: one cast per parameter while autocast stays entered
+    # (minijit/ops/autocast.py's `_cast`; `clear_cast_cache` empties it):
+    cast_cache: dict[tuple[int, torch.dtype], TensorProxy] = field(default_factory=dict)
