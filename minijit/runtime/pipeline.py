@@ -460,7 +460,8 @@ def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[An
 
 def _evaluate_prefix(prefix: Trace, flat: list[Any], no_grad: frozenset[str]) -> Any:
     """Run `prefix`, the part of a capture recorded so far with the proxy to read as its output, on the
-    call's real inputs (`flat`): functionalized, without its writes into inputs, by the torch executor."""
+    call's real inputs (`flat`): functionalized, without its writes into inputs, by the torch executor.
+    `no_grad`: the names the capture recorded or wrote under torch.no_grad() so far."""
     functional, _, aliasing = functionalize_for_call(prefix, flat, no_grad)
     kept = [b for b in functional.bound_symbols if not (b.sym.effects.copies and b.sym.name == "copy_to_out_")]
     functional = dce(functional.derive(kept, pass_name="value read"))
