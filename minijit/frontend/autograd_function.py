@@ -30,8 +30,7 @@ import torch
 
 from minijit.errors import MinijitError, UnsupportedSyntaxError
 from minijit.frontend.lookasides import lookaside
-from minijit.ir import Proxy, Symbol, TensorProxy, Trace, tracing, tree_flatten, tree_map
-from minijit.ir.capture_state import CaptureState
+from minijit.ir import CaptureState, Proxy, Symbol, TensorProxy, Trace, tracing, tree_flatten, tree_map
 from minijit.ir.context import current_trace, where_now
 from minijit.ir.rewrite import replay
 from minijit.ops import prims

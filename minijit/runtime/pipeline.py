@@ -18,8 +18,7 @@ from minijit.frontend.folding import fresh_folded
 from minijit.frontend.guards import Source
 from minijit.frontend.outside import Effect, Outside
 from minijit.frontend.try_blocks import user_try_location
-from minijit.ir import Trace, tracing
-from minijit.ir.capture_state import CaptureState
+from minijit.ir import CaptureState, Trace, tracing
 from minijit.ir.context import (
     guarding_layouts,
     knowing_constraints,

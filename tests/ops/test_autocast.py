@@ -19,8 +19,7 @@ import torch.nn.functional as F
 from torch.testing._internal.autocast_test_lists import AutocastCPUTestLists, AutocastTestLists
 
 import minijit
-from minijit.ir import TensorProxy, Trace, tracing
-from minijit.ir.capture_state import CaptureState
+from minijit.ir import CaptureState, TensorProxy, Trace, tracing
 from minijit.ops.autocast import POLICIES
 from minijit.ops.opaque import OPAQUE
 from minijit.ops.registry import ALL_LTORCH, ltorch_symbol_for
