@@ -30,7 +30,7 @@ import torch
 
 from minijit.errors import MinijitError, UnsupportedSyntaxError
 from minijit.frontend.lookasides import lookaside
-from minijit.ir import Proxy, Symbol, TensorProxy, Trace, tracing, tree_flatten, tree_map
+from minijit.ir import CaptureState, Proxy, Symbol, TensorProxy, Trace, tracing, tree_flatten, tree_map
 from minijit.ir.context import current_trace, where_now
 from minijit.ir.rewrite import replay
 from minijit.ops import prims
@@ -121,10 +121,17 @@ def _user_function(cls: type, name: str) -> Any:
 
 def _sub_trace(outer: Trace, name: str) -> Trace:
     sub = Trace(name, _names=outer.names)
-    sub.capture_tensor = outer.capture_tensor
-    sub.captures_user_code = outer.captures_user_code
+    # A state of its own (what it records without grad, its casts): only the hook and the role are the outer's.
+    sub.capture = CaptureState(capture_tensor=outer.capture_tensor,
+                               captures_user_code=outer.capture is not None and outer.capture.captures_user_code)
     sub.source = outer.source
     return sub
+
+
+def _no_grad(sub: Trace) -> set[str]:
+    """The names a sub-trace recorded or wrote under torch.no_grad()."""
+    assert sub.capture is not None
+    return sub.capture.recorded_without_grad | sub.capture.written_without_grad
 
 
 def _produced(trace: Trace) -> dict[int, Proxy]:
@@ -192,7 +199,7 @@ class _CustomFunctionCall:
         # as in eager they get no gradient.
         raw.args += raw.free_proxies()
         self.raw_produced = _produced(raw)
-        fwd, functionalized = functionalize(raw, grad_enabled=False, no_grad=raw.recorded_without_grad | raw.written_without_grad)
+        fwd, functionalized = functionalize(raw, grad_enabled=False, no_grad=_no_grad(raw))
         if functionalized.mutated_inputs:
             raise UnsupportedSyntaxError(
                 f"{self.name}.forward modifies its input(s) {', '.join(functionalized.mutated_inputs)} in place"
@@ -242,7 +249,7 @@ class _CustomFunctionCall:
                     f"{self.name}.backward reads the tensor {p.name}, which its forward neither received nor "
                     f"computed{where_now()}; save it with ctx.save_for_backward")
         raw.args = [*fwd.args, *residuals, *ct_proxies]
-        bwd, _ = functionalize(raw, grad_enabled=False, no_grad=raw.recorded_without_grad | raw.written_without_grad)
+        bwd, _ = functionalize(raw, grad_enabled=False, no_grad=_no_grad(raw))
         return bwd, residuals
 
     def _check_grads(self, grads: Any) -> tuple[Any, ...]:

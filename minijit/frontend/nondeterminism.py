@@ -33,13 +33,12 @@ import types
 import uuid
 from collections.abc import Callable
 from typing import Any
-from weakref import WeakKeyDictionary
 
 import torch
 
 from minijit.errors import FrozenValueError, UnsupportedOpError
 from minijit.frontend.lookasides import LOOKASIDES, lookaside
-from minijit.ir import NumberProxy, TensorProxy, Trace, current_trace
+from minijit.ir import NumberProxy, TensorProxy, current_trace
 from minijit.ir.context import where_now
 from minijit.ops import prims
 
@@ -172,14 +171,11 @@ _SEEDS = "seeds"
 _STATE_METHODS = {"seed", "setstate", "set_state", "set_bit_generator"}
 
 
-# trace -> the generators the traced function created with a constant seed (their draws repeat).
-_SEEDED_HERE: WeakKeyDictionary[Trace, list[Any]] = WeakKeyDictionary()
-
-
 def _refuse(fn: Any, name: str | Callable[..., str], kind: str = _DRAWS) -> None:
     def refuse(*args: Any, **kwargs: Any) -> Any:
         trace = current_trace()
-        if trace is None or (args and any(g is args[0] for g in _SEEDED_HERE.get(trace, ()))):
+        if trace is None or (args and trace.capture is not None
+                             and any(g is args[0] for g in trace.capture.seeded_generators)):
             return fn(*args, **kwargs)
         raise _frozen(name(*args) if callable(name) else name, kind)
 
@@ -197,7 +193,8 @@ def _seeded_constructor(make: Any, name: str) -> None:
         if seed is None or not isinstance(seed, int | float | str | bytes) or isinstance(seed, NumberProxy):
             raise _frozen(name, _DRAWS)
         generator = make(*args, **kwargs)
-        _SEEDED_HERE.setdefault(trace, []).append(generator)
+        if trace.capture is not None:  # noted in the capture's state (a bare trace has none: draws refused)
+            trace.capture.seeded_generators.append(generator)
         return generator
 
     construct.__doc__ = f"{name}(seed): allowed with a constant seed (its draws repeat on every call)."

@@ -3,7 +3,7 @@
 An op recorded there may raise at run time on some data only (a Cholesky factorisation of a
 matrix that is not positive-definite, an index tensor out of range), which the trace, recorded on
 data that did not raise, cannot follow into the `except` branch. The capture notes such ops
-(`Trace.ops_in_try`), so that a compiled call that raises runs the user's function eagerly instead
+(`CaptureState.ops_in_try`), so that a compiled call that raises runs the user's function eagerly instead
 (minijit.runtime.fallback).
 
 The interpreter's frames know their position; an instruction's exception table entry says where an

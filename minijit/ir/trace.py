@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from minijit.ir.capture_state import CaptureState
 from minijit.ir.context import tracing
 from minijit.ir.printing import Constants, to_source
 from minijit.ir.proxies import NumberProxy, Proxy
@@ -93,30 +94,15 @@ class Trace:
         self.input_alias_groups: list[list[str]] = []
         # A comment printed above the `return` (how the runtime rebuilds the result); kept by `derive`.
         self.output_note = ""
-        # Filled while recording, for whoever records the trace; `derive` starts them empty.
-        # Names of the outputs recorded while torch's grad mode was off (torch.no_grad() in the code):
-        self.recorded_without_grad: set[str] = set()
-        # ... and of the results of in-place ops recorded then, which are the tensors they wrote (whose history
-        # stays: `v = w.clone()`, then `v.clamp_()` under no_grad, still has grad through the clone):
-        self.written_without_grad: set[str] = set()
-        # (op, why its decomposition declined the call) for each op recorded opaque instead:
-        self.declined: list[tuple[str, str]] = []
+        # What the capture keeps while it records the user's code (minijit/ir/capture_state.py): set by the
+        # capture for its duration, None otherwise; `derive` does not copy it.
+        self.capture: CaptureState | None = None
         # For each top-level copy_ that writes an op's result into its `out=` tensor: the op and the
         # tensors it read (eager refuses an `out=` that partly overlaps them), keyed by id(copy bsym):
         self.out_operands: dict[int, tuple[Symbol, tuple[Proxy, ...]]] = {}
         # Tensors computed at trace time from Python numbers only (torch.div(6, 2)), by id: their values
         # are known, so a size may read them (minijit/frontend/folding.py).
         self.folded_constants: dict[int, torch.Tensor] = {}
-        # Turns a real torch.Tensor met among an op's arguments (a global, a closure value, a
-        # tensor created natively) into a proxy; set by whoever records the trace.
-        self.capture_tensor: Callable[[torch.Tensor], Proxy] | None = None
-        # True for a trace that records the user's code (a capture), where an op called at the top
-        # level is a call the user's code made; ops may then adjust their arguments (autocast).
-        self.captures_user_code = False
-        # Where the user's code sits in a `try` whose `except` may catch an error (None: nowhere), set by the
-        # capture; each op recorded there is noted in `ops_in_try` as (op, the user's line).
-        self.try_probe: Callable[[], SourceLocation | None] | None = None
-        self.ops_in_try: list[tuple[str, SourceLocation]] = []
         self._scopes: list[list[BoundSymbol]] = [self.bound_symbols]
 
     # -- building -------------------------------------------------------------
@@ -125,14 +111,20 @@ class Trace:
         return self.names.fresh(prefix)
 
     @property
+    def capture_tensor(self) -> Callable[[torch.Tensor], Proxy] | None:
+        """The capture's hook turning a real torch.Tensor met among an op's arguments into a proxy (None when
+        the trace is not being captured, or the capture turned it off: `CaptureState.capture_tensor`)."""
+        return self.capture.capture_tensor if self.capture is not None else None
+
+    @property
     def recording_user_call(self) -> bool:
         """True while recording a call the user's code made (not one inside an op's decomposition)."""
-        return self.captures_user_code and len(self._scopes) == 1
+        return self.capture is not None and self.capture.captures_user_code and len(self._scopes) == 1
 
     @property
     def in_user_op(self) -> bool:
         """True inside the decomposition of an op the user's code called (not of an op nested in another)."""
-        return self.captures_user_code and len(self._scopes) == 2
+        return self.capture is not None and self.capture.captures_user_code and len(self._scopes) == 2
 
     @contextmanager
     def recording_at_top_level(self) -> Iterator[None]:
@@ -154,8 +146,10 @@ class Trace:
 
     def record(self, sym: Symbol, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Run `sym`'s meta (its decomposition, for composite ops) and append the bound symbol."""
-        if self.capture_tensor is not None and any(isinstance(x, torch.Tensor) for x in tree_iter((args, kwargs))):
-            capture = self.capture_tensor
+        state = self.capture
+        if (state is not None and state.capture_tensor is not None
+                and any(isinstance(x, torch.Tensor) for x in tree_iter((args, kwargs)))):
+            capture = state.capture_tensor
             args, kwargs = tree_map(lambda x: capture(x) if isinstance(x, torch.Tensor) else x, (args, kwargs))
         elif _holds_mutable_container(args, kwargs):
             # The bound symbol keeps its own copy of a list or dict argument: the user's code may change the
@@ -176,17 +170,17 @@ class Trace:
             # (x.contiguous(), x.to(x.dtype)) is not worth a line in the trace.
             if not subsymbols and _is_passthrough(output, args, kwargs):
                 return output
-        if not torch.is_grad_enabled():
+        if state is not None and not torch.is_grad_enabled():
             # Computed under torch.no_grad() inside the traced function: the grad pass treats
             # these values as constants, as eager autograd would.
             given = {id(a) for a in tree_iter((args, kwargs)) if isinstance(a, Proxy)}
             for p in tree_iter(output):
                 if isinstance(p, Proxy):
-                    (self.written_without_grad if id(p) in given else self.recorded_without_grad).add(p.name)
+                    (state.written_without_grad if id(p) in given else state.recorded_without_grad).add(p.name)
         bsym = BoundSymbol(sym, args, kwargs, output, tuple(subsymbols), self.source)
-        if not torch.is_grad_enabled():
+        if state is not None and not torch.is_grad_enabled():
             # An op that writes its arguments and returns nothing (torch._fused_adam_) names what it wrote.
-            self.written_without_grad.update(p.name for p in bsym.written())
+            state.written_without_grad.update(p.name for p in bsym.written())
         if (sym.is_prim and len(self._scopes) > 1 and not sym.effects.random
                 and any(isinstance(x, NumberProxy) for x in tree_iter(output))):
             # Arithmetic on symbolic sizes goes to the top level even inside a decomposition:
@@ -194,8 +188,9 @@ class Trace:
             self._scopes[0].append(bsym)
         else:
             self._scopes[-1].append(bsym)
-        if self.try_probe is not None and len(self._scopes) == 1 and (where := self.try_probe()) is not None:
-            self.ops_in_try.append((sym.id, where))
+        if (state is not None and state.try_probe is not None and len(self._scopes) == 1
+                and (where := state.try_probe()) is not None):
+            state.ops_in_try.append((sym.id, where))
         return output
 
     def derive(self, bound_symbols: Iterable[BoundSymbol], *, pass_name: str,

@@ -32,7 +32,6 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
-from weakref import WeakKeyDictionary
 
 import torch
 
@@ -81,10 +80,6 @@ POLICIES: dict[str, dict[str, str]] = {
              **dict.fromkeys(_CUDA_FP32_UNLESS_DTYPE, FP32_UNLESS_DTYPE), **dict.fromkeys(_CUDA_PROMOTE, PROMOTE)},
 }
 
-# trace -> {(id of a trace input, dtype): its cast}; see `_cast`.
-_CAST_CACHES: WeakKeyDictionary[Trace, dict[tuple[int, torch.dtype], TensorProxy]] = WeakKeyDictionary()
-
-
 def policy_for(op_name: str, device_type: str) -> str | None:
     """The cast policy of ltorch op `op_name` under autocast for `device_type`, or None."""
     return POLICIES.get(device_type, {}).get(op_name)
@@ -127,7 +122,8 @@ def _cast(trace: Trace, x: Any, dtype: torch.dtype, lower: torch.dtype) -> Tenso
                  and torch.is_autocast_cache_enabled() and any(a is x for a in trace.args))
     if not cacheable:
         return prims.convert_element_type(x, dtype)
-    cache = _CAST_CACHES.setdefault(trace, {})
+    assert trace.capture is not None  # casts only calls the user's code made: recorded by a capture
+    cache = trace.capture.cast_cache
     cast = cache.get((id(x), dtype))
     if cast is None:
         cast = cache[(id(x), dtype)] = prims.convert_element_type(x, dtype)
@@ -137,8 +133,8 @@ def _cast(trace: Trace, x: Any, dtype: torch.dtype, lower: torch.dtype) -> Tenso
 def clear_cast_cache() -> None:
     """Forget the casts shared in the trace being recorded (eager's `torch.clear_autocast_cache`)."""
     trace = current_trace()
-    if trace is not None:
-        _CAST_CACHES.pop(trace, None)
+    if trace is not None and trace.capture is not None:
+        trace.capture.cast_cache.clear()
 
 
 _SIGNATURES: dict[Callable[..., Any], inspect.Signature] = {}

@@ -120,7 +120,8 @@ def call_ltorch(fn: Any, sym: Symbol, args: tuple[Any, ...] | list[Any], kwargs:
         except MinijitError:
             raise declined from None
         # Why the decomposition was not used, for debugging and docs/ops.md.
-        trace.declined.append((sym.id, f"{type(declined).__name__}: {declined}"))
+        if trace.capture is not None:
+            trace.capture.declined.append((sym.id, f"{type(declined).__name__}: {declined}"))
         return result
 
 

@@ -190,12 +190,14 @@ def tensor_capturer(trace: Trace, inputs: list[tuple[str, Source, Tensor]], cons
                     f"{where_now()}; its gradient would be lost. Pass it as an argument (or register it "
                     "as a parameter of the jitted module)"
                 )
-            trace.capture_tensor = None  # the constant's own call must not capture again
+            state = trace.capture
+            assert state is not None
+            state.capture_tensor = None  # the constant's own call must not capture again
             try:
                 proxy = prims.tensor_constant(t)
                 note_layout(proxy, t)
             finally:
-                trace.capture_tensor = capture
+                state.capture_tensor = capture
             constants.append(t)
         captured[id(t)] = proxy
         return proxy

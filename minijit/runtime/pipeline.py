@@ -18,7 +18,7 @@ from minijit.frontend.folding import fresh_folded
 from minijit.frontend.guards import Source
 from minijit.frontend.outside import Effect, Outside
 from minijit.frontend.try_blocks import user_try_location
-from minijit.ir import Trace, tracing
+from minijit.ir import CaptureState, Trace, tracing
 from minijit.ir.context import (
     guarding_layouts,
     knowing_constraints,
@@ -335,10 +335,10 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
         if not trace.fn_name.isidentifier():
             trace.fn_name = "computation"
         found = CaptureResult()
-        trace.capture_tensor = tensor_capturer(trace, found.captured_inputs, found.constants, symbolic, pinned,
-                                               found.symbolic_captured)
-        trace.captures_user_code = True
-        trace.try_probe = user_try_location
+        state = trace.capture = CaptureState(
+            capture_tensor=tensor_capturer(trace, found.captured_inputs, found.constants, symbolic, pinned,
+                                           found.symbolic_captured),
+            captures_user_code=True, try_probe=user_try_location)
 
         def finish(result: Any, outside: Outside) -> Any:
             # A list or dict argument the code changed: its new contents go back into the caller's, every call.
@@ -374,13 +374,11 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
             else:
                 trace.output = interpret(fn, pargs, pkwargs, finish=finish, guards=found.guards)
             check_containers_unchanged(containers, replayed)
-        trace.capture_tensor = None
-        trace.captures_user_code = False
-        trace.try_probe = None
-        found.ops_in_try = list(trace.ops_in_try)
-        found.no_grad = frozenset(trace.recorded_without_grad)
-        found.no_grad_writes = frozenset(trace.written_without_grad)
-        found.declined = list(trace.declined)
+        trace.capture = None
+        found.ops_in_try = list(state.ops_in_try)
+        found.no_grad = frozenset(state.recorded_without_grad)
+        found.no_grad_writes = frozenset(state.written_without_grad)
+        found.declined = list(state.declined)
         found.call_plan.captured = [(source, t) for _, source, t in found.captured_inputs]
         found.value_checks = reader.checks
         return trace, found
@@ -459,11 +457,11 @@ def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[An
 
 
 
-def _evaluate_prefix(prefix: Trace, flat: list[Any]) -> Any:
+def _evaluate_prefix(prefix: Trace, flat: list[Any], no_grad: frozenset[str]) -> Any:
     """Run `prefix`, the part of a capture recorded so far with the proxy to read as its output, on the
-    call's real inputs (`flat`): functionalized, without its writes into inputs, by the torch executor."""
-    functional, _, aliasing = functionalize_for_call(prefix, flat,
-                                                       frozenset(prefix.recorded_without_grad | prefix.written_without_grad))
+    call's real inputs (`flat`): functionalized, without its writes into inputs, by the torch executor.
+    `no_grad`: the names the capture recorded or wrote under torch.no_grad() so far."""
+    functional, _, aliasing = functionalize_for_call(prefix, flat, no_grad)
     kept = [b for b in functional.bound_symbols if not (b.sym.effects.copies and b.sym.name == "copy_to_out_")]
     functional = dce(functional.derive(kept, pass_name="value read"))
     functional = claim_executors(functional, resolve_executors(["torch"]))

@@ -73,11 +73,12 @@ class ValueReader:
     """The capture's reader of real values (installed with `minijit.ir.context.reading_values`).
 
     `inputs()` gives the real values of the trace's inputs so far (the call's, then the captured
-    tensors); `evaluate(prefix, inputs)` runs a trace whose output is the proxy to read.
+    tensors); `evaluate(prefix, inputs, no_grad)` runs a trace whose output is the proxy to read (`no_grad`: the
+    names the capture recorded or wrote under torch.no_grad()).
     """
 
     def __init__(self, trace: Trace, inputs: Callable[[], list[Any]],
-                 evaluate: Callable[[Trace, list[Any]], Any]):
+                 evaluate: Callable[[Trace, list[Any], frozenset[str]], Any]):
         self.trace = trace
         self.inputs = inputs
         self.evaluate = evaluate
@@ -152,12 +153,14 @@ class ValueReader:
                 f"the value of {proxies[0].name}{where_now()} is needed while tracing, after torch.seed() reseeded "
                 "from a non-deterministic source: it is only known when the trace runs; seed with torch.manual_seed")
         prefix = trace.derive(bsyms, pass_name="value read", output=list(proxies))
-        prefix.recorded_without_grad = set(trace.recorded_without_grad)  # constants for grad, free to write
-        prefix.written_without_grad = set(trace.written_without_grad)
+        state = trace.capture
+        # What was recorded or written under no_grad: constants for grad, free to write.
+        no_grad = (frozenset(state.recorded_without_grad | state.written_without_grad) if state is not None
+                   else frozenset())
         if prefix.free_proxies():
             return None
         with outside_capture(), rng_preserved(), torch.no_grad():
-            return list(self.evaluate(prefix, self.inputs()))
+            return list(self.evaluate(prefix, self.inputs(), no_grad))
 
     def _check(self, x: Proxy, how: str, other: Any, observed: Any, nested: bool = False) -> None:
         """Record the check of the value read, at the top level of the trace (before the op being recorded)."""

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch.testing._internal.autocast_test_lists import AutocastCPUTestLists, AutocastTestLists
 
 import minijit
-from minijit.ir import TensorProxy, Trace, tracing
+from minijit.ir import CaptureState, TensorProxy, Trace, tracing
 from minijit.ops.autocast import POLICIES
 from minijit.ops.opaque import OPAQUE
 from minijit.ops.registry import ALL_LTORCH, ltorch_symbol_for
@@ -167,7 +167,7 @@ def cuda_autocast(dtype: torch.dtype = torch.float16) -> Iterator[None]:
 def trace_on_cuda(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Record fn on CUDA proxies of `args` as the user's code would (capture only: nothing runs)."""
     trace = Trace("cuda_autocast")
-    trace.captures_user_code = True
+    trace.capture = CaptureState(captures_user_code=True)
 
     def proxy(x: Any) -> Any:
         if isinstance(x, torch.Tensor):

@@ -1,0 +1,57 @@
+"""What a capture keeps while it records the user's code: one object, owned by the capture.
+
+The capture (`minijit/runtime/pipeline.py`, `_compile`'s `capture()`) creates a `CaptureState`, sets it as
+`trace.capture` for as long as it records, and clears it after; the traces passes build have none
+(`Trace.derive` does not copy it). A traced `torch.autograd.Function` records its forward and backward into
+sub-traces of their own, each with a state of its own (`minijit/frontend/autograd_function.py`).
+
+Example::
+
+    trace = Trace("f")
+    trace.capture = CaptureState(capture_tensor=capturer, captures_user_code=True)
+    with tracing(trace):
+        ...  # record
+    state, trace.capture = trace.capture, None
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from minijit.ir.proxies import Proxy, TensorProxy
+from minijit.ir.symbol import SourceLocation
+
+__all__ = ["CaptureState"]
+
+
+@dataclass
+class CaptureState:
+    """The capture's hooks into recording, and what recording notes for it."""
+
+    # Turns a real torch.Tensor met among an op's arguments (a global, a closure value, a
+    # tensor created natively) into a proxy.
+    capture_tensor: Callable[[torch.Tensor], Proxy] | None = None
+    # True for a trace that records the user's code, where an op called at the top level is a call
+    # the user's code made; ops may then adjust their arguments (autocast).
+    captures_user_code: bool = False
+    # Where the user's code sits in a `try` whose `except` may catch an error (None: nowhere); each op
+    # recorded there is noted in `ops_in_try` as (op, the user's line).
+    try_probe: Callable[[], SourceLocation | None] | None = None
+    ops_in_try: list[tuple[str, SourceLocation]] = field(default_factory=list)
+    # Names of the outputs recorded while torch's grad mode was off (torch.no_grad() in the code):
+    recorded_without_grad: set[str] = field(default_factory=set)
+    # ... and of the results of in-place ops recorded then, which are the tensors they wrote (whose history
+    # stays: `v = w.clone()`, then `v.clamp_()` under no_grad, still has grad through the clone):
+    written_without_grad: set[str] = field(default_factory=set)
+    # (op, why its decomposition declined the call) for each op recorded opaque instead:
+    declined: list[tuple[str, str]] = field(default_factory=list)
+    # The generators the traced function created with a constant seed, whose draws repeat
+    # (minijit/frontend/nondeterminism.py):
+    seeded_generators: list[Any] = field(default_factory=list)
+    # {(id of a trace input, dtype): its cast}: one cast per parameter while autocast stays entered
+    # (minijit/ops/autocast.py's `_cast`; `clear_cast_cache` empties it):
+    cast_cache: dict[tuple[int, torch.dtype], TensorProxy] = field(default_factory=dict)
