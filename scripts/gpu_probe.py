@@ -16,6 +16,7 @@ import os
 import pstats
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -66,24 +67,7 @@ def _all_kernels(executor_module: object) -> list[object]:
 
 def llama_profile(dev: str, small: bool, executors: list[str] | None) -> None:
     """cProfile of one Llama fwd+bwd step (after warm-up): the top functions by own time."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    size = (dict(vocab_size=512, hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2) if small else
-            dict(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
-                 num_attention_heads=16, num_key_value_heads=8))
-    model = CausalLMLoss(LlamaForCausalLM(LlamaConfig(**size, max_position_embeddings=1024, pad_token_id=0,
-                                                      bos_token_id=1, eos_token_id=2)).train())
-    model = model.to(device=dev, dtype=torch.bfloat16)
-    ids = torch.randint(3, size["vocab_size"], (2, 32) if small else (4, 512), device=dev)
-    jm = minijit.jit(model, executors=executors)
-
-    def step() -> None:
-        for p in model.parameters():
-            p.grad = None
-        jm(ids, ids).backward()
-
+    step = llama_step(dev, small, executors)
     for _ in range(3):
         step()
     sync()
@@ -153,24 +137,34 @@ def main() -> None:
 
 def eager_llama_kernels(small: bool) -> None:
     """Eager's device time by kernel on the same Llama step, for comparison."""
+    step = llama_step("cuda", small, "eager")
+    for _ in range(3):
+        step()
+    kernel_times(step, "Llama step, eager")
+
+
+def llama_step(dev: str, small: bool, executors: list[str] | str | None) -> Callable[[], None]:
+    """One fwd+bwd step of a bf16 HF Llama (8 layers, hidden 1024; tiny with `small`), jitted with `executors`
+    ("eager": not jitted)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    model = CausalLMLoss(LlamaForCausalLM(LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816,
-                                                      num_hidden_layers=8, num_attention_heads=16,
-                                                      num_key_value_heads=8, max_position_embeddings=1024,
-                                                      pad_token_id=0, bos_token_id=1, eos_token_id=2)).train())
-    model = model.to(device="cuda", dtype=torch.bfloat16)
-    ids = torch.randint(3, 32000, (4, 512), device="cuda")
+    size = (dict(vocab_size=512, hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2) if small else
+            dict(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
+                 num_attention_heads=16, num_key_value_heads=8))
+    model = CausalLMLoss(LlamaForCausalLM(LlamaConfig(**size, max_position_embeddings=1024, pad_token_id=0,
+                                                      bos_token_id=1, eos_token_id=2)).train())
+    model = model.to(device=dev, dtype=torch.bfloat16)
+    ids = torch.randint(3, size["vocab_size"], (2, 32) if small else (4, 512), device=dev)
+    run = model if executors == "eager" else minijit.jit(model, executors=executors)
 
     def step() -> None:
         for p in model.parameters():
             p.grad = None
-        model(ids, ids).backward()
+        run(ids, ids).backward()
 
-    for _ in range(3):
-        step()
-    kernel_times(step, "Llama step, eager")
+    return step
 
 
 if __name__ == "__main__":
