@@ -230,13 +230,10 @@ def regroup(proj: tuple[Entry, ...], out_shape: tuple[int, ...], in_shape: tuple
 
 def view_of_input(node: Node) -> tuple[int, list[Node]] | None:
     """(input index, remaps or slices from it, outermost last) when `node` only re-indexes an input, else None."""
-    chain: list[Node] = []
-    while node.op in ("remap", "slice", "reshape"):
-        chain.append(node)
-        node = node.args[0]
-    if node.op != "load" or not chain:
+    base, chain = reindexing(node)
+    if base.op != "load" or not chain:
         return None
-    return node.attrs["input"], chain[::-1]
+    return base.attrs["input"], chain
 
 
 def apply_view(t: torch.Tensor, chain: list[Node]) -> torch.Tensor:
