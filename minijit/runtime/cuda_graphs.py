@@ -203,8 +203,10 @@ class GraphedCallable:
         if graphs is None:
             first = self.first_addresses.get(key)
             if first is None:
+                # The first call of a kind: ordinary launches (the kernels compile, lazy handles are made).
                 self.first_addresses[key] = _addresses(inputs)
-                return self._first_run(inputs)
+                self.stats.ordinary_run("first call of this kind (compiles kernels; the next call captures)")
+                return self.fn(*inputs)
             return self._capture(key, inputs, first)
         busy = False
         for graph in graphs:
@@ -241,11 +243,6 @@ class GraphedCallable:
             scalars = tuple(k for k, t in enumerate(tensors) if t.device.type != BACKEND.device_type)
             self.kinds.append((check, others, scalars, key[0]))
         return key
-
-    def _first_run(self, inputs: tuple[Any, ...]) -> Any:
-        """The first call of a kind: ordinary launches (the kernels compile, lazy handles are made)."""
-        self.stats.ordinary_run("first call of this kind (compiles kernels; the next call captures)")
-        return self.fn(*inputs)
 
     def _key(self, inputs: tuple[Any, ...]) -> Hashable | str:
         """(the kind's structure: metadata and numbers, the values of the CPU scalars, read by value at the
