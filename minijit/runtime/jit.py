@@ -99,6 +99,21 @@ def _by_name(executor: Executor | str) -> Executor | str:
     return executor
 
 
+def _take_names(wrapper: JitFunction, fn: Callable[..., Any]) -> None:
+    """What `functools.update_wrapper` does (name, doc, module, `__wrapped__`, the function's attributes).
+
+    One attribute at a time: `update_wrapper` writes through the instance's `__dict__`, which
+    makes CPython store the attributes in a dict and slows every attribute read and write on
+    the hit path (measured: about 0.1 µs a call, a tenth of eager's `a + b`).
+    """
+    for name in functools.WRAPPER_ASSIGNMENTS:
+        if hasattr(fn, name):
+            setattr(wrapper, name, getattr(fn, name))
+    for name, value in getattr(fn, "__dict__", {}).items():
+        setattr(wrapper, name, value)
+    wrapper.__wrapped__ = fn
+
+
 class JitFunction:
     """A jitted function: call it like the original."""
 
@@ -126,7 +141,7 @@ class JitFunction:
         # The hit path's first try, from the last call's entry: (arity, grad mode, exact check, its guard,
         # computation), or None where that entry has no exact check.
         self._fast: tuple[Any, ...] | None = None
-        functools.update_wrapper(self, fn)
+        _take_names(self, fn)
 
     def __reduce__(self) -> str | tuple[Any, ...]:
         # Pickled as the function (by reference) and the options; the cache is rebuilt on the first calls.

@@ -1,5 +1,7 @@
 """Cache hits and misses as inputs change; a changed input is never a wrong hit."""
 
+import functools
+
 import torch
 
 import minijit
@@ -114,3 +116,21 @@ def test_a_changed_closure_value_is_a_miss():
     f.__closure__[0].cell_contents = 5
     torch.testing.assert_close(jf(x), x + 5)
     assert minijit.cache_info(jf).misses == 2
+
+
+def test_a_jitted_function_carries_the_names_functools_wraps_gives():
+    def scaled(x):
+        """Doubled."""
+        return x * 2
+
+    scaled.unit = "m"
+    jf = minijit.jit(scaled)
+
+    def reference():
+        pass
+
+    functools.update_wrapper(reference, scaled)
+    for name in (*functools.WRAPPER_ASSIGNMENTS, "__wrapped__", "unit"):
+        assert getattr(jf, name) == getattr(reference, name), name
+    x = torch.randn(3)
+    torch.testing.assert_close(jf(x), scaled(x))
