@@ -26,9 +26,10 @@ import torch
 from minijit.frontend import GuardEntry
 from minijit.frontend.guards import MISSING, Source, has_snapshot, is_constant, may_have_guarded_attributes
 from minijit.ir.containers import Constant, Mapping, Registered, Sequence, Spec
+from minijit.runtime.arguments import call_checks
 from minijit.runtime.autocast import any_autocast_enabled, without_autocast
 from minijit.runtime.call_plan import CallPlan
-from minijit.runtime.checks import Check, call_checks
+from minijit.runtime.checks import Check
 from minijit.runtime.guards import compile_prologue
 
 _DEPTH = 8
