@@ -30,14 +30,14 @@ from typing import Any
 
 import torch
 
-from minijit.errors import AliasError, UnsupportedSyntaxError
+from minijit.errors import AliasError, UnsupportedOpError, UnsupportedSyntaxError
 from minijit.ir import FloatProxy, IntegerProxy, TensorProxy, Trace
-from minijit.ir.containers import Spec, flatten, is_container, leaves
-from minijit.ir.context import add_constraint
+from minijit.ir.containers import Spec, flatten, is_container, is_tensor, is_tensor_or_number, leaves
+from minijit.ir.context import add_constraint, where_now
+from minijit.ops import prims
 from minijit.ops.strides import note_layout
 from minijit.runtime.autocast import any_autocast_enabled, autocast_state
 from minijit.runtime.checks import AUTOCAST, GRAD_MODE, Check, argument_label, safe_name, walk
-from minijit.runtime.inputs import make_sizes_symbolic, refuse_tensor_subclass
 from minijit.transforms import functionalize as functionalize_trace
 from minijit.transforms.functionalize import FunctionalizeResult, SyntheticBase
 
@@ -67,9 +67,7 @@ def is_symbolic_number(x: Any) -> bool:
 
 def input_leaf(symbolic: bool) -> Callable[[Any], bool]:
     """Which values among the arguments are trace inputs: tensors, and Python numbers in symbolic mode."""
-    if symbolic:
-        return lambda x: isinstance(x, Tensor) or is_symbolic_number(x)
-    return lambda x: isinstance(x, Tensor)
+    return is_tensor_or_number if symbolic else is_tensor
 
 
 def flat_inputs(args: tuple[Any, ...], kwargs: dict[str, Any], symbolic: bool) -> list[Any]:
@@ -255,6 +253,53 @@ def _autocast_changed(now: Any, expected: Any) -> str:
     if not reasons and now and expected:
         reasons.append(f"torch.is_autocast_cache_enabled(): value {now[-1]} (bool) != {expected[-1]} (bool)")
     return "; ".join(reasons)
+
+
+def object_arguments(params: list[str], checks: list[Check], args: tuple[Any, ...], kwargs: dict[str, Any]
+                     ) -> list[tuple[str, Any]]:
+    """(subject, object) for each argument the call's checks specialise on by identity."""
+    try:
+        return [(c.subject, _read(params, c.subject)(*args, *kwargs.values())) for c in checks
+                if c.aspect == "object"]
+    except Exception:  # a subject that is not a plain expression over the parameters: no rebinding
+        return []
+
+
+def _read(params: list[str], subject: str) -> Callable[..., Any]:
+    return eval(f"lambda {', '.join(params)}: ({subject})")  # our own generated subject, as the prologue's
+
+
+def refuse_tensor_subclass(t: Tensor, what: str) -> None:
+    """Refuse a Tensor subclass whose `__torch_function__` eager would call: the trace sees plain tensors.
+
+    Subclasses that disable it (`nn.Parameter`, DTensor) behave as plain tensors and pass.
+    """
+    cls = type(t)
+    if cls is Tensor or cls.__torch_function__ is torch._C._disabled_torch_function_impl:
+        return
+    raise UnsupportedOpError(
+        f"{what} is a {cls.__qualname__}, a Tensor subclass with __torch_function__, which eager calls on every "
+        f"torch function{where_now()}; minijit traces plain tensors. Pass t.as_subclass(torch.Tensor) (and wrap "
+        "it inside the function), or set __torch_function__ = torch._C._disabled_torch_function_impl")
+
+
+def make_sizes_symbolic(p: TensorProxy) -> None:
+    """Sizes 0 and 1 stay constants (broadcasting depends on them); the others become IntegerProxy.
+
+    Either way the guard checks the kind of size: `x.shape[0] == 1` or `x.shape[1] > 1`.
+    """
+    shape: list[Any] = []
+    for i, d in enumerate(p.shape):
+        expr = f"{p.name}.shape[{i}]"
+        if d <= 1:
+            add_constraint(f"{expr} == {d}")
+            shape.append(d)
+        else:
+            add_constraint(f"{expr} > 1")
+            shape.append(IntegerProxy(d, expr=expr))
+    p.shape = tuple(shape)
+    if any(isinstance(d, IntegerProxy) for d in shape):
+        prims.shape(p)
 
 
 # --- the containers among the arguments: changes replayed or refused -----------------------------------------

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from minijit.frontend.guards import GuardEntry, Source, guard_expression, guard_names, short_repr
-from minijit.ir.containers import flatten, is_container
+from minijit.ir.containers import flatten, is_container, is_tensor, is_tensor_or_number
 from minijit.runtime.autocast import any_autocast_enabled, autocast_state
 
 if TYPE_CHECKING:
@@ -216,7 +216,7 @@ def walk(x: Any, out: list[Any], symbolic: bool, where: tuple[str, str] | None =
             out.append(Check(where[0], "slice", where[1], (t, x.start, x.stop, x.step)))
     elif is_container(x):
         # A dataclass, named tuple, dict subclass or pytree type: its structure and constants, then its tensors.
-        spec, leaves = flatten(x, _is_input_leaf_symbolic if symbolic else _is_tensor)
+        spec, leaves = flatten(x, is_tensor_or_number if symbolic else is_tensor)
         if where is None:
             out.append(spec.key())
         else:
@@ -237,14 +237,6 @@ def tensor_checks(label: str, subject: str, x: Tensor, symbolic: bool) -> list[C
     size = Check(label, "rank", subject, x.ndim) if symbolic else Check(label, "shape", subject, x.shape)
     return [size, Check(label, "dtype", subject, x.dtype), Check(label, "device", subject, x.device),
             Check(label, "requires_grad", subject, x.requires_grad)]
-
-
-def _is_tensor(x: Any) -> bool:
-    return isinstance(x, Tensor)
-
-
-def _is_input_leaf_symbolic(x: Any) -> bool:
-    return isinstance(x, Tensor) or type(x) is int or type(x) is float
 
 
 def _fields(x: Any, label: str = "") -> dict[str, str]:
@@ -463,8 +455,8 @@ def _function(name: str, params: list[str], tests: list[str], comment: str) -> s
 _ENV: dict[str, Any] = {
     "torch": torch, "Tensor": Tensor, "_GONE": _GONE, "is_grad_enabled": torch.is_grad_enabled,
     "any_autocast_enabled": any_autocast_enabled, "autocast_state": autocast_state,
-    "_structure": lambda x: flatten(x, _is_tensor)[0].key(),
-    "_symbolic_structure": lambda x: flatten(x, _is_input_leaf_symbolic)[0].key(),
-    "_leaves": lambda x: flatten(x, _is_tensor)[1],
-    "_leaves_symbolic": lambda x: flatten(x, _is_input_leaf_symbolic)[1],
+    "_structure": lambda x: flatten(x, is_tensor)[0].key(),
+    "_symbolic_structure": lambda x: flatten(x, is_tensor_or_number)[0].key(),
+    "_leaves": lambda x: flatten(x, is_tensor)[1],
+    "_leaves_symbolic": lambda x: flatten(x, is_tensor_or_number)[1],
 }

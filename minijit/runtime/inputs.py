@@ -9,52 +9,19 @@ of Tensor subclasses and, in "symbolic values" mode, sizes other than 0 and 1 as
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
 from minijit.errors import UnsupportedOpError
 from minijit.frontend.frame import current_state
 from minijit.frontend.guards import Source
-from minijit.ir import IntegerProxy, Proxy, TensorProxy, Trace
-from minijit.ir.context import add_constraint, where_now
+from minijit.ir import Proxy, TensorProxy, Trace
+from minijit.ir.context import where_now
 from minijit.ops import prims
 from minijit.ops.strides import note_layout
+from minijit.runtime.arguments import make_sizes_symbolic, refuse_tensor_subclass
 
 Tensor = torch.Tensor
-
-
-def refuse_tensor_subclass(t: Tensor, what: str) -> None:
-    """Refuse a Tensor subclass whose `__torch_function__` eager would call: the trace sees plain tensors.
-
-    Subclasses that disable it (`nn.Parameter`, DTensor) behave as plain tensors and pass.
-    """
-    cls = type(t)
-    if cls is Tensor or cls.__torch_function__ is torch._C._disabled_torch_function_impl:
-        return
-    raise UnsupportedOpError(
-        f"{what} is a {cls.__qualname__}, a Tensor subclass with __torch_function__, which eager calls on every "
-        f"torch function{where_now()}; minijit traces plain tensors. Pass t.as_subclass(torch.Tensor) (and wrap "
-        "it inside the function), or set __torch_function__ = torch._C._disabled_torch_function_impl")
-
-
-def make_sizes_symbolic(p: TensorProxy) -> None:
-    """Sizes 0 and 1 stay constants (broadcasting depends on them); the others become IntegerProxy.
-
-    Either way the guard checks the kind of size: `x.shape[0] == 1` or `x.shape[1] > 1`.
-    """
-    shape: list[Any] = []
-    for i, d in enumerate(p.shape):
-        expr = f"{p.name}.shape[{i}]"
-        if d <= 1:
-            add_constraint(f"{expr} == {d}")
-            shape.append(d)
-        else:
-            add_constraint(f"{expr} > 1")
-            shape.append(IntegerProxy(d, expr=expr))
-    p.shape = tuple(shape)
-    if any(isinstance(d, IntegerProxy) for d in shape):
-        prims.shape(p)
 
 
 def input_names(trace: Trace) -> list[str]:

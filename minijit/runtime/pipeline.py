@@ -34,6 +34,7 @@ from minijit.runtime.arguments import (
     changed_argument_lists,
     check_containers_unchanged,
     functionalize_for_call,
+    object_arguments,
     read_arguments,
     with_synthetic_bases,
 )
@@ -48,7 +49,6 @@ from minijit.runtime.guards import compile_prologue, drop_implied
 from minijit.runtime.inputs import tensor_capturer
 from minijit.runtime.iterators import ArgumentIterator, consumed, refuse_escaping
 from minijit.runtime.module import ModuleForward
-from minijit.runtime.rebind import object_arguments
 from minijit.runtime.values import (
     ValueCheck,
     ValueReader,
