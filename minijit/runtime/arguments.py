@@ -25,12 +25,14 @@ from __future__ import annotations
 import inspect
 import itertools
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from minijit.errors import AliasError, UnsupportedOpError, UnsupportedSyntaxError
+from minijit.frontend.outside import Effect
 from minijit.ir import FloatProxy, IntegerProxy, TensorProxy, Trace
 from minijit.ir.containers import Spec, flatten, is_container, is_tensor, is_tensor_or_number, leaves
 from minijit.ir.context import add_constraint, where_now
@@ -38,6 +40,7 @@ from minijit.ops import prims
 from minijit.ops.strides import note_layout
 from minijit.runtime.autocast import any_autocast_enabled, autocast_state
 from minijit.runtime.checks import AUTOCAST, GRAD_MODE, Check, argument_label, safe_name, walk
+from minijit.runtime.iterators import ArgumentIterator, consumed
 from minijit.transforms import functionalize as functionalize_trace
 from minijit.transforms.functionalize import FunctionalizeResult, SyntheticBase
 
@@ -149,14 +152,9 @@ class CallArguments:
             proxied.append(spec.rebuild([to_proxy(x) for x in found]))
         return tuple(proxied[: len(self.args)]), dict(zip(self.kwargs, proxied[len(self.args):], strict=True))
 
-    def snapshot_containers(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
-        """The containers among the (proxied) arguments `args` and `kwargs` — lists, dicts, sets, dataclasses, ... —
-        with a copy of their state.
-
-        The traced function receives rebuilt copies of them: a change it made is either replayed into the
-        caller's container on every call (`changed_argument_lists`) or refused (`check_containers_unchanged`).
-        Each is (label, path, container, state): `path` is the argument's position, then the keys down to it.
-        """
+    def snapshot_containers(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ArgumentContainers:
+        """The containers among the (proxied) arguments `args` and `kwargs` the traced function is given, with
+        a copy of their state (`ArgumentContainers`)."""
         found: list[Any] = []
 
         def walk_containers(label: str, path: tuple[Any, ...], x: Any) -> None:
@@ -180,7 +178,7 @@ class CallArguments:
 
         for i, (name, value) in enumerate(zip(self.names, (*args, *kwargs.values()), strict=True)):
             walk_containers(name, (i,), value)
-        return found
+        return ArgumentContainers(found)
 
     def functionalize(self, trace: Trace, captured: list[Tensor], no_grad: frozenset[str] = frozenset()
                       ) -> tuple[Trace, FunctionalizeResult, InputAliasing | None]:
@@ -323,33 +321,79 @@ def _unchanged(container: Any, before: Any) -> bool:
                for a, b in zip(now, before))
 
 
-def changed_argument_lists(snapshot: list[Any]) -> list[tuple[str, tuple[Any, ...], Any]]:
-    """(label, path, container) of each plain list, dict or set argument the traced code changed (appended to,
-    assigned an item, popped, updated) that the caller's call replays: every path to it is keys of
-    lists, dicts and tuples, and it holds none of the other argument containers (whose identity a
-    rebuilt copy would lose)."""
-    containers = {id(c) for _, _, c, _ in snapshot}
-    changed = []
-    for label, path, container, before in snapshot:
-        if _unchanged(container, before) or type(container) not in (list, dict, set) or None in path[1:]:
-            continue
-        values = container.values() if isinstance(container, dict) else container
-        if isinstance(container, set) and len(path) > 1:
-            continue  # a set inside another argument was not copied for the trace: refused
-        if any(id(v) in containers for v in values):
-            continue
-        changed.append((label, path, container))
-    return changed
+# The arguments of the call in progress, as one tuple (positional, then keyword values), while a trace that
+# writes into an argument's list or dict runs (set by minijit.runtime.jit).
+CALL_ARGUMENTS: ContextVar[tuple[Any, ...]] = ContextVar("minijit_call_arguments")
 
 
-def check_containers_unchanged(snapshot: list[Any], replayed: set[int] = frozenset()) -> None:  # type: ignore[assignment]
-    """Refuse a traced function that changed a container it was given that is not replayed (ids in `replayed`)."""
-    for label, _, container, before in snapshot:
-        if id(container) not in replayed and not _unchanged(container, before):
-            raise UnsupportedSyntaxError(
-                f"the jitted function modified the {type(container).__name__} passed as argument '{label}' in place; "
-                "minijit would not repeat that on later calls. Return the new values instead"
-            )
+@dataclass(frozen=True)
+class ArgumentPath:
+    """A list or dict among a call's arguments: the argument's position, then the keys down to it."""
+
+    path: tuple[Any, ...]
+    label: str
+
+    def resolve(self, arguments: tuple[Any, ...]) -> Any:
+        """The container this call was given at the path."""
+        value = arguments[self.path[0]]
+        for key in self.path[1:]:
+            value = value[key]
+        return value
+
+    def __str__(self) -> str:
+        keys = "".join(f"[{k!r}]" for k in self.path[1:])
+        return f"argument '{self.label}'{keys}"
+
+
+class ArgumentContainers:
+    """The containers the traced function was given — lists, dicts, sets, dataclasses, iterators' stand-ins, ... —
+    each with a copy of its state from before the capture.
+
+    They are rebuilt copies of the caller's: a change the traced code made is replayed into the
+    caller's container on every call (`replay_changes`: a list, dict or set argument; `iterators_consumed`:
+    the items taken from an iterator argument) or refused (`check_unchanged`). Each is
+    (label, path, container, state): `path` is the argument's position, then the keys down to it.
+    """
+
+    def __init__(self, found: list[tuple[str, tuple[Any, ...], Any, Any]]):
+        self.found = found
+        self.replayed: set[int] = set()
+
+    def replay_changes(self, effects: list[Effect]) -> None:
+        """Append to `effects` the new contents of each list, dict or set argument the traced code changed (appended
+        to, assigned an item, popped, updated), which go back into the caller's on every call. Replayed are the
+        containers that every path to is keys of lists, dicts and tuples and that hold none of the other
+        argument containers (whose identity a rebuilt copy would lose)."""
+        containers = {id(c) for _, _, c, _ in self.found}
+        for label, path, container, before in self.found:
+            if _unchanged(container, before) or type(container) not in (list, dict, set) or None in path[1:]:
+                continue
+            values = container.values() if isinstance(container, dict) else container
+            if isinstance(container, set) and len(path) > 1:
+                continue  # a set inside another argument was not copied for the trace: refused
+            if any(id(v) in containers for v in values):
+                continue
+            contents = type(container)(container)  # a copy of the final contents
+            effects.append(Effect("replace", ArgumentPath(path, label), None, contents))
+            self.replayed.add(id(container))
+
+    def iterators_consumed(self) -> dict[int, int]:
+        """argument position -> how many items the traced code took from the iterator passed there."""
+        taken = {}
+        for _, path, container, before in self.found:
+            if isinstance(container, ArgumentIterator) and len(path) == 1:
+                taken[path[0]] = consumed(container.position, before)
+                self.replayed.add(id(container))
+        return taken
+
+    def check_unchanged(self) -> None:
+        """Refuse a traced function that changed a container it was given that is not replayed."""
+        for label, _, container, before in self.found:
+            if id(container) not in self.replayed and not _unchanged(container, before):
+                raise UnsupportedSyntaxError(
+                    f"the jitted function modified the {type(container).__name__} passed as argument '{label}' in "
+                    "place; minijit would not repeat that on later calls. Return the new values instead"
+                )
 
 
 # --- how the inputs share memory: alias groups, synthetic bases, and their checks ----------------------------

@@ -16,7 +16,7 @@ from minijit.extend import resolve_executors
 from minijit.frontend import GuardEntry, interpret
 from minijit.frontend.folding import fresh_folded
 from minijit.frontend.guards import Source
-from minijit.frontend.outside import Effect, Outside
+from minijit.frontend.outside import Outside
 from minijit.frontend.try_blocks import user_try_location
 from minijit.ir import CaptureState, Trace, tracing
 from minijit.ir.context import (
@@ -31,8 +31,6 @@ from minijit.runtime.arguments import (
     CallArguments,
     InputAliasing,
     PinSizes,
-    changed_argument_lists,
-    check_containers_unchanged,
     functionalize_for_call,
     object_arguments,
     read_arguments,
@@ -40,14 +38,14 @@ from minijit.runtime.arguments import (
 )
 from minijit.runtime.autocast import any_autocast_enabled, without_autocast
 from minijit.runtime.autograd import CompiledGrad, autograd_callable
-from minijit.runtime.call_plan import ArgumentPath, CallPlan, finish_capture
+from minijit.runtime.call_plan import CallPlan, finish_capture
 from minijit.runtime.checks import Prologue
 from minijit.runtime.cuda_graphs import GraphedCallable, GraphFamily, graph_refusal
 from minijit.runtime.double_backward import recompute_for
 from minijit.runtime.fallback import falling_back
 from minijit.runtime.guards import compile_prologue, drop_implied
 from minijit.runtime.inputs import tensor_capturer
-from minijit.runtime.iterators import ArgumentIterator, consumed, refuse_escaping
+from minijit.runtime.iterators import refuse_escaping
 from minijit.runtime.module import ModuleForward
 from minijit.runtime.values import (
     ValueCheck,
@@ -332,14 +330,8 @@ def _compile(arguments: CallArguments, executors: Sequence[Any], constraints: li
 
         def finish(result: Any, outside: Outside) -> Any:
             # A list or dict argument the code changed: its new contents go back into the caller's, every call.
-            for label, path, container in changed_argument_lists(containers):
-                contents = type(container)(container)  # a copy of the final contents
-                outside.effects.append(Effect("replace", ArgumentPath(path, label), None, contents))
-                replayed.add(id(container))
-            for _, path, container, before in containers:
-                if isinstance(container, ArgumentIterator) and len(path) == 1:
-                    found.iterators_consumed[path[0]] = consumed(container.position, before)
-                    replayed.add(id(container))
+            containers.replay_changes(outside.effects)
+            found.iterators_consumed = containers.iterators_consumed()
             if found.iterators_consumed:
                 refuse_escaping(result, "the result")
                 for effect in outside.effects:
@@ -354,7 +346,6 @@ def _compile(arguments: CallArguments, executors: Sequence[Any], constraints: li
         with tracing(trace), recording_constraints(constraints), reading_values(reader):
             pargs, pkwargs = arguments.proxify(trace, pinned)
             containers = arguments.snapshot_containers(pargs, pkwargs)
-            replayed: set[int] = set()
             if isinstance(fn, ModuleForward):
                 params, _flags, *user_args = pargs
                 with fn.swapped_in(params) as keyed:
@@ -362,7 +353,7 @@ def _compile(arguments: CallArguments, executors: Sequence[Any], constraints: li
                                              finish=finish, placed=params, keyed=keyed, guards=found.guards)
             else:
                 trace.output = interpret(fn, pargs, pkwargs, finish=finish, guards=found.guards)
-            check_containers_unchanged(containers, replayed)
+            containers.check_unchanged()
         trace.capture = None
         found.ops_in_try = list(state.ops_in_try)
         found.no_grad = frozenset(state.recorded_without_grad)
