@@ -188,14 +188,17 @@ class CallArguments:
 
 def read_arguments(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
                    symbolic: bool) -> CallArguments:
-    """The call's arguments read once, before the traced code runs (it might change one): their names,
-    the checks of the call, and each argument's structure and input leaves."""
+    """The call's arguments read in one pass, before the traced code runs (it might change one): per argument,
+    its name, its checks, its structure and input leaves."""
     names = parameter_names(fn, args, kwargs)
-    params, checks = call_checks(fn, args, kwargs, symbolic, names)
+    params, checks = [], _call_state_checks()
+    state_checks = getattr(fn, "state_checks", None)
     is_leaf = input_leaf(symbolic)
     parts: list[tuple[Spec, list[Any]] | None] = []
     flat: list[Any] = []
-    for value in (*args, *kwargs.values()):
+    for i, (name, value) in enumerate(zip(names, (*args, *kwargs.values()), strict=True)):
+        params.append(safe_name(name))
+        checks += _argument_checks(name, params[-1], value, i >= len(args), state_checks, symbolic)
         if type(value) is set:
             parts.append(None)
             continue
@@ -206,29 +209,37 @@ def read_arguments(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[s
 
 
 def call_checks(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-                symbolic: bool, names: list[str] | None = None) -> tuple[list[str], list[Check]]:
+                symbolic: bool) -> tuple[list[str], list[Check]]:
     """The parameters and checks of `check_call`: grad mode, autocast state, then each argument in order.
 
     `check_call` takes the positional arguments, then the keyword arguments' values, each
-    under its parameter's name (`parameter_names`, or `names` where given).
+    under its parameter's name (`parameter_names`). `read_arguments` makes the same checks.
     """
-    checks = [Check("torch.is_grad_enabled()", "grad mode", GRAD_MODE, torch.is_grad_enabled(), explain=_grad_mode_changed),
-              Check("autocast", "autocast", AUTOCAST, any_autocast_enabled() and autocast_state(), explain=_autocast_changed)]
-    params: list[str] = []
-    # A module's forward names its parameters and its tree's state by path (minijit.runtime.module).
+    params, checks = [], _call_state_checks()
     state_checks = getattr(fn, "state_checks", None)
-    if names is None:
-        names = parameter_names(fn, args, kwargs)
-    for i, (name, value) in enumerate(zip(names, (*args, *kwargs.values()), strict=True)):
+    for i, (name, value) in enumerate(zip(parameter_names(fn, args, kwargs), (*args, *kwargs.values()), strict=True)):
         params.append(safe_name(name))
-        if i >= len(args):
-            checks.append(Check(argument_label(name), "keyword", params[-1], name))
-        found = state_checks(name, params[-1], value, symbolic) if state_checks is not None else None
-        if found is None:
-            walk(value, checks, symbolic, (argument_label(name), params[-1]))
-        else:
-            checks += found
+        checks += _argument_checks(name, params[-1], value, i >= len(args), state_checks, symbolic)
     return params, checks
+
+
+def _call_state_checks() -> list[Check]:
+    """The checks on the state a call is made in: grad mode and autocast."""
+    return [Check("torch.is_grad_enabled()", "grad mode", GRAD_MODE, torch.is_grad_enabled(), explain=_grad_mode_changed),
+            Check("autocast", "autocast", AUTOCAST, any_autocast_enabled() and autocast_state(), explain=_autocast_changed)]
+
+
+def _argument_checks(name: str, param: str, value: Any, keyword: bool, state_checks: Callable[..., Any] | None,
+                     symbolic: bool) -> list[Check]:
+    """The checks on one argument, `param` in `check_call`: its keyword's name, then what `walk` specialises on
+    (a module's forward names its parameters and its tree's state by path: minijit.runtime.module)."""
+    checks = [Check(argument_label(name), "keyword", param, name)] if keyword else []
+    found = state_checks(name, param, value, symbolic) if state_checks is not None else None
+    if found is None:
+        walk(value, checks, symbolic, (argument_label(name), param))
+    else:
+        checks += found
+    return checks
 
 
 def _grad_mode_changed(now: Any, expected: Any) -> str:
