@@ -433,7 +433,7 @@ def _interpret(state: State, fn: Callable[..., Any], args: tuple[Any, ...], kwar
     outside.whole.update(id(c) for c in containers)
     outside.placed.update(id(p) for p in placed)
     # Arguments that are objects are the caller's own; containers (dataclasses included) were
-    # rebuilt around proxies for this call (minijit.runtime.inputs), so they are not.
+    # rebuilt around proxies for this call (minijit.runtime.arguments), so they are not.
     for name, value in [*zip(_argument_names(fn, len(args)), args), *kwargs.items()]:
         if hasattr(value, "__dict__") and not isinstance(value, Proxy) and not is_container(value):
             outside.add_root(value, name)

@@ -79,7 +79,7 @@ class Effect:
     "delitem", "cell" (a closure cell assigned), "call" (a container method: `key` is its
     name, `value` its argument tuple) or "replace" (a list or dict argument's new contents).
     `holder` is the object written (held by reference), the `Source` of a tensor (read again on
-    each call) or the path to an argument (minijit.runtime.call_plan.ArgumentPath).
+    each call) or the path to an argument (minijit.runtime.arguments.ArgumentPath).
     """
 
     op: str

@@ -16,7 +16,7 @@ among a torch function's arguments, and the override usually unwraps its argumen
   the lookasides answer as eager does for real objects, and no for proxies (plain tensors).
 
 Tensor subclasses are left to the input checks: a traced tensor is a plain tensor, so an input that
-is a Tensor subclass overriding `__torch_function__` is refused (`minijit/runtime/inputs.py`), and
+is a Tensor subclass overriding `__torch_function__` is refused (`minijit/runtime/arguments.py`, `refuse_tensor_subclass`), and
 one that disables it (`__torch_function__ = torch._C._disabled_torch_function_impl`) is traced as
 the plain tensor it behaves as.
 """

@@ -11,6 +11,10 @@ so each call returns a fresh result built from that call's tensors.
 Other objects that the caller says are *open* (the traced code created them: a Hugging Face
 `DynamicCache` and its layers) are rebuilt the same way from their instance attributes,
 when leaves are found in them. Any other object is kept as it is (a constant of the spec).
+
+The flattener of a call's arguments (minijit.runtime.arguments, the checks of minijit.runtime.checks)
+and of its result and effects (minijit.runtime.call_plan); the arguments and outputs of ops have
+their own, faster one (minijit.ir.pytree, which says why).
 """
 
 from __future__ import annotations
@@ -207,6 +211,21 @@ def is_container(value: Any) -> bool:
             or (dataclasses.is_dataclass(value) and not isinstance(value, type)) or t in torch_pytree.SUPPORTED_NODES)
 
 
+def is_tensor(value: Any) -> bool:
+    """The leaves of a call's arguments that are trace inputs in "constant values" mode: tensors.
+
+    The leaf tests of the runtime's flattening of arguments live here, beside the flattener, so
+    that flattening never calls back up into the runtime for them.
+    """
+    return isinstance(value, torch.Tensor)
+
+
+def is_tensor_or_number(value: Any) -> bool:
+    """The leaves of a call's arguments that are trace inputs in "symbolic values" mode: tensors, Python ints and
+    floats (not bools)."""
+    return isinstance(value, torch.Tensor) or type(value) is int or type(value) is float
+
+
 def flatten(value: Any, is_leaf: Callable[[Any], bool], is_open: Callable[[Any], bool] | None = None
             ) -> tuple[Spec, list[Any]]:
     """Split `value` into a `Spec` and its leaves (the values where `is_leaf` is True), in order.
@@ -342,4 +361,5 @@ _OPAQUE = (int, float, bool, str, bytes, complex, type, types.ModuleType, types.
            torch.Tensor, torch.dtype, torch.device)
 
 
-__all__ = ["Constant", "Leaf", "Mapping", "Registered", "Sequence", "Spec", "contains_proxy", "flatten", "is_container"]
+__all__ = ["Constant", "Leaf", "Mapping", "Registered", "Sequence", "Spec", "contains_proxy", "flatten", "is_container",
+           "is_tensor", "is_tensor_or_number", "leaves"]

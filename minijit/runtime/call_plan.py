@@ -19,7 +19,6 @@ single call.
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,32 +30,9 @@ from minijit.frontend.outside import Effect, Outside
 from minijit.ir import Proxy, Trace
 from minijit.ir.containers import Constant, Mapping, Registered, Sequence, Spec, contains_proxy, flatten
 from minijit.ir.context import where_now
+from minijit.runtime.arguments import CALL_ARGUMENTS, ArgumentPath
 
 Tensor = torch.Tensor
-
-# The arguments of the call in progress, as one tuple (positional, then keyword values), while a trace that
-# writes into an argument's list or dict runs (set by minijit.runtime.jit).
-CALL_ARGUMENTS: ContextVar[tuple[Any, ...]] = ContextVar("minijit_call_arguments")
-
-
-@dataclass(frozen=True)
-class ArgumentPath:
-    """A list or dict among a call's arguments: the argument's position, then the keys down to it."""
-
-    path: tuple[Any, ...]
-    label: str
-
-    def resolve(self, arguments: tuple[Any, ...]) -> Any:
-        """The container this call was given at the path."""
-        value = arguments[self.path[0]]
-        for key in self.path[1:]:
-            value = value[key]
-        return value
-
-    def __str__(self) -> str:
-        keys = "".join(f"[{k!r}]" for k in self.path[1:])
-        return f"argument '{self.label}'{keys}"
-
 
 @dataclass
 class CallPlan:

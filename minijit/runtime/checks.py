@@ -22,14 +22,16 @@ import math
 from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from minijit.frontend.guards import GuardEntry, Source, guard_expression, guard_names, short_repr
-from minijit.ir.containers import flatten, is_container
+from minijit.ir.containers import flatten, is_container, is_tensor, is_tensor_or_number
 from minijit.runtime.autocast import any_autocast_enabled, autocast_state
-from minijit.runtime.inputs import InputAliasing, alias_layout, alias_pattern, parameter_names
+
+if TYPE_CHECKING:
+    from minijit.runtime.arguments import InputAliasing
 
 Tensor = torch.Tensor
 
@@ -214,7 +216,7 @@ def walk(x: Any, out: list[Any], symbolic: bool, where: tuple[str, str] | None =
             out.append(Check(where[0], "slice", where[1], (t, x.start, x.stop, x.step)))
     elif is_container(x):
         # A dataclass, named tuple, dict subclass or pytree type: its structure and constants, then its tensors.
-        spec, leaves = flatten(x, _is_input_leaf_symbolic if symbolic else _is_tensor)
+        spec, leaves = flatten(x, is_tensor_or_number if symbolic else is_tensor)
         if where is None:
             out.append(spec.key())
         else:
@@ -235,14 +237,6 @@ def tensor_checks(label: str, subject: str, x: Tensor, symbolic: bool) -> list[C
     size = Check(label, "rank", subject, x.ndim) if symbolic else Check(label, "shape", subject, x.shape)
     return [size, Check(label, "dtype", subject, x.dtype), Check(label, "device", subject, x.device),
             Check(label, "requires_grad", subject, x.requires_grad)]
-
-
-def _is_tensor(x: Any) -> bool:
-    return isinstance(x, Tensor)
-
-
-def _is_input_leaf_symbolic(x: Any) -> bool:
-    return isinstance(x, Tensor) or type(x) is int or type(x) is float
 
 
 def _fields(x: Any, label: str = "") -> dict[str, str]:
@@ -289,52 +283,6 @@ def safe_name(name: str) -> str:
     return f"arg_{name}" if name in _RESERVED or name.startswith("_") or not name.isidentifier() else name
 
 
-def call_checks(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-                symbolic: bool) -> tuple[list[str], list[Check]]:
-    """The parameters and checks of `check_call`: grad mode, autocast state, then each argument in order.
-
-    `check_call` takes the positional arguments, then the keyword arguments' values, each
-    under its parameter's name (minijit.runtime.inputs.parameter_names).
-    """
-    checks = [Check("torch.is_grad_enabled()", "grad mode", GRAD_MODE, torch.is_grad_enabled(), explain=_grad_mode_changed),
-              Check("autocast", "autocast", AUTOCAST, any_autocast_enabled() and autocast_state(), explain=_autocast_changed)]
-    params: list[str] = []
-    # A module's forward names its parameters and its tree's state by path (minijit.runtime.module).
-    state_checks = getattr(fn, "state_checks", None)
-    for i, (name, value) in enumerate(zip(parameter_names(fn, args, kwargs), (*args, *kwargs.values()), strict=True)):
-        params.append(safe_name(name))
-        if i >= len(args):
-            checks.append(Check(argument_label(name), "keyword", params[-1], name))
-        found = state_checks(name, params[-1], value, symbolic) if state_checks is not None else None
-        if found is None:
-            walk(value, checks, symbolic, (argument_label(name), params[-1]))
-        else:
-            checks += found
-    return params, checks
-
-
-def _grad_mode_changed(now: Any, expected: Any) -> str:
-    return f"torch.is_grad_enabled(): value {now} (bool) != {expected} (bool)"
-
-
-def _autocast_changed(now: Any, expected: Any) -> str:
-    """`torch.is_autocast_enabled('cpu'): value True (bool) != False (bool)`, per device whose state changed."""
-    def by_device(state: Any) -> dict[str, Any]:
-        return {d: dtype for d, dtype in state[:-1]} if state else {}
-    new, old = by_device(now), by_device(expected)
-    reasons = []
-    for d in sorted(set(new) | set(old)):
-        if (d in new) != (d in old):
-            reasons.append(f"torch.is_autocast_enabled({d!r}): value {d in new} (bool) != {d in old} (bool)")
-            dtype = new.get(d, old.get(d))
-            reasons.append(f"torch.get_autocast_dtype({d!r}): {dtype} {'not present before' if d in new else 'no longer'}")
-        elif new[d] != old[d]:
-            reasons.append(f"torch.get_autocast_dtype({d!r}): value {new[d]} (dtype) != {old[d]} (dtype)")
-    if not reasons and now and expected:
-        reasons.append(f"torch.is_autocast_cache_enabled(): value {now[-1]} (bool) != {expected[-1]} (bool)")
-    return "; ".join(reasons)
-
-
 def guard_checks(constraints: Sequence[str], values: Sequence[GuardEntry],
                  captured: Sequence[tuple[str, Source, Tensor]], aliasing: InputAliasing | None,
                  input_names: Sequence[str], env: dict[str, Any], symbolic_captured: AbstractSet[str] = frozenset()
@@ -355,16 +303,7 @@ def guard_checks(constraints: Sequence[str], values: Sequence[GuardEntry],
         checks.append(Check(name, "captured", name, meta, keyed=False,
                             explain=lambda now, expected, name=name: _captured_changed(name, now, expected)))
     if aliasing is not None:
-        env["_alias_pattern"] = alias_pattern
-        call = f"_alias_pattern({', '.join(input_names)})"
-        checks.append(Check("inputs share memory", "aliases", call, aliasing.pattern, keyed=False,
-                            explain=lambda now, expected: f"inputs share memory differently: {now} != {expected}"))
-        if aliasing.layout:  # made for inputs that share memory: where each sits in it matters too
-            env["_alias_layout"] = alias_layout
-            call = f"_alias_layout({', '.join(input_names)}, also={aliasing.layout_also!r})"
-            checks.append(Check("inputs sit in shared memory", "aliases", call, aliasing.layout, keyed=False,
-                                explain=lambda now, expected: "inputs that share memory sit differently in it "
-                                f"(offsets or strides changed): {now} != {expected}"))
+        checks += aliasing.checks(input_names, env)
     return checks
 
 
@@ -516,8 +455,8 @@ def _function(name: str, params: list[str], tests: list[str], comment: str) -> s
 _ENV: dict[str, Any] = {
     "torch": torch, "Tensor": Tensor, "_GONE": _GONE, "is_grad_enabled": torch.is_grad_enabled,
     "any_autocast_enabled": any_autocast_enabled, "autocast_state": autocast_state,
-    "_structure": lambda x: flatten(x, _is_tensor)[0].key(),
-    "_symbolic_structure": lambda x: flatten(x, _is_input_leaf_symbolic)[0].key(),
-    "_leaves": lambda x: flatten(x, _is_tensor)[1],
-    "_leaves_symbolic": lambda x: flatten(x, _is_input_leaf_symbolic)[1],
+    "_structure": lambda x: flatten(x, is_tensor)[0].key(),
+    "_symbolic_structure": lambda x: flatten(x, is_tensor_or_number)[0].key(),
+    "_leaves": lambda x: flatten(x, is_tensor)[1],
+    "_leaves_symbolic": lambda x: flatten(x, is_tensor_or_number)[1],
 }

@@ -15,8 +15,9 @@ import torch
 
 from minijit.frontend import GuardEntry
 from minijit.frontend.guards import Source
+from minijit.runtime.arguments import InputAliasing
 from minijit.runtime.checks import Check, Prologue, guard_checks
-from minijit.runtime.inputs import InputAliasing, input_names
+from minijit.runtime.inputs import input_names
 
 # A symbolic input size (> 1) compared with 0 or 1: implied by the `x.shape[i] > 1` constraint
 # every symbolic size starts with, so the guard need not check it again.

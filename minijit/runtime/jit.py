@@ -15,16 +15,15 @@ import torch
 from minijit.errors import MinijitError, ValueGuardError, ValueGuardMiss
 from minijit.extend import Executor, get_executor, resolve_executors
 from minijit.ir import Trace
+from minijit.runtime.arguments import CALL_ARGUMENTS, flat_inputs
 from minijit.runtime.cache_key import (
     POSITIONAL_TENSOR_KEYS,
     POSITIONAL_TENSOR_SYMBOLIC_KEYS,
     cache_key,
     exact_tensor_check,
 )
-from minijit.runtime.call_plan import CALL_ARGUMENTS
 from minijit.runtime.explain import explain_miss
 from minijit.runtime.fallback import RaisedInTry
-from minijit.runtime.inputs import flat_inputs
 from minijit.runtime.iterators import advance, standing_in
 from minijit.runtime.pipeline import CompiledEntry, compile_for
 from minijit.runtime.rebind import rebind

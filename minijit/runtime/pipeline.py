@@ -11,12 +11,12 @@ from typing import Any
 
 import torch
 
-from minijit.errors import AliasError, InplaceError
+from minijit.errors import InplaceError
 from minijit.extend import resolve_executors
 from minijit.frontend import GuardEntry, interpret
 from minijit.frontend.folding import fresh_folded
 from minijit.frontend.guards import Source
-from minijit.frontend.outside import Effect, Outside
+from minijit.frontend.outside import Outside
 from minijit.frontend.try_blocks import user_try_location
 from minijit.ir import CaptureState, Trace, tracing
 from minijit.ir.context import (
@@ -27,30 +27,26 @@ from minijit.ir.context import (
     recording_constraints,
 )
 from minijit.ir.symbol import SourceLocation
+from minijit.runtime.arguments import (
+    CallArguments,
+    InputAliasing,
+    PinSizes,
+    functionalize_for_call,
+    object_arguments,
+    read_arguments,
+    with_synthetic_bases,
+)
 from minijit.runtime.autocast import any_autocast_enabled, without_autocast
 from minijit.runtime.autograd import CompiledGrad, autograd_callable
-from minijit.runtime.call_plan import ArgumentPath, CallPlan, finish_capture
-from minijit.runtime.checks import Prologue, call_checks
+from minijit.runtime.call_plan import CallPlan, finish_capture
+from minijit.runtime.checks import Prologue
 from minijit.runtime.cuda_graphs import GraphedCallable, GraphFamily, graph_refusal
 from minijit.runtime.double_backward import recompute_for
 from minijit.runtime.fallback import falling_back
 from minijit.runtime.guards import compile_prologue, drop_implied
-from minijit.runtime.inputs import (
-    InputAliasing,
-    alias_groups,
-    alias_layout,
-    alias_pattern,
-    changed_argument_lists,
-    check_containers_unchanged,
-    flat_inputs,
-    proxify_arguments,
-    snapshot_containers,
-    synthetic_base_layout,
-    tensor_capturer,
-)
-from minijit.runtime.iterators import ArgumentIterator, consumed, refuse_escaping
+from minijit.runtime.inputs import tensor_capturer
+from minijit.runtime.iterators import refuse_escaping
 from minijit.runtime.module import ModuleForward
-from minijit.runtime.rebind import object_arguments
 from minijit.runtime.values import (
     ValueCheck,
     ValueReader,
@@ -58,10 +54,10 @@ from minijit.runtime.values import (
     restoring_rng_on_miss,
     value_path,
 )
-from minijit.transforms import check_copies, claim_executors, dce, functionalize, write_copies_in_place
+from minijit.transforms import check_copies, claim_executors, dce, write_copies_in_place
 from minijit.transforms.buffer_reuse import reuse_buffers
 from minijit.transforms.copy_analysis import CHECK_COPIES
-from minijit.transforms.functionalize import FunctionalizeResult, SyntheticBase
+from minijit.transforms.functionalize import FunctionalizeResult
 from minijit.transforms.grad import SplitResult, release_dead_values, requires_grad_inputs, split_forward_backward
 from minijit.transforms.simplify import remove_cast_round_trips
 from minijit.transforms.verify import TraceChecker, checking_traces
@@ -259,7 +255,7 @@ def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
     entry's guard checks the constraints the trace relied on. With `cuda_graphs`, the
     compiled traces replay from CUDA graphs where they can (minijit.runtime.cuda_graphs).
     """
-    call = call_checks(fn, args, kwargs, symbolic)  # before the traced code runs: it might change an argument
+    arguments = read_arguments(fn, args, kwargs, symbolic)  # before the traced code runs: it might change one
     # The capture records the constraints; the passes after it may rely on them, recording none but
     # the layout checks a decision on an input's strides needs (functionalizing `reshape`).
     pinned: frozenset[int] = frozenset()
@@ -268,9 +264,9 @@ def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
         state_reads: dict[str, Callable[[], Any]] = {}
         try:
             with knowing_constraints(constraints), guarding_layouts(constraints), noting_state_reads(state_reads):
-                entry = _compile(fn, args, kwargs, executors, symbolic, constraints, pinned, cuda_graphs)
+                entry = _compile(arguments, executors, constraints, pinned, cuda_graphs)
             break
-        except _PinSizes as pin:
+        except PinSizes as pin:
             # Written inputs that share memory are rebuilt from their storage by their concrete layouts:
             # traced again with those inputs' sizes constant, the rest symbolic (the set only grows).
             pinned |= pin.positions
@@ -278,8 +274,8 @@ def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
     constraints += [f"{expr} == {query()!r}" for expr, query in state_reads.items()]
     entry.constraints = drop_implied(constraints)
     _dump_traces(entry)
-    entry.arg_objects = object_arguments(call[0], call[1], args, kwargs)
-    entry.prologue = compile_prologue(entry, call, tuple(kwargs), entry.constraints)
+    entry.arg_objects = object_arguments(arguments.params, arguments.checks, args, kwargs)
+    entry.prologue = compile_prologue(entry, (arguments.params, arguments.checks), tuple(kwargs), entry.constraints)
     entry.guard = entry.prologue.guard
     if entry.capture.value_checks and any(b.sym.effects.random for t in entry.traces for b in t.bound_symbols):
         entry.computation = restoring_rng_on_miss(entry.computation)
@@ -315,17 +311,9 @@ def _dump_traces(entry: CompiledEntry) -> None:
         f.write(text)
 
 
-class _PinSizes(Exception):
-    """Raised by a symbolic compile that must be redone with the sizes of the inputs at `positions` constant."""
-
-    def __init__(self, positions: frozenset[int]):
-        super().__init__(sorted(positions))
-        self.positions = positions
-
-
-def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], executors: Sequence[Any],
-             symbolic: bool, constraints: list[str], pinned: frozenset[int] = frozenset(),
-             cuda_graphs: bool = False) -> CompiledEntry:
+def _compile(arguments: CallArguments, executors: Sequence[Any], constraints: list[str],
+             pinned: frozenset[int] = frozenset(), cuda_graphs: bool = False) -> CompiledEntry:
+    fn, symbolic = arguments.fn, arguments.symbolic
     traces: list[Trace] = []
     family = GraphFamily() if cuda_graphs else None
     at = AfterPass(TraceChecker() if checking_traces() else None)
@@ -342,14 +330,8 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
 
         def finish(result: Any, outside: Outside) -> Any:
             # A list or dict argument the code changed: its new contents go back into the caller's, every call.
-            for label, path, container in changed_argument_lists(containers):
-                contents = type(container)(container)  # a copy of the final contents
-                outside.effects.append(Effect("replace", ArgumentPath(path, label), None, contents))
-                replayed.add(id(container))
-            for _, path, container, before in containers:
-                if isinstance(container, ArgumentIterator) and len(path) == 1:
-                    found.iterators_consumed[path[0]] = consumed(container.position, before)
-                    replayed.add(id(container))
+            containers.replay_changes(outside.effects)
+            found.iterators_consumed = containers.iterators_consumed()
             if found.iterators_consumed:
                 refuse_escaping(result, "the result")
                 for effect in outside.effects:
@@ -360,12 +342,10 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
             output, found.call_plan = finish_capture(trace, _describe_function(fn), result, outside)
             return output
 
-        call_inputs = flat_inputs(args, kwargs, symbolic)
-        reader = ValueReader(trace, lambda: call_inputs + [t for _, _, t in found.captured_inputs], _evaluate_prefix)
+        reader = ValueReader(trace, lambda: arguments.flat + [t for _, _, t in found.captured_inputs], _evaluate_prefix)
         with tracing(trace), recording_constraints(constraints), reading_values(reader):
-            pargs, pkwargs = proxify_arguments(trace, fn, args, kwargs, symbolic, pinned)
-            containers = snapshot_containers(fn, pargs, pkwargs)
-            replayed: set[int] = set()
+            pargs, pkwargs = arguments.proxify(trace, pinned)
+            containers = arguments.snapshot_containers(pargs, pkwargs)
             if isinstance(fn, ModuleForward):
                 params, _flags, *user_args = pargs
                 with fn.swapped_in(params) as keyed:
@@ -373,7 +353,7 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
                                              finish=finish, placed=params, keyed=keyed, guards=found.guards)
             else:
                 trace.output = interpret(fn, pargs, pkwargs, finish=finish, guards=found.guards)
-            check_containers_unchanged(containers, replayed)
+            containers.check_unchanged()
         trace.capture = None
         found.ops_in_try = list(state.ops_in_try)
         found.no_grad = frozenset(state.recorded_without_grad)
@@ -386,9 +366,9 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
     # The passes, in order. Each is a pure function of its input trace, which it leaves as it is;
     # some also return what they found (a typed record the cache entry keeps).
     trace, found = _timed(capture, traces, at)
-    flat = flat_inputs(args, kwargs, symbolic) + [t for _, _, t in found.captured_inputs]
-    trace, functionalized, aliasing = _timed(lambda: functionalize_for_call(trace, flat, found.no_grad | found.no_grad_writes),
-                                            traces, at)
+    captured = [t for _, _, t in found.captured_inputs]
+    trace, functionalized, aliasing = _timed(
+        lambda: arguments.functionalize(trace, captured, found.no_grad | found.no_grad_writes), traces, at)
     trace = _timed(lambda: dce(trace, keep_sizes=True), traces, at)  # the grad pass may save them
     trace = _timed(lambda: remove_cast_round_trips(trace), traces, at)
     records = dict(capture=found, functionalized=functionalized, aliasing=aliasing)
@@ -533,82 +513,3 @@ def refusing_inference_writes(computation: Callable[..., Any], trace: Trace,
         return computation(*inputs)
 
     return run
-
-
-def with_synthetic_bases(computation: Callable[..., Any], aliasing: InputAliasing | None) -> Callable[..., Any]:
-    """`computation`, given after the call's inputs the synthetic base of each group of overlapping inputs.
-
-    A base is the 1-D view of its storage's first elements, made from the group's first
-    input (`functionalize`'s `SyntheticBase`); entries without one run `computation` as it is.
-    """
-    bases = aliasing.synthetic_bases if aliasing is not None else ()
-    if not bases:
-        return computation
-    as_strided = torch.as_strided
-
-    def run(*inputs: Any) -> Any:
-        return computation(*inputs, *(as_strided(inputs[lead], (length,), (1,), 0) for lead, length in bases))
-
-    return run
-
-
-def functionalize_for_call(trace: Trace, flat: list[Any], no_grad: frozenset[str] = frozenset()
-                           ) -> tuple[Trace, FunctionalizeResult, InputAliasing | None]:
-    """`functionalize`, told which inputs of this call share memory (docs/design.md, invariant 1).
-
-    The same tensor passed twice (or identical views) is one memory that a write updates
-    for every name; inputs that overlap differently (`t[1:3]` and `t[2:4]`, `t` and `t.t()`)
-    are rebuilt, where the trace writes into one, as views of one synthetic base input.
-    Returns the functional trace, what functionalize found, and how the inputs share memory,
-    which the entry's guard must check (None when the trace writes into no input).
-    """
-    identical, partial = alias_groups(flat)
-    # Eager refuses in-place writes into leaves that require grad, not into other tensors that do.
-    non_leaf = [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor) and x.requires_grad and not x.is_leaf]
-    functional, result = functionalize(trace, non_leaf_inputs=non_leaf, no_grad=no_grad)
-    mutated = set(result.mutated_inputs)
-    if not mutated:
-        return functional, result, None  # aliasing cannot matter: the guard need not look at it
-    # Inputs that repeat elements (`o.expand(4, 4)`, which eager lets zero_ fill) cannot take a copy back:
-    # written, they are rebuilt from a synthetic base, alone or with the other inputs sharing their storage.
-    repeats = [g for g in identical if torch._debug_has_internal_overlap(flat[g[0]]) == 1]
-    identical = [g for g in identical if g not in repeats]
-    partial = partial + repeats
-    grouped = {i for group in identical + partial for i in group}
-    partial = partial + [[i] for i, p in enumerate(trace.args) if i not in grouped and p.name in mutated
-                         and isinstance(flat[i], torch.Tensor) and torch._debug_has_internal_overlap(flat[i]) == 1]
-    written = [group for group in partial if any(trace.args[i].name in mutated for i in group)]
-    # Identical inputs are one memory only at equal sizes; a synthetic base is built from concrete layouts.
-    symbolic = frozenset(i for group in identical + written for i in group
-                         if not all(type(d) is int for d in trace.args[i].shape))
-    if symbolic:
-        raise _PinSizes(symbolic)
-    bases = [_synthetic_base(trace, flat, group, mutated) for group in written]
-    if identical or bases:
-        # Functionalized for this aliasing only: the guard below keeps other calls away.
-        functional, result = functionalize(trace, input_aliases=identical, non_leaf_inputs=non_leaf, no_grad=no_grad,
-                                           synthetic_bases=bases)
-    layout_also = tuple(b.members[0] for b in bases if len(b.members) == 1)
-    return functional, result, InputAliasing(
-        pattern=alias_pattern(*flat), layout=alias_layout(*flat, also=layout_also), layout_also=layout_also,
-        synthetic_bases=tuple((b.members[0], b.length) for b in bases))
-
-
-def _synthetic_base(trace: Trace, flat: list[Any], group: list[int], mutated: set[str]) -> SyntheticBase:
-    """The synthetic base of inputs that overlap in memory without being the same view; AliasError where unsupported."""
-    names = [trace.args[i].name for i in group]
-    written = next(n for n in names if n in mutated)
-    tensors = [flat[i] for i in group]
-    why = None
-    if len({t.dtype for t in tensors}) > 1:
-        why = "they view it with different dtypes"
-    elif torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        why = "one of them requires grad (the gradient through the shared memory is not supported)"
-    if why is not None:
-        raise AliasError(
-            f"inputs {', '.join(names)} overlap in memory without being the same view, and the function writes "
-            f"into {written} in place; minijit cannot rebuild them from their common storage because {why}. "
-            "Pass a clone of one of them"
-        )
-    length, layouts = synthetic_base_layout(flat, group)
-    return SyntheticBase(tuple(group), layouts, length)

@@ -26,26 +26,12 @@ import torch
 from minijit.frontend import GuardEntry
 from minijit.frontend.guards import MISSING, Source, has_snapshot, is_constant, may_have_guarded_attributes
 from minijit.ir.containers import Constant, Mapping, Registered, Sequence, Spec
+from minijit.runtime.arguments import call_checks, object_arguments
 from minijit.runtime.autocast import any_autocast_enabled, without_autocast
 from minijit.runtime.call_plan import CallPlan
-from minijit.runtime.checks import Check, call_checks
 from minijit.runtime.guards import compile_prologue
 
 _DEPTH = 8
-
-
-def object_arguments(params: list[str], checks: list[Check], args: tuple[Any, ...], kwargs: dict[str, Any]
-                     ) -> list[tuple[str, Any]]:
-    """(subject, object) for each argument the call's checks specialise on by identity."""
-    try:
-        return [(c.subject, _read(params, c.subject)(*args, *kwargs.values())) for c in checks
-                if c.aspect == "object"]
-    except Exception:  # a subject that is not a plain expression over the parameters: no rebinding
-        return []
-
-
-def _read(params: list[str], subject: str) -> Callable[..., Any]:
-    return eval(f"lambda {', '.join(params)}: ({subject})")  # our own generated subject, as the prologue's
 
 
 def rebind(entry: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[Any],

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import minijit
+from minijit.runtime.arguments import flat_inputs
 from minijit.runtime.cache_key import POSITIONAL_TENSOR_KEYS, POSITIONAL_TENSOR_SYMBOLIC_KEYS, cache_key
-from minijit.runtime.inputs import flat_inputs
 
 MODES = ("constant values", "symbolic values")
 SCALE = 2.0
