@@ -454,7 +454,8 @@ class _Functionalizer:
         self.written_with_grad: set[str] = set()
         with tracing(self.new):
             self._members_as_views()
-            for self.position, bsym in enumerate(self.trace.bound_symbols):
+            for position, bsym in enumerate(self.trace.bound_symbols):
+                self.position = position
                 self.new.source = bsym.source
                 if bsym.written():
                     # Before the write: eager refuses (or computes in its own order) what reads memory it writes.

@@ -2,7 +2,8 @@
 
 Small models of the classes that re-traced per size: mixture-of-experts routing (by gathering, an
 in-place `index_add_`, an in-place normalisation before a reshape), relative-position buckets written
-in place (T5), recurrent layers (nn.LSTM, nn.GRU) over changing lengths, with and without grad. Every output (and gradient) is compared with eager's; the trace counts are asserted.
+in place (T5), recurrent layers (nn.LSTM, nn.GRU) over changing lengths, with and without grad.
+Every output (and gradient) is compared with eager's; the trace counts are asserted.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def _serve(fn: Any, make: Any, traces: int, grad_of: list[torch.Tensor] = ()) ->
                         strict=True):
             _same(h, w)
         if grad_of:
-            loss = lambda out: sum(o.float().square().sum() for o in (out if isinstance(out, tuple) else (out,)))  # noqa: E731
+            loss = lambda out: sum(o.float().square().sum() for o in (out if isinstance(out, tuple) else (out,)))
             _same(torch.autograd.grad(loss(have), grad_of), torch.autograd.grad(loss(want), grad_of))
     assert minijit.cache_info(jf).misses == traces, str(minijit.cache_info(jf))
     return jf
@@ -140,7 +141,7 @@ def test_recurrent_layer_with_initial_state_under_grad_matches_eager_gradients()
         want, have = fn(*inputs), jf(*inputs)
         for h, w in zip(have, want, strict=True):
             _same(h, w)
-        loss = lambda out: sum(o.square().sum() for o in out)  # noqa: E731
+        loss = lambda out: sum(o.square().sum() for o in out)
         _same(torch.autograd.grad(loss(have), make.grad_of), torch.autograd.grad(loss(want), make.grad_of))
     assert minijit.cache_info(jf).misses == 1, str(minijit.cache_info(jf))
 
