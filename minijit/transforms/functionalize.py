@@ -332,7 +332,9 @@ class _Functionalizer:
     def _aliases(self, parent: TensorProxy, bsym: BoundSymbol, out: TensorProxy) -> bool:
         """Whether `out` shares memory with `parent` in eager: reshape and friends copy what they cannot view.
 
-        Decided on the bases' eager layouts (minijit.ops.strides), contiguous where unknown.
+        Decided on the bases' eager layouts (minijit.ops.strides), contiguous where unknown; with symbolic
+        sizes only where the answer matters, a write after this op into memory it may share (`_last_writes`):
+        elsewhere a view and a copy hold the same values, and deciding would guard the sizes.
         """
         if not bsym.sym.effects.may_copy or bsym.sym.is_prim:
             return True
