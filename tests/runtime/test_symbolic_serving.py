@@ -160,3 +160,19 @@ def test_recurrent_layer_with_dropout_in_training_keeps_the_unrolled_form() -> N
         for h, w in zip(have, want, strict=True):
             _same(h, w)
     assert minijit.cache_info(jf).misses == 2, str(minijit.cache_info(jf))
+
+
+def test_zoo_lstm_language_model_traces_once_over_batches_and_lengths() -> None:
+    from tests.models.test_zoo import NN_MODELS
+
+    torch.manual_seed(0)
+    model = NN_MODELS["LSTM_language_model"][0]().eval()
+    jm = minijit.jit(model, cache="symbolic values")
+    with torch.no_grad():
+        for batch, length in SIZES:
+            inputs = {"input_ids": torch.randint(3, 128, (batch, length)), "labels": torch.randint(3, 128, (batch, length))}
+            want, have = model(**inputs), jm(**inputs)
+            _same(have["logits"], want["logits"])
+            _same(have["loss"], want["loss"])
+            _same(have["state"], want["state"])
+    assert minijit.cache_info(jm).misses == 1, str(minijit.cache_info(jm))
