@@ -4,7 +4,8 @@ Every model of the zoo (tests/models/test_zoo.py: the Hugging Face models and th
 plus a torch.nn CNN and a function of `searchsorted`/`bucketize`/`embedding_bag`, is run in inference
 (`eval()`, `torch.no_grad()`) over batch sizes 1-8 and sequence lengths 5-17 (image sizes 5-17 for the
 CNNs; a ViT's image size is fixed by its position embeddings, so only its batch varies). Every output
-is compared with eager's; the table gives the traces (cache misses) and calls per model.
+is compared with eager's; the table gives the traces (cache misses) and calls per model. Speech models
+get 40 samples per length step.
 
     python scripts/symbolic_zoo.py                      # the whole zoo, the full sweep
     python scripts/symbolic_zoo.py --models vit cnn --batches 1 2 3 --lengths 5 9
@@ -91,6 +92,10 @@ def _image(fixed: int | None) -> Callable[[int, int], dict[str, Any]]:
     return lambda batch, size: {"pixel_values": torch.randn(batch, 3, fixed or size, fixed or size)}
 
 
+def _speech(batch: int, seq: int) -> dict[str, Any]:
+    return {"input_values": torch.randn(batch, 40 * seq)}  # 200-680 samples: 9-33 frames after the convolutions
+
+
 def _vectors(batch: int, seq: int) -> dict[str, Any]:
     return {"x": torch.randn(batch, seq, 32)}
 
@@ -103,6 +108,8 @@ def models() -> dict[str, tuple[Callable[[], nn.Module], Callable[[int, int], di
         if kind == "image":
             fixed = 16 if name == "vit" else None  # a ViT's position embeddings fix its image size
             found[name] = (build, _image(fixed), fixed is None)
+        elif kind == "audio":
+            found[name] = (build, _speech, True)
         else:
             found[name] = (build, _text(kind), True)
     for name, (build, _) in zoo.NN_MODELS.items():

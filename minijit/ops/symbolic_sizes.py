@@ -36,7 +36,23 @@ from minijit.ir import IntegerProxy, NumberProxy, TensorProxy, tree_flatten
 from minijit.ir.context import add_constraint, capturing
 from minijit.ir.proxies import guarded_compare
 
-__all__ = ["SymbolicShapes", "derive", "has_symbolic_sizes", "symbolic_output_shapes"]
+__all__ = ["SIZE_RULES", "SymbolicShapes", "derive", "has_symbolic_sizes", "size_rule", "symbolic_output_shapes"]
+
+# A size rule: (args, kwargs, the traced output shapes) -> each output leaf's shape, or None to specialise.
+SizeRule = Callable[[tuple[Any, ...], dict[str, Any], list[tuple[int, ...] | None]], list[tuple[Any, ...] | None] | None]
+# Torch callables whose meta kernel specialises sizes the result does not depend on (a recurrent layer's
+# kernel loops over the time steps), with their output shapes given by hand. A rule returns the sizes it
+# follows as they are (proxies) and specialises every other symbolic number it reads (`NumberProxy.python_type`).
+SIZE_RULES: dict[Any, SizeRule] = {}
+
+
+def size_rule(*fns: Any) -> Callable[[SizeRule], SizeRule]:
+    """Register the decorated function as the size rule of the torch callables `fns` (see SIZE_RULES)."""
+    def register(rule: SizeRule) -> SizeRule:
+        for fn in fns:
+            SIZE_RULES[fn] = rule
+        return rule
+    return register
 
 
 class _Unsupported(Exception):
@@ -119,6 +135,9 @@ def symbolic_output_shapes(fn: Callable[..., Any], args: tuple[Any, ...], kwargs
     """
     if reads_layout:
         return None
+    rule = SIZE_RULES.get(fn)
+    if rule is not None:
+        return rule(args, kwargs, concrete)
     leaves = tree_flatten((args, kwargs))
     key = _signature(fn, leaves, len(args), tuple(kwargs), meta_device)
     if key is not None and key in _CACHE:

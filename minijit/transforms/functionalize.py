@@ -110,6 +110,50 @@ def functionalize(trace: Trace, *, input_aliases: Sequence[Sequence[int]] = (), 
     return _Functionalizer(trace, input_aliases, grad_enabled, set(non_leaf_inputs), no_grad, synthetic_bases).run()
 
 
+def _last_writes(trace: Trace, input_aliases: Sequence[Sequence[int]],
+                 synthetic_bases: Sequence[SyntheticBase]) -> dict[int, int]:
+    """Id of each tensor of `trace` that may share memory with a tensor it writes in place -> the position
+    (in `trace.bound_symbols`) of the last op writing into one of them.
+
+    Tensors are joined into families by every op that may return memory of an argument (a view,
+    or a `reshape` that may copy: counted as sharing, so the families are a superset) and by every
+    in-place op (its output is what it wrote), at any depth of the decompositions, and by inputs
+    that share memory. Whether a `reshape` views or copies changes no value the trace computes
+    unless its family is written after it, so elsewhere it need not be decided (nor its sizes guarded).
+    """
+    parent: dict[int, int] = {}
+
+    def find(i: int) -> int:
+        while parent.setdefault(i, i) != i:
+            i = parent[i]
+        return i
+
+    def join(tensors: list[Any]) -> None:
+        ids = [find(id(t)) for t in tensors if isinstance(t, TensorProxy)]
+        for i in ids[1:]:
+            parent[i] = ids[0]
+
+    written: list[tuple[int, TensorProxy]] = []
+    for position, top in enumerate(trace.bound_symbols):
+        stack = [top]
+        while stack:
+            bsym = stack.pop()
+            stack.extend(bsym.subsymbols)
+            targets = bsym.written()
+            written += [(position, t) for t in targets]
+            views = bsym.sym.effects.views
+            if targets or views is not None:
+                refs = () if views is None else views if type(views) is tuple else (views,)
+                viewed = [x for ref in refs if ref is not None for x in tree_flatten(bsym.argument(ref))]
+                join([*tree_flatten(bsym.output), *targets, *viewed])
+    for group in [*input_aliases, *(s.members for s in synthetic_bases)]:
+        join([trace.args[i] for i in group])
+    last: dict[int, int] = {}
+    for position, t in written:
+        last[find(id(t))] = position  # (in order: the last one stays)
+    return {i: last[find(i)] for i in list(parent) if find(i) in last}
+
+
 @dataclass
 class _View:
     """A tensor made by a view op: `out` of `bsym` applied to `parent`, sharing memory with `base`."""
@@ -135,6 +179,9 @@ class _Functionalizer:
                        if isinstance(p, TensorProxy) and p.requires_grad and i not in non_leaf_inputs}
         self.inputs = {id(p) for p in trace.args}
         self.writes = any(b.written() for b in trace.bound_symbols)  # does the trace write in place at all
+        # The tensors that may share memory with one the trace writes -> where the last such write is.
+        self.last_writes = _last_writes(trace, input_aliases, synthetic_bases) if self.writes else {}
+        self.position = 0  # that of the top-level op being visited
         self.value: dict[int, Any] = {}  # id(original proxy) -> current value (bases and non-tensors)
         self.version: dict[int, int] = {}  # id(base) -> number of writes so far
         self.views: dict[int, _View] = {}
@@ -285,14 +332,17 @@ class _Functionalizer:
     def _aliases(self, parent: TensorProxy, bsym: BoundSymbol, out: TensorProxy) -> bool:
         """Whether `out` shares memory with `parent` in eager: reshape and friends copy what they cannot view.
 
-        Decided on the bases' eager layouts (minijit.ops.strides), contiguous where unknown.
+        Decided on the bases' eager layouts (minijit.ops.strides), contiguous where unknown; with symbolic
+        sizes only where the answer matters, a write after this op into memory it may share (`_last_writes`):
+        elsewhere a view and a copy hold the same values, and deciding would guard the sizes.
         """
         if not bsym.sym.effects.may_copy or bsym.sym.is_prim:
             return True
         parent = self.canon(parent)
         base = self.base_of(parent)
-        if not self.writes and any(isinstance(d, Proxy) for d in base.shape):
-            # Copy or view cannot be told apart where nothing is written: keep the sizes symbolic.
+        if self.last_writes.get(id(parent), -1) < self.position and any(isinstance(d, Proxy) for d in base.shape):
+            # Copy or view cannot be told apart where nothing sharing memory with them is written later:
+            # keep the sizes symbolic.
             return True
         verdict = eager_returns_view(base, [*self.chain(parent), (bsym, out)], self.trace)
         return verdict is not False
@@ -406,7 +456,8 @@ class _Functionalizer:
         self.written_with_grad: set[str] = set()
         with tracing(self.new):
             self._members_as_views()
-            for bsym in self.trace.bound_symbols:
+            for position, bsym in enumerate(self.trace.bound_symbols):
+                self.position = position
                 self.new.source = bsym.source
                 if bsym.written():
                     # Before the write: eager refuses (or computes in its own order) what reads memory it writes.

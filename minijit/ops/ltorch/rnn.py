@@ -6,6 +6,12 @@ the CPU: the input projection of every step in one `linear`, then per step the
 hidden projection plus that step's input projection, the gates, the new state. Its
 gradient is the decomposition's. Without grad the torch executor runs the op as one
 torch call. Packed sequences are refused.
+
+Under `cache="symbolic values"` an unrolled decomposition would fix the number of time
+steps. Where that number is symbolic the op is instead one opaque torch call (its gradient
+torch's own, minijit.transforms.vjp.opaque) whose output sizes follow the input's by a size
+rule (`_recurrent_sizes`): one trace serves every length. Dropout between layers in training
+draws random numbers per step: that call keeps the unrolled form (and a fixed length).
 """
 
 from __future__ import annotations
@@ -15,11 +21,13 @@ from typing import Any
 
 import torch
 
-from minijit.ir import TensorProxy
+from minijit.ir import NumberProxy, TensorProxy, tree_flatten
 from minijit.ops.ltorch.elementwise import add, mul, sub, tanh
 from minijit.ops.ltorch.nn import dropout, linear, relu, sigmoid
 from minijit.ops.ltorch.shape import cat, chunk, stack, transpose, unbind
+from minijit.ops.opaque import opaque_call
 from minijit.ops.registry import ltorch_op
+from minijit.ops.symbolic_sizes import size_rule
 from minijit.ops.utils import fail
 
 State = tuple[TensorProxy, ...]  # (h,) or (h, c)
@@ -94,6 +102,12 @@ def _recurrent(op: str, input: TensorProxy, hx: State, params: Sequence[Any], ha
         raise fail(op, f"expects a 3-d input, got {getattr(input, 'shape', input)}")
     directions = 2 if bidirectional else 1
     weights = _layer_weights(op, params, has_biases, num_layers, directions)
+    steps = input.shape[1 if batch_first else 0]
+    if isinstance(steps, NumberProxy) and not (dropout_p and train and num_layers > 1):
+        # Symbolic length: one torch call, its sizes by `_recurrent_sizes` (unrolling would fix the length).
+        output, *finals = opaque_call(getattr(torch, op), (input, hx if op == "lstm" else hx[0], list(params),
+                                      has_biases, num_layers, dropout_p, train, bidirectional, batch_first), {})
+        return output, tuple(finals)
     x = transpose(input, 0, 1) if batch_first else input
     if x.shape[0] == 0:
         raise fail(op, "expects a sequence of at least one step")
@@ -111,6 +125,36 @@ def _recurrent(op: str, input: TensorProxy, hx: State, params: Sequence[Any], ha
             x = dropout(x, dropout_p, True)
     output = transpose(x, 0, 1) if batch_first else x
     return output, tuple(stack([f[i] for f in finals], 0) for i in range(len(hx)))
+
+
+@size_rule(torch.lstm, torch.gru, torch.rnn_tanh, torch.rnn_relu)
+def _recurrent_sizes(args: tuple[Any, ...], kwargs: dict[str, Any],
+                     traced: list[tuple[int, ...] | None]) -> list[tuple[Any, ...] | None] | None:
+    """The output sizes of `torch.lstm` (and gru, rnn) on a padded batch: the output has the input's time and
+    batch sizes, each final state the input's batch size; the feature sizes (from the weights) are specialised.
+
+    (torch checks that the initial states' batch size is the input's: where it is not, eager and the
+    trace raise alike.)
+    """
+    if kwargs or len(args) != 9 or not isinstance(args[0], TensorProxy) or args[0].ndim != 3:
+        return None
+    input, hx, *_, batch_first = args  # noqa: A001
+    states = [hx] if isinstance(hx, TensorProxy) else list(hx)
+    if len(traced) != 1 + len(states) or any(s is None or len(s) != 3 for s in traced):
+        return None
+    time, batch = (1, 0) if batch_first else (0, 1)
+    followed = {(id(input), time), (id(input), batch), *((id(s), 1) for s in states if isinstance(s, TensorProxy))}
+    for x in tree_flatten((args, kwargs)):
+        for i, d in enumerate(x.shape if isinstance(x, TensorProxy) else (x,)):
+            if isinstance(d, NumberProxy) and d.expr is not None and (id(x), i) not in followed:
+                d.python_type(d)  # the trace relies on its value
+    out = traced[0]
+    assert out is not None
+    steps, rows = input.shape[time], input.shape[batch]
+    shapes: list[tuple[Any, ...] | None] = [
+        tuple(steps if i == time else rows if i == batch else out[i] for i in range(3))]
+    shapes += [(s[0], rows, s[2]) for s in traced[1:] if s is not None]
+    return shapes
 
 
 @ltorch_op(torch_fns=[torch.lstm])
