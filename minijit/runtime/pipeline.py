@@ -160,7 +160,7 @@ def _verify(trace: Trace, at: AfterPass) -> None:
 
 
 # The checks after each pass, in order: the verifier (minijit.transforms.verify) after every pass with
-# MINIJIT_CHECK_TRACES=1, and once a trace's writes are settled, `check_copies` (unless MINIJIT_CHECK_COPIES=0)
+# MINIJIT_CHECK_TRACES=1, and once a trace's writes are settled, its rule `check_copies` (unless MINIJIT_CHECK_COPIES=0)
 # and the check that no input is written before a value check.
 AFTER_PASS: tuple[Hook, ...] = (
     Hook("verify", _verify, lambda at: at.checker is not None),
