@@ -368,7 +368,6 @@ def check_copies(trace: Trace) -> None:
                              + "\n  ".join(dict.fromkeys(problems)))
 
 
-
 def _show(trace: Trace, bsym: BoundSymbol) -> str:
     return f"`{_line(bsym)}`{where(bsym.source)}"
 
