@@ -56,11 +56,11 @@ from minijit.runtime.values import (
 )
 from minijit.transforms import check_copies, claim_executors, dce, write_copies_in_place
 from minijit.transforms.buffer_reuse import reuse_buffers
-from minijit.transforms.copy_analysis import CHECK_COPIES
 from minijit.transforms.functionalize import FunctionalizeResult
 from minijit.transforms.grad import SplitResult, release_dead_values, requires_grad_inputs, split_forward_backward
+from minijit.transforms.memory import analysing
 from minijit.transforms.simplify import remove_cast_round_trips
-from minijit.transforms.verify import TraceChecker, checking_traces
+from minijit.transforms.verify import CHECK_COPIES, TraceChecker, checking_traces
 
 
 @dataclass
@@ -156,7 +156,7 @@ def _verify(trace: Trace, at: AfterPass) -> None:
 
 
 # The checks after each pass, in order: the verifier (minijit.transforms.verify) after every pass with
-# MINIJIT_CHECK_TRACES=1, and once a trace's writes are settled, `check_copies` (unless MINIJIT_CHECK_COPIES=0)
+# MINIJIT_CHECK_TRACES=1, and once a trace's writes are settled, its rule `check_copies` (unless MINIJIT_CHECK_COPIES=0)
 # and the check that no input is written before a value check.
 AFTER_PASS: tuple[Hook, ...] = (
     Hook("verify", _verify, lambda at: at.checker is not None),
@@ -263,7 +263,9 @@ def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
         constraints: list[str] = []
         state_reads: dict[str, Callable[[], Any]] = {}
         try:
-            with knowing_constraints(constraints), guarding_layouts(constraints), noting_state_reads(state_reads):
+            # One memory model per trace for the passes and checks of the compile (minijit.transforms.memory).
+            with (knowing_constraints(constraints), guarding_layouts(constraints), noting_state_reads(state_reads),
+                  analysing()):
                 entry = _compile(arguments, executors, constraints, pinned, cuda_graphs)
             break
         except PinSizes as pin:

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from minijit.ir import BoundSymbol, Proxy, TensorProxy, Trace, tree_iter
-from minijit.transforms.memory import MemoryModel, Storage, buffer_kind, read_proxies
+from minijit.transforms.memory import MemoryModel, Storage, buffer_kind, memory_model, read_proxies
 
 
 def reuse_buffers(trace: Trace, executors: Sequence[Any]) -> Trace:
@@ -47,7 +47,7 @@ class _BufferReuse:
     def __init__(self, trace: Trace, executors: Sequence[Any]):
         self.trace = trace
         self.by_namespace = {ex.namespace: ex for ex in executors}
-        self.reads = MemoryModel(trace)  # who reads each proxy, in the trace as it comes
+        self.reads = memory_model(trace)  # who reads each proxy, in the trace as it comes
         self.returned = self._returned()
         # Where each proxy lives in the trace as rewritten: an op allocates memory of its own only
         # where its executor says so; any other op may return one of its arguments.

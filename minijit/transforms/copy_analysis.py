@@ -13,28 +13,22 @@ that runs each safe producer for a version writing into x (the torch executor
 uses `out=` or an in-place method) and notes every decision on the copy, so the
 printed trace shows it. Where the producer reads an intermediate made from x
 (`v.mul_(b).addcmul_(g, g)`), that intermediate may be computed in x as well, step by
-step, under the same rule. `check_copies` (on by default, `MINIJIT_CHECK_COPIES=0`
-turns it off) reads a final trace and reports any write into an input that some
-read of the old value follows, naming both bound symbols.
+step, under the same rule. Whether a trace's writes keep the rules is the verifier's
+to say (minijit/transforms/verify.py: `check_copies`, invariants 1 and 2).
 
 Which memory each proxy lives in, and who reads and writes it, comes from the
-trace's memory model (minijit/transforms/memory.py), computed once per trace.
+trace's memory model (minijit/transforms/memory.py, `memory_model`), computed once per trace.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from minijit.errors import CopyToOutError, where
-from minijit.ir import BoundSymbol, Proxy, TensorProxy, Trace, tree_iter
-from minijit.ir.printing import Constants
+from minijit.ir import BoundSymbol, TensorProxy, Trace
 from minijit.ops.aten_prims import is_value_check
-from minijit.transforms.memory import MemoryModel, buffer_kind, read_proxies
-
-CHECK_COPIES = os.environ.get("MINIJIT_CHECK_COPIES", "1") != "0"
+from minijit.transforms.memory import MemoryModel, buffer_kind, memory_model, read_proxies
 
 
 @dataclass
@@ -55,7 +49,7 @@ def analyze_copies(trace: Trace, memory: MemoryModel | None = None) -> list[Copy
     `memory` is the trace's memory model, where the caller has it already.
     """
     bsyms = trace.bound_symbols
-    memory = memory if memory is not None else MemoryModel(trace)
+    memory = memory if memory is not None else memory_model(trace)
     decisions: list[CopyDecision] = []
     taken: set[int] = set()
     for k, bsym in enumerate(bsyms):
@@ -101,7 +95,7 @@ def write_copies_in_place(trace: Trace, executors: Sequence[Any]) -> Trace:
     """
     bsyms = list(trace.bound_symbols)
     by_namespace = {ex.namespace: ex for ex in executors}
-    memory = MemoryModel(trace)
+    memory = memory_model(trace)
     chains = _InPlaceChains(trace, by_namespace, memory)
     # A failing value check must find the inputs unwritten (the call runs again): no write into one before it.
     last_check = max((i for i, b in enumerate(bsyms) if is_value_check(b)), default=-1)
@@ -213,44 +207,3 @@ class _InPlaceChains:
                 return None  # a view of something: stop rather than reason about partial buffers
             i = memory.producer(target)
         return None
-
-
-def check_copies(trace: Trace) -> None:
-    """Raise CopyToOutError if `trace` writes into memory in a way that breaks invariants 1 and 2.
-
-    Follows which memory each proxy lives in (the trace's memory model: an input's, or a
-    buffer an op allocated; views and `out=`/in-place results share their source's). Checked:
-    at most one copy_to_out_ per input storage; no read of a value after a write into
-    its memory overwrote it (an input's old value, or an intermediate updated in
-    place); every write into an input's memory ends with a copy_to_out_ into it.
-    """
-    bsyms = trace.bound_symbols
-    memory = MemoryModel(trace)
-    problems: list[str] = []
-    for i, bsym in enumerate(bsyms):
-        for p in read_proxies(bsym):
-            w = memory.overwritten_at(p)
-            if w is not None and w < i:
-                what = f"the old value of input {p.name}" if any(p is a for a in trace.args) else p.name
-                problems.append(f"{_show(trace, bsym)} reads {what} after {_show(trace, bsyms[w])} overwrote "
-                                "its memory")
-    for p in tree_iter(trace.output):
-        if isinstance(p, Proxy) and memory.overwritten_at(p) is not None:
-            problems.append(f"the trace returns {p.name}, whose memory {_show(trace, bsyms[memory.overwritten_at(p)])}"
-                            " overwrote")
-    written = memory.written_inputs()
-    for m in sorted((m for m in written if memory.copies_onto(m)), key=lambda m: memory.copies_onto(m)[0]):
-        idx = memory.copies_onto(m)
-        if len(idx) > 1:
-            problems.append(f"input {m} is written by {len(idx)} copies: " + "; ".join(_show(trace, bsyms[i]) for i in idx))
-    for m in written:
-        if not memory.copies_onto(m):
-            problems.append(f"{_show(trace, bsyms[memory.writers(m)[0]])} writes into input {m} without a "
-                            "copy_to_out_ saying so")
-    if problems:
-        raise CopyToOutError(f"trace {trace.fn_name} ({trace.pass_name}) breaks the copy_to_out_ rules "
-                             "(docs/design.md, invariants 1 and 2):\n  " + "\n  ".join(dict.fromkeys(problems)))
-
-
-def _show(trace: Trace, bsym: BoundSymbol) -> str:
-    return f"`{bsym.python_lines(Constants(), '', subsymbol_depth=0)[0].split('  #')[0]}`{where(bsym.source)}"

@@ -37,7 +37,7 @@ from minijit.ops import prims
 from minijit.ops.opaque import opaque_call
 from minijit.ops.registry import ALL_LTORCH
 from minijit.ops.utils import expand_to, to_dtype
-from minijit.transforms.memory import MemoryModel
+from minijit.transforms.memory import memory_model
 from minijit.transforms.overlap import check_overlaps
 from minijit.transforms.view_updates import (
     ExpandedWrite,
@@ -495,7 +495,7 @@ class _Functionalizer:
         self.mutated = list(finals)
         if not finals:
             return output
-        memory = MemoryModel(self.new)
+        memory = memory_model(self.new)
         written = set(finals)
 
         clones: dict[int, TensorProxy] = {}

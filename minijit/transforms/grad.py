@@ -34,7 +34,7 @@ from minijit.ir.rewrite import ProxyMap
 from minijit.ops import prims
 from minijit.ops.opaque import OPAQUE
 from minijit.transforms.dce import dce
-from minijit.transforms.memory import MemoryModel
+from minijit.transforms.memory import memory_model
 from minijit.transforms.vjp import KeywordGrads, VjpRule, rule_for
 
 
@@ -385,7 +385,7 @@ def _keep_old_values(fwd: Trace, saved: Sequence[Proxy], overwritten: Collection
     """
     if not overwritten:
         return {}
-    memory = MemoryModel(fwd)
+    memory = memory_model(fwd)
     views = [p for p in saved if isinstance(p, TensorProxy) and memory.input_storages(p) & set(overwritten)
              and (p.name not in overwritten or p.name in copied_by_eager)]
     if not views:

@@ -22,6 +22,13 @@ return either argument) may live in either. Reads are the proxies a bound symbol
 (`read_proxies`: its `out=` argument is written, not read); the trace's output counts
 as a read at index `len(bound_symbols)`.
 
+One model per trace: `memory_model(trace)` answers for every pass that asks about the same
+trace. Inside `analysing()` (the runtime enters it for each compile) the models built are
+kept, keyed by what the model is a function of (the inputs, the bound symbols, the output:
+by identity), so a trace that a pass handed on unchanged, or that several passes and checks
+ask about, is walked once; a pass that makes a new trace gets a new model. Outside it
+every call walks the trace afresh.
+
 Values: a write into a storage overwrites the value of every proxy living there (but
 the value it stores), so each proxy also knows which storages' *old* value (the value
 before any write of the trace) it may hold, and the index of the write that overwrote
@@ -30,12 +37,14 @@ it, if any.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from minijit.ir import BoundSymbol, Proxy, TensorProxy, Trace, tree_iter
 
-__all__ = ["MemoryModel", "Storage", "buffer_kind", "input_leaders", "read_proxies"]
+__all__ = ["MemoryModel", "Storage", "analysing", "buffer_kind", "input_leaders", "memory_model", "read_proxies"]
 
 # A storage is named by the input (the first of a group of aliased inputs) or the proxy it was allocated for.
 Storage = str
@@ -287,3 +296,48 @@ class MemoryModel:
         """The input storages something writes into, in the order of their first write."""
         first = {s: w[0] for s, w in self._writers.items() if w and s in self._inputs}
         return sorted(first, key=first.__getitem__)
+
+
+# -- one model per trace ------------------------------------------------------------------
+class _Models:
+    """The memory models built during one compile, by what each is a function of."""
+
+    def __init__(self) -> None:
+        # key -> (the objects the key names by id, kept alive so no other object takes their ids; the model)
+        self.models: dict[tuple[Any, ...], tuple[Any, MemoryModel]] = {}
+        self.builds = 0  # how many models were walked (for tests and measurements)
+
+
+_MODELS: ContextVar[_Models | None] = ContextVar("minijit_memory_models", default=None)
+
+
+@contextmanager
+def analysing() -> Iterator[_Models]:
+    """Keep each memory model built inside the block, for every later question about the same trace."""
+    models = _Models()
+    token = _MODELS.set(models)
+    try:
+        yield models
+    finally:
+        _MODELS.reset(token)
+
+
+def memory_model(trace: Trace, bound_symbols: Sequence[BoundSymbol] | None = None) -> MemoryModel:
+    """The memory model of `trace` (walking `bound_symbols` in place of its own, where given).
+
+    Inside `analysing()`, built once per trace content (inputs, their names and aliasing,
+    bound symbols and output, by identity) and shared by every pass and check that asks;
+    a model is read-only to whoever gets it.
+    """
+    models = _MODELS.get()
+    if models is None:
+        return MemoryModel(trace, bound_symbols)
+    bsyms = tuple(trace.bound_symbols if bound_symbols is None else bound_symbols)
+    outputs = tuple(p for p in tree_iter(trace.output) if isinstance(p, Proxy))
+    key = (tuple((id(p), p.name) for p in trace.args), tuple(tuple(g) for g in trace.input_alias_groups),
+           tuple(map(id, bsyms)), tuple(map(id, outputs)))
+    found = models.models.get(key)
+    if found is None:
+        models.builds += 1
+        found = models.models[key] = ((list(trace.args), bsyms, outputs), MemoryModel(trace, bsyms))
+    return found[1]

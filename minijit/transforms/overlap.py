@@ -38,6 +38,7 @@ from minijit.errors import InplaceError, where
 from minijit.ir import BoundSymbol, NumberProxy, Tag, TensorProxy, Trace, tree_flatten, tree_map
 from minijit.ir.proxies import number_value
 from minijit.ops.strides import eager_layout
+from minijit.transforms.memory import memory_model
 
 __all__ = ["check_overlaps"]
 
@@ -100,14 +101,11 @@ def check_overlaps(bsym: BoundSymbol, trace: Trace, base_of: Callable[[TensorPro
 
 def _describe(p: TensorProxy, trace: Trace) -> str:
     """`p`'s name, and the input it views where it views one (`t2 (a view of x)`)."""
-    made_by: dict[int, BoundSymbol] = {}
-    for b in trace.bound_symbols:
-        for o in b.proxy_outputs():
-            made_by.setdefault(id(o), b)
+    memory = memory_model(trace)  # who made each tensor
     inputs = {id(a) for a in trace.args}
     q = p
-    while id(q) not in inputs and id(q) in made_by:
-        viewed = made_by[id(q)].viewed_tensor()
+    while id(q) not in inputs and (i := memory.producer(q)) is not None:
+        viewed = trace.bound_symbols[i].viewed_tensor()
         if viewed is None or viewed is q:
             break
         q = viewed

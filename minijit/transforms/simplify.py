@@ -13,7 +13,7 @@ import torch
 
 from minijit.ir import BoundSymbol, Proxy, Tag, TensorProxy, Trace, tree_flatten
 from minijit.ir.rewrite import ProxyMap, rewrite
-from minijit.transforms.memory import MemoryModel
+from minijit.transforms.memory import MemoryModel, memory_model
 
 _INT_BITS = {torch.bool: 1, torch.uint8: 8, torch.int8: 7, torch.int16: 15, torch.int32: 31, torch.int64: 63}
 
@@ -70,7 +70,7 @@ def remove_cast_round_trips(trace: Trace) -> Trace:
 
     def in_input_memory(p: Proxy) -> bool:
         if not memory:
-            memory.append(MemoryModel(trace))
+            memory.append(memory_model(trace))
         return bool(memory[0].input_storages(p))
 
     def drop_round_trip(bsym: BoundSymbol, env: ProxyMap) -> list[BoundSymbol] | None:

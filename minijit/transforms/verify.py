@@ -15,10 +15,19 @@
 - **one copy per input** and **reads before the copy** (docs/design.md, invariant 1), on
   traces after functionalization: at most one copy onto any input's storage (aliased
   inputs and views of inputs count as that storage, as the symbols' effects say), and
-  no read of an input's old value after something wrote into its storage.
+  no read of an input's old value after something wrote into its storage;
+- **copies settled** (docs/design.md, invariants 1 and 2), `check_copies`, on a trace
+  whose writes the passes have settled (after `write copies in place` and `reuse
+  buffers`): at most one copy per input storage, no read of a value (an input's old
+  value, or an intermediate updated in place) after a write into its memory
+  overwrote it, and every write into an input's memory ending with a copy into it.
+  It raises `CopyToOutError`.
 
-It is off by default (compiles stay as fast); `MINIJIT_CHECK_TRACES=1` turns it on for
-every pass of the pipeline, and the test suite sets it.
+Invariant 1 is checked here and nowhere else, all rules asking the trace's one memory
+model (minijit/transforms/memory.py, `memory_model`). The rules but `copies settled`
+are off by default (compiles stay as fast); `MINIJIT_CHECK_TRACES=1` turns them on for
+every pass of the pipeline, and the test suite sets it. `copies settled` runs on every
+compile's settled traces (`MINIJIT_CHECK_COPIES=0` turns it off).
 """
 
 from __future__ import annotations
@@ -30,15 +39,18 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from minijit.errors import TraceInvariantError, where
+from minijit.errors import CopyToOutError, TraceInvariantError, where
 from minijit.ir import BoundSymbol, Proxy, TensorProxy, Trace, tracing, tree_flatten, tree_iter
 from minijit.ir.context import recording_constraints
 from minijit.ir.printing import Constants
 from minijit.ir.proxies import number_value
 from minijit.transforms.grad import PYTHON_DEL
-from minijit.transforms.memory import MemoryModel, read_proxies
+from minijit.transforms.memory import memory_model, read_proxies
 
-__all__ = ["TraceChecker", "check_trace", "checking_traces"]
+__all__ = ["CHECK_COPIES", "INVARIANTS_OF_RULE", "TraceChecker", "check_copies", "check_trace", "checking_traces"]
+
+# Whether the pipeline checks `copies settled` on the traces whose writes it settled (on unless MINIJIT_CHECK_COPIES=0).
+CHECK_COPIES = os.environ.get("MINIJIT_CHECK_COPIES", "1") != "0"
 
 
 def checking_traces() -> bool:
@@ -287,7 +299,7 @@ def _executed(bsyms: Sequence[BoundSymbol]) -> Iterator[BoundSymbol]:
 def _check_copies_last(trace: Trace, facts_of: Callable[[BoundSymbol], _Facts]) -> None:
     """docs/design.md, invariant 1: one copy per input storage; the old value is read only before a write."""
     bsyms = list(_executed(trace.bound_symbols))
-    memory = MemoryModel(trace, bsyms)
+    memory = memory_model(trace, bsyms)
     copied: dict[str, BoundSymbol] = {}
     overwritten: dict[str, BoundSymbol] = {}
     for bsym in bsyms:
@@ -317,17 +329,66 @@ def _check_copies_last(trace: Trace, facts_of: Callable[[BoundSymbol], _Facts]) 
                       f"`{_line(overwritten[r])}`{where(overwritten[r].source)} overwrote")
 
 
+def check_copies(trace: Trace) -> None:
+    """The rule 'copies settled': raise CopyToOutError if `trace` writes into memory in a way that breaks
+    invariants 1 and 2 (docs/design.md).
+
+    Follows which memory each proxy lives in (the trace's memory model: an input's, or a
+    buffer an op allocated; views and `out=`/in-place results share their source's). Checked:
+    at most one copy_to_out_ per input storage; no read of a value after a write into
+    its memory overwrote it (an input's old value, or an intermediate updated in
+    place); every write into an input's memory ends with a copy_to_out_ into it.
+    """
+    bsyms = trace.bound_symbols
+    memory = memory_model(trace)
+    problems: list[str] = []
+    for i, bsym in enumerate(bsyms):
+        for p in read_proxies(bsym):
+            w = memory.overwritten_at(p)
+            if w is not None and w < i:
+                what = f"the old value of input {p.name}" if any(p is a for a in trace.args) else p.name
+                problems.append(f"{_show(trace, bsym)} reads {what} after {_show(trace, bsyms[w])} overwrote "
+                                "its memory")
+    for p in tree_iter(trace.output):
+        if isinstance(p, Proxy) and memory.overwritten_at(p) is not None:
+            problems.append(f"the trace returns {p.name}, whose memory {_show(trace, bsyms[memory.overwritten_at(p)])}"
+                            " overwrote")
+    written = memory.written_inputs()
+    for m in sorted((m for m in written if memory.copies_onto(m)), key=lambda m: memory.copies_onto(m)[0]):
+        idx = memory.copies_onto(m)
+        if len(idx) > 1:
+            problems.append(f"input {m} is written by {len(idx)} copies: " + "; ".join(_show(trace, bsyms[i]) for i in idx))
+    for m in written:
+        if not memory.copies_onto(m):
+            problems.append(f"{_show(trace, bsyms[memory.writers(m)[0]])} writes into input {m} without a "
+                            "copy_to_out_ saying so")
+    if problems:
+        raise CopyToOutError(f"trace {trace.fn_name} ({trace.pass_name}) breaks the rule 'copies settled' "
+                             f"(docs/design.md, {_numbered('copies settled')}), the copy_to_out_ rules:\n  "
+                             + "\n  ".join(dict.fromkeys(problems)))
+
+
+def _show(trace: Trace, bsym: BoundSymbol) -> str:
+    return f"`{_line(bsym)}`{where(bsym.source)}"
+
+
 # -- reporting ---------------------------------------------------------------------------------
 def _line(bsym: BoundSymbol) -> str:
     return bsym.python_lines(Constants(), "", subsymbol_depth=0)[0].split("  #")[0]
 
 
-# The rules that are numbered invariants of docs/design.md; the others keep a trace well formed.
-_INVARIANT_OF_RULE = {"one copy per input": 1, "reads before the copy": 1}
+# The rules that check numbered invariants of docs/design.md; the others keep a trace well formed.
+INVARIANTS_OF_RULE: dict[str, tuple[int, ...]] = {
+    "one copy per input": (1,), "reads before the copy": (1,), "copies settled": (1, 2)}
+
+
+def _numbered(rule: str) -> str:
+    """'invariant 1', 'invariants 1 and 2': the invariants `rule` checks."""
+    numbers = [str(n) for n in INVARIANTS_OF_RULE[rule]]
+    return f"invariant {numbers[0]}" if len(numbers) == 1 else f"invariants {', '.join(numbers[:-1])} and {numbers[-1]}"
 
 
 def _fail(trace: Trace, bsym: BoundSymbol | None, rule: str, detail: str) -> None:
     at = f" at `{_line(bsym)}`{where(bsym.source)}" if bsym is not None else ""
-    number = _INVARIANT_OF_RULE.get(rule)
-    named = f"'{rule}' (docs/design.md, invariant {number})" if number else f"'{rule}'"
+    named = f"'{rule}' (docs/design.md, {_numbered(rule)})" if rule in INVARIANTS_OF_RULE else f"'{rule}'"
     raise TraceInvariantError(f"trace {trace.fn_name} ({trace.pass_name}) breaks the rule {named}{at}: {detail}")

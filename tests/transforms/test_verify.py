@@ -10,12 +10,12 @@ import pytest
 import torch
 
 import minijit
-from minijit.errors import TraceInvariantError
+from minijit.errors import CopyToOutError, TraceInvariantError
 from minijit.ir import TensorProxy, Trace, tracing
 from minijit.ir.printing import Constants
 from minijit.ops import ltorch, prims
 from minijit.runtime import pipeline
-from minijit.transforms.verify import check_trace
+from minijit.transforms.verify import INVARIANTS_OF_RULE, check_copies, check_trace
 
 CPU = torch.device("cpu")
 
@@ -208,3 +208,25 @@ def test_the_traces_of_a_gpt_training_step_pass(cache):
         check_trace(trace)
     expected_logits, expected_loss = model(idx, idx)
     torch.testing.assert_close((logits, loss), (expected_logits, expected_loss))
+
+
+def test_copies_settled_is_the_verifiers_rule_for_invariants_1_and_2():
+    # check_copies, which the pipeline runs on each trace whose writes are settled, is the verifier's
+    # rule 'copies settled' and names the invariants it checks by number.
+    with pytest.raises(CopyToOutError) as info:
+        check_copies(_copies("x", "x"))
+    message = str(info.value)
+    assert "trace g (functionalize) breaks the rule 'copies settled' (docs/design.md, invariants 1 and 2)" in message
+    assert "input x is written by 2 copies" in message
+    with pytest.raises(CopyToOutError, match=r"'copies settled' \(docs/design.md, invariants 1 and 2\).*\n.*"
+                                             r"reads the old value of input x after"):
+        check_copies(_copies("x", read_after="x"))
+    check_copies(_copies("x", "y"))
+
+
+def test_each_numbered_rule_names_an_invariant_of_the_design_document():
+    design = (pathlib.Path(__file__).parents[2] / "docs" / "design.md").read_text()
+    invariants = design.split("## The invariants", 1)[1].split("\n## ", 1)[0]
+    for rule, numbers in INVARIANTS_OF_RULE.items():
+        for n in numbers:
+            assert f"\n{n}. **" in invariants, (rule, n)

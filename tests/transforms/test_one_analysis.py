@@ -1,0 +1,84 @@
+"""One memory model per trace: every pass and check of a compile asks the same model of a trace,
+and a pass that makes a new trace gets a new one (minijit/transforms/memory.py, `memory_model`)."""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+import minijit
+from minijit.ir import TensorProxy, Trace, tracing
+from minijit.ops import prims
+from minijit.transforms import memory
+from minijit.transforms.memory import analysing, memory_model
+
+
+def _record_walks(monkeypatch) -> list[tuple[int, ...]]:
+    """The bound symbols (by id) of every walk a memory model makes from now on."""
+    walks: list[tuple[int, ...]] = []
+    init = memory.MemoryModel.__init__
+
+    def recording(self, trace, bound_symbols=None, **kwargs):
+        walks.append(tuple(map(id, trace.bound_symbols if bound_symbols is None else bound_symbols)))
+        init(self, trace, bound_symbols, **kwargs)
+
+    monkeypatch.setattr(memory.MemoryModel, "__init__", recording)
+    return walks
+
+
+def _adam_like(p, g, m, v):
+    m.mul_(0.9).add_(g, alpha=0.1)
+    v.mul_(0.99).addcmul_(g, g, value=0.01)
+    p.sub_(m / (v.sqrt() + 1e-8))
+    return p
+
+
+def test_a_compile_walks_each_trace_once(monkeypatch):
+    walks = _record_walks(monkeypatch)
+    asks: list[int] = []
+    ask = memory.memory_model
+
+    def counting(trace, bound_symbols=None):
+        asks.append(1)
+        return ask(trace, bound_symbols)
+
+    for module in ("copy_analysis", "verify", "buffer_reuse", "functionalize", "grad", "simplify"):
+        monkeypatch.setattr(sys.modules[f"minijit.transforms.{module}"], "memory_model", counting)
+    args = [torch.randn(4, 5) for _ in range(3)] + [torch.rand(4, 5)]
+    expected = _adam_like(*[a.clone() for a in args])
+    jf = minijit.jit(_adam_like)
+    torch.testing.assert_close(jf(*args), expected)
+    # The trace verifier (on in the tests), check_copies and the passes ask about the same traces...
+    assert len(asks) > len(set(walks)) > 0
+    # ... and no trace is walked twice.
+    assert len(walks) == len(set(walks)), walks
+
+
+def _copy_into_x() -> tuple[Trace, TensorProxy]:
+    trace = Trace("f")
+    x = trace.add_input(TensorProxy((2, 3), torch.float32, torch.device("cpu")), "x")
+    with tracing(trace):
+        t = prims.neg(x)
+        trace.output = t
+    return trace, t
+
+
+def test_a_changed_trace_gets_a_new_model():
+    trace, t = _copy_into_x()
+    with analysing() as models:
+        before = memory_model(trace)
+        assert memory_model(trace) is before and models.builds == 1
+        assert before.written_inputs() == []
+        with tracing(trace):
+            prims.copy_to_out_(t, out=trace.args[0])
+        after = memory_model(trace)
+        assert after is not before and models.builds == 2
+        assert after.written_inputs() == ["x"]
+        # The same content under another Trace object (a pass that changed nothing) is the same model.
+        assert memory_model(trace.derive(trace.bound_symbols, pass_name="dce")) is after
+
+
+def test_outside_a_compile_each_question_walks_the_trace():
+    trace, _ = _copy_into_x()
+    assert memory_model(trace) is not memory_model(trace)
