@@ -306,6 +306,19 @@ def test_nonzero_and_unique() -> None:
     _run_both(nonzero_unique_and_views, calls, cache="symbolic values")
 
 
+def where_one_argument(x, w):
+    rows, cols = torch.where(x > 0)  # eager: nonzero(as_tuple=True), a data-dependent size
+    routed = torch.where(w.sum(-1) > 0)[0]
+    return x[rows, cols] * 2, rows + cols, w[routed].sum(0)
+
+
+@pytest.mark.parametrize("cache", ["constant values", "symbolic values"])
+def test_where_with_one_argument(cache: str) -> None:
+    torch.manual_seed(0)
+    calls = [(torch.randn(3, 4), torch.randn(5, 2)) for _ in range(3)] + [(torch.randn(2, 6), torch.randn(7, 2))]
+    _run_both(where_one_argument, calls, cache=cache)
+
+
 class KeepConfident(nn.Module):
     """Scores rows, keeps those above a threshold (a mask), and averages them; no row kept is an early exit."""
 
