@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from minijit.errors import MetaError, MinijitError
-from minijit.ir import NO_EFFECTS, TENSOR_METHODS, Effects, Symbol, Tag, current_trace
+from minijit.ir import NO_EFFECTS, TENSOR_METHODS, Effects, Symbol, Tag, check_table, current_trace
 from minijit.ops.autocast import autocast_arguments
 
 # torch callable (function, method descriptor, builtin) -> ltorch symbol
@@ -46,7 +46,7 @@ class LtorchSymbol(Symbol):
             # Inputs eager rejects too: the error is eager's type as well, for the user's `except`.
             from minijit.ops.eager_errors import eager_error  # it reads the layouts minijit.ops.strides keeps
 
-            typed = eager_error(e, self.name, args, kwargs)
+            typed = eager_error(e, self, args, kwargs)
             if typed is e:
                 raise
             raise typed.with_traceback(e.__traceback__) from e.__cause__
@@ -56,7 +56,7 @@ class LtorchSymbol(Symbol):
 
             if isinstance(e, MinijitError):
                 raise
-            refusal = eager_refusal(self.name, args, kwargs)
+            refusal = eager_refusal(self, args, kwargs)
             if refusal is None:
                 raise
             raise refusal from None
@@ -112,6 +112,13 @@ def ltorch_symbol_for(fn: Any) -> Symbol | None:
         return TORCH_TO_LTORCH.get(fn)
     except TypeError:  # unhashable
         return None
+
+
+def check_eager_table(symbols: Iterable[Symbol] | None = None) -> None:
+    """Raise a MinijitError naming each ltorch op (of `symbols`, by default every one declared) that has no
+    eager callable (`torch_fns` or `impl`): the eager errors, layouts and views of its calls ask it."""
+    check_table(_EAGER_BY_SYMBOL, ALL_LTORCH.values() if symbols is None else symbols, lambda s: True,
+                "eager implementation (`ltorch_op`'s torch_fns or impl)")
 
 
 def eager_impl(sym: Symbol) -> Callable[..., Any] | None:
