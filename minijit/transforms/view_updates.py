@@ -50,7 +50,7 @@ from minijit.ir import (
     check_table,
     tree_flatten,
 )
-from minijit.ir.proxies import number_value
+from minijit.ir.proxies import number_value, same_value
 from minijit.ir.rewrite import ProxyMap, replay_bsym
 from minijit.ops import prims
 from minijit.ops.ltorch import shape as ltorch_shape
@@ -129,8 +129,8 @@ class ExpandedWrite(InplaceError):
 
 def _scatter_broadcast(bsym: BoundSymbol, out: Proxy, current: TensorProxy, new: TensorProxy) -> TensorProxy:
     _, shape, dims = bsym.args[:3]
-    expanded = any(size != shape[d] for size, d in zip(current.shape, dims, strict=True))
-    if expanded or any(shape[d] != 1 for d in range(len(shape)) if d not in dims):
+    expanded = any(not same_value(size, shape[d]) for size, d in zip(current.shape, dims, strict=True))
+    if expanded or any(not same_value(shape[d], 1) for d in range(len(shape)) if d not in dims):
         # Writing a part of the expanded view (`x.expand(2, 3)[0]`) is fine in eager; the
         # functionalizer then scatters by element positions (scatter_by_positions).
         raise ExpandedWrite(f"{bsym.sym.id}{where(bsym.source)}: unsupported operation: more than one element of "
