@@ -21,9 +21,7 @@ from minijit.ops.autocast import autocast_arguments
 TORCH_TO_LTORCH: dict[Any, Symbol] = {}
 # ltorch op name -> symbol
 ALL_LTORCH: dict[str, Symbol] = {}
-# ltorch op name -> the eager callable that implements it with the same signature
-EAGER_IMPLS: dict[str, Callable[..., Any]] = {}
-# ... the same, by symbol (what passes ask: `eager_impl`)
+# ltorch symbol -> the eager callable that implements it with the same signature (`eager_impl`)
 _EAGER_BY_SYMBOL: dict[Symbol, Callable[..., Any]] = {}
 
 
@@ -99,7 +97,6 @@ def ltorch_op(
             TENSOR_METHODS[method] = sym
         eager = impl if impl is not None else (torch_fns[0] if torch_fns else None)
         if eager is not None:
-            EAGER_IMPLS[op_name] = eager
             _EAGER_BY_SYMBOL[sym] = eager
         return sym
 
@@ -119,6 +116,11 @@ def check_eager_table(symbols: Iterable[Symbol] | None = None) -> None:
     eager callable (`torch_fns` or `impl`): the eager errors, layouts and views of its calls ask it."""
     check_table(_EAGER_BY_SYMBOL, ALL_LTORCH.values() if symbols is None else symbols, lambda s: True,
                 "eager implementation (`ltorch_op`'s torch_fns or impl)")
+
+
+def eager_impls_by_name() -> dict[str, Callable[..., Any]]:
+    """ltorch op name -> its eager callable, for executors, which key their implementations by name."""
+    return {sym.name: fn for sym, fn in _EAGER_BY_SYMBOL.items()}
 
 
 def eager_impl(sym: Symbol) -> Callable[..., Any] | None:
