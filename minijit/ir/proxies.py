@@ -9,7 +9,7 @@ module knows nothing about torch functions.
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -246,6 +246,11 @@ def same_value(a: Any, b: Any) -> bool:
     if isinstance(b, NumberProxy):
         return known_compare(b, "==", a)
     return a == b
+
+
+def same_shape(a: Sequence[Any], b: Sequence[Any]) -> bool:
+    """Whether shapes `a` and `b` are equal on every call the trace runs for (`same_value` of each size)."""
+    return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b, strict=True))
 
 
 def _expression(x: Any) -> str:

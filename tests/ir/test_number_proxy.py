@@ -9,7 +9,7 @@ import pytest
 from minijit.errors import UnsupportedSyntaxError
 from minijit.ir import IntegerProxy
 from minijit.ir.context import knowing_constraints, recording_constraints
-from minijit.ir.proxies import same_value
+from minijit.ir.proxies import same_shape, same_value
 
 
 def test_a_number_proxy_converts_to_its_value_in_a_capture_and_outside_one():
@@ -40,3 +40,10 @@ def test_same_value_is_a_pass_s_question_in_a_capture_too():
     assert answers == (False, True, False, False, True) and recorded == []
     with knowing_constraints(["x.shape[0] == y.shape[0]", "x.shape[0] == 4"]):
         assert same_value(n, m) and same_value(4, n) and same_value(n, 4)
+
+
+def test_same_shape_asks_same_value_of_each_size():
+    n, m = IntegerProxy(4, expr="x.shape[0]"), IntegerProxy(4, expr="y.shape[0]")
+    assert same_shape((n, 3), (n, 3)) and not same_shape((n, 3), (m, 3)) and not same_shape((n,), (n, 3))
+    with knowing_constraints(["x.shape[0] == y.shape[0]"]):
+        assert same_shape((n, 3), (m, 3))
