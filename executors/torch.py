@@ -77,7 +77,8 @@ class TorchExecutor(OperatorExecutor):
         exe = self._out_symbols.get(sym.id)
         if exe is None:
             exe = Symbol(sym.name, sym.meta, namespace=sym.namespace, is_prim=True, tags=sym.tags, fn=sym.fn,
-                         effects=dataclasses.replace(sym.effects, writes=(*sym.effects.writes, "out")))
+                         effects=dataclasses.replace(sym.effects, writes=(*sym.effects.writes, "out"), unread=("out",),
+                                                     result_into="out"))
             self._out_symbols[sym.id] = exe
         return exe
 

@@ -42,7 +42,7 @@ from minijit.ir import BoundSymbol, Effects, Proxy, Symbol, TensorProxy, Trace, 
 from minijit.ops import prims
 from minijit.ops.aten_prims import aten_prim_implementations
 from minijit.ops.opaque import OPAQUE
-from minijit.ops.registry import ALL_LTORCH, EAGER_IMPLS, ltorch_symbol_for
+from minijit.ops.registry import ALL_LTORCH, eager_impls_by_name, ltorch_symbol_for
 from minijit.transforms.fusion import Region
 from minijit.transforms.vjp import VjpRule, add_rule
 from minijit.transforms.vjp.registry import check_rule_signature
@@ -62,7 +62,7 @@ class ExecutorUnavailableError(MinijitError):
 
 def ltorch_eager_implementations() -> dict[str, Callable[..., Any]]:
     """ltorch op name -> the torch callable that runs it with the op's own signature."""
-    return dict(EAGER_IMPLS)
+    return eager_impls_by_name()
 
 
 @dataclass

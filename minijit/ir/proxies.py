@@ -9,7 +9,7 @@ module knows nothing about torch functions.
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -71,11 +71,19 @@ class NumberProxy(Proxy):
     It carries the value seen while tracing and `expr`, a Python expression that
     recomputes it from the trace inputs (`x.shape[1]`, `(n * 2)`). Arithmetic records
     number prims (dispatched through `NUMBER_METHODS`, filled in by minijit.ops) and
-    gives new proxies. During a capture, comparisons, `bool()` and `int()` are guarded
-    (`guarded_compare`): they return concrete values and record the fact they relied on as
-    a constraint (`x.shape[1] == 1` is False), which the cache entry's guard checks on later
-    calls. Outside a capture (in the passes) they record nothing (`known_compare`): `==`
-    then says whether the two are equal on every call the trace runs for.
+    gives new proxies.
+
+    `bool()`, `int()`, `float()`, `str()` and formatting have one meaning wherever they run:
+    the value, relied on (`x.shape[1]` is 4): a capture records the fact as a constraint, which
+    the cache entry's guard checks on later calls; a value the trace computes (`Tensor.item()`)
+    is read through the capture's value reader, and refused where there is none (in a pass).
+
+    A pass that decides on symbolic numbers calls `same_value` or `known_compare` (true on
+    every call the trace runs for, recording nothing); the capture's own decisions that are
+    not an op's (the user's code, `minijit.frontend`) call `guarded_compare`. The comparison
+    operators are what an op's rules (metas, decompositions, VJP rules) use, which run both
+    in a capture and again in the passes: there they are `guarded_compare` while the compile
+    records guards (`minijit.ir.context.capturing`), `known_compare` after.
     """
 
     __slots__ = ("expr", "origin", "python_type", "read", "value")
@@ -96,14 +104,16 @@ class NumberProxy(Proxy):
         return f"{self.python_type.__name__} {self.value}"
 
     def _specialise(self) -> Any:
-        if capturing():
-            if data_dependent(self):
-                _read(self, "value", None)
-            record_constraint(self, "==", self.value, True)
+        """The value, relied on: guarded where the compile still records guards (a capture); a value
+        the trace computes is read through the capture's value reader, and refused where there is none."""
+        if data_dependent(self):
+            _read(self, "value", None)
+        record_constraint(self, "==", self.value, True)
         return self.value
 
+    # The conversions mean the same everywhere: the value, relied on (`_specialise`).
     def __bool__(self) -> bool:
-        if capturing() and data_dependent(self):
+        if data_dependent(self):
             return bool(_read(self, "bool", None))  # one trace per truth value, not per value
         return bool(self._specialise())
 
@@ -159,6 +169,8 @@ def number_value(x: Any) -> Any:
 
 
 def _compare(a: NumberProxy, op: str, b: Any) -> bool:
+    # An op's rules decide with the comparison operators both in a capture (which guards what they
+    # rely on) and in the passes that record the op again (which may rely only on what is guarded).
     if isinstance(b, TensorProxy):
         return NotImplemented
     if capturing():
@@ -173,7 +185,7 @@ def guarded_compare(a: NumberProxy, op: str, b: Any) -> bool:
     holds for a later call only while the guard finds the same answer.
     """
     if data_dependent(b) and not data_dependent(a):
-        return guarded_compare(b, _SWAPPED[op], a)
+        return guarded_compare(b, SWAPPED[op], a)
     if data_dependent(a):
         # A value computed by the trace: read it now, and let the trace check the comparison's
         # outcome on every call (one trace per outcome, not per value).
@@ -226,6 +238,21 @@ def known_compare(a: NumberProxy, op: str, b: Any) -> bool:
     return op == "!="  # not known equal
 
 
+def same_value(a: Any, b: Any) -> bool:
+    """Whether numbers `a` and `b` (plain or proxies) are equal on every call the trace runs for, as a pass
+    asks it: the same symbolic value, or equal by the compile's constraints (`known_compare`); records nothing."""
+    if isinstance(a, NumberProxy):
+        return known_compare(a, "==", b)
+    if isinstance(b, NumberProxy):
+        return known_compare(b, "==", a)
+    return a == b
+
+
+def same_shape(a: Sequence[Any], b: Sequence[Any]) -> bool:
+    """Whether shapes `a` and `b` are equal on every call the trace runs for (`same_value` of each size)."""
+    return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b, strict=True))
+
+
 def _expression(x: Any) -> str:
     """The Python expression of a number proxy (its name where it has none), or the repr of a constant."""
     if isinstance(x, NumberProxy):
@@ -258,7 +285,8 @@ def record_constraint(a: NumberProxy, op: str, b: Any, result: bool) -> None:
 
 # (op, result) -> the same fact as a true comparison: `(a != b) is False` is `a == b`.
 _NEGATED = {"==": "!=", "!=": "==", "<": ">=", "<=": ">", ">": "<=", ">=": "<"}
-_SWAPPED = {"==": "==", "!=": "!=", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
+# op -> the same comparison with its operands swapped: `a < b` is `b > a`.
+SWAPPED = {"==": "==", "!=": "!=", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
 
 
 def canonical_constraint(left: str, op: str, right: str, result: bool, symmetric: bool = True) -> str:
@@ -269,7 +297,7 @@ def canonical_constraint(left: str, op: str, right: str, result: bool, symmetric
     if not result:
         op = _NEGATED[op]
     if symmetric and left > right:
-        left, right, op = right, left, _SWAPPED[op]
+        left, right, op = right, left, SWAPPED[op]
     return f"{left} {op} {right}"
 
 

@@ -82,6 +82,16 @@ class Effects:
       operand, the same elements included (`index_copy_`, `scatter_`, `cat(out=)`).
     - `reads_scalar_first`: a 0-d tensor operand is read as a number before the
       write (`x.fill_(x[0])`), so it cannot clash with it.
+
+    Facts of an `out=` argument:
+
+    - `unread`: the arguments whose values the op does not read, only the memory it
+      writes into (`out=` of `copy_to_out_`, of an executor's `out=` form, of a torch
+      op called with `out=` and of its functional form): not reads of the call
+      (`minijit.transforms.memory.read_proxies`).
+    - `result_into`: the argument an executor's `out=` form of a functional op writes
+      its result into, which the op's meta does not take: the meta computes the
+      result, which must fit that argument (`minijit.transforms.verify`).
     """
 
     writes: tuple[ArgRef, ...] = ()
@@ -97,6 +107,8 @@ class Effects:
     moves_values: bool = False
     refuses_overlap: bool = False
     reads_scalar_first: bool = False
+    unread: tuple[ArgRef, ...] = ()
+    result_into: ArgRef | None = None
 
     def __post_init__(self) -> None:
         if (self.reorders or self.view_layouts is not None) and (self.views is None or self.same_if_unchanged):

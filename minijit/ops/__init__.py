@@ -1,6 +1,14 @@
 """Ops: `prims` (the functional core) and `ltorch` (torch-level ops decomposed into prims)."""
 
 from minijit.ops import ltorch, prims
-from minijit.ops.registry import ALL_LTORCH, EAGER_IMPLS, TORCH_TO_LTORCH, ltorch_op, ltorch_symbol_for
+from minijit.ops.registry import (
+    ALL_LTORCH,
+    TORCH_TO_LTORCH,
+    check_eager_table,
+    ltorch_op,
+    ltorch_symbol_for,
+)
 
-__all__ = ["ALL_LTORCH", "EAGER_IMPLS", "TORCH_TO_LTORCH", "ltorch", "ltorch_op", "ltorch_symbol_for", "prims"]
+__all__ = ["ALL_LTORCH", "TORCH_TO_LTORCH", "ltorch", "ltorch_op", "ltorch_symbol_for", "prims"]
+
+check_eager_table()  # every ltorch op declared by now has its eager callable

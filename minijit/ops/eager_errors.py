@@ -18,39 +18,39 @@ from typing import Any
 import torch
 
 from minijit.errors import MetaError, MinijitError, as_eager
-from minijit.ir import NumberProxy, TensorProxy, tree_flatten, tree_map
+from minijit.ir import NumberProxy, Symbol, TensorProxy, tree_flatten, tree_map
 from minijit.ir.context import where_now
 from minijit.ir.proxies import number_value
 
 
-def eager_error(error: MinijitError, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> MinijitError:
-    """`error`, raised while recording the user's call of ltorch op `name`, typed as eager's error for that call."""
+def eager_error(error: MinijitError, sym: Symbol, args: tuple[Any, ...], kwargs: dict[str, Any]) -> MinijitError:
+    """`error`, raised while recording the user's call of ltorch op `sym`, typed as eager's error for that call."""
     if not isinstance(error, MetaError) or getattr(type(error), "eager_type", None) is not None:
         return error
     raised = getattr(error, "eager_raised", None)
     if raised is None:
-        found = _raised_on_meta(name, args, kwargs)
+        found = _raised_on_meta(sym, args, kwargs)
         raised = None if found is None else type(found)
     return error if raised is None else as_eager(error, raised)
 
 
-def eager_refusal(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> MinijitError | None:
+def eager_refusal(sym: Symbol, args: tuple[Any, ...], kwargs: dict[str, Any]) -> MinijitError | None:
     """Where an ltorch op's checks failed without a MinijitError (an argument of a type it does not expect,
     `torch.sin(7)`): eager's refusal of the same call as a MetaError of eager's type, or None where eager
     accepts it (then the failure is minijit's own)."""
-    found = _raised_on_meta(name, args, kwargs)
+    found = _raised_on_meta(sym, args, kwargs)
     if found is None:
         return None
     text = str(found).strip().splitlines()[0] if str(found).strip() else type(found).__name__
-    return as_eager(MetaError(f"ltorch.{name}: torch raised {type(found).__name__}: {text}{where_now()}"), type(found))
+    return as_eager(MetaError(f"{sym.id}: torch raised {type(found).__name__}: {text}{where_now()}"), type(found))
 
 
-def _raised_on_meta(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Exception | None:
-    """The exception eager's implementation of `name` raises on meta tensors like the proxies, if any."""
-    from minijit.ops.registry import EAGER_IMPLS
+def _raised_on_meta(sym: Symbol, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Exception | None:
+    """The exception eager's implementation of `sym` raises on meta tensors like the proxies, if any."""
+    from minijit.ops.registry import eager_impl
     from minijit.ops.strides import meta_like
 
-    impl = EAGER_IMPLS.get(name)
+    impl = eager_impl(sym)
     if impl is None:
         return None
 

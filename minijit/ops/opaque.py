@@ -431,13 +431,18 @@ def _arg_refs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[int | str]:
     return refs
 
 
+# `Effects.unread` of every torch call: its `out=` (the schema's keyword-only `out`), where given, is only
+# written into, its value never read.
+_UNREAD = ("out",)
+
+
 def _plain_symbol(fn: Any, result: MetaResult, refs: list[int | str]) -> Symbol:
     """The symbol of a call that writes nothing: `fn` itself, with the views and randomness the meta run found."""
     views = tuple(refs[v] if v is not None else refs[s] if s is not None else None
                   for v, s in zip(result.views, result.same_as, strict=True))
     namespace, name = printed_name(fn)
     effects = Effects(views=views if any(v is not None for v in views) else None, random=result.random,
-                      **write_facts(name))
+                      unread=_UNREAD, **write_facts(name))
     key = ("plain", fn, effects)
     sym = _SYMBOLS.get(key)
     if sym is None:
@@ -455,7 +460,7 @@ def _inplace_symbol(fn: Any, result: MetaResult, refs: list[int | str]) -> Symbo
     """The symbol of a call that writes into arguments: a composite of its functional form and `prims.copy_`s."""
     namespace, name = printed_name(fn)
     effects = Effects(writes=tuple(dict.fromkeys(refs[i] for i in result.written)), random=result.random,
-                      **write_facts(name))
+                      unread=_UNREAD, **write_facts(name))
     key = ("in place", fn, effects)
     sym = _SYMBOLS.get(key)
     if sym is None:
@@ -510,7 +515,8 @@ def _functional_symbol(fn: Any, result: MetaResult, refs: list[int | str]) -> Sy
     views = (None,) * len(result.written) + tuple(
         refs[result.views[i]] if result.views[i] is not None else
         refs[result.same_as[i]] if result.same_as[i] is not None else None for i in fresh)
-    effects = Effects(views=views if any(v is not None for v in views) else None, random=result.random)
+    effects = Effects(views=views if any(v is not None for v in views) else None, random=result.random,
+                      unread=_UNREAD)
     key = ("functional", fn, result.written, fresh, effects)
     sym = _SYMBOLS.get(key)
     if sym is None:

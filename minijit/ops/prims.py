@@ -749,7 +749,7 @@ def _copy_to_out_meta(computed: TensorProxy, *, out: TensorProxy) -> TensorProxy
 
 # `copy_to_out_(computed, out=x)`: x now holds computed. An executor may produce
 # `computed` directly in x's memory when the analysis allows it (docs/design.md, invariant 2).
-copy_to_out_ = _prim("copy_to_out_", _copy_to_out_meta, Effects(writes=("out",), copies=True))
+copy_to_out_ = _prim("copy_to_out_", _copy_to_out_meta, Effects(writes=("out",), copies=True, unread=("out",)))
 
 
 def _no_grad_update_meta(old: TensorProxy, new: TensorProxy) -> TensorProxy:

@@ -14,16 +14,14 @@ from typing import Any
 import torch
 
 from minijit.errors import MetaError, MinijitError
-from minijit.ir import NO_EFFECTS, TENSOR_METHODS, Effects, Symbol, Tag, current_trace
+from minijit.ir import NO_EFFECTS, TENSOR_METHODS, Effects, Symbol, Tag, check_table, current_trace
 from minijit.ops.autocast import autocast_arguments
 
 # torch callable (function, method descriptor, builtin) -> ltorch symbol
 TORCH_TO_LTORCH: dict[Any, Symbol] = {}
 # ltorch op name -> symbol
 ALL_LTORCH: dict[str, Symbol] = {}
-# ltorch op name -> the eager callable that implements it with the same signature
-EAGER_IMPLS: dict[str, Callable[..., Any]] = {}
-# ... the same, by symbol (what passes ask: `eager_impl`)
+# ltorch symbol -> the eager callable that implements it with the same signature (`eager_impl`)
 _EAGER_BY_SYMBOL: dict[Symbol, Callable[..., Any]] = {}
 
 
@@ -46,7 +44,7 @@ class LtorchSymbol(Symbol):
             # Inputs eager rejects too: the error is eager's type as well, for the user's `except`.
             from minijit.ops.eager_errors import eager_error  # it reads the layouts minijit.ops.strides keeps
 
-            typed = eager_error(e, self.name, args, kwargs)
+            typed = eager_error(e, self, args, kwargs)
             if typed is e:
                 raise
             raise typed.with_traceback(e.__traceback__) from e.__cause__
@@ -56,7 +54,7 @@ class LtorchSymbol(Symbol):
 
             if isinstance(e, MinijitError):
                 raise
-            refusal = eager_refusal(self.name, args, kwargs)
+            refusal = eager_refusal(self, args, kwargs)
             if refusal is None:
                 raise
             raise refusal from None
@@ -99,7 +97,6 @@ def ltorch_op(
             TENSOR_METHODS[method] = sym
         eager = impl if impl is not None else (torch_fns[0] if torch_fns else None)
         if eager is not None:
-            EAGER_IMPLS[op_name] = eager
             _EAGER_BY_SYMBOL[sym] = eager
         return sym
 
@@ -112,6 +109,18 @@ def ltorch_symbol_for(fn: Any) -> Symbol | None:
         return TORCH_TO_LTORCH.get(fn)
     except TypeError:  # unhashable
         return None
+
+
+def check_eager_table(symbols: Iterable[Symbol] | None = None) -> None:
+    """Raise a MinijitError naming each ltorch op (of `symbols`, by default every one declared) that has no
+    eager callable (`torch_fns` or `impl`): the eager errors, layouts and views of its calls ask it."""
+    check_table(_EAGER_BY_SYMBOL, ALL_LTORCH.values() if symbols is None else symbols, lambda s: True,
+                "eager implementation (`ltorch_op`'s torch_fns or impl)")
+
+
+def eager_impls_by_name() -> dict[str, Callable[..., Any]]:
+    """ltorch op name -> its eager callable, for executors, which key their implementations by name."""
+    return {sym.name: fn for sym, fn in _EAGER_BY_SYMBOL.items()}
 
 
 def eager_impl(sym: Symbol) -> Callable[..., Any] | None:

@@ -27,6 +27,7 @@ from minijit.ir.context import (
     recording_constraints,
 )
 from minijit.ir.symbol import SourceLocation
+from minijit.ops import prims
 from minijit.runtime.arguments import (
     CallArguments,
     InputAliasing,
@@ -444,7 +445,7 @@ def _evaluate_prefix(prefix: Trace, flat: list[Any], no_grad: frozenset[str]) ->
     call's real inputs (`flat`): functionalized, without its writes into inputs, by the torch executor.
     `no_grad`: the names the capture recorded or wrote under torch.no_grad() so far."""
     functional, _, aliasing = functionalize_for_call(prefix, flat, no_grad)
-    kept = [b for b in functional.bound_symbols if not (b.sym.effects.copies and b.sym.name == "copy_to_out_")]
+    kept = [b for b in functional.bound_symbols if b.sym is not prims.copy_to_out_]  # functionalize's write-backs
     functional = dce(functional.derive(kept, pass_name="value read"))
     functional = claim_executors(functional, resolve_executors(["torch"]))
     return with_synthetic_bases(without_autocast(functional.python_callable()), aliasing)(*flat)

@@ -19,8 +19,8 @@ docs/design.md invariants 1 and 2). The rules of the walk:
 
 A storage set, not one storage, per proxy: a view of two tensors (or an op that may
 return either argument) may live in either. Reads are the proxies a bound symbol reads
-(`read_proxies`: its `out=` argument is written, not read); the trace's output counts
-as a read at index `len(bound_symbols)`.
+(`read_proxies`: an `out=` argument, declared `Effects.unread`, is written, not read);
+the trace's output counts as a read at index `len(bound_symbols)`.
 
 One model per trace: `memory_model(trace)` answers for every pass that asks about the same
 trace. Inside `analysing()` (the runtime enters it for each compile) the models built are
@@ -51,9 +51,13 @@ Storage = str
 
 
 def read_proxies(bsym: BoundSymbol) -> Iterable[Proxy]:
-    """The proxies `bsym` reads (its `out=` argument is written, not read)."""
-    kwargs = {k: v for k, v in bsym.kwargs.items() if k != "out"}
-    for x in tree_iter((bsym.args, kwargs)):
+    """The proxies `bsym` reads (not the arguments its symbol declares `Effects.unread`: an `out=`)."""
+    unread = bsym.sym.effects.unread
+    args, kwargs = bsym.args, bsym.kwargs
+    if unread:
+        args = tuple(a for i, a in enumerate(args) if i not in unread)
+        kwargs = {k: v for k, v in kwargs.items() if k not in unread}
+    for x in tree_iter((args, kwargs)):
         if isinstance(x, Proxy):
             yield x
 

@@ -32,8 +32,6 @@ compile's settled traces (`MINIJIT_CHECK_COPIES=0` turns it off).
 
 from __future__ import annotations
 
-import functools
-import inspect
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -143,7 +141,7 @@ class _Facts:
     defines: list[Proxy]  # its outputs that are new proxies
     outer_reads: list[tuple[BoundSymbol, Proxy]]  # (subsymbol, proxy) its decomposition reads from outside it
     inner_defines: list[tuple[BoundSymbol, Proxy]]  # (subsymbol, proxy) its decomposition defines
-    reads: list[Proxy]  # what it reads (not its `out=`, which it writes)
+    reads: list[Proxy]  # what it reads (not its `Effects.unread`: an `out=`, which it writes)
     written: list[TensorProxy]  # what it writes into (a fusion region: what its members write into)
     meta_checked: bool = False
 
@@ -218,13 +216,12 @@ def _check_meta(trace: Trace, bsym: BoundSymbol, results: dict[Any, _MetaResult]
     if sym.meta is None or sym.effects.external:
         return
     kwargs = bsym.kwargs
-    out_arg = kwargs.get("out")
-    if out_arg is not None and not _accepts(sym.meta, "out"):
+    into = sym.effects.result_into
+    out_arg = kwargs.get(into) if type(into) is str else None
+    if out_arg is not None:
         # `out=` added by an executor (write_copies_in_place, reuse_buffers) to a functional op:
         # the meta computes the result, which must fit the buffer it is written into.
-        kwargs = {k: v for k, v in kwargs.items() if k != "out"}
-    else:
-        out_arg = None
+        kwargs = {k: v for k, v in kwargs.items() if k != into}
     key = _call_key(sym.meta, bsym.args, kwargs)
     result = results.get(key) if key is not None else None
     if result is None:
@@ -270,15 +267,6 @@ def _call_key(meta: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 def _type_string(metadata: tuple[Any, ...]) -> str:
     shape, dtype, device = metadata
     return TensorProxy(shape, dtype, device, name="_").type_string()
-
-
-@functools.cache
-def _accepts(fn: Callable[..., Any], name: str) -> bool:
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return True
-    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
 def _describe(value: Any) -> str:

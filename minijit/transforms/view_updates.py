@@ -50,7 +50,7 @@ from minijit.ir import (
     check_table,
     tree_flatten,
 )
-from minijit.ir.proxies import number_value
+from minijit.ir.proxies import number_value, same_shape, same_value
 from minijit.ir.rewrite import ProxyMap, replay_bsym
 from minijit.ops import prims
 from minijit.ops.ltorch import shape as ltorch_shape
@@ -129,8 +129,8 @@ class ExpandedWrite(InplaceError):
 
 def _scatter_broadcast(bsym: BoundSymbol, out: Proxy, current: TensorProxy, new: TensorProxy) -> TensorProxy:
     _, shape, dims = bsym.args[:3]
-    expanded = any(size != shape[d] for size, d in zip(current.shape, dims, strict=True))
-    if expanded or any(shape[d] != 1 for d in range(len(shape)) if d not in dims):
+    expanded = any(not same_value(size, shape[d]) for size, d in zip(current.shape, dims, strict=True))
+    if expanded or any(not same_value(shape[d], 1) for d in range(len(shape)) if d not in dims):
         # Writing a part of the expanded view (`x.expand(2, 3)[0]`) is fine in eager; the
         # functionalizer then scatters by element positions (scatter_by_positions).
         raise ExpandedWrite(f"{bsym.sym.id}{where(bsym.source)}: unsupported operation: more than one element of "
@@ -290,7 +290,7 @@ def scatter_by_positions(base: TensorProxy, chain: list[tuple[BoundSymbol, Proxy
         except MetaError:  # a view only of some dtypes (`torch.view_as_real` of a complex tensor)
             reinterprets = True
             break
-    if reinterprets or tuple(positions.shape) != tuple(new.shape) or new.dtype != base.dtype:
+    if reinterprets or not same_shape(positions.shape, new.shape) or new.dtype != base.dtype:
         # A view that reinterprets memory (`x.real` of a complex x, `x.view(dtype)`) shows no element positions.
         step = chain[-1][0]
         raise UnsupportedOpError(f"{step.sym.id}{where(op.source)}: an in-place write through this view cannot "

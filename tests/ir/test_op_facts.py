@@ -10,14 +10,16 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
-import minijit  # noqa: F401 - declares every op
+import minijit
 from minijit.errors import MinijitError
-from minijit.ir import VIEWS_ANY_LAYOUT, VIEWS_IF_SPLITS, Effects, Symbol, Tag, check_table
+from minijit.ir import VIEWS_ANY_LAYOUT, VIEWS_IF_SPLITS, BoundSymbol, Effects, Symbol, Tag, TensorProxy, check_table
 from minijit.ops import prims
 from minijit.ops.eager_facts import write_facts
-from minijit.ops.registry import ALL_LTORCH
+from minijit.ops.registry import ALL_LTORCH, check_eager_table
 from minijit.transforms import view_updates
+from minijit.transforms.memory import read_proxies
 from minijit.transforms.view_updates import PRIM_SCATTER, check_view_tables
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -100,7 +102,8 @@ _NAME_DECISION = re.compile(
 
 def _sources() -> list[Path]:
     return [*sorted((ROOT / "minijit" / "transforms").rglob("*.py")), ROOT / "minijit" / "ops" / "strides.py",
-            ROOT / "minijit" / "ir" / "symbol.py"]
+            ROOT / "minijit" / "ir" / "symbol.py", ROOT / "minijit" / "runtime" / "pipeline.py",
+            ROOT / "minijit" / "ops" / "eager_errors.py", ROOT / "minijit" / "ops" / "registry.py"]
 
 
 def test_no_pass_decides_by_op_name():
@@ -121,3 +124,50 @@ def test_the_name_check_catches_what_it_is_for():
             'rule = PRIM_SCATTER.get(bsym.sym)']
     assert all(_NAME_DECISION.search(line) for line in bad)
     assert not any(_NAME_DECISION.search(line) for line in good)
+
+
+# The keyword `out` spelled in a pass: which arguments an op only writes is `Effects.unread`, and which
+# one an executor's `out=` form writes its result into is `Effects.result_into`.
+_OUT_BY_NAME = re.compile(r"""["']out["']""")
+
+
+def test_no_pass_looks_up_the_out_keyword_by_name():
+    found = []
+    passes = [p for p in _sources() if p.parent.name in ("transforms", "vjp") or p.name == "pipeline.py"]
+    for path in passes:
+        for lineno, line in enumerate(path.read_text().splitlines(), 1):
+            if _OUT_BY_NAME.search(line.split("#", 1)[0]):
+                found.append(f"{path.relative_to(ROOT)}:{lineno}: {line.strip()}")
+    assert not found, "`out` looked up by name (ask Effects.unread / result_into instead):\n" + "\n".join(found)
+
+
+def test_an_ltorch_op_without_an_eager_callable_is_named():
+    check_eager_table()  # as at import, on every ltorch op declared by now
+    throwaway = Symbol("throwaway_op", _meta, namespace="ltorch")
+    with pytest.raises(MinijitError, match=r"no eager implementation .* for ltorch\.throwaway_op"):
+        check_eager_table([*ALL_LTORCH.values(), throwaway])
+
+
+def test_reads_leave_out_what_the_symbol_declares_unread():
+    a, b, dest = (TensorProxy((2,), torch.float32, torch.device("cpu"), name=n) for n in ("a", "b", "dest"))
+    call = prims.copy_to_out_.bind(a, out=dest, output=dest)
+    assert [p.name for p in read_proxies(call)] == ["a"]  # copy_to_out_ declares its `out` unread
+    reading = Symbol("reads_out", _meta, namespace="test", is_prim=True, effects=Effects(writes=("out",)))
+    assert [p.name for p in read_proxies(BoundSymbol(reading, (a, b), {"out": dest}, dest))] == ["a", "b", "dest"]
+    assert [p.name for p in read_proxies(prims.copy_.bind(a, b, output=b))] == ["a", "b"]
+
+
+def test_an_executor_s_out_form_declares_its_out_written_unread_and_holding_the_result():
+    from minijit.extend import get_executor
+
+    def f(x, y):
+        return x + y
+
+    jf = minijit.jit(f)
+    jf(torch.randn(3), torch.randn(3))
+    final = minijit.last_traces(jf)[-1]
+    (producer,) = final.bound_symbols
+    x, y = final.args
+    into = get_executor("torch").produce_into(producer, y)  # `torch.add(x, y, out=y)`
+    assert (into.sym.effects.writes, into.sym.effects.unread, into.sym.effects.result_into) == (("out",), ("out",), "out")
+    assert into.written() == [y] and [p.name for p in read_proxies(into)] == [x.name, y.name]

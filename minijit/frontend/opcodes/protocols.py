@@ -23,8 +23,9 @@ from minijit.frontend.interpreter import InterpretedGenerator
 from minijit.frontend.native_tensors import COMPUTING_ITERATORS, run_native
 from minijit.frontend.outside import item_label
 from minijit.frontend.torch_function import OPERATOR_METHODS, overrides_torch_function
-from minijit.ir import TensorProxy, current_trace
+from minijit.ir import NumberProxy, TensorProxy, current_trace
 from minijit.ir.context import where_now
+from minijit.ir.proxies import SWAPPED, guarded_compare
 
 # class -> names of the dunders and properties it (or a base) defines in interpretable Python.
 _PY_MEMBERS: dict[type, frozenset[str]] = {}
@@ -164,6 +165,11 @@ def compare(a: Any, b: Any, symbol: str) -> Any:
     """`a <symbol> b` for the six rich comparisons."""
     native, dunder, reflected = COMPARISONS[symbol]
     a, b = traced(a), traced(b)
+    # The user's code deciding on a symbolic number: decided on the value seen, and guarded.
+    if isinstance(a, NumberProxy) and not isinstance(b, TensorProxy):
+        return guarded_compare(a, symbol, b)
+    if isinstance(b, NumberProxy) and type(a) in (int, float, bool):
+        return guarded_compare(b, SWAPPED[symbol], a)
     ma, mb = _members_of(a, b)
     if not (ma or mb):
         return native(a, b)
