@@ -226,6 +226,30 @@ def known_compare(a: NumberProxy, op: str, b: Any) -> bool:
     return op == "!="  # not known equal
 
 
+def same_size(a: Any, b: Any) -> bool:
+    """Whether `a` and `b` (ints or number proxies) are one size on every call: equal ints, or one
+    symbolic value (the same expression). Records nothing; False says only "not known the same"."""
+    if isinstance(a, NumberProxy) or isinstance(b, NumberProxy):
+        return _expression(a) == _expression(b) and not data_dependent(a) and not data_dependent(b)
+    return a == b
+
+
+def is_one(d: Any) -> bool:
+    """Whether size `d` is the literal 1 (a symbolic size is not, even where its value is 1)."""
+    return type(d) is int and d == 1
+
+
+def broadcasts_to(size: Any, target: Any) -> bool:
+    """Whether a dim of `size` broadcasts to `target` (it is 1 or equal to it).
+
+    A literal 1 and the same size need no constraint; otherwise comparing the values records
+    what the answer relied on (`size == target`, or `size == 1` where a symbolic size broadcast).
+    """
+    if is_one(size) or same_size(size, target):
+        return True
+    return bool(size == target or size == 1)
+
+
 def _expression(x: Any) -> str:
     """The Python expression of a number proxy (its name where it has none), or the repr of a constant."""
     if isinstance(x, NumberProxy):

@@ -235,13 +235,19 @@ def check_viewable(op: str, p: TensorProxy, shape: tuple[Any, ...], requested: t
         error.eager_raised = type(e)  # type: ignore[attr-defined]
         raise error from e
     if _sizes_symbolic(p) and not only_splits(tuple(p.shape), requested if requested is not None else shape) \
-            and (not meta.is_contiguous() or _through_slices(p)):
+            and (not meta.is_contiguous() or _through_slices(p) or _symbolic_one(p)):
         eager_layout(p, sizes_matter=True)
 
 
 def _sizes_symbolic(p: TensorProxy) -> bool:
     """Whether `p`'s layout may change with symbolic sizes: its own, or those of the inputs it was worked out from."""
     return any(isinstance(d, NumberProxy) for q in (p, *p.layout_sources) for d in q.shape)
+
+
+def _symbolic_one(p: TensorProxy) -> bool:
+    """Whether a symbolic size of `p` (or of the inputs its layout was worked out from) is 1 as traced: a
+    size-1 dim's stride is ignored by contiguity, so the layout seen then may be contiguous where a larger size is not."""
+    return any(isinstance(d, NumberProxy) and d.value == 1 for q in (p, *p.layout_sources) for d in q.shape)
 
 
 def _through_slices(p: TensorProxy) -> bool:
@@ -254,8 +260,8 @@ def _through_slices(p: TensorProxy) -> bool:
         base = bsym.viewed_argument(q)
         if base is None:
             return False
-        # A view that only reshapes or reorders keeps its contiguity whatever the sizes (0 and 1,
-        # which symbolic sizes keep constant, aside).
+        # A view that only reshapes or reorders keeps its contiguity whatever the sizes (0, which
+        # symbolic sizes keep constant, and 1, which `_symbolic_one` catches, aside).
         if not bsym.sym.effects.reorders:
             return True
         q = base

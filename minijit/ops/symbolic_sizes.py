@@ -45,7 +45,7 @@ class _Unsupported(Exception):
 
 def _symbolic(x: Any) -> bool:
     """A symbolic int that can become a torch symbol: one the guard can recompute, of a value torch keeps symbolic."""
-    return isinstance(x, IntegerProxy) and x.expr is not None and x.value >= 2
+    return isinstance(x, IntegerProxy) and x.expr is not None and x.value >= 1
 
 
 def has_symbolic_sizes(args: Any) -> bool:
@@ -189,7 +189,9 @@ def derive(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 
-    env = ShapeEnv(duck_shape=False)
+    ones = any(_symbolic(d) and d.value == 1 for x in tree_flatten((args, kwargs))
+               for d in (x.shape if isinstance(x, TensorProxy) else (x,)))
+    env = ShapeEnv(duck_shape=False, specialize_zero_one=not ones)
     symbols: list[tuple[int, int | None]] = []
     names: list[Any] = []
     by_expr: dict[str, Any] = {}

@@ -130,9 +130,12 @@ def _make_sizes_symbolic(p: TensorProxy) -> None:
     shape: list[Any] = []
     for i, d in enumerate(p.shape):
         expr = f"{p.name}.shape[{i}]"
-        if d <= 1:
+        if d == 0:
             add_constraint(f"{expr} == {d}")
             shape.append(d)
+        elif d == 1:
+            add_constraint(f"{expr} >= 1")
+            shape.append(IntegerProxy(d, expr=expr))
         else:
             add_constraint(f"{expr} > 1")
             shape.append(IntegerProxy(d, expr=expr))
