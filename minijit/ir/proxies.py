@@ -243,11 +243,14 @@ def broadcasts_to(size: Any, target: Any) -> bool:
     """Whether a dim of `size` broadcasts to `target` (it is 1 or equal to it).
 
     A literal 1 and the same size need no constraint; otherwise comparing the values records
-    what the answer relied on (`size == target`, or `size == 1` where a symbolic size broadcast).
+    what the answer relied on: `size == target` where the values are equal (two sizes of 1 are
+    taken as equal sizes, not as a broadcast), `size == 1` where a symbolic size broadcast.
     """
     if is_one(size) or same_size(size, target):
         return True
-    return bool(size == target or size == 1)
+    if number_value(size) == number_value(target):
+        return bool(size == target)
+    return bool(size == 1)
 
 
 def _expression(x: Any) -> str:

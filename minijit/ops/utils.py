@@ -10,7 +10,7 @@ import torch
 from minijit.errors import DeviceError, MetaError, UnsupportedOpError
 from minijit.ir import FloatProxy, IntegerProxy, NumberProxy, TensorProxy
 from minijit.ir.context import where_now
-from minijit.ir.proxies import is_one, same_size
+from minijit.ir.proxies import is_one, number_value, same_size
 from minijit.ops import prims
 
 _CATEGORY = {bool: 0, int: 1, float: 2, complex: 3}
@@ -84,14 +84,18 @@ def _broadcast_dim(dims: list[Any], shapes: tuple[Sequence[Any], ...]) -> Any:
 
     A literal 1 broadcasts whatever the others are, and sizes all the same (one symbolic size,
     or equal ints) need no broadcast: neither records a constraint, so a symbolic size traced at
-    1 stays symbolic. Otherwise which size broadcasts depends on the values: comparing them
-    records it (a symbolic size is then guarded `== 1` where it broadcast, `!= 1` where it did not).
+    1 stays symbolic. Sizes of equal values are guarded equal (two batches of 1 stay one batch
+    size, not a broadcast). Otherwise which size broadcasts depends on the values: comparing
+    them records it (a symbolic size is then guarded `== 1` where it broadcast).
     """
     sized = [d for d in dims if not is_one(d)]
     if not sized:
         return 1
     if all(same_size(d, sized[0]) for d in sized[1:]):
         return sized[0]
+    if all(number_value(d) == number_value(sized[0]) for d in sized[1:]):
+        if all(d == sized[0] for d in sized[1:]):  # records the equalities
+            return sized[0]
     out: Any = 1
     for d in sized:
         if d == 1:
