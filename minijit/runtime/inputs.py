@@ -2,8 +2,8 @@
 
 In "constant values" mode the inputs are the tensors among the arguments; shapes and
 Python numbers are constants of the trace. In "symbolic values" mode every dimension
-other than 0 and 1 is an `IntegerProxy` (bound by a `prims.shape` call at the top of
-the trace), and Python ints and floats among the arguments are inputs too.
+other than 0 is an `IntegerProxy` (bound by a `prims.shape` call at the top of the
+trace), and Python ints and floats among the arguments are inputs too.
 """
 
 from __future__ import annotations
@@ -123,9 +123,13 @@ def _input_leaf(symbolic: bool) -> Callable[[Any], bool]:
 
 
 def _make_sizes_symbolic(p: TensorProxy) -> None:
-    """Sizes 0 and 1 stay constants (broadcasting depends on them); the others become IntegerProxy.
+    """Sizes 0 stay constants; the others become IntegerProxy, sizes of 1 included.
 
-    Either way the guard checks the kind of size: `x.shape[0] == 1` or `x.shape[1] > 1`.
+    The guard checks the kind of size: `x.shape[0] == 0`, `x.shape[1] > 1`, or `x.shape[2] >= 1`
+    for a size traced at 1. A trace made for a size of 1 serves larger ones where nothing
+    depended on the 1: whatever did (a broadcast against another size, `squeeze`, a branch)
+    compared the size and so recorded `x.shape[2] == 1`. A trace made for a larger size does not
+    serve a size of 1 (ops may have assumed a size that does not broadcast).
     """
     shape: list[Any] = []
     for i, d in enumerate(p.shape):
