@@ -234,6 +234,17 @@ def same_size(a: Any, b: Any) -> bool:
     return a == b
 
 
+def equal_sizes(a: Any, b: Any) -> bool:
+    """Whether sizes `a` and `b` are equal, for a view that keeps a tensor as it is where they are:
+    the same size, or equal values (the comparison records their equality); never a literal 1
+    against a symbolic size, which may be 1 only as traced (that is a broadcast)."""
+    if same_size(a, b):
+        return True
+    if is_one(a) or is_one(b) or number_value(a) != number_value(b):
+        return False
+    return bool(a == b)
+
+
 def is_one(d: Any) -> bool:
     """Whether size `d` is the literal 1 (a symbolic size is not, even where its value is 1)."""
     return type(d) is int and d == 1

@@ -10,7 +10,7 @@ import torch
 from minijit.errors import DeviceError, MetaError, UnsupportedOpError
 from minijit.ir import FloatProxy, IntegerProxy, NumberProxy, TensorProxy
 from minijit.ir.context import where_now
-from minijit.ir.proxies import is_one, number_value, same_size
+from minijit.ir.proxies import equal_sizes, is_one, number_value, same_size
 from minijit.ops import prims
 
 _CATEGORY = {bool: 0, int: 1, float: 2, complex: 3}
@@ -111,7 +111,7 @@ def expand_to(x: Any, shape: Sequence[Any]) -> Any:
     """`x` broadcast to `shape` with `prims.broadcast_in_dim` (numbers pass through)."""
     # Compare lengths first: comparing sizes of different ranks would record needless
     # constraints between unrelated symbolic sizes.
-    if not isinstance(x, TensorProxy) or (x.ndim == len(shape) and all(map(same_size, x.shape, shape))):
+    if not isinstance(x, TensorProxy) or (x.ndim == len(shape) and all(map(equal_sizes, x.shape, shape))):
         return x
     offset = len(shape) - x.ndim
     return prims.broadcast_in_dim(x, tuple(shape), tuple(range(offset, len(shape))))
