@@ -253,6 +253,44 @@ def same_shape(a: Sequence[Any], b: Sequence[Any]) -> bool:
     return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b, strict=True))
 
 
+def same_size(a: Any, b: Any) -> bool:
+    """Whether `a` and `b` (ints or number proxies) are one size on every call: equal ints, or one
+    symbolic value (the same expression). Records nothing; False says only "not known the same"."""
+    if isinstance(a, NumberProxy) or isinstance(b, NumberProxy):
+        return _expression(a) == _expression(b) and not data_dependent(a) and not data_dependent(b)
+    return a == b
+
+
+def equal_sizes(a: Any, b: Any) -> bool:
+    """Whether sizes `a` and `b` are equal, for a view that keeps a tensor as it is where they are:
+    the same size, or equal values (the comparison records their equality); never a literal 1
+    against a symbolic size, which may be 1 only as traced (that is a broadcast)."""
+    if same_size(a, b):
+        return True
+    if is_one(a) or is_one(b) or number_value(a) != number_value(b):
+        return False
+    return bool(a == b)
+
+
+def is_one(d: Any) -> bool:
+    """Whether size `d` is the literal 1 (a symbolic size is not, even where its value is 1)."""
+    return type(d) is int and d == 1
+
+
+def broadcasts_to(size: Any, target: Any) -> bool:
+    """Whether a dim of `size` broadcasts to `target` (it is 1 or equal to it).
+
+    A literal 1 and the same size need no constraint; otherwise comparing the values records
+    what the answer relied on: `size == target` where the values are equal (two sizes of 1 are
+    taken as equal sizes, not as a broadcast), `size == 1` where a symbolic size broadcast.
+    """
+    if is_one(size) or same_size(size, target):
+        return True
+    if number_value(size) == number_value(target):
+        return bool(size == target)
+    return bool(size == 1)
+
+
 def _expression(x: Any) -> str:
     """The Python expression of a number proxy (its name where it has none), or the repr of a constant."""
     if isinstance(x, NumberProxy):

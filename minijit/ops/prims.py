@@ -20,7 +20,7 @@ import torch
 from minijit.errors import MetaError
 from minijit.ir import Effects, FloatProxy, IntegerProxy, NumberProxy, Symbol, Tag, TensorProxy
 from minijit.ir.context import where_now
-from minijit.ir.proxies import NUMBER_METHODS, number_value
+from minijit.ir.proxies import NUMBER_METHODS, broadcasts_to, number_value
 
 Number = int | float | bool | complex | NumberProxy
 Shape = tuple[int | IntegerProxy, ...]
@@ -171,7 +171,7 @@ def _broadcast_in_dim_meta(x: TensorProxy, shape: Shape, broadcast_dims: Sequenc
     for d, size in zip(broadcast_dims, x.shape, strict=True):
         if not last < d < len(shape):
             raise _fail("broadcast_in_dim", f"broadcast_dims {tuple(broadcast_dims)} must be increasing and < {len(shape)}")
-        if size != 1 and size != shape[d]:
+        if not broadcasts_to(size, shape[d]):
             raise _fail("broadcast_in_dim", f"cannot broadcast {tuple(x.shape)} to {tuple(shape)}")
         last = d
     return TensorProxy.like(x, shape=tuple(shape))
@@ -416,7 +416,7 @@ def _check_flash_inputs(op: str, q: Any, k: Any, v: Any, attn_mask: Any, is_caus
                             f"{list(attn_mask.shape)}")
         full = (*q.shape[:3], k.shape[2])
         for m, f in zip(reversed(attn_mask.shape), reversed(full), strict=False):
-            if m != 1 and m != f:
+            if not broadcasts_to(m, f):
                 raise _fail(op, f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to {full}")
     if not isinstance(is_causal, bool):
         raise _fail(op, f"is_causal must be a bool, got {type(is_causal).__name__}")

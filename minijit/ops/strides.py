@@ -47,7 +47,7 @@ import torch
 from minijit.errors import MetaError, UnsupportedMethodError
 from minijit.ir import TENSOR_METHODS, BoundSymbol, NumberProxy, Proxy, TensorProxy, Trace, tree_flatten, tree_map
 from minijit.ir.context import add_layout_check, current_trace, where_now
-from minijit.ir.proxies import known_compare, number_value
+from minijit.ir.proxies import guarded_compare, known_compare, number_value
 from minijit.ops.registry import eager_impl
 
 
@@ -234,14 +234,28 @@ def check_viewable(op: str, p: TensorProxy, shape: tuple[Any, ...], requested: t
         error = MetaError(f"Tensor.{op}: torch raised RuntimeError: {text}{where_now()}")
         error.eager_raised = type(e)  # type: ignore[attr-defined]
         raise error from e
-    if _sizes_symbolic(p) and not only_splits(tuple(p.shape), requested if requested is not None else shape) \
-            and (not meta.is_contiguous() or _through_slices(p)):
-        eager_layout(p, sizes_matter=True)
+    if _sizes_symbolic(p) and not only_splits(tuple(p.shape), requested if requested is not None else shape):
+        _keep_ones(p)
+        if not meta.is_contiguous() or _through_slices(p):
+            eager_layout(p, sizes_matter=True)
 
 
 def _sizes_symbolic(p: TensorProxy) -> bool:
     """Whether `p`'s layout may change with symbolic sizes: its own, or those of the inputs it was worked out from."""
     return any(isinstance(d, NumberProxy) for q in (p, *p.layout_sources) for d in q.shape)
+
+
+def _keep_ones(p: TensorProxy) -> None:
+    """Guard `== 1` the symbolic sizes of `p` (and of the inputs its layout was worked out from) traced at 1.
+
+    Contiguity ignores the stride of a size-1 dim, so a layout contiguous at size 1 may not be at other
+    sizes (`gelu(x.transpose(1, 2))` with x's dim 1 of size 1): whether a view that merges dims is
+    possible holds for the sizes it was traced at only.
+    """
+    for q in (p, *p.layout_sources):
+        for d in q.shape:
+            if isinstance(d, NumberProxy) and d.value == 1:
+                guarded_compare(d, "==", 1)
 
 
 def _through_slices(p: TensorProxy) -> bool:
@@ -254,8 +268,8 @@ def _through_slices(p: TensorProxy) -> bool:
         base = bsym.viewed_argument(q)
         if base is None:
             return False
-        # A view that only reshapes or reorders keeps its contiguity whatever the sizes (0 and 1,
-        # which symbolic sizes keep constant, aside).
+        # A view that only reshapes or reorders keeps its contiguity whatever the sizes (0, which
+        # symbolic sizes keep constant, and 1, which `_keep_ones` guards, aside).
         if not bsym.sym.effects.reorders:
             return True
         q = base

@@ -13,9 +13,10 @@ sizes (torch's `ShapeEnv`, one sympy symbol per distinct symbolic size of the ar
   the symbol itself where the dim *is* an input size;
 - every decision the kernel took on a size is one of the `ShapeEnv`'s guards (`Ne(s0, 1)`,
   `Eq(s1, 17)` where it specialised), and every symbol has a value range it assumed (at
-  least 2: torch specialises sizes 0 and 1, and so does this module): each is recorded as a
-  constraint of the capture, which the cache entry's guard checks, so the formulas are used
-  only for sizes where torch's kernel takes the same decisions.
+  least 2, as torch specialises sizes 0 and 1; where a symbolic size is 1 as traced, the
+  `ShapeEnv` keeps 1 symbolic too and the kernel guards `Eq(s0, 1)` where it relied on it):
+  each is recorded as a constraint of the capture, which the cache entry's guard checks, so
+  the formulas are used only for sizes where torch's kernel takes the same decisions.
 
 Where anything cannot be followed (a guard or formula minijit's numbers cannot express, an
 output that views an argument, a kernel that fails on fake tensors, a formula that does not
@@ -60,8 +61,8 @@ class _Unsupported(Exception):
 
 
 def _symbolic(x: Any) -> bool:
-    """A symbolic int that can become a torch symbol: one the guard can recompute, of a value torch keeps symbolic."""
-    return isinstance(x, IntegerProxy) and x.expr is not None and x.value >= 2
+    """A symbolic int that can become a torch symbol: one the guard can recompute, not 0."""
+    return isinstance(x, IntegerProxy) and x.expr is not None and x.value >= 1
 
 
 def has_symbolic_sizes(args: Any) -> bool:
@@ -202,13 +203,16 @@ def derive(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
     """Run `fn` on fake tensors with one torch symbol per distinct symbolic size among the arguments.
 
     Tensor proxies become fake meta tensors (the same proxy the same tensor), symbolic ints
-    of value 2 or more become torch symbols (the same expression the same symbol), other
+    of value 1 or more become torch symbols (the same expression the same symbol), other
     numbers their values. None where the run fails or an output views an argument.
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 
-    env = ShapeEnv(duck_shape=False)
+    # A symbolic size traced at 1 stays a symbol: the kernel's decisions on it become guards.
+    ones = any(_symbolic(d) and d.value == 1 for x in tree_flatten((args, kwargs))
+               for d in (x.shape if isinstance(x, TensorProxy) else (x,)))
+    env = ShapeEnv(duck_shape=False, specialize_zero_one=not ones)
     symbols: list[tuple[int, int | None]] = []
     names: list[Any] = []
     by_expr: dict[str, Any] = {}

@@ -10,6 +10,7 @@ import torch
 from minijit.errors import DeviceError, MetaError, UnsupportedOpError
 from minijit.ir import FloatProxy, IntegerProxy, NumberProxy, TensorProxy
 from minijit.ir.context import where_now
+from minijit.ir.proxies import equal_sizes, is_one, number_value, same_size
 from minijit.ops import prims
 
 _CATEGORY = {bool: 0, int: 1, float: 2, complex: 3}
@@ -71,23 +72,46 @@ def float_dtype(dtype: torch.dtype) -> torch.dtype:
 def broadcast_shapes(*shapes: Sequence[Any]) -> tuple[Any, ...]:
     """The shape that all `shapes` broadcast to, or a MetaError naming them."""
     ndim = max((len(s) for s in shapes), default=0)
-    out: list[Any] = [1] * ndim
-    for s in shapes:
-        for i, d in enumerate(s, start=ndim - len(s)):
-            if d == 1:
-                continue
-            if out[i] == 1:
-                out[i] = d
-            elif out[i] != d:
-                raise MetaError(f"shapes {', '.join(str(tuple(x)) for x in shapes)} cannot be broadcast together{where_now()}")
+    out: list[Any] = []
+    for i in range(ndim):
+        dims = [s[i - ndim + len(s)] for s in shapes if i - ndim + len(s) >= 0]
+        out.append(_broadcast_dim(dims, shapes))
     return tuple(out)
+
+
+def _broadcast_dim(dims: list[Any], shapes: tuple[Sequence[Any], ...]) -> Any:
+    """The size that the sizes `dims` of one dim broadcast to.
+
+    A literal 1 broadcasts whatever the others are, and sizes all the same (one symbolic size,
+    or equal ints) need no broadcast: neither records a constraint, so a symbolic size traced at
+    1 stays symbolic. Sizes of equal values are guarded equal (two batches of 1 stay one batch
+    size, not a broadcast). Otherwise which size broadcasts depends on the values: comparing
+    them records it (a symbolic size is then guarded `== 1` where it broadcast).
+    """
+    sized = [d for d in dims if not is_one(d)]
+    if not sized:
+        return 1
+    if all(same_size(d, sized[0]) for d in sized[1:]):
+        return sized[0]
+    if all(number_value(d) == number_value(sized[0]) for d in sized[1:]):
+        if all(d == sized[0] for d in sized[1:]):  # records the equalities
+            return sized[0]
+    out: Any = 1
+    for d in sized:
+        if d == 1:
+            continue
+        if out == 1:
+            out = d
+        elif out != d:
+            raise MetaError(f"shapes {', '.join(str(tuple(x)) for x in shapes)} cannot be broadcast together{where_now()}")
+    return out
 
 
 def expand_to(x: Any, shape: Sequence[Any]) -> Any:
     """`x` broadcast to `shape` with `prims.broadcast_in_dim` (numbers pass through)."""
     # Compare lengths first: comparing sizes of different ranks would record needless
     # constraints between unrelated symbolic sizes.
-    if not isinstance(x, TensorProxy) or (x.ndim == len(shape) and tuple(x.shape) == tuple(shape)):
+    if not isinstance(x, TensorProxy) or (x.ndim == len(shape) and all(map(equal_sizes, x.shape, shape))):
         return x
     offset = len(shape) - x.ndim
     return prims.broadcast_in_dim(x, tuple(shape), tuple(range(offset, len(shape))))

@@ -293,16 +293,23 @@ def refuse_tensor_subclass(t: Tensor, what: str) -> None:
 
 
 def make_sizes_symbolic(p: TensorProxy) -> None:
-    """Sizes 0 and 1 stay constants (broadcasting depends on them); the others become IntegerProxy.
+    """Sizes 0 stay constants; the others become IntegerProxy, sizes of 1 included.
 
-    Either way the guard checks the kind of size: `x.shape[0] == 1` or `x.shape[1] > 1`.
+    The guard checks the kind of size: `x.shape[0] == 0`, `x.shape[1] > 1`, or `x.shape[2] >= 1`
+    for a size traced at 1. A trace made for a size of 1 serves larger ones where nothing
+    depended on the 1: whatever did (a broadcast against another size, `squeeze`, a branch)
+    compared the size and so recorded `x.shape[2] == 1`. A trace made for a larger size does not
+    serve a size of 1 (ops may have assumed a size that does not broadcast).
     """
     shape: list[Any] = []
     for i, d in enumerate(p.shape):
         expr = f"{p.name}.shape[{i}]"
-        if d <= 1:
+        if d == 0:
             add_constraint(f"{expr} == {d}")
             shape.append(d)
+        elif d == 1:
+            add_constraint(f"{expr} >= 1")
+            shape.append(IntegerProxy(d, expr=expr))
         else:
             add_constraint(f"{expr} > 1")
             shape.append(IntegerProxy(d, expr=expr))

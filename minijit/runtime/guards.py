@@ -19,14 +19,42 @@ from minijit.runtime.arguments import InputAliasing
 from minijit.runtime.checks import Check, Prologue, guard_checks
 from minijit.runtime.inputs import input_names
 
-# A symbolic input size (> 1) compared with 0 or 1: implied by the `x.shape[i] > 1` constraint
-# every symbolic size starts with, so the guard need not check it again.
-_IMPLIED = re.compile(r"^(0|1) (==|!=|<=|>=|<|>) \w+\.shape\[\d+\]$|^\w+\.shape\[\d+\] (==|!=|<=|>=|<|>) (0|1)$")
+# A symbolic input size compared with 0 or 1, either way round; the constraint of a size's kind.
+_SIZE_VS_LITERAL = re.compile(r"^(?:(0|1) (==|!=|<=|>=|<|>) (\w+\.shape\[\d+\])|(\w+\.shape\[\d+\]) (==|!=|<=|>=|<|>) (0|1))$")
+_KIND = re.compile(r"^(\w+\.shape\[\d+\]) (>|>=|==) (\d+)$")
+_HOLDS = {"==": lambda a, b: a == b, "!=": lambda a, b: a != b, "<": lambda a, b: a < b,
+          "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, ">=": lambda a, b: a >= b}
 
 
 def drop_implied(constraints: list[str]) -> list[str]:
-    """The constraints without those that the per-size constraints already imply."""
-    return [c for c in constraints if not _IMPLIED.match(c) or c.endswith(("== 0", "== 1", "> 1"))]
+    """The constraints without those that the per-size constraints already imply.
+
+    Every input size starts with the constraint of its kind (the first one recorded on it):
+    `x.shape[i] > 1`, `x.shape[i] >= 1` (a symbolic size traced at 1) or `x.shape[i] == n`. A
+    comparison of that size with 0 or 1 true for every size of its kind need not be checked again
+    (`x.shape[i] != 0` where it is `>= 1`); one that is not (`x.shape[i] <= 1` where it is `>= 1`) stays.
+    """
+    kinds: dict[str, tuple[str, tuple[int, ...]]] = {}  # size -> (its kind constraint, sizes of that kind)
+    for c in constraints:
+        m = _KIND.match(c)
+        if m is not None and m.group(1) not in kinds:
+            op, n = m.group(2), int(m.group(3))
+            # Comparisons with 0 or 1 hold for all sizes >= 1 (>= 2) where they hold for the first three.
+            kinds[m.group(1)] = (c, (n,) if op == "==" else tuple(range(n + (op == ">"), n + (op == ">") + 3)))
+    kept = []
+    for c in constraints:
+        m = _SIZE_VS_LITERAL.match(c)
+        size = m.group(3) or m.group(4) if m is not None else None
+        if m is None or size not in kinds or kinds[size][0] == c:
+            kept.append(c)
+            continue
+        if m.group(1) is not None:
+            holds = all(_HOLDS[m.group(2)](int(m.group(1)), v) for v in kinds[size][1])
+        else:
+            holds = all(_HOLDS[m.group(5)](v, int(m.group(6))) for v in kinds[size][1])
+        if not holds:
+            kept.append(c)
+    return kept
 
 
 def specialised_facts(entry: Any) -> tuple[list[GuardEntry], list[tuple[str, Source, torch.Tensor]],

@@ -2,7 +2,7 @@
 
 A tensor read from outside the call becomes an input after the call's own, a tensor made
 while tracing a constant (`tensor_capturer`). Both kinds of tensor input share the refusal
-of Tensor subclasses and, in "symbolic values" mode, sizes other than 0 and 1 as
+of Tensor subclasses and, in "symbolic values" mode, sizes other than 0 as
 `IntegerProxy`s (bound by a `prims.shape` call at the top of the trace).
 """
 

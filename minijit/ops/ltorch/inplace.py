@@ -16,6 +16,7 @@ import torch
 from minijit.errors import DeviceError, MetaError, UnsupportedOpError
 from minijit.ir import TENSOR_METHODS, Effects, Tag, TensorProxy
 from minijit.ir.context import where_now
+from minijit.ir.proxies import broadcasts_to
 from minijit.ops import prims
 from minijit.ops.eager_facts import write_facts
 from minijit.ops.ltorch.indexing import indexed_update
@@ -124,7 +125,7 @@ TENSOR_METHODS["requires_grad_"] = requires_grad_
 
 
 def _check_broadcasts(op: str, value: TensorProxy, target: TensorProxy) -> None:
-    if value.ndim > target.ndim or any(v != 1 and v != t for v, t in zip(reversed(value.shape), reversed(target.shape))):
+    if value.ndim > target.ndim or not all(map(broadcasts_to, reversed(value.shape), reversed(target.shape))):
         raise MetaError(f"ltorch.{op}: a value of shape {tuple(value.shape)} cannot be broadcast to the "
                         f"tensor of shape {tuple(target.shape)} written in place{where_now()}")
 

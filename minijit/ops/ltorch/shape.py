@@ -21,6 +21,7 @@ import torch
 from minijit.errors import MetaError, UnsupportedOpError
 from minijit.ir import VIEWS_ANY_LAYOUT, VIEWS_IF_SPLITS, Effects, Tag, TensorProxy
 from minijit.ir.context import where_now
+from minijit.ir.proxies import broadcasts_to, equal_sizes
 from minijit.ops import prims
 from minijit.ops.registry import ltorch_op
 from minijit.ops.strides import check_viewable, user_layout
@@ -239,10 +240,10 @@ def _expand(op: str, a: TensorProxy, sizes: tuple[Any, ...]) -> TensorProxy:
         old = a.shape[i - offset]
         if type(size) is int and size == -1:
             shape[i] = old
-        elif old != 1 and old != size:
+        elif not broadcasts_to(old, size):
             raise _fail(op, f"the size {old} of dim {i - offset} must match {size} in {list(sizes)} "
                             f"(only size-1 dims expand), tensor shape {tuple(a.shape)}")
-    if offset == 0 and tuple(shape) == tuple(a.shape):
+    if offset == 0 and all(map(equal_sizes, shape, a.shape)):
         return a
     return prims.broadcast_in_dim(a, tuple(shape), tuple(range(offset, len(shape))))
 
