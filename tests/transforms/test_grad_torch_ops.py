@@ -178,3 +178,31 @@ def test_digamma_derivative_chain_matches_eager() -> None:
     xj = x.clone().requires_grad_()
     (got,) = torch.autograd.grad(minijit.jit(lambda x: prims.polygamma(1, x))(xj).sum(), xj)
     torch.testing.assert_close(got, want)
+
+
+# -- std and the norms where the result is 0 ------------------------------------------------------
+
+def _rows_with_a_constant_and_a_zero_row() -> torch.Tensor:
+    x = torch.randn(4, 5, dtype=F64)
+    x[1] = 0.5  # no spread: std 0
+    x[3] = 0    # a zero vector: norm 0
+    return x
+
+
+@pytest.mark.parametrize("dtype", [F64, F32])
+@pytest.mark.parametrize(("name", "fn"), [
+    ("std_rows", lambda x: x.std(1)),
+    ("std_biased_one_row", lambda x: x[1:2].std(0, unbiased=False)),
+    ("std_all_constant", lambda x: x[1].std()),
+    ("std_mean", lambda x: torch.std_mean(x, 1, keepdim=True)),
+    ("norm", lambda x: x[3].norm()),
+    ("norm_rows", lambda x: x.norm(dim=1)),
+    ("vector_norm_p3", lambda x: torch.linalg.vector_norm(x, 3, dim=1)),
+    ("vector_norm_p1", lambda x: torch.linalg.vector_norm(x, 1, dim=1)),
+    ("normalize", lambda x: torch.nn.functional.normalize(x, dim=1)),
+    ("cosine_similarity", lambda x: torch.nn.functional.cosine_similarity(x, x.flip(0), dim=1)),
+])
+def test_std_and_norms_where_the_result_is_zero(name: str, fn: Callable[..., Any], dtype: torch.dtype) -> None:
+    # Eager's std and norm backward give 0 where the result is 0; differentiating sqrt there gives nan.
+    torch.manual_seed(0)
+    _check(fn, _rows_with_a_constant_and_a_zero_row(), dtype=dtype)

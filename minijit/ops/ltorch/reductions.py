@@ -215,11 +215,23 @@ def var(input: TensorProxy, dim: Any = None, unbiased: bool | None = None, keepd
     return _var_mean("var", input, dim, unbiased, keepdim, correction)[0]
 
 
+def _root_eager(s: torch.Tensor, n: float) -> torch.Tensor:
+    return torch.sqrt(s) if n == 2 else torch.pow(s, 1.0 / n)
+
+
+@ltorch_op(impl=_root_eager)
+def root_of_nonnegative(s: TensorProxy, n: float) -> TensorProxy:
+    """`s ** (1/n)` of a value that is never negative (a variance, a sum of |x|**n): the last step of std and
+    of the norms. A symbol of its own for its gradient (minijit/transforms/vjp/nn.py): 0 where the result is 0,
+    as eager's std and norm backward define it, not the 0 * inf = nan of differentiating `sqrt`."""
+    return sqrt(s) if n == 2 else pow_(s, 1.0 / n)
+
+
 @ltorch_op(torch_fns=[torch.std, torch.Tensor.std], methods=["std"])
 def std(input: TensorProxy, dim: Any = None, unbiased: bool | None = None, keepdim: bool = False, *,  # noqa: A002
         correction: Any = None) -> TensorProxy:
     """torch.std: the square root of torch.var."""
-    return sqrt(_var_mean("std", input, dim, unbiased, keepdim, correction)[0])
+    return root_of_nonnegative(_var_mean("std", input, dim, unbiased, keepdim, correction)[0], 2)
 
 
 @ltorch_op(torch_fns=[torch.var_mean])
@@ -234,7 +246,7 @@ def std_mean(input: TensorProxy, dim: Any = None, unbiased: bool | None = None, 
              correction: Any = None) -> tuple[TensorProxy, TensorProxy]:
     """torch.std_mean: (standard deviation, mean)."""
     v, m = _var_mean("std_mean", input, dim, unbiased, keepdim, correction)
-    return sqrt(v), m
+    return root_of_nonnegative(v, 2), m
 
 
 def _declare_truth_reduction(name: str, prim: Any) -> Any:
@@ -329,9 +341,9 @@ def vector_norm_of(op: str, x: TensorProxy, ord: Any, dim: Any, keepdim: bool, d
     elif ord == 1:
         out = prims.sum(a, dims)
     elif ord == 2:
-        out = sqrt(prims.sum(mul(a, a), dims))
+        out = root_of_nonnegative(prims.sum(mul(a, a), dims), 2)
     else:
-        out = pow_(prims.sum(pow_(a, ord), dims), 1.0 / ord)
+        out = root_of_nonnegative(prims.sum(pow_(a, ord), dims), ord)
     return _finish(out, real, x.shape, dims, keepdim)
 
 

@@ -42,6 +42,7 @@ from minijit.transforms.vjp.registry import (
     reshape_to,
     sum_to_shape,
     vjp,
+    zeros_like,
 )
 
 P = prims
@@ -473,3 +474,19 @@ def rms_norm_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
         batch = tuple(range(a.ndim - n))
         gw = cast_like(P.sum(P.mul(gg, y), batch) if batch else P.mul(gg, y), weight)
     return cast_like(gx, a), None, gw, None
+
+
+# -- the root that ends std and the norms -------------------------------------------------------------------
+
+@vjp("ltorch.root_of_nonnegative")
+def root_of_nonnegative_fwd(s: TensorProxy, n: Any) -> Any:
+    out = ALL_LTORCH["root_of_nonnegative"](s, n)
+    return out, (out, n)
+
+
+@root_of_nonnegative_fwd.backward
+def root_of_nonnegative_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
+    out, n = saved
+    # d(s ** (1/n))/ds = 1 / (n * out ** (n - 1)); eager's std and norm backward make it 0 where out is 0.
+    slope = prims.mul(out if n == 2 else prims.pow(out, n - 1), n)
+    return prims.where(prims.eq(out, 0), zeros_like(g), prims.div(g, slope)), None
