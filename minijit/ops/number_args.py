@@ -19,8 +19,7 @@ from typing import Any
 
 import torch
 
-from minijit.errors import UnsupportedOpError
-from minijit.errors import MinijitError
+from minijit.errors import MinijitError, UnsupportedOpError
 from minijit.ir import IntegerProxy, NumberProxy, TensorProxy, current_trace, tree_flatten
 from minijit.ir.context import where_now
 from minijit.ir.proxies import data_dependent, number_value
