@@ -144,3 +144,22 @@ def _operand(trace: Any, x: Any) -> Any:
     if isinstance(x, NumberProxy) or type(x) in _NUMBER_TYPES:
         raise _NotANumber  # a float, complex or bool: not a size
     return x
+
+
+def known_slice_bounds(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """`args` with each slice bound (in a key: `x[:, :k]`) that is a tensor whose number the trace keeps
+    (`Trace.number_tensors`) given as that number, as eager reads a slice bound (`__index__`), with no guard on it."""
+    trace = current_trace()
+    if trace is None or not trace.number_tensors:
+        return args
+
+    def bounds(x: Any) -> Any:
+        if isinstance(x, slice):
+            parts = (x.start, x.stop, x.step)
+            known = [trace.known_number(p) if isinstance(p, TensorProxy) else None for p in parts]
+            return slice(*(p if k is None else k for p, k in zip(parts, known, strict=True)))
+        if type(x) in (tuple, list):
+            return type(x)(bounds(item) for item in x)
+        return x
+
+    return tuple(bounds(a) for a in args)
