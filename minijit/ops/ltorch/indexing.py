@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from minijit.errors import MetaError, UnsupportedOpError
-from minijit.ir import TENSOR_METHODS, VIEWS_IF_BASIC_KEY, Effects, IntegerProxy, NumberProxy, TensorProxy, current_trace
+from minijit.ir import TENSOR_METHODS, VIEWS_IF_BASIC_KEY, Effects, IntegerProxy, NumberProxy, TensorProxy
 from minijit.ir.context import where_now
 from minijit.ops import prims
 from minijit.ops.ltorch.shape import movedim, permute, slice_dim
@@ -75,17 +75,6 @@ def _is_int(x: Any) -> bool:
     return type(x) is int or isinstance(x, IntegerProxy)
 
 
-def _known_bounds(s: slice) -> slice:
-    """`s` with each bound that is a 0-dim integer tensor made of sizes and numbers only (`Trace.known_number`)
-    given as its number, as eager reads it (`__index__`), with no guard on its value."""
-    trace = current_trace()
-    bounds = (s.start, s.stop, s.step)
-    known = [trace.known_number(b) if trace is not None and isinstance(b, TensorProxy) else None for b in bounds]
-    if all(k is None for k in known):
-        return s
-    return slice(*(b if k is None else k for b, k in zip(bounds, known, strict=True)))
-
-
 def _key_tuple(key: Any) -> tuple[Any, ...]:
     """The key as a tuple of indices."""
     if isinstance(key, list):
@@ -114,7 +103,6 @@ def _key_items(op: str, a: TensorProxy, key: Any) -> list[Any]:
             if item.dtype not in _INDEX_DTYPES:
                 raise _fail(op, f"tensors used as indices must be integer or bool tensors, got {item.dtype}")
         elif isinstance(item, slice):
-            items[i] = item = _known_bounds(item)
             for part in (item.start, item.stop, item.step):
                 if part is not None and not _is_int(part):
                     raise UnsupportedOpError(f"ltorch.{op}: slice bounds must be ints, got "
