@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
-from minijit.errors import MetaError, UnsupportedOpError, UnsupportedSyntaxError
-from minijit.frontend.folding import NOT_FOLDED, fold, fold_numbers_only, unfold_sizes
+from minijit.errors import MetaError, MinijitError, UnsupportedOpError, UnsupportedSyntaxError
+from minijit.frontend.folding import NOT_FOLDED, fold, fold_numbers_only, unfold_sizes, with_known_numbers
 from minijit.frontend.frame import current_state
 from minijit.frontend.interpreter import run_function
 from minijit.frontend.lookasides import LOOKASIDES
@@ -141,7 +141,7 @@ def call(fn: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> 
         return call(fn.__func__, (fn.__self__, *args), kwargs)
     if t is _BoundMethod:
         args, kwargs = unfold_sizes(args, kwargs)
-        return fn(*args, **kwargs)
+        return _with_known_numbers_if_refused(fn, args, kwargs)
     if t is types.MethodWrapperType and fn.__name__ in ("__setattr__", "__delattr__"):
         # `super().__setattr__(name, value)`: object's own slot, bound; an effect on an outside object.
         if getattr(fn, "__objclass__", None) is object:
@@ -201,12 +201,24 @@ def _call_ltorch(fn: Any, sym: Any, args: tuple[Any, ...] | list[Any], kwargs: d
         return folded
     args, kwargs = unfold_sizes(args, kwargs)
     try:
-        return call_ltorch(fn, sym, args, kwargs)
+        return _with_known_numbers_if_refused(lambda *a, **k: call_ltorch(fn, sym, a, k), args, kwargs)
     except MetaError:
         folded = fold_numbers_only(fn, args, kwargs)
         if folded is NOT_FOLDED:
             raise
         return folded
+
+
+def _with_known_numbers_if_refused(fn: Callable[..., Any], args: Any, kwargs: dict[str, Any]) -> Any:
+    """`fn(*args, **kwargs)`; where refused, the call with the traced 0-dim integer tensors whose values are known
+    numbers given as those numbers, as eager reads them where it needs an int (minijit/frontend/folding.py)."""
+    try:
+        return fn(*args, **kwargs)
+    except MinijitError:
+        numbers = with_known_numbers(args, kwargs)
+        if numbers is None:
+            raise
+    return fn(*numbers[0], **numbers[1])
 
 
 def dispatch_torch_function(fn: Any, overloaded: list[Any], args: tuple[Any, ...] | list[Any],

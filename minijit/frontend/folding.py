@@ -18,14 +18,16 @@ never folded (its value may change between calls: it is a trace input).
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import torch
 
-from minijit.ir import Proxy, Trace, current_trace, tree_flatten, tree_map
+from minijit.ir import Proxy, TensorProxy, Trace, current_trace, tree_flatten, tree_map
+from minijit.ir.context import value_reader
 from minijit.ops.opaque import draws_random_numbers
 
-__all__ = ["NOT_FOLDED", "fold", "fold_numbers_only", "fresh_folded", "unfold_sizes"]
+__all__ = ["NOT_FOLDED", "fold", "fold_numbers_only", "fresh_folded", "unfold_sizes", "with_known_numbers"]
 
 NOT_FOLDED = object()
 
@@ -69,17 +71,42 @@ def fold_numbers_only(fn: Any, args: Any, kwargs: dict[str, Any]) -> Any:
 
 def unfold_sizes(args: Any, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     """The arguments with each folded 0-dim integer tensor replaced by its value (unchanged when there is none)."""
-    folded = _folded(current_trace())
-    if not folded:
+    trace = current_trace()
+    if trace is None or not trace.folded_constants:
         return args, kwargs
 
     def value(x: Any) -> Any:
-        if (isinstance(x, torch.Tensor) and id(x) in folded and x.ndim == 0
-                and not (x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool)):
-            return int(x)
-        return x
+        known = trace.known_number(x) if isinstance(x, torch.Tensor) else None
+        return x if known is None else known
 
     return tree_map(value, (args, kwargs))
+
+
+def with_known_numbers(args: Any, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]] | None:
+    """The arguments with each traced 0-dim integer tensor replaced by the number it holds, as `__index__` reads it:
+    the number the trace knows where it was computed from sizes and numbers only (`Trace.number_tensors`), with no
+    guard on its value; else its value read from data (the value-guard path); None where there is no such tensor.
+
+    For a call refused with the tensors: eager reads such a tensor given where it needs an int (`__index__`:
+    `x.view(n, torch.div(x.size(1), n, rounding_mode="trunc"))`), so the call with the number is eager's."""
+    trace = current_trace()
+    if trace is None or not (trace.number_tensors or value_reader() is not None):
+        return None
+    found = False
+
+    def value(x: Any) -> Any:
+        nonlocal found
+        if not (isinstance(x, TensorProxy) and x.shape == () and not x.dtype.is_floating_point
+                and not x.dtype.is_complex and x.dtype != torch.bool):
+            return x
+        known = trace.known_number(x)
+        if known is None and value_reader() is None:
+            return x
+        found = True
+        return known if known is not None else operator.index(x)
+
+    replaced = tree_map(value, (args, kwargs))
+    return replaced if found else None
 
 
 def fresh_folded(value: Any) -> Any:

@@ -18,6 +18,7 @@ from minijit.errors import UnsupportedMethodError, UnsupportedSyntaxError
 from minijit.ir.context import (
     add_constraint,
     capturing,
+    current_trace,
     known_constraint,
     known_equal,
     new_name,
@@ -522,6 +523,10 @@ class TensorProxy(Proxy):
         return self._python_number("float")
 
     def _python_number(self, how: str) -> Any:
+        trace = current_trace()
+        known = trace.known_number(self) if trace is not None else None
+        if known is not None:  # made of sizes and numbers only (minijit.ops.number_args): no read of data
+            return {"index": operator.index, "int": int, "float": float}[how](known)
         if value_reader() is not None:
             return _read(self, how, None)
         raise UnsupportedSyntaxError(

@@ -16,6 +16,7 @@ import torch
 from minijit.errors import MetaError, MinijitError
 from minijit.ir import NO_EFFECTS, TENSOR_METHODS, Effects, Symbol, Tag, check_table, current_trace
 from minijit.ops.autocast import autocast_arguments
+from minijit.ops.number_args import known_slice_bounds, note_number_tensor
 
 # torch callable (function, method descriptor, builtin) -> ltorch symbol
 TORCH_TO_LTORCH: dict[Any, Symbol] = {}
@@ -30,7 +31,9 @@ _any_autocast = torch._C._is_any_autocast_enabled
 
 class LtorchSymbol(Symbol):
     """An ltorch op. A call made by the user's code under `torch.autocast` first casts its
-    arguments as eager would (`minijit.ops.autocast`)."""
+    arguments as eager would (`minijit.ops.autocast`); one that makes a 0-dim int64 tensor of sizes and
+    numbers only keeps the number it holds (`minijit.ops.number_args.note_number_tensor`), which a slice bound
+    given later reads (`known_slice_bounds`)."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         trace = current_trace()
@@ -38,8 +41,9 @@ class LtorchSymbol(Symbol):
             return super().__call__(*args, **kwargs)
         if _any_autocast():
             args, kwargs = autocast_arguments(self.name, self.meta, args, kwargs)
+        args = known_slice_bounds(args)
         try:
-            return super().__call__(*args, **kwargs)
+            output = super().__call__(*args, **kwargs)
         except MetaError as e:
             # Inputs eager rejects too: the error is eager's type as well, for the user's `except`.
             from minijit.ops.eager_errors import eager_error  # it reads the layouts minijit.ops.strides keeps
@@ -58,6 +62,8 @@ class LtorchSymbol(Symbol):
             if refusal is None:
                 raise
             raise refusal from None
+        note_number_tensor(self.name, args, kwargs, output)
+        return output
 
 
 def ltorch_op(

@@ -213,7 +213,8 @@ def unary_op(value: Any, opname: str) -> Any:
     value = traced(value)
     if dunder in python_members(type(value)):
         return call_dunder(value, dunder)
-    return native(value)
+    folded = fold(native, (value,), {})  # `-k` of a tensor folded from numbers: folded too
+    return native(value) if folded is NOT_FOLDED else folded
 
 
 def truth(value: Any) -> bool:

@@ -273,7 +273,7 @@ def _nested_shape(op: str, data: Any) -> tuple[int, ...]:
         if len(shapes) > 1:
             raise fail(op, f"nested sequences have ragged shapes {sorted(shapes)}")
         return (len(data), *(shapes.pop() if shapes else ()))
-    if isinstance(data, bool | int | float | complex) and not isinstance(data, NumberProxy):
+    if isinstance(data, bool | int | float | complex | NumberProxy):  # a symbolic number too: torch.tensor(x.size(1))
         return ()
     raise fail(op, f"only (nested lists of) Python numbers are supported, got {type(data).__name__}")
 
