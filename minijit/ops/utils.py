@@ -9,7 +9,8 @@ import torch
 
 from minijit.errors import DeviceError, MetaError, UnsupportedOpError
 from minijit.ir import FloatProxy, IntegerProxy, NumberProxy, TensorProxy
-from minijit.ir.context import where_now
+from minijit.ir.context import capturing, where_now
+from minijit.ir.proxies import number_value
 from minijit.ops import prims
 
 _CATEGORY = {bool: 0, int: 1, float: 2, complex: 3}
@@ -192,11 +193,16 @@ def infer_shape(op: str, shape: Sequence[Any], numel: Any) -> tuple[Any, ...]:
     for i, d in enumerate(shape):
         if i not in unknown:
             product = d if type(product) is int and product == 1 else product * d
+    # A capture checks the shape (recording what it relies on). A pass re-recording the reshape on
+    # another value of the same size (functionalization's replay) may hold sizes that are equal on
+    # every call but spelt otherwise, which the pass cannot prove equal: the capture's check stands,
+    # and the values decide (a pass never makes a valid reshape invalid).
+    n, p = (numel, product) if capturing() else (number_value(numel), number_value(product))
     if unknown:
-        if product == 0 or numel % product != 0:
+        if p == 0 or n % p != 0:
             raise MetaError(f"ltorch.{op}: shape {list(shape)} is invalid for input of size {numel}{where_now()}")
         return tuple(numel // product if i in unknown else d for i, d in enumerate(shape))
-    if product != numel:
+    if p != n:
         raise MetaError(f"ltorch.{op}: shape {list(shape)} is invalid for input of size {numel}{where_now()}")
     return shape
 
