@@ -238,6 +238,13 @@ def known_compare(a: NumberProxy, op: str, b: Any) -> bool:
     return op == "!="  # not known equal
 
 
+def checked_sizes(*sizes: Any) -> tuple[Any, ...]:
+    """The sizes an op's argument check compares: themselves while capturing (the check records what the
+    trace relies on); their values when a pass re-records an op the capture checked, whose sizes may be
+    equal on every call but spelt otherwise (the capture's constraints keep the check true)."""
+    return sizes if capturing() else tuple(number_value(x) for x in sizes)
+
+
 def same_value(a: Any, b: Any) -> bool:
     """Whether numbers `a` and `b` (plain or proxies) are equal on every call the trace runs for, as a pass
     asks it: the same symbolic value, or equal by the compile's constraints (`known_compare`); records nothing."""

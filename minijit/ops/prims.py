@@ -20,7 +20,7 @@ import torch
 from minijit.errors import MetaError
 from minijit.ir import Effects, FloatProxy, IntegerProxy, NumberProxy, Symbol, Tag, TensorProxy
 from minijit.ir.context import where_now
-from minijit.ir.proxies import NUMBER_METHODS, number_value
+from minijit.ir.proxies import NUMBER_METHODS, checked_sizes, number_value
 
 Number = int | float | bool | complex | NumberProxy
 Shape = tuple[int | IntegerProxy, ...]
@@ -171,7 +171,8 @@ def _broadcast_in_dim_meta(x: TensorProxy, shape: Shape, broadcast_dims: Sequenc
     for d, size in zip(broadcast_dims, x.shape, strict=True):
         if not last < d < len(shape):
             raise _fail("broadcast_in_dim", f"broadcast_dims {tuple(broadcast_dims)} must be increasing and < {len(shape)}")
-        if size != 1 and size != shape[d]:
+        checked_size, checked_target = checked_sizes(size, shape[d])
+        if checked_size != 1 and checked_size != checked_target:
             raise _fail("broadcast_in_dim", f"cannot broadcast {tuple(x.shape)} to {tuple(shape)}")
         last = d
     return TensorProxy.like(x, shape=tuple(shape))

@@ -10,7 +10,7 @@ import torch
 from minijit.errors import DeviceError, MetaError, UnsupportedOpError
 from minijit.ir import FloatProxy, IntegerProxy, NumberProxy, TensorProxy
 from minijit.ir.context import capturing, where_now
-from minijit.ir.proxies import number_value
+from minijit.ir.proxies import checked_sizes, number_value
 from minijit.ops import prims
 
 _CATEGORY = {bool: 0, int: 1, float: 2, complex: 3}
@@ -71,16 +71,28 @@ def float_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def broadcast_shapes(*shapes: Sequence[Any]) -> tuple[Any, ...]:
     """The shape that all `shapes` broadcast to, or a MetaError naming them."""
+    out = _broadcast(shapes, lambda x: x)
+    if out is None and not capturing():
+        # A pass re-recording an op the capture checked (functionalization's replay) may hold sizes
+        # equal on every call but spelt otherwise, which it cannot prove equal: the values decide
+        # where the pass's own answer would refuse (the capture's constraints keep them true).
+        out = _broadcast(shapes, number_value)
+    if out is None:
+        raise MetaError(f"shapes {', '.join(str(tuple(x)) for x in shapes)} cannot be broadcast together{where_now()}")
+    return out
+
+
+def _broadcast(shapes: Sequence[Sequence[Any]], value: Any) -> tuple[Any, ...] | None:
     ndim = max((len(s) for s in shapes), default=0)
     out: list[Any] = [1] * ndim
     for s in shapes:
         for i, d in enumerate(s, start=ndim - len(s)):
-            if d == 1:
+            if value(d) == 1:
                 continue
-            if out[i] == 1:
+            if value(out[i]) == 1:
                 out[i] = d
-            elif out[i] != d:
-                raise MetaError(f"shapes {', '.join(str(tuple(x)) for x in shapes)} cannot be broadcast together{where_now()}")
+            elif value(out[i]) != value(d):
+                return None
     return tuple(out)
 
 
@@ -193,11 +205,7 @@ def infer_shape(op: str, shape: Sequence[Any], numel: Any) -> tuple[Any, ...]:
     for i, d in enumerate(shape):
         if i not in unknown:
             product = d if type(product) is int and product == 1 else product * d
-    # A capture checks the shape (recording what it relies on). A pass re-recording the reshape on
-    # another value of the same size (functionalization's replay) may hold sizes that are equal on
-    # every call but spelt otherwise, which the pass cannot prove equal: the capture's check stands,
-    # and the values decide (a pass never makes a valid reshape invalid).
-    n, p = (numel, product) if capturing() else (number_value(numel), number_value(product))
+    n, p = checked_sizes(numel, product)
     if unknown:
         if p == 0 or n % p != 0:
             raise MetaError(f"ltorch.{op}: shape {list(shape)} is invalid for input of size {numel}{where_now()}")

@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import torch
 
 import minijit
@@ -246,5 +247,37 @@ def test_reshape_of_an_out_written_input_replayed_by_functionalization():
         eager_in, jit_in = [x.clone() for x in inputs], [x.clone() for x in inputs]
         for g, e in zip(jf(*jit_in), f(*eager_in), strict=True):
             _close(g, e)
+        for j, e in zip(jit_in, eager_in, strict=True):
+            _close(j, e)
+
+
+def _expand_an_out_written_input(v0, v1):
+    torch.sin(v0, out=v1)
+    flat = v1.reshape(-1, 2)
+    return flat.expand(2, *flat.shape)
+
+
+def _broadcast_a_row_against_an_out_written_input(v0, v1):
+    rows = v0[::2]  # one row at sizes 1 and 2: broadcasts; two rows at 3 and 4: eager refuses
+    torch.sin(v1, out=v0)
+    return v1.mul_(rows)
+
+
+@pytest.mark.parametrize("fn, sizes", [(_expand_an_out_written_input, [5, 3, 6]),
+                                       (_broadcast_a_row_against_an_out_written_input, [2, 1, 2, 4])])
+def test_size_checks_replayed_by_functionalization_match_eager(fn, sizes):
+    # functionalize re-records expand / the broadcast of mul_ on values whose sizes are spelt otherwise
+    # than the capture's: they were refused ("the size 10 of dim 0 must match 10", "cannot be broadcast").
+    jf = minijit.jit(fn, cache="symbolic values")
+    for n in sizes:
+        inputs = [torch.randn(n, 4), torch.randn(n, 4)]
+        eager_in, jit_in = [x.clone() for x in inputs], [x.clone() for x in inputs]
+        try:
+            expected = fn(*eager_in)
+        except RuntimeError:
+            with pytest.raises((RuntimeError, minijit.MinijitError)):
+                jf(*jit_in)
+            continue
+        _close(jf(*jit_in), expected)
         for j, e in zip(jit_in, eager_in, strict=True):
             _close(j, e)

@@ -24,7 +24,7 @@ from minijit.ir.context import where_now
 from minijit.ops import prims
 from minijit.ops.registry import ltorch_op
 from minijit.ops.strides import check_viewable, user_layout
-from minijit.ops.utils import canonical_dim, infer_shape, reshape_to, shape_arg, unsqueeze_at
+from minijit.ops.utils import canonical_dim, checked_sizes, infer_shape, reshape_to, shape_arg, unsqueeze_at
 
 # The output views the input (functionalization makes writes through it update the input);
 # with VIEW_OR_COPY only where eager can make a view, else it is a copy.
@@ -239,9 +239,11 @@ def _expand(op: str, a: TensorProxy, sizes: tuple[Any, ...]) -> TensorProxy:
         old = a.shape[i - offset]
         if type(size) is int and size == -1:
             shape[i] = old
-        elif old != 1 and old != size:
-            raise _fail(op, f"the size {old} of dim {i - offset} must match {size} in {list(sizes)} "
-                            f"(only size-1 dims expand), tensor shape {tuple(a.shape)}")
+        else:
+            checked_old, checked_size = checked_sizes(old, size)
+            if checked_old != 1 and checked_old != checked_size:
+                raise _fail(op, f"the size {old} of dim {i - offset} must match {size} in {list(sizes)} "
+                                f"(only size-1 dims expand), tensor shape {tuple(a.shape)}")
     if offset == 0 and tuple(shape) == tuple(a.shape):
         return a
     return prims.broadcast_in_dim(a, tuple(shape), tuple(range(offset, len(shape))))
