@@ -281,3 +281,23 @@ def test_size_checks_replayed_by_functionalization_match_eager(fn, sizes):
         _close(jf(*jit_in), expected)
         for j, e in zip(jit_in, eager_in, strict=True):
             _close(j, e)
+
+
+def _squeeze_a_view_of_a_copied_into_input(v0, v1):
+    v1.copy_(v0)
+    row = v1[::2].squeeze(0)  # one row at sizes 1 and 2: squeezed to (4,)
+    torch.sin(v1, out=v0)
+    return row
+
+
+def test_a_replayed_squeeze_decides_as_the_capture_did():
+    # functionalize re-records `v1[::2].squeeze(0)` on v0's value (v1.copy_(v0)), whose size is spelt
+    # `(v0.shape[0] + 1) // 2`: squeeze kept the dim the capture squeezed, a (1, 4) result for eager's (4,).
+    fn = _squeeze_a_view_of_a_copied_into_input
+    jf = minijit.jit(fn, cache="symbolic values")
+    for n in (2, 3, 4, 1, 2):
+        inputs = [torch.randn(n, 4), torch.randn(n, 4)]
+        eager_in, jit_in = [x.clone() for x in inputs], [x.clone() for x in inputs]
+        _close(jf(*jit_in), fn(*eager_in))
+        for j, e in zip(jit_in, eager_in, strict=True):
+            _close(j, e)
