@@ -89,6 +89,29 @@ def knowing_constraints(constraints: Sequence[str]) -> Iterator[None]:
         _KNOWN.reset(token)
 
 
+# Inside a pass's record of a bound symbol the capture recorded, on values of the same sizes
+# (functionalization's replays): the op's meta decides as the capture did.
+_REPLAYING: ContextVar[bool] = ContextVar("minijit_replaying", default=False)
+
+
+@contextmanager
+def replaying_captured() -> Iterator[None]:
+    """Let the block re-record ops the capture recorded, on values of the same sizes: comparisons of
+    symbolic sizes in their metas are decided on the values, as the capture decided them (its guard
+    keeps them true), not as unknown where the sizes are spelt otherwise (`x.shape[0]` after a
+    functionalized `x.copy_(y)` reads `y.shape[0]`)."""
+    token = _REPLAYING.set(True)
+    try:
+        yield
+    finally:
+        _REPLAYING.reset(token)
+
+
+def replaying() -> bool:
+    """True inside `replaying_captured`."""
+    return _REPLAYING.get()
+
+
 def capturing() -> bool:
     """True inside a capture, where comparisons of symbolic numbers are guarded."""
     return _CONSTRAINTS.get() is not None

@@ -22,6 +22,7 @@ from minijit.ir.context import (
     known_constraint,
     known_equal,
     new_name,
+    replaying,
     value_reader,
     where_now,
 )
@@ -228,7 +229,7 @@ def known_compare(a: NumberProxy, op: str, b: Any) -> bool:
     are not the same size. Orderings are decided on the traced values.
     """
     result = bool(_COMPARISONS[op](a.value, number_value(b)))
-    if op not in ("==", "!="):
+    if op not in ("==", "!=") or replaying():
         return result
     if _expression(a) == _expression(b):
         return op == "=="
@@ -237,6 +238,13 @@ def known_compare(a: NumberProxy, op: str, b: Any) -> bool:
     if result == (op == "==") and known_equal(_expression(a), _expression(b)):
         return result
     return op == "!="  # not known equal
+
+
+def checked_sizes(*sizes: Any) -> tuple[Any, ...]:
+    """The sizes an op's argument check compares: themselves while capturing (the check records what the
+    trace relies on); their values when a pass re-records an op the capture checked, whose sizes may be
+    equal on every call but spelt otherwise (the capture's constraints keep the check true)."""
+    return sizes if capturing() else tuple(number_value(x) for x in sizes)
 
 
 def same_value(a: Any, b: Any) -> bool:
@@ -287,6 +295,9 @@ def broadcasts_to(size: Any, target: Any) -> bool:
     """
     if is_one(size) or same_size(size, target):
         return True
+    if not capturing():  # a pass re-recording what the capture checked: the values (`checked_sizes`)
+        checked_size, checked_target = checked_sizes(size, target)
+        return checked_size == 1 or checked_size == checked_target
     if number_value(size) == number_value(target):
         return bool(size == target)
     return bool(size == 1)

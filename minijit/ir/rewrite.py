@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from minijit.errors import MinijitError, where
-from minijit.ir.context import current_trace, tracing
+from minijit.ir.context import current_trace, replaying_captured, tracing
 from minijit.ir.proxies import Proxy
 from minijit.ir.pytree import tree_flatten, tree_map
 from minijit.ir.symbol import BoundSymbol, Symbol
@@ -124,7 +124,8 @@ def replay_bsym(bsym: BoundSymbol, env: ProxyMap | Callable[[Any], Any], *, sym:
         assert trace is not None, "replay_bsym records into the current trace"
         trace.bound_symbols.append(bsym)
         return bsym.output
-    result = (sym or bsym.sym)(*args, **kwargs)
+    with replaying_captured():
+        result = (sym or bsym.sym)(*args, **kwargs)
     if isinstance(env, ProxyMap):
         env.bind(bsym.output, result)
     return result

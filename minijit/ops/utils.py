@@ -9,8 +9,8 @@ import torch
 
 from minijit.errors import DeviceError, MetaError, UnsupportedOpError
 from minijit.ir import FloatProxy, IntegerProxy, NumberProxy, TensorProxy
-from minijit.ir.context import where_now
-from minijit.ir.proxies import equal_sizes, is_one, number_value, same_size
+from minijit.ir.context import capturing, where_now
+from minijit.ir.proxies import checked_sizes, equal_sizes, is_one, number_value, same_size
 from minijit.ops import prims
 
 _CATEGORY = {bool: 0, int: 1, float: 2, complex: 3}
@@ -72,11 +72,28 @@ def float_dtype(dtype: torch.dtype) -> torch.dtype:
 def broadcast_shapes(*shapes: Sequence[Any]) -> tuple[Any, ...]:
     """The shape that all `shapes` broadcast to, or a MetaError naming them."""
     ndim = max((len(s) for s in shapes), default=0)
-    out: list[Any] = []
-    for i in range(ndim):
-        dims = [s[i - ndim + len(s)] for s in shapes if i - ndim + len(s) >= 0]
-        out.append(_broadcast_dim(dims, shapes))
-    return tuple(out)
+    columns = [[s[i - ndim + len(s)] for s in shapes if i - ndim + len(s) >= 0] for i in range(ndim)]
+    try:
+        return tuple(_broadcast_dim(dims, shapes) for dims in columns)
+    except MetaError:
+        if capturing():
+            raise
+        # A pass re-recording an op the capture checked (functionalization's replay) may hold sizes
+        # equal on every call but spelt otherwise, which it cannot prove equal: the values decide
+        # where the pass's own answer would refuse (the capture's constraints keep them true).
+        return tuple(_broadcast_by_value(dims, shapes) for dims in columns)
+
+
+def _broadcast_by_value(dims: list[Any], shapes: tuple[Sequence[Any], ...]) -> Any:
+    out: Any = 1
+    for d in dims:
+        if number_value(d) == 1:
+            continue
+        if number_value(out) == 1:
+            out = d
+        elif number_value(out) != number_value(d):
+            raise MetaError(f"shapes {', '.join(str(tuple(x)) for x in shapes)} cannot be broadcast together{where_now()}")
+    return out
 
 
 def _broadcast_dim(dims: list[Any], shapes: tuple[Sequence[Any], ...]) -> Any:
@@ -216,11 +233,12 @@ def infer_shape(op: str, shape: Sequence[Any], numel: Any) -> tuple[Any, ...]:
     for i, d in enumerate(shape):
         if i not in unknown:
             product = d if type(product) is int and product == 1 else product * d
+    n, p = checked_sizes(numel, product)
     if unknown:
-        if product == 0 or numel % product != 0:
+        if p == 0 or n % p != 0:
             raise MetaError(f"ltorch.{op}: shape {list(shape)} is invalid for input of size {numel}{where_now()}")
         return tuple(numel // product if i in unknown else d for i, d in enumerate(shape))
-    if product != numel:
+    if p != n:
         raise MetaError(f"ltorch.{op}: shape {list(shape)} is invalid for input of size {numel}{where_now()}")
     return shape
 

@@ -50,6 +50,7 @@ from minijit.ir import (
     check_table,
     tree_flatten,
 )
+from minijit.ir.context import replaying_captured
 from minijit.ir.proxies import number_value, same_shape, same_value
 from minijit.ir.rewrite import ProxyMap, replay_bsym
 from minijit.ops import prims
@@ -73,7 +74,8 @@ def output_position(bsym: BoundSymbol, out: Proxy) -> int:
 def replay(bsym: BoundSymbol, out: Proxy, new_input: TensorProxy) -> TensorProxy:
     """Record `bsym` again on `new_input` (in the current trace) and return its output at `out`'s position."""
     args, kwargs = _with_viewed(bsym, new_input)
-    result = layout_free(bsym.sym)(*args, **kwargs)
+    with replaying_captured():
+        result = layout_free(bsym.sym)(*args, **kwargs)
     return tree_flatten(result)[output_position(bsym, out)]
 
 
