@@ -132,7 +132,7 @@ def autograd_callable(compiled: CompiledGrad) -> Callable[..., Any]:
             with torch.no_grad():
                 return compiled.forward(*tensors)[0]
         for i in dirty:
-            if tensors[i].is_leaf:
+            if tensors[i].is_leaf and tensors[i].requires_grad:
                 raise InplaceError(f"a leaf Variable that requires grad is being used in an in-place operation "
                                    f"(input {compiled.input_names[i]} of {compiled.name!r}, as in eager); use "
                                    "torch.no_grad() or write into a clone")

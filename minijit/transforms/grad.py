@@ -201,6 +201,10 @@ class _Splitter:
                         "grad, outside the write-backs of the functionalize pass"
                     )
                 self.dirty.append((p, bsym.copied_value()))
+            elif p.name in inputs and self._takes_history(p, bsym):
+                # An input that does not require grad, written with a value that does: in eager the input
+                # takes the value's history (`buf.copy_(x.sum(0))` makes buf require grad); so here.
+                self.dirty.append((p, bsym.copied_value()))
             elif p.name not in inputs:
                 raise MinijitError(
                     f"{bsym.sym.id}{where(bsym.source)} writes in place into the intermediate tensor {p.name}, which "
@@ -208,6 +212,15 @@ class _Splitter:
                     "the out-of-place op instead"
                 )
         self.fwd.bound_symbols.append(bsym)
+
+    def _takes_history(self, p: TensorProxy, bsym: BoundSymbol) -> bool:
+        """Whether the write-back `bsym` into input `p` (not requiring grad) gives it a value requiring grad."""
+        if not bsym.sym.effects.copies or not is_differentiable(p):
+            return False
+        if self.written_with_grad is not None and p.name not in self.written_with_grad:
+            return False  # written under torch.no_grad() only
+        value = bsym.copied_value()
+        return isinstance(value, TensorProxy) and is_differentiable(value) and value.name in self.requires
 
     def _apply_rule(self, bsym: BoundSymbol, rule: VjpRule, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         start = len(self.fwd.bound_symbols)

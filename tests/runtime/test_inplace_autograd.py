@@ -207,3 +207,51 @@ def test_writing_a_view_of_a_non_leaf_input():
         results.append((out.detach(), p.detach(), x.grad, w.grad))
     for e, g in zip(*results):
         torch.testing.assert_close(g, e)
+
+
+def _copy_sum(x, buf):
+    buf.copy_(x.sum(0))
+    return buf
+
+
+def _add_sum_scaled(x, buf):
+    buf.add_(x.sum(0))
+    return buf * 2
+
+
+def _setitem_then_other_output(x, buf):
+    buf[1:3] = x[0, :2]
+    return x.mean()
+
+
+def _write_into_a_view(x, buf):
+    buf[0].copy_(x[1])
+    return buf.sum()
+
+
+def _write_under_no_grad(x, buf):
+    with torch.no_grad():
+        buf.copy_(x.sum(0))
+    return x.mean() + buf.sum()
+
+
+@pytest.mark.parametrize("fn", [_copy_sum, _add_sum_scaled, _setitem_then_other_output, _write_into_a_view,
+                                _write_under_no_grad])
+def test_an_input_not_requiring_grad_takes_the_history_of_what_is_written_into_it(fn):
+    # Eager: `buf.copy_(value requiring grad)` makes buf require grad, with the value's history; a loss
+    # that reads buf afterwards differentiates through it into x.
+    jf = minijit.jit(fn)
+    for _ in range(2):
+        results = []
+        for run in (fn, jf):
+            torch.manual_seed(0)
+            x = torch.randn(3, 4, requires_grad=True)
+            buf = torch.zeros(3, 4) if fn is _write_into_a_view else torch.zeros(4)
+            out = run(x, buf)
+            (out.sum() + (buf * buf).sum()).backward()
+            results.append((out.detach(), buf.detach(), buf.requires_grad, x.grad))
+        (want_out, want_buf, want_rg, want_grad), (out, buf, rg, grad) = results
+        torch.testing.assert_close(out, want_out)
+        torch.testing.assert_close(buf, want_buf)
+        assert rg == want_rg
+        torch.testing.assert_close(grad, want_grad)

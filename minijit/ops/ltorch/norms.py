@@ -74,8 +74,9 @@ def batch_norm(input: TensorProxy, running_mean: TensorProxy | None, running_var
             return aten_prims.batch_norm_no_stats(input, weight, bias, True, momentum, eps)[0]
         out, _, _, new_mean, new_var = aten_prims.batch_norm_training(input, weight, bias, running_mean, running_var,
                                                                       True, momentum, eps)
-        prims.copy_(new_mean, running_mean)
-        prims.copy_(new_var, running_var)
+        with torch.no_grad():  # eager's kernel updates the running statistics without history
+            prims.copy_(new_mean, running_mean)
+            prims.copy_(new_var, running_var)
         return out
     if running_mean is None:
         raise fail("batch_norm", "running_mean and running_var must be given in evaluation mode (training=False)")
@@ -110,8 +111,9 @@ def instance_norm(input: TensorProxy, running_mean: TensorProxy | None = None,  
         return reshape_to(out, input.shape)
     out, _, _, new_mean, new_var = aten_prims.batch_norm_training(
         planes, repeated(weight), repeated(bias), repeated(running_mean), repeated(running_var), True, momentum, eps)
-    prims.copy_(to_dtype(mean(reshape_to(new_mean, (n, c)), 0), running_mean.dtype), running_mean)
-    prims.copy_(to_dtype(mean(reshape_to(new_var, (n, c)), 0), running_var.dtype), running_var)
+    with torch.no_grad():  # eager's kernel updates the running statistics without history
+        prims.copy_(to_dtype(mean(reshape_to(new_mean, (n, c)), 0), running_mean.dtype), running_mean)
+        prims.copy_(to_dtype(mean(reshape_to(new_var, (n, c)), 0), running_var.dtype), running_var)
     return reshape_to(out, input.shape)
 
 
