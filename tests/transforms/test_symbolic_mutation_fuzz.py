@@ -21,6 +21,8 @@ import pytest
 import torch
 
 import minijit
+from tests.transforms.test_functionalize_fuzz import clone_inputs as clone_sharing
+from tests.transforms.test_functionalize_fuzz import storage_of
 
 PROGRAMS = int(os.environ.get("MINIJIT_SYMBOLIC_FUZZ_PROGRAMS", "60"))
 SIZES = [[3, 5, 4, 3], [4, 6, 5, 4], [3, 1, 2, 5], [2, 4, 1, 3], [1, 3, 2, 1]]
@@ -87,23 +89,11 @@ def make_inputs(kind: str, n: int, seed: int) -> list[torch.Tensor]:
     return INPUTS[kind](lambda *s: torch.randn(*s, generator=g), n)
 
 
-def storage_of(x: torch.Tensor) -> torch.Tensor:
-    """The whole storage under `x`, as a 1-D tensor."""
-    return x.as_strided((x.untyped_storage().nbytes() // x.element_size(),), (1,), 0)
-
-
 def clone_inputs(inputs: list[torch.Tensor], grad: bool = False) -> list[torch.Tensor]:
     """Clones sharing memory as `inputs` do (with `grad`: independent leaves, the first two requiring grad)."""
     if grad:
         return [x.detach().clone().requires_grad_(i < 2) for i, x in enumerate(inputs)]
-    copies: dict[int, torch.Tensor] = {}
-    out = []
-    for x in inputs:
-        key = x.untyped_storage().data_ptr()
-        if key not in copies:
-            copies[key] = storage_of(x).clone()
-        out.append(copies[key].as_strided(x.shape, x.stride(), x.storage_offset()))
-    return out
+    return clone_sharing(inputs)
 
 
 class Program:
