@@ -405,7 +405,9 @@ def _check_flash_inputs(op: str, q: Any, k: Any, v: Any, attn_mask: Any, is_caus
                         f"{q.dtype}, {k.dtype}, {v.dtype}")
     if not q.device == k.device == v.device or q.device.type != "cpu":
         raise _fail(op, f"query, key and value must be on the CPU, got {q.device}, {k.device}, {v.device}")
-    if not tuple(q.shape[:2]) == tuple(k.shape[:2]) == tuple(v.shape[:2]) or k.shape[2] != v.shape[2]:
+    # Key/value heads may be shared by groups of query heads (GQA), which the kernel takes as they are.
+    if (not q.shape[0] == k.shape[0] == v.shape[0] or k.shape[1] != v.shape[1] or k.shape[1] == 0
+            or q.shape[1] % k.shape[1] or k.shape[2] != v.shape[2]):
         raise _fail(op, f"batch, heads or key length differ: {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     if not q.shape[3] == k.shape[3] == v.shape[3]:
         raise _fail(op, f"query, key and value need one head size, got {q.shape[3]}, {k.shape[3]}, {v.shape[3]}")

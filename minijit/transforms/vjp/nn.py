@@ -268,16 +268,17 @@ def sdpa_fwd(query: TensorProxy, key: TensorProxy, value: TensorProxy, attn_mask
     # kernels do; the backward sums each group's gradients back onto its head.
     groups = _gqa_groups(query, key, value) if enable_gqa else 1
     family = _cuda_family(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    if family is None and dropout_p == 0.0 and _flash_supported(query, key, value, attn_mask, is_causal, scale, groups):
+        # torch's CPU flash kernels take shared key/value heads as they are, forward and backward, as eager runs them.
+        mask = _float_mask(attn_mask, query)
+        out, logsumexp = P.sdpa_flash(query, key, value, mask, is_causal, scale)
+        return out, ("flash", query, key, value, out, logsumexp, mask, is_causal, scale, 1)
     if groups > 1:
         key, value, enable_gqa = _repeat_heads(key, groups), _repeat_heads(value, groups), False
     if family is not None:  # on CUDA: the fused kernel eager's dispatcher picks, and its backward
         mask = _float_mask(attn_mask, query)
         out, logsumexp, seed, offset = cuda_attention.sdpa_cuda(query, key, value, mask, is_causal, scale, family)
         return out, ("cuda", query, key, value, mask, out, logsumexp, seed, offset, is_causal, scale, groups, family)
-    if dropout_p == 0.0 and _flash_supported(query, key, value, attn_mask, is_causal, scale):
-        mask = _float_mask(attn_mask, query)
-        out, logsumexp = P.sdpa_flash(query, key, value, mask, is_causal, scale)
-        return out, ("flash", query, key, value, out, logsumexp, mask, is_causal, scale, groups)
     same_batch = tuple(query.shape[:-2]) == tuple(key.shape[:-2]) == tuple(value.shape[:-2])
     if dropout_p != 0.0 or enable_gqa or not same_batch or query.ndim < 2:
         return NotImplemented
@@ -344,8 +345,9 @@ def _sum_groups(g: TensorProxy, groups: int) -> TensorProxy:
     return P.sum(P.reshape(g, (*batch, hg // groups, groups, s, e)), (len(batch) + 1,))
 
 
-def _flash_supported(q: Any, k: Any, v: Any, mask: Any, is_causal: Any, scale: Any) -> bool:
-    """True where `prims.sdpa_flash` (torch's CPU flash-attention kernel) computes this call."""
+def _flash_supported(q: Any, k: Any, v: Any, mask: Any, is_causal: Any, scale: Any, groups: int) -> bool:
+    """True where `prims.sdpa_flash` (torch's CPU flash-attention kernel) computes this call, `groups` query heads
+    sharing each key/value head."""
     tensors = (q, k, v)
     if not all(isinstance(t, TensorProxy) and t.ndim == 4 for t in tensors):
         return False
@@ -355,8 +357,9 @@ def _flash_supported(q: Any, k: Any, v: Any, mask: Any, is_causal: Any, scale: A
         return False
     if not q.device == k.device == v.device or q.device.type != "cpu":
         return False
-    if not tuple(q.shape[:2]) == tuple(k.shape[:2]) == tuple(v.shape[:2]) or k.shape[2] != v.shape[2]:
-        return False  # broadcast batch dims or shared (GQA) heads
+    if not q.shape[0] == k.shape[0] == v.shape[0] or q.shape[1] != k.shape[1] * groups or k.shape[1] != v.shape[1] \
+            or k.shape[2] != v.shape[2]:
+        return False  # broadcast batch dims, or heads shared otherwise than `groups` says
     if not q.shape[3] == k.shape[3] == v.shape[3] or not isinstance(is_causal, bool):
         return False
     if scale is not None and type(scale) not in (int, float):
