@@ -34,6 +34,8 @@ CASES = {
     "resnet": ([(1, 5), (3, 9)], 1),
     "mistral": ([(1, 5), (2, 6), (1, 9), (3, 9)], 2),
     "gemma2": ([(1, 5), (2, 6), (1, 9), (3, 9)], 2),
+    # Its selective scan is an associative_scan over the length: one opaque scan, not one trace per length.
+    "mamba": ([(1, 5), (2, 6), (1, 9), (3, 13), (2, 17)], 2),
 }
 
 
