@@ -143,6 +143,9 @@ class _Functionalizer:
         # synthetic base's members, the region `a[key]` of a setitem.
         self.own_views: dict[int, ViewStep] = {}
         self.cache: dict[int, tuple[int, TensorProxy]] = {}  # id(view) -> (base version, value)
+        # id(a view of one of several tensors) -> (those tensors, their bases' versions when it was made, the op
+        # that made it): a write into one of them, or into it, cannot be followed (`_check_unsure`).
+        self.unsure: dict[int, tuple[tuple[TensorProxy, ...], tuple[int, ...], BoundSymbol]] = {}
         self.same_as: dict[int, TensorProxy] = {}  # id(aliased input) -> the input standing for its memory
         groups = []
         for group in input_aliases:
@@ -180,6 +183,8 @@ class _Functionalizer:
         p = self.canon(p)
         view = self.view_step(p)
         if view is None:
+            if id(p) in self.unsure:
+                self._check_unsure(p)
             return self.value.get(id(p), p)
         version = self.version.get(id(self.base_of(p)), 0)
         cached = self.cache.get(id(p))
@@ -188,6 +193,21 @@ class _Functionalizer:
         value = replay(view.bsym, view.out, self.resolve(view.parent))
         self.cache[id(p)] = (version, value)
         return value
+
+    def _check_unsure(self, p: TensorProxy, op: BoundSymbol | None = None) -> None:
+        """Refuse a read of (or, with `op`, a write into) `p`, a view of one of several tensors (the view graph's
+        `views_one_of`), once one of those was written: which memory `p` is, this pass cannot tell."""
+        among, versions, bsym = self.unsure[id(p)]
+        written = [t for t, v in zip(among, versions, strict=True)
+                   if self.version.get(id(self.base_of(self.canon(t))), 0) != v]
+        if op is None and not written:
+            return
+        what = f"{op.sym.id}{where(op.source)} writes into" if op is not None else \
+            f"reading, after {written[0].name} was written in place,"
+        raise UnsupportedOpError(
+            f"{what} {p.name}, which {bsym.sym.id}{where(bsym.source)} returned as a view of one of "
+            f"{', '.join(t.name for t in among)}; minijit cannot tell which, so cannot follow the write "
+            "(clone() the views, or write before the call)")
 
     def view_step(self, p: Any) -> ViewStep | None:
         """The step that made `p` a view of its parent (the graph's, where eager views), or None: a base."""
@@ -205,6 +225,8 @@ class _Functionalizer:
     def write(self, dst: TensorProxy, new: TensorProxy, op: BoundSymbol) -> None:
         """Record that `dst` (a base or a view) now holds `new`, updating its base."""
         dst = self.canon(dst)
+        if id(dst) in self.unsure:
+            self._check_unsure(dst, op)
         if new.dtype != dst.dtype:
             new = prims.convert_element_type(new, dst.dtype)
         base = self.base_of(dst)
@@ -406,6 +428,10 @@ class _Functionalizer:
             if not isinstance(old, Proxy):
                 continue
             self.produced.add(id(old))
+            among = self.graph.views_one_of(old)
+            if among:
+                versions = tuple(self.version.get(id(self.base_of(self.canon(t))), 0) for t in among)
+                self.unsure[id(old)] = (among, versions, bsym)
             if is_view and isinstance(old, TensorProxy) and is_view_step(bsym, old) and self._aliases(parent, bsym, old):
                 step = self.graph.step(old)
                 if step is not None and step.bsym is bsym:

@@ -393,6 +393,7 @@ class ViewGraph:
         self.trace = trace
         self._steps: dict[int, ViewStep] = {}
         self._made: set[int] = set()  # ids of the tensors an op made (a step or not)
+        self._unsure: dict[int, tuple[TensorProxy, ...]] = {}  # see `views_one_of`
         self._families: dict[tuple[tuple[int, ...], ...], dict[int, int]] = {}  # see `last_write_sharing`
         for bsym in trace.bound_symbols:
             self._visit(bsym)
@@ -402,18 +403,30 @@ class ViewGraph:
             for sub in bsym.subsymbols:
                 self._visit(sub)
             return
-        parent = bsym.viewed_tensor() if bsym.is_view() else None
+        is_view = bsym.is_view()
+        parent = bsym.viewed_tensor() if is_view else None
         for out in tree_iter(bsym.output):
             if not isinstance(out, Proxy) or id(out) in self._made:
                 continue
             self._made.add(id(out))
-            if parent is not None and isinstance(out, TensorProxy) and isinstance(bsym.viewed_argument(out),
-                                                                                   TensorProxy):
-                self._steps[id(out)] = ViewStep(parent, bsym, out)
+            viewed = bsym.viewed_argument(out) if is_view else None
+            if isinstance(viewed, TensorProxy):
+                if parent is not None:
+                    self._steps[id(out)] = ViewStep(parent, bsym, out)
+            elif viewed is not None:
+                # A view of one of several tensors (`torch.meshgrid((a, b))`): which one, the symbol does not say.
+                among = tuple(x for x in tree_iter(viewed) if isinstance(x, TensorProxy))
+                if among:
+                    self._unsure[id(out)] = among
 
     def step(self, p: Proxy) -> ViewStep | None:
         """The view step that made `p`, or None (an input, or made by an op that views nothing)."""
         return self._steps.get(id(p))
+
+    def views_one_of(self, p: Proxy) -> tuple[TensorProxy, ...]:
+        """The tensors `p` views one of, where its view op takes them in one argument and does not say which
+        (`torch.meshgrid((a, b))`); empty for any other tensor. `p` has no step: it may share memory with each."""
+        return self._unsure.get(id(p), ())
 
     def chain(self, p: Proxy) -> list[ViewStep]:
         """The view steps from the tensor `p` views (its root) out to `p`; empty where `p` is no view."""
