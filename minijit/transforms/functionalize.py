@@ -17,9 +17,13 @@ the trace so that (docs/design.md, invariant 1)
 - the trace's output refers to final values.
 
 State, per tensor of the captured trace: a *base* tensor has a current value and a
-version (bumped by each write into it or into one of its views); a *view* records
-its parent, the view op that made it, and its base, and caches its current value
-together with the base version that value belongs to.
+version (bumped by each write into it or into one of its views); a *view* caches its
+current value together with the base version that value belongs to. What views what
+(a view's parent, the view op that made it, the chain back to its base) is the
+captured trace's view graph (minijit/transforms/memory.py, `view_graph`), asked, not
+tracked here; this pass adds its decisions (a `reshape` that eager copies is a base of
+its own) and the views it makes in the new trace (a synthetic base's members, a
+setitem's region).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from minijit.ops import prims
 from minijit.ops.opaque import opaque_call
 from minijit.ops.registry import ALL_LTORCH
 from minijit.ops.utils import expand_to, to_dtype
-from minijit.transforms.memory import memory_model
+from minijit.transforms.memory import ViewStep, memory_model, view_graph
 from minijit.transforms.overlap import check_overlaps
 from minijit.transforms.view_updates import (
     ExpandedWrite,
@@ -110,60 +114,6 @@ def functionalize(trace: Trace, *, input_aliases: Sequence[Sequence[int]] = (), 
     return _Functionalizer(trace, input_aliases, grad_enabled, set(non_leaf_inputs), no_grad, synthetic_bases).run()
 
 
-def _last_writes(trace: Trace, input_aliases: Sequence[Sequence[int]],
-                 synthetic_bases: Sequence[SyntheticBase]) -> dict[int, int]:
-    """Id of each tensor of `trace` that may share memory with a tensor it writes in place -> the position
-    (in `trace.bound_symbols`) of the last op writing into one of them.
-
-    Tensors are joined into families by every op that may return memory of an argument (a view,
-    or a `reshape` that may copy: counted as sharing, so the families are a superset) and by every
-    in-place op (its output is what it wrote), at any depth of the decompositions, and by inputs
-    that share memory. Whether a `reshape` views or copies changes no value the trace computes
-    unless its family is written after it, so elsewhere it need not be decided (nor its sizes guarded).
-    """
-    parent: dict[int, int] = {}
-
-    def find(i: int) -> int:
-        while parent.setdefault(i, i) != i:
-            i = parent[i]
-        return i
-
-    def join(tensors: list[Any]) -> None:
-        ids = [find(id(t)) for t in tensors if isinstance(t, TensorProxy)]
-        for i in ids[1:]:
-            parent[i] = ids[0]
-
-    written: list[tuple[int, TensorProxy]] = []
-    for position, top in enumerate(trace.bound_symbols):
-        stack = [top]
-        while stack:
-            bsym = stack.pop()
-            stack.extend(bsym.subsymbols)
-            targets = bsym.written()
-            written += [(position, t) for t in targets]
-            views = bsym.sym.effects.views
-            if targets or views is not None:
-                refs = () if views is None else views if type(views) is tuple else (views,)
-                viewed = [x for ref in refs if ref is not None for x in tree_flatten(bsym.argument(ref))]
-                join([*tree_flatten(bsym.output), *targets, *viewed])
-    for group in [*input_aliases, *(s.members for s in synthetic_bases)]:
-        join([trace.args[i] for i in group])
-    last: dict[int, int] = {}
-    for position, t in written:
-        last[find(id(t))] = position  # (in order: the last one stays)
-    return {i: last[find(i)] for i in list(parent) if find(i) in last}
-
-
-@dataclass
-class _View:
-    """A tensor made by a view op: `out` of `bsym` applied to `parent`, sharing memory with `base`."""
-
-    parent: TensorProxy
-    bsym: BoundSymbol
-    out: TensorProxy
-    base: TensorProxy
-
-
 class _Functionalizer:
     def __init__(self, trace: Trace, input_aliases: Sequence[Sequence[int]], grad_enabled: bool,
                  non_leaf_inputs: set[int], no_grad: Collection[str], synthetic_bases: Sequence[SyntheticBase] = ()):
@@ -178,14 +128,24 @@ class _Functionalizer:
         self.leaves = {id(p) for i, p in enumerate(trace.args)
                        if isinstance(p, TensorProxy) and p.requires_grad and i not in non_leaf_inputs}
         self.inputs = {id(p) for p in trace.args}
-        self.writes = any(b.written() for b in trace.bound_symbols)  # does the trace write in place at all
-        # The tensors that may share memory with one the trace writes -> where the last such write is.
-        self.last_writes = _last_writes(trace, input_aliases, synthetic_bases) if self.writes else {}
+        # What views what in the captured trace (the memory model's view graph); this pass adds only its
+        # decisions on it, and the views it makes itself in the new trace.
+        self.graph = view_graph(trace)
+        # Inputs the call passed sharing memory (identical, or members of one synthetic base).
+        self.same_memory = [[trace.args[i] for i in group]
+                            for group in [*input_aliases, *(s.members for s in synthetic_bases)]]
         self.position = 0  # that of the top-level op being visited
         self.value: dict[int, Any] = {}  # id(original proxy) -> current value (bases and non-tensors)
         self.version: dict[int, int] = {}  # id(base) -> number of writes so far
-        self.views: dict[int, _View] = {}
+        # ids of the graph's view outputs that eager returns as views (a reshape it copies is a base).
+        self.viewing: set[int] = set()
+        # Views this pass makes in the new trace, which the captured trace's graph cannot know: each
+        # synthetic base's members, the region `a[key]` of a setitem.
+        self.own_views: dict[int, ViewStep] = {}
         self.cache: dict[int, tuple[int, TensorProxy]] = {}  # id(view) -> (base version, value)
+        # id(a view of one of several tensors) -> (those tensors, their bases' versions when it was made, the op
+        # that made it): a write into one of them, or into it, cannot be followed (`_check_unsure`).
+        self.unsure: dict[int, tuple[tuple[TensorProxy, ...], tuple[int, ...], BoundSymbol]] = {}
         self.same_as: dict[int, TensorProxy] = {}  # id(aliased input) -> the input standing for its memory
         groups = []
         for group in input_aliases:
@@ -221,10 +181,12 @@ class _Functionalizer:
         if not isinstance(p, Proxy):
             return p
         p = self.canon(p)
-        view = self.views.get(id(p))
+        view = self.view_step(p)
         if view is None:
+            if id(p) in self.unsure:
+                self._check_unsure(p)
             return self.value.get(id(p), p)
-        version = self.version.get(id(view.base), 0)
+        version = self.version.get(id(self.base_of(p)), 0)
         cached = self.cache.get(id(p))
         if cached is not None and cached[0] == version:
             return cached[1]
@@ -232,13 +194,39 @@ class _Functionalizer:
         self.cache[id(p)] = (version, value)
         return value
 
+    def _check_unsure(self, p: TensorProxy, op: BoundSymbol | None = None) -> None:
+        """Refuse a read of (or, with `op`, a write into) `p`, a view of one of several tensors (the view graph's
+        `views_one_of`), once one of those was written: which memory `p` is, this pass cannot tell."""
+        among, versions, bsym = self.unsure[id(p)]
+        written = [t for t, v in zip(among, versions, strict=True)
+                   if self.version.get(id(self.base_of(self.canon(t))), 0) != v]
+        if op is None and not written:
+            return
+        what = f"{op.sym.id}{where(op.source)} writes into" if op is not None else \
+            f"reading, after {written[0].name} was written in place,"
+        raise UnsupportedOpError(
+            f"{what} {p.name}, which {bsym.sym.id}{where(bsym.source)} returned as a view of one of "
+            f"{', '.join(t.name for t in among)}; minijit cannot tell which, so cannot follow the write "
+            "(clone() the views, or write before the call)")
+
+    def view_step(self, p: Any) -> ViewStep | None:
+        """The step that made `p` a view of its parent (the graph's, where eager views), or None: a base."""
+        own = self.own_views.get(id(p))
+        if own is not None:
+            return own
+        return self.graph.step(p) if id(p) in self.viewing else None
+
     def base_of(self, p: TensorProxy) -> TensorProxy:
-        view = self.views.get(id(p))
-        return view.base if view is not None else p
+        """The tensor whose memory `p` is (must share): the start of its chain of views (`p` itself if none)."""
+        while (view := self.view_step(p)) is not None:
+            p = self.canon(view.parent)
+        return p
 
     def write(self, dst: TensorProxy, new: TensorProxy, op: BoundSymbol) -> None:
         """Record that `dst` (a base or a view) now holds `new`, updating its base."""
         dst = self.canon(dst)
+        if id(dst) in self.unsure:
+            self._check_unsure(dst, op)
         if new.dtype != dst.dtype:
             new = prims.convert_element_type(new, dst.dtype)
         base = self.base_of(dst)
@@ -321,26 +309,28 @@ class _Functionalizer:
             self.cache[id(dst)] = (self.version[id(base)], new)
 
     def _write_through_views(self, dst: TensorProxy, new: TensorProxy) -> None:
-        view = self.views.get(id(dst))
+        view = self.view_step(dst)
         if view is None:
             self.value[id(dst)] = new
             self.version[id(dst)] = self.version.get(id(dst), 0) + 1
             return
-        self._write_through_views(view.parent, scatter(view.bsym, view.out, self.resolve(view.parent), new))
-        self.cache[id(dst)] = (self.version[id(view.base)], new)
+        parent = self.canon(view.parent)
+        self._write_through_views(parent, scatter(view.bsym, view.out, self.resolve(parent), new))
+        self.cache[id(dst)] = (self.version[id(self.base_of(dst))], new)
 
     def _aliases(self, parent: TensorProxy, bsym: BoundSymbol, out: TensorProxy) -> bool:
         """Whether `out` shares memory with `parent` in eager: reshape and friends copy what they cannot view.
 
         Decided on the bases' eager layouts (minijit.ops.strides), contiguous where unknown; with symbolic
-        sizes only where the answer matters, a write after this op into memory it may share (`_last_writes`):
-        elsewhere a view and a copy hold the same values, and deciding would guard the sizes.
+        sizes only where the answer matters, a write after this op into memory it may share (the view graph's
+        `last_write_sharing`): elsewhere a view and a copy hold the same values, and deciding would guard the sizes.
         """
         if not bsym.sym.effects.may_copy or bsym.sym.is_prim:
             return True
         parent = self.canon(parent)
         base = self.base_of(parent)
-        if self.last_writes.get(id(parent), -1) < self.position and any(isinstance(d, Proxy) for d in base.shape):
+        if self.graph.last_write_sharing(parent, self.same_memory) < self.position \
+                and any(isinstance(d, Proxy) for d in base.shape):
             # Copy or view cannot be told apart where nothing sharing memory with them is written later:
             # keep the sizes symbolic.
             return True
@@ -357,10 +347,9 @@ class _Functionalizer:
     def chain(self, p: TensorProxy) -> list[tuple[BoundSymbol, Proxy]]:
         """The view steps from p's base out to p."""
         steps = []
-        view = self.views.get(id(p))
-        while view is not None:
+        while (view := self.view_step(p)) is not None:
             steps.append((view.bsym, view.out))
-            view = self.views.get(id(view.parent))
+            p = self.canon(view.parent)
         return steps[::-1]
 
     # -- bound symbols -----------------------------------------------------------
@@ -422,14 +411,13 @@ class _Functionalizer:
             return True
         # The getitem's bound symbol (arithmetic on symbolic sizes may have been recorded before it).
         view_bsym = next(b for b in self.new.bound_symbols[count:] if any(o is region for o in b.proxy_outputs()))
-        base = self.base_of(a)
-        self.views[id(region)] = _View(a, view_bsym, region, base)
-        self.cache[id(region)] = (self.version.get(id(base), 0), region)
+        self.own_views[id(region)] = ViewStep(a, view_bsym, region)
+        self.cache[id(region)] = (self.version.get(id(self.base_of(a)), 0), region)
         self.write(region, new, top)
         return True
 
     def _known(self, p: Proxy) -> bool:
-        return id(p) in self.views or id(p) in self.inputs or id(p) in self.value or id(p) in self.produced
+        return id(p) in self.inputs or id(p) in self.value or id(p) in self.produced
 
     def emit(self, bsym: BoundSymbol) -> None:
         """Append `bsym` reading current values: as it is, or recorded again where an argument changed."""
@@ -440,11 +428,17 @@ class _Functionalizer:
             if not isinstance(old, Proxy):
                 continue
             self.produced.add(id(old))
+            among = self.graph.views_one_of(old)
+            if among:
+                versions = tuple(self.version.get(id(self.base_of(self.canon(t))), 0) for t in among)
+                self.unsure[id(old)] = (among, versions, bsym)
             if is_view and isinstance(old, TensorProxy) and is_view_step(bsym, old) and self._aliases(parent, bsym, old):
-                parent_c = self.canon(parent)
-                base = self.base_of(parent_c)
-                self.views[id(old)] = _View(parent_c, bsym, old, base)
-                self.cache[id(old)] = (self.version.get(id(base), 0), new)
+                step = self.graph.step(old)
+                if step is not None and step.bsym is bsym:
+                    self.viewing.add(id(old))
+                else:  # (not expected: the graph follows the ops this pass emits)
+                    self.own_views[id(old)] = ViewStep(parent, bsym, old)
+                self.cache[id(old)] = (self.version.get(id(self.base_of(self.canon(parent))), 0), new)
             elif new is not old:
                 self.value[id(old)] = new
 
@@ -478,7 +472,7 @@ class _Functionalizer:
                 # Offsets are absolute in the storage, and every value of the base starts at its
                 # storage's first element (the input is the storage's prefix; scatters are fresh).
                 view = opaque_call(torch.as_strided, (base, size, stride, offset), {})
-                self.views[id(member)] = _View(base, self.new.bound_symbols[-1], view, base)
+                self.own_views[id(member)] = ViewStep(base, self.new.bound_symbols[-1], view)
                 self.cache[id(member)] = (0, member)
 
     def _write_back(self, output: Any) -> Any:

@@ -40,11 +40,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
 
 from minijit.ir import BoundSymbol, Proxy, TensorProxy, Trace, tree_iter
 
-__all__ = ["MemoryModel", "Storage", "analysing", "buffer_kind", "input_leaders", "memory_model", "read_proxies"]
+__all__ = ["MemoryModel", "Storage", "ViewGraph", "ViewStep", "analysing", "buffer_kind", "input_leaders",
+           "memory_model", "read_proxies", "view_graph"]
 
 # A storage is named by the input (the first of a group of aliased inputs) or the proxy it was allocated for.
 Storage = str
@@ -310,6 +312,7 @@ class _Models:
         # key -> (the objects the key names by id, kept alive so no other object takes their ids; the model)
         self.models: dict[tuple[Any, ...], tuple[Any, MemoryModel]] = {}
         self.builds = 0  # how many models were walked (for tests and measurements)
+        self.views: dict[tuple[Any, ...], tuple[Any, ViewGraph]] = {}  # the same, for `view_graph`
 
 
 _MODELS: ContextVar[_Models | None] = ContextVar("minijit_memory_models", default=None)
@@ -336,12 +339,164 @@ def memory_model(trace: Trace, bound_symbols: Sequence[BoundSymbol] | None = Non
     models = _MODELS.get()
     if models is None:
         return MemoryModel(trace, bound_symbols)
+    key, kept = _content_key(trace, bound_symbols)
+    found = models.models.get(key)
+    if found is None:
+        models.builds += 1
+        found = models.models[key] = (kept, MemoryModel(trace, kept[1]))
+    return found[1]
+
+
+def _content_key(trace: Trace, bound_symbols: Sequence[BoundSymbol] | None = None
+                 ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """What an analysis of `trace` is a function of, by identity, and the objects the key names (to keep alive)."""
     bsyms = tuple(trace.bound_symbols if bound_symbols is None else bound_symbols)
     outputs = tuple(p for p in tree_iter(trace.output) if isinstance(p, Proxy))
     key = (tuple((id(p), p.name) for p in trace.args), tuple(tuple(g) for g in trace.input_alias_groups),
            tuple(map(id, bsyms)), tuple(map(id, outputs)))
-    found = models.models.get(key)
+    return key, (list(trace.args), bsyms, outputs)
+
+
+# -- what views what ----------------------------------------------------------------------
+# Functionalization (which base a write lands in, the view chain a write goes back through, where a
+# reshape's sizes matter) and eager's overlap check (which input an operand views) ask these.
+
+
+@dataclass(frozen=True)
+class ViewStep:
+    """`out` is an output of the view op `bsym`, which views `parent` (`bsym.viewed_tensor()`)."""
+
+    parent: TensorProxy
+    bsym: BoundSymbol
+    out: TensorProxy
+
+
+class ViewGraph:
+    """What views what in a trace: for each tensor made by a view op, the step that made it.
+
+    The walk takes each op as its symbol declares, except an op that writes: what it outputs
+    is made by its decomposition, so the walk goes into that (as functionalization does). A
+    tensor's step is that of the first op that makes it. A step is "may share": a `reshape`
+    (`Effects.may_copy`) counts as a view, though eager copies what it cannot view; whether
+    two tensors *must* share memory is a step's chain where every step really views, which
+    for a reshape depends on the layouts (functionalization decides it, `eager_returns_view`).
+
+    Example::
+
+        graph = view_graph(trace)      # t1 = ltorch.transpose(x, 0, 1); t2 = ltorch.getitem(t1, 0)
+        graph.step(t2)                 # ViewStep(parent=t1, bsym=<getitem>, out=t2)
+        graph.chain(t2)                # [<the transpose's step>, <the getitem's step>]
+        graph.root(t2)                 # x
+    """
+
+    def __init__(self, trace: Trace):
+        self.trace = trace
+        self._steps: dict[int, ViewStep] = {}
+        self._made: set[int] = set()  # ids of the tensors an op made (a step or not)
+        self._unsure: dict[int, tuple[TensorProxy, ...]] = {}  # see `views_one_of`
+        self._families: dict[tuple[tuple[int, ...], ...], dict[int, int]] = {}  # see `last_write_sharing`
+        for bsym in trace.bound_symbols:
+            self._visit(bsym)
+
+    def _visit(self, bsym: BoundSymbol) -> None:
+        if bsym.written():
+            for sub in bsym.subsymbols:
+                self._visit(sub)
+            return
+        is_view = bsym.is_view()
+        parent = bsym.viewed_tensor() if is_view else None
+        for out in tree_iter(bsym.output):
+            if not isinstance(out, Proxy) or id(out) in self._made:
+                continue
+            self._made.add(id(out))
+            viewed = bsym.viewed_argument(out) if is_view else None
+            if isinstance(viewed, TensorProxy):
+                if parent is not None:
+                    self._steps[id(out)] = ViewStep(parent, bsym, out)
+            elif viewed is not None:
+                # A view of one of several tensors (`torch.meshgrid((a, b))`): which one, the symbol does not say.
+                among = tuple(x for x in tree_iter(viewed) if isinstance(x, TensorProxy))
+                if among:
+                    self._unsure[id(out)] = among
+
+    def step(self, p: Proxy) -> ViewStep | None:
+        """The view step that made `p`, or None (an input, or made by an op that views nothing)."""
+        return self._steps.get(id(p))
+
+    def views_one_of(self, p: Proxy) -> tuple[TensorProxy, ...]:
+        """The tensors `p` views one of, where its view op takes them in one argument and does not say which
+        (`torch.meshgrid((a, b))`); empty for any other tensor. `p` has no step: it may share memory with each."""
+        return self._unsure.get(id(p), ())
+
+    def chain(self, p: Proxy) -> list[ViewStep]:
+        """The view steps from the tensor `p` views (its root) out to `p`; empty where `p` is no view."""
+        steps = []
+        while (step := self._steps.get(id(p))) is not None:
+            steps.append(step)
+            p = step.parent
+        return steps[::-1]
+
+    def root(self, p: Proxy) -> Proxy:
+        """The tensor at the start of `p`'s view chain: `p` itself where it is no view."""
+        chain = self.chain(p)
+        return chain[0].parent if chain else p
+
+    def last_write_sharing(self, p: Proxy, same_memory: Sequence[Sequence[Proxy]] = ()) -> int:
+        """The position (in the trace's bound symbols) of the last op writing memory `p` may share, or -1.
+
+        Tensors are joined into families by every op that may return memory of an argument
+        (a view, or a `reshape`: counted as sharing, so the families are a superset) and by
+        every write (its output is what it wrote), at any depth of the decompositions, and by
+        the groups of `same_memory` (inputs the call passed sharing memory). Computed once per
+        trace and grouping, on the first question.
+        """
+        key = tuple(tuple(map(id, g)) for g in same_memory)
+        last = self._families.get(key)
+        if last is None:
+            last = self._families[key] = self._last_writes(same_memory)
+        return last.get(id(p), -1)
+
+    def _last_writes(self, same_memory: Sequence[Sequence[Proxy]]) -> dict[int, int]:
+        parent: dict[int, int] = {}
+
+        def find(i: int) -> int:
+            while parent.setdefault(i, i) != i:
+                i = parent[i]
+            return i
+
+        def join(tensors: Iterable[Any]) -> None:
+            ids = [find(id(t)) for t in tensors if isinstance(t, TensorProxy)]
+            for i in ids[1:]:
+                parent[i] = ids[0]
+
+        written: list[tuple[int, TensorProxy]] = []
+        for position, top in enumerate(self.trace.bound_symbols):
+            stack = [top]
+            while stack:
+                bsym = stack.pop()
+                stack.extend(bsym.subsymbols)
+                targets = bsym.written()
+                written += [(position, t) for t in targets]
+                views = bsym.sym.effects.views
+                if targets or views is not None:
+                    refs = () if views is None else views if type(views) is tuple else (views,)
+                    viewed = [x for ref in refs if ref is not None for x in tree_iter(bsym.argument(ref))]
+                    join([*tree_iter(bsym.output), *targets, *viewed])
+        for group in same_memory:
+            join(group)
+        last: dict[int, int] = {}
+        for position, t in written:
+            last[find(id(t))] = position  # (in order: the last one stays)
+        return {i: last[find(i)] for i in list(parent) if find(i) in last}
+
+
+def view_graph(trace: Trace) -> ViewGraph:
+    """What views what in `trace` (see `ViewGraph`); inside `analysing()`, built once per trace content."""
+    models = _MODELS.get()
+    if models is None:
+        return ViewGraph(trace)
+    key, kept = _content_key(trace)
+    found = models.views.get(key)
     if found is None:
-        models.builds += 1
-        found = models.models[key] = ((list(trace.args), bsyms, outputs), MemoryModel(trace, bsyms))
+        found = models.views[key] = (kept, ViewGraph(trace))
     return found[1]

@@ -6,10 +6,11 @@ written-to tensor refer to a single memory location"). `check_overlaps` asks, fo
 the user's code called that writes a tensor, whether an operand shares memory with it, as
 eager's own check does:
 
-- not the same memory, or either empty: nothing to check. Which tensors view one base is
-  functionalization's view tracking (inputs of one storage are views of their synthetic base,
-  or one input where identical), not the memory model: that one answers "may share" (a
-  `reshape` that copies counts as a view), where a refusal needs "does share";
+- not the same memory, or either empty: nothing to check. A refusal needs "must share", which
+  the caller answers (`base_of`): functionalization follows the memory model's view graph
+  (`minijit.transforms.memory.view_graph`), cut where it decided that eager's `reshape` copies,
+  with inputs of one storage as views of their synthetic base, or one input where identical.
+  The graph alone answers "may share" (a `reshape` that copies counts as a view);
 - both non-overlapping and dense: eager's rule, on byte ranges. Equal ranges with equal
   strides are the same elements in the same order (allowed, `a.mul_(a)`); ranges that
   intersect otherwise are refused;
@@ -38,7 +39,7 @@ from minijit.errors import InplaceError, where
 from minijit.ir import BoundSymbol, NumberProxy, Tag, TensorProxy, Trace, tree_flatten, tree_map
 from minijit.ir.proxies import number_value
 from minijit.ops.strides import eager_layout
-from minijit.transforms.memory import memory_model
+from minijit.transforms.memory import view_graph
 
 __all__ = ["check_overlaps"]
 
@@ -101,15 +102,8 @@ def check_overlaps(bsym: BoundSymbol, trace: Trace, base_of: Callable[[TensorPro
 
 def _describe(p: TensorProxy, trace: Trace) -> str:
     """`p`'s name, and the input it views where it views one (`t2 (a view of x)`)."""
-    memory = memory_model(trace)  # who made each tensor
-    inputs = {id(a) for a in trace.args}
-    q = p
-    while id(q) not in inputs and (i := memory.producer(q)) is not None:
-        viewed = trace.bound_symbols[i].viewed_tensor()
-        if viewed is None or viewed is q:
-            break
-        q = viewed
-    return f"{p.name} (a view of {q.name})" if q is not p and id(q) in inputs else p.name
+    q = view_graph(trace).root(p)
+    return f"{p.name} (a view of {q.name})" if q is not p and any(q is a for a in trace.args) else p.name
 
 
 def _access(bsym: BoundSymbol, trace: Trace) -> _Access:

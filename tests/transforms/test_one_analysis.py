@@ -64,6 +64,41 @@ def _copy_into_x() -> tuple[Trace, TensorProxy]:
     return trace, t
 
 
+def test_a_compile_builds_one_view_graph_per_trace(monkeypatch):
+    """Functionalization runs twice on the captured trace when the call passes inputs sharing memory
+    (once to find what it writes, once told how they share): both ask the same view graph."""
+    walks: list[tuple[int, ...]] = []
+    init = memory.ViewGraph.__init__
+
+    def recording(self, trace):
+        walks.append(tuple(map(id, trace.bound_symbols)))
+        init(self, trace)
+
+    monkeypatch.setattr(memory.ViewGraph, "__init__", recording)
+    arguments = sys.modules["minijit.runtime.arguments"]
+    runs: list[int] = []
+    run = arguments.functionalize_trace
+
+    def counting(trace, **kwargs):
+        runs.append(id(trace))
+        return run(trace, **kwargs)
+
+    monkeypatch.setattr(arguments, "functionalize_trace", counting)
+
+    def f(a, b):
+        a[1:].add_(1)
+        return b * 2
+
+    x = torch.randn(4, 5)
+    eager = x.clone()
+    expected = f(eager, eager)
+    got_in = x.clone()
+    torch.testing.assert_close(minijit.jit(f)(got_in, got_in), expected)
+    torch.testing.assert_close(got_in, eager)
+    assert len(runs) == 2 and runs[0] == runs[1]
+    assert len(walks) == len(set(walks)) > 0, walks
+
+
 def test_a_changed_trace_gets_a_new_model():
     trace, t = _copy_into_x()
     with analysing() as models:
