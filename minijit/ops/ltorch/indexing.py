@@ -22,6 +22,7 @@ import torch
 from minijit.errors import MetaError, UnsupportedOpError
 from minijit.ir import TENSOR_METHODS, VIEWS_IF_BASIC_KEY, Effects, IntegerProxy, NumberProxy, TensorProxy
 from minijit.ir.context import where_now
+from minijit.ir.proxies import rule_compare, rule_same_shape
 from minijit.ops import prims
 from minijit.ops.ltorch.shape import movedim, permute, slice_dim
 from minijit.ops.registry import ltorch_op
@@ -130,13 +131,13 @@ def slice_bounds(s: slice, size: Any) -> tuple[Any, Any, int]:
     def bound(v: int | None, default: Any) -> Any:
         if v is None:
             return default
-        if v < 0:
+        if rule_compare(v, "<", 0):
             v = v + size
-            return 0 if v < 0 else v
-        return size if v > size else v
+            return 0 if rule_compare(v, "<", 0) else v
+        return size if rule_compare(v, ">", size) else v
 
     start, stop = bound(s.start, 0), bound(s.stop, size)
-    return start, (start if stop < start else stop), 1 if s.step is None else s.step
+    return start, (start if rule_compare(stop, "<", start) else stop), 1 if s.step is None else s.step
 
 
 def _basic_index(op: str, a: TensorProxy, items: list[Any]) -> tuple[TensorProxy, list[tuple[int, TensorProxy]]]:
@@ -175,9 +176,9 @@ def _basic_index(op: str, a: TensorProxy, items: list[Any]) -> tuple[TensorProxy
                 sliced = True
             out_dim += 1
         else:
-            if not -size <= item < size:
+            if not (rule_compare(-size, "<=", item) and rule_compare(item, "<", size)):
                 raise _fail(op, f"index {item} is out of bounds for dimension {in_dim} with size {size}")
-            start = item + size if item < 0 else item
+            start = item + size if rule_compare(item, "<", 0) else item
             starts[in_dim], stops[in_dim] = start, start + 1
             squeezed.append(in_dim)
             sliced = True
@@ -414,9 +415,9 @@ def _one_dim_update(op: str, a: TensorProxy, key: Any, value: Any, accumulate: b
             dim, index = in_dim, reshape_to(_nonnegative(item, size), (item.numel(),))
             result_shape.extend(item.shape)
         else:
-            if not -size <= item < size:
+            if not (rule_compare(-size, "<=", item) and rule_compare(item, "<", size)):
                 raise _fail(op, f"index {item} is out of bounds for dimension {in_dim} with size {size}")
-            start = item + size if item < 0 else item
+            start = item + size if rule_compare(item, "<", 0) else item
             dim, index = in_dim, prims.iota(1, start=start, step=1, dtype=torch.int64, device=a.device)
         in_dim += 1
     v = _value_tensor(op, a, value, tuple(result_shape))
@@ -605,7 +606,7 @@ def _check_source(op: str, input: TensorProxy, source: TensorProxy, d: int, n: i
     src = reshape_to(source, (1,)) if source.ndim == 0 and input.ndim <= 1 else source
     expected = list(input.shape) if input.ndim else [1]
     expected[d] = n
-    if list(src.shape) != expected:
+    if not rule_same_shape(list(src.shape), expected):
         raise _fail(op, f"source of shape {list(source.shape)} does not match the expected {expected}")
     return src
 
