@@ -201,9 +201,9 @@ def rule_compare(a: Any, op: str, b: Any) -> bool:
     what the capture guarded (`known_compare`: under `replaying_captured`, on the values, as the
     capture decided them).
     """
-    if not isinstance(a, NumberProxy):
-        if not isinstance(b, NumberProxy):
-            return bool(_COMPARISONS[op](a, b))
+    if not isinstance(a, NumberProxy) or isinstance(b, TensorProxy):
+        if not isinstance(b, NumberProxy) or isinstance(a, TensorProxy):
+            return bool(_COMPARISONS[op](a, b))  # plain numbers, or a tensor's op (a slice bound given as a tensor)
         a, b, op = b, a, SWAPPED[op]
     if capturing():
         return guarded_compare(a, op, b)

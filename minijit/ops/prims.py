@@ -199,7 +199,7 @@ def _reshape_meta(x: TensorProxy, shape: Shape) -> TensorProxy:
     if any(type(d) is int and d < 0 for d in shape):
         raise _fail("reshape", f"shape {tuple(shape)} has a negative size; ltorch resolves -1 before this prim")
     a, b = _numel(x.shape), _numel(shape)
-    if a is not None and b is not None and a != b:
+    if a is not None and b is not None and rule_compare(a, "!=", b):
         raise _fail("reshape", f"cannot reshape {tuple(x.shape)} ({a} elements) to {tuple(shape)} ({b} elements)")
     return TensorProxy.like(x, shape=tuple(shape))
 
@@ -734,7 +734,7 @@ tensor_constant = _prim("tensor_constant", _tensor_constant_meta)
 def _copy_meta(src: TensorProxy, dst: TensorProxy) -> TensorProxy:
     _check_tensor("copy_", src, "source")
     _check_tensor("copy_", dst, "destination")
-    if src.shape != dst.shape:
+    if not rule_same_shape(src.shape, dst.shape):
         raise _fail("copy_", f"source shape {tuple(src.shape)} differs from destination {tuple(dst.shape)}")
     return dst
 
@@ -758,7 +758,7 @@ copy_to_out_ = _prim("copy_to_out_", _copy_to_out_meta, Effects(writes=("out",),
 def _no_grad_update_meta(old: TensorProxy, new: TensorProxy) -> TensorProxy:
     _check_tensor("no_grad_update", old, "old")
     _check_tensor("no_grad_update", new, "new")
-    if old.shape != new.shape or old.dtype != new.dtype:
+    if not rule_same_shape(old.shape, new.shape) or old.dtype != new.dtype:
         raise _fail("no_grad_update", f"new {new.type_string()} does not match old {old.type_string()}")
     return TensorProxy.like(new, requires_grad=old.requires_grad)
 

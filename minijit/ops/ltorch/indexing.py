@@ -220,7 +220,7 @@ def _advanced_index(a: TensorProxy, tensors: list[tuple[int, TensorProxy]]) -> T
         linear = None
         for k, idx in enumerate(index):
             stride = math.prod(sizes[k + 1:])
-            term = prims.mul(idx, stride) if stride != 1 else idx
+            term = prims.mul(idx, stride) if rule_compare(stride, "!=", 1) else idx
             linear = term if linear is None else prims.add(linear, term)
     n = math.prod(shape)
     taken = prims.take(src, reshape_to(linear, (n,)), dim)
@@ -284,7 +284,7 @@ def _mask_key(key: Any) -> TensorProxy | None:
 
 
 def _drop_leading_ones(v: TensorProxy, ndim: int) -> TensorProxy:
-    while v.ndim > ndim and v.shape[0] == 1:
+    while v.ndim > ndim and rule_compare(v.shape[0], "==", 1):
         v = reshape_to(v, v.shape[1:])
     return v
 
@@ -298,7 +298,8 @@ def _value_tensor(op: str, a: TensorProxy, value: Any, shape: tuple[Any, ...],
     out_shape = shape if out_shape is None else out_shape
     if isinstance(value, TensorProxy):
         v = _drop_leading_ones(value, len(shape))
-        if v.ndim > len(shape) or any(s != 1 and s != d for s, d in zip(reversed(v.shape), reversed(shape))):
+        if v.ndim > len(shape) or any(rule_compare(s, "!=", 1) and rule_compare(s, "!=", d)
+                                     for s, d in zip(reversed(v.shape), reversed(shape))):
             raise _fail(op, f"shape mismatch: value tensor of shape {list(value.shape)} cannot be broadcast "
                             f"to indexing result of shape {list(shape)}")
         return expand_to(to_dtype(v, a.dtype), out_shape)
@@ -309,7 +310,7 @@ def _value_tensor(op: str, a: TensorProxy, value: Any, shape: tuple[Any, ...],
 
 def _masked_update(op: str, a: TensorProxy, mask: TensorProxy, value: Any, accumulate: bool) -> TensorProxy:
     k = mask.ndim
-    if k > a.ndim or tuple(mask.shape) != tuple(a.shape[:k]):
+    if k > a.ndim or not rule_same_shape(tuple(mask.shape), tuple(a.shape[:k])):
         raise _fail(op, f"the mask's shape {list(mask.shape)} does not match the indexed tensor's {list(a.shape)}")
     rest = tuple(a.shape[k:])
     full_mask = prims.broadcast_in_dim(mask, tuple(a.shape), tuple(range(k)))
@@ -465,7 +466,7 @@ def scatter(input: TensorProxy, dim: int, index: TensorProxy, src: Any = None, *
         if src.dtype != input.dtype:
             raise _fail("scatter", f"expects src of the input's dtype {input.dtype}, got {src.dtype}")
         _check_gather_shapes("scatter", input, idx, d, src)
-        if tuple(src.shape) != tuple(idx.shape):
+        if not rule_same_shape(tuple(src.shape), tuple(idx.shape)):
             src = prims.slice_prim(src, [0] * src.ndim, list(idx.shape), [1] * src.ndim)
     else:
         _check_gather_shapes("scatter", input, idx, d)
@@ -537,10 +538,10 @@ def _check_gather_shapes(op: str, input: TensorProxy, index: TensorProxy, d: int
     if index.ndim != input.ndim and not (index.ndim <= 1 and input.ndim <= 1):
         raise _fail(op, f"index {list(index.shape)} and input {list(input.shape)} must have the same number of dims")
     for i, (si, sx) in enumerate(zip(index.shape, input.shape)):
-        if i != d and si > sx:
+        if i != d and rule_compare(si, ">", sx):
             raise _fail(op, f"size {si} of index dim {i} exceeds the input's {sx} (index {list(index.shape)}, "
                             f"input {list(input.shape)})")
-    if other is not None and any(si > so for si, so in zip(index.shape, other.shape)):
+    if other is not None and any(rule_compare(si, ">", so) for si, so in zip(index.shape, other.shape)):
         raise _fail(op, f"index {list(index.shape)} is larger than src {list(other.shape)}")
 
 
