@@ -211,9 +211,13 @@ def rule_compare(a: Any, op: str, b: Any) -> bool:
 
 
 def rule_same_shape(a: Sequence[Any], b: Sequence[Any]) -> bool:
-    """Whether shapes `a` and `b` are equal, as an op's rules decide it (`rule_compare` of each size in turn,
-    stopping at the first that differs, as `==` on tuples does; a size is equal to itself)."""
-    return len(a) == len(b) and all(x is y or rule_compare(x, "==", y) for x, y in zip(a, b, strict=True))
+    """Whether shapes `a` and `b` are equal, as an op's rules decide it: compared as `==` on tuples compares,
+    `rule_compare` of the sizes in turn up to the shorter shape (a size is equal to itself), stopping at the
+    first that differs, then the lengths. (A list's `==` compares the lengths first: check them before.)"""
+    for x, y in zip(a, b, strict=False):
+        if not (x is y or rule_compare(x, "==", y)):
+            return False
+    return len(a) == len(b)
 
 
 def guarded_compare(a: NumberProxy, op: str, b: Any) -> bool:

@@ -7,9 +7,8 @@ import threading
 import torch
 
 import minijit
-from minijit.ir import IntegerProxy
 from minijit.ir.context import knowing_constraints, recording_constraints
-from minijit.ir.proxies import known_compare, same_value
+from minijit.ir.proxies import IntegerProxy, known_compare, same_value
 
 
 def test_a_pass_comparing_symbolic_sizes_records_no_constraint():
@@ -19,8 +18,7 @@ def test_a_pass_comparing_symbolic_sizes_records_no_constraint():
     assert recorded == ["x.shape[0] == y.shape[0]"]
     known: list[str] = []
     with knowing_constraints(known):  # a pass of a compile whose capture compared nothing
-        same, differ = same_value(n, m), known_compare(n, "!=", m)
-        same_itself = same_value(n, IntegerProxy(4, expr="x.shape[0]"))
+        same, differ, same_itself = same_value(n, m), known_compare(n, "!=", m), same_value(n, IntegerProxy(4, expr="x.shape[0]"))
     assert known == []
     # Equal on the traced call, but not on every call: a pass must not treat them as one size.
     assert (same, differ, same_itself) == (False, True, True)

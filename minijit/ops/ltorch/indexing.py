@@ -607,7 +607,7 @@ def _check_source(op: str, input: TensorProxy, source: TensorProxy, d: int, n: i
     src = reshape_to(source, (1,)) if source.ndim == 0 and input.ndim <= 1 else source
     expected = list(input.shape) if input.ndim else [1]
     expected[d] = n
-    if not rule_same_shape(list(src.shape), expected):
+    if len(src.shape) != len(expected) or not rule_same_shape(src.shape, expected):
         raise _fail(op, f"source of shape {list(source.shape)} does not match the expected {expected}")
     return src
 
