@@ -23,6 +23,11 @@ class UnsupportedSyntaxError(MinijitError):
     """A Python construct (opcode, builtin on a proxy, ...) the interpreter refuses."""
 
 
+class UnguardedComparisonError(MinijitError):
+    """A comparison operator on a symbolic number where nothing records guards (outside a capture): the
+    code deciding there calls an explicit function (`minijit.ir.proxies.same_value`, `rule_compare`)."""
+
+
 class FrozenValueError(UnsupportedSyntaxError):
     """A call whose result or effect changes from call to call (a clock, Python's or NumPy's random
     numbers) that a trace would run only once, while tracing, freezing its value."""

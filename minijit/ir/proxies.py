@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from minijit.errors import UnsupportedMethodError, UnsupportedSyntaxError
+from minijit.errors import UnguardedComparisonError, UnsupportedMethodError, UnsupportedSyntaxError
 from minijit.ir.context import (
     add_constraint,
     capturing,
@@ -80,12 +80,15 @@ class NumberProxy(Proxy):
     the cache entry's guard checks on later calls; a value the trace computes (`Tensor.item()`)
     is read through the capture's value reader, and refused where there is none (in a pass).
 
-    A pass that decides on symbolic numbers calls `same_value` or `known_compare` (true on
-    every call the trace runs for, recording nothing); the capture's own decisions that are
-    not an op's (the user's code, `minijit.frontend`) call `guarded_compare`. The comparison
-    operators are what an op's rules (metas, decompositions, VJP rules) use, which run both
-    in a capture and again in the passes: there they are `guarded_compare` while the compile
-    records guards (`minijit.ir.context.capturing`), `known_compare` after.
+    The comparison operators (`==`, `!=`, `<`, ...) have one meaning too: the outcome on the
+    values seen, relied on where the compile vouches for it: a capture records it as a constraint
+    the cache guard checks (`guarded_compare`); a pass replaying ops the capture recorded, on values
+    of the same sizes (`minijit.ir.context.replaying_captured`), makes the capture's comparisons
+    again and gets the capture's answers. Anywhere else (a pass's own code, an op a pass records
+    anew, no compile at all) they raise `UnguardedComparisonError`: code that decides there calls
+    an explicit function, `same_value` / `same_shape` / `known_compare` in a pass (true on every
+    call the trace runs for, recording nothing), `rule_compare` / `rule_same_shape` in an op's
+    rules (metas, decompositions) that a pass may record anew.
     """
 
     __slots__ = ("expr", "origin", "python_type", "read", "value")
@@ -171,13 +174,50 @@ def number_value(x: Any) -> Any:
 
 
 def _compare(a: NumberProxy, op: str, b: Any) -> bool:
-    # An op's rules decide with the comparison operators both in a capture (which guards what they
-    # rely on) and in the passes that record the op again (which may rely only on what is guarded).
+    """The comparison operators: the outcome on the values seen, relied on, where the compile vouches for it.
+
+    A capture records it as a guard (`guarded_compare`). A pass re-recording ops the capture recorded, on
+    values of the same sizes (`replaying_captured`), runs the ops' rules again: their comparisons are the
+    capture's, decided as the capture decided them (`known_compare` there), which its guard keeps true.
+    Anywhere else nothing vouches for the outcome: the operators raise.
+    """
     if isinstance(b, TensorProxy):
         return NotImplemented
+    if replaying() and not capturing():
+        return known_compare(a, op, b)
+    if not capturing():
+        raise UnguardedComparisonError(
+            f"{a.name} {op} {_expression(b)}: a comparison operator on a symbolic number relies on the outcome, "
+            "which only a capture can guard; outside one, decide with same_value / same_shape / known_compare "
+            "(a pass) or rule_compare / rule_same_shape (an op's rules)")
+    return guarded_compare(a, op, b)
+
+
+def rule_compare(a: Any, op: str, b: Any) -> bool:
+    """`a <op> b` for numbers (plain or proxies) as an op's rules (a meta, a decomposition) decide it.
+
+    A rule runs in the capture and again where a pass records the op (functionalization, view
+    updates): in the capture the outcome is guarded (`guarded_compare`); in a pass it is decided on
+    what the capture guarded (`known_compare`: under `replaying_captured`, on the values, as the
+    capture decided them).
+    """
+    if not isinstance(a, NumberProxy) or isinstance(b, TensorProxy):
+        if not isinstance(b, NumberProxy) or isinstance(a, TensorProxy):
+            return bool(_COMPARISONS[op](a, b))  # plain numbers, or a tensor's op (a slice bound given as a tensor)
+        a, b, op = b, a, SWAPPED[op]
     if capturing():
         return guarded_compare(a, op, b)
     return known_compare(a, op, b)
+
+
+def rule_same_shape(a: Sequence[Any], b: Sequence[Any]) -> bool:
+    """Whether shapes `a` and `b` are equal, as an op's rules decide it: compared as `==` on tuples compares,
+    `rule_compare` of the sizes in turn up to the shorter shape (a size is equal to itself), stopping at the
+    first that differs, then the lengths. (A list's `==` compares the lengths first: check them before.)"""
+    for x, y in zip(a, b, strict=False):
+        if not (x is y or rule_compare(x, "==", y)):
+            return False
+    return len(a) == len(b)
 
 
 def guarded_compare(a: NumberProxy, op: str, b: Any) -> bool:
@@ -278,7 +318,7 @@ def equal_sizes(a: Any, b: Any) -> bool:
         return True
     if is_one(a) or is_one(b) or number_value(a) != number_value(b):
         return False
-    return bool(a == b)
+    return rule_compare(a, "==", b)
 
 
 def is_one(d: Any) -> bool:

@@ -55,7 +55,7 @@ from torch._library.custom_ops import CustomOpDef
 from minijit.errors import DataDependentShapeError, DeviceError, InplaceError, MinijitError, UnsupportedOpError
 from minijit.ir import Effects, Symbol, Tag, TensorProxy, current_trace, tree_flatten, tree_map
 from minijit.ir.context import value_reader, where_now
-from minijit.ir.proxies import TENSOR_METHOD_FALLBACKS, TENSOR_METHODS
+from minijit.ir.proxies import TENSOR_METHOD_FALLBACKS, TENSOR_METHODS, rule_same_shape
 from minijit.ops import prims
 from minijit.ops.aliases import canonical
 from minijit.ops.autocast import active_autocast, opaque_autocast_arguments
@@ -141,7 +141,7 @@ def _into_out(sym: Symbol, args: tuple[Any, ...] | list[Any], kwargs: dict[str, 
         if target.device != value.device:
             raise DeviceError(f"{sym.id}: expected the out= tensor on {value.device}, the result's device, got "
                               f"{target.device}{where_now()}")
-        if tuple(target.shape) != tuple(value.shape) or target.device != value.device or not torch.can_cast(
+        if not rule_same_shape(tuple(target.shape), tuple(value.shape)) or target.device != value.device or not torch.can_cast(
                 value.dtype, target.dtype):
             raise UnsupportedOpError(f"{sym.id} with out= {target.type_string()} for a result {value.type_string()}"
                                      f"{where_now()}: minijit does not resize out= tensors or cast into them")

@@ -20,7 +20,7 @@ import torch
 from minijit.errors import MetaError
 from minijit.ir import Effects, FloatProxy, IntegerProxy, NumberProxy, Symbol, Tag, TensorProxy
 from minijit.ir.context import where_now
-from minijit.ir.proxies import NUMBER_METHODS, broadcasts_to, number_value
+from minijit.ir.proxies import NUMBER_METHODS, broadcasts_to, number_value, rule_compare, rule_same_shape
 
 Number = int | float | bool | complex | NumberProxy
 Shape = tuple[int | IntegerProxy, ...]
@@ -55,7 +55,7 @@ def _check_tensor(op: str, x: Any, what: str = "input") -> TensorProxy:
 def _check_same(op: str, tensors: Sequence[TensorProxy], dtype: bool = True) -> None:
     first = tensors[0]
     for t in tensors[1:]:
-        if t.shape != first.shape:
+        if not rule_same_shape(t.shape, first.shape):
             raise _fail(op, f"shapes differ: {tuple(first.shape)} and {tuple(t.shape)}")
         if t.device != first.device:
             raise _fail(op, f"devices differ: {first.device} and {t.device}")
@@ -199,7 +199,7 @@ def _reshape_meta(x: TensorProxy, shape: Shape) -> TensorProxy:
     if any(type(d) is int and d < 0 for d in shape):
         raise _fail("reshape", f"shape {tuple(shape)} has a negative size; ltorch resolves -1 before this prim")
     a, b = _numel(x.shape), _numel(shape)
-    if a is not None and b is not None and a != b:
+    if a is not None and b is not None and rule_compare(a, "!=", b):
         raise _fail("reshape", f"cannot reshape {tuple(x.shape)} ({a} elements) to {tuple(shape)} ({b} elements)")
     return TensorProxy.like(x, shape=tuple(shape))
 
@@ -225,7 +225,8 @@ def _slice_meta(x: TensorProxy, start_indices: Sequence[int], end_indices: Seque
         raise _fail("slice", "start_indices, end_indices and strides need one entry per dim")
     shape = []
     for start, end, step, size in zip(start_indices, end_indices, strides, x.shape, strict=True):
-        if (type(size) is int and not (0 <= start <= end <= size)) or step < 1:
+        if (type(size) is int and not (rule_compare(0, "<=", start) and rule_compare(start, "<=", end)
+                                       and rule_compare(end, "<=", size))) or rule_compare(step, "<", 1):
             raise _fail("slice", f"bad slice {start}:{end}:{step} of a dim of size {size}")
         shape.append((end - start + (step - 1)) // step)  # unchanged sizes stay the same value
     return TensorProxy.like(x, shape=tuple(shape))
@@ -238,7 +239,7 @@ def _squeeze_meta(x: TensorProxy, dims: Sequence[int]) -> TensorProxy:
     _check_tensor("squeeze", x)
     dims = {_canonical_dim("squeeze", d, x.ndim) for d in dims}
     for d in dims:
-        if x.shape[d] != 1:
+        if rule_compare(x.shape[d], "!=", 1):
             raise _fail("squeeze", f"dim {d} has size {x.shape[d]}, not 1")
     return TensorProxy.like(x, shape=tuple(s for i, s in enumerate(x.shape) if i not in dims))
 
@@ -698,7 +699,7 @@ def _slice_scatter_meta(x: TensorProxy, value: TensorProxy, start_indices: Seque
                         strides: Sequence[int] | None = None) -> TensorProxy:
     region = _slice_meta(x, start_indices, end_indices, strides)
     _check_tensor("slice_scatter", value, "value")
-    if tuple(value.shape) != tuple(region.shape) or value.dtype != x.dtype:
+    if not rule_same_shape(tuple(value.shape), tuple(region.shape)) or value.dtype != x.dtype:
         raise _fail("slice_scatter", f"value {value.type_string()} does not match the region {region.type_string()}")
     return TensorProxy.like(x, requires_grad=x.requires_grad or value.requires_grad)
 
@@ -733,7 +734,7 @@ tensor_constant = _prim("tensor_constant", _tensor_constant_meta)
 def _copy_meta(src: TensorProxy, dst: TensorProxy) -> TensorProxy:
     _check_tensor("copy_", src, "source")
     _check_tensor("copy_", dst, "destination")
-    if src.shape != dst.shape:
+    if not rule_same_shape(src.shape, dst.shape):
         raise _fail("copy_", f"source shape {tuple(src.shape)} differs from destination {tuple(dst.shape)}")
     return dst
 
@@ -744,7 +745,7 @@ copy_ = _prim("copy_", _copy_meta, Effects(writes=(1,), copies=True))
 def _copy_to_out_meta(computed: TensorProxy, *, out: TensorProxy) -> TensorProxy:
     _check_tensor("copy_to_out_", computed, "computed")
     _check_tensor("copy_to_out_", out, "out")
-    if computed.shape != out.shape or computed.dtype != out.dtype:
+    if not rule_same_shape(computed.shape, out.shape) or computed.dtype != out.dtype:
         raise _fail("copy_to_out_", f"computed {computed.type_string()} does not match out {out.type_string()}")
     return out
 
@@ -757,7 +758,7 @@ copy_to_out_ = _prim("copy_to_out_", _copy_to_out_meta, Effects(writes=("out",),
 def _no_grad_update_meta(old: TensorProxy, new: TensorProxy) -> TensorProxy:
     _check_tensor("no_grad_update", old, "old")
     _check_tensor("no_grad_update", new, "new")
-    if old.shape != new.shape or old.dtype != new.dtype:
+    if not rule_same_shape(old.shape, new.shape) or old.dtype != new.dtype:
         raise _fail("no_grad_update", f"new {new.type_string()} does not match old {old.type_string()}")
     return TensorProxy.like(new, requires_grad=old.requires_grad)
 

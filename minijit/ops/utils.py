@@ -10,7 +10,15 @@ import torch
 from minijit.errors import DeviceError, MetaError, UnsupportedOpError
 from minijit.ir import FloatProxy, IntegerProxy, NumberProxy, TensorProxy
 from minijit.ir.context import capturing, where_now
-from minijit.ir.proxies import checked_sizes, equal_sizes, is_one, number_value, same_size
+from minijit.ir.proxies import (
+    checked_sizes,
+    equal_sizes,
+    is_one,
+    number_value,
+    rule_compare,
+    rule_same_shape,
+    same_size,
+)
 from minijit.ops import prims
 
 _CATEGORY = {bool: 0, int: 1, float: 2, complex: 3}
@@ -111,15 +119,15 @@ def _broadcast_dim(dims: list[Any], shapes: tuple[Sequence[Any], ...]) -> Any:
     if all(same_size(d, sized[0]) for d in sized[1:]):
         return sized[0]
     if all(number_value(d) == number_value(sized[0]) for d in sized[1:]):
-        if all(d == sized[0] for d in sized[1:]):  # records the equalities
+        if all(rule_compare(d, "==", sized[0]) for d in sized[1:]):  # records the equalities
             return sized[0]
     out: Any = 1
     for d in sized:
-        if d == 1:
+        if rule_compare(d, "==", 1):
             continue
-        if out == 1:
+        if rule_compare(out, "==", 1):
             out = d
-        elif out != d:
+        elif rule_compare(out, "!=", d):
             raise MetaError(f"shapes {', '.join(str(tuple(x)) for x in shapes)} cannot be broadcast together{where_now()}")
     return out
 
@@ -279,7 +287,7 @@ def reshape_to(x: TensorProxy, shape: Sequence[Any]) -> TensorProxy:
     shape = tuple(shape)
     # Lengths first: comparing sizes of different ranks would record needless constraints
     # between unrelated symbolic sizes.
-    return x if len(shape) == x.ndim and tuple(x.shape) == shape else prims.reshape(x, shape)
+    return x if len(shape) == x.ndim and rule_same_shape(tuple(x.shape), shape) else prims.reshape(x, shape)
 
 
 def restore_reduced(g: TensorProxy, shape: Sequence[Any], dims: Sequence[int]) -> TensorProxy:

@@ -36,6 +36,7 @@ import torch
 
 from minijit.errors import AliasError, InplaceError, UnsupportedOpError, where
 from minijit.ir import BoundSymbol, Proxy, Tag, TensorProxy, Trace, tracing, tree_flatten, tree_map
+from minijit.ir.proxies import same_shape, same_value
 from minijit.ir.rewrite import replay_bsym
 from minijit.ops import prims
 from minijit.ops.opaque import opaque_call
@@ -152,7 +153,7 @@ class _Functionalizer:
             members = [trace.args[i] for i in group]
             leader = members[0]
             for m in members[1:]:
-                if not isinstance(m, TensorProxy) or (m.shape, m.dtype) != (leader.shape, leader.dtype):
+                if not isinstance(m, TensorProxy) or not same_shape(m.shape, leader.shape) or m.dtype != leader.dtype:
                     raise AliasError(f"inputs {leader.name} and {m.name} share memory but are not the same view "
                                      "of it; minijit supports aliased inputs only when they are identical")
                 self.same_as[id(m)] = leader
@@ -394,14 +395,14 @@ class _Functionalizer:
         a = self.canon(a)
         value = self.resolve(value)
         if isinstance(value, TensorProxy):
-            while value.ndim > 0 and value.shape[0] == 1 and value.ndim > len(a.shape):
+            while value.ndim > 0 and same_value(value.shape[0], 1) and value.ndim > len(a.shape):
                 value = prims.reshape(value, tuple(value.shape[1:]))
         a_now = self.resolve(a)  # may record a replay: before counting the region's bound symbol
         count = len(self.new.bound_symbols)
         region = getitem(a_now, key)
         if isinstance(value, TensorProxy):
-            if value.ndim > region.ndim or any(v != 1 and v != r for v, r in zip(reversed(value.shape),
-                                                                               reversed(region.shape))):
+            if value.ndim > region.ndim or any(not same_value(v, 1) and not same_value(v, r)
+                                               for v, r in zip(reversed(value.shape), reversed(region.shape))):
                 return False
             new = expand_to(to_dtype(value, a.dtype), region.shape)
         else:

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from minijit.ir import BoundSymbol, Proxy, TensorProxy, Trace, tree_iter
+from minijit.ir.proxies import number_value, same_shape
 
 __all__ = ["MemoryModel", "Storage", "ViewGraph", "ViewStep", "analysing", "buffer_kind", "input_leaders",
            "memory_model", "read_proxies", "view_graph"]
@@ -73,15 +74,31 @@ def input_leaders(trace: Trace) -> dict[str, str]:
     return leaders
 
 
-def buffer_kind(t: Any) -> tuple[Any, ...] | None:
-    """(shape, dtype, device) of a tensor proxy, the key two buffers are matched by; None for a non-tensor.
+class BufferKind:
+    """(shape, dtype, device) of a tensor proxy, the key two buffers are matched by (a dict key too).
 
-    Symbolic sizes compare as passes compare them (`minijit.ir.proxies.known_compare`):
-    equal only when they are equal on every call, and recording nothing.
+    Symbolic sizes compare as passes compare them (`minijit.ir.proxies.same_shape`): equal only
+    when they are equal on every call, and recording nothing.
     """
+
+    __slots__ = ("device", "dtype", "shape")
+
+    def __init__(self, t: TensorProxy):
+        self.shape, self.dtype, self.device = tuple(t.shape), t.dtype, t.device
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, BufferKind) and same_shape(self.shape, other.shape) and self.dtype == other.dtype
+                and self.device == other.device)
+
+    def __hash__(self) -> int:
+        return hash((tuple(number_value(d) for d in self.shape), self.dtype, self.device))
+
+
+def buffer_kind(t: Any) -> BufferKind | None:
+    """The kind of buffer a tensor proxy needs (`BufferKind`); None for a non-tensor."""
     if not isinstance(t, TensorProxy):
         return None
-    return (tuple(t.shape), t.dtype, t.device)
+    return BufferKind(t)
 
 
 def _copies_into(bsym: BoundSymbol) -> set[int]:

@@ -22,6 +22,7 @@ import torch
 from minijit.errors import MetaError, UnsupportedOpError
 from minijit.ir import TENSOR_METHODS, VIEWS_IF_BASIC_KEY, Effects, IntegerProxy, NumberProxy, TensorProxy
 from minijit.ir.context import where_now
+from minijit.ir.proxies import rule_compare, rule_same_shape
 from minijit.ops import prims
 from minijit.ops.ltorch.shape import movedim, permute, slice_dim
 from minijit.ops.registry import ltorch_op
@@ -130,13 +131,13 @@ def slice_bounds(s: slice, size: Any) -> tuple[Any, Any, int]:
     def bound(v: int | None, default: Any) -> Any:
         if v is None:
             return default
-        if v < 0:
+        if rule_compare(v, "<", 0):
             v = v + size
-            return 0 if v < 0 else v
-        return size if v > size else v
+            return 0 if rule_compare(v, "<", 0) else v
+        return size if rule_compare(v, ">", size) else v
 
     start, stop = bound(s.start, 0), bound(s.stop, size)
-    return start, (start if stop < start else stop), 1 if s.step is None else s.step
+    return start, (start if rule_compare(stop, "<", start) else stop), 1 if s.step is None else s.step
 
 
 def _basic_index(op: str, a: TensorProxy, items: list[Any]) -> tuple[TensorProxy, list[tuple[int, TensorProxy]]]:
@@ -175,9 +176,9 @@ def _basic_index(op: str, a: TensorProxy, items: list[Any]) -> tuple[TensorProxy
                 sliced = True
             out_dim += 1
         else:
-            if not -size <= item < size:
+            if not (rule_compare(-size, "<=", item) and rule_compare(item, "<", size)):
                 raise _fail(op, f"index {item} is out of bounds for dimension {in_dim} with size {size}")
-            start = item + size if item < 0 else item
+            start = item + size if rule_compare(item, "<", 0) else item
             starts[in_dim], stops[in_dim] = start, start + 1
             squeezed.append(in_dim)
             sliced = True
@@ -219,7 +220,7 @@ def _advanced_index(a: TensorProxy, tensors: list[tuple[int, TensorProxy]]) -> T
         linear = None
         for k, idx in enumerate(index):
             stride = math.prod(sizes[k + 1:])
-            term = prims.mul(idx, stride) if stride != 1 else idx
+            term = prims.mul(idx, stride) if rule_compare(stride, "!=", 1) else idx
             linear = term if linear is None else prims.add(linear, term)
     n = math.prod(shape)
     taken = prims.take(src, reshape_to(linear, (n,)), dim)
@@ -283,7 +284,7 @@ def _mask_key(key: Any) -> TensorProxy | None:
 
 
 def _drop_leading_ones(v: TensorProxy, ndim: int) -> TensorProxy:
-    while v.ndim > ndim and v.shape[0] == 1:
+    while v.ndim > ndim and rule_compare(v.shape[0], "==", 1):
         v = reshape_to(v, v.shape[1:])
     return v
 
@@ -297,7 +298,8 @@ def _value_tensor(op: str, a: TensorProxy, value: Any, shape: tuple[Any, ...],
     out_shape = shape if out_shape is None else out_shape
     if isinstance(value, TensorProxy):
         v = _drop_leading_ones(value, len(shape))
-        if v.ndim > len(shape) or any(s != 1 and s != d for s, d in zip(reversed(v.shape), reversed(shape))):
+        if v.ndim > len(shape) or any(rule_compare(s, "!=", 1) and rule_compare(s, "!=", d)
+                                     for s, d in zip(reversed(v.shape), reversed(shape))):
             raise _fail(op, f"shape mismatch: value tensor of shape {list(value.shape)} cannot be broadcast "
                             f"to indexing result of shape {list(shape)}")
         return expand_to(to_dtype(v, a.dtype), out_shape)
@@ -308,7 +310,7 @@ def _value_tensor(op: str, a: TensorProxy, value: Any, shape: tuple[Any, ...],
 
 def _masked_update(op: str, a: TensorProxy, mask: TensorProxy, value: Any, accumulate: bool) -> TensorProxy:
     k = mask.ndim
-    if k > a.ndim or tuple(mask.shape) != tuple(a.shape[:k]):
+    if k > a.ndim or not rule_same_shape(tuple(mask.shape), tuple(a.shape[:k])):
         raise _fail(op, f"the mask's shape {list(mask.shape)} does not match the indexed tensor's {list(a.shape)}")
     rest = tuple(a.shape[k:])
     full_mask = prims.broadcast_in_dim(mask, tuple(a.shape), tuple(range(k)))
@@ -414,9 +416,9 @@ def _one_dim_update(op: str, a: TensorProxy, key: Any, value: Any, accumulate: b
             dim, index = in_dim, reshape_to(_nonnegative(item, size), (item.numel(),))
             result_shape.extend(item.shape)
         else:
-            if not -size <= item < size:
+            if not (rule_compare(-size, "<=", item) and rule_compare(item, "<", size)):
                 raise _fail(op, f"index {item} is out of bounds for dimension {in_dim} with size {size}")
-            start = item + size if item < 0 else item
+            start = item + size if rule_compare(item, "<", 0) else item
             dim, index = in_dim, prims.iota(1, start=start, step=1, dtype=torch.int64, device=a.device)
         in_dim += 1
     v = _value_tensor(op, a, value, tuple(result_shape))
@@ -464,7 +466,7 @@ def scatter(input: TensorProxy, dim: int, index: TensorProxy, src: Any = None, *
         if src.dtype != input.dtype:
             raise _fail("scatter", f"expects src of the input's dtype {input.dtype}, got {src.dtype}")
         _check_gather_shapes("scatter", input, idx, d, src)
-        if tuple(src.shape) != tuple(idx.shape):
+        if not rule_same_shape(tuple(src.shape), tuple(idx.shape)):
             src = prims.slice_prim(src, [0] * src.ndim, list(idx.shape), [1] * src.ndim)
     else:
         _check_gather_shapes("scatter", input, idx, d)
@@ -536,10 +538,10 @@ def _check_gather_shapes(op: str, input: TensorProxy, index: TensorProxy, d: int
     if index.ndim != input.ndim and not (index.ndim <= 1 and input.ndim <= 1):
         raise _fail(op, f"index {list(index.shape)} and input {list(input.shape)} must have the same number of dims")
     for i, (si, sx) in enumerate(zip(index.shape, input.shape)):
-        if i != d and si > sx:
+        if i != d and rule_compare(si, ">", sx):
             raise _fail(op, f"size {si} of index dim {i} exceeds the input's {sx} (index {list(index.shape)}, "
                             f"input {list(input.shape)})")
-    if other is not None and any(si > so for si, so in zip(index.shape, other.shape)):
+    if other is not None and any(rule_compare(si, ">", so) for si, so in zip(index.shape, other.shape)):
         raise _fail(op, f"index {list(index.shape)} is larger than src {list(other.shape)}")
 
 
@@ -605,7 +607,7 @@ def _check_source(op: str, input: TensorProxy, source: TensorProxy, d: int, n: i
     src = reshape_to(source, (1,)) if source.ndim == 0 and input.ndim <= 1 else source
     expected = list(input.shape) if input.ndim else [1]
     expected[d] = n
-    if list(src.shape) != expected:
+    if len(src.shape) != len(expected) or not rule_same_shape(src.shape, expected):
         raise _fail(op, f"source of shape {list(source.shape)} does not match the expected {expected}")
     return src
 

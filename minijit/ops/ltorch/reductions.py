@@ -15,6 +15,7 @@ import torch
 
 from minijit.errors import MetaError
 from minijit.ir import TensorProxy
+from minijit.ir.proxies import rule_same_shape
 from minijit.ops import prims
 from minijit.ops.ltorch.elementwise import abs as abs_
 from minijit.ops.ltorch.elementwise import add, exp, isinf, log, logical_xor, maximum, minimum, mul, sqrt, sub, where
@@ -27,7 +28,7 @@ from minijit.ops.utils import canonical_dims, compute_dtype_for, fail, numel_of,
 def keep_dims(out: TensorProxy, shape: Sequence[Any], dims: Sequence[int]) -> TensorProxy:
     """Re-insert reduced `dims` as size-1 dims (keepdim=True)."""
     kept = tuple(1 if i in dims else s for i, s in enumerate(shape))
-    return prims.reshape(out, kept) if kept != tuple(out.shape) else out
+    return prims.reshape(out, kept) if not rule_same_shape(kept, tuple(out.shape)) else out
 
 
 def reduction_dims(op: str, dim: Any, ndim: int) -> tuple[int, ...]:

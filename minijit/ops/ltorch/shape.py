@@ -21,7 +21,7 @@ import torch
 from minijit.errors import MetaError, UnsupportedOpError
 from minijit.ir import VIEWS_ANY_LAYOUT, VIEWS_IF_SPLITS, Effects, Tag, TensorProxy
 from minijit.ir.context import where_now
-from minijit.ir.proxies import broadcasts_to, equal_sizes
+from minijit.ir.proxies import broadcasts_to, equal_sizes, rule_compare
 from minijit.ops import prims
 from minijit.ops.registry import ltorch_op
 from minijit.ops.strides import check_viewable, user_layout
@@ -211,7 +211,7 @@ def squeeze(input: TensorProxy, dim: int | Sequence[int] | None = None) -> Tenso
         dims = range(input.ndim)
     else:
         dims = {canonical_dim(d, input.ndim) for d in ((dim,) if isinstance(dim, int) else dim)}
-    dims = tuple(d for d in sorted(dims) if input.ndim > 0 and input.shape[d] == 1)
+    dims = tuple(d for d in sorted(dims) if input.ndim > 0 and rule_compare(input.shape[d], "==", 1))
     return prims.squeeze(input, dims) if dims else input
 
 
@@ -294,11 +294,12 @@ def narrow(input: TensorProxy, dim: int, start: int, length: int) -> TensorProxy
         raise UnsupportedOpError(f"ltorch.narrow: a tensor start is data-dependent{where_now()}; pass an int")
     d = canonical_dim(dim, input.ndim)
     size = input.shape[d]
-    if start < 0:
+    if rule_compare(start, "<", 0):
         start += size
-    if not (0 <= start <= size) or length < 0 or start + length > size:
+    if (not (rule_compare(0, "<=", start) and rule_compare(start, "<=", size)) or rule_compare(length, "<", 0)
+            or rule_compare(start + length, ">", size)):
         raise _fail("narrow", f"start {start} and length {length} exceed dim {d} of size {size}")
-    if start == 0 and length == size:
+    if rule_compare(start, "==", 0) and rule_compare(length, "==", size):
         return input
     return slice_dim(input, d, start, start + length)
 
@@ -314,7 +315,7 @@ def select(input: TensorProxy, dim: int, index: int) -> TensorProxy:  # noqa: A0
 
 def _select(a: TensorProxy, d: int, index: int, op: str) -> TensorProxy:
     size = a.shape[d]
-    if not -size <= index < size:
+    if not (rule_compare(-size, "<=", index) and rule_compare(index, "<", size)):
         raise _fail(op, f"index {index} is out of bounds for dimension {d} with size {size}")
     index %= size
     return prims.squeeze(slice_dim(a, d, index, index + 1), (d,))
@@ -351,13 +352,13 @@ def split(tensor: TensorProxy, split_size_or_sections: int | Sequence[int], dim:
     n = tensor.shape[d]
     if isinstance(split_size_or_sections, int):
         size = split_size_or_sections
-        if size < 0 or (size == 0 and n != 0):
+        if rule_compare(size, "<", 0) or (rule_compare(size, "==", 0) and rule_compare(n, "!=", 0)):
             raise _fail("split", f"split size {size} must be positive for a dim of size {n}")
         count = int(n // size) if size else 0  # the number of outputs: specialised on symbolic sizes
-        sizes = [size] * count + ([n - count * size] if n != count * size else []) if size else [0]
+        sizes = [size] * count + ([n - count * size] if rule_compare(n, "!=", count * size) else []) if size else [0]
     else:
         sizes = list(split_size_or_sections)
-        if any(s < 0 for s in sizes) or sum(sizes) != n:
+        if any(rule_compare(s, "<", 0) for s in sizes) or rule_compare(sum(sizes), "!=", n):
             raise _fail("split", f"split sizes {sizes} must be non-negative and sum to dim {d}'s size {n}")
     return _split_at(tensor, d, _bounds_of_sizes(sizes))
 
@@ -371,10 +372,15 @@ def chunk(input: TensorProxy, chunks: int, dim: int = 0) -> tuple[TensorProxy, .
         raise _fail("chunk", "cannot chunk a 0-d tensor")
     d = canonical_dim(dim, input.ndim)
     n = input.shape[d]
-    if n == 0:
+    if rule_compare(n, "==", 0):
         return _split_at(input, d, [(0, 0)] * chunks)
     size = -(-n // chunks)
-    return _split_at(input, d, [(lo, min(lo + size, n)) for lo in range(0, n, size)])
+    return _split_at(input, d, [(lo, _smaller(lo + size, n)) for lo in range(0, n, size)])
+
+
+def _smaller(a: Any, b: Any) -> Any:
+    """`min(a, b)` of sizes, compared as an op's rules compare (`rule_compare`)."""
+    return b if rule_compare(b, "<", a) else a
 
 
 @ltorch_op(torch_fns=[torch.tensor_split, torch.Tensor.tensor_split], methods=["tensor_split"], effects=VIEW)
