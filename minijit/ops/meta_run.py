@@ -111,7 +111,6 @@ def _only_writes(func: Any) -> bool:
 _READS_STORAGE = {torch.as_strided, torch.Tensor.as_strided, torch.as_strided_copy}
 
 
-
 @size_rule(*_READS_STORAGE)
 def _as_strided_sizes(args: tuple[Any, ...], kwargs: dict[str, Any],
                       traced: list[tuple[int, ...] | None]) -> list[tuple[Any, ...] | None] | None:
