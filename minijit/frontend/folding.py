@@ -33,15 +33,16 @@ NOT_FOLDED = object()
 
 
 def _folded(trace: Trace | None) -> dict[int, torch.Tensor]:
-    return trace.folded_constants if trace is not None else {}
+    return trace.capture.folded_constants if trace is not None and trace.capture is not None else {}
 
 
 def _run(trace: Trace, fn: Any, args: Any, kwargs: dict[str, Any]) -> Any:
     with torch.no_grad():
         out = fn(*args, **kwargs)
-    for t in tree_flatten(out):
-        if isinstance(t, torch.Tensor):
-            trace.folded_constants[id(t)] = t  # kept alive with the trace: ids stay unique
+    if trace.capture is not None:
+        for t in tree_flatten(out):
+            if isinstance(t, torch.Tensor):
+                trace.capture.folded_constants[id(t)] = t
     return out
 
 
@@ -72,7 +73,7 @@ def fold_numbers_only(fn: Any, args: Any, kwargs: dict[str, Any]) -> Any:
 def unfold_sizes(args: Any, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     """The arguments with each folded 0-dim integer tensor replaced by its value (unchanged when there is none)."""
     trace = current_trace()
-    if trace is None or not trace.folded_constants:
+    if not _folded(trace):
         return args, kwargs
 
     def value(x: Any) -> Any:
@@ -84,13 +85,13 @@ def unfold_sizes(args: Any, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]
 
 def with_known_numbers(args: Any, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]] | None:
     """The arguments with each traced 0-dim integer tensor replaced by the number it holds, as `__index__` reads it:
-    the number the trace knows where it was computed from sizes and numbers only (`Trace.number_tensors`), with no
+    the number the trace knows where it was computed from sizes and numbers only (`CaptureState.number_tensors`), with no
     guard on its value; else its value read from data (the value-guard path); None where there is no such tensor.
 
     For a call refused with the tensors: eager reads such a tensor given where it needs an int (`__index__`:
     `x.view(n, torch.div(x.size(1), n, rounding_mode="trunc"))`), so the call with the number is eager's."""
     trace = current_trace()
-    if trace is None or not (trace.number_tensors or value_reader() is not None):
+    if trace is None or not ((trace.capture is not None and trace.capture.number_tensors) or value_reader() is not None):
         return None
     found = False
 

@@ -9,10 +9,22 @@ interpreter (so the combine function is traced like any user code, its ops fused
 any others), and the results stacked along `dim`. The combine function sees single elements (the
 scan dimension removed), exactly what its contract promises, so any associative function works,
 pointwise or not. The trace grows with the length of the scan, as a Python loop over it would.
+
+Where the length is a symbolic size (`cache="symbolic values"`), unrolling would specialise it: one
+trace per length, as Mamba served over sequence lengths showed. There the scan is recorded as one
+opaque op, `opaque.associative_scan`, that runs torch's own generic scan (the combine function
+`torch.vmap`-ed over log-depth steps, as eager runs `combine_mode="generic"`) with the combine
+function as a constant of the trace; its results have the shapes of `xs`, whatever the length, and
+its gradient is torch's (the opaque rule: `torch.autograd.grad` of the same call). This needs a
+combine function the trace can keep: a plain Python function that holds no traced value (in its
+closure or defaults), whose result, traced once on two elements, has the elements' structure, shapes
+and dtypes; otherwise the scan is unrolled as above. The association order differs from the unrolled
+scan's (pairs, then pairs of pairs): equal up to floating-point rounding, as the op's contract allows.
 """
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -22,8 +34,10 @@ from torch._prims_common import canonicalize_dim
 
 from minijit.errors import UnsupportedOpError
 from minijit.frontend.lookasides import _call, lookaside
-from minijit.ir import TensorProxy
+from minijit.ir import Effects, NumberProxy, Symbol, TensorProxy, tree_flatten
+from minijit.ir.containers import contains_proxy
 from minijit.ir.context import where_now
+from minijit.ops.opaque import OPAQUE
 
 __all__: list[str] = []  # nothing public: the module registers a lookaside
 
@@ -63,7 +77,15 @@ if _associative_scan is not None:
         """The inclusive scan of `xs` along `dim` with `combine_fn`: `ys[0] = xs[0]`, `ys[i] = combine_fn(ys[i-1], xs[i])`."""
         leaves, spec = pytree.tree_flatten(xs)
         dim = _check(leaves, dim, reverse, combine_mode)
+        # At length 1 eager combines nothing (the result is `xs`, which a gradient then sees): traced apart.
+        if _symbolic(leaves[0].shape[dim]) and leaves[0].shape[dim] >= 2 and _keepable(combine_fn, leaves, spec, dim):
+            return pytree.tree_unflatten(list(SCAN(combine_fn, spec, leaves, dim, reverse)), spec)
         length = int(leaves[0].shape[dim])
+        if length == 1:
+            # Eager's scan returns each leaf as it is (a view): nothing is combined, so `xs` is not in
+            # the result's history beyond that view (a leaf whose result is unused gets no gradient).
+            return pytree.tree_unflatten([_call(torch.movedim, (_call(torch.movedim, (x, dim, 0), {}), 0, dim), {})
+                                          for x in leaves], spec)
         order = range(length - 1, -1, -1) if reverse else range(length)
 
         def element(i: int) -> list[Any]:
@@ -84,3 +106,60 @@ if _associative_scan is not None:
         outs = [_call(torch.stack, ([steps[i][k] for i in range(length)], dim), {}) for k in range(len(leaves))]
         return pytree.tree_unflatten(outs, spec)
 
+
+
+def _symbolic(length: Any) -> bool:
+    """Whether the scan's length is a symbolic size (unrolling would specialise it)."""
+    return isinstance(length, NumberProxy) and length.expr is not None
+
+
+def _keepable(combine_fn: Any, leaves: list[TensorProxy], spec: Any, dim: int) -> bool:
+    """Whether the trace can keep `combine_fn` as a constant and run it on every call: a plain function
+    holding no traced value, whose result on two elements (traced once, here) is like an element."""
+    if not isinstance(combine_fn, types.FunctionType) or _holds_traced(combine_fn, 4):
+        return False
+    element = pytree.tree_unflatten([_call(torch.select, (x, dim, 0), {}) for x in leaves], spec)
+    result, result_spec = pytree.tree_flatten(_call(combine_fn, (element, element), {}))
+    return result_spec == spec and all(
+        isinstance(r, TensorProxy) and r.dtype == x.dtype and r.device == x.device and r.ndim == x.ndim - 1
+        and all(a is b or a == b for a, b in zip(r.shape, x.shape[:dim] + x.shape[dim + 1:], strict=True))
+        for r, x in zip(result, leaves, strict=True))
+
+
+def _holds_traced(fn: types.FunctionType, depth: int) -> bool:
+    """Whether a traced value may be reachable from `fn`'s closure, defaults or the globals it names (nested
+    functions followed `depth` deep; True where the search gives up: the trace would keep a proxy)."""
+    if depth == 0:
+        return True
+    cells = []
+    for cell in fn.__closure__ or ():
+        try:
+            cells.append(cell.cell_contents)
+        except ValueError:  # a cell not yet filled
+            continue
+    names = [fn.__globals__[n] for n in fn.__code__.co_names if n in fn.__globals__]
+    for value in (*cells, *names, *(fn.__defaults__ or ()), *(fn.__kwdefaults__ or {}).values()):
+        if isinstance(value, types.FunctionType):
+            if value is not fn and _holds_traced(value, depth - 1):
+                return True
+        elif contains_proxy(value):
+            return True
+    return False
+
+
+def run_scan(combine_fn: Callable[..., Any], spec: Any, leaves: list[torch.Tensor], dim: int,
+             reverse: bool) -> tuple[torch.Tensor, ...]:
+    """The inclusive scan of the tensors `leaves` (a tree of structure `spec`) along `dim`: torch's generic scan."""
+    out = _associative_scan(combine_fn, pytree.tree_unflatten(list(leaves), spec), dim, reverse=reverse,
+                            combine_mode="generic")
+    return tuple(pytree.tree_leaves(out))
+
+
+def _scan_meta(combine_fn: Any, spec: Any, leaves: list[TensorProxy], dim: int, reverse: bool
+               ) -> tuple[TensorProxy, ...]:
+    grad = torch.is_grad_enabled() and any(x.requires_grad for x in leaves)
+    return tuple(TensorProxy(x.shape, x.dtype, x.device, grad) for x in tree_flatten(leaves))
+
+
+SCAN = Symbol("associative_scan", _scan_meta, namespace="opaque", is_prim=True, tags=frozenset({OPAQUE}),
+              fn=run_scan, effects=Effects())

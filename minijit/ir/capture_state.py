@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from minijit.ir.proxies import Proxy, TensorProxy
-from minijit.ir.symbol import SourceLocation
+from minijit.ir.symbol import BoundSymbol, SourceLocation, Tag
 
 __all__ = ["CaptureState"]
 
@@ -55,3 +55,19 @@ class CaptureState:
     # {(id of a trace input, dtype): its cast}: one cast per parameter while autocast stays entered
     # (minijit/ops/autocast.py's `_cast`; `clear_cast_cache` empties it):
     cast_cache: dict[tuple[int, torch.dtype], TensorProxy] = field(default_factory=dict)
+    # Tensors computed at trace time from Python numbers only (torch.div(6, 2)), by id: their values
+    # are known, so a size may read them (minijit/frontend/folding.py). Kept alive here: ids stay unique.
+    folded_constants: dict[int, torch.Tensor] = field(default_factory=dict)
+    # 0-dim int64 tensors the trace computes from sizes and numbers only (torch.div(x.size(1), 2)), by id:
+    # each with the number it holds, an expression of the trace's numbers, so that a size may read it
+    # without a guard on its value (minijit/ops/number_args.py). Forgotten where a write may change it.
+    number_tensors: dict[int, tuple[Proxy, Any]] = field(default_factory=dict)
+
+    def forget_numbers(self, bsym: BoundSymbol) -> None:
+        """Forget the known numbers `bsym` may change: all of them where it writes an integer tensor (which may
+        be a view of one: ltorch views keep the dtype), the ones it reads where it is an opaque op."""
+        if any(not (t.dtype.is_floating_point or t.dtype.is_complex) for t in bsym.written()):
+            self.number_tensors.clear()
+        elif Tag.OPAQUE in bsym.sym.tags:
+            for p in bsym.proxy_args():
+                self.number_tensors.pop(id(p), None)

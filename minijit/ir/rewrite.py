@@ -17,8 +17,16 @@ The pieces, smallest first:
 - `replay`: the same for a whole trace, on given inputs (inlining one trace into another);
 - `expand`: the bound symbols a function records in place of one bound symbol, computing
   its very outputs (an executor's execution transform);
+- `record`: the bound symbols a function records, in a scratch trace sharing a trace's
+  names (not yet part of any trace: the caller places them);
 - `rewrite`: the pass skeleton: walk a trace's bound symbols through a rule that keeps a
-  bound symbol or returns its replacements, substituting as it goes; gives a new trace.
+  bound symbol or returns its replacements, substituting as it goes; gives a new trace;
+- `Edits`: the skeleton for a pass that decides by position (after an analysis indexed by
+  position, or walking the trace backwards): replace a bound symbol by several (none: drop
+  it), insert before or after one; applied once, giving a new trace.
+
+A pass edits a trace only through these: it never assigns into, splices or deletes from
+`bound_symbols` (tests/ir/test_rewrite_skeleton.py reads the passes and names any that does).
 """
 
 from __future__ import annotations
@@ -30,10 +38,10 @@ from minijit.errors import MinijitError, where
 from minijit.ir.context import current_trace, replaying_captured, tracing
 from minijit.ir.proxies import Proxy
 from minijit.ir.pytree import tree_flatten, tree_map
-from minijit.ir.symbol import BoundSymbol, Symbol
+from minijit.ir.symbol import BoundSymbol, SourceLocation, Symbol
 from minijit.ir.trace import Trace
 
-__all__ = ["ProxyMap", "Rule", "expand", "replay", "replay_bsym", "rewrite"]
+__all__ = ["Edits", "ProxyMap", "Rule", "expand", "record", "replay", "replay_bsym", "rewrite"]
 
 
 class ProxyMap:
@@ -159,10 +167,7 @@ def expand(bsym: BoundSymbol, fn: Callable[..., Any], within: Trace, *, what: st
     later bound symbols, which read those outputs, need no change. `within` is the trace
     being rewritten (the fresh proxies take names unused in it); `what` names `fn` in errors.
     """
-    scratch = within.derive([], pass_name=what)
-    scratch.source = bsym.source
-    with tracing(scratch):
-        out = fn(*bsym.args, **bsym.kwargs)
+    out, recorded = record(within, fn, bsym.args, bsym.kwargs, source=bsym.source)
     new = [x for x in tree_flatten(out) if isinstance(x, Proxy)]
     old = [x for x in tree_flatten(bsym.output) if isinstance(x, Proxy)]
     if len(new) != len(old):
@@ -177,7 +182,22 @@ def expand(bsym: BoundSymbol, fn: Callable[..., Any], within: Trace, *, what: st
             raise MinijitError(f"{what} of {bsym.sym.id} returns its input {n.name}; return a computed value"
                                f"{where(bsym.source)}")
         env[n] = o
-    return [env.bsym(b) for b in scratch.bound_symbols]
+    return [env.bsym(b) for b in recorded]
+
+
+def record(within: Trace, fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None,
+           *, source: SourceLocation | None = None) -> tuple[Any, list[BoundSymbol]]:
+    """What `fn(*args, **kwargs)` returns, and the bound symbols it records, in order.
+
+    They are recorded into a scratch trace sharing `within`'s names (fresh proxies never
+    clash with its own), at the source location `source`; the caller places them
+    (a rule's replacement, `Edits.insert_before`, ...).
+    """
+    scratch = within.derive([], pass_name="record")
+    scratch.source = source
+    with tracing(scratch):
+        out = fn(*args, **(kwargs or {}))
+    return out, scratch.bound_symbols
 
 
 # A rewrite rule: given a bound symbol (its arguments already substituted) and the substitution,
@@ -211,3 +231,69 @@ def rewrite(trace: Trace, rule: Rule, *, pass_name: str, env: ProxyMap | None = 
         else:
             bound_symbols.extend(replacement)
     return trace.derive(bound_symbols, pass_name=pass_name, output=env(trace.output))
+
+
+class Edits:
+    """Changes to a trace's bound symbols by their positions in it, applied at once by `apply`.
+
+    For a pass that decides by position (an analysis indexed by position, a walk backwards):
+    each bound symbol may be replaced by several (none: dropped), and bound symbols inserted
+    right before or after it. The trace is left as it was. Example::
+
+        edits = Edits(trace)
+        edits.replace(3, in_place)                   # the 4th bound symbol -> one writing into its input
+        edits.insert_after(5, [release])             # a bound symbol after the 6th
+        new = edits.apply(pass_name="my pass")
+    """
+
+    __slots__ = ("_after", "_before", "_replaced", "trace")
+
+    def __init__(self, trace: Trace) -> None:
+        self.trace = trace
+        self._replaced: dict[int, tuple[BoundSymbol, ...]] = {}
+        self._before: dict[int, list[BoundSymbol]] = {}
+        self._after: dict[int, list[BoundSymbol]] = {}
+
+    def __getitem__(self, i: int) -> BoundSymbol:
+        """The bound symbol at position `i` as edited so far (the last of its replacements; the original if dropped)."""
+        replaced = self._replaced.get(i)
+        return replaced[-1] if replaced else self.trace.bound_symbols[i]
+
+    def replace(self, i: int, *bsyms: BoundSymbol) -> None:
+        """Put `bsyms` in place of the bound symbol at position `i` (a later call for `i` wins)."""
+        self._replaced[i] = bsyms
+
+    def drop(self, i: int) -> None:
+        """Leave out the bound symbol at position `i`."""
+        self._replaced[i] = ()
+
+    def insert_before(self, i: int, bsyms: Iterable[BoundSymbol]) -> None:
+        """Put `bsyms` right before position `i` (after those inserted there earlier); `i` may be the length."""
+        self._before.setdefault(i, []).extend(bsyms)
+
+    def insert_after(self, i: int, bsyms: Iterable[BoundSymbol]) -> None:
+        """Put `bsyms` right after position `i` (after those inserted there earlier)."""
+        self._after.setdefault(i, []).extend(bsyms)
+
+    def __bool__(self) -> bool:
+        return bool(self._replaced or self._before or self._after)
+
+    def bound_symbols(self) -> list[BoundSymbol]:
+        """The edited list of bound symbols."""
+        if not self:
+            return list(self.trace.bound_symbols)
+        out: list[BoundSymbol] = []
+        for i, bsym in enumerate(self.trace.bound_symbols):
+            out.extend(self._before.get(i, ()))
+            replaced = self._replaced.get(i)
+            if replaced is None:
+                out.append(bsym)
+            else:
+                out.extend(replaced)
+            out.extend(self._after.get(i, ()))
+        out.extend(self._before.get(len(self.trace.bound_symbols), ()))
+        return out
+
+    def apply(self, *, pass_name: str, output: Any = None, args: list[Proxy] | None = None) -> Trace:
+        """A new trace (`Trace.derive`): the edited bound symbols, with `output` and `args` where given."""
+        return self.trace.derive(self.bound_symbols(), pass_name=pass_name, output=output, args=args)

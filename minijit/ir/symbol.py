@@ -215,6 +215,9 @@ class BoundSymbol:
     source: SourceLocation | None = None
     # Extra text printed after the call (e.g. which executor claimed it).
     note: str = field(default="", compare=False)
+    # For a copy_ that writes an op's result into the op's `out=` tensor (`torch.add(a, b, out=c)`): the op
+    # and the tensors it read (eager refuses an `out=` that partly overlaps them; transforms/overlap.py).
+    out_of: tuple[Symbol, tuple[Proxy, ...]] | None = field(default=None, compare=False)
 
     def replace(self, **changes: Any) -> BoundSymbol:
         """A copy with some fields changed."""

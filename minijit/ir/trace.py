@@ -15,7 +15,7 @@ from minijit.ir.context import tracing
 from minijit.ir.printing import Constants, to_source
 from minijit.ir.proxies import NumberProxy, Proxy
 from minijit.ir.pytree import tree_iter, tree_map
-from minijit.ir.symbol import BoundSymbol, SourceLocation, Symbol, Tag
+from minijit.ir.symbol import BoundSymbol, SourceLocation, Symbol
 
 # Names the printed source uses for its own purposes; proxies never take them.
 _RESERVED = {"torch", "prims", "ltorch", "opaque", "float", "complex", "slice", "_"} | set(keyword.kwlist)
@@ -97,16 +97,6 @@ class Trace:
         # What the capture keeps while it records the user's code (minijit/ir/capture_state.py): set by the
         # capture for its duration, None otherwise; `derive` does not copy it.
         self.capture: CaptureState | None = None
-        # For each top-level copy_ that writes an op's result into its `out=` tensor: the op and the
-        # tensors it read (eager refuses an `out=` that partly overlaps them), keyed by id(copy bsym):
-        self.out_operands: dict[int, tuple[Symbol, tuple[Proxy, ...]]] = {}
-        # Tensors computed at trace time from Python numbers only (torch.div(6, 2)), by id: their values
-        # are known, so a size may read them (minijit/frontend/folding.py).
-        self.folded_constants: dict[int, torch.Tensor] = {}
-        # 0-dim int64 tensors the trace computes from sizes and numbers only (torch.div(x.size(1), 2)), by id:
-        # each with the number it holds, an expression of the trace's numbers, so that a size may read it
-        # without a guard on its value (minijit/ops/number_args.py). Forgotten where a write may change it.
-        self.number_tensors: dict[int, tuple[Proxy, Any]] = {}
         self._scopes: list[list[BoundSymbol]] = [self.bound_symbols]
 
     # -- building -------------------------------------------------------------
@@ -182,8 +172,8 @@ class Trace:
                 if isinstance(p, Proxy):
                     (state.written_without_grad if id(p) in given else state.recorded_without_grad).add(p.name)
         bsym = BoundSymbol(sym, args, kwargs, output, tuple(subsymbols), self.source)
-        if self.number_tensors:
-            self._forget_numbers(bsym)
+        if state is not None and state.number_tensors:
+            state.forget_numbers(bsym)
         if state is not None and not torch.is_grad_enabled():
             # An op that writes its arguments and returns nothing (torch._fused_adam_) names what it wrote.
             state.written_without_grad.update(p.name for p in bsym.written())
@@ -201,24 +191,19 @@ class Trace:
 
     def known_number(self, x: Any) -> Any:
         """The number (an int or a symbolic one) that the 0-dim integer tensor `x` holds where the trace knows it
-        without reading data (a tensor folded from Python numbers, or one of `number_tensors`); else None."""
+        without reading data, while capturing (a tensor folded from Python numbers, or one of the capture's
+        `number_tensors`); else None."""
+        state = self.capture
+        if state is None:
+            return None
         if isinstance(x, Proxy):
-            known = self.number_tensors.get(id(x))
+            known = state.number_tensors.get(id(x))
             return known[1] if known is not None and known[0] is x else None
-        folded = self.folded_constants.get(id(x)) if isinstance(x, torch.Tensor) else None
+        folded = state.folded_constants.get(id(x)) if isinstance(x, torch.Tensor) else None
         if (folded is not None and folded.ndim == 0
                 and not (folded.dtype.is_floating_point or folded.dtype.is_complex or folded.dtype == torch.bool)):
             return int(folded)
         return None
-
-    def _forget_numbers(self, bsym: BoundSymbol) -> None:
-        """Forget the known numbers `bsym` may change: all of them where it writes an integer tensor (which may
-        be a view of one: ltorch views keep the dtype), the ones it reads where it is an opaque op."""
-        if any(not (t.dtype.is_floating_point or t.dtype.is_complex) for t in bsym.written()):
-            self.number_tensors.clear()
-        elif Tag.OPAQUE in bsym.sym.tags:
-            for p in bsym.proxy_args():
-                self.number_tensors.pop(id(p), None)
 
     def derive(self, bound_symbols: Iterable[BoundSymbol], *, pass_name: str,
                output: Any = None, args: list[Proxy] | None = None) -> Trace:

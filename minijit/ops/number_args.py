@@ -7,7 +7,7 @@ complex or bool, by the number's type) and computes as for tensors. Where eager 
 
 Such a 0-dim int64 tensor made of sizes and ints (and arithmetic on it: `torch.div(x.size(1), w,
 rounding_mode="trunc") - 1`) holds a number the trace knows without reading data: `note_number_tensor`
-keeps it, as an expression of the trace's numbers, in `Trace.number_tensors`, so that where the tensor
+keeps it, as an expression of the trace's numbers, in `CaptureState.number_tensors`, so that where the tensor
 is then given as a size (eager reads it through `__index__`) the size stays symbolic, with no guard
 on its value. A tensor computed from data never gets there: it keeps the value-guard path.
 """
@@ -116,7 +116,7 @@ class _NotANumber(Exception):
 def note_number_tensor(op: str, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any], output: Any) -> None:
     """Keep the number the 0-dim int64 `output` of ltorch op `op` holds, where every operand is an int, a symbolic
     int of sizes and arguments (not one computed from data), or a tensor whose number is kept
-    (`Trace.number_tensors`)."""
+    (`CaptureState.number_tensors`)."""
     trace = current_trace()
     rule = _NUMBER_RULES.get(op)
     if (rule is None or trace is None or trace.capture is None or not isinstance(output, TensorProxy)
@@ -129,7 +129,7 @@ def note_number_tensor(op: str, args: tuple[Any, ...] | list[Any], kwargs: dict[
     except (_NotANumber, TypeError, ZeroDivisionError, MinijitError):
         return  # not made of numbers only, or eager's own checks decide (a division by zero)
     if type(number) is int or (isinstance(number, IntegerProxy) and not data_dependent(number)):
-        trace.number_tensors[id(output)] = (output, number)
+        trace.capture.number_tensors[id(output)] = (output, number)
 
 
 def _operand(trace: Any, x: Any) -> Any:
@@ -148,9 +148,9 @@ def _operand(trace: Any, x: Any) -> Any:
 
 def known_slice_bounds(args: tuple[Any, ...]) -> tuple[Any, ...]:
     """`args` with each slice bound (in a key: `x[:, :k]`) that is a tensor whose number the trace keeps
-    (`Trace.number_tensors`) given as that number, as eager reads a slice bound (`__index__`), with no guard on it."""
+    (`CaptureState.number_tensors`) given as that number, as eager reads a slice bound (`__index__`), with no guard on it."""
     trace = current_trace()
-    if trace is None or not trace.number_tensors:
+    if trace is None or trace.capture is None or not trace.capture.number_tensors:
         return args
 
     def bounds(x: Any) -> Any:

@@ -154,7 +154,7 @@ def _into_out(sym: Symbol, args: tuple[Any, ...] | list[Any], kwargs: dict[str, 
         copy(target, value)
         if user_call and trace.bound_symbols and trace.bound_symbols[-1].output is target:
             # Functionalization checks the out= tensor against what the op read (the copy reads a fresh value).
-            trace.out_operands[id(trace.bound_symbols[-1])] = (sym, operands)
+            trace.bound_symbols[-1].out_of = (sym, operands)
     return out
 
 

@@ -26,6 +26,7 @@ from minijit.ir.context import (
     reading_values,
     recording_constraints,
 )
+from minijit.ir.rewrite import rewrite
 from minijit.ir.symbol import SourceLocation
 from minijit.ops import prims
 from minijit.runtime.arguments import (
@@ -445,8 +446,9 @@ def _evaluate_prefix(prefix: Trace, flat: list[Any], no_grad: frozenset[str]) ->
     call's real inputs (`flat`): functionalized, without its writes into inputs, by the torch executor.
     `no_grad`: the names the capture recorded or wrote under torch.no_grad() so far."""
     functional, _, aliasing = functionalize_for_call(prefix, flat, no_grad)
-    kept = [b for b in functional.bound_symbols if b.sym is not prims.copy_to_out_]  # functionalize's write-backs
-    functional = dce(functional.derive(kept, pass_name="value read"))
+    # Without functionalize's write-backs.
+    functional = dce(rewrite(functional, lambda b, env: () if b.sym is prims.copy_to_out_ else None,
+                             pass_name="value read"))
     functional = claim_executors(functional, resolve_executors(["torch"]))
     return with_synthetic_bases(without_autocast(functional.python_callable()), aliasing)(*flat)
 

@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from minijit.ir import BoundSymbol, Proxy, TensorProxy, Trace, tree_iter
+from minijit.ir.rewrite import Edits
 from minijit.transforms.memory import MemoryModel, Storage, buffer_kind, memory_model, read_proxies
 
 
@@ -60,13 +61,16 @@ class _BufferReuse:
         self.allocations = 0
 
     def run(self) -> Trace:
-        bsyms = list(self.trace.bound_symbols)
-        for i, bsym in enumerate(bsyms):
+        edits = Edits(self.trace)
+        for i, bsym in enumerate(self.trace.bound_symbols):
             ex = self.by_namespace.get(bsym.sym.namespace)
             if ex is not None and self._may_take_a_buffer(bsym, ex):
-                bsym = bsyms[i] = self._rewrite(bsym, i, ex)
+                rewritten = self._rewrite(bsym, i, ex)
+                if rewritten is not bsym:
+                    edits.replace(i, rewritten)
+                    bsym = rewritten
             self._place_outputs(bsym)
-        return self.trace.derive(bsyms, pass_name="reuse buffers")
+        return edits.apply(pass_name="reuse buffers")
 
     def _returned(self) -> set[int]:
         """ids of the proxies that are returned or may share memory with a returned value (through views)."""

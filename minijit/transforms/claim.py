@@ -8,6 +8,12 @@ takes the decomposition); its claimed bound symbols are grouped into regions by
 `minijit.transforms.fusion.partition`. Where no executor claims a composite symbol,
 its decomposition is claimed instead; a prim that nobody runs is an error naming
 the op and source line.
+
+The pass builds its new list of bound symbols itself rather than through `rewrite` or
+`Edits` (minijit/ir/rewrite.py): each claimed bound symbol travels with the executor that
+claimed it into `partition`, which regroups and reorders them (hoisting unrelated work in
+front of a region), a schedule rather than an edit by position. An execution transform's
+bound symbols come from `expand` there.
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from minijit.ir import BoundSymbol, TensorProxy, Trace
+from minijit.ir.rewrite import Edits
 from minijit.ops.aten_prims import is_value_check
 from minijit.transforms.memory import MemoryModel, buffer_kind, memory_model, read_proxies
 
@@ -93,7 +94,8 @@ def write_copies_in_place(trace: Trace, executors: Sequence[Any]) -> Trace:
     chain may run in place, each step into its first argument, the first into `out`.
     Each copy_to_out_ gets a note saying what was decided (shown in the printed trace).
     """
-    bsyms = list(trace.bound_symbols)
+    bsyms = trace.bound_symbols
+    edits = Edits(trace)
     by_namespace = {ex.namespace: ex for ex in executors}
     memory = memory_model(trace)
     chains = _InPlaceChains(trace, by_namespace, memory)
@@ -104,7 +106,7 @@ def write_copies_in_place(trace: Trace, executors: Sequence[Any]) -> Trace:
         if d.in_place and d.producer_index is not None and d.producer_index < last_check:
             note = f"copy: {d.computed.name} is computed before a value check (prims.check_value), which must run first"
         elif d.in_place and d.producer_index is not None:
-            producer = bsyms[d.producer_index]
+            producer = edits[d.producer_index]
             ex = by_namespace.get(producer.sym.namespace)
             replacement = ex.produce_into(producer, d.out) if ex is not None else None
             if replacement is not None:
@@ -115,17 +117,17 @@ def write_copies_in_place(trace: Trace, executors: Sequence[Any]) -> Trace:
                 note = f"copy: {d.out.name} would be written before a value check (prims.check_value)"
             elif steps:
                 for i, rep in steps:
-                    bsyms[i] = rep
+                    edits.replace(i, rep)
                 via = ""
                 if len(steps) > 1:
                     how = "computed in" if replacement is not None else "updated in place into"
                     via = f" (through {len(steps) - 1} intermediate(s) {how} {d.out.name})"
-                note = f"in place: {bsyms[d.producer_index].sym.id} writes {d.computed.name} into {d.out.name}{via}"
+                note = f"in place: {edits[d.producer_index].sym.id} writes {d.computed.name} into {d.out.name}{via}"
             else:
                 note = f"copy: no executor writes {producer.sym.id} into {d.out.name}"
-        copy = bsyms[d.copy_index]
-        bsyms[d.copy_index] = copy.replace(note=f"{copy.note}; {note}" if copy.note else note)
-    return trace.derive(bsyms, pass_name="write copies in place")
+        copy = edits[d.copy_index]
+        edits.replace(d.copy_index, copy.replace(note=f"{copy.note}; {note}" if copy.note else note))
+    return edits.apply(pass_name="write copies in place")
 
 
 class _InPlaceChains:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from minijit.ir import BoundSymbol, NumberProxy, Proxy, TensorProxy, Trace, tree_iter
+from minijit.ir.rewrite import Edits
 
 
 def dce(trace: Trace, *, keep_sizes: bool = False) -> Trace:
@@ -13,15 +14,17 @@ def dce(trace: Trace, *, keep_sizes: bool = False) -> Trace:
     the backward: `t56: f32[i12, 32]` needs `i12 = prims.num_sub(i11, 1)` there).
     """
     needed = {x.name for x in tree_iter(trace.output) if isinstance(x, Proxy)}
-    kept = []
-    for bsym in reversed(trace.bound_symbols):
+    edits = Edits(trace)
+    for i in reversed(range(len(trace.bound_symbols))):
+        bsym = trace.bound_symbols[i]
         if (bsym.sym.effects.has_side_effects or bsym.written() or bsym.is_random()
                 or any(p.name in needed for p in bsym.proxy_outputs())):
-            kept.append(bsym)
             _mark_used(bsym, needed)
             if keep_sizes:
                 _mark_sizes(bsym, needed)
-    return trace.derive(reversed(kept), pass_name="dce")
+        else:
+            edits.drop(i)
+    return edits.apply(pass_name="dce")
 
 
 def _mark_sizes(bsym: BoundSymbol, needed: set[str]) -> None:

@@ -18,6 +18,11 @@ output, so multi-output symbols (`var_mean`, `shape`, `max` with indices) are sa
 The backward trace takes the saved residuals and one cotangent per differentiable
 output and returns one gradient per forward input (None where there is none); only
 the residuals the backward actually reads are saved.
+
+Both traces are new by design, built in order as the walk goes (the forward from the
+kept bound symbols and what each rule's forward records, `record` of minijit/ir/rewrite.py;
+the backward recorded from the rules' backwards); the edits after that (clones before the
+writes into inputs, sizes bound at the top, recomputed residuals, `del`s) go through `Edits`.
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ from typing import Any
 from minijit.errors import MinijitError, UnsupportedOpError, where
 from minijit.ir import BoundSymbol, NumberProxy, Proxy, Symbol, Tag, TensorProxy, Trace, tracing, tree_flatten
 from minijit.ir.printing import Constants
-from minijit.ir.rewrite import ProxyMap
+from minijit.ir.rewrite import Edits, ProxyMap, record
+from minijit.ir.symbol import SourceLocation
 from minijit.ops import prims
 from minijit.ops.opaque import OPAQUE
 from minijit.transforms.dce import dce
@@ -135,7 +141,10 @@ class _Splitter:
                                          "not differentiate complex tensors")
         self.inputs_requiring = set(self.requires)
         self.no_grad = no_grad
-        self.fwd = trace.derive([], pass_name="split forward/backward")
+        # The forward's bound symbols, in order (`split_forward_backward` makes the trace of them), and the
+        # source location of the last one a VJP rule recorded (where later recorded ones are placed).
+        self.fwd: list[BoundSymbol] = []
+        self.source: SourceLocation | None = None
         self.tape: list[_TapeEntry] = []
         # (input requiring grad, its new value) for each write-back into such an input
         self.dirty: list[tuple[TensorProxy, Any]] = []
@@ -143,7 +152,7 @@ class _Splitter:
     # -- forward ------------------------------------------------------------------------------
     def forward(self, bsym: BoundSymbol) -> None:
         if is_constant_for_vjp(bsym, self.requires, self.no_grad):
-            self.fwd.bound_symbols.append(bsym)
+            self.fwd.append(bsym)
             return
         if bsym.written():
             self._inplace(bsym)
@@ -211,7 +220,7 @@ class _Splitter:
                     "depends on inputs that require grad; differentiating it needs the functionalize pass, so use "
                     "the out-of-place op instead"
                 )
-        self.fwd.bound_symbols.append(bsym)
+        self.fwd.append(bsym)
 
     def _takes_history(self, p: TensorProxy, bsym: BoundSymbol) -> bool:
         """Whether the write-back `bsym` into input `p` (not requiring grad) gives it a value requiring grad."""
@@ -223,12 +232,9 @@ class _Splitter:
         return isinstance(value, TensorProxy) and is_differentiable(value) and value.name in self.requires
 
     def _apply_rule(self, bsym: BoundSymbol, rule: VjpRule, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-        start = len(self.fwd.bound_symbols)
-        self.fwd.source = bsym.source
-        with tracing(self.fwd):
-            result = rule.forward(*args, **kwargs)
+        self.source = bsym.source
+        result, recorded = record(self.trace, rule.forward, args, kwargs, source=bsym.source)
         if result is NotImplemented:
-            del self.fwd.bound_symbols[start:]
             return False
         out, saved = result
         # The rule recorded the symbol again with fresh output proxies; give them the
@@ -240,10 +246,7 @@ class _Splitter:
         rename.bind(new_leaves, old_leaves, keep=bsym.proxy_args())
         # Where the rule recorded the symbol itself, keep the original bound symbol: it has
         # the user's argument form (keywords stay keywords), which executors call as is.
-        self.fwd.bound_symbols[start:] = [
-            bsym if b.sym is bsym.sym and b.output is bsym.output else b
-            for b in map(rename.bsym, self.fwd.bound_symbols[start:])
-        ]
+        self.fwd.extend(bsym if b.sym is bsym.sym and b.output is bsym.output else b for b in map(rename.bsym, recorded))
         saved = rename(saved)
         self.tape.append(_TapeEntry(rule, bsym, args, saved, kwargs))
         self.requires.update(p.name for p in bsym.proxy_outputs() if is_differentiable(p))
@@ -355,14 +358,15 @@ def split_forward_backward(trace: Trace, executors: Sequence[Any] = (), no_grad:
     for bsym in trace.bound_symbols:
         splitter.forward(bsym)
     bwd, saved = splitter.backward()
-    fwd = splitter.fwd
+    fwd = trace.derive(splitter.fwd, pass_name="split forward/backward")
     overwritten = {p.name for b in fwd.bound_symbols if b.sym.effects.copies for p in b.written()}
     if any(getattr(ex, "fuses_regions", False) for ex in executors):
         # Recomputation is free only where a fusion executor folds it into the backward's regions; with
         # torch calls alone each recomputed op is one more kernel than eager's autograd runs.
         bwd, saved = _recompute_cheap_residuals(fwd, bwd, saved, splitter.requires, overwritten)
-    _bind_input_sizes(fwd, saved)
-    kept = _keep_old_values(fwd, saved, overwritten, _copied_by_eager(splitter.tape, inplace_originals or {}))
+    fwd = _bind_input_sizes(fwd, saved)
+    fwd, kept = _keep_old_values(fwd, saved, overwritten, _copied_by_eager(splitter.tape, inplace_originals or {}),
+                                 splitter.source)
     # An input the forward overwrites cannot serve the backward its old value: as eager
     # autograd does for a saved tensor modified in place, the backward raises (runtime/autograd.py).
     fwd.output = (trace.output, tuple(kept.get(p.name, None if p.name in overwritten else p) for p in saved))
@@ -386,34 +390,33 @@ def _copied_by_eager(tape: Sequence[_TapeEntry], inplace_originals: Mapping[str,
 
 
 def _keep_old_values(fwd: Trace, saved: Sequence[Proxy], overwritten: Collection[str],
-                     copied_by_eager: Collection[str]) -> dict[str, Proxy]:
+                     copied_by_eager: Collection[str], source: SourceLocation | None) -> tuple[Trace, dict[str, Proxy]]:
     """Clone, before the forward's copies into inputs, the saved old values of inputs they overwrite.
 
     Those are the inputs (and their views) an in-place op read before writing them (`x`
     of `x.mul_(k)`), of which eager's in-place op keeps a copy for its backward, and the
     other views of overwritten inputs (`kc[1]` read by a `mul`: at run time it shares
     the input's memory, which the copy at the end overwrites). An overwritten input saved
-    for another op is left out: eager's backward raises there. Returns saved name -> the
-    clone the forward returns in its place (the backward reads it under the saved value's name).
+    for another op is left out: eager's backward raises there. Returns the forward with the
+    clones (at `source`), and saved name -> the clone the forward returns in its place (the
+    backward reads it under the saved value's name).
     """
     if not overwritten:
-        return {}
+        return fwd, {}
     memory = memory_model(fwd)
     views = [p for p in saved if isinstance(p, TensorProxy) and memory.input_storages(p) & set(overwritten)
              and (p.name not in overwritten or p.name in copied_by_eager)]
     if not views:
-        return {}
+        return fwd, {}
     first_copy = next(i for i, b in enumerate(fwd.bound_symbols) if b.sym.effects.copies)
-    count = len(fwd.bound_symbols)
-    with tracing(fwd):
-        clones = {p.name: prims.clone(p) for p in views}
-    fwd.bound_symbols[first_copy:first_copy] = fwd.bound_symbols[count:]
-    del fwd.bound_symbols[count + len(clones):]
-    return clones
+    clones, recorded = record(fwd, lambda: {p.name: prims.clone(p) for p in views}, source=source)
+    edits = Edits(fwd)
+    edits.insert_before(first_copy, recorded)
+    return edits.apply(pass_name=fwd.pass_name), clones
 
 
-def _bind_input_sizes(fwd: Trace, saved: Sequence[Proxy]) -> None:
-    """Bind, at the top of `fwd`, the symbolic input sizes it saves but no longer binds.
+def _bind_input_sizes(fwd: Trace, saved: Sequence[Proxy]) -> Trace:
+    """`fwd` binding, at its top, the symbolic input sizes it saves but no longer binds.
 
     dce drops a `prims.shape` whose sizes nothing in the forward reads; a backward rule
     reading `x.shape` still needs them.
@@ -425,7 +428,11 @@ def _bind_input_sizes(fwd: Trace, saved: Sequence[Proxy]) -> None:
         if isinstance(a, TensorProxy) and any(isinstance(d, NumberProxy) and d.name in missing for d in a.shape):
             head.append(prims.shape.bind(a, output=tuple(a.shape)))
             missing -= {d.name for d in a.shape if isinstance(d, NumberProxy)}
-    fwd.bound_symbols[:0] = head
+    if not head:
+        return fwd
+    edits = Edits(fwd)
+    edits.insert_before(0, head)
+    return edits.apply(pass_name=fwd.pass_name)
 
 
 def _is_cheap(bsym: BoundSymbol) -> bool:
@@ -466,25 +473,24 @@ def _recompute_cheap_residuals(fwd: Trace, bwd: Trace, saved: list[Proxy], requi
             if a.name not in kept_names and a.name not in recompute:
                 kept.append(a)
                 kept_names.add(a.name)
-    ordered: list[BoundSymbol] = []
+    edits = Edits(bwd)
     emitted: set[str] = set()
 
-    def emit_producer_of(name: str) -> None:
+    def emit_producer_of(name: str, before: int) -> None:
         if name in recompute and name not in emitted:
             emitted.add(name)
             for a in recompute[name].proxy_args():
-                emit_producer_of(a.name)
-            ordered.append(recompute[name])
+                emit_producer_of(a.name, before)
+            edits.insert_before(before, [recompute[name]])
 
-    for b in bwd.bound_symbols:
+    for i, b in enumerate(bwd.bound_symbols):
         for a in b.proxy_args():
-            emit_producer_of(a.name)
-        ordered.append(b)
+            emit_producer_of(a.name, i)
     for p in tree_flatten(bwd.output):
         if isinstance(p, Proxy):
-            emit_producer_of(p.name)
+            emit_producer_of(p.name, len(bwd.bound_symbols))
     cotangents = bwd.args[len(saved):]
-    return bwd.derive(ordered, pass_name=bwd.pass_name, args=[*kept, *cotangents]), kept
+    return edits.apply(pass_name=bwd.pass_name, args=[*kept, *cotangents]), kept
 
 
 def differentiable_outputs(trace: Trace, requires: Container[str]) -> tuple[int, ...]:
@@ -525,9 +531,7 @@ def release_dead_values(trace: Trace) -> Trace:
             if p.name not in keep and p.name not in seen and last_use[p.name] == i:
                 seen.add(p.name)
                 dead_after.setdefault(i, []).append(p)
-    out: list[BoundSymbol] = []
-    for i, bsym in enumerate(trace.bound_symbols):
-        out.append(bsym)
-        if i in dead_after:
-            out.append(DelBoundSymbol(PYTHON_DEL, tuple(dead_after[i]), {}, None))
-    return trace.derive(out, pass_name="release dead values")
+    edits = Edits(trace)
+    for i, dead in dead_after.items():
+        edits.insert_after(i, [DelBoundSymbol(PYTHON_DEL, tuple(dead), {}, None)])
+    return edits.apply(pass_name="release dead values")

@@ -113,7 +113,7 @@ def _describe(p: TensorProxy, trace: Trace) -> str:
 
 
 def _access(bsym: BoundSymbol, trace: Trace) -> _Access:
-    out = trace.out_operands.get(id(bsym))
+    out = bsym.out_of
     if out is not None:  # `torch.add(a, b, out=c)`: c against what add read
         op, operands = out
         return _Access(f"{op.id} with out=", op.effects.refuses_overlap, [(bsym.args[0], None)],

@@ -40,6 +40,8 @@ CASES = {
     # A batch of 1 traces once more: there eager's `transpose(1, 2).reshape(B * H, T, D)` views where it
     # copies for larger batches, and the chunks' strides differ.
     "longformer": ([(2, 5), (3, 7), (2, 9), (4, 12), (3, 16), (5, 13), (1, 6)], 3),
+    # Its selective scan is an associative_scan over the length: one opaque scan, not one trace per length.
+    "mamba": ([(1, 5), (2, 6), (1, 9), (3, 13), (2, 17)], 2),
 }
 
 

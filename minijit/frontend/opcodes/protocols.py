@@ -65,7 +65,7 @@ def traced(x: Any) -> Any:
     (except on a tensor folded from Python numbers: minijit/frontend/folding.py)."""
     if isinstance(x, torch.Tensor) and not isinstance(x, TensorProxy):
         trace = current_trace()
-        if trace is not None and trace.capture_tensor is not None and id(x) not in trace.folded_constants:
+        if trace is not None and trace.capture_tensor is not None and id(x) not in trace.capture.folded_constants:
             return trace.capture_tensor(x)
     return x
 
