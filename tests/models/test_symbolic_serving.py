@@ -37,8 +37,8 @@ CASES = {
     "gemma2": ([(1, 5), (2, 6), (1, 9), (3, 9)], 2),
     # Longformer pads the length to a multiple of its window (4) where it is not one (a Python branch): a
     # trace with the padding, one without; its attention's `stride()` and `as_strided` follow the sizes.
-    # A batch of 1 traces once more: there eager's `transpose(1, 2).reshape(B * H, T, D)` views where it
-    # copies for larger batches, and the chunks' strides differ.
+    # A batch of 1 traces once more: an `expand` to a batch size spelt `(B + 1) - 1` and a view checked with
+    # its size-1 dims kept (`strides._keep_ones`) rely on B being 1.
     "longformer": ([(2, 5), (3, 7), (2, 9), (4, 12), (3, 16), (5, 13), (1, 6)], 3),
     # Its selective scan is an associative_scan over the length: one opaque scan, not one trace per length.
     "mamba": ([(1, 5), (2, 6), (1, 9), (3, 13), (2, 17)], 2),
