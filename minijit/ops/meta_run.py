@@ -42,7 +42,7 @@ from minijit.ir import NumberProxy, TensorProxy, tree_flatten
 from minijit.ir.context import where_now
 from minijit.ir.proxies import number_value
 from minijit.ops.strides import eager_layout, meta_like, outside_inference_mode
-from minijit.ops.symbolic_sizes import has_symbolic_sizes, symbolic_output_shapes
+from minijit.ops.symbolic_sizes import has_symbolic_sizes, size_rule, symbolic_output_shapes
 
 
 @dataclass(frozen=True)
@@ -110,6 +110,27 @@ def _only_writes(func: Any) -> bool:
 # Torch callables whose result depends on the argument's layout in memory, not only its values.
 _READS_STORAGE = {torch.as_strided, torch.Tensor.as_strided, torch.as_strided_copy}
 
+
+@size_rule(*_READS_STORAGE)
+def _as_strided_sizes(args: tuple[Any, ...], kwargs: dict[str, Any],
+                      traced: list[tuple[int, ...] | None]) -> list[tuple[Any, ...] | None] | None:
+    """`as_strided(x, size, stride, storage_offset)`'s output has exactly the sizes asked for, symbolic or not.
+
+    The strides and offset are arguments the trace passes on as they are: the elements read are the
+    ones eager reads as long as x's storage is laid out as eager lays it out, which the layout guard of
+    x's inputs (`run_on_meta`) and the executors' eager kernels keep. Sizes 0 and 1 are specialised.
+    """
+    size = kwargs["size"] if "size" in kwargs else args[1] if len(args) > 1 else None
+    if not isinstance(size, list | tuple) or len(traced) != 1 or traced[0] is None:
+        return None
+    if any(isinstance(d, NumberProxy) and d.expr is None for d in size):
+        return None
+    shape = tuple(d.python_type(d) if isinstance(d, NumberProxy) and d.value < 2 else d for d in size)
+    if tuple(number_value(d) for d in shape) != tuple(traced[0]):
+        return None
+    return [shape]
+
+
 _CACHE: OrderedDict[Any, MetaResult | Exception] = OrderedDict()
 _CACHE_SIZE = 4096
 
@@ -141,7 +162,9 @@ def run_on_meta(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
                 _CACHE.popitem(last=False)
     symbolic = has_symbolic_sizes((args, kwargs))
     if isinstance(cached, Exception):
-        if symbolic:
+        # An error may depend on the sizes; a refusal to read a tensor's value does not (the caller may
+        # retry with the numbers such a tensor holds, minijit/frontend/calls.py).
+        if symbolic and not isinstance(cached, DataDependentShapeError):
             _specialise((args, kwargs))
         error = type(cached)(f"{cached.args[0]}{where_now()}")
         if hasattr(cached, "eager_raised"):  # the type of torch's own error, for the user's `except`

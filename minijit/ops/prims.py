@@ -774,7 +774,7 @@ no_grad_update = _prim("no_grad_update", _no_grad_update_meta)
 NUMBER_OPS = {
     "add": ("+", operator.add), "sub": ("-", operator.sub), "mul": ("*", operator.mul),
     "truediv": ("/", operator.truediv), "floordiv": ("//", operator.floordiv), "mod": ("%", operator.mod),
-    "pow": ("**", operator.pow), "neg": ("-", operator.neg), "pos": ("+", operator.pos), "abs": ("abs", abs),
+    "pow": ("**", operator.pow), "neg": ("-", operator.neg), "pos": ("+", operator.pos), "abs": ("abs", operator.abs),
 }
 
 

@@ -21,13 +21,19 @@ exact strides otherwise (and its storage offset where `as_strided` read it). A c
 with differently strided inputs then misses instead of reusing a trace that would
 view where eager raises, or write through a copy.
 
-Symbolic sizes: strides are never symbolic. Layouts are worked out from the sizes seen
-while tracing. Where the answer can change with the sizes, the guard checks the sizes
-too (`tuple(x.shape) == ...`): a layout query (`x.stride()` is a Python value the trace
-keeps), functionalization's copy-or-view choice in a trace that writes in place
-(`x[:, ::2].reshape(-1)` views only where x's last size is 1 or 2), and `view` of a
-non-contiguous tensor unless it only splits dimensions (`q.split(C, -1)` then
-`view(B, T, nh, C // nh)` stays reusable across B and T).
+Symbolic sizes: strides follow them where torch's stride rules can be followed. A layout
+query (`x.stride()`, a Python value the trace keeps) on a tensor whose sizes are symbolic
+answers with expressions of the symbolic sizes (`minijit.ops.symbolic_strides`: the ops
+that made the tensor replayed on fake tensors with symbolic sizes, each decision torch's
+stride rules took on a size recorded as a constraint; the trace inputs' layouts it assumed,
+contiguous for those with symbolic sizes, checked by the guard), and so does the choice
+whether a `view` of a non-contiguous tensor is possible. `as_strided` then takes those
+strides as arguments and has exactly the sizes asked for. Where that cannot be followed,
+layouts are worked out from the sizes seen while tracing and the guard checks the sizes
+too (`tuple(x.shape) == ...`): a layout query, functionalization's copy-or-view choice in
+a trace that writes in place (`x[:, ::2].reshape(-1)` views only where x's last size is 1
+or 2), and `view` of a non-contiguous tensor unless it only splits dimensions
+(`q.split(C, -1)` then `view(B, T, nh, C // nh)` stays reusable across B and T).
 
 A tensor made by something without an eager implementation (a prim recorded
 directly, a value from inside a decomposition) has no known layout (None); the
@@ -236,8 +242,17 @@ def check_viewable(op: str, p: TensorProxy, shape: tuple[Any, ...], requested: t
         raise error from e
     if _sizes_symbolic(p) and not only_splits(tuple(p.shape), requested if requested is not None else shape):
         _keep_ones(p)
-        if not meta.is_contiguous() or _through_slices(p):
+        if (not meta.is_contiguous() or _through_slices(p)) and not _symbolic_viewable(p, shape):
             eager_layout(p, sizes_matter=True)
+
+
+def _symbolic_viewable(p: TensorProxy, shape: tuple[Any, ...]) -> bool:
+    """Whether torch's view rule, followed on symbolic sizes, views `p` as `shape` for every call the guard
+    lets through (`minijit.ops.symbolic_strides`)."""
+    from minijit.ops.symbolic_strides import symbolic_viewable
+
+    trace = current_trace()
+    return trace is not None and symbolic_viewable(p, trace, shape)
 
 
 def _sizes_symbolic(p: TensorProxy) -> bool:
@@ -341,9 +356,28 @@ def _known_layout(p: TensorProxy, what: str, offset_matters: bool = False) -> to
 
 
 def stride(p: TensorProxy, dim: int | None = None) -> Any:
-    """Tensor.stride on a proxy: eager's strides (the trace then specialises on its inputs' layouts)."""
+    """Tensor.stride on a proxy: eager's strides (the trace then specialises on its inputs' layouts).
+
+    With symbolic sizes, strides that follow them where torch's stride rules can be followed
+    (`minijit.ops.symbolic_strides`); else the strides of the traced sizes, the guard checking the sizes.
+    """
+    followed = _symbolic_layout(p)
+    if followed is not None:
+        strides = followed[0]
+        return strides if dim is None else strides[dim]
     meta = _known_layout(p, "stride")
     return meta.stride() if dim is None else meta.stride(dim)
+
+
+def _symbolic_layout(p: TensorProxy) -> tuple[tuple[Any, ...], Any] | None:
+    """`p`'s strides and storage offset as expressions of the symbolic sizes; None where its sizes and
+    those of the inputs its layout comes from are all constant, or where they cannot be followed."""
+    trace = current_trace()
+    if trace is None or eager_layout(p, trace, guard=False) is None or not _sizes_symbolic(p):
+        return None
+    from minijit.ops.symbolic_strides import symbolic_layout
+
+    return symbolic_layout(p, trace)
 
 
 def is_contiguous(p: TensorProxy, memory_format: torch.memory_format = torch.contiguous_format) -> bool:

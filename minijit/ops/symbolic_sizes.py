@@ -132,13 +132,13 @@ def symbolic_output_shapes(fn: Callable[..., Any], args: tuple[Any, ...], kwargs
     `concrete` are the output shapes the plain meta run gave for the traced values (None for leaves
     that are not tensors); the derived formulas must reproduce them. With `meta_device`, the call
     gets `device="meta"` (a factory). While capturing, the kernel's guards become the capture's
-    constraints.
+    constraints. A callable whose result `reads_layout` (`as_strided`) has only its size rule.
     """
-    if reads_layout:
-        return None
     rule = SIZE_RULES.get(fn)
     if rule is not None:
         return rule(args, kwargs, concrete)
+    if reads_layout:
+        return None
     leaves = tree_flatten((args, kwargs))
     key = _signature(fn, leaves, len(args), tuple(kwargs), meta_device)
     if key is not None and key in _CACHE:
@@ -384,6 +384,8 @@ def _number(expr: Any, env: dict[Any, Any]) -> Any:
     """`expr` (a sympy integer expression) as an int or arithmetic on the number proxies `env` gives its symbols."""
     sympy = _sympy()
     from torch.utils._sympy.functions import FloorDiv, Mod, PythonMod
+    from torch.utils._sympy.functions import Max as TorchMax
+    from torch.utils._sympy.functions import Min as TorchMin
 
     if isinstance(expr, sympy.Integer):
         return int(expr)
@@ -415,9 +417,9 @@ def _number(expr: Any, env: dict[Any, Any]) -> Any:
         return _number(expr.args[0], env) % _number(expr.args[1], env)
     if isinstance(expr, sympy.Pow) and isinstance(expr.exp, sympy.Integer) and expr.exp >= 0:
         return _number(expr.base, env) ** int(expr.exp)
-    if isinstance(expr, sympy.Max | sympy.Min) and len(expr.args) == 2:
+    if isinstance(expr, sympy.Max | sympy.Min | TorchMax | TorchMin) and len(expr.args) == 2:
         # max(a, b) = (a + b + |a - b|) // 2 (exact for ints), min likewise with the difference taken away.
         a, b = (_number(x, env) for x in expr.args)
         spread = abs(a - b)
-        return (a + b + spread) // 2 if isinstance(expr, sympy.Max) else (a + b - spread) // 2
+        return (a + b + spread) // 2 if isinstance(expr, sympy.Max | TorchMax) else (a + b - spread) // 2
     raise _Unsupported(f"{type(expr).__name__} in {expr}")

@@ -4,7 +4,8 @@ A small sweep of `scripts/symbolic_zoo.py` (which runs the whole zoo over batche
 5-17): a batch of 1 first, then larger batches and other lengths (image sizes for the CNN, whose
 last feature map is 1x1 for the smaller images). Every output equals eager's; the traces are
 counted: a size traced at 1 stays symbolic, so the first trace serves the larger batches
-(mistral and gemma2 trace once more where the length passes their sliding window of 8).
+(mistral and gemma2 trace once more where the length passes their sliding window of 8, longformer
+where the length needs no padding to its attention window, and for a batch of 1).
 """
 
 from __future__ import annotations
@@ -34,6 +35,11 @@ CASES = {
     "resnet": ([(1, 5), (3, 9)], 1),
     "mistral": ([(1, 5), (2, 6), (1, 9), (3, 9)], 2),
     "gemma2": ([(1, 5), (2, 6), (1, 9), (3, 9)], 2),
+    # Longformer pads the length to a multiple of its window (4) where it is not one (a Python branch): a
+    # trace with the padding, one without; its attention's `stride()` and `as_strided` follow the sizes.
+    # A batch of 1 traces once more: an `expand` to a batch size spelt `(B + 1) - 1` and a view checked with
+    # its size-1 dims kept (`strides._keep_ones`) rely on B being 1.
+    "longformer": ([(2, 5), (3, 7), (2, 9), (4, 12), (3, 16), (5, 13), (1, 6)], 3),
     # Its selective scan is an associative_scan over the length: one opaque scan, not one trace per length.
     "mamba": ([(1, 5), (2, 6), (1, 9), (3, 13), (2, 17)], 2),
 }

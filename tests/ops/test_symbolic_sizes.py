@@ -227,3 +227,16 @@ def test_writes_through_views_of_computed_tensors_keep_sizes_symbolic() -> None:
         for have, want in zip(jf(x), f(x), strict=True):
             torch.testing.assert_close(have, want)
     assert minijit.cache_info(jf).misses == 1, str(minijit.cache_info(jf))
+
+
+def test_abs_of_a_symbolic_size_is_a_number() -> None:
+    """`abs(n - m)` of sizes is number arithmetic (it once recorded the tensor prim abs and failed)."""
+
+    def f(x, y):
+        return x.new_zeros(abs(x.shape[0] - y.shape[0]) + 1) + x.sum()
+
+    jf = minijit.jit(f, cache="symbolic values")
+    for n, m in [(2, 5), (6, 3), (4, 9)]:
+        x, y = torch.randn(n), torch.randn(m)
+        torch.testing.assert_close(jf(x, y), f(x, y))
+    assert minijit.cache_info(jf).misses == 1, str(minijit.cache_info(jf))

@@ -1,0 +1,111 @@
+"""Strides that follow symbolic sizes (minijit/ops/symbolic_strides.py): layout queries and `as_strided` under
+`cache="symbolic values"` reuse one trace across sizes where torch's stride rules give the same formulas, and
+retrace (or raise as eager does) where the layout truly changes with the sizes. Every result is compared with
+eager's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+import minijit
+from minijit.errors import MinijitError
+
+
+def _check(fn, calls, traces: int) -> None:
+    jf = minijit.jit(fn, cache="symbolic values")
+    for args in calls:
+        torch.testing.assert_close(jf(*args), fn(*args))
+    assert minijit.cache_info(jf).misses == traces, minijit.cache_info(jf).miss_reasons
+
+
+def _chunk(x: torch.Tensor, w: int) -> torch.Tensor:
+    """Overlapping chunks of a (B, T, H, D) tensor, heads folded into the batch, as Longformer reads them."""
+    b, t, h, d = x.shape
+    y = x.transpose(1, 2).reshape(b * h, t, d)
+    y = y.view(b * h, t // (2 * w), 2 * w, d)
+    size = list(y.shape)
+    size[1] = size[1] * 2 - 1
+    stride = list(y.stride())
+    stride[1] = stride[1] // 2
+    return y.as_strided(size, stride) * 2
+
+
+def test_strides_of_a_reshaped_transpose_follow_the_sizes() -> None:
+    calls = [(torch.randn(b, t, h, 3),) for b, t, h in ((2, 8, 2), (3, 8, 2), (2, 16, 3), (4, 12, 5))]
+    _check(lambda x: _chunk(x, 2), calls, 1)
+
+
+def test_a_stride_query_gives_numbers_that_follow_the_sizes() -> None:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        y = x.transpose(0, 1).reshape(x.shape[1], -1)
+        s = y.stride()
+        return y.sum(0) * s[0] + s[1] + x.transpose(0, 1).stride(0)
+    _check(fn, [(torch.randn(n, m),) for n, m in ((2, 3), (5, 3), (4, 7))], 1)
+
+
+def _padded_chunks(v: torch.Tensor, w: int) -> torch.Tensor:
+    """Longformer's chunking of a padded value: `pad` then `as_strided` with strides read from the pad's output."""
+    b, t, d = v.shape
+    padded = F.pad(v, (0, 0, w, w), value=-1)
+    s = padded.stride()
+    chunks = t // w - 1
+    return padded.as_strided((b, chunks + 1, 3 * w, d), (s[0], w * s[1], s[1], s[2])) + 1
+
+
+def test_pad_then_as_strided_chunks_over_several_sizes() -> None:
+    calls = [(torch.randn(b, t, d),) for b, t, d in ((2, 8, 3), (3, 12, 3), (2, 16, 5), (5, 4, 2))]
+    _check(lambda v: _padded_chunks(v, 2), calls, 1)
+
+
+def _diagonalize(x: torch.Tensor) -> torch.Tensor:
+    """Pad, view, slice and view again (Longformer's `_pad_and_diagonalize`): viewable at every size."""
+    b, c, w, d = x.shape
+    y = F.pad(x, (0, w + 1)).view(b, c, -1)[:, :, :-w]
+    return y.view(b, c, w, w + d)[:, :, :, :-1] * 3
+
+
+def test_a_view_of_a_slice_that_is_viewable_at_every_size() -> None:
+    calls = [(torch.randn(b, c, w, d),) for b, c, w, d in ((2, 3, 2, 5), (4, 3, 2, 5), (2, 5, 3, 7))]
+    _check(_diagonalize, calls, 1)
+
+
+def test_a_view_of_a_slice_viewable_at_some_sizes_only_raises_as_eager() -> None:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return x[:, :4].view(-1) + 1
+    jf = minijit.jit(fn, cache="symbolic values")
+    for shape in ((3, 4), (5, 4)):
+        x = torch.randn(shape)
+        torch.testing.assert_close(jf(x), fn(x))
+    x = torch.randn(3, 6)  # x[:, :4] has gaps between its rows: eager cannot view it
+    with pytest.raises(RuntimeError) as eager:
+        fn(x)
+    with pytest.raises(MinijitError) as info:
+        jf(x)
+    assert str(eager.value).splitlines()[0] in str(info.value)
+
+
+def test_a_size_one_dimension_changes_the_layout_and_is_never_wrong() -> None:
+    # y = x.transpose(1, 2) * 2 keeps x's permuted layout; where x's dim 1 is 1 the strides differ.
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        y = x.transpose(1, 2) * 2
+        s = y.stride()
+        return y.as_strided((y.shape[0], y.shape[1] * y.shape[2]), (s[0], 1)) + 0
+    jf = minijit.jit(fn, cache="symbolic values")
+    for shape in ((2, 1, 3), (2, 4, 3), (3, 1, 5), (3, 5, 2), (2, 3, 1)):
+        x = torch.randn(shape)
+        torch.testing.assert_close(jf(x), fn(x))
+    assert minijit.cache_info(jf).misses <= 3
+
+
+def test_an_input_contiguous_at_one_call_and_not_at_another_retraces() -> None:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        s = x.stride()
+        return x.as_strided((x.shape[0] * x.shape[1],), (min(s),)) * 2
+    jf = minijit.jit(fn, cache="symbolic values")
+    calls = [torch.randn(3, 4), torch.randn(5, 2), torch.randn(4, 3).t(), torch.randn(6, 2).t(), torch.randn(2, 7)]
+    for x in calls:
+        torch.testing.assert_close(jf(x), fn(x))
+    assert minijit.cache_info(jf).misses <= 3
+    assert minijit.cache_info(jf).misses >= 2  # the transposed inputs cannot reuse the contiguous trace
