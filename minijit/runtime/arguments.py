@@ -35,7 +35,7 @@ from minijit.errors import AliasError, UnsupportedOpError, UnsupportedSyntaxErro
 from minijit.frontend.outside import Effect
 from minijit.ir import FloatProxy, IntegerProxy, TensorProxy, Trace
 from minijit.ir.containers import Spec, flatten, is_container, is_tensor, is_tensor_or_number, leaves
-from minijit.ir.context import add_constraint, where_now
+from minijit.ir.context import add_constraint, outside_capture, where_now
 from minijit.ops import prims
 from minijit.ops.strides import note_layout
 from minijit.runtime.autocast import any_autocast_enabled, autocast_state
@@ -43,6 +43,8 @@ from minijit.runtime.checks import AUTOCAST, GRAD_MODE, Check, argument_label, s
 from minijit.runtime.iterators import ArgumentIterator, consumed
 from minijit.transforms import functionalize as functionalize_trace
 from minijit.transforms.functionalize import FunctionalizeResult, SyntheticBase
+from minijit.transforms.memory import inputs_written
+from minijit.transforms.view_updates import view_shares_memory
 
 Tensor = torch.Tensor
 
@@ -180,10 +182,14 @@ class CallArguments:
             walk_containers(name, (i,), value)
         return ArgumentContainers(found)
 
-    def functionalize(self, trace: Trace, captured: list[Tensor], no_grad: frozenset[str] = frozenset()
-                      ) -> tuple[Trace, FunctionalizeResult, InputAliasing | None]:
-        """`functionalize_for_call` for this call's inputs, followed by the tensors `captured` from outside."""
-        return functionalize_for_call(trace, self.flat + captured, no_grad)
+    def plan_aliasing(self, trace: Trace, captured: list[Tensor]) -> AliasPlan:
+        """`plan_aliasing` for this call's inputs, followed by the tensors `captured` from outside."""
+        return plan_aliasing(trace, self.flat + captured)
+
+    def functionalize(self, trace: Trace, captured: list[Tensor], plan: AliasPlan,
+                      no_grad: frozenset[str] = frozenset()) -> tuple[Trace, FunctionalizeResult, InputAliasing | None]:
+        """`functionalize_for_call` by `plan` for this call's inputs, followed by the tensors `captured` from outside."""
+        return functionalize_for_call(trace, self.flat + captured, no_grad, plan)
 
 
 def read_arguments(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -504,30 +510,44 @@ class InputAliasing:
 
 
 class PinSizes(Exception):
-    """Raised by a symbolic compile that must be redone with the sizes of the inputs at `positions` constant."""
+    """Raised by a value read during capture whose trace prefix writes into inputs that share memory and have
+    symbolic sizes: the capture must be redone with the sizes of the inputs at `positions` constant.
+
+    The only place a pin unwinds: the prefix's functional trace needs those sizes concrete to give the value at
+    all (see `_evaluate_prefix` in minijit.runtime.pipeline); after capture a pin is data (`AliasPlan.pins`).
+    """
 
     def __init__(self, positions: frozenset[int]):
         super().__init__(sorted(positions))
         self.positions = positions
 
 
-def functionalize_for_call(trace: Trace, flat: list[Any], no_grad: frozenset[str] = frozenset()
-                           ) -> tuple[Trace, FunctionalizeResult, InputAliasing | None]:
-    """`functionalize`, told which inputs of this call share memory (docs/design.md, invariant 1).
+@dataclass(frozen=True)
+class AliasPlan:
+    """How a trace is to be functionalized for the inputs of one call, decided before functionalizing it.
 
-    The same tensor passed twice (or identical views) is one memory that a write updates
-    for every name; inputs that overlap differently (`t[1:3]` and `t[2:4]`, `t` and `t.t()`)
-    are rebuilt, where the trace writes into one, as views of one synthetic base input.
-    Returns the functional trace, what functionalize found, and how the inputs share memory,
-    which the entry's guard must check (None when the trace writes into no input).
+    `written`: the trace inputs it writes (`minijit.transforms.memory.inputs_written`). `identical`: groups of
+    positions of inputs that are one memory (the same view); `partial`: groups that overlap otherwise (or an
+    input repeating its own elements), at least one of each written. `pins`: positions of such inputs traced
+    with symbolic sizes, which must be traced again with constant ones (identical inputs are one memory only at
+    equal sizes, a synthetic base is built from concrete layouts); empty when the plan can be carried out.
     """
+
+    written: tuple[str, ...]
+    identical: tuple[tuple[int, ...], ...] = ()
+    partial: tuple[tuple[int, ...], ...] = ()
+    pins: frozenset[int] = frozenset()
+
+
+def plan_aliasing(trace: Trace, flat: list[Any]) -> AliasPlan:
+    """The `AliasPlan` of `trace` (a captured trace) for a call whose trace inputs are `flat`, without
+    functionalizing it: the written inputs come from the memory model (docs/design.md, invariant 1)."""
+    with outside_capture():  # the query's view decisions guard nothing: functionalize records those it relies on
+        written = inputs_written(trace, view_shares_memory)
+    if not written:
+        return AliasPlan(written)
+    mutated = set(written)
     identical, partial = alias_groups(flat)
-    # Eager refuses in-place writes into leaves that require grad, not into other tensors that do.
-    non_leaf = [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor) and x.requires_grad and not x.is_leaf]
-    functional, result = functionalize_trace(trace, non_leaf_inputs=non_leaf, no_grad=no_grad)
-    mutated = set(result.mutated_inputs)
-    if not mutated:
-        return functional, result, None  # aliasing cannot matter: the guard need not look at it
     # Inputs that repeat elements (`o.expand(4, 4)`, which eager lets zero_ fill) cannot take a copy back:
     # written, they are rebuilt from a synthetic base, alone or with the other inputs sharing their storage.
     repeats = [g for g in identical if torch._debug_has_internal_overlap(flat[g[0]]) == 1]
@@ -536,17 +556,35 @@ def functionalize_for_call(trace: Trace, flat: list[Any], no_grad: frozenset[str
     grouped = {i for group in identical + partial for i in group}
     partial = partial + [[i] for i, p in enumerate(trace.args) if i not in grouped and p.name in mutated
                          and isinstance(flat[i], torch.Tensor) and torch._debug_has_internal_overlap(flat[i]) == 1]
-    written = [group for group in partial if any(trace.args[i].name in mutated for i in group)]
-    # Identical inputs are one memory only at equal sizes; a synthetic base is built from concrete layouts.
-    symbolic = frozenset(i for group in identical + written for i in group
-                         if not all(type(d) is int for d in trace.args[i].shape))
-    if symbolic:
-        raise PinSizes(symbolic)
-    bases = [_synthetic_base(trace, flat, group, mutated) for group in written]
-    if identical or bases:
-        # Functionalized for this aliasing only: the guard below keeps other calls away.
-        functional, result = functionalize_trace(trace, input_aliases=identical, non_leaf_inputs=non_leaf,
-                                                 no_grad=no_grad, synthetic_bases=bases)
+    written_groups = [group for group in partial if any(trace.args[i].name in mutated for i in group)]
+    pins = frozenset(i for group in identical + written_groups for i in group
+                     if not all(type(d) is int for d in trace.args[i].shape))
+    return AliasPlan(written, tuple(map(tuple, identical)), tuple(map(tuple, written_groups)), pins)
+
+
+def functionalize_for_call(trace: Trace, flat: list[Any], no_grad: frozenset[str] = frozenset(),
+                           plan: AliasPlan | None = None) -> tuple[Trace, FunctionalizeResult, InputAliasing | None]:
+    """`functionalize`, told which inputs of this call share memory (docs/design.md, invariant 1): run once.
+
+    The same tensor passed twice (or identical views) is one memory that a write updates
+    for every name; inputs that overlap differently (`t[1:3]` and `t[2:4]`, `t` and `t.t()`)
+    are rebuilt, where the trace writes into one, as views of one synthetic base input.
+    `plan` (default: `plan_aliasing(trace, flat)`) must need no pins.
+    Returns the functional trace, what functionalize found, and how the inputs share memory,
+    which the entry's guard must check (None when the trace writes into no input).
+    """
+    plan = plan_aliasing(trace, flat) if plan is None else plan
+    assert not plan.pins, f"inputs at {sorted(plan.pins)} must be traced with constant sizes first"
+    # Eager refuses in-place writes into leaves that require grad, not into other tensors that do.
+    non_leaf = [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor) and x.requires_grad and not x.is_leaf]
+    if not plan.written:
+        functional, _result = functionalize_trace(trace, non_leaf_inputs=non_leaf, no_grad=no_grad)
+        return functional, _result, None  # aliasing cannot matter: the guard need not look at it
+    mutated = set(plan.written)
+    bases = [_synthetic_base(trace, flat, list(group), mutated) for group in plan.partial]
+    # Functionalized for this aliasing only (none: the plain trace): the guard below keeps other calls away.
+    functional, result = functionalize_trace(trace, input_aliases=[list(g) for g in plan.identical],
+                                             non_leaf_inputs=non_leaf, no_grad=no_grad, synthetic_bases=bases)
     layout_also = tuple(b.members[0] for b in bases if len(b.members) == 1)
     return functional, result, InputAliasing(
         pattern=alias_pattern(*flat), layout=alias_layout(*flat, also=layout_also), layout_also=layout_also,

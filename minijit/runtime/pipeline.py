@@ -35,6 +35,7 @@ from minijit.runtime.arguments import (
     PinSizes,
     functionalize_for_call,
     object_arguments,
+    plan_aliasing,
     read_arguments,
     with_synthetic_bases,
 )
@@ -131,6 +132,14 @@ class CompiledEntry:
     arg_objects: list[tuple[str, Any]] = field(default_factory=list)
     # With jit(cuda_graphs=True): the entry's graphed callables and how their calls ran.
     graphs: GraphFamily | None = None
+
+
+@dataclass(frozen=True)
+class NeedsPins:
+    """What `_compile` returns instead of an entry where written inputs that share memory were traced with
+    symbolic sizes: the compile must capture again with the sizes of the inputs at `positions` constant."""
+
+    positions: frozenset[int]
 
 
 @dataclass(frozen=True)
@@ -269,11 +278,14 @@ def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
             with (knowing_constraints(constraints), guarding_layouts(constraints), noting_state_reads(state_reads),
                   analysing()):
                 entry = _compile(arguments, executors, constraints, pinned, cuda_graphs)
+        except PinSizes as pin:  # from a value read inside capture only (see _evaluate_prefix)
+            entry = NeedsPins(pin.positions)
+        if not isinstance(entry, NeedsPins):
             break
-        except PinSizes as pin:
-            # Written inputs that share memory are rebuilt from their storage by their concrete layouts:
-            # traced again with those inputs' sizes constant, the rest symbolic (the set only grows).
-            pinned |= pin.positions
+        # Written inputs that share memory are rebuilt from their storage by their concrete layouts:
+        # traced again with those inputs' sizes constant, the rest symbolic (the set only grows).
+        assert not entry.positions <= pinned, f"inputs at {sorted(entry.positions)} were pinned already"
+        pinned |= entry.positions
     # Read now, back in the call's state (the traced code may have changed it inside `with` blocks).
     constraints += [f"{expr} == {query()!r}" for expr, query in state_reads.items()]
     entry.constraints = drop_implied(constraints)
@@ -316,7 +328,9 @@ def _dump_traces(entry: CompiledEntry) -> None:
 
 
 def _compile(arguments: CallArguments, executors: Sequence[Any], constraints: list[str],
-             pinned: frozenset[int] = frozenset(), cuda_graphs: bool = False) -> CompiledEntry:
+             pinned: frozenset[int] = frozenset(), cuda_graphs: bool = False) -> CompiledEntry | NeedsPins:
+    """Capture, then the passes, then the compiled entry; `NeedsPins` where the capture must be redone with more
+    input sizes constant (decided from the call's inputs and the inputs the captured trace writes)."""
     fn, symbolic = arguments.fn, arguments.symbolic
     traces: list[Trace] = []
     family = GraphFamily() if cuda_graphs else None
@@ -371,8 +385,12 @@ def _compile(arguments: CallArguments, executors: Sequence[Any], constraints: li
     # some also return what they found (a typed record the cache entry keeps).
     trace, found = _timed(capture, traces, at)
     captured = [t for _, _, t in found.captured_inputs]
+    # Which inputs the trace writes, and how they share memory, decide how it is functionalized (once).
+    plan = arguments.plan_aliasing(trace, captured)
+    if plan.pins:
+        return NeedsPins(plan.pins)
     trace, functionalized, aliasing = _timed(
-        lambda: arguments.functionalize(trace, captured, found.no_grad | found.no_grad_writes), traces, at)
+        lambda: arguments.functionalize(trace, captured, plan, found.no_grad | found.no_grad_writes), traces, at)
     trace = _timed(lambda: dce(trace, keep_sizes=True), traces, at)  # the grad pass may save them
     trace = _timed(lambda: remove_cast_round_trips(trace), traces, at)
     records = dict(capture=found, functionalized=functionalized, aliasing=aliasing)
@@ -444,8 +462,19 @@ def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[An
 def _evaluate_prefix(prefix: Trace, flat: list[Any], no_grad: frozenset[str]) -> Any:
     """Run `prefix`, the part of a capture recorded so far with the proxy to read as its output, on the
     call's real inputs (`flat`): functionalized, without its writes into inputs, by the torch executor.
-    `no_grad`: the names the capture recorded or wrote under torch.no_grad() so far."""
-    functional, _, aliasing = functionalize_for_call(prefix, flat, no_grad)
+    `no_grad`: the names the capture recorded or wrote under torch.no_grad() so far.
+
+    Where the prefix writes into inputs that share memory and have symbolic sizes, it raises `PinSizes`, the
+    one pin that unwinds: the value cannot be computed on this trace (its functional form rebuilds those inputs
+    from their storage at concrete sizes, which cannot mix with the symbolic sizes the prefix holds: identical
+    inputs with distinct symbolic sizes are not provably one view, and a scatter through a concrete as_strided
+    of a symbolic-sized member fails), and the capture cannot go on without it (the code's control flow hangs
+    on it: a wrong or stale value may loop forever or raise an error eager would not). Only unwinding stops the
+    user's code mid-run; the capture is then redone with those sizes constant, where the read succeeds."""
+    plan = plan_aliasing(prefix, flat)
+    if plan.pins:
+        raise PinSizes(plan.pins)
+    functional, _, aliasing = functionalize_for_call(prefix, flat, no_grad, plan)
     # Without functionalize's write-backs.
     functional = dce(rewrite(functional, lambda b, env: () if b.sym is prims.copy_to_out_ else None,
                              pass_name="value read"))

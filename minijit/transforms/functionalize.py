@@ -46,12 +46,12 @@ from minijit.transforms.memory import ViewStep, memory_model, view_graph
 from minijit.transforms.overlap import check_overlaps
 from minijit.transforms.view_updates import (
     ExpandedWrite,
-    eager_returns_view,
     is_view_step,
     layout_free,
     replay,
     scatter,
     scatter_by_positions,
+    view_shares_memory,
 )
 
 __all__ = ["FunctionalizeResult", "SyntheticBase", "functionalize"]
@@ -335,8 +335,7 @@ class _Functionalizer:
             # Copy or view cannot be told apart where nothing sharing memory with them is written later:
             # keep the sizes symbolic.
             return True
-        verdict = eager_returns_view(base, [*self.chain(parent), (bsym, out)], self.trace)
-        return verdict is not False
+        return view_shares_memory(self.trace, base, [*self.chain(parent), (bsym, out)])
 
     def _is_fill(self, value: TensorProxy) -> bool:
         """Whether `value` was made by prims.full (one value everywhere)."""

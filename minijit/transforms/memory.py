@@ -9,7 +9,9 @@ docs/design.md invariants 1 and 2). The rules of the walk:
   call found to be the same memory (`trace.input_alias_groups`) share the
   storage of the group's first input;
 - a view (`BoundSymbol.may_alias_input`) lives in every storage its arguments live
-  in (a `reshape` may view or copy: it counts as a view);
+  in (a `reshape` may view or copy: it counts as a view), unless the model was given a
+  view rule (`ViewRule`, functionalize's, which decides as eager does) that says the
+  view's output has memory of its own;
 - a write into a tensor (`BoundSymbol.written`) puts its new outputs in that tensor's
   storage, holding the new value; a region writing several tensors gives its outputs
   storages of their own;
@@ -21,6 +23,10 @@ A storage set, not one storage, per proxy: a view of two tensors (or an op that 
 return either argument) may live in either. Reads are the proxies a bound symbol reads
 (`read_proxies`: an `out=` argument, declared `Effects.unread`, is written, not read);
 the trace's output counts as a read at index `len(bound_symbols)`.
+
+Which inputs a trace writes (`inputs_written`), asked before functionalizing it, is answered by
+the model built with functionalize's view rule: a write into an input that stores the input's
+own value (`x.copy_(x)`) changes nothing and does not count.
 
 One model per trace: `memory_model(trace)` answers for every pass that asks about the same
 trace. Inside `analysing()` (the runtime enters it for each compile) the models built are
@@ -46,11 +52,15 @@ from typing import Any
 from minijit.ir import BoundSymbol, Proxy, TensorProxy, Trace, tree_iter
 from minijit.ir.proxies import number_value, same_shape
 
-__all__ = ["MemoryModel", "Storage", "ViewGraph", "ViewStep", "analysing", "buffer_kind", "input_leaders",
-           "memory_model", "read_proxies", "view_graph"]
+__all__ = ["MemoryModel", "Storage", "ViewGraph", "ViewRule", "ViewStep", "analysing", "buffer_kind",
+           "input_leaders", "inputs_written", "memory_model", "read_proxies", "view_graph"]
 
 # A storage is named by the input (the first of a group of aliased inputs) or the proxy it was allocated for.
 Storage = str
+
+# (the trace, the tensor a chain of views starts from, the chain's (view op, its output) steps) -> whether
+# the chain's last output shares the memory of the tensor its op views (rather than being a copy).
+ViewRule = Callable[[Trace, TensorProxy, list[tuple[BoundSymbol, Proxy]]], bool]
 
 
 def read_proxies(bsym: BoundSymbol) -> Iterable[Proxy]:
@@ -123,12 +133,14 @@ class MemoryModel:
     verifier passes a fusion region's members in its place). `allocates(bsym)` says
     whether an op that is not a view returns new memory (default: always; buffer reuse
     asks the executors). A pass that rewrites as it walks builds the model with
-    `MemoryModel.start` and feeds it each bound symbol as rewritten (`add`).
+    `MemoryModel.start` and feeds it each bound symbol as rewritten (`add`). `views` (default:
+    every view shares memory) decides, per output of a view op, whether it shares its argument's memory.
     """
 
     def __init__(self, trace: Trace, bound_symbols: Sequence[BoundSymbol] | None = None, *,
-                 allocates: Callable[[BoundSymbol], bool] | None = None):
+                 allocates: Callable[[BoundSymbol], bool] | None = None, views: ViewRule | None = None):
         self._start(trace, allocates)
+        self._trace, self._views = trace, views
         for bsym in trace.bound_symbols if bound_symbols is None else bound_symbols:
             self.add(bsym)
         self.add_output(trace.output)
@@ -138,6 +150,7 @@ class MemoryModel:
         """A model of `trace`'s inputs only, to be fed bound symbols one by one with `add`."""
         model = cls.__new__(cls)
         model._start(trace, allocates)
+        model._trace, model._views = trace, None
         return model
 
     def _start(self, trace: Trace, allocates: Callable[[BoundSymbol], bool] | None) -> None:
@@ -157,6 +170,7 @@ class MemoryModel:
         self._old_readers: dict[Storage, list[int]] = {}
         self._writers: dict[Storage, list[int]] = {}
         self._copies: dict[Storage, list[int]] = {}
+        self._view_steps: dict[int, tuple[Proxy, BoundSymbol]] = {}  # id(view) -> (viewed tensor, view op), with `views`
         for p in trace.args:
             s = self.leaders[p.name]
             self._place(p, frozenset({s}), frozenset({s}))
@@ -180,11 +194,13 @@ class MemoryModel:
         for o in outs:
             self._producer.setdefault(id(o), i)
         allocated = not targets
+        viewing = False
         if len(targets) == 1:
             where, old = self.storages(targets[0]), frozenset()
         elif targets:
             where = old = None  # a region: its outputs are its own values (or the inputs it wrote)
         elif bsym.may_alias_input():
+            viewing = self._views is not None
             where = self._union(self._where, bsym.proxy_args())
             old = self._union(self._old, bsym.proxy_args())
             if not where:  # a view of constants only: memory of its own, but not memory it allocated
@@ -200,7 +216,12 @@ class MemoryModel:
         for o in outs:
             if targets and id(o) in self._where:
                 continue  # an in-place op hands back the tensor it wrote: it lives where it lived
-            if where is None:
+            if viewing and where is not None and not self._shares(bsym, o):
+                own = frozenset({o.name})
+                self._place(o, own, own)
+                self._home.setdefault(o.name, o)
+                self._fresh.add(id(o))
+            elif where is None:
                 own = frozenset({o.name})
                 self._place(o, own, own)
                 self._home.setdefault(o.name, o)
@@ -208,6 +229,21 @@ class MemoryModel:
                     self._fresh.add(id(o))
             else:
                 self._place(o, where, old)
+
+    def _shares(self, bsym: BoundSymbol, out: Proxy) -> bool:
+        """Whether the view rule says `out`, an output of the view op `bsym`, shares the viewed tensor's memory."""
+        parent = bsym.viewed_tensor()
+        if not isinstance(out, TensorProxy) or parent is None:
+            return False
+        steps = [(bsym, out)]
+        while (link := self._view_steps.get(id(parent))) is not None:
+            steps.append((link[1], parent))
+            parent = link[0]
+        assert self._views is not None
+        if not self._views(self._trace, parent, steps[::-1]):
+            return False
+        self._view_steps[id(out)] = (bsym.viewed_tensor(), bsym)
+        return True
 
     def add_output(self, output: Any) -> None:
         """Count the trace's output as a read, at the index after the last bound symbol."""
@@ -346,21 +382,24 @@ def analysing() -> Iterator[_Models]:
         _MODELS.reset(token)
 
 
-def memory_model(trace: Trace, bound_symbols: Sequence[BoundSymbol] | None = None) -> MemoryModel:
-    """The memory model of `trace` (walking `bound_symbols` in place of its own, where given).
+def memory_model(trace: Trace, bound_symbols: Sequence[BoundSymbol] | None = None,
+                 views: ViewRule | None = None) -> MemoryModel:
+    """The memory model of `trace` (walking `bound_symbols` in place of its own, where given; deciding
+    which view ops share memory by `views`, where given).
 
     Inside `analysing()`, built once per trace content (inputs, their names and aliasing,
-    bound symbols and output, by identity) and shared by every pass and check that asks;
-    a model is read-only to whoever gets it.
+    bound symbols and output, by identity) and view rule, and shared by every pass and check
+    that asks; a model is read-only to whoever gets it.
     """
     models = _MODELS.get()
     if models is None:
-        return MemoryModel(trace, bound_symbols)
+        return MemoryModel(trace, bound_symbols, views=views)
     key, kept = _content_key(trace, bound_symbols)
+    key, kept = (*key, id(views)), (*kept, views)
     found = models.models.get(key)
     if found is None:
         models.builds += 1
-        found = models.models[key] = (kept, MemoryModel(trace, kept[1]))
+        found = models.models[key] = (kept, MemoryModel(trace, kept[1], views=views))
     return found[1]
 
 
@@ -517,3 +556,28 @@ def view_graph(trace: Trace) -> ViewGraph:
     if found is None:
         found = models.views[key] = (kept, ViewGraph(trace))
     return found[1]
+
+
+def inputs_written(trace: Trace, views: ViewRule) -> tuple[str, ...]:
+    """The names of the inputs of `trace` (the first of each group of aliased inputs) whose value it changes, in
+    the order of the inputs: those it writes into, directly or through views (as `views` decides them), `out=`
+    or opaque in-place ops, with a value other than their own (`x.copy_(x)` changes nothing).
+
+    What functionalizing `trace` finds (`FunctionalizeResult.mutated_inputs`), known without functionalizing it.
+    """
+    model = memory_model(trace, views=views)
+    bsyms = trace.bound_symbols
+    written = []
+    for p in trace.args:
+        s = model.leaders[p.name]
+        if model.home(s) is p and any(not _stores_own_value(bsyms[i], p) for i in model.writers(s)):
+            written.append(p.name)
+    return tuple(written)
+
+
+def _stores_own_value(bsym: BoundSymbol, p: Proxy) -> bool:
+    """Whether every write of `bsym` (with its decomposition's) is a copy of the input `p` into itself."""
+    if bsym.sym.effects.copies:
+        return bsym.copied_value() is p and all(t is p for t in bsym.written())
+    writes = [sub for sub in bsym.subsymbols if sub.written()]
+    return bool(writes) and all(_stores_own_value(sub, p) for sub in writes)

@@ -381,6 +381,21 @@ def eager_returns_view(base: TensorProxy, chain: list[tuple[BoundSymbol, Proxy]]
     return last is before or last._is_view()
 
 
+def view_shares_memory(trace: Trace, base: TensorProxy, chain: list[tuple[BoundSymbol, Proxy]]) -> bool:
+    """Whether the last step of `chain` (view steps from `base`, a tensor of `trace`) shares its viewed tensor's
+    memory, as functionalization decides it: a view step (`is_view_step`) that eager does not make a copy.
+
+    A `minijit.transforms.memory.ViewRule`: the memory model built with it knows which inputs a trace
+    writes (`inputs_written`) as functionalizing the trace finds them.
+    """
+    step, out = chain[-1]
+    if not is_view_step(step, out):
+        return False
+    if not step.sym.effects.may_copy or step.sym.is_prim:
+        return True
+    return eager_returns_view(base, chain, trace) is not False
+
+
 def _views_any_layout(step: BoundSymbol, out: Proxy) -> bool:
     """Whether `step` makes `out` a view of the tensor it views for every layout that tensor may have.
 
