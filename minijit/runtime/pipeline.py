@@ -63,7 +63,7 @@ from minijit.transforms.functionalize import FunctionalizeResult
 from minijit.transforms.grad import SplitResult, release_dead_values, requires_grad_inputs, split_forward_backward
 from minijit.transforms.memory import analysing
 from minijit.transforms.simplify import remove_cast_round_trips
-from minijit.transforms.verify import CHECK_COPIES, TraceChecker, checking_traces
+from minijit.transforms.verify import CheckLevel, TraceChecker, check_level, checking_traces
 
 
 @dataclass
@@ -167,11 +167,11 @@ def _verify(trace: Trace, at: AfterPass) -> None:
 
 
 # The checks after each pass, in order: the verifier (minijit.transforms.verify) after every pass with
-# MINIJIT_CHECK_TRACES=1, and once a trace's writes are settled, its rule `check_copies` (unless MINIJIT_CHECK_COPIES=0)
+# MINIJIT_CHECK_TRACES=1, and once a trace's writes are settled, its rule `check_copies` (unless MINIJIT_CHECK_TRACES=0)
 # and the check that no input is written before a value check.
 AFTER_PASS: tuple[Hook, ...] = (
     Hook("verify", _verify, lambda at: at.checker is not None),
-    Hook("check copies", lambda t, at: check_copies(t), lambda at: at.writes_settled and CHECK_COPIES),
+    Hook("check copies", lambda t, at: check_copies(t), lambda at: at.writes_settled and check_level() is not CheckLevel.OFF),
     Hook("check writes after checks", lambda t, at: check_writes_after_checks(t), lambda at: at.writes_settled),
 )
 

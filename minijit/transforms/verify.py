@@ -24,14 +24,15 @@
   It raises `CopyToOutError`.
 
 Invariant 1 is checked here and nowhere else, all rules asking the trace's one memory
-model (minijit/transforms/memory.py, `memory_model`). The rules but `copies settled`
-are off by default (compiles stay as fast); `MINIJIT_CHECK_TRACES=1` turns them on for
-every pass of the pipeline, and the test suite sets it. `copies settled` runs on every
-compile's settled traces (`MINIJIT_CHECK_COPIES=0` turns it off).
+model (minijit/transforms/memory.py, `memory_model`). One environment switch,
+`MINIJIT_CHECK_TRACES`, says how much runs (`check_level`): unset (the default), only
+`copies settled`, on every compile's settled traces (compiles stay as fast); `1`, every
+rule after every pass of the pipeline (the test suite sets it); `0`, none.
 """
 
 from __future__ import annotations
 
+import enum
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -45,15 +46,27 @@ from minijit.ir.proxies import number_value
 from minijit.transforms.grad import PYTHON_DEL
 from minijit.transforms.memory import memory_model, read_proxies
 
-__all__ = ["CHECK_COPIES", "INVARIANTS_OF_RULE", "TraceChecker", "check_copies", "check_trace", "checking_traces"]
+__all__ = ["INVARIANTS_OF_RULE", "CheckLevel", "TraceChecker", "check_copies", "check_level", "check_trace",
+           "checking_traces"]
 
-# Whether the pipeline checks `copies settled` on the traces whose writes it settled (on unless MINIJIT_CHECK_COPIES=0).
-CHECK_COPIES = os.environ.get("MINIJIT_CHECK_COPIES", "1") != "0"
+
+class CheckLevel(enum.Enum):
+    """How much of the verifier the pipeline runs (`MINIJIT_CHECK_TRACES`)."""
+
+    OFF = "0"  # nothing
+    SETTLED = ""  # `copies settled` on the traces whose writes the passes settled (the default)
+    EVERY_PASS = "1"  # every rule, on the trace of every pass, `copies settled` on the settled traces too
+
+
+def check_level() -> CheckLevel:
+    """The level `MINIJIT_CHECK_TRACES` asks for: unset or empty, `SETTLED`; `0`, `OFF`; anything else, `EVERY_PASS`."""
+    value = os.environ.get("MINIJIT_CHECK_TRACES", "")
+    return CheckLevel.SETTLED if value == "" else CheckLevel.OFF if value == "0" else CheckLevel.EVERY_PASS
 
 
 def checking_traces() -> bool:
-    """Whether `MINIJIT_CHECK_TRACES=1` asks the pipeline to verify the trace after every pass."""
-    return os.environ.get("MINIJIT_CHECK_TRACES", "0") not in ("", "0")
+    """Whether `MINIJIT_CHECK_TRACES` asks the pipeline to verify the trace after every pass."""
+    return check_level() is CheckLevel.EVERY_PASS
 
 
 def check_trace(trace: Trace, *, functional: bool | None = None) -> None:

@@ -35,15 +35,16 @@ def test_forward_and_backward_run_the_same_list_under_their_conditions():
 
 
 @pytest.mark.parametrize("grad", [False, True])
-@pytest.mark.parametrize("switch", [False, True])
-def test_check_copies_runs_as_a_hook_once_the_writes_are_settled(monkeypatch, grad, switch):
+@pytest.mark.parametrize("level", ["0", "", "1"])
+def test_check_copies_runs_as_a_hook_once_the_writes_are_settled(monkeypatch, grad, level):
     seen: list[str] = []
     monkeypatch.setattr(pipeline, "check_copies", lambda trace: seen.append(trace.pass_name))
-    monkeypatch.setattr(pipeline, "CHECK_COPIES", switch)
+    monkeypatch.setenv("MINIJIT_CHECK_TRACES", level)
     jf = minijit.jit(_f)
     jf(torch.randn(3, 4), torch.randn(4, 5, requires_grad=grad))
     # Once per trace whose writes the passes decide: the no-grad trace, or the forward (not this backward).
-    assert seen == (["reuse buffers"] if switch else [])
+    # One switch: off at 0, on by default and with every pass checked.
+    assert seen == ([] if level == "0" else ["reuse buffers"])
 
 
 def test_the_pass_list_and_the_hooks_in_order():

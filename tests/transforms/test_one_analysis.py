@@ -65,8 +65,8 @@ def _copy_into_x() -> tuple[Trace, TensorProxy]:
 
 
 def test_a_compile_builds_one_view_graph_per_trace(monkeypatch):
-    """Functionalization runs twice on the captured trace when the call passes inputs sharing memory
-    (once to find what it writes, once told how they share): both ask the same view graph."""
+    """A call passing inputs that share memory: which inputs the trace writes is asked of the memory model
+    before functionalization, which then runs once; no trace's view graph is built twice."""
     walks: list[tuple[int, ...]] = []
     init = memory.ViewGraph.__init__
 
@@ -95,7 +95,7 @@ def test_a_compile_builds_one_view_graph_per_trace(monkeypatch):
     got_in = x.clone()
     torch.testing.assert_close(minijit.jit(f)(got_in, got_in), expected)
     torch.testing.assert_close(got_in, eager)
-    assert len(runs) == 2 and runs[0] == runs[1]
+    assert len(runs) == 1
     assert len(walks) == len(set(walks)) > 0, walks
 
 

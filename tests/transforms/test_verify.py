@@ -178,7 +178,8 @@ def test_the_pipeline_checks_every_pass_when_asked(monkeypatch):
     monkeypatch.setenv("MINIJIT_CHECK_TRACES", "1")
     with pytest.raises(TraceInvariantError, match=r"trace f \(dce\) breaks the rule 'defined before use'"):
         minijit.jit(f)(x, y)
-    # Off (the default outside the tests), the same broken pass goes unnoticed until the trace runs.
+    # Off (and by default outside the tests, where only `copies settled` runs), the same broken pass goes
+    # unnoticed until the trace runs.
     monkeypatch.setenv("MINIJIT_CHECK_TRACES", "0")
     with pytest.raises(NameError):
         minijit.jit(f)(x, y)
