@@ -18,7 +18,9 @@ value it had when the trace was captured. Everything else is generated from the 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import types
 from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
@@ -91,7 +93,11 @@ class Check:
         if aspect == "slice":
             return f"type({s}) is slice and ({s}.start, {s}.stop, {s}.step) == {literal(env, v[1:])}"
         if aspect == "object":
-            return f"type({s}) is {literal(env, v[0])} and id({s}) == {v[1]}"
+            # The id bound in `env`, not written out: an entry rebound to a new object then compiles the same
+            # source again (`_compiled`).
+            name = f"_id{sum(n.startswith('_id') for n in env)}"
+            env[name] = v[1]
+            return f"type({s}) is {literal(env, v[0])} and id({s}) == {name}"
         if aspect in ("structure", "symbolic structure"):
             return f"_{aspect.replace(' ', '_')}({s}) == {literal(env, v)}"
         if aspect in ("constant", "aliases"):
@@ -330,6 +336,14 @@ _GONE = object()
 # --- the prologue: the checks compiled, printed, and explained --------------------------------------------
 
 
+@functools.lru_cache(maxsize=256)
+def _compiled(source: str, filename: str) -> types.CodeType:
+    """`source` compiled. An entry rebound to new argument objects (`runtime/rebind.py`: each `generate()`
+    makes a new cache object) has the same prologue source with another `env`: compiling it again cost
+    more than the rest of the rebind."""
+    return compile(source, filename, "exec")
+
+
 class Prologue:
     """An entry's checks compiled from one source: `check_call`, the checks the cache key makes, over the call's
     arguments, and `guard`, the rest, over the trace's inputs (None when the key makes every check).
@@ -359,7 +373,7 @@ class Prologue:
             source += ("\n\n# Checked by the trace itself, where the code read them (prims.check_value); another value\n"
                        "# runs the call again with its own entry:\n" + "\n".join(f"#   {g}" for g in value_guards) + "\n")
         self.source = source
-        exec(compile(source, f"<minijit prologue {name}>", "exec"), env)
+        exec(_compiled(source, f"<minijit prologue {name}>"), env)
         self.check_call: Callable[..., bool] = env["check_call"]
         self.guard: Callable[..., bool] | None = env.get("guard")
         self.exact_guard: Callable[..., bool] | None = env.get("exact_guard") if exact_tests != guard_tests else self.guard
