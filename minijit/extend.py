@@ -157,7 +157,8 @@ def _meta_like(sym: Symbol) -> Callable[..., Any]:
     def meta(*args: Any, **kwargs: Any) -> Any:
         # Share the enclosing trace's names so the outputs never clash with its proxies.
         outer = current_trace()
-        scratch = Trace("meta", _names=outer.names if outer is not None else None)
+        scratch = Trace("meta", _names=outer.names if outer is not None else None,
+                        _layouts=outer.layouts if outer is not None else None)
         with tracing(scratch):
             return sym.meta(*args, **kwargs)
 

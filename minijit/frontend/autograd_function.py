@@ -120,7 +120,7 @@ def _user_function(cls: type, name: str) -> Any:
 
 
 def _sub_trace(outer: Trace, name: str) -> Trace:
-    sub = Trace(name, _names=outer.names)
+    sub = Trace(name, _names=outer.names, _layouts=outer.layouts)
     # A state of its own (what it records without grad, its casts): only the hook and the role are the outer's.
     sub.capture = CaptureState(capture_tensor=outer.capture_tensor,
                                captures_user_code=outer.capture is not None and outer.capture.captures_user_code)

@@ -62,6 +62,9 @@ class CaptureState:
     # each with the number it holds, an expression of the trace's numbers, so that a size may read it
     # without a guard on its value (minijit/ops/number_args.py). Forgotten where a write may change it.
     number_tensors: dict[int, tuple[Proxy, Any]] = field(default_factory=dict)
+    # The fake tensors with symbolic sizes that layouts under symbolic sizes are followed on, one session per
+    # capture, made on the first layout question (minijit/ops/symbolic_strides.py):
+    strides_session: Any = None
 
     def forget_numbers(self, bsym: BoundSymbol) -> None:
         """Forget the known numbers `bsym` may change: all of them where it writes an integer tensor (which may

@@ -470,14 +470,12 @@ class FloatProxy(NumberProxy):
 class TensorProxy(Proxy):
     """A tensor in a trace: shape, dtype, device and whether it requires grad.
 
-    `memory` is the tensor's layout as eager torch would give it, `(strides, storage_offset)`,
-    once known: set from the real tensor for trace inputs, worked out on demand for computed
-    tensors (`minijit.ops.strides`), only where a result depends on it (`view`, `reshape`).
-    `layout_sources` are the trace inputs a computed tensor's layout was worked out from.
+    Its eager layout, where something asked, is not kept here but in its traces' table
+    (`Trace.layouts`, `minijit.ir.layouts`).
     """
 
     # __weakref__: code that keeps weak references to its tensors (nn.RNNBase to its flat weights) traces too.
-    __slots__ = ("__weakref__", "device", "dtype", "layout_sources", "memory", "requires_grad", "shape")
+    __slots__ = ("__weakref__", "device", "dtype", "requires_grad", "shape")
     name_prefix = "t"
 
     def __init__(
@@ -493,8 +491,6 @@ class TensorProxy(Proxy):
         self.dtype = dtype
         self.device = device if isinstance(device, torch.device) else torch.device(device)
         self.requires_grad = requires_grad
-        self.memory: tuple[tuple[int, ...], int] | None = None
-        self.layout_sources: tuple[TensorProxy, ...] = ()
 
     @classmethod
     def like(cls, t: TensorProxy, **changes: Any) -> TensorProxy:

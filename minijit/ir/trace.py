@@ -12,6 +12,7 @@ import torch
 
 from minijit.ir.capture_state import CaptureState
 from minijit.ir.context import tracing
+from minijit.ir.layouts import LayoutTable
 from minijit.ir.printing import Constants, to_source
 from minijit.ir.proxies import NumberProxy, Proxy
 from minijit.ir.pytree import tree_iter, tree_map
@@ -80,12 +81,16 @@ class Trace:
         print(t)
     """
 
-    def __init__(self, fn_name: str = "computation", *, _names: _Names | None = None):
+    def __init__(self, fn_name: str = "computation", *, _names: _Names | None = None,
+                 _layouts: LayoutTable | None = None):
         self.fn_name = fn_name
         self.args: list[Proxy] = []
         self.output: Any = None
         self.bound_symbols: list[BoundSymbol] = []
         self.names = _names if _names is not None else _Names()
+        # The eager layouts known for the tensors (minijit/ir/layouts.py): shared, like the names, with the
+        # traces made from this one.
+        self.layouts = _layouts if _layouts is not None else LayoutTable()
         self.source: SourceLocation | None = None
         self.pass_name = "capture"
         self.elapsed_ms = 0.0
@@ -208,7 +213,7 @@ class Trace:
     def derive(self, bound_symbols: Iterable[BoundSymbol], *, pass_name: str,
                output: Any = None, args: list[Proxy] | None = None) -> Trace:
         """A new trace with the same inputs, names, input aliasing and output note, the given bound symbols, and `output`."""
-        t = Trace(self.fn_name, _names=self.names)
+        t = Trace(self.fn_name, _names=self.names, _layouts=self.layouts)
         t.args = list(self.args if args is None else args)
         t.output = self.output if output is None else output
         t.bound_symbols = list(bound_symbols)

@@ -48,7 +48,7 @@ def eager_refusal(sym: Symbol, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
 def _raised_on_meta(sym: Symbol, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Exception | None:
     """The exception eager's implementation of `sym` raises on meta tensors like the proxies, if any."""
     from minijit.ops.registry import eager_impl
-    from minijit.ops.strides import meta_like
+    from minijit.ops.strides import known_layout, meta_like
 
     impl = eager_impl(sym)
     if impl is None:
@@ -56,8 +56,9 @@ def _raised_on_meta(sym: Symbol, args: tuple[Any, ...], kwargs: dict[str, Any]) 
 
     def to_meta(x: Any) -> Any:
         if isinstance(x, TensorProxy):
-            if x.memory is not None:
-                return meta_like(x)
+            layout = known_layout(x)
+            if layout is not None:
+                return meta_like(x, layout)
             return torch.empty(_sizes(x), dtype=x.dtype, device="meta")
         if isinstance(x, NumberProxy):
             return x.value

@@ -41,7 +41,7 @@ from minijit.errors import DataDependentShapeError, MetaError, UnsupportedOpErro
 from minijit.ir import NumberProxy, TensorProxy, tree_flatten
 from minijit.ir.context import where_now
 from minijit.ir.proxies import number_value
-from minijit.ops.strides import eager_layout, meta_like, outside_inference_mode
+from minijit.ops.strides import eager_layout, known_layout, meta_like, outside_inference_mode
 from minijit.ops.symbolic_sizes import has_symbolic_sizes, size_rule, symbolic_output_shapes
 
 
@@ -247,7 +247,7 @@ def _leaf_key(x: Any, seen: dict[int, int]) -> Any:
     if isinstance(x, TensorProxy):
         alias = seen.setdefault(id(x), len(seen))
         return ("tensor", alias, tuple(number_value(d) for d in x.shape), x.dtype, x.device, x.requires_grad,
-                x.memory)
+                known_layout(x))
     if isinstance(x, NumberProxy):
         return (x.python_type, x.value)
     if isinstance(x, torch.Tensor):
@@ -266,8 +266,9 @@ def _to_meta(x: Any, metas: dict[int, torch.Tensor], grad: bool) -> Any:
             # Not a leaf where it requires grad: eager refuses in-place writes into leaves that
             # require grad, and minijit reports those itself (functionalize), naming the input.
             needs_grad = grad and x.requires_grad and (x.dtype.is_floating_point or x.dtype.is_complex)
-            if x.memory is not None:  # its eager layout is known (minijit.ops.strides)
-                t = meta_like(x, requires_grad=needs_grad)
+            layout = known_layout(x)
+            if layout is not None:  # its eager layout is known (minijit.ops.strides)
+                t = meta_like(x, layout, requires_grad=needs_grad)
             else:
                 t = torch.empty(shape, dtype=x.dtype, device="meta")
                 if needs_grad:

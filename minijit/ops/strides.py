@@ -13,7 +13,7 @@ eager shape, strides and storage offset:
   made it (ltorch ops and opaque torch ops) on meta tensors with their inputs'
   layouts, so every stride rule is torch's own (elementwise ops keeping a permuted
   layout, expand's zero strides, matmul's fresh outputs). The result is kept on the
-  proxy (`TensorProxy.memory`).
+  compile's layout table (`Trace.layouts`, `minijit.ir.layouts`), never on the proxy.
 
 The layouts of the inputs a decision was worked out from become part of the cache
 entry's guard, only then: `x.is_contiguous()` for an input that was contiguous, its
@@ -53,19 +53,30 @@ import torch
 from minijit.errors import MetaError, UnsupportedMethodError
 from minijit.ir import TENSOR_METHODS, BoundSymbol, NumberProxy, Proxy, TensorProxy, Trace, tree_flatten, tree_map
 from minijit.ir.context import add_layout_check, current_trace, where_now
+from minijit.ir.layouts import Layout
 from minijit.ir.proxies import guarded_compare, known_compare, number_value
 from minijit.ops.registry import eager_impl
 
 
-def _sources(p: TensorProxy, inputs: dict[int, TensorProxy]) -> tuple[TensorProxy, ...]:
+def known_layout(p: TensorProxy, trace: Trace | None = None) -> Layout | None:
+    """`p`'s eager layout where `trace` (default: the one being recorded) knows it, else None."""
+    trace = trace if trace is not None else current_trace()
+    return trace.layouts.get(p) if trace is not None else None
+
+
+def _sources(p: TensorProxy, trace: Trace, inputs: dict[int, TensorProxy]) -> tuple[TensorProxy, ...]:
     """The trace inputs `p`'s layout was worked out from."""
-    return (p,) if id(p) in inputs else p.layout_sources
+    if id(p) in inputs:
+        return (p,)
+    layout = trace.layouts.get(p)
+    return layout.sources if layout is not None else ()
 
 
-def note_layout(p: TensorProxy, t: torch.Tensor) -> None:
-    """Record the real tensor `t`'s strides and storage offset as the layout of its proxy `p` (strided `t` only)."""
+def note_layout(trace: Trace, p: TensorProxy, t: torch.Tensor) -> None:
+    """Note the real tensor `t`'s strides and storage offset as the layout of its proxy `p` in `trace`
+    (strided `t` only)."""
     if t.layout == torch.strided:
-        p.memory = (tuple(t.stride()), t.storage_offset())
+        trace.layouts.set(p, Layout(tuple(t.stride()), t.storage_offset()))
 
 
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -98,11 +109,10 @@ def outside_inference_mode() -> Iterator[None]:
         yield
 
 
-def meta_like(p: TensorProxy, requires_grad: bool = False) -> torch.Tensor:
-    """A meta tensor with `p`'s shape, dtype and known layout (`p.memory`); a non-leaf with `requires_grad`."""
-    assert p.memory is not None
+def meta_like(p: TensorProxy, layout: Layout, requires_grad: bool = False) -> torch.Tensor:
+    """A meta tensor with `p`'s shape and dtype and the `layout` known for it; a non-leaf with `requires_grad`."""
     shape = _sizes(p)
-    strides, offset = p.memory
+    strides, offset = layout.strides, layout.offset
     extent = offset + 1 + sum((n - 1) * abs(s) for n, s in zip(shape, strides, strict=True)) if all(shape) else offset
     with outside_inference_mode():
         storage = torch.empty(extent, dtype=p.dtype, device="meta")
@@ -125,19 +135,21 @@ def eager_layout(p: TensorProxy, trace: Trace | None = None, *, offset_matters: 
     if trace is None:
         return None
     inputs = {id(a): a for a in trace.args if isinstance(a, TensorProxy)}
-    if p.memory is None:
+    if trace.layouts.get(p) is None:
         _work_out(p, trace, inputs)
-    if p.memory is None:
+    layout = trace.layouts.get(p)
+    if layout is None:
         return None
-    meta = meta_like(p)
+    meta = meta_like(p, layout)
     if guard:
-        for source in _sources(p, inputs):
-            _guard_layout(source, offset_matters, sizes_matter)
+        for source in _sources(p, trace, inputs):
+            _guard_layout(source, trace, offset_matters, sizes_matter)
     return meta
 
 
 def _work_out(p: TensorProxy, trace: Trace, inputs: dict[int, TensorProxy]) -> None:
-    """Set `memory` on `p` and the ancestors it needs, replaying their ops on meta tensors in trace order."""
+    """Note the layouts of `p` and the ancestors it needs in `trace`'s table, replaying their ops on meta
+    tensors in trace order."""
     producers: dict[int, tuple[int, BoundSymbol]] = {}
     for i, bsym in enumerate(trace.bound_symbols):
         for out in bsym.proxy_outputs():
@@ -146,7 +158,7 @@ def _work_out(p: TensorProxy, trace: Trace, inputs: dict[int, TensorProxy]) -> N
     stack, seen = [p], set()
     while stack:
         q = stack.pop()
-        if id(q) in seen or q.memory is not None or id(q) in inputs:
+        if id(q) in seen or trace.layouts.get(q) is not None or id(q) in inputs:
             continue
         seen.add(id(q))
         found = producers.get(id(q))
@@ -155,13 +167,14 @@ def _work_out(p: TensorProxy, trace: Trace, inputs: dict[int, TensorProxy]) -> N
         needed[found[0]] = found[1]
         stack.extend(a for a in found[1].proxy_args() if isinstance(a, TensorProxy))
     for i in sorted(needed):
-        _replay(needed[i], inputs)
+        _replay(needed[i], trace, inputs)
 
 
-def _replay(bsym: BoundSymbol, inputs: dict[int, TensorProxy]) -> None:
+def _replay(bsym: BoundSymbol, trace: Trace, inputs: dict[int, TensorProxy]) -> None:
     impl = eager_impl(bsym.sym)
     args = [a for a in bsym.proxy_args() if isinstance(a, TensorProxy)]
-    if impl is None or any(a.memory is None for a in args):
+    layouts = trace.layouts
+    if impl is None or any(layouts.get(a) is None for a in args):
         return
     if any(isinstance(a, Proxy) and not isinstance(a, TensorProxy | NumberProxy) for a in bsym.proxy_args()):
         return
@@ -169,12 +182,12 @@ def _replay(bsym: BoundSymbol, inputs: dict[int, TensorProxy]) -> None:
 
     def to_meta(x: Any) -> Any:
         if isinstance(x, TensorProxy):
-            return metas.setdefault(id(x), meta_like(x))
+            return metas.setdefault(id(x), meta_like(x, layouts.get(x)))
         return number_value(x) if isinstance(x, NumberProxy) else x
 
     sources: dict[int, TensorProxy] = {}
     for a in args:
-        for source in _sources(a, inputs):
+        for source in _sources(a, trace, inputs):
             sources[id(source)] = source
     margs, mkwargs = tree_map(to_meta, (bsym.args, bsym.kwargs))
     margs = [torch.device("meta") if isinstance(a, torch.device) else a for a in margs]
@@ -190,16 +203,16 @@ def _replay(bsym: BoundSymbol, inputs: dict[int, TensorProxy]) -> None:
     if len(result) != len(outs):
         return
     for out, value in zip(outs, result, strict=True):
-        if isinstance(out, TensorProxy) and isinstance(value, torch.Tensor) and out.memory is None \
+        if isinstance(out, TensorProxy) and isinstance(value, torch.Tensor) and layouts.get(out) is None \
                 and tuple(value.shape) == _sizes(out):
-            out.memory = (tuple(value.stride()), value.storage_offset())
-            out.layout_sources = tuple(sources.values())
+            layouts.set(out, Layout(tuple(value.stride()), value.storage_offset(), tuple(sources.values())))
 
 
-def _guard_layout(p: TensorProxy, offset_matters: bool, sizes_matter: bool = False) -> None:
+def _guard_layout(p: TensorProxy, trace: Trace, offset_matters: bool, sizes_matter: bool = False) -> None:
     """Make the cache entry's guard check that input `p` keeps its layout (and its sizes, with `sizes_matter`)."""
-    assert p.memory is not None
-    strides, offset = p.memory
+    layout = trace.layouts.get(p)
+    assert layout is not None
+    strides, offset = layout.strides, layout.offset
     sizes = _sizes(p)
     if sizes_matter and any(isinstance(d, NumberProxy) for d in p.shape):
         add_layout_check(f"tuple({p.name}.shape) == {sizes!r}")
@@ -257,7 +270,13 @@ def _symbolic_viewable(p: TensorProxy, shape: tuple[Any, ...]) -> bool:
 
 def _sizes_symbolic(p: TensorProxy) -> bool:
     """Whether `p`'s layout may change with symbolic sizes: its own, or those of the inputs it was worked out from."""
-    return any(isinstance(d, NumberProxy) for q in (p, *p.layout_sources) for d in q.shape)
+    return any(isinstance(d, NumberProxy) for q in (p, *_computed_from(p)) for d in q.shape)
+
+
+def _computed_from(p: TensorProxy) -> tuple[TensorProxy, ...]:
+    """The trace inputs `p`'s layout was worked out from, as the trace being recorded knows it."""
+    layout = known_layout(p)
+    return layout.sources if layout is not None else ()
 
 
 def _keep_ones(p: TensorProxy) -> None:
@@ -267,7 +286,7 @@ def _keep_ones(p: TensorProxy) -> None:
     sizes (`gelu(x.transpose(1, 2))` with x's dim 1 of size 1): whether a view that merges dims is
     possible holds for the sizes it was traced at only.
     """
-    for q in (p, *p.layout_sources):
+    for q in (p, *_computed_from(p)):
         for d in q.shape:
             if isinstance(d, NumberProxy) and d.value == 1:
                 guarded_compare(d, "==", 1)

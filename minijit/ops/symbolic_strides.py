@@ -40,6 +40,7 @@ from torch._dispatch.python import enable_python_dispatcher
 
 from minijit.ir import BoundSymbol, IntegerProxy, NumberProxy, Proxy, TensorProxy, Trace, tree_flatten, tree_map
 from minijit.ir.context import add_layout_check, capturing
+from minijit.ir.layouts import Layout
 from minijit.ops.registry import eager_impl
 from minijit.ops.strides import _guard_layout, contiguous_strides, outside_inference_mode
 from minijit.ops.symbolic_sizes import _compare, _number, _record, _size_source, _sympy, _Unsupported
@@ -70,7 +71,7 @@ class _Session:
         from torch._subclasses.fake_tensor import FakeTensorMode
         from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-        self._trace = weakref.ref(trace)  # the session is kept by the trace (`_SESSIONS`), not the other way
+        self._trace = weakref.ref(trace)  # the session is kept by the trace's capture state, not the other way
         # Sizes traced at 1 stay symbols too: the rules' decisions on them become guards (`Eq(s0, 1)`).
         self.env = ShapeEnv(duck_shape=False, specialize_zero_one=False)
         self.mode = FakeTensorMode(shape_env=self.env, allow_non_fake_inputs=True)
@@ -117,9 +118,10 @@ class _Session:
         return node
 
     def input_fake(self, p: TensorProxy) -> torch.Tensor:
-        if p.memory is None:
+        layout = self.trace.layouts.get(p)
+        if layout is None:
             raise _Failed(f"input {p.name}'s layout is unknown")
-        strides, offset = p.memory
+        strides, offset = layout.strides, layout.offset
         concrete = tuple(int(d.value) if isinstance(d, NumberProxy) else d for d in p.shape)
         with enable_python_dispatcher(), _quiet(), self.mode:
             if any(isinstance(d, NumberProxy) for d in p.shape):
@@ -278,14 +280,17 @@ def _eval(expr: str, session: _Session) -> Any:
         raise _Failed(f"{expr}: {e}") from e
 
 
-_SESSIONS: weakref.WeakKeyDictionary[Any, _Session] = weakref.WeakKeyDictionary()
 
 
 def _session(trace: Trace) -> _Session:
-    found = _SESSIONS.get(trace)
-    if found is None:
-        found = _SESSIONS[trace] = _Session(trace)
-    return found
+    """The capture's session (`CaptureState.strides_session`); a trace recorded apart (an extension's meta)
+    gets one of its own for the question."""
+    state = trace.capture
+    if state is None:
+        return _Session(trace)
+    if state.strides_session is None:
+        state.strides_session = _Session(trace)
+    return state.strides_session
 
 
 def symbolic_layout(p: TensorProxy, trace: Trace) -> tuple[tuple[Any, ...], Any] | None:
@@ -301,7 +306,7 @@ def symbolic_layout(p: TensorProxy, trace: Trace) -> tuple[tuple[Any, ...], Any]
     session.refresh()
     try:
         fake = session.fake(p)
-        if p.memory is None or (tuple(_hint(s) for s in fake.stride()), _hint(fake.storage_offset())) != p.memory:
+        if not _laid_out_as_eager(fake, trace.layouts.get(p)):
             return None  # torch's fake kernels lay it out otherwise than its eager kernels (on meta tensors)
         strides = [_symbolic_int(s) for s in fake.stride()]
         offset = _symbolic_int(fake.storage_offset())
@@ -309,6 +314,12 @@ def symbolic_layout(p: TensorProxy, trace: Trace) -> tuple[tuple[Any, ...], Any]
         return tuple(_number(s, env) for s in strides), _number(offset, env)
     except (_Failed, _Unsupported):
         return None
+
+
+def _laid_out_as_eager(fake: torch.Tensor, layout: Layout | None) -> bool:
+    """Whether torch's fake kernels laid `fake` out as its eager kernels (on meta tensors) did: `layout`."""
+    return layout is not None and (tuple(_hint(s) for s in fake.stride()), _hint(fake.storage_offset())) == (
+        layout.strides, layout.offset)
 
 
 def symbolic_viewable(p: TensorProxy, trace: Trace, shape: tuple[Any, ...]) -> bool:
@@ -320,7 +331,7 @@ def symbolic_viewable(p: TensorProxy, trace: Trace, shape: tuple[Any, ...]) -> b
     session.refresh()
     try:
         fake = session.fake(p)
-        if p.memory is None or (tuple(_hint(s) for s in fake.stride()), _hint(fake.storage_offset())) != p.memory:
+        if not _laid_out_as_eager(fake, trace.layouts.get(p)):
             return False
         sizes = [session.number(d) if isinstance(d, NumberProxy) else d for d in shape]
         try:
@@ -352,7 +363,7 @@ def _settle(session: _Session) -> dict[Any, IntegerProxy]:
         if isinstance(vr.upper, sympy.Integer):
             _compare(size, "<=", int(vr.upper))
     for q in session.used.values():
-        _guard_input(q)
+        _guard_input(q, session.trace)
     return env
 
 
@@ -362,11 +373,11 @@ def _symbolic_int(x: Any) -> Any:
     return _sympy().Integer(int(x))
 
 
-def _guard_input(p: TensorProxy) -> None:
+def _guard_input(p: TensorProxy, trace: Trace) -> None:
     """The guard checks the layout the replay gave input `p`: contiguous with offset 0 for symbolic sizes
     (the strides exactly, size-1 dims included), its own layout otherwise."""
     if not any(isinstance(d, NumberProxy) for d in p.shape):
-        _guard_layout(p, offset_matters=True)
+        _guard_layout(p, trace, offset_matters=True)
         return
     texts = [d.expr if isinstance(d, NumberProxy) else repr(d) for d in p.shape]
     strides = []

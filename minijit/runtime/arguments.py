@@ -131,7 +131,7 @@ class CallArguments:
                 if isinstance(x, Tensor):
                     refuse_tensor_subclass(x, f"the argument {name}")
                     p = trace.add_input(TensorProxy(tuple(x.shape), x.dtype, x.device, x.requires_grad), wanted_name())
-                    note_layout(p, x)
+                    note_layout(trace, p, x)
                     if symbolic and (is_module_params or at in pinned):
                         # A module's parameters keep their sizes (and so do overlapping inputs rebuilt from a
                         # synthetic base): specialise on them, checked by the guard.

@@ -53,7 +53,7 @@ def tensor_capturer(trace: Trace, inputs: list[tuple[str, Source, Tensor]], cons
         refuse_tensor_subclass(t, f"the tensor {source.label}" if source is not None else "a tensor")
         if source is not None:
             proxy = TensorProxy(tuple(t.shape), t.dtype, t.device, t.requires_grad)
-            note_layout(proxy, t)
+            note_layout(trace, proxy, t)
             position = len(trace.args)
             trace.add_input(proxy, source.label)
             inputs.append((proxy.name, source, t))
@@ -73,7 +73,7 @@ def tensor_capturer(trace: Trace, inputs: list[tuple[str, Source, Tensor]], cons
             state.capture_tensor = None  # the constant's own call must not capture again
             try:
                 proxy = prims.tensor_constant(t)
-                note_layout(proxy, t)
+                note_layout(trace, proxy, t)
             finally:
                 state.capture_tensor = capture
             constants.append(t)

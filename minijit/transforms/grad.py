@@ -254,7 +254,7 @@ class _Splitter:
 
     # -- backward -----------------------------------------------------------------------------
     def backward(self) -> tuple[Trace, list[Proxy]]:
-        bwd = Trace(f"{self.trace.fn_name}_backward", _names=self.trace.names)
+        bwd = Trace(f"{self.trace.fn_name}_backward", _names=self.trace.names, _layouts=self.trace.layouts)
         bwd.pass_name = "split forward/backward"
         cotangents: dict[str, TensorProxy] = {}
         ct_args: list[TensorProxy] = []

@@ -254,7 +254,7 @@ def _check_meta(trace: Trace, bsym: BoundSymbol, results: dict[Any, _MetaResult]
 
 
 def _rerun(trace: Trace, bsym: BoundSymbol, kwargs: dict[str, Any]) -> _MetaResult:
-    scratch = Trace(f"{trace.fn_name}_meta_check")
+    scratch = Trace(f"{trace.fn_name}_meta_check", _layouts=trace.layouts)  # the metas see the layouts the capture did
     scratch.source = bsym.source
     try:
         # The meta decides on the traced values as the capture did; what it records goes nowhere.

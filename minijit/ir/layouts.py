@@ -1,0 +1,45 @@
+"""The eager layouts known for a compile's tensors: a table held by its traces, not by the proxies.
+
+A layout is what eager torch gives a tensor: its strides and storage offset. Most of a trace does not
+depend on it, so it is known only where something asked (`minijit.ops.strides`): a trace input's from
+the real tensor, a computed tensor's worked out from the ops that made it. The table belongs to the
+capture's trace and is handed on with its names to the traces made from it (`Trace.derive`, the
+backward, a custom function's trace), so a pass asking about a tensor of the capture finds what the
+capture found, and nothing is ever written onto a proxy, which several traces share.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from minijit.ir.proxies import TensorProxy
+
+__all__ = ["Layout", "LayoutTable"]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A tensor's eager `strides` and storage `offset`; `sources`: the trace inputs it was worked out from
+    (empty for an input, whose layout is its own)."""
+
+    strides: tuple[int, ...]
+    offset: int
+    sources: tuple[TensorProxy, ...] = ()
+
+
+class LayoutTable:
+    """Tensor proxy -> its eager layout, once known; a layout, once set, never changes."""
+
+    def __init__(self) -> None:
+        self._known: dict[int, tuple[TensorProxy, Layout]] = {}  # by id, the proxy kept alive with it
+
+    def get(self, p: TensorProxy) -> Layout | None:
+        """`p`'s layout, or None where it is not known (yet)."""
+        found = self._known.get(id(p))
+        return found[1] if found is not None else None
+
+    def set(self, p: TensorProxy, layout: Layout) -> None:
+        """Note `p`'s layout (the first one noted stays)."""
+        self._known.setdefault(id(p), (p, layout))
