@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import torch
 
+from minijit.errors import MinijitError
 from minijit.extend import OperatorExecutor, get_executor
 from minijit.ir import TensorProxy, Trace, tracing, tree_iter, tree_map
 from minijit.runtime import trace_callable
@@ -66,3 +68,12 @@ def assert_same_grads(want: Any, have: Any, inputs: list[torch.Tensor], **tolera
         assert h is not None, f"input {i}: no gradient from minijit"
         assert h.dtype == inputs[i].dtype
         torch.testing.assert_close(h, w, **tolerances, msg=lambda m, i=i: f"grad of input {i}: {m}")
+
+
+def assert_refused_as_eager(jitted: Callable[..., Any], eager: Callable[..., Any], *args: Any) -> None:
+    """`eager(*args)` raises a RuntimeError, and `jitted(*args)` a MinijitError holding its message's first line."""
+    with pytest.raises(RuntimeError) as raised:
+        eager(*args)
+    with pytest.raises(MinijitError) as info:
+        jitted(*args)
+    assert str(raised.value).splitlines()[0] in str(info.value)

@@ -40,7 +40,6 @@ from torch._dispatch.python import enable_python_dispatcher
 
 from minijit.ir import BoundSymbol, IntegerProxy, NumberProxy, Proxy, TensorProxy, Trace, tree_flatten, tree_map
 from minijit.ir.context import add_layout_check, capturing
-from minijit.ir.layouts import Layout
 from minijit.ops.registry import eager_impl
 from minijit.ops.strides import _guard_layout, contiguous_strides, outside_inference_mode
 from minijit.ops.symbolic_sizes import _compare, _number, _record, _size_source, _sympy, _Unsupported
@@ -300,14 +299,11 @@ def symbolic_layout(p: TensorProxy, trace: Trace) -> tuple[tuple[Any, ...], Any]
     Only while capturing: the guards torch's stride rules took become the capture's constraints, and the
     inputs' layouts the replay assumed join the cache entry's guard.
     """
-    if not capturing():
-        return None
-    session = _session(trace)
-    session.refresh()
     try:
-        fake = session.fake(p)
-        if not _laid_out_as_eager(fake, trace.layouts.get(p)):
-            return None  # torch's fake kernels lay it out otherwise than its eager kernels (on meta tensors)
+        found = _fake_as_eager(p, trace)
+        if found is None:
+            return None
+        session, fake = found
         strides = [_symbolic_int(s) for s in fake.stride()]
         offset = _symbolic_int(fake.storage_offset())
         env = _settle(session)
@@ -316,23 +312,30 @@ def symbolic_layout(p: TensorProxy, trace: Trace) -> tuple[tuple[Any, ...], Any]
         return None
 
 
-def _laid_out_as_eager(fake: torch.Tensor, layout: Layout | None) -> bool:
-    """Whether torch's fake kernels laid `fake` out as its eager kernels (on meta tensors) did: `layout`."""
-    return layout is not None and (tuple(_hint(s) for s in fake.stride()), _hint(fake.storage_offset())) == (
-        layout.strides, layout.offset)
+def _fake_as_eager(p: TensorProxy, trace: Trace) -> tuple[_Session, torch.Tensor] | None:
+    """The capture's session and `p` replayed on its fake tensors, where capturing and where torch's fake
+    kernels laid `p` out as its eager kernels (on meta tensors) did; else None. Raises `_Failed`/`_Unsupported`
+    where the replay cannot be followed."""
+    if not capturing():
+        return None
+    session = _session(trace)
+    session.refresh()
+    fake = session.fake(p)
+    layout = trace.layouts.get(p)
+    if layout is None or (tuple(_hint(s) for s in fake.stride()), _hint(fake.storage_offset())) != (
+            layout.strides, layout.offset):
+        return None
+    return session, fake
 
 
 def symbolic_viewable(p: TensorProxy, trace: Trace, shape: tuple[Any, ...]) -> bool:
     """Whether `p.view(shape)` is possible for every call whose sizes meet the constraints this records
     (torch's view rule run on `p`'s layout with symbolic sizes); False where that cannot be followed."""
-    if not capturing():
-        return False
-    session = _session(trace)
-    session.refresh()
     try:
-        fake = session.fake(p)
-        if not _laid_out_as_eager(fake, trace.layouts.get(p)):
+        found = _fake_as_eager(p, trace)
+        if found is None:
             return False
+        session, fake = found
         sizes = [session.number(d) if isinstance(d, NumberProxy) else d for d in shape]
         try:
             with outside_inference_mode(), torch.no_grad(), enable_python_dispatcher(), _quiet(), session.mode:
