@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from minijit.ir import TensorProxy
+from minijit.ir.proxies import rule_same_shape
 from minijit.ops import cuda_attention, prims
 from minijit.ops.ltorch.backward import (
     REDUCTIONS,
@@ -279,7 +280,7 @@ def sdpa_fwd(query: TensorProxy, key: TensorProxy, value: TensorProxy, attn_mask
         mask = _float_mask(attn_mask, query)
         out, logsumexp, seed, offset = cuda_attention.sdpa_cuda(query, key, value, mask, is_causal, scale, family)
         return out, ("cuda", query, key, value, mask, out, logsumexp, seed, offset, is_causal, scale, groups, family)
-    same_batch = tuple(query.shape[:-2]) == tuple(key.shape[:-2]) == tuple(value.shape[:-2])
+    same_batch = rule_same_shape(query.shape[:-2], key.shape[:-2]) and rule_same_shape(key.shape[:-2], value.shape[:-2])
     if dropout_p != 0.0 or enable_gqa or not same_batch or query.ndim < 2:
         return NotImplemented
     out = _op("scaled_dot_product_attention")(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
