@@ -80,7 +80,8 @@ def test_rule_same_shape_compares_like_tuples_and_never_reads_a_size_it_holds_tw
         assert not rule_same_shape((n, computed), (m, computed))  # equal only on the traced call
 
 
-# Passes decide on their own; the VJP rules (vjp/, grad.py's use of them) run under the split's recorder.
+# Passes decide on their own; the VJP rules (vjp/, grad.py's use of them) are ops' rules, run under the split's
+# recorder: they are checked with the ops' rules (rule_compare / rule_same_shape).
 _RULE_MODULES = {"grad.py"}
 # Functions of a pass whose sizes are plain ints (meta tensors standing for eager layouts).
 _PLAIN_SIZES = {("overlap.py", "_status"), ("overlap.py", "_dense")}
@@ -142,12 +143,16 @@ _EAGER_LAYOUTS = {"strides.py", "symbolic_strides.py"}
 
 
 def _op_sources() -> list[Path]:
-    return [p for p in sorted((ROOT / "minijit" / "ops").rglob("*.py")) if p.name not in _EAGER_LAYOUTS]
+    """The ops' rules: metas and decompositions (minijit/ops/), VJP rules (minijit/transforms/vjp/, grad.py)."""
+    transforms = ROOT / "minijit" / "transforms"
+    rules = [*sorted((transforms / "vjp").rglob("*.py")), *(transforms / name for name in sorted(_RULE_MODULES))]
+    return [p for p in sorted((ROOT / "minijit" / "ops").rglob("*.py")) if p.name not in _EAGER_LAYOUTS] + rules
 
 
 def test_op_rules_compare_sizes_only_through_the_explicit_functions():
     # An op's rules run in the capture and again where a pass records the op (functionalization, view
-    # updates), where the operators raise: they compare sizes with rule_compare / rule_same_shape.
+    # updates), where the operators raise: they compare sizes with rule_compare / rule_same_shape (so do
+    # the VJP rules, for one way of comparing in every rule).
     # (A size already held in a variable is out of this check's sight: `n = x.shape[0]; n > 1`.)
     found = []
     for path in _op_sources():
