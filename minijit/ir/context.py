@@ -96,10 +96,11 @@ _REPLAYING: ContextVar[bool] = ContextVar("minijit_replaying", default=False)
 
 @contextmanager
 def replaying_captured() -> Iterator[None]:
-    """Let the block re-record ops the capture recorded, on values of the same sizes: comparisons of
-    symbolic sizes in their metas are decided on the values, as the capture decided them (its guard
-    keeps them true), not as unknown where the sizes are spelt otherwise (`x.shape[0]` after a
-    functionalized `x.copy_(y)` reads `y.shape[0]`)."""
+    """Let the block re-record ops the capture recorded, on values of the same sizes: the rules'
+    comparisons of symbolic sizes (`rule_compare`, `known_compare`) are decided on the values, as the
+    capture decided them (its guard keeps them true), not as unknown where the sizes are spelt
+    otherwise (`x.shape[0]` after a functionalized `x.copy_(y)` reads `y.shape[0]`). The comparison
+    operators still raise here: only a capture guards them."""
     token = _REPLAYING.set(True)
     try:
         yield

@@ -81,14 +81,13 @@ class NumberProxy(Proxy):
     is read through the capture's value reader, and refused where there is none (in a pass).
 
     The comparison operators (`==`, `!=`, `<`, ...) have one meaning too: the outcome on the
-    values seen, relied on where the compile vouches for it: a capture records it as a constraint
-    the cache guard checks (`guarded_compare`); a pass replaying ops the capture recorded, on values
-    of the same sizes (`minijit.ir.context.replaying_captured`), makes the capture's comparisons
-    again and gets the capture's answers. Anywhere else (a pass's own code, an op a pass records
-    anew, no compile at all) they raise `UnguardedComparisonError`: code that decides there calls
-    an explicit function, `same_value` / `same_shape` / `known_compare` in a pass (true on every
-    call the trace runs for, recording nothing), `rule_compare` / `rule_same_shape` in an op's
-    rules (metas, decompositions) that a pass may record anew.
+    values seen, guarded by the capture, which records it as a constraint the cache guard checks
+    (`guarded_compare`). Anywhere else (a pass, its replay of ops the capture recorded under
+    `minijit.ir.context.replaying_captured` included, no compile at all) they raise
+    `UnguardedComparisonError`: code that decides there calls an explicit function,
+    `same_value` / `same_shape` / `known_compare` in a pass (true on every call the trace runs
+    for, recording nothing), `rule_compare` / `rule_same_shape` in an op's rules (metas,
+    decompositions, VJP rules), which run in the capture and again where a pass records the op.
     """
 
     __slots__ = ("expr", "origin", "python_type", "read", "value")
@@ -174,17 +173,13 @@ def number_value(x: Any) -> Any:
 
 
 def _compare(a: NumberProxy, op: str, b: Any) -> bool:
-    """The comparison operators: the outcome on the values seen, relied on, where the compile vouches for it.
+    """The comparison operators: the outcome on the values seen, guarded by the capture (`guarded_compare`).
 
-    A capture records it as a guard (`guarded_compare`). A pass re-recording ops the capture recorded, on
-    values of the same sizes (`replaying_captured`), runs the ops' rules again: their comparisons are the
-    capture's, decided as the capture decided them (`known_compare` there), which its guard keeps true.
-    Anywhere else nothing vouches for the outcome: the operators raise.
+    Only a capture can guard an outcome; anywhere else (a pass, its replay of ops the capture recorded
+    included) the operators raise. Code that decides there says how, with an explicit function.
     """
     if isinstance(b, TensorProxy):
         return NotImplemented
-    if replaying() and not capturing():
-        return known_compare(a, op, b)
     if not capturing():
         raise UnguardedComparisonError(
             f"{a.name} {op} {_expression(b)}: a comparison operator on a symbolic number relies on the outcome, "
@@ -266,7 +261,8 @@ def known_compare(a: NumberProxy, op: str, b: Any) -> bool:
 
     `==` is True only for one symbolic value (the same expression) or an equality the
     capture recorded (the guard keeps it true); two sizes merely equal on the traced call
-    are not the same size. Orderings are decided on the traced values.
+    are not the same size. Orderings are decided on the traced values, and so is `==` where a pass
+    replays ops the capture recorded (`replaying_captured`: the capture decided it, and guarded it).
     """
     result = bool(_COMPARISONS[op](a.value, number_value(b)))
     if op not in ("==", "!=") or replaying():
@@ -339,8 +335,8 @@ def broadcasts_to(size: Any, target: Any) -> bool:
         checked_size, checked_target = checked_sizes(size, target)
         return checked_size == 1 or checked_size == checked_target
     if number_value(size) == number_value(target):
-        return bool(size == target)
-    return bool(size == 1)
+        return rule_compare(size, "==", target)
+    return rule_compare(size, "==", 1)
 
 
 def _expression(x: Any) -> str:

@@ -35,7 +35,7 @@ import torch
 from minijit.errors import MetaError, UnsupportedSyntaxError, ValueGuardMiss
 from minijit.ir import TENSOR_METHODS, Effects, FloatProxy, IntegerProxy, NumberProxy, Symbol, TensorProxy, tree_map
 from minijit.ir.context import value_reader, where_now
-from minijit.ir.proxies import number_value
+from minijit.ir.proxies import number_value, rule_compare, rule_same_shape
 from minijit.ops import prims
 from minijit.ops.registry import TORCH_TO_LTORCH
 from minijit.ops.strides import outside_inference_mode
@@ -297,7 +297,7 @@ def upsample(input: TensorProxy, mode: str, output_size: list[int], align_corner
     _check_upsample("upsample", mode, output_size, scales)
     _check_float("upsample", input)
     k = len(output_size)
-    if input.ndim != k + 2 or any(s <= 0 for s in (*input.shape[2:], *output_size)):
+    if input.ndim != k + 2 or any(rule_compare(s, "<=", 0) for s in (*input.shape[2:], *output_size)):
         raise _fail("upsample", f"cannot resample an input of shape {tuple(input.shape)} to {tuple(output_size)}")
     return TensorProxy((*input.shape[:2], *output_size), input.dtype, input.device)
 
@@ -308,7 +308,7 @@ def upsample_backward(grad_output: TensorProxy, mode: str, output_size: list[int
     """aten.upsample_<mode><n>d_backward: the gradient of upsample's input."""
     _check_upsample("upsample_backward", mode, output_size, scales)
     expected = (*input_size[:2], *output_size)
-    if not isinstance(grad_output, TensorProxy) or tuple(grad_output.shape) != tuple(expected):
+    if not isinstance(grad_output, TensorProxy) or not rule_same_shape(grad_output.shape, expected):
         raise _fail("upsample_backward", f"grad_output must have shape {expected}")
     return TensorProxy(tuple(input_size), grad_output.dtype, grad_output.device)
 
@@ -349,7 +349,7 @@ def batch_norm_backward(grad_out: TensorProxy, input: TensorProxy, weight: Tenso
     stats = _batch_norm_stats("batch_norm_backward", input, weight, running_mean, running_var, save_mean, save_invstd)
     if stats is None:
         return None
-    if not isinstance(grad_out, TensorProxy) or tuple(grad_out.shape) != tuple(input.shape):
+    if not isinstance(grad_out, TensorProxy) or not rule_same_shape(grad_out.shape, input.shape):
         raise _fail("batch_norm_backward", f"grad_out must have the input's shape {tuple(input.shape)}")
     param = weight if isinstance(weight, TensorProxy) else stats
     return (TensorProxy.like(input) if output_mask[0] else None,
@@ -366,7 +366,7 @@ def _batch_norm_stats(op: str, input: Any, *per_channel: Any) -> TensorProxy | N
     c = input.shape[1]
     given = [t for t in per_channel if t is not None]
     for t in given:
-        if not isinstance(t, TensorProxy) or tuple(t.shape) != (c,):
+        if not isinstance(t, TensorProxy) or not rule_same_shape(t.shape, (c,)):
             raise _fail(op, f"per-channel tensors must have shape ({c},), got {getattr(t, 'shape', t)}")
     if input.device.type != "cpu":
         return None
@@ -390,13 +390,13 @@ def grouped_mm(mat_a: TensorProxy, mat_b: TensorProxy, offs: TensorProxy | None,
     for x, what in ((mat_a, "mat_a"), (mat_b, "mat_b")):
         if not isinstance(x, TensorProxy) or x.ndim not in (2, 3):
             raise _fail("grouped_mm", f"{what} must be a 2-d or 3-d tensor, got {getattr(x, 'shape', x)}")
-    if mat_a.dtype != mat_b.dtype or mat_a.shape[-1] != mat_b.shape[-2]:
+    if mat_a.dtype != mat_b.dtype or rule_compare(mat_a.shape[-1], "!=", mat_b.shape[-2]):
         raise _fail("grouped_mm", f"cannot multiply {mat_a.type_string()} by {mat_b.type_string()}")
     if offs is not None and (not isinstance(offs, TensorProxy) or offs.ndim != 1 or offs.dtype != torch.int32):
         raise _fail("grouped_mm", "offs must be a 1-d int32 tensor")
     groups = offs.shape[0] if offs is not None else mat_a.shape[0]
     if mat_a.ndim == 3 and mat_b.ndim == 3:
-        if offs is not None or mat_a.shape[0] != mat_b.shape[0]:
+        if offs is not None or rule_compare(mat_a.shape[0], "!=", mat_b.shape[0]):
             raise _fail("grouped_mm", "two 3-d operands need the same number of groups and no offs")
         shape = (groups, mat_a.shape[1], mat_b.shape[2])
     elif offs is None:
@@ -409,7 +409,7 @@ def grouped_mm(mat_a: TensorProxy, mat_b: TensorProxy, offs: TensorProxy | None,
     else:
         shape = (mat_a.shape[1], mat_b.shape[1])
         groups = mat_a.shape[0]
-    if offs is not None and offs.shape[0] != groups:
+    if offs is not None and rule_compare(offs.shape[0], "!=", groups):
         raise _fail("grouped_mm", f"offs has {offs.shape[0]} entries for {groups} groups")
     return TensorProxy(shape, out_dtype or mat_a.dtype, mat_a.device)
 
@@ -419,7 +419,7 @@ def grouped_mm(mat_a: TensorProxy, mat_b: TensorProxy, offs: TensorProxy | None,
 def _item_meta(x: TensorProxy) -> NumberProxy:
     if not isinstance(x, TensorProxy):
         raise _fail("item", f"expected a tensor, got {type(x).__name__}")
-    if math.prod(x.shape) != 1:
+    if rule_compare(math.prod(x.shape), "!=", 1):
         raise _fail("item", f"only one-element tensors can be converted to Python numbers, got shape {tuple(x.shape)}")
     if x.dtype.is_complex:
         raise _fail("item", "complex values are not supported")
@@ -487,7 +487,7 @@ def check_readable(x: Any, how: str) -> None:
         raise _fail("check_value", f"unknown read {how!r}")
     if not isinstance(x, TensorProxy) or how in ("tolist", "shape"):
         return
-    if math.prod(x.shape) != 1:
+    if rule_compare(math.prod(x.shape), "!=", 1):
         what = {"bool": "the truth value of a tensor", "index": "a tensor used as an index"}.get(how, "a Python number")
         raise _fail("check_value", f"{what} needs a one-element tensor, got shape {tuple(x.shape)}")
     if x.dtype.is_complex:

@@ -22,7 +22,7 @@ import torch
 from minijit.errors import MinijitError, UnsupportedOpError
 from minijit.ir import IntegerProxy, NumberProxy, TensorProxy, current_trace, tree_flatten
 from minijit.ir.context import where_now
-from minijit.ir.proxies import data_dependent, number_value
+from minijit.ir.proxies import data_dependent, number_value, rule_compare
 from minijit.ops import prims
 
 _NUMBER_TYPES = (bool, int, float, complex)
@@ -82,7 +82,7 @@ def check_dtype(name: str, got: Any, want: torch.dtype) -> Any:
 
 def _trunc_div(a: Any, b: Any) -> Any:
     """`a / b` rounded toward zero, as torch.div(rounding_mode="trunc") computes on integers."""
-    if (a < 0) == (b < 0):
+    if rule_compare(a, "<", 0) == rule_compare(b, "<", 0):
         return a // b
     return -((-a) // b)
 
@@ -120,7 +120,7 @@ def note_number_tensor(op: str, args: tuple[Any, ...] | list[Any], kwargs: dict[
     trace = current_trace()
     rule = _NUMBER_RULES.get(op)
     if (rule is None or trace is None or trace.capture is None or not isinstance(output, TensorProxy)
-            or output.shape != () or output.dtype != torch.int64):
+            or output.ndim != 0 or output.dtype != torch.int64):
         return
     try:
         operands = [_operand(trace, a) for a in args]

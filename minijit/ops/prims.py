@@ -256,7 +256,8 @@ def _cat_meta(tensors: Sequence[TensorProxy], dim: int) -> TensorProxy:
     dim = _canonical_dim("cat", dim, first.ndim)
     size = 0
     for t in tensors:
-        if t.ndim != first.ndim or any(a != b for i, (a, b) in enumerate(zip(t.shape, first.shape)) if i != dim):
+        others = (rule_compare(a, "!=", b) for i, (a, b) in enumerate(zip(t.shape, first.shape)) if i != dim)
+        if t.ndim != first.ndim or any(others):
             raise _fail("cat", f"shapes {tuple(first.shape)} and {tuple(t.shape)} differ outside dim {dim}")
         if t.dtype != first.dtype or t.device != first.device:
             raise _fail("cat", "all tensors need the same dtype and device")
@@ -369,12 +370,12 @@ def _matmul_meta(a: TensorProxy, b: TensorProxy) -> TensorProxy:
     if a.ndim == 0 or b.ndim == 0:
         raise _fail("matmul", "both operands need at least one dimension")
     if a.ndim == 1 and b.ndim == 1:
-        if a.shape[0] != b.shape[0]:
+        if rule_compare(a.shape[0], "!=", b.shape[0]):
             raise _fail("matmul", f"vector sizes differ: {a.shape[0]} and {b.shape[0]}")
         return TensorProxy((), a.dtype, a.device, a.requires_grad or b.requires_grad)
     k_a = a.shape[-1]
     k_b = b.shape[0] if b.ndim == 1 else b.shape[-2]
-    if k_a != k_b:
+    if rule_compare(k_a, "!=", k_b):
         raise _fail("matmul", f"cannot multiply {tuple(a.shape)} by {tuple(b.shape)}")
     if a.ndim == 1:
         out = (*tuple(b.shape[:-2]), b.shape[-1])
@@ -382,7 +383,7 @@ def _matmul_meta(a: TensorProxy, b: TensorProxy) -> TensorProxy:
         out = tuple(a.shape[:-1])
     else:
         batch_a, batch_b = a.shape[:-2], b.shape[:-2]
-        if batch_a and batch_b and batch_a != batch_b:
+        if batch_a and batch_b and not rule_same_shape(batch_a, batch_b):
             raise _fail("matmul", f"batch dims differ: {tuple(batch_a)} and {tuple(batch_b)}; ltorch broadcasts them")
         out = (*tuple(batch_a or batch_b), a.shape[-2], b.shape[-1])
     return TensorProxy(out, a.dtype, a.device, a.requires_grad or b.requires_grad)
@@ -407,10 +408,11 @@ def _check_flash_inputs(op: str, q: Any, k: Any, v: Any, attn_mask: Any, is_caus
     if not q.device == k.device == v.device or q.device.type != "cpu":
         raise _fail(op, f"query, key and value must be on the CPU, got {q.device}, {k.device}, {v.device}")
     # Key/value heads may be shared by groups of query heads (GQA), which the kernel takes as they are.
-    if (not q.shape[0] == k.shape[0] == v.shape[0] or k.shape[1] != v.shape[1] or k.shape[1] == 0
-            or q.shape[1] % k.shape[1] or k.shape[2] != v.shape[2]):
+    if (not (rule_compare(q.shape[0], "==", k.shape[0]) and rule_compare(k.shape[0], "==", v.shape[0]))
+            or rule_compare(k.shape[1], "!=", v.shape[1]) or rule_compare(k.shape[1], "==", 0)
+            or q.shape[1] % k.shape[1] or rule_compare(k.shape[2], "!=", v.shape[2])):
         raise _fail(op, f"batch, heads or key length differ: {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    if not q.shape[3] == k.shape[3] == v.shape[3]:
+    if not (rule_compare(q.shape[3], "==", k.shape[3]) and rule_compare(k.shape[3], "==", v.shape[3])):
         raise _fail(op, f"query, key and value need one head size, got {q.shape[3]}, {k.shape[3]}, {v.shape[3]}")
     if attn_mask is not None:
         _check_tensor(op, attn_mask, "attn_mask")
@@ -453,11 +455,11 @@ def _sdpa_flash_backward_meta(grad_out: TensorProxy, query: TensorProxy, key: Te
     expected = (*query.shape[:3], value.shape[3])
     for name, t in (("grad_out", grad_out), ("out", out)):
         _check_tensor(op, t, name)
-        if tuple(t.shape) != expected or t.dtype != query.dtype:
+        if not rule_same_shape(t.shape, expected) or t.dtype != query.dtype:
             raise _fail(op, f"{name} must be {query.dtype}{list(expected)}, got {t.dtype}{list(t.shape)}")
     lse = _logsumexp_proxy(query)
     _check_tensor(op, logsumexp, "logsumexp")
-    if tuple(logsumexp.shape) != tuple(lse.shape) or logsumexp.dtype != lse.dtype:
+    if not rule_same_shape(logsumexp.shape, lse.shape) or logsumexp.dtype != lse.dtype:
         raise _fail(op, f"logsumexp must be {lse.dtype}{list(lse.shape)}, got {logsumexp.dtype}{list(logsumexp.shape)}")
     return TensorProxy.like(query), TensorProxy.like(key), TensorProxy.like(value)
 
@@ -561,7 +563,7 @@ bernoulli = _prim("bernoulli", _bernoulli_meta, RANDOM)
 
 def _native_dropout_meta(x: TensorProxy, p: float) -> tuple[TensorProxy, TensorProxy]:
     _check_tensor("native_dropout", x)
-    if not x.dtype.is_floating_point or not 0 < p < 1:
+    if not x.dtype.is_floating_point or not (rule_compare(0, "<", p) and rule_compare(p, "<", 1)):
         raise _fail("native_dropout", f"needs a floating point tensor and 0 < p < 1, got {x.dtype} and p={p}")
     return TensorProxy.like(x), TensorProxy.like(x, dtype=torch.bool, requires_grad=False)
 
@@ -599,7 +601,7 @@ def _multinomial_meta(probs: TensorProxy, num_samples: int, replacement: bool, *
     if probs.ndim not in (1, 2) or type(num_samples) is not int or num_samples <= 0:
         raise _fail("multinomial", f"needs 1-d or 2-d probabilities and a positive number of samples, got "
                                    f"{probs.type_string()} and {num_samples!r}")
-    if not replacement and type(probs.shape[-1]) is int and num_samples > probs.shape[-1]:
+    if not replacement and type(probs.shape[-1]) is int and rule_compare(num_samples, ">", probs.shape[-1]):
         raise _fail("multinomial", f"cannot draw {num_samples} samples from {probs.shape[-1]} categories "
                                    "without replacement")
     return TensorProxy((*probs.shape[:-1], num_samples), torch.int64, probs.device, requires_grad=False)

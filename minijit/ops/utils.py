@@ -243,10 +243,10 @@ def infer_shape(op: str, shape: Sequence[Any], numel: Any) -> tuple[Any, ...]:
             product = d if type(product) is int and product == 1 else product * d
     n, p = checked_sizes(numel, product)
     if unknown:
-        if p == 0 or n % p != 0:
+        if rule_compare(p, "==", 0) or rule_compare(n % p, "!=", 0):
             raise MetaError(f"ltorch.{op}: shape {list(shape)} is invalid for input of size {numel}{where_now()}")
         return tuple(numel // product if i in unknown else d for i, d in enumerate(shape))
-    if p != n:
+    if rule_compare(p, "!=", n):
         raise MetaError(f"ltorch.{op}: shape {list(shape)} is invalid for input of size {numel}{where_now()}")
     return shape
 
@@ -314,6 +314,16 @@ def is_low_precision(dtype: torch.dtype) -> bool:
 def compute_dtype_for(dtype: torch.dtype) -> torch.dtype:
     """The dtype a numerically sensitive decomposition computes in: float32 for half types."""
     return torch.float32 if is_low_precision(dtype) else dtype
+
+
+def smaller(a: Any, b: Any) -> Any:
+    """`min(a, b)` of numbers (plain or proxies), compared as an op's rules compare (`rule_compare`)."""
+    return b if rule_compare(b, "<", a) else a
+
+
+def larger(a: Any, b: Any) -> Any:
+    """`max(a, b)` of numbers (plain or proxies), compared as an op's rules compare (`rule_compare`)."""
+    return b if rule_compare(b, ">", a) else a
 
 
 def numel_of(shape: Sequence[Any], dims: Sequence[int] | None = None) -> Any:

@@ -35,6 +35,7 @@ from typing import Any
 from minijit.errors import MinijitError, UnsupportedOpError, where
 from minijit.ir import BoundSymbol, NumberProxy, Proxy, Symbol, Tag, TensorProxy, Trace, tracing, tree_flatten
 from minijit.ir.printing import Constants
+from minijit.ir.proxies import rule_same_shape
 from minijit.ir.rewrite import Edits, ProxyMap, record
 from minijit.ir.symbol import SourceLocation
 from minijit.ops import prims
@@ -312,7 +313,7 @@ class _Splitter:
         return bwd, saved_used
 
     def _accumulate(self, cotangents: dict[str, TensorProxy], x: TensorProxy, g: Any, bsym: BoundSymbol | None) -> None:
-        if not isinstance(g, TensorProxy) or tuple(g.shape) != tuple(x.shape):
+        if not isinstance(g, TensorProxy) or not rule_same_shape(g.shape, x.shape):
             what = bsym.sym.id if bsym is not None else "an output"
             got = g.type_string() if isinstance(g, TensorProxy) else type(g).__name__
             raise MinijitError(f"the VJP rule of {what} gave a gradient {got} for {x.name}: {x.type_string()}")

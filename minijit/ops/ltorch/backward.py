@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from minijit.ir import TensorProxy
+from minijit.ir.proxies import rule_compare
 from minijit.ops import prims
 from minijit.ops.registry import ltorch_op
 from minijit.ops.utils import compute_dtype_for as compute_dtype
@@ -138,7 +139,7 @@ def embedding_dense_backward(grad_output: TensorProxy, indices: TensorProxy, num
     dim = grad_output.shape[-1]
     flat = P.reshape(indices, (math.prod(indices.shape),))
     g2 = P.reshape(grad_output, (flat.shape[0], dim))
-    if padding_idx >= 0:
+    if rule_compare(padding_idx, ">=", 0):
         pad = P.broadcast_in_dim(P.eq(flat, padding_idx), g2.shape, (0,))
         g2 = P.where(pad, _zeros_like(g2), g2)
     zeros = P.full((num_weights, dim), 0, dtype=grad_output.dtype, device=grad_output.device)

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from minijit.ir import TensorProxy
+from minijit.ir.proxies import rule_compare
 from minijit.ops import aten_prims
 from minijit.ops.ltorch.nn import pad
 from minijit.ops.registry import ltorch_op
@@ -50,7 +51,7 @@ def _check(op: str, input: TensorProxy, weight: TensorProxy, n: int) -> bool:  #
 def _same_padding(op: str, x: TensorProxy, weight: TensorProxy, stride: list[int],
                   dilation: list[int], n: int) -> tuple[TensorProxy, list[int]]:
     """padding='same': (the input, padded on the right where the total padding is odd, the symmetric padding)."""
-    if any(s != 1 for s in stride):
+    if any(rule_compare(s, "!=", 1) for s in stride):
         raise fail(op, "padding='same' is not supported for strided convolutions")
     total = [d * (k - 1) for d, k in zip(dilation, weight.shape[2:])]
     left = [t // 2 for t in total]

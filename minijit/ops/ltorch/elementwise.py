@@ -9,6 +9,7 @@ import torch
 from minijit.errors import DeviceError, MetaError
 from minijit.ir import NumberProxy, TensorProxy
 from minijit.ir.context import where_now
+from minijit.ir.proxies import rule_compare
 from minijit.ops import prims
 from minijit.ops.registry import ALL_LTORCH, ltorch_op
 from minijit.ops.utils import (
@@ -98,6 +99,11 @@ def _is_int(x: Any) -> bool:
     return type(x) in (int, bool) or (isinstance(x, NumberProxy) and x.python_type in (int, bool))
 
 
+def _exact_in_float32(n: Any) -> bool:
+    """Whether the integer `n` is exact in float32 (and so in every dtype eager might compute it in)."""
+    return rule_compare(-(2**24), "<", n) and rule_compare(n, "<", 2**24)
+
+
 def scaled(x: Any, factor: Any) -> Any:
     """`x * factor` for a Scalar argument (`alpha=`, `value=`): a number, or a 0-d tensor, which eager
     reads as a number (it neither broadcasts nor promotes the result's dtype)."""
@@ -107,9 +113,9 @@ def scaled(x: Any, factor: Any) -> Any:
                             f"{where_now()}")
         like = x.dtype if isinstance(x, TensorProxy) else factor.dtype
         return mul(x, to_dtype(factor, like))
-    if factor is None or factor == 1:
+    if factor is None or rule_compare(factor, "==", 1):
         return x
-    if _is_int(x) and _is_int(factor) and (isinstance(x, NumberProxy) or -(2**24) < x * factor < 2**24):
+    if _is_int(x) and _is_int(factor) and (isinstance(x, NumberProxy) or _exact_in_float32(x * factor)):
         return x * factor  # exact in every dtype eager might compute it in (a symbolic one: at its usual sizes)
     return mul(x, factor)
 
@@ -162,7 +168,7 @@ def div(a: Any, b: Any, *, rounding_mode: str | None = None) -> TensorProxy:
 @ltorch_op(torch_fns=[torch.pow, torch.Tensor.pow], methods=["pow"])
 def pow(a: Any, b: Any) -> TensorProxy:  # noqa: A001 - mirrors torch.pow
     """torch.pow."""
-    if isinstance(a, TensorProxy) and not isinstance(b, TensorProxy) and b == 2:
+    if isinstance(a, TensorProxy) and not isinstance(b, TensorProxy) and rule_compare(b, "==", 2):
         return mul(a, a)
     return elementwise(prims.pow, a, b)
 

@@ -169,7 +169,7 @@ def _basic_index(op: str, a: TensorProxy, items: list[Any]) -> tuple[TensorProxy
             tensors.append((out_dim, item))
             out_dim += 1
         elif isinstance(item, slice):
-            if item.step is not None and item.step <= 0:
+            if item.step is not None and rule_compare(item.step, "<=", 0):
                 raise _fail(op, f"slice step must be greater than zero, got {item.step}")
             if item.start is not None or item.stop is not None or item.step is not None:
                 starts[in_dim], stops[in_dim], steps[in_dim] = slice_bounds(item, size)
@@ -406,7 +406,7 @@ def _one_dim_update(op: str, a: TensorProxy, key: Any, value: Any, accumulate: b
         if _is_full_slice(item):
             result_shape.append(size)
         elif isinstance(item, slice):
-            if item.step is not None and item.step <= 0:
+            if item.step is not None and rule_compare(item.step, "<=", 0):
                 raise _fail(op, f"slice step must be greater than zero, got {item.step}")
             start, stop, step = slice_bounds(item, size)
             n = (stop - start + step - 1) // step
@@ -630,7 +630,7 @@ def index_copy(input: TensorProxy, dim: int, index: TensorProxy, source: TensorP
 @ltorch_op(torch_fns=[torch.index_add, torch.Tensor.index_add], methods=["index_add"])
 def index_add(input: TensorProxy, dim: int, index: TensorProxy, source: TensorProxy, *, alpha: Any = 1) -> TensorProxy:  # noqa: A002
     """torch.index_add: alpha * source added into the slices of `dim` at `index`."""
-    if isinstance(source, TensorProxy) and alpha != 1:
+    if isinstance(source, TensorProxy) and rule_compare(alpha, "!=", 1):
         source = prims.mul(source, dtype_scalar(alpha, source.dtype))
     return _index_update("index_add", prims.index_add, input, dim, index, source)
 

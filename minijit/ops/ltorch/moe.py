@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from minijit.ir import NumberProxy, TensorProxy
+from minijit.ir.proxies import rule_compare
 from minijit.ops import aten_prims, prims
 from minijit.ops.registry import ltorch_op
 from minijit.ops.utils import fail, to_dtype, unsqueeze_at
@@ -24,10 +25,10 @@ def one_hot(tensor: TensorProxy, num_classes: int = -1) -> TensorProxy:
     """F.one_hot: int64 indices (...,) -> (..., num_classes) with a 1 at each index."""
     if not isinstance(tensor, TensorProxy) or tensor.dtype != torch.int64:
         raise fail("one_hot", f"is only applicable to int64 index tensors, got {getattr(tensor, 'dtype', tensor)}")
-    if num_classes == -1:
+    if rule_compare(num_classes, "==", -1):
         raise fail("one_hot", "num_classes=-1 takes the number of classes from the data (its max + 1), which a "
                               "trace cannot depend on; pass num_classes")
-    if num_classes < 0:
+    if rule_compare(num_classes, "<", 0):
         raise fail("one_hot", f"num_classes must be -1 or non-negative, got {num_classes}")
     classes = prims.iota(num_classes, start=0, step=1, dtype=torch.int64, device=tensor.device)
     x = unsqueeze_at(tensor, (tensor.ndim,))
@@ -44,9 +45,9 @@ def histc(input: TensorProxy, bins: int = 100, min: Any = 0, max: Any = 0) -> Te
         raise fail("histc", f"expected a tensor, got {type(input).__name__}")
     if isinstance(bins, TensorProxy) or not isinstance(bins, int | NumberProxy):
         raise fail("histc", f"bins must be int, not {'Tensor' if isinstance(bins, TensorProxy) else type(bins).__name__}")
-    if bins <= 0:
+    if rule_compare(bins, "<=", 0):
         raise fail("histc", f"bins must be > 0, got {bins}")
-    if min > max:
+    if rule_compare(min, ">", max):
         raise fail("histc", f"max ({max}) must be larger than or equal to min ({min})")
     return aten_prims.histc(prims.detach(input), bins, min, max)
 

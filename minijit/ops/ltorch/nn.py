@@ -15,6 +15,7 @@ import torch
 
 from minijit.errors import MetaError
 from minijit.ir import TensorProxy
+from minijit.ir.proxies import rule_compare, rule_same_shape
 from minijit.ops import prims
 from minijit.ops.ltorch.elementwise import (
     abs,  # noqa: A004 - torch.abs
@@ -51,6 +52,7 @@ from minijit.ops.utils import (
     compute_dtype_for,
     expand_to,
     fail,
+    larger,
     numel_of,
     reshape_to,
     to_dtype,
@@ -95,10 +97,10 @@ def matmul(input: TensorProxy, other: TensorProxy) -> TensorProxy:  # noqa: A002
     if a.dtype != b.dtype:
         raise fail("matmul", f"expected both arguments to have the same dtype, got {a.dtype} and {b.dtype}")
     k_b = b.shape[0] if b.ndim == 1 else b.shape[-2]
-    if a.shape[-1] != k_b:
+    if rule_compare(a.shape[-1], "!=", k_b):
         raise fail("matmul", f"shapes {tuple(a.shape)} and {tuple(b.shape)} cannot be multiplied "
                              f"({a.shape[-1]} != {k_b})")
-    if a.ndim > 2 and b.ndim > 2 and a.shape[:-2] != b.shape[:-2]:
+    if a.ndim > 2 and b.ndim > 2 and not rule_same_shape(a.shape[:-2], b.shape[:-2]):
         try:
             batch = broadcast_shapes(a.shape[:-2], b.shape[:-2])
         except MetaError:
@@ -121,7 +123,7 @@ def bmm(input: TensorProxy, mat2: TensorProxy) -> TensorProxy:  # noqa: A002
     """torch.bmm: batched matrix products of two 3-d tensors with the same batch size."""
     if _tensor("bmm", input).ndim != 3 or _tensor("bmm", mat2, "mat2").ndim != 3:
         raise fail("bmm", f"expects two 3-d tensors, got {input.ndim}D and {mat2.ndim}D")
-    if input.shape[0] != mat2.shape[0]:
+    if rule_compare(input.shape[0], "!=", mat2.shape[0]):
         raise fail("bmm", f"batch sizes differ: {input.shape[0]} and {mat2.shape[0]}")
     return matmul(input, mat2)
 
@@ -133,10 +135,10 @@ def _scaled_sum(op: str, input: TensorProxy, product: TensorProxy, beta: Any, al
         raise fail(op, f"input of shape {tuple(input.shape)} does not broadcast to {tuple(product.shape)}") from None
     if not (product.dtype.is_floating_point or product.dtype.is_complex):  # torch truncates the scalars
         beta, alpha = int(beta), int(alpha)
-    scaled = product if alpha == 1 else mul(product, alpha)
-    if beta == 0:  # torch ignores input then, NaNs included
+    scaled = product if rule_compare(alpha, "==", 1) else mul(product, alpha)
+    if rule_compare(beta, "==", 0):  # torch ignores input then, NaNs included
         return expand_to(scaled, broadcast_shapes(input.shape, product.shape))
-    return add(scaled, input if beta == 1 else mul(input, beta))
+    return add(scaled, input if rule_compare(beta, "==", 1) else mul(input, beta))
 
 
 @ltorch_op(torch_fns=[torch.addmm, torch.Tensor.addmm], methods=["addmm"])
@@ -242,9 +244,9 @@ def silu(input: TensorProxy, inplace: bool = False) -> TensorProxy:  # noqa: A00
 def softplus(input: TensorProxy, beta: float = 1.0, threshold: float = 20.0) -> TensorProxy:  # noqa: A002
     """F.softplus: log(1 + exp(beta * x)) / beta, and x itself where beta * x > threshold."""
     def body(x: TensorProxy) -> TensorProxy:
-        bx = mul(x, beta) if beta != 1 else x
+        bx = mul(x, beta) if rule_compare(beta, "!=", 1) else x
         soft = log1p(exp(bx))
-        return where(gt(bx, threshold), x, div(soft, beta) if beta != 1 else soft)
+        return where(gt(bx, threshold), x, div(soft, beta) if rule_compare(beta, "!=", 1) else soft)
 
     return _activation("softplus", input, body)
 
@@ -322,7 +324,7 @@ def _softmax_parts(op: str, input: TensorProxy, dim: Any, dtype: torch.dtype | N
     if not out_dtype.is_floating_point:
         raise fail(op, f"needs a floating point input or dtype, got {out_dtype}")
     x = to_dtype(to_dtype(input, out_dtype), compute_dtype_for(out_dtype))
-    if x.ndim and x.shape[d] == 0:  # nothing to normalize, and no max to take
+    if x.ndim and rule_compare(x.shape[d], "==", 0):  # nothing to normalize, and no max to take
         return x, d, out_dtype
     shifted = sub(x, keep_dims(prims.amax(x, (d,)), x.shape, (d,)))
     return shifted, d, out_dtype
@@ -352,7 +354,7 @@ def _normalized_dims(op: str, input: TensorProxy, normalized_shape: Sequence[int
     _tensor(op, input)
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
     n = len(shape)
-    if n == 0 or n > input.ndim or tuple(input.shape[input.ndim - n:]) != shape:
+    if n == 0 or n > input.ndim or not rule_same_shape(input.shape[input.ndim - n:], shape):
         raise fail(op, f"normalized_shape {shape} does not match the trailing dims of an input of shape "
                        f"{tuple(input.shape)}")
     return tuple(range(input.ndim - n, input.ndim))
@@ -393,7 +395,7 @@ def group_norm(input: TensorProxy, num_groups: int, weight: TensorProxy | None =
                bias: TensorProxy | None = None, eps: float = 1e-5) -> TensorProxy:
     """F.group_norm: layer norm over each group of channels (dim 1), then a per-channel affine map."""
     _tensor("group_norm", input)
-    if input.ndim < 2 or input.shape[1] % num_groups != 0:
+    if input.ndim < 2 or rule_compare(input.shape[1] % num_groups, "!=", 0):
         raise fail("group_norm", f"an input of shape {tuple(input.shape)} cannot be split into {num_groups} groups")
     n, c = input.shape[0], input.shape[1]
     x = reshape_to(_float_input("group_norm", input), (n, num_groups, numel_of(input.shape[1:]) // num_groups))
@@ -425,13 +427,13 @@ def dropout(input: TensorProxy, p: float = 0.5, training: bool = True, inplace: 
     """F.dropout: identity unless training with p > 0; otherwise a random mask, scaled by 1 / (1 - p)."""
     _tensor("dropout", input)
     _no_inplace("dropout", inplace)
-    if not 0 <= p <= 1:
+    if not (rule_compare(0, "<=", p) and rule_compare(p, "<=", 1)):
         raise fail("dropout", f"p must be between 0 and 1, got {p}")
-    if not training or p == 0:
+    if not training or rule_compare(p, "==", 0):
         return input
-    if p == 1:
+    if rule_compare(p, "==", 1):
         return mul(input, 0)
-    if numel_of(input.shape) == 0:
+    if rule_compare(numel_of(input.shape), "==", 0):
         return input
     return dropout_mask_scale(input, p)
 
@@ -474,7 +476,7 @@ def _class_targets(op: str, input: TensorProxy, target: TensorProxy) -> None:  #
     if target.dtype not in (torch.int64, torch.int32, torch.uint8):
         raise fail(op, f"class-index targets must be integers, got {target.dtype}")
     expected = (input.shape[0], *input.shape[2:])
-    if tuple(target.shape) != expected:
+    if not rule_same_shape(target.shape, expected):
         raise fail(op, f"expected a target of shape {expected} for an input of shape {tuple(input.shape)}, "
                        f"got {tuple(target.shape)}")
 
@@ -542,24 +544,24 @@ def cross_entropy(input: TensorProxy, target: TensorProxy, weight: TensorProxy |
                   reduction: str = "mean", label_smoothing: float = 0.0) -> TensorProxy:
     """F.cross_entropy: log_softmax over dim 1 then nll_loss, with class-index or probability targets."""
     reduction = _reduction("cross_entropy", size_average, reduce, reduction)
-    if not 0 <= label_smoothing <= 1:
+    if not (rule_compare(0, "<=", label_smoothing) and rule_compare(label_smoothing, "<=", 1)):
         raise fail("cross_entropy", f"label_smoothing must be between 0 and 1, got {label_smoothing}")
     x, t, unbatched = _batched("cross_entropy", input, target)
     c = x.shape[1]
     logp = log_softmax(x, 1)
     w_c = _class_weights(weight, x.ndim, c)
     if t.dtype.is_floating_point:  # class probabilities
-        if tuple(t.shape) != tuple(x.shape):
+        if not rule_same_shape(t.shape, x.shape):
             raise fail("cross_entropy", f"probability targets must have the input's shape {tuple(input.shape)}, "
                                         f"got {tuple(target.shape)}")
-        if label_smoothing > 0:
+        if rule_compare(label_smoothing, ">", 0):
             t = add(mul(t, 1 - label_smoothing), label_smoothing / c)
         terms = mul(logp, t) if w_c is None else mul(mul(logp, t), w_c)
         loss = neg(sum_(terms, 1))
         out = div(sum_(loss), numel_of(loss.shape)) if reduction == "mean" else _reduce(loss, reduction)
         return _unbatch(out, unbatched)
     nll, w, ignored = _nll("cross_entropy", logp, t, weight, ignore_index, reduction)
-    if label_smoothing == 0:
+    if rule_compare(label_smoothing, "==", 0):
         return _unbatch(nll, unbatched)
     smooth = neg(sum_(logp if w_c is None else mul(logp, w_c), 1))
     smooth = where(ignored, 0, smooth)
@@ -608,7 +610,7 @@ def binary_cross_entropy_with_logits(input: TensorProxy, target: TensorProxy,  #
     op = "binary_cross_entropy_with_logits"
     reduction = _reduction(op, size_average, reduce, reduction)
     _tensor(op, input)
-    if tuple(_tensor(op, target, "target").shape) != tuple(input.shape):
+    if not rule_same_shape(_tensor(op, target, "target").shape, input.shape):
         raise fail(op, f"target shape {tuple(target.shape)} differs from input shape {tuple(input.shape)}")
     # log(1 + exp(-x)) = log1p(exp(-|x|)) + max(-x, 0), which never overflows.
     log_sig_neg = add(log1p(exp(neg(abs(input)))), maximum(neg(input), 0))
@@ -640,12 +642,12 @@ def scaled_dot_product_attention(query: TensorProxy, key: TensorProxy, value: Te
         raise fail(op, "query, key and value need at least 2 dims")
     if not q.dtype == k.dtype == v.dtype:
         raise fail(op, f"query, key and value must have one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if k.shape[-1] != q.shape[-1] or v.shape[-2] != k.shape[-2]:
+    if rule_compare(k.shape[-1], "!=", q.shape[-1]) or rule_compare(v.shape[-2], "!=", k.shape[-2]):
         raise fail(op, f"shapes do not fit: query {tuple(q.shape)}, key {tuple(k.shape)}, value {tuple(v.shape)}")
     if is_causal and attn_mask is not None:
         raise fail(op, "give either attn_mask or is_causal, not both")
-    if enable_gqa and q.ndim >= 3 and q.shape[-3] != k.shape[-3]:
-        if q.shape[-3] % k.shape[-3] != 0 or k.shape[-3] != v.shape[-3]:
+    if enable_gqa and q.ndim >= 3 and rule_compare(q.shape[-3], "!=", k.shape[-3]):
+        if rule_compare(q.shape[-3] % k.shape[-3], "!=", 0) or rule_compare(k.shape[-3], "!=", v.shape[-3]):
             raise fail(op, f"{q.shape[-3]} query heads cannot be shared among {k.shape[-3]} key/value heads")
         groups = q.shape[-3] // k.shape[-3]
         k, v = _repeat_heads(k, groups), _repeat_heads(v, groups)
@@ -656,8 +658,9 @@ def scaled_dot_product_attention(query: TensorProxy, key: TensorProxy, value: Te
     q, k, v = to_dtype(q, compute), to_dtype(k, compute), to_dtype(v, compute)
     perm = (*range(k.ndim - 2), k.ndim - 1, k.ndim - 2)
     # As eager's math kernel (which runs attention with dropout): q and k each scaled by sqrt(|scale|).
-    root = math.sqrt(-scale if scale < 0 else scale)  # (abs is torch.abs here)
-    scores = matmul(mul(q, -root if scale < 0 else root), mul(prims.transpose(k, perm), root))
+    negative = rule_compare(scale, "<", 0)
+    root = math.sqrt(-scale if negative else scale)  # (abs is torch.abs here)
+    scores = matmul(mul(q, -root if negative else root), mul(prims.transpose(k, perm), root))
     if is_causal:
         rows = prims.iota(L, start=0, step=1, dtype=torch.int64, device=q.device)
         cols = prims.iota(S, start=0, step=1, dtype=torch.int64, device=q.device)
@@ -671,7 +674,7 @@ def scaled_dot_product_attention(query: TensorProxy, key: TensorProxy, value: Te
     # torch's "safe softmax": a row with every score at -inf attends to nothing instead of giving NaN.
     fully_masked = all_(eq(scores, -math.inf), -1, keepdim=True)
     probs = where(fully_masked, 0, probs)
-    if dropout_p > 0:
+    if rule_compare(dropout_p, ">", 0):
         probs = dropout_mask_scale(probs, dropout_p)
     return to_dtype(matmul(probs, v), query.dtype)
 
@@ -693,9 +696,9 @@ def pad(input: TensorProxy, pad: Sequence[int], mode: str = "constant", value: f
         d = x.ndim - 1 - i
         before, after = pad[2 * i], pad[2 * i + 1]
         size = x.shape[d]
-        if before < 0 or after < 0:
-            start, end = max(-before, 0), size - max(-after, 0)
-            if end < start:
+        if rule_compare(before, "<", 0) or rule_compare(after, "<", 0):
+            start, end = larger(-before, 0), size - larger(-after, 0)
+            if rule_compare(end, "<", start):
                 raise fail("pad", f"cropping {-before} and {-after} from a dim of size {size}")
             starts = [start if j == d else 0 for j in range(x.ndim)]
             ends = [end if j == d else s for j, s in enumerate(x.shape)]
@@ -703,7 +706,7 @@ def pad(input: TensorProxy, pad: Sequence[int], mode: str = "constant", value: f
         parts = []
         for amount in (before, after):
             shape = tuple(amount if j == d else s for j, s in enumerate(x.shape))
-            parts.append(prims.full(shape, fill, dtype=x.dtype, device=x.device) if amount > 0 else None)
+            parts.append(prims.full(shape, fill, dtype=x.dtype, device=x.device) if rule_compare(amount, ">", 0) else None)
         pieces = [p for p in (parts[0], x, parts[1]) if p is not None]
         if len(pieces) > 1:
             x = prims.cat(pieces, d)

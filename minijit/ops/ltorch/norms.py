@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from minijit.ir import TensorProxy
+from minijit.ir.proxies import rule_compare, rule_same_shape
 from minijit.ops import aten_prims, prims
 from minijit.ops.ltorch.elementwise import add, div, mul, pow, rsqrt, sub  # noqa: A004 - torch.pow
 from minijit.ops.ltorch.nn import pad
@@ -28,7 +29,7 @@ F = torch.nn.functional
 
 
 def _per_channel(op: str, x: Any, c: Any, what: str) -> None:
-    if x is not None and (not isinstance(x, TensorProxy) or tuple(x.shape) != (c,)):
+    if x is not None and (not isinstance(x, TensorProxy) or not rule_same_shape(x.shape, (c,))):
         got = tuple(x.shape) if isinstance(x, TensorProxy) else type(x).__name__
         raise fail(op, f"{what} must be a tensor of shape ({c},), got {got}")
 
@@ -57,7 +58,7 @@ def batch_norm(input: TensorProxy, running_mean: TensorProxy | None, running_var
                weight: TensorProxy | None = None, bias: TensorProxy | None = None, training: bool = False,
                momentum: Any = 0.1, eps: float = 1e-5) -> TensorProxy:
     """F.batch_norm over dim 1; in training the running statistics (if given) are updated in place."""
-    if isinstance(input, TensorProxy) and input.ndim >= 1 and numel_of(input.shape) == 0:
+    if isinstance(input, TensorProxy) and input.ndim >= 1 and rule_compare(numel_of(input.shape), "==", 0):
         return prims.clone(input)  # as eager: nothing to normalize, no statistics to update
     if not isinstance(input, TensorProxy) or input.ndim < 2:
         raise fail("batch_norm", f"expects an input with a channel dim 1, got {getattr(input, 'shape', input)}")
@@ -67,7 +68,7 @@ def batch_norm(input: TensorProxy, running_mean: TensorProxy | None, running_var
     if (running_mean is None) != (running_var is None):
         raise fail("batch_norm", "running_mean and running_var must both be given or both be None")
     if training:
-        if numel_of(input.shape) == c:
+        if rule_compare(numel_of(input.shape), "==", c):
             raise fail("batch_norm", f"expected more than 1 value per channel when training, got input size "
                                      f"{list(input.shape)}")
         if running_mean is None:
@@ -98,7 +99,7 @@ def instance_norm(input: TensorProxy, running_mean: TensorProxy | None = None,  
         if running_mean is None or running_var is None:
             raise fail("instance_norm", "expected running_mean and running_var when use_input_stats=False")
         return normalize_with(input, running_mean, running_var, weight, bias, eps)
-    if numel_of(input.shape[2:]) == 1:
+    if rule_compare(numel_of(input.shape[2:]), "==", 1):
         raise fail("instance_norm", f"expected more than 1 spatial element when training, got input size "
                                     f"{list(input.shape)}")
     # As torch: one batch norm over an input of shape (1, N * C, ...), per-channel tensors repeated N times.
@@ -123,7 +124,7 @@ def local_response_norm(input: TensorProxy, size: int, alpha: float = 1e-4, beta
     """F.local_response_norm: x / (k + alpha * mean of x^2 over `size` neighbouring channels)^beta."""
     if not isinstance(input, TensorProxy) or input.ndim < 3:
         raise fail("local_response_norm", f"expects an input of 3 or more dims, got {getattr(input, 'shape', input)}")
-    if numel_of(input.shape) == 0:
+    if rule_compare(numel_of(input.shape), "==", 0):
         return input
     sq = mul(input, input)
     before, after = size // 2, (size - 1) // 2

@@ -15,8 +15,9 @@ from typing import Any
 import torch
 
 from minijit.ir import TensorProxy
+from minijit.ir.proxies import rule_compare
 from minijit.ops import prims
-from minijit.ops.utils import fail
+from minijit.ops.utils import fail, larger
 
 MODES = ("reflect", "replicate", "circular")
 
@@ -38,20 +39,20 @@ def pad_by_index(input: TensorProxy, pad: Sequence[int], mode: str) -> TensorPro
 
 def _pad_dim(x: TensorProxy, d: int, before: Any, after: Any, mode: str) -> TensorProxy:
     n = x.shape[d]
-    if mode == "circular" and (before < 0 or after < 0):
+    if mode == "circular" and (rule_compare(before, "<", 0) or rule_compare(after, "<", 0)):
         # Circular padding wraps around what negative pads leave (torch crops first).
-        start, end = max(-before, 0), n - max(-after, 0)
-        if end <= start:
+        start, end = larger(-before, 0), n - larger(-after, 0)
+        if rule_compare(end, "<=", start):
             raise fail("pad", f"padding ({before}, {after}) leaves nothing of a dim of size {n}")
         x = prims.slice_prim(x, [start if i == d else 0 for i in range(x.ndim)],
                              [end if i == d else s for i, s in enumerate(x.shape)])
-        n, before, after = end - start, max(before, 0), max(after, 0)
-    if mode == "reflect" and (before >= n or after >= n):
+        n, before, after = end - start, larger(before, 0), larger(after, 0)
+    if mode == "reflect" and (rule_compare(before, ">=", n) or rule_compare(after, ">=", n)):
         raise fail("pad", f"reflect padding ({before}, {after}) must be less than the dim's size {n}")
-    if mode == "circular" and (before > n or after > n):
+    if mode == "circular" and (rule_compare(before, ">", n) or rule_compare(after, ">", n)):
         raise fail("pad", f"circular padding ({before}, {after}) must be at most the dim's size {n}")
     length = n + before + after
-    if length <= 0:
+    if rule_compare(length, "<=", 0):
         raise fail("pad", f"padding ({before}, {after}) leaves nothing of a dim of size {n}")
     if not before and not after:
         return x

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from minijit.ir import TensorProxy
+from minijit.ir.proxies import rule_compare
 from minijit.ops import aten_prims
 from minijit.ops.ltorch.conv import per_dim
 from minijit.ops.ltorch.reductions import mean
@@ -94,7 +95,7 @@ def _avg_pool(op: str, n: int, input: TensorProxy, kernel_size: Any, stride: Any
               ceil_mode: bool, count_include_pad: bool, divisor_override: Any) -> TensorProxy:
     x = _input(op, input, n)
     kernel, strides, pads, _ = _window(op, n, kernel_size, stride, padding)
-    if divisor_override is not None and divisor_override == 0:
+    if divisor_override is not None and rule_compare(divisor_override, "==", 0):
         raise fail(op, "divisor_override must be non-zero")
     out = aten_prims.avg_pool(_lift(x) if n == 1 else x, kernel, strides, pads, bool(ceil_mode),
                               bool(count_include_pad), divisor_override)
@@ -139,7 +140,7 @@ def _declare_adaptive_avg_pool(n: int, torch_fns: list[Any]) -> None:
     def adaptive_avg_pool(input: TensorProxy, output_size: Any) -> TensorProxy:  # noqa: A002
         x = _input(name, input, n)
         sizes = _output_size(name, x, output_size, n)
-        if all(s == 1 for s in sizes):
+        if all(rule_compare(s, "==", 1) for s in sizes):
             return mean(x, tuple(range(x.ndim - n, x.ndim)), keepdim=True)
         if n == 1:
             return _drop(aten_prims.adaptive_avg_pool(_lift(x), [1, *sizes]))

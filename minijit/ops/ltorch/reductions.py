@@ -15,7 +15,7 @@ import torch
 
 from minijit.errors import MetaError
 from minijit.ir import TensorProxy
-from minijit.ir.proxies import rule_same_shape
+from minijit.ir.proxies import rule_compare, rule_same_shape
 from minijit.ops import prims
 from minijit.ops.ltorch.elementwise import abs as abs_
 from minijit.ops.ltorch.elementwise import add, exp, isinf, log, logical_xor, maximum, minimum, mul, sqrt, sub, where
@@ -314,7 +314,7 @@ def diff(input: TensorProxy, n: int = 1, dim: int = -1, prepend: TensorProxy | N
     x = cat(parts, d) if len(parts) > 1 else input
     for _ in range(n):
         length = x.shape[d]
-        if length == 0:
+        if rule_compare(length, "==", 0):
             break
         later, earlier = slice_dim(x, d, 1, length), slice_dim(x, d, 0, length - 1)
         x = logical_xor(later, earlier) if x.dtype == torch.bool else sub(later, earlier)

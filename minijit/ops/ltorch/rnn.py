@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from minijit.ir import NumberProxy, TensorProxy, tree_flatten
+from minijit.ir.proxies import rule_compare
 from minijit.ops.ltorch.elementwise import add, mul, sub, tanh
 from minijit.ops.ltorch.nn import dropout, linear, relu, sigmoid
 from minijit.ops.ltorch.shape import cat, chunk, stack, transpose, unbind
@@ -109,7 +110,7 @@ def _recurrent(op: str, input: TensorProxy, hx: State, params: Sequence[Any], ha
                                       has_biases, num_layers, dropout_p, train, bidirectional, batch_first), {})
         return output, tuple(finals)
     x = transpose(input, 0, 1) if batch_first else input
-    if x.shape[0] == 0:
+    if rule_compare(x.shape[0], "==", 0):
         raise fail(op, "expects a sequence of at least one step")
     initial = [unbind(s, 0) for s in hx]  # per state tensor, one (B, H) slice per layer and direction
     finals: list[State] = []

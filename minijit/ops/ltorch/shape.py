@@ -21,11 +21,11 @@ import torch
 from minijit.errors import MetaError, UnsupportedOpError
 from minijit.ir import VIEWS_ANY_LAYOUT, VIEWS_IF_SPLITS, Effects, Tag, TensorProxy
 from minijit.ir.context import where_now
-from minijit.ir.proxies import broadcasts_to, equal_sizes, rule_compare
+from minijit.ir.proxies import broadcasts_to, equal_sizes, rule_compare, rule_same_shape
 from minijit.ops import prims
 from minijit.ops.registry import ltorch_op
 from minijit.ops.strides import check_viewable, user_layout
-from minijit.ops.utils import canonical_dim, infer_shape, reshape_to, shape_arg, unsqueeze_at
+from minijit.ops.utils import canonical_dim, infer_shape, larger, reshape_to, shape_arg, smaller, unsqueeze_at
 
 # The output views the input (functionalization makes writes through it update the input);
 # with VIEW_OR_COPY only where eager can make a view, else it is a copy.
@@ -366,7 +366,7 @@ def split(tensor: TensorProxy, split_size_or_sections: int | Sequence[int], dim:
 @ltorch_op(torch_fns=[torch.chunk, torch.Tensor.chunk], methods=["chunk"], effects=VIEW)
 def chunk(input: TensorProxy, chunks: int, dim: int = 0) -> tuple[TensorProxy, ...]:  # noqa: A002
     """torch.chunk: at most `chunks` pieces of ceil(size / chunks) elements each."""
-    if chunks <= 0:
+    if rule_compare(chunks, "<=", 0):
         raise _fail("chunk", f"chunks must be positive, got {chunks}")
     if input.ndim == 0:
         raise _fail("chunk", "cannot chunk a 0-d tensor")
@@ -375,12 +375,7 @@ def chunk(input: TensorProxy, chunks: int, dim: int = 0) -> tuple[TensorProxy, .
     if rule_compare(n, "==", 0):
         return _split_at(input, d, [(0, 0)] * chunks)
     size = -(-n // chunks)
-    return _split_at(input, d, [(lo, _smaller(lo + size, n)) for lo in range(0, n, size)])
-
-
-def _smaller(a: Any, b: Any) -> Any:
-    """`min(a, b)` of sizes, compared as an op's rules compare (`rule_compare`)."""
-    return b if rule_compare(b, "<", a) else a
+    return _split_at(input, d, [(lo, smaller(lo + size, n)) for lo in range(0, n, size)])
 
 
 @ltorch_op(torch_fns=[torch.tensor_split, torch.Tensor.tensor_split], methods=["tensor_split"], effects=VIEW)
@@ -397,13 +392,13 @@ def tensor_split(input: TensorProxy, indices_or_sections: int | Sequence[int], d
         sections = indices_or_sections
         if sections <= 0:
             raise _fail("tensor_split", f"sections must be positive, got {sections}")
-        sizes = [n // sections + (1 if i < n % sections else 0) for i in range(sections)]
+        sizes = [n // sections + (1 if rule_compare(i, "<", n % sections) else 0) for i in range(sections)]
         return _split_at(input, d, _bounds_of_sizes(sizes))
     points = [0, *indices_or_sections, n]
     bounds = []
     for lo, hi in itertools.pairwise(points):
         lo, hi, _ = slice(lo, hi).indices(n)
-        bounds.append((lo, max(lo, hi)))
+        bounds.append((lo, larger(lo, hi)))
     return _split_at(input, d, bounds)
 
 
@@ -416,7 +411,7 @@ def _joined(op: str, tensors: Sequence[TensorProxy], dim: int) -> TensorProxy:
         if not isinstance(t, TensorProxy):
             raise _fail(op, f"expects tensors, got {type(t).__name__}")
     # torch skips legacy empty 1-d tensors of shape (0,) when joining tensors of more dims.
-    real = [t for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)] or [tensors[0]]
+    real = [t for t in tensors if not (t.ndim == 1 and rule_compare(t.shape[0], "==", 0))] or [tensors[0]]
     if any(t.ndim == 0 for t in real):
         raise _fail(op, "zero-dimensional tensors cannot be concatenated")
     dtype = real[0].dtype
@@ -424,7 +419,8 @@ def _joined(op: str, tensors: Sequence[TensorProxy], dim: int) -> TensorProxy:
         dtype = torch.promote_types(dtype, t.dtype)
     d = canonical_dim(dim, real[0].ndim)
     for t in real:
-        if t.ndim != real[0].ndim or any(a != b for i, (a, b) in enumerate(zip(t.shape, real[0].shape)) if i != d):
+        others = (rule_compare(a, "!=", b) for i, (a, b) in enumerate(zip(t.shape, real[0].shape)) if i != d)
+        if t.ndim != real[0].ndim or any(others):
             raise _fail(op, f"sizes of tensors must match except in dim {d}: {tuple(real[0].shape)} and {tuple(t.shape)}")
     return prims.cat([prims.convert_element_type(t, dtype) if t.dtype != dtype else t for t in real], d)
 
@@ -441,7 +437,7 @@ def stack(tensors: Sequence[TensorProxy], dim: int = 0) -> TensorProxy:
     if not isinstance(tensors, tuple | list) or not tensors:
         raise _fail("stack", "expects a non-empty list of tensors")
     for t in tensors:
-        if not isinstance(t, TensorProxy) or t.shape != tensors[0].shape:
+        if not isinstance(t, TensorProxy) or not rule_same_shape(t.shape, tensors[0].shape):
             raise _fail("stack", f"expects tensors of one shape, got {[getattr(x, 'shape', x) for x in tensors]}")
     d = canonical_dim(dim, tensors[0].ndim + 1)
     return _joined("stack", [unsqueeze_at(t, [d]) for t in tensors], d)
@@ -479,7 +475,7 @@ def flip(input: TensorProxy, *dims: int | Sequence[int]) -> TensorProxy:  # noqa
     ds = sorted({canonical_dim(d, input.ndim) for d in shape_arg(dims)})
     out = input
     for d in ds:
-        if input.shape[d] > 1:
+        if rule_compare(input.shape[d], ">", 1):
             out = prims.take(out, reversed_index(input.shape[d], input.device), d)
     return out if out is not input else fresh(input)
 
@@ -529,7 +525,7 @@ def _repeat(op: str, a: TensorProxy, repeats: tuple[int, ...]) -> TensorProxy:
         raise _fail(op, f"repeats {list(repeats)} must be non-negative")
     offset = len(repeats) - a.ndim
     sizes = (1,) * offset + tuple(a.shape)
-    if all(r == 1 for r in repeats):
+    if all(rule_compare(r, "==", 1) for r in repeats):
         return fresh(reshape_to(a, sizes))
     # (r0, s0, r1, s1, ...) broadcast, then merged pairwise into (r0 * s0, r1 * s1, ...).
     interleaved = tuple(x for r, s in zip(repeats, sizes) for x in (r, s))
@@ -564,7 +560,7 @@ def repeat_interleave(input: TensorProxy, repeats: Any = None, dim: int | None =
     a = reshape_to(input, (math.prod(input.shape),)) if dim is None else input
     d = canonical_dim(0 if dim is None else dim, a.ndim)
     size = a.shape[d] * repeats
-    if output_size is not None and output_size != size:
+    if output_size is not None and rule_compare(output_size, "!=", size):
         raise _fail("repeat_interleave", f"output_size {output_size} differs from the output's size {size}")
     # (..., s_d, repeats, ...) broadcast, then s_d and repeats merged.
     spread = (*a.shape[:d + 1], repeats, *a.shape[d + 1:])
@@ -613,11 +609,11 @@ def diagonal(input: TensorProxy, offset: int = 0, dim1: int = 0, dim2: int = 1) 
     moved = movedim(input, (d1, d2), (-2, -1))
     n, m = moved.shape[-2], moved.shape[-1]
     flat = reshape_to(moved, (*moved.shape[:-2], n * m))
-    if offset >= 0:
-        length, start = max(0, min(n, m - offset)), offset
+    if rule_compare(offset, ">=", 0):
+        length, start = larger(0, smaller(n, m - offset)), offset
     else:
-        length, start = max(0, min(n + offset, m)), -offset * m
-    if length == 0:
+        length, start = larger(0, smaller(n + offset, m)), -offset * m
+    if rule_compare(length, "==", 0):
         start = 0
     stop = start + (length - 1) * (m + 1) + 1 if length else start
     return slice_dim(flat, flat.ndim - 1, start, stop, m + 1)

@@ -12,11 +12,13 @@ the gradient back to the input's dtype.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from minijit.ir import TensorProxy
+from minijit.ir.proxies import rule_compare, rule_same_shape
 from minijit.ops import cuda_attention, prims
 from minijit.ops.ltorch.backward import (
     REDUCTIONS,
@@ -169,15 +171,20 @@ def layer_norm_fwd(input: TensorProxy, normalized_shape: Any, weight: Any = None
     return out, (input, weight, bias, shape, mean, rstd)
 
 
+def _same_list(shape: Sequence[Any], given: list[Any]) -> bool:
+    """`list(shape) == given` as an op's rules compare it: the lengths first, as a list's `==` does."""
+    return len(shape) == len(given) and rule_same_shape(shape, given)
+
+
 def _layer_norm_shapes_ok(x: Any, shape: list[Any], weight: Any, bias: Any) -> bool:
     """Whether F.layer_norm accepts these shapes (where they are known numbers)."""
     if not isinstance(x, TensorProxy) or not 0 < len(shape) <= x.ndim:
         return False
     known = all(type(d) is int for d in (*shape, *x.shape))
-    if known and list(x.shape[x.ndim - len(shape):]) != shape:
+    if known and not rule_same_shape(x.shape[x.ndim - len(shape):], shape):
         return False
     for p in (weight, bias):
-        if p is not None and not (isinstance(p, TensorProxy) and (not known or list(p.shape) == shape)):
+        if p is not None and not (isinstance(p, TensorProxy) and (not known or _same_list(p.shape, shape))):
             return False
     return True
 
@@ -216,11 +223,11 @@ def _nll_args_ok(input: Any, target: Any, weight: Any, size_average: Any, reduce
         return False
     if target.dtype not in (torch.int64, torch.int32, torch.uint8) or target.ndim != input.ndim - 1:
         return False
-    if input.ndim == 2 and not (type(input.shape[0]) is int and tuple(target.shape) == (input.shape[0],)):
+    if input.ndim == 2 and not (type(input.shape[0]) is int and rule_same_shape(target.shape, (input.shape[0],))):
         return False
     # eager gives no gradient for the class weights (its derivative is not implemented)
     return weight is None or (isinstance(weight, TensorProxy) and not weight.requires_grad
-                              and tuple(weight.shape) == (input.shape[-1],))
+                              and rule_same_shape(weight.shape, (input.shape[-1],)))
 
 
 @vjp("ltorch.nll_loss")
@@ -279,7 +286,7 @@ def sdpa_fwd(query: TensorProxy, key: TensorProxy, value: TensorProxy, attn_mask
         mask = _float_mask(attn_mask, query)
         out, logsumexp, seed, offset = cuda_attention.sdpa_cuda(query, key, value, mask, is_causal, scale, family)
         return out, ("cuda", query, key, value, mask, out, logsumexp, seed, offset, is_causal, scale, groups, family)
-    same_batch = tuple(query.shape[:-2]) == tuple(key.shape[:-2]) == tuple(value.shape[:-2])
+    same_batch = rule_same_shape(query.shape[:-2], key.shape[:-2]) and rule_same_shape(key.shape[:-2], value.shape[:-2])
     if dropout_p != 0.0 or enable_gqa or not same_batch or query.ndim < 2:
         return NotImplemented
     out = _op("scaled_dot_product_attention")(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
@@ -324,7 +331,7 @@ def _gqa_groups(q: Any, k: Any, v: Any) -> int:
     if not all(isinstance(t, TensorProxy) and t.ndim >= 3 and type(t.shape[-3]) is int for t in (q, k, v)):
         return 1
     heads, kv_heads = q.shape[-3], k.shape[-3]
-    if kv_heads == 0 or heads % kv_heads or v.shape[-3] != kv_heads:
+    if kv_heads == 0 or heads % kv_heads or rule_compare(v.shape[-3], "!=", kv_heads):
         return 1  # not GQA: the decomposition raises eager's error
     return heads // kv_heads
 
@@ -357,10 +364,12 @@ def _flash_supported(q: Any, k: Any, v: Any, mask: Any, is_causal: Any, scale: A
         return False
     if not q.device == k.device == v.device or q.device.type != "cpu":
         return False
-    if not q.shape[0] == k.shape[0] == v.shape[0] or q.shape[1] != k.shape[1] * groups or k.shape[1] != v.shape[1] \
-            or k.shape[2] != v.shape[2]:
+    if not (rule_compare(q.shape[0], "==", k.shape[0]) and rule_compare(k.shape[0], "==", v.shape[0])) \
+            or rule_compare(q.shape[1], "!=", k.shape[1] * groups) or rule_compare(k.shape[1], "!=", v.shape[1]) \
+            or rule_compare(k.shape[2], "!=", v.shape[2]):
         return False  # broadcast batch dims, or heads shared otherwise than `groups` says
-    if not q.shape[3] == k.shape[3] == v.shape[3] or not isinstance(is_causal, bool):
+    if not (rule_compare(q.shape[3], "==", k.shape[3]) and rule_compare(k.shape[3], "==", v.shape[3])) \
+            or not isinstance(is_causal, bool):
         return False
     if scale is not None and type(scale) not in (int, float):
         return False
@@ -449,9 +458,9 @@ def _rms_shapes_ok(x: TensorProxy, shape: list[Any], weight: Any) -> bool:
     """Whether the shapes are F.rms_norm's (known numbers only: the op's decomposition raises otherwise)."""
     if not 0 < len(shape) <= x.ndim or not all(type(d) is int for d in (*shape, *x.shape)):
         return False
-    if list(x.shape[x.ndim - len(shape):]) != shape:
+    if not rule_same_shape(x.shape[x.ndim - len(shape):], shape):
         return False
-    return weight is None or (isinstance(weight, TensorProxy) and list(weight.shape) == shape)
+    return weight is None or (isinstance(weight, TensorProxy) and _same_list(weight.shape, shape))
 
 
 @rms_norm_fwd.backward

@@ -34,6 +34,7 @@ import torch
 
 from minijit.errors import MinijitError, RegistrationError
 from minijit.ir import Symbol, TensorProxy
+from minijit.ir.proxies import rule_compare, rule_same_shape
 from minijit.ops import prims
 from minijit.ops.registry import ALL_LTORCH
 
@@ -160,19 +161,19 @@ def zeros_like(x: TensorProxy) -> TensorProxy:
 def sum_to_shape(g: TensorProxy, shape: Sequence[Any]) -> TensorProxy:
     """Sum `g` over the dims broadcasting added to a tensor of `shape` (the VJP of broadcasting)."""
     shape = tuple(shape)
-    if tuple(g.shape) == shape:
+    if rule_same_shape(g.shape, shape):
         return g
     lead = g.ndim - len(shape)
     dims = list(range(lead))
-    dims += [lead + i for i, s in enumerate(shape) if s == 1 and g.shape[lead + i] != 1]
+    dims += [lead + i for i, s in enumerate(shape) if rule_compare(s, "==", 1) and rule_compare(g.shape[lead + i], "!=", 1)]
     out = prims.sum(g, tuple(dims)) if dims else g
-    return prims.reshape(out, shape) if tuple(out.shape) != shape else out
+    return prims.reshape(out, shape) if not rule_same_shape(out.shape, shape) else out
 
 
 def reshape_to(x: TensorProxy, shape: Sequence[Any]) -> TensorProxy:
     """`x` reshaped to `shape`, or `x` itself when it already has that shape."""
     shape = tuple(shape)
-    return x if tuple(x.shape) == shape else prims.reshape(x, shape)
+    return x if rule_same_shape(x.shape, shape) else prims.reshape(x, shape)
 
 
 def cast_like(g: TensorProxy, x: TensorProxy) -> TensorProxy:

@@ -9,9 +9,10 @@ import torch
 
 from minijit.errors import MinijitError
 from minijit.ir import TensorProxy
+from minijit.ir.proxies import rule_compare, rule_same_shape
 from minijit.ops import prims
 from minijit.ops.registry import ALL_LTORCH
-from minijit.ops.utils import restore_reduced
+from minijit.ops.utils import larger, restore_reduced
 from minijit.transforms.vjp.registry import matrix_transpose, reshape_to, vjp, zeros_like
 
 P = prims
@@ -45,11 +46,11 @@ def broadcast_in_dim_fwd(x: TensorProxy, shape: Sequence[Any], broadcast_dims: S
 def broadcast_in_dim_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
     in_shape, out_shape, bdims = saved
     # Sum over the added and the expanded dims; an added dim of size 1 needs only the reshape.
-    expanded = [d for size, d in zip(in_shape, bdims) if size == 1 and out_shape[d] != 1]
-    new = [d for d in range(len(out_shape)) if d not in bdims and out_shape[d] != 1]
+    expanded = [d for size, d in zip(in_shape, bdims) if rule_compare(size, "==", 1) and rule_compare(out_shape[d], "!=", 1)]
+    new = [d for d in range(len(out_shape)) if d not in bdims and rule_compare(out_shape[d], "!=", 1)]
     dims = tuple(sorted(new + expanded))
     out = P.sum(g, dims) if dims else g
-    if tuple(out.shape) != tuple(in_shape):
+    if not rule_same_shape(out.shape, in_shape):
         out = reshape_to(out, tuple(in_shape))
     return (out, None, None)
 
@@ -87,21 +88,21 @@ def transpose_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
 def _pad_dim(g: TensorProxy, dim: int, start: int, stride: int, size: int) -> TensorProxy:
     """Place `g`'s slices along `dim` at start, start+stride, ... of a zero tensor with `size` there."""
     n = g.shape[dim]
-    if stride > 1 and n > 0:
+    if rule_compare(stride, ">", 1) and rule_compare(n, ">", 0):
         # Interleave stride-1 zero slices after each slice: (.., n, ..) -> (.., n, stride, ..) -> (.., n*stride, ..).
         shape = list(g.shape)
         col = reshape_to(g, (*shape[: dim + 1], 1, *shape[dim + 1:]))
         zeros_shape = (*shape[: dim + 1], stride - 1, *shape[dim + 1:])
         zeros = P.full(zeros_shape, 0, dtype=g.dtype, device=g.device)
         g = reshape_to(P.cat([col, zeros], dim + 1), (*shape[:dim], n * stride, *shape[dim + 1:]))
-        if start + n * stride > size:
+        if rule_compare(start + n * stride, ">", size):
             end = list(g.shape)
             end[dim] = size - start
             g = P.slice_prim(g, [0] * g.ndim, end, [1] * g.ndim)
     pieces = []
     after = size - start - g.shape[dim]
     for length, piece in ((start, None), (g.shape[dim], g), (after, None)):
-        if length == 0:
+        if rule_compare(length, "==", 0):
             continue
         if piece is None:
             shape = list(g.shape)
@@ -122,7 +123,7 @@ def slice_fwd(x: TensorProxy, start_indices: Sequence[int], end_indices: Sequenc
 def slice_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
     shape, starts, strides = saved
     for dim, (size, start, stride) in enumerate(zip(shape, starts, strides)):
-        if g.shape[dim] != size:
+        if rule_compare(g.shape[dim], "!=", size):
             g = _pad_dim(g, dim, start, stride, size)
     return (g, None, None, None)
 
@@ -219,7 +220,7 @@ def var_mean_bwd(saved: Saved, g_var: TensorProxy | None, g_mean: TensorProxy | 
         grad = P.div(restore_reduced(g_mean, x.shape, dims), n)
     if g_var is not None:
         centered = P.sub(x, restore_reduced(mean, x.shape, dims))
-        scale = 2 / max(n - correction, 0) if n - correction > 0 else float("inf")
+        scale = 2 / larger(n - correction, 0) if rule_compare(n - correction, ">", 0) else float("inf")
         term = P.mul(P.mul(restore_reduced(g_var, x.shape, dims), centered), scale)
         grad = term if grad is None else P.add(grad, term)
     return (grad, None, None)
@@ -251,7 +252,8 @@ def matmul_grads(a: TensorProxy, b: TensorProxy, g: TensorProxy) -> tuple[Tensor
         ga = P.sum(ga, tuple(range(ga.ndim - a2.ndim)))
     if gb.ndim > b2.ndim:
         gb = P.sum(gb, tuple(range(gb.ndim - b2.ndim)))
-    return reshape_to(ga, a.shape) if ga.shape != a.shape else ga, reshape_to(gb, b.shape) if gb.shape != b.shape else gb
+    return (reshape_to(ga, a.shape) if not rule_same_shape(ga.shape, a.shape) else ga,
+            reshape_to(gb, b.shape) if not rule_same_shape(gb.shape, b.shape) else gb)
 
 
 @matmul_fwd.backward
@@ -307,7 +309,7 @@ def index_copy_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
 
 @vjp(prims.scatter_add)
 def scatter_add_fwd(x: TensorProxy, index: TensorProxy, value: TensorProxy, dim: int) -> tuple[TensorProxy, Saved]:
-    if tuple(value.shape) != tuple(index.shape):
+    if not rule_same_shape(value.shape, index.shape):
         raise MinijitError("the gradient of scatter_add with a source larger than its index is not supported")
     return prims.scatter_add(x, index, value, dim), (index, dim)
 
