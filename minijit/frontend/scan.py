@@ -18,7 +18,9 @@ function as a constant of the trace; its results have the shapes of `xs`, whatev
 its gradient is torch's (the opaque rule: `torch.autograd.grad` of the same call). This needs a
 combine function the trace can keep: a plain Python function that holds no traced value (in its
 closure or defaults), whose result, traced once on two elements, has the elements' structure, shapes
-and dtypes; otherwise the scan is unrolled as above. The association order differs from the unrolled
+and dtypes; otherwise the scan is unrolled as above. That trial run must also show it pure (no write in
+place, no random draw, no change to state outside the call): an impure one is refused by name, since
+its trial's effects are already part of the capture (with constant sizes it is unrolled). The association order differs from the unrolled
 scan's (pairs, then pairs of pairs): equal up to floating-point rounding, as the op's contract allows.
 """
 
@@ -32,9 +34,10 @@ import torch
 import torch.utils._pytree as pytree
 from torch._prims_common import canonicalize_dim
 
-from minijit.errors import UnsupportedOpError
+from minijit.errors import UnsupportedOpError, where
+from minijit.frontend.frame import current_state
 from minijit.frontend.lookasides import _call, lookaside
-from minijit.ir import Effects, NumberProxy, Symbol, TensorProxy, tree_flatten
+from minijit.ir import BoundSymbol, Effects, NumberProxy, Symbol, TensorProxy, current_trace, tree_flatten
 from minijit.ir.containers import contains_proxy
 from minijit.ir.context import where_now
 from minijit.ops.opaque import OPAQUE
@@ -119,11 +122,28 @@ def _keepable(combine_fn: Any, leaves: list[TensorProxy], spec: Any, dim: int) -
     if not isinstance(combine_fn, types.FunctionType) or _holds_traced(combine_fn, 4):
         return False
     element = pytree.tree_unflatten([_call(torch.select, (x, dim, 0), {}) for x in leaves], spec)
+    trace, outside = current_trace(), current_state().outside
+    recorded, effects = len(trace.bound_symbols), len(outside.effects)
     result, result_spec = pytree.tree_flatten(_call(combine_fn, (element, element), {}))
+    _refuse_effects(combine_fn, trace.bound_symbols[recorded:], outside.effects[effects:])
     return result_spec == spec and all(
         isinstance(r, TensorProxy) and r.dtype == x.dtype and r.device == x.device and r.ndim == x.ndim - 1
         and all(a is b or a == b for a, b in zip(r.shape, x.shape[:dim] + x.shape[dim + 1:], strict=True))
         for r, x in zip(result, leaves, strict=True))
+
+
+def _refuse_effects(combine_fn: Any, recorded: list[BoundSymbol], effects: list[Any]) -> None:
+    """Refuse a combine function whose trial run wrote in place, drew random numbers or changed state outside
+    the call: kept as a constant, torch's scan would run it at its own times, and the trial's effects are
+    already part of the capture (the unrolled scan, with constant sizes, takes such a function)."""
+    op = next((b for b in recorded if b.written() or b.is_random() or b.sym.effects.has_side_effects), None)
+    what = f"{op.sym.id}{where(op.source)}" if op is not None else effects[0].describe() if effects else None
+    if what is not None:
+        name = getattr(combine_fn, "__qualname__", "combine_fn")
+        raise UnsupportedOpError(
+            f"associative_scan{where_now()}: its length is a symbolic size, so its combine_fn {name} is kept and run "
+            f"by torch's generic scan, which needs a pure function; it has an effect beyond its result ({what}). "
+            "Make it pure, or use cache='constant values' (the scan is then traced step by step)")
 
 
 def _holds_traced(fn: types.FunctionType, depth: int) -> bool:
