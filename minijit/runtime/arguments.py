@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from minijit.errors import AliasError, UnsupportedOpError, UnsupportedSyntaxError
+from minijit.errors import AliasError, TraceInvariantError, UnsupportedOpError, UnsupportedSyntaxError
 from minijit.frontend.outside import Effect
 from minijit.ir import FloatProxy, IntegerProxy, TensorProxy, Trace
 from minijit.ir.containers import Spec, flatten, is_container, is_tensor, is_tensor_or_number, leaves
@@ -578,8 +578,14 @@ def functionalize_for_call(trace: Trace, flat: list[Any], no_grad: frozenset[str
     # Eager refuses in-place writes into leaves that require grad, not into other tensors that do.
     non_leaf = [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor) and x.requires_grad and not x.is_leaf]
     if not plan.written:
-        functional, _result = functionalize_trace(trace, non_leaf_inputs=non_leaf, no_grad=no_grad)
-        return functional, _result, None  # aliasing cannot matter: the guard need not look at it
+        functional, result = functionalize_trace(trace, non_leaf_inputs=non_leaf, no_grad=no_grad)
+        if result.mutated_inputs:
+            # The plan said no input is written, so the guard will not check how the inputs share memory: a
+            # trace that does write one must not be reused for aliased inputs. Loud, never silently wrong.
+            raise TraceInvariantError(
+                f"trace {trace.fn_name}: functionalize writes the inputs {list(result.mutated_inputs)} where the "
+                "memory model found none written (minijit.transforms.memory.inputs_written); please report it")
+        return functional, result, None  # aliasing cannot matter: the guard need not look at it
     mutated = set(plan.written)
     bases = [_synthetic_base(trace, flat, list(group), mutated) for group in plan.partial]
     # Functionalized for this aliasing only (none: the plain trace): the guard below keeps other calls away.
