@@ -279,8 +279,6 @@ def _eval(expr: str, session: _Session) -> Any:
         raise _Failed(f"{expr}: {e}") from e
 
 
-
-
 def _session(trace: Trace) -> _Session:
     """The capture's session (`CaptureState.strides_session`); a trace recorded apart (an extension's meta)
     gets one of its own for the question."""

@@ -128,12 +128,18 @@ def _size_comparisons(source: str, file: str = "") -> list[int]:
 _ORDERING_CALLS = {"max", "min", "sorted"}
 
 
-def test_passes_compare_sizes_only_through_the_explicit_functions():
+def _comparisons_in(paths: list[Path]) -> list[str]:
+    """Each size compared with an operator in `paths`, as file:line: the line."""
     found = []
-    for path in _pass_sources():
-        lines = path.read_text()
-        found += [f"{path.relative_to(ROOT)}:{n}: {lines.splitlines()[n - 1].strip()}"
-                  for n in _size_comparisons(lines, path.name)]
+    for path in paths:
+        text = path.read_text()
+        found += [f"{path.relative_to(ROOT)}:{n}: {text.splitlines()[n - 1].strip()}"
+                  for n in _size_comparisons(text, path.name)]
+    return found
+
+
+def test_passes_compare_sizes_only_through_the_explicit_functions():
+    found = _comparisons_in(_pass_sources())
     assert not found, ("a pass compares sizes with an operator (call same_value / same_shape / known_compare):\n"
                        + "\n".join(found))
 
@@ -154,11 +160,7 @@ def test_op_rules_compare_sizes_only_through_the_explicit_functions():
     # updates), where the operators raise: they compare sizes with rule_compare / rule_same_shape (so do
     # the VJP rules, for one way of comparing in every rule).
     # (A size already held in a variable is out of this check's sight: `n = x.shape[0]; n > 1`.)
-    found = []
-    for path in _op_sources():
-        lines = path.read_text()
-        found += [f"{path.relative_to(ROOT)}:{n}: {lines.splitlines()[n - 1].strip()}"
-                  for n in _size_comparisons(lines, path.name)]
+    found = _comparisons_in(_op_sources())
     assert not found, ("an op's rule compares sizes with an operator (call rule_compare / rule_same_shape):\n"
                        + "\n".join(found))
 
