@@ -18,7 +18,7 @@ import torch
 import minijit
 import minijit.runtime.arguments as arguments
 import minijit.runtime.pipeline as pipeline
-from minijit.errors import MinijitError
+from minijit.errors import MinijitError, TraceInvariantError
 from minijit.transforms.memory import inputs_written
 from minijit.transforms.view_updates import view_shares_memory
 from tests.transforms import test_functionalize_fuzz as fuzz
@@ -184,3 +184,16 @@ def test_a_pin_decided_by_a_value_read_inside_capture_matches_eager():
         ours, theirs = t.clone(), t.clone()
         torch.testing.assert_close(jf(ours[0:n], ours[2:n + 2]), f(theirs[0:n], theirs[2:n + 2]))
         torch.testing.assert_close(ours, theirs)
+
+
+def test_a_plan_missing_a_written_input_is_refused_not_followed(monkeypatch):
+    """Were the memory model ever to miss an input the trace writes, the entry would skip its aliasing guard:
+    functionalize's own finding is checked against the plan, and the compile stops with the names."""
+    monkeypatch.setattr(arguments, "inputs_written", lambda trace, views: ())
+
+    def f(x):
+        x.add_(1)
+        return x * 2
+
+    with pytest.raises(TraceInvariantError, match=r"writes the inputs \['x'\]"):
+        minijit.jit(f)(torch.randn(3))
