@@ -20,8 +20,9 @@ combine function the trace can keep: a plain Python function that holds no trace
 closure or defaults), whose result, traced once on two elements, has the elements' structure, shapes
 and dtypes; otherwise the scan is unrolled as above. That trial run must also show it pure (no write in
 place, no random draw, no change to state outside the call): an impure one is refused by name, since
-its trial's effects are already part of the capture (with constant sizes it is unrolled). The association order differs from the unrolled
-scan's (pairs, then pairs of pairs): equal up to floating-point rounding, as the op's contract allows.
+its trial's effects are already part of the capture (with constant sizes it is unrolled).
+The association order differs from the unrolled scan's (pairs, then pairs of pairs): equal up to
+floating-point rounding, as the op's contract allows.
 """
 
 from __future__ import annotations
