@@ -128,8 +128,10 @@ def _tensors(value: Any) -> list[torch.Tensor]:
 
 
 def sweep(build: Callable[[], nn.Module], make: Callable[[int, int], dict[str, Any]], batches: list[int],
-          lengths: list[int]) -> tuple[int, int]:
-    """Serve a fresh model over every (batch, length); every output equals eager's. (traces, calls)."""
+          lengths: list[int], why: bool = False) -> tuple[int, int]:
+    """Serve a fresh model over every (batch, length); every output equals eager's. (traces, calls).
+
+    With `why`, print why each call that traced again missed the cache."""
     torch.manual_seed(0)
     model = build().eval()
     jm = minijit.jit(model, cache="symbolic values")
@@ -144,7 +146,11 @@ def sweep(build: Callable[[], nn.Module], make: Callable[[int, int], dict[str, A
                     torch.testing.assert_close(h, w, rtol=1e-4, atol=1e-5,
                                                msg=lambda m: f"batch {batch}, length {length}: {m}")  # noqa: B023
                 calls += 1
-    return minijit.cache_info(jm).misses, calls
+    info = minijit.cache_info(jm)
+    if why:
+        for i, reason in enumerate(info.miss_reasons, start=1):
+            print(f"    miss {i}: {reason[:400]}")
+    return info.misses, calls
 
 
 def main() -> None:
@@ -153,6 +159,7 @@ def main() -> None:
     parser.add_argument("--models", nargs="*", help="model names (default: all)")
     parser.add_argument("--batches", nargs="*", type=int, default=list(range(1, 9)))
     parser.add_argument("--lengths", nargs="*", type=int, default=list(range(5, 18)))
+    parser.add_argument("--why", action="store_true", help="print why each trace after the first was made")
     options = parser.parse_args()
     table = models()
     names = options.models or list(table)
@@ -164,7 +171,7 @@ def main() -> None:
         lengths = options.lengths if varies else options.lengths[:1]
         start = time.perf_counter()
         try:
-            traces, calls = sweep(build, make, options.batches, lengths)
+            traces, calls = sweep(build, make, options.batches, lengths, options.why)
             worst = max(worst, traces)
             print(f"| {name} | {traces} | {calls} | {time.perf_counter() - start:.1f} |", flush=True)
         except Exception as e:  # a report: name the failure and go on

@@ -118,14 +118,14 @@ def _as_strided_sizes(args: tuple[Any, ...], kwargs: dict[str, Any],
 
     The strides and offset are arguments the trace passes on as they are: the elements read are the
     ones eager reads as long as x's storage is laid out as eager lays it out, which the layout guard of
-    x's inputs (`run_on_meta`) and the executors' eager kernels keep. Sizes 0 and 1 are specialised.
+    x's inputs (`run_on_meta`) and the executors' eager kernels keep. Size 0 is specialised.
     """
     size = kwargs["size"] if "size" in kwargs else args[1] if len(args) > 1 else None
     if not isinstance(size, list | tuple) or len(traced) != 1 or traced[0] is None:
         return None
     if any(isinstance(d, NumberProxy) and d.expr is None for d in size):
         return None
-    shape = tuple(d.python_type(d) if isinstance(d, NumberProxy) and d.value < 2 else d for d in size)
+    shape = tuple(d.python_type(d) if isinstance(d, NumberProxy) and d.value < 1 else d for d in size)
     if tuple(number_value(d) for d in shape) != tuple(traced[0]):
         return None
     return [shape]

@@ -254,6 +254,8 @@ def check_viewable(op: str, p: TensorProxy, shape: tuple[Any, ...], requested: t
         error.eager_raised = type(e)  # type: ignore[attr-defined]
         raise error from e
     if _sizes_symbolic(p) and not only_splits(tuple(p.shape), requested if requested is not None else shape):
+        if _traced_ones(p) and _symbolic_viewable(p, shape):
+            return  # decided for sizes traced at 1 and for sizes of 2 or more alike
         _keep_ones(p)
         if (not meta.is_contiguous() or _through_slices(p)) and not _symbolic_viewable(p, shape):
             eager_layout(p, sizes_matter=True)
@@ -277,6 +279,11 @@ def _computed_from(p: TensorProxy) -> tuple[TensorProxy, ...]:
     """The trace inputs `p`'s layout was worked out from, as the trace being recorded knows it."""
     layout = known_layout(p)
     return layout.sources if layout is not None else ()
+
+
+def _traced_ones(p: TensorProxy) -> bool:
+    """Whether a symbolic size of `p` (or of the inputs its layout was worked out from) was traced at 1."""
+    return any(isinstance(d, NumberProxy) and d.value == 1 for q in (p, *_computed_from(p)) for d in q.shape)
 
 
 def _keep_ones(p: TensorProxy) -> None:
@@ -323,23 +330,19 @@ def only_splits(old: tuple[Any, ...], new: tuple[Any, ...]) -> bool:
     """Whether `new` (which may hold one -1) only splits `old`'s dimensions, whatever the symbolic sizes are.
 
     Such a view is possible for any strides; merging dimensions depends on the strides, which
-    may depend on the sizes. A size is kept when it is the same number or the same symbolic
-    size, and a constant size may split into constant sizes of the same product, matched
-    from both ends; what is left between must be one size split into constants and the -1.
-    Sizes 1 come and go freely.
+    may depend on the sizes. Groups are matched from both ends: a size kept (the same number
+    or the same symbolic size), or a constant size split into constants of the same product.
+    At most one dimension of `old` may be left between them, split into any sizes: the
+    element counts agree (`infer_shape` raises, or with symbolic sizes guards, where they do
+    not), so what is left of `new` multiplies to that dimension. Sizes 1 come and go freely.
     """
     if any(type(d) is int and d == 0 for d in old):
         return True  # an empty tensor views to any shape of its element count
     old = tuple(d for d in old if not (type(d) is int and d == 1))
     new = tuple(d for d in new if not (type(d) is int and d == 1))
-    if -1 not in [d for d in new if type(d) is int]:
-        return _matched(old, new) == (len(old), len(new))
-    k = next(i for i, d in enumerate(new) if type(d) is int and d == -1)
-    i, j = _matched(old, new[:k])
-    i2, j2 = _matched(old[i:][::-1], new[k + 1:][::-1])
-    middle_old, middle_new = old[i:len(old) - i2], new[j:len(new) - j2]
-    return len(middle_old) <= 1 and all(type(d) is int for d in middle_new) and (len(middle_old) == 1 or
-                                                                                 middle_new == (-1,))
+    i, j = _matched(old, new)
+    i2, _ = _matched(old[i:][::-1], new[j:][::-1])
+    return len(old) - i - i2 <= 1
 
 
 def _matched(old: tuple[Any, ...], new: tuple[Any, ...]) -> tuple[int, int]:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -141,21 +141,19 @@ def symbolic_output_shapes(fn: Callable[..., Any], args: tuple[Any, ...], kwargs
         return None
     leaves = tree_flatten((args, kwargs))
     key = _signature(fn, leaves, len(args), tuple(kwargs), meta_device)
-    if key is not None and key in _CACHE:
-        found = _CACHE[key]
-    else:
-        found = derive(fn, args, kwargs, meta_device=meta_device)
-        if key is not None:
-            _CACHE[key] = found
-            if len(_CACHE) > _CACHE_SIZE:
-                _CACHE.popitem(last=False)
+    found = _derived(fn, args, kwargs, leaves, key, meta_device)
     if found is None or len(found.outputs) != len(concrete):
         return None
     try:
         values = [_value_at(leaves, where) for where in found.symbols]
         if found.evaluate(values) != concrete:
             return None
-        shapes = _bind(found, leaves)
+        ones = {sym for sym, v in zip(found.names, values, strict=True) if v == 1}
+        across = None
+        if any(guard.free_symbols & ones for guard in found.guards):
+            generic = _derived(fn, args, kwargs, leaves, key, meta_device, generic=True)
+            across = _across_ones(found, generic, leaves, ones)
+        shapes = across if across is not None else _bind(found, leaves)
     except _Unsupported:
         return None
     for x in leaves:  # the numbers the run used as values: the trace relies on them
@@ -163,6 +161,91 @@ def symbolic_output_shapes(fn: Callable[..., Any], args: tuple[Any, ...], kwargs
             if isinstance(d, NumberProxy) and not _symbolic(d) and d.expr is not None:
                 d.python_type(d)
     return shapes
+
+
+def _derived(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], key: Any,
+             meta_device: bool, generic: bool = False) -> SymbolicShapes | None:
+    """`derive`'s result, cached by the call's signature `key` (None: not cached)."""
+    key = key if key is None or not generic else (key, "generic")
+    if key is not None and key in _CACHE:
+        return _CACHE[key]
+    found = derive(fn, args, kwargs, meta_device=meta_device, generic=generic)
+    if key is not None:
+        _CACHE[key] = found
+        if len(_CACHE) > _CACHE_SIZE:
+            _CACHE.popitem(last=False)
+    return found
+
+
+def _across_ones(found: SymbolicShapes, generic: SymbolicShapes | None, leaves: list[Any],
+                 ones: set[Any]) -> list[tuple[Any, ...] | None] | None:
+    """The output shapes for sizes traced at 1 and for those sizes at 2 or more alike, or None.
+
+    Where the kernel's decisions relied on a size traced at 1 being 1, the run at 2 (`generic`) may give
+    the same shapes once those sizes are 1 again: then its shapes hold for both, under the constraint
+    `either_constraint` records. Else the caller keeps the sizes at 1.
+    """
+    if generic is None or generic.symbols != found.symbols or len(generic.outputs) != len(found.outputs):
+        return None
+    sympy = _sympy()
+    rename = dict(zip(generic.names, found.names, strict=True))
+    at_one = {g: sympy.Integer(1) if f in ones else f for g, f in rename.items()}
+    known = equalities(found.guards)
+    for a, b in zip(found.outputs, generic.outputs, strict=True):
+        if (a is None) != (b is None) or (a is not None and not same_at_ones(a, b, at_one, known)):
+            return None
+    env = {sym: leaves[leaf] if dim is None else leaves[leaf].shape[dim]
+           for sym, (leaf, dim) in zip(found.names, found.symbols, strict=True)}
+    generic_env = {g: env[f] for g, f in rename.items()}
+    if capturing():
+        first = [*found.guards, *_range_relations(found), *(sympy.Eq(sym, 1) for sym in ones)]
+        second = [*generic.guards, *_range_relations(generic)]
+        either_constraint(first, env, second, generic_env, ones)
+    return [None if shape is None else tuple(_number(d, generic_env) for d in shape) for shape in generic.outputs]
+
+
+def _range_relations(found: SymbolicShapes) -> list[Any]:
+    relations = []
+    for sym, (low, high) in zip(found.names, found.ranges, strict=True):
+        relations.append(sym >= low)
+        if high is not None:
+            relations.append(sym <= high)
+    return [r for r in relations if r is not _sympy().true]
+
+
+def equalities(guards: Sequence[Any]) -> dict[Any, Any]:
+    """The guards that set an expression to a number, as a substitution (`(s0 // 4) -> 2`)."""
+    sympy = _sympy()
+    found = {}
+    for expr in guards:
+        if isinstance(expr, sympy.Eq):
+            if isinstance(expr.rhs, sympy.Integer):
+                found[expr.lhs] = expr.rhs
+            elif isinstance(expr.lhs, sympy.Integer):
+                found[expr.rhs] = expr.lhs
+    return found
+
+
+def same_at_ones(traced: Sequence[Any], generic: Sequence[Any], at_one: dict[Any, Any], known: dict[Any, Any]) -> bool:
+    """Whether expressions `generic`, with the sizes traced at 1 set to 1 (`at_one` renames the others), are
+    `traced` wherever the equalities `known` hold."""
+    sympy = _sympy()
+    return len(traced) == len(generic) and all(
+        sympy.simplify((a - b.xreplace(at_one)).xreplace(known)) == 0 for a, b in zip(traced, generic, strict=True))
+
+
+def either_constraint(first: Sequence[Any], env: dict[Any, Any], second: Sequence[Any], generic_env: dict[Any, Any],
+                      ones: set[Any]) -> None:
+    """Record that the trace holds where the sizes traced at 1 (`ones`) are 1 and the relations `first` hold, or
+    where they are all 2 or more and the relations `second` (of the generic run's symbols) hold.
+
+    The two cases part on those sizes: a call with some at 1 and others above misses."""
+    sympy = _sympy()
+    values = {sym: sympy.Integer(p.value if isinstance(p, NumberProxy) else p) for sym, p in env.items()}
+    if any(relation.xreplace(values) is not sympy.true for relation in first):
+        raise _Unsupported("a relation of the traced case is false")
+    texts = [_condition(r, generic_env) for r in second] + [_condition(sym >= 2, env) for sym in ones]
+    add_constraint(f"(({' and '.join(_condition(r, env) for r in first)}) or ({' and '.join(texts)}))")
 
 
 def _value_at(leaves: list[Any], where: tuple[int, int | None]) -> int:
@@ -199,12 +282,13 @@ def _signature(fn: Any, leaves: list[Any], nargs: int, kwnames: tuple[str, ...],
 
 
 def derive(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], *,
-           meta_device: bool = False) -> SymbolicShapes | None:
+           meta_device: bool = False, generic: bool = False) -> SymbolicShapes | None:
     """Run `fn` on fake tensors with one torch symbol per distinct symbolic size among the arguments.
 
     Tensor proxies become fake meta tensors (the same proxy the same tensor), symbolic ints
     of value 1 or more become torch symbols (the same expression the same symbol), other
-    numbers their values. None where the run fails or an output views an argument.
+    numbers their values. None where the run fails or an output views an argument. With
+    `generic`, the sizes traced at 1 are run at 2: the kernel decides as for any size of 2 or more.
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
@@ -222,8 +306,9 @@ def derive(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
     def symint(x: IntegerProxy, where: tuple[int, int | None]) -> Any:
         node = by_expr.get(x.expr)  # type: ignore[arg-type]
         if node is None:
-            sym = env.create_symbol(x.value, _size_source(len(names)), dynamic_dim=DimDynamic.DYNAMIC)
-            node = by_expr[x.expr] = env.create_symintnode(sym, hint=x.value)  # type: ignore[index]
+            hint = 2 if generic and x.value == 1 else x.value
+            sym = env.create_symbol(hint, _size_source(len(names)), dynamic_dim=DimDynamic.DYNAMIC)
+            node = by_expr[x.expr] = env.create_symintnode(sym, hint=hint)  # type: ignore[index]
             symbols.append(where)
             names.append(sym)
         return node

@@ -19,7 +19,14 @@ op's output sizes):
 - each stride of the result comes back as a sympy expression of the symbols, rebuilt as
   arithmetic on minijit's number proxies; every decision torch's stride rules took on a
   size (`Eq(s0, 1)`, `s0 >= 2`) is a `ShapeEnv` guard, recorded as a constraint of the
-  capture, so the strides are used only for sizes where torch decides the same way.
+  capture, so the strides are used only for sizes where torch decides the same way;
+- where an answer relied on a size traced at 1 being 1, the question is asked again of a
+  generic session, which replays those sizes at 2; where its answer, with those sizes set
+  back to 1, is the same expression, it holds for both, and the constraint recorded is
+  "those sizes are 1 and the first session's guards hold, or they are all 2 or more and the
+  generic session's guards hold" (`_decide`): a batch of 1 shares the trace of larger ones.
+  Else the sizes stay 1. (`minijit.ops.symbolic_sizes` does the same for an opaque op's
+  output sizes.)
 
 The fake tensors of one capture are kept (one replay per op however many queries ask).
 Where anything cannot be followed (an op without an eager implementation or that fails on
@@ -31,7 +38,7 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -42,7 +49,16 @@ from minijit.ir import BoundSymbol, IntegerProxy, NumberProxy, Proxy, TensorProx
 from minijit.ir.context import add_layout_check, capturing
 from minijit.ops.registry import eager_impl
 from minijit.ops.strides import _guard_layout, contiguous_strides, outside_inference_mode
-from minijit.ops.symbolic_sizes import _compare, _number, _record, _size_source, _sympy, _Unsupported
+from minijit.ops.symbolic_sizes import (
+    _number,
+    _record,
+    _size_source,
+    _sympy,
+    _Unsupported,
+    either_constraint,
+    equalities,
+    same_at_ones,
+)
 
 __all__ = ["symbolic_layout", "symbolic_viewable"]
 
@@ -66,11 +82,13 @@ class _Failed(Exception):
 class _Session:
     """One capture's fake tensors with symbolic sizes: a `ShapeEnv`, the fakes by proxy, the symbols' proxies."""
 
-    def __init__(self, trace: Trace):
+    def __init__(self, trace: Trace, generic: bool = False):
         from torch._subclasses.fake_tensor import FakeTensorMode
         from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
         self._trace = weakref.ref(trace)  # the session is kept by the trace's capture state, not the other way
+        # A generic session replays sizes traced at 1 at 2: torch's rules then decide as for any size >= 2.
+        self.generic = generic
         # Sizes traced at 1 stay symbols too: the rules' decisions on them become guards (`Eq(s0, 1)`).
         self.env = ShapeEnv(duck_shape=False, specialize_zero_one=False)
         self.mode = FakeTensorMode(shape_env=self.env, allow_non_fake_inputs=True)
@@ -111,10 +129,27 @@ class _Session:
             return int(d)  # 0: specialised (symbolic sizes keep 0 constant)
         node = self.by_expr.get(d.expr)
         if node is None:
-            sym = self.env.create_symbol(d.value, _size_source(len(self.symbols)))
-            node = self.by_expr[d.expr] = self.env.create_symintnode(sym, hint=d.value)
+            hint = 2 if self.generic and d.value == 1 else int(d.value)
+            sym = self.env.create_symbol(hint, _size_source(len(self.symbols)))
+            node = self.by_expr[d.expr] = self.env.create_symintnode(sym, hint=hint)
             self.symbols[sym] = d
         return node
+
+    def ones(self) -> set[Any]:
+        """The symbols of the sizes traced at 1."""
+        return {sym for sym, d in self.symbols.items() if d.value == 1}
+
+    def knows_ones(self) -> bool:
+        """Whether a guard of this session says something of a size traced at 1 (beyond its being a size):
+        its later answers may then rely on the size being 1."""
+        ones = self.ones()
+        return bool(ones) and any(guard.expr.free_symbols & ones for guard in self.env.guards)
+
+    def at_point(self, d: Any) -> int:
+        """Size `d` of the trace at the sizes this session replays (the traced ones, but for a generic session)."""
+        if not self.generic:
+            return int(_value(d))
+        return _hint(self.number(d)) if isinstance(d, NumberProxy) else int(d)
 
     def input_fake(self, p: TensorProxy) -> torch.Tensor:
         layout = self.trace.layouts.get(p)
@@ -228,7 +263,7 @@ class _Session:
             raise _Failed(f"{bsym.sym.name}: {len(result)} results, not {len(outs)}")
         for out, value in zip(outs, result, strict=True):
             if isinstance(out, TensorProxy) and isinstance(value, torch.Tensor):
-                if tuple(_hint(d) for d in value.shape) != tuple(int(_value(d)) for d in out.shape):
+                if tuple(_hint(d) for d in value.shape) != tuple(self.at_point(d) for d in out.shape):
                     raise _Failed(f"{bsym.sym.name}: the fake shape is not the traced one")
                 self.fakes.setdefault(id(out), value)
 
@@ -279,15 +314,18 @@ def _eval(expr: str, session: _Session) -> Any:
         raise _Failed(f"{expr}: {e}") from e
 
 
-def _session(trace: Trace) -> _Session:
-    """The capture's session (`CaptureState.strides_session`); a trace recorded apart (an extension's meta)
-    gets one of its own for the question."""
+def _session(trace: Trace, generic: bool = False) -> _Session:
+    """The capture's session (`CaptureState.strides_session`), or its generic one; a trace recorded apart
+    (an extension's meta) gets one of its own for the question."""
     state = trace.capture
     if state is None:
-        return _Session(trace)
+        return _Session(trace, generic)
     if state.strides_session is None:
-        state.strides_session = _Session(trace)
-    return state.strides_session
+        state.strides_session = {}
+    found = state.strides_session.get(generic)
+    if found is None:
+        found = state.strides_session[generic] = _Session(trace, generic)
+    return found
 
 
 def symbolic_layout(p: TensorProxy, trace: Trace) -> tuple[tuple[Any, ...], Any] | None:
@@ -297,28 +335,32 @@ def symbolic_layout(p: TensorProxy, trace: Trace) -> tuple[tuple[Any, ...], Any]
     Only while capturing: the guards torch's stride rules took become the capture's constraints, and the
     inputs' layouts the replay assumed join the cache entry's guard.
     """
+    def ask(session: _Session, fake: torch.Tensor) -> tuple[Any, ...]:
+        return (*(_symbolic_int(s) for s in fake.stride()), _symbolic_int(fake.storage_offset()))
+
     try:
-        found = _fake_as_eager(p, trace)
+        found = _decide(p, trace, ask)
         if found is None:
             return None
-        session, fake = found
-        strides = [_symbolic_int(s) for s in fake.stride()]
-        offset = _symbolic_int(fake.storage_offset())
-        env = _settle(session)
-        return tuple(_number(s, env) for s in strides), _number(offset, env)
+        answer, env = found
+        numbers = [_number(x, env) for x in answer]
+        return tuple(numbers[:-1]), numbers[-1]
     except (_Failed, _Unsupported):
         return None
 
 
-def _fake_as_eager(p: TensorProxy, trace: Trace) -> tuple[_Session, torch.Tensor] | None:
-    """The capture's session and `p` replayed on its fake tensors, where capturing and where torch's fake
-    kernels laid `p` out as its eager kernels (on meta tensors) did; else None. Raises `_Failed`/`_Unsupported`
+def _fake(p: TensorProxy, trace: Trace, generic: bool = False) -> tuple[_Session, torch.Tensor] | None:
+    """The capture's session (or its generic one) and `p` replayed on its fake tensors, where capturing and
+    where torch's fake kernels laid `p` out as its eager kernels (on meta tensors) did (for a generic
+    session that is checked on its answers instead: `_decide`); else None. Raises `_Failed`/`_Unsupported`
     where the replay cannot be followed."""
     if not capturing():
         return None
-    session = _session(trace)
+    session = _session(trace, generic)
     session.refresh()
     fake = session.fake(p)
+    if generic:
+        return session, fake
     layout = trace.layouts.get(p)
     if layout is None or (tuple(_hint(s) for s in fake.stride()), _hint(fake.storage_offset())) != (
             layout.strides, layout.offset):
@@ -329,11 +371,7 @@ def _fake_as_eager(p: TensorProxy, trace: Trace) -> tuple[_Session, torch.Tensor
 def symbolic_viewable(p: TensorProxy, trace: Trace, shape: tuple[Any, ...]) -> bool:
     """Whether `p.view(shape)` is possible for every call whose sizes meet the constraints this records
     (torch's view rule run on `p`'s layout with symbolic sizes); False where that cannot be followed."""
-    try:
-        found = _fake_as_eager(p, trace)
-        if found is None:
-            return False
-        session, fake = found
+    def ask(session: _Session, fake: torch.Tensor) -> tuple[Any, ...]:
         sizes = [session.number(d) if isinstance(d, NumberProxy) else d for d in shape]
         try:
             with outside_inference_mode(), torch.no_grad(), enable_python_dispatcher(), _quiet(), session.mode:
@@ -342,27 +380,100 @@ def symbolic_viewable(p: TensorProxy, trace: Trace, shape: tuple[Any, ...]) -> b
             raise
         except Exception as e:
             raise _Failed(f"view on fake tensors: {e}") from e
-        _settle(session)
-        return True
+        return ()
+
+    try:
+        return _decide(p, trace, ask) is not None
     except (_Failed, _Unsupported):
         return False
 
 
-def _settle(session: _Session) -> dict[Any, IntegerProxy]:
-    """Record the `ShapeEnv`'s new guards and its symbols' ranges as constraints, and the guard of the inputs'
-    layouts the replay assumed; the symbols' proxies."""
-    env = dict(session.symbols)
-    guards = session.env.guards
-    for guard in guards[session.recorded:]:
-        _record(guard.expr, env)
-    session.recorded = len(guards)
+def _decide(p: TensorProxy, trace: Trace, ask: Any) -> tuple[tuple[Any, ...], dict[Any, IntegerProxy]] | None:
+    """`ask(session, fake of p)`'s answer (sympy expressions) and the symbols' proxies, its guards recorded;
+    None where `p` cannot be followed.
+
+    Torch's rules decide some questions on whether a size is 1 (contiguity ignores a size-1 dim's stride).
+    Where the answer relied on a size traced at 1 being 1, the question is asked again of the generic
+    session, which replays those sizes at 2; where its answer is the same expression once those sizes are
+    1, the answer holds for both, and the constraint recorded is: the sizes are 1 and the first session's
+    guards hold, or they are at least 2 and the generic session's guards hold. Else the sizes stay 1.
+    """
+    found = _fake(p, trace)
+    if found is None:
+        return None
+    session, fake = found
+    answer = ask(session, fake)
+    if session.knows_ones():
+        across = _across_ones(p, trace, ask, session, answer)
+        if across is not None:
+            return across
+        # An earlier answer's constraint may have let those sizes be 2 or more: this one holds at 1 only.
+        return answer, _settle(session, pin=_relied_on(session))
+    return answer, _settle(session)
+
+
+def _across_ones(p: TensorProxy, trace: Trace, ask: Any, session: _Session,
+                 answer: tuple[Any, ...]) -> tuple[tuple[Any, ...], dict[Any, IntegerProxy]] | None:
+    """`_decide`'s answer for sizes traced at 1 and for those sizes at 2 or more, or None (see `_decide`)."""
+    try:
+        generic, fake = _fake(p, trace, generic=True)  # type: ignore[misc]
+        other = ask(generic, fake)
+    except (_Failed, _Unsupported):
+        return None
     sympy = _sympy()
-    for sym, size in env.items():
+    ones = session.ones()
+    by_expr = {d.expr: sym for sym, d in session.symbols.items()}
+    renamed = {sym: by_expr.get(d.expr) for sym, d in generic.symbols.items()}
+    if None in renamed.values():
+        return None  # a size the traced session never met
+    at_one = {sym: sympy.Integer(1) if renamed[sym] in ones else renamed[sym] for sym in generic.symbols}
+    if not same_at_ones(answer, other, at_one, equalities([g.expr for g in session.env.guards])):
+        return None
+    first = [*_new_guards(session), *(sympy.Eq(sym, 1) for sym in ones)]
+    generic_env = dict(generic.symbols)
+    either_constraint(first, dict(session.symbols), _new_guards(generic), generic_env, ones)
+    for s in (session, generic):
+        s.recorded = len(s.env.guards)
+        for q in s.used.values():
+            _guard_input(q, s.trace)
+    return other, generic_env
+
+
+def _new_guards(session: _Session) -> list[Any]:
+    """The session's guards not recorded yet and its symbols' ranges, as sympy relations."""
+    sympy = _sympy()
+    found = [guard.expr for guard in session.env.guards[session.recorded:]]
+    for sym in session.symbols:
         vr = session.env.var_to_range[sym]
         low = int(vr.lower) if isinstance(vr.lower, sympy.Integer) else 0
-        _compare(size, ">=", max(low, min(size.value, 2)))  # at least 2, or 1 for a size traced at 1
+        hint = _hints(session.env).get(sym, 2)
+        found.append(sym >= max(low, min(int(hint), 2)))  # at least 2, or 1 for a size traced at 1
         if isinstance(vr.upper, sympy.Integer):
-            _compare(size, "<=", int(vr.upper))
+            found.append(sym <= int(vr.upper))
+    return [relation for relation in found if relation is not sympy.true]
+
+
+def _hints(env: Any) -> dict[Any, Any]:
+    """The `ShapeEnv`'s symbol -> hint table (renamed in newer torch)."""
+    found = getattr(env, "backed_var_to_val", None)
+    return found if found is not None else env.var_to_val
+
+
+def _relied_on(session: _Session) -> list[Any]:
+    """`size == 1` for each size traced at 1 that a guard of the session mentions."""
+    sympy = _sympy()
+    ones = session.ones()
+    mentioned = set().union(*(guard.expr.free_symbols & ones for guard in session.env.guards))
+    return [sympy.Eq(sym, 1) for sym in mentioned]
+
+
+def _settle(session: _Session, pin: Sequence[Any] = ()) -> dict[Any, IntegerProxy]:
+    """Record the `ShapeEnv`'s new guards and its symbols' ranges (and the relations `pin`) as constraints,
+    and the guard of the inputs' layouts the replay assumed; the symbols' proxies."""
+    env = dict(session.symbols)
+    for guard in [*_new_guards(session), *pin]:
+        _record(guard, env)
+    session.recorded = len(session.env.guards)
     for q in session.used.values():
         _guard_input(q, session.trace)
     return env

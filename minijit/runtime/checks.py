@@ -110,7 +110,8 @@ class Check:
                     f"== _meta_{s}")
         if aspect == "autocast":
             return f"({s}) == {literal(env, v)}"
-        return s  # "constraint", "read": the subject is the test itself
+        # "constraint", "read": the subject is the test itself, kept whole among the tests joined by `and`.
+        return f"({s})" if " or " in s or " if " in s else s
 
     def observe(self, now: Any) -> Any:
         """The value of this check's aspect for `now`, the subject's current value, shaped like `expected`."""

@@ -104,3 +104,63 @@ def test_an_input_contiguous_at_one_call_and_not_at_another_retraces() -> None:
         torch.testing.assert_close(jf(x), fn(x))
     assert minijit.cache_info(jf).misses <= 3
     assert minijit.cache_info(jf).misses >= 2  # the transposed inputs cannot reuse the contiguous trace
+
+
+# -- a batch of 1 ----------------------------------------------------------------------------------
+# Torch's stride rules decide some questions on whether a size is 1 (contiguity ignores a size-1 dim's
+# stride). Where the answer for a size traced at 1 is the answer for any size of 2 or more with that size
+# set to 1, a batch of 1 shares the trace; where it is not, it traces apart and matches eager.
+
+
+def test_a_batch_of_one_shares_the_trace_of_larger_batches() -> None:
+    # Longformer's layout: the sequence first, so folding the heads into the batch views at every batch.
+    calls = [(torch.randn(t, b, 2, 3),) for b, t in ((1, 8), (2, 8), (3, 12), (1, 16))]
+    _check(lambda x: _chunk(x.transpose(0, 1), 2), calls, 1)
+    calls = [(torch.randn(b, c, 2, 5),) for b, c in ((1, 3), (4, 3), (2, 5), (1, 2))]
+    _check(_diagonalize, calls, 1)
+
+
+def test_a_batch_of_one_whose_layout_differs_traces_apart() -> None:
+    # With the batch first, folding the heads into it views at a batch of 1 only (a copy otherwise):
+    # the strides `_chunk` reads differ, so the batch of 1 has its own trace.
+    calls = [(torch.randn(b, t, 2, 3),) for b, t in ((1, 8), (2, 8), (3, 12), (1, 16))]
+    _check(lambda x: _chunk(x, 2), calls, 2)
+
+
+def test_an_opaque_op_on_a_batch_of_one_shares_the_trace() -> None:
+    def fn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.einsum("bcxd,bcyd->bcxy", a, b) + 1
+    calls = [(torch.randn(n, 3, 4, 2), torch.randn(n, 3, 5, 2)) for n in (1, 2, 3, 1)]
+    _check(fn, calls, 1)
+
+
+def test_a_value_written_through_a_key_on_a_batch_of_one_shares_the_trace() -> None:
+    def fn(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        y = x.clone()
+        y[:, :2] = v
+        return y
+    _check(fn, [(torch.randn(n, 5), torch.randn(n, 2)) for n in (1, 2, 4, 1)], 1)
+
+
+def test_strides_of_a_layout_a_size_of_one_changes_match_eager_at_every_call() -> None:
+    # A stride read from a layout that a size of 1 changes is a Python number the code goes on with: each
+    # call's numbers must be eager's. (Only the strides of dims of other sizes: the stride of a size-1 dim
+    # after an elementwise kernel depends on the kernel's path in eager itself.)
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        y = x.transpose(1, 2) * 2
+        s = y.stride()
+        return y.sum() * 0 + sum(st * 10 ** k for k, (st, n) in enumerate(zip(s, y.shape, strict=True)) if n != 1)
+    jf = minijit.jit(fn, cache="symbolic values")
+    for shape in ((2, 1, 3), (2, 4, 3), (1, 1, 5), (3, 5, 2), (2, 3, 1), (1, 4, 4), (3, 1, 1)):
+        x = torch.randn(shape)
+        torch.testing.assert_close(jf(x), fn(x))
+
+
+def test_a_broadcast_only_a_size_of_one_allows_is_not_reused_for_larger_sizes() -> None:
+    def fn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.einsum("bi,bi->bi", a, b) * 2
+    jf = minijit.jit(fn, cache="symbolic values")
+    for n in (1, 4):  # a's batch of 1 broadcasts against b's 4
+        a, b = torch.randn(n, 3), torch.randn(4, 3)
+        torch.testing.assert_close(jf(a, b), fn(a, b))
+    assert_refused_as_eager(jf, fn, torch.randn(2, 3), torch.randn(4, 3))

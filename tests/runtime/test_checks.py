@@ -153,3 +153,15 @@ def test_the_explanation_names_the_first_failing_check(mode: str) -> None:
     reasons = minijit.cache_info(jf).miss_reasons[1].split("; ")
     assert reasons[0] == "arg 'x': dtype float64 != float32"
     assert reasons[1:] == ["arg 'x': requires_grad True != False", "arg 'y': dtype float64 != float32"]
+
+
+def test_a_constraint_that_is_a_disjunction_is_checked_whole_among_the_others() -> None:
+    # The guard joins its tests with `and`: a constraint `A or B` must not let a call that fails another
+    # constraint through (`C and A or B` is `(C and A) or B`).
+    from minijit.runtime.checks import Prologue, guard_checks
+
+    env: dict[str, Any] = {}
+    checks = guard_checks(["x.shape[0] == 2", "(x.shape[1] == 1) or (x.shape[1] >= 2)"], [], [], None, ["x"], env)
+    prologue = Prologue("disjunction", ["x"], (), checks, ["x"], [], env)
+    assert prologue.guard(torch.ones(2, 3)) is True
+    assert prologue.guard(torch.ones(5, 3)) is False

@@ -22,7 +22,7 @@ import torch
 from minijit.errors import MetaError, UnsupportedOpError
 from minijit.ir import TENSOR_METHODS, VIEWS_IF_BASIC_KEY, Effects, IntegerProxy, NumberProxy, TensorProxy
 from minijit.ir.context import where_now
-from minijit.ir.proxies import rule_compare, rule_same_shape
+from minijit.ir.proxies import broadcasts_to, rule_compare, rule_same_shape
 from minijit.ops import prims
 from minijit.ops.ltorch.shape import movedim, permute, slice_dim
 from minijit.ops.registry import ltorch_op
@@ -298,8 +298,7 @@ def _value_tensor(op: str, a: TensorProxy, value: Any, shape: tuple[Any, ...],
     out_shape = shape if out_shape is None else out_shape
     if isinstance(value, TensorProxy):
         v = _drop_leading_ones(value, len(shape))
-        if v.ndim > len(shape) or any(rule_compare(s, "!=", 1) and rule_compare(s, "!=", d)
-                                     for s, d in zip(reversed(v.shape), reversed(shape))):
+        if v.ndim > len(shape) or not all(broadcasts_to(s, d) for s, d in zip(reversed(v.shape), reversed(shape))):
             raise _fail(op, f"shape mismatch: value tensor of shape {list(value.shape)} cannot be broadcast "
                             f"to indexing result of shape {list(shape)}")
         return expand_to(to_dtype(v, a.dtype), out_shape)
