@@ -385,10 +385,41 @@ def stride(p: TensorProxy, dim: int | None = None) -> Any:
     """
     followed = _symbolic_layout(p)
     if followed is not None:
-        strides = followed[0]
+        strides = _size_one_strides_when_run(p, followed[0])
         return strides if dim is None else strides[dim]
     meta = _known_layout(p, "stride")
-    return meta.stride() if dim is None else meta.stride(dim)
+    if dim is not None:
+        meta.stride(dim)  # eager's IndexError for a dim out of range
+    strides = _size_one_strides_when_run(p, meta.stride())
+    return strides if dim is None else strides[dim]
+
+
+def _size_one_strides_when_run(p: TensorProxy, strides: tuple[Any, ...]) -> tuple[Any, ...]:
+    """`strides`, with the stride of each size-1 dim of a tensor a kernel made read from the tensor when the
+    trace runs (`aten_prims.stride_of`): eager's kernels each choose their own there (`x.t() * 2` and
+    `x.t().relu()` differ on the CPU, and from meta tensors), so no replay can tell it."""
+    ones = [k for k, d in enumerate(p.shape) if number_value(d) == 1]
+    if not ones or not _made_by_a_kernel(p):
+        return tuple(strides)
+    from minijit.ops.aten_prims import stride_of
+
+    found = list(strides)
+    for k in ones:
+        found[k] = stride_of(p, k)
+    return tuple(found)
+
+
+def _made_by_a_kernel(p: TensorProxy) -> bool:
+    """Whether `p`'s memory was made by an op of the trace (not a trace input), following views back."""
+    trace = current_trace()
+    producers = {id(out): b for b in trace.bound_symbols for out in b.proxy_outputs()} if trace is not None else {}
+    q: Any = p
+    while (bsym := producers.get(id(q))) is not None:
+        base = bsym.viewed_argument(q)
+        if base is None:
+            return True
+        q = base
+    return False
 
 
 def _symbolic_layout(p: TensorProxy) -> tuple[tuple[Any, ...], Any] | None:

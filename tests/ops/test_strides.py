@@ -296,3 +296,44 @@ def test_layout_through_a_move_to_a_device_matches_eager() -> None:
     want, have = f(x), minijit.jit(f)(x)
     assert have[0] == want[0]
     torch.testing.assert_close(have[1], want[1])
+
+
+# The stride of a size-1 dim of a tensor a kernel made is the kernel's own choice in eager torch (`x.t() * 2`
+# and `x.t().relu()` differ on the CPU, and from meta tensors): the trace reads it from the tensor when it runs.
+SIZE_ONE_KERNELS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "mul": lambda y: y * 2, "add": lambda y: y + 0, "relu": torch.relu, "exp": torch.exp, "div": lambda y: y / 2,
+    "zeros_like": torch.zeros_like, "clone": torch.clone,
+}
+
+
+@pytest.mark.parametrize("mode", ["constant values", "symbolic values"])
+@pytest.mark.parametrize("kernel", list(SIZE_ONE_KERNELS))
+def test_the_stride_of_a_size_one_dim_after_a_kernel_is_eager_s(kernel: str, mode: str) -> None:
+    op = SIZE_ONE_KERNELS[kernel]
+
+    def read(x: torch.Tensor) -> torch.Tensor:
+        y = op(x.transpose(1, 2))
+        s = y.stride()
+        return y.sum() * 0 + s[0] + 10 * s[1] + 100 * y.stride(2)
+
+    def used(x: torch.Tensor) -> torch.Tensor:
+        y = op(x.transpose(1, 2))
+        return y.as_strided(y.shape, y.stride()) + 1
+
+    for fn in (read, used):
+        jf = minijit.jit(fn, cache=mode)
+        for shape in ((2, 1, 3), (3, 1, 4), (2, 4, 1), (2, 5, 3)):
+            x = torch.randn(shape)
+            torch.testing.assert_close(jf(x), fn(x))
+
+
+def test_a_branch_on_the_stride_of_a_size_one_dim_follows_eager() -> None:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        y = x.transpose(1, 2) * 2
+        if y.stride(-1) != 1:  # a kernel wrapper's check before it calls its kernel
+            return y.contiguous() + 1
+        return y - 1
+    jf = minijit.jit(fn)
+    for shape in ((2, 1, 3), (2, 1, 3), (2, 4, 3)):
+        x = torch.randn(shape)
+        torch.testing.assert_close(jf(x), fn(x))
