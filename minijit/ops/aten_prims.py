@@ -38,7 +38,7 @@ from minijit.ir.context import value_reader, where_now
 from minijit.ir.proxies import number_value, rule_compare, rule_same_shape
 from minijit.ops import prims
 from minijit.ops.registry import TORCH_TO_LTORCH
-from minijit.ops.strides import known_layout, outside_inference_mode
+from minijit.ops.strides import outside_inference_mode
 from minijit.ops.symbolic_sizes import has_symbolic_sizes, symbolic_output_shapes
 
 aten = torch.ops.aten
@@ -439,26 +439,6 @@ item = prims._prim("item", _item_meta)
 ATEN_IMPLS["item"] = aten._local_scalar_dense.default
 TENSOR_METHODS["item"] = item
 TORCH_TO_LTORCH[torch.Tensor.item] = item
-
-
-def _stride_of_meta(x: TensorProxy, dim: int) -> IntegerProxy:
-    if not isinstance(x, TensorProxy) or not isinstance(dim, int) or not -x.ndim <= dim < max(x.ndim, 1):
-        raise _fail("stride_of", f"expected a tensor and one of its dims, got {type(x).__name__} and {dim!r}")
-    layout = known_layout(x)
-    stride = IntegerProxy(layout.strides[dim] if layout is not None else 1)  # the value eager's meta kernels give
-    stride.origin = f"the stride of dim {dim} (of size 1) of {x.name}, which eager torch leaves to the kernel " \
-                    f"that made the tensor, read when the trace runs{where_now()}"
-    return stride
-
-
-def _stride_of(x: torch.Tensor, dim: int) -> int:
-    return x.stride(dim)
-
-
-# The stride of one dim of a tensor, read from the tensor when the trace runs (minijit.ops.strides: a size-1
-# dim's stride after a kernel, which eager's kernels choose each their own way).
-stride_of = prims._prim("stride_of", _stride_of_meta)
-ATEN_IMPLS["stride_of"] = _stride_of
 
 
 # -- values read while tracing ---------------------------------------------------------------------

@@ -108,10 +108,10 @@ def _only_writes(func: Any) -> bool:
 
 
 # Torch callables whose result depends on the argument's layout in memory, not only its values.
-_READS_STORAGE = {torch.as_strided, torch.Tensor.as_strided, torch.as_strided_copy}
+READS_STORAGE = {torch.as_strided, torch.Tensor.as_strided, torch.as_strided_copy}
 
 
-@size_rule(*_READS_STORAGE)
+@size_rule(*READS_STORAGE)
 def _as_strided_sizes(args: tuple[Any, ...], kwargs: dict[str, Any],
                       traced: list[tuple[int, ...] | None]) -> list[tuple[Any, ...] | None] | None:
     """`as_strided(x, size, stride, storage_offset)`'s output has exactly the sizes asked for, symbolic or not.
@@ -143,7 +143,7 @@ def run_on_meta(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
     relied on); where that cannot be derived, they are specialised on: their values are used,
     and the constraints that they keep those values are recorded.
     """
-    if fn in _READS_STORAGE:
+    if fn in READS_STORAGE:
         # Its result depends on where the argument's elements sit in memory: use (and guard) its eager layout.
         for x in tree_flatten((args, kwargs)):
             if isinstance(x, TensorProxy):
@@ -187,7 +187,7 @@ def _with_symbolic_shapes(fn: Callable[..., Any], args: tuple[Any, ...], kwargs:
     derived = None
     if not result.written:
         derived = symbolic_output_shapes(fn, args, kwargs, concrete, meta_device=factory,
-                                         reads_layout=fn in _READS_STORAGE)
+                                         reads_layout=fn in READS_STORAGE)
     if derived is None:
         _specialise((args, kwargs))
         return result

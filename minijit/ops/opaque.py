@@ -60,7 +60,7 @@ from minijit.ops import prims
 from minijit.ops.aliases import canonical
 from minijit.ops.autocast import active_autocast, opaque_autocast_arguments
 from minijit.ops.eager_facts import write_facts
-from minijit.ops.meta_run import MetaResult, TensorMeta, map_leaves, named_tuple_for, run_on_meta
+from minijit.ops.meta_run import READS_STORAGE, MetaResult, TensorMeta, map_leaves, named_tuple_for, run_on_meta
 from minijit.ops.number_args import check_dtype, numbers_only, takes_tensor_first, with_tensor_input
 from minijit.ops.registry import ltorch_symbol_for
 
@@ -451,8 +451,8 @@ def _plain_symbol(fn: Any, result: MetaResult, refs: list[int | str]) -> Symbol:
         def meta(*args: Any, **kwargs: Any) -> Any:
             return _rebuild(run_on_meta(fn, args, kwargs, what).outputs, iter(()))
 
-        sym = _SYMBOLS[key] = Symbol(name, meta, namespace=namespace, is_prim=True, tags=frozenset({OPAQUE}), fn=fn,
-                                     effects=effects)
+        tags = frozenset({OPAQUE, Tag.READS_LAYOUT} if fn in READS_STORAGE else {OPAQUE})
+        sym = _SYMBOLS[key] = Symbol(name, meta, namespace=namespace, is_prim=True, tags=tags, fn=fn, effects=effects)
     return sym
 
 

@@ -44,7 +44,7 @@ reshape).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -254,20 +254,43 @@ def check_viewable(op: str, p: TensorProxy, shape: tuple[Any, ...], requested: t
         error.eager_raised = type(e)  # type: ignore[attr-defined]
         raise error from e
     if _sizes_symbolic(p) and not only_splits(tuple(p.shape), requested if requested is not None else shape):
-        if _traced_ones(p) and _symbolic_viewable(p, shape):
-            return  # decided for sizes traced at 1 and for sizes of 2 or more alike
-        _keep_ones(p)
-        if (not meta.is_contiguous() or _through_slices(p)) and not _symbolic_viewable(p, shape):
-            eager_layout(p, sizes_matter=True)
+        from minijit.ops.symbolic_strides import symbolic_viewable
+
+        hold_for_every_size(p, lambda trace: symbolic_viewable(p, trace, shape),
+                            structural=meta.is_contiguous() and not _through_slices(p))
 
 
-def _symbolic_viewable(p: TensorProxy, shape: tuple[Any, ...]) -> bool:
-    """Whether torch's view rule, followed on symbolic sizes, views `p` as `shape` for every call the guard
-    lets through (`minijit.ops.symbolic_strides`)."""
-    from minijit.ops.symbolic_strides import symbolic_viewable
+def is_already_contiguous(p: TensorProxy, memory_format: torch.memory_format) -> bool | None:
+    """Whether `Tensor.contiguous(memory_format)` returns `p` itself in eager (None where `p`'s layout is unknown:
+    a decomposition's call). With symbolic sizes, the guard checks what the answer relied on."""
+    meta = user_layout(p)
+    if meta is None:
+        return None
+    already = meta.is_contiguous(memory_format=memory_format)
+    if _sizes_symbolic(p):
+        from minijit.ops.symbolic_strides import symbolic_contiguous
 
+        hold_for_every_size(p, lambda trace: symbolic_contiguous(p, trace, memory_format) is already,
+                            structural=not _through_slices(p))
+    return already
+
+
+def hold_for_every_size(p: TensorProxy, on_fakes: Callable[[Trace], bool], structural: bool) -> None:
+    """Make a decision taken on `p`'s eager layout at the traced sizes hold for every call the guard lets through.
+
+    `on_fakes(trace)` takes the decision again on fake tensors with symbolic sizes (`minijit.ops.symbolic_strides`,
+    which records what it relied on) and says whether it is the same. `structural`: the layout's shape of
+    strides (which dims are contiguous with which) decided it, the same at every size of 2 or more; sizes traced
+    at 1 are then kept 1 (`_keep_ones`). Else the guard checks the sizes themselves.
+    """
     trace = current_trace()
-    return trace is not None and symbolic_viewable(p, trace, shape)
+    if trace is None:
+        return
+    if _traced_ones(p) and on_fakes(trace):
+        return  # decided for sizes traced at 1 and for sizes of 2 or more alike
+    _keep_ones(p)
+    if not structural and not on_fakes(trace):
+        eager_layout(p, sizes_matter=True)
 
 
 def _sizes_symbolic(p: TensorProxy) -> bool:
@@ -385,41 +408,10 @@ def stride(p: TensorProxy, dim: int | None = None) -> Any:
     """
     followed = _symbolic_layout(p)
     if followed is not None:
-        strides = _size_one_strides_when_run(p, followed[0])
+        strides = followed[0]
         return strides if dim is None else strides[dim]
     meta = _known_layout(p, "stride")
-    if dim is not None:
-        meta.stride(dim)  # eager's IndexError for a dim out of range
-    strides = _size_one_strides_when_run(p, meta.stride())
-    return strides if dim is None else strides[dim]
-
-
-def _size_one_strides_when_run(p: TensorProxy, strides: tuple[Any, ...]) -> tuple[Any, ...]:
-    """`strides`, with the stride of each size-1 dim of a tensor a kernel made read from the tensor when the
-    trace runs (`aten_prims.stride_of`): eager's kernels each choose their own there (`x.t() * 2` and
-    `x.t().relu()` differ on the CPU, and from meta tensors), so no replay can tell it."""
-    ones = [k for k, d in enumerate(p.shape) if number_value(d) == 1]
-    if not ones or not _made_by_a_kernel(p):
-        return tuple(strides)
-    from minijit.ops.aten_prims import stride_of
-
-    found = list(strides)
-    for k in ones:
-        found[k] = stride_of(p, k)
-    return tuple(found)
-
-
-def _made_by_a_kernel(p: TensorProxy) -> bool:
-    """Whether `p`'s memory was made by an op of the trace (not a trace input), following views back."""
-    trace = current_trace()
-    producers = {id(out): b for b in trace.bound_symbols for out in b.proxy_outputs()} if trace is not None else {}
-    q: Any = p
-    while (bsym := producers.get(id(q))) is not None:
-        base = bsym.viewed_argument(q)
-        if base is None:
-            return True
-        q = base
-    return False
+    return meta.stride() if dim is None else meta.stride(dim)
 
 
 def _symbolic_layout(p: TensorProxy) -> tuple[tuple[Any, ...], Any] | None:

@@ -60,7 +60,7 @@ from minijit.ops.symbolic_sizes import (
     same_at_ones,
 )
 
-__all__ = ["symbolic_layout", "symbolic_viewable"]
+__all__ = ["symbolic_contiguous", "symbolic_layout", "symbolic_viewable"]
 
 
 @contextmanager
@@ -386,6 +386,24 @@ def symbolic_viewable(p: TensorProxy, trace: Trace, shape: tuple[Any, ...]) -> b
         return _decide(p, trace, ask) is not None
     except (_Failed, _Unsupported):
         return False
+
+
+def symbolic_contiguous(p: TensorProxy, trace: Trace, memory_format: torch.memory_format) -> bool | None:
+    """Whether `p.is_contiguous(memory_format)` for every call whose sizes meet the constraints this records
+    (torch's contiguity rule run on `p`'s layout with symbolic sizes); None where that cannot be followed."""
+    def ask(session: _Session, fake: torch.Tensor) -> tuple[Any, ...]:
+        try:
+            with outside_inference_mode(), enable_python_dispatcher(), _quiet(), session.mode:
+                answer = bool(fake.is_contiguous(memory_format=memory_format))
+        except Exception as e:
+            raise _Failed(f"is_contiguous on fake tensors: {e}") from e
+        return (_sympy().Integer(int(answer)),)
+
+    try:
+        found = _decide(p, trace, ask)
+    except (_Failed, _Unsupported):
+        return None
+    return None if found is None else bool(found[0][0])
 
 
 def _decide(p: TensorProxy, trace: Trace, ask: Any) -> tuple[tuple[Any, ...], dict[Any, IntegerProxy]] | None:

@@ -22,7 +22,9 @@ The rules (docs/design.md, invariants 1 and 2, applied to intermediates):
 - no other argument of the op shares t's memory (an op may read its `out` exactly,
   not through another view);
 - the result is not returned: it would take t's strides, which could differ from
-  the strides eager gives it.
+  the strides eager gives it; nor does an op that reads layouts (`Tag.READS_LAYOUT`:
+  `as_strided`) read it or anything computed from it (elementwise kernels lay out their
+  results after their inputs').
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from typing import Any
 
 from minijit.ir import BoundSymbol, Proxy, TensorProxy, Trace, tree_iter
 from minijit.ir.rewrite import Edits
-from minijit.transforms.memory import MemoryModel, Storage, buffer_kind, memory_model, read_proxies
+from minijit.transforms.memory import MemoryModel, Storage, buffer_kind, layout_read, memory_model, read_proxies
 
 
 def reuse_buffers(trace: Trace, executors: Sequence[Any]) -> Trace:
@@ -50,6 +52,7 @@ class _BufferReuse:
         self.by_namespace = {ex.namespace: ex for ex in executors}
         self.reads = memory_model(trace)  # who reads each proxy, in the trace as it comes
         self.returned = self._returned()
+        self.layout_read = layout_read(trace)
         # Where each proxy lives in the trace as rewritten: an op allocates memory of its own only
         # where its executor says so; any other op may return one of its arguments.
         self.memory = MemoryModel.start(trace, allocates=self._allocates)
@@ -89,7 +92,7 @@ class _BufferReuse:
     def _may_take_a_buffer(self, bsym: BoundSymbol, ex: Any) -> bool:
         outs = list(bsym.proxy_outputs())
         return (len(outs) == 1 and isinstance(outs[0], TensorProxy) and id(outs[0]) not in self.returned
-                and ex.allocates_output(bsym))
+                and id(outs[0]) not in self.layout_read and ex.allocates_output(bsym))
 
     def _dead(self, m: Storage, i: int) -> bool:
         """Whether nothing living in memory m is read after the i-th bound symbol, nor returned."""

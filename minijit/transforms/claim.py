@@ -25,6 +25,7 @@ from minijit.errors import UnsupportedOpError, where
 from minijit.ir import BoundSymbol, Trace
 from minijit.ir.rewrite import expand
 from minijit.transforms.fusion import Region, partition, region_bound_symbol
+from minijit.transforms.memory import layout_read
 
 Entry = tuple[BoundSymbol, Any]
 
@@ -49,11 +50,13 @@ def _apply_execution_transform(trace: Trace, bsym: BoundSymbol, transform: Any) 
 def claim_executors(trace: Trace, executors: Sequence[Any]) -> Trace:
     """Replace every bound symbol by an executable one from the highest-priority executor that claims it."""
     executors = list(executors)
+    # A fused kernel lays out its results its own way: not where an op reads the layout.
+    eager_laid_out = layout_read(trace)
 
     def visit(bsym: BoundSymbol, exs: Sequence[Any], out: list[Entry], transformed: frozenset[tuple[str, str]]) -> None:
         for ex in exs:
             if _is_fusion(ex):
-                if ex.claims(bsym):
+                if ex.claims(bsym) and not any(id(o) in eager_laid_out for o in bsym.proxy_outputs()):
                     out.extend((leaf, ex) for leaf in _fusible_leaves(bsym, ex))
                     return
                 continue

@@ -49,7 +49,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
-from minijit.ir import BoundSymbol, Proxy, TensorProxy, Trace, tree_iter
+from minijit.ir import BoundSymbol, Proxy, Tag, TensorProxy, Trace, tree_iter
 from minijit.ir.proxies import number_value, same_shape
 
 __all__ = ["MemoryModel", "Storage", "ViewGraph", "ViewRule", "ViewStep", "analysing", "buffer_kind",
@@ -102,6 +102,17 @@ class BufferKind:
 
     def __hash__(self) -> int:
         return hash((tuple(number_value(d) for d in self.shape), self.dtype, self.device))
+
+
+def layout_read(trace: Trace) -> set[int]:
+    """ids of the tensors an op of `trace` reads the layout of (`Tag.READS_LAYOUT`: `as_strided`), and of all
+    they were computed from: passes and executors must lay these out as eager
+    does (kernels lay out their results after their inputs), not in a reused buffer or a fused kernel's own."""
+    found: set[int] = set()
+    for bsym in reversed(trace.bound_symbols):
+        if Tag.READS_LAYOUT in bsym.sym.tags or any(id(o) in found for o in bsym.proxy_outputs()):
+            found.update(id(p) for p in bsym.proxy_args() if isinstance(p, TensorProxy))
+    return found
 
 
 def buffer_kind(t: Any) -> BufferKind | None:

@@ -13,7 +13,7 @@ import torch
 
 from minijit.ir import BoundSymbol, Proxy, Tag, TensorProxy, Trace, tree_flatten
 from minijit.ir.rewrite import ProxyMap, rewrite
-from minijit.transforms.memory import MemoryModel, memory_model
+from minijit.transforms.memory import MemoryModel, layout_read, memory_model
 
 _INT_BITS = {torch.bool: 1, torch.uint8: 8, torch.int8: 7, torch.int16: 15, torch.int32: 31, torch.int64: 63}
 
@@ -66,6 +66,8 @@ def remove_cast_round_trips(trace: Trace) -> Trace:
     # Returning an input or a view of one where the user got a fresh tensor would alias the two
     # (and the trace's final copies into inputs would change the returned value).
     outputs = {id(p) for p in tree_flatten(trace.output) if isinstance(p, Proxy)}
+    # A copy whose memory an op reads (`as_strided`) is laid out otherwise than the tensor it copies.
+    laid_out = layout_read(trace)
     memory: list[MemoryModel] = []  # built on first need
 
     def in_input_memory(p: Proxy) -> bool:
@@ -81,7 +83,7 @@ def remove_cast_round_trips(trace: Trace) -> Trace:
         origin = source_of.get(x)
         aliases_input = id(out) in outputs and origin is not None and in_input_memory(origin)
         if (origin is not None and origin.dtype == out.dtype and is_lossless_cast(origin.dtype, x.dtype)
-                and not aliases_input):
+                and not aliases_input and id(out) not in laid_out):
             env[out] = origin
             return []
         source_of[out] = x

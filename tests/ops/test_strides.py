@@ -298,42 +298,48 @@ def test_layout_through_a_move_to_a_device_matches_eager() -> None:
     torch.testing.assert_close(have[1], want[1])
 
 
-# The stride of a size-1 dim of a tensor a kernel made is the kernel's own choice in eager torch (`x.t() * 2`
-# and `x.t().relu()` differ on the CPU, and from meta tensors): the trace reads it from the tensor when it runs.
-SIZE_ONE_KERNELS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "mul": lambda y: y * 2, "add": lambda y: y + 0, "relu": torch.relu, "exp": torch.exp, "div": lambda y: y / 2,
-    "zeros_like": torch.zeros_like, "clone": torch.clone,
-}
+def _flat_memory(y: torch.Tensor) -> torch.Tensor:
+    """y's elements in the order they sit in memory from its first (`as_strided` reads the storage)."""
+    return y.as_strided((y.numel(),), (1,)) + 0
 
 
 @pytest.mark.parametrize("mode", ["constant values", "symbolic values"])
-@pytest.mark.parametrize("kernel", list(SIZE_ONE_KERNELS))
-def test_the_stride_of_a_size_one_dim_after_a_kernel_is_eager_s(kernel: str, mode: str) -> None:
-    op = SIZE_ONE_KERNELS[kernel]
+def test_as_strided_reads_a_kernel_s_result_laid_out_as_eager_s(mode: str) -> None:
+    # `y.sum(-1, keepdim=True) + y` could be computed into the buffer of y (a transposed layout); eager lays
+    # the sum out contiguously, and `as_strided` reads its memory in that order.
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        y = (x.transpose(0, 1) * 0.1).exp()
+        return _flat_memory((y.sum(-1, keepdim=True) + y) * 2)
 
-    def read(x: torch.Tensor) -> torch.Tensor:
-        y = op(x.transpose(1, 2))
-        s = y.stride()
-        return y.sum() * 0 + s[0] + 10 * s[1] + 100 * y.stride(2)
+    jf = minijit.jit(fn, cache=mode)
+    for shape in ((2, 4, 3), (3, 5, 2), (2, 4, 3)):
+        x = torch.randn(shape)
+        torch.testing.assert_close(jf(x), fn(x))
 
-    def used(x: torch.Tensor) -> torch.Tensor:
-        y = op(x.transpose(1, 2))
-        return y.as_strided(y.shape, y.stride()) + 1
 
-    for fn in (read, used):
-        jf = minijit.jit(fn, cache=mode)
-        for shape in ((2, 1, 3), (3, 1, 4), (2, 4, 1), (2, 5, 3)):
+def test_contiguous_is_a_no_op_only_where_eager_s_is() -> None:
+    # Whether `contiguous()` copies depends on the sizes here (a size-1 dim's stride does not count; a slice
+    # is contiguous where it keeps whole rows): a trace that skipped the copy is not reused where eager copies.
+    def transposed(x: torch.Tensor) -> torch.Tensor:
+        return _flat_memory((x * 2).transpose(1, 2).contiguous())
+
+    def sliced(x: torch.Tensor) -> torch.Tensor:
+        return _flat_memory(x[:, :2].contiguous())
+
+    for fn, shapes in ((transposed, [(2, 1, 2), (2, 3, 2), (3, 1, 4), (2, 4, 1)]),
+                       (sliced, [(3, 2), (4, 2), (3, 5), (2, 2)])):
+        jf = minijit.jit(fn, cache="symbolic values")
+        for shape in shapes:
             x = torch.randn(shape)
             torch.testing.assert_close(jf(x), fn(x))
 
 
-def test_a_branch_on_the_stride_of_a_size_one_dim_follows_eager() -> None:
+def test_as_strided_reads_a_copy_that_is_not_folded_into_its_source() -> None:
+    # `contiguous()` then `clone()` of a strided slice are copies of its values: as values they could be
+    # dropped, but `as_strided` reads the copy's memory, which the slice's is not.
     def fn(x: torch.Tensor) -> torch.Tensor:
-        y = x.transpose(1, 2) * 2
-        if y.stride(-1) != 1:  # a kernel wrapper's check before it calls its kernel
-            return y.contiguous() + 1
-        return y - 1
-    jf = minijit.jit(fn)
-    for shape in ((2, 1, 3), (2, 1, 3), (2, 4, 3)):
-        x = torch.randn(shape)
-        torch.testing.assert_close(jf(x), fn(x))
+        y = x[:, ::2].contiguous().clone()
+        return y.as_strided(y.shape, y.stride(), y.storage_offset()) + 0
+
+    x = torch.randn(2, 4, 4)
+    torch.testing.assert_close(minijit.jit(fn)(x), fn(x))

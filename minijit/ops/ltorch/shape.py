@@ -24,7 +24,7 @@ from minijit.ir.context import where_now
 from minijit.ir.proxies import broadcasts_to, equal_sizes, rule_compare, rule_same_shape
 from minijit.ops import prims
 from minijit.ops.registry import ltorch_op
-from minijit.ops.strides import check_viewable, user_layout
+from minijit.ops.strides import check_viewable, is_already_contiguous
 from minijit.ops.utils import canonical_dim, infer_shape, larger, reshape_to, shape_arg, smaller, unsqueeze_at
 
 # The output views the input (functionalization makes writes through it update the input);
@@ -267,10 +267,9 @@ def broadcast_to(input: TensorProxy, size: Sequence[Any]) -> TensorProxy:  # noq
            effects=Effects(views=0, may_copy=True, reorders=True))
 def contiguous(a: TensorProxy, memory_format: torch.memory_format = torch.contiguous_format) -> TensorProxy:
     """Tensor.contiguous: the input itself where its eager layout already is `memory_format`, else a copy."""
-    meta = user_layout(a)
-    if meta is None or meta.contiguous(memory_format=memory_format) is meta:
-        return a
-    return fresh(a)
+    if is_already_contiguous(a, memory_format) is False:
+        return fresh(a)
+    return a
 
 
 @ltorch_op(torch_fns=[torch.clone, torch.Tensor.clone], methods=["clone"])
