@@ -267,7 +267,9 @@ def is_already_contiguous(p: TensorProxy, memory_format: torch.memory_format) ->
     if meta is None:
         return None
     already = meta.is_contiguous(memory_format=memory_format)
-    if _sizes_symbolic(p):
+    # Not contiguous at the traced sizes, and not through a slice: not at any other size either (a size of 1
+    # only makes a layout more contiguous, its stride not counting). Contiguous: maybe only at these sizes.
+    if _sizes_symbolic(p) and (already or _through_slices(p)):
         from minijit.ops.symbolic_strides import symbolic_contiguous
 
         hold_for_every_size(p, lambda trace: symbolic_contiguous(p, trace, memory_format) is already,

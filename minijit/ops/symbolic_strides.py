@@ -102,6 +102,7 @@ class _Session:
         self.scanned = 0
         self.failed: set[int] = set()
         self.recorded = 0  # the ShapeEnv guards already recorded as constraints
+        self.either_recorded = False  # whether some were recorded in one case of an either-or constraint only
 
     @property
     def trace(self) -> Trace:
@@ -425,8 +426,9 @@ def _decide(p: TensorProxy, trace: Trace, ask: Any) -> tuple[tuple[Any, ...], di
         across = _across_ones(p, trace, ask, session, answer)
         if across is not None:
             return across
-        # An earlier answer's constraint may have let those sizes be 2 or more: this one holds at 1 only.
-        return answer, _settle(session, pin=_relied_on(session))
+        # Where an earlier answer's constraint let those sizes be 2 or more, this one holds at 1 only: all the
+        # session relied on is pinned. Else its guards, recorded, keep what this answer relied on.
+        return answer, _settle(session, pin=_relied_on(session) if session.either_recorded else ())
     return answer, _settle(session)
 
 
@@ -452,6 +454,7 @@ def _across_ones(p: TensorProxy, trace: Trace, ask: Any, session: _Session,
     either_constraint(first, dict(session.symbols), _new_guards(generic), generic_env, ones)
     for s in (session, generic):
         s.recorded = len(s.env.guards)
+        s.either_recorded = True
         for q in s.used.values():
             _guard_input(q, s.trace)
     return other, generic_env

@@ -34,8 +34,11 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+
 from minijit.ir import BoundSymbol, Proxy, TensorProxy, Trace, tree_iter
 from minijit.ir.rewrite import Edits
+from minijit.ops.strides import eager_layout
 from minijit.transforms.memory import MemoryModel, Storage, buffer_kind, layout_read, memory_model, read_proxies
 
 
@@ -53,6 +56,7 @@ class _BufferReuse:
         self.reads = memory_model(trace)  # who reads each proxy, in the trace as it comes
         self.returned = self._returned()
         self.layout_read = layout_read(trace)
+        self.producers = {id(o): b for b in trace.bound_symbols for o in b.proxy_outputs()}
         # Where each proxy lives in the trace as rewritten: an op allocates memory of its own only
         # where its executor says so; any other op may return one of its arguments.
         self.memory = MemoryModel.start(trace, allocates=self._allocates)
@@ -94,6 +98,15 @@ class _BufferReuse:
         return (len(outs) == 1 and isinstance(outs[0], TensorProxy) and id(outs[0]) not in self.returned
                 and id(outs[0]) not in self.layout_read and ex.allocates_output(bsym))
 
+    def _repeats_elements(self, t: TensorProxy) -> bool:
+        """Whether `t`, made by a view op, may show an element of its memory more than once (eager's layout;
+        unknown: it may). A result written into a buffer (`out=`) is that whole buffer."""
+        made_by = self.producers.get(id(t))
+        if made_by is None or made_by.viewed_argument(t) is None:
+            return False
+        meta = eager_layout(t, self.trace, guard=False)
+        return meta is None or torch._debug_has_internal_overlap(meta) != 0
+
     def _dead(self, m: Storage, i: int) -> bool:
         """Whether nothing living in memory m is read after the i-th bound symbol, nor returned."""
         return self.busy_until.get(m, math.inf) <= i
@@ -118,8 +131,8 @@ class _BufferReuse:
                 continue
             (m,) = where
             home = self.memory.home(m)
-            if t is not home and buffer_kind(home) != kind:
-                continue  # a view showing some elements twice (`s.expand(2, 2)`) or not all of them
+            if t is not home and (buffer_kind(home) != kind or self._repeats_elements(t)):
+                continue  # a view showing some elements twice (`s.expand(2, 2)`, `y[:, :1].expand(3, 3)`) or not all
             # An op may read its `out` exactly, never through another view of it (docs/design.md, invariant 2).
             if self._dead(m, i) and not any(p is not t and m in self.memory.storages(p) for p in args):
                 rep = ex.produce_into(bsym, t)

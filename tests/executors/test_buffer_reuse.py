@@ -172,6 +172,23 @@ def test_not_into_an_expanded_view_of_a_smaller_buffer():
     assert op_outputs(trace, "expand") and not set(writes(trace).values()) & set(op_outputs(trace, "expand")), trace
 
 
+def test_not_into_an_expanded_view_of_a_buffer_of_its_own_shape():
+    def f(x):
+        y = x[:, :1].expand(3, 3, 3) * 1
+        # This view has y's shape, and shows the first row of each of y's planes 3 times.
+        return (y[:, :1].expand(3, 3, 3) * 2).exp()
+    trace = run_both(f, torch.rand(3, 2, 3))
+    assert op_outputs(trace, "expand") and not set(writes(trace).values()) & set(op_outputs(trace, "expand")), trace
+
+
+def test_not_into_a_buffer_of_another_layout_that_as_strided_reads():
+    def f(x):
+        y = (x.transpose(0, 1) * 0.1).exp()  # laid out as x.transpose(0, 1)
+        z = (y.sum(-1, keepdim=True) + y) * 2  # eager lays the sum out after its first operand: row by row
+        return z.as_strided((z.numel(),), (1,)) + 0
+    run_both(f, torch.rand(2, 4, 3))
+
+
 def test_not_into_a_constant():
     c = torch.rand(5)
 
