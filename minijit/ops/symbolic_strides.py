@@ -436,7 +436,10 @@ def _across_ones(p: TensorProxy, trace: Trace, ask: Any, session: _Session,
                  answer: tuple[Any, ...]) -> tuple[tuple[Any, ...], dict[Any, IntegerProxy]] | None:
     """`_decide`'s answer for sizes traced at 1 and for those sizes at 2 or more, or None (see `_decide`)."""
     try:
-        generic, fake = _fake(p, trace, generic=True)  # type: ignore[misc]
+        found = _fake(p, trace, generic=True)
+        if found is None:
+            return None
+        generic, fake = found
         other = ask(generic, fake)
     except (_Failed, _Unsupported):
         return None
