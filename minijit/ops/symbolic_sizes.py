@@ -194,8 +194,7 @@ def _across_ones(found: SymbolicShapes, generic: SymbolicShapes | None, leaves: 
     for a, b in zip(found.outputs, generic.outputs, strict=True):
         if (a is None) != (b is None) or (a is not None and not same_at_ones(a, b, at_one, known)):
             return None
-    env = {sym: leaves[leaf] if dim is None else leaves[leaf].shape[dim]
-           for sym, (leaf, dim) in zip(found.names, found.symbols, strict=True)}
+    env = _proxies(found, leaves)
     generic_env = {g: env[f] for g, f in rename.items()}
     if capturing():
         first = [*found.guards, *_range_relations(found), *(sympy.Eq(sym, 1) for sym in ones)]
@@ -244,8 +243,9 @@ def either_constraint(first: Sequence[Any], env: dict[Any, Any], second: Sequenc
     values = {sym: sympy.Integer(p.value if isinstance(p, NumberProxy) else p) for sym, p in env.items()}
     if any(relation.xreplace(values) is not sympy.true for relation in first):
         raise _Unsupported("a relation of the traced case is false")
-    texts = [_condition(r, generic_env) for r in second] + [_condition(sym >= 2, env) for sym in ones]
-    add_constraint(f"(({' and '.join(_condition(r, env) for r in first)}) or ({' and '.join(texts)}))")
+    first_texts = dict.fromkeys(_condition(r, env) for r in first)  # each relation once, in order
+    second_texts = dict.fromkeys([*(_condition(r, generic_env) for r in second), *(_condition(sym >= 2, env) for sym in ones)])
+    add_constraint(f"(({' and '.join(first_texts)}) or ({' and '.join(second_texts)}))")
 
 
 def _value_at(leaves: list[Any], where: tuple[int, int | None]) -> int:
@@ -402,10 +402,15 @@ def _size_source(index: int) -> Any:
 
 # -- back to minijit's numbers ----------------------------------------------------------------------
 
+def _proxies(found: SymbolicShapes, leaves: list[Any]) -> dict[Any, Any]:
+    """Each symbol of the run -> the number (proxy) of this call's arguments it stands for."""
+    return {sym: leaves[leaf] if dim is None else leaves[leaf].shape[dim]
+            for sym, (leaf, dim) in zip(found.names, found.symbols, strict=True)}
+
+
 def _bind(found: SymbolicShapes, leaves: list[Any]) -> list[tuple[Any, ...] | None]:
     """The output shapes on this call's proxies; the guards and ranges recorded as constraints while capturing."""
-    env = {sym: leaves[leaf] if dim is None else leaves[leaf].shape[dim]
-           for sym, (leaf, dim) in zip(found.names, found.symbols, strict=True)}
+    env = _proxies(found, leaves)
     shapes = [None if shape is None else tuple(_number(d, env) for d in shape) for shape in found.outputs]
     if capturing():
         for guard in found.guards:

@@ -130,21 +130,25 @@ class _Session:
             return int(d)  # 0: specialised (symbolic sizes keep 0 constant)
         node = self.by_expr.get(d.expr)
         if node is None:
-            hint = 2 if self.generic and d.value == 1 else int(d.value)
+            hint = self.hint(d)
             sym = self.env.create_symbol(hint, _size_source(len(self.symbols)))
             node = self.by_expr[d.expr] = self.env.create_symintnode(sym, hint=hint)
             self.symbols[sym] = d
         return node
 
+    def hint(self, d: NumberProxy) -> int:
+        """The value size `d` is replayed at: the traced one, but 2 for one traced at 1 in a generic session."""
+        return 2 if self.generic and d.value == 1 else int(d.value)
+
     def ones(self) -> set[Any]:
         """The symbols of the sizes traced at 1."""
         return {sym for sym, d in self.symbols.items() if d.value == 1}
 
-    def knows_ones(self) -> bool:
-        """Whether a guard of this session says something of a size traced at 1 (beyond its being a size):
-        its later answers may then rely on the size being 1."""
+    def relied_on_ones(self) -> set[Any]:
+        """The symbols of the sizes traced at 1 that a guard of this session says something of (beyond their
+        being sizes): its later answers may rely on those sizes being 1."""
         ones = self.ones()
-        return bool(ones) and any(guard.expr.free_symbols & ones for guard in self.env.guards)
+        return set().union(*(guard.expr.free_symbols & ones for guard in self.env.guards)) if ones else set()
 
     def at_point(self, d: Any) -> int:
         """Size `d` of the trace at the sizes this session replays (the traced ones, but for a generic session)."""
@@ -422,13 +426,15 @@ def _decide(p: TensorProxy, trace: Trace, ask: Any) -> tuple[tuple[Any, ...], di
         return None
     session, fake = found
     answer = ask(session, fake)
-    if session.knows_ones():
+    relied_on = session.relied_on_ones()
+    if relied_on:
         across = _across_ones(p, trace, ask, session, answer)
         if across is not None:
             return across
         # Where an earlier answer's constraint let those sizes be 2 or more, this one holds at 1 only: all the
         # session relied on is pinned. Else its guards, recorded, keep what this answer relied on.
-        return answer, _settle(session, pin=_relied_on(session) if session.either_recorded else ())
+        pin = [_sympy().Eq(sym, 1) for sym in relied_on] if session.either_recorded else []
+        return answer, _settle(session, pin=pin)
     return answer, _settle(session)
 
 
@@ -467,28 +473,13 @@ def _new_guards(session: _Session) -> list[Any]:
     """The session's guards not recorded yet and its symbols' ranges, as sympy relations."""
     sympy = _sympy()
     found = [guard.expr for guard in session.env.guards[session.recorded:]]
-    for sym in session.symbols:
+    for sym, d in session.symbols.items():
         vr = session.env.var_to_range[sym]
         low = int(vr.lower) if isinstance(vr.lower, sympy.Integer) else 0
-        hint = _hints(session.env).get(sym, 2)
-        found.append(sym >= max(low, min(int(hint), 2)))  # at least 2, or 1 for a size traced at 1
+        found.append(sym >= max(low, min(session.hint(d), 2)))  # at least 2, or 1 for a size traced at 1
         if isinstance(vr.upper, sympy.Integer):
             found.append(sym <= int(vr.upper))
     return [relation for relation in found if relation is not sympy.true]
-
-
-def _hints(env: Any) -> dict[Any, Any]:
-    """The `ShapeEnv`'s symbol -> hint table (renamed in newer torch)."""
-    found = getattr(env, "backed_var_to_val", None)
-    return found if found is not None else env.var_to_val
-
-
-def _relied_on(session: _Session) -> list[Any]:
-    """`size == 1` for each size traced at 1 that a guard of the session mentions."""
-    sympy = _sympy()
-    ones = session.ones()
-    mentioned = set().union(*(guard.expr.free_symbols & ones for guard in session.env.guards))
-    return [sympy.Eq(sym, 1) for sym in mentioned]
 
 
 def _settle(session: _Session, pin: Sequence[Any] = ()) -> dict[Any, IntegerProxy]:
