@@ -19,11 +19,11 @@ the trace so that (docs/design.md, invariant 1)
 State, per tensor of the captured trace: a *base* tensor has a current value and a
 version (bumped by each write into it or into one of its views); a *view* caches its
 current value together with the base version that value belongs to. What views what
-(a view's parent, the view op that made it, the chain back to its base) is the
-captured trace's view graph (minijit/transforms/memory.py, `view_graph`), asked, not
-tracked here; this pass adds its decisions (a `reshape` that eager copies is a base of
-its own) and the views it makes in the new trace (a synthetic base's members, a
-setitem's region).
+(a view's parent, the view op that made it, the chain back to its base) is asked of
+`MustShare` (minijit/transforms/memory.py), built on the captured trace's view graph,
+not tracked here: it decides each view op as this pass reaches it (a `reshape` that
+eager copies is a base of its own), and this pass tells it of the views it makes in
+the new trace (a synthetic base's members, a setitem's region).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from minijit.ops import prims
 from minijit.ops.opaque import opaque_call
 from minijit.ops.registry import ALL_LTORCH
 from minijit.ops.utils import expand_to, to_dtype
-from minijit.transforms.memory import ViewStep, memory_model, view_graph
+from minijit.transforms.memory import MustShare, ViewStep, memory_model
 from minijit.transforms.overlap import check_overlaps
 from minijit.transforms.view_updates import (
     ExpandedWrite,
@@ -129,25 +129,14 @@ class _Functionalizer:
         self.leaves = {id(p) for i, p in enumerate(trace.args)
                        if isinstance(p, TensorProxy) and p.requires_grad and i not in non_leaf_inputs}
         self.inputs = {id(p) for p in trace.args}
-        # What views what in the captured trace (the memory model's view graph); this pass adds only its
-        # decisions on it, and the views it makes itself in the new trace.
-        self.graph = view_graph(trace)
-        # Inputs the call passed sharing memory (identical, or members of one synthetic base).
-        self.same_memory = [[trace.args[i] for i in group]
-                            for group in [*input_aliases, *(s.members for s in synthetic_bases)]]
         self.position = 0  # that of the top-level op being visited
         self.value: dict[int, Any] = {}  # id(original proxy) -> current value (bases and non-tensors)
         self.version: dict[int, int] = {}  # id(base) -> number of writes so far
-        # ids of the graph's view outputs that eager returns as views (a reshape it copies is a base).
-        self.viewing: set[int] = set()
-        # Views this pass makes in the new trace, which the captured trace's graph cannot know: each
-        # synthetic base's members, the region `a[key]` of a setitem.
-        self.own_views: dict[int, ViewStep] = {}
         self.cache: dict[int, tuple[int, TensorProxy]] = {}  # id(view) -> (base version, value)
         # id(a view of one of several tensors) -> (those tensors, their bases' versions when it was made, the op
         # that made it): a write into one of them, or into it, cannot be followed (`_check_unsure`).
         self.unsure: dict[int, tuple[tuple[TensorProxy, ...], tuple[int, ...], BoundSymbol]] = {}
-        self.same_as: dict[int, TensorProxy] = {}  # id(aliased input) -> the input standing for its memory
+        same_as: dict[int, TensorProxy] = {}  # id(aliased input) -> the input standing for its memory
         groups = []
         for group in input_aliases:
             members = [trace.args[i] for i in group]
@@ -156,7 +145,7 @@ class _Functionalizer:
                 if not isinstance(m, TensorProxy) or not same_shape(m.shape, leader.shape) or m.dtype != leader.dtype:
                     raise AliasError(f"inputs {leader.name} and {m.name} share memory but are not the same view "
                                      "of it; minijit supports aliased inputs only when they are identical")
-                self.same_as[id(m)] = leader
+                same_as[id(m)] = leader
             groups.append([m.name for m in members])
         # (base input, its members, their layouts); the base leads its group of storage-sharing inputs.
         self.bases: list[tuple[TensorProxy, list[TensorProxy], SyntheticBase]] = []
@@ -172,10 +161,18 @@ class _Functionalizer:
             self.bases.append((base, members, synthetic))
             groups.append([base.name, *(m.name for m in members)])
         self.new.input_alias_groups = groups
+        # What must share memory (memory.MustShare): the graph's views that eager makes views (a reshape it
+        # copies is a base), decided as the walk reaches them, and the views this pass makes in the new trace
+        # (each synthetic base's members, the region `a[key]` of a setitem). `same_memory`: the inputs the call
+        # passed sharing memory (identical, or members of one synthetic base).
+        same_memory = [[trace.args[i] for i in group]
+                       for group in [*input_aliases, *(s.members for s in synthetic_bases)]]
+        self.shares = MustShare(trace, view_shares_memory, same_memory, same_as)
+        self.graph = self.shares.graph  # what may view what in the captured trace
 
     # -- values ----------------------------------------------------------------
     def canon(self, p: Any) -> Any:
-        return self.same_as.get(id(p), p)
+        return self.shares.canon(p)
 
     def resolve(self, p: Any) -> Any:
         """The current value of the captured trace's proxy `p` (recomputing a stale view)."""
@@ -211,17 +208,12 @@ class _Functionalizer:
             "(clone() the views, or write before the call)")
 
     def view_step(self, p: Any) -> ViewStep | None:
-        """The step that made `p` a view of its parent (the graph's, where eager views), or None: a base."""
-        own = self.own_views.get(id(p))
-        if own is not None:
-            return own
-        return self.graph.step(p) if id(p) in self.viewing else None
+        """The step that made `p` a view of its parent (where eager views), or None: a base."""
+        return self.shares.step(p)
 
     def base_of(self, p: TensorProxy) -> TensorProxy:
         """The tensor whose memory `p` is (must share): the start of its chain of views (`p` itself if none)."""
-        while (view := self.view_step(p)) is not None:
-            p = self.canon(view.parent)
-        return p
+        return self.shares.base_of(p)
 
     def write(self, dst: TensorProxy, new: TensorProxy, op: BoundSymbol) -> None:
         """Record that `dst` (a base or a view) now holds `new`, updating its base."""
@@ -319,24 +311,6 @@ class _Functionalizer:
         self._write_through_views(parent, scatter(view.bsym, view.out, self.resolve(parent), new))
         self.cache[id(dst)] = (self.version[id(self.base_of(dst))], new)
 
-    def _aliases(self, parent: TensorProxy, bsym: BoundSymbol, out: TensorProxy) -> bool:
-        """Whether `out` shares memory with `parent` in eager: reshape and friends copy what they cannot view.
-
-        Decided on the bases' eager layouts (minijit.ops.strides), contiguous where unknown; with symbolic
-        sizes only where the answer matters, a write after this op into memory it may share (the view graph's
-        `last_write_sharing`): elsewhere a view and a copy hold the same values, and deciding would guard the sizes.
-        """
-        if not bsym.sym.effects.may_copy or bsym.sym.is_prim:
-            return True
-        parent = self.canon(parent)
-        base = self.base_of(parent)
-        if self.graph.last_write_sharing(parent, self.same_memory) < self.position \
-                and any(isinstance(d, Proxy) for d in base.shape):
-            # Copy or view cannot be told apart where nothing sharing memory with them is written later:
-            # keep the sizes symbolic.
-            return True
-        return view_shares_memory(self.trace, base, [*self.chain(parent), (bsym, out)])
-
     def _is_fill(self, value: TensorProxy) -> bool:
         """Whether `value` was made by prims.full (one value everywhere)."""
         for bsym in reversed(self.new.bound_symbols):
@@ -346,11 +320,7 @@ class _Functionalizer:
 
     def chain(self, p: TensorProxy) -> list[tuple[BoundSymbol, Proxy]]:
         """The view steps from p's base out to p."""
-        steps = []
-        while (view := self.view_step(p)) is not None:
-            steps.append((view.bsym, view.out))
-            p = self.canon(view.parent)
-        return steps[::-1]
+        return self.shares.chain(p)
 
     # -- bound symbols -----------------------------------------------------------
     def visit(self, bsym: BoundSymbol, top: BoundSymbol) -> None:
@@ -411,7 +381,7 @@ class _Functionalizer:
             return True
         # The getitem's bound symbol (arithmetic on symbolic sizes may have been recorded before it).
         view_bsym = next(b for b in self.new.bound_symbols[count:] if any(o is region for o in b.proxy_outputs()))
-        self.own_views[id(region)] = ViewStep(a, view_bsym, region)
+        self.shares.add_view(region, ViewStep(a, view_bsym, region))
         self.cache[id(region)] = (self.version.get(id(self.base_of(a)), 0), region)
         self.write(region, new, top)
         return True
@@ -432,12 +402,8 @@ class _Functionalizer:
             if among:
                 versions = tuple(self.version.get(id(self.base_of(self.canon(t))), 0) for t in among)
                 self.unsure[id(old)] = (among, versions, bsym)
-            if is_view and isinstance(old, TensorProxy) and is_view_step(bsym, old) and self._aliases(parent, bsym, old):
-                step = self.graph.step(old)
-                if step is not None and step.bsym is bsym:
-                    self.viewing.add(id(old))
-                else:  # (not expected: the graph follows the ops this pass emits)
-                    self.own_views[id(old)] = ViewStep(parent, bsym, old)
+            if is_view and isinstance(old, TensorProxy) and is_view_step(bsym, old) and \
+                    self.shares.decide(parent, bsym, old, self.position):
                 self.cache[id(old)] = (self.version.get(id(self.base_of(self.canon(parent))), 0), new)
             elif new is not old:
                 self.value[id(old)] = new
@@ -472,7 +438,7 @@ class _Functionalizer:
                 # Offsets are absolute in the storage, and every value of the base starts at its
                 # storage's first element (the input is the storage's prefix; scatters are fresh).
                 view = opaque_call(torch.as_strided, (base, size, stride, offset), {})
-                self.own_views[id(member)] = ViewStep(base, self.new.bound_symbols[-1], view)
+                self.shares.add_view(member, ViewStep(base, self.new.bound_symbols[-1], view))
                 self.cache[id(member)] = (0, member)
 
     def _write_back(self, output: Any) -> Any:
@@ -480,7 +446,7 @@ class _Functionalizer:
         finals: dict[str, TensorProxy] = {}
         outs: dict[str, TensorProxy] = {}
         for p in self.new.args:
-            if id(p) in self.same_as or self.version.get(id(p), 0) == 0:
+            if id(p) in self.shares.same_as or self.version.get(id(p), 0) == 0:
                 continue
             final = self.resolve(p)
             final = self.unwrapped.get(id(final), final)

@@ -10,8 +10,8 @@ docs/design.md invariants 1 and 2). The rules of the walk:
   storage of the group's first input;
 - a view (`BoundSymbol.may_alias_input`) lives in every storage its arguments live
   in (a `reshape` may view or copy: it counts as a view), unless the model was given a
-  view rule (`ViewRule`, functionalize's, which decides as eager does) that says the
-  view's output has memory of its own;
+  view rule (`ViewRule`, functionalize's, which decides as eager does) and `MustShare`,
+  asking it, says the view's output has memory of its own;
 - a write into a tensor (`BoundSymbol.written`) puts its new outputs in that tensor's
   storage, holding the new value; a region writing several tensors gives its outputs
   storages of their own;
@@ -52,7 +52,7 @@ from typing import Any
 from minijit.ir import BoundSymbol, Proxy, Tag, TensorProxy, Trace, tree_iter
 from minijit.ir.proxies import number_value, same_shape
 
-__all__ = ["MemoryModel", "Storage", "ViewGraph", "ViewRule", "ViewStep", "analysing", "buffer_kind",
+__all__ = ["MemoryModel", "MustShare", "Storage", "ViewGraph", "ViewRule", "ViewStep", "analysing", "buffer_kind",
            "input_leaders", "inputs_written", "memory_model", "read_proxies", "view_graph"]
 
 # A storage is named by the input (the first of a group of aliased inputs) or the proxy it was allocated for.
@@ -181,7 +181,7 @@ class MemoryModel:
         self._old_readers: dict[Storage, list[int]] = {}
         self._writers: dict[Storage, list[int]] = {}
         self._copies: dict[Storage, list[int]] = {}
-        self._view_steps: dict[int, tuple[Proxy, BoundSymbol]] = {}  # id(view) -> (viewed tensor, view op), with `views`
+        self._must_share: MustShare | None = None  # with `views`: which views share memory
         for p in trace.args:
             s = self.leaders[p.name]
             self._place(p, frozenset({s}), frozenset({s}))
@@ -246,15 +246,10 @@ class MemoryModel:
         parent = bsym.viewed_tensor()
         if not isinstance(out, TensorProxy) or parent is None:
             return False
-        steps = [(bsym, out)]
-        while (link := self._view_steps.get(id(parent))) is not None:
-            steps.append((link[1], parent))
-            parent = link[0]
-        assert self._views is not None
-        if not self._views(self._trace, parent, steps[::-1]):
-            return False
-        self._view_steps[id(out)] = (bsym.viewed_tensor(), bsym)
-        return True
+        if self._must_share is None:
+            assert self._views is not None
+            self._must_share = MustShare(self._trace, self._views)
+        return self._must_share.decide(parent, bsym, out, self._index - 1)
 
     def add_output(self, output: Any) -> None:
         """Count the trace's output as a read, at the index after the last bound symbol."""
@@ -446,7 +441,7 @@ class ViewGraph:
     tensor's step is that of the first op that makes it. A step is "may share": a `reshape`
     (`Effects.may_copy`) counts as a view, though eager copies what it cannot view; whether
     two tensors *must* share memory is a step's chain where every step really views, which
-    for a reshape depends on the layouts (functionalization decides it, `eager_returns_view`).
+    for a reshape depends on the layouts (`MustShare` decides it).
 
     Example::
 
@@ -567,6 +562,86 @@ def view_graph(trace: Trace) -> ViewGraph:
     if found is None:
         found = models.views[key] = (kept, ViewGraph(trace))
     return found[1]
+
+
+class MustShare:
+    """Which tensors of a trace must share memory in eager: the view steps of its view graph that eager really
+    makes views (a `reshape` copies what it cannot view), and the base each tensor's memory is.
+
+    The one answer to "must share" for the passes that need it: functionalization (which base a write lands
+    in, the chain it goes back through) and the memory model built with a view rule (`inputs_written`).
+    Decided step by step as the asking walk reaches each view op (`decide`), in trace order: deciding asks the
+    layouts, which for symbolic sizes may guard them. `rule` decides a step that may copy from its chain of
+    decided views (functionalization's is `view_shares_memory`, from eager's layouts). Where nothing that may
+    share memory with the viewed tensor is written at or after the step's position and its base has symbolic
+    sizes, the step counts as a view without asking: a view and a copy then hold the same values, and asking
+    would guard the sizes. `same_memory` are groups of inputs the call passed sharing memory; `same_as` maps an
+    aliased input to the input standing for its memory. A pass adds the views it makes in a trace of its own
+    (`add_view`: a synthetic base's members, a setitem's region), which the graph cannot know.
+
+    Example::
+
+        shares = MustShare(trace, view_shares_memory)  # t1 = ltorch.reshape(x, (6,)); t2 = ltorch.getitem(t1, 0)
+        shares.decide(x, <the reshape>, t1, 0)         # True: x is contiguous, so eager views it
+        shares.base_of(t2)                             # x, once the getitem was decided too
+    """
+
+    def __init__(self, trace: Trace, rule: ViewRule, same_memory: Sequence[Sequence[Proxy]] = (),
+                 same_as: dict[int, TensorProxy] | None = None):
+        self.trace, self.rule = trace, rule
+        self.graph = view_graph(trace)
+        self.same_memory = same_memory
+        self.same_as = same_as if same_as is not None else {}
+        self._steps: dict[int, ViewStep] = {}  # id(view) -> its step: the graph's decided ones, and those added
+        self._added: list[ViewStep] = []
+
+    def canon(self, p: Any) -> Any:
+        """The input standing for `p`'s memory where `p` is an aliased input, else `p`."""
+        return self.same_as.get(id(p), p)
+
+    def step(self, p: Any) -> ViewStep | None:
+        """The step that makes `p` share the memory of its parent, or None: `p` is a base."""
+        return self._steps.get(id(p))
+
+    def base_of(self, p: TensorProxy) -> TensorProxy:
+        """The tensor whose memory `p` is: the start of its chain of views (`p` itself if none)."""
+        while (view := self.step(p)) is not None:
+            p = self.canon(view.parent)
+        return p
+
+    def chain(self, p: TensorProxy) -> list[tuple[BoundSymbol, Proxy]]:
+        """The (view op, output) steps from `p`'s base out to `p`."""
+        steps = []
+        while (view := self.step(p)) is not None:
+            steps.append((view.bsym, view.out))
+            p = self.canon(view.parent)
+        return steps[::-1]
+
+    def decide(self, parent: TensorProxy, bsym: BoundSymbol, out: TensorProxy, position: int) -> bool:
+        """Whether `out`, made by the view op `bsym` (viewing `parent`) at top-level `position`, shares `parent`'s
+        memory in eager; where it does, `out` is a view from now on."""
+        viewed = self.canon(parent)
+        base = self.base_of(viewed)
+        moot = bsym.sym.effects.may_copy and not bsym.sym.is_prim and \
+            self.graph.last_write_sharing(viewed, self.same_memory) < position and \
+            any(isinstance(d, Proxy) for d in base.shape)
+        if not moot and not self.rule(self.trace, base, [*self.chain(viewed), (bsym, out)]):
+            return False
+        step = self.graph.step(out)
+        if step is None or step.bsym is not bsym:  # (not expected: the graph follows the ops the walk visits)
+            step = ViewStep(parent, bsym, out)
+        self._steps[id(out)] = step
+        return True
+
+    def add_view(self, p: TensorProxy, step: ViewStep) -> None:
+        """`p` is the view `step` makes of `step.parent`, a view the asking pass made in a trace of its own (`p`
+        is `step.out`, or an input of the trace that `step.out` stands for: a member of a synthetic base)."""
+        self._steps[id(p)] = step
+        self._added.append(step)
+
+    def added(self) -> list[ViewStep]:
+        """The views `add_view` was told of."""
+        return list(self._added)
 
 
 def inputs_written(trace: Trace, views: ViewRule) -> tuple[str, ...]:

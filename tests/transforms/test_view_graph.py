@@ -11,7 +11,8 @@ import torch
 import minijit
 from minijit.ir import TensorProxy
 from minijit.transforms.functionalize import _Functionalizer
-from minijit.transforms.memory import memory_model, view_graph
+from minijit.transforms.memory import MustShare, memory_model, view_graph
+from minijit.transforms.view_updates import is_view_step, view_shares_memory
 from tests.transforms.test_functionalize_fuzz import run_one
 
 
@@ -66,6 +67,30 @@ def _proxies_made(trace) -> set[int]:
     return made
 
 
+MUST_SHARE_CASES = {
+    **{name: fn for name, fn in CASES.items() if name != "view of a written view"},
+    "flatten of a slice eager copies": lambda x: x[:, :2].flatten(),
+    "reshape of rows eager views": lambda x: x[1:].reshape(-1),
+    "reshape of a transposed view eager copies, then a view of it": lambda x: x.t().reshape(2, 6)[0],
+}
+
+
+@pytest.mark.parametrize("name", MUST_SHARE_CASES)
+def test_must_share_is_eager_s_aliasing(name):
+    """MustShare, deciding each view op in trace order as functionalization's walk does, roots the output at the
+    input exactly where eager's output shares the input's memory."""
+    fn = MUST_SHARE_CASES[name]
+    x = torch.randn(3, 4)
+    trace = _captured(fn, x)
+    shares = MustShare(trace, view_shares_memory)
+    for position, bsym in enumerate(trace.bound_symbols):
+        if bsym.is_view():
+            for out in bsym.proxy_outputs():
+                if is_view_step(bsym, out):
+                    shares.decide(bsym.viewed_tensor(), bsym, out, position)
+    assert (shares.base_of(trace.output) is trace.args[0]) == _shares(fn(x), x)
+
+
 def test_functionalize_follows_the_graph_over_the_fuzzers_programs(monkeypatch):
     """Over random programs of views and writes (inputs sharing memory included): every view functionalization
     follows in the captured trace is the graph's, its chain is the graph's chain cut where it decided eager
@@ -76,7 +101,8 @@ def test_functionalize_follows_the_graph_over_the_fuzzers_programs(monkeypatch):
     def checking(self):
         result = run(self)
         made = _proxies_made(self.trace)
-        for step in self.own_views.values():
+        own_views = self.shares.added()
+        for step in own_views:
             assert id(step.out) not in made, f"functionalize tracks a view of the captured trace itself: {step}"
         graph = view_graph(self.trace)
         stack = list(self.trace.bound_symbols)
@@ -84,18 +110,18 @@ def test_functionalize_follows_the_graph_over_the_fuzzers_programs(monkeypatch):
             bsym = stack.pop()
             stack.extend(bsym.subsymbols)
             for p in bsym.proxy_outputs():
-                if id(p) not in self.viewing:
+                if self.shares.step(p) is None:
                     continue
                 checked["views"] += 1
                 steps = [(s.bsym, s.out) for s in graph.chain(p)]
                 own = self.chain(p)
-                ours = [s for s in own if not any(s[1] is v.out for v in self.own_views.values())]
+                ours = [s for s in own if not any(s[1] is v.out for v in own_views)]
                 assert ours == steps[len(steps) - len(ours):]
                 cut = steps[:len(steps) - len(ours)]
                 if cut:
                     checked["cut"] += 1
                     # Cut where a step is not followed: eager copies (or the step's parent is a base here).
-                    assert id(cut[-1][1]) not in self.viewing
+                    assert self.shares.step(cut[-1][1]) is None
         return result
 
     monkeypatch.setattr(_Functionalizer, "run", checking)
