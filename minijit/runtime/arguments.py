@@ -509,19 +509,6 @@ class InputAliasing:
         return checks
 
 
-class PinSizes(Exception):
-    """Raised by a value read during capture whose trace prefix writes into inputs that share memory and have
-    symbolic sizes: the capture must be redone with the sizes of the inputs at `positions` constant.
-
-    The only place a pin unwinds: the prefix's functional trace needs those sizes concrete to give the value at
-    all (see `_evaluate_prefix` in minijit.runtime.pipeline); after capture a pin is data (`AliasPlan.pins`).
-    """
-
-    def __init__(self, positions: frozenset[int]):
-        super().__init__(sorted(positions))
-        self.positions = positions
-
-
 @dataclass(frozen=True)
 class AliasPlan:
     """How a trace is to be functionalized for the inputs of one call, decided before functionalizing it.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -32,7 +33,6 @@ from minijit.ops import prims
 from minijit.runtime.arguments import (
     CallArguments,
     InputAliasing,
-    PinSizes,
     functionalize_for_call,
     object_arguments,
     plan_aliasing,
@@ -273,13 +273,10 @@ def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
     while True:
         constraints: list[str] = []
         state_reads: dict[str, Callable[[], Any]] = {}
-        try:
-            # One memory model per trace for the passes and checks of the compile (minijit.transforms.memory).
-            with (knowing_constraints(constraints), guarding_layouts(constraints), noting_state_reads(state_reads),
-                  analysing()):
-                entry = _compile(arguments, executors, constraints, pinned, cuda_graphs)
-        except PinSizes as pin:  # from a value read inside capture only (see _evaluate_prefix)
-            entry = NeedsPins(pin.positions)
+        # One memory model per trace for the passes and checks of the compile (minijit.transforms.memory).
+        with (knowing_constraints(constraints), guarding_layouts(constraints), noting_state_reads(state_reads),
+              analysing()):
+            entry = _compile(arguments, executors, constraints, pinned, cuda_graphs)
         if not isinstance(entry, NeedsPins):
             break
         # Written inputs that share memory are rebuilt from their storage by their concrete layouts:
@@ -464,22 +461,40 @@ def _evaluate_prefix(prefix: Trace, flat: list[Any], no_grad: frozenset[str]) ->
     call's real inputs (`flat`): functionalized, without its writes into inputs, by the torch executor.
     `no_grad`: the names the capture recorded or wrote under torch.no_grad() so far.
 
-    Where the prefix writes into inputs that share memory and have symbolic sizes, it raises `PinSizes`, the
-    one pin that unwinds: the value cannot be computed on this trace (its functional form rebuilds those inputs
-    from their storage at concrete sizes, which cannot mix with the symbolic sizes the prefix holds: identical
-    inputs with distinct symbolic sizes are not provably one view, and a scatter through a concrete as_strided
-    of a symbolic-sized member fails), and the capture cannot go on without it (the code's control flow hangs
-    on it: a wrong or stale value may loop forever or raise an error eager would not). Only unwinding stops the
-    user's code mid-run; the capture is then redone with those sizes constant, where the read succeeds."""
+    Where the prefix writes into inputs that share memory and have symbolic sizes, its functional form cannot be
+    made (it rebuilds those inputs from their storage at concrete sizes, which cannot mix with the symbolic sizes
+    the prefix holds); the capture goes on, and is redone with those sizes constant once it ends (`_compile`
+    returns `NeedsPins`). The value is then eager's own: the prefix as recorded, on copies (`_run_on_copies`).
+    """
     plan = plan_aliasing(prefix, flat)
     if plan.pins:
-        raise PinSizes(plan.pins)
+        return _run_on_copies(prefix, flat, plan.written)
     functional, _, aliasing = functionalize_for_call(prefix, flat, no_grad, plan)
     # Without functionalize's write-backs.
     functional = dce(rewrite(functional, lambda b, env: () if b.sym is prims.copy_to_out_ else None,
                              pass_name="value read"))
     functional = claim_executors(functional, resolve_executors(["torch"]))
     return with_synthetic_bases(without_autocast(functional.python_callable()), aliasing)(*flat)
+
+
+def _run_on_copies(prefix: Trace, flat: list[Any], written: Sequence[str]) -> Any:
+    """Run `prefix` as recorded, its in-place ops included, by the torch executor, with the memory it writes
+    copied: each storage holding an input in `written` is cloned once, and every input living in it is rebuilt
+    on the clone with its own layout. Inputs that share memory share the copy as they share the original, so the
+    writes see each other as in eager, and none lands on the call's tensors."""
+    names = [p.name for p in prefix.args]
+    storages = {flat[names.index(n)].untyped_storage().data_ptr() for n in written}
+    clones: dict[int, torch.UntypedStorage] = {}
+    inputs = list(flat)
+    for i, x in enumerate(flat):
+        if isinstance(x, torch.Tensor) and (key := x.untyped_storage().data_ptr()) in storages:
+            if key not in clones:
+                clones[key] = x.untyped_storage().clone()
+            inputs[i] = x.new_empty(0).set_(clones[key], x.storage_offset(), x.size(), x.stride())
+    runnable = claim_executors(prefix, resolve_executors(["torch"]))
+    with warnings.catch_warnings():  # torch's warnings belong to the call's own run, not to this scratch one
+        warnings.simplefilter("ignore")
+        return without_autocast(runnable.python_callable())(*inputs)
 
 
 def _describe_function(fn: Any) -> str:

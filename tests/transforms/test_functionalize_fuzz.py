@@ -28,7 +28,7 @@ import torch
 import minijit
 from minijit.errors import TraceInvariantError
 from minijit.ops.registry import ALL_LTORCH
-from minijit.runtime import trace_callable
+from minijit.runtime import pipeline, trace_callable
 from minijit.transforms import check_copies, functionalize
 from minijit.transforms.verify import check_trace
 from tests.oputil import trace_call
@@ -319,6 +319,32 @@ def test_random_programs_on_inputs_sharing_memory_with_symbolic_sizes():
     for reason, n in sorted(refused.items(), key=lambda kv: -kv[1]):
         print(f"  {n:4d}  {reason}")
     assert sum(refused.values()) / max(ran, 1) <= MAX_REFUSED_SHARE, refused
+
+
+def test_random_programs_reading_a_value_after_writes_into_inputs_sharing_memory(monkeypatch):
+    """The shared-memory programs under cache="symbolic values", ending in a branch on the value of an input
+    (`v * (1.5 if v.sum() > 0 else -0.5)`): read inside capture after the program's writes, where written inputs
+    that share memory have symbolic sizes the value comes from the recorded prefix run on copies of their memory
+    (`_run_on_copies`); results, inputs and storages equal eager's."""
+    used = []
+    run_on_copies = pipeline._run_on_copies
+    monkeypatch.setattr(pipeline, "_run_on_copies", lambda *a: (used.append(1), run_on_copies(*a))[1])
+    make = make_program
+
+    def with_value_read(seed: int) -> tuple[Program, list[torch.Tensor]]:
+        program, inputs = make(seed)
+        j = random.Random(seed).randrange(len(inputs))
+        program.steps.append(Step("{0} * (1.5 if {0}.sum() > 0 else -0.5)", (j,),
+                                  lambda a: a * (1.5 if a.sum() > 0 else -0.5)))
+        program.returns = (*program.returns, len(inputs) + len(program.steps) - 1)
+        return program, inputs
+
+    monkeypatch.setitem(globals(), "make_program", with_value_read)
+    outcomes = Counter(run_one(seed, cache="symbolic values") for seed in range(2, 3 * SYMBOLIC_PROGRAMS, 3))
+    ran = sum(outcomes.values()) - outcomes["eager-error"]
+    refused = {k: v for k, v in outcomes.items() if k.startswith("refused")}
+    assert sum(refused.values()) / max(ran, 1) <= MAX_REFUSED_SHARE, refused
+    assert len(used) > SYMBOLIC_PROGRAMS // 3, (len(used), outcomes)
 
 
 def test_random_programs_on_aliased_inputs():

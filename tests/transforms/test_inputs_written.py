@@ -145,7 +145,7 @@ def test_functionalize_runs_once_per_compile(monkeypatch, aliasing, cache):
 
 def test_a_pin_decided_after_capture_recaptures_without_an_exception(monkeypatch):
     """Written overlapping inputs with symbolic sizes: `_compile` returns NeedsPins, and the compile loop captures
-    again with their sizes constant; no PinSizes is raised (there is no value read inside capture here)."""
+    again with their sizes constant."""
     results = []
     original = pipeline._compile
 
@@ -155,7 +155,6 @@ def test_a_pin_decided_after_capture_recaptures_without_an_exception(monkeypatch
         return result
 
     monkeypatch.setattr(pipeline, "_compile", spy)
-    monkeypatch.setattr(pipeline, "PinSizes", type("NeverRaised", (Exception,), {}))
 
     def f(a, b):
         a.mul_(2)
@@ -170,8 +169,20 @@ def test_a_pin_decided_after_capture_recaptures_without_an_exception(monkeypatch
     assert isinstance(results[1], pipeline.CompiledEntry)
 
 
-def test_a_pin_decided_by_a_value_read_inside_capture_matches_eager():
-    """The one pin that unwinds the capture (a value read whose prefix writes overlapping symbolic inputs)."""
+@pytest.mark.parametrize("aliasing", ["overlapping inputs", "identical inputs"])
+def test_a_value_read_inside_capture_before_a_pin_matches_eager_without_an_exception(monkeypatch, aliasing):
+    """A value read whose trace prefix writes inputs that share memory and have symbolic sizes: the value is
+    eager's (the read depends on the write through the other input), no write of that read lands on the call's
+    tensors, and the capture ends before the pin is taken (`NeedsPins`), with no exception unwinding it."""
+    results = []
+    original = pipeline._compile
+
+    def spy(*args, **kwargs):
+        results.append(original(*args, **kwargs))
+        return results[-1]
+
+    monkeypatch.setattr(pipeline, "_compile", spy)
+
     def f(a, b):
         a.mul_(2)
         if b.sum() > 0:
@@ -179,11 +190,14 @@ def test_a_pin_decided_by_a_value_read_inside_capture_matches_eager():
         return a * 4 - b.sum()
 
     jf = minijit.jit(f, cache="symbolic values")
-    for n, seed in ((6, 0), (6, 1), (8, 2), (8, 3)):
+    shift = 2 if aliasing == "overlapping inputs" else 0
+    for n, seed in ((6, 0), (6, 1), (8, 2), (8, 3), (8, 4)):
         t = torch.randn(2 * n, generator=torch.Generator().manual_seed(seed))
         ours, theirs = t.clone(), t.clone()
-        torch.testing.assert_close(jf(ours[0:n], ours[2:n + 2]), f(theirs[0:n], theirs[2:n + 2]))
+        torch.testing.assert_close(jf(ours[0:n], ours[shift:n + shift]), f(theirs[0:n], theirs[shift:n + shift]))
         torch.testing.assert_close(ours, theirs)
+    assert isinstance(results[0], pipeline.NeedsPins) and results[0].positions == {0, 1}
+    assert isinstance(results[1], pipeline.CompiledEntry)
 
 
 def test_a_plan_missing_a_written_input_is_refused_not_followed(monkeypatch):
