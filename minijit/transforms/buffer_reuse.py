@@ -56,7 +56,6 @@ class _BufferReuse:
         self.reads = memory_model(trace)  # who reads each proxy, in the trace as it comes
         self.returned = self._returned()
         self.layout_read = layout_read(trace)
-        self.producers = {id(o): b for b in trace.bound_symbols for o in b.proxy_outputs()}
         # Where each proxy lives in the trace as rewritten: an op allocates memory of its own only
         # where its executor says so; any other op may return one of its arguments.
         self.memory = MemoryModel.start(trace, allocates=self._allocates)
@@ -101,8 +100,8 @@ class _BufferReuse:
     def _repeats_elements(self, t: TensorProxy) -> bool:
         """Whether `t`, made by a view op, may show an element of its memory more than once (eager's layout;
         unknown: it may). A result written into a buffer (`out=`) is that whole buffer."""
-        made_by = self.producers.get(id(t))
-        if made_by is None or made_by.viewed_argument(t) is None:
+        i = self.reads.producer(t)
+        if i is None or self.trace.bound_symbols[i].viewed_argument(t) is None:
             return False
         meta = eager_layout(t, self.trace, guard=False)
         return meta is None or torch._debug_has_internal_overlap(meta) != 0
