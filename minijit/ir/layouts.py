@@ -10,7 +10,7 @@ capture found, and nothing is ever written onto a proxy, which several traces sh
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -22,11 +22,16 @@ __all__ = ["Layout", "LayoutTable"]
 @dataclass(frozen=True)
 class Layout:
     """A tensor's eager `strides` and storage `offset`; `sources`: the trace inputs it was worked out from
-    (empty for an input, whose layout is its own)."""
+    (empty for an input, whose layout is its own). `conj` and `neg`: the view flags of a lazily conjugated
+    or negated view (`x.conj()`, `x.conj().imag`). `address`: a trace input's `data_ptr()` (None for a
+    computed tensor, whose memory is only known when the trace runs)."""
 
     strides: tuple[int, ...]
     offset: int
     sources: tuple[TensorProxy, ...] = ()
+    conj: bool = False
+    neg: bool = False
+    address: int | None = field(default=None, compare=False)
 
 
 class LayoutTable:

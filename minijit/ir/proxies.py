@@ -536,11 +536,39 @@ class TensorProxy(Proxy):
 
     @property
     def is_nested(self) -> bool:
-        return False  # traces hold strided tensors only
+        return False  # traces hold strided tensors only (minijit.runtime.arguments refuses other layouts)
 
     @property
     def layout(self) -> torch.layout:
         return torch.strided
+
+    @property
+    def is_sparse(self) -> bool:
+        return False
+
+    @property
+    def is_quantized(self) -> bool:
+        return False
+
+    @property
+    def is_mkldnn(self) -> bool:
+        return False
+
+    @property
+    def is_meta(self) -> bool:
+        return self.device.type == "meta"
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.device.type == "cpu"
+
+    @property
+    def itemsize(self) -> int:
+        return self.dtype.itemsize
+
+    @property
+    def nbytes(self) -> Any:
+        return self.numel() * self.dtype.itemsize
 
     def __len__(self) -> int:
         if not self.shape:

@@ -76,7 +76,8 @@ def note_layout(trace: Trace, p: TensorProxy, t: torch.Tensor) -> None:
     """Note the real tensor `t`'s strides and storage offset as the layout of its proxy `p` in `trace`
     (strided `t` only)."""
     if t.layout == torch.strided:
-        trace.layouts.set(p, Layout(tuple(t.stride()), t.storage_offset()))
+        trace.layouts.set(p, Layout(tuple(t.stride()), t.storage_offset(), conj=t.is_conj(), neg=t.is_neg(),
+                                    address=t.data_ptr()))
 
 
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -118,18 +119,24 @@ def meta_like(p: TensorProxy, layout: Layout, requires_grad: bool = False) -> to
         storage = torch.empty(extent, dtype=p.dtype, device="meta")
         if requires_grad:
             storage = storage.requires_grad_(True).clone()
-        return storage.as_strided(shape, strides, offset)
+        meta = storage.as_strided(shape, strides, offset)
+        if layout.conj:
+            torch._C._set_conj(meta, True)
+        if layout.neg:
+            torch._C._set_neg(meta, True)
+        return meta
 
 
 def eager_layout(p: TensorProxy, trace: Trace | None = None, *, offset_matters: bool = False,
-                 guard: bool = True, sizes_matter: bool = False) -> torch.Tensor | None:
+                 guard: bool = True, sizes_matter: bool = False, flags_matter: bool = False) -> torch.Tensor | None:
     """A meta tensor with the shape, strides and storage offset eager torch gives `p`; None where unknown.
 
     `trace` (default: the one being recorded) holds the bound symbols that made `p`. With
     `guard`, the layouts of the trace inputs it was worked out from join the cache entry's
     guard (their storage offsets too with `offset_matters`, and their symbolic sizes with
     `sizes_matter`: a computed tensor's layout, and so a decision taken from it, may change
-    with the sizes, as `x[:, ::2]`'s viewability with the parity of x's last size).
+    with the sizes, as `x[:, ::2]`'s viewability with the parity of x's last size; their conjugate and
+    negative view flags with `flags_matter`).
     """
     trace = trace if trace is not None else current_trace()
     if trace is None:
@@ -143,7 +150,7 @@ def eager_layout(p: TensorProxy, trace: Trace | None = None, *, offset_matters: 
     meta = meta_like(p, layout)
     if guard:
         for source in _sources(p, trace, inputs):
-            _guard_layout(source, trace, offset_matters, sizes_matter)
+            _guard_layout(source, trace, offset_matters, sizes_matter, flags_matter)
     return meta
 
 
@@ -205,11 +212,14 @@ def _replay(bsym: BoundSymbol, trace: Trace, inputs: dict[int, TensorProxy]) -> 
     for out, value in zip(outs, result, strict=True):
         if isinstance(out, TensorProxy) and isinstance(value, torch.Tensor) and layouts.get(out) is None \
                 and tuple(value.shape) == _sizes(out):
-            layouts.set(out, Layout(tuple(value.stride()), value.storage_offset(), tuple(sources.values())))
+            layouts.set(out, Layout(tuple(value.stride()), value.storage_offset(), tuple(sources.values()),
+                                    conj=value.is_conj(), neg=value.is_neg()))
 
 
-def _guard_layout(p: TensorProxy, trace: Trace, offset_matters: bool, sizes_matter: bool = False) -> None:
-    """Make the cache entry's guard check that input `p` keeps its layout (and its sizes, with `sizes_matter`)."""
+def _guard_layout(p: TensorProxy, trace: Trace, offset_matters: bool, sizes_matter: bool = False,
+                  flags_matter: bool = False) -> None:
+    """Make the cache entry's guard check that input `p` keeps its layout (and its sizes, with `sizes_matter`;
+    its view flags, with `flags_matter`)."""
     layout = trace.layouts.get(p)
     assert layout is not None
     strides, offset = layout.strides, layout.offset
@@ -222,6 +232,9 @@ def _guard_layout(p: TensorProxy, trace: Trace, offset_matters: bool, sizes_matt
         add_layout_check(f"{p.name}.stride() == {strides!r}")
     if offset_matters:
         add_layout_check(f"{p.name}.storage_offset() == {offset}")
+    if flags_matter:
+        add_layout_check(f"{p.name}.is_conj() is {layout.conj}")
+        add_layout_check(f"{p.name}.is_neg() is {layout.neg}")
 
 
 def user_layout(p: TensorProxy) -> torch.Tensor | None:
@@ -392,9 +405,9 @@ def _matched(old: tuple[Any, ...], new: tuple[Any, ...]) -> tuple[int, int]:
 
 # -- the layout queries user code can make on a traced tensor ------------------------------------
 
-def _known_layout(p: TensorProxy, what: str, offset_matters: bool = False) -> torch.Tensor:
+def _known_layout(p: TensorProxy, what: str, offset_matters: bool = False, flags_matter: bool = False) -> torch.Tensor:
     # The answer is a Python value the trace keeps: with symbolic sizes it holds for these sizes only.
-    meta = eager_layout(p, offset_matters=offset_matters, sizes_matter=True)
+    meta = eager_layout(p, offset_matters=offset_matters, sizes_matter=True, flags_matter=flags_matter)
     if meta is None:
         raise UnsupportedMethodError(f"Tensor.{what}{where_now()}: minijit does not know the memory layout of "
                                      f"{p.name} (made by an op without an eager implementation); call it outside "
@@ -437,6 +450,37 @@ def storage_offset(p: TensorProxy) -> int:
     return _known_layout(p, "storage_offset", offset_matters=True).storage_offset()
 
 
+def dim_order(p: TensorProxy, **kwargs: Any) -> tuple[int, ...]:
+    """Tensor.dim_order on a proxy, from its eager layout."""
+    return _known_layout(p, "dim_order").dim_order(**kwargs)
+
+
+def is_conj(p: TensorProxy) -> bool:
+    """Tensor.is_conj on a proxy: whether eager's tensor is a lazily conjugated view (`x.conj()` of a complex x),
+    from the view flags of the inputs it comes from, which the guard then checks."""
+    return _known_layout(p, "is_conj", flags_matter=True).is_conj()
+
+
+def is_neg(p: TensorProxy) -> bool:
+    """Tensor.is_neg on a proxy: whether eager's tensor is a lazily negated view (`x.conj().imag`)."""
+    return _known_layout(p, "is_neg", flags_matter=True).is_neg()
+
+
+def data_ptr(p: TensorProxy) -> int:
+    """Tensor.data_ptr on a trace input: its address, which the guard then checks (any use of the number,
+    an alignment test or a comparison with another tensor's, holds only for that memory). A computed tensor's
+    memory is only known when the trace runs: refused."""
+    trace = current_trace()
+    layout = known_layout(p, trace) if trace is not None else None
+    if trace is None or layout is None or layout.address is None or all(a is not p for a in trace.args):
+        raise UnsupportedMethodError(f"Tensor.data_ptr{where_now()}: {p.name} is computed by the trace, and its "
+                                     "memory is only known when the trace runs; call data_ptr() on the function's "
+                                     "input tensors, or outside the jitted function")
+    add_layout_check(f"{p.name}.data_ptr() == {layout.address}")
+    return layout.address
+
+
 # The Tensor methods that read a traced tensor's layout.
-LAYOUT_QUERIES = {"stride": stride, "is_contiguous": is_contiguous, "storage_offset": storage_offset}
+LAYOUT_QUERIES = {"stride": stride, "is_contiguous": is_contiguous, "storage_offset": storage_offset,
+                  "dim_order": dim_order, "is_conj": is_conj, "is_neg": is_neg, "data_ptr": data_ptr}
 TENSOR_METHODS.update(LAYOUT_QUERIES)

@@ -286,9 +286,14 @@ def _read(params: list[str], subject: str) -> Callable[..., Any]:
 
 def refuse_tensor_subclass(t: Tensor, what: str) -> None:
     """Refuse a Tensor subclass whose `__torch_function__` eager would call: the trace sees plain tensors.
+    Refuse a tensor of another layout than strided too (sparse, MKL-DNN): a trace holds strided tensors.
 
     Subclasses that disable it (`nn.Parameter`, DTensor) behave as plain tensors and pass.
     """
+    if t.layout != torch.strided:
+        raise UnsupportedOpError(
+            f"{what} is a {t.layout} tensor{where_now()}; minijit traces strided tensors only. Convert it "
+            "(t.to_dense()) before the call, or call the function without minijit")
     cls = type(t)
     if cls is Tensor or cls.__torch_function__ is torch._C._disabled_torch_function_impl:
         return

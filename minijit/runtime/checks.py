@@ -17,6 +17,7 @@ value it had when the trace was captured. Everything else is generated from the 
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import functools
 import math
@@ -75,7 +76,7 @@ class Check:
         s, v, aspect = self.subject, self.expected, self.aspect
         if aspect == "shape":
             return f"{s}.shape == {tuple(v)!r}"
-        if aspect in ("rank", "dtype", "device"):
+        if aspect in ("rank", "dtype", "device", "layout"):
             return f"{s}.{'ndim' if aspect == 'rank' else aspect} == {literal(env, v)}"
         if aspect in ("requires_grad", "grad mode"):
             return f"{s}{'.requires_grad' if aspect == 'requires_grad' else ''} is {v!r}"
@@ -116,7 +117,7 @@ class Check:
     def observe(self, now: Any) -> Any:
         """The value of this check's aspect for `now`, the subject's current value, shaped like `expected`."""
         aspect = self.aspect
-        if aspect in ("shape", "rank", "dtype", "device", "requires_grad"):
+        if aspect in ("shape", "rank", "dtype", "device", "requires_grad", "layout"):
             if not isinstance(now, Tensor):
                 return f"a {type(now).__name__}, not a tensor"
             return tuple(now.shape) if aspect == "shape" else getattr(now, "ndim" if aspect == "rank" else aspect)
@@ -163,7 +164,7 @@ def literal(env: dict[str, Any], value: Any) -> str:
     t = type(value)
     if value is None or t in (bool, int, str) or (t is float and math.isfinite(value)):
         return repr(value)
-    if t is torch.dtype:
+    if t is torch.dtype or t is torch.layout:
         return str(value)
     if t is torch.device:
         return f"torch.device({str(value)!r})"
@@ -189,7 +190,7 @@ def walk(x: Any, out: list[Any], symbolic: bool, where: tuple[str, str] | None =
     t = type(x)
     if t is Tensor or isinstance(x, Tensor):
         if where is None:
-            out += (x.ndim if symbolic else x.shape, x.dtype, x.device, x.requires_grad)
+            out += (x.ndim if symbolic else x.shape, x.dtype, x.device, x.requires_grad, x.layout)
         else:
             out += tensor_checks(where[0], where[1], x, symbolic)
     elif t is tuple or t is list:
@@ -240,10 +241,12 @@ def walk(x: Any, out: list[Any], symbolic: bool, where: tuple[str, str] | None =
 
 
 def tensor_checks(label: str, subject: str, x: Tensor, symbolic: bool) -> list[Check]:
-    """The checks on one tensor argument: its shape (its rank, with symbolic sizes), dtype, device, requires_grad."""
+    """The checks on one tensor argument: its shape (its rank, with symbolic sizes), dtype, device, requires_grad
+    and layout (a trace holds strided tensors: a sparse tensor where a strided one was traced misses, and is
+    refused)."""
     size = Check(label, "rank", subject, x.ndim) if symbolic else Check(label, "shape", subject, x.shape)
     return [size, Check(label, "dtype", subject, x.dtype), Check(label, "device", subject, x.device),
-            Check(label, "requires_grad", subject, x.requires_grad)]
+            Check(label, "requires_grad", subject, x.requires_grad), Check(label, "layout", subject, x.layout)]
 
 
 def _fields(x: Any, label: str = "") -> dict[str, str]:
@@ -362,9 +365,11 @@ class Prologue:
         # A keyword's name is checked by calling `check_call` with it: its test is "True", left out.
         key_tests = [t for c in checks if c.keyed and (t := c.test(env)) != "True"]
         guard_tests = [c.test(env) for c in checks if not c.keyed]
-        # A call with exactly the sizes of the call that made the entry meets its constraints (on symbolic
-        # sizes): `exact_guard` leaves them out (the hit path's exact check, minijit.runtime.cache_key).
-        exact_tests = [c.test(env) for c in checks if not c.keyed and c.aspect != "constraint"]
+        # A call with exactly the sizes and strides of the call that made the entry meets its constraints on
+        # those: `exact_guard` leaves them out (the hit path's exact check, minijit.runtime.cache_key). Any
+        # other constraint (a storage offset, a tensor read from outside, a state read) stays.
+        exact_tests = [c.test(env) for c in checks
+                       if not c.keyed and not (c.aspect == "constraint" and implied_by_exact_check(c.subject, inputs))]
         source = _function("check_call", params, key_tests, "# The checks the cache key makes (a dict lookup on a hit).")
         if guard_tests:
             source += "\n\n" + self._guard_source(guard_tests)
@@ -457,6 +462,30 @@ class Prologue:
             return env.pop("_probe")(*values)
         except Exception:
             return None, None
+
+
+# What the hit path's exact check (torch's TensorGuards: sizes, strides, dtype, device, dispatch keys) fixes
+# of a call's tensors, and the builtins a constraint on those may apply.
+_EXACT_ATTRIBUTES = frozenset({"shape", "stride", "is_contiguous", "ndim", "dim", "size"})
+_PURE_BUILTINS = frozenset({"tuple", "len", "min", "max", "abs", "int"})
+
+
+def implied_by_exact_check(constraint: str, inputs: Sequence[str]) -> bool:
+    """Whether a call that passes the exact check of the call that made the entry meets `constraint` for sure:
+    it reads nothing but the sizes and strides of the trace's own `inputs` (not `storage_offset()`, not a
+    tensor read from outside, not the state of torch)."""
+    try:
+        tree = ast.parse(constraint, mode="eval")
+    except SyntaxError:
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr not in _EXACT_ATTRIBUTES:
+            return False
+        if isinstance(node, ast.Name) and node.id not in inputs and node.id not in _PURE_BUILTINS:
+            return False
+        if isinstance(node, ast.Attribute) and not isinstance(node.value, ast.Name):
+            return False
+    return True
 
 
 def _function(name: str, params: list[str], tests: list[str], comment: str) -> str:

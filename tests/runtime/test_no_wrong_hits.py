@@ -82,3 +82,32 @@ def test_the_exact_check_of_the_hit_path_misses_no_change(cache):
     for SCALE in (2.0, 3.0, 2.0):
         torch.testing.assert_close(jf(x, y), _scaled_sum(x, y))
     assert minijit.cache_info(jf).hits > 0
+
+
+class _Cache:
+    def __init__(self):
+        self.keys = torch.zeros(1, 0, 4)
+
+
+def test_a_hit_with_the_same_argument_sizes_still_checks_the_sizes_of_state_read_from_outside():
+    # The hit path's exact check fixes the arguments' sizes only: a constraint on a growing state tensor (a
+    # decoding cache's keys) must still be checked, or the trace for one length serves another.
+    state = _Cache()
+
+    def step(x):
+        state.keys = torch.cat([state.keys, x], dim=1)
+        if state.keys.shape[1] == 3:
+            return x * 100
+        return x + state.keys.sum()
+
+    jf = minijit.jit(step, cache="symbolic values")
+    jitted_state, eager_state = _Cache(), _Cache()
+    for _ in range(6):
+        x = torch.ones(1, 1, 4)
+        state.keys = jitted_state.keys
+        got = jf(x)
+        jitted_state.keys, state.keys = state.keys, eager_state.keys
+        expected = step(x)
+        eager_state.keys = state.keys
+        torch.testing.assert_close(got, expected)
+        torch.testing.assert_close(jitted_state.keys, eager_state.keys)
