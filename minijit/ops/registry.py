@@ -28,6 +28,22 @@ _EAGER_BY_SYMBOL: dict[Symbol, Callable[..., Any]] = {}
 
 _any_autocast = torch._C._is_any_autocast_enabled
 
+# The Python types torch's argument parser takes as dtypes, and the dtype each stands for (`float` is float64,
+# whatever the default dtype).
+PYTHON_TYPE_DTYPES: dict[type, torch.dtype] = {int: torch.int64, float: torch.float64, bool: torch.bool,
+                                               complex: torch.complex128}
+
+
+def _torch_dtypes(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The arguments with a Python type given as a dtype (`dtype=int`, `x.to(float)`) replaced by its torch dtype,
+    as eager's argument parser does: no torch op takes the classes themselves as anything else."""
+    if any(type(a) is type and a in PYTHON_TYPE_DTYPES for a in args):
+        args = tuple(PYTHON_TYPE_DTYPES[a] if type(a) is type and a in PYTHON_TYPE_DTYPES else a for a in args)
+    dtype = kwargs.get("dtype")
+    if type(dtype) is type and dtype in PYTHON_TYPE_DTYPES:
+        kwargs = {**kwargs, "dtype": PYTHON_TYPE_DTYPES[dtype]}
+    return args, kwargs
+
 
 class LtorchSymbol(Symbol):
     """An ltorch op. A call made by the user's code under `torch.autocast` first casts its
@@ -39,6 +55,7 @@ class LtorchSymbol(Symbol):
         trace = current_trace()
         if trace is None or not trace.recording_user_call:
             return super().__call__(*args, **kwargs)
+        args, kwargs = _torch_dtypes(args, kwargs)
         if _any_autocast():
             args, kwargs = autocast_arguments(self.name, self.meta, args, kwargs)
         args = known_slice_bounds(args)
