@@ -19,9 +19,11 @@ from typing import Any
 
 import torch
 
+from minijit import environment
 from minijit.errors import (
     AliasError,
     DeviceError,
+    EnvironmentVariableError,
     FrozenValueError,
     GuardError,
     MetaError,
@@ -36,8 +38,11 @@ from minijit.runtime.jit import RetraceWarning
 from minijit.runtime.module import JitModule
 from minijit.runtime.show import show, show_diff
 
+environment.check_all()  # a junk MINIJIT_* value is an error naming it now, not a ValueError deep in a call
+
 __all__ = [
-    "AliasError", "CacheInfo", "DeviceError", "FrozenValueError", "GuardError", "MetaError", "MinijitError",
+    "AliasError", "CacheInfo", "DeviceError", "EnvironmentVariableError", "FrozenValueError", "GuardError",
+    "MetaError", "MinijitError",
     "RetraceWarning", "UnsupportedOpError", "UnsupportedSyntaxError", "ValueGuardError", "cache_info", "jit",
     "last_backward_traces", "last_traces", "show", "show_diff",
 ]

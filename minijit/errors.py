@@ -46,8 +46,9 @@ class DeviceError(MetaError):
     combines with any device, as a scalar)."""
 
 
-class InplaceError(MinijitError):
-    """An in-place op that eager PyTorch refuses too (a leaf that requires grad, an expanded tensor)."""
+class InplaceError(MinijitError, RuntimeError):
+    """An in-place op that eager PyTorch refuses too (a leaf that requires grad, an expanded tensor): a
+    RuntimeError too, as eager's refusal is."""
 
 
 class CopyToOutError(MinijitError):
@@ -70,6 +71,10 @@ class ValueGuardError(GuardError):
 def where(source: object | None) -> str:
     """Format a source location for an error message, or '' when unknown."""
     return f" at {source}" if source is not None else ""
+
+
+class EnvironmentVariableError(MinijitError, ValueError):
+    """A minijit environment variable (`MINIJIT_WARN_RETRACES`, ...) set to a value that means nothing to it."""
 
 
 class RegistrationError(MinijitError):

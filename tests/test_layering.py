@@ -1,12 +1,13 @@
 """Layers point one way (docs/design.md, Layers), read from the source with ast, not by running it.
 
-    errors  <-  ir  <-  ops  <-  frontend, transforms  <-  extend  <-  runtime  <-  minijit/__init__.py
+    errors  <-  ir, environment  <-  ops  <-  frontend, transforms  <-  extend  <-  runtime  <-  minijit/__init__.py
                                                               ^
                                                           executors/*
 
 A module imports only from its own layer or the layers to its left; `frontend` and
 `transforms` are one layer of two packages that do not import each other (capture
-records, passes rewrite). `errors` (the exception classes) sits under everything;
+records, passes rewrite). `errors` (the exception classes) sits under everything, and `environment` (minijit's environment
+variables, checked) just above it;
 `extend` (the plugin API) hands executors the symbols, traces and `Region` of the
 layers under it, and `runtime` asks it for executors by name. Every import counts:
 module level, inside functions, under `TYPE_CHECKING`, and `importlib.import_module`
@@ -24,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # Package (or module) -> layer; a module belongs to the longest package naming it.
 LAYERS = {
     "minijit.errors": 0,
+    "minijit.environment": 1,
     "minijit.ir": 1,
     "minijit.ops": 2,
     "minijit.frontend": 3,

@@ -64,22 +64,24 @@ def _raised_on_meta(sym: Symbol, args: tuple[Any, ...], kwargs: dict[str, Any]) 
             return x.value
         return x
 
-    found = _raised(impl, tree_map(to_meta, (tuple(args), dict(kwargs))))
-    if found is not None and not isinstance(found, NotImplementedError):
-        # On meta tensors a NotImplementedError is the meta kernel's limit (`torch.where(mask)` runs
-        # nonzero, whose size depends on the values), never eager refusing: the CPU run below decides.
-        return found
-    # Meta kernels skip some checks (the dtypes a CPU kernel supports): small CPU tensors of zeros make them.
+    # On CPU tensors, eager's own kernels decide, on small tensors of zeros: meta kernels skip some checks (the
+    # dtypes a CPU kernel supports) and raise others as another type (`normal_` on int64: RuntimeError on meta,
+    # NotImplementedError on the CPU).
     proxies = [x for x in tree_flatten((tuple(args), kwargs)) if isinstance(x, TensorProxy)]
-    if not proxies or any(x.device.type != "cpu" for x in proxies) or sum(math.prod(_sizes(x)) for x in proxies) > 2**16:
-        return None
+    if proxies and all(x.device.type == "cpu" for x in proxies) and sum(math.prod(_sizes(x)) for x in proxies) <= 2**16:
 
-    def to_zeros(x: Any) -> Any:
-        if isinstance(x, TensorProxy):
-            return torch.zeros(_sizes(x), dtype=x.dtype)
-        return x.value if isinstance(x, NumberProxy) else x
+        def to_zeros(x: Any) -> Any:
+            if isinstance(x, TensorProxy):
+                return torch.zeros(_sizes(x), dtype=x.dtype)
+            return x.value if isinstance(x, NumberProxy) else x
 
-    return _raised(impl, tree_map(to_zeros, (tuple(args), dict(kwargs))))
+        found = _raised(impl, tree_map(to_zeros, (tuple(args), dict(kwargs))))
+        if found is not None:
+            return found
+    found = _raised(impl, tree_map(to_meta, (tuple(args), dict(kwargs))))
+    # On meta tensors a NotImplementedError is the meta kernel's limit (`torch.where(mask)` runs nonzero, whose
+    # size depends on the values), never eager refusing.
+    return None if isinstance(found, NotImplementedError) else found
 
 
 def _sizes(p: TensorProxy) -> tuple[int, ...]:

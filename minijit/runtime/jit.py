@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import os
 import sys
 import warnings
 from collections.abc import Callable, Sequence
@@ -12,6 +11,7 @@ from typing import Any
 
 import torch
 
+from minijit import environment
 from minijit.errors import MinijitError, ValueGuardError, ValueGuardMiss
 from minijit.extend import Executor, get_executor, resolve_executors
 from minijit.ir import Trace
@@ -120,8 +120,8 @@ class JitFunction:
                  warn_retraces_after: int | None = None, cuda_graphs: bool = False):
         if cache not in CACHE_MODES:
             raise ValueError(f"cache must be one of {CACHE_MODES}, got {cache!r}")
-        if warn_retraces_after is None and os.environ.get("MINIJIT_WARN_RETRACES"):
-            warn_retraces_after = int(os.environ["MINIJIT_WARN_RETRACES"])
+        if warn_retraces_after is None:
+            warn_retraces_after = environment.warn_retraces()
         self._given_executors = None if executors is None else list(executors)
         self.warn_retraces_after = warn_retraces_after
         self.fn = fn

@@ -12,7 +12,8 @@ from typing import Any
 
 import torch
 
-from minijit.errors import InplaceError
+from minijit import environment
+from minijit.errors import EnvironmentVariableError, InplaceError
 from minijit.extend import resolve_executors
 from minijit.frontend import GuardEntry, interpret
 from minijit.frontend.folding import fresh_folded
@@ -311,7 +312,7 @@ def _dump_traces(entry: CompiledEntry) -> None:
 
     A debugging aid: two runs of the same tests give byte-identical dumps unless a change altered the traces.
     """
-    folder = os.environ.get("MINIJIT_DUMP_TRACES")
+    folder = environment.dump_traces_folder()
     if not folder:
         return
     test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
@@ -319,9 +320,12 @@ def _dump_traces(entry: CompiledEntry) -> None:
     text = entry.traces[-1].python() + "\n"
     if entry.backward_traces:
         text += entry.backward_traces[-1].python() + "\n"
-    os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(folder, name + ".py.txt"), "a") as f:
-        f.write(text)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, name + ".py.txt"), "a") as f:
+            f.write(text)
+    except OSError as e:
+        raise EnvironmentVariableError(f"MINIJIT_DUMP_TRACES={folder!r}: cannot write traces there ({e})") from e
 
 
 def _compile(arguments: CallArguments, executors: Sequence[Any], constraints: list[str],

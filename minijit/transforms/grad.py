@@ -40,9 +40,11 @@ from minijit.ir.rewrite import Edits, ProxyMap, record
 from minijit.ir.symbol import SourceLocation
 from minijit.ops import prims
 from minijit.ops.opaque import OPAQUE
+from minijit.ops.registry import eager_impl
 from minijit.transforms.dce import dce
 from minijit.transforms.memory import memory_model
 from minijit.transforms.vjp import KeywordGrads, VjpRule, rule_for
+from minijit.transforms.vjp.opaque import eager_autograd_rule
 
 
 def is_differentiable(x: Any) -> bool:
@@ -136,10 +138,6 @@ class _Splitter:
         self.written_with_grad = written_with_grad
         self.executors = executors
         self.requires = {p.name for p in trace.args if is_differentiable(p) and p.requires_grad}
-        for p in trace.args:
-            if p.name in self.requires and p.dtype.is_complex:
-                raise UnsupportedOpError(f"the input {p.name} is a complex tensor that requires grad; minijit does "
-                                         "not differentiate complex tensors")
         self.inputs_requiring = set(self.requires)
         self.no_grad = no_grad
         # The forward's bound symbols, in order (`split_forward_backward` makes the trace of them), and the
@@ -162,13 +160,17 @@ class _Splitter:
             (p for p in (*bsym.proxy_outputs(), *(a for a in bsym.proxy_args() if a.name in self.requires))
              if isinstance(p, TensorProxy) and p.dtype.is_complex), None)
         if complex_value is not None:
-            # minijit's rules are written for real values (no conjugates): refuse rather than be wrong. An opaque
-            # torch op is differentiated by torch's autograd, which handles complex values as eager does.
-            raise UnsupportedOpError(
-                f"cannot differentiate {bsym.sym.id}{where(bsym.source)}: its value {complex_value.name} is complex, and "
-                "minijit differentiates complex tensors only through torch ops it runs whole; compute it under "
-                "torch.no_grad() or outside the jitted function"
-            )
+            # minijit's rules are written for real values (no conjugates): an op on complex values is differentiated
+            # by torch's autograd over its eager implementation, as an opaque torch op is.
+            eager = eager_impl(bsym.sym)
+            if eager is None:
+                raise UnsupportedOpError(
+                    f"cannot differentiate {bsym.sym.id}{where(bsym.source)}: its value {complex_value.name} is "
+                    "complex, and it has no torch implementation for torch's autograd to differentiate; compute it "
+                    "under torch.no_grad() or outside the jitted function")
+            # The arguments as recorded, which the eager callable takes as they are (no defaults filled in).
+            if self._apply_rule(bsym, eager_autograd_rule(bsym.sym, eager), bsym.args, bsym.kwargs):
+                return
         rule = self._executor_rule(bsym) or rule_for(bsym.sym)
         bound = _bind(bsym, rule) if rule is not None else None
         if rule is not None and bound is not None and self._apply_rule(bsym, rule, *bound):

@@ -33,11 +33,11 @@ rule after every pass of the pipeline (the test suite sets it); `0`, none.
 from __future__ import annotations
 
 import enum
-import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from minijit import environment
 from minijit.errors import CopyToOutError, TraceInvariantError, where
 from minijit.ir import BoundSymbol, Proxy, TensorProxy, Trace, tracing, tree_flatten, tree_iter
 from minijit.ir.context import recording_constraints
@@ -59,8 +59,9 @@ class CheckLevel(enum.Enum):
 
 
 def check_level() -> CheckLevel:
-    """The level `MINIJIT_CHECK_TRACES` asks for: unset or empty, `SETTLED`; `0`, `OFF`; anything else, `EVERY_PASS`."""
-    value = os.environ.get("MINIJIT_CHECK_TRACES", "")
+    """The level `MINIJIT_CHECK_TRACES` asks for: unset or empty, `SETTLED`; `0`, `OFF`; `1`, `EVERY_PASS`
+    (anything else is an `EnvironmentVariableError`, `minijit.environment`)."""
+    value = environment.check_traces()
     return CheckLevel.SETTLED if value == "" else CheckLevel.OFF if value == "0" else CheckLevel.EVERY_PASS
 
 

@@ -320,3 +320,27 @@ def test_more_ops_caught_by_eagers_class(name):
             return torch.full((1,), float([isinstance(e, t) for t in _TYPES].index(True)))
 
     _same_outcome(f, torch.randn(3, 4))
+
+
+def _write_into_leaf(w):
+    w.add_(1)
+    return w
+
+
+def _overlapping_add(a):
+    a.add_(a.t())
+    return a
+
+
+@pytest.mark.parametrize(("fn", "make"), [
+    (_write_into_leaf, lambda: torch.randn(3, requires_grad=True)),
+    (_overlapping_add, lambda: torch.randn(3, 3)),
+    (lambda x: torch.randn(3, dtype=torch.int64) + x, lambda: torch.randn(3)),
+    (lambda x: torch.rand(2, dtype=torch.bool) + x, lambda: torch.randn(2)),
+    (lambda x: x.long().normal_(), lambda: torch.randn(2)),
+], ids=["write into a leaf requiring grad", "overlapping add_", "randn int64", "rand bool", "normal_ on int64"])
+def test_refusals_are_instances_of_eager_s_exception_type(fn, make):
+    # Eager's refusal escapes a call as its own type (RuntimeError, NotImplementedError); minijit's stands for it.
+    want, got = _outcome(fn, make()), _outcome(minijit.jit(fn), make())
+    assert isinstance(want, Exception) and isinstance(got, MinijitError) and isinstance(got, type(want)), \
+        (type(want), type(got))

@@ -31,7 +31,10 @@ INPLACE_RANDOM = Effects(writes=(0,), random=True)  # draws into its first argum
 def _float_dtype(op: str, dtype: torch.dtype | None, default: torch.dtype) -> torch.dtype:
     dtype = dtype or default
     if not dtype.is_floating_point:
-        raise fail(op, f"needs a floating point dtype, got {dtype}")
+        error = fail(op, f"needs a floating point dtype, got {dtype}")
+        # Eager's kernels have no such dtype: "normal_kernel_cpu" not implemented for 'Long'.
+        error.eager_raised = NotImplementedError  # type: ignore[attr-defined]
+        raise error
     return dtype
 
 

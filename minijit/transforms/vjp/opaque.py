@@ -28,8 +28,12 @@ def _differentiable(x: Any) -> bool:
     return isinstance(x, TensorProxy) and x.requires_grad and (x.dtype.is_floating_point or x.dtype.is_complex)
 
 
-def opaque_rule(sym: Symbol) -> VjpRule:
-    """The rule of the opaque symbol `sym`: save the arguments; the backward differentiates the op with autograd."""
+def opaque_rule(sym: Symbol, eager: Any = None) -> VjpRule:
+    """The rule of the opaque symbol `sym`: save the arguments; the backward differentiates the op with autograd.
+
+    `eager`: the torch callable that runs `sym` on real tensors, where that is not `sym.fn` (an ltorch op
+    on complex values, differentiated by torch's autograd: its conjugates are eager's, `eager_autograd_rule`).
+    """
 
     def forward(*args: Any, **kwargs: Any) -> tuple[Any, Any]:
         # Read right before the op draws its random numbers (random symbols are never reordered).
@@ -45,7 +49,8 @@ def opaque_rule(sym: Symbol) -> VjpRule:
         leaves = tree_flatten((args, kwargs))
         diff = tuple(i for i, x in enumerate(leaves) if _differentiable(x))
         replay = () if state is None else (state,)
-        grads = vjp_symbol(sym, diff, state is not None)(tuple(cotangents), *replay, *args, **kwargs) if diff else ()
+        grads = vjp_symbol(sym, diff, state is not None, eager)(tuple(cotangents), *replay, *args, **kwargs) \
+            if diff else ()
         by_leaf = dict(zip(diff, grads, strict=True))
         position = iter(range(len(leaves)))
         gargs, gkwargs = tree_map(lambda _: by_leaf.get(next(position)), (args, kwargs))
@@ -139,14 +144,15 @@ def _generator_device_of(args: Any, kwargs: dict[str, Any]) -> torch.device:
 _VJP_SYMBOLS: dict[tuple[Symbol, tuple[int, ...], bool], Symbol] = {}
 
 
-def vjp_symbol(sym: Symbol, diff: tuple[int, ...], replay: bool = False) -> Symbol:
+def vjp_symbol(sym: Symbol, diff: tuple[int, ...], replay: bool = False, eager: Any = None) -> Symbol:
     """The backward symbol of the opaque `sym` for gradients with respect to the argument leaves `diff`.
 
-    With `replay`, it takes the random generator's state before the op's arguments.
+    With `replay`, it takes the random generator's state before the op's arguments. `eager`: the callable
+    the backward differentiates, where it is not `sym.fn`.
     """
     found = _VJP_SYMBOLS.get((sym, diff, replay))
     if found is None:
-        fn = OpaqueVjp(sym.fn, diff, replay)
+        fn = OpaqueVjp(sym.fn if eager is None else eager, diff, replay)
 
         def meta(cotangents: tuple[Any, ...], *args: Any, **kwargs: Any) -> tuple[TensorProxy, ...]:
             leaves = tree_flatten((args[1:] if replay else args, kwargs))
@@ -159,3 +165,18 @@ def vjp_symbol(sym: Symbol, diff: tuple[int, ...], replay: bool = False) -> Symb
 
 
 TAG_RULES[OPAQUE] = opaque_rule
+
+_EAGER_AUTOGRAD_RULES: dict[Symbol, VjpRule] = {}
+
+
+def eager_autograd_rule(sym: Symbol, eager: Any) -> VjpRule:
+    """The rule of an op on complex values: torch's autograd over `eager`, its torch callable, as for an opaque op.
+
+    minijit's own rules are written for real values (they take no conjugates); torch's derivative formulas follow
+    eager's convention for complex numbers (the conjugate Wirtinger derivative), and give a real input the real
+    part of its gradient, as eager does.
+    """
+    rule = _EAGER_AUTOGRAD_RULES.get(sym)
+    if rule is None:
+        rule = _EAGER_AUTOGRAD_RULES[sym] = opaque_rule(sym, eager)
+    return rule
