@@ -49,7 +49,7 @@ __all__ = [
 
 
 def jit(fn: Callable[..., Any], *, executors: Sequence[Any] | None = None,
-        cache: str = "constant values", warn_retraces_after: int | None = None,
+        cache: str = "automatic", warn_retraces_after: int | None = None,
         cuda_graphs: bool = False) -> JitFunction | JitModule:
     """Compile `fn` (a function or an `nn.Module`) on its first call with each new kind of input.
 
@@ -59,7 +59,10 @@ def jit(fn: Callable[..., Any], *, executors: Sequence[Any] | None = None,
     and hooks; hooks added or removed later are a new trace.
 
     `executors` is a priority list of executors or their names (the torch executor is
-    always appended as the fallback); `cache` is "constant values" or "no caching".
+    always appended as the fallback); `cache` is "automatic" (the default: constant sizes and numbers until a
+    call misses only by those, then symbolic ones, as torch.compile's `dynamic=None`; `minijit.runtime.dynamic`),
+    "constant values" (a trace per size and number), "symbolic values" (symbolic from the first call) or
+    "no caching".
     With `warn_retraces_after=N` (or the environment variable MINIJIT_WARN_RETRACES=N)
     every trace after the first N warns with a `RetraceWarning` naming what changed.
     With `cuda_graphs=True` each compiled forward, backward and computation on CUDA tensors

@@ -460,6 +460,14 @@ def alias_groups(values: list[Any]) -> tuple[list[list[int]], list[list[int]]]:
     return identical, partial
 
 
+def repeating(values: tuple[Any, ...], positions: tuple[int, ...]) -> tuple[int, ...]:
+    """The positions among `positions` of the tensors in `values` that repeat their own elements (`o.expand(4, 4)`).
+
+    A trace that writes such an input rebuilds it from a synthetic base; one that writes a plain tensor copies
+    back into it, which eager refuses for a tensor repeating elements: the guard keeps them apart."""
+    return tuple(i for i in positions if isinstance(values[i], Tensor) and torch._debug_has_internal_overlap(values[i]) == 1)
+
+
 def alias_layout(*values: Any, also: tuple[int, ...] = ()) -> tuple[tuple[Any, ...], ...]:
     """Where each input that shares storage with another sits in it: (position, storage offset, strides, dtype).
 
@@ -498,6 +506,9 @@ class InputAliasing:
     layout: tuple[tuple[Any, ...], ...] = ()
     layout_also: tuple[int, ...] = ()
     synthetic_bases: tuple[tuple[int, int], ...] = ()
+    # The positions of the written inputs, and those of them that repeat their elements (`repeating`).
+    written: tuple[int, ...] = ()
+    repeating: tuple[int, ...] = ()
 
     def checks(self, input_names: list[str] | tuple[str, ...], env: dict[str, Any]) -> list[Check]:
         """The guard's checks that a call's inputs (named `input_names`) share memory as this call's did."""
@@ -505,6 +516,12 @@ class InputAliasing:
         call = f"_alias_pattern({', '.join(input_names)})"
         checks = [Check("inputs share memory", "aliases", call, self.pattern, keyed=False,
                         explain=lambda now, expected: f"inputs share memory differently: {now} != {expected}")]
+        if self.written:
+            env["_repeating"] = repeating
+            call = f"_repeating(({''.join(n + ', ' for n in input_names)}), {self.written!r})"
+            checks.append(Check("written inputs repeating their elements", "aliases", call, self.repeating,
+                                keyed=False, explain=lambda now, expected: "written inputs that repeat their "
+                                f"elements (expanded) changed: positions {now} != {expected}"))
         if self.layout:  # made for inputs that share memory: where each sits in it matters too
             env["_alias_layout"] = alias_layout
             call = f"_alias_layout({', '.join(input_names)}, also={self.layout_also!r})"
@@ -584,9 +601,11 @@ def functionalize_for_call(trace: Trace, flat: list[Any], no_grad: frozenset[str
     functional, result = functionalize_trace(trace, input_aliases=[list(g) for g in plan.identical],
                                              non_leaf_inputs=non_leaf, no_grad=no_grad, synthetic_bases=bases)
     layout_also = tuple(b.members[0] for b in bases if len(b.members) == 1)
+    written = tuple(i for i, p in enumerate(trace.args) if p.name in mutated)
     return functional, result, InputAliasing(
         pattern=alias_pattern(*flat), layout=alias_layout(*flat, also=layout_also), layout_also=layout_also,
-        synthetic_bases=tuple((b.members[0], b.length) for b in bases))
+        synthetic_bases=tuple((b.members[0], b.length) for b in bases), written=written,
+        repeating=repeating(tuple(flat), written))
 
 
 def _synthetic_base(trace: Trace, flat: list[Any], group: list[int], mutated: set[str]) -> SyntheticBase:

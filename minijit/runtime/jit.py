@@ -22,6 +22,7 @@ from minijit.runtime.cache_key import (
     cache_key,
     exact_tensor_check,
 )
+from minijit.runtime.dynamic import AutomaticDynamic
 from minijit.runtime.explain import explain_miss
 from minijit.runtime.fallback import RaisedInTry
 from minijit.runtime.iterators import advance, standing_in
@@ -32,7 +33,7 @@ from minijit.runtime.values import value_miss_reason
 Tensor = torch.Tensor
 is_grad_enabled = torch.is_grad_enabled
 
-CACHE_MODES = ("constant values", "symbolic values", "no caching")
+CACHE_MODES = ("automatic", "constant values", "symbolic values", "no caching")
 # The most cache entries under one key told apart by values read from tensors (`if x.sum() > 0`).
 MAX_VALUE_ENTRIES = 64
 
@@ -68,6 +69,8 @@ class CacheInfo:
     # With jit(cuda_graphs=True): per compiled forward, backward or computation, how its calls ran
     # (replayed, captured, or with ordinary launches and why: minijit.runtime.cuda_graphs).
     cuda_graphs: list[str] = field(default_factory=list)
+    # With cache="automatic": when the sizes and numbers went symbolic, and why (minijit.runtime.dynamic).
+    dynamic: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
         lines = [f"{self.hits} hit(s), {self.misses} miss(es), {self.entries} cache entr{'y' if self.entries == 1 else 'ies'}"
@@ -81,6 +84,7 @@ class CacheInfo:
         if self.eager_calls:
             lines.append(f"{self.eager_calls} call(s) ran eagerly")
             lines += [f"  eager: {reason}" for reason in self.eager_reasons]
+        lines += [f"  {decision}" for decision in self.dynamic]
         if self.cuda_graphs:
             lines.append("CUDA graphs:")
             lines += [f"  {part}" for part in self.cuda_graphs]
@@ -130,6 +134,8 @@ class JitFunction:
         self.cuda_graphs = cuda_graphs
         self._symbolic = cache == "symbolic values"
         self._keys = POSITIONAL_TENSOR_SYMBOLIC_KEYS if self._symbolic else POSITIONAL_TENSOR_KEYS
+        # cache="automatic": constant values until a call misses only by its sizes or numbers.
+        self._automatic = AutomaticDynamic() if cache == "automatic" else None
         # key -> the entries compiled for calls with that key, told apart by their guards.
         self._entries: dict[tuple[Any, ...], list[CompiledEntry]] = {}
         self._info = CacheInfo()
@@ -224,7 +230,11 @@ class JitFunction:
                 entry = moved
                 self._entries.setdefault(key, []).append(entry)
             else:
+                symbolic = self._symbolic
                 entry = self._miss(args, kwargs, flat, candidates)
+                if self._symbolic is not symbolic:  # went symbolic (cache="automatic"): the key and inputs change
+                    key = cache_key(args, kwargs, symbolic=self._symbolic)
+                    flat = flat_inputs(args, kwargs, symbolic=self._symbolic)
                 fresh = True
                 if self.cache_mode != "no caching":
                     self._entries.setdefault(key, []).append(entry)
@@ -338,11 +348,40 @@ class JitFunction:
             reason = explain_miss(previous, [e.prologue for e in same_key], args, kwargs, flat)
         self._info.miss_reasons.append(reason)
         self._warn_retrace(reason)
-        entry = compile_for(self.fn, args, kwargs, self.executors, symbolic=self._symbolic,
-                                    cuda_graphs=self.cuda_graphs)
+        entry = self._compile_miss(args, kwargs, reason, guard_failed=bool(same_key))
         if entry.value_path and self.cache_mode != "no caching":
             self._info.value_guards.append("; ".join(c.describe() for c in entry.capture.value_checks))
         return entry
+
+    def _compile_miss(self, args: tuple[Any, ...], kwargs: dict[str, Any], reason: str,
+                      guard_failed: bool = False) -> CompiledEntry:
+        """The entry for a missing call; with cache="automatic", traced with symbolic sizes and numbers from the
+        first call that misses only by those (minijit.runtime.dynamic). A call that failed the guard of an entry
+        under its own key (strides, aliasing, a value read from outside) differs by more than its sizes."""
+        auto = self._automatic
+        if auto is None or guard_failed or not auto.should_switch(args, kwargs):
+            entry = compile_for(self.fn, args, kwargs, self.executors, symbolic=self._symbolic,
+                                cuda_graphs=self.cuda_graphs)
+            if auto is not None and not self._symbolic:
+                auto.traced_constant(args, kwargs)
+            return entry
+        auto.switch(reason)
+        self._set_symbolic(True)
+        try:
+            entry = compile_for(self.fn, args, kwargs, self.executors, symbolic=True, cuda_graphs=self.cuda_graphs)
+        except MinijitError as refused:
+            auto.refuse(refused)
+            self._set_symbolic(False)
+            return self._compile_miss(args, kwargs, reason, guard_failed)
+        # The entries traced with constant values are keyed as this mode no longer keys a call.
+        self._entries.clear()
+        self._info.entries = 0
+        self._fast = None
+        return entry
+
+    def _set_symbolic(self, symbolic: bool) -> None:
+        self._symbolic = symbolic
+        self._keys = POSITIONAL_TENSOR_SYMBOLIC_KEYS if symbolic else POSITIONAL_TENSOR_KEYS
 
     def _warn_retrace(self, reason: str) -> None:
         if self.warn_retraces_after is not None and self._info.misses > self.warn_retraces_after:
@@ -376,6 +415,7 @@ class JitFunction:
     def cache_info(self) -> CacheInfo:
         """Hits, misses and entries of this function's cache."""
         self._info.hits = self._hits
+        self._info.dynamic = list(self._automatic.decisions) if self._automatic is not None else []
         self._info.cuda_graphs = [part.describe() for entries in self._entries.values() for e in entries
                                   if e.graphs is not None for part in e.graphs.parts
                                   if part.replays or part.ordinary]

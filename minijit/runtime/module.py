@@ -368,7 +368,7 @@ class JitModule(torch.nn.Module):
         opt = torch.optim.SGD(jmodel.parameters(), lr=0.1)   # the model's own parameters
     """
 
-    def __init__(self, module: torch.nn.Module, executors: Any = None, cache: str = "constant values",
+    def __init__(self, module: torch.nn.Module, executors: Any = None, cache: str = "automatic",
                  warn_retraces_after: int | None = None, cuda_graphs: bool = False):
         # No nn.Module.__init__: the wrapper keeps no parameters, submodules, hooks or flags of its own.
         # Imported here: minijit.runtime.jit imports the pipeline, which imports this file.

@@ -223,3 +223,19 @@ def test_written_expanded_input_that_another_input_aliases_matches_eager(pattern
     expected = fn(*inputs(theirs))
     torch.testing.assert_close(got, expected)
     torch.testing.assert_close(ours, theirs)
+
+
+@pytest.mark.parametrize("cache", ["constant values", "symbolic values", "automatic"])
+def test_a_trace_for_a_plain_written_input_is_not_reused_for_one_repeating_its_elements(cache):
+    # Traced for a contiguous `a` (copied back into), then called with an expanded one (rebuilt from a synthetic
+    # base): the guard tells them apart, where the copy back into the expanded tensor crashed.
+    def f(a, b):
+        a.zero_()
+        return a + b
+
+    jf = minijit.jit(f, cache=cache)
+    for make in (lambda o: o.expand(4, 4).clone(), lambda o: o.expand(4, 4), lambda o: o.expand(4, 4).clone()):
+        o, b = torch.randn(4), torch.randn(4, 4)
+        ours, theirs = o.clone(), o.clone()
+        torch.testing.assert_close(jf(make(ours), b), f(make(theirs), b))
+        torch.testing.assert_close(ours, theirs)

@@ -16,7 +16,7 @@ def _check(jf, *args):
 
 
 def test_same_metadata_hits_and_changes_miss():
-    jf = minijit.jit(_f)
+    jf = minijit.jit(_f, cache="constant values")
     x, y = torch.randn(4, 3), torch.randn(4, 3)
     _check(jf, x, y, 2.0)
     _check(jf, torch.randn(4, 3), torch.randn(4, 3), 2.0)
@@ -37,7 +37,7 @@ def test_same_metadata_hits_and_changes_miss():
 
 
 def test_every_entry_is_reused():
-    jf = minijit.jit(_f)
+    jf = minijit.jit(_f, cache="constant values")
     shapes = [(2, 3), (4, 3), (2, 3), (4, 3)]
     for s in shapes:
         _check(jf, torch.randn(s), torch.randn(s), 1.0)
@@ -57,7 +57,7 @@ def test_kwargs_and_nested_arguments():
     def g(xs, *, scale=1.0):
         return xs[0] * scale + xs[1]
 
-    jf = minijit.jit(g)
+    jf = minijit.jit(g, cache="constant values")
     a, b = torch.randn(3), torch.randn(3)
     torch.testing.assert_close(jf([a, b], scale=2.0), g([a, b], scale=2.0))
     torch.testing.assert_close(jf((a, b), scale=2.0), g((a, b), scale=2.0))

@@ -14,7 +14,7 @@ def _f(x, scale):
 
 
 def test_cache_info_explains_each_miss_in_words():
-    jf = minijit.jit(_f)
+    jf = minijit.jit(_f, cache="constant values")
     jf(torch.randn(4, 16), 2.0)
     jf(torch.randn(8, 16), 2.0)
     jf(torch.randn(8, 16), 3)
@@ -42,7 +42,7 @@ def test_grad_mode_and_requires_grad_changes_are_named():
 
 
 def test_warns_on_every_retrace_after_n():
-    jf = minijit.jit(_f, warn_retraces_after=2)
+    jf = minijit.jit(_f, warn_retraces_after=2, cache="constant values")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         jf(torch.randn(1, 3), 1.0)

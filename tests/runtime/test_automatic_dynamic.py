@@ -1,0 +1,84 @@
+"""cache="automatic", the default: constant sizes and numbers until a call misses only by those, then symbolic."""
+
+import pytest
+import torch
+
+import minijit
+import minijit.runtime.jit as jit_module
+
+
+def _program(x, k):
+    return (x * k).softmax(-1).sum(0)
+
+
+def test_sizes_that_change_trace_twice_then_never_again():
+    jf = minijit.jit(_program)
+    for n in [3, 5, 7, 2, 11, 4, 6]:
+        x = torch.randn(4, n)
+        torch.testing.assert_close(jf(x, 2), _program(x, 2))
+    info = minijit.cache_info(jf)
+    assert info.misses == 2 and info.entries == 1
+    assert len(info.dynamic) == 1 and "shape (4, 5) != (4, 3)" in info.dynamic[0]
+
+
+def test_numbers_that_change_are_symbolic_too():
+    jf = minijit.jit(_program)
+    x = torch.randn(3, 4)
+    for k in [2, 3, 5, -1, 7]:
+        torch.testing.assert_close(jf(x, k), _program(x, k))
+    assert minijit.cache_info(jf).misses == 2
+
+
+def test_a_new_dtype_is_a_new_trace_without_going_symbolic():
+    jf = minijit.jit(_program)
+    for dtype in (torch.float32, torch.float64):
+        x = torch.randn(3, 4, dtype=dtype)
+        torch.testing.assert_close(jf(x, 2), _program(x, 2))
+    info = minijit.cache_info(jf)
+    assert info.misses == 2 and not info.dynamic
+
+
+def test_constant_values_still_trace_per_size():
+    jf = minijit.jit(_program, cache="constant values")
+    for n in [3, 5, 7]:
+        x = torch.randn(4, n)
+        torch.testing.assert_close(jf(x, 2), _program(x, 2))
+    info = minijit.cache_info(jf)
+    assert info.misses == 3 and not info.dynamic
+
+
+def test_a_module_s_batch_sizes_share_one_trace():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    jm = minijit.jit(model)
+    for batch in [1, 2, 3, 8, 5, 2]:
+        x = torch.randn(batch, 8)
+        torch.testing.assert_close(jm(x), model(x))
+    assert minijit.cache_info(jm).misses <= 3
+
+
+def test_a_refused_symbolic_trace_keeps_constant_values(monkeypatch):
+    # Where the trace with symbolic sizes is refused, the function goes on with constant values, saying why.
+    real = jit_module.compile_for
+
+    def refusing(fn, args, kwargs, executors, symbolic=False, cuda_graphs=False):
+        if symbolic:
+            raise minijit.UnsupportedOpError("no symbolic sizes for this one")
+        return real(fn, args, kwargs, executors, symbolic=symbolic, cuda_graphs=cuda_graphs)
+
+    monkeypatch.setattr(jit_module, "compile_for", refusing)
+    jf = minijit.jit(_program)
+    for n in [3, 5, 7, 5]:
+        x = torch.randn(2, n)
+        torch.testing.assert_close(jf(x, 2), _program(x, 2))
+    info = minijit.cache_info(jf)
+    assert info.misses == 3 and info.hits == 1
+    assert "kept constant values" in info.dynamic[-1]
+
+
+@pytest.mark.parametrize("cache", ["automatic", "constant values", "symbolic values", "no caching"])
+def test_every_mode_is_accepted(cache):
+    jf = minijit.jit(_program, cache=cache)
+    x = torch.randn(2, 3)
+    torch.testing.assert_close(jf(x, 2), _program(x, 2))
+    assert jf.options()["cache"] == cache
