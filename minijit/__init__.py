@@ -32,14 +32,15 @@ from minijit.errors import (
 )
 from minijit.ir import Trace
 from minijit.runtime import CacheInfo, JitFunction
+from minijit.runtime.fallback import TracingRaisedWarning
 from minijit.runtime.jit import RetraceWarning
 from minijit.runtime.module import JitModule
 from minijit.runtime.show import show, show_diff
 
 __all__ = [
     "AliasError", "CacheInfo", "DeviceError", "FrozenValueError", "GuardError", "MetaError", "MinijitError",
-    "RetraceWarning", "UnsupportedOpError", "UnsupportedSyntaxError", "ValueGuardError", "cache_info", "jit",
-    "last_backward_traces", "last_traces", "show", "show_diff",
+    "RetraceWarning", "TracingRaisedWarning", "UnsupportedOpError", "UnsupportedSyntaxError", "ValueGuardError",
+    "cache_info", "jit", "last_backward_traces", "last_traces", "show", "show_diff",
 ]
 
 

@@ -17,6 +17,7 @@ from minijit.extend import resolve_executors
 from minijit.frontend import GuardEntry, interpret
 from minijit.frontend.folding import fresh_folded
 from minijit.frontend.guards import Source
+from minijit.frontend.interpreter import Escaped
 from minijit.frontend.outside import Outside
 from minijit.frontend.try_blocks import user_try_location
 from minijit.ir import CaptureState, Trace, tracing
@@ -45,7 +46,7 @@ from minijit.runtime.call_plan import CallPlan, finish_capture
 from minijit.runtime.checks import Prologue
 from minijit.runtime.cuda_graphs import GraphedCallable, GraphFamily, graph_refusal
 from minijit.runtime.double_backward import recompute_for
-from minijit.runtime.fallback import falling_back
+from minijit.runtime.fallback import RaisedWhileTracing, falling_back
 from minijit.runtime.guards import compile_prologue, drop_implied
 from minijit.runtime.inputs import tensor_capturer
 from minijit.runtime.iterators import refuse_escaping
@@ -358,17 +359,25 @@ def _compile(arguments: CallArguments, executors: Sequence[Any], constraints: li
             return output
 
         reader = ValueReader(trace, lambda: arguments.flat + [t for _, _, t in found.captured_inputs], _evaluate_prefix)
-        with tracing(trace), recording_constraints(constraints), reading_values(reader):
-            pargs, pkwargs = arguments.proxify(trace, pinned)
-            containers = arguments.snapshot_containers(pargs, pkwargs)
-            if isinstance(fn, ModuleForward):
-                params, _flags, *user_args = pargs
-                with fn.swapped_in(params) as keyed:
-                    trace.output = interpret(fn.module, tuple(user_args), pkwargs, guard_roots=fn.module.modules(),
-                                             finish=finish, placed=params, keyed=keyed, guards=found.guards)
-            else:
-                trace.output = interpret(fn, pargs, pkwargs, finish=finish, guards=found.guards)
-            containers.check_unchanged()
+        escaped: list[Escaped] = []
+        try:
+            with tracing(trace), recording_constraints(constraints), reading_values(reader):
+                pargs, pkwargs = arguments.proxify(trace, pinned)
+                containers = arguments.snapshot_containers(pargs, pkwargs)
+                if isinstance(fn, ModuleForward):
+                    params, _flags, *user_args = pargs
+                    with fn.swapped_in(params) as keyed:
+                        trace.output = interpret(fn.module, tuple(user_args), pkwargs, guard_roots=fn.module.modules(),
+                                                 finish=finish, placed=params, keyed=keyed, guards=found.guards,
+                                                 escaped=escaped)
+                else:
+                    trace.output = interpret(fn, pargs, pkwargs, finish=finish, guards=found.guards, escaped=escaped)
+                containers.check_unchanged()
+        except BaseException as error:
+            if escaped and escaped[0].error is error:
+                # The traced code raised: eager would have made its writes before the raise (minijit.runtime.fallback).
+                raise RaisedWhileTracing(error, escaped[0].where) from error
+            raise
         trace.capture = None
         found.ops_in_try = list(state.ops_in_try)
         found.no_grad = frozenset(state.recorded_without_grad)
