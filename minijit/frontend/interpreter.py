@@ -394,7 +394,8 @@ def _make_exception(typ: Any, val: Any) -> BaseException:
 
 @dataclass(frozen=True)
 class Escaped:
-    """An exception the interpreted code raised that escaped it, and the user's line it was raised at.
+    """An exception the interpreted code raised that escaped it, the user's line it was raised at, and whether the
+    code had written into objects from outside the call (or printed: effects, `minijit.frontend.outside`) by then.
 
     The code's own: a `raise`, an error of an op or of the Python code it ran (one standing for eager's
     error, `minijit.errors.as_eager`, included). Not a `MinijitError` refusing the code, nor an exception
@@ -404,6 +405,7 @@ class Escaped:
 
     error: BaseException
     where: SourceLocation | None
+    wrote_outside: bool
 
 
 def _escaped(state: State, exc: BaseException) -> Escaped | None:
@@ -413,7 +415,7 @@ def _escaped(state: State, exc: BaseException) -> Escaped | None:
         return None
     if isinstance(exc, KeyboardInterrupt) and not any(e is exc for e in state.raised):
         return None
-    return Escaped(exc, locations[0])
+    return Escaped(exc, locations[0], bool(state.outside.effects))
 
 
 def interpret(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],

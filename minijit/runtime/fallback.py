@@ -15,18 +15,21 @@ Why not trace the `except` branch as a second variant: which variant a call need
 once the op ran, so the variant would repeat the work before the raise; and each op in a `try`
 would double the variants. Running the few calls that raise eagerly is exact and simple.
 
-A call whose code raises while it is traced (a `raise`, an op refusing its shapes, a user's callback
-failing, an error of a value read's run of the trace so far, a KeyboardInterrupt a `raise` statement
-makes) would, eagerly, have made every write and every effect before the raise; the capture made none
-of them (tensor writes are recorded, effects on outside objects undone once it ends and replayed only
-by a finished trace, prints deferred, value reads run functionally with the random generators put
-back). So `compile_for` raises `RaisedWhileTracing`, nothing is cached, and the call runs eagerly,
-once: eager's writes, effects, draws and exception (its type, its message, the user's frames in its
-traceback; minijit's own `MetaError[T]` where eager raises `T` at the line it names). A later call
-that takes the same path traces again and does the same. Where eager returns instead (the capture
-raised where eager does not: minijit's limitation), the call gives eager's result with a
-`TracingRaisedWarning`. A `MinijitError` refusing the code propagates as it is, and so does a
-KeyboardInterrupt no `raise` of the code made: Ctrl-C abandons the compile wherever it is.
+A call whose code raises while it is traced (a `raise`, a user's callback failing, an error of Python
+code or of a value read's run of the trace so far, a KeyboardInterrupt a `raise` statement makes)
+would, eagerly, have made every write and every effect before the raise; the capture made none of them
+(tensor writes are recorded, effects on outside objects undone once it ends and replayed only by a
+finished trace, prints deferred, value reads run functionally with the random generators put back).
+So `compile_for` raises `RaisedWhileTracing`, nothing is cached, and the call runs eagerly, once:
+eager's writes, effects, draws and exception (its type, its message, the user's frames in its
+traceback). A `MinijitError` standing for eager's error (`MetaError[T]`: an op refusing its shapes)
+does the same where the capture so far did something eager would have shown, and is raised in place
+of eager's `T` at its line (its message names the op); where nothing was, it is raised as it is (it
+may be minijit's limitation, not eager's error: a refusal). A later call that takes the same path
+traces again and does the same. Where eager returns instead (the capture raised where eager does not:
+minijit's limitation), the call gives eager's result with a `TracingRaisedWarning`. A `MinijitError`
+refusing the code propagates as it is, and so does a KeyboardInterrupt no `raise` of the code made:
+Ctrl-C abandons the compile wherever it is.
 
 Why not run the trace recorded up to the raise, then replay the effects logged so far: a raise comes
 from anywhere (inside an op's decomposition or a traced `autograd.Function`, a container method

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import minijit
-from minijit.errors import MetaError
+from minijit.errors import MetaError, as_eager
 from minijit.frontend.frame import current_frame
 from tests.semantics.util import assert_same
 
@@ -348,7 +348,24 @@ def test_a_jitted_module_whose_forward_raises(capsys: Any) -> None:
         assert_same(jit_state(), eager_state())
 
 
-# -- a capture that raises where eager does not -------------------------------------------------------------
+# -- an op's error before anything happened; a capture that raises where eager does not ------------------
+
+def _mismatch_first(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    c = a * 2
+    return c @ b
+
+
+def test_an_op_error_before_any_write_is_minijits_own_error_naming_the_op() -> None:
+    # Nothing eager would show happened before it: the call is not run eagerly, the error names the op.
+    a, b = _two(0)
+    with pytest.raises(RuntimeError) as eager:
+        _mismatch_first(a, b)
+    jitted = minijit.jit(_mismatch_first)
+    with pytest.raises(MetaError, match="matmul") as info:
+        jitted(a, b)
+    assert isinstance(info.value, type(eager.value))
+    assert minijit.cache_info(jitted).eager_calls == 0
+
 
 def _differs_when_traced(x: torch.Tensor) -> torch.Tensor:
     x.add_(1)
@@ -357,9 +374,25 @@ def _differs_when_traced(x: torch.Tensor) -> torch.Tensor:
     return x * 2
 
 
+def _limitation_when_traced(x: torch.Tensor, write: bool) -> torch.Tensor:
+    if write:
+        x.add_(1)
+    if current_frame() is not None:  # a stand-in for a limitation minijit reports as the error eager would raise
+        raise as_eager(MetaError("a limitation of minijit"), RuntimeError)
+    return x * 2
+
+
 def test_a_capture_that_raises_where_eager_returns_gives_eagers_result_and_warns() -> None:
-    x, y = torch.zeros(3), torch.zeros(3)
-    want = _differs_when_traced(x)
-    with pytest.warns(minijit.TracingRaisedWarning, match="only while traced"):
-        got = minijit.jit(_differs_when_traced)(y)
-    assert torch.equal(got, want) and torch.equal(y, x)
+    for fn, args in ((_differs_when_traced, ()), (_limitation_when_traced, (True,))):
+        x, y = torch.zeros(3), torch.zeros(3)
+        want = fn(x, *args)
+        with pytest.warns(minijit.TracingRaisedWarning, match="only while traced|a limitation"):
+            got = minijit.jit(fn)(y, *args)
+        assert torch.equal(got, want) and torch.equal(y, x)
+
+
+def test_a_limitation_before_anything_happened_stays_a_refusal() -> None:
+    x = torch.zeros(3)
+    with pytest.raises(MetaError, match="a limitation"):
+        minijit.jit(_limitation_when_traced)(x, False)
+    assert torch.equal(x, torch.zeros(3))
