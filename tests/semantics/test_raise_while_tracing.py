@@ -192,6 +192,31 @@ def test_effects_before_the_raise_happen_once(pattern: Pattern, capsys: Any) -> 
     _compare(pattern, _two, capsys)
 
 
+def _effect_then_op_error(what: str) -> Pattern:
+    """An op refusing its shapes after one thing eager shows that is no tensor write: `what` names it."""
+    def pattern() -> tuple[Callable[..., Any], Callable[[], Any]]:
+        log: list[Any] = []
+
+        def f(a, b, xs):
+            if what == "outside":
+                log.append(1)
+            elif what == "print":
+                print("before the error")
+            elif what == "draw":
+                torch.rand(2)
+            else:
+                xs.append("argument")
+            return torch.cat([a, b.t()])
+        return f, lambda: list(log)
+    return pattern
+
+
+@pytest.mark.parametrize("what", ["outside", "print", "draw", "argument"])
+def test_an_op_error_after_an_effect_keeps_the_effect(what: str, capsys: Any) -> None:
+    jitted = _compare(_effect_then_op_error(what), lambda i: (*_two(i), []), capsys)
+    assert minijit.cache_info(jitted).eager_calls == 3
+
+
 # -- a user callback raising on its first call only ----------------------------------------------------------
 
 class _Counter:
