@@ -34,6 +34,7 @@ from minijit.errors import (
 )
 from minijit.ir import Trace
 from minijit.runtime import CacheInfo, JitFunction
+from minijit.runtime.fallback import TracingRaisedWarning
 from minijit.runtime.jit import RetraceWarning
 from minijit.runtime.module import JitModule
 from minijit.runtime.show import show, show_diff
@@ -42,9 +43,9 @@ environment.check_all()  # a junk MINIJIT_* value is an error naming it now, not
 
 __all__ = [
     "AliasError", "CacheInfo", "DeviceError", "EnvironmentVariableError", "FrozenValueError", "GuardError",
-    "MetaError", "MinijitError",
-    "RetraceWarning", "UnsupportedOpError", "UnsupportedSyntaxError", "ValueGuardError", "cache_info", "jit",
-    "last_backward_traces", "last_traces", "show", "show_diff",
+    "MetaError", "MinijitError", "RetraceWarning", "TracingRaisedWarning", "UnsupportedOpError",
+    "UnsupportedSyntaxError", "ValueGuardError", "cache_info", "jit", "last_backward_traces", "last_traces", "show",
+    "show_diff",
 ]
 
 

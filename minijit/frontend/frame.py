@@ -61,7 +61,7 @@ class Frame:
 class State:
     """Per-interpretation state: the frame stack, the handled exception, guards and known cells."""
 
-    __slots__ = ("escapes", "frames", "guards", "handled", "internal_cells", "outside", "passthrough")
+    __slots__ = ("escapes", "frames", "guards", "handled", "internal_cells", "outside", "passthrough", "raised")
 
     def __init__(self, frames: list[Frame] | None = None, handled: BaseException | None = None) -> None:
         self.frames: list[Frame] = [] if frames is None else frames
@@ -78,6 +78,9 @@ class State:
         self.outside = Outside()
         # exception -> the user locations it propagated out of, innermost first (for its note).
         self.escapes: dict[BaseException, list[Any]] = {}
+        # KeyboardInterrupts a `raise` statement of the interpreted code made: the code's own, where another one
+        # is Ctrl-C interrupting minijit (minijit.frontend.interpreter.Escaped).
+        self.raised: list[BaseException] = []
 
 
 # The state of the interpretation running in this context: a nested one (a jitted function

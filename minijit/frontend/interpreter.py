@@ -15,6 +15,7 @@ import functools
 import sys
 import types
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from torch import Tensor
@@ -29,6 +30,7 @@ from minijit.frontend.versions import GENERATOR_CONVERTS_STOPITERATION, RUNNING
 from minijit.ir import Proxy, current_trace
 from minijit.ir.containers import is_container
 from minijit.ir.context import where_now
+from minijit.ir.symbol import SourceLocation
 
 _RECURSION_LIMIT = 1000  # interpreted frames; each one costs a few Python frames of the interpreter
 
@@ -390,10 +392,36 @@ def _make_exception(typ: Any, val: Any) -> BaseException:
     raise TypeError(f"exceptions must be classes or instances deriving from BaseException, not {type(typ).__name__}")
 
 
+@dataclass(frozen=True)
+class Escaped:
+    """An exception the interpreted code raised that escaped it, the user's line it was raised at, and whether the
+    code had written into objects from outside the call (or printed: effects, `minijit.frontend.outside`) by then.
+
+    The code's own: a `raise`, an error of an op or of the Python code it ran (one standing for eager's
+    error, `minijit.errors.as_eager`, included). Not a `MinijitError` refusing the code, nor an exception
+    raised after the code returned, nor a KeyboardInterrupt no `raise` statement of the code made (Ctrl-C
+    interrupting minijit, at whatever point it reached).
+    """
+
+    error: BaseException
+    where: SourceLocation | None
+    wrote_outside: bool
+
+
+def _escaped(state: State, exc: BaseException) -> Escaped | None:
+    """`exc` as an `Escaped`, where it is one (see there)."""
+    locations = state.escapes.get(exc)
+    if not locations or reaches_user(exc):
+        return None
+    if isinstance(exc, KeyboardInterrupt) and not any(e is exc for e in state.raised):
+        return None
+    return Escaped(exc, locations[0], bool(state.outside.effects))
+
+
 def interpret(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
               guard_roots: Iterable[Any] = (), finish: Callable[[Any, Outside], Any] | None = None,
               placed: Iterable[Proxy] = (), keyed: tuple[Iterable[tuple[Any, Any]], Iterable[Any]] = ((), ()),
-              guards: list[GuardEntry] | None = None) -> Any:
+              guards: list[GuardEntry] | None = None, escaped: list[Escaped] | None = None) -> Any:
     """Run `fn(*args, **kwargs)` through the interpreter, recording tensor ops into the current trace.
 
     Works outside tracing too (then it only runs the function). The guards for the
@@ -404,7 +432,8 @@ def interpret(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
     what `interpret` returns. `placed` are proxies the caller put into outside objects
     itself (a jitted module's parameters), which may stay there. `keyed` are the (holder, key)
     slots and the containers whose values the caller's cache key covers: reads of them need
-    no guard.
+    no guard. Where the code raises an exception of its own (`Escaped`), it is appended to
+    `escaped` before it propagates.
 
     Example::
 
@@ -414,13 +443,13 @@ def interpret(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
     """
     add_dynamo_lookasides()
     with new_interpretation(handled=sys.exc_info()[1]) as state:
-        return _interpret(state, fn, args, kwargs, guard_roots, finish, placed, keyed, guards)
+        return _interpret(state, fn, args, kwargs, guard_roots, finish, placed, keyed, guards, escaped)
 
 
 def _interpret(state: State, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
                guard_roots: Iterable[Any], finish: Callable[[Any, Outside], Any] | None,
                placed: Iterable[Proxy], keyed: tuple[Iterable[tuple[Any, Any]], Iterable[Any]],
-               guards: list[GuardEntry] | None) -> Any:
+               guards: list[GuardEntry] | None, escaped: list[Escaped] | None) -> Any:
     from minijit.frontend.calls import call
 
     outside = state.outside
@@ -451,6 +480,9 @@ def _interpret(state: State, fn: Callable[..., Any], args: tuple[Any, ...], kwar
         if locations:
             lines = "\n".join(f"  {loc.filename}:{loc.lineno}  {loc.text}" for loc in reversed(locations))
             exc.add_note(f"raised in code traced by minijit (most recent call last):\n{lines}")
+        own = _escaped(state, exc) if escaped is not None else None
+        if own is not None:
+            escaped.append(own)
         raise
     finally:
         sys.setrecursionlimit(limit)
@@ -478,4 +510,4 @@ def _argument_names(fn: Any, n: int) -> list[str]:
     return names + [f"arg{i}" for i in range(len(names), n)]
 
 
-__all__ = ["InterpretedGenerator", "interpret", "raise_passthrough", "run_frame", "run_function", "set_context"]
+__all__ = ["Escaped", "InterpretedGenerator", "interpret", "raise_passthrough", "run_frame", "run_function", "set_context"]

@@ -415,6 +415,10 @@ class ArgumentContainers:
                 self.replayed.add(id(container))
         return taken
 
+    def changed(self) -> bool:
+        """Whether the traced code changed any of the containers (an iterator's stand-in: took an item from it)."""
+        return any(not _unchanged(container, before) for _, _, container, before in self.found)
+
     def check_unchanged(self) -> None:
         """Refuse a traced function that changed a container it was given that is not replayed."""
         for label, _, container, before in self.found:

@@ -48,6 +48,11 @@ class AutomaticDynamic:
         self.switched = True
         self.decisions.append(f"sizes and numbers made symbolic: {reason}")
 
+    def undo(self) -> None:
+        """Take the last switch back (the call's code raised while traced: it is run eagerly, nothing is traced)."""
+        self.switched = False
+        self.decisions.pop()
+
     def refuse(self, error: MinijitError) -> None:
         """Note that the symbolic trace was refused: back to constant values, for good."""
         self.switched, self.refused = False, True

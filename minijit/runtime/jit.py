@@ -24,7 +24,7 @@ from minijit.runtime.cache_key import (
 )
 from minijit.runtime.dynamic import AutomaticDynamic
 from minijit.runtime.explain import explain_miss
-from minijit.runtime.fallback import RaisedInTry
+from minijit.runtime.fallback import RaisedInTry, RaisedWhileTracing, eager_after_raise
 from minijit.runtime.iterators import advance, standing_in
 from minijit.runtime.pipeline import CompiledEntry, compile_for
 from minijit.runtime.rebind import rebind
@@ -62,8 +62,8 @@ class CacheInfo:
     miss_reasons: list[str] = field(default_factory=list)
     value_switches: int = 0
     value_guards: list[str] = field(default_factory=list)
-    # Calls whose compiled trace raised where the user's `except` may catch it, run eagerly instead
-    # (minijit.runtime.fallback); each distinct reason once.
+    # Calls run eagerly instead (minijit.runtime.fallback): their compiled trace raised where the user's
+    # `except` may catch it, or their code raised while it was traced; each distinct reason once.
     eager_calls: int = 0
     eager_reasons: list[str] = field(default_factory=list)
     # With jit(cuda_graphs=True): per compiled forward, backward or computation, how its calls ran
@@ -232,6 +232,8 @@ class JitFunction:
             else:
                 symbolic = self._symbolic
                 entry = self._miss(args, kwargs, flat, candidates)
+                if isinstance(entry, RaisedWhileTracing):  # nothing to cache
+                    return self._run_eagerly(entry, *given), None
                 if self._symbolic is not symbolic:  # went symbolic (cache="automatic"): the key and inputs change
                     key = cache_key(args, kwargs, symbolic=self._symbolic)
                     flat = flat_inputs(args, kwargs, symbolic=self._symbolic)
@@ -260,12 +262,17 @@ class JitFunction:
         self._fast = None if entry.exact_check is None else (
             entry.exact_arity, grad, entry.exact_check, entry.exact_guard, entry.computation)
 
-    def _run_eagerly(self, raised: RaisedInTry, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """The call whose compiled trace raised inside a user's `try`, run as eager runs it (minijit.runtime.fallback)."""
+    def _run_eagerly(self, raised: RaisedInTry | RaisedWhileTracing, args: tuple[Any, ...],
+                     kwargs: dict[str, Any]) -> Any:
+        """The call whose compiled trace raised inside a user's `try`, or whose code raised while it was traced,
+        run as eager runs it (minijit.runtime.fallback)."""
         self._info.eager_calls += 1
         if raised.reason not in self._info.eager_reasons and len(self._info.eager_reasons) < 20:
             self._info.eager_reasons.append(raised.reason)
         eager = getattr(self.fn, "run_eagerly", self.fn)
+        if isinstance(raised, RaisedWhileTracing):
+            name = getattr(self.fn, "__qualname__", None) or repr(self.fn)
+            return eager_after_raise(raised, lambda: eager(*args, **kwargs), name)
         return eager(*args, **kwargs)
 
     def _value_miss(self, failed: CompiledEntry, miss: ValueGuardMiss, args: tuple[Any, ...],
@@ -296,8 +303,9 @@ class JitFunction:
                 self._info.misses += 1
                 self._info.miss_reasons.append(reason)
                 self._warn_retrace(reason)
-                entry = compile_for(self.fn, args, kwargs, self.executors, symbolic=self._symbolic,
-                                    cuda_graphs=self.cuda_graphs)
+                entry = self._compile(args, kwargs)
+                if isinstance(entry, RaisedWhileTracing):  # nothing to cache
+                    return self._run_eagerly(entry, args, kwargs)
                 fresh = True
                 if self.cache_mode != "no caching":
                     self._info.entries += 1
@@ -339,7 +347,7 @@ class JitFunction:
         return None
 
     def _miss(self, args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[Any],
-              same_key: list[CompiledEntry]) -> CompiledEntry:
+              same_key: list[CompiledEntry]) -> CompiledEntry | RaisedWhileTracing:
         self._info.misses += 1
         if self.cache_mode == "no caching":
             reason = "caching is off (cache='no caching')"
@@ -349,30 +357,33 @@ class JitFunction:
         self._info.miss_reasons.append(reason)
         self._warn_retrace(reason)
         entry = self._compile_miss(args, kwargs, reason, guard_failed=bool(same_key))
-        if entry.value_path and self.cache_mode != "no caching":
+        if isinstance(entry, CompiledEntry) and entry.value_path and self.cache_mode != "no caching":
             self._info.value_guards.append("; ".join(c.describe() for c in entry.capture.value_checks))
         return entry
 
     def _compile_miss(self, args: tuple[Any, ...], kwargs: dict[str, Any], reason: str,
-                      guard_failed: bool = False) -> CompiledEntry:
+                      guard_failed: bool = False) -> CompiledEntry | RaisedWhileTracing:
         """The entry for a missing call; with cache="automatic", traced with symbolic sizes and numbers from the
         first call that misses only by those (minijit.runtime.dynamic). A call that failed the guard of an entry
         under its own key (strides, aliasing, a value read from outside) differs by more than its sizes."""
         auto = self._automatic
         if auto is None or guard_failed or not auto.should_switch(args, kwargs):
-            entry = compile_for(self.fn, args, kwargs, self.executors, symbolic=self._symbolic,
-                                cuda_graphs=self.cuda_graphs)
-            if auto is not None and not self._symbolic:
+            entry = self._compile(args, kwargs)
+            if auto is not None and not self._symbolic and isinstance(entry, CompiledEntry):
                 auto.traced_constant(args, kwargs)
             return entry
         auto.switch(reason)
         self._set_symbolic(True)
         try:
-            entry = compile_for(self.fn, args, kwargs, self.executors, symbolic=True, cuda_graphs=self.cuda_graphs)
+            entry = self._compile(args, kwargs)
         except MinijitError as refused:
             auto.refuse(refused)
             self._set_symbolic(False)
             return self._compile_miss(args, kwargs, reason, guard_failed)
+        if isinstance(entry, RaisedWhileTracing):  # the code raised: no reason to switch yet
+            auto.undo()
+            self._set_symbolic(False)
+            return entry
         # The entries traced with constant values are keyed as this mode no longer keys a call.
         self._entries.clear()
         self._info.entries = 0
@@ -382,6 +393,15 @@ class JitFunction:
     def _set_symbolic(self, symbolic: bool) -> None:
         self._symbolic = symbolic
         self._keys = POSITIONAL_TENSOR_SYMBOLIC_KEYS if symbolic else POSITIONAL_TENSOR_KEYS
+
+    def _compile(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> CompiledEntry | RaisedWhileTracing:
+        """The entry compiled for the call, or, where its code raised while traced, the `RaisedWhileTracing` to
+        run it eagerly with (returned, not raised: the eager run must not see it as the exception being handled)."""
+        try:
+            return compile_for(self.fn, args, kwargs, self.executors, symbolic=self._symbolic,
+                               cuda_graphs=self.cuda_graphs)
+        except RaisedWhileTracing as raised:
+            return raised
 
     def _warn_retrace(self, reason: str) -> None:
         if self.warn_retraces_after is not None and self._info.misses > self.warn_retraces_after:

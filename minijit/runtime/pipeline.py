@@ -18,6 +18,7 @@ from minijit.extend import resolve_executors
 from minijit.frontend import GuardEntry, interpret
 from minijit.frontend.folding import fresh_folded
 from minijit.frontend.guards import Source
+from minijit.frontend.interpreter import Escaped
 from minijit.frontend.outside import Outside
 from minijit.frontend.try_blocks import user_try_location
 from minijit.ir import CaptureState, Trace, tracing
@@ -32,6 +33,7 @@ from minijit.ir.rewrite import rewrite
 from minijit.ir.symbol import SourceLocation
 from minijit.ops import prims
 from minijit.runtime.arguments import (
+    ArgumentContainers,
     CallArguments,
     InputAliasing,
     functionalize_for_call,
@@ -46,7 +48,7 @@ from minijit.runtime.call_plan import CallPlan, finish_capture
 from minijit.runtime.checks import Prologue
 from minijit.runtime.cuda_graphs import GraphedCallable, GraphFamily, graph_refusal
 from minijit.runtime.double_backward import recompute_for
-from minijit.runtime.fallback import falling_back
+from minijit.runtime.fallback import RaisedWhileTracing, falling_back
 from minijit.runtime.guards import compile_prologue, drop_implied
 from minijit.runtime.inputs import tensor_capturer
 from minijit.runtime.iterators import refuse_escaping
@@ -362,17 +364,25 @@ def _compile(arguments: CallArguments, executors: Sequence[Any], constraints: li
             return output
 
         reader = ValueReader(trace, lambda: arguments.flat + [t for _, _, t in found.captured_inputs], _evaluate_prefix)
-        with tracing(trace), recording_constraints(constraints), reading_values(reader):
-            pargs, pkwargs = arguments.proxify(trace, pinned)
-            containers = arguments.snapshot_containers(pargs, pkwargs)
-            if isinstance(fn, ModuleForward):
-                params, _flags, *user_args = pargs
-                with fn.swapped_in(params) as keyed:
-                    trace.output = interpret(fn.module, tuple(user_args), pkwargs, guard_roots=fn.module.modules(),
-                                             finish=finish, placed=params, keyed=keyed, guards=found.guards)
-            else:
-                trace.output = interpret(fn, pargs, pkwargs, finish=finish, guards=found.guards)
-            containers.check_unchanged()
+        escaped: list[Escaped] = []
+        containers = None
+        try:
+            with tracing(trace), recording_constraints(constraints), reading_values(reader):
+                pargs, pkwargs = arguments.proxify(trace, pinned)
+                containers = arguments.snapshot_containers(pargs, pkwargs)
+                if isinstance(fn, ModuleForward):
+                    params, _flags, *user_args = pargs
+                    with fn.swapped_in(params) as keyed:
+                        trace.output = interpret(fn.module, tuple(user_args), pkwargs, guard_roots=fn.module.modules(),
+                                                 finish=finish, placed=params, keyed=keyed, guards=found.guards,
+                                                 escaped=escaped)
+                else:
+                    trace.output = interpret(fn, pargs, pkwargs, finish=finish, guards=found.guards, escaped=escaped)
+                containers.check_unchanged()
+        except BaseException as error:
+            if escaped and escaped[0].error is error and _runs_eagerly(escaped[0], trace, containers):
+                raise RaisedWhileTracing(error, escaped[0].where) from error
+            raise
         trace.capture = None
         found.ops_in_try = list(state.ops_in_try)
         found.no_grad = frozenset(state.recorded_without_grad)
@@ -411,6 +421,21 @@ def _compile(arguments: CallArguments, executors: Sequence[Any], constraints: li
     computation = with_synthetic_bases(refusing_inference_writes(computation, trace, functionalized), aliasing)
     traces[-1].elapsed_ms += (time.perf_counter() - start) * 1e3
     return CompiledEntry(found.call_plan.wrap(computation), traces, **records, plain=computation, graphs=family)
+
+
+def _runs_eagerly(escaped: Escaped, trace: Trace, containers: ArgumentContainers | None) -> bool:
+    """Whether the call whose code raised `escaped` while traced runs eagerly (minijit.runtime.fallback).
+
+    The code's own exception does: eager makes the writes and effects before it. A MinijitError standing for
+    eager's error (an op refusing its shapes) may also be minijit's own limitation, which eager does not share:
+    raised as it is where the capture so far made nothing eager would have shown (a write into a tensor, a draw,
+    a write into an object from outside or a print, a change to a container or iterator argument), else run
+    eagerly too. (A write made in a traced `autograd.Function` whose forward raised is not seen.)
+    """
+    if getattr(type(escaped.error), "eager_type", None) is None:
+        return True
+    return (escaped.wrote_outside or (containers is not None and containers.changed())
+            or any(b.written() or b.sym.effects.random for b in trace.bound_symbols))
 
 
 def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[Any], at: AfterPass,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import math
 import os
+import traceback
 import warnings
 
 import pytest
@@ -307,12 +308,21 @@ def fails_in_helper(x):
 
 def test_user_exceptions_propagate_unchanged_with_a_note_of_user_lines():
     with pytest.raises(KeyError, match="shape three") as info:
-        minijit.jit(fails_in_helper)(torch.randn(3))
+        interpret(fails_in_helper, (torch.randn(3),), {})
     (note,) = info.value.__notes__
     name = os.path.basename(__file__)
     outer = f"{name}:{_line_of(fails_in_helper, '_check_shape(x)')}  _check_shape(x)"
     inner = f"{name}:{_line_of(_check_shape, 'raise KeyError')}  raise KeyError(\"shape three\")"
     assert note.index(outer) < note.index(inner)
+
+
+def test_a_jitted_call_raising_while_traced_raises_eagers_exception_with_the_user_frames():
+    # The call runs eagerly (minijit.runtime.fallback): the traceback holds the user's own frames.
+    with pytest.raises(KeyError, match="shape three") as info:
+        minijit.jit(fails_in_helper)(torch.randn(3))
+    frames = [(f.name, f.lineno) for f in traceback.extract_tb(info.value.__traceback__)]
+    outer = frames.index(("fails_in_helper", _line_of(fails_in_helper, "_check_shape(x)")))
+    assert frames.index(("_check_shape", _line_of(_check_shape, "raise KeyError"))) > outer
 
 
 def _squares(xs):

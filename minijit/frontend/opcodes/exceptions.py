@@ -47,6 +47,8 @@ def raise_varargs(frame: Frame, inst: Inst) -> None:
     if inst.arg == 2:
         exc.__cause__ = None if cause is None else _exception_instance(cause, "exception causes")
     set_context(exc, current_state().handled)
+    if isinstance(exc, KeyboardInterrupt):
+        current_state().raised.append(exc)
     raise_passthrough(exc)
 
 
