@@ -606,6 +606,9 @@ class TensorProxy(Proxy):
         )
 
     def __format__(self, spec: str) -> str:
+        if not self.shape and value_reader() is not None:
+            # Eager formats a 0-dim tensor as its item (`f"tokens: {n}"`): its value is read, and checked by the trace.
+            return format(_read(self, "tolist", None), spec)
         raise UnsupportedSyntaxError(
             f"formatting tensor {self.name} into a string{where_now()} needs its values, which a trace does not "
             "have; print the tensor itself (print(x) is repeated by every call, with its values), or format it "
