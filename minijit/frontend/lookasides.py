@@ -118,6 +118,33 @@ for _native_query, _method in ((torch.is_floating_point, "is_floating_point"), (
     LOOKASIDES[_native_query] = _tensor_query(_native_query, _method)
 
 
+@lookaside(torch.overrides.is_tensor_like)
+def is_tensor_like(obj: Any) -> bool:
+    """torch.overrides.is_tensor_like, True for a TensorProxy (torch.distributions checks its arguments with it)."""
+    return isinstance(obj, TensorProxy) or torch.overrides.is_tensor_like(obj)
+
+
+@lookaside(torch._C._group_tensors_by_device_and_dtype)
+def group_tensors_by_device_and_dtype(tensorlistlist: Any, with_indices: bool = False) -> Any:
+    """torch's grouping of tensor lists by device and dtype (`clip_grad_norm_`, the foreach optimizers), on proxies.
+
+    The grouping, and the order of its groups, are torch's own: it runs on empty stand-ins with the proxies'
+    devices and dtypes, and each stand-in is replaced by its proxy again."""
+    stand_ins: dict[int, Any] = {}
+
+    def stand_in(x: Any) -> Any:
+        if isinstance(x, TensorProxy):
+            real = torch.empty(0, dtype=x.dtype, device=x.device)
+            stand_ins[id(real)] = x
+            return real
+        return x
+
+    real_lists = [[stand_in(x) for x in tensors] for tensors in tensorlistlist]
+    grouped = torch._C._group_tensors_by_device_and_dtype(real_lists, with_indices)
+    return {key: ([[stand_ins.get(id(x), x) for x in tensors] for tensors in lists], indices)
+            for key, (lists, indices) in grouped.items()}
+
+
 @lookaside(torch.is_inference_mode_enabled)
 def is_inference_mode_enabled() -> bool:
     """The mode now; the trace keeps it, so the entry's guard checks the mode of later calls (the key has grad mode only)."""

@@ -507,6 +507,9 @@ class TensorProxy(Proxy):
     def dim(self) -> int:
         return len(self.shape)
 
+    def ndimension(self) -> int:
+        return len(self.shape)
+
     def size(self, dim: int | None = None) -> Any:
         if dim is None:
             return torch.Size(self.shape) if all(type(d) is int for d in self.shape) else self.shape
