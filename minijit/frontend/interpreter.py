@@ -24,7 +24,7 @@ from minijit.frontend.code import ASYNC_FLAGS, Inst, binder_for, code_info
 from minijit.frontend.frame import GENERATOR, NULL, RETURN, YIELD, Frame, State, current_state, new_interpretation
 from minijit.frontend.guards import GuardEntry, Source
 from minijit.frontend.lookasides import add_dynamo_lookasides
-from minijit.frontend.outside import Outside, check_no_proxy_left
+from minijit.frontend.outside import Outside, OutsideView, check_no_proxy_left
 from minijit.frontend.versions import GENERATOR_CONVERTS_STOPITERATION, RUNNING
 from minijit.ir import Proxy, current_trace
 from minijit.ir.containers import is_container
@@ -392,8 +392,7 @@ def _make_exception(typ: Any, val: Any) -> BaseException:
 
 def interpret(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
               guard_roots: Iterable[Any] = (), finish: Callable[[Any, Outside], Any] | None = None,
-              placed: Iterable[Proxy] = (), keyed: tuple[Iterable[tuple[Any, Any]], Iterable[Any]] = ((), ()),
-              guards: list[GuardEntry] | None = None) -> Any:
+              view: OutsideView | None = None, guards: list[GuardEntry] | None = None) -> Any:
     """Run `fn(*args, **kwargs)` through the interpreter, recording tensor ops into the current trace.
 
     Works outside tracing too (then it only runs the function). The guards for the
@@ -401,10 +400,9 @@ def interpret(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
     arguments and `guard_roots` (e.g. every module of a jitted nn.Module) are roots
     (minijit.frontend.outside): reads from them are guarded, writes into them logged.
     `finish(result, outside)`, if given, runs before the writes are undone and returns
-    what `interpret` returns. `placed` are proxies the caller put into outside objects
-    itself (a jitted module's parameters), which may stay there. `keyed` are the (holder, key)
-    slots and the containers whose values the caller's cache key covers: reads of them need
-    no guard.
+    what `interpret` returns. `view` is what the caller has traced code see in place of
+    what objects from outside hold (a jitted module's parameters: their proxies), and the
+    reads its cache key covers (minijit.frontend.outside.OutsideView).
 
     Example::
 
@@ -414,13 +412,12 @@ def interpret(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
     """
     add_dynamo_lookasides()
     with new_interpretation(handled=sys.exc_info()[1]) as state:
-        return _interpret(state, fn, args, kwargs, guard_roots, finish, placed, keyed, guards)
+        return _interpret(state, fn, args, kwargs, guard_roots, finish, view, guards)
 
 
 def _interpret(state: State, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
                guard_roots: Iterable[Any], finish: Callable[[Any, Outside], Any] | None,
-               placed: Iterable[Proxy], keyed: tuple[Iterable[tuple[Any, Any]], Iterable[Any]],
-               guards: list[GuardEntry] | None) -> Any:
+               view: OutsideView | None, guards: list[GuardEntry] | None) -> Any:
     from minijit.frontend.calls import call
 
     outside = state.outside
@@ -428,10 +425,8 @@ def _interpret(state: State, fn: Callable[..., Any], args: tuple[Any, ...], kwar
         outside.add_root(root, "self")
     for name, bound in _bound_values(fn):
         outside.add_root(bound, name)
-    slots, containers = keyed
-    outside.keyed.update((id(holder), key) for holder, key in slots)
-    outside.whole.update(id(c) for c in containers)
-    outside.placed.update(id(p) for p in placed)
+    if view is not None:
+        outside.take_view(view)
     # Arguments that are objects are the caller's own; containers (dataclasses included) were
     # rebuilt around proxies for this call (minijit.runtime.arguments), so they are not.
     for name, value in [*zip(_argument_names(fn, len(args)), args), *kwargs.items()]:
