@@ -165,5 +165,5 @@ def has_composable_state(module: torch.nn.Module) -> bool:
 
 
 __all__ = ["SUPPORTED_PATTERNS", "WRAPPERS", "call_through_wrapper", "eager_hooks", "has_composable_state",
-           "without_root_eager_hooks", "is_eager_hook", "refuse_inner_eager_hook", "run_post_hooks", "run_pre_hooks",
+           "is_eager_hook", "refuse_inner_eager_hook", "run_post_hooks", "run_pre_hooks", "without_root_eager_hooks",
            "wrapped_attribute"]

@@ -368,8 +368,7 @@ def attribute(frame: Frame | None, obj: Any, name: str) -> Any:
             outside.read(current_state().guards, "attribute", holder, name, stored, name, shadow)
         elif name == "__dict__":
             outside.add_root(value, outside.label_of(obj))
-        return outside.seen(value)
-    return value
+    return outside.seen(value)
 
 
 @handles("LOAD_ATTR", until="3.11")
