@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections.abc
 import functools
 import sys
+import threading
 import types
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -31,6 +32,35 @@ from minijit.ir.containers import is_container
 from minijit.ir.context import where_now
 
 _RECURSION_LIMIT = 1000  # interpreted frames; each one costs a few Python frames of the interpreter
+
+
+class _RecursionLimit:
+    """The recursion limit, raised for the interpreter's frames while any interpretation runs.
+
+    The limit is the process's, and threads may interpret at once (compiles of different functions):
+    the first to start raises it, the last to finish puts it back.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running = 0
+        self._before = 0
+
+    def enter(self) -> None:
+        with self._lock:
+            if self._running == 0:
+                self._before = sys.getrecursionlimit()
+                sys.setrecursionlimit(max(self._before, 12 * _RECURSION_LIMIT))
+            self._running += 1
+
+    def leave(self) -> None:
+        with self._lock:
+            self._running -= 1
+            if self._running == 0:
+                sys.setrecursionlimit(self._before)
+
+
+_DEEP_RECURSION = _RecursionLimit()
 
 
 def run_frame(frame: Frame, throw: BaseException | None = None) -> str:
@@ -434,8 +464,7 @@ def _interpret(state: State, fn: Callable[..., Any], args: tuple[Any, ...], kwar
             outside.add_root(value, name)
         outside.note_iterator(value, name)
     trace = current_trace()
-    limit = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(limit, 12 * _RECURSION_LIMIT))
+    _DEEP_RECURSION.enter()
     try:
         result = call(fn, args, kwargs)
         if finish is not None:
@@ -448,7 +477,7 @@ def _interpret(state: State, fn: Callable[..., Any], args: tuple[Any, ...], kwar
             exc.add_note(f"raised in code traced by minijit (most recent call last):\n{lines}")
         raise
     finally:
-        sys.setrecursionlimit(limit)
+        _DEEP_RECURSION.leave()
         outside.restore()
         if guards is not None:
             guards.extend(state.guards.values())

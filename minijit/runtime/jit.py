@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import threading
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -22,7 +23,6 @@ from minijit.runtime.cache_key import (
     cache_key,
     exact_tensor_check,
 )
-from minijit.runtime.compile_lock import COMPILE_LOCK
 from minijit.runtime.explain import explain_miss
 from minijit.runtime.fallback import RaisedInTry
 from minijit.runtime.iterators import advance, standing_in
@@ -142,6 +142,10 @@ class JitFunction:
         # computation, the entry), or None where that entry has no exact check. One tuple, replaced whole:
         # a thread reads it once, whatever other threads' calls make the last entry meanwhile.
         self._fast: tuple[Any, ...] | None = None
+        # Held by a miss while it looks again, compiles and adds the entry, so that threads missing on one
+        # signature at once trace it once; hits never take it (docs/design.md, "Threads"). Re-entrant: code run
+        # under it (a lazy module's eager first call) may call this function again on the same thread.
+        self._compile_lock = threading.RLock()
         _take_names(self, fn)
 
     def __reduce__(self) -> str | tuple[Any, ...]:
@@ -217,7 +221,7 @@ class JitFunction:
         entry = self._find(key, flat)
         fresh = False
         if entry is None:
-            with COMPILE_LOCK:
+            with self._compile_lock:
                 entry = self._find(key, flat)  # another thread may have compiled it while this one waited
                 if entry is None:
                     entry, fresh = self._add_entry(key, args, kwargs, flat)
@@ -283,7 +287,7 @@ class JitFunction:
         key = cache_key(args, kwargs, symbolic=self._symbolic)
         flat = flat_inputs(args, kwargs, symbolic=self._symbolic)
         while True:
-            with COMPILE_LOCK:
+            with self._compile_lock:
                 entry, fresh = self._entry_for_value(key, flat, failed, miss, args, kwargs, fresh)
             try:
                 return entry.computation(*flat)

@@ -34,7 +34,6 @@ from minijit.errors import UnsupportedSyntaxError
 from minijit.frontend.outside import OutsideView
 from minijit.runtime import distributed
 from minijit.runtime.checks import Check, tensor_checks
-from minijit.runtime.compile_lock import COMPILE_LOCK
 
 # The hook dicts `Module._call_impl` consults, per module and globally, and what to call them.
 _HOOK_KINDS = {"_forward_pre_hooks": "forward pre-hook", "_forward_hooks": "forward hook",
@@ -382,7 +381,7 @@ class JitModule(torch.nn.Module):
             attribute, inner = self._jitted_wrapped_module()
             return distributed.call_through_wrapper(self._orig_mod, attribute, inner, args, kwargs)
         if self._minijit_forward.uninitialized:
-            with COMPILE_LOCK:  # one thread makes the parameters; the others wait, then run traced
+            with self._minijit_function._compile_lock:  # one thread makes the parameters; the others wait
                 if self._minijit_forward.uninitialized:
                     # A lazy module's first call runs eagerly (it creates the parameters); later calls are traced.
                     out = self._orig_mod(*args, **kwargs)
@@ -426,7 +425,7 @@ class JitModule(torch.nn.Module):
         except (KeyError, AttributeError):
             # The module tree changed shape (a submodule or parameter added, removed or replaced by a
             # jitted one): take stock again, unless another thread has done so while this one waited.
-            with COMPILE_LOCK:
+            with self._minijit_function._compile_lock:
                 try:
                     params, state = self._minijit_forward.fetch(self._orig_mod)
                 except (KeyError, AttributeError):

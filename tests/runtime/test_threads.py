@@ -214,18 +214,33 @@ def test_concurrent_first_calls_with_one_signature_trace_once():
     assert (info.misses, info.entries, info.hits) == (1, 1, THREADS - 1)
 
 
-def test_a_compile_may_call_a_jitted_function_that_compiles():
-    # A lazy module's first call runs eagerly while holding the compile lock; the jitted layer it calls compiles
-    # under the same lock, on the same thread.
+class _CallsItselfJitted(torch.nn.Module):
+    """A lazy layer, then the jitted module itself again, `depth` times."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.LazyLinear(4)
+        self.jitted: list[Any] = []  # in a list: not a submodule
+
+    def forward(self, x: torch.Tensor, depth: int) -> torch.Tensor:
+        y = torch.tanh(self.fc(x))
+        return y if depth == 0 else self.jitted[0](y, depth - 1)
+
+
+def test_a_call_made_while_holding_the_compile_lock_may_call_the_same_jitted_module():
+    # The lazy module's first call runs eagerly holding the lock (one thread makes the parameters); its forward
+    # calls the jitted module again, on the same thread.
     torch.manual_seed(0)
-    inner = torch.nn.Linear(8, 4)
-    model = torch.nn.Sequential(torch.nn.LazyLinear(8), minijit.jit(inner))
+    model = _CallsItselfJitted()
     jm = minijit.jit(model)
-    x = torch.randn(3, 5)
+    model.jitted.append(jm)
+    x = torch.randn(3, 4)
     with torch.no_grad():
-        for _ in range(2):
-            torch.testing.assert_close(jm(x), inner(model[0](x)))
-    assert minijit.cache_info(model[1]).misses == 1
+        first = jm(x, 2)  # eager: the parameters are made
+        torch.testing.assert_close(jm(x, 2), first)  # traced through its three levels
+        expected = torch.tanh(model.fc(torch.tanh(model.fc(torch.tanh(model.fc(x))))))
+    torch.testing.assert_close(first, expected)
+    assert minijit.cache_info(jm).misses == 1
 
 
 def _compile_state_left() -> list[str]:
