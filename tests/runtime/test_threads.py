@@ -51,14 +51,17 @@ def _in_threads(work: Callable[[int], Any]) -> list[Any]:
 
 
 def _mixed_calls(seed: int, jitted: Callable[..., Any], eager: Callable[..., Any],
-                 make_args: Callable[[int], tuple[torch.Tensor, ...]]) -> list[str]:
+                 make_args: Callable[[int], tuple[torch.Tensor, ...]]) -> tuple[list[str], set[tuple[int, bool]]]:
     """CALLS calls of `jitted` with batch sizes from BATCHES, under no_grad or with a gradient taken with respect
-    to the first argument, each compared with `eager`; the mismatches, in words."""
+    to the first argument, each compared with `eager`: the mismatches, in words, and the (batch, grad) pairs met."""
     rng = random.Random(seed)
     wrong = []
+    met = set()
     for call in range(CALLS):
         args = make_args(rng.choice(BATCHES))
-        if rng.random() < 0.5:
+        grad = rng.random() >= 0.5
+        met.add((args[0].shape[0], grad))
+        if not grad:
             with torch.no_grad():
                 got, expected = jitted(*args), eager(*args)
             grads = expected_grads = torch.zeros(())
@@ -71,7 +74,15 @@ def _mixed_calls(seed: int, jitted: Callable[..., Any], eager: Callable[..., Any
             (expected_grads,) = torch.autograd.grad(expected.sum(), x_eager)
         if not torch.allclose(got, expected, atol=1e-5) or not torch.allclose(grads, expected_grads, atol=1e-5):
             wrong.append(f"thread {seed}, call {call}: batch {args[0].shape[0]} differs from eager")
-    return wrong
+    return wrong, met
+
+
+def _check_shared(results: list[tuple[list[str], set[tuple[int, bool]]]], jitted: Any) -> None:
+    """Every thread's results were eager's; one trace per (batch, grad) pair met, whichever thread met it first."""
+    assert [line for wrong, _ in results for line in wrong] == []
+    info = minijit.cache_info(jitted)
+    assert info.misses == info.entries == len(set().union(*(met for _, met in results)))
+    assert info.hits + info.misses == THREADS * CALLS
 
 
 def _model() -> torch.nn.Module:
@@ -82,12 +93,7 @@ def _model() -> torch.nn.Module:
 def test_threads_share_a_jitted_module():
     model = _model()
     jm = minijit.jit(model)
-    wrong = _in_threads(lambda i: _mixed_calls(i, jm, model, lambda b: (torch.randn(b, 16),)))
-    assert [line for lines in wrong for line in lines] == []
-    info = minijit.cache_info(jm)
-    # One entry per (batch size, grad mode) seen, whichever thread met it first; every other call a hit.
-    assert info.misses == info.entries <= 2 * len(BATCHES)
-    assert info.hits + info.misses == THREADS * CALLS
+    _check_shared(_in_threads(lambda i: _mixed_calls(i, jm, model, lambda b: (torch.randn(b, 16),))), jm)
     assert all(type(p) is torch.nn.Parameter for p in model.parameters())
 
 
@@ -100,11 +106,7 @@ def test_threads_share_a_jitted_function():
     jf = minijit.jit(_function)
     torch.manual_seed(0)
     w = torch.randn(16, 8)
-    wrong = _in_threads(lambda i: _mixed_calls(i, jf, _function, lambda b: (torch.randn(b, 16), w)))
-    assert [line for lines in wrong for line in lines] == []
-    info = minijit.cache_info(jf)
-    assert info.misses == info.entries <= 2 * len(BATCHES)
-    assert info.hits + info.misses == THREADS * CALLS
+    _check_shared(_in_threads(lambda i: _mixed_calls(i, jf, _function, lambda b: (torch.randn(b, 16), w))), jf)
 
 
 class _Gate:
