@@ -258,7 +258,7 @@ def _call_root_method(owner: Any, fn: Any, args: tuple[Any, ...] | list[Any], kw
         if present:
             value = dict.__getitem__(owner, args[0])
             outside.read(guards, "item", owner, args[0], value, item_label(outside.label_of(owner), args[0]))
-            return value
+            return outside.seen(value)
         outside.observe(guards, owner, "contains", args[0], False)
     elif isinstance(owner, dict) and name in ("items", "values"):
         observe_mapping(owner)
@@ -379,7 +379,8 @@ def _call_native_with_proxies(fn: Any, args: tuple[Any, ...] | list[Any], kwargs
             args = [interpreted_iterable(a) for a in args]
         elif consumes == "first" or len(args) == 1:
             args = [interpreted_iterable(args[0]), *args[1:]]
-    return run_native(fn, *args, **kwargs)
+    # A parameter of a jitted module that native code returns (a weak reference's target) is its proxy.
+    return current_state().outside.seen(run_native(fn, *args, **kwargs))
 
 
 # Native callables that iterate over their positional arguments ("first": only the first one;

@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections.abc
 import functools
 import sys
+import threading
 import types
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from minijit.frontend.code import ASYNC_FLAGS, Inst, binder_for, code_info
 from minijit.frontend.frame import GENERATOR, NULL, RETURN, YIELD, Frame, State, current_state, new_interpretation
 from minijit.frontend.guards import GuardEntry, Source
 from minijit.frontend.lookasides import add_dynamo_lookasides
-from minijit.frontend.outside import Outside, check_no_proxy_left
+from minijit.frontend.outside import Outside, OutsideView, check_no_proxy_left
 from minijit.frontend.versions import GENERATOR_CONVERTS_STOPITERATION, RUNNING
 from minijit.ir import Proxy, current_trace
 from minijit.ir.containers import is_container
@@ -33,6 +34,35 @@ from minijit.ir.context import where_now
 from minijit.ir.symbol import SourceLocation
 
 _RECURSION_LIMIT = 1000  # interpreted frames; each one costs a few Python frames of the interpreter
+
+
+class _RecursionLimit:
+    """The recursion limit, raised for the interpreter's frames while any interpretation runs.
+
+    The limit is the process's, and threads may interpret at once (compiles of different functions):
+    the first to start raises it, the last to finish puts it back.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running = 0
+        self._before = 0
+
+    def enter(self) -> None:
+        with self._lock:
+            if self._running == 0:
+                self._before = sys.getrecursionlimit()
+                sys.setrecursionlimit(max(self._before, 12 * _RECURSION_LIMIT))
+            self._running += 1
+
+    def leave(self) -> None:
+        with self._lock:
+            self._running -= 1
+            if self._running == 0:
+                sys.setrecursionlimit(self._before)
+
+
+_DEEP_RECURSION = _RecursionLimit()
 
 
 def run_frame(frame: Frame, throw: BaseException | None = None) -> str:
@@ -420,8 +450,8 @@ def _escaped(state: State, exc: BaseException) -> Escaped | None:
 
 def interpret(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
               guard_roots: Iterable[Any] = (), finish: Callable[[Any, Outside], Any] | None = None,
-              placed: Iterable[Proxy] = (), keyed: tuple[Iterable[tuple[Any, Any]], Iterable[Any]] = ((), ()),
-              guards: list[GuardEntry] | None = None, escaped: list[Escaped] | None = None) -> Any:
+              view: OutsideView | None = None, guards: list[GuardEntry] | None = None,
+              escaped: list[Escaped] | None = None) -> Any:
     """Run `fn(*args, **kwargs)` through the interpreter, recording tensor ops into the current trace.
 
     Works outside tracing too (then it only runs the function). The guards for the
@@ -429,11 +459,10 @@ def interpret(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
     arguments and `guard_roots` (e.g. every module of a jitted nn.Module) are roots
     (minijit.frontend.outside): reads from them are guarded, writes into them logged.
     `finish(result, outside)`, if given, runs before the writes are undone and returns
-    what `interpret` returns. `placed` are proxies the caller put into outside objects
-    itself (a jitted module's parameters), which may stay there. `keyed` are the (holder, key)
-    slots and the containers whose values the caller's cache key covers: reads of them need
-    no guard. Where the code raises an exception of its own (`Escaped`), it is appended to
-    `escaped` before it propagates.
+    what `interpret` returns. `view` is what the caller has traced code see in place of
+    what objects from outside hold (a jitted module's parameters: their proxies), and the
+    reads its cache key covers (minijit.frontend.outside.OutsideView). Where the code raises
+    an exception of its own (`Escaped`), it is appended to `escaped` before it propagates.
 
     Example::
 
@@ -443,13 +472,12 @@ def interpret(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
     """
     add_dynamo_lookasides()
     with new_interpretation(handled=sys.exc_info()[1]) as state:
-        return _interpret(state, fn, args, kwargs, guard_roots, finish, placed, keyed, guards, escaped)
+        return _interpret(state, fn, args, kwargs, guard_roots, finish, view, guards, escaped)
 
 
 def _interpret(state: State, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
                guard_roots: Iterable[Any], finish: Callable[[Any, Outside], Any] | None,
-               placed: Iterable[Proxy], keyed: tuple[Iterable[tuple[Any, Any]], Iterable[Any]],
-               guards: list[GuardEntry] | None, escaped: list[Escaped] | None) -> Any:
+               view: OutsideView | None, guards: list[GuardEntry] | None, escaped: list[Escaped] | None) -> Any:
     from minijit.frontend.calls import call
 
     outside = state.outside
@@ -457,10 +485,8 @@ def _interpret(state: State, fn: Callable[..., Any], args: tuple[Any, ...], kwar
         outside.add_root(root, "self")
     for name, bound in _bound_values(fn):
         outside.add_root(bound, name)
-    slots, containers = keyed
-    outside.keyed.update((id(holder), key) for holder, key in slots)
-    outside.whole.update(id(c) for c in containers)
-    outside.placed.update(id(p) for p in placed)
+    if view is not None:
+        outside.take_view(view)
     # Arguments that are objects are the caller's own; containers (dataclasses included) were
     # rebuilt around proxies for this call (minijit.runtime.arguments), so they are not.
     for name, value in [*zip(_argument_names(fn, len(args)), args), *kwargs.items()]:
@@ -468,8 +494,7 @@ def _interpret(state: State, fn: Callable[..., Any], args: tuple[Any, ...], kwar
             outside.add_root(value, name)
         outside.note_iterator(value, name)
     trace = current_trace()
-    limit = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(limit, 12 * _RECURSION_LIMIT))
+    _DEEP_RECURSION.enter()
     try:
         result = call(fn, args, kwargs)
         if finish is not None:
@@ -485,7 +510,7 @@ def _interpret(state: State, fn: Callable[..., Any], args: tuple[Any, ...], kwar
             escaped.append(own)
         raise
     finally:
-        sys.setrecursionlimit(limit)
+        _DEEP_RECURSION.leave()
         outside.restore()
         if guards is not None:
             guards.extend(state.guards.values())

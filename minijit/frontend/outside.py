@@ -31,7 +31,6 @@ import collections
 import inspect
 import sys
 import types
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -104,6 +103,24 @@ class Effect:
 
 
 @dataclass
+class OutsideView:
+    """What the caller of `interpret` has traced code see in place of what objects from outside hold, leaving the
+    objects as they are (other threads may be reading them meanwhile), and the reads its cache key covers.
+
+    `tensors`: id(tensor) -> (the tensor, the proxy traced code sees wherever it reads it or computes with
+    it: a jitted module's parameters and buffers, the trace's inputs). `shown`: (id(holder), name) -> the
+    value traced code reads as that attribute or global (an empty dict for backward hooks hidden under
+    no_grad). `keyed`: (holder, key) slots whose values the cache key covers, and `whole`: containers whose
+    contents it covers; reads of them need no guard.
+    """
+
+    tensors: dict[int, tuple[Tensor, Proxy]] = field(default_factory=dict)
+    shown: dict[tuple[int, Any], Any] = field(default_factory=dict)
+    keyed: list[tuple[Any, Any]] = field(default_factory=list)
+    whole: list[Any] = field(default_factory=list)
+
+
+@dataclass
 class Outside:
     """The outside state of one interpretation: roots, tensor sources, effects and how to undo them."""
 
@@ -123,8 +140,10 @@ class Outside:
     whole: set[int] = field(default_factory=set)
     # (id(holder), key) whose value the cache key covers (a jitted module's submodules, training flags).
     keyed: set[tuple[int, Any]] = field(default_factory=set)
-    # ids of proxies the caller put into outside objects itself (a jitted module's parameters).
-    placed: set[int] = field(default_factory=set)
+    # (id(holder), key) -> what traced code reads there in place of what the holder holds (OutsideView.shown).
+    shown: dict[tuple[int, Any], Any] = field(default_factory=dict)
+    # id(tensor) -> (tensor, proxy): the proxies traced code sees in place of real tensors (OutsideView.tensors).
+    stand_ins: dict[int, tuple[Tensor, Proxy]] = field(default_factory=dict)
     # id -> (iterator, label): native iterators and generators from outside, never advanced by the trace.
     iterators: dict[int, tuple[Any, str]] = field(default_factory=dict)
     # id -> object: instances of Python classes the traced code created; a result or stored value
@@ -134,6 +153,13 @@ class Outside:
     returned: list[Any] = field(default_factory=list)
 
     # -- roots and sources --------------------------------------------------------------------
+    def take_view(self, view: OutsideView) -> None:
+        """See objects from outside as the caller's `view` says."""
+        self.keyed.update((id(holder), key) for holder, key in view.keyed)
+        self.whole.update(id(c) for c in view.whole)
+        self.shown.update(view.shown)
+        self.stand_ins.update(view.tensors)
+
     def add_root(self, obj: Any, label: str) -> None:
         """Guard reads of `obj` and log writes into it from now on (not for an object the trace created: its
         state is the trace's own, rebuilt for each call, even once it is stored into an object from outside)."""
@@ -158,6 +184,15 @@ class Outside:
     def is_created(self, obj: Any) -> bool:
         """True for an object traced code instantiated (and nobody outside the call had before)."""
         return self.created.get(id(obj)) is obj
+
+    def seen(self, value: Any) -> Any:
+        """What traced code gets for `value`, read from outside or returned by native code: the proxy that
+        stands for it (a jitted module's parameter), else `value` itself."""
+        if self.stand_ins:
+            entry = self.stand_ins.get(id(value))
+            if entry is not None and entry[0] is value:
+                return entry[1]
+        return value
 
     def label_of(self, obj: Any) -> str:
         """The name of a root, for the names of the values read from it."""
@@ -285,8 +320,6 @@ class Outside:
         else:
             old = getattr(holder, name, MISSING)
             self.undo.append(lambda: _restore_attribute(holder, name, old))
-        if self._caches_placed(value):
-            return
         op = "delattr" if delete else "setattr"
         if native is object.__setattr__ or native is object.__delattr__:
             op = "object " + op
@@ -297,8 +330,7 @@ class Outside:
         self._remember_contents(container)
         if isinstance(container, dict):
             self.written.add((id(container), key))
-        if not self._caches_placed(value):
-            self.effects.append(Effect("delitem" if delete else "setitem", container, key, value))
+        self.effects.append(Effect("delitem" if delete else "setitem", container, key, value))
 
     def write_global(self, namespace: dict[str, Any], name: str, value: Any, delete: bool = False) -> None:
         """Log an assignment to a module global (only that key is restored: globals dicts are shared)."""
@@ -329,13 +361,6 @@ class Outside:
         """Log a call made for its effect alone (`print`): not made now, made by every call after its computation."""
         self.effects.append(Effect("function", fn, None, (args, kwargs)))
 
-    def _caches_placed(self, value: Any) -> bool:
-        """True when `value` holds only placed proxies (or weak references to them): torch's own cache
-        of a jitted module's parameters (nn.RNNBase._flat_weights), which eager fills with the same
-        parameters. Such a write is undone after the capture and not replayed."""
-        found = [v for v in _cached_values(value, depth=2) if isinstance(v, Proxy)]
-        return bool(found) and all(id(v) in self.placed for v in found)
-
     def _remember_contents(self, container: Any) -> None:
         if id(container) in self.changed:
             return
@@ -365,17 +390,6 @@ def _users_class(cls: type) -> bool:
     """A class defined in the user's own code (not the standard library's or a package's)."""
     module = sys.modules.get(cls.__module__)
     return module is not None and is_users_module(module) and may_have_guarded_attributes(cls)
-
-
-def _cached_values(value: Any, depth: int) -> list[Any]:
-    """`value`, what a weak reference in it points to, and the items of lists, tuples and dicts, `depth` deep."""
-    if isinstance(value, weakref.ref):
-        return [value()]
-    if depth and type(value) in (list, tuple):
-        return [x for v in value for x in _cached_values(v, depth - 1)]
-    if depth and type(value) is dict:
-        return [x for v in value.values() for x in _cached_values(v, depth - 1)]
-    return [value]
 
 
 def item_label(container_label: str, key: Any) -> str:
@@ -457,11 +471,10 @@ def tensor_attribute(outside: Outside, guards: dict[Any, Any], t: Tensor, name: 
 
 
 def check_no_proxy_left(outside: Outside) -> None:
-    """After the capture, no proxy may remain in an object from outside (docs/design.md, invariant 8),
-    but those the caller placed there on purpose (a jitted module's swapped-in parameters)."""
+    """After the capture, no proxy may remain in an object from outside (docs/design.md, invariant 8)."""
     for obj, label in outside.roots.values():
         for where, value in _shallow_contents(obj):
-            if isinstance(value, Proxy) and id(value) not in outside.placed:
+            if isinstance(value, Proxy):
                 raise UnsupportedSyntaxError(
                     f"a traced tensor ({value.name}) was stored into {where} of a {type(obj).__name__} ({label}) that "
                     "exists outside the jitted call, by code minijit runs natively; it cannot be replayed. Return "
@@ -496,5 +509,5 @@ def _shallow_contents(obj: Any) -> list[tuple[str, Any]]:
     return []
 
 
-__all__ = ["Effect", "Outside", "check_no_proxy_left", "item_label", "mutator_of",
+__all__ = ["Effect", "Outside", "OutsideView", "check_no_proxy_left", "item_label", "mutator_of",
            "tensor_attribute"]

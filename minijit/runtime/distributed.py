@@ -89,11 +89,12 @@ def eager_hooks(module: torch.nn.Module) -> tuple[list[tuple[int, Any]], list[tu
     return pre, post
 
 
-def hide_root_eager_hooks(module: torch.nn.Module, label: str) -> list[tuple[dict[str, Any], str, Any]]:
-    """While tracing: the root's eager hooks out of its hook dicts (they run around the call). They must be
-    outermost: eager pre-hooks before every traced one, eager post-hooks after. Returns what to restore."""
+def without_root_eager_hooks(module: torch.nn.Module, label: str) -> dict[tuple[int, str], Any]:
+    """While tracing: the root's hook dicts as the capture reads them, without its eager hooks (they run around
+    the call), as {(id(module), name): hooks}; the module's own dicts are left as they are. The eager hooks must
+    be outermost: eager pre-hooks before every traced one, eager post-hooks after."""
     namespace = vars(module)
-    saved = []
+    shown = {}
     for name, outermost_first in (("_forward_pre_hooks", True), ("_forward_hooks", False)):
         hooks = namespace[name]
         kinds = [is_eager_hook(h) for h in hooks.values()]
@@ -107,9 +108,8 @@ def hide_root_eager_hooks(module: torch.nn.Module, label: str) -> list[tuple[dic
                 f"come {'first' if outermost_first else 'last'}. Register your hooks "
                 f"{'after' if outermost_first else 'before'} applying FSDP, or with prepend="
                 f"{'False' if outermost_first else 'True'}{where_now()}")
-        saved.append((namespace, name, hooks))
-        namespace[name] = type(hooks)((i, h) for i, h in hooks.items() if not is_eager_hook(h))
-    return saved
+        shown[(id(module), name)] = type(hooks)((i, h) for i, h in hooks.items() if not is_eager_hook(h))
+    return shown
 
 
 def refuse_inner_eager_hook(module: torch.nn.Module, path: str) -> None:
@@ -165,5 +165,5 @@ def has_composable_state(module: torch.nn.Module) -> bool:
 
 
 __all__ = ["SUPPORTED_PATTERNS", "WRAPPERS", "call_through_wrapper", "eager_hooks", "has_composable_state",
-           "hide_root_eager_hooks", "is_eager_hook", "refuse_inner_eager_hook", "run_post_hooks", "run_pre_hooks",
+           "is_eager_hook", "refuse_inner_eager_hook", "run_post_hooks", "run_pre_hooks", "without_root_eager_hooks",
            "wrapped_attribute"]

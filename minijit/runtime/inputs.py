@@ -42,6 +42,8 @@ def tensor_capturer(trace: Trace, inputs: list[tuple[str, Source, Tensor]], cons
     Hugging Face cache layer's `keys`, which grows from call to call) gets symbolic sizes, unless
     its input position is `pinned`; its name is added to `symbolic_names` (the guard then checks
     its rank, the constraints its sizes). Parameters, buffers, globals and items keep their sizes.
+    A tensor the interpretation sees as a proxy already (a jitted module's parameter: `Outside.seen`)
+    is that proxy.
     """
     captured: dict[int, Proxy] = {}
 
@@ -49,7 +51,11 @@ def tensor_capturer(trace: Trace, inputs: list[tuple[str, Source, Tensor]], cons
         proxy = captured.get(id(t))
         if proxy is not None:
             return proxy
-        source = current_state().outside.source_of(t)
+        outside = current_state().outside
+        seen = outside.seen(t)
+        if seen is not t:
+            return seen
+        source = outside.source_of(t)
         refuse_tensor_subclass(t, f"the tensor {source.label}" if source is not None else "a tensor")
         if source is not None:
             proxy = TensorProxy(tuple(t.shape), t.dtype, t.device, t.requires_grad)

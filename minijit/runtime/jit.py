@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import threading
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -144,8 +145,13 @@ class JitFunction:
         # The most entries one key may have that differ by the values read from tensors (then an error).
         self.max_value_entries = MAX_VALUE_ENTRIES
         # The hit path's first try, from the last call's entry: (arity, grad mode, exact check, its guard,
-        # computation), or None where that entry has no exact check.
+        # computation, the entry), or None where that entry has no exact check. One tuple, replaced whole:
+        # a thread reads it once, whatever other threads' calls make the last entry meanwhile.
         self._fast: tuple[Any, ...] | None = None
+        # Held by a miss while it looks again, compiles and adds the entry, so that threads missing on one
+        # signature at once trace it once; hits never take it (docs/design.md, "Threads"). Re-entrant: code run
+        # under it (a lazy module's eager first call) may call this function again on the same thread.
+        self._compile_lock = threading.RLock()
         _take_names(self, fn)
 
     def __reduce__(self) -> str | tuple[Any, ...]:
@@ -181,7 +187,7 @@ class JitFunction:
             try:
                 return fast[4](*args)
             except ValueGuardMiss as miss:
-                return self._value_miss(self._last, miss, args, kwargs)
+                return self._value_miss(fast[5], miss, args, kwargs)
             except RaisedInTry as raised:
                 return self._run_eagerly(raised, args, kwargs)
         if not kwargs and len(args) < 16:
@@ -216,33 +222,26 @@ class JitFunction:
     def _call_entry(self, args: tuple[Any, ...], kwargs: dict[str, Any],
                     given: tuple[tuple[Any, ...], dict[str, Any]]) -> tuple[Any, CompiledEntry | None]:
         """(the result, the entry that computed it; None where the call ran eagerly on the `given` arguments)."""
-        key = cache_key(args, kwargs, symbolic=self._symbolic)
-        flat = flat_inputs(args, kwargs, symbolic=self._symbolic)
-        candidates = self._entries.get(key, [])
+        symbolic = self._symbolic
+        key = cache_key(args, kwargs, symbolic=symbolic)
+        flat = flat_inputs(args, kwargs, symbolic=symbolic)
+        entry = self._find(key, flat)
         fresh = False
-        for entry in candidates:
-            if entry.guard is None or entry.guard(*flat):
-                self._hits += 1
-                break
-        else:
-            moved = self._rebind(args, kwargs, flat) if self.cache_mode != "no caching" else None
-            if moved is not None:
-                entry = moved
-                self._entries.setdefault(key, []).append(entry)
-            else:
-                symbolic = self._symbolic
-                entry = self._miss(args, kwargs, flat, candidates)
-                if isinstance(entry, RaisedWhileTracing):  # nothing to cache
-                    return self._run_eagerly(entry, *given), None
-                if self._symbolic is not symbolic:  # went symbolic (cache="automatic"): the key and inputs change
-                    key = cache_key(args, kwargs, symbolic=self._symbolic)
-                    flat = flat_inputs(args, kwargs, symbolic=self._symbolic)
-                fresh = True
-                if self.cache_mode != "no caching":
-                    self._entries.setdefault(key, []).append(entry)
-                    self._info.entries += 1
-                    if not kwargs and not key[1]:  # made with autocast off: see exact_tensor_check
-                        self._set_exact_check(entry, args)
+        if entry is None:
+            with self._compile_lock:
+                # Went symbolic meanwhile (cache="automatic", in another thread's miss, or in this one's below): the
+                # key and the trace's inputs are read anew.
+                if self._symbolic is not symbolic:
+                    symbolic = self._symbolic
+                    key, flat = cache_key(args, kwargs, symbolic=symbolic), flat_inputs(args, kwargs, symbolic=symbolic)
+                entry = self._find(key, flat)  # another thread may have compiled it while this one waited
+                if entry is None:
+                    added = self._add_entry(key, args, kwargs, flat)
+                    if isinstance(added, RaisedWhileTracing):  # nothing to cache
+                        return self._run_eagerly(added, *given), None
+                    entry, fresh = added
+                    if self._symbolic is not symbolic:
+                        key, flat = cache_key(args, kwargs, symbolic=True), flat_inputs(args, kwargs, symbolic=True)
         self._remember(entry, key[0])
         # A trace that writes into a list or dict argument finds the caller's through CALL_ARGUMENTS.
         token = CALL_ARGUMENTS.set((*args, *kwargs.values())) if entry.capture.call_plan.writes_arguments else None
@@ -256,11 +255,40 @@ class JitFunction:
             if token is not None:
                 CALL_ARGUMENTS.reset(token)
 
+    def _find(self, key: tuple[Any, ...], flat: list[Any]) -> CompiledEntry | None:
+        """The first entry under `key` whose guard `flat` passes (counted as a hit), or None."""
+        for entry in self._entries.get(key, ()):
+            if entry.guard is None or entry.guard(*flat):
+                self._hits += 1
+                return entry
+        return None
+
+    def _add_entry(self, key: tuple[Any, ...], args: tuple[Any, ...], kwargs: dict[str, Any],
+                   flat: list[Any]) -> tuple[CompiledEntry, bool] | RaisedWhileTracing:
+        """Under the compile lock: an entry for a call no entry serves, moved from other objects (`_rebind`) or
+        compiled (then True), and put into the cache; the `RaisedWhileTracing` where the code raised."""
+        moved = self._rebind(args, kwargs, flat) if self.cache_mode != "no caching" else None
+        if moved is not None:
+            self._entries.setdefault(key, []).append(moved)
+            return moved, False
+        symbolic = self._symbolic
+        entry = self._miss(args, kwargs, flat, self._entries.get(key, []))
+        if isinstance(entry, RaisedWhileTracing):
+            return entry
+        if self._symbolic is not symbolic:  # went symbolic (cache="automatic"): the key changes
+            key = cache_key(args, kwargs, symbolic=self._symbolic)
+        if self.cache_mode != "no caching":
+            if not kwargs and not key[1]:  # made with autocast off: see exact_tensor_check
+                self._set_exact_check(entry, args)
+            self._entries.setdefault(key, []).append(entry)  # complete before other threads can find it
+            self._info.entries += 1
+        return entry, True
+
     def _remember(self, entry: CompiledEntry, grad: bool) -> None:
         """Make `entry` the last one, which the next call's hit path tries first (with the grad mode of its key)."""
         self._last = entry
         self._fast = None if entry.exact_check is None else (
-            entry.exact_arity, grad, entry.exact_check, entry.exact_guard, entry.computation)
+            entry.exact_arity, grad, entry.exact_check, entry.exact_guard, entry.computation, entry)
 
     def _run_eagerly(self, raised: RaisedInTry | RaisedWhileTracing, args: tuple[Any, ...],
                      kwargs: dict[str, Any]) -> Any:
@@ -285,45 +313,54 @@ class JitFunction:
         """
         key = cache_key(args, kwargs, symbolic=self._symbolic)
         flat = flat_inputs(args, kwargs, symbolic=self._symbolic)
-        entries = self._entries.get(key, [])
         while True:
-            self._info.value_switches += 1
-            path = (*failed.value_path[:miss.ordinal], miss.observed)
-            if fresh:
-                raise ValueGuardError(value_miss_reason(failed, miss, fresh=True))
-            entry = next((e for e in entries if e.value_path[:len(path)] == path
-                          and (e.guard is None or e.guard(*flat))), None)
-            if entry is None:
-                reason = value_miss_reason(failed, miss)
-                if sum(1 for e in entries if e.value_path) >= self.max_value_entries:
-                    raise ValueGuardError(f"{reason}; {self.max_value_entries} entries were traced for the values "
-                                          "this function reads from its tensors, the most allowed: compute with tensors "
-                                          "(torch.where, masks) instead of reading so many different values")
-                self._hits -= 1
-                self._info.misses += 1
-                self._info.miss_reasons.append(reason)
-                self._warn_retrace(reason)
-                entry = self._compile(args, kwargs)
-                if isinstance(entry, RaisedWhileTracing):  # nothing to cache
-                    return self._run_eagerly(entry, args, kwargs)
-                fresh = True
-                if self.cache_mode != "no caching":
-                    self._info.entries += 1
-                    self._info.value_guards.append("; ".join(c.describe() for c in entry.capture.value_checks))
-                else:
-                    entries = []
-            else:
-                entries.remove(entry)
-            if self.cache_mode != "no caching":
-                entries.insert(0, entry)  # the most recent first: the hit path tries it first
-                self._entries[key] = entries
-            self._remember(entry, key[0])
+            with self._compile_lock:
+                found = self._entry_for_value(key, flat, failed, miss, args, kwargs, fresh)
+            if isinstance(found, RaisedWhileTracing):  # nothing to cache
+                return self._run_eagerly(found, args, kwargs)
+            entry, fresh = found
             try:
                 return entry.computation(*flat)
             except ValueGuardMiss as again:
                 failed, miss = entry, again
             except RaisedInTry as raised:
                 return self._run_eagerly(raised, args, kwargs)
+
+    def _entry_for_value(self, key: tuple[Any, ...], flat: list[Any], failed: CompiledEntry, miss: ValueGuardMiss,
+                         args: tuple[Any, ...], kwargs: dict[str, Any], fresh: bool
+                         ) -> tuple[CompiledEntry, bool] | RaisedWhileTracing:
+        """Under the compile lock: the entry for the value `failed`'s check saw, made first under its key
+        (compiled where none is: then True); the `RaisedWhileTracing` where the code raised while traced."""
+        self._info.value_switches += 1
+        path = (*failed.value_path[:miss.ordinal], miss.observed)
+        if fresh:
+            raise ValueGuardError(value_miss_reason(failed, miss, fresh=True))
+        entries = self._entries.get(key, [])
+        entry = next((e for e in entries if e.value_path[:len(path)] == path
+                      and (e.guard is None or e.guard(*flat))), None)
+        if entry is None:
+            reason = value_miss_reason(failed, miss)
+            if sum(1 for e in entries if e.value_path) >= self.max_value_entries:
+                raise ValueGuardError(f"{reason}; {self.max_value_entries} entries were traced for the values "
+                                      "this function reads from its tensors, the most allowed: compute with tensors "
+                                      "(torch.where, masks) instead of reading so many different values")
+            self._hits -= 1
+            self._info.misses += 1
+            self._info.miss_reasons.append(reason)
+            self._warn_retrace(reason)
+            entry = self._compile(args, kwargs)
+            if isinstance(entry, RaisedWhileTracing):
+                return entry
+            fresh = True
+            if self.cache_mode != "no caching":
+                self._info.entries += 1
+                self._info.value_guards.append("; ".join(c.describe() for c in entry.capture.value_checks))
+        if self.cache_mode != "no caching":
+            # The most recent first, so that the hit path tries it first; a new list, so that a thread
+            # reading the old one meanwhile reads it whole.
+            self._entries[key] = [entry, *(e for e in entries if e is not entry)]
+        self._remember(entry, key[0])
+        return entry, fresh
 
     @staticmethod
     def _set_exact_check(entry: CompiledEntry, args: tuple[Any, ...]) -> None:
@@ -339,15 +376,18 @@ class JitFunction:
             for entry in reversed(entries):
                 moved = rebind(entry, self.fn, args, kwargs, flat, self._symbolic)
                 if moved is not None:
-                    entries.remove(entry)  # its objects are the previous call's: the entries stay as many
-                    if not entries:
+                    # Its objects are the previous call's: the entries stay as many. A new list, as above.
+                    rest = [e for e in entries if e is not entry]
+                    if rest:
+                        self._entries[key] = rest
+                    else:
                         del self._entries[key]
                     self._info.rebound += 1
                     return moved
         return None
 
     def _miss(self, args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[Any],
-              same_key: list[CompiledEntry]) -> CompiledEntry | RaisedWhileTracing:
+              same_key: list[CompiledEntry]) -> CompiledEntry:
         self._info.misses += 1
         if self.cache_mode == "no caching":
             reason = "caching is off (cache='no caching')"
@@ -436,7 +476,8 @@ class JitFunction:
         """Hits, misses and entries of this function's cache."""
         self._info.hits = self._hits
         self._info.dynamic = list(self._automatic.decisions) if self._automatic is not None else []
-        self._info.cuda_graphs = [part.describe() for entries in self._entries.values() for e in entries
+        # A copy of the cache's lists (one C call each): other threads may be adding entries.
+        self._info.cuda_graphs = [part.describe() for entries in list(self._entries.values()) for e in entries
                                   if e.graphs is not None for part in e.graphs.parts
                                   if part.replays or part.ordinary]
         return self._info

@@ -1,12 +1,14 @@
 """Jitting an `nn.Module`: parameters and buffers become trace inputs, read afresh on every call.
 
-The module's forward is traced with its parameters and buffers swapped for proxies (named
-after their paths, `fc1_weight`), so the trace never bakes in their values: updating
-weights never re-traces. Every call fetches them by walking the module tree from the
-root, and with them the tree's *state*: which module object sits at each path, each
-module's `training` flag, and the ids of every forward/backward hook (on each module and
-the global ones). The state is part of the cache key, so `model.eval()`, a replaced
-submodule or a hook added or removed anywhere is a new trace, explained in `cache_info`.
+The module's forward is traced with its parameters and buffers standing for proxies (named
+after their paths, `fc1_weight`): the module keeps its own tensors, and the capture maps each
+to its proxy where traced code uses it, so the trace never bakes in their values (updating
+weights never re-traces) and other threads never see a proxy in the module. Every call
+fetches them by walking the module tree from the root, and with them the tree's *state*:
+which module object sits at each path, each module's `training` flag, and the ids of every
+forward/backward hook (on each module and the global ones). The state is part of the cache
+key, so `model.eval()`, a replaced submodule or a hook added or removed anywhere is a new
+trace, explained in `cache_info`.
 
 Hooks are Python: torch's `Module._call_impl` runs them and the interpreter traces it like
 any layer code. Backward hooks need the module's own autograd boundary, which a jitted
@@ -23,13 +25,13 @@ import functools
 import inspect
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import torch
 import torch.nn.modules.module as torch_module
 
 from minijit.errors import UnsupportedSyntaxError
+from minijit.frontend.outside import OutsideView
 from minijit.runtime import distributed
 from minijit.runtime.checks import Check, tensor_checks
 
@@ -69,48 +71,34 @@ class ModuleForward:
         self.__signature__ = inspect.Signature(lead + forward_params)
 
     def __call__(self, params: tuple[Any, ...], state: ModuleState, *args: Any, **kwargs: Any) -> Any:
-        with self.swapped_in(params):
-            return self.module(*args, **kwargs)
+        return self.module(*args, **kwargs)
 
     def run_eagerly(self, params: tuple[Any, ...], state: ModuleState, *args: Any, **kwargs: Any) -> Any:
         """The module's own call, not traced (a call whose compiled trace raised inside a user's `try`)."""
         return self.module(*args, **kwargs)
 
-    @contextmanager
-    def swapped_in(self, values: tuple[Any, ...]) -> Iterator[tuple[list[tuple[Any, Any]], list[Any]]]:
-        """While tracing: `values` (proxies) in place of the parameters and buffers, jitted submodules
-        unwrapped (the trace goes through them), backward hooks refused or, without grad, hidden.
+    def tracing_view(self, values: tuple[Any, ...]) -> OutsideView:
+        """How the capture sees the module: `values` (proxies) for its parameters and buffers, backward
+        hooks refused or, without grad, hidden, torch.distributed's root hooks left to run around the call.
 
-        Yields what the `state` argument covers, so that reading it needs no guard: the (holder,
-        key) slots of each submodule and training flag, and the hook dicts (keyed by handle ids).
+        Nothing of the module or of torch's global hook dicts is changed: other threads may be calling
+        the module (or a compiled trace of it) meanwhile. The capture maps each real tensor to its proxy
+        wherever traced code reads or uses it, and reads the hidden hook dicts in their place.
         """
-        replacement = {}
+        tensors = {}
         for (_, owner_path, kind, name), value in zip(self.slots, values, strict=True):
-            original = getattr(self.module.get_submodule(owner_path), kind)[name]
-            replacement[id(original)] = value
-        saved: list[tuple[dict[str, Any], str, Any]] = []
-        try:
-            saved += _hide_backward_hooks(vars(torch_module), "_global", "every module (a global hook)")
-            for path, owner in self.module.named_modules():
-                saved += _hide_backward_hooks(vars(owner), "", f"{type(owner).__name__} at {_label(path)}")
-                if path:
-                    distributed.refuse_inner_eager_hook(owner, path)
-                else:  # torch.distributed's hooks on the root run around the compiled call (JitModule.__call__)
-                    saved += distributed.hide_root_eager_hooks(owner, f"{type(owner).__name__} (the jitted module)")
-                for name, child in owner._modules.items():
-                    if isinstance(child, JitModule):
-                        saved.append((owner._modules, name, child))
-                        owner._modules[name] = child._orig_mod
-                for kind in ("_parameters", "_buffers"):
-                    tensors = getattr(owner, kind)
-                    for name, tensor in tensors.items():
-                        if tensor is not None and id(tensor) in replacement:
-                            saved.append((tensors, name, tensor))
-                            tensors[name] = replacement[id(tensor)]
-            yield _covered_by_state(self.module)
-        finally:
-            for container, name, value in reversed(saved):
-                container[name] = value
+            tensor = getattr(self.module.get_submodule(owner_path), kind)[name]
+            tensors[id(tensor)] = (tensor, value)
+        shown: dict[tuple[int, str], Any] = {}
+        _hide_backward_hooks(shown, vars(torch_module), "_global", "every module (a global hook)")
+        for path, owner in self.module.named_modules():
+            _hide_backward_hooks(shown, owner, "", f"{type(owner).__name__} at {_label(path)}")
+            if path:
+                distributed.refuse_inner_eager_hook(owner, path)
+            else:  # torch.distributed's hooks on the root run around the compiled call (JitModule.__call__)
+                shown.update(distributed.without_root_eager_hooks(owner, f"{type(owner).__name__} (the jitted module)"))
+        keyed, whole = _covered_by_state(self.module, shown)
+        return OutsideView(tensors, shown, keyed, whole)
 
     def state_checks(self, name: str, subject: str, value: Any, symbolic: bool) -> list[Check] | None:
         """The checks on the `params` and `state` arguments, named by path (None for the other arguments)."""
@@ -230,14 +218,16 @@ class ModuleState:
 _HOOK_FLAGS = ("_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks_with_kwargs")
 
 
-def _covered_by_state(root: torch.nn.Module) -> tuple[list[tuple[Any, Any]], list[Any]]:
-    """The (holder, key) slots and the containers whose contents `ModuleState` fixes, as the tree is now."""
+def _covered_by_state(root: torch.nn.Module, shown: dict[tuple[int, str], Any]
+                      ) -> tuple[list[tuple[Any, Any]], list[Any]]:
+    """The (holder, key) slots and the containers whose contents `ModuleState` fixes, as the tree is now
+    and as the capture sees it (a hook dict in `shown` in place of the module's own)."""
     slots: list[tuple[Any, Any]] = []
     containers: list[Any] = []
     globals_ = vars(torch_module)
     for name in _GLOBAL_HOOKS:
         slots.append((globals_, name))
-        containers.append(globals_[name])
+        containers.append(shown.get((id(globals_), name), globals_[name]))
     for module in root.modules():
         namespace = vars(module)
         slots.append((module, "training"))
@@ -252,7 +242,7 @@ def _covered_by_state(root: torch.nn.Module) -> tuple[list[tuple[Any, Any]], lis
         for name in (*_HOOK_KINDS, *_HOOK_FLAGS):
             if name in namespace:
                 slots.append((module, name))
-                containers.append(namespace[name])
+                containers.append(shown.get((id(module), name), namespace[name]))
     return slots, containers
 
 
@@ -260,10 +250,10 @@ def _label(path: str) -> str:
     return f"self.{path}" if path else "self"
 
 
-def _hide_backward_hooks(namespace: dict[str, Any], prefix: str, owner: str) -> list[tuple[dict[str, Any], str, Any]]:
-    """Refuse backward hooks in `namespace` (a module's `__dict__` or the global hooks) while grad mode is on;
-    without grad they never run, so replace them by empty dicts for the trace. Returns what to restore."""
-    hidden = []
+def _hide_backward_hooks(shown: dict[tuple[int, str], Any], holder: Any, prefix: str, owner: str) -> None:
+    """Refuse backward hooks of `holder` (a module, or the global hooks' namespace) while grad mode is on;
+    without grad they never run, so the capture reads empty dicts in their place (added to `shown`)."""
+    namespace = holder if isinstance(holder, dict) else vars(holder)
     for name in (f"{prefix}_backward_pre_hooks", f"{prefix}_backward_hooks"):
         hooks = namespace.get(name)
         if not hooks:
@@ -276,9 +266,7 @@ def _hide_backward_hooks(namespace: dict[str, Any], prefix: str, owner: str) -> 
                 "one autograd node, with no gradient at that module's boundary. Remove the hook, call the "
                 "jitted module under torch.no_grad(), or leave this module un-jitted"
             )
-        hidden.append((namespace, name, hooks))
-        namespace[name] = OrderedDict()
-    return hidden
+        shown[(id(holder), name)] = OrderedDict()
 
 
 def _registration(namespace: dict[str, Any], prefix: str, name: str) -> str:
@@ -321,9 +309,9 @@ def _compile_fetch(root: torch.nn.Module, slots: list[tuple[str, str, str, str]]
     lines += [f"    key = ({modules}{training}hooks)",
               "    try:",
               "        state = _states[key]",
-              "    except KeyError:",
-              f"        state = _states[key] = _State(_paths, key[:{len(module_paths) - 1}], "
-              f"key[{len(module_paths) - 1}:-1], hooks)"]
+              "    except KeyError:",  # setdefault: two threads meeting a new state intern one object
+              f"        state = _states.setdefault(key, _State(_paths, key[:{len(module_paths) - 1}], "
+              f"key[{len(module_paths) - 1}:-1], hooks))"]
     lines += [f"    t{i} = {dicts[owner]}[{kind!r}][{name!r}]" for i, (_, owner, kind, name) in enumerate(slots)]
     if slots:  # a parameter or buffer set to None since: take stock again
         lines += [f"    if {' or '.join(f't{i} is None' for i in range(len(slots)))}:", "        raise KeyError('None')"]
@@ -393,12 +381,12 @@ class JitModule(torch.nn.Module):
             attribute, inner = self._jitted_wrapped_module()
             return distributed.call_through_wrapper(self._orig_mod, attribute, inner, args, kwargs)
         if self._minijit_forward.uninitialized:
-            # A lazy module's first call runs eagerly (it creates the parameters); later calls are traced.
-            out = self._orig_mod(*args, **kwargs)
-            forward = ModuleForward(self._orig_mod)
-            object.__setattr__(self, "_minijit_forward", forward)
-            self._minijit_function.fn = forward
-            return out
+            with self._minijit_function._compile_lock:  # one thread makes the parameters; the others wait
+                if self._minijit_forward.uninitialized:
+                    # A lazy module's first call runs eagerly (it creates the parameters); later calls are traced.
+                    out = self._orig_mod(*args, **kwargs)
+                    self._take_stock(None)
+                    return out
         module = namespace["_orig_mod"].__dict__
         if module["_forward_pre_hooks"] or module["_forward_hooks"]:
             pre, post = distributed.eager_hooks(self._orig_mod)
@@ -407,6 +395,13 @@ class JitModule(torch.nn.Module):
                 output = self._call_compiled(args, kwargs)
                 return distributed.run_post_hooks(self._orig_mod, post, args, kwargs, output)
         return self._call_compiled(args, kwargs)
+
+    def _take_stock(self, previous: ModuleForward | None) -> ModuleForward:
+        """A new `ModuleForward` of the module as it is now, which the jitted function traces from now on."""
+        forward = ModuleForward(self._orig_mod, previous=previous)
+        object.__setattr__(self, "_minijit_forward", forward)
+        self._minijit_function.fn = forward
+        return forward
 
     def _set_wrapped(self, attribute: str, found: torch.nn.Module, options: dict[str, Any]) -> None:
         """Jit `found`, the module a wrapper like DDP holds as `attribute` (one jitted already is used as it is)."""
@@ -429,16 +424,25 @@ class JitModule(torch.nn.Module):
             params, state = self._minijit_forward.fetch(self._orig_mod)
         except (KeyError, AttributeError):
             # The module tree changed shape (a submodule or parameter added, removed or replaced by a
-            # jitted one): take stock again.
-            forward = ModuleForward(self._orig_mod, previous=self._minijit_forward)
-            object.__setattr__(self, "_minijit_forward", forward)
-            self._minijit_function.fn = forward
-            params, state = forward.fetch(self._orig_mod)
+            # jitted one): take stock again, unless another thread has done so while this one waited.
+            with self._minijit_function._compile_lock:
+                try:
+                    params, state = self._minijit_forward.fetch(self._orig_mod)
+                except (KeyError, AttributeError):
+                    params, state = self._take_stock(self._minijit_forward).fetch(self._orig_mod)
         # Straight to the general call path: the positional-tensors fast path never applies
         # (the state is not a tensor, parameters are Parameter objects).
         return self._minijit_function._call_general((params, state, *args), kwargs)
 
     forward = _call_impl = _wrapped_call_impl = __call__
+
+    def minijit_traced_callable(self) -> torch.nn.Module:
+        """What code traced by minijit (a parent module's forward) calls in place of this jitted module: the module,
+        traced inline. Its attributes too are read and written there (`minijit_traced_object`), so that they are
+        guarded as the module's; the parent's tree itself is left as it is."""
+        return self._orig_mod
+
+    minijit_traced_object = minijit_traced_callable
 
     def compile(self, *args: Any, **kwargs: Any) -> None:
         """Refused: a module is either jitted by minijit or compiled by torch.compile, not both."""

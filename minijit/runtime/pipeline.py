@@ -372,10 +372,9 @@ def _compile(arguments: CallArguments, executors: Sequence[Any], constraints: li
                 containers = arguments.snapshot_containers(pargs, pkwargs)
                 if isinstance(fn, ModuleForward):
                     params, _flags, *user_args = pargs
-                    with fn.swapped_in(params) as keyed:
-                        trace.output = interpret(fn.module, tuple(user_args), pkwargs, guard_roots=fn.module.modules(),
-                                                 finish=finish, placed=params, keyed=keyed, guards=found.guards,
-                                                 escaped=escaped)
+                    trace.output = interpret(fn.module, tuple(user_args), pkwargs, guard_roots=fn.module.modules(),
+                                             finish=finish, view=fn.tracing_view(params), guards=found.guards,
+                                             escaped=escaped)
                 else:
                     trace.output = interpret(fn, pargs, pkwargs, finish=finish, guards=found.guards, escaped=escaped)
                 containers.check_unchanged()

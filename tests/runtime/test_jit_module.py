@@ -196,6 +196,32 @@ def test_jitting_a_parent_of_a_jitted_submodule_traces_through_it():
     assert (minijit.cache_info(jp).misses, minijit.cache_info(jp).hits) == (1, 2)
 
 
+class ReadsItsBlock(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.block = Net()
+        self.block.factor = 2.0
+
+    def forward(self, x):
+        self.block.batch = x.shape[0]
+        return self.block(x) * self.block.factor
+
+
+def test_a_parent_reads_and_writes_a_jitted_submodule_as_the_module():
+    torch.manual_seed(0)
+    parent = ReadsItsBlock()
+    parent.block = minijit.jit(parent.block)
+    jp = minijit.jit(parent)
+    x = torch.randn(2, 4)
+    for factor in (2.0, 2.0, 3.0, 3.0):
+        parent.block.factor = factor  # read by the parent alone: its guard is the parent's trace's
+        vars(parent.block._orig_mod).pop("batch", None)
+        torch.testing.assert_close(jp(x), parent.block._orig_mod(x) * factor)
+        assert parent.block._orig_mod.batch == 2  # the parent's write, replayed on the module on every call
+    assert (minijit.cache_info(jp).misses, minijit.cache_info(jp).hits) == (2, 2)
+    assert isinstance(parent.block, JitModule)  # the tree was never changed
+
+
 class Parent(torch.nn.Module):
     def __init__(self):
         super().__init__()

@@ -12,7 +12,7 @@ import torch
 from minijit.frontend.code import Inst
 from minijit.frontend.frame import NULL, Frame, current_state
 from minijit.frontend.guards import MISSING, attribute_source, is_users_module, may_have_guarded_attributes, record
-from minijit.frontend.opcodes.protocols import delete_attribute, load_attr, store_attr
+from minijit.frontend.opcodes.protocols import delete_attribute, load_attr, stand_in, store_attr
 from minijit.frontend.opcodes.table import handles
 from minijit.frontend.outside import tensor_attribute
 from minijit.ir import current_trace
@@ -150,8 +150,11 @@ def _deref(frame: Frame, inst: Inst) -> Any:
         if inst.arg >= frame.info.n_localsplus - len(frame.code.co_freevars):
             raise NameError(_UNBOUND_FREE.format(inst.argval), name=inst.argval) from None
         raise UnboundLocalError(_UNBOUND.format(inst.argval)) from None
-    if id(cell) not in current_state().internal_cells and (frame.info.is_user or worth_guarding_in_library(value)):
-        current_state().outside.read(current_state().guards, "cell", cell, inst.argval, value, inst.argval)
+    if id(cell) not in current_state().internal_cells:
+        outside = current_state().outside
+        if frame.info.is_user or worth_guarding_in_library(value):
+            outside.read(current_state().guards, "cell", cell, inst.argval, value, inst.argval)
+        value = outside.seen(value)
     return value
 
 
@@ -231,9 +234,12 @@ def _load_global(frame: Frame, name: str) -> Any:
         if frame.info.is_user:
             record(current_state().guards, "builtin", frame.builtins, name, value, g)
         return value
+    outside = current_state().outside
+    if outside.shown:
+        value = outside.shown.get((id(g), name), value)
     if frame.info.is_user or worth_guarding_in_library(value):
-        current_state().outside.read(current_state().guards, "global", g, name, value, name)
-    return value
+        outside.read(current_state().guards, "global", g, name, value, name)
+    return outside.seen(value)
 
 
 @handles("LOAD_GLOBAL", until="3.12")
@@ -330,7 +336,8 @@ def attribute(frame: Frame | None, obj: Any, name: str) -> Any:
     """obj.name for interpreted code, guarded when obj is from outside the call (minijit.frontend.outside).
 
     An attribute of a user module is guarded like a global; a real tensor's attribute is
-    read through its proxy (`t.shape`, `t.add_`), or read and guarded (`t.grad`).
+    read through its proxy (`t.shape`, `t.add_`), or read and guarded (`t.grad`). An object
+    that stands for another (a jitted module: `minijit_traced_object`) is read through that one.
     """
     if type(obj) is types.ModuleType:
         value = getattr(obj, name)
@@ -341,6 +348,7 @@ def attribute(frame: Frame | None, obj: Any, name: str) -> Any:
         trace = current_trace()
         if trace is not None and trace.capture_tensor is not None:
             return tensor_attribute(current_state().outside, current_state().guards, obj, name, trace.capture_tensor)
+    obj = stand_in(obj)
     outside = current_state().outside
     try:
         value = load_attr(obj, name)
@@ -348,6 +356,8 @@ def attribute(frame: Frame | None, obj: Any, name: str) -> Any:
         if outside.is_root(obj) and isinstance(getattr(obj, "__dict__", None), dict):
             outside.read(current_state().guards, "attribute", obj, name, MISSING, name)  # guard its absence
         raise
+    if outside.shown:
+        value = outside.shown.get((id(obj), name), value)
     if outside.is_root(obj):
         source = attribute_source(obj, name)
         if source is not None:
@@ -358,7 +368,7 @@ def attribute(frame: Frame | None, obj: Any, name: str) -> Any:
             outside.read(current_state().guards, "attribute", holder, name, stored, name, shadow)
         elif name == "__dict__":
             outside.add_root(value, outside.label_of(obj))
-    return value
+    return outside.seen(value)
 
 
 @handles("LOAD_ATTR", until="3.11")

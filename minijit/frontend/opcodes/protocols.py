@@ -279,7 +279,7 @@ def get_item(container: Any, key: Any) -> Any:
         outside.observe(current_state().guards, container, "iterate")
     else:
         outside.read(current_state().guards, "item", container, key, value, item_label(outside.label_of(container), key))
-    return value
+    return outside.seen(value)
 
 
 def set_item(container: Any, key: Any, value: Any) -> None:
@@ -376,6 +376,13 @@ def next_item(it: Any) -> Any:
 
 
 # -- attributes ---------------------------------------------------------------------------------
+def stand_in(obj: Any) -> Any:
+    """What traced code reads and writes the attributes of in place of `obj`: the module a jitted module wraps
+    (its class's `minijit_traced_object`), so that those reads are guarded and writes logged as the module's."""
+    redirect = getattr(type(obj), "minijit_traced_object", None)
+    return obj if redirect is None else redirect(obj)
+
+
 def load_attr(obj: Any, name: str) -> Any:
     """getattr(obj, name), with Python properties and `__getattr__` interpreted."""
     cls = type(obj)
@@ -411,6 +418,7 @@ def store_attr(obj: Any, name: str, value: Any) -> None:
 
     Set natively on an object from outside the call, it is an effect (logged, replayed).
     """
+    obj = stand_in(obj)
     cls = type(obj)
     members = python_members(cls)
     if members and not isinstance(obj, type):
@@ -465,6 +473,7 @@ def _refuse_tensor_attribute_write(obj: Any, name: str) -> None:
 
 def delete_attribute(obj: Any, name: str) -> None:
     """delattr(obj, name), with a Python `__delattr__` interpreted; on an outside object, an effect."""
+    obj = stand_in(obj)
     if "__delattr__" in python_members(type(obj)) and not isinstance(obj, type):
         call_dunder(obj, "__delattr__", name)
         return
@@ -482,5 +491,5 @@ def _log_attribute_write(obj: Any, name: str, value: Any, delete: bool) -> None:
 __all__ = [
     "BINARY_OPS", "binary_op", "call_dunder", "class_attr", "compare", "contains", "del_item", "delete_attribute",
     "get_item", "get_iter", "length", "load_attr", "next_item", "observe_iteration", "python_members", "set_item",
-    "store_attr", "truth", "unary_op",
+    "stand_in", "store_attr", "truth", "unary_op",
 ]
