@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from minijit.frontend.guards import GuardEntry, Source, guard_expression, guard_names, short_repr
+from minijit.frontend.guards import GuardEntry, Source, TensorSeen, guard_expression, guard_names, short_repr
 from minijit.ir.containers import flatten, is_container, is_tensor, is_tensor_or_number
 from minijit.runtime.autocast import any_autocast_enabled, autocast_state
 
@@ -294,7 +294,7 @@ def safe_name(name: str) -> str:
 
 
 def guard_checks(constraints: Sequence[str], values: Sequence[GuardEntry],
-                 captured: Sequence[tuple[str, Source, Tensor]], aliasing: InputAliasing | None,
+                 captured: Sequence[tuple[str, Source, TensorSeen]], aliasing: InputAliasing | None,
                  input_names: Sequence[str], env: dict[str, Any], symbolic_captured: AbstractSet[str] = frozenset()
                  ) -> list[Check]:
     """The checks the key cannot make, over the trace's inputs: constraints on symbolic values, values the
@@ -309,7 +309,7 @@ def guard_checks(constraints: Sequence[str], values: Sequence[GuardEntry],
     for name, _, t in captured:
         meta = (t.ndim if name in symbolic_captured else t.shape, t.dtype, t.device, t.requires_grad)
         env[f"_meta_{name}"] = meta
-        env.setdefault("_TENSOR_TYPES", set()).add(type(t))
+        env.setdefault("_TENSOR_TYPES", set()).add(t.cls)
         checks.append(Check(name, "captured", name, meta, keyed=False,
                             explain=lambda now, expected, name=name: _captured_changed(name, now, expected)))
     if aliasing is not None:
