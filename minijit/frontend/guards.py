@@ -375,6 +375,5 @@ class _Missing:
 _MISSING = _Missing()
 MISSING = _MISSING
 
-__all__ = ["MISSING", "GuardEntry", "Source", "TensorSeen", "build_guard", "guard_expression", "guard_names", "has_snapshot", "is_constant",
-           "is_users_module", "record",
-           "same_keys"]
+__all__ = ["MISSING", "GuardEntry", "Source", "TensorSeen", "build_guard", "guard_expression", "guard_names",
+           "has_snapshot", "is_constant", "is_users_module", "record", "same_keys"]

@@ -448,6 +448,18 @@ class Prologue:
 
     def _run(self, check: Check, params: list[str], values: list[Any], guard: bool = False) -> tuple[bool | None, Any]:
         """(whether `check` holds, its subject's value) for these values; (None, None) when it cannot be read."""
+        try:
+            return self._probe(check, params, guard)(*values)
+        except Exception:
+            return None, None
+
+    def _probe(self, check: Check, params: list[str], guard: bool) -> Callable[..., tuple[bool, Any]]:
+        """The function `_run` calls for `check`, compiled once per entry (a miss is explained against the
+        entries used last, which are mostly the same from one miss to the next)."""
+        probes = self.__dict__.setdefault("_probes", {})
+        probe = probes.get((id(check), guard))
+        if probe is not None:
+            return probe
         env = self.env
         test = check.test(env)
         lines = [f"def _probe({', '.join(params)}):"]
@@ -457,11 +469,9 @@ class Prologue:
                       "    except Exception:", "        return False, _GONE"]
         subject = check.subject if not guard or check.aspect in ("captured", "aliases") else "None"
         lines.append(f"    return bool({test}), {subject}")
-        try:
-            exec("\n".join(lines) + "\n", env)  # our own generated source, as the prologue's
-            return env.pop("_probe")(*values)
-        except Exception:
-            return None, None
+        exec("\n".join(lines) + "\n", env)  # our own generated source, as the prologue's
+        probe = probes[(id(check), guard)] = env.pop("_probe")
+        return probe
 
 
 # What the hit path's exact check (torch's TensorGuards: sizes, strides, dtype, device, dispatch keys) fixes

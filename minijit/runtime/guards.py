@@ -11,8 +11,6 @@ from __future__ import annotations
 import re
 from typing import Any
 
-import torch
-
 from minijit.frontend import GuardEntry
 from minijit.frontend.guards import Source, TensorSeen
 from minijit.runtime.arguments import InputAliasing
