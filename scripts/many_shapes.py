@@ -5,7 +5,7 @@ cache under cache="constant values" and traces again. The cost of a miss must no
 of entries the function already has: this prints the mean time per miss over windows of calls, the
 entries held and the misses' explanation time, and the process's memory.
 
-Run: PYTHONPATH=. python scripts/many_shapes.py [--calls 2000] [--every 250] [--args 1|2] [--max-entries N]
+Run: PYTHONPATH=. python scripts/many_shapes.py [--calls 2000] [--every 250] [--args 1|2] [--max-entries N | --unbounded]
 """
 
 from __future__ import annotations
@@ -38,8 +38,11 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=250)
     parser.add_argument("--args", type=int, choices=(1, 2), default=1)
     parser.add_argument("--max-entries", type=int, default=None, help="jit's max_entries (default: its default)")
+    parser.add_argument("--unbounded", action="store_true", help="max_entries=None: every entry kept")
     options = parser.parse_args()
     kwargs = {} if options.max_entries is None else {"max_entries": options.max_entries}
+    if options.unbounded:
+        kwargs["max_entries"] = None
     jf = minijit.jit(one if options.args == 1 else two, cache="constant values", **kwargs)
     explaining = [0.0]
     explain = jit_module.explain_miss

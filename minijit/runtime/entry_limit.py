@@ -16,7 +16,8 @@ warning names with its remedy (`cache="symbolic values"`: one entry for all size
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable
+from itertools import islice
 from typing import Any
 
 # The default bound. An entry holds its traces (one per pass) and compiled code: about 0.1-0.5 MB for a
@@ -50,9 +51,13 @@ class EntryLimit:
         return dropped
 
     def used(self, entry: Any) -> None:
-        """Make `entry` the most recently used (an entry no longer held is left out)."""
-        if id(entry) in self._order:
+        """Make `entry` the most recently used (an entry no longer held is left out).
+
+        One C call, as `recent`'s read: the hit path calls this outside any lock the miss path takes."""
+        try:
             self._order.move_to_end(id(entry))
+        except KeyError:
+            pass
 
     def clear(self) -> None:
         """Forget every entry (the runtime dropped them all: cache="automatic" went symbolic)."""
@@ -62,9 +67,6 @@ class EntryLimit:
         """Forget `entry` (the runtime dropped it: rebound to new objects)."""
         self._order.pop(id(entry), None)
 
-    def recent(self, count: int) -> Iterator[Any]:
+    def recent(self, count: int) -> list[Any]:
         """The `count` most recently used entries, the most recent first."""
-        for i, (_, entry) in enumerate(reversed(self._order.values())):
-            if i == count:
-                return
-            yield entry
+        return [entry for _, entry in list(islice(reversed(self._order.values()), count))]  # read in one C call
