@@ -65,12 +65,12 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=500)
     parser.add_argument("--max-entries", type=int, default=32)
     options = parser.parse_args()
-    jitted = {f.__name__: minijit.jit(f, max_entries=options.max_entries)
+    jitted = {f.__name__: minijit.jit(f, max_entries=options.max_entries, cache="constant values")
               for f in (shaped, raising, reads_global, loss, holder)}
     tracemalloc.start()
     print(f"{'step':>6} {'heap MiB':>9} {'tensors':>8} {'rss MiB':>8} {'entries':>8} {'reasons':>8}")
     for step in range(1, options.steps + 1):
-        jitted["shaped"](torch.randn(step % 500 + 1))
+        jitted["shaped"](torch.randn(step % 500 + 1))  # under cache="constant values": a new entry
         try:
             jitted["raising"](torch.randn(3))
         except ValueError:
@@ -86,7 +86,7 @@ def main() -> None:
         if step % options.every == 0:
             gc.collect()
             heap = tracemalloc.get_traced_memory()[0] / 2**20
-            tensors = sum(1 for o in gc.get_objects() if isinstance(o, torch.Tensor))
+            tensors = sum(1 for o in gc.get_objects() if issubclass(type(o), torch.Tensor))
             infos = [minijit.cache_info(j) for j in jitted.values()]
             print(f"{step:>6} {heap:>9.2f} {tensors:>8} {rss_mib():>8.1f} {sum(i.entries for i in infos):>8} "
                   f"{sum(len(i.miss_reasons) for i in infos):>8}")
