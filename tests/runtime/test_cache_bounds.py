@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import minijit
-from minijit.runtime import checks
+from minijit.runtime import checks, dynamic
 from minijit.runtime.entry_limit import MAX_ENTRIES
 from minijit.runtime.explain import EXPLAINED_AGAINST
 from minijit.runtime.jit import KEPT_REASONS
@@ -108,3 +108,15 @@ def test_value_guards_list_only_the_entries_held() -> None:
             assert torch.equal(jf(x, n), f(x, n))
     info = jf.cache_info()
     assert info.entries == 2 and len(info.value_guards) == 2
+
+
+def test_automatic_mode_remembers_a_bounded_number_of_constant_traces() -> None:
+    def f(x, tag):
+        return x + len(tag)
+
+    jf = minijit.jit(f, max_entries=8)  # cache="automatic": a new string is a new key, never a size
+    with pytest.warns(minijit.CacheLimitWarning):
+        for i in range(dynamic.MAX_KEYS + 50):
+            x = torch.randn(2)
+            assert torch.equal(jf(x, f"tag {i}"), f(x, f"tag {i}"))
+    assert len(jf._automatic.keys) == dynamic.MAX_KEYS and minijit.cache_info(jf).entries == 8
