@@ -34,16 +34,17 @@ from minijit.errors import (
 )
 from minijit.ir import Trace
 from minijit.runtime import CacheInfo, JitFunction
+from minijit.runtime.entry_limit import MAX_ENTRIES
 from minijit.runtime.fallback import TracingRaisedWarning
-from minijit.runtime.jit import RetraceWarning
+from minijit.runtime.jit import CacheLimitWarning, RetraceWarning
 from minijit.runtime.module import JitModule
 from minijit.runtime.show import show, show_diff
 
 environment.check_all()  # a junk MINIJIT_* value is an error naming it now, not a ValueError deep in a call
 
 __all__ = [
-    "AliasError", "CacheInfo", "DeviceError", "EnvironmentVariableError", "FrozenValueError", "GuardError",
-    "MetaError", "MinijitError", "RetraceWarning", "TracingRaisedWarning", "UnsupportedOpError",
+    "AliasError", "CacheInfo", "CacheLimitWarning", "DeviceError", "EnvironmentVariableError", "FrozenValueError",
+    "GuardError", "MetaError", "MinijitError", "RetraceWarning", "TracingRaisedWarning", "UnsupportedOpError",
     "UnsupportedSyntaxError", "ValueGuardError", "cache_info", "jit", "last_backward_traces", "last_traces", "show",
     "show_diff",
 ]
@@ -51,7 +52,7 @@ __all__ = [
 
 def jit(fn: Callable[..., Any], *, executors: Sequence[Any] | None = None,
         cache: str = "automatic", warn_retraces_after: int | None = None,
-        cuda_graphs: bool = False) -> JitFunction | JitModule:
+        cuda_graphs: bool = False, max_entries: int | None = MAX_ENTRIES) -> JitFunction | JitModule:
     """Compile `fn` (a function or an `nn.Module`) on its first call with each new kind of input.
 
     Later calls with inputs like those reuse the compiled trace. For a module, its
@@ -66,6 +67,9 @@ def jit(fn: Callable[..., Any], *, executors: Sequence[Any] | None = None,
     "no caching".
     With `warn_retraces_after=N` (or the environment variable MINIJIT_WARN_RETRACES=N)
     every trace after the first N warns with a `RetraceWarning` naming what changed.
+    The cache holds at most `max_entries` entries (256 by default; None: no bound): past it, each
+    new entry drops the least recently used one, with a `CacheLimitWarning` the first time, and
+    `cache_info().evictions` counts them (minijit/runtime/entry_limit.py).
     With `cuda_graphs=True` each compiled forward, backward and computation on CUDA tensors
     is captured into a CUDA graph on its second call and replayed after that (one launch for
     all its kernels); calls that cannot be replayed run as usual, and `cache_info()` says why
@@ -79,8 +83,8 @@ def jit(fn: Callable[..., Any], *, executors: Sequence[Any] | None = None,
     if isinstance(fn, JitModule | JitFunction):
         fn = fn._orig_mod if isinstance(fn, JitModule) else fn.fn  # jitting again: new options, a new cache
     if isinstance(fn, torch.nn.Module):
-        return JitModule(fn, executors, cache, warn_retraces_after, cuda_graphs)
-    return JitFunction(fn, executors, cache, warn_retraces_after, cuda_graphs)
+        return JitModule(fn, executors, cache, warn_retraces_after, cuda_graphs, max_entries)
+    return JitFunction(fn, executors, cache, warn_retraces_after, cuda_graphs, max_entries)
 
 
 def _jit_function(jfn: JitFunction | JitModule) -> JitFunction:

@@ -11,7 +11,8 @@ Where a value lives is a `Source`: an object held by reference (a globals dict, 
 a container or object whose own identity is guarded) and how to read the value from it.
 Tensors are never held: a tensor read from outside is read again from its source on
 every call (minijit.frontend.outside), so a source may also start from a tensor's source
-(`p.grad` where `p` is itself read from a list).
+(`p.grad` where `p` is itself read from a list), and a guard entry keeps of a tensor only
+its metadata (`TensorSeen`): a global rebound to a new tensor frees the old one, as in eager.
 """
 
 from __future__ import annotations
@@ -78,6 +79,31 @@ def _literal(env: dict[str, Any], key: Any) -> str:
     return _bind(env, key, "_k")
 
 
+@dataclass(frozen=True)
+class TensorSeen:
+    """What the cache keeps of a tensor read from outside the call: its type and metadata, never the tensor.
+
+    The trace reads such a tensor again from its source on every call, so nothing of the cache
+    needs the object itself, and holding it would keep it alive after the user let it go.
+    """
+
+    cls: type
+    shape: torch.Size
+    dtype: torch.dtype
+    device: torch.device
+    requires_grad: bool
+
+    @staticmethod
+    def of(t: torch.Tensor) -> TensorSeen:
+        """The metadata of `t`."""
+        return TensorSeen(type(t), t.shape, t.dtype, t.device, t.requires_grad)
+
+    @property
+    def ndim(self) -> int:
+        """The tensor's rank."""
+        return len(self.shape)
+
+
 @dataclass(frozen=True, eq=False)
 class GuardEntry:
     """One fact about the outside world the trace relied on, where from, and what it was.
@@ -90,7 +116,7 @@ class GuardEntry:
       that must not define the name when the value came from the class), "item" (`namespace[name]`),
       "tensor attribute" (`getattr(tensor, name)` where `namespace` is the tensor's `Source`):
       the value itself, by equality for constants, by identity for other objects, and only
-      "still a tensor" for tensors (they are read again on each call);
+      "still a tensor" for tensors (they are read again on each call; `value` is then a `TensorSeen`);
     - "contains" (`name in namespace` was `value`), "length" (`len(namespace) == value`),
       "keys" (the keys of `namespace`, in order, were `value`).
     """
@@ -125,7 +151,7 @@ def short_repr(value: Any) -> str:
 def _bounded_repr(value: Any, limit: int) -> str:
     """repr(value), but tensors as their shapes and lists, tuples and dicts cut off past about `limit`
     characters (a list of tensors is never printed whole)."""
-    if isinstance(value, torch.Tensor):
+    if isinstance(value, torch.Tensor | TensorSeen):
         return f"a tensor of shape {tuple(value.shape)}"
     if type(value) in (list, tuple, dict):
         items = value.items() if isinstance(value, dict) else value
@@ -246,6 +272,8 @@ def record(guards: dict[tuple[Any, ...], GuardEntry], kind: str, namespace: Any,
         key = (kind, id(namespace), id(name), id(shadow))
     if key in guards or isinstance(value, Proxy):
         return
+    if isinstance(value, torch.Tensor):
+        value = TensorSeen.of(value)  # read again on each call: the guard checks only that it is still a tensor
     guards[key] = GuardEntry(kind, namespace, name, value, shadow)
 
 
@@ -315,7 +343,7 @@ def guard_expression(env: dict[str, Any], i: int, entry: GuardEntry) -> str:
         read = f"_dict_get({ns}, {key}, _MISSING)"
     value = entry.value
     snapshot = _snapshot(value)
-    if isinstance(value, torch.Tensor):
+    if isinstance(value, TensorSeen):
         term = f"isinstance({read}, _Tensor)"
     elif is_constant(value) or snapshot is not None:
         env[f"_v{i}"] = snapshot if snapshot is not None else value
@@ -347,6 +375,5 @@ class _Missing:
 _MISSING = _Missing()
 MISSING = _MISSING
 
-__all__ = ["MISSING", "GuardEntry", "Source", "build_guard", "guard_expression", "guard_names", "has_snapshot", "is_constant",
-           "is_users_module", "record",
-           "same_keys"]
+__all__ = ["MISSING", "GuardEntry", "Source", "TensorSeen", "build_guard", "guard_expression", "guard_names",
+           "has_snapshot", "is_constant", "is_users_module", "record", "same_keys"]

@@ -19,8 +19,11 @@ In-place writes follow eager autograd too:
   checking only the inputs listed when the call was compiled.
 
 A backward run with grad mode on (`create_graph=True`: a gradient penalty, a Hessian-vector
-product) recomputes the call eagerly from its inputs and differentiates it with eager
+product) runs the backward again as eager ops on the saved values where they carry the history
+it needs, else recomputes the call eagerly from its inputs and differentiates it with eager
 autograd (`minijit/runtime/double_backward.py`), so its gradients are differentiable again.
+Only in that second case does the call keep its inputs (until its result dies); otherwise it
+keeps what eager keeps, the values its backward reads.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import torch
 
 from minijit.errors import InplaceError, MinijitError
 from minijit.ir import tree_flatten, tree_map
-from minijit.runtime.double_backward import Recompute
+from minijit.runtime.double_backward import Recompute, SavedBackward
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,8 @@ class CompiledGrad:
     backward_mutated_inputs: tuple[int, ...] = ()
     # How a backward under grad mode (create_graph=True) recomputes the call differentiably, or why it cannot.
     recompute: Recompute | None = None
+    # How it runs from the saved values instead, where they carry the history it needs (else None).
+    saved_backward: SavedBackward | None = None
 
 
 class _JitFunction(torch.autograd.Function):
@@ -71,11 +76,15 @@ class _JitFunction(torch.autograd.Function):
                             {i: s for i, s in enumerate(saved) if not isinstance(s, torch.Tensor)})
         ctx.compiled = compiled
         ctx.num_inputs = len(tensors)
-        # For a double backward, which recomputes from the inputs (not saved: no version check of
-        # its own on a backward without create_graph, where eager saves only what it reads). Kept only
-        # where it can run, so never for inputs written in place (returned, marked dirty: a cycle).
-        recompute = compiled.recompute is not None and compiled.recompute.refusal is None
+        # A double backward runs from the saved values where they are the inputs they stand for; else it
+        # recomputes from the inputs, kept for it (not saved: no version check of its own on a backward
+        # without create_graph, where eager saves only what it reads). Kept only where it can run, so never
+        # for inputs written in place (returned, marked dirty: a cycle).
+        ctx.from_saved = compiled.saved_backward is not None and compiled.saved_backward.holds(saved, tensors)
+        recompute = compiled.recompute is not None and compiled.recompute.refusal is None and not ctx.from_saved
         ctx.inputs = tensors if recompute else ()
+        if not recompute:
+            ctx.rng = None
         ctx.input_versions = tuple(t._version if isinstance(t, torch.Tensor) and not t.is_inference() else None
                                    for t in ctx.inputs)
         ctx.mutated_requiring_grad = [i for i in compiled.backward_mutated_inputs if tensors[i].requires_grad]
@@ -100,6 +109,9 @@ class _JitFunction(torch.autograd.Function):
                     f"the backward of the jitted function {compiled.name!r} writes in place into {names}, which "
                     "requires grad, while grad mode is on (create_graph=True); run backward without create_graph"
                 )
+            if ctx.from_saved:
+                assert compiled.saved_backward is not None
+                return (None, None, *compiled.saved_backward.gradients(_saved(ctx), cotangents))
             if compiled.recompute is None:
                 raise MinijitError(
                     f"double backward (create_graph=True) through the jitted function {compiled.name!r} is not "
@@ -108,14 +120,19 @@ class _JitFunction(torch.autograd.Function):
             grads = compiled.recompute.gradients(ctx.inputs, ctx.input_versions, compiled.differentiable_outputs,
                                                  cotangents[:len(compiled.differentiable_outputs)], ctx.rng)
             return (None, None, *grads)
-        count, tensor_positions, others = ctx.saved_layout
-        saved: list[Any] = [None] * count
-        for i, t in zip(tensor_positions, ctx.saved_tensors):
-            saved[i] = t
-        for i, v in others.items():
-            saved[i] = v
-        grads = compiled.backward(*saved, *cotangents)
+        grads = compiled.backward(*_saved(ctx), *cotangents)
         return (None, None, *grads)
+
+
+def _saved(ctx: Any) -> list[Any]:
+    """The values the forward saved, in order: the tensors through autograd (its version check), the others as they were."""
+    count, tensor_positions, others = ctx.saved_layout
+    saved: list[Any] = [None] * count
+    for i, t in zip(tensor_positions, ctx.saved_tensors):
+        saved[i] = t
+    for i, v in others.items():
+        saved[i] = v
+    return saved
 
 
 def autograd_callable(compiled: CompiledGrad) -> Callable[..., Any]:

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from minijit.errors import UnsupportedSyntaxError
-from minijit.frontend.guards import Source
+from minijit.frontend.guards import Source, TensorSeen
 from minijit.frontend.outside import Effect, Outside
 from minijit.ir import Proxy, Trace
 from minijit.ir.containers import Constant, Mapping, Registered, Sequence, Spec, contains_proxy, flatten
@@ -38,8 +38,9 @@ Tensor = torch.Tensor
 class CallPlan:
     """How one compiled trace meets the outside world on each call."""
 
-    # Tensors read from outside: (source, the tensor seen while tracing), in the order of the trace's inputs.
-    captured: list[tuple[Source, Tensor]] = field(default_factory=list)
+    # Tensors read from outside: (source, the tensor seen while tracing), in the order of the trace's inputs;
+    # of the tensor, only its metadata once the entry is compiled (`forget_tensors`).
+    captured: list[tuple[Source, Tensor | TensorSeen]] = field(default_factory=list)
     # Rebuilds the user's result from the trace's first output; None when the trace returns it as is.
     result: Spec | None = None
     # Each effect with the spec of its value, whose leaves are the trace's second output, in order.
@@ -51,6 +52,10 @@ class CallPlan:
     effect_passthrough: list[tuple[int, int]] = field(default_factory=list)
     # True when an effect writes into a list or dict argument (the call's arguments are needed).
     writes_arguments: bool = False
+
+    def forget_tensors(self) -> None:
+        """Keep only the metadata of the tensors read from outside (each call reads them from their sources)."""
+        self.captured = [(source, TensorSeen.of(t) if isinstance(t, Tensor) else t) for source, t in self.captured]
 
     def is_trivial(self) -> bool:
         """True when the compiled trace can be called directly."""

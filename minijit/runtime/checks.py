@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from minijit.frontend.guards import GuardEntry, Source, guard_expression, guard_names, short_repr
+from minijit.frontend.guards import GuardEntry, Source, TensorSeen, guard_expression, guard_names, short_repr
 from minijit.ir.containers import flatten, is_container, is_tensor, is_tensor_or_number
 from minijit.runtime.autocast import any_autocast_enabled, autocast_state
 
@@ -294,7 +294,7 @@ def safe_name(name: str) -> str:
 
 
 def guard_checks(constraints: Sequence[str], values: Sequence[GuardEntry],
-                 captured: Sequence[tuple[str, Source, Tensor]], aliasing: InputAliasing | None,
+                 captured: Sequence[tuple[str, Source, TensorSeen]], aliasing: InputAliasing | None,
                  input_names: Sequence[str], env: dict[str, Any], symbolic_captured: AbstractSet[str] = frozenset()
                  ) -> list[Check]:
     """The checks the key cannot make, over the trace's inputs: constraints on symbolic values, values the
@@ -309,7 +309,7 @@ def guard_checks(constraints: Sequence[str], values: Sequence[GuardEntry],
     for name, _, t in captured:
         meta = (t.ndim if name in symbolic_captured else t.shape, t.dtype, t.device, t.requires_grad)
         env[f"_meta_{name}"] = meta
-        env.setdefault("_TENSOR_TYPES", set()).add(type(t))
+        env.setdefault("_TENSOR_TYPES", set()).add(t.cls)
         checks.append(Check(name, "captured", name, meta, keyed=False,
                             explain=lambda now, expected, name=name: _captured_changed(name, now, expected)))
     if aliasing is not None:
@@ -448,6 +448,18 @@ class Prologue:
 
     def _run(self, check: Check, params: list[str], values: list[Any], guard: bool = False) -> tuple[bool | None, Any]:
         """(whether `check` holds, its subject's value) for these values; (None, None) when it cannot be read."""
+        try:
+            return self._probe(check, params, guard)(*values)
+        except Exception:
+            return None, None
+
+    def _probe(self, check: Check, params: list[str], guard: bool) -> Callable[..., tuple[bool, Any]]:
+        """The function `_run` calls for `check`, compiled once per entry (a miss is explained against the
+        entries used last, which are mostly the same from one miss to the next)."""
+        probes = self.__dict__.setdefault("_probes", {})
+        probe = probes.get((id(check), guard))
+        if probe is not None:
+            return probe
         env = self.env
         test = check.test(env)
         lines = [f"def _probe({', '.join(params)}):"]
@@ -457,11 +469,9 @@ class Prologue:
                       "    except Exception:", "        return False, _GONE"]
         subject = check.subject if not guard or check.aspect in ("captured", "aliases") else "None"
         lines.append(f"    return bool({test}), {subject}")
-        try:
-            exec("\n".join(lines) + "\n", env)  # our own generated source, as the prologue's
-            return env.pop("_probe")(*values)
-        except Exception:
-            return None, None
+        exec("\n".join(lines) + "\n", env)  # our own generated source, as the prologue's
+        probe = probes[(id(check), guard)] = env.pop("_probe")
+        return probe
 
 
 # What the hit path's exact check (torch's TensorGuards: sizes, strides, dtype, device, dispatch keys) fixes

@@ -22,6 +22,9 @@ kind, captured when needed (three at most), so a result is never overwritten whi
 holds it: `y = f(x)` in a loop alternates two graphs, two forwards before one backward use
 two, and gradients that autograd keeps as `.grad` keep their graph busy until zeroed.
 
+A graphed callable remembers at most MAX_KINDS kinds of call (the oldest first seen is forgotten,
+its graphs with it): a number passed with a new value on every call must not hold a graph per value.
+
 Each graph has its own memory pool (a pool shared by graphs of several shapes could hand
 one graph's live outputs to another's temporaries). Torch's capture registers the device's
 random generator, so each replay draws new numbers, as eager does.
@@ -45,6 +48,9 @@ from minijit.ir import Tag, Trace, tree_flatten, tree_map
 _use_count = torch._C._storage_Use_Count
 MAX_INSTANCES = 3  # graphs per kind of call: another is captured while the results of one are alive
 MAX_CAPTURES = 6  # per kind of call, in all: inputs read in place may move
+# Kinds of call a graphed callable remembers (first calls' addresses, graphs, capture counts), the oldest
+# forgotten first: a number or CPU scalar passed with a new value each call is a new kind each call.
+MAX_KINDS = 16
 
 
 class CudaGraphs:
@@ -89,6 +95,12 @@ def graph_refusal(trace: Trace) -> str | None:
             if device.type != BACKEND.device_type:
                 return f"{b.sym.name} draws random numbers on {device}, which a replay would not draw again"
     return None
+
+
+def _keep_newest(kinds: dict[Hashable, Any]) -> None:
+    """Forget the kinds first seen longest ago past MAX_KINDS (one that comes back starts again as new)."""
+    while len(kinds) > MAX_KINDS:
+        del kinds[next(iter(kinds))]
 
 
 def _synchronizes(b: Any) -> bool:
@@ -205,6 +217,7 @@ class GraphedCallable:
             if first is None:
                 # The first call of a kind: ordinary launches (the kernels compile, lazy handles are made).
                 self.first_addresses[key] = _addresses(inputs)
+                _keep_newest(self.first_addresses)
                 self.stats.ordinary_run("first call of this kind (compiles kernels; the next call captures)")
                 return self.fn(*inputs)
             return self._capture(key, inputs, first)
@@ -332,6 +345,8 @@ class GraphedCallable:
                           result, leaves, cloned, returned, {j: (i, d, *layouts[j]) for j, (i, d) in viewed.items()},
                           watched)
         self.graphs.setdefault(key, []).append(captured)
+        _keep_newest(self.graphs)  # a graph dropped whose results are alive: its memory lives as long as they do
+        _keep_newest(self.capture_counts)
         return self._replay(captured, inputs, counted=False)
 
     def _replay(self, graph: _Graph, inputs: tuple[Any, ...], counted: bool = True) -> Any:

@@ -1,13 +1,20 @@
 """Double backward: the backward of a jitted call, differentiable when autograd asks for it (`create_graph=True`).
 
 The compiled backward reads residuals the forward saved under grad mode off (inside the
-`autograd.Function`), so they carry no history and its gradients would be constants to a
-second differentiation: silently wrong. So a backward run with grad mode on (a gradient
-penalty's `autograd.grad(D(x).sum(), x, create_graph=True)`) recomputes instead: the
-functional trace (the one the grad pass split) runs again on the call's inputs as eager
-torch ops (the torch executor only, never a fusion kernel autograd cannot see), with grad
-mode on, and eager autograd differentiates it with `create_graph=True`. The gradients it
-returns carry eager's graph, so every higher order is eager's too.
+`autograd.Function`), so those it computed carry no history and its gradients would be
+constants to a second differentiation: silently wrong. A backward run with grad mode on (a
+gradient penalty's `autograd.grad(D(x).sum(), x, create_graph=True)`) takes one of two roads,
+both running eager torch ops (the torch executor only, never a fusion kernel autograd cannot
+see) that eager autograd differentiates, so every higher order is eager's too:
+
+- `SavedBackward`: where every saved value that depends on an input requiring grad is that
+  input itself (`(x * w).sum()` saves `x` and `w`; `(x * 2 + w).sum()` saves nothing), the
+  backward trace runs again on the saved values, which carry their history. The call keeps
+  nothing but what the backward reads, as eager does: an input no gradient needs is freed.
+- `Recompute`: otherwise (a saved `cos(x)` of `x.sin()`), the functional trace (the one the
+  grad pass split) runs again on the call's inputs, with grad mode on, and eager autograd
+  differentiates it with `create_graph=True`. The call then keeps its inputs until its result
+  dies: the one case where it holds more than eager's saved tensors.
 
 What the recompute must reproduce is checked when the entry is compiled, and a trace
 it cannot reproduce is refused at the double backward with the reason:
@@ -22,7 +29,8 @@ it cannot reproduce is refused at the double backward with the reason:
 - a trace that writes into its inputs is refused: a second run would write them again.
 
 An input changed in place between the call and the double backward raises eager's
-"modified by an inplace operation" error: the recompute would read its new value.
+"modified by an inplace operation" error: the recompute would read its new value (the saved
+values' own version check says so on the other road).
 """
 
 from __future__ import annotations
@@ -42,7 +50,12 @@ from minijit.ops import prims
 from minijit.runtime.autocast import without_autocast
 from minijit.transforms import claim_executors, dce
 
-__all__ = ["Recompute", "recompute_for"]
+__all__ = ["Recompute", "SavedBackward", "recompute_for"]
+
+
+def _eager(trace: Trace) -> Callable[..., Any]:
+    """`trace` compiled as eager torch ops (the torch executor alone)."""
+    return without_autocast(dce(claim_executors(trace, [get_executor("torch")])).python_callable())
 
 
 @dataclass
@@ -67,8 +80,7 @@ class Recompute:
                                "function eagerly")
         if self._forward is None:
             assert self.trace is not None
-            trace = claim_executors(self.trace, [get_executor("torch")])
-            run = without_autocast(dce(trace).python_callable())
+            run = _eager(self.trace)
             self._forward = lambda *inputs: tree_flatten(run(*inputs))
             self.trace = None  # the compiled function holds what it needs
         return self._forward
@@ -107,6 +119,31 @@ class Recompute:
         for i, g in zip(wanted, grads):
             result[i] = g
         return result
+
+
+@dataclass
+class SavedBackward:
+    """A double backward from the saved values alone: the backward trace (before its passes) run again as eager
+    torch ops with grad mode on. Right where each saved value that depends on an input requiring grad is that
+    input (`pairs`: saved position, input position), which `holds` checks per call (a CUDA graph's forward
+    saves its own copy of an input)."""
+
+    trace: Trace | None
+    pairs: tuple[tuple[int, int], ...]
+    _backward: Callable[..., Any] | None = field(default=None, repr=False)
+
+    def holds(self, saved: Sequence[Any], inputs: Sequence[Any]) -> bool:
+        """Whether the saved values of this call are the inputs they stand for (then they carry their history)."""
+        return all(saved[s] is inputs[i] for s, i in self.pairs)
+
+    def gradients(self, saved: Sequence[Any], cotangents: Sequence[Any]) -> list[Any]:
+        """One gradient per input (None where none), with eager's graph: the backward on `saved` and `cotangents`."""
+        if self._backward is None:
+            assert self.trace is not None
+            self._backward = _eager(self.trace)
+            self.trace = None  # the compiled function holds what it needs
+        with torch.enable_grad():
+            return list(self._backward(*saved, *cotangents))
 
 
 @contextmanager

@@ -20,14 +20,18 @@ from typing import Any
 from minijit.errors import MinijitError
 from minijit.runtime.cache_key import cache_key
 
+# The sizes-free keys of constant traces kept (a call matching a forgotten one traces constant once more).
+MAX_KEYS = 256
+
 
 @dataclass
 class AutomaticDynamic:
     """The state of one jitted function's automatic mode: the sizes-free keys of the calls it traced with
     constant values, and whether (and why) it switched."""
 
-    # cache_key(..., symbolic=True) of each call traced with constant values
-    keys: set[tuple[Any, ...]] = field(default_factory=set)
+    # cache_key(..., symbolic=True) of each call traced with constant values (the last MAX_KEYS, oldest first:
+    # a key holding an argument object's id is new on every call that passes a new object)
+    keys: dict[tuple[Any, ...], None] = field(default_factory=dict)
     switched: bool = False
     # The decisions, in words, for cache_info
     decisions: list[str] = field(default_factory=list)
@@ -37,7 +41,9 @@ class AutomaticDynamic:
     def traced_constant(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Note a call traced with constant values."""
         if not self.switched and not self.refused:
-            self.keys.add(_sizes_free_key(args, kwargs))
+            self.keys[_sizes_free_key(args, kwargs)] = None
+            if len(self.keys) > MAX_KEYS:
+                del self.keys[next(iter(self.keys))]
 
     def should_switch(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         """Whether this missing call differs from a traced one only in sizes and numbers."""

@@ -11,10 +11,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-import torch
-
 from minijit.frontend import GuardEntry
-from minijit.frontend.guards import Source
+from minijit.frontend.guards import Source, TensorSeen
 from minijit.runtime.arguments import InputAliasing
 from minijit.runtime.checks import Check, Prologue, guard_checks
 from minijit.runtime.inputs import input_names
@@ -57,7 +55,7 @@ def drop_implied(constraints: list[str]) -> list[str]:
     return kept
 
 
-def specialised_facts(entry: Any) -> tuple[list[GuardEntry], list[tuple[str, Source, torch.Tensor]],
+def specialised_facts(entry: Any) -> tuple[list[GuardEntry], list[tuple[str, Source, TensorSeen]],
                                          InputAliasing | None]:
     """What capture and functionalization recorded that the guard must check: the values read from
     outside, the tensors read from outside (name, source, tensor), and how the inputs share memory

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import threading
 import warnings
@@ -24,7 +25,8 @@ from minijit.runtime.cache_key import (
     exact_tensor_check,
 )
 from minijit.runtime.dynamic import AutomaticDynamic
-from minijit.runtime.explain import explain_miss
+from minijit.runtime.entry_limit import MAX_ENTRIES, EntryLimit
+from minijit.runtime.explain import EXPLAINED_AGAINST, explain_miss
 from minijit.runtime.fallback import RaisedInTry, RaisedWhileTracing, eager_after_raise
 from minijit.runtime.iterators import advance, standing_in
 from minijit.runtime.pipeline import CompiledEntry, compile_for
@@ -37,18 +39,39 @@ is_grad_enabled = torch.is_grad_enabled
 CACHE_MODES = ("automatic", "constant values", "symbolic values", "no caching")
 # The most cache entries under one key told apart by values read from tensors (`if x.sum() > 0`).
 MAX_VALUE_ENTRIES = 64
+# The miss reasons CacheInfo keeps: the first and the last this many (the count of those between is kept).
+KEPT_REASONS = 50
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _users_stacklevel() -> int:
+    """The `stacklevel` of a warning issued by the caller that names the innermost frame outside minijit."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 class RetraceWarning(UserWarning):
     """A jitted function traced again; the message says which input changed."""
 
 
+class CacheLimitWarning(UserWarning):
+    """A jitted function reached its bound on cache entries (`jit(max_entries=)`) and drops the least recently used."""
+
+
 @dataclass
 class CacheInfo:
     """What the cache of a jitted function holds and how it has been used.
 
-    `miss_reasons` has one line per miss, in order: why that call could not reuse a trace.
-    `value_guards` lists, per entry that read values from its tensors (`if x.sum() > 0`), the
+    `miss_reasons` has one line per miss, in order: why that call could not reuse a trace; past
+    2 * KEPT_REASONS misses only the first and the last KEPT_REASONS are kept, and `dropped_reasons`
+    counts those left out between them (a function that misses on every call holds no more).
+    `evictions` counts the entries dropped, the least recently used first, to keep at most
+    `max_entries` (None: no bound; `jit(max_entries=)`); a call that needs one again traces it again.
+    `value_guards` lists, per entry held that read values from its tensors (`if x.sum() > 0`), the
     values it was traced for; `value_switches` counts the calls that failed such a check and ran
     again with another entry: each ran its first entry's trace up to the failing check in vain.
     `rebound` counts the calls that reused a trace for new objects passed in place of those it was
@@ -61,6 +84,9 @@ class CacheInfo:
     # Calls that reused a trace for new objects of the kinds it was traced with (minijit.runtime.rebind).
     rebound: int = 0
     miss_reasons: list[str] = field(default_factory=list)
+    dropped_reasons: int = 0
+    evictions: int = 0
+    max_entries: int | None = MAX_ENTRIES
     value_switches: int = 0
     value_guards: list[str] = field(default_factory=list)
     # Calls run eagerly instead (minijit.runtime.fallback): their compiled trace raised where the user's
@@ -75,8 +101,14 @@ class CacheInfo:
 
     def __str__(self) -> str:
         lines = [f"{self.hits} hit(s), {self.misses} miss(es), {self.entries} cache entr{'y' if self.entries == 1 else 'ies'}"
-                 + (f", {self.rebound} rebound to new objects" if self.rebound else "")]
-        lines += [f"  miss {i}: {reason}" for i, reason in enumerate(self.miss_reasons, start=1)]
+                 + (f", {self.rebound} rebound to new objects" if self.rebound else "")
+                 + (f", {self.evictions} evicted (max_entries={self.max_entries})" if self.evictions else "")]
+        first = self.miss_reasons[:KEPT_REASONS] if self.dropped_reasons else self.miss_reasons
+        lines += [f"  miss {i}: {reason}" for i, reason in enumerate(first, start=1)]
+        if self.dropped_reasons:
+            lines.append(f"  ... {self.dropped_reasons} miss reason(s) not kept")
+            start = KEPT_REASONS + self.dropped_reasons + 1
+            lines += [f"  miss {i}: {reason}" for i, reason in enumerate(self.miss_reasons[KEPT_REASONS:], start=start)]
         if self.value_guards:
             lines.append(f"  value guards ({len(self.value_guards)} entr{'y' if len(self.value_guards) == 1 else 'ies'} "
                          f"told apart by values read from tensors; {self.value_switches} call(s) failed a value check "
@@ -122,7 +154,8 @@ class JitFunction:
     """A jitted function: call it like the original."""
 
     def __init__(self, fn: Callable[..., Any], executors: Sequence[Executor | str] | None, cache: str,
-                 warn_retraces_after: int | None = None, cuda_graphs: bool = False):
+                 warn_retraces_after: int | None = None, cuda_graphs: bool = False,
+                 max_entries: int | None = MAX_ENTRIES):
         if cache not in CACHE_MODES:
             raise ValueError(f"cache must be one of {CACHE_MODES}, got {cache!r}")
         if warn_retraces_after is None:
@@ -139,7 +172,9 @@ class JitFunction:
         self._automatic = AutomaticDynamic() if cache == "automatic" else None
         # key -> the entries compiled for calls with that key, told apart by their guards.
         self._entries: dict[tuple[Any, ...], list[CompiledEntry]] = {}
-        self._info = CacheInfo()
+        # The entries by last use, and the bound on their number (minijit.runtime.entry_limit).
+        self._limit = EntryLimit(max_entries)
+        self._info = CacheInfo(max_entries=max_entries)
         self._hits = 0  # kept apart from _info: the hit path updates one attribute
         self._last: CompiledEntry | None = None
         # The most entries one key may have that differ by the values read from tensors (then an error).
@@ -163,7 +198,7 @@ class JitFunction:
             return name
         options = self.options()
         return (JitFunction, (self.fn, options["executors"], options["cache"], options["warn_retraces_after"],
-                              options["cuda_graphs"]))
+                              options["cuda_graphs"], options["max_entries"]))
 
     def minijit_traced_callable(self) -> Callable[..., Any]:
         """What code traced by minijit calls in place of this jitted function: the function, traced inline."""
@@ -173,7 +208,7 @@ class JitFunction:
         """The `jit` options this function was made with (executors by name where that name finds them)."""
         executors = None if self._given_executors is None else [_by_name(e) for e in self._given_executors]
         return {"executors": executors, "cache": self.cache_mode, "warn_retraces_after": self.warn_retraces_after,
-                "cuda_graphs": self.cuda_graphs}
+                "cuda_graphs": self.cuda_graphs, "max_entries": self._limit.max_entries}
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # The hit path for the common call, plain tensors passed positionally. First, the last entry's
@@ -269,7 +304,7 @@ class JitFunction:
         compiled (then True), and put into the cache; the `RaisedWhileTracing` where the code raised."""
         moved = self._rebind(args, kwargs, flat) if self.cache_mode != "no caching" else None
         if moved is not None:
-            self._entries.setdefault(key, []).append(moved)
+            self._add(key, moved)
             return moved, False
         symbolic = self._symbolic
         entry = self._miss(args, kwargs, flat, self._entries.get(key, []))
@@ -280,12 +315,41 @@ class JitFunction:
         if self.cache_mode != "no caching":
             if not kwargs and not key[1]:  # made with autocast off: see exact_tensor_check
                 self._set_exact_check(entry, args)
-            self._entries.setdefault(key, []).append(entry)  # complete before other threads can find it
-            self._info.entries += 1
+            self._add(key, entry)  # complete before other threads can find it
         return entry, True
+
+    def _add(self, key: tuple[Any, ...], entry: CompiledEntry) -> None:
+        """Under the compile lock: hold `entry` under `key`, dropping the least recently used entries past the bound
+        (minijit.runtime.entry_limit). Lists are replaced, not changed, as everywhere: hits read them unlocked."""
+        self._entries[key] = [*self._entries.get(key, ()), entry]
+        for old_key, old in self._limit.add(key, entry):
+            rest = [e for e in self._entries[old_key] if e is not old]
+            if rest:
+                self._entries[old_key] = rest
+            else:
+                del self._entries[old_key]
+            if self._limit.evictions == 1:
+                name = getattr(self.fn, "__qualname__", repr(self.fn))
+                warnings.warn(f"minijit: {name} has {self._limit.max_entries} cache entries, the most allowed: each new "
+                              "one now drops the least recently used (traced again if called again). Many different "
+                              "shapes? jit(..., cache='symbolic values') traces one entry for all sizes; or raise "
+                              "jit(..., max_entries=N)", CacheLimitWarning, stacklevel=_users_stacklevel())
+        self._info.entries = len(self._limit)
+        self._info.evictions = self._limit.evictions
+
+    def _note_miss(self, reason: str) -> None:
+        """Count a miss and keep its reason: the first and the last KEPT_REASONS (CacheInfo)."""
+        self._info.misses += 1
+        reasons = self._info.miss_reasons
+        reasons.append(reason)
+        if len(reasons) > 2 * KEPT_REASONS:
+            del reasons[KEPT_REASONS]
+            self._info.dropped_reasons += 1
+        self._warn_retrace(reason)
 
     def _remember(self, entry: CompiledEntry, grad: bool) -> None:
         """Make `entry` the last one, which the next call's hit path tries first (with the grad mode of its key)."""
+        self._limit.used(entry)
         self._last = entry
         self._fast = None if entry.exact_check is None else (
             entry.exact_arity, grad, entry.exact_check, entry.exact_guard, entry.computation, entry)
@@ -345,16 +409,14 @@ class JitFunction:
                                       "this function reads from its tensors, the most allowed: compute with tensors "
                                       "(torch.where, masks) instead of reading so many different values")
             self._hits -= 1
-            self._info.misses += 1
-            self._info.miss_reasons.append(reason)
-            self._warn_retrace(reason)
+            self._note_miss(reason)
             entry = self._compile(args, kwargs)
             if isinstance(entry, RaisedWhileTracing):
                 return entry
             fresh = True
             if self.cache_mode != "no caching":
-                self._info.entries += 1
-                self._info.value_guards.append("; ".join(c.describe() for c in entry.capture.value_checks))
+                self._add(key, entry)
+                entries = self._entries.get(key, [])  # (the bound may have dropped one of them)
         if self.cache_mode != "no caching":
             # The most recent first, so that the hit path tries it first; a new list, so that a thread
             # reading the old one meanwhile reads it whole.
@@ -372,34 +434,32 @@ class JitFunction:
     def _rebind(self, args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[Any]) -> CompiledEntry | None:
         """An entry moved from its objects to this call's objects of the same types (minijit.runtime.rebind),
         in place of the entry it was moved from; None when no entry can be."""
-        for key, entries in reversed(list(self._entries.items())):
-            for entry in reversed(entries):
-                moved = rebind(entry, self.fn, args, kwargs, flat, self._symbolic)
-                if moved is not None:
-                    # Its objects are the previous call's: the entries stay as many. A new list, as above.
-                    rest = [e for e in entries if e is not entry]
-                    if rest:
-                        self._entries[key] = rest
-                    else:
-                        del self._entries[key]
-                    self._info.rebound += 1
-                    return moved
+        # Only entries specialised on argument objects can be moved: the others are passed over cheaply.
+        found = [(key, entries, e) for key, entries in self._entries.items() for e in entries if e.arg_objects]
+        for key, entries, entry in reversed(found):
+            moved = rebind(entry, self.fn, args, kwargs, flat, self._symbolic)
+            if moved is not None:
+                # Its objects are the previous call's: the entries stay as many. A new list, as above.
+                rest = [e for e in entries if e is not entry]
+                if rest:
+                    self._entries[key] = rest
+                else:
+                    del self._entries[key]
+                self._limit.remove(entry)
+                self._info.rebound += 1
+                return moved
         return None
 
     def _miss(self, args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[Any],
-              same_key: list[CompiledEntry]) -> CompiledEntry:
-        self._info.misses += 1
+              same_key: list[CompiledEntry]) -> CompiledEntry | RaisedWhileTracing:
         if self.cache_mode == "no caching":
             reason = "caching is off (cache='no caching')"
         else:
-            previous = [e.prologue for entries in self._entries.values() for e in entries]
-            reason = explain_miss(previous, [e.prologue for e in same_key], args, kwargs, flat)
-        self._info.miss_reasons.append(reason)
-        self._warn_retrace(reason)
-        entry = self._compile_miss(args, kwargs, reason, guard_failed=bool(same_key))
-        if isinstance(entry, CompiledEntry) and entry.value_path and self.cache_mode != "no caching":
-            self._info.value_guards.append("; ".join(c.describe() for c in entry.capture.value_checks))
-        return entry
+            # Against the most recently used entries only: a miss costs the same however many entries there are.
+            previous = [e.prologue for e in self._limit.recent(EXPLAINED_AGAINST)]
+            reason = explain_miss(previous, [e.prologue for e in same_key[-1:]], args, kwargs, flat)
+        self._note_miss(reason)
+        return self._compile_miss(args, kwargs, reason, guard_failed=bool(same_key))
 
     def _compile_miss(self, args: tuple[Any, ...], kwargs: dict[str, Any], reason: str,
                       guard_failed: bool = False) -> CompiledEntry | RaisedWhileTracing:
@@ -426,6 +486,7 @@ class JitFunction:
             return entry
         # The entries traced with constant values are keyed as this mode no longer keys a call.
         self._entries.clear()
+        self._limit.clear()
         self._info.entries = 0
         self._fast = None
         return entry
@@ -446,7 +507,8 @@ class JitFunction:
     def _warn_retrace(self, reason: str) -> None:
         if self.warn_retraces_after is not None and self._info.misses > self.warn_retraces_after:
             name = getattr(self.fn, "__qualname__", repr(self.fn))
-            warnings.warn(f"minijit traced {name} again (miss {self._info.misses}): {reason}", RetraceWarning, stacklevel=5)
+            warnings.warn(f"minijit traced {name} again (miss {self._info.misses}): {reason}", RetraceWarning,
+                          stacklevel=_users_stacklevel())
 
     def last_traces(self) -> list[Trace]:
         """The traces of the last call, one per pass."""
@@ -477,7 +539,11 @@ class JitFunction:
         self._info.hits = self._hits
         self._info.dynamic = list(self._automatic.decisions) if self._automatic is not None else []
         # A copy of the cache's lists (one C call each): other threads may be adding entries.
-        self._info.cuda_graphs = [part.describe() for entries in list(self._entries.values()) for e in entries
+        held = list(self._entries.values())
+        # Of the entries held (those evicted are gone): what each that reads values from its tensors checks.
+        self._info.value_guards = ["; ".join(c.describe() for c in e.capture.value_checks)
+                                   for entries in held for e in entries if e.value_path]
+        self._info.cuda_graphs = [part.describe() for entries in held for e in entries
                                   if e.graphs is not None for part in e.graphs.parts
                                   if part.replays or part.ordinary]
         return self._info

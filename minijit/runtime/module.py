@@ -34,6 +34,7 @@ from minijit.errors import UnsupportedSyntaxError
 from minijit.frontend.outside import OutsideView
 from minijit.runtime import distributed
 from minijit.runtime.checks import Check, tensor_checks
+from minijit.runtime.entry_limit import MAX_ENTRIES
 
 # The hook dicts `Module._call_impl` consults, per module and globally, and what to call them.
 _HOOK_KINDS = {"_forward_pre_hooks": "forward pre-hook", "_forward_hooks": "forward hook",
@@ -357,7 +358,7 @@ class JitModule(torch.nn.Module):
     """
 
     def __init__(self, module: torch.nn.Module, executors: Any = None, cache: str = "automatic",
-                 warn_retraces_after: int | None = None, cuda_graphs: bool = False):
+                 warn_retraces_after: int | None = None, cuda_graphs: bool = False, max_entries: int | None = MAX_ENTRIES):
         # No nn.Module.__init__: the wrapper keeps no parameters, submodules, hooks or flags of its own.
         # Imported here: minijit.runtime.jit imports the pipeline, which imports this file.
         from minijit.runtime.jit import JitFunction
@@ -367,13 +368,13 @@ class JitModule(torch.nn.Module):
         if attribute is not None:
             # A wrapper like DDP: its forward runs eagerly, around its module jitted (minijit.runtime.distributed).
             options = {"executors": executors, "cache": cache, "warn_retraces_after": warn_retraces_after,
-                       "cuda_graphs": cuda_graphs}
+                       "cuda_graphs": cuda_graphs, "max_entries": max_entries}
             self._set_wrapped(attribute, getattr(module, attribute), options)
             return
         forward = ModuleForward(module)
         object.__setattr__(self, "_minijit_forward", forward)
         object.__setattr__(self, "_minijit_function", JitFunction(forward, executors, cache, warn_retraces_after,
-                                                                          cuda_graphs))
+                                                                          cuda_graphs, max_entries))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         namespace = self.__dict__

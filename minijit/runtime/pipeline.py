@@ -17,7 +17,7 @@ from minijit.errors import EnvironmentVariableError, InplaceError
 from minijit.extend import resolve_executors
 from minijit.frontend import GuardEntry, interpret
 from minijit.frontend.folding import fresh_folded
-from minijit.frontend.guards import Source
+from minijit.frontend.guards import Source, TensorSeen
 from minijit.frontend.interpreter import Escaped
 from minijit.frontend.outside import Outside
 from minijit.frontend.try_blocks import user_try_location
@@ -47,7 +47,7 @@ from minijit.runtime.autograd import CompiledGrad, autograd_callable
 from minijit.runtime.call_plan import CallPlan, finish_capture
 from minijit.runtime.checks import Prologue
 from minijit.runtime.cuda_graphs import GraphedCallable, GraphFamily, graph_refusal
-from minijit.runtime.double_backward import recompute_for
+from minijit.runtime.double_backward import SavedBackward, recompute_for
 from minijit.runtime.fallback import RaisedWhileTracing, falling_back
 from minijit.runtime.guards import compile_prologue, drop_implied
 from minijit.runtime.inputs import tensor_capturer
@@ -75,8 +75,9 @@ class CaptureResult:
 
     # The values the code read from outside the call (globals, closures, attributes), for the guard.
     guards: list[GuardEntry] = field(default_factory=list)
-    # Tensors read from outside the call, trace inputs after the call's own: (input name, source, tensor seen).
-    captured_inputs: list[tuple[str, Source, torch.Tensor]] = field(default_factory=list)
+    # Tensors read from outside the call, trace inputs after the call's own: (input name, source, tensor seen);
+    # once the entry is compiled, only the tensor's metadata (`forget_tensors`).
+    captured_inputs: list[tuple[str, Source, torch.Tensor | TensorSeen]] = field(default_factory=list)
     # Names of the captured tensors traced with symbolic sizes (the guard checks their rank and constraints).
     symbolic_captured: set[str] = field(default_factory=set)
     # Tensors made while tracing that the trace holds as constants (kept alive with the entry).
@@ -95,6 +96,13 @@ class CaptureResult:
     ops_in_try: list[tuple[str, SourceLocation]] = field(default_factory=list)
     # argument position -> how many items the code took from the iterator passed there (minijit.runtime.iterators).
     iterators_consumed: dict[int, int] = field(default_factory=dict)
+
+    def forget_tensors(self) -> None:
+        """Keep only the metadata of the tensors read from outside: every call reads them again from their
+        sources, and the entry must not keep alive a tensor the user let go (a global rebound to a new one)."""
+        self.captured_inputs = [(name, source, TensorSeen.of(t) if isinstance(t, torch.Tensor) else t)
+                                for name, source, t in self.captured_inputs]
+        self.call_plan.forget_tensors()
 
 
 @dataclass
@@ -291,6 +299,7 @@ def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
     entry.constraints = drop_implied(constraints)
     _dump_traces(entry)
     entry.arg_objects = object_arguments(arguments.params, arguments.checks, args, kwargs)
+    entry.capture.forget_tensors()
     entry.prologue = compile_prologue(entry, (arguments.params, arguments.checks), tuple(kwargs), entry.constraints)
     entry.guard = entry.prologue.guard
     if entry.capture.value_checks and any(b.sym.effects.random for t in entry.traces for b in t.bound_symbols):
@@ -467,6 +476,7 @@ def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[An
                       saved_from=True)
     backward = graphed(bwd_traces[-1].python_callable(), bwd_traces[-1], family, "backward", (),
                        refusal="the backward writes into inputs of the forward" if mutated_by_backward else None)
+    recompute = recompute_for(trace, trace.fn_name, frozenset(no_grad), functionalized.mutated_inputs)
     compiled = CompiledGrad(
         forward=refusing_inference_writes(
             bumping_versions(forward, traces[-1], functionalized.mutated_inputs), traces[-1], functionalized),
@@ -478,7 +488,9 @@ def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[An
         dirty_inputs=split.dirty_inputs,
         overwritten_saved=split.overwritten_saved,
         backward_mutated_inputs=mutated_by_backward,
-        recompute=recompute_for(trace, trace.fn_name, frozenset(no_grad), functionalized.mutated_inputs),
+        recompute=recompute,
+        saved_backward=None if recompute.refusal is not None or split.saved_inputs_with_history is None
+        else SavedBackward(bwd, split.saved_inputs_with_history),
     )
     return autograd_callable(compiled), bwd_traces, split
 

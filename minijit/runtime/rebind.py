@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from minijit.frontend import GuardEntry
-from minijit.frontend.guards import MISSING, Source, has_snapshot, is_constant, may_have_guarded_attributes
+from minijit.frontend.guards import MISSING, Source, TensorSeen, has_snapshot, is_constant, may_have_guarded_attributes
 from minijit.ir.containers import Constant, Mapping, Registered, Sequence, Spec
 from minijit.runtime.arguments import call_checks, object_arguments
 from minijit.runtime.autocast import any_autocast_enabled, without_autocast
@@ -185,7 +185,7 @@ def _may_hold(g: GuardEntry) -> bool:
             now = dict.get(ns, g.name, MISSING)
         else:
             return True
-        if isinstance(g.value, torch.Tensor):
+        if isinstance(g.value, TensorSeen):
             return isinstance(now, torch.Tensor)
         if is_constant(g.value) or has_snapshot(g.value):
             return type(now) is type(g.value) and now == g.value

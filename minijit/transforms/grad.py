@@ -127,6 +127,10 @@ class SplitResult:
     dirty_inputs: tuple[int, ...]
     # Names of saved values the forward overwrites: saved as None, so a backward needing one raises.
     overwritten_saved: tuple[str, ...]
+    # (position among the saved values, input position) of each saved value that depends on an input requiring
+    # grad, where every such value is an input itself: the backward run again on the saved values is then
+    # differentiable (a double backward needs nothing else). None where one is computed by the forward.
+    saved_inputs_with_history: tuple[tuple[int, int], ...] | None = None
 
 
 class _Splitter:
@@ -378,7 +382,24 @@ def split_forward_backward(trace: Trace, executors: Sequence[Any] = (), no_grad:
         differentiable_outputs=differentiable_outputs(trace, splitter.requires),
         dirty_inputs=tuple(positions[p.name] for p, _ in splitter.dirty),
         overwritten_saved=tuple(p.name for p in saved if p.name in overwritten and p.name not in kept),
+        saved_inputs_with_history=_saved_inputs_with_history(saved, splitter.requires, positions),
     )
+
+
+def _saved_inputs_with_history(saved: Sequence[Proxy], requires: Container[str],
+                               positions: Mapping[str, int]) -> tuple[tuple[int, int], ...] | None:
+    """(saved position, input position) of each saved value requiring grad, where all are inputs; else None.
+
+    A value the forward computes from an input requiring grad reaches the backward without its history
+    (the forward runs under no_grad inside autograd.Function); an input comes back with its own.
+    """
+    pairs = []
+    for i, p in enumerate(saved):
+        if isinstance(p, TensorProxy) and p.name in requires:
+            if p.name not in positions:
+                return None
+            pairs.append((i, positions[p.name]))
+    return tuple(pairs)
 
 
 def _copied_by_eager(tape: Sequence[_TapeEntry], inplace_originals: Mapping[str, str]) -> set[str]:

@@ -12,7 +12,9 @@ views handed out and waited for, captures again when an input moves) against eag
 
 from __future__ import annotations
 
+import gc
 import types
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -305,3 +307,29 @@ def test_cuda_hf_llama_three_steps_with_adamw() -> None:
 
     for h, w in zip(run(True), run(False), strict=True):
         torch.testing.assert_close(h, w, **tolerance(torch.float32, 64))
+
+
+def test_kinds_of_call_past_the_bound_are_forgotten(fake_graphs: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A number traced as a symbolic value, passed anew on each call: each value is a kind of call of its own.
+    made: list[weakref.ref[Any]] = []
+
+    class Graph(types.SimpleNamespace):  # one that a weakref can watch
+        pass
+
+    class Counting(FakeGraphs):
+        @staticmethod
+        def capture(fn: Callable[..., Any], args: list[Any]) -> tuple[Any, Any]:
+            graph, result = FakeGraphs.capture(fn, args)
+            graph = Graph(**vars(graph))
+            made.append(weakref.ref(graph))
+            return graph, result
+
+    monkeypatch.setattr(cuda_graphs, "BACKEND", Counting)
+    jf = minijit.jit(lambda x, s: x * s, cache="symbolic values", cuda_graphs=True)
+    x = torch.randn(4)
+    for k in range(3 * cuda_graphs.MAX_KINDS):
+        for _ in range(3):  # ordinary launches, a capture, a replay
+            torch.testing.assert_close(jf(x, k + 0.5), x * (k + 0.5))
+    gc.collect()
+    assert len(made) == 3 * cuda_graphs.MAX_KINDS and minijit.cache_info(jf).entries == 1
+    assert sum(r() is not None for r in made) == cuda_graphs.MAX_KINDS

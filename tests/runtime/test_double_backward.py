@@ -120,3 +120,29 @@ def test_double_backward_through_a_custom_function_is_refused() -> None:
         torch.autograd.grad(minijit.jit(f)(x), (x,), create_graph=True)
     # Without create_graph the same call differentiates as eager does.
     torch.testing.assert_close(torch.autograd.grad(minijit.jit(f)(x), (x,))[0], torch.autograd.grad(f(x), (x,))[0])
+
+
+@pytest.mark.parametrize("f", [lambda x, w: (x @ w).sum(), lambda x, w: (x @ w * x.sum()).sum()],
+                         ids=["saves only inputs", "saves a computed value"])
+def test_mixed_second_derivatives_match_eager(f) -> None:
+    # The first saves only x and w: its double backward runs the backward again on them, keeping no other input.
+    x, w = torch.randn(3, 4, dtype=F64), torch.randn(4, 2, dtype=F64)
+    v, u = torch.randn(3, 4, dtype=F64), torch.randn(4, 2, dtype=F64)
+
+    def second(fn):
+        xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+        gx, gw = torch.autograd.grad(fn(xr, wr), (xr, wr), create_graph=True)
+        return (gx, gw, *torch.autograd.grad((gx * v).sum() + (gw * u).sum(), (xr, wr), allow_unused=True))
+
+    for have, want in zip(second(minijit.jit(f)), second(f), strict=True):
+        torch.testing.assert_close(have, want)
+
+
+def test_double_backward_from_saved_inputs_after_one_changed_raises_eagers_error() -> None:
+    x = torch.randn(3, dtype=F64, requires_grad=True)
+    w = torch.randn(3, dtype=F64, requires_grad=True)
+    out = minijit.jit(lambda x, w: (x * w).sum())(x, w.clone())
+    with torch.no_grad():
+        x.add_(1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        torch.autograd.grad(out, (x,), create_graph=True)
