@@ -21,6 +21,7 @@ import collections
 import functools
 import itertools
 import types
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -139,6 +140,8 @@ def call(fn: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> 
         return _call_native(fn, args, kwargs)
     if t is types.MethodType:
         return call(fn.__func__, (fn.__self__, *args), kwargs)
+    if t is weakref.ReferenceType and not args and not kwargs:
+        return _dereference(fn)
     if t is _BoundMethod:
         args, kwargs = unfold_sizes(args, kwargs)
         return _with_known_numbers_if_refused(fn, args, kwargs)
@@ -242,6 +245,18 @@ def _real_tensor_method(t: torch.Tensor, name: str) -> Callable[..., Any] | None
     if trace is None or trace.capture_tensor is None:
         return None
     return getattr(trace.capture_tensor(t), name)
+
+
+def _dereference(ref: weakref.ReferenceType) -> Any:
+    """`ref()`: what a weakref from outside the call refers to is read from outside too (an optimizer reached
+    through the weakref an lr scheduler's `opt.step` wrapper holds), its identity guarded."""
+    value = ref()
+    outside = current_state().outside
+    if outside.is_root(ref) and value is not None:
+        label = f"{outside.label_of(ref)}()"
+        outside.read(current_state().guards, "referent", ref, None, value, label)
+        return outside.seen(value)
+    return value
 
 
 def _call_root_method(owner: Any, fn: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> Any:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import sys
 import types
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,7 +42,8 @@ class Source:
     `holder` is an object held by reference, or another `Source` (then the holder, a
     tensor, is read afresh on each call). `access` is "item" (`holder[key]`), "attribute"
     (`holder.__dict__[key]`), "cell" (`holder.cell_contents`) or "tensor attribute"
-    (`getattr(holder, key)`, e.g. `.grad`). `label` names the value in traces and messages.
+    (`getattr(holder, key)`, e.g. `.grad`) or "call" (`holder()`, the referent of a weakref). `label` names
+    the value in traces and messages.
     """
 
     holder: Any = field(repr=False)
@@ -58,6 +60,8 @@ class Source:
             return f"{holder}.__dict__[{_literal(env, self.key)}]"
         if self.access == "tensor attribute":
             return f"{holder}.{self.key}"
+        if self.access == "call":
+            return f"{holder}()"
         return f"{holder}[{_literal(env, self.key)}]"
 
 
@@ -114,7 +118,8 @@ class GuardEntry:
       dict; `shadow` is the globals dict that must still not define the name), "cell" (a closure
       cell), "attribute" (read through `namespace.__dict__`; `shadow`, if any, is the instance dict
       that must not define the name when the value came from the class), "item" (`namespace[name]`),
-      "tensor attribute" (`getattr(tensor, name)` where `namespace` is the tensor's `Source`):
+      "tensor attribute" (`getattr(tensor, name)` where `namespace` is the tensor's `Source`), "referent"
+      (`namespace()`, what the weakref `namespace` refers to):
       the value itself, by equality for constants, by identity for other objects, and only
       "still a tensor" for tensors (they are read again on each call; `value` is then a `TensorSeen`);
     - "contains" (`name in namespace` was `value`), "length" (`len(namespace) == value`),
@@ -129,7 +134,7 @@ class GuardEntry:
 
     def __str__(self) -> str:
         where = {"global": "global", "builtin": "builtin", "cell": "closure variable", "attribute": "attribute",
-                 "tensor attribute": "tensor attribute"}.get(self.kind)
+                 "tensor attribute": "tensor attribute", "referent": "referent of a weakref"}.get(self.kind)
         owner = type(self.namespace).__name__
         if self.kind == "item":
             return f"item [{self.name!r}] of a {owner} = {short_repr(self.value)}"
@@ -215,7 +220,7 @@ def may_have_guarded_attributes(value: Any) -> bool:
     if isinstance(value, type):
         module = getattr(value, "__module__", "") or ""
         return module.split(".")[0] not in _SKIPPED_MODULES and module != "builtins"
-    return hasattr(value, "__dict__") or isinstance(value, list | dict | set | tuple | collections.deque)
+    return hasattr(value, "__dict__") or isinstance(value, list | dict | set | tuple | collections.deque | weakref.ref)
 
 
 def is_users_module(module: types.ModuleType) -> bool:
@@ -336,6 +341,8 @@ def guard_expression(env: dict[str, Any], i: int, entry: GuardEntry) -> str:
         read = f"{ns}.__dict__.get({key}, _MISSING)"
     elif kind == "tensor attribute":
         read = f"getattr({ns}, {key}, _MISSING)"
+    elif kind == "referent":
+        read = f"{ns}()"
     elif kind == "item" and not isinstance(entry.namespace, dict):
         read = f"{ns}[{key}]"
     else:  # globals, builtins and dict items: dict's own `get` (it never runs a defaultdict's factory, nor a

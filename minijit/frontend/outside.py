@@ -253,7 +253,8 @@ class Outside:
             record(guards, kind, holder, key, value, shadow)
         # A value read through a keyed slot has no guard of its own: its contents are not guarded whole.
         guarded = (id(holder), key) not in self.keyed
-        access = {"global": "item", "builtin": "item", "item": "item", "cell": "cell"}.get(kind, "attribute")
+        access = {"global": "item", "builtin": "item", "item": "item", "cell": "cell", "referent": "call"}.get(
+            kind, "attribute")
         if shadow is None:
             self.note_value(value, Source(holder, access, key, label), whole=guarded)
 

@@ -6,6 +6,7 @@ Each pattern is run eagerly and jitted for several calls; results and the outsid
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import pytest
@@ -40,15 +41,16 @@ OPTIMIZERS = {
 }
 
 
-def _compare_optimizer_steps(make_opt: Any, schedule: bool = False, calls: int = 3) -> Any:
-    """Eager `opt.step()` against `minijit.jit(lambda: opt.step())`, on identical models and gradients."""
+def _compare_optimizer_steps(make_opt: Any, schedule: bool = False, calls: int = 3, bound: bool = False) -> Any:
+    """Eager `opt.step()` against `minijit.jit(lambda: opt.step())` (`bound`: `minijit.jit(opt.step)`), on
+    identical models and gradients."""
     states = []
     jitted = None
     for use_jit in (False, True):
         model = _model()
         opt = make_opt(model.parameters())
         scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5) if schedule else None
-        step = minijit.jit(lambda opt=opt: opt.step()) if use_jit else opt.step
+        step = (minijit.jit(opt.step if bound else lambda opt=opt: opt.step())) if use_jit else opt.step
         jitted = step if use_jit else jitted
         history = []
         for i in range(calls):
@@ -90,6 +92,28 @@ def test_optimizer_step_after_torch_compile_has_run_matches_eager():
 def test_optimizer_step_follows_a_learning_rate_schedule():
     jitted = _compare_optimizer_steps(OPTIMIZERS["SGD"], schedule=True)
     assert "lr" in str(minijit.cache_info(jitted))
+
+
+@pytest.mark.parametrize("name", ["SGD momentum nesterov", "AdamW"])
+def test_jitted_bound_step_under_a_learning_rate_schedule_matches_eager(name):
+    # An lr scheduler replaces `opt.step` by a function reaching the optimizer through a weakref.
+    _compare_optimizer_steps(OPTIMIZERS[name], schedule=True, bound=True)
+
+
+def test_a_weakref_from_outside_reads_its_referent_afresh():
+    def run(use_jit: bool) -> list[torch.Tensor]:
+        held = torch.ones(3)
+        ref = weakref.ref(held)
+
+        def f(x):
+            ref().add_(1)
+            return x * ref()
+
+        g = minijit.jit(f) if use_jit else f
+        return [g(torch.full((3,), float(i))) for i in range(3)] + [held]
+
+    for a, b in zip(run(False), run(True)):
+        torch.testing.assert_close(b, a)
 
 
 def test_optimizer_step_writes_parameters_in_place_and_bumps_versions():
