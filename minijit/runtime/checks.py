@@ -484,6 +484,11 @@ def implied_by_exact_check(constraint: str, inputs: Sequence[str]) -> bool:
     """Whether a call that passes the exact check of the call that made the entry meets `constraint` for sure:
     it reads nothing but the sizes and strides of the trace's own `inputs` (not `storage_offset()`, not a
     tensor read from outside, not the state of torch)."""
+    return _implied_by_exact_check(constraint, frozenset(inputs))
+
+
+@functools.lru_cache(maxsize=4096)  # a prologue compiled again (rebinding an entry) asks the same questions
+def _implied_by_exact_check(constraint: str, inputs: frozenset[str]) -> bool:
     try:
         tree = ast.parse(constraint, mode="eval")
     except SyntaxError:

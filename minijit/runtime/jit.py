@@ -172,6 +172,10 @@ class JitFunction:
         self._automatic = AutomaticDynamic() if cache == "automatic" else None
         # key -> the entries compiled for calls with that key, told apart by their guards.
         self._entries: dict[tuple[Any, ...], list[CompiledEntry]] = {}
+        # cache="automatic", once switched to symbolic values: the entries traced with constant values before the
+        # switch, by their constant keys. They serve the calls they were made for (a generate()'s prompt), as
+        # torch.compile keeps its static graphs; a call none serves goes on to the symbolic entries.
+        self._kept_constant: dict[tuple[Any, ...], list[CompiledEntry]] = {}
         # The entries by last use, and the bound on their number (minijit.runtime.entry_limit).
         self._limit = EntryLimit(max_entries)
         self._info = CacheInfo(max_entries=max_entries)
@@ -262,6 +266,10 @@ class JitFunction:
         flat = flat_inputs(args, kwargs, symbolic=symbolic)
         entry = self._find(key, flat)
         fresh = False
+        if entry is None and self._kept_constant:
+            ran = self._call_kept_constant(args, kwargs, given)
+            if ran is not None:
+                return ran
         if entry is None:
             with self._compile_lock:
                 # Went symbolic meanwhile (cache="automatic", in another thread's miss, or in this one's below): the
@@ -284,6 +292,34 @@ class JitFunction:
             return entry.computation(*flat), entry
         except ValueGuardMiss as miss:
             return self._value_miss(entry, miss, args, kwargs, fresh=fresh), entry
+        except RaisedInTry as raised:
+            return self._run_eagerly(raised, *given), None
+        finally:
+            if token is not None:
+                CALL_ARGUMENTS.reset(token)
+
+    def _call_kept_constant(self, args: tuple[Any, ...], kwargs: dict[str, Any],
+                            given: tuple[tuple[Any, ...], dict[str, Any]]) -> tuple[Any, CompiledEntry | None] | None:
+        """The call run by an entry traced with constant values before the switch to symbolic values (found, or
+        moved to this call's objects), as `_call_entry` returns it; None where none serves it."""
+        key = cache_key(args, kwargs, symbolic=False)
+        flat = flat_inputs(args, kwargs, symbolic=False)
+        kept = self._kept_constant
+        entry = next((e for e in kept.get(key, ()) if e.guard is None or e.guard(*flat)), None)
+        if entry is None:
+            with self._compile_lock:
+                moved = self._rebind_in(kept, args, kwargs, flat, symbolic=False)
+                if moved is None:
+                    return None
+                entry = moved[0]
+                kept[key] = [entry, *kept.get(key, ())]
+        self._hits += 1
+        self._last = entry
+        token = CALL_ARGUMENTS.set((*args, *kwargs.values())) if entry.capture.call_plan.writes_arguments else None
+        try:
+            return entry.computation(*flat), entry
+        except ValueGuardMiss:
+            return None  # nothing of the run landed (see _value_miss): the symbolic entries take the call
         except RaisedInTry as raised:
             return self._run_eagerly(raised, *given), None
         finally:
@@ -434,20 +470,31 @@ class JitFunction:
     def _rebind(self, args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[Any]) -> CompiledEntry | None:
         """An entry moved from its objects to this call's objects of the same types (minijit.runtime.rebind),
         in place of the entry it was moved from; None when no entry can be."""
+        found = self._rebind_in(self._entries, args, kwargs, flat, self._symbolic)
+        if found is None:
+            return None
+        moved, old = found
+        self._limit.remove(old)
+        return moved
+
+    def _rebind_in(self, held: dict[tuple[Any, ...], list[CompiledEntry]], args: tuple[Any, ...],
+                   kwargs: dict[str, Any], flat: list[Any], symbolic: bool
+                   ) -> tuple[CompiledEntry, CompiledEntry] | None:
+        """`_rebind` over the entries `held` (traced with symbolic values or not): (the new entry, the one it was
+        moved from, taken out of `held`), or None."""
         # Only entries specialised on argument objects can be moved: the others are passed over cheaply.
-        found = [(key, entries, e) for key, entries in self._entries.items() for e in entries if e.arg_objects]
+        found = [(key, entries, e) for key, entries in held.items() for e in entries if e.arg_objects]
         for key, entries, entry in reversed(found):
-            moved = rebind(entry, self.fn, args, kwargs, flat, self._symbolic)
+            moved = rebind(entry, self.fn, args, kwargs, flat, symbolic)
             if moved is not None:
                 # Its objects are the previous call's: the entries stay as many. A new list, as above.
                 rest = [e for e in entries if e is not entry]
                 if rest:
-                    self._entries[key] = rest
+                    held[key] = rest
                 else:
-                    del self._entries[key]
-                self._limit.remove(entry)
+                    del held[key]
                 self._info.rebound += 1
-                return moved
+                return moved, entry
         return None
 
     def _miss(self, args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[Any],
@@ -484,8 +531,9 @@ class JitFunction:
             auto.undo()
             self._set_symbolic(False)
             return entry
-        # The entries traced with constant values are keyed as this mode no longer keys a call.
-        self._entries.clear()
+        # The entries traced with constant values are keyed as this mode no longer keys a call: kept apart.
+        self._kept_constant = self._entries
+        self._entries = {}
         self._limit.clear()
         self._info.entries = 0
         self._fast = None

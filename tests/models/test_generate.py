@@ -124,3 +124,24 @@ def test_generate_with_constant_sizes_matches_eager(cache: str) -> None:
         assert (info.misses, info.rebound) == (2, 2), str(info)
     else:
         assert info.misses <= 3 and info.dynamic, str(info)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_later_generations_trace_nothing_in_the_default_mode(cache: str) -> None:
+    """The default mode goes symbolic at the first decoding step; the prompt's entry, traced before with constant
+    sizes, still serves the next generation's prompt (moved to its new cache object), so only the first
+    generation traces."""
+    torch.manual_seed(0)
+    model = MODELS["llama"]()
+    jitted = minijit.jit(model.forward)
+    prompt = _prompt()
+    extra = {"cache_implementation": "static"} if cache == "static" else {}
+    misses = []
+    for seed in range(3):
+        want = _generate(model, None, seed=seed, **prompt, **extra)
+        have = _generate(model, jitted, seed=seed, **prompt, **extra)
+        assert torch.equal(have, want)
+        misses.append(minijit.cache_info(jitted).misses)
+    info = minijit.cache_info(jitted)
+    assert misses[0] == misses[-1] <= 2 and info.dynamic, str(info)
