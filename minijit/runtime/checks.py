@@ -341,6 +341,7 @@ _GONE = object()
 
 
 @functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=256)
 def _compiled(source: str, filename: str) -> types.CodeType:
     """`source` compiled. An entry rebound to new argument objects (`runtime/rebind.py`: each `generate()`
     makes a new cache object) has the same prologue source with another `env`: compiling it again cost
