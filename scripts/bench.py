@@ -44,10 +44,15 @@ import minijit  # noqa: E402
 
 IMPORT_S = time.perf_counter() - _import_start  # `import minijit` after torch, for the first-call notes
 
+import bench_loops  # noqa: E402  (beside this file)
+
 VARIANTS = ("eager", "minijit", "minijit+inductor", "torch.compile", "thunder")
 FIRST_CALL = {"mlp": ("eager", "minijit", "minijit+inductor", "torch.compile"),
               "adam": ("eager", "minijit", "minijit+inductor", "torch.compile"),
-              "llama": ("eager", "minijit")}
+              "llama": ("eager", "minijit"),
+              "generate-llama-dynamic": ("eager", "minijit", "torch.compile"),
+              "lr-schedule": ("eager", "minijit", "torch.compile"),
+              "serving": ("eager", "minijit", "torch.compile")}
 # Fresh processes per first-call figure (the median is reported) where a run takes seconds, not minutes.
 FIRST_CALL_RUNS = {"eager": 3, "minijit": 3}
 
@@ -151,9 +156,11 @@ class Workload:
     fn: Callable[..., Any]
     make: Callable[[], list[Any]]
     # "forward": call; "train": call, then backward of the loss; "inplace": call under no_grad;
-    # "optimizer": call `fn(opt)` under no_grad, compare the optimizer's parameters and state.
+    # "optimizer": call `fn(opt)` under no_grad, compare the optimizer's parameters and state;
+    # "loop": `loop(fn, args)` runs a whole loop of calls that differ (scripts/bench_loops.py).
     kind: str
     iters: int = 1  # iterations per timed sample (set from eager's time per iteration)
+    loop: Callable[..., list[torch.Tensor]] | None = None
 
     def args(self, seed: int = 0) -> list[Any]:
         torch.manual_seed(seed)
@@ -161,6 +168,8 @@ class Workload:
 
     def step(self, fn: Callable[..., Any], args: list[Any]) -> list[torch.Tensor]:
         """One iteration; returns every result to compare with eager."""
+        if self.loop is not None:
+            return self.loop(fn, args)
         if self.kind == "train":
             leaves = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
             if isinstance(self.fn, torch.nn.Module):  # shared by every variant's wrapper of the module
@@ -233,9 +242,20 @@ def workloads() -> list[Workload]:
         Workload("sdpa", "causal SDPA fwd+bwd (B=1, H=4, T=1024, E=64)", sdpa_loss,
                  lambda: [_randn(1, 4, 1024, 64, grad=True) for _ in range(3)], "train"),
     ]
+    fn, make, loop = bench_loops.lr_schedule_loop()
+    found.append(Workload("lr-schedule", "jit(opt.step) AdamW 8 x 256², cosine lr schedule (a new lr each step)",
+                          fn, make, "loop", loop=loop))
     if importlib.util.find_spec("transformers") is not None:
         found.append(Workload("llama", "HF Llama fwd+bwd (B=4, T=128, hidden 256, 4 layers)", hf_llama(), llama_args,
                               "train"))
+        for arch in ("llama", "qwen2"):
+            for cache in ("dynamic", "static"):
+                fn, make, loop = bench_loops.generate_loop(arch, cache)
+                found.append(Workload(f"generate-{arch}-{cache}", f"generate() {bench_loops.NEW_TOKENS} tokens, tiny "
+                                      f"{arch}, {cache} cache, batch 2 (jitted forward)", fn, make, "loop", loop=loop))
+        fn, make, loop = bench_loops.serving_loop()
+        found.append(Workload("serving", "tiny BERT serving batches 1-8 x lengths 5-64 (8 shapes)", fn, make, "loop",
+                              loop=loop))
     else:
         print("bench: transformers is not installed: no Hugging Face Llama row", file=sys.stderr)
     return found
@@ -309,6 +329,7 @@ class Result:
     first_call_note: str | None = None
     first_call_no_pyc: float | None = None  # the same without compiled bytecode of minijit's modules
     import_s: float | None = None
+    traces: str | None = None  # a jitted loop workload's traces over every call the run made
 
 
 def steady_state(work: Workload, variants: list[str], repeats: int, sample_s: float) -> dict[str, Result]:
@@ -341,6 +362,8 @@ def steady_state(work: Workload, variants: list[str], repeats: int, sample_s: fl
             samples[variant].append(time_iters(work, fn, args))
     for variant, times in samples.items():
         results[variant].seconds = statistics.median(times)
+        if work.kind == "loop" and variant.startswith("minijit"):
+            results[variant].traces = bench_loops.traces_note(runners[variant][0])
     return results
 
 
@@ -420,9 +443,10 @@ def fmt_time(seconds: float) -> str:
 def cell(res: Result, eager: Result) -> str:
     if res.seconds is None:
         return res.note or "n/a"
+    traces = f", {res.traces}" if res.traces else ""
     if eager.seconds is None:
-        return fmt_time(res.seconds)
-    return f"{eager.seconds / res.seconds:.2f}× ({fmt_time(res.seconds)})"
+        return fmt_time(res.seconds) + traces
+    return f"{eager.seconds / res.seconds:.2f}× ({fmt_time(res.seconds)}{traces})"
 
 
 def fmt_diff(d: float | None) -> str:
@@ -561,7 +585,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="also time torch.compile's first call (a cold Inductor compile: minutes on 2 cores)")
     parser.add_argument("--first-call-timeout", type=float, default=240.0)
     parser.add_argument("--only", default=None,
-                        help="comma-separated workload keys (overhead,pointwise,mlp,adam,adam-optim,gpt,mutation,sdpa,llama)")
+                        help="comma-separated workload keys (overhead,pointwise,mlp,adam,adam-optim,gpt,mutation,sdpa,"
+                             "llama,lr-schedule,generate-{llama,qwen2}-{dynamic,static},serving)")
     parser.add_argument("--variants", default=None,
                         help=f"comma-separated variants, eager first (default: all of {','.join(VARIANTS)})")
     parser.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"), help="markdown file to write ('' for none)")
