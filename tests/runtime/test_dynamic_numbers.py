@@ -211,3 +211,31 @@ def test_the_dynamic_sources_are_bounded(monkeypatch):
     assert not numbers.made_dynamic([(GuardEntry("item", other, "a", 1.0), 1.0),
                                      (GuardEntry("item", other, "b", True), False),
                                      (GuardEntry("item", other, "c", "x"), "y")])
+
+
+@pytest.mark.parametrize("make_schedule", [
+    lambda opt: torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=50),
+    lambda opt: torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.05, total_steps=60),  # betas cycle too
+], ids=["CosineAnnealingLR", "OneCycleLR"])
+def test_a_real_lr_scheduler_traces_twice(make_schedule):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 4)
+    eager_model = copy.deepcopy(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    eager_opt = torch.optim.AdamW(eager_model.parameters(), lr=1e-2)
+    schedule, eager_schedule = make_schedule(opt), make_schedule(eager_opt)
+    step = minijit.jit(opt.step)  # the scheduler wraps it: it reaches `opt` through a weakref
+    for _ in range(40):
+        x = torch.randn(4, 8)
+        # A loss linear in the parameters: the gradients do not carry the last step's rounding into the next.
+        model(x).sum().backward()
+        eager_model(x).sum().backward()
+        step()
+        eager_opt.step()
+        schedule.step()
+        eager_schedule.step()
+        opt.zero_grad()
+        eager_opt.zero_grad()
+        _assert_same_state(opt, eager_opt)
+    info = minijit.cache_info(step)
+    assert info.misses <= 2, info
