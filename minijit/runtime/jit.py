@@ -523,7 +523,7 @@ class JitFunction:
         where they were all it failed; None where it did not, or where that trace was refused (they then stay
         constant)."""
         assert self._numbers is not None
-        for old in reversed(same_key):
+        for old in reversed(same_key[-EXPLAINED_AGAINST:]):  # a miss costs the same however many entries
             failed = old.prologue.failed_checks(args, kwargs, flat) if old.prologue is not None else None
             reads = [(c.read, current_value(c.read)) for c in failed or () if c.read is not None]
             keys = self._numbers.made_dynamic(reads)

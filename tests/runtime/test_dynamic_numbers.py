@@ -239,3 +239,43 @@ def test_a_real_lr_scheduler_traces_twice(make_schedule):
         _assert_same_state(opt, eager_opt)
     info = minijit.cache_info(step)
     assert info.misses <= 2, info
+
+
+def test_a_symbolic_int_the_code_needs_as_a_python_int_is_guarded_by_value():
+    class Steps:
+        n = 1
+
+    steps = Steps()
+    steps.n = 1
+
+    def f(x):
+        for _ in range(steps.n):  # range() needs the int itself: the trace relies on its value
+            x = x * 2
+        return x
+
+    jf = minijit.jit(f)
+    x = torch.randn(3)
+    for n in (1, 2, 3, 2, 4):
+        steps.n = n
+        torch.testing.assert_close(jf(x), x * 2 ** n)
+
+
+def test_a_tuple_of_numbers_that_changes_length_is_traced_again():
+    class Polynomial:
+        coefficients = ()
+
+    holder = Polynomial()
+
+    def f(x):
+        out = x * 0
+        for i, c in enumerate(holder.coefficients):
+            out = out + c * x ** i
+        return out
+
+    jf = minijit.jit(f)
+    x = torch.randn(4)
+    for coefficients in [(1.0, 2.0), (0.5, 3.0), (2.0, 1.0), (1.0, 2.0, 3.0), (0.0, 1.0, 0.5), (1, 2)]:
+        holder.coefficients = coefficients
+        torch.testing.assert_close(jf(x), f(x))
+    info = minijit.cache_info(jf)
+    assert any("attribute coefficients" in d for d in info.dynamic)
