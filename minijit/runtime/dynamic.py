@@ -16,14 +16,17 @@ says that too.
 Numbers read from outside the call (`DynamicNumbers`). A Python int or float the code reads from an object
 that outlives the call (an optimizer's `param_groups[0]["lr"]`, a counter attribute, a global, a closure
 variable; a tuple of them, Adam's `betas`) is guarded by its value, so a value that changes every step would
-trace every step. Under "automatic" and "symbolic values", a call that fails an entry's guard only by such
-values makes the places they were read from *dynamic sources*, and is traced again: there a number is an
-input of the trace, read afresh from its place on every call as tensors read from outside are; its guard
-checks only its type, and the branches and sizes the trace took on it are constraints, as for a symbolic
-number argument. The entry it replaces is dropped. A place is known by its holder's identity and the key
-read (a holder freed and another made at its address may find its number symbolic at once: a trace that
-serves every value, never a wrong one). "constant values" never makes numbers symbolic. Bools never are.
+trace every step. Under "automatic" and "symbolic values", a call that fails an entry's guard (under its own
+key) by such values that changed makes the places they were read from *dynamic sources*, and is traced again:
+there a number is an input of the trace, read afresh from its place on every call as tensors read from outside
+are; its guard checks only its type, and the branches and sizes the trace took on it are constraints, as for a
+symbolic number argument. Where those numbers were all the call failed, the entry it failed is dropped: the new
+one serves its calls. A place is known by its holder's identity and the key read (a holder freed and another
+made at its address may find its number symbolic at once: a trace that serves every value, never a wrong one).
+"constant values" never makes numbers symbolic. Bools never are; nor are numbers inside a list or dict of
+constants, which the guard compares whole.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -134,19 +137,19 @@ class DynamicNumbers:
         """Given guard entries a call failed, each with the value its place holds now: the places of those that are
         number reads (`number_read`) whose number changed, made dynamic sources unless they are (or were refused)
         already; their keys, to `refuse` if the trace is refused (empty where there is none)."""
-        new: dict[tuple[Any, ...], tuple[GuardEntry, Any]] = {}
+        new: dict[tuple[Any, ...], str] = {}
         for entry, now in failed:
             was = entry.value.was if isinstance(entry.value, NumberSlot) else entry.value
             key = slot_key(entry.kind, entry.namespace, entry.name)
             if (number_read(entry) and is_symbolic_number_value(now) and (type(now) is not type(was) or now != was)
                     and key not in self.sources and key not in self.refused):
-                new[key] = (entry, now)
+                new[key] = f"{_where(entry)} changed {short_repr(was)} -> {short_repr(now)}"
         before = len(self.decisions)
-        for key, (entry, now) in new.items():
-            self.sources[key] = f"{_where(entry)} changed {short_repr(entry.value)} -> {short_repr(now)}"
+        for key, words in new.items():
+            self.sources[key] = words
             if len(self.sources) > MAX_SOURCES:
                 del self.sources[next(iter(self.sources))]
-            self._decide(f"number made symbolic: {self.sources[key]}")
+            self._decide(f"number made symbolic: {words}")
         self._added = len(self.decisions) - before
         return list(new)
 
