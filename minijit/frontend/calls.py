@@ -272,7 +272,8 @@ def _call_root_method(owner: Any, fn: Any, args: tuple[Any, ...] | list[Any], kw
         present = dict.__contains__(owner, args[0])
         if present:
             value = dict.__getitem__(owner, args[0])
-            outside.read(guards, "item", owner, args[0], value, item_label(outside.label_of(owner), args[0]))
+            value = outside.read(guards, "item", owner, args[0], value, item_label(outside.label_of(owner), args[0]),
+                                 dynamic=True)
             return outside.seen(value)
         outside.observe(guards, owner, "contains", args[0], False)
     elif isinstance(owner, dict) and name in ("items", "values"):

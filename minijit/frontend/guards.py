@@ -108,6 +108,36 @@ class TensorSeen:
         return len(self.shape)
 
 
+@dataclass(frozen=True)
+class NumberSlot:
+    """What a guard keeps of a number read from a dynamic source (minijit.runtime.dynamic): the trace takes it
+    as an input, read afresh on every call, so only its type is checked (a tuple of numbers: the tuple's length
+    and each item's type). `was` is the value seen while tracing, for messages."""
+
+    types: type | tuple[type, ...]
+    was: Any
+
+    @staticmethod
+    def of(value: Any) -> NumberSlot:
+        """The slot of `value`, an int, a float or a tuple of those."""
+        types = tuple(type(v) for v in value) if type(value) is tuple else type(value)
+        return NumberSlot(types, value)
+
+    def __repr__(self) -> str:
+        return f"a symbolic number (was {short_repr(self.was)})"
+
+
+def is_symbolic_number_value(value: Any) -> bool:
+    """An int or float (not a bool), or a short tuple of those: what a dynamic source may make symbolic."""
+    if type(value) is tuple:
+        return 0 < len(value) <= MAX_NUMBER_TUPLE and all(type(v) is int or type(v) is float for v in value)
+    return type(value) is int or type(value) is float
+
+
+# The longest tuple of numbers a dynamic source makes symbolic item by item (Adam's betas: 2).
+MAX_NUMBER_TUPLE = 8
+
+
 @dataclass(frozen=True, eq=False)
 class GuardEntry:
     """One fact about the outside world the trace relied on, where from, and what it was.
@@ -121,7 +151,8 @@ class GuardEntry:
       "tensor attribute" (`getattr(tensor, name)` where `namespace` is the tensor's `Source`), "referent"
       (`namespace()`, what the weakref `namespace` refers to):
       the value itself, by equality for constants, by identity for other objects, and only
-      "still a tensor" for tensors (they are read again on each call; `value` is then a `TensorSeen`);
+      "still a tensor" for tensors (they are read again on each call; `value` is then a `TensorSeen`),
+      and only the type for a number the trace takes as an input (`value` is then a `NumberSlot`);
     - "contains" (`name in namespace` was `value`), "length" (`len(namespace) == value`),
       "keys" (the keys of `namespace`, in order, were `value`).
     """
@@ -131,19 +162,21 @@ class GuardEntry:
     name: Any
     value: Any
     shadow: dict[str, Any] | None = field(default=None, repr=False)
+    # The name of the object read from, where it has one (`param_groups_0`), for messages.
+    owner: str = ""
 
     def __str__(self) -> str:
         where = {"global": "global", "builtin": "builtin", "cell": "closure variable", "attribute": "attribute",
                  "tensor attribute": "tensor attribute", "referent": "referent of a weakref"}.get(self.kind)
-        owner = type(self.namespace).__name__
+        owner = self.owner or f"a {type(self.namespace).__name__}"
         if self.kind == "item":
-            return f"item [{self.name!r}] of a {owner} = {short_repr(self.value)}"
+            return f"item [{self.name!r}] of {owner} = {short_repr(self.value)}"
         if self.kind == "contains":
-            return f"{self.name!r} {'in' if self.value else 'not in'} a {owner}"
+            return f"{self.name!r} {'in' if self.value else 'not in'} {owner}"
         if self.kind == "length":
-            return f"len of a {owner} = {self.value}"
+            return f"len of {owner} = {self.value}"
         if self.kind == "keys":
-            return f"keys of a {owner} = {short_repr(self.value)}"
+            return f"keys of {owner} = {short_repr(self.value)}"
         return f"{where} {self.name} = {short_repr(self.value)}"
 
 
@@ -268,7 +301,7 @@ _FIXED_CLASSES = ("builtins", "collections", "torch", "minijit")
 
 
 def record(guards: dict[tuple[Any, ...], GuardEntry], kind: str, namespace: Any, name: Any, value: Any,
-           shadow: dict[str, Any] | None = None) -> None:
+           shadow: dict[str, Any] | None = None, owner: str = "") -> None:
     """Add a guard entry unless the value is a proxy or the same read was recorded already (first read wins)."""
     try:
         key = (kind, id(namespace), name, id(shadow))
@@ -279,7 +312,7 @@ def record(guards: dict[tuple[Any, ...], GuardEntry], kind: str, namespace: Any,
         return
     if isinstance(value, torch.Tensor):
         value = TensorSeen.of(value)  # read again on each call: the guard checks only that it is still a tensor
-    guards[key] = GuardEntry(kind, namespace, name, value, shadow)
+    guards[key] = GuardEntry(kind, namespace, name, value, shadow, owner)
 
 
 def build_guard(entries: list[GuardEntry]) -> Callable[[], bool] | None:
@@ -352,6 +385,10 @@ def guard_expression(env: dict[str, Any], i: int, entry: GuardEntry) -> str:
     snapshot = _snapshot(value)
     if isinstance(value, TensorSeen):
         term = f"isinstance({read}, _Tensor)"
+    elif isinstance(value, NumberSlot):
+        env[f"_t{i}"] = value.types
+        term = (f"type({read}) is _t{i}" if isinstance(value.types, type)
+                else f"type(_x := {read}) is tuple and tuple(map(type, _x)) == _t{i}")
     elif is_constant(value) or snapshot is not None:
         env[f"_v{i}"] = snapshot if snapshot is not None else value
         env[f"_t{i}"] = type(value)
@@ -382,5 +419,5 @@ class _Missing:
 _MISSING = _Missing()
 MISSING = _MISSING
 
-__all__ = ["MISSING", "GuardEntry", "Source", "TensorSeen", "build_guard", "guard_expression", "guard_names",
-           "has_snapshot", "is_constant", "is_users_module", "record", "same_keys"]
+__all__ = ["MISSING", "GuardEntry", "NumberSlot", "Source", "TensorSeen", "build_guard", "guard_expression", "guard_names",
+           "has_snapshot", "is_constant", "is_symbolic_number_value", "is_users_module", "record", "same_keys"]

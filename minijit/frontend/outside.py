@@ -40,8 +40,10 @@ import torch
 from minijit.errors import UnsupportedSyntaxError
 from minijit.frontend.guards import (
     MISSING,
+    NumberSlot,
     Source,
     has_snapshot,
+    is_symbolic_number_value,
     is_users_module,
     may_have_guarded_attributes,
     record,
@@ -49,7 +51,7 @@ from minijit.frontend.guards import (
 )
 from minijit.ir import Proxy
 from minijit.ir.containers import contains_proxy
-from minijit.ir.context import where_now
+from minijit.ir.context import current_trace, where_now
 
 Tensor = torch.Tensor
 
@@ -242,21 +244,40 @@ class Outside:
 
     # -- reads ----------------------------------------------------------------------------------
     def read(self, guards: dict[Any, Any], kind: str, holder: Any, key: Any, value: Any, label: str,
-             shadow: dict[str, Any] | None = None) -> None:
-        """Record that traced code read `value` as `key` of `holder` (a global, cell, attribute or item)."""
+             shadow: dict[str, Any] | None = None, dynamic: bool = False) -> Any:
+        """Record that traced code read `value` as `key` of `holder` (a global, cell, attribute or item), and
+        return what traced code sees: `value`, or where `dynamic` (the caller uses what this returns) and the
+        runtime made that place a dynamic source of numbers, the number proxy the trace takes as an input."""
         if (id(holder), key) in self.written:
-            return  # the trace wrote it itself: the value is the trace's own
+            return value  # the trace wrote it itself: the value is the trace's own
+        access = {"global": "item", "builtin": "item", "item": "item", "cell": "cell", "referent": "call"}.get(
+            kind, "attribute")
         changed = self.changed.get(id(holder))
         if changed is not None and kind == "item":
             self._guard_before_change(guards, holder)
         elif id(holder) not in self.whole and (id(holder), key) not in self.keyed:  # keyed: the cache key covers it
-            record(guards, kind, holder, key, value, shadow)
+            owner = self.roots[id(holder)][1] if id(holder) in self.roots else ""
+            number = self._symbolic_number(kind, Source(holder, access, key, label), value) if (
+                dynamic and shadow is None) else None
+            if number is not None:
+                record(guards, kind, holder, key, NumberSlot.of(value), owner=owner)
+                return number
+            record(guards, kind, holder, key, value, shadow, owner)
         # A value read through a keyed slot has no guard of its own: its contents are not guarded whole.
         guarded = (id(holder), key) not in self.keyed
-        access = {"global": "item", "builtin": "item", "item": "item", "cell": "cell", "referent": "call"}.get(
-            kind, "attribute")
         if shadow is None:
             self.note_value(value, Source(holder, access, key, label), whole=guarded)
+        return value
+
+    @staticmethod
+    def _symbolic_number(kind: str, source: Source, value: Any) -> Any:
+        """The proxy standing for the number `value` read at `source`, where the runtime made that a dynamic
+        source (the capture's `capture_number` hook, minijit.runtime.inputs.number_capturer); else None."""
+        if not is_symbolic_number_value(value):
+            return None
+        trace = current_trace()
+        hook = trace.capture.capture_number if trace is not None and trace.capture is not None else None
+        return hook(kind, source, value) if hook is not None else None
 
     def observe(self, guards: dict[Any, Any], container: Any, how: str, key: Any = None, result: Any = None) -> None:
         """Record a structural read of the root `container`: "length", "contains" (`key in c` was `result`),

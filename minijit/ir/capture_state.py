@@ -35,6 +35,10 @@ class CaptureState:
     # Turns a real torch.Tensor met among an op's arguments (a global, a closure value, a
     # tensor created natively) into a proxy.
     capture_tensor: Callable[[torch.Tensor], Proxy] | None = None
+    # Given (kind of read, its `Source`, the number read) for a Python number read from outside the call: the
+    # proxy the trace takes as an input in its place where the runtime made that place a dynamic source of
+    # numbers, else None (minijit.runtime.inputs.number_capturer).
+    capture_number: Callable[[str, Any, Any], Any] | None = None
     # True for a trace that records the user's code, where an op called at the top level is a call
     # the user's code made; ops may then adjust their arguments (autocast).
     captures_user_code: bool = False

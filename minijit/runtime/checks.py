@@ -62,6 +62,8 @@ class Check:
     expected: Any
     keyed: bool = True
     explain: Callable[[Any, Any], str] | None = None
+    # For a check of a value read from outside ("read"): the guard entry it checks.
+    read: GuardEntry | None = None
 
     def key_values(self) -> tuple[Any, ...]:
         """What the cache key holds for this check, in key order (nothing for a check the guard makes)."""
@@ -294,7 +296,7 @@ def safe_name(name: str) -> str:
 
 
 def guard_checks(constraints: Sequence[str], values: Sequence[GuardEntry],
-                 captured: Sequence[tuple[str, Source, TensorSeen]], aliasing: InputAliasing | None,
+                 captured: Sequence[tuple[str, Source, TensorSeen | int | float]], aliasing: InputAliasing | None,
                  input_names: Sequence[str], env: dict[str, Any], symbolic_captured: AbstractSet[str] = frozenset()
                  ) -> list[Check]:
     """The checks the key cannot make, over the trace's inputs: constraints on symbolic values, values the
@@ -305,8 +307,10 @@ def guard_checks(constraints: Sequence[str], values: Sequence[GuardEntry],
     for i, value in enumerate(values):
         # Labelled lazily: the value read may be a big object (a model's config), worded only for a miss.
         checks.append(Check("a value read from outside", "read", guard_expression(env, i, value), True, keyed=False,
-                            explain=lambda now, expected, value=value: f"{value} changed"))
+                            explain=lambda now, expected, value=value: f"{value} changed", read=value))
     for name, _, t in captured:
+        if not isinstance(t, TensorSeen):  # a number from a dynamic source: its read's guard checks its type
+            continue
         meta = (t.ndim if name in symbolic_captured else t.shape, t.dtype, t.device, t.requires_grad)
         env[f"_meta_{name}"] = meta
         env.setdefault("_TENSOR_TYPES", set()).add(t.cls)
@@ -446,6 +450,22 @@ class Prologue:
         if constraints:
             reasons[reasons.index("")] = "constraint failed: " + "; ".join(constraints)
         return reasons
+
+    def failed_checks(self, args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[Any]) -> list[Check] | None:
+        """The guard's checks a call fails, whose key checks all hold (None where one does not, or a check cannot
+        be read: the call differs by more than its guard)."""
+        values = [*args, *kwargs.values()]
+        if len(values) != len(self.params) or tuple(kwargs) != self.keywords:
+            return None
+        failed = []
+        for check in self.checks:
+            holds, _ = (self._run(check, self.params, values) if check.keyed
+                        else self._run(check, self.inputs, flat, guard=True))
+            if holds is None or (holds is False and check.keyed):
+                return None
+            if holds is False:
+                failed.append(check)
+        return failed
 
     def _run(self, check: Check, params: list[str], values: list[Any], guard: bool = False) -> tuple[bool | None, Any]:
         """(whether `check` holds, its subject's value) for these values; (None, None) when it cannot be read."""

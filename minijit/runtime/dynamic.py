@@ -1,4 +1,4 @@
-"""Automatic dynamic sizes: the default cache mode, "automatic", as torch.compile's `dynamic=None`.
+"""Automatic dynamic sizes and numbers: the default cache mode, "automatic", as torch.compile's `dynamic=None`.
 
 A jitted function starts by tracing with constant sizes and numbers ("constant values"): the fastest
 trace for a function that is always called alike. When a call misses only because a size, or a Python
@@ -12,6 +12,19 @@ prompt, traced with constant sizes, is not traced again for the next generation.
 A trace with symbolic sizes may be refused where one with constant sizes is not (an op whose output
 size minijit cannot follow): the function then stays with constant values, and `cache_info().dynamic`
 says that too.
+
+Numbers read from outside the call (`DynamicNumbers`). A Python int or float the code reads from an object
+that outlives the call (an optimizer's `param_groups[0]["lr"]`, a counter attribute, a global, a closure
+variable; a tuple of them, Adam's `betas`) is guarded by its value, so a value that changes every step would
+trace every step. Under "automatic" and "symbolic values", a call that fails an entry's guard (under its own
+key) by such values that changed makes the places they were read from *dynamic sources*, and is traced again:
+there a number is an input of the trace, read afresh from its place on every call as tensors read from outside
+are; its guard checks only its type, and the branches and sizes the trace took on it are constraints, as for a
+symbolic number argument. Where those numbers were all the call failed, the entry it failed is dropped: the new
+one serves its calls. A place is known by its holder's identity and the key read (a holder freed and another
+made at its address may find its number symbolic at once: a trace that serves every value, never a wrong one).
+"constant values" never makes numbers symbolic. Bools never are; nor are numbers inside a list or dict of
+constants, which the guard compares whole.
 """
 
 from __future__ import annotations
@@ -20,10 +33,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from minijit.errors import MinijitError
+from minijit.frontend.guards import MISSING, GuardEntry, NumberSlot, is_symbolic_number_value, short_repr
 from minijit.runtime.cache_key import cache_key
 
 # The sizes-free keys of constant traces kept (a call matching a forgotten one traces constant once more).
 MAX_KEYS = 256
+# The dynamic sources of numbers a function remembers (the oldest forgotten first: it is traced constant again).
+MAX_SOURCES = 256
+# The decisions about numbers kept for cache_info (the first ones: a function forgetting and making sources
+# dynamic again and again says so that many times at most).
+MAX_DECISIONS = 50
+# The kinds of read (minijit.frontend.guards.GuardEntry) whose number may be made symbolic.
+_NUMBER_READS = frozenset({"global", "cell", "attribute", "item"})
 
 
 @dataclass
@@ -73,3 +94,105 @@ def _sizes_free_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any,
         return cache_key(args, kwargs, symbolic=True)
     except TypeError:  # an unhashable part: never the same
         return (object(),)
+
+
+def slot_key(kind: str, holder: Any, key: Any) -> tuple[Any, ...] | None:
+    """How a dynamic source is known: the kind of read, its holder's identity and the key read (None where the
+    key cannot be hashed: such a place stays constant)."""
+    found = (kind, id(holder), key)
+    try:
+        hash(found)
+    except TypeError:
+        return None
+    return found
+
+
+def number_read(entry: GuardEntry) -> bool:
+    """Whether the guard entry is a number read from outside that a dynamic source could make symbolic: an int or
+    float (not a bool) or a short tuple of them, read as a global, closure variable, attribute or item (not
+    through an instance from its class)."""
+    return (entry.kind in _NUMBER_READS and entry.shadow is None and slot_key(entry.kind, entry.namespace,
+                                                                                entry.name) is not None
+            and (is_symbolic_number_value(entry.value) or isinstance(entry.value, NumberSlot)))
+
+
+@dataclass
+class DynamicNumbers:
+    """The places a jitted function reads numbers from that changed between calls (made symbolic), and those whose
+    symbolic trace was refused (kept constant for good)."""
+
+    # slot_key -> the decision in words, the oldest first (at most MAX_SOURCES)
+    sources: dict[tuple[Any, ...], str] = field(default_factory=dict)
+    refused: set[tuple[Any, ...]] = field(default_factory=set)
+    decisions: list[str] = field(default_factory=list)
+    # How many decisions the last `made_dynamic` added (for `undo`).
+    _added: int = 0
+
+    def covers(self, kind: str, holder: Any, key: Any) -> bool:
+        """Whether the number read as `key` of `holder` is symbolic (an input of the trace)."""
+        found = slot_key(kind, holder, key)
+        return found is not None and found in self.sources
+
+    def made_dynamic(self, failed: list[tuple[GuardEntry, Any]]) -> list[tuple[Any, ...]]:
+        """Given guard entries a call failed, each with the value its place holds now: the places of those that are
+        number reads (`number_read`) whose number changed, made dynamic sources unless they are (or were refused)
+        already; their keys, to `refuse` if the trace is refused (empty where there is none)."""
+        new: dict[tuple[Any, ...], str] = {}
+        for entry, now in failed:
+            was = entry.value.was if isinstance(entry.value, NumberSlot) else entry.value
+            key = slot_key(entry.kind, entry.namespace, entry.name)
+            if (number_read(entry) and is_symbolic_number_value(now) and (type(now) is not type(was) or now != was)
+                    and key not in self.sources and key not in self.refused):
+                new[key] = f"{_where(entry)} changed {short_repr(was)} -> {short_repr(now)}"
+        before = len(self.decisions)
+        for key, words in new.items():
+            self.sources[key] = words
+            if len(self.sources) > MAX_SOURCES:
+                del self.sources[next(iter(self.sources))]
+            self._decide(f"number made symbolic: {words}")
+        self._added = len(self.decisions) - before
+        return list(new)
+
+    def refuse(self, keys: list[tuple[Any, ...]], error: MinijitError) -> None:
+        """The trace with the numbers at `keys` symbolic was refused: they stay constant, for good."""
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        for k in keys:
+            self.sources.pop(k, None)
+            self.refused.add(k)
+        if len(self.refused) > MAX_SOURCES:
+            self.refused.clear()  # forgotten: such a place is tried once more
+        self._decide(f"kept constant numbers: the trace with them symbolic was refused ({first})")
+
+    def undo(self, keys: list[tuple[Any, ...]]) -> None:
+        """Take back the last decision (the code raised while traced: nothing was traced)."""
+        for k in keys:
+            self.sources.pop(k, None)
+        if self._added:
+            del self.decisions[-self._added:]
+        self._added = 0
+
+    def _decide(self, decision: str) -> None:
+        if len(self.decisions) < MAX_DECISIONS:
+            self.decisions.append(decision)
+
+
+def current_value(entry: GuardEntry) -> Any:
+    """What the place a guard entry read holds now (MISSING where nothing is there)."""
+    try:
+        if entry.kind == "cell":
+            return entry.namespace.cell_contents
+        if entry.kind == "attribute":
+            return entry.namespace.__dict__.get(entry.name, MISSING)
+        if isinstance(entry.namespace, dict):
+            return dict.get(entry.namespace, entry.name, MISSING)
+        return entry.namespace[entry.name]
+    except Exception:
+        return MISSING
+
+
+def _where(entry: GuardEntry) -> str:
+    """Where a number was read, in words: `item ['lr'] of param_groups_0`, `attribute n`, `global SCALE`."""
+    if entry.kind == "item":
+        return f"item [{entry.name!r}] of {entry.owner or 'a ' + type(entry.namespace).__name__}"
+    what = {"cell": "closure variable", "global": "global"}.get(entry.kind, entry.kind)
+    return f"{what} {entry.name}" + (f" of {entry.owner}" if entry.owner and entry.kind == "attribute" else "")

@@ -55,7 +55,7 @@ def drop_implied(constraints: list[str]) -> list[str]:
     return kept
 
 
-def specialised_facts(entry: Any) -> tuple[list[GuardEntry], list[tuple[str, Source, TensorSeen]],
+def specialised_facts(entry: Any) -> tuple[list[GuardEntry], list[tuple[str, Source, TensorSeen | int | float]],
                                          InputAliasing | None]:
     """What capture and functionalization recorded that the guard must check: the values read from
     outside, the tensors read from outside (name, source, tensor), and how the inputs share memory

@@ -9,17 +9,19 @@ of Tensor subclasses and, in "symbolic values" mode, sizes other than 0 as
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from minijit.errors import UnsupportedOpError
 from minijit.frontend.frame import current_state
 from minijit.frontend.guards import Source
-from minijit.ir import Proxy, TensorProxy, Trace
+from minijit.ir import FloatProxy, IntegerProxy, Proxy, TensorProxy, Trace
 from minijit.ir.context import where_now
 from minijit.ops import prims
 from minijit.ops.strides import note_layout
 from minijit.runtime.arguments import make_sizes_symbolic, refuse_tensor_subclass
+from minijit.runtime.dynamic import DynamicNumbers, slot_key
 
 Tensor = torch.Tensor
 
@@ -85,6 +87,37 @@ def tensor_capturer(trace: Trace, inputs: list[tuple[str, Source, Tensor]], cons
             constants.append(t)
         captured[id(t)] = proxy
         return proxy
+
+    return capture
+
+
+def number_capturer(trace: Trace, inputs: list[tuple[str, Source, Any]], dynamic: DynamicNumbers
+                    ) -> Callable[[str, Source, Any], Any]:
+    """The `trace.capture.capture_number` hook: for a number read from outside at a dynamic source of `dynamic`, the
+    proxy the trace takes as an input in its place, once per place (None for any other place).
+
+    The number is appended to `inputs` as (input name, source, value), in the order of the trace's inputs, as
+    captured tensors are: every call reads it again from its source. A tuple of numbers (Adam's `betas`) is a
+    tuple of proxies, each read from its item.
+    """
+    captured: dict[tuple[Any, ...], Any] = {}
+
+    def add(source: Source, value: int | float) -> Proxy:
+        cls = IntegerProxy if type(value) is int else FloatProxy
+        label = source.label.lstrip("_") or "n"
+        p = trace.add_input(cls(value), label)
+        p.expr = p.name
+        inputs.append((p.name, source, value))
+        return p
+
+    def capture(kind: str, source: Source, value: Any) -> Any:
+        key = slot_key(kind, source.holder, source.key)
+        if key is None or not dynamic.covers(kind, source.holder, source.key):
+            return None
+        if key not in captured:
+            captured[key] = (tuple(add(Source(source, "item", i, f"{source.label}_{i}"), v) for i, v in enumerate(value))
+                             if type(value) is tuple else add(source, value))
+        return captured[key]
 
     return capture
 

@@ -24,7 +24,7 @@ from minijit.runtime.cache_key import (
     cache_key,
     exact_tensor_check,
 )
-from minijit.runtime.dynamic import AutomaticDynamic
+from minijit.runtime.dynamic import AutomaticDynamic, DynamicNumbers, current_value
 from minijit.runtime.entry_limit import MAX_ENTRIES, EntryLimit
 from minijit.runtime.explain import EXPLAINED_AGAINST, explain_miss
 from minijit.runtime.fallback import RaisedInTry, RaisedWhileTracing, eager_after_raise
@@ -96,7 +96,8 @@ class CacheInfo:
     # With jit(cuda_graphs=True): per compiled forward, backward or computation, how its calls ran
     # (replayed, captured, or with ordinary launches and why: minijit.runtime.cuda_graphs).
     cuda_graphs: list[str] = field(default_factory=list)
-    # With cache="automatic": when the sizes and numbers went symbolic, and why (minijit.runtime.dynamic).
+    # With cache="automatic": when the sizes and numbers went symbolic, and why; with "symbolic values" too: which
+    # numbers read from outside the call went symbolic, and why (minijit.runtime.dynamic).
     dynamic: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
@@ -170,6 +171,8 @@ class JitFunction:
         self._keys = POSITIONAL_TENSOR_SYMBOLIC_KEYS if self._symbolic else POSITIONAL_TENSOR_KEYS
         # cache="automatic": constant values until a call misses only by its sizes or numbers.
         self._automatic = AutomaticDynamic() if cache == "automatic" else None
+        # Not with constant values: numbers read from outside that changed between calls, made symbolic.
+        self._numbers = DynamicNumbers() if cache in ("automatic", "symbolic values") else None
         # key -> the entries compiled for calls with that key, told apart by their guards.
         self._entries: dict[tuple[Any, ...], list[CompiledEntry]] = {}
         # cache="automatic", once switched to symbolic values: the entries traced with constant values before the
@@ -343,7 +346,7 @@ class JitFunction:
             self._add(key, moved)
             return moved, False
         symbolic = self._symbolic
-        entry = self._miss(args, kwargs, flat, self._entries.get(key, []))
+        entry = self._miss(key, args, kwargs, flat, self._entries.get(key, []))
         if isinstance(entry, RaisedWhileTracing):
             return entry
         if self._symbolic is not symbolic:  # went symbolic (cache="automatic"): the key changes
@@ -497,7 +500,7 @@ class JitFunction:
                 return moved, entry
         return None
 
-    def _miss(self, args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[Any],
+    def _miss(self, key: tuple[Any, ...], args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[Any],
               same_key: list[CompiledEntry]) -> CompiledEntry | RaisedWhileTracing:
         if self.cache_mode == "no caching":
             reason = "caching is off (cache='no caching')"
@@ -506,7 +509,49 @@ class JitFunction:
             previous = [e.prologue for e in self._limit.recent(EXPLAINED_AGAINST)]
             reason = explain_miss(previous, [e.prologue for e in same_key[-1:]], args, kwargs, flat)
         self._note_miss(reason)
+        if same_key and self._numbers is not None:
+            entry = self._compile_with_dynamic_numbers(key, args, kwargs, flat, same_key)
+            if entry is not None:
+                return entry
         return self._compile_miss(args, kwargs, reason, guard_failed=bool(same_key))
+
+    def _compile_with_dynamic_numbers(self, key: tuple[Any, ...], args: tuple[Any, ...], kwargs: dict[str, Any],
+                                      flat: list[Any], same_key: list[CompiledEntry]
+                                      ) -> CompiledEntry | RaisedWhileTracing | None:
+        """Where the call failed the guard of an entry under its key by numbers read from outside that changed (not
+        yet dynamic sources), the entry traced with them symbolic (minijit.runtime.dynamic), in place of that one
+        where they were all it failed; None where it did not, or where that trace was refused (they then stay
+        constant)."""
+        assert self._numbers is not None
+        for old in reversed(same_key[-EXPLAINED_AGAINST:]):  # a miss costs the same however many entries
+            failed = old.prologue.failed_checks(args, kwargs, flat) if old.prologue is not None else None
+            reads = [(c.read, current_value(c.read)) for c in failed or () if c.read is not None]
+            keys = self._numbers.made_dynamic(reads)
+            if keys:
+                break
+        else:
+            return None
+        try:
+            entry = self._compile(args, kwargs)
+        except MinijitError as refused:
+            self._numbers.refuse(keys, refused)
+            return None
+        if isinstance(entry, RaisedWhileTracing):
+            self._numbers.undo(keys)
+            return entry
+        if failed is not None and len(reads) == len(failed):  # it differed by nothing else: the new entry serves it
+            self._drop(key, old)
+        return entry
+
+    def _drop(self, key: tuple[Any, ...], entry: CompiledEntry) -> None:
+        """Under the compile lock: drop `entry`, held under `key` (a new list, as everywhere)."""
+        rest = [e for e in self._entries.get(key, ()) if e is not entry]
+        if rest:
+            self._entries[key] = rest
+        else:
+            self._entries.pop(key, None)
+        self._limit.remove(entry)
+        self._info.entries = len(self._limit)
 
     def _compile_miss(self, args: tuple[Any, ...], kwargs: dict[str, Any], reason: str,
                       guard_failed: bool = False) -> CompiledEntry | RaisedWhileTracing:
@@ -548,7 +593,7 @@ class JitFunction:
         run it eagerly with (returned, not raised: the eager run must not see it as the exception being handled)."""
         try:
             return compile_for(self.fn, args, kwargs, self.executors, symbolic=self._symbolic,
-                               cuda_graphs=self.cuda_graphs)
+                               cuda_graphs=self.cuda_graphs, numbers=self._numbers)
         except RaisedWhileTracing as raised:
             return raised
 
@@ -585,7 +630,8 @@ class JitFunction:
     def cache_info(self) -> CacheInfo:
         """Hits, misses and entries of this function's cache."""
         self._info.hits = self._hits
-        self._info.dynamic = list(self._automatic.decisions) if self._automatic is not None else []
+        self._info.dynamic = ((list(self._automatic.decisions) if self._automatic is not None else [])
+                              + (list(self._numbers.decisions) if self._numbers is not None else []))
         # A copy of the cache's lists (one C call each): other threads may be adding entries.
         held = list(self._entries.values())
         # Of the entries held (those evicted are gone): what each that reads values from its tensors checks.

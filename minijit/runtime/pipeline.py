@@ -48,9 +48,10 @@ from minijit.runtime.call_plan import CallPlan, finish_capture
 from minijit.runtime.checks import Prologue
 from minijit.runtime.cuda_graphs import GraphedCallable, GraphFamily, graph_refusal
 from minijit.runtime.double_backward import SavedBackward, recompute_for
+from minijit.runtime.dynamic import DynamicNumbers
 from minijit.runtime.fallback import RaisedWhileTracing, falling_back
 from minijit.runtime.guards import compile_prologue, drop_implied
-from minijit.runtime.inputs import tensor_capturer
+from minijit.runtime.inputs import number_capturer, tensor_capturer
 from minijit.runtime.iterators import refuse_escaping
 from minijit.runtime.module import ModuleForward
 from minijit.runtime.values import (
@@ -76,8 +77,9 @@ class CaptureResult:
     # The values the code read from outside the call (globals, closures, attributes), for the guard.
     guards: list[GuardEntry] = field(default_factory=list)
     # Tensors read from outside the call, trace inputs after the call's own: (input name, source, tensor seen);
-    # once the entry is compiled, only the tensor's metadata (`forget_tensors`).
-    captured_inputs: list[tuple[str, Source, torch.Tensor | TensorSeen]] = field(default_factory=list)
+    # once the entry is compiled, only the tensor's metadata (`forget_tensors`). Numbers read from dynamic
+    # sources (minijit.runtime.dynamic) are inputs among them: (input name, source, the number seen).
+    captured_inputs: list[tuple[str, Source, torch.Tensor | TensorSeen | int | float]] = field(default_factory=list)
     # Names of the captured tensors traced with symbolic sizes (the guard checks their rank and constraints).
     symbolic_captured: set[str] = field(default_factory=set)
     # Tensors made while tracing that the trace holds as constants (kept alive with the entry).
@@ -270,12 +272,15 @@ def run_passes(trace: Trace, ctx: PassContext, traces: list[Trace], at: AfterPas
 
 
 def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-                executors: Sequence[Any], symbolic: bool = False, cuda_graphs: bool = False) -> CompiledEntry:
+                executors: Sequence[Any], symbolic: bool = False, cuda_graphs: bool = False,
+                numbers: DynamicNumbers | None = None) -> CompiledEntry:
     """Capture `fn` on proxies of `args`, run the passes, and compile the final trace.
 
     With `symbolic`, sizes and Python numbers are traced as symbolic values, and the
     entry's guard checks the constraints the trace relied on. With `cuda_graphs`, the
     compiled traces replay from CUDA graphs where they can (minijit.runtime.cuda_graphs).
+    Numbers read from outside at the dynamic sources of `numbers` are symbolic inputs of the
+    trace, read afresh on every call (minijit.runtime.dynamic).
     """
     arguments = read_arguments(fn, args, kwargs, symbolic)  # before the traced code runs: it might change one
     # The capture records the constraints; the passes after it may rely on them, recording none but
@@ -287,7 +292,7 @@ def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
         # One memory model per trace for the passes and checks of the compile (minijit.transforms.memory).
         with (knowing_constraints(constraints), guarding_layouts(constraints), noting_state_reads(state_reads),
               analysing()):
-            entry = _compile(arguments, executors, constraints, pinned, cuda_graphs)
+            entry = _compile(arguments, executors, constraints, pinned, cuda_graphs, numbers)
         if not isinstance(entry, NeedsPins):
             break
         # Written inputs that share memory are rebuilt from their storage by their concrete layouts:
@@ -340,7 +345,8 @@ def _dump_traces(entry: CompiledEntry) -> None:
 
 
 def _compile(arguments: CallArguments, executors: Sequence[Any], constraints: list[str],
-             pinned: frozenset[int] = frozenset(), cuda_graphs: bool = False) -> CompiledEntry | NeedsPins:
+             pinned: frozenset[int] = frozenset(), cuda_graphs: bool = False,
+             numbers: DynamicNumbers | None = None) -> CompiledEntry | NeedsPins:
     """Capture, then the passes, then the compiled entry; `NeedsPins` where the capture must be redone with more
     input sizes constant (decided from the call's inputs and the inputs the captured trace writes)."""
     fn, symbolic = arguments.fn, arguments.symbolic
@@ -356,7 +362,9 @@ def _compile(arguments: CallArguments, executors: Sequence[Any], constraints: li
         state = trace.capture = CaptureState(
             capture_tensor=tensor_capturer(trace, found.captured_inputs, found.constants, symbolic, pinned,
                                            found.symbolic_captured),
-            captures_user_code=True, try_probe=user_try_location)
+            captures_user_code=True, try_probe=user_try_location,
+            capture_number=number_capturer(trace, found.captured_inputs, numbers) if numbers and numbers.sources
+            else None)
 
         def finish(result: Any, outside: Outside) -> Any:
             # A list or dict argument the code changed: its new contents go back into the caller's, every call.

@@ -61,10 +61,10 @@ def test_a_refused_symbolic_trace_keeps_constant_values(monkeypatch):
     # Where the trace with symbolic sizes is refused, the function goes on with constant values, saying why.
     real = jit_module.compile_for
 
-    def refusing(fn, args, kwargs, executors, symbolic=False, cuda_graphs=False):
+    def refusing(fn, args, kwargs, executors, symbolic=False, **options):
         if symbolic:
             raise minijit.UnsupportedOpError("no symbolic sizes for this one")
-        return real(fn, args, kwargs, executors, symbolic=symbolic, cuda_graphs=cuda_graphs)
+        return real(fn, args, kwargs, executors, symbolic=symbolic, **options)
 
     monkeypatch.setattr(jit_module, "compile_for", refusing)
     jf = minijit.jit(_program)

@@ -153,7 +153,7 @@ def _deref(frame: Frame, inst: Inst) -> Any:
     if id(cell) not in current_state().internal_cells:
         outside = current_state().outside
         if frame.info.is_user or worth_guarding_in_library(value):
-            outside.read(current_state().guards, "cell", cell, inst.argval, value, inst.argval)
+            value = outside.read(current_state().guards, "cell", cell, inst.argval, value, inst.argval, dynamic=True)
         value = outside.seen(value)
     return value
 
@@ -238,7 +238,7 @@ def _load_global(frame: Frame, name: str) -> Any:
     if outside.shown:
         value = outside.shown.get((id(g), name), value)
     if frame.info.is_user or worth_guarding_in_library(value):
-        outside.read(current_state().guards, "global", g, name, value, name)
+        value = outside.read(current_state().guards, "global", g, name, value, name, dynamic=True)
     return outside.seen(value)
 
 
@@ -342,7 +342,8 @@ def attribute(frame: Frame | None, obj: Any, name: str) -> Any:
     if type(obj) is types.ModuleType:
         value = getattr(obj, name)
         if frame is not None and frame.info.is_user and is_users_module(obj):
-            current_state().outside.read(current_state().guards, "global", obj.__dict__, name, value, name)
+            value = current_state().outside.read(current_state().guards, "global", obj.__dict__, name, value, name,
+                                                 dynamic=True)
         return value
     if isinstance(obj, torch.Tensor):
         trace = current_trace()
@@ -365,7 +366,9 @@ def attribute(frame: Frame | None, obj: Any, name: str) -> Any:
             # function (a bound method is a new object on every read).
             holder, shadow = source
             stored = value if shadow is None else vars(holder).get(name, value)
-            outside.read(current_state().guards, "attribute", holder, name, stored, name, shadow)
+            seen = outside.read(current_state().guards, "attribute", holder, name, stored, name, shadow, dynamic=True)
+            if shadow is None:
+                value = seen
         elif name == "__dict__":
             outside.add_root(value, outside.label_of(obj))
     return outside.seen(value)

@@ -278,7 +278,8 @@ def get_item(container: Any, key: Any) -> Any:
     if type(key) is slice:
         outside.observe(current_state().guards, container, "iterate")
     else:
-        outside.read(current_state().guards, "item", container, key, value, item_label(outside.label_of(container), key))
+        value = outside.read(current_state().guards, "item", container, key, value,
+                             item_label(outside.label_of(container), key), dynamic=True)
     return outside.seen(value)
 
 

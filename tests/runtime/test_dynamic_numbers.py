@@ -1,0 +1,281 @@
+"""Numbers read from outside the call that change between calls go symbolic (minijit.runtime.dynamic, DynamicNumbers):
+an lr schedule, Adam's betas, a counter attribute. Every result is compared with an eager copy run side by side."""
+
+import copy
+import math
+
+import pytest
+import torch
+
+import minijit
+from minijit.testing import tolerance
+
+TOL = tolerance(torch.float32, reduction_length=8)
+
+
+def _assert_same_state(opt, eager_opt):
+    for group, eager_group in zip(opt.param_groups, eager_opt.param_groups, strict=True):
+        for p, q in zip(group["params"], eager_group["params"], strict=True):
+            torch.testing.assert_close(p, q, **TOL)
+            state, eager_state = opt.state[p], eager_opt.state[q]
+            assert state.keys() == eager_state.keys()
+            for k in state:
+                torch.testing.assert_close(state[k], eager_state[k], **TOL)
+
+
+def _train(make_opt, schedule, steps, cache="automatic"):
+    """`steps` steps of a jitted `opt.step` and of an eager copy, `schedule(i, group)` changing each group before
+    step i; returns the jitted step's cache info (the states are compared after every step)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    eager_model = copy.deepcopy(model)
+    opt, eager_opt = make_opt(model.parameters()), make_opt(eager_model.parameters())
+    step = minijit.jit(opt.step, cache=cache)
+    for i in range(steps):
+        for o in (opt, eager_opt):
+            for group in o.param_groups:
+                schedule(i, group)
+        x = torch.randn(4, 8)
+        model(x).square().sum().backward()
+        eager_model(x).square().sum().backward()
+        step()
+        eager_opt.step()
+        opt.zero_grad()
+        eager_opt.zero_grad()
+        _assert_same_state(opt, eager_opt)
+    return minijit.cache_info(step)
+
+
+def _cosine(i, group):
+    group["lr"] = 1e-2 * (1 + math.cos(math.pi * i / 100)) / 2 + 1e-4
+
+
+def _everything(i, group):
+    _cosine(i, group)
+    if "betas" in group:
+        group["betas"] = (0.9 - 0.001 * i, 0.999 - 0.0001 * i)
+    if "momentum" in group:
+        group["momentum"] = 0.9 - 0.001 * i
+    group["weight_decay"] = 0.01 + 0.0001 * i
+
+
+@pytest.mark.parametrize("make_opt", [
+    lambda ps: torch.optim.AdamW(ps, lr=1e-2),
+    lambda ps: torch.optim.Adam(ps, lr=1e-2, weight_decay=0.01),
+    lambda ps: torch.optim.SGD(ps, lr=1e-2, momentum=0.9, weight_decay=0.01),
+], ids=["AdamW", "Adam", "SGD-momentum"])
+def test_lr_betas_and_weight_decay_changing_every_step_trace_twice(make_opt):
+    info = _train(make_opt, _everything, 100)
+    assert info.misses <= 2, info
+    assert any("lr" in d for d in info.dynamic)
+
+
+def test_the_lr_loop_of_the_issue():
+    """lr changes from the second step on: the state's first step, the steady step, then lr goes symbolic."""
+    def schedule(i, group):
+        group["lr"] = 1e-2 * (1 + math.cos(max(i - 1, 0) / 10)) / 2
+
+    info = _train(lambda ps: torch.optim.AdamW(ps, lr=1e-2), schedule, 10)
+    assert info.misses == 3, info
+    assert any(d.startswith("number made symbolic: item ['lr'] of param_groups_0 changed 0.01 -> 0.0099")
+               for d in info.dynamic), info.dynamic
+
+
+def test_symbolic_values_makes_outside_numbers_symbolic_too():
+    info = _train(lambda ps: torch.optim.AdamW(ps, lr=1e-2), _everything, 20, cache="symbolic values")
+    assert info.misses <= 2, info
+
+
+def test_constant_values_keeps_numbers_constant():
+    info = _train(lambda ps: torch.optim.AdamW(ps, lr=1e-2), _cosine, 5, cache="constant values")
+    assert info.misses == 5 and not info.dynamic
+
+
+class Counter(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def forward(self, x):
+        self.n += 1
+        return x * self.n
+
+
+class Window:
+    def __init__(self):
+        self.n = 1
+
+    def take(self, x):
+        self.n += 1
+        return x[: self.n].sum(0)
+
+
+def test_a_counter_attribute_traces_twice():
+    jitted, eager = Counter(), Counter()
+    step = minijit.jit(jitted.forward)
+    x = torch.randn(3)
+    for _ in range(10):
+        torch.testing.assert_close(step(x), eager(x))
+        assert type(jitted.n) is int and jitted.n == eager.n
+    info = minijit.cache_info(step)
+    assert info.misses <= 2 and any("attribute n" in d for d in info.dynamic)
+
+
+def test_a_counter_used_as_a_slice_bound_traces_twice():
+    jitted, eager = Window(), Window()
+    take = minijit.jit(jitted.take)
+    x = torch.randn(12, 3)
+    for _ in range(10):
+        torch.testing.assert_close(take(x), eager.take(x))
+        assert jitted.n == eager.n
+    assert minijit.cache_info(take).misses <= 2
+
+
+SCALE = 2.0
+
+
+def _scaled(x):
+    if SCALE > 1:  # a branch on the symbolic number: guarded
+        return x * SCALE
+    return x - SCALE
+
+
+def test_a_value_that_flips_a_branch_is_traced_again():
+    global SCALE
+    jf = minijit.jit(_scaled)
+    x = torch.randn(4)
+    try:
+        for value in (2.0, 3.0, 4.0, 0.5, 0.25, 5.0):
+            SCALE = value
+            torch.testing.assert_close(jf(x), _scaled(x))
+    finally:
+        SCALE = 2.0
+    info = minijit.cache_info(jf)
+    assert info.misses == 3, info  # 2.0; 3.0 goes symbolic (SCALE > 1); 0.5 fails that constraint
+    assert any("global SCALE changed 2.0 -> 3.0" in d for d in info.dynamic)
+
+
+def test_bools_and_type_changes_stay_guarded():
+    class Config:
+        flag = True
+        factor = 2
+
+    cfg = Config()
+    cfg.flag, cfg.factor = True, 2
+
+    def f(x):
+        return x * cfg.factor if cfg.flag else x + cfg.factor
+
+    def eager(x):
+        return x * cfg.factor if cfg.flag else x + cfg.factor
+
+    jf = minijit.jit(f)
+    x = torch.randn(4)
+    for flag, factor in [(True, 2), (True, 3), (True, 4), (False, 4), (True, 5), (True, 2.5), (False, 1.5)]:
+        cfg.flag, cfg.factor = flag, factor
+        out = jf(x)
+        torch.testing.assert_close(out, eager(x))
+    info = minijit.cache_info(jf)
+    assert not any("flag" in d for d in info.dynamic)
+    assert any("attribute factor" in d for d in info.dynamic)
+
+
+def test_a_closure_number_goes_symbolic():
+    decay = 0.9
+
+    def ema(avg, x):
+        return avg * decay + x * (1 - decay)
+
+    jf = minijit.jit(ema)
+    avg, x = torch.zeros(5), torch.randn(5)
+    for value in (0.9, 0.99, 0.999, 0.95, 0.5):
+        decay = value
+        torch.testing.assert_close(jf(avg, x), ema(avg, x))
+    info = minijit.cache_info(jf)
+    assert info.misses == 2 and any("closure variable decay" in d for d in info.dynamic)
+
+
+def test_the_dynamic_sources_are_bounded(monkeypatch):
+    import minijit.runtime.dynamic as dynamic
+    from minijit.frontend.guards import GuardEntry
+
+    monkeypatch.setattr(dynamic, "MAX_SOURCES", 3)
+    numbers = dynamic.DynamicNumbers()
+    holders = [{"k": 1.0} for _ in range(6)]
+    for holder in holders:
+        assert numbers.made_dynamic([(GuardEntry("item", holder, "k", 1.0), 2.0)])
+    assert len(numbers.sources) == 3
+    assert [numbers.covers("item", h, "k") for h in holders] == [False] * 3 + [True] * 3
+    # An unchanged value, a bool and a string are never made dynamic.
+    other = {"a": 1.0, "b": True, "c": "x"}
+    assert not numbers.made_dynamic([(GuardEntry("item", other, "a", 1.0), 1.0),
+                                     (GuardEntry("item", other, "b", True), False),
+                                     (GuardEntry("item", other, "c", "x"), "y")])
+
+
+@pytest.mark.parametrize("make_schedule", [
+    lambda opt: torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=50),
+    lambda opt: torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.05, total_steps=60),  # betas cycle too
+], ids=["CosineAnnealingLR", "OneCycleLR"])
+def test_a_real_lr_scheduler_traces_twice(make_schedule):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 4)
+    eager_model = copy.deepcopy(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    eager_opt = torch.optim.AdamW(eager_model.parameters(), lr=1e-2)
+    schedule, eager_schedule = make_schedule(opt), make_schedule(eager_opt)
+    step = minijit.jit(opt.step)  # the scheduler wraps it: it reaches `opt` through a weakref
+    for _ in range(40):
+        x = torch.randn(4, 8)
+        # A loss linear in the parameters: the gradients do not carry the last step's rounding into the next.
+        model(x).sum().backward()
+        eager_model(x).sum().backward()
+        step()
+        eager_opt.step()
+        schedule.step()
+        eager_schedule.step()
+        opt.zero_grad()
+        eager_opt.zero_grad()
+        _assert_same_state(opt, eager_opt)
+    info = minijit.cache_info(step)
+    assert info.misses <= 2, info
+
+
+def test_a_symbolic_int_the_code_needs_as_a_python_int_is_guarded_by_value():
+    class Steps:
+        n = 1
+
+    steps = Steps()
+    steps.n = 1
+
+    def f(x):
+        for _ in range(steps.n):  # range() needs the int itself: the trace relies on its value
+            x = x * 2
+        return x
+
+    jf = minijit.jit(f)
+    x = torch.randn(3)
+    for n in (1, 2, 3, 2, 4):
+        steps.n = n
+        torch.testing.assert_close(jf(x), x * 2 ** n)
+
+
+def test_a_tuple_of_numbers_that_changes_length_is_traced_again():
+    class Polynomial:
+        coefficients = ()
+
+    holder = Polynomial()
+
+    def f(x):
+        out = x * 0
+        for i, c in enumerate(holder.coefficients):
+            out = out + c * x ** i
+        return out
+
+    jf = minijit.jit(f)
+    x = torch.randn(4)
+    for coefficients in [(1.0, 2.0), (0.5, 3.0), (2.0, 1.0), (1.0, 2.0, 3.0), (0.0, 1.0, 0.5), (1, 2)]:
+        holder.coefficients = coefficients
+        torch.testing.assert_close(jf(x), f(x))
+    info = minijit.cache_info(jf)
+    assert any("attribute coefficients" in d for d in info.dynamic)
