@@ -170,9 +170,9 @@ class GuardEntry:
                  "tensor attribute": "tensor attribute", "referent": "referent of a weakref"}.get(self.kind)
         owner = self.owner or f"a {type(self.namespace).__name__}"
         if self.kind == "item":
-            return f"item [{self.name!r}] of {owner} = {short_repr(self.value)}"
-        if self.kind == "contains":
-            return f"{self.name!r} {'in' if self.value else 'not in'} {owner}"
+            return f"item [{short_repr(self.name)}] of {owner} = {short_repr(self.value)}"
+        if self.kind == "contains":  # (a key may be a tensor: an optimizer's state is keyed by parameters)
+            return f"{short_repr(self.name)} {'in' if self.value else 'not in'} {owner}"
         if self.kind == "length":
             return f"len of {owner} = {self.value}"
         if self.kind == "keys":
