@@ -124,17 +124,32 @@ class Recompute:
 @dataclass
 class SavedBackward:
     """A double backward from the saved values alone: the backward trace (before its passes) run again as eager
-    torch ops with grad mode on. Right where each saved value that depends on an input requiring grad is that
-    input (`pairs`: saved position, input position), which `holds` checks per call (a CUDA graph's forward
-    saves its own copy of an input)."""
+    torch ops with grad mode on, on saved values that carry their history. An input requiring grad carries its
+    own (`pairs`: saved position, input position), which `holds` checks per call (a CUDA graph's forward saves its
+    own copy of an input); a value the forward computed from one (`hidden`: saved positions) is returned by the
+    autograd node as a hidden output, so its history is the node, whose backward then takes a cotangent for it
+    and runs `second`, the backward differentiating them too, on the saved values at `second_saved`."""
 
     trace: Trace | None
     pairs: tuple[tuple[int, int], ...]
+    first_order_saved: int = 0  # how many saved values (a prefix) `trace` takes
+    hidden: tuple[int, ...] = ()
+    second: Trace | None = None
+    second_saved: tuple[int, ...] = ()
     _backward: Callable[..., Any] | None = field(default=None, repr=False)
+    _second: Callable[..., Any] | None = field(default=None, repr=False)
 
-    def holds(self, saved: Sequence[Any], inputs: Sequence[Any]) -> bool:
-        """Whether the saved values of this call are the inputs they stand for (then they carry their history)."""
-        return all(saved[s] is inputs[i] for s, i in self.pairs)
+    def holds(self, saved: Sequence[Any], inputs: Sequence[Any], returned: Sequence[Any]) -> bool:
+        """Whether the saved values of this call carry their history: the inputs they stand for are these inputs,
+        and the hidden outputs are tensors of their own (not an input, not returned already)."""
+        if not all(saved[s] is inputs[i] for s, i in self.pairs):
+            return False
+        seen = {id(t) for t in (*inputs, *returned)}
+        for h in self.hidden:
+            if not isinstance(saved[h], torch.Tensor) or id(saved[h]) in seen:
+                return False
+            seen.add(id(saved[h]))
+        return True
 
     def gradients(self, saved: Sequence[Any], cotangents: Sequence[Any]) -> list[Any]:
         """One gradient per input (None where none), with eager's graph: the backward on `saved` and `cotangents`."""
@@ -143,7 +158,17 @@ class SavedBackward:
             self._backward = _eager(self.trace)
             self.trace = None  # the compiled function holds what it needs
         with torch.enable_grad():
-            return list(self._backward(*saved, *cotangents))
+            return list(self._backward(*saved[:self.first_order_saved], *cotangents))
+
+    def hidden_gradients(self, saved: Sequence[Any], hidden_cotangents: Sequence[Any]) -> list[Any]:
+        """One gradient per input (None where none) for the cotangents of the hidden outputs (None: zeros), as eager
+        ops: differentiable again where grad mode is on, since the saved values carry their history."""
+        if self._second is None:
+            assert self.second is not None
+            self._second = _eager(self.second)
+            self.second = None
+        hidden = [torch.zeros_like(saved[h]) if c is None else c for h, c in zip(self.hidden, hidden_cotangents)]
+        return list(self._second(*(saved[i] for i in self.second_saved), *hidden))
 
 
 @contextmanager
