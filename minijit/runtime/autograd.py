@@ -19,11 +19,14 @@ In-place writes follow eager autograd too:
   checking only the inputs listed when the call was compiled.
 
 A backward run with grad mode on (`create_graph=True`: a gradient penalty, a Hessian-vector
-product) runs the backward again as eager ops on the saved values where they carry the history
-it needs, else recomputes the call eagerly from its inputs and differentiates it with eager
-autograd (`minijit/runtime/double_backward.py`), so its gradients are differentiable again.
-Only in that second case does the call keep its inputs (until its result dies); otherwise it
-keeps what eager keeps, the values its backward reads.
+product) runs the backward again as eager ops on the saved values, which carry the history it
+needs: the inputs their own, the values computed from them that of this node, which returns them
+as hidden outputs (their cotangents, when a further differentiation reaches them, are
+differentiated by a second backward). Where they cannot (`SavedBackward.holds`), it recomputes the
+call eagerly from its inputs and differentiates it with eager autograd
+(`minijit/runtime/double_backward.py`), so its gradients are differentiable again. Only in that
+second case does the call keep its inputs (until its result dies); otherwise it keeps what eager
+keeps, the values its backward reads.
 """
 
 from __future__ import annotations

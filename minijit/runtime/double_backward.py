@@ -7,14 +7,23 @@ gradient penalty's `autograd.grad(D(x).sum(), x, create_graph=True)`) takes one 
 both running eager torch ops (the torch executor only, never a fusion kernel autograd cannot
 see) that eager autograd differentiates, so every higher order is eager's too:
 
-- `SavedBackward`: where every saved value that depends on an input requiring grad is that
-  input itself (`(x * w).sum()` saves `x` and `w`; `(x * 2 + w).sum()` saves nothing), the
-  backward trace runs again on the saved values, which carry their history. The call keeps
-  nothing but what the backward reads, as eager does: an input no gradient needs is freed.
-- `Recompute`: otherwise (a saved `cos(x)` of `x.sin()`), the functional trace (the one the
-  grad pass split) runs again on the call's inputs, with grad mode on, and eager autograd
-  differentiates it with `create_graph=True`. The call then keeps its inputs until its result
-  dies: the one case where it holds more than eager's saved tensors.
+- `SavedBackward`: the backward trace runs again on the saved values, which carry their history. An
+  input requiring grad carries its own; a value the forward computed from one (relu's result, read by the
+  matmul's backward in `relu(x) @ w`; the split names them, `transforms/grad.py`) is returned by the
+  call's autograd node as a hidden output, so its history is the node itself. When a further
+  differentiation reaches the node through a hidden output, the node's backward runs a second backward
+  trace, the VJP of the hidden outputs (the backward is linear in the cotangents, so the outputs' part is
+  added), as eager ops on saved values that carry their history again: every higher order is eager's. The
+  call keeps nothing but what the backward reads, as eager does: an input no gradient needs is freed. A
+  backward without create_graph gets None for the hidden outputs (no zeros are made for them) and runs the
+  compiled backward as before.
+- `Recompute`: what remains, per call, where the saved values cannot carry their history: a CUDA graph's
+  forward saved its own copy of an input, or a hidden output is an input or another output itself
+  (`SavedBackward.holds`), or, per entry, the hidden outputs do not close (the second backward would read
+  more computed values after a few rounds). The functional trace (the one the grad pass split) then runs
+  again on the call's inputs, with grad mode on, and eager autograd differentiates it with
+  `create_graph=True`. Such a call keeps its inputs until its result dies: the one case where it holds
+  more than eager's saved tensors.
 
 What the recompute must reproduce is checked when the entry is compiled, and a trace
 it cannot reproduce is refused at the double backward with the reason:
@@ -25,9 +34,10 @@ it cannot reproduce is refused at the double backward with the reason:
   forward's ops, not the user's backward;
 - random ops (dropout) draw again what they drew: the call saves the generators' states
   before it runs (only for such traces), and the recompute starts from them, its own
-  draws leaving the generators as they were;
+  draws leaving the generators as they were (from the saved values, a dropout's mask is saved);
 - a trace that writes into its inputs is refused: a second run would write them again.
 
+Both roads are refused for a traced custom `autograd.Function` and for writes into inputs.
 An input changed in place between the call and the double backward raises eager's
 "modified by an inplace operation" error: the recompute would read its new value (the saved
 values' own version check says so on the other road).
