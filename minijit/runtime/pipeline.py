@@ -457,9 +457,11 @@ def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[An
     start = time.perf_counter()
     # The VJP rules choose the backward's ops by the sizes (a slice's padding, a broadcast's sum),
     # as capture chose the forward's: their comparisons are guarded like the capture's.
+    recompute = recompute_for(trace, trace.fn_name, frozenset(no_grad), functionalized.mutated_inputs)
     with recording_constraints(constraints):
         fwd, bwd, split = split_forward_backward(trace, executors, no_grad, functionalized.inplace_originals,
-                                                 functionalized.written_with_grad)
+                                                 functionalized.written_with_grad,
+                                                 double_backward=recompute.refusal is None)
     fwd.elapsed_ms = bwd.elapsed_ms = (time.perf_counter() - start) * 1e3
     traces.append(fwd)
     bwd_traces = [bwd]
@@ -477,7 +479,6 @@ def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[An
                       saved_from=True)
     backward = graphed(bwd_traces[-1].python_callable(), bwd_traces[-1], family, "backward", (),
                        refusal="the backward writes into inputs of the forward" if mutated_by_backward else None)
-    recompute = recompute_for(trace, trace.fn_name, frozenset(no_grad), functionalized.mutated_inputs)
     compiled = CompiledGrad(
         forward=refusing_inference_writes(
             bumping_versions(forward, traces[-1], functionalized.mutated_inputs), traces[-1], functionalized),

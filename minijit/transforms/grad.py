@@ -358,7 +358,8 @@ def requires_grad_inputs(trace: Trace) -> list[Proxy]:
 
 def split_forward_backward(trace: Trace, executors: Sequence[Any] = (), no_grad: Collection[str] = (),
                            inplace_originals: Mapping[str, str] | None = None,
-                           written_with_grad: Collection[str] | None = None) -> tuple[Trace, Trace, SplitResult]:
+                           written_with_grad: Collection[str] | None = None,
+                           double_backward: bool = True) -> tuple[Trace, Trace, SplitResult]:
     """The forward trace (returns `(outputs, saved)`), the backward trace (takes `*saved, *cotangents`), and a `SplitResult`.
 
     The backward returns one gradient per input of `trace` (None for inputs that do
@@ -376,7 +377,9 @@ def split_forward_backward(trace: Trace, executors: Sequence[Any] = (), no_grad:
     grad that the code wrote only under `torch.no_grad()` (not in `written_with_grad`,
     functionalize's; default: every written input counts) keeps its autograd identity, as
     in eager: it is not dirty. Cheap residuals are recomputed in the backward (not saved) only where one
-    of `executors` fuses regions. `trace` is left as it is.
+    of `executors` fuses regions. With `double_backward` (False where the runtime refuses one), the saved
+    values computed from inputs requiring grad are named for the autograd node to return as hidden outputs,
+    with the backward that differentiates them (`_second_backward`). `trace` is left as it is.
     """
     splitter = _Splitter(trace, executors, no_grad, written_with_grad)
     for bsym in trace.bound_symbols:
@@ -390,7 +393,7 @@ def split_forward_backward(trace: Trace, executors: Sequence[Any] = (), no_grad:
         # torch calls alone each recomputed op is one more kernel than eager's autograd runs.
         bwd, saved = _recompute_cheap_residuals(fwd, bwd, saved, splitter.requires, overwritten)
     first_order_saved = len(saved)
-    second = _second_backward(splitter, fwd, saved, overwritten, fuses)
+    second = _second_backward(splitter, fwd, saved, overwritten, fuses) if double_backward else None
     if second is not None:
         saved = second.saved
     fwd = _bind_input_sizes(fwd, saved)
