@@ -2,7 +2,7 @@
 
 Each step: a call with a new shape (the cache drops its least recently used entry past `max_entries`),
 a call that raises while tracing (its miss reason is counted, not kept for ever), a call reading a
-global tensor rebound to a new one, a training-style call with a backward and a double backward, and
+global tensor rebound to a new one, two training-style calls with a backward and a double backward, and
 a call with a new object holding a tensor (the entry is rebound to it). After the cache has filled,
 the Python heap (tracemalloc), the live tensors and the process's RSS must stay where they are.
 
@@ -49,6 +49,10 @@ def loss(x, w):
     return (x * 2 + w).sum(-1)
 
 
+def hidden(x, w):
+    return (torch.relu(x) @ w).sum()
+
+
 def holder(x, h):
     return x + h.t
 
@@ -66,7 +70,7 @@ def main() -> None:
     parser.add_argument("--max-entries", type=int, default=32)
     options = parser.parse_args()
     jitted = {f.__name__: minijit.jit(f, max_entries=options.max_entries, cache="constant values")
-              for f in (shaped, raising, reads_global, loss, holder)}
+              for f in (shaped, raising, reads_global, loss, hidden, holder)}
     tracemalloc.start()
     print(f"{'step':>6} {'heap MiB':>9} {'tensors':>8} {'rss MiB':>8} {'entries':>8} {'reasons':>8}")
     for step in range(1, options.steps + 1):
@@ -81,6 +85,11 @@ def main() -> None:
         y = jitted["loss"](torch.randn(3, 4), w)
         (gw,) = torch.autograd.grad(y, w, torch.ones(3, requires_grad=True), create_graph=True)
         gw.sum().backward()
+        # Saves relu's result: a hidden output of the call's node, which a double backward differentiates.
+        x = torch.randn(3, 4, requires_grad=True) * 1
+        gx, gw = torch.autograd.grad(jitted["hidden"](x, w), (x, w), create_graph=True)
+        (gx.pow(2).sum() + gw.pow(2).sum()).backward()
+        del x, gx
         jitted["holder"](torch.randn(4), Holder())
         del y, gw, w
         if step % options.every == 0:

@@ -19,11 +19,14 @@ In-place writes follow eager autograd too:
   checking only the inputs listed when the call was compiled.
 
 A backward run with grad mode on (`create_graph=True`: a gradient penalty, a Hessian-vector
-product) runs the backward again as eager ops on the saved values where they carry the history
-it needs, else recomputes the call eagerly from its inputs and differentiates it with eager
-autograd (`minijit/runtime/double_backward.py`), so its gradients are differentiable again.
-Only in that second case does the call keep its inputs (until its result dies); otherwise it
-keeps what eager keeps, the values its backward reads.
+product) runs the backward again as eager ops on the saved values, which carry the history it
+needs: the inputs their own, the values computed from them that of this node, which returns them
+as hidden outputs (their cotangents, when a further differentiation reaches them, are
+differentiated by a second backward). Where they cannot (`SavedBackward.holds`), it recomputes the
+call eagerly from its inputs and differentiates it with eager autograd
+(`minijit/runtime/double_backward.py`), so its gradients are differentiable again. Only in that
+second case does the call keep its inputs (until its result dies); otherwise it keeps what eager
+keeps, the values its backward reads.
 """
 
 from __future__ import annotations
@@ -59,6 +62,8 @@ class CompiledGrad:
     recompute: Recompute | None = None
     # How it runs from the saved values instead, where they carry the history it needs (else None).
     saved_backward: SavedBackward | None = None
+    # How many saved values (a prefix) `backward` takes (None: all); the rest only a double backward reads.
+    first_order_saved: int | None = None
 
 
 class _JitFunction(torch.autograd.Function):
@@ -76,11 +81,22 @@ class _JitFunction(torch.autograd.Function):
                             {i: s for i, s in enumerate(saved) if not isinstance(s, torch.Tensor)})
         ctx.compiled = compiled
         ctx.num_inputs = len(tensors)
-        # A double backward runs from the saved values where they are the inputs they stand for; else it
-        # recomputes from the inputs, kept for it (not saved: no version check of its own on a backward
+        returned = tuple(leaves[i] for i in compiled.differentiable_outputs)
+        dirty = tuple(tensors[i] for i in compiled.dirty_inputs)
+        # A double backward runs from the saved values where they carry their history: the inputs they stand
+        # for, and the values computed from them returned as hidden outputs of this node (history: the node).
+        # Else it recomputes from the inputs, kept for it (not saved: no version check of its own on a backward
         # without create_graph, where eager saves only what it reads). Kept only where it can run, so never
         # for inputs written in place (returned, marked dirty: a cycle).
-        ctx.from_saved = compiled.saved_backward is not None and compiled.saved_backward.holds(saved, tensors)
+        from_saved = compiled.saved_backward
+        ctx.from_saved = from_saved is not None and from_saved.holds(saved, tensors, (*returned, *dirty))
+        hidden = tuple(saved[h] for h in from_saved.hidden) if ctx.from_saved and from_saved is not None else ()
+        ctx.hidden_count = len(hidden)
+        if hidden:
+            # A backward without a double one gets None for the hidden outputs (no zeros made for them), and makes
+            # the zeros of the outputs not used itself, as autograd would.
+            ctx.set_materialize_grads(False)
+            ctx.output_layouts = [(t.shape, t.dtype, t.device) for t in (*returned, *dirty)]
         recompute = compiled.recompute is not None and compiled.recompute.refusal is None and not ctx.from_saved
         ctx.inputs = tensors if recompute else ()
         if not recompute:
@@ -88,13 +104,12 @@ class _JitFunction(torch.autograd.Function):
         ctx.input_versions = tuple(t._version if isinstance(t, torch.Tensor) and not t.is_inference() else None
                                    for t in ctx.inputs)
         ctx.mutated_requiring_grad = [i for i in compiled.backward_mutated_inputs if tensors[i].requires_grad]
-        dirty = tuple(tensors[i] for i in compiled.dirty_inputs)
         if dirty:
             ctx.mark_dirty(*dirty)
-        return (*(leaves[i] for i in compiled.differentiable_outputs), *dirty)
+        return (*returned, *dirty, *hidden)
 
     @staticmethod
-    def backward(ctx: Any, *cotangents: torch.Tensor) -> Any:
+    def backward(ctx: Any, *cotangents: torch.Tensor | None) -> Any:
         compiled: CompiledGrad = ctx.compiled
         if compiled.overwritten_saved:
             raise RuntimeError(
@@ -102,6 +117,11 @@ class _JitFunction(torch.autograd.Function):
                 f"the jitted function {compiled.name!r} overwrote its input(s) {', '.join(compiled.overwritten_saved)} "
                 "in place after reading them for the gradient"
             )
+        if ctx.hidden_count:
+            cut = len(cotangents) - ctx.hidden_count
+            if any(c is not None for c in cotangents[cut:]):  # a double backward differentiates a hidden output
+                return (None, None, *_hidden_gradients(ctx, cotangents[:cut], cotangents[cut:]))
+            cotangents = _materialized(ctx, cotangents[:cut])
         if torch.is_grad_enabled():
             if ctx.mutated_requiring_grad:
                 names = ", ".join(compiled.input_names[i] for i in ctx.mutated_requiring_grad)
@@ -120,8 +140,29 @@ class _JitFunction(torch.autograd.Function):
             grads = compiled.recompute.gradients(ctx.inputs, ctx.input_versions, compiled.differentiable_outputs,
                                                  cotangents[:len(compiled.differentiable_outputs)], ctx.rng)
             return (None, None, *grads)
-        grads = compiled.backward(*_saved(ctx), *cotangents)
+        saved = _saved(ctx)
+        grads = compiled.backward(*saved[:compiled.first_order_saved], *cotangents)
         return (None, None, *grads)
+
+
+def _materialized(ctx: Any, cotangents: tuple[torch.Tensor | None, ...]) -> tuple[torch.Tensor, ...]:
+    """The outputs' cotangents, zeros where autograd passed None (as it would have made them)."""
+    return tuple(torch.zeros(shape, dtype=dtype, device=device) if c is None else c
+                 for c, (shape, dtype, device) in zip(cotangents, ctx.output_layouts))
+
+
+def _hidden_gradients(ctx: Any, cotangents: tuple[torch.Tensor | None, ...],
+                      hidden_cotangents: tuple[torch.Tensor | None, ...]) -> list[Any]:
+    """The gradients for cotangents of hidden outputs (a double backward), plus the outputs' where there are any:
+    the backward is linear in them. Eager ops, so differentiable again under grad mode."""
+    saved_backward: SavedBackward = ctx.compiled.saved_backward
+    saved = _saved(ctx)
+    grads = saved_backward.hidden_gradients(saved, hidden_cotangents)
+    if any(c is not None for c in cotangents):
+        more = saved_backward.gradients(saved, _materialized(ctx, cotangents)) if torch.is_grad_enabled() \
+            else ctx.compiled.backward(*saved[:ctx.compiled.first_order_saved], *_materialized(ctx, cotangents))
+        grads = [b if a is None else a if b is None else a + b for a, b in zip(grads, more)]
+    return grads
 
 
 def _saved(ctx: Any) -> list[Any]:

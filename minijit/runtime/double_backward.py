@@ -7,14 +7,23 @@ gradient penalty's `autograd.grad(D(x).sum(), x, create_graph=True)`) takes one 
 both running eager torch ops (the torch executor only, never a fusion kernel autograd cannot
 see) that eager autograd differentiates, so every higher order is eager's too:
 
-- `SavedBackward`: where every saved value that depends on an input requiring grad is that
-  input itself (`(x * w).sum()` saves `x` and `w`; `(x * 2 + w).sum()` saves nothing), the
-  backward trace runs again on the saved values, which carry their history. The call keeps
-  nothing but what the backward reads, as eager does: an input no gradient needs is freed.
-- `Recompute`: otherwise (a saved `cos(x)` of `x.sin()`), the functional trace (the one the
-  grad pass split) runs again on the call's inputs, with grad mode on, and eager autograd
-  differentiates it with `create_graph=True`. The call then keeps its inputs until its result
-  dies: the one case where it holds more than eager's saved tensors.
+- `SavedBackward`: the backward trace runs again on the saved values, which carry their history. An
+  input requiring grad carries its own; a value the forward computed from one (relu's result, read by the
+  matmul's backward in `relu(x) @ w`; the split names them, `transforms/grad.py`) is returned by the
+  call's autograd node as a hidden output, so its history is the node itself. When a further
+  differentiation reaches the node through a hidden output, the node's backward runs a second backward
+  trace, the VJP of the hidden outputs (the backward is linear in the cotangents, so the outputs' part is
+  added), as eager ops on saved values that carry their history again: every higher order is eager's. The
+  call keeps nothing but what the backward reads, as eager does: an input no gradient needs is freed. A
+  backward without create_graph gets None for the hidden outputs (no zeros are made for them) and runs the
+  compiled backward as before.
+- `Recompute`: what remains, per call, where the saved values cannot carry their history: a CUDA graph's
+  forward saved its own copy of an input, or a hidden output is an input or another output itself
+  (`SavedBackward.holds`), or, per entry, the hidden outputs do not close (the second backward would read
+  more computed values after a few rounds). The functional trace (the one the grad pass split) then runs
+  again on the call's inputs, with grad mode on, and eager autograd differentiates it with
+  `create_graph=True`. Such a call keeps its inputs until its result dies: the one case where it holds
+  more than eager's saved tensors.
 
 What the recompute must reproduce is checked when the entry is compiled, and a trace
 it cannot reproduce is refused at the double backward with the reason:
@@ -25,9 +34,10 @@ it cannot reproduce is refused at the double backward with the reason:
   forward's ops, not the user's backward;
 - random ops (dropout) draw again what they drew: the call saves the generators' states
   before it runs (only for such traces), and the recompute starts from them, its own
-  draws leaving the generators as they were;
+  draws leaving the generators as they were (from the saved values, a dropout's mask is saved);
 - a trace that writes into its inputs is refused: a second run would write them again.
 
+Both roads are refused for a traced custom `autograd.Function` and for writes into inputs.
 An input changed in place between the call and the double backward raises eager's
 "modified by an inplace operation" error: the recompute would read its new value (the saved
 values' own version check says so on the other road).
@@ -124,17 +134,32 @@ class Recompute:
 @dataclass
 class SavedBackward:
     """A double backward from the saved values alone: the backward trace (before its passes) run again as eager
-    torch ops with grad mode on. Right where each saved value that depends on an input requiring grad is that
-    input (`pairs`: saved position, input position), which `holds` checks per call (a CUDA graph's forward
-    saves its own copy of an input)."""
+    torch ops with grad mode on, on saved values that carry their history. An input requiring grad carries its
+    own (`pairs`: saved position, input position), which `holds` checks per call (a CUDA graph's forward saves its
+    own copy of an input); a value the forward computed from one (`hidden`: saved positions) is returned by the
+    autograd node as a hidden output, so its history is the node, whose backward then takes a cotangent for it
+    and runs `second`, the backward differentiating them too, on the saved values at `second_saved`."""
 
     trace: Trace | None
     pairs: tuple[tuple[int, int], ...]
+    first_order_saved: int = 0  # how many saved values (a prefix) `trace` takes
+    hidden: tuple[int, ...] = ()
+    second: Trace | None = None
+    second_saved: tuple[int, ...] = ()
     _backward: Callable[..., Any] | None = field(default=None, repr=False)
+    _second: Callable[..., Any] | None = field(default=None, repr=False)
 
-    def holds(self, saved: Sequence[Any], inputs: Sequence[Any]) -> bool:
-        """Whether the saved values of this call are the inputs they stand for (then they carry their history)."""
-        return all(saved[s] is inputs[i] for s, i in self.pairs)
+    def holds(self, saved: Sequence[Any], inputs: Sequence[Any], returned: Sequence[Any]) -> bool:
+        """Whether the saved values of this call carry their history: the inputs they stand for are these inputs,
+        and the hidden outputs are tensors of their own (not an input, not returned already)."""
+        if not all(saved[s] is inputs[i] for s, i in self.pairs):
+            return False
+        seen = {id(t) for t in (*inputs, *returned)}
+        for h in self.hidden:
+            if not isinstance(saved[h], torch.Tensor) or id(saved[h]) in seen:
+                return False
+            seen.add(id(saved[h]))
+        return True
 
     def gradients(self, saved: Sequence[Any], cotangents: Sequence[Any]) -> list[Any]:
         """One gradient per input (None where none), with eager's graph: the backward on `saved` and `cotangents`."""
@@ -143,7 +168,17 @@ class SavedBackward:
             self._backward = _eager(self.trace)
             self.trace = None  # the compiled function holds what it needs
         with torch.enable_grad():
-            return list(self._backward(*saved, *cotangents))
+            return list(self._backward(*saved[:self.first_order_saved], *cotangents))
+
+    def hidden_gradients(self, saved: Sequence[Any], hidden_cotangents: Sequence[Any]) -> list[Any]:
+        """One gradient per input (None where none) for the cotangents of the hidden outputs (None: zeros), as eager
+        ops: differentiable again where grad mode is on, since the saved values carry their history."""
+        if self._second is None:
+            assert self.second is not None
+            self._second = _eager(self.second)
+            self.second = None
+        hidden = [torch.zeros_like(saved[h]) if c is None else c for h, c in zip(self.hidden, hidden_cotangents)]
+        return list(self._second(*(saved[i] for i in self.second_saved), *hidden))
 
 
 @contextmanager

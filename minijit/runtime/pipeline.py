@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import time
@@ -47,7 +48,7 @@ from minijit.runtime.autograd import CompiledGrad, autograd_callable
 from minijit.runtime.call_plan import CallPlan, finish_capture
 from minijit.runtime.checks import Prologue
 from minijit.runtime.cuda_graphs import GraphedCallable, GraphFamily, graph_refusal
-from minijit.runtime.double_backward import SavedBackward, recompute_for
+from minijit.runtime.double_backward import Recompute, SavedBackward, recompute_for
 from minijit.runtime.dynamic import DynamicNumbers
 from minijit.runtime.fallback import RaisedWhileTracing, falling_back
 from minijit.runtime.guards import compile_prologue, drop_implied
@@ -464,9 +465,11 @@ def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[An
     start = time.perf_counter()
     # The VJP rules choose the backward's ops by the sizes (a slice's padding, a broadcast's sum),
     # as capture chose the forward's: their comparisons are guarded like the capture's.
+    recompute = recompute_for(trace, trace.fn_name, frozenset(no_grad), functionalized.mutated_inputs)
     with recording_constraints(constraints):
         fwd, bwd, split = split_forward_backward(trace, executors, no_grad, functionalized.inplace_originals,
-                                                 functionalized.written_with_grad)
+                                                 functionalized.written_with_grad,
+                                                 double_backward=recompute.refusal is None)
     fwd.elapsed_ms = bwd.elapsed_ms = (time.perf_counter() - start) * 1e3
     traces.append(fwd)
     bwd_traces = [bwd]
@@ -484,7 +487,6 @@ def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[An
                       saved_from=True)
     backward = graphed(bwd_traces[-1].python_callable(), bwd_traces[-1], family, "backward", (),
                        refusal="the backward writes into inputs of the forward" if mutated_by_backward else None)
-    recompute = recompute_for(trace, trace.fn_name, frozenset(no_grad), functionalized.mutated_inputs)
     compiled = CompiledGrad(
         forward=refusing_inference_writes(
             bumping_versions(forward, traces[-1], functionalized.mutated_inputs), traces[-1], functionalized),
@@ -497,10 +499,23 @@ def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[An
         overwritten_saved=split.overwritten_saved,
         backward_mutated_inputs=mutated_by_backward,
         recompute=recompute,
-        saved_backward=None if recompute.refusal is not None or split.saved_inputs_with_history is None
-        else SavedBackward(bwd, split.saved_inputs_with_history),
+        saved_backward=_saved_backward(bwd, split, recompute),
+        first_order_saved=split.first_order_saved,
     )
-    return autograd_callable(compiled), bwd_traces, split
+    # The entry keeps the split's facts; the second backward's trace lives in the saved_backward alone.
+    return autograd_callable(compiled), bwd_traces, dataclasses.replace(split, second_backward=None)
+
+
+def _saved_backward(bwd: Trace, split: SplitResult, recompute: Recompute) -> SavedBackward | None:
+    """How a double backward runs from the saved values (runtime/double_backward.py), or None (it recomputes).
+
+    Not where a recompute is refused: a traced custom Function's backward or writes into inputs, whose backward
+    run again as eager ops would not be eager's either.
+    """
+    if recompute.refusal is not None or split.saved_inputs_with_history is None:
+        return None
+    return SavedBackward(bwd, split.saved_inputs_with_history, split.first_order_saved, split.hidden_saved,
+                         split.second_backward, split.second_saved)
 
 
 

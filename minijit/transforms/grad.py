@@ -127,10 +127,19 @@ class SplitResult:
     dirty_inputs: tuple[int, ...]
     # Names of saved values the forward overwrites: saved as None, so a backward needing one raises.
     overwritten_saved: tuple[str, ...]
-    # (position among the saved values, input position) of each saved value that depends on an input requiring
-    # grad, where every such value is an input itself: the backward run again on the saved values is then
-    # differentiable (a double backward needs nothing else). None where one is computed by the forward.
+    # (position among the saved values, input position) of each saved value that is an input requiring grad:
+    # it carries its own history to a double backward. None where the saved values cannot all carry theirs
+    # (the hidden outputs below do not close: a double backward then recomputes from the inputs).
     saved_inputs_with_history: tuple[tuple[int, int], ...] | None = None
+    # How many saved values (a prefix) the backward takes; the others only `second_backward` reads.
+    first_order_saved: int = 0
+    # Positions among the saved values of those computed from inputs requiring grad (not outputs): the autograd
+    # node returns them as hidden outputs, so they carry history through it to a double backward.
+    hidden_saved: tuple[int, ...] = ()
+    # The backward taking a cotangent for each hidden output (instead of the outputs'), on the saved values at
+    # `second_saved`: what the node runs when a double backward differentiates a hidden output. None: no hidden.
+    second_backward: Trace | None = None
+    second_saved: tuple[int, ...] = ()
 
 
 class _Splitter:
@@ -260,20 +269,22 @@ class _Splitter:
         return True
 
     # -- backward -----------------------------------------------------------------------------
-    def backward(self) -> tuple[Trace, list[Proxy]]:
+    def backward(self, hidden: Sequence[TensorProxy] | None = None) -> tuple[Trace, list[Proxy]]:
+        """The backward trace and the saved values it reads; given `hidden`, the one taking a cotangent for each
+        of those values instead of the outputs'."""
         bwd = Trace(f"{self.trace.fn_name}_backward", _names=self.trace.names, _layouts=self.trace.layouts)
         bwd.pass_name = "split forward/backward"
         cotangents: dict[str, TensorProxy] = {}
         ct_args: list[TensorProxy] = []
         with tracing(bwd):
-            for leaf in tree_flatten(self.trace.output):
+            for leaf in tree_flatten(self.trace.output) if hidden is None else ():
                 if is_differentiable(leaf) and leaf.name in self.requires:
                     ct = TensorProxy.like(leaf, requires_grad=False)
                     bwd.names.used.discard(ct.name)
                     ct.name = bwd.names.claim(f"grad_{leaf.name}")
                     ct_args.append(ct)
                     self._accumulate(cotangents, leaf, ct, None)
-            for p, new_value in self.dirty:
+            for p, new_value in self.dirty if hidden is None else ():
                 # The cotangent of the input's new value (autograd passes it for the dirty output).
                 ct = TensorProxy.like(p, requires_grad=False)
                 bwd.names.used.discard(ct.name)
@@ -281,6 +292,12 @@ class _Splitter:
                 ct_args.append(ct)
                 if is_differentiable(new_value) and new_value.name in self.requires:
                     self._accumulate(cotangents, new_value, ct, None)
+            for h in hidden or ():
+                ct = TensorProxy.like(h, requires_grad=False)
+                bwd.names.used.discard(ct.name)
+                ct.name = bwd.names.claim(f"grad_{h.name}_saved")
+                ct_args.append(ct)
+                self._accumulate(cotangents, h, ct, None)
             for entry in reversed(self.tape):
                 outs = tree_flatten(entry.bsym.output)
                 gs = [cotangents.get(o.name) if isinstance(o, TensorProxy) else None for o in outs]
@@ -341,7 +358,8 @@ def requires_grad_inputs(trace: Trace) -> list[Proxy]:
 
 def split_forward_backward(trace: Trace, executors: Sequence[Any] = (), no_grad: Collection[str] = (),
                            inplace_originals: Mapping[str, str] | None = None,
-                           written_with_grad: Collection[str] | None = None) -> tuple[Trace, Trace, SplitResult]:
+                           written_with_grad: Collection[str] | None = None,
+                           double_backward: bool = True) -> tuple[Trace, Trace, SplitResult]:
     """The forward trace (returns `(outputs, saved)`), the backward trace (takes `*saved, *cotangents`), and a `SplitResult`.
 
     The backward returns one gradient per input of `trace` (None for inputs that do
@@ -359,7 +377,9 @@ def split_forward_backward(trace: Trace, executors: Sequence[Any] = (), no_grad:
     grad that the code wrote only under `torch.no_grad()` (not in `written_with_grad`,
     functionalize's; default: every written input counts) keeps its autograd identity, as
     in eager: it is not dirty. Cheap residuals are recomputed in the backward (not saved) only where one
-    of `executors` fuses regions. `trace` is left as it is.
+    of `executors` fuses regions. With `double_backward` (False where the runtime refuses one), the saved
+    values computed from inputs requiring grad are named for the autograd node to return as hidden outputs,
+    with the backward that differentiates them (`_second_backward`). `trace` is left as it is.
     """
     splitter = _Splitter(trace, executors, no_grad, written_with_grad)
     for bsym in trace.bound_symbols:
@@ -367,10 +387,15 @@ def split_forward_backward(trace: Trace, executors: Sequence[Any] = (), no_grad:
     bwd, saved = splitter.backward()
     fwd = trace.derive(splitter.fwd, pass_name="split forward/backward")
     overwritten = {p.name for b in fwd.bound_symbols if b.sym.effects.copies for p in b.written()}
-    if any(getattr(ex, "fuses_regions", False) for ex in executors):
+    fuses = any(getattr(ex, "fuses_regions", False) for ex in executors)
+    if fuses:
         # Recomputation is free only where a fusion executor folds it into the backward's regions; with
         # torch calls alone each recomputed op is one more kernel than eager's autograd runs.
         bwd, saved = _recompute_cheap_residuals(fwd, bwd, saved, splitter.requires, overwritten)
+    first_order_saved = len(saved)
+    second = _second_backward(splitter, fwd, saved, overwritten, fuses) if double_backward else None
+    if second is not None:
+        saved = second.saved
     fwd = _bind_input_sizes(fwd, saved)
     fwd, kept = _keep_old_values(fwd, saved, overwritten, _copied_by_eager(splitter.tape, inplace_originals or {}),
                                  splitter.source)
@@ -382,24 +407,67 @@ def split_forward_backward(trace: Trace, executors: Sequence[Any] = (), no_grad:
         differentiable_outputs=differentiable_outputs(trace, splitter.requires),
         dirty_inputs=tuple(positions[p.name] for p, _ in splitter.dirty),
         overwritten_saved=tuple(p.name for p in saved if p.name in overwritten and p.name not in kept),
-        saved_inputs_with_history=_saved_inputs_with_history(saved, splitter.requires, positions),
+        saved_inputs_with_history=None if second is None else tuple(
+            (i, positions[p.name]) for i, p in enumerate(saved) if p.name in splitter.requires and p.name in positions),
+        first_order_saved=first_order_saved,
+        hidden_saved=() if second is None else second.hidden,
+        second_backward=None if second is None else second.trace,
+        second_saved=() if second is None else second.reads,
     )
 
 
-def _saved_inputs_with_history(saved: Sequence[Proxy], requires: Container[str],
-                               positions: Mapping[str, int]) -> tuple[tuple[int, int], ...] | None:
-    """(saved position, input position) of each saved value requiring grad, where all are inputs; else None.
+@dataclass(frozen=True)
+class _SecondBackward:
+    saved: list[Proxy]  # all the forward saves: the backward's own first
+    hidden: tuple[int, ...]  # positions in `saved` of the hidden outputs, in the order of their cotangents
+    trace: Trace | None  # the backward taking their cotangents (None: there are none)
+    reads: tuple[int, ...]  # positions in `saved` of the values `trace` takes first
 
-    A value the forward computes from an input requiring grad reaches the backward without its history
-    (the forward runs under no_grad inside autograd.Function); an input comes back with its own.
+
+# Rounds of growing the hidden outputs until the backward differentiating them reads no other computed value.
+_CLOSURE_ROUNDS = 8
+
+
+def _second_backward(splitter: _Splitter, fwd: Trace, saved: list[Proxy], overwritten: Collection[str],
+                     fuses: bool) -> _SecondBackward | None:
+    """What a double backward reads, so that it needs no input the backward does not save (docs/design.md).
+
+    The forward runs under no_grad inside the autograd node, so a saved value it computes from an input
+    requiring grad (relu's result, read by a matmul's backward) reaches the backward without history. Such
+    values become hidden outputs of the node: their history is then the node itself, and a second backward
+    differentiates them, taking a cotangent for each. That backward may read more computed values, which
+    become hidden too, until it reads none that is not (None when that takes more than a few rounds). Inputs
+    carry their own history, and outputs theirs. Values outside the tape (a layer norm's mean and rstd, which
+    eager's own double backward treats as constants) are not differentiated.
     """
-    pairs = []
-    for i, p in enumerate(saved):
-        if isinstance(p, TensorProxy) and p.name in requires:
-            if p.name not in positions:
-                return None
-            pairs.append((i, positions[p.name]))
-    return tuple(pairs)
+    inputs = {p.name for p in splitter.trace.args}
+    outputs = {p.name for p in tree_flatten(splitter.trace.output) if isinstance(p, Proxy)}
+
+    def computed(values: Sequence[Proxy]) -> list[TensorProxy]:
+        return [p for p in values if isinstance(p, TensorProxy) and p.name in splitter.requires
+                and p.name not in inputs and p.name not in outputs]
+
+    hidden = {p.name: p for p in computed(saved)}
+    if not hidden:
+        return _SecondBackward(saved, (), None, ())
+    for _ in range(_CLOSURE_ROUNDS):
+        bwd, reads = splitter.backward(list(hidden.values()))
+        if fuses:
+            bwd, reads = _recompute_cheap_residuals(fwd, bwd, reads, splitter.requires, overwritten)
+        new = [p for p in computed(reads) if p.name not in hidden]
+        if not new:
+            break
+        hidden.update((p.name, p) for p in new)
+    else:
+        return None
+    everything = list(saved)
+    position = {p.name: i for i, p in enumerate(everything)}
+    for p in [*reads, *hidden.values()]:  # the first-order backward's values stay first, where it reads them
+        if p.name not in position:
+            position[p.name] = len(everything)
+            everything.append(p)
+    return _SecondBackward(everything, tuple(position[n] for n in hidden), bwd,
+                           tuple(position[p.name] for p in reads))
 
 
 def _copied_by_eager(tape: Sequence[_TapeEntry], inplace_originals: Mapping[str, str]) -> set[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import gc
 import weakref
 from collections.abc import Callable
@@ -39,20 +40,19 @@ CASES = {
     "linear": lambda x, w: F.linear(x, w.unsqueeze(0)).sum(),
     "exp(x) + w": lambda x, w: (x.exp() + w).sum(),
     "relu(x) + w": lambda x, w: (torch.relu(x) + w).sum(),
+    # Eager keeps x for sin's backward; relu's and exp's keep their results instead, and mm keeps relu's.
+    "sin(x)": lambda x, w: x.sin().sum(),
+    "relu(x) @ w": lambda x, w: (torch.relu(x) @ w).sum(),
+    "exp(x) * w": lambda x, w: (x.exp() * w).sum(),
 }
 # (x requires grad, w requires grad, x is a non-leaf). A leaf requiring grad is kept by eager's graph.
 GRADS = [(False, True, False), (True, True, False), (True, False, True), (True, True, True)]
-# Where the call saves a value computed from a non-leaf x that requires grad (exp's and relu's result), a
-# double backward recomputes from the inputs, so the call keeps x (runtime/double_backward.py); eager does not.
-KEPT_FOR_RECOMPUTE = {("exp(x) + w", True), ("relu(x) + w", True)}
 
 
 @pytest.mark.parametrize("name", CASES)
 def test_an_input_is_freed_where_eager_frees_it(name: str) -> None:
     fn = CASES[name]
     for x_grad, w_grad, non_leaf in GRADS:
-        if (name, non_leaf) in KEPT_FOR_RECOMPUTE:
-            continue
         want = _freed_after_call(fn, x_grad, w_grad, non_leaf)
         have = _freed_after_call(minijit.jit(fn), x_grad, w_grad, non_leaf)
         assert have == want, f"{name}, x requires grad {x_grad}, w {w_grad}, x a non-leaf {non_leaf}: eager frees x: {want}"
@@ -81,6 +81,69 @@ def test_the_issues_example_frees_x_and_differentiates_twice_as_eager() -> None:
     assert eager_freed and jit_freed
     for a, b in zip(have, want, strict=True):
         torch.testing.assert_close(a, b)
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 1)).to(F64)
+
+
+@pytest.mark.parametrize("params_grad", [True, False], ids=["parameters train", "parameters frozen"])
+def test_an_mlps_non_leaf_input_is_freed_where_eager_frees_it(params_grad: bool) -> None:
+    # Eager's first linear keeps its input only for its weight's gradient; the GELU keeps the linear's result.
+    eager = _mlp().requires_grad_(params_grad)
+    jitted = minijit.jit(copy.deepcopy(eager))
+    for x_grad in (True, False):
+        want = _freed_after_call(lambda x, w: eager(x).sum(), x_grad, False, non_leaf=x_grad)
+        for _ in range(2):  # a trace, then a cache hit
+            have = _freed_after_call(lambda x, w: jitted(x).sum(), x_grad, False, non_leaf=x_grad)
+            assert have == want, f"x requires grad {x_grad}, parameters {params_grad}: eager frees x: {want}"
+
+
+SECOND_ORDER = {**CASES, "mlp": lambda x, w: (_mlp_once()(x) * w[:1]).sum()}
+_MODELS: list[nn.Module] = []
+
+
+def _mlp_once() -> nn.Module:
+    if not _MODELS:
+        _MODELS.append(_mlp())
+    return _MODELS[0]
+
+
+@pytest.mark.parametrize("name", SECOND_ORDER)
+def test_second_and_third_order_after_the_input_is_freed_match_eager(name: str) -> None:
+    fn = SECOND_ORDER[name]
+
+    def orders(f: Callable[..., Any]) -> tuple[bool, list[torch.Tensor]]:
+        torch.manual_seed(1)
+        leaf = torch.randn(3, 4, dtype=F64, requires_grad=True)
+        w = torch.randn(4, dtype=F64, requires_grad=True)
+        v = torch.randn(3, 4, dtype=F64)
+        x = leaf * 1
+        ref = weakref.ref(x)
+        y = f(x, w)
+        del x
+        gc.collect()
+        freed = ref() is None
+        gl, gw = torch.autograd.grad(y, (leaf, w), torch.ones_like(y), create_graph=True, allow_unused=True)
+        second = sum((g * u).sum() for g, u in ((gl, v), (gw, w.detach())) if g is not None and g.requires_grad)
+        if not isinstance(second, torch.Tensor):  # the gradients are constants (a linear function)
+            return freed, [gl, gw]
+        hv, hw = torch.autograd.grad(second, (leaf, w), create_graph=True, allow_unused=True)
+        third = sum(h.pow(2).sum() for h in (hv, hw) if h is not None and h.requires_grad)
+        if not isinstance(third, torch.Tensor):
+            return freed, [gl, gw, hv, hw]
+        return freed, [gl, gw, hv, hw, *torch.autograd.grad(third, (leaf, w), allow_unused=True)]
+
+    eager_freed, want = orders(fn)
+    jit_freed, have = orders(minijit.jit(fn))
+    assert jit_freed == eager_freed
+    assert len(have) == len(want)
+    for a, b in zip(have, want, strict=True):
+        if b is None:
+            assert a is None
+        else:
+            torch.testing.assert_close(a, b)
 
 
 def test_a_rebound_global_tensor_is_freed() -> None:

@@ -313,6 +313,39 @@ def test_split_returns_one_gradient_per_input():
     assert fwd.output[0] is t.output
 
 
+def test_split_makes_computed_saved_values_hidden_outputs_with_their_own_backward():
+    cpu = torch.device("cpu")
+    t = Trace()
+    with tracing(t):
+        x = t.add_input(TensorProxy((3, 4), F64, cpu, requires_grad=True), "x")
+        w = t.add_input(TensorProxy((4, 2), F64, cpu, requires_grad=True), "w")
+        e = prims.exp(x)
+        t.output = prims.matmul(e, w)
+    fwd, _, split = split_forward_backward(t)
+    saved = fwd.output[1]
+    # exp's result (read by the matmul's backward and exp's own) and w are saved, x is not: the double backward
+    # differentiates exp's result through the node (a hidden output), with a backward taking its cotangent.
+    assert sorted(p.name for p in saved) == sorted([e.name, "w"])
+    assert [saved[i].name for i in split.hidden_saved] == [e.name]
+    assert split.saved_inputs_with_history == ((next(i for i, p in enumerate(saved) if p.name == "w"), 1),)
+    second = split.second_backward
+    assert second is not None and second.args[-1].shape == e.shape
+    assert [saved[i].name for i in split.second_saved] == [p.name for p in second.args[:-1]]
+    assert len(second.output) == 2 and second.output[1] is None  # exp's input is x: no gradient for w
+
+    _, _, inputs_only = split_forward_backward(_mul_trace())  # saves only its inputs, which carry their history
+    assert inputs_only.hidden_saved == () and inputs_only.second_backward is None
+
+
+def _mul_trace() -> Trace:
+    t = Trace()
+    with tracing(t):
+        x = t.add_input(TensorProxy((3,), F64, torch.device("cpu"), requires_grad=True), "x")
+        y = t.add_input(TensorProxy((3,), F64, torch.device("cpu"), requires_grad=True), "y")
+        t.output = prims.mul(x, y)
+    return t
+
+
 # -- symbolic values ---------------------------------------------------------------------------------
 
 def test_symbolic_values_unsqueeze_add_differentiates():
