@@ -24,7 +24,7 @@ import torch
 import minijit
 from minijit.errors import MinijitError
 
-PROGRAMS = int(os.environ.get("MINIJIT_LAYOUT_FUZZ_PROGRAMS", "120"))
+PROGRAMS = int(os.environ.get("MINIJIT_LAYOUT_FUZZ_PROGRAMS", "80"))
 STEPS = ["t01", "t12", "t02", "mul", "relu", "exp", "contiguous", "merge_view", "merge_reshape", "split_view",
          "strides", "as_strided", "clone", "sum_back", "expand", "step_slice", "write_contiguous",
          "write_reshape", "write_flatten"]

@@ -8,7 +8,7 @@ is one that eager PyTorch accepts. One program in three takes inputs that share
 memory (`ALIASED_INPUTS`: overlapping slices, a tensor and its row, the same tensor
 twice, an expanded view, ...); their clones share memory the same way, and the
 whole shared storage must match after the call. `MINIJIT_FUZZ_PROGRAMS` sets how
-many programs run (default 3000, in chunks that test workers share); refusals (a
+many programs run (default 2000, in chunks that test workers share); refusals (a
 clear MinijitError) are counted and reported.
 """
 
@@ -34,7 +34,7 @@ from minijit.transforms.verify import check_trace
 from tests.oputil import trace_call
 from tests.transforms.mutation_util import assert_same, check_final_trace
 
-PROGRAMS = int(os.environ.get("MINIJIT_FUZZ_PROGRAMS", "3000"))
+PROGRAMS = int(os.environ.get("MINIJIT_FUZZ_PROGRAMS", "2000"))
 CHUNK = 250
 MAX_REFUSED_SHARE = 0.05
 
