@@ -585,3 +585,48 @@ def clear_autocast_cache() -> None:
 
 
 __all__ = ["LOOKASIDES", "interpreted", "lookaside"]
+
+
+@lookaside(torch.func.functional_call, torch.nn.utils.stateless.functional_call)
+def functional_call(module: torch.nn.Module, parameter_and_buffer_dicts: Any, args: Any = None,
+                    kwargs: dict[str, Any] | None = None, *, tie_weights: bool = True, strict: bool = False) -> Any:
+    """torch.func.functional_call: `module` called with the given tensors in place of its parameters and buffers.
+
+    Nothing is swapped into the module (torch's own implementation writes into it, which other threads would
+    see): the given tensors stand in for the module's own wherever traced code reads those (`Outside.seen`, as a
+    jitted module's parameters are served). Stand-ins go by the tensor, so tied weights take the value given for
+    either name, as with `tie_weights=True`."""
+    dicts = parameter_and_buffer_dicts if isinstance(parameter_and_buffer_dicts, list | tuple) \
+        else [parameter_and_buffer_dicts]
+    given: dict[str, Any] = {}
+    for d in dicts:
+        for name, value in d.items():
+            if name in given:
+                raise ValueError(f"{name} appeared in multiple dictionaries; behavior of functional call is ambiguous")
+            given[name] = value
+    own = {**dict(module.named_parameters(remove_duplicate=False)), **dict(module.named_buffers(remove_duplicate=False))}
+    if strict and set(given) != set(own):
+        missing, unexpected = sorted(set(own) - set(given)), sorted(set(given) - set(own))
+        raise RuntimeError(f"Error(s) in reparametrizing for {type(module).__name__}: missing keys {missing}, "
+                           f"unexpected keys {unexpected}")
+    unknown = [name for name in given if name not in own]
+    if unknown or not tie_weights:
+        what = f"names that are not parameters or buffers of the module ({', '.join(unknown)})" if unknown \
+            else "tie_weights=False"
+        raise UnsupportedSyntaxError(f"torch.func.functional_call with {what}{where_now()} is not supported by "
+                                     "minijit; call it outside the jitted function")
+    outside = current_state().outside
+    before: dict[int, Any] = {}
+    for name, value in given.items():
+        real = own[name]
+        before.setdefault(id(real), outside.stand_ins.get(id(real)))
+        outside.stand_ins[id(real)] = (real, value)
+    try:
+        call_args = () if args is None else args if isinstance(args, tuple) else (args,)
+        return _call(module, call_args, kwargs or {})
+    finally:
+        for key, old in before.items():
+            if old is None:
+                del outside.stand_ins[key]
+            else:
+                outside.stand_ins[key] = old
