@@ -24,7 +24,16 @@ from typing import Any
 import torch
 
 from minijit.frontend import GuardEntry
-from minijit.frontend.guards import MISSING, Source, TensorSeen, has_snapshot, is_constant, may_have_guarded_attributes
+from minijit.frontend.guards import (
+    MISSING,
+    NumberSlot,
+    Source,
+    TensorSeen,
+    has_snapshot,
+    is_constant,
+    is_symbolic_number_value,
+    may_have_guarded_attributes,
+)
 from minijit.ir.containers import Constant, Mapping, Registered, Sequence, Spec
 from minijit.runtime.arguments import call_checks, object_arguments
 from minijit.runtime.autocast import any_autocast_enabled, without_autocast
@@ -187,6 +196,8 @@ def _may_hold(g: GuardEntry) -> bool:
             return True
         if isinstance(g.value, TensorSeen):
             return isinstance(now, torch.Tensor)
+        if isinstance(g.value, NumberSlot):  # a number from a dynamic source: read afresh, its type checked
+            return is_symbolic_number_value(now) and NumberSlot.of(now).types == g.value.types
         if is_constant(g.value) or has_snapshot(g.value):
             return type(now) is type(g.value) and now == g.value
         return now is g.value
