@@ -46,6 +46,16 @@ KEPT_REASONS = 50
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
+def _take_out(held: dict[tuple[Any, ...], list[CompiledEntry]], key: tuple[Any, ...], entry: CompiledEntry) -> None:
+    """Under the compile lock: `entry` no longer held under `key`. The list is replaced, not changed: hits read
+    the lists unlocked."""
+    rest = [e for e in held.get(key, ()) if e is not entry]
+    if rest:
+        held[key] = rest
+    else:
+        held.pop(key, None)
+
+
 def _users_stacklevel() -> int:
     """The `stacklevel` of a warning issued by the caller that names the innermost frame outside minijit."""
     frame, level = sys._getframe(1), 1
@@ -362,11 +372,7 @@ class JitFunction:
         (minijit.runtime.entry_limit). Lists are replaced, not changed, as everywhere: hits read them unlocked."""
         self._entries[key] = [*self._entries.get(key, ()), entry]
         for old_key, old in self._limit.add(key, entry):
-            rest = [e for e in self._entries[old_key] if e is not old]
-            if rest:
-                self._entries[old_key] = rest
-            else:
-                del self._entries[old_key]
+            _take_out(self._entries, old_key, old)
             if self._limit.evictions == 1:
                 name = getattr(self.fn, "__qualname__", repr(self.fn))
                 warnings.warn(f"minijit: {name} has {self._limit.max_entries} cache entries, the most allowed: each new "
@@ -486,16 +492,11 @@ class JitFunction:
         """`_rebind` over the entries `held` (traced with symbolic values or not): (the new entry, the one it was
         moved from, taken out of `held`), or None."""
         # Only entries specialised on argument objects can be moved: the others are passed over cheaply.
-        found = [(key, entries, e) for key, entries in held.items() for e in entries if e.arg_objects]
-        for key, entries, entry in reversed(found):
+        found = [(key, e) for key, entries in held.items() for e in entries if e.arg_objects]
+        for key, entry in reversed(found):
             moved = rebind(entry, self.fn, args, kwargs, flat, symbolic)
             if moved is not None:
-                # Its objects are the previous call's: the entries stay as many. A new list, as above.
-                rest = [e for e in entries if e is not entry]
-                if rest:
-                    held[key] = rest
-                else:
-                    del held[key]
+                _take_out(held, key, entry)  # its objects are the previous call's: the entries stay as many
                 self._info.rebound += 1
                 return moved, entry
         return None
@@ -544,12 +545,8 @@ class JitFunction:
         return entry
 
     def _drop(self, key: tuple[Any, ...], entry: CompiledEntry) -> None:
-        """Under the compile lock: drop `entry`, held under `key` (a new list, as everywhere)."""
-        rest = [e for e in self._entries.get(key, ()) if e is not entry]
-        if rest:
-            self._entries[key] = rest
-        else:
-            self._entries.pop(key, None)
+        """Under the compile lock: drop `entry`, held under `key`."""
+        _take_out(self._entries, key, entry)
         self._limit.remove(entry)
         self._info.entries = len(self._limit)
 
