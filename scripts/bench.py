@@ -245,6 +245,12 @@ def workloads() -> list[Workload]:
     fn, make, loop = bench_loops.lr_schedule_loop()
     found.append(Workload("lr-schedule", "jit(opt.step) AdamW 8 x 256², cosine lr schedule (a new lr each step)",
                           fn, make, "loop", loop=loop))
+    for whole in (True, False):
+        fn, make, loop = bench_loops.train_step_loop(whole)
+        found.append(Workload("train-step" if whole else "train-step-parts",
+                              "training step, 2 encoder layers 128 wide, B=8 T=64, AdamW + clipping: " + (
+                                  "the whole step jitted" if whole else "forward+loss jitted, and opt.step"),
+                              fn, make, "loop", loop=loop))
     if importlib.util.find_spec("transformers") is not None:
         found.append(Workload("llama", "HF Llama fwd+bwd (B=4, T=128, hidden 256, 4 layers)", hf_llama(), llama_args,
                               "train"))
@@ -586,7 +592,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--first-call-timeout", type=float, default=240.0)
     parser.add_argument("--only", default=None,
                         help="comma-separated workload keys (overhead,pointwise,mlp,adam,adam-optim,gpt,mutation,sdpa,"
-                             "llama,lr-schedule,generate-{llama,qwen2}-{dynamic,static},serving)")
+                             "llama,lr-schedule,train-step,train-step-parts,generate-{llama,qwen2}-{dynamic,static},serving)")
     parser.add_argument("--variants", default=None,
                         help=f"comma-separated variants, eager first (default: all of {','.join(VARIANTS)})")
     parser.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"), help="markdown file to write ('' for none)")

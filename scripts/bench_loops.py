@@ -99,6 +99,80 @@ def serving_loop() -> tuple[Callable[..., Any], Callable[[], list[Any]], Callabl
     return model, make, loop
 
 
+class TinyClassifier(torch.nn.Module):
+    """Two transformer encoder layers (width 128, 4 heads, no biases, no dropout), mean-pooled, and a linear head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.Sequential(*(torch.nn.TransformerEncoderLayer(
+            128, 4, 512, dropout=0.0, batch_first=True, bias=False) for _ in range(2)))
+        self.head = torch.nn.Linear(128, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.layers(x).mean(1))
+
+
+def whole_train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor
+                     ) -> torch.Tensor:
+    """One training step, whole: forward, backward, gradient clipping, AdamW's step, zero_grad."""
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad()
+    return loss.detach()
+
+
+def forward_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The forward and the loss of `whole_train_step` (the part a compiler of forwards takes)."""
+    return torch.nn.functional.cross_entropy(model(x), y)
+
+
+# (id of the variant's forward, id of the optimizer) -> the same variant of `opt.step`
+_STEPS: dict[tuple[int, int], Callable[..., Any]] = {}
+
+
+def _step_like(forward: Callable[..., Any], opt: torch.optim.Optimizer) -> Callable[..., Any]:
+    """`opt.step` wrapped as `forward` was: jitted by minijit, compiled by torch.compile, or as it is."""
+    import minijit
+
+    key = (id(forward), id(opt))
+    if key not in _STEPS:
+        try:
+            minijit.cache_info(forward)
+            _STEPS[key] = minijit.jit(opt.step)
+        except (TypeError, AttributeError, ValueError):
+            compiled = getattr(forward, "_torchdynamo_orig_callable", None) is not None
+            _STEPS[key] = torch.compile(opt.step) if compiled else opt.step
+    return _STEPS[key]
+
+
+def train_step_loop(whole: bool) -> tuple[Callable[..., Any], Callable[[], list[Any]], Callable[..., Any]]:
+    """A training step of TinyClassifier on a batch of 8 x 64 tokens: the whole step as one function (`whole`),
+    or its forward and loss as one function with backward, clipping and the optimizer's step around it (the
+    optimizer's step wrapped the same way: `jit(model)` plus `jit(opt.step)`, as before whole steps)."""
+    def make() -> list[Any]:
+        torch.manual_seed(0)
+        model = TinyClassifier()
+        return [model, torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01),
+                torch.randn(8, 64, 128), torch.randint(0, 10, (8,))]
+
+    def loop(fn: Callable[..., Any], args: list[Any]) -> list[torch.Tensor]:
+        model, opt, x, y = args
+        if whole:
+            loss = fn(model, opt, x, y)
+        else:
+            loss = fn(model, x, y)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            _step_like(fn, opt)()
+            opt.zero_grad()
+            loss = loss.detach()
+        return [loss, *model.parameters()]
+
+    return (whole_train_step if whole else forward_loss), make, loop
+
+
 def traces_note(fn: Callable[..., Any]) -> str | None:
     """"N traces / M calls" for a minijit-jitted `fn`, else None."""
     import minijit

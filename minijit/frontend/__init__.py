@@ -36,6 +36,7 @@ Example::
 
 from minijit.frontend import (
     autograd_function,  # noqa: F401  (registers the Function.apply lookaside)
+    backward,  # noqa: F401  (registers backward() and torch.autograd.grad)
     communication,  # noqa: F401  (refuses torch.distributed's calls without traced tensors)
     foreach,  # noqa: F401  (registers the torch._foreach_* lookasides)
     nondeterminism,  # noqa: F401  (registers the RNG, clock and entropy lookasides)

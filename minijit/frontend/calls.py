@@ -67,7 +67,7 @@ _NATIVE_MODULES = (
 # the function `@torch.autocast(...)` wraps a user function in).
 # Modules whose wrappers (with `__wrapped__`) only switch Dynamo off around the function they wrap.
 _DYNAMO_WRAPPER_MODULES = ("torch._dynamo.eval_frame", "torch._compile")
-_INTERPRETED_TORCH_MODULES = ("torch.nn.modules", "torch.amp.autocast_mode")
+_INTERPRETED_TORCH_MODULES = ("torch.nn.modules", "torch.amp.autocast_mode", "torch.amp.grad_scaler")
 
 # Modules whose C callables may receive proxies: they only store them or call their Python dunders.
 _PROXY_SAFE_MODULES = {"builtins", "operator", "_operator", "functools", "_functools", "itertools",

@@ -76,7 +76,8 @@ class Effect:
     """One write into an object outside the call, replayed after every call's computation.
 
     `op` is "setattr", "delattr" (plain setattr; "object setattr"/"object delattr": through
-    `object.__setattr__`, where a class's own `__setattr__` was interpreted), "setitem",
+    `object.__setattr__`, where a class's own `__setattr__` was interpreted; "accumulate grad": a tensor's new
+    `.grad` made by a backward, laid out as eager's AccumulateGrad lays it out), "setitem",
     "delitem", "cell" (a closure cell assigned), "call" (a container method: `key` is its
     name, `value` its argument tuple) or "replace" (a list or dict argument's new contents).
     `holder` is the object written (held by reference), the `Source` of a tensor (read again on
@@ -91,6 +92,8 @@ class Effect:
     def describe(self) -> str:
         """The effect in words, for traces and messages (one line)."""
         owner = "a tensor" if isinstance(self.holder, Source) else f"a {type(self.holder).__name__}"
+        if self.op == "accumulate grad":
+            return f"set the .grad a backward made of {owner}"
         if self.op.endswith(("setattr", "delattr")):
             return f"{'set' if self.op.endswith('setattr') else 'delete'} attribute {self.key!r} of {owner}"
         if self.op in ("setitem", "delitem"):
@@ -326,11 +329,12 @@ class Outside:
 
     # -- writes ---------------------------------------------------------------------------------
     def write_attribute(self, holder: Any, name: str, value: Any, delete: bool = False,
-                        native: Callable[..., Any] | None = None) -> None:
+                        native: Callable[..., Any] | None = None, op: str | None = None) -> None:
         """Log `holder.name = value` (or `del holder.name`), done natively, and how to undo it.
 
         `native` is the function that sets it (`object.__setattr__` where a class's own
         `__setattr__` ran in the interpreter and ended there); default: setattr/delattr.
+        `op`: the effect's own op, where it is not one of those (see `Effect`).
         """
         target = self._holder(holder)
         self.written.add((id(holder), name))
@@ -342,9 +346,10 @@ class Outside:
         else:
             old = getattr(holder, name, MISSING)
             self.undo.append(lambda: _restore_attribute(holder, name, old))
-        op = "delattr" if delete else "setattr"
-        if native is object.__setattr__ or native is object.__delattr__:
-            op = "object " + op
+        if op is None:
+            op = "delattr" if delete else "setattr"
+            if native is object.__setattr__ or native is object.__delattr__:
+                op = "object " + op
         self.effects.append(Effect(op, target, name, value))
 
     def write_item(self, container: Any, key: Any, value: Any, delete: bool = False) -> None:
@@ -481,6 +486,8 @@ _READ_NATIVELY = frozenset({"grad", "is_leaf", "grad_fn", "layout", "is_sparse",
 def tensor_attribute(outside: Outside, guards: dict[Any, Any], t: Tensor, name: str, capture: Callable[[Tensor], Any]
                      ) -> Any:
     """`t.name` for a real tensor met by traced code: computed through its proxy, or read and guarded."""
+    if (id(t), name) in outside.shown:
+        return outside.shown[(id(t), name)]  # written by the traced code itself (a `.grad` a backward() made)
     own = t.__dict__ if type(t) is not Tensor else {}
     if name in _READ_NATIVELY or name in own:
         value = getattr(t, name)

@@ -46,6 +46,9 @@ class CaptureState:
     # recorded there is noted in `ops_in_try` as (op, the user's line).
     try_probe: Callable[[], SourceLocation | None] | None = None
     ops_in_try: list[tuple[str, SourceLocation]] = field(default_factory=list)
+    # Input name -> the tensor from outside the call it stands for (minijit.runtime.inputs.tensor_capturer): where
+    # a backward() in the traced code accumulates gradients (minijit/frontend/backward.py).
+    captured_from: dict[str, torch.Tensor] = field(default_factory=dict)
     # Names of the outputs recorded while torch's grad mode was off (torch.no_grad() in the code):
     recorded_without_grad: set[str] = field(default_factory=set)
     # ... and of the results of in-place ops recorded then, which are the tensors they wrote (whose history

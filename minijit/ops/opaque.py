@@ -335,7 +335,7 @@ TENSOR_DUNDERS = {f"__{prefix}{op}__" for op in ("add", "sub", "mul", "div", "tr
 # memory, devices or other layouts (sparse, quantized, MKL-DNN) rather than compute: never opaque
 # ops (a proxy refuses them with an UnsupportedMethodError).
 NOT_OPS = {
-    "backward", "register_hook", "register_post_accumulate_grad_hook", "retain_grad", "numpy", "data_ptr",
+    "register_hook", "register_post_accumulate_grad_hook", "retain_grad", "numpy", "data_ptr",
     "const_data_ptr", "storage", "untyped_storage", "storage_type", "share_memory_", "pin_memory", "record_stream",
     "is_shared", "is_pinned", "dim_order", "element_size", "get_device",
     "is_set_to", "set_", "apply_", "map_", "map2_", "as_subclass", "new", "reinforce", "is_distributed",

@@ -122,6 +122,8 @@ def replay(effects: list[tuple[Effect, Spec]], holders: list[Callable[[], Any]],
         op = effect.op
         if op == "setattr":
             setattr(holder, effect.key, value)
+        elif op == "accumulate grad":
+            holder.grad = value if _obeys_layout_contract(value, holder) else torch.empty_like(holder).copy_(value)
         elif op == "object setattr":
             object.__setattr__(holder, effect.key, value)
         elif op == "delattr":
@@ -171,7 +173,7 @@ def finish_capture(trace: Trace, where: str, result: Any, outside: Outside) -> t
     result_leaves = proxies(result_leaves)
     effect_leaves: list[Any] = []
     notes: list[str] = []
-    for effect in outside.effects:
+    for effect in _without_overwritten(outside.effects):
         spec, leaves = flatten(effect.value, is_leaf, outside.is_created)
         _check_no_hidden_proxy(spec, f"a value stored outside the call by {where} ({effect.describe()})", outside)
         plan.effects.append((effect, spec))
@@ -195,6 +197,36 @@ def finish_capture(trace: Trace, where: str, result: Any, outside: Outside) -> t
     else:
         output = result_spec.rebuild(result_leaves)
     return output, plan
+
+
+_SETS = ("setattr", "accumulate grad")
+
+
+def _obeys_layout_contract(grad: torch.Tensor, t: torch.Tensor) -> bool:
+    """Whether eager's AccumulateGrad keeps `grad` as the new `t.grad` as it is: laid out like `t` where `t` is
+    dense (strides equal wherever a size is not 1), else contiguous. Otherwise it copies it into that layout."""
+    order = sorted(range(t.ndim), key=lambda d: -t.stride(d))
+    expected, dense = 1, True
+    for d in reversed(order):
+        if t.shape[d] != 1 and t.stride(d) != expected:
+            dense = False
+        expected *= t.shape[d]
+    if not dense or t.is_contiguous():
+        return grad.is_contiguous()
+    return all(a == b for a, b, n in zip(grad.stride(), t.stride(), t.shape) if n != 1)
+
+
+def _without_overwritten(effects: list[Effect]) -> list[Effect]:
+    """`effects` less each attribute set on a tensor that a later effect sets again (a `.grad` that a backward made
+    and `zero_grad()` then set to None): nothing outside the call could see it, and its value need not be an output."""
+    kept = []
+    for i, effect in enumerate(effects):
+        if effect.op in _SETS and isinstance(effect.holder, Source) and any(
+                later.holder is effect.holder and later.key == effect.key and later.op in (*_SETS, "delattr")
+                for later in effects[i + 1:]):
+            continue
+        kept.append(effect)
+    return kept
 
 
 def _name(x: Any) -> str:

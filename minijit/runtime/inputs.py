@@ -65,6 +65,8 @@ def tensor_capturer(trace: Trace, inputs: list[tuple[str, Source, Tensor]], cons
             position = len(trace.args)
             trace.add_input(proxy, source.label)
             inputs.append((proxy.name, source, t))
+            if trace.capture is not None:
+                trace.capture.captured_from[proxy.name] = t
             if symbolic and position not in pinned and _is_state_tensor(t, source):
                 make_sizes_symbolic(proxy)
                 if symbolic_names is not None:

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from minijit import environment
-from minijit.errors import EnvironmentVariableError, InplaceError
+from minijit.errors import EnvironmentVariableError, InplaceError, UnsupportedSyntaxError
 from minijit.extend import resolve_executors
 from minijit.frontend import GuardEntry, interpret
 from minijit.frontend.folding import fresh_folded
@@ -66,6 +66,7 @@ from minijit.transforms import check_copies, claim_executors, dce, write_copies_
 from minijit.transforms.buffer_reuse import reuse_buffers
 from minijit.transforms.functionalize import FunctionalizeResult
 from minijit.transforms.grad import SplitResult, release_dead_values, requires_grad_inputs, split_forward_backward
+from minijit.transforms.inline_grad import expand_inline_grads, has_inline_grads, refuse_outputs_requiring_grad
 from minijit.transforms.memory import analysing
 from minijit.transforms.simplify import remove_cast_round_trips
 from minijit.transforms.verify import CheckLevel, TraceChecker, check_level, checking_traces
@@ -413,6 +414,11 @@ def _compile(arguments: CallArguments, executors: Sequence[Any], constraints: li
     # some also return what they found (a typed record the cache entry keeps).
     trace, found = _timed(capture, traces, at)
     captured = [t for _, _, t in found.captured_inputs]
+    inline_grads = has_inline_grads(trace)
+    if inline_grads:
+        split_output = found.call_plan.effects or found.call_plan.result is not None
+        refuse_outputs_requiring_grad(trace, trace.output[0] if split_output else trace.output,
+                                      found.no_grad | found.no_grad_writes)
     # Which inputs the trace writes, and how they share memory, decide how it is functionalized (once).
     plan = arguments.plan_aliasing(trace, captured)
     if plan.pins:
@@ -422,8 +428,13 @@ def _compile(arguments: CallArguments, executors: Sequence[Any], constraints: li
     trace = _timed(lambda: dce(trace, keep_sizes=True), traces, at)  # the grad pass may save them
     trace = _timed(lambda: remove_cast_round_trips(trace), traces, at)
     records = dict(capture=found, functionalized=functionalized, aliasing=aliasing)
+    if inline_grads:
+        # The code took gradients itself (`loss.backward()`): they are values of this one trace, which then runs
+        # without autograd (docs/design.md: "A whole training step in one trace").
+        with recording_constraints(constraints):
+            trace = _timed(lambda: expand_inline_grads(trace, executors, found.no_grad), traces, at)
 
-    if torch.is_grad_enabled() and requires_grad_inputs(trace):
+    if torch.is_grad_enabled() and requires_grad_inputs(trace) and not inline_grads:
         computation, backward_traces, split = _compile_with_grad(
             trace, traces, executors, at, found.no_grad, functionalized, constraints, family)
         computation = with_synthetic_bases(computation, aliasing)
@@ -435,9 +446,22 @@ def _compile(arguments: CallArguments, executors: Sequence[Any], constraints: li
     start = time.perf_counter()
     computation = graphed(trace.python_callable(), trace, family, "computation", functionalized.mutated_inputs)
     computation = bumping_versions(computation, trace, functionalized.mutated_inputs)
+    if inline_grads:
+        computation = without_grad(computation)
     computation = with_synthetic_bases(refusing_inference_writes(computation, trace, functionalized), aliasing)
     traces[-1].elapsed_ms += (time.perf_counter() - start) * 1e3
     return CompiledEntry(found.call_plan.wrap(computation), traces, **records, plain=computation, graphs=family)
+
+
+def without_grad(computation: Callable[..., Any]) -> Callable[..., Any]:
+    """`computation` run with torch's grad mode off: a trace that took its gradients itself needs no autograd."""
+
+    def run(*args: Any) -> Any:
+        with torch.no_grad():
+            return computation(*args)
+
+    run.__wrapped__ = computation  # type: ignore[attr-defined]
+    return run
 
 
 def _runs_eagerly(escaped: Escaped, trace: Trace, containers: ArgumentContainers | None) -> bool:
@@ -536,8 +560,12 @@ def _evaluate_prefix(prefix: Trace, flat: list[Any], no_grad: frozenset[str]) ->
     # Without functionalize's write-backs.
     functional = dce(rewrite(functional, lambda b, env: () if b.sym is prims.copy_to_out_ else None,
                              pass_name="value read"))
+    run = without_autocast
+    if has_inline_grads(functional):  # gradients the code took so far (`scaler.step` reads them for infs)
+        functional = expand_inline_grads(functional, (), no_grad)
+        run = lambda f: without_grad(without_autocast(f))
     functional = claim_executors(functional, resolve_executors(["torch"]))
-    return with_synthetic_bases(without_autocast(functional.python_callable()), aliasing)(*flat)
+    return with_synthetic_bases(run(functional.python_callable()), aliasing)(*flat)
 
 
 def _run_on_copies(prefix: Trace, flat: list[Any], written: Sequence[str]) -> Any:
@@ -545,6 +573,12 @@ def _run_on_copies(prefix: Trace, flat: list[Any], written: Sequence[str]) -> An
     copied: each storage holding an input in `written` is cloned once, and every input living in it is rebuilt
     on the clone with its own layout. Inputs that share memory share the copy as they share the original, so the
     writes see each other as in eager, and none lands on the call's tensors."""
+    if has_inline_grads(prefix):
+        raise UnsupportedSyntaxError(
+            "the jitted function reads a value computed from gradients it took itself (backward() or "
+            "torch.autograd.grad) while it writes into inputs that share memory and have symbolic sizes; "
+            "minijit cannot evaluate that while tracing. Pass those inputs as separate tensors, or use "
+            "cache='constant values'")
     names = [p.name for p in prefix.args]
     storages = {flat[names.index(n)].untyped_storage().data_ptr() for n in written}
     clones: dict[int, torch.UntypedStorage] = {}

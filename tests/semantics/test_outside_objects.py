@@ -155,11 +155,14 @@ def test_returned_input_or_parameter_is_the_same_object() -> None:
     torch.testing.assert_close(doubled, x * 2)
 
 
-def test_assigning_tensor_attributes_is_refused() -> None:
-    lin = torch.nn.Linear(2, 2)
-    with pytest.raises(minijit.UnsupportedSyntaxError, match=r"Parameter\.grad"):
-        minijit.jit(lambda: setattr(lin.weight, "grad", torch.ones_like(lin.weight)))()
-    assert lin.weight.grad is None
+def test_assigning_grad_matches_eager_and_other_tensor_attributes_are_refused() -> None:
+    lin, eager = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    minijit.jit(lambda: setattr(lin.weight, "grad", torch.ones_like(lin.weight) * 3))()
+    setattr(eager.weight, "grad", torch.ones_like(eager.weight) * 3)
+    torch.testing.assert_close(lin.weight.grad, eager.weight.grad)
+    with pytest.raises(minijit.UnsupportedSyntaxError, match=r"Parameter\.data"):
+        minijit.jit(lambda: setattr(lin.bias, "data", torch.ones_like(lin.bias)))()
+    assert not torch.equal(lin.bias, torch.ones_like(lin.bias))
 
 
 def test_lazy_module_first_call_is_eager_then_traced() -> None:

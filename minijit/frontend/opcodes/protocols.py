@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from minijit.errors import UnsupportedSyntaxError
+from minijit.frontend.backward import assign_grad
 from minijit.frontend.calls import call, dispatch_torch_function, should_interpret
 from minijit.frontend.folding import NOT_FOLDED, fold
 from minijit.frontend.frame import current_state
@@ -433,6 +434,11 @@ def store_attr(obj: Any, name: str, value: Any) -> None:
             return
     if isinstance(obj, TensorProxy) and name == "requires_grad" and _set_requires_grad(obj, value):
         return
+    if isinstance(obj, torch.Tensor) and not isinstance(obj, TensorProxy) and name == "grad":
+        current_state().outside.shown.pop((id(obj), "grad"), None)
+        if isinstance(value, TensorProxy):
+            assign_grad(obj, value)  # shown to the traced code, and made by every call as an effect
+            return
     if isinstance(obj, TensorProxy) or (isinstance(obj, torch.Tensor) and isinstance(value, TensorProxy)):
         _refuse_tensor_attribute_write(obj, name)
     _log_attribute_write(obj, name, value, delete=False)
