@@ -222,6 +222,9 @@ class PassContext:
     # Whether the forward runs inside autograd.Function with grad mode off: it has outputs to
     # differentiate or inputs it writes that are marked dirty.
     in_function: bool = False
+    # Whether the trace takes gradients itself (a whole training step): a backward inside it, whose many
+    # intermediates should die as early as a split backward's do.
+    inline_grads: bool = False
 
 
 @dataclass(frozen=True)
@@ -259,7 +262,7 @@ PASSES: tuple[Pass, ...] = (
     Pass("write copies in place", lambda t, ctx: write_copies_in_place(t, ctx.executors),
          lambda ctx: ctx.writes_inputs, writes=True),
     Pass("reuse buffers", lambda t, ctx: reuse_buffers(t, ctx.executors), _reuses_buffers, writes=True),
-    Pass("release dead values", lambda t, ctx: release_dead_values(t), _split),
+    Pass("release dead values", lambda t, ctx: release_dead_values(t), lambda ctx: _split(ctx) or ctx.inline_grads),
 )
 
 
@@ -441,7 +444,7 @@ def _compile(arguments: CallArguments, executors: Sequence[Any], constraints: li
         return CompiledEntry(found.call_plan.wrap(computation), traces, **records, split=split,
                              backward_traces=backward_traces, graphs=family)
 
-    trace = run_passes(trace, PassContext("computation", executors), traces, at)
+    trace = run_passes(trace, PassContext("computation", executors, inline_grads=inline_grads), traces, at)
 
     start = time.perf_counter()
     computation = graphed(trace.python_callable(), trace, family, "computation", functionalized.mutated_inputs)
