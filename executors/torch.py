@@ -7,6 +7,7 @@ one `layer_norm`), so a trace that no fusion executor touches costs what eager c
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -62,7 +63,7 @@ class TorchExecutor(OperatorExecutor):
         method = _inplace_method(fn)
         if method is not None and producer.args and producer.args[0] is out and out not in _ids(producer.args[1:]):
             return producer.replace(sym=self._inplace_symbol(producer.sym, method))
-        if _in(fn, _OUT_NOT_POINTWISE) and not reads_out:
+        if _in(fn, _OUT_NOT_POINTWISE) and not reads_out and _accepts_out(fn, producer, out):
             return producer.replace(sym=self._out_symbol(producer.sym), kwargs={**producer.kwargs, "out": out})
         return None
 
@@ -129,7 +130,7 @@ _OUT_PROBES: dict[Any, bool] = {}
 def _accepts_out(fn: Any, producer: BoundSymbol, out: TensorProxy) -> bool:
     """Whether `fn` takes `out=` with these kinds of arguments (`torch.where(c, 0, x, out=)` does not).
 
-    Probed once per signature on one-element tensors.
+    Probed once per signature on one-element tensors; a call that warns does not.
     """
     def probe(x: Any) -> Any:
         return torch.zeros((1,) * x.ndim, dtype=x.dtype) if isinstance(x, TensorProxy) else x
@@ -142,8 +143,10 @@ def _accepts_out(fn: Any, producer: BoundSymbol, out: TensorProxy) -> bool:
     ok = _OUT_PROBES.get(key)
     if ok is None:
         try:
-            fn(*[probe(a) for a in producer.args], **{k: probe(v) for k, v in producer.kwargs.items()},
-               out=probe(out))
+            with warnings.catch_warnings():  # a warning (`matmul` of a vector resizing `out`) would reach the user
+                warnings.simplefilter("error")
+                fn(*[probe(a) for a in producer.args], **{k: probe(v) for k, v in producer.kwargs.items()},
+                   out=probe(out))
             ok = True
         except Exception:
             ok = False

@@ -33,8 +33,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for _path in (ROOT, ROOT / "scripts"):  # minijit, and bench_loops beside this file (also when loaded by a test)
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402

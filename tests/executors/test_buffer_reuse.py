@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -294,3 +295,16 @@ def test_symbolic_sizes_match_only_when_they_are_the_same_size():
     (s,) = op_outputs(trace, "sqrt")
     (e,) = op_outputs(trace, "exp")
     assert writes(trace)[op_outputs(trace, "div")[0]] == s and e not in writes(trace), trace
+
+
+def test_a_vector_times_matrix_is_not_written_into_a_buffer_torch_would_resize_with_a_warning():
+    # torch.matmul(v, m, out=buf) computes into a [1, n] result and warns that it resizes buf: no out= there.
+    def f(x, w):
+        a = (x[0] @ w).relu() * 2
+        b = (x[1] @ w).relu() * 3
+        return torch.stack([a, b], 1)
+
+    x, w = torch.randn(4, 3), torch.randn(3, 5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.testing.assert_close(minijit.jit(f)(x, w), f(x, w))
