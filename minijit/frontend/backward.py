@@ -117,6 +117,19 @@ def tensor_backward(self: TensorProxy, gradient: Any = None, retain_graph: bool 
 
 
 TENSOR_METHODS["backward"] = tensor_backward
+
+
+def _grad_fn(self: TensorProxy) -> None:
+    """Tensor.grad_fn of a traced tensor that does not require grad (`zero_grad(set_to_none=False)` asks a `.grad`
+    a backward made): None, as in eager. One that requires grad has a node minijit does not make: refused."""
+    if self.requires_grad:
+        raise UnsupportedSyntaxError(f"Tensor.grad_fn of {self.name}{where_now()}, which requires grad: minijit does "
+                                     "not make autograd nodes while tracing; read it outside the jitted function")
+    return None
+
+
+_grad_fn.tensor_property = True  # type: ignore[attr-defined]
+TENSOR_METHODS["grad_fn"] = _grad_fn
 lookaside(torch.Tensor.backward)(tensor_backward)
 
 

@@ -239,3 +239,29 @@ def test_what_the_trace_cannot_do_is_refused_by_name():
     with pytest.raises(minijit.UnsupportedSyntaxError, match="argument of the jitted function"):
         minijit.jit(argument_leaf)(torch.randn(3, 2, requires_grad=True), torch.randn(2, 3))
     assert all(p.grad is None for p in model.parameters())
+
+
+def _zero_first(model, opt, x, y):
+    opt.zero_grad()
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+    return loss.item()
+
+
+def _keeping_zeros(model, opt, x, y):
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    loss.backward(inputs=list(model[0].parameters()))  # only the first layer's gradients
+    opt.step()
+    opt.zero_grad(set_to_none=False)
+    return loss.detach()
+
+
+@pytest.mark.parametrize("step_fn", [_zero_first, _keeping_zeros], ids=["zero-grad-first", "set-to-none-false"])
+def test_other_orders_of_a_step_match_eager(step_fn):
+    m1, o1, m2, o2 = _pair(_mlp, lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, foreach=True))
+    step = minijit.jit(step_fn)
+    for _ in range(4):
+        x, y = torch.randn(5, 6), torch.randint(0, 3, (5,))
+        torch.testing.assert_close(step(m2, o2, x, y), step_fn(m1, o1, x, y))
+        _same_state(m1, m2, o1, o2)
