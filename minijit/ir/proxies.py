@@ -221,6 +221,8 @@ def guarded_compare(a: NumberProxy, op: str, b: Any) -> bool:
     What a capture decides on a symbolic number (a branch, a broadcast, a size check)
     holds for a later call only while the guard finds the same answer.
     """
+    if a is b:
+        return op in ("==", "<=", ">=")  # a number compared with itself: true of every value, nothing to check
     if data_dependent(b) and not data_dependent(a):
         return guarded_compare(b, SWAPPED[op], a)
     if data_dependent(a):
@@ -302,7 +304,8 @@ def same_size(a: Any, b: Any) -> bool:
     """Whether `a` and `b` (ints or number proxies) are one size on every call: equal ints, or one
     symbolic value (the same expression). Records nothing; False says only "not known the same"."""
     if isinstance(a, NumberProxy) or isinstance(b, NumberProxy):
-        return _expression(a) == _expression(b) and not data_dependent(a) and not data_dependent(b)
+        # A value the trace computes is the same size only as itself (its name is its expression).
+        return _expression(a) == _expression(b) and (a is b or not (data_dependent(a) or data_dependent(b)))
     return a == b
 
 

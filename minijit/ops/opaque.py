@@ -552,15 +552,19 @@ def _rebuild(outputs: Any, fresh: Any, given: list[Any] | None = None) -> Any:
     return map_leaves(outputs, build)
 
 
-def shapes_seen_symbol(fn: Any, real_out: Any) -> Symbol:
-    """The opaque symbol of `fn`, an op whose result's shape depends on the values, giving `real_out`'s shapes.
+def shapes_seen_symbol(fn: Any, real_out: Any, shapes: list[tuple[Any, ...] | None] | None = None) -> Symbol:
+    """The opaque symbol of `fn`, an op whose result's shape depends on the values, giving `real_out`'s shapes,
+    or `shapes` (per leaf of `real_out`, sizes only the trace knows among them: minijit.ops.unbacked).
 
     The capture ran it on the real values (`real_out`, which requires grad as eager's would); the trace checks
-    the shapes on every call.
+    the shapes seen on every call, or binds the sizes it does not know.
     """
+    given = iter(shapes) if shapes is not None else None
+
     def meta_of(x: Any) -> Any:
         if isinstance(x, torch.Tensor):
-            return TensorMeta(tuple(x.shape), x.dtype, x.device, x.requires_grad)
+            shape = next(given) if given is not None else None
+            return TensorMeta(tuple(x.shape) if shape is None else shape, x.dtype, x.device, x.requires_grad)
         if isinstance(x, tuple) and hasattr(type(x), "n_fields"):  # torch.return_types: as a named tuple
             return named_tuple_for(type(x))(*(meta_of(v) for v in x))
         if isinstance(x, list | tuple):

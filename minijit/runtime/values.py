@@ -28,7 +28,8 @@ from minijit.errors import TraceInvariantError, UnsupportedSyntaxError, ValueGua
 from minijit.ir import NumberProxy, Proxy, TensorProxy, Trace, tree_flatten, tree_map
 from minijit.ir.context import current_trace, outside_capture, where_now
 from minijit.ops.aten_prims import check_readable, check_value, is_value_check, observe
-from minijit.ops.opaque import shapes_seen_symbol
+from minijit.ops.opaque import describe, runtime_leaves, shapes_seen_symbol
+from minijit.ops.unbacked import bind_unbacked_sizes, unbacked_shapes
 
 
 @dataclass(frozen=True)
@@ -134,6 +135,13 @@ class ValueReader:
         real_args, real_kwargs = tree_map(lambda x: by_id.get(id(x), x), (args, kwargs))
         with rng_preserved():
             real_out = fn(*real_args, **real_kwargs)
+        real_tensors = [t for t in runtime_leaves(real_out) if isinstance(t, torch.Tensor)]
+        unbacked = unbacked_shapes(fn, args, kwargs, describe(fn), real_tensors)
+        if unbacked is not None:  # sizes only the trace knows, bound where the op made them: no check
+            shapes, fresh = unbacked
+            out = shapes_seen_symbol(fn, real_out, shapes)(*args, **kwargs)
+            bind_unbacked_sizes(out, fresh)
+            return out
         out = shapes_seen_symbol(fn, real_out)(*args, **kwargs)
         if isinstance(real_out, tuple) and hasattr(type(real_out), "n_fields"):
             real_out = tuple(real_out)  # torch.return_types, which the symbol gives as a named tuple
