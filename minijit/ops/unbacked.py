@@ -32,11 +32,86 @@ from typing import Any
 import torch
 
 from minijit.ir import IntegerProxy, TensorProxy, tree_flatten
-from minijit.ir.context import where_now
+from minijit.ir.context import current_trace, where_now
+from minijit.ir.proxies import data_dependent, number_value
 from minijit.ops import prims
-from minijit.ops.symbolic_sizes import _number, _proxies, _sympy, _Unsupported, derive, record_guards
+from minijit.ops.opaque import runtime_leaves
+from minijit.ops.symbolic_sizes import SymbolicShapes, _expr, _number, _sympy, _Unsupported, record_guards
 
 __all__ = ["bind_unbacked_sizes", "unbacked_shapes"]
+
+
+class _Session:
+    """A capture's fake tensors for its data-dependent ops (`CaptureState.unbacked_session`): one `ShapeEnv` whose
+    symbols stand for the capture's symbolic sizes, and one fake tensor per proxy until a write (torch's fake
+    `nonzero` keeps its count on its input: `torch.where(mask)` then `x[mask]` give one size)."""
+
+    def __init__(self) -> None:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+        self.env = ShapeEnv(duck_shape=False, specialize_zero_one=False)
+        self.mode = FakeTensorMode(shape_env=self.env, allow_non_fake_inputs=True)
+        self.fakes: dict[int, tuple[TensorProxy, torch.Tensor]] = {}
+        self.nodes: dict[str, Any] = {}  # a size's expression (an unbacked one's name) -> its torch SymInt
+        self.numbers: dict[Any, IntegerProxy] = {}  # a torch symbol -> the proxy it stands for
+
+    def forget(self) -> None:
+        """Drop the fake tensors (a write may change a tensor whose count a fake one keeps)."""
+        self.fakes.clear()
+
+    def symint(self, x: IntegerProxy, created: list[Any]) -> Any:
+        """The SymInt of `x`: a symbol per expression, an unbacked one for a size only the trace knows."""
+        from torch.fx.experimental.symbolic_shapes import DimDynamic
+
+        from minijit.ops.symbolic_sizes import _size_source
+
+        key = x.expr if x.expr is not None else x.name
+        node = self.nodes.get(key)
+        if node is None:
+            if x.expr is None:
+                node = self.env.create_unbacked_symint()
+                torch._check(node >= 0)
+            else:
+                sym = self.env.create_symbol(x.value, _size_source(len(self.nodes)), dynamic_dim=DimDynamic.DYNAMIC)
+                node = self.env.create_symintnode(sym, hint=x.value)
+                created.append(sym)
+            self.nodes[key] = node
+            self.numbers[node.node.expr] = x
+        return node
+
+    def fake(self, x: Any, created: list[Any]) -> Any:
+        """`x` (a tree of arguments) with fake tensors for tensor proxies and SymInts for symbolic sizes."""
+        t = type(x)
+        if t is tuple or t is list:
+            return t(self.fake(v, created) for v in x)
+        if t is dict:
+            return {k: self.fake(v, created) for k, v in x.items()}
+        if t is slice:
+            return slice(*(self.fake(v, created) for v in (x.start, x.stop, x.step)))
+        if isinstance(x, TensorProxy):
+            found = self.fakes.get(id(x))
+            if found is None:
+                shape = [self.symint(d, created) if _follows(d) else number_value(d) for d in x.shape]
+                with self.mode:
+                    found = self.fakes[id(x)] = (x, torch.empty(shape, dtype=x.dtype, device="meta"))
+            return found[1]
+        return self.symint(x, created) if _follows(x) else number_value(x)
+
+
+def _follows(x: Any) -> bool:
+    """Whether number `x` is a size the session follows as a symbol (not a constant, not a value read)."""
+    return isinstance(x, IntegerProxy) and ((x.expr is not None and x.value >= 1) or data_dependent(x))
+
+
+def _session() -> _Session:
+    trace = current_trace()
+    state = trace.capture if trace is not None else None
+    if state is None:
+        return _Session()
+    if state.unbacked_session is None:
+        state.unbacked_session = _Session()
+    return state.unbacked_session
 
 
 def unbacked_shapes(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], what: str,
@@ -44,38 +119,61 @@ def unbacked_shapes(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], what
     """Per tensor of `real` (the results of `fn(*args, **kwargs)` on the real values, flattened), its shape with
     a fresh `IntegerProxy` for each size that depends on the values, and those proxies; None where torch's kernel
     cannot say which sizes those are (the caller checks the shapes seen). `what` names the op in their origin."""
-    found = derive(fn, args, kwargs)
-    outputs = [shape for shape in found.outputs if shape is not None] if found is not None else None
-    if outputs is None or len(outputs) != len(real) or len(found.outputs) != len(real):
+    session = _session()
+    created: list[Any] = []
+    before = len(session.env.guards)
+    try:
+        fargs, fkwargs = session.fake((args, kwargs), created)
+        with session.mode:
+            out = fn(*fargs, **fkwargs)
+    except Exception:  # any failure on fake tensors: the caller checks the shapes seen instead
         return None
-    leaves = tree_flatten((args, kwargs))
-    env = _proxies(found, leaves)
+    leaves = [leaf for leaf in runtime_leaves(out) if leaf is not None]
+    if len(leaves) != len(real) or not all(isinstance(t, torch.Tensor) for t in leaves):
+        return None
+    inputs = {fake.untyped_storage()._cdata for _, fake in session.fakes.values()}
+    if any(t.untyped_storage()._cdata in inputs for t in leaves):
+        return None  # a view of an argument: its layout decides more than its sizes
     fresh: dict[Any, IntegerProxy] = {}
     origin = f"a size of {what}'s result{where_now()}, known only when the trace runs"
-    for shape, tensor in zip(outputs, real, strict=True):
-        if len(shape) != tensor.ndim:
+    for fake, tensor in zip(leaves, real, strict=True):
+        if fake.ndim != tensor.ndim:
             return None
-        for d, size in zip(shape, tensor.shape, strict=True):
-            new = d.free_symbols - set(env)
+        for d, size in zip(fake.shape, tensor.shape, strict=True):
+            expr = _expr(d)
+            new = expr.free_symbols - set(session.numbers)
             if not new:
                 continue
-            if not isinstance(d, _sympy().Symbol):
+            if not isinstance(expr, _sympy().Symbol):
                 return None  # a formula of a fresh size: its value is not the size seen
-            if d not in fresh:
-                fresh[d] = IntegerProxy(int(size))
-                fresh[d].origin = origin
-            elif fresh[d].value != size:
+            if expr not in fresh:
+                fresh[expr] = IntegerProxy(int(size))
+                fresh[expr].origin = origin
+            elif fresh[expr].value != size:
                 return None
-    if not fresh or any(g.free_symbols & set(fresh) for g in found.guards):
+    guards = tuple(g.expr for g in session.env.guards[before:])
+    if any(g.free_symbols - set(session.numbers) for g in guards):
         return None
+    env = {**session.numbers, **fresh}
+    ranges = tuple(_range(session.env, sym) for sym in created)
     try:
-        shapes = [tuple(_number(d, {**env, **fresh}) for d in shape) for shape in outputs]
-        record_guards(found, env)  # on the inputs' sizes, as for any op
+        shapes = [tuple(_number(_expr(d), env) for d in t.shape) for t in leaves]
+        record_guards(SymbolicShapes((), (), guards, ranges, tuple(created)), env)  # on sizes known before
     except _Unsupported:
         return None
-    if any(tuple(getattr(d, "value", d) for d in s) != tuple(t.shape) for s, t in zip(shapes, real, strict=True)):
+    if any(tuple(number_value(d) for d in s) != tuple(t.shape) for s, t in zip(shapes, real, strict=True)):
         return None
+    for sym, proxy in fresh.items():  # later ops on these results follow the same symbols
+        session.numbers[sym] = proxy
+        session.nodes[proxy.name] = next(d for t in leaves for d in t.shape if _expr(d) == sym)
     return shapes, list(fresh.values())
+
+
+def _range(env: Any, sym: Any) -> tuple[int, int | None]:
+    vr = env.var_to_range[sym]
+    sympy = _sympy()
+    low = int(vr.lower) if isinstance(vr.lower, sympy.Integer) else 0
+    return low, int(vr.upper) if isinstance(vr.upper, sympy.Integer) else None
 
 
 def bind_unbacked_sizes(out: Any, fresh: list[IntegerProxy]) -> None:
