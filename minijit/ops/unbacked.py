@@ -135,7 +135,7 @@ def unbacked_shapes(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], what
     if any(t.untyped_storage()._cdata in inputs for t in leaves):
         return None  # a view of an argument: its layout decides more than its sizes
     fresh: dict[Any, IntegerProxy] = {}
-    origin = f"a size of {what}'s result{where_now()}, known only when the trace runs"
+    origin = f"a size of {what}'s result{where_now()}"
     for fake, tensor in zip(leaves, real, strict=True):
         if fake.ndim != tensor.ndim:
             return None
