@@ -227,8 +227,10 @@ def guarded_compare(a: NumberProxy, op: str, b: Any) -> bool:
         return guarded_compare(b, SWAPPED[op], a)
     if data_dependent(a):
         # A value computed by the trace: read it now, and let the trace check the comparison's
-        # outcome on every call (one trace per outcome, not per value).
-        other = b._specialise() if isinstance(b, NumberProxy) else b
+        # outcome on every call (one trace per outcome, not per value); two sizes only the trace knows are
+        # compared there too (the counts of two masks).
+        both = isinstance(a, UnbackedSize) and isinstance(b, UnbackedSize) and data_dependent(b)
+        other = b if both else b._specialise() if isinstance(b, NumberProxy) else b
         return bool(_read(a, op, other))
     result = bool(_COMPARISONS[op](a.value, number_value(b)))
     record_constraint(a, op, b, result)
@@ -454,6 +456,16 @@ class IntegerProxy(NumberProxy):
     def __index__(self) -> int:
         # Used where Python needs a real int (range(n), a list index): specialise on it.
         return int(self._specialise())
+
+
+class UnbackedSize(IntegerProxy):
+    """A size only the trace knows: the count of a `nonzero`, `x[mask]`, `unique` (minijit/ops/unbacked.py).
+
+    A value the trace computes (`data_dependent`), bound where the op made it. A comparison of it, even one an
+    op's rules make, reads only the outcome, which the trace checks: one trace per outcome, never per count.
+    """
+
+    __slots__ = ()
 
 
 class FloatProxy(NumberProxy):

@@ -33,7 +33,7 @@ import torch
 
 from minijit.ir import IntegerProxy, TensorProxy, tree_flatten
 from minijit.ir.context import current_trace, where_now
-from minijit.ir.proxies import data_dependent, number_value
+from minijit.ir.proxies import UnbackedSize, data_dependent, number_value
 from minijit.ops import prims
 from minijit.ops.opaque import runtime_leaves
 from minijit.ops.symbolic_sizes import SymbolicShapes, _expr, _number, _sympy, _Unsupported, record_guards
@@ -134,7 +134,7 @@ def unbacked_shapes(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], what
     inputs = {fake.untyped_storage()._cdata for _, fake in session.fakes.values()}
     if any(t.untyped_storage()._cdata in inputs for t in leaves):
         return None  # a view of an argument: its layout decides more than its sizes
-    fresh: dict[Any, IntegerProxy] = {}
+    fresh: dict[Any, UnbackedSize] = {}
     origin = f"a size of {what}'s result{where_now()}"
     for fake, tensor in zip(leaves, real, strict=True):
         if fake.ndim != tensor.ndim:
@@ -147,7 +147,7 @@ def unbacked_shapes(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], what
             if not isinstance(expr, _sympy().Symbol):
                 return None  # a formula of a fresh size: its value is not the size seen
             if expr not in fresh:
-                fresh[expr] = IntegerProxy(int(size))
+                fresh[expr] = UnbackedSize(int(size))
                 fresh[expr].origin = origin
             elif fresh[expr].value != size:
                 return None
@@ -161,7 +161,9 @@ def unbacked_shapes(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], what
         record_guards(SymbolicShapes((), (), guards, ranges, tuple(created)), env)  # on sizes known before
     except _Unsupported:
         return None
-    if any(tuple(number_value(d) for d in s) != tuple(t.shape) for s, t in zip(shapes, real, strict=True)):
+    traced = [tuple(number_value(d) for d in s) for s in shapes]
+    seen = [tuple(map(int, t.size())) for t in real]
+    if traced != seen:  # the formulas must give the sizes seen
         return None
     for sym, proxy in fresh.items():  # later ops on these results follow the same symbols
         session.numbers[sym] = proxy
