@@ -376,7 +376,6 @@ _PRIM_IMPLS: dict[str, Any] = {
     "squeeze": torch.squeeze,
     "cat": torch.cat,
     "shape": lambda x: tuple(x.shape),
-    "size": lambda x, dim: x.shape[dim],
     "sum": _sum,
     "prod": _prod,
     "amax": _amax,

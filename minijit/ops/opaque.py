@@ -20,10 +20,12 @@ The design, in the order a call meets it:
   positions; an op that writes is recorded as a composite whose decomposition is
   its *functional form* (the same call on a copy of what it writes, returning the
   copy) followed by `prims.copy_`, exactly as ltorch's in-place ops are.
-- **Data-dependent output shapes are read.** An op whose result's shape depends on the values
-  (`nonzero`, `unique`, `masked_select`, `x[mask]`) called by the user's code is run by the capture
-  on the real values (minijit.runtime.values) and recorded with the shapes it gave
-  (`shapes_seen_symbol`), each checked by the trace right after it on every call.
+- **Data-dependent output sizes are computed by the trace.** An op whose result's shape depends on the
+  values (`nonzero`, `unique`, `masked_select`, `x[mask]`) called by the user's code is run by the capture
+  on the real values (minijit.runtime.values) and recorded (`shapes_seen_symbol`) with a size only the trace
+  knows in place of each size that depends on them, bound by `prims.size` after it (minijit.ops.unbacked);
+  where torch's fake kernel cannot follow those sizes, with the shapes it gave, each checked by the trace
+  right after it on every call.
 - **Refusals are clear.** Such an op where no value can be read (inside a traced
   `autograd.Function`, with `out=`), an op with no meta kernel, a result that is not made
   of tensors, or a call with no tensor result that writes nothing (its effect would

@@ -278,15 +278,6 @@ def _shape_meta(x: TensorProxy) -> tuple[Any, ...]:
 shape = _prim("shape", _shape_meta, tags=frozenset({Tag.METADATA}))
 
 
-def _size_meta(x: TensorProxy, dim: int) -> Any:
-    _check_tensor("size", x)
-    return x.shape[_canonical_dim("size", dim, x.ndim)]
-
-
-# One size of a tensor the trace made: where a size only the trace knows is bound (minijit/ops/unbacked.py).
-size = _prim("size", _size_meta, tags=frozenset({Tag.METADATA}))
-
-
 def _detach_meta(x: TensorProxy) -> TensorProxy:
     _check_tensor("detach", x)
     return TensorProxy.like(x, requires_grad=False)

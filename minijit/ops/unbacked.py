@@ -1,28 +1,27 @@
 """Sizes known only when the trace runs: the results of `nonzero`, `torch.where(mask)`, `x[mask]`, `unique`.
 
 Such an op's result has as many elements as its input has True (or distinct) values. Rather than a trace
-per count, the capture records it with each size that depends on the values as a fresh `IntegerProxy` (what
-torch calls an *unbacked* symbolic int), defined in the trace by a `prims.size` of the first result holding
-it, right after the op:
+per count, the capture records it with each size that depends on the values as a fresh `UnbackedSize` (what
+torch calls an *unbacked* symbolic int), bound in the trace by `prims.size` of the first result holding it,
+right after the op:
 
-    t2 = torch.nonzero(mask)  # t2: cpu i64[i7, 2]
-    i7 = prims.size(t2, 0)
+    (t3, t4) = torch.where(mask)  # t3: cpu i64[i7], t4: cpu i64[i7]
+    i7 = prims.size(t3, 0)
 
-- **Which sizes, and which are one size**, come from torch's own kernel run on fake tensors
-  (`symbolic_sizes.derive`): `torch.where(mask)` gives two results of the same size `u0`, so one proxy; an
-  input's symbolic sizes stay the expressions they are (`x[mask]` of a `(b, t, c)` x by a `(b, t)` mask is
-  `(u0, c)`), and a size only the trace knows among the inputs is an unbacked symbol of the run too.
+- **Which sizes, and which are one size**, come from torch's own kernel run on fake tensors: one session per
+  capture (`CaptureState.unbacked_session`: one `ShapeEnv`, a fake tensor per proxy until a write), so that
+  torch's nonzero memo gives `torch.where(mask)` and then `x[mask]` one size; an input's symbolic sizes stay
+  the expressions they are (`x[mask]` of a `(b, t, c)` x by a `(b, t)` mask is `(u0, c)`), and a size only the
+  trace knows among the inputs is the unbacked symbol it was made as.
 - **Its value is never a guard.** Nothing keys or guards on it: it is a number the trace computes, like
-  `Tensor.item()` (`data_dependent`). Ops compute with it as they do with any symbolic size (a size is the
-  same size only as itself: `same_size`). A decision that needs its value (a Python `if n > 0:`, a
-  broadcast against it) is read on the capture's real values and checked by the trace (`prims.check_value`),
-  as `.item()` is: one trace per outcome, never a wrong one.
+  `Tensor.item()` (`data_dependent`). Ops compute with it as with any symbolic size (a size is the same size
+  only as itself: `same_size`). A comparison of it (a Python `if n > 0:`, an op's rule) reads the outcome on
+  the capture's real values, which the trace checks (`prims.check_value`): one trace per outcome.
 - **The capture still runs the op on the real values**, once (`ValueReader.call_with_shapes_seen`): the
-  value it sees is the proxy's `value`, so that whatever the capture decides on it agrees with the call
-  traced, and is checked for later calls.
+  size seen is the proxy's `value`, so that whatever the capture decides on it agrees with the call traced.
 
-Where torch's kernel cannot follow a size (a formula of a fresh size rather than the size itself, a guard
-on one) the caller checks the shapes seen instead (a trace per shape, as before).
+Where torch's kernel cannot follow a size (a formula of a fresh size rather than the size itself, a guard on
+one, a kernel that fails on fake tensors) the caller checks the shapes seen instead (a trace per shape).
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ import torch
 from minijit.ir import IntegerProxy, TensorProxy, tree_flatten
 from minijit.ir.context import current_trace, where_now
 from minijit.ir.proxies import UnbackedSize, data_dependent, number_value
-from minijit.ops import prims
+from minijit.ops import aten_prims
 from minijit.ops.opaque import runtime_leaves
 from minijit.ops.symbolic_sizes import SymbolicShapes, _expr, _number, _sympy, _Unsupported, record_guards
 
@@ -186,4 +185,4 @@ def bind_unbacked_sizes(out: Any, fresh: list[IntegerProxy]) -> None:
         if isinstance(t, TensorProxy):
             for dim, d in enumerate(t.shape):
                 if unbound.pop(id(d), None) is not None:
-                    prims.size(t, dim)
+                    aten_prims.size(t, dim)

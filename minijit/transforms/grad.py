@@ -38,7 +38,7 @@ from minijit.ir.printing import Constants
 from minijit.ir.proxies import rule_same_shape
 from minijit.ir.rewrite import Edits, ProxyMap, record
 from minijit.ir.symbol import SourceLocation
-from minijit.ops import prims
+from minijit.ops import aten_prims, prims
 from minijit.ops.opaque import OPAQUE
 from minijit.ops.registry import eager_impl
 from minijit.transforms.dce import dce
@@ -529,7 +529,7 @@ def _bind_input_sizes(fwd: Trace, saved: Sequence[Proxy]) -> Trace:
         for t in b.proxy_outputs():
             for dim, d in enumerate(t.shape if isinstance(t, TensorProxy) else ()):
                 if isinstance(d, NumberProxy) and d.name in missing:
-                    edits.insert_after(i, [prims.size.bind(t, dim, output=d)])
+                    edits.insert_after(i, [aten_prims.size.bind(t, dim, output=d)])
                     missing.discard(d.name)
     return edits.apply(pass_name=fwd.pass_name) if edits else fwd
 
