@@ -225,6 +225,9 @@ def guarded_compare(a: NumberProxy, op: str, b: Any) -> bool:
         return op in ("==", "<=", ">=")  # a number compared with itself: true of every value, nothing to check
     if data_dependent(b) and not data_dependent(a):
         return guarded_compare(b, SWAPPED[op], a)
+    if data_dependent(a) and isinstance(a, UnbackedSize) and replaying():
+        # Re-running a rule the capture ran (the verifier): decided as the capture did, which the trace checks.
+        return bool(_COMPARISONS[op](a.value, number_value(b)))
     if data_dependent(a):
         # A value computed by the trace: read it now, and let the trace check the comparison's
         # outcome on every call (one trace per outcome, not per value); two sizes only the trace knows are

@@ -165,3 +165,21 @@ def test_moe_training_traces_at_most_twice(make_opt, index_add):
         for p, q in zip(model.parameters(), eager.parameters(), strict=True):
             torch.testing.assert_close(p, q, **TOL)
     assert minijit.cache_info(jitted).misses <= 2, minijit.cache_info(jitted)
+
+
+@pytest.mark.parametrize("fn", [
+    pytest.param(lambda x: torch.cat([x[x > 0], x]) * 2, id="cat"),
+    pytest.param(lambda x: x[x > 0][1:], id="slice"),
+    pytest.param(lambda x: x[x > 0].softmax(0), id="softmax"),
+    pytest.param(lambda x: x[x > 0].cumsum(0), id="cumsum"),
+    pytest.param(lambda x: x[x > 0] @ x[x > 0], id="matmul-two-masks"),
+    pytest.param(lambda x: torch.stack([x[x > 0], x[x > 0] * 2]).sum(0), id="stack-two-masks"),
+    pytest.param(lambda x: torch.zeros(6).index_add(0, torch.nonzero(x > 0).squeeze(1), x[x > 0]), id="index_add"),
+    pytest.param(lambda x: x[x > 0].view(-1, 1).expand(-1, 3).reshape(-1), id="views"),
+])
+def test_ops_on_counts_compare_outcomes_not_counts(fn):
+    # Their rules ask whether a count is 0, or two counts are equal: the trace checks that outcome, not the count.
+    jf = minijit.jit(fn)
+    for v in ([1.0, 2, -3, 4, -5, 6], [1.0, -2, -3, 4, -5, -6], [1.0, 2, 3, 4, 5, 6], [-1.0, 2, 3, -4, -5, -6]):
+        assert_same(jf(torch.tensor(v)), fn(torch.tensor(v)))
+    assert minijit.cache_info(jf).misses == 1, minijit.cache_info(jf)
