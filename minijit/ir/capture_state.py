@@ -72,10 +72,16 @@ class CaptureState:
     # The fake tensors with symbolic sizes that layouts under symbolic sizes are followed on, one session per
     # capture, made on the first layout question (minijit/ops/symbolic_strides.py):
     strides_session: Any = None
+    # The fake tensors that sizes only the trace knows are followed on (`nonzero`'s count: one symbol for
+    # `torch.where(mask)` and `x[mask]` of one mask), made on the first such op (minijit/ops/unbacked.py):
+    unbacked_session: Any = None
 
     def forget_numbers(self, bsym: BoundSymbol) -> None:
         """Forget the known numbers `bsym` may change: all of them where it writes an integer tensor (which may
-        be a view of one: ltorch views keep the dtype), the ones it reads where it is an opaque op."""
+        be a view of one: ltorch views keep the dtype), the ones it reads where it is an opaque op; and the fake
+        tensors of the unbacked session where it writes anything (a count taken before may no longer hold)."""
+        if self.unbacked_session is not None and bsym.written():
+            self.unbacked_session.forget()
         if any(not (t.dtype.is_floating_point or t.dtype.is_complex) for t in bsym.written()):
             self.number_tensors.clear()
         elif Tag.OPAQUE in bsym.sym.tags:

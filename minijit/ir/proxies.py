@@ -221,12 +221,19 @@ def guarded_compare(a: NumberProxy, op: str, b: Any) -> bool:
     What a capture decides on a symbolic number (a branch, a broadcast, a size check)
     holds for a later call only while the guard finds the same answer.
     """
+    if a is b:
+        return op in ("==", "<=", ">=")  # a number compared with itself: true of every value, nothing to check
     if data_dependent(b) and not data_dependent(a):
         return guarded_compare(b, SWAPPED[op], a)
+    if data_dependent(a) and isinstance(a, UnbackedSize) and replaying():
+        # Re-running a rule the capture ran (the verifier): decided as the capture did, which the trace checks.
+        return bool(_COMPARISONS[op](a.value, number_value(b)))
     if data_dependent(a):
         # A value computed by the trace: read it now, and let the trace check the comparison's
-        # outcome on every call (one trace per outcome, not per value).
-        other = b._specialise() if isinstance(b, NumberProxy) else b
+        # outcome on every call (one trace per outcome, not per value); two sizes only the trace knows are
+        # compared there too (the counts of two masks).
+        both = isinstance(a, UnbackedSize) and isinstance(b, UnbackedSize) and data_dependent(b)
+        other = b if both else b._specialise() if isinstance(b, NumberProxy) else b
         return bool(_read(a, op, other))
     result = bool(_COMPARISONS[op](a.value, number_value(b)))
     record_constraint(a, op, b, result)
@@ -302,7 +309,8 @@ def same_size(a: Any, b: Any) -> bool:
     """Whether `a` and `b` (ints or number proxies) are one size on every call: equal ints, or one
     symbolic value (the same expression). Records nothing; False says only "not known the same"."""
     if isinstance(a, NumberProxy) or isinstance(b, NumberProxy):
-        return _expression(a) == _expression(b) and not data_dependent(a) and not data_dependent(b)
+        # A value the trace computes is the same size only as itself (its name is its expression).
+        return _expression(a) == _expression(b) and (a is b or not (data_dependent(a) or data_dependent(b)))
     return a == b
 
 
@@ -451,6 +459,16 @@ class IntegerProxy(NumberProxy):
     def __index__(self) -> int:
         # Used where Python needs a real int (range(n), a list index): specialise on it.
         return int(self._specialise())
+
+
+class UnbackedSize(IntegerProxy):
+    """A size only the trace knows: the count of a `nonzero`, `x[mask]`, `unique` (minijit/ops/unbacked.py).
+
+    A value the trace computes (`data_dependent`), bound where the op made it. A comparison of it, even one an
+    op's rules make, reads only the outcome, which the trace checks: one trace per outcome, never per count.
+    """
+
+    __slots__ = ()
 
 
 class FloatProxy(NumberProxy):

@@ -58,8 +58,8 @@ class Effects:
       value on each call, and later draws depend on it): never merged with another
       call, never dropped, never reordered with another random call, never
       recomputed in place of being saved.
-    - `data_dependent`: the output's shape depends on the input's values: a trace
-      cannot record it.
+    - `data_dependent`: the output's shape depends on the input's values: its sizes
+      are computed by the trace (minijit/ops/unbacked.py) or checked by it.
     - `external`: changes state outside the trace's tensors (a seed, a Python
       object): never removed, never reordered.
 

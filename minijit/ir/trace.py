@@ -177,7 +177,7 @@ class Trace:
                 if isinstance(p, Proxy):
                     (state.written_without_grad if id(p) in given else state.recorded_without_grad).add(p.name)
         bsym = BoundSymbol(sym, args, kwargs, output, tuple(subsymbols), self.source)
-        if state is not None and state.number_tensors:
+        if state is not None and (state.number_tensors or state.unbacked_session is not None):
             state.forget_numbers(bsym)
         if state is not None and not torch.is_grad_enabled():
             # An op that writes its arguments and returns nothing (torch._fused_adam_) names what it wrote.

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from minijit.errors import MetaError, UnsupportedSyntaxError, ValueGuardMiss
-from minijit.ir import TENSOR_METHODS, Effects, FloatProxy, IntegerProxy, NumberProxy, Symbol, TensorProxy, tree_map
+from minijit.ir import TENSOR_METHODS, Effects, FloatProxy, IntegerProxy, NumberProxy, Symbol, Tag, TensorProxy, tree_map
 from minijit.ir.context import value_reader, where_now
 from minijit.ir.proxies import number_value, rule_compare, rule_same_shape
 from minijit.ops import prims
@@ -439,6 +439,17 @@ item = prims._prim("item", _item_meta)
 ATEN_IMPLS["item"] = aten._local_scalar_dense.default
 TENSOR_METHODS["item"] = item
 TORCH_TO_LTORCH[torch.Tensor.item] = item
+
+
+def _size_meta(x: TensorProxy, dim: int) -> Any:
+    if not isinstance(x, TensorProxy) or not -x.ndim <= dim < max(x.ndim, 1):
+        raise _fail("size", f"expected a tensor and one of its dims, got {type(x).__name__} and {dim}")
+    return x.shape[dim]
+
+
+# One size of a tensor the trace made: where a size only the trace knows is bound (minijit/ops/unbacked.py).
+size = prims._prim("size", _size_meta, tags=frozenset({Tag.METADATA}))
+ATEN_IMPLS["size"] = aten.sym_size.int
 
 
 # -- values read while tracing ---------------------------------------------------------------------

@@ -40,7 +40,7 @@ import torch
 from minijit.errors import DataDependentShapeError, MetaError, UnsupportedOpError
 from minijit.ir import NumberProxy, TensorProxy, tree_flatten
 from minijit.ir.context import where_now
-from minijit.ir.proxies import number_value
+from minijit.ir.proxies import data_dependent, number_value
 from minijit.ops.strides import eager_layout, known_layout, meta_like, outside_inference_mode
 from minijit.ops.symbolic_sizes import has_symbolic_sizes, size_rule, symbolic_output_shapes
 
@@ -208,10 +208,11 @@ def _meta_leaves(outputs: Any) -> list[Any]:
 
 
 def _specialise(args: Any) -> None:
-    """Use the values of the symbolic numbers among `args` (a tree), recording that the trace relies on them."""
+    """Use the values of the symbolic numbers among `args` (a tree), recording that the trace relies on them
+    (a size only the trace knows is read: the trace checks its value)."""
     for x in tree_flatten(args):
         for d in x.shape if isinstance(x, TensorProxy) else (x,):
-            if isinstance(d, NumberProxy) and d.expr is not None:
+            if isinstance(d, NumberProxy) and (d.expr is not None or (data_dependent(d) and d.python_type is int)):
                 d.python_type(d)
 
 

@@ -20,10 +20,12 @@ The design, in the order a call meets it:
   positions; an op that writes is recorded as a composite whose decomposition is
   its *functional form* (the same call on a copy of what it writes, returning the
   copy) followed by `prims.copy_`, exactly as ltorch's in-place ops are.
-- **Data-dependent output shapes are read.** An op whose result's shape depends on the values
-  (`nonzero`, `unique`, `masked_select`, `x[mask]`) called by the user's code is run by the capture
-  on the real values (minijit.runtime.values) and recorded with the shapes it gave
-  (`shapes_seen_symbol`), each checked by the trace right after it on every call.
+- **Data-dependent output sizes are computed by the trace.** An op whose result's shape depends on the
+  values (`nonzero`, `unique`, `masked_select`, `x[mask]`) called by the user's code is run by the capture
+  on the real values (minijit.runtime.values) and recorded (`shapes_seen_symbol`) with a size only the trace
+  knows in place of each size that depends on them, bound by `prims.size` after it (minijit.ops.unbacked);
+  where torch's fake kernel cannot follow those sizes, with the shapes it gave, each checked by the trace
+  right after it on every call.
 - **Refusals are clear.** Such an op where no value can be read (inside a traced
   `autograd.Function`, with `out=`), an op with no meta kernel, a result that is not made
   of tensors, or a call with no tensor result that writes nothing (its effect would
@@ -552,15 +554,19 @@ def _rebuild(outputs: Any, fresh: Any, given: list[Any] | None = None) -> Any:
     return map_leaves(outputs, build)
 
 
-def shapes_seen_symbol(fn: Any, real_out: Any) -> Symbol:
-    """The opaque symbol of `fn`, an op whose result's shape depends on the values, giving `real_out`'s shapes.
+def shapes_seen_symbol(fn: Any, real_out: Any, shapes: list[tuple[Any, ...] | None] | None = None) -> Symbol:
+    """The opaque symbol of `fn`, an op whose result's shape depends on the values, giving `real_out`'s shapes,
+    or `shapes` (per leaf of `real_out`, sizes only the trace knows among them: minijit.ops.unbacked).
 
     The capture ran it on the real values (`real_out`, which requires grad as eager's would); the trace checks
-    the shapes on every call.
+    the shapes seen on every call, or binds the sizes it does not know.
     """
+    given = iter(shapes) if shapes is not None else None
+
     def meta_of(x: Any) -> Any:
         if isinstance(x, torch.Tensor):
-            return TensorMeta(tuple(x.shape), x.dtype, x.device, x.requires_grad)
+            shape = next(given) if given is not None else None
+            return TensorMeta(tuple(x.shape) if shape is None else shape, x.dtype, x.device, x.requires_grad)
         if isinstance(x, tuple) and hasattr(type(x), "n_fields"):  # torch.return_types: as a named tuple
             return named_tuple_for(type(x))(*(meta_of(v) for v in x))
         if isinstance(x, list | tuple):

@@ -35,7 +35,7 @@ import torch
 
 from minijit.ir import IntegerProxy, NumberProxy, TensorProxy, tree_flatten
 from minijit.ir.context import add_constraint, capturing
-from minijit.ir.proxies import guarded_compare
+from minijit.ir.proxies import data_dependent, guarded_compare
 
 __all__ = ["SIZE_RULES", "SymbolicShapes", "derive", "has_symbolic_sizes", "size_rule", "symbolic_output_shapes"]
 
@@ -63,6 +63,11 @@ class _Unsupported(Exception):
 def _symbolic(x: Any) -> bool:
     """A symbolic int that can become a torch symbol: one the guard can recompute, not 0."""
     return isinstance(x, IntegerProxy) and x.expr is not None and x.value >= 1
+
+
+def _unbacked(x: Any) -> bool:
+    """A size only the trace knows (`nonzero`'s count): an unbacked torch symbol, never its value."""
+    return isinstance(x, IntegerProxy) and data_dependent(x)
 
 
 def has_symbolic_sizes(args: Any) -> bool:
@@ -148,7 +153,8 @@ def symbolic_output_shapes(fn: Callable[..., Any], args: tuple[Any, ...], kwargs
         values = [_value_at(leaves, where) for where in found.symbols]
         if found.evaluate(values) != concrete:
             return None
-        ones = {sym for sym, v in zip(found.names, values, strict=True) if v == 1}
+        ones = {sym for sym, v, where in zip(found.names, values, found.symbols, strict=True)
+                if v == 1 and not _unbacked(_number_at(leaves, where))}
         across = None
         if any(guard.free_symbols & ones for guard in found.guards):
             generic = _derived(fn, args, kwargs, leaves, key, meta_device, generic=True)
@@ -248,10 +254,13 @@ def either_constraint(first: Sequence[Any], env: dict[Any, Any], second: Sequenc
     add_constraint(f"(({' and '.join(first_texts)}) or ({' and '.join(second_texts)}))")
 
 
-def _value_at(leaves: list[Any], where: tuple[int, int | None]) -> int:
+def _number_at(leaves: list[Any], where: tuple[int, int | None]) -> Any:
     leaf, dim = where
-    x = leaves[leaf] if dim is None else leaves[leaf].shape[dim]
-    return x.value
+    return leaves[leaf] if dim is None else leaves[leaf].shape[dim]
+
+
+def _value_at(leaves: list[Any], where: tuple[int, int | None]) -> int:
+    return _number_at(leaves, where).value
 
 
 def _signature(fn: Any, leaves: list[Any], nargs: int, kwnames: tuple[str, ...], meta_device: bool) -> Any:
@@ -262,6 +271,8 @@ def _signature(fn: Any, leaves: list[Any], nargs: int, kwnames: tuple[str, ...],
     def size(d: Any) -> Any:
         if _symbolic(d):
             return ("s", exprs.setdefault(d.expr, len(exprs)), d.value)
+        if _unbacked(d):
+            return ("u", exprs.setdefault(d.name, len(exprs)), d.value)
         return int(d.value) if isinstance(d, NumberProxy) else d
 
     for x in leaves:
@@ -304,11 +315,17 @@ def derive(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
     leaf_index = iter(range(1 << 62))
 
     def symint(x: IntegerProxy, where: tuple[int, int | None]) -> Any:
-        node = by_expr.get(x.expr)  # type: ignore[arg-type]
+        key = x.expr if x.expr is not None else x.name
+        node = by_expr.get(key)
         if node is None:
-            hint = 2 if generic and x.value == 1 else x.value
-            sym = env.create_symbol(hint, _size_source(len(names)), dynamic_dim=DimDynamic.DYNAMIC)
-            node = by_expr[x.expr] = env.create_symintnode(sym, hint=hint)  # type: ignore[index]
+            if x.expr is None:  # a size only the trace knows: no hint, the kernel may not decide on it
+                node = by_expr[key] = env.create_unbacked_symint()
+                torch._check(node >= 0)
+                sym = node.node.expr
+            else:
+                hint = 2 if generic and x.value == 1 else x.value
+                sym = env.create_symbol(hint, _size_source(len(names)), dynamic_dim=DimDynamic.DYNAMIC)
+                node = by_expr[key] = env.create_symintnode(sym, hint=hint)
             symbols.append(where)
             names.append(sym)
         return node
@@ -325,11 +342,11 @@ def derive(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
         if isinstance(x, TensorProxy):
             fake = tensors.get(id(x))
             if fake is None:
-                shape = [symint(d, (i, k)) if _symbolic(d) else int(d.value) if isinstance(d, NumberProxy) else d
-                         for k, d in enumerate(x.shape)]
+                shape = [symint(d, (i, k)) if _symbolic(d) or _unbacked(d)
+                         else int(d.value) if isinstance(d, NumberProxy) else d for k, d in enumerate(x.shape)]
                 fake = tensors[id(x)] = torch.empty(shape, dtype=x.dtype, device="meta")
             return fake
-        if _symbolic(x):
+        if _symbolic(x) or _unbacked(x):
             return symint(x, (i, None))
         if isinstance(x, NumberProxy):
             return x.value
@@ -412,14 +429,21 @@ def _bind(found: SymbolicShapes, leaves: list[Any]) -> list[tuple[Any, ...] | No
     """The output shapes on this call's proxies; the guards and ranges recorded as constraints while capturing."""
     env = _proxies(found, leaves)
     shapes = [None if shape is None else tuple(_number(d, env) for d in shape) for shape in found.outputs]
+    record_guards(found, env)
+    return shapes
+
+
+def record_guards(found: SymbolicShapes, env: dict[Any, Any]) -> None:
+    """Record the run's guards and ranges (on the numbers `env` gives its symbols) as constraints, while capturing."""
     if capturing():
         for guard in found.guards:
             _record(guard, env)
         for sym, (low, high) in zip(found.names, found.ranges, strict=True):
+            if _unbacked(env[sym]) and low <= 0 and high is None:
+                continue  # what torch assumes of any size: nothing to check
             _compare(env[sym], ">=", low)
             if high is not None:
                 _compare(env[sym], "<=", high)
-    return shapes
 
 
 _SWAPPED = {"==": "==", "!=": "!=", "<": ">", "<=": ">=", ">": "<", ">=": "<="}

@@ -27,8 +27,10 @@ import torch
 from minijit.errors import TraceInvariantError, UnsupportedSyntaxError, ValueGuardMiss
 from minijit.ir import NumberProxy, Proxy, TensorProxy, Trace, tree_flatten, tree_map
 from minijit.ir.context import current_trace, outside_capture, where_now
+from minijit.ir.proxies import UnbackedSize
 from minijit.ops.aten_prims import check_readable, check_value, is_value_check, observe
-from minijit.ops.opaque import shapes_seen_symbol
+from minijit.ops.opaque import describe, runtime_leaves, shapes_seen_symbol
+from minijit.ops.unbacked import bind_unbacked_sizes, unbacked_shapes
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,8 @@ class ValueCheck:
         elif self.how == "value":
             read = self.name
         else:
-            read = f"({self.name} {self.how} {self.other!r})"
+            other = self.other.name if isinstance(self.other, Proxy) else repr(self.other)
+            read = f"({self.name} {self.how} {other})"
         return f"{read} is {shown!r}{self.where}"
 
 
@@ -104,14 +107,14 @@ class ValueReader:
         if nested:
             if not isinstance(x, NumberProxy) or not any(x is o for b in trace.bound_symbols for o in b.proxy_outputs()):
                 return NotImplemented
-            if how != "value":
+            if how != "value" and not isinstance(x, UnbackedSize):  # a size the trace knows: only the outcome
                 return observe(self(x, "value", None), how, other)
         check_readable(x, how)
-        values = self._real_values([x])
+        read = [x, other] if isinstance(other, NumberProxy) else [x]  # another size only the trace knows
+        values = self._real_values(read)
         if values is None:
             return NotImplemented
-        (real,) = values
-        observed = observe(real, how, other)
+        observed = observe(values[0], how, values[1] if len(values) > 1 else other)
         self._check(x, how, other, observed, nested)
         if isinstance(x, NumberProxy) and how == "value":
             x.value = observed
@@ -134,6 +137,13 @@ class ValueReader:
         real_args, real_kwargs = tree_map(lambda x: by_id.get(id(x), x), (args, kwargs))
         with rng_preserved():
             real_out = fn(*real_args, **real_kwargs)
+        real_tensors = [t for t in runtime_leaves(real_out) if isinstance(t, torch.Tensor)]
+        unbacked = unbacked_shapes(fn, args, kwargs, describe(fn), real_tensors)
+        if unbacked is not None:  # sizes only the trace knows, bound where the op made them: no check
+            shapes, fresh = unbacked
+            out = shapes_seen_symbol(fn, real_out, shapes)(*args, **kwargs)
+            bind_unbacked_sizes(out, fresh)
+            return out
         out = shapes_seen_symbol(fn, real_out)(*args, **kwargs)
         if isinstance(real_out, tuple) and hasattr(type(real_out), "n_fields"):
             real_out = tuple(real_out)  # torch.return_types, which the symbol gives as a named tuple

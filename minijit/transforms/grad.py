@@ -38,7 +38,7 @@ from minijit.ir.printing import Constants
 from minijit.ir.proxies import rule_same_shape
 from minijit.ir.rewrite import Edits, ProxyMap, record
 from minijit.ir.symbol import SourceLocation
-from minijit.ops import prims
+from minijit.ops import aten_prims, prims
 from minijit.ops.opaque import OPAQUE
 from minijit.ops.registry import eager_impl
 from minijit.transforms.dce import dce
@@ -508,23 +508,30 @@ def _keep_old_values(fwd: Trace, saved: Sequence[Proxy], overwritten: Collection
 
 
 def _bind_input_sizes(fwd: Trace, saved: Sequence[Proxy]) -> Trace:
-    """`fwd` binding, at its top, the symbolic input sizes it saves but no longer binds.
+    """`fwd` binding the symbolic sizes it saves but no longer binds: an input's at its top, a size only the
+    trace knows (`nonzero`'s count, minijit/ops/unbacked.py) right after the op that made its tensor.
 
-    dce drops a `prims.shape` whose sizes nothing in the forward reads; a backward rule
+    dce drops a `prims.shape` or `prims.size` whose sizes nothing in the forward reads; a backward rule
     reading `x.shape` still needs them.
     """
     defined = {p.name for p in fwd.args} | {p.name for b in fwd.bound_symbols for p in b.proxy_outputs()}
     missing = {p.name for p in saved if isinstance(p, NumberProxy) and p.name not in defined}
+    if not missing:
+        return fwd
+    edits = Edits(fwd)
     head = []
     for a in fwd.args:
         if isinstance(a, TensorProxy) and any(isinstance(d, NumberProxy) and d.name in missing for d in a.shape):
             head.append(prims.shape.bind(a, output=tuple(a.shape)))
             missing -= {d.name for d in a.shape if isinstance(d, NumberProxy)}
-    if not head:
-        return fwd
-    edits = Edits(fwd)
     edits.insert_before(0, head)
-    return edits.apply(pass_name=fwd.pass_name)
+    for i, b in enumerate(fwd.bound_symbols):
+        for t in b.proxy_outputs():
+            for dim, d in enumerate(t.shape if isinstance(t, TensorProxy) else ()):
+                if isinstance(d, NumberProxy) and d.name in missing:
+                    edits.insert_after(i, [aten_prims.size.bind(t, dim, output=d)])
+                    missing.discard(d.name)
+    return edits.apply(pass_name=fwd.pass_name) if edits else fwd
 
 
 def _is_cheap(bsym: BoundSymbol) -> bool:

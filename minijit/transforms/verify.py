@@ -40,7 +40,7 @@ from typing import Any
 from minijit import environment
 from minijit.errors import CopyToOutError, TraceInvariantError, where
 from minijit.ir import BoundSymbol, Proxy, TensorProxy, Trace, tracing, tree_flatten, tree_iter
-from minijit.ir.context import recording_constraints
+from minijit.ir.context import recording_constraints, replaying_captured
 from minijit.ir.printing import Constants
 from minijit.ir.proxies import number_value
 from minijit.transforms.grad import PYTHON_DEL
@@ -259,7 +259,7 @@ def _rerun(trace: Trace, bsym: BoundSymbol, kwargs: dict[str, Any]) -> _MetaResu
     scratch.source = bsym.source
     try:
         # The meta decides on the traced values as the capture did; what it records goes nowhere.
-        with tracing(scratch), recording_constraints():
+        with tracing(scratch), recording_constraints(), replaying_captured():
             rerun = bsym.sym.meta(*bsym.args, **kwargs)
     except Exception as e:  # any failure of the meta is the finding
         _fail(trace, bsym, "meta re-runs", f"its meta raised {type(e).__name__}: {e}")

@@ -45,7 +45,8 @@ CASES: list[tuple[str, Callable[[], tuple[Any, ...]]]] = [
 # gradient; ltorch.histc detaches its input) and item (its output is a Python number).
 NOT_DIFFERENTIABLE = {"convolution_backward", "avg_pool_backward", "adaptive_avg_pool_backward", "upsample_backward",
                       "batch_norm_backward", "histc", "item",
-                      "check_value"}  # a check of a value read while tracing: no tensor result
+                      "check_value",  # a check of a value read while tracing: no tensor result
+                      "size"}  # a size of a tensor the trace made (minijit/ops/unbacked.py): a number, no gradient
 
 # Prims whose gradient is tested in tests/transforms/test_grad_modelops.py: the generic harness makes
 # every floating point argument require grad and differentiates every floating point output, but eager's

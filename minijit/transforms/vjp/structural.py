@@ -9,7 +9,7 @@ import torch
 
 from minijit.errors import MinijitError
 from minijit.ir import TensorProxy
-from minijit.ir.proxies import rule_compare, rule_same_shape
+from minijit.ir.proxies import data_dependent, rule_compare, rule_same_shape, same_size
 from minijit.ops import prims
 from minijit.ops.registry import ALL_LTORCH
 from minijit.ops.utils import larger, restore_reduced
@@ -46,8 +46,11 @@ def broadcast_in_dim_fwd(x: TensorProxy, shape: Sequence[Any], broadcast_dims: S
 def broadcast_in_dim_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
     in_shape, out_shape, bdims = saved
     # Sum over the added and the expanded dims; an added dim of size 1 needs only the reshape.
-    expanded = [d for size, d in zip(in_shape, bdims) if rule_compare(size, "==", 1) and rule_compare(out_shape[d], "!=", 1)]
-    new = [d for d in range(len(out_shape)) if d not in bdims and rule_compare(out_shape[d], "!=", 1)]
+    # A size only the trace knows is summed over as any size (a sum over a dim of 1 is a reshape too).
+    expanded = [d for size, d in zip(in_shape, bdims) if not same_size(size, out_shape[d])
+                and rule_compare(size, "==", 1) and (data_dependent(out_shape[d]) or rule_compare(out_shape[d], "!=", 1))]
+    new = [d for d in range(len(out_shape))
+           if d not in bdims and (data_dependent(out_shape[d]) or rule_compare(out_shape[d], "!=", 1))]
     dims = tuple(sorted(new + expanded))
     out = P.sum(g, dims) if dims else g
     if not rule_same_shape(out.shape, in_shape):
