@@ -28,8 +28,7 @@ from minijit.frontend.outside import tensor_attribute
 from minijit.ir import Proxy, TensorProxy, current_trace
 from minijit.ir.context import where_now
 from minijit.ir.proxies import TENSOR_METHODS
-from minijit.transforms.grad import is_differentiable
-from minijit.transforms.inline_grad import GRAD_OF
+from minijit.ops.grad_of import GRAD_OF
 
 
 def _as_tuple(x: Any) -> tuple[Any, ...]:
@@ -80,7 +79,7 @@ def _reached(outputs: Sequence[TensorProxy], candidates: Sequence[TensorProxy] |
             continue  # not needed, recorded without grad, or not differentiable: the gradient stops here
         needed.update(id(p) for p in b.proxy_args() if isinstance(p, TensorProxy) and p.requires_grad)
     pool = candidates if candidates is not None else [p for p in trace.args if isinstance(p, TensorProxy)
-                                                      and p.requires_grad and is_differentiable(p)]
+                                                      and p.requires_grad and (p.dtype.is_floating_point or p.dtype.is_complex)]
     return [p for p in pool if id(p) in needed]
 
 

@@ -1,9 +1,9 @@
 """Gradients taken inside the traced function (`loss.backward()`, `torch.autograd.grad`), as values of the trace.
 
 While the user's code runs, `minijit.frontend.backward` records each such call as one bound symbol of
-`GRAD_OF`: `(g0, g1, ...) = autograd.grad_of((loss,), (cotangent,), (p0, p1, ...))`, whose outputs are
-fresh tensors shaped like the inputs differentiated. The rest of the code (an optimizer's step) computes
-with those outputs as with any value. Functionalization then runs on the whole trace as usual.
+`GRAD_OF` (minijit/ops/grad_of.py): `(g0, g1, ...) = autograd.grad_of((loss,), (cotangent,), (p0, p1, ...))`,
+whose outputs are fresh tensors shaped like the inputs differentiated. The rest of the code (an optimizer's
+step) computes with those outputs as with any value. Functionalization then runs on the whole trace as usual.
 
 `expand_inline_grads` replaces each `grad_of` by what it stands for, after functionalization (so that the
 code's in-place ops are functional already) and before the executors claim anything: the bound symbols the
@@ -19,26 +19,11 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 from minijit.errors import MinijitError, UnsupportedSyntaxError, where
-from minijit.ir import BoundSymbol, Proxy, Symbol, TensorProxy, Trace, tree_flatten
-from minijit.ir.context import where_now
-from minijit.ir.proxies import rule_same_shape
+from minijit.ir import BoundSymbol, Proxy, Trace, tree_flatten
 from minijit.ir.rewrite import Edits, ProxyMap, record
 from minijit.ops import prims
+from minijit.ops.grad_of import GRAD_OF
 from minijit.transforms.grad import _Splitter, is_differentiable
-
-
-def _grad_of_meta(outputs: tuple[TensorProxy, ...], cotangents: tuple[TensorProxy, ...],
-                  inputs: tuple[TensorProxy, ...], retain_graph: bool = False) -> tuple[TensorProxy, ...]:
-    for out, ct in zip(outputs, cotangents, strict=True):
-        if not isinstance(out, TensorProxy) or not isinstance(ct, TensorProxy) or not rule_same_shape(
-                out.shape, ct.shape):
-            raise MinijitError(f"autograd.grad_of: a cotangent does not match its output{where_now()}")
-    return tuple(TensorProxy.like(x, requires_grad=False) for x in inputs)
-
-
-# The gradients of `outputs` (each weighted by its cotangent) with respect to `inputs`: one fresh tensor each.
-# `retain_graph`: the code asked to keep the graph (so tensors computed before may be differentiated again).
-GRAD_OF = Symbol("grad_of", _grad_of_meta, namespace="autograd", is_prim=True)
 
 
 def has_inline_grads(trace: Trace) -> bool:
