@@ -38,6 +38,7 @@ from minijit.frontend import (
     autograd_function,  # noqa: F401  (registers the Function.apply lookaside)
     communication,  # noqa: F401  (refuses torch.distributed's calls without traced tensors)
     foreach,  # noqa: F401  (registers the torch._foreach_* lookasides)
+    module_hooks,  # noqa: F401  (registers the BackwardHook lookaside: modules' full backward hooks)
     nondeterminism,  # noqa: F401  (registers the RNG, clock and entropy lookasides)
     scan,  # noqa: F401  (registers the associative_scan lookaside)
 )

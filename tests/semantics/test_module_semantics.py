@@ -306,17 +306,13 @@ def test_state_dict_hooks_through_the_jitted_module():
     run_differential(with_hooks(register, loads=[]), step)
 
 
-# -- backward hooks: refused while grad mode is on ------------------------------------------------
+# -- old-style backward hooks: refused while grad mode is on (full ones run: test_full_backward_hooks.py) ----
 
 BACKWARD_HOOKS = {
-    "full backward hook": (lambda m: m.fc1.register_full_backward_hook(lambda mod, gin, gout: None),
-                           r"Linear at self.fc1 has a backward hook \(register_full_backward_hook"),
     "old-style backward hook": (lambda m: m.fc2.register_backward_hook(lambda mod, gin, gout: None),
                                 r"Linear at self.fc2 has a backward hook \(register_backward_hook"),
-    "backward pre-hook": (lambda m: m.register_full_backward_pre_hook(lambda mod, gout: None),
-                          r"Net at self has a backward hook \(register_full_backward_pre_hook"),
-    "global backward hook": (lambda m: torch_module.register_module_full_backward_hook(lambda mod, gin, gout: None),
-                             r"every module .* \(register_module_full_backward_hook"),
+    "global old-style backward hook": (lambda m: torch_module.register_module_backward_hook(lambda mod, gin, gout: None),
+                                       r"every module .* \(register_module_backward_hook"),
 }
 
 
