@@ -28,7 +28,7 @@ import torch.utils.hooks
 
 from minijit.errors import MinijitError, UnsupportedOpError
 from minijit.frontend.lookasides import lookaside
-from minijit.ir import Effects, Symbol, TensorProxy
+from minijit.ir import Effects, Symbol, Tag, TensorProxy
 from minijit.ir.context import where_now
 from minijit.ops.opaque import OPAQUE
 
@@ -157,8 +157,9 @@ def boundary_symbol(kind: str, n: int) -> Symbol:
     """
     sym = _BOUNDARY.get((kind, n))
     if sym is None:
-        sym = Symbol(kind, _boundary_meta, namespace="module_hooks", is_prim=True, tags=frozenset({OPAQUE}),
-                     fn=_identity, effects=Effects(views=tuple(range(1, n + 1))))
+        sym = Symbol(kind, _boundary_meta, namespace="module_hooks", is_prim=True,
+                     tags=frozenset({OPAQUE, Tag.FUNCTION_VIEW}), fn=_identity,
+                     effects=Effects(views=tuple(range(1, n + 1))))
         _BOUNDARY[(kind, n)] = sym
         _boundary_rule(sym, kind)
     return sym

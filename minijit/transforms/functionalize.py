@@ -281,13 +281,16 @@ class _Functionalizer:
 
     def _check_view_for_grad(self, dst: TensorProxy, op: BoundSymbol) -> None:
         """Eager's refusals of an in-place op that needs grad on a view made by an op returning several
-        views, or made under `torch.no_grad()` / `torch.inference_mode()`."""
+        views, by a custom Function (`Tag.FUNCTION_VIEW`), or under `torch.no_grad()` / `torch.inference_mode()`."""
         if not any(isinstance(a, TensorProxy) and a.requires_grad for a in op.proxy_args()):
             return
         for step, out in self.chain(dst):
             if sum(isinstance(o, TensorProxy) for o in tree_flatten(step.output)) > 1:
                 why = f"{step.sym.name} returned among several views (eager: such functions do not allow the output " \
                       "views to be modified inplace)"
+            elif Tag.FUNCTION_VIEW in step.sym.tags:
+                why = f"{step.sym.id} returned (eager: a view created inside a custom Function, BackwardHookFunction, " \
+                      "is being modified inplace)"
             elif out.name in self.no_grad:
                 why = f"{step.sym.name} made with grad off (eager: a view was created in no_grad mode and is being " \
                       "modified inplace with grad mode enabled)"

@@ -18,6 +18,7 @@ import torch.nn.modules.module as torch_module
 from torch import nn
 
 import minijit
+from minijit.errors import InplaceError
 
 Record = list[tuple[Any, ...]]
 
@@ -224,3 +225,37 @@ def test_a_hook_returning_a_gradient_of_the_wrong_shape_is_an_error() -> None:
     out = minijit.jit(model)(torch.randn(5, 3, requires_grad=True))
     with pytest.raises(RuntimeError, match=r"a backward hook of Linear replaced grad_input\[0\]"):
         out.sum().backward()
+
+
+def test_a_hooked_module_called_by_a_jitted_function() -> None:
+    # Not a jitted module: the function reads the module's hook dicts, and its guard notices a hook added or removed.
+    torch.manual_seed(0)
+    eager = nn.Linear(3, 2)
+    model = copy.deepcopy(eager)
+    records: tuple[Record, Record] = ([], [])
+    steps = [lambda x: eager(x).pow(2).sum(), minijit.jit(lambda x: model(x).pow(2).sum())]
+    handles: list[Any] = []
+    for i in range(4):
+        if i == 1:
+            handles = [m.register_full_backward_hook(recording_hook(r)) for m, r in zip((eager, model), records)]
+        if i == 3:
+            for handle in handles:
+                handle.remove()
+        x = torch.randn(4, 3, generator=torch.Generator().manual_seed(i))
+        xs = [x.clone().requires_grad_(), x.clone().requires_grad_()]
+        for step, xi in zip(steps, xs):
+            step(xi).backward()
+        torch.testing.assert_close(xs[1].grad, xs[0].grad)
+    assert_same_records(records[1], records[0])
+    assert len(records[0]) == 2
+
+
+def test_an_in_place_write_into_a_hooked_modules_input_is_refused_as_in_eager() -> None:
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(inplace=True))
+    model[1].register_full_backward_hook(lambda mod, gin, gout: None)
+    x = torch.randn(2, 3, requires_grad=True)
+    with pytest.raises(RuntimeError, match="modified inplace"):
+        model(x)
+    with pytest.raises(InplaceError, match=r"module_hooks.inputs returned \(eager: a view created inside a "
+                                                   r"custom Function"):
+        minijit.jit(model)(x)
