@@ -30,6 +30,7 @@ from minijit.errors import MinijitError, UnsupportedOpError
 from minijit.frontend.lookasides import lookaside
 from minijit.ir import Effects, Symbol, Tag, TensorProxy
 from minijit.ir.context import where_now
+from minijit.ops import prims
 from minijit.ops.opaque import OPAQUE
 
 __all__ = ["HookSite", "TracedBackwardHook"]
@@ -177,7 +178,6 @@ def _grads_symbol(kind: str) -> Symbol:
 
 
 def _boundary_rule(sym: Symbol, kind: str) -> None:
-    from minijit.ops import prims
     from minijit.transforms.vjp import VjpRule, add_rule  # the grad pass's table (as for custom Functions)
 
     def forward(site: HookSite, *xs: Any) -> Any:
