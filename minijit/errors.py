@@ -11,6 +11,12 @@ class UnsupportedOpError(MinijitError):
     """A torch callable or symbol that no minijit op or executor can run."""
 
 
+class TracesEagerBody(UnsupportedOpError):
+    """An ltorch op declining a call that its torch function's Python body, traced op by op, records as eager
+    runs it (F.embedding with `max_norm` renormalises `weight.detach()` in place, then looks up): the
+    interpreter traces that body instead of recording the call opaque."""
+
+
 class DataDependentShapeError(UnsupportedOpError):
     """A torch op whose result's shape depends on its input's values (`nonzero`, `unique`), where no value can be read."""
 

@@ -47,6 +47,10 @@ EXCEPTIONS = {
         "the symbol of a traced custom Function is made for that one call, so capture gives it its VJP rule "
         "(in VJP_RULES) at once, built from the backward sub-trace"
     ),
+    ("minijit.frontend.module_hooks", "minijit.transforms.vjp"): (
+        "the identity op at a hooked module's boundary is made per number of tensors when capture first meets "
+        "one, so capture gives it its VJP rule at once: the call of the module's backward hooks"
+    ),
 }
 
 

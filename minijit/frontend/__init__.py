@@ -40,6 +40,7 @@ from minijit.frontend import (
     communication,  # noqa: F401  (refuses torch.distributed's calls without traced tensors)
     foreach,  # noqa: F401  (registers the torch._foreach_* lookasides)
     func_transforms,  # noqa: F401  (registers torch.func.grad, grad_and_value and vmap)
+    module_hooks,  # noqa: F401  (registers the BackwardHook lookaside: modules' full backward hooks)
     nondeterminism,  # noqa: F401  (registers the RNG, clock and entropy lookasides)
     scan,  # noqa: F401  (registers the associative_scan lookaside)
 )

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from minijit.errors import MetaError, MinijitError, UnsupportedOpError, UnsupportedSyntaxError
+from minijit.errors import MetaError, MinijitError, TracesEagerBody, UnsupportedOpError, UnsupportedSyntaxError
 from minijit.frontend.folding import NOT_FOLDED, fold, fold_numbers_only, unfold_sizes, with_known_numbers
 from minijit.frontend.frame import current_state
 from minijit.frontend.interpreter import run_function
@@ -126,7 +126,10 @@ def call(fn: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> 
         sym = ltorch_symbol_for(fn)
         if sym is not None:
             observe_whole_arguments(args, kwargs)
-            return _call_ltorch(fn, sym, args, kwargs)
+            try:
+                return _call_ltorch(fn, sym, args, kwargs)
+            except TracesEagerBody:
+                return run_function(fn, args, kwargs)
         lookaside = LOOKASIDES.get(fn)
         if lookaside is not None:
             return run_native(lookaside, *args, **kwargs)

@@ -141,6 +141,9 @@ class Tag:
     MASKED_FILL = "masked fill"  # writes argument 2 into argument 0 where the mask, argument 1, is True
     INDEXED_WRITE = "indexed write"  # `a[key] = value` with torch's indexing semantics: (a, key, value)
     METADATA = "metadata"  # reads only its tensor's metadata (sizes), never its values: no wait for a device
+    # Its outputs are views eager refuses in-place writes into while grad is on: they come out of a custom autograd
+    # Function (the identity at a hooked module's boundary, eager's BackwardHookFunction).
+    FUNCTION_VIEW = "function view"
     # Its result depends on where its tensor arguments' elements sit in memory (`as_strided`): the passes and
     # executors keep those tensors, and all they were computed from, laid out as eager lays them out
     # (`minijit.transforms.memory.layout_read`).

@@ -54,7 +54,7 @@ from typing import Any
 import torch
 from torch._library.custom_ops import CustomOpDef
 
-from minijit.errors import DataDependentShapeError, DeviceError, InplaceError, MinijitError, UnsupportedOpError
+from minijit.errors import DataDependentShapeError, DeviceError, InplaceError, MinijitError, TracesEagerBody, UnsupportedOpError
 from minijit.ir import Effects, Symbol, Tag, TensorProxy, current_trace, tree_flatten, tree_map
 from minijit.ir.context import value_reader, where_now
 from minijit.ir.proxies import TENSOR_METHOD_FALLBACKS, TENSOR_METHODS, rule_same_shape
@@ -115,7 +115,7 @@ def call_ltorch(fn: Any, sym: Symbol, args: tuple[Any, ...] | list[Any], kwargs:
         return _into_out(sym, args, kwargs, out)
     except DECLINED as declined:
         trace = current_trace()
-        if trace is None or not is_opaque_candidate(fn):
+        if trace is None or not is_opaque_candidate(fn) or isinstance(declined, TracesEagerBody):
             raise
         try:
             result = opaque_call(fn, tuple(args), kwargs)

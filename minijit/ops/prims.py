@@ -283,8 +283,9 @@ def _detach_meta(x: TensorProxy) -> TensorProxy:
     return TensorProxy.like(x, requires_grad=False)
 
 
-# The same values with requires_grad=False: where gradients stop (torch.detach, x.data).
-detach = _prim("detach", _detach_meta, tags=frozenset({Tag.STOPS_GRADIENT}))
+# The same values with requires_grad=False: where gradients stop (torch.detach, x.data). Eager's result
+# shares the argument's memory: a write through it (`w.detach().mul_(2)`) writes `w`.
+detach = _prim("detach", _detach_meta, VIEW, tags=frozenset({Tag.STOPS_GRADIENT}))
 
 
 # -- reductions ---------------------------------------------------------------

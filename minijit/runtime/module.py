@@ -11,8 +11,10 @@ key, so `model.eval()`, a replaced submodule or a hook added or removed anywhere
 trace, explained in `cache_info`.
 
 Hooks are Python: torch's `Module._call_impl` runs them and the interpreter traces it like
-any layer code. Backward hooks need the module's own autograd boundary, which a jitted
-forward (one autograd node) does not have: they are refused while grad mode is on.
+any layer code. Full backward hooks and backward pre-hooks run at the hooked module's boundary in
+the backward (identity ops whose VJPs call them: `minijit/frontend/module_hooks.py`); the older
+non-full backward hooks see the last autograd node of the module's forward, which a trace does not
+have: they are refused while grad mode is on.
 
 `JitModule`, the wrapper `minijit.jit(module)` returns, is itself an `nn.Module` whose
 every module method acts on the wrapped module.
@@ -252,20 +254,26 @@ def _label(path: str) -> str:
 
 
 def _hide_backward_hooks(shown: dict[tuple[int, str], Any], holder: Any, prefix: str, owner: str) -> None:
-    """Refuse backward hooks of `holder` (a module, or the global hooks' namespace) while grad mode is on;
-    without grad they never run, so the capture reads empty dicts in their place (added to `shown`)."""
+    """Refuse the (non-full) backward hooks of `holder` (a module, or the global hooks' namespace) while grad mode
+    is on; without grad no backward hook runs, so the capture reads empty dicts in their place (added to `shown`).
+    Full backward hooks and backward pre-hooks run at the module's boundary in the backward
+    (`minijit/frontend/module_hooks.py`)."""
     namespace = holder if isinstance(holder, dict) else vars(holder)
     for name in (f"{prefix}_backward_pre_hooks", f"{prefix}_backward_hooks"):
         hooks = namespace.get(name)
         if not hooks:
             continue
+        full = name.endswith("pre_hooks") or namespace.get(f"{prefix}_is_full_backward_hook")
+        if torch.is_grad_enabled() and full:
+            continue
         if torch.is_grad_enabled():
             hook = next(iter(hooks.values()))
             raise UnsupportedSyntaxError(
                 f"{owner} has a backward hook ({_registration(namespace, prefix, name)}: "
-                f"{getattr(hook, '__qualname__', repr(hook))}), which minijit cannot run: the jitted forward is "
-                "one autograd node, with no gradient at that module's boundary. Remove the hook, call the "
-                "jitted module under torch.no_grad(), or leave this module un-jitted"
+                f"{getattr(hook, '__qualname__', repr(hook))}), which minijit cannot run: a non-full backward hook "
+                "sees the gradients of the last autograd node of the module's forward, which a trace does not "
+                "have. Register it with register_full_backward_hook, call the jitted module under torch.no_grad(), "
+                "or leave this module un-jitted"
             )
         shown[(id(holder), name)] = OrderedDict()
 

@@ -230,7 +230,7 @@ class _Functionalizer:
                 f"{op.sym.id}{where(op.source)} writes in place into {base.name}, a tensor the function did not "
                 "receive and minijit could not trace back to where it lives outside the call; pass it as an "
                 "argument, or read it from a global, closure or attribute")
-        under_no_grad = self._recorded_without_grad(op)
+        under_no_grad = self._recorded_without_grad(op) or self._through_detached(dst)
         if self.grad_enabled and id(base) in self.leaves and not under_no_grad:
             what = "a view of a leaf Variable" if base is not dst else "a leaf Variable"
             raise InplaceError(f"{op.sym.id}{where(op.source)}: {what} that requires grad is being used in an "
@@ -273,15 +273,24 @@ class _Functionalizer:
         # An op with no outputs of its own (a fused optimizer step) tells by the tensors it writes.
         return any(n in self.no_grad for n in (fresh or own or [p.name for p in op.written()]))
 
+    def _through_detached(self, dst: TensorProxy) -> bool:
+        """Whether `dst` reaches its base through a detach (`w.detach()`, `w.data`): eager's autograd does not
+        see a write through such an alias (F.embedding's max_norm renormalises `weight.detach()` in place), so it
+        is a write without grad, whatever the grad mode."""
+        return any(_stops_gradient(step) for step, _ in self.chain(dst))
+
     def _check_view_for_grad(self, dst: TensorProxy, op: BoundSymbol) -> None:
         """Eager's refusals of an in-place op that needs grad on a view made by an op returning several
-        views, or made under `torch.no_grad()` / `torch.inference_mode()`."""
+        views, by a custom Function (`Tag.FUNCTION_VIEW`), or under `torch.no_grad()` / `torch.inference_mode()`."""
         if not any(isinstance(a, TensorProxy) and a.requires_grad for a in op.proxy_args()):
             return
         for step, out in self.chain(dst):
             if sum(isinstance(o, TensorProxy) for o in tree_flatten(step.output)) > 1:
                 why = f"{step.sym.name} returned among several views (eager: such functions do not allow the output " \
                       "views to be modified inplace)"
+            elif Tag.FUNCTION_VIEW in step.sym.tags:
+                why = f"{step.sym.id} returned (eager: a view created inside a custom Function, BackwardHookFunction, " \
+                      "is being modified inplace)"
             elif out.name in self.no_grad:
                 why = f"{step.sym.name} made with grad off (eager: a view was created in no_grad mode and is being " \
                       "modified inplace with grad mode enabled)"
@@ -495,3 +504,8 @@ def _is_basic_key(key: Any) -> bool:
     return all(type(k) is int or k is None or k is Ellipsis or
                (type(k) is slice and all(type(v) is int or v is None for v in (k.start, k.stop, k.step)))
                for k in items)
+
+
+def _stops_gradient(bsym: BoundSymbol) -> bool:
+    """Whether `bsym` (a view step) cuts its output from autograd, itself or in its decomposition (`detach`)."""
+    return Tag.STOPS_GRADIENT in bsym.sym.tags or any(_stops_gradient(sub) for sub in bsym.subsymbols)

@@ -125,6 +125,10 @@ def _scatter_slice(bsym: BoundSymbol, out: Proxy, current: TensorProxy, new: Ten
     return prims.slice_scatter(current, new, *bsym.args[1:], **bsym.kwargs)
 
 
+def _scatter_same(bsym: BoundSymbol, out: Proxy, current: TensorProxy, new: TensorProxy) -> TensorProxy:
+    return new
+
+
 class ExpandedWrite(InplaceError):
     """A write through an expanded view: one element of the base appears several times in the view."""
 
@@ -149,6 +153,7 @@ PRIM_SCATTER: dict[Symbol, ScatterRule | None] = {
     prims.squeeze: _scatter_reshape,
     prims.slice_prim: _scatter_slice,
     prims.broadcast_in_dim: _scatter_broadcast,
+    prims.detach: _scatter_same,
     prims.real: None,  # views reinterpreting a complex tensor's memory
     prims.imag: None,
     prims.convert_element_type: None,  # the argument itself only where nothing changes

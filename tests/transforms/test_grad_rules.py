@@ -82,14 +82,16 @@ def test_silu_backward():
     _check([got], [want])
 
 
+@pytest.mark.parametrize("scale_grad_by_freq", [False, True])
 @pytest.mark.parametrize("padding_idx", [None, 2, -1])
-def test_embedding_backward(padding_idx):
+def test_embedding_backward(padding_idx, scale_grad_by_freq):
     w = torch.randn(6, 3, dtype=F64, requires_grad=True)
     idx = torch.tensor([[0, 2, 5], [2, 2, 1]])
-    out = F.embedding(idx, w, padding_idx=padding_idx)
+    out = F.embedding(idx, w, padding_idx=padding_idx, scale_grad_by_freq=scale_grad_by_freq)
     g = torch.randn_like(out)
     (want,) = torch.autograd.grad(out, w, g)
-    got = run_decomposed(lambda i, w, g: _bwd("embedding")((i, w, padding_idx), g)[1], idx, w.detach(), g)
+    got = run_decomposed(lambda i, w, g: _bwd("embedding")((i, w, padding_idx, scale_grad_by_freq), g)[1],
+                         idx, w.detach(), g)
     _check([got], [want])
 
 

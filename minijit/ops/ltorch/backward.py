@@ -135,13 +135,19 @@ def native_layer_norm_backward(grad_out: TensorProxy, input: TensorProxy, normal
 @ltorch_op("embedding_dense_backward", impl=aten.embedding_dense_backward.default)
 def embedding_dense_backward(grad_output: TensorProxy, indices: TensorProxy, num_weights: int, padding_idx: int,
                              scale_grad_by_freq: bool) -> TensorProxy:
-    """aten.embedding_dense_backward: the rows of grad_output summed into a (num_weights, dim) gradient."""
+    """aten.embedding_dense_backward: the rows of grad_output summed into a (num_weights, dim) gradient (each
+    row divided by its index's count first, with scale_grad_by_freq)."""
     dim = grad_output.shape[-1]
     flat = P.reshape(indices, (math.prod(indices.shape),))
     g2 = P.reshape(grad_output, (flat.shape[0], dim))
     if rule_compare(padding_idx, ">=", 0):
         pad = P.broadcast_in_dim(P.eq(flat, padding_idx), g2.shape, (0,))
         g2 = P.where(pad, _zeros_like(g2), g2)
+    if scale_grad_by_freq:  # each row's gradient divided by how often its index occurs
+        ones = P.full(tuple(flat.shape), 1, dtype=grad_output.dtype, device=grad_output.device)
+        counts = P.index_add(P.full((num_weights,), 0, dtype=grad_output.dtype, device=grad_output.device),
+                             flat, ones, 0)
+        g2 = P.div(g2, P.broadcast_in_dim(P.take(counts, flat, 0), g2.shape, (0,)))
     zeros = P.full((num_weights, dim), 0, dtype=grad_output.dtype, device=grad_output.device)
     return P.index_add(zeros, flat, g2, 0)
 

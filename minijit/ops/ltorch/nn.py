@@ -13,8 +13,9 @@ from typing import Any
 
 import torch
 
-from minijit.errors import MetaError
+from minijit.errors import MetaError, TracesEagerBody
 from minijit.ir import TensorProxy
+from minijit.ir.context import where_now
 from minijit.ir.proxies import rule_compare, rule_same_shape
 from minijit.ops import prims
 from minijit.ops.ltorch.elementwise import (
@@ -449,7 +450,11 @@ def embedding(input: TensorProxy, weight: TensorProxy, padding_idx: int | None =
     if _tensor("embedding", weight, "weight").ndim != 2:
         raise fail("embedding", f"weight must be 2-d, got {weight.ndim}D")
     if max_norm is not None:
-        raise unsupported("embedding", "max_norm renormalizes weight in place, which is not supported")
+        # Eager renormalises the looked-up rows of `weight.detach()` in place first: a write, traced from F.embedding.
+        raise TracesEagerBody(f"embedding: max_norm renormalises weight in place{where_now()}")
+    if sparse:
+        # Eager's gradient is then a sparse tensor: torch's own kernel runs the call.
+        raise unsupported("embedding", "sparse=True makes a sparse gradient")
     rows = prims.take(weight, reshape_to(input, (numel_of(input.shape),)), 0)
     return reshape_to(rows, (*input.shape, weight.shape[1]))
 

@@ -200,18 +200,18 @@ def layer_norm_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
 @vjp("ltorch.embedding")
 def embedding_fwd(input: TensorProxy, weight: TensorProxy, padding_idx: Any = None, max_norm: Any = None,  # noqa: A002
                   norm_type: float = 2.0, scale_grad_by_freq: bool = False, sparse: bool = False) -> Any:
-    if max_norm is not None or scale_grad_by_freq or sparse or weight.ndim != 2:
+    if max_norm is not None or sparse or weight.ndim != 2:
         return NotImplemented
     out = _op("embedding")(input, weight, padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse)
-    return out, (input, weight, padding_idx)
+    return out, (input, weight, padding_idx, scale_grad_by_freq)
 
 
 @embedding_fwd.backward
 def embedding_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
-    index, weight, padding_idx = saved
+    index, weight, padding_idx, scale_grad_by_freq = saved
     rows = weight.shape[0]
     pad = padding_idx % rows if padding_idx is not None else -1
-    return None, embedding_dense_backward(g, index, rows, pad, False), None, None, None, None, None
+    return None, embedding_dense_backward(g, index, rows, pad, bool(scale_grad_by_freq)), None, None, None, None, None
 
 
 def _nll_args_ok(input: Any, target: Any, weight: Any, size_average: Any, reduce: Any,  # noqa: A002
