@@ -31,10 +31,15 @@ import torch
 from minijit.errors import UnsupportedSyntaxError
 from minijit.ir.context import where_now
 
-SUPPORTED_PATTERNS = (
+FSDP2_PATTERNS = (
     "jit each layer before sharding it (fully_shard(minijit.jit(layer)) for each layer, then fully_shard(model), "
     "left un-jitted; torch.compile goes there too: fully_shard(torch.compile(layer, backend='minijit'))), or shard "
     "only the jitted root (minijit.jit(fully_shard(model)) or fully_shard(minijit.jit(model)))"
+)
+TP_PATTERNS = (
+    "parallelize first, then jit each parallelized module that holds no other parallelized module, and the "
+    "modules between them (parallelize_module(model, mesh, plan), then model.fc = minijit.jit(model.fc) per layer), "
+    "leaving the modules that hold parallelized ones un-jitted"
 )
 
 
@@ -72,13 +77,28 @@ def call_through_wrapper(wrapper: torch.nn.Module, attribute: str, jitted: torch
 
 def is_eager_hook(hook: Any) -> bool:
     """True for a hook from torch.distributed (FSDP2's, composable replicate's): it must run eagerly."""
+    module = getattr(_hook_function(hook), "__module__", None) or ""
+    return module == "torch.distributed" or module.startswith("torch.distributed.")
+
+
+def _hook_function(hook: Any) -> Any:
+    """The function under a hook's bound-method and functools.partial wrappers."""
     while True:
         inner = getattr(hook, "__func__", None) or getattr(hook, "func", None)
         if inner is None or inner is hook:
-            break
+            return hook
         hook = inner
-    module = getattr(hook, "__module__", None) or ""
-    return module == "torch.distributed" or module.startswith("torch.distributed.")
+
+
+def hook_origin(hook: Any) -> tuple[str, str]:
+    """(whose hook it is, in words; the patterns that work with it) for an eager hook."""
+    module = getattr(_hook_function(hook), "__module__", None) or ""
+    if module == "torch.distributed.tensor" or module.startswith("torch.distributed.tensor."):
+        return ("DTensor's (tensor parallelism: parallelize_module or distribute_module was applied to it, its "
+                "parameters are DTensors and the hook redistributes its inputs or outputs)", TP_PATTERNS)
+    if module.startswith("torch.distributed.fsdp") or module.startswith("torch.distributed._composable"):
+        return "FSDP2's (fully_shard was applied to it)", FSDP2_PATTERNS
+    return f"from {module}", f"{FSDP2_PATTERNS}; for tensor parallelism: {TP_PATTERNS}"
 
 
 def eager_hooks(module: torch.nn.Module) -> tuple[list[tuple[int, Any]], list[tuple[int, Any]]]:
@@ -106,23 +126,25 @@ def without_root_eager_hooks(module: torch.nn.Module, label: str) -> dict[tuple[
                 f"{label} has forward {'pre-' if outermost_first else ''}hooks from torch.distributed and others in "
                 f"between; minijit runs the torch.distributed ones eagerly around the compiled call, so they must "
                 f"come {'first' if outermost_first else 'last'}. Register your hooks "
-                f"{'after' if outermost_first else 'before'} applying FSDP, or with prepend="
+                f"{'after' if outermost_first else 'before'} applying FSDP2 or tensor parallelism, or with prepend="
                 f"{'False' if outermost_first else 'True'}{where_now()}")
         shown[(id(module), name)] = type(hooks)((i, h) for i, h in hooks.items() if not is_eager_hook(h))
     return shown
 
 
 def refuse_inner_eager_hook(module: torch.nn.Module, path: str) -> None:
-    """While tracing: a submodule with an eager hook (FSDP2 applied per layer) cannot be jitted as part of its parent."""
+    """While tracing: a submodule with an eager hook (FSDP2 or tensor parallelism applied per layer) cannot be jitted
+    as part of its parent."""
     namespace = vars(module)
     for name in ("_forward_pre_hooks", "_forward_hooks"):
         for hook in namespace[name].values():
             if is_eager_hook(hook):
+                whose, patterns = hook_origin(hook)
                 raise UnsupportedSyntaxError(
                     f"{type(module).__name__} at self.{path} has a forward hook from torch.distributed "
-                    f"({getattr(hook, '__qualname__', repr(hook))}: FSDP2's, when fully_shard was applied to it), which "
-                    f"must run eagerly between the layers of the jitted forward{where_now()}; minijit cannot split one "
-                    f"trace there. Instead: {SUPPORTED_PATTERNS}")
+                    f"({getattr(_hook_function(hook), '__qualname__', repr(hook))}: {whose}), which must run eagerly "
+                    f"between the layers of the jitted forward{where_now()}; minijit cannot split one trace there. "
+                    f"Instead: {patterns}")
 
 
 def run_pre_hooks(module: torch.nn.Module, hooks: Iterable[tuple[int, Any]], args: tuple[Any, ...],
@@ -164,6 +186,6 @@ def has_composable_state(module: torch.nn.Module) -> bool:
     return _get_module_state(module) is not None
 
 
-__all__ = ["SUPPORTED_PATTERNS", "WRAPPERS", "call_through_wrapper", "eager_hooks", "has_composable_state",
-           "is_eager_hook", "refuse_inner_eager_hook", "run_post_hooks", "run_pre_hooks", "without_root_eager_hooks",
-           "wrapped_attribute"]
+__all__ = ["FSDP2_PATTERNS", "TP_PATTERNS", "WRAPPERS", "call_through_wrapper", "eager_hooks", "has_composable_state",
+           "hook_origin", "is_eager_hook", "refuse_inner_eager_hook", "run_post_hooks", "run_pre_hooks",
+           "without_root_eager_hooks", "wrapped_attribute"]

@@ -1,6 +1,6 @@
-"""DDP and FSDP2 with minijit, in both orders and through torch.compile(backend="minijit"): 3 SGD steps on 2
-gloo ranks (127.0.0.1, CPU) give eager DDP's / FSDP2's losses and parameters, or a MinijitError naming the
-patterns that work. One pair of processes runs every pattern; each test checks one.
+"""DDP, FSDP2 and tensor parallelism with minijit, in both orders and through torch.compile(backend="minijit"): 3 SGD
+steps on 2 gloo ranks (127.0.0.1, CPU) give eager DDP's / FSDP2's / TP's losses and parameters, or a MinijitError
+naming the patterns that work. One pair of processes runs every pattern; each test checks one.
 (`torch.compile(DDP(m), backend="minijit")`, whose DDP graph splitting takes seconds to compile, is in
 examples/distributed.py.)"""
 
@@ -124,6 +124,32 @@ def _refused_calls() -> dict[str, Exception | None]:
     return found
 
 
+def _tp_patterns() -> dict[str, Any]:
+    """Tensor parallelism (the same batch on every rank): name -> a function building the model to train."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh = init_device_mesh("cpu", (WORLD,))
+    tp = lambda m: parallelize_module(m, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    return {
+        "one process": _model,
+        "TP eager": lambda: tp(_model()),
+        "jit(TP(m))": lambda: minijit.jit(tp(_model())),
+    }
+
+
+def _tp_results() -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for name, build in _tp_patterns().items():
+        try:
+            found[name] = _train(build(), rank=0)
+        except minijit.MinijitError as e:
+            found[name] = e
+        except Exception:
+            found[name] = RuntimeError(traceback.format_exc())
+    return found
+
+
 def _worker(rank: int, port: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
@@ -139,6 +165,7 @@ def _worker(rank: int, port: int, out: str) -> None:
             torch._dynamo.reset()
             minijit.backend.minijit_backend.reset()
         results["refused"] = _refused_calls()
+        results["tp"] = _tp_results()
     finally:
         dist.destroy_process_group()
     torch.save(results, f"{out}.{rank}")
@@ -195,3 +222,12 @@ def test_communication_in_traced_code_is_refused(results, name):
         error = per_rank["refused"][name]
         assert isinstance(error, minijit.UnsupportedSyntaxError), repr(error)
         assert "communicates with other processes" in str(error) and "DDP(minijit.jit(m))" in str(error)
+
+
+def test_jitting_over_tensor_parallel_layers_names_dtensor_and_the_patterns_that_work(results):
+    for per_rank in results:
+        error = per_rank["tp"]["jit(TP(m))"]
+        assert isinstance(error, minijit.UnsupportedSyntaxError), repr(error)
+        message = str(error)
+        assert "Linear at self.0" in message and "DTensor" in message and "parallelize_module" in message
+        assert "FSDP2" not in message
