@@ -1,6 +1,6 @@
-"""DDP and FSDP2 around a jitted module: their communication runs eagerly, the computation is jitted.
+"""DDP, FSDP2 and tensor parallelism around a jitted module: their communication runs eagerly, the computation is jitted.
 
-DDP's forward and FSDP2's forward hooks talk to process groups and C++ reducers
+DDP's forward and FSDP2's and DTensor's forward hooks talk to process groups and C++ reducers
 (all-gathers, reduce-scatters, bucket bookkeeping, autograd hooks on parameters): work a
 trace can neither record nor replay on later calls. So that work stays eager and only the
 module's computation is jitted, whichever way round the user wraps:
@@ -12,9 +12,16 @@ module's computation is jitted, whichever way round the user wraps:
   root are *eager hooks* (`is_eager_hook`): hidden from the trace, and run around the compiled
   call, the pre-hooks before the parameters are fetched (they all-gather the parameters the
   trace then reads), the post-hooks after (`run_pre_hooks`, `run_post_hooks`).
-- Eager hooks on a submodule of the jitted module (per-layer `fully_shard`, then `jit`) would
-  have to run between the layers of one trace: refused (`refuse_inner_eager_hook`), naming the
-  patterns that work.
+- Tensor parallelism (`parallelize_module`, DTensor): its hooks too come from torch.distributed
+  and are eager hooks. `parallelize_module(model, mesh, plan)`, then each parallelized module that
+  holds no other one jitted in place: its hooks (a rank's local tensor made a DTensor, redistributed,
+  and back) run around the compiled call, and the trace computes on DTensor parameters and inputs.
+  DTensor disables `__torch_function__`, so the capture sees each as a tensor of its global shape,
+  and the compiled trace's torch ops, run on the DTensors, are dispatched by DTensor: sharded, with
+  its redistributions, as eager runs them.
+- Eager hooks on a submodule of the jitted module (per-layer `fully_shard` or `parallelize_module`,
+  then `jit`) would have to run between the layers of one trace: refused (`refuse_inner_eager_hook`),
+  naming whose hooks they are (`hook_origin`) and the patterns that work.
 
 FSDP2 keys its state by the module object given to `fully_shard` and finds it again through
 `named_modules()`; a jitted module FSDP2 was applied to therefore lists itself there in place

@@ -6,7 +6,9 @@ examples/distributed.py.)"""
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import pathlib
 import socket
 import traceback
 from typing import Any
@@ -18,6 +20,11 @@ from torch import nn
 
 import minijit
 import minijit.backend
+
+_spec = importlib.util.spec_from_file_location(
+    "distributed_example", pathlib.Path(__file__).parents[2] / "examples" / "distributed.py")
+example = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(example)  # its Llama block, torchtitan's plan for it and jit_leaves
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
 
@@ -136,7 +143,33 @@ def _tp_patterns() -> dict[str, Any]:
         "TP eager": lambda: tp(_model()),
         "jit(TP(m))": lambda: minijit.jit(tp(_model())),
         "TP(m), then jit(layer) per layer": lambda: _jit_layers(tp(_model())),
+        "Llama block, sequence parallel": lambda: _block(mesh),
+        "Llama block, sequence parallel, then jit_leaves": lambda: example.jit_leaves(_block(mesh)),
+        "jit(sequence parallel Llama block)": lambda: minijit.jit(_block(mesh)),
     }
+
+
+def _block(mesh: Any) -> nn.Module:
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    torch.manual_seed(0)
+    return parallelize_module(example.Block(), mesh, example.block_plan())
+
+
+def _train_sequence_parallel(model: nn.Module, rank: int) -> tuple[list[float], list[torch.Tensor], int]:
+    """As `_train`, each rank given its half of the sequence of the same batch (the block's input and output
+    are sharded along the sequence)."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for i in range(STEPS):
+        g = torch.Generator().manual_seed(10 * i)
+        x, y = (t.chunk(WORLD, dim=1)[rank] for t in (torch.randn(2, 8, 16, generator=g), torch.randn(2, 8, 16, generator=g)))
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses, [p.full_tensor().detach().clone() for p in model.parameters()], _jitted_calls(model)
 
 
 def _jit_layers(m: Net) -> Net:
@@ -147,11 +180,11 @@ def _jit_layers(m: Net) -> Net:
     return m
 
 
-def _tp_results() -> dict[str, Any]:
+def _tp_results(rank: int) -> dict[str, Any]:
     found: dict[str, Any] = {}
     for name, build in _tp_patterns().items():
         try:
-            found[name] = _train(build(), rank=0)
+            found[name] = _train_sequence_parallel(build(), rank) if "Llama" in name else _train(build(), rank=0)
         except minijit.MinijitError as e:
             found[name] = e
         except Exception:
@@ -174,7 +207,7 @@ def _worker(rank: int, port: int, out: str) -> None:
             torch._dynamo.reset()
             minijit.backend.minijit_backend.reset()
         results["refused"] = _refused_calls()
-        results["tp"] = _tp_results()
+        results["tp"] = _tp_results(rank)
     finally:
         dist.destroy_process_group()
     torch.save(results, f"{out}.{rank}")
@@ -233,12 +266,14 @@ def test_communication_in_traced_code_is_refused(results, name):
         assert "communicates with other processes" in str(error) and "DDP(minijit.jit(m))" in str(error)
 
 
-def test_jitting_over_tensor_parallel_layers_names_dtensor_and_the_patterns_that_work(results):
+@pytest.mark.parametrize(("name", "where"), [("jit(TP(m))", "Linear at self.0"),
+                                             ("jit(sequence parallel Llama block)", "RMSNorm at self.attention_norm")])
+def test_jitting_over_tensor_parallel_layers_names_dtensor_and_the_patterns_that_work(results, name, where):
     for per_rank in results:
-        error = per_rank["tp"]["jit(TP(m))"]
+        error = per_rank["tp"][name]
         assert isinstance(error, minijit.UnsupportedSyntaxError), repr(error)
         message = str(error)
-        assert "Linear at self.0" in message and "DTensor" in message and "parallelize_module" in message
+        assert where in message and "DTensor" in message and "parallelize_module" in message
         assert "FSDP2" not in message
 
 
@@ -251,12 +286,16 @@ def test_eager_tensor_parallelism_is_one_process_training(results):
             torch.testing.assert_close(h, w)
 
 
-def test_jitted_layers_of_a_tensor_parallel_model_match_eager(results):
+@pytest.mark.parametrize(("name", "eager", "jitted_modules"), [
+    ("TP(m), then jit(layer) per layer", "TP eager", 5),  # the 5 layers
+    ("Llama block, sequence parallel, then jit_leaves", "Llama block, sequence parallel", 9),  # 2 norms, 7 Linears
+])
+def test_jitted_layers_of_a_tensor_parallel_model_match_eager(results, name, eager, jitted_modules):
     for rank, per_rank in enumerate(results):
-        have, (want_losses, want_params, _) = per_rank["tp"]["TP(m), then jit(layer) per layer"], per_rank["tp"]["TP eager"]
+        have, (want_losses, want_params, _) = per_rank["tp"][name], per_rank["tp"][eager]
         assert not isinstance(have, Exception), f"rank {rank}: {have!r}"
         losses, params, jitted_calls = have
-        assert jitted_calls == STEPS * 5, f"rank {rank}: {jitted_calls} calls through minijit"  # 5 layers, each step
+        assert jitted_calls == STEPS * jitted_modules, f"rank {rank}: {jitted_calls} calls through minijit"
         torch.testing.assert_close(torch.tensor(losses), torch.tensor(want_losses))
         for w, h in zip(want_params, params, strict=True):
             torch.testing.assert_close(h, w)
