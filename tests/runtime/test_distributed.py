@@ -255,6 +255,7 @@ def test_jitting_over_per_layer_fsdp2_names_the_patterns_that_work(results):
         assert isinstance(error, minijit.UnsupportedSyntaxError), repr(error)
         assert "at self.0" in str(error)
         assert "fully_shard(minijit.jit(layer))" in str(error) and "backend='minijit'" in str(error)
+        assert "FSDP2's" in str(error) and "DTensor" not in str(error)
 
 
 @pytest.mark.parametrize("name", ["dist.barrier()", "DDP.forward traced"])
