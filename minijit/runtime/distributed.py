@@ -20,7 +20,8 @@ module's computation is jitted, whichever way round the user wraps:
   and the compiled trace's torch ops, run on the DTensors, are dispatched by DTensor: sharded, with
   its redistributions, as eager runs them.
 - Eager hooks on a submodule of the jitted module (per-layer `fully_shard` or `parallelize_module`,
-  then `jit`) would have to run between the layers of one trace: refused (`refuse_inner_eager_hook`),
+  then `jit`) would have to run between the layers of one trace: refused where the forward calls the
+  submodule (`refusing_inner_eager_hooks`),
   naming whose hooks they are (`hook_origin`) and the patterns that work.
 
 FSDP2 keys its state by the module object given to `fully_shard` and finds it again through
@@ -30,12 +31,14 @@ of the module it wraps (`has_composable_state`).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 
 from minijit.errors import UnsupportedSyntaxError
+from minijit.frontend.lookasides import LOOKASIDES
 from minijit.ir.context import where_now
 
 FSDP2_PATTERNS = (
@@ -139,19 +142,37 @@ def without_root_eager_hooks(module: torch.nn.Module, label: str) -> dict[tuple[
     return shown
 
 
-def refuse_inner_eager_hook(module: torch.nn.Module, path: str) -> None:
-    """While tracing: a submodule with an eager hook (FSDP2 or tensor parallelism applied per layer) cannot be jitted
-    as part of its parent."""
+class _RefusingHook:
+    """What the capture reads in place of a submodule's eager hooks: calling the submodule is refused there, at
+    the user's line (a lookaside, so that the refusal is minijit's, not an exception of the traced code)."""
+
+    def __init__(self, what: str, instead: str):
+        self.what, self.instead = what, instead
+
+    def refuse(self, module: torch.nn.Module, *args: Any) -> None:
+        """Raise the refusal, naming the line being traced."""
+        raise UnsupportedSyntaxError(f"{self.what}{where_now()}{self.instead}")
+
+
+LOOKASIDES[_RefusingHook.refuse] = _RefusingHook.refuse
+
+
+def refusing_inner_eager_hooks(module: torch.nn.Module, path: str) -> dict[tuple[int, str], Any]:
+    """While tracing: the hook dicts the capture reads for a submodule with eager hooks (FSDP2 or tensor parallelism
+    applied per layer), as {(id(module), name): hooks}: calling it is refused, since its hooks would have to run
+    between the layers of one trace. A submodule the forward never calls is no reason to refuse."""
     namespace = vars(module)
     for name in ("_forward_pre_hooks", "_forward_hooks"):
         for hook in namespace[name].values():
             if is_eager_hook(hook):
                 whose, patterns = hook_origin(hook)
-                raise UnsupportedSyntaxError(
+                refusing = _RefusingHook(
                     f"{type(module).__name__} at self.{path} has a forward hook from torch.distributed "
                     f"({getattr(_hook_function(hook), '__qualname__', repr(hook))}: {whose}), which must run eagerly "
-                    f"between the layers of the jitted forward{where_now()}; minijit cannot split one trace there. "
-                    f"Instead: {patterns}")
+                    f"between the layers of the jitted forward, where it is called",
+                    f"; minijit cannot split one trace there. Instead: {patterns}")
+                return {(id(module), "_forward_pre_hooks"): OrderedDict([(-1, refusing.refuse)])}
+    return {}
 
 
 def run_pre_hooks(module: torch.nn.Module, hooks: Iterable[tuple[int, Any]], args: tuple[Any, ...],
@@ -194,5 +215,5 @@ def has_composable_state(module: torch.nn.Module) -> bool:
 
 
 __all__ = ["FSDP2_PATTERNS", "TP_PATTERNS", "WRAPPERS", "call_through_wrapper", "eager_hooks", "has_composable_state",
-           "hook_origin", "is_eager_hook", "refuse_inner_eager_hook", "run_post_hooks", "run_pre_hooks",
+           "hook_origin", "is_eager_hook", "refusing_inner_eager_hooks", "run_post_hooks", "run_pre_hooks",
            "without_root_eager_hooks", "wrapped_attribute"]

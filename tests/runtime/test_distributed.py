@@ -267,14 +267,17 @@ def test_communication_in_traced_code_is_refused(results, name):
         assert "communicates with other processes" in str(error) and "DDP(minijit.jit(m))" in str(error)
 
 
-@pytest.mark.parametrize(("name", "where"), [("jit(TP(m))", "Linear at self.0"),
-                                             ("jit(sequence parallel Llama block)", "RMSNorm at self.attention_norm")])
-def test_jitting_over_tensor_parallel_layers_names_dtensor_and_the_patterns_that_work(results, name, where):
+@pytest.mark.parametrize(("name", "where", "line"), [
+    ("jit(TP(m))", "Linear at self.0", "(x = layer(x))"),
+    ("jit(sequence parallel Llama block)", "RMSNorm at self.attention_norm", "(h = x + self.attention(self.attention_norm(x)))"),
+])
+def test_jitting_over_tensor_parallel_layers_names_dtensor_and_the_patterns_that_work(results, name, where, line):
     for per_rank in results:
         error = per_rank["tp"][name]
         assert isinstance(error, minijit.UnsupportedSyntaxError), repr(error)
         message = str(error)
         assert where in message and "DTensor" in message and "parallelize_module" in message
+        assert "where it is called at " in message and line in message  # the line calling the layer
         assert "FSDP2" not in message
 
 
