@@ -143,10 +143,27 @@ def _tp_patterns() -> dict[str, Any]:
         "TP eager": lambda: tp(_model()),
         "jit(TP(m))": lambda: minijit.jit(tp(_model())),
         "TP(m), then jit(layer) per layer": lambda: _jit_layers(tp(_model())),
+        "a parallelized layer never called": lambda: _uncalled_layer(mesh),
+        "jit, a parallelized layer never called": lambda: minijit.jit(_uncalled_layer(mesh)),
         "Llama block, sequence parallel": lambda: _block(mesh),
         "Llama block, sequence parallel, then jit_leaves": lambda: example.jit_leaves(_block(mesh)),
         "jit(sequence parallel Llama block)": lambda: minijit.jit(_block(mesh)),
     }
+
+
+class _SkipsLayer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.used, self.unused = _model(), nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.used(x)
+
+
+def _uncalled_layer(mesh: Any) -> nn.Module:
+    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+
+    return parallelize_module(_SkipsLayer(), mesh, {"unused": ColwiseParallel()})
 
 
 def _block(mesh: Any) -> nn.Module:
@@ -291,6 +308,7 @@ def test_eager_tensor_parallelism_is_one_process_training(results):
 
 
 @pytest.mark.parametrize(("name", "eager", "jitted_modules"), [
+    ("jit, a parallelized layer never called", "a parallelized layer never called", 1),  # its hooks never run
     ("TP(m), then jit(layer) per layer", "TP eager", 5),  # the 5 layers
     ("Llama block, sequence parallel, then jit_leaves", "Llama block, sequence parallel", 9),  # 2 norms, 7 Linears
 ])
