@@ -196,8 +196,8 @@ def block_plan() -> dict[str, object]:
 
 
 def jit_leaves(model: nn.Module) -> nn.Module:
-    """Each module of `model` that holds no other jitted in place: after parallelize_module, the parallelized
-    layers (their DTensor hooks run around the compiled call) and the layers between them."""
+    """Each module of `model` that holds no other module, jitted in place: after parallelize_module, the
+    parallelized layers (their DTensor hooks run around the compiled call) and the layers between them."""
     for name, module in list(model.named_modules()):
         if name and not any(True for _ in module.children()):
             parent, _, attribute = name.rpartition(".")
