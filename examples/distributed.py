@@ -1,9 +1,12 @@
-"""Data parallel training with minijit: DDP and FSDP2, jitted either way round, and through torch.compile.
+"""Distributed training with minijit: DDP and FSDP2, jitted either way round, through torch.compile, and tensor
+parallelism.
 
 Runs on a CPU: two processes on 127.0.0.1 talk over gloo. Each pattern trains the same MLP
 with SGD for a few steps from the same weights and batches; the table shows how far its
 parameters end up from eager DDP's / FSDP2's (0 or rounding: the same training) and its time
 per step, next to eager and torch.compile (inductor, where a C++ compiler is available).
+A second table does the same for tensor parallelism (a 2-rank device mesh): the MLP with
+Colwise/Rowwise, and a Llama block with torchtitan's sequence-parallel plan.
 
     python examples/distributed.py [--steps 20] [--width 256] [--no-inductor]
 
@@ -20,6 +23,12 @@ The patterns (see README, "Scaling out"):
   `fully_shard(torch.compile(layer, backend="minijit"))`, as with `minijit.jit`. (In torch 2.13,
   `torch.compile(model)` over a per-layer FSDP2 model compiles nothing: Dynamo skips the frames
   where FSDP2's hooks break its graph inside a loop.)
+- Tensor parallelism: `parallelize_module(model, mesh, plan)` first, then each parallelized module
+  that holds no other parallelized one jitted in place (`jit_leaves`), and the layers between
+  them. DTensor's hooks (turning a rank's local tensor into a DTensor, redistributing, and back)
+  run eagerly around each compiled call; the trace computes on the DTensor parameters and
+  inputs, whose ops DTensor runs. A module holding parallelized ones (the attention's core
+  between wq/wk/wv and wo) runs eagerly; jitting it, or the whole model, is refused.
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+import torch.nn.functional as F
 from torch import nn
 from torch._dynamo.utils import counters
 from torch.distributed.fsdp import fully_shard
@@ -121,6 +131,160 @@ def jitted_traces(model: nn.Module) -> int:
     return found
 
 
+class Attention(nn.Module):
+    """Llama's attention, as torchtitan writes it: heads counted from the local shard (`view(b, s, -1, ...)`)."""
+
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.head_dim = dim // heads
+        self.wq, self.wk, self.wv, self.wo = (nn.Linear(dim, dim, bias=False) for _ in range(4))
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q, k, v = (w(x).view(b, s, -1, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.wo(o.transpose(1, 2).reshape(b, s, -1))
+
+
+class FeedForward(nn.Module):
+    """Llama's SwiGLU feed-forward."""
+
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.w1, self.w2, self.w3 = (nn.Linear(dim, hidden, bias=False), nn.Linear(hidden, dim, bias=False),
+                                     nn.Linear(dim, hidden, bias=False))
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    """A Llama transformer block (pre-norm attention and feed-forward, RMSNorm)."""
+
+    def __init__(self, dim: int = 16, heads: int = 4, hidden: int = 32):
+        super().__init__()
+        self.attention_norm, self.ffn_norm = nn.RMSNorm(dim), nn.RMSNorm(dim)
+        self.attention, self.feed_forward = Attention(dim, heads), FeedForward(dim, hidden)
+
+    def forward(self, x):
+        h = x + self.attention(self.attention_norm(x))
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+def mlp_plan() -> dict[str, object]:
+    """Megatron's MLP split: the first Linear by columns, the second by rows (one all-reduce after it)."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    return {"0": ColwiseParallel(), "2": RowwiseParallel()}
+
+
+def block_plan() -> dict[str, object]:
+    """torchtitan's plan for a Llama block: sequence parallel norms (activations sharded along the sequence),
+    Colwise wq/wk/wv/w1/w3, Rowwise wo/w2 reduce-scattering back to sequence shards."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel
+
+    gather = lambda: PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+    return {
+        "attention_norm": SequenceParallel(), "attention": gather(),
+        "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(), "attention.wv": ColwiseParallel(),
+        "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+        "ffn_norm": SequenceParallel(), "feed_forward": gather(),
+        "feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel(),
+        "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+    }
+
+
+def jit_leaves(model: nn.Module) -> nn.Module:
+    """Each module of `model` that holds no other module, jitted in place: after parallelize_module, the
+    parallelized layers (their DTensor hooks run around the compiled call) and the layers between them."""
+    for name, module in list(model.named_modules()):
+        if name and not any(True for _ in module.children()):
+            parent, _, attribute = name.rpartition(".")
+            setattr(model.get_submodule(parent), attribute, minijit.jit(module))
+    return model
+
+
+def tp_patterns() -> dict[str, tuple[str, Callable[[], nn.Module], Callable[[int, int], tuple[torch.Tensor, ...]]]]:
+    """Tensor parallelism: name -> (the eager pattern it is compared with, the model, the batch of step i on rank r)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    mesh = init_device_mesh("cpu", (WORLD,))
+    mlp = lambda: parallelize_module(make_model(64), mesh, mlp_plan())
+    block = lambda: parallelize_module((torch.manual_seed(0), Block())[1], mesh, block_plan())
+
+    def same_batch(i: int, rank: int) -> tuple[torch.Tensor, ...]:  # TP: every rank sees the whole batch
+        g = torch.Generator().manual_seed(1000 * i)
+        return torch.randn(32, 64, generator=g), torch.randn(32, 8, generator=g)
+
+    def sequence_shard(i: int, rank: int) -> tuple[torch.Tensor, ...]:  # SP: each rank its half of the sequence
+        g = torch.Generator().manual_seed(1000 * i)
+        return tuple(t.chunk(WORLD, dim=1)[rank] for t in (torch.randn(4, 16, 16, generator=g),
+                                                           torch.randn(4, 16, 16, generator=g)))
+
+    return {
+        "MLP, Colwise/Rowwise, eager": ("MLP, Colwise/Rowwise, eager", mlp, same_batch),
+        "MLP, parallelize, then jit_leaves": ("MLP, Colwise/Rowwise, eager", lambda: jit_leaves(mlp()), same_batch),
+        "minijit.jit(parallelized MLP)  [refused]": ("MLP, Colwise/Rowwise, eager", lambda: minijit.jit(mlp()),
+                                                     same_batch),
+        "Llama block, sequence parallel, eager": ("Llama block, sequence parallel, eager", block, sequence_shard),
+        "Llama block, parallelize, then jit_leaves":
+            ("Llama block, sequence parallel, eager", lambda: jit_leaves(block()), sequence_shard),
+    }
+
+
+def train_on(model: nn.Module, batch: Callable[[int, int], tuple[torch.Tensor, ...]], rank: int,
+             steps: int) -> tuple[list[float], list[torch.Tensor], list[float]]:
+    """`steps` SGD steps on `batch(step, rank)`: the losses, the full parameters after, and each step's seconds."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    losses, seconds = [], []
+    for i in range(steps):
+        x, y = batch(i, rank)
+        dist.barrier()
+        start = time.perf_counter()
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        seconds.append(time.perf_counter() - start)
+        losses.append(loss.item())
+    params = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in model.parameters()]
+    return losses, [p.detach().clone() for p in params], seconds
+
+
+def tp_rows(rank: int, steps: int) -> list[tuple[str, ...]]:
+    """The tensor parallel table's rows: each pattern against its eager reference."""
+    reference: dict[str, tuple[list[float], list[torch.Tensor]]] = {}
+    rows = []
+    for name, (eager, build, batch) in tp_patterns().items():
+        try:
+            model = build()
+            losses, params, seconds = train_on(model, batch, rank, steps)
+        except minijit.MinijitError as e:
+            rows.append((name, "refused", "", "", "", f"{type(e).__name__}: {e}"))
+            continue
+        reference.setdefault(name, (losses, params))
+        want_losses, want_params = reference[eager]
+        diff = max((p - q).abs().max().item() for p, q in zip(params, want_params, strict=True))
+        diff = max(diff, max(abs(a - b) for a, b in zip(losses, want_losses, strict=True)))
+        steady = statistics.median(seconds[1:]) if len(seconds) > 1 else seconds[0]
+        compiled = f"{jitted_traces(model)} minijit traces" if "jit" in name else "-"
+        rows.append((name, "yes" if diff <= 1e-5 else "NO", f"{diff:.1e}", f"{steady * 1e3:.2f} ms", compiled))
+    return rows
+
+
+def print_table(title: str, rows: list[tuple[str, ...]]) -> None:
+    """The rows under `title`, one line each."""
+    print(f"\n{title}\n")
+    print(f"{'pattern':<52} {'equals eager':<13} {'max |Δ|':<14} {'compiled':<18} time per step (median after the first)")
+    for row in rows:
+        print(f"{row[0]:<52} {row[1]:<13} {row[2]:<14} {row[4]:<18} {row[3]}")
+    for row in rows:
+        if len(row) > 5:
+            print(f"\n{row[0]}: {row[5]}")
+
+
 def worker(rank: int, port: int, steps: int, width: int, inductor: bool) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
@@ -144,13 +308,11 @@ def worker(rank: int, port: int, steps: int, width: int, inductor: bool) -> None
         compiled = compiled or (f"{jitted_traces(model)} minijit traces" if "jit" in name else "-")
         rows.append((name, "yes" if diff <= 1e-5 else "NO", f"{diff:.1e}", f"{steady * 1e3:.2f} ms  (first {seconds[0]:.2f} s)",
                      compiled))
+    tp = tp_rows(rank, steps)
     dist.destroy_process_group()
     if rank == 0:
-        print(f"\n{WORLD} ranks (gloo, CPU), MLP width {width}, batch 32 per rank, {steps} SGD steps\n")
-        print(f"{'pattern':<52} {'equals eager':<13} {'max |Δ param|':<14} {'compiled':<18} "
-              "time per step (median after the first)")
-        for row in rows:
-            print(f"{row[0]:<52} {row[1]:<13} {row[2]:<14} {row[4]:<18} {row[3]}")
+        print_table(f"{WORLD} ranks (gloo, CPU), MLP width {width}, batch 32 per rank, {steps} SGD steps", rows)
+        print_table(f"Tensor parallelism over a {WORLD}-rank mesh, {steps} SGD steps (Δ: losses and parameters)", tp)
 
 
 def main() -> None:

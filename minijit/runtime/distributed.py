@@ -1,6 +1,6 @@
-"""DDP and FSDP2 around a jitted module: their communication runs eagerly, the computation is jitted.
+"""DDP, FSDP2 and tensor parallelism around a jitted module: their communication runs eagerly, the computation is jitted.
 
-DDP's forward and FSDP2's forward hooks talk to process groups and C++ reducers
+DDP's forward and FSDP2's and DTensor's forward hooks talk to process groups and C++ reducers
 (all-gathers, reduce-scatters, bucket bookkeeping, autograd hooks on parameters): work a
 trace can neither record nor replay on later calls. So that work stays eager and only the
 module's computation is jitted, whichever way round the user wraps:
@@ -12,9 +12,17 @@ module's computation is jitted, whichever way round the user wraps:
   root are *eager hooks* (`is_eager_hook`): hidden from the trace, and run around the compiled
   call, the pre-hooks before the parameters are fetched (they all-gather the parameters the
   trace then reads), the post-hooks after (`run_pre_hooks`, `run_post_hooks`).
-- Eager hooks on a submodule of the jitted module (per-layer `fully_shard`, then `jit`) would
-  have to run between the layers of one trace: refused (`refuse_inner_eager_hook`), naming the
-  patterns that work.
+- Tensor parallelism (`parallelize_module`, DTensor): its hooks too come from torch.distributed
+  and are eager hooks. `parallelize_module(model, mesh, plan)`, then each parallelized module that
+  holds no other one jitted in place: its hooks (a rank's local tensor made a DTensor, redistributed,
+  and back) run around the compiled call, and the trace computes on DTensor parameters and inputs.
+  DTensor disables `__torch_function__`, so the capture sees each as a tensor of its global shape,
+  and the compiled trace's torch ops, run on the DTensors, are dispatched by DTensor: sharded, with
+  its redistributions, as eager runs them.
+- Eager hooks on a submodule of the jitted module (per-layer `fully_shard` or `parallelize_module`,
+  then `jit`) would have to run between the layers of one trace: refused where the forward calls the
+  submodule (`refusing_inner_eager_hooks`),
+  naming whose hooks they are (`hook_origin`) and the patterns that work.
 
 FSDP2 keys its state by the module object given to `fully_shard` and finds it again through
 `named_modules()`; a jitted module FSDP2 was applied to therefore lists itself there in place
@@ -23,18 +31,25 @@ of the module it wraps (`has_composable_state`).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 
 from minijit.errors import UnsupportedSyntaxError
+from minijit.frontend.lookasides import LOOKASIDES
 from minijit.ir.context import where_now
 
-SUPPORTED_PATTERNS = (
+FSDP2_PATTERNS = (
     "jit each layer before sharding it (fully_shard(minijit.jit(layer)) for each layer, then fully_shard(model), "
     "left un-jitted; torch.compile goes there too: fully_shard(torch.compile(layer, backend='minijit'))), or shard "
     "only the jitted root (minijit.jit(fully_shard(model)) or fully_shard(minijit.jit(model)))"
+)
+TP_PATTERNS = (
+    "parallelize first, then jit each parallelized module that holds no other parallelized module, and the "
+    "modules between them (parallelize_module(model, mesh, plan), then model.fc = minijit.jit(model.fc) per layer), "
+    "leaving the modules that hold parallelized ones un-jitted"
 )
 
 
@@ -72,13 +87,28 @@ def call_through_wrapper(wrapper: torch.nn.Module, attribute: str, jitted: torch
 
 def is_eager_hook(hook: Any) -> bool:
     """True for a hook from torch.distributed (FSDP2's, composable replicate's): it must run eagerly."""
+    module = getattr(_hook_function(hook), "__module__", None) or ""
+    return module == "torch.distributed" or module.startswith("torch.distributed.")
+
+
+def _hook_function(hook: Any) -> Any:
+    """The function under a hook's bound-method and functools.partial wrappers."""
     while True:
         inner = getattr(hook, "__func__", None) or getattr(hook, "func", None)
         if inner is None or inner is hook:
-            break
+            return hook
         hook = inner
-    module = getattr(hook, "__module__", None) or ""
-    return module == "torch.distributed" or module.startswith("torch.distributed.")
+
+
+def hook_origin(hook: Any) -> tuple[str, str]:
+    """(whose hook it is, in words; the patterns that work with it) for an eager hook."""
+    module = getattr(_hook_function(hook), "__module__", None) or ""
+    if module == "torch.distributed.tensor" or module.startswith("torch.distributed.tensor."):
+        return ("DTensor's (tensor parallelism: parallelize_module or distribute_module was applied to it, its "
+                "parameters are DTensors and the hook redistributes its inputs or outputs)", TP_PATTERNS)
+    if module.startswith("torch.distributed.fsdp") or module.startswith("torch.distributed._composable"):
+        return "FSDP2's (fully_shard was applied to it)", FSDP2_PATTERNS
+    return f"from {module}", f"{FSDP2_PATTERNS}; for tensor parallelism: {TP_PATTERNS}"
 
 
 def eager_hooks(module: torch.nn.Module) -> tuple[list[tuple[int, Any]], list[tuple[int, Any]]]:
@@ -106,23 +136,43 @@ def without_root_eager_hooks(module: torch.nn.Module, label: str) -> dict[tuple[
                 f"{label} has forward {'pre-' if outermost_first else ''}hooks from torch.distributed and others in "
                 f"between; minijit runs the torch.distributed ones eagerly around the compiled call, so they must "
                 f"come {'first' if outermost_first else 'last'}. Register your hooks "
-                f"{'after' if outermost_first else 'before'} applying FSDP, or with prepend="
+                f"{'after' if outermost_first else 'before'} applying FSDP2 or tensor parallelism, or with prepend="
                 f"{'False' if outermost_first else 'True'}{where_now()}")
         shown[(id(module), name)] = type(hooks)((i, h) for i, h in hooks.items() if not is_eager_hook(h))
     return shown
 
 
-def refuse_inner_eager_hook(module: torch.nn.Module, path: str) -> None:
-    """While tracing: a submodule with an eager hook (FSDP2 applied per layer) cannot be jitted as part of its parent."""
+class _RefusingHook:
+    """What the capture reads in place of a submodule's eager hooks: calling the submodule is refused there, at
+    the user's line (a lookaside, so that the refusal is minijit's, not an exception of the traced code)."""
+
+    def __init__(self, what: str, instead: str):
+        self.what, self.instead = what, instead
+
+    def refuse(self, module: torch.nn.Module, *args: Any) -> None:
+        """Raise the refusal, naming the line being traced."""
+        raise UnsupportedSyntaxError(f"{self.what}{where_now()}{self.instead}")
+
+
+LOOKASIDES[_RefusingHook.refuse] = _RefusingHook.refuse
+
+
+def refusing_inner_eager_hooks(module: torch.nn.Module, path: str) -> dict[tuple[int, str], Any]:
+    """While tracing: the hook dicts the capture reads for a submodule with eager hooks (FSDP2 or tensor parallelism
+    applied per layer), as {(id(module), name): hooks}: calling it is refused, since its hooks would have to run
+    between the layers of one trace. A submodule the forward never calls is no reason to refuse."""
     namespace = vars(module)
     for name in ("_forward_pre_hooks", "_forward_hooks"):
         for hook in namespace[name].values():
             if is_eager_hook(hook):
-                raise UnsupportedSyntaxError(
+                whose, patterns = hook_origin(hook)
+                refusing = _RefusingHook(
                     f"{type(module).__name__} at self.{path} has a forward hook from torch.distributed "
-                    f"({getattr(hook, '__qualname__', repr(hook))}: FSDP2's, when fully_shard was applied to it), which "
-                    f"must run eagerly between the layers of the jitted forward{where_now()}; minijit cannot split one "
-                    f"trace there. Instead: {SUPPORTED_PATTERNS}")
+                    f"({getattr(_hook_function(hook), '__qualname__', repr(hook))}: {whose}), which must run eagerly "
+                    f"between the layers of the jitted forward, where it is called",
+                    f"; minijit cannot split one trace there. Instead: {patterns}")
+                return {(id(module), "_forward_pre_hooks"): OrderedDict([(-1, refusing.refuse)])}
+    return {}
 
 
 def run_pre_hooks(module: torch.nn.Module, hooks: Iterable[tuple[int, Any]], args: tuple[Any, ...],
@@ -164,6 +214,6 @@ def has_composable_state(module: torch.nn.Module) -> bool:
     return _get_module_state(module) is not None
 
 
-__all__ = ["SUPPORTED_PATTERNS", "WRAPPERS", "call_through_wrapper", "eager_hooks", "has_composable_state",
-           "is_eager_hook", "refuse_inner_eager_hook", "run_post_hooks", "run_pre_hooks", "without_root_eager_hooks",
-           "wrapped_attribute"]
+__all__ = ["FSDP2_PATTERNS", "TP_PATTERNS", "WRAPPERS", "call_through_wrapper", "eager_hooks", "has_composable_state",
+           "hook_origin", "is_eager_hook", "refusing_inner_eager_hooks", "run_post_hooks", "run_pre_hooks",
+           "without_root_eager_hooks", "wrapped_attribute"]

@@ -97,7 +97,7 @@ class ModuleForward:
         for path, owner in self.module.named_modules():
             _hide_backward_hooks(shown, owner, "", f"{type(owner).__name__} at {_label(path)}")
             if path:
-                distributed.refuse_inner_eager_hook(owner, path)
+                shown.update(distributed.refusing_inner_eager_hooks(owner, path))
             else:  # torch.distributed's hooks on the root run around the compiled call (JitModule.__call__)
                 shown.update(distributed.without_root_eager_hooks(owner, f"{type(owner).__name__} (the jitted module)"))
         keyed, whole = _covered_by_state(self.module, shown)

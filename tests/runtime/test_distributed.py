@@ -1,12 +1,14 @@
-"""DDP and FSDP2 with minijit, in both orders and through torch.compile(backend="minijit"): 3 SGD steps on 2
-gloo ranks (127.0.0.1, CPU) give eager DDP's / FSDP2's losses and parameters, or a MinijitError naming the
-patterns that work. One pair of processes runs every pattern; each test checks one.
+"""DDP, FSDP2 and tensor parallelism with minijit, in both orders and through torch.compile(backend="minijit"): 3 SGD
+steps on 2 gloo ranks (127.0.0.1, CPU) give eager DDP's / FSDP2's / TP's losses and parameters, or a MinijitError
+naming the patterns that work. One pair of processes runs every pattern; each test checks one.
 (`torch.compile(DDP(m), backend="minijit")`, whose DDP graph splitting takes seconds to compile, is in
 examples/distributed.py.)"""
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import pathlib
 import socket
 import traceback
 from typing import Any
@@ -18,6 +20,11 @@ from torch import nn
 
 import minijit
 import minijit.backend
+
+_spec = importlib.util.spec_from_file_location(
+    "distributed_example", pathlib.Path(__file__).parents[2] / "examples" / "distributed.py")
+example = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(example)  # its Llama block, torchtitan's plan for it and jit_leaves
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
 
@@ -124,6 +131,84 @@ def _refused_calls() -> dict[str, Exception | None]:
     return found
 
 
+def _tp_patterns() -> dict[str, Any]:
+    """Tensor parallelism (the same batch on every rank): name -> a function building the model to train."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh = init_device_mesh("cpu", (WORLD,))
+    tp = lambda m: parallelize_module(m, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    return {
+        "one process": _model,
+        "TP eager": lambda: tp(_model()),
+        "jit(TP(m))": lambda: minijit.jit(tp(_model())),
+        "TP(m), then jit(layer) per layer": lambda: _jit_layers(tp(_model())),
+        "a parallelized layer never called": lambda: _uncalled_layer(mesh),
+        "jit, a parallelized layer never called": lambda: minijit.jit(_uncalled_layer(mesh)),
+        "Llama block, sequence parallel": lambda: _block(mesh),
+        "Llama block, sequence parallel, then jit_leaves": lambda: example.jit_leaves(_block(mesh)),
+        "jit(sequence parallel Llama block)": lambda: minijit.jit(_block(mesh)),
+    }
+
+
+class _SkipsLayer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.used, self.unused = _model(), nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.used(x)
+
+
+def _uncalled_layer(mesh: Any) -> nn.Module:
+    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+
+    return parallelize_module(_SkipsLayer(), mesh, {"unused": ColwiseParallel()})
+
+
+def _block(mesh: Any) -> nn.Module:
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    torch.manual_seed(0)
+    return parallelize_module(example.Block(), mesh, example.block_plan())
+
+
+def _train_sequence_parallel(model: nn.Module, rank: int) -> tuple[list[float], list[torch.Tensor], int]:
+    """As `_train`, each rank given its half of the sequence of the same batch (the block's input and output
+    are sharded along the sequence)."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for i in range(STEPS):
+        g = torch.Generator().manual_seed(10 * i)
+        x, y = (t.chunk(WORLD, dim=1)[rank] for t in (torch.randn(2, 8, 16, generator=g), torch.randn(2, 8, 16, generator=g)))
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses, [p.full_tensor().detach().clone() for p in model.parameters()], _jitted_calls(model)
+
+
+def _jit_layers(m: Net) -> Net:
+    """Each layer of `m` jitted in place: the parallelized Linears (DTensor parameters, hooks run around the
+    compiled call) and the layers between them."""
+    for i, layer in enumerate(m):
+        m[i] = minijit.jit(layer)
+    return m
+
+
+def _tp_results(rank: int) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for name, build in _tp_patterns().items():
+        try:
+            found[name] = _train_sequence_parallel(build(), rank) if "Llama" in name else _train(build(), rank=0)
+        except minijit.MinijitError as e:
+            found[name] = e
+        except Exception:
+            found[name] = RuntimeError(traceback.format_exc())
+    return found
+
+
 def _worker(rank: int, port: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
@@ -139,6 +224,7 @@ def _worker(rank: int, port: int, out: str) -> None:
             torch._dynamo.reset()
             minijit.backend.minijit_backend.reset()
         results["refused"] = _refused_calls()
+        results["tp"] = _tp_results(rank)
     finally:
         dist.destroy_process_group()
     torch.save(results, f"{out}.{rank}")
@@ -186,6 +272,7 @@ def test_jitting_over_per_layer_fsdp2_names_the_patterns_that_work(results):
         assert isinstance(error, minijit.UnsupportedSyntaxError), repr(error)
         assert "at self.0" in str(error)
         assert "fully_shard(minijit.jit(layer))" in str(error) and "backend='minijit'" in str(error)
+        assert "FSDP2's" in str(error) and "DTensor" not in str(error)
 
 
 @pytest.mark.parametrize("name", ["dist.barrier()", "DDP.forward traced"])
@@ -195,3 +282,42 @@ def test_communication_in_traced_code_is_refused(results, name):
         error = per_rank["refused"][name]
         assert isinstance(error, minijit.UnsupportedSyntaxError), repr(error)
         assert "communicates with other processes" in str(error) and "DDP(minijit.jit(m))" in str(error)
+
+
+@pytest.mark.parametrize(("name", "where", "line"), [
+    ("jit(TP(m))", "Linear at self.0", "(x = layer(x))"),
+    ("jit(sequence parallel Llama block)", "RMSNorm at self.attention_norm", "(h = x + self.attention(self.attention_norm(x)))"),
+])
+def test_jitting_over_tensor_parallel_layers_names_dtensor_and_the_patterns_that_work(results, name, where, line):
+    for per_rank in results:
+        error = per_rank["tp"][name]
+        assert isinstance(error, minijit.UnsupportedSyntaxError), repr(error)
+        message = str(error)
+        assert where in message and "DTensor" in message and "parallelize_module" in message
+        assert "where it is called at " in message and line in message  # the line calling the layer
+        assert "FSDP2" not in message
+
+
+def test_eager_tensor_parallelism_is_one_process_training(results):
+    # The reference itself: Colwise/Rowwise over 2 ranks trains the model as one process does.
+    for per_rank in results:
+        tp, one = per_rank["tp"]["TP eager"], per_rank["tp"]["one process"]
+        torch.testing.assert_close(torch.tensor(tp[0]), torch.tensor(one[0]))
+        for w, h in zip(one[1], tp[1], strict=True):
+            torch.testing.assert_close(h, w)
+
+
+@pytest.mark.parametrize(("name", "eager", "jitted_modules"), [
+    ("jit, a parallelized layer never called", "a parallelized layer never called", 1),  # its hooks never run
+    ("TP(m), then jit(layer) per layer", "TP eager", 5),  # the 5 layers
+    ("Llama block, sequence parallel, then jit_leaves", "Llama block, sequence parallel", 9),  # 2 norms, 7 Linears
+])
+def test_jitted_layers_of_a_tensor_parallel_model_match_eager(results, name, eager, jitted_modules):
+    for rank, per_rank in enumerate(results):
+        have, (want_losses, want_params, _) = per_rank["tp"][name], per_rank["tp"][eager]
+        assert not isinstance(have, Exception), f"rank {rank}: {have!r}"
+        losses, params, jitted_calls = have
+        assert jitted_calls == STEPS * jitted_modules, f"rank {rank}: {jitted_calls} calls through minijit"
+        torch.testing.assert_close(torch.tensor(losses), torch.tensor(want_losses))
+        for w, h in zip(want_params, params, strict=True):
+            torch.testing.assert_close(h, w)
