@@ -104,6 +104,8 @@ def classify(prefix: str, name: str, fn: Any) -> tuple[str, str]:
     sym = _symbol(prefix, name, fn)
     if sym is not None:
         return "decomposed", sym.id
+    if prefix == "torch.Tensor" and name == "backward":
+        return "decomposed", "autograd.grad_of"  # gradients taken inside the trace (minijit/frontend/backward.py)
     if prefix == "torch.Tensor" and name in NOT_OPS:
         return "refused", "acts on autograd, storage, devices or other layouts rather than computing from the values"
     if prefix == "torch.Tensor" and name in TENSOR_METHODS:
