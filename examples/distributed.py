@@ -9,6 +9,12 @@ A second table does the same for tensor parallelism (a 2-rank device mesh): the 
 Colwise/Rowwise, and a Llama block with torchtitan's sequence-parallel plan.
 
     python examples/distributed.py [--steps 20] [--width 256] [--no-inductor]
+    python examples/distributed.py --fsdp-tp [--steps 20]
+
+`--fsdp-tp` runs instead FSDP2 x TP on a 2x2 device mesh ("dp", "tp") over four processes, torchtitan's
+order: the TP plan on the "tp" sub-mesh, the leaves jitted (`jit_leaves`), then `fully_shard(...,
+mesh=mesh["dp"])` per layer and on the root; the same MLP and Llama block, trained with AdamW, against the
+same 2-D setup run eagerly.
 
 The patterns (see README, "Scaling out"):
 
@@ -29,6 +35,9 @@ The patterns (see README, "Scaling out"):
   run eagerly around each compiled call; the trace computes on the DTensor parameters and
   inputs, whose ops DTensor runs. A module holding parallelized ones (the attention's core
   between wq/wk/wv and wo) runs eagerly; jitting it, or the whole model, is refused.
+- FSDP2 x TP (`--fsdp-tp`): the tensor parallel pattern, then `fully_shard(layer, mesh=mesh["dp"])` on each
+  jitted layer (or on the block holding them) and on the root: FSDP2's hooks run around the jitted module as
+  in the FSDP2 pattern, DTensor's around the compiled call inside it.
 """
 
 from __future__ import annotations
@@ -234,10 +243,10 @@ def tp_patterns() -> dict[str, tuple[str, Callable[[], nn.Module], Callable[[int
     }
 
 
-def train_on(model: nn.Module, batch: Callable[[int, int], tuple[torch.Tensor, ...]], rank: int,
-             steps: int) -> tuple[list[float], list[torch.Tensor], list[float]]:
-    """`steps` SGD steps on `batch(step, rank)`: the losses, the full parameters after, and each step's seconds."""
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+def train_on(model: nn.Module, batch: Callable[[int, int], tuple[torch.Tensor, ...]], rank: int, steps: int,
+             optimizer: Callable[[object], torch.optim.Optimizer]) -> tuple[list[float], list[torch.Tensor], list[float]]:
+    """`steps` optimizer steps on `batch(step, rank)`: the losses, the full parameters after, and each step's seconds."""
+    opt = optimizer(model.parameters())
     losses, seconds = [], []
     for i in range(steps):
         x, y = batch(i, rank)
@@ -255,12 +264,18 @@ def train_on(model: nn.Module, batch: Callable[[int, int], tuple[torch.Tensor, .
 
 def tp_rows(rank: int, steps: int) -> list[tuple[str, ...]]:
     """The tensor parallel table's rows: each pattern against its eager reference."""
+    return compare_rows(tp_patterns(), rank, steps, lambda params: torch.optim.SGD(params, lr=0.05))
+
+
+def compare_rows(table: dict[str, tuple[str, Callable[[], nn.Module], Callable[[int, int], tuple[torch.Tensor, ...]]]],
+                 rank: int, steps: int, optimizer: Callable[[object], torch.optim.Optimizer]) -> list[tuple[str, ...]]:
+    """Each pattern of `table` trained with `optimizer`, against its eager reference: the rows of a table."""
     reference: dict[str, tuple[list[float], list[torch.Tensor]]] = {}
     rows = []
-    for name, (eager, build, batch) in tp_patterns().items():
+    for name, (eager, build, batch) in table.items():
         try:
             model = build()
-            losses, params, seconds = train_on(model, batch, rank, steps)
+            losses, params, seconds = train_on(model, batch, rank, steps, optimizer)
         except minijit.MinijitError as e:
             rows.append((name, "refused", "", "", "", f"{type(e).__name__}: {e}"))
             continue
@@ -272,6 +287,45 @@ def tp_rows(rank: int, steps: int) -> list[tuple[str, ...]]:
         compiled = f"{jitted_traces(model)} minijit traces" if "jit" in name else "-"
         rows.append((name, "yes" if diff <= 1e-5 else "NO", f"{diff:.1e}", f"{steady * 1e3:.2f} ms", compiled))
     return rows
+
+
+def fsdp_tp_patterns() -> dict[str, tuple[str, Callable[[], nn.Module], Callable[[int, int], tuple[torch.Tensor, ...]]]]:
+    """FSDP2 x TP on a 2x2 mesh, torchtitan's order (TP plan on "tp", then fully_shard on "dp" per layer and the
+    root): name -> (the eager pattern it is compared with, the model, the batch of step i on global rank r)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    dp, tp = mesh["dp"], mesh["tp"]
+
+    def mlp(jit: bool) -> nn.Module:  # each (jitted) Linear its own FSDP2 unit, then the root
+        model = parallelize_module(make_model(64), tp, mlp_plan())
+        model = jit_leaves(model) if jit else model
+        for i, layer in enumerate(model):
+            if isinstance(getattr(layer, "_orig_mod", layer), nn.Linear):
+                model[i] = fully_shard(layer, mesh=dp)
+        return fully_shard(model, mesh=dp)
+
+    def block(jit: bool) -> nn.Module:  # the block one FSDP2 unit, as torchtitan shards each block
+        model = parallelize_module((torch.manual_seed(0), Block())[1], tp, block_plan())
+        return fully_shard(jit_leaves(model) if jit else model, mesh=dp)
+
+    def batch_per_dp(i: int, rank: int) -> tuple[torch.Tensor, ...]:  # each data-parallel group its own batch
+        g = torch.Generator().manual_seed(1000 * i + dp.get_local_rank())
+        return torch.randn(32, 64, generator=g), torch.randn(32, 8, generator=g)
+
+    def sequence_shard_per_dp(i: int, rank: int) -> tuple[torch.Tensor, ...]:  # and in it, each rank its half
+        g = torch.Generator().manual_seed(1000 * i + dp.get_local_rank())
+        return tuple(t.chunk(2, dim=1)[tp.get_local_rank()] for t in (torch.randn(4, 16, 16, generator=g),
+                                                                     torch.randn(4, 16, 16, generator=g)))
+
+    mlp_eager, block_eager = "MLP, FSDP2 x TP, eager", "Llama block, FSDP2 x sequence parallel, eager"
+    return {
+        mlp_eager: (mlp_eager, lambda: mlp(False), batch_per_dp),
+        "MLP, parallelize, jit_leaves, fully_shard": (mlp_eager, lambda: mlp(True), batch_per_dp),
+        block_eager: (block_eager, lambda: block(False), sequence_shard_per_dp),
+        "Llama block, parallelize, jit_leaves, fully_shard": (block_eager, lambda: block(True), sequence_shard_per_dp),
+    }
 
 
 def print_table(title: str, rows: list[tuple[str, ...]]) -> None:
@@ -315,16 +369,31 @@ def worker(rank: int, port: int, steps: int, width: int, inductor: bool) -> None
         print_table(f"Tensor parallelism over a {WORLD}-rank mesh, {steps} SGD steps (Δ: losses and parameters)", tp)
 
 
+def fsdp_tp_worker(rank: int, port: int, steps: int) -> None:
+    """One of the four processes of `--fsdp-tp`: FSDP2 x TP, eager and jitted, with AdamW."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=4)
+    torch.set_num_threads(1)
+    rows = compare_rows(fsdp_tp_patterns(), rank, steps, lambda params: torch.optim.AdamW(params, lr=0.01))
+    dist.destroy_process_group()
+    if rank == 0:
+        print_table(f"FSDP2 x TP on a 2x2 mesh (dp, tp), 4 ranks, {steps} AdamW steps (Δ: losses and parameters)", rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--no-inductor", action="store_true", help="leave out torch.compile with its default backend")
+    parser.add_argument("--fsdp-tp", action="store_true", help="only FSDP2 x TP on a 2x2 mesh, over 4 processes")
     opts = parser.parse_args()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(worker, args=(port, opts.steps, opts.width, not opts.no_inductor), nprocs=WORLD)
+    if opts.fsdp_tp:
+        mp.spawn(fsdp_tp_worker, args=(port, opts.steps), nprocs=4)
+    else:
+        mp.spawn(worker, args=(port, opts.steps, opts.width, not opts.no_inductor), nprocs=WORLD)
 
 
 if __name__ == "__main__":
