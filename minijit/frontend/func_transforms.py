@@ -8,8 +8,8 @@
   over must be known while tracing (a symbolic size is refused by name), and so must the function's randomness.
 
 Refused by name where eager would give something else: a gradient of a tensor that requires grad outside (eager's
-result is then differentiable again; minijit's inline gradients are not), `randomness="different"`/`"same"`, and
-`chunk_size` (meaningless when unrolled, accepted) is the only other option ignored.
+result is then differentiable again; minijit's inline gradients are not), and `randomness="different"`/`"same"`.
+`chunk_size` is accepted and means nothing here (every element is its own call).
 """
 
 from __future__ import annotations

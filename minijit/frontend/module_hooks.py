@@ -62,20 +62,27 @@ class HookSite:
 
     def output_grads(self, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
         """The backward at the module's results: pre-hooks on grad_output, kept for the full hooks."""
-        grad_outputs = _pack(self.output_index or [], grads, self.n_outputs)
-        for hook in self.user_pre_hooks:
-            result = hook(self.module, grad_outputs)
-            if result is None:
-                continue
-            if len(result) != len(grad_outputs):
-                raise HookError(f"Backward pre hook returned an invalid number of grad_output, got {len(result)}, "
-                                f"but expected {len(grad_outputs)} ({_name(hook)} on {type(self.module).__name__})")
-            grad_outputs = tuple(result)
+        grad_outputs = self._through(self.user_pre_hooks, _pack(self.output_index or [], grads, self.n_outputs), (),
+                                     "Backward pre hook", "grad_output")
         if self.input_index is None:
             self._without_input_grads(grad_outputs)
         else:
             self._pending.grad_outputs = grad_outputs
         return _checked(_unpack(self.output_index or [], grad_outputs), grads, "grad_output", self.module)
+
+    def _through(self, hooks: Sequence[Callable[..., Any]], grads: tuple[Any, ...], more: tuple[Any, ...],
+                 kind: str, what: str) -> tuple[Any, ...]:
+        """`grads` passed through each of `hooks` in turn (called with the module, `grads` and `more`): a hook's
+        returned tuple replaces them, and must be as long, as eager checks."""
+        for hook in hooks:
+            result = hook(self.module, grads, *more)
+            if result is None:
+                continue
+            if len(result) != len(grads):
+                raise HookError(f"{kind} returned an invalid number of {what}, got {len(result)}, but expected "
+                                f"{len(grads)} ({_name(hook)} on {type(self.module).__name__})")
+            grads = tuple(result)
+        return grads
 
     def input_grads(self, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
         """The backward at the module's arguments: the full hooks on grad_input and the kept grad_output."""
@@ -83,15 +90,8 @@ class HookSite:
         if grad_outputs is None:  # eager: the gradient reached the arguments without passing the results
             return grads
         self._pending.grad_outputs = None
-        grad_inputs = _pack(self.input_index or [], grads, self.n_inputs)
-        for hook in self.user_hooks:
-            result = hook(self.module, grad_inputs, grad_outputs)
-            if result is None:
-                continue
-            if len(result) != len(grad_inputs):
-                raise HookError(f"Backward hook returned an invalid number of grad_input, got {len(result)}, but "
-                                f"expected {len(grad_inputs)} ({_name(hook)} on {type(self.module).__name__})")
-            grad_inputs = tuple(result)
+        grad_inputs = self._through(self.user_hooks, _pack(self.input_index or [], grads, self.n_inputs),
+                                    (grad_outputs,), "Backward hook", "grad_input")
         return _checked(_unpack(self.input_index or [], grad_inputs), grads, "grad_input", self.module)
 
     def _without_input_grads(self, grad_outputs: tuple[Any, ...]) -> None:

@@ -563,12 +563,11 @@ def _evaluate_prefix(prefix: Trace, flat: list[Any], no_grad: frozenset[str]) ->
     # Without functionalize's write-backs.
     functional = dce(rewrite(functional, lambda b, env: () if b.sym is prims.copy_to_out_ else None,
                              pass_name="value read"))
-    run = without_autocast
-    if has_inline_grads(functional):  # gradients the code took so far (`scaler.step` reads them for infs)
+    took_grads = has_inline_grads(functional)
+    if took_grads:  # gradients the code took so far (`scaler.step` reads them for infs)
         functional = expand_inline_grads(functional, (), no_grad)
-        run = lambda f: without_grad(without_autocast(f))
-    functional = claim_executors(functional, resolve_executors(["torch"]))
-    return with_synthetic_bases(run(functional.python_callable()), aliasing)(*flat)
+    run = without_autocast(claim_executors(functional, resolve_executors(["torch"])).python_callable())
+    return with_synthetic_bases(without_grad(run) if took_grads else run, aliasing)(*flat)
 
 
 def _run_on_copies(prefix: Trace, flat: list[Any], written: Sequence[str]) -> Any:

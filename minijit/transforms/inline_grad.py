@@ -103,34 +103,28 @@ def _expand_one(trace: Trace, position: int, executors: Sequence[Any], no_grad: 
             f"a gradient taken inside the traced function{where(marker.source)} differentiates through a write into "
             f"{splitter.dirty[0][0].name}, an input requiring grad; write it under torch.no_grad(), or take the "
             "gradient outside the jitted function")
-    bwd, _saved = splitter.backward(list(outputs))
+    bwd, _ = splitter.backward(list(outputs))
     # The backward takes the saved values (the forward's own proxies) and one cotangent per output: the grad_of's.
     env = ProxyMap()
     env.bind(list(bwd.args[len(bwd.args) - len(outputs):]), list(cotangents))
     body = [env.bsym(b) for b in bwd.bound_symbols]
     by_input = dict(zip((p.name for p in region.args), (env.value(g) for g in bwd.output)))
     produced = {id(p) for b in body for p in b.proxy_outputs()}
-    taken: set[int] = set()
+    renamed = ProxyMap()  # each gradient the backward made -> the grad_of output standing for it (one pass below)
     for x, result in zip(inputs, marker.output):
         g = by_input.get(x.name)
         if g is None:
             raise MinijitError(
                 f"autograd.grad_of{where(marker.source)}: no gradient reached {x.name}, which the traced code saw "
                 "depending on the differentiated outputs; take the gradient outside the jitted function")
-        if id(g) in produced and id(g) not in taken:
-            taken.add(id(g))
-            body = [_renamed(b, g, result) for b in body]
+        if id(g) in produced and g not in renamed:
+            renamed[g] = result
         else:  # an input or cotangent passed through, or one value serving two inputs: a tensor of its own
             copy, recorded = record(trace, prims.clone, (g,), source=marker.source)
-            body += [_renamed(b, copy, result) for b in recorded]
-    edits.replace(position, *body)
+            renamed[copy] = result
+            body += recorded
+    edits.replace(position, *map(renamed.bsym, body))
     return edits.apply(pass_name="expand inline gradients")
-
-
-def _renamed(bsym: BoundSymbol, old: Proxy, new: Proxy) -> BoundSymbol:
-    env = ProxyMap()
-    env[old] = new
-    return env.bsym(bsym)
 
 
 __all__ = ["GRAD_OF", "expand_inline_grads", "has_inline_grads", "refuse_outputs_requiring_grad"]
