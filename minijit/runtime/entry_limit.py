@@ -15,6 +15,7 @@ warning names with its remedy (`cache="symbolic values"`: one entry for all size
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Hashable
 from itertools import islice
@@ -28,7 +29,11 @@ MAX_ENTRIES = 256
 
 
 class EntryLimit:
-    """The cache's entries by last use, oldest first, and how many were dropped for the bound."""
+    """The cache's entries by last use, oldest first, and how many were dropped for the bound.
+
+    Every method holds the limit's own lock: the hit path marks an entry used outside the lock a miss
+    takes, and an iterator over the order (`recent`) fails if another thread moves an entry while it
+    is open."""
 
     def __init__(self, max_entries: int | None) -> None:
         if max_entries is not None and max_entries < 1:
@@ -37,36 +42,40 @@ class EntryLimit:
         # id(entry) -> (its cache key, the entry), the least recently used first.
         self._order: OrderedDict[int, tuple[Hashable, Any]] = OrderedDict()
         self.evictions = 0
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._order)
 
     def add(self, key: Hashable, entry: Any) -> list[tuple[Hashable, Any]]:
         """Note a new entry under `key`, the most recently used; the (key, entry) pairs to drop for the bound."""
-        self._order[id(entry)] = (key, entry)
-        dropped: list[tuple[Hashable, Any]] = []
-        while self.max_entries is not None and len(self._order) > self.max_entries:
-            dropped.append(self._order.popitem(last=False)[1])
-        self.evictions += len(dropped)
+        with self._lock:
+            self._order[id(entry)] = (key, entry)
+            dropped: list[tuple[Hashable, Any]] = []
+            while self.max_entries is not None and len(self._order) > self.max_entries:
+                dropped.append(self._order.popitem(last=False)[1])
+            self.evictions += len(dropped)
         return dropped
 
     def used(self, entry: Any) -> None:
-        """Make `entry` the most recently used (an entry no longer held is left out).
-
-        One C call, as `recent`'s read: the hit path calls this outside any lock the miss path takes."""
-        try:
-            self._order.move_to_end(id(entry))
-        except KeyError:
-            pass
+        """Make `entry` the most recently used (an entry no longer held is left out)."""
+        with self._lock:
+            try:
+                self._order.move_to_end(id(entry))
+            except KeyError:
+                pass
 
     def clear(self) -> None:
         """Forget every entry (the runtime dropped them all: cache="automatic" went symbolic)."""
-        self._order.clear()
+        with self._lock:
+            self._order.clear()
 
     def remove(self, entry: Any) -> None:
         """Forget `entry` (the runtime dropped it: rebound to new objects)."""
-        self._order.pop(id(entry), None)
+        with self._lock:
+            self._order.pop(id(entry), None)
 
     def recent(self, count: int) -> list[Any]:
         """The `count` most recently used entries, the most recent first."""
-        return [entry for _, entry in list(islice(reversed(self._order.values()), count))]  # read in one C call
+        with self._lock:
+            return [entry for _, entry in islice(reversed(self._order.values()), count)]

@@ -284,3 +284,33 @@ def test_a_parameter_replaced_between_calls_is_seen_by_every_thread(grad):
     for result in results:
         torch.testing.assert_close(result, model(x))
     assert minijit.cache_info(jm).misses == 1  # a new parameter of the same kind: the same trace
+
+
+def test_the_entry_order_is_read_while_other_threads_mark_entries_used():
+    """Hits mark their entry used outside the compile lock while a miss reads the most recent entries;
+    the read must never see the order changing under it (it raised "OrderedDict mutated during
+    iteration" in CI)."""
+    from minijit.runtime.entry_limit import EntryLimit
+
+    limit = EntryLimit(None)
+    entries = [object() for _ in range(64)]
+    for i, entry in enumerate(entries):
+        limit.add(i, entry)
+    stop = threading.Event()
+
+    def mark_used(i: int) -> None:
+        rng = random.Random(i)
+        while not stop.is_set():
+            limit.used(entries[rng.randrange(len(entries))])
+
+    def read_recent() -> int:
+        try:
+            return sum(len(limit.recent(8)) for _ in range(3000))
+        finally:
+            stop.set()
+
+    with _switching_often(), ThreadPoolExecutor(4) as pool:
+        markers = [pool.submit(mark_used, i) for i in range(3)]
+        assert pool.submit(read_recent).result() == 3000 * 8
+        for marker in markers:
+            marker.result()
