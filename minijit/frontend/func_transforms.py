@@ -10,6 +10,9 @@
 Refused by name where eager would give something else: a gradient of a tensor that requires grad outside (eager's
 result is then differentiable again; minijit's inline gradients are not), and `randomness="different"`/`"same"`.
 `chunk_size` is accepted and means nothing here (every element is its own call).
+
+The function a transform returns may leave the jitted call (returned, or stored on an object): called outside a
+trace, it is torch's own transform of the same function, as eager would have returned it.
 """
 
 from __future__ import annotations
@@ -75,6 +78,14 @@ def _differentiated(func: Callable[..., Any], argnums: int | tuple[int, ...], ha
     return result, call(torch.Tensor.detach, (value,), {}), aux
 
 
+def _eager_outside_traces(traced: Callable[..., Any], eager: Callable[..., Any]) -> Callable[..., Any]:
+    """`traced`, except where it is called outside any trace (it escaped the jitted call): then `eager`."""
+    def transformed(*args: Any, **kwargs: Any) -> Any:
+        return (traced if current_trace() is not None else eager)(*args, **kwargs)
+
+    return transformed
+
+
 @lookaside(torch.func.grad)
 def func_grad(func: Callable[..., Any], argnums: int | tuple[int, ...] = 0, has_aux: bool = False) -> Callable[..., Any]:
     """torch.func.grad: a function returning the gradient of `func`'s scalar result (and its aux)."""
@@ -82,7 +93,7 @@ def func_grad(func: Callable[..., Any], argnums: int | tuple[int, ...] = 0, has_
         grads, _, aux = _differentiated(func, argnums, has_aux, "torch.func.grad", args, kwargs)
         return (grads, aux) if has_aux else grads
 
-    return grad_of_func
+    return _eager_outside_traces(grad_of_func, torch.func.grad(func, argnums, has_aux))
 
 
 @lookaside(torch.func.grad_and_value)
@@ -93,7 +104,7 @@ def func_grad_and_value(func: Callable[..., Any], argnums: int | tuple[int, ...]
         grads, value, aux = _differentiated(func, argnums, has_aux, "torch.func.grad_and_value", args, kwargs)
         return (grads, (value, aux)) if has_aux else (grads, value)
 
-    return grad_and_value_of_func
+    return _eager_outside_traces(grad_and_value_of_func, torch.func.grad_and_value(func, argnums, has_aux))
 
 
 def _mapped_size(args: tuple[Any, ...], in_dims: tuple[Any, ...]) -> int:

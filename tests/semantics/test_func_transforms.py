@@ -72,3 +72,20 @@ def test_gradients_of_tensors_requiring_grad_outside_are_refused_by_name():
 
     with pytest.raises(minijit.UnsupportedSyntaxError, match="requires grad outside"):
         minijit.jit(f)(torch.randn(3, requires_grad=True))
+
+
+def test_a_transformed_function_returned_by_a_jitted_call_works_as_eagers():
+    """The function torch.func.grad/grad_and_value make inside the jitted call may leave it: called afterwards, it
+    gives what the one eager returned gives."""
+    def loss(w, x):
+        return (x @ w).tanh().sum()
+
+    def make(scale):
+        return torch.func.grad(loss), torch.func.grad_and_value(loss, argnums=(0, 1)), scale * 2
+
+    w, x = torch.randn(3, 2), torch.randn(4, 3)
+    eager_grad, eager_gv, eager_scaled = make(torch.ones(1))
+    jit_grad, jit_gv, jit_scaled = minijit.jit(make)(torch.ones(1))
+    torch.testing.assert_close(jit_scaled, eager_scaled)
+    torch.testing.assert_close(jit_grad(w, x), eager_grad(w, x))
+    torch.testing.assert_close(jit_gv(w, x), eager_gv(w, x))
