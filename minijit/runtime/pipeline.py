@@ -431,15 +431,16 @@ def _compile(arguments: CallArguments, executors: Sequence[Any], constraints: li
     trace = _timed(lambda: dce(trace, keep_sizes=True), traces, at)  # the grad pass may save them
     trace = _timed(lambda: remove_cast_round_trips(trace), traces, at)
     records = dict(capture=found, functionalized=functionalized, aliasing=aliasing)
+    no_grad = found.no_grad | functionalized.made_without_grad
     if inline_grads:
         # The code took gradients itself (`loss.backward()`): they are values of this one trace, which then runs
         # without autograd (docs/design.md: "A whole training step in one trace").
         with recording_constraints(constraints):
-            trace = _timed(lambda: expand_inline_grads(trace, executors, found.no_grad), traces, at)
+            trace = _timed(lambda: expand_inline_grads(trace, executors, no_grad), traces, at)
 
     if torch.is_grad_enabled() and requires_grad_inputs(trace) and not inline_grads:
         computation, backward_traces, split = _compile_with_grad(
-            trace, traces, executors, at, found.no_grad, functionalized, constraints, family)
+            trace, traces, executors, at, no_grad, functionalized, constraints, family)
         computation = with_synthetic_bases(computation, aliasing)
         return CompiledEntry(found.call_plan.wrap(computation), traces, **records, split=split,
                              backward_traces=backward_traces, graphs=family)

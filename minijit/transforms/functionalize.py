@@ -71,6 +71,9 @@ class FunctionalizeResult:
     inplace_originals: Mapping[str, str] = field(default_factory=dict)
     # The mutated inputs written at least once with grad on (the others only under torch.no_grad()).
     written_with_grad: frozenset[str] = frozenset()
+    # Names of the values this pass recorded again for ops the code ran under torch.no_grad() (`p.addcdiv_(...)`
+    # reading an earlier write's value): constant for VJP as the values they stand for were.
+    made_without_grad: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -406,6 +409,8 @@ class _Functionalizer:
         for old, new in zip(tree_flatten(bsym.output), tree_flatten(result), strict=True):
             if not isinstance(old, Proxy):
                 continue
+            if new is not old and old.name in self.no_grad and isinstance(new, Proxy):
+                self.made_without_grad.add(new.name)
             self.produced.add(id(old))
             among = self.graph.views_one_of(old)
             if among:
@@ -423,6 +428,7 @@ class _Functionalizer:
         self.write_sites: dict[str, str] = {}
         self.inplace_originals: dict[str, str] = {}
         self.written_with_grad: set[str] = set()
+        self.made_without_grad: set[str] = set()
         with tracing(self.new):
             self._members_as_views()
             for position, bsym in enumerate(self.trace.bound_symbols):
@@ -438,7 +444,8 @@ class _Functionalizer:
         sites = tuple(self.write_sites.get(n, "") for n in self.mutated)
         return self.new, FunctionalizeResult(mutated_inputs=tuple(self.mutated), write_sites=sites,
                                              inplace_originals=self.inplace_originals,
-                                             written_with_grad=frozenset(self.written_with_grad))
+                                             written_with_grad=frozenset(self.written_with_grad),
+                                             made_without_grad=frozenset(self.made_without_grad))
 
     def _members_as_views(self) -> None:
         """Each member of a synthetic base becomes a view of it; it reads as the input itself until written."""

@@ -1,5 +1,6 @@
 """Real tensors from outside the inputs (globals, closures, plain attributes) are read afresh on every call."""
 
+import pytest
 import torch
 
 import minijit
@@ -61,3 +62,41 @@ def test_captured_tensor_that_requires_grad_gets_its_gradient():
         jf(x).backward()
         (x * w_eager).sum().backward()
         torch.testing.assert_close(w.grad, w_eager.grad)
+
+
+def test_many_tensors_read_from_outside_are_checked_together_and_each_change_misses():
+    """Five tensors read from an object: the guard checks them in one C call, falling back to one by one. Each
+    change of shape, dtype or requires_grad of one of them is a miss naming it; inference mode (another dispatch
+    state) still hits; every result equals eager's."""
+    class Holder:
+        pass
+
+    holder = Holder()
+    holder.ts = [torch.randn(3) for _ in range(4)] + [torch.nn.Parameter(torch.randn(3))]
+
+    def total(x):
+        return sum(t * x for t in holder.ts)
+
+    jf = minijit.jit(total)
+    x = torch.randn(3)
+    changes = [lambda t: t.to(torch.float64), lambda t: torch.randn(4), lambda t: t.detach().requires_grad_(),
+               lambda t: torch.nn.Parameter(t.detach().clone())]
+    with torch.no_grad():
+        torch.testing.assert_close(jf(x), total(x))
+        with torch.inference_mode():
+            torch.testing.assert_close(jf(x), total(x))
+        assert minijit.cache_info(jf).misses == 1
+        for i, change in enumerate(changes):
+            holder.ts[i] = change(holder.ts[i])
+            if i == 1:  # shape (4,) against x's (3,): eager raises, and so does the jitted call
+                with pytest.raises(RuntimeError):
+                    total(x)
+                with pytest.raises(RuntimeError):
+                    jf(x)
+                holder.ts[i] = torch.randn(3)
+            else:
+                torch.testing.assert_close(jf(x), total(x))
+    reasons = minijit.cache_info(jf).miss_reasons
+    assert "ts_0" in reasons[1] and "float64" in reasons[1], reasons
+    assert any("ts_1" in r and "shape (4,)" in r for r in reasons), reasons
+    assert any("ts_2" in r and "requires_grad=True" in r for r in reasons), reasons

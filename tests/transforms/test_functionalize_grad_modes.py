@@ -441,3 +441,26 @@ def test_in_place_under_no_grad_keeps_the_written_tensors_gradient(fn: Callable[
         want = torch.autograd.grad(fn(v), v)[0]
         got = torch.autograd.grad(jf(v), v)[0]
         torch.testing.assert_close(got, want)
+
+
+def test_ops_after_a_write_under_no_grad_stay_whole_and_constant_for_grad() -> None:
+    """`p.mul_(k); p.addcdiv_(e, d, value=s)` under no_grad into a parameter (torch.optim's AdamW): the second op
+    reads the first's value again, and functionalize records it anew; it was run without grad, so it stays constant
+    for VJP, one op (not split into prims by the grad transform), and the parameter ends as eager leaves it."""
+    def step(p: torch.Tensor, e: torch.Tensor, d: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            p.mul_(0.9)
+            p.addcdiv_(e, d, value=-s)
+        return (p * e).sum()
+
+    jitted = minijit.jit(step)
+    for i in range(2):
+        g = torch.Generator().manual_seed(i)
+        e, d, s = torch.randn(6, generator=g), torch.rand(6, generator=g) + 1, torch.rand((), generator=g)
+        p_eager, p_jit = (torch.randn(6, generator=torch.Generator().manual_seed(9 + i)).requires_grad_() for _ in "ab")
+        want = torch.autograd.grad(step(p_eager, e, d, s), p_eager)[0]
+        got = torch.autograd.grad(jitted(p_jit, e, d, s), p_jit)[0]
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(p_jit.detach(), p_eager.detach())
+    forward = minijit.last_traces(jitted)[-1]
+    assert [b.sym.name for b in forward.bound_symbols if b.sym.name == "addcdiv"] == ["addcdiv"]
