@@ -94,6 +94,9 @@ class Batching:
                 grad_off = any(p.name in self.no_grad for p in b.proxy_outputs())
                 with torch.no_grad() if grad_off else nullcontext():
                     self._one(b)
+                if grad_off and trace.capture is not None:  # also where it was appended as it is (no record)
+                    trace.capture.recorded_without_grad.update(
+                        v.name for v in map(self.env.value, b.proxy_outputs()) if isinstance(v, Proxy))
         finally:
             trace.source = saved
 

@@ -205,3 +205,20 @@ def test_vmap_randomness_other_than_error_is_refused_only_for_functions_that_dra
     torch.testing.assert_close(minijit.jit(quiet)(x), quiet(x))
     with pytest.raises(minijit.UnsupportedSyntaxError, match="randomness='same'"):
         minijit.jit(noisy)(x)
+
+
+def test_gradients_through_a_batched_vmap_match_eager():
+    def f(x, w):
+        def per_sample(row):
+            with torch.no_grad():
+                scale = (w * 2).sum()
+            return (row @ w).sin() * scale
+        return vmap(per_sample)(x).sum()
+
+    jitted = minijit.jit(f)
+    for _ in range(2):
+        x, w = torch.randn(4, 3, requires_grad=True), torch.randn(3, 5, requires_grad=True)
+        want = torch.autograd.grad(f(x, w), (x, w))
+        got = torch.autograd.grad(jitted(x, w), (x, w))
+        for g, e in zip(got, want):
+            torch.testing.assert_close(g, e)
