@@ -47,6 +47,14 @@ EXCEPTIONS = {
         "the symbol of a traced custom Function is made for that one call, so capture gives it its VJP rule "
         "(in VJP_RULES) at once, built from the backward sub-trace"
     ),
+    ("minijit.frontend.func_transforms", "minijit.transforms.functionalize"): (
+        "vmap batches the ops of the function traced once on a sample (frontend/batching.py), which must be "
+        "functional first: an in-place op on a sample's intermediate becomes the functional op it stands for"
+    ),
+    ("minijit.frontend.func_transforms", "minijit.transforms.inline_grad"): (
+        "vmap of a function taking gradients (per-sample gradients, `vmap(grad(f))`) batches the backward's ops, "
+        "so the sample's `grad_of` is expanded into them before its ops are batched"
+    ),
     ("minijit.frontend.module_hooks", "minijit.transforms.vjp"): (
         "the identity op at a hooked module's boundary is made per number of tensors when capture first meets "
         "one, so capture gives it its VJP rule at once: the call of the module's backward hooks"

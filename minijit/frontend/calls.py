@@ -63,11 +63,13 @@ _NATIVE_MODULES = (
     "torch.__config__", "torch._vmap_internals", "torch.distributed", "torch._namedtensor_internals",
     "torch.random", "torch.nn.parameter", "torch._compile", "torch.compiler",
 )
-# ... except these, which hold user-visible Python code worth tracing through (nn layer forwards, and
-# the function `@torch.autocast(...)` wraps a user function in).
+# ... except these, which hold user-visible Python code worth tracing through (nn layer forwards, the function
+# `@torch.autocast(...)` wraps a user function in, and the wrappers torch.func's transforms return, whose
+# calls of torch's implementations minijit.frontend.func_transforms looks aside).
 # Modules whose wrappers (with `__wrapped__`) only switch Dynamo off around the function they wrap.
 _DYNAMO_WRAPPER_MODULES = ("torch._dynamo.eval_frame", "torch._compile")
-_INTERPRETED_TORCH_MODULES = ("torch.nn.modules", "torch.amp.autocast_mode", "torch.amp.grad_scaler")
+_INTERPRETED_TORCH_MODULES = ("torch.nn.modules", "torch.amp.autocast_mode", "torch.amp.grad_scaler",
+                              "torch._functorch.apis")
 
 # Modules whose C callables may receive proxies: they only store them or call their Python dunders.
 _PROXY_SAFE_MODULES = {"builtins", "operator", "_operator", "functools", "_functools", "itertools",
