@@ -8,9 +8,11 @@ gets it added in place. The `.grad` written is shown to the rest of the traced c
 reads it) and set on the real tensor by every call, as an effect (docs/design.md: "A whole training step
 in one trace").
 
-What eager does and minijit refuses, by name: `create_graph=True` (a gradient that is differentiable
-again), and gradients reaching a tensor minijit cannot accumulate into (an argument requiring grad, a
-tensor computed outside the call).
+A backward reaches the trace's inputs requiring grad (a module's parameters read from outside; the call's
+arguments, whose `.grad` is read and set through the call's own input, guarded on every call) and the leaves
+the traced code made itself (`x.detach().requires_grad_()`: `CaptureState.made_leaves`, whose `.grad` is a
+value of the trace only). What eager does and minijit refuses, by name: `create_graph=True` (a gradient that is
+differentiable again), and gradients reaching a tensor computed outside the call (an argument with a grad_fn).
 """
 
 from __future__ import annotations
