@@ -65,10 +65,12 @@ class CallPlan:
         return not self.captured and self.result is None and not self.effects
 
     def fetch_function(self) -> Callable[..., tuple[Any, ...]]:
-        """A compiled function of the call's inputs reading the captured tensors again (raises if one is gone)."""
+        """A compiled function reading the captured tensors again (raises if one is gone); a function of the call's
+        inputs where one is read from an input (an argument's `.grad`), else of nothing."""
         env: dict[str, Any] = {}
         reads = [source.expression(env) for source, _ in self.captured]
-        source = f"def fetch({_parameters(self.inputs)}):\n    return ({', '.join(reads)}{',' if reads else ''})\n"
+        params = _parameters(self.inputs) if any(_reads_input(source) for source, _ in self.captured) else ""
+        source = f"def fetch({params}):\n    return ({', '.join(reads)}{',' if reads else ''})\n"
         exec(compile(source, "<minijit captured tensors>", "exec"), env)
         return env["fetch"]
 
@@ -77,6 +79,7 @@ class CallPlan:
         if self.is_trivial():
             return computation
         fetch = self.fetch_function() if self.captured else None
+        fetch_reads_inputs = any(_reads_input(source) for source, _ in self.captured)  # else called bare: a hit's cost
         split = self.result is not None or bool(self.effects)
         result_spec, effects, passthrough = self.result, self.effects, self.passthrough
         effect_passthrough = self.effect_passthrough
@@ -84,7 +87,7 @@ class CallPlan:
 
         def run(*inputs: Any) -> Any:
             if fetch is not None:
-                inputs = (*inputs, *fetch(*inputs))
+                inputs = (*inputs, *(fetch(*inputs) if fetch_reads_inputs else fetch()))
             out = computation(*inputs)
             if not split:
                 return out
@@ -102,6 +105,15 @@ class CallPlan:
 
         run.__wrapped__ = computation  # type: ignore[attr-defined]
         return run
+
+
+def _reads_input(source: Source) -> bool:
+    """Whether `source` reads one of the call's inputs (an argument's `.grad`)."""
+    while isinstance(source, Source):
+        if source.access == "input":
+            return True
+        source = source.holder
+    return False
 
 
 def _parameters(inputs: list[str]) -> str:
