@@ -147,6 +147,27 @@ def test_a_leaf_made_by_requires_grad_inside_gets_its_grad_as_in_eager():
         assert x.grad is None and not x.requires_grad
 
 
+def _pgd(model, steps=3, eps=0.1, alpha=0.05):
+    def attack(x, y):
+        x_adv = x.clone()
+        for _ in range(steps):  # a fresh leaf per step, each with its own .grad
+            x_adv = x_adv.detach().requires_grad_()
+            torch.nn.functional.cross_entropy(model(x_adv), y).backward()
+            with torch.no_grad():
+                x_adv = torch.min(torch.max(x_adv + alpha * x_adv.grad.sign(), x - eps), x + eps)
+        return x_adv
+    return attack
+
+
+def test_pgd_with_a_leaf_per_step_matches_eager():
+    m1, m2 = _pair(5)
+    jitted, eager = minijit.jit(_pgd(m1)), _pgd(m2)
+    for _ in range(3):
+        x, y = torch.randn(5, 4), torch.randint(0, 3, (5,))
+        torch.testing.assert_close(jitted(x, y), eager(x, y))
+        _same_grads(m1, m2)
+
+
 def test_a_leaf_made_by_a_factory_with_requires_grad_gets_its_grad_as_in_eager():
     m1, m2 = _pair(3)
 
