@@ -8,13 +8,16 @@ gets it added in place. The `.grad` written is shown to the rest of the traced c
 reads it) and set on the real tensor by every call, as an effect (docs/design.md: "A whole training step
 in one trace").
 
-What eager does and minijit refuses, by name: `create_graph=True` (a gradient that is differentiable
-again), and gradients reaching a tensor minijit cannot accumulate into (an argument requiring grad, a
-tensor computed outside the call).
+A backward reaches the trace's inputs requiring grad (a module's parameters read from outside; the call's
+arguments, whose `.grad` is read and set through the call's own input, guarded on every call) and the leaves
+the traced code made itself (`x.detach().requires_grad_()`: `CaptureState.made_leaves`, whose `.grad` is a
+value of the trace only). What eager does and minijit refuses, by name: `create_graph=True` (a gradient that is
+differentiable again), and gradients reaching a tensor computed outside the call (an argument with a grad_fn).
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -71,14 +74,16 @@ def _reached(outputs: Sequence[TensorProxy], candidates: Sequence[TensorProxy] |
     requiring grad they depend on (the leaves eager's backward accumulates into), in the trace's order."""
     trace = current_trace()
     assert trace is not None
-    stop = {id(p) for p in candidates or ()}
+    made = [entry[0] for entry in trace.capture.made_leaves.values()] if trace.capture is not None else []
+    # A leaf the code made is where its gradient stops (`x.detach().requires_grad_()`: none flows on into x).
+    stop = {id(p) for p in (*(candidates or ()), *made)}
     needed = {id(p) for p in outputs}  # what the outputs depend on with grad, the candidates included
     for b in reversed(trace.bound_symbols):
         if not any(isinstance(p, TensorProxy) and p.requires_grad and id(p) in needed and id(p) not in stop
                    for p in b.proxy_outputs()):
             continue  # not needed, recorded without grad, or not differentiable: the gradient stops here
         needed.update(id(p) for p in b.proxy_args() if isinstance(p, TensorProxy) and p.requires_grad)
-    pool = candidates if candidates is not None else [p for p in trace.args if isinstance(p, TensorProxy)
+    pool = candidates if candidates is not None else [p for p in (*trace.args, *made) if isinstance(p, TensorProxy)
                                                       and p.requires_grad and (p.dtype.is_floating_point or p.dtype.is_complex)]
     return [p for p in pool if id(p) in needed]
 
@@ -100,13 +105,16 @@ def backward(tensors: Any, grad_tensors: Any = None, retain_graph: bool | None =
                                                   else grad_variables, "backward")
     given = [_proxy(x) for x in _as_tuple(inputs)] if inputs is not None else None
     leaves = _reached(outputs, given)
-    reals = [_real_leaf(p) for p in leaves]
+    holders = [_made_leaf(p) or _real_leaf(p) for p in leaves]
     if not leaves:
         return
     grads = GRAD_OF(outputs, cotangents, tuple(leaves), retain_graph=bool(retain_graph))
     with torch.no_grad():
-        for real, g in zip(reals, grads):
-            _accumulate(real, g)
+        for holder, g in zip(holders, grads):
+            if isinstance(holder, list):
+                _accumulate_made(holder, g)
+            else:
+                _accumulate(holder, g)
 
 
 def tensor_backward(self: TensorProxy, gradient: Any = None, retain_graph: bool | None = None,
@@ -164,21 +172,51 @@ def grad(outputs: Any, inputs: Any, grad_outputs: Any = None, retain_graph: bool
     return tuple(result)
 
 
-def _real_leaf(p: TensorProxy) -> torch.Tensor:
-    """The tensor from outside that the input `p` stands for, whose `.grad` a backward accumulates into."""
+def _made_leaf(p: TensorProxy) -> list[Any] | None:
+    """[p, its .grad] where `p` is a leaf the traced code made (`x.detach().requires_grad_()`), else None."""
     trace = current_trace()
-    real = trace.capture.captured_from.get(p.name) if trace is not None and trace.capture is not None else None
+    entry = trace.capture.made_leaves.get(id(p)) if trace is not None and trace.capture is not None else None
+    return entry if entry is not None and entry[0] is p else None
+
+
+def real_tensor(p: TensorProxy) -> torch.Tensor | None:
+    """The tensor from outside that the trace input `p` stands for: one read from outside the call (a module's
+    parameter), or an argument of the call, from then on read through the call's input (its `.grad` guarded on
+    every call); None for a tensor the trace computed."""
+    trace = current_trace()
+    capture = trace.capture if trace is not None else None
+    if capture is None:
+        return None
+    real = capture.captured_from.get(p.name)
+    if real is None:
+        real = capture.arguments.get(p.name)
+        if real is not None:
+            current_state().outside.note_argument(real, p.name)
+    return real
+
+
+def _real_leaf(p: TensorProxy) -> torch.Tensor:
+    """The tensor from outside that the input `p` stands for, whose `.grad` a backward accumulates into: a leaf
+    (checked on every call: a later call may pass a tensor with a history)."""
+    real = real_tensor(p)
     if real is None:
         raise UnsupportedSyntaxError(
-            f"backward(){where_now()} reaches the input {p.name}, which requires grad and is an argument of the "
-            "jitted function: minijit accumulates gradients inside a trace only into tensors read from outside "
-            "(a module's parameters). Read it from a module or object, or call backward() outside the function")
-    if not real.is_leaf:
+            f"backward(){where_now()} reaches {p.name}, which requires grad and is neither an input of the jitted "
+            "function nor a leaf it made; call backward() outside the function")
+    if not _attribute(real, "is_leaf"):
         raise UnsupportedSyntaxError(
             f"backward(){where_now()} reaches {p.name}, a tensor computed outside the jitted function (it has a "
             "grad_fn): eager would go on differentiating through its history, which the trace does not hold. "
             "Call backward() outside the function, or detach the tensor before the call")
     return real
+
+
+def _accumulate_made(leaf: list[Any], g: TensorProxy) -> None:
+    """Add the gradient `g` into the `.grad` of a leaf the traced code made: a value of the trace only."""
+    if leaf[1] is None:
+        leaf[1] = g
+    else:
+        _op(torch.Tensor.add_, leaf[1], g)
 
 
 def _accumulate(real: torch.Tensor, g: TensorProxy) -> None:
@@ -199,24 +237,76 @@ def _op(fn: Any, *args: Any) -> Any:
 
 def _grad_attribute(real: torch.Tensor) -> Any:
     """`real.grad` as traced code sees it (guarded where it is read from the tensor)."""
+    return _attribute(real, "grad")
+
+
+def _attribute(real: torch.Tensor, name: str) -> Any:
+    """`real.name` as traced code sees it (guarded where it is read from the tensor)."""
     trace = current_trace()
     assert trace is not None and trace.capture_tensor is not None
     state = current_state()
-    return tensor_attribute(state.outside, state.guards, real, "grad", trace.capture_tensor)
+    return tensor_attribute(state.outside, state.guards, real, name, trace.capture_tensor)
+
+
+def _grad(self: TensorProxy) -> Any:
+    """Tensor.grad of a traced tensor: the `.grad` of the tensor from outside it stands for (an argument, a
+    parameter; guarded, or the one a backward in the traced code made), that of a leaf the code made (a value of
+    the trace), else None as in eager (a tensor computed by the trace is no leaf requiring grad)."""
+    made = _made_leaf(self)
+    if made is not None:
+        return made[1]
+    real = real_tensor(self)
+    if real is not None:
+        return _grad_attribute(real)
+    if self.requires_grad:
+        warnings.warn("The .grad attribute of a Tensor that is not a leaf Tensor is being accessed. Its .grad "
+                      "attribute won't be populated during autograd.backward().", UserWarning, stacklevel=2)
+    return None
+
+
+_grad.tensor_property = True  # type: ignore[attr-defined]
+TENSOR_METHODS["grad"] = _grad
+
+
+def set_traced_grad(t: TensorProxy, value: Any) -> bool:
+    """`t.grad = value` for a traced tensor: set on the tensor from outside it stands for (an effect), or on a leaf
+    the code made (a value of the trace); False where `t` is neither (refused by the caller)."""
+    made = _made_leaf(t)
+    if made is not None:
+        if value is not None:
+            _check_grad(value, t)
+        made[1] = value
+        return True
+    real = real_tensor(t)
+    if real is None:
+        return False
+    outside = current_state().outside
+    outside.shown.pop((id(real), "grad"), None)
+    if value is None:
+        outside.write_attribute(real, "grad", None)
+        outside.shown[(id(real), "grad")] = None
+    else:
+        assign_grad(real, value)
+    return True
+
+
+def _check_grad(value: Any, t: Any) -> None:
+    """Eager's checks of a `.grad` assigned to `t`."""
+    if not isinstance(value, TensorProxy):
+        raise TypeError(f"assigned grad expected to be a Tensor or None but got grad of {type(value).__name__}")
+    if tuple(value.shape) != tuple(t.shape) or value.dtype != t.dtype or value.device != t.device:
+        raise RuntimeError(f"assigned grad has data of a different size, type or device ({value.type_string()}) "
+                           f"than the tensor's {tuple(t.shape)} {t.dtype} {t.device}{where_now()}")
 
 
 def assign_grad(real: torch.Tensor, value: Any, accumulated: bool = False) -> None:
     """`real.grad = value` by traced code, `value` a traced tensor: checked as eager checks it, shown to the rest of
     the traced code, and made by every call as an effect (`accumulated`: made by a backward, whose new `.grad`
     eager lays out like `real`)."""
-    if not isinstance(value, TensorProxy):
-        raise TypeError(f"assigned grad expected to be a Tensor or None but got grad of {type(value).__name__}")
-    if tuple(value.shape) != tuple(real.shape) or value.dtype != real.dtype or value.device != real.device:
-        raise RuntimeError(f"assigned grad has data of a different size, type or device ({value.type_string()}) "
-                           f"than the tensor's {tuple(real.shape)} {real.dtype} {real.device}{where_now()}")
+    _check_grad(value, real)
     outside = current_state().outside
     outside.write_attribute(real, "grad", value, op="accumulate grad" if accumulated else None)
     outside.shown[(id(real), "grad")] = value
 
 
-__all__ = ["assign_grad", "backward", "grad", "tensor_backward"]
+__all__ = ["assign_grad", "backward", "grad", "real_tensor", "set_traced_grad", "tensor_backward"]

@@ -35,9 +35,10 @@ from minijit.frontend.lookasides import LOOKASIDES
 from minijit.frontend.native_tensors import run_native
 from minijit.frontend.outside import item_label, mutator_of
 from minijit.frontend.torch_function import dispatch_order, overloaded_arguments
-from minijit.ir import Proxy, current_trace, tree_map
+from minijit.ir import Proxy, TensorProxy, current_trace, tree_map
 from minijit.ir.context import where_now
 from minijit.ir.proxies import _BoundMethod
+from minijit.ops.ltorch.inplace import make_leaf
 from minijit.ops.number_args import takes_tensor_first
 from minijit.ops.opaque import call_ltorch, call_torch, draws_random_numbers, is_opaque_candidate
 from minijit.ops.registry import ltorch_symbol_for
@@ -200,6 +201,8 @@ def _call_ltorch(fn: Any, sym: Any, args: tuple[Any, ...] | list[Any], kwargs: d
     overloaded = overloaded_arguments(args, kwargs)
     if overloaded:
         return dispatch_torch_function(fn, overloaded, args, kwargs)
+    if kwargs.get("requires_grad") is True:
+        return _made_leaf(fn, sym, args, kwargs)
     folded = fold(fn, args, kwargs)
     if folded is NOT_FOLDED and takes_tensor_first(sym.meta):
         # Tensor arithmetic given plain Python numbers only (constants of this trace, `torch.div(7, 2)`):
@@ -215,6 +218,20 @@ def _call_ltorch(fn: Any, sym: Any, args: tuple[Any, ...] | list[Any], kwargs: d
         if folded is NOT_FOLDED:
             raise
         return folded
+
+
+def _made_leaf(fn: Any, sym: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> Any:
+    """A factory called with `requires_grad=True` (`torch.zeros(3, requires_grad=True)`): the tensor, made a leaf
+    requiring grad as eager makes it (minijit.ops.ltorch.inplace.make_leaf), whose `.grad` a backward in the traced
+    code sets."""
+    made = _call_ltorch(fn, sym, args, {k: v for k, v in kwargs.items() if k != "requires_grad"})
+    trace = current_trace()
+    if isinstance(made, torch.Tensor) and not isinstance(made, Proxy) and trace is not None and trace.capture_tensor:
+        made = trace.capture_tensor(made)  # folded while tracing: a constant of the trace
+    if not (isinstance(made, TensorProxy) and make_leaf(made)):
+        raise UnsupportedOpError(f"{torch_name(fn)}(..., requires_grad=True){where_now()} is not supported here; "
+                                 "create the tensor outside the jitted function")
+    return made
 
 
 def _with_known_numbers_if_refused(fn: Callable[..., Any], args: Any, kwargs: dict[str, Any]) -> Any:

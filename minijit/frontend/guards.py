@@ -42,8 +42,9 @@ class Source:
     `holder` is an object held by reference, or another `Source` (then the holder, a
     tensor, is read afresh on each call). `access` is "item" (`holder[key]`), "attribute"
     (`holder.__dict__[key]`), "cell" (`holder.cell_contents`) or "tensor attribute"
-    (`getattr(holder, key)`, e.g. `.grad`) or "call" (`holder()`, the referent of a weakref). `label` names
-    the value in traces and messages.
+    (`getattr(holder, key)`, e.g. `.grad`) or "call" (`holder()`, the referent of a weakref); or "input": the
+    tensor the call passed as the trace input named `key` (no holder; read where the inputs are parameters:
+    the entry's guard, its fetch of captured tensors, its effects). `label` names the value in traces and messages.
     """
 
     holder: Any = field(repr=False)
@@ -53,6 +54,8 @@ class Source:
 
     def expression(self, env: dict[str, Any]) -> str:
         """Python source reading the value, with the objects it needs bound in `env`."""
+        if self.access == "input":
+            return self.key
         holder = self.holder.expression(env) if isinstance(self.holder, Source) else _bind(env, self.holder, "_h")
         if self.access == "cell":
             return f"{holder}.cell_contents"
@@ -177,6 +180,8 @@ class GuardEntry:
             return f"len of {owner} = {self.value}"
         if self.kind == "keys":
             return f"keys of {owner} = {short_repr(self.value)}"
+        if self.kind == "tensor attribute" and self.owner:
+            return f"{self.owner}.{self.name} = {short_repr(self.value)}"
         return f"{where} {self.name} = {short_repr(self.value)}"
 
 

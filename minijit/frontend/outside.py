@@ -217,6 +217,13 @@ class Outside:
                     return source
         return None
 
+    def note_argument(self, t: Tensor, name: str) -> None:
+        """The tensor `t` was passed as the trace input `name`: its attributes are read (and guarded), and written
+        as effects, through the call's own input (a backward accumulating into an argument's `.grad`)."""
+        entry = self.tensor_sources.get(id(t))
+        if entry is None or entry[0] is not t:
+            self.tensor_sources[id(t)] = (t, Source(None, "input", name, name))
+
     def note_value(self, value: Any, source: Source, whole: bool = True) -> None:
         """A value just read from outside: a tensor remembers its source, an object becomes a root.
 
@@ -493,7 +500,7 @@ def tensor_attribute(outside: Outside, guards: dict[Any, Any], t: Tensor, name: 
         value = getattr(t, name)
         source = outside.source_of(t)
         if source is not None:
-            record(guards, "tensor attribute", source, name, value)
+            record(guards, "tensor attribute", source, name, value, owner=source.label)
             outside.note_value(value, Source(source, "tensor attribute", name, f"{source.label}_{name}"))
         return value
     return getattr(capture(t), name)

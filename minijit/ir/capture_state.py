@@ -49,6 +49,12 @@ class CaptureState:
     # Input name -> the tensor from outside the call it stands for (minijit.runtime.inputs.tensor_capturer): where
     # a backward() in the traced code accumulates gradients (minijit/frontend/backward.py).
     captured_from: dict[str, torch.Tensor] = field(default_factory=dict)
+    # Input name -> the tensor the call passed as an argument (its leaf's `.grad` is read and accumulated into
+    # through the call's own input: minijit/frontend/backward.py).
+    arguments: dict[str, torch.Tensor] = field(default_factory=dict)
+    # id -> [tensor, its .grad or None]: leaves requiring grad the traced code made itself (`x.detach().requires_grad_()`,
+    # `torch.zeros(..., requires_grad=True)`), whose gradients are values of the trace.
+    made_leaves: dict[int, list[Any]] = field(default_factory=dict)
     # Names of the outputs recorded while torch's grad mode was off (torch.no_grad() in the code):
     recorded_without_grad: set[str] = field(default_factory=set)
     # ... and of the results of in-place ops recorded then, which are the tensors they wrote (whose history

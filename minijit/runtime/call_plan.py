@@ -52,6 +52,9 @@ class CallPlan:
     effect_passthrough: list[tuple[int, int]] = field(default_factory=list)
     # True when an effect writes into a list or dict argument (the call's arguments are needed).
     writes_arguments: bool = False
+    # The names of the trace's inputs the call's arguments give, in order: what a `Source` of an input reads (an
+    # argument's `.grad`, fetched as an input; the argument a backward sets `.grad` on).
+    inputs: list[str] = field(default_factory=list)
 
     def forget_tensors(self) -> None:
         """Keep only the metadata of the tensors read from outside (each call reads them from their sources)."""
@@ -61,11 +64,13 @@ class CallPlan:
         """True when the compiled trace can be called directly."""
         return not self.captured and self.result is None and not self.effects
 
-    def fetch_function(self) -> Callable[[], tuple[Any, ...]]:
-        """A compiled function reading the captured tensors again (raises if one is gone)."""
+    def fetch_function(self) -> Callable[..., tuple[Any, ...]]:
+        """A compiled function reading the captured tensors again (raises if one is gone); a function of the call's
+        inputs where one is read from an input (an argument's `.grad`), else of nothing."""
         env: dict[str, Any] = {}
         reads = [source.expression(env) for source, _ in self.captured]
-        source = f"def fetch():\n    return ({', '.join(reads)}{',' if reads else ''})\n"
+        params = _parameters(self.inputs) if any(_reads_input(source) for source, _ in self.captured) else ""
+        source = f"def fetch({params}):\n    return ({', '.join(reads)}{',' if reads else ''})\n"
         exec(compile(source, "<minijit captured tensors>", "exec"), env)
         return env["fetch"]
 
@@ -74,14 +79,15 @@ class CallPlan:
         if self.is_trivial():
             return computation
         fetch = self.fetch_function() if self.captured else None
+        fetch_reads_inputs = any(_reads_input(source) for source, _ in self.captured)  # else called bare: a hit's cost
         split = self.result is not None or bool(self.effects)
         result_spec, effects, passthrough = self.result, self.effects, self.passthrough
         effect_passthrough = self.effect_passthrough
-        holders = [_holder_reader(effect) for effect, _ in effects]
+        holders = [_holder_reader(effect, self.inputs) for effect, _ in effects]
 
         def run(*inputs: Any) -> Any:
             if fetch is not None:
-                inputs = (*inputs, *fetch())
+                inputs = (*inputs, *(fetch(*inputs) if fetch_reads_inputs else fetch()))
             out = computation(*inputs)
             if not split:
                 return out
@@ -89,7 +95,7 @@ class CallPlan:
             values = list(values)
             for position, index in effect_passthrough:
                 values[position] = inputs[index]
-            replay(effects, holders, values)
+            replay(effects, holders, values, inputs)
             if result_spec is None:
                 return result
             leaves = list(result)
@@ -101,24 +107,44 @@ class CallPlan:
         return run
 
 
-def _holder_reader(effect: Effect) -> Callable[[], Any]:
-    """What reads the object an effect writes into on each call: itself, or its source, compiled once."""
+def _reads_input(source: Source) -> bool:
+    """Whether `source` reads one of the call's inputs (an argument's `.grad`)."""
+    while isinstance(source, Source):
+        if source.access == "input":
+            return True
+        source = source.holder
+    return False
+
+
+def _parameters(inputs: list[str]) -> str:
+    """The parameter list of a generated function of the call's inputs (`inputs` named, the rest taken as `*_`)."""
+    return ", ".join([*inputs, "*_"])
+
+
+def _holder_reader(effect: Effect, inputs: list[str]) -> Callable[[tuple[Any, ...]], Any]:
+    """What reads the object an effect writes into on each call, given the call's inputs: itself, or its source
+    (which may read an input), compiled once."""
     holder = effect.holder
     if isinstance(holder, ArgumentPath):
-        return lambda: holder.resolve(CALL_ARGUMENTS.get())
+        return lambda _: holder.resolve(CALL_ARGUMENTS.get())
     if not isinstance(holder, Source):
-        return lambda: holder
+        return lambda _: holder
     env: dict[str, Any] = {}
-    code = compile(holder.expression(env), "<minijit effect holder>", "eval")  # our own generated read
-    return lambda: eval(code, env)
+    # our own generated read
+    code = f"def read({_parameters(inputs)}):\n    return {holder.expression(env)}\n"
+    exec(compile(code, "<minijit effect holder>", "exec"), env)
+    read = env["read"]
+    return lambda values: read(*values)
 
 
-def replay(effects: list[tuple[Effect, Spec]], holders: list[Callable[[], Any]], values: list[Any]) -> None:
-    """Apply each effect, in order, to the object `holders` read, with the call's `values` for the traced tensors."""
+def replay(effects: list[tuple[Effect, Spec]], holders: list[Callable[[tuple[Any, ...]], Any]], values: list[Any],
+           inputs: tuple[Any, ...] = ()) -> None:
+    """Apply each effect, in order, to the object `holders` read (from the call's `inputs` where a holder is one of
+    them), with the call's `values` for the traced tensors."""
     it = iter(values)
     for (effect, spec), read_holder in zip(effects, holders, strict=True):
         value = spec._build(it)
-        holder = read_holder()
+        holder = read_holder(inputs)
         op = effect.op
         if op == "setattr":
             setattr(holder, effect.key, value)

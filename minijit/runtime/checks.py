@@ -22,6 +22,7 @@ import dataclasses
 import functools
 import math
 import types
+import warnings
 from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
@@ -472,7 +473,9 @@ class Prologue:
     def _run(self, check: Check, params: list[str], values: list[Any], guard: bool = False) -> tuple[bool | None, Any]:
         """(whether `check` holds, its subject's value) for these values; (None, None) when it cannot be read."""
         try:
-            return self._probe(check, params, guard)(*values)
+            with warnings.catch_warnings():  # a check read alone (`x.grad` of a non-leaf) warns nobody
+                warnings.simplefilter("ignore")
+                return self._probe(check, params, guard)(*values)
         except Exception:
             return None, None
 

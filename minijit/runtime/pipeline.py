@@ -66,7 +66,12 @@ from minijit.transforms import check_copies, claim_executors, dce, write_copies_
 from minijit.transforms.buffer_reuse import reuse_buffers
 from minijit.transforms.functionalize import FunctionalizeResult
 from minijit.transforms.grad import SplitResult, release_dead_values, requires_grad_inputs, split_forward_backward
-from minijit.transforms.inline_grad import expand_inline_grads, has_inline_grads, refuse_outputs_requiring_grad
+from minijit.transforms.inline_grad import (
+    expand_inline_grads,
+    has_inline_grads,
+    refuse_made_leaves,
+    refuse_outputs_requiring_grad,
+)
 from minijit.transforms.memory import analysing
 from minijit.transforms.simplify import remove_cast_round_trips
 from minijit.transforms.verify import CheckLevel, TraceChecker, check_level, checking_traces
@@ -100,6 +105,8 @@ class CaptureResult:
     ops_in_try: list[tuple[str, SourceLocation]] = field(default_factory=list)
     # argument position -> how many items the code took from the iterator passed there (minijit.runtime.iterators).
     iterators_consumed: dict[int, int] = field(default_factory=dict)
+    # The leaves requiring grad the code made itself (`x.detach().requires_grad_()`; CaptureState.made_leaves).
+    made_leaves: list[Any] = field(default_factory=list)
 
     def forget_tensors(self) -> None:
         """Keep only the metadata of the tensors read from outside: every call reads them again from their
@@ -391,6 +398,8 @@ def _compile(arguments: CallArguments, executors: Sequence[Any], constraints: li
         try:
             with tracing(trace), recording_constraints(constraints), reading_values(reader):
                 pargs, pkwargs = arguments.proxify(trace, pinned)
+                own = trace.args[: len(arguments.flat)]
+                state.arguments = {p.name: t for p, t in zip(own, arguments.flat) if isinstance(t, torch.Tensor)}
                 containers = arguments.snapshot_containers(pargs, pkwargs)
                 if isinstance(fn, ModuleForward):
                     params, _flags, *user_args = pargs
@@ -410,6 +419,8 @@ def _compile(arguments: CallArguments, executors: Sequence[Any], constraints: li
         found.no_grad_writes = frozenset(state.written_without_grad)
         found.declined = list(state.declined)
         found.call_plan.captured = [(source, t) for _, source, t in found.captured_inputs]
+        found.call_plan.inputs = [p.name for p in trace.args[: len(arguments.flat)]]
+        found.made_leaves = [leaf for leaf, _ in state.made_leaves.values()]
         found.value_checks = reader.checks
         return trace, found
 
@@ -418,6 +429,8 @@ def _compile(arguments: CallArguments, executors: Sequence[Any], constraints: li
     trace, found = _timed(capture, traces, at)
     captured = [t for _, _, t in found.captured_inputs]
     inline_grads = has_inline_grads(trace)
+    refuse_made_leaves(trace, trace.output, found.made_leaves,
+                       inline_grads or not torch.is_grad_enabled() or bool(requires_grad_inputs(trace)))
     if inline_grads:
         split_output = found.call_plan.effects or found.call_plan.result is not None
         refuse_outputs_requiring_grad(trace, trace.output[0] if split_output else trace.output,

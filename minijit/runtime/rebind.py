@@ -164,7 +164,7 @@ class _Pairs:
                                         else self.move(e.holder)), self.spec(spec)) for e, spec in p.effects]
         return CallPlan(captured=[(self.source(s), t) for s, t in p.captured],
                         result=None if p.result is None else self.spec(p.result), effects=effects,
-                        passthrough=list(p.passthrough))
+                        passthrough=list(p.passthrough), inputs=list(p.inputs))
 
     def spec(self, s: Spec) -> Spec:
         if isinstance(s, Constant):

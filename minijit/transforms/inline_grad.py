@@ -53,6 +53,33 @@ def refuse_outputs_requiring_grad(trace: Trace, result: Any, no_grad: Collection
                 "(`.detach()`, `.item()`), or compute it outside the jitted function")
 
 
+def refuse_made_leaves(trace: Trace, output: Any, leaves: Sequence[Proxy], differentiated: bool) -> None:
+    """Refuse a captured trace whose code made leaves requiring grad (`x.detach().requires_grad_()`) where the
+    runtime would differ from eager: a leaf among its results or the values it stores outside the call (`output`,
+    the trace's whole output), which eager gives back requiring grad, with its `.grad`; or a result requiring grad
+    through such a leaf alone, when the call is not `differentiated` (no input requires grad, no gradient is taken
+    inside): the trace then runs without autograd and eager's result would require grad."""
+    if not leaves:
+        return
+    made_at = {id(p): b for b in trace.bound_symbols for p in b.proxy_outputs()}
+    mine = {id(p) for p in leaves}
+    for p in tree_flatten(output):
+        if id(p) in mine:
+            b = made_at.get(id(p))
+            raise UnsupportedSyntaxError(
+                f"the jitted function returns or stores {p.name}, a leaf requiring grad it made itself"
+                f"{where(b.source) if b is not None else ''}: minijit gives back such a tensor without its "
+                "requires_grad flag and .grad. Return it detached and its .grad instead, or make the leaf outside "
+                "the jitted function and pass it in")
+        if not differentiated and isinstance(p, Proxy) and is_differentiable(p) and p.requires_grad:
+            b = made_at.get(id(p))
+            raise UnsupportedSyntaxError(
+                f"the jitted function returns {p.name}{where(b.source) if b is not None else ''}, which requires "
+                "grad only through a leaf the function made itself (requires_grad_() or requires_grad=True): minijit "
+                "does not differentiate such a call, whose inputs do not require grad. Take the gradient inside "
+                "(loss.backward()), or make the leaf outside the jitted function and pass it in")
+
+
 def expand_inline_grads(trace: Trace, executors: Sequence[Any], no_grad: Collection[str]) -> Trace:
     """`trace` with each `grad_of` replaced by the forward's rules and the backward it stands for, in order.
 
@@ -127,4 +154,4 @@ def _expand_one(trace: Trace, position: int, executors: Sequence[Any], no_grad: 
     return edits.apply(pass_name="expand inline gradients")
 
 
-__all__ = ["GRAD_OF", "expand_inline_grads", "has_inline_grads", "refuse_outputs_requiring_grad"]
+__all__ = ["GRAD_OF", "expand_inline_grads", "has_inline_grads", "refuse_made_leaves", "refuse_outputs_requiring_grad"]

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from minijit.errors import UnsupportedSyntaxError
-from minijit.frontend.backward import assign_grad
+from minijit.frontend.backward import assign_grad, set_traced_grad
 from minijit.frontend.calls import call, dispatch_torch_function, should_interpret
 from minijit.frontend.folding import NOT_FOLDED, fold
 from minijit.frontend.frame import current_state
@@ -27,6 +27,7 @@ from minijit.frontend.torch_function import OPERATOR_METHODS, overrides_torch_fu
 from minijit.ir import NumberProxy, TensorProxy, current_trace
 from minijit.ir.context import where_now
 from minijit.ir.proxies import SWAPPED, guarded_compare
+from minijit.ops.ltorch.inplace import make_leaf
 
 # class -> names of the dunders and properties it (or a base) defines in interpretable Python.
 _PY_MEMBERS: dict[type, frozenset[str]] = {}
@@ -434,6 +435,8 @@ def store_attr(obj: Any, name: str, value: Any) -> None:
             return
     if isinstance(obj, TensorProxy) and name == "requires_grad" and _set_requires_grad(obj, value):
         return
+    if isinstance(obj, TensorProxy) and name == "grad" and set_traced_grad(obj, value):
+        return
     if isinstance(obj, torch.Tensor) and not isinstance(obj, TensorProxy) and name == "grad":
         current_state().outside.shown.pop((id(obj), "grad"), None)
         if isinstance(value, TensorProxy):
@@ -466,7 +469,12 @@ def _set_requires_grad(t: TensorProxy, value: Any) -> bool:
             f"assigning {t.name}.requires_grad = True{where_now()} in a function none of whose inputs requires "
             "grad is not supported: the outputs would require grad only through that tensor, which minijit "
             "does not differentiate; set requires_grad on an input before the call")
-    t.requires_grad = value
+    if value:
+        make_leaf(t)
+    else:
+        t.requires_grad = False
+        if trace.capture is not None:
+            trace.capture.made_leaves.pop(id(t), None)
     return True
 
 

@@ -15,7 +15,7 @@ import torch
 
 from minijit.errors import DeviceError, MetaError, UnsupportedOpError
 from minijit.ir import TENSOR_METHODS, Effects, Tag, TensorProxy
-from minijit.ir.context import where_now
+from minijit.ir.context import current_trace, where_now
 from minijit.ir.proxies import broadcasts_to
 from minijit.ops import prims
 from minijit.ops.eager_facts import write_facts
@@ -115,10 +115,28 @@ def _requires_grad_changed(a: TensorProxy, requires_grad: bool = True) -> Tensor
 
 def requires_grad_(a: TensorProxy, requires_grad: bool = True) -> TensorProxy:
     """Tensor.requires_grad_ on a traced tensor: the tensor itself where the flag has that value already
-    (a hook marking an embedding's output, as transformers' enable_input_require_grads does), else refused."""
+    (a hook marking an embedding's output, as transformers' enable_input_require_grads does); turned on for a
+    tensor the trace made that does not require grad, a leaf as in eager (`make_leaf`); else refused."""
     if isinstance(a, TensorProxy) and a.requires_grad == bool(requires_grad):
         return a
+    if isinstance(a, TensorProxy) and requires_grad and make_leaf(a):
+        return a
     return _requires_grad_changed(a, requires_grad)
+
+
+def make_leaf(a: TensorProxy) -> bool:
+    """Make `a`, a tensor the trace computed that does not require grad, a leaf requiring grad, as eager's
+    `requires_grad_()` does (`x.detach().requires_grad_()`, a factory's `requires_grad=True`): later ops see the
+    flag, and a `backward()` in the traced code reaches it and sets its `.grad` (minijit/frontend/backward.py).
+    False where the trace cannot: `a` is an input (its flag is the caller's) or no capture records it."""
+    trace = current_trace()
+    if trace is None or trace.capture is None or any(p is a for p in trace.args):
+        return False
+    if not (a.dtype.is_floating_point or a.dtype.is_complex):
+        raise RuntimeError("only Tensors of floating point and complex dtype can require gradients")
+    a.requires_grad = True
+    trace.capture.made_leaves.setdefault(id(a), [a, None])
+    return True
 
 
 TENSOR_METHODS["requires_grad_"] = requires_grad_
