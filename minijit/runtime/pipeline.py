@@ -430,7 +430,8 @@ def _compile(arguments: CallArguments, executors: Sequence[Any], constraints: li
     captured = [t for _, _, t in found.captured_inputs]
     inline_grads = has_inline_grads(trace)
     refuse_made_leaves(trace, trace.output, found.made_leaves,
-                       inline_grads or not torch.is_grad_enabled() or bool(requires_grad_inputs(trace)))
+                       inline_grads or not torch.is_grad_enabled() or bool(requires_grad_inputs(trace)),
+                       found.no_grad | found.no_grad_writes)
     if inline_grads:
         split_output = found.call_plan.effects or found.call_plan.result is not None
         refuse_outputs_requiring_grad(trace, trace.output[0] if split_output else trace.output,

@@ -266,15 +266,7 @@ class _Functionalizer:
             self.unwrapped[id(self.value[id(base)])] = written
 
     def _recorded_without_grad(self, op: BoundSymbol) -> bool:
-        """Whether the user's code ran `op` under `torch.no_grad()` (or inference mode).
-
-        An in-place op's output is the tensor it writes, which may have been made with grad
-        off while the op itself runs with grad on: what its decomposition computed tells.
-        """
-        own = {p.name for p in op.proxy_outputs()}
-        fresh = [p.name for sub in op.subsymbols for p in sub.proxy_outputs() if p.name not in own]
-        # An op with no outputs of its own (a fused optimizer step) tells by the tensors it writes.
-        return any(n in self.no_grad for n in (fresh or own or [p.name for p in op.written()]))
+        return _recorded_without_grad(op, self.no_grad)
 
     def _through_detached(self, dst: TensorProxy) -> bool:
         """Whether `dst` reaches its base through a detach (`w.detach()`, `w.data`): eager's autograd does not
@@ -511,6 +503,19 @@ def _is_basic_key(key: Any) -> bool:
     return all(type(k) is int or k is None or k is Ellipsis or
                (type(k) is slice and all(type(v) is int or v is None for v in (k.start, k.stop, k.step)))
                for k in items)
+
+
+def _recorded_without_grad(op: BoundSymbol, no_grad: Collection[str]) -> bool:
+    """Whether the user's code ran `op` under `torch.no_grad()` (or inference mode), by `no_grad`, the names the
+    capture recorded then.
+
+    An in-place op's output is the tensor it writes, which may have been made with grad
+    off while the op itself runs with grad on: what its decomposition computed tells.
+    """
+    own = {p.name for p in op.proxy_outputs()}
+    fresh = [p.name for sub in op.subsymbols for p in sub.proxy_outputs() if p.name not in own]
+    # An op with no outputs of its own (a fused optimizer step) tells by the tensors it writes.
+    return any(n in no_grad for n in (fresh or own or [p.name for p in op.written()]))
 
 
 def _stops_gradient(bsym: BoundSymbol) -> bool:

@@ -18,11 +18,12 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from minijit.errors import MinijitError, UnsupportedSyntaxError, where
+from minijit.errors import InplaceError, MinijitError, UnsupportedSyntaxError, where
 from minijit.ir import BoundSymbol, Proxy, Trace, tree_flatten
 from minijit.ir.rewrite import Edits, ProxyMap, record
 from minijit.ops import prims
 from minijit.ops.grad_of import GRAD_OF
+from minijit.transforms.functionalize import _recorded_without_grad, _stops_gradient
 from minijit.transforms.grad import _Splitter, is_differentiable
 
 
@@ -53,16 +54,19 @@ def refuse_outputs_requiring_grad(trace: Trace, result: Any, no_grad: Collection
                 "(`.detach()`, `.item()`), or compute it outside the jitted function")
 
 
-def refuse_made_leaves(trace: Trace, output: Any, leaves: Sequence[Proxy], differentiated: bool) -> None:
+def refuse_made_leaves(trace: Trace, output: Any, leaves: Sequence[Proxy], differentiated: bool,
+                       no_grad: Collection[str] = ()) -> None:
     """Refuse a captured trace whose code made leaves requiring grad (`x.detach().requires_grad_()`) where the
     runtime would differ from eager: a leaf among its results or the values it stores outside the call (`output`,
     the trace's whole output), which eager gives back requiring grad, with its `.grad`; or a result requiring grad
     through such a leaf alone, when the call is not `differentiated` (no input requires grad, no gradient is taken
-    inside): the trace then runs without autograd and eager's result would require grad."""
+    inside): the trace then runs without autograd and eager's result would require grad. An in-place write into
+    such a leaf, or a view of it, with grad on (outputs not in `no_grad`) raises eager's InplaceError."""
     if not leaves:
         return
     made_at = {id(p): b for b in trace.bound_symbols for p in b.proxy_outputs()}
     mine = {id(p) for p in leaves}
+    _refuse_writes_into_made_leaves(trace, mine, no_grad)
     for p in tree_flatten(output):
         if id(p) in mine:
             b = made_at.get(id(p))
@@ -78,6 +82,26 @@ def refuse_made_leaves(trace: Trace, output: Any, leaves: Sequence[Proxy], diffe
                 "grad only through a leaf the function made itself (requires_grad_() or requires_grad=True): minijit "
                 "does not differentiate such a call, whose inputs do not require grad. Take the gradient inside "
                 "(loss.backward()), or make the leaf outside the jitted function and pass it in")
+
+
+def _refuse_writes_into_made_leaves(trace: Trace, leaves: set[int], no_grad: Collection[str]) -> None:
+    """Eager's InplaceError for an op that writes with grad on into a leaf requiring grad made by the traced code, or
+    into a view of one (a write through a detached alias, `z.detach().zero_()`, is none)."""
+    parent: dict[int, Proxy] = {}  # id(view) -> the leaf it views, for views of made leaves
+    for b in trace.bound_symbols:
+        if b.is_view() and not _stops_gradient(b):
+            viewed = b.viewed_tensor()
+            leaf = viewed if viewed is not None and id(viewed) in leaves else parent.get(id(viewed))
+            if leaf is not None:
+                parent.update((id(p), leaf) for p in b.proxy_outputs())
+        if not b.written() or _recorded_without_grad(b, no_grad):
+            continue
+        for w in b.written():
+            if id(w) in leaves or id(w) in parent:
+                what = "a leaf Variable" if id(w) in leaves else "a view of a leaf Variable"
+                raise InplaceError(f"{b.sym.id}{where(b.source)}: {what} that requires grad is being used in an "
+                                   f"in-place operation ({w.name}, made a leaf by the traced code, as in eager); use "
+                                   "torch.no_grad() or write into a clone")
 
 
 def expand_inline_grads(trace: Trace, executors: Sequence[Any], no_grad: Collection[str]) -> Trace:
