@@ -11,14 +11,19 @@ in one trace").
 A backward reaches the trace's inputs requiring grad (a module's parameters read from outside; the call's
 arguments, whose `.grad` is read and set through the call's own input, guarded on every call) and the leaves
 the traced code made itself (`x.detach().requires_grad_()`: `CaptureState.made_leaves`, whose `.grad` is a
-value of the trace only). What eager does and minijit refuses, by name: `create_graph=True` (a gradient that is
-differentiable again), and gradients reaching a tensor computed outside the call (an argument with a grad_fn).
+value of the trace only). A tensor from outside with a history (an argument computed outside with grad: a frozen
+encoder's output, a model split in two) has its gradient computed by the trace, and the backward goes on through
+its history in eager's autograd after the call's computation (an effect, `backward_through_history`); traced code
+reading, after that backward, the `.grad` of a leaf that history accumulates into is refused, since it would not
+see the gradient yet (checked against each call's graph). What eager does and minijit refuses, by name:
+`create_graph=True` (a gradient that is differentiable again).
 """
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -105,16 +110,20 @@ def backward(tensors: Any, grad_tensors: Any = None, retain_graph: bool | None =
                                                   else grad_variables, "backward")
     given = [_proxy(x) for x in _as_tuple(inputs)] if inputs is not None else None
     leaves = _reached(outputs, given)
-    holders = [_made_leaf(p) or _real_leaf(p) for p in leaves]
+    holders = [_made_leaf(p) or _real_leaf(p, through_history=given is None) for p in leaves]
     if not leaves:
         return
     grads = GRAD_OF(outputs, cotangents, tuple(leaves), retain_graph=bool(retain_graph))
+    later = [(p, holder, g) for p, holder, g in zip(leaves, holders, grads) if isinstance(holder, _History)]
     with torch.no_grad():
         for holder, g in zip(holders, grads):
             if isinstance(holder, list):
                 _accumulate_made(holder, g)
-            else:
+            elif not isinstance(holder, _History):
                 _accumulate(holder, g)
+    if later:
+        _backward_later([p for p, _, _ in later], [h.real for _, h, _ in later], [g for _, _, g in later],
+                        bool(retain_graph))
 
 
 def tensor_backward(self: TensorProxy, gradient: Any = None, retain_graph: bool | None = None,
@@ -195,20 +204,79 @@ def real_tensor(p: TensorProxy) -> torch.Tensor | None:
     return real
 
 
-def _real_leaf(p: TensorProxy) -> torch.Tensor:
-    """The tensor from outside that the input `p` stands for, whose `.grad` a backward accumulates into: a leaf
-    (checked on every call: a later call may pass a tensor with a history)."""
+@dataclass(frozen=True)
+class _History:
+    """A tensor from outside the call with a history (a grad_fn) that a backward reaches: eager goes on through it."""
+
+    real: torch.Tensor
+
+
+def _real_leaf(p: TensorProxy, through_history: bool = True) -> torch.Tensor | _History:
+    """The tensor from outside that the input `p` stands for, whose `.grad` a backward accumulates into where it is a
+    leaf; a `_History` where it was computed outside with grad (checked on every call: a later call may pass a
+    tensor with a history, or without), unless not `through_history` (`backward(inputs=...)` stops there)."""
     real = real_tensor(p)
     if real is None:
         raise UnsupportedSyntaxError(
             f"backward(){where_now()} reaches {p.name}, which requires grad and is neither an input of the jitted "
             "function nor a leaf it made; call backward() outside the function")
     if not _attribute(real, "is_leaf"):
+        if through_history:
+            return _History(real)
         raise UnsupportedSyntaxError(
-            f"backward(){where_now()} reaches {p.name}, a tensor computed outside the jitted function (it has a "
-            "grad_fn): eager would go on differentiating through its history, which the trace does not hold. "
-            "Call backward() outside the function, or detach the tensor before the call")
+            f"backward(inputs=...){where_now()} names {p.name}, a tensor computed outside the jitted function (it has "
+            "a grad_fn), whose .grad eager would populate; call backward() outside the function")
     return real
+
+
+def _backward_later(proxies: list[TensorProxy], reals: list[torch.Tensor], grads: list[TensorProxy],
+                    retain_graph: bool) -> None:
+    """Go on with a backward through the histories outside the call of `proxies` (eager's autograd graph, which
+    the trace does not hold): `torch.autograd.backward` on the call's own tensors with the gradients the trace
+    computed, as an effect after the call's computation. The leaves that graph accumulates into are noted, so that
+    traced code reading their `.grad` after this point is refused (it would not see the gradient yet); the tensors
+    whose `.grad` it reads are checked against each call's graph."""
+    outside = current_state().outside
+    line = where_now()
+    for leaf in accumulated_leaves(reals).values():
+        outside.accumulated_later.setdefault(id(leaf), (leaf, line))
+    reads: list[torch.Tensor] = []
+    outside.grads_read_later.append(reads)
+    outside.call_function(backward_through_history, (tuple(proxies), tuple(grads), retain_graph, reads, line), {})
+
+
+def accumulated_leaves(tensors: Sequence[torch.Tensor]) -> dict[int, torch.Tensor]:
+    """id -> tensor: the leaves whose `.grad` a backward from `tensors` through their autograd graph accumulates
+    into (each AccumulateGrad node's variable)."""
+    found: dict[int, torch.Tensor] = {}
+    stack = [t.grad_fn for t in tensors]
+    seen: set[int] = set()
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        variable = getattr(node, "variable", None)
+        if isinstance(variable, torch.Tensor):
+            found[id(variable)] = variable
+        stack.extend(n for n, _ in node.next_functions)
+    return found
+
+
+def backward_through_history(tensors: tuple[torch.Tensor, ...], grads: tuple[torch.Tensor, ...], retain_graph: bool,
+                             read_later: list[torch.Tensor], line: str) -> None:
+    """The effect `_backward_later` logs, run after each call's computation on the call's tensors: refused where the
+    traced code read, after the backward, the `.grad` of a leaf this call's graph accumulates into (a graph other
+    than the one traced); else the backward."""
+    if read_later:
+        leaves = accumulated_leaves(tensors)
+        clash = next((t for t in read_later if id(t) in leaves), None)
+        if clash is not None:
+            raise UnsupportedSyntaxError(
+                f"the backward(){line} goes on through a history outside the jitted function into a tensor whose .grad "
+                "the traced code read after it (this call's graph reaches it; the traced call's did not): minijit "
+                "runs that part of the backward after the computation. Read the gradient after the call")
+    torch.autograd.backward(tensors, grads, retain_graph=retain_graph)
 
 
 def _accumulate_made(leaf: list[Any], g: TensorProxy) -> None:

@@ -156,6 +156,26 @@ class Outside:
     created: dict[int, Any] = field(default_factory=dict)
     # Objects from outside the call that the call returns as themselves (a cache passed in and returned).
     returned: list[Any] = field(default_factory=list)
+    # A backward in the traced code that goes on through the history of a tensor from outside runs that part after the
+    # call's computation (minijit/frontend/backward.py). id -> (tensor, line): the leaves it accumulates into, whose
+    # `.grad` the traced code may not read after it; and per such backward, the list of the tensors whose `.grad`
+    # it read after it, which every call checks against the graph it is given.
+    accumulated_later: dict[int, tuple[Tensor, str]] = field(default_factory=dict)
+    grads_read_later: list[list[Tensor]] = field(default_factory=list)
+
+    def note_grad_read(self, t: Tensor) -> None:
+        """Traced code reads `t.grad`: refused where a backward through a history outside the call accumulates into
+        it after the computation; else noted for that backward's check on every call."""
+        if not self.grads_read_later:
+            return
+        if id(t) in self.accumulated_later or (not t.is_leaf and t.retains_grad):
+            line = self.accumulated_later.get(id(t), (t, ""))[1]
+            raise UnsupportedSyntaxError(
+                f"reading .grad{where_now()} of a tensor that the backward(){line} accumulates into through a history "
+                "outside the jitted function: minijit runs that part of the backward after the call's computation, "
+                "so the read would not see it. Read the gradient after the call")
+        for reads in self.grads_read_later:
+            reads.append(t)
 
     # -- roots and sources --------------------------------------------------------------------
     def take_view(self, view: OutsideView) -> None:
@@ -493,6 +513,8 @@ _READ_NATIVELY = frozenset({"grad", "is_leaf", "grad_fn", "layout", "is_sparse",
 def tensor_attribute(outside: Outside, guards: dict[Any, Any], t: Tensor, name: str, capture: Callable[[Tensor], Any]
                      ) -> Any:
     """`t.name` for a real tensor met by traced code: computed through its proxy, or read and guarded."""
+    if name == "grad":
+        outside.note_grad_read(t)
     if (id(t), name) in outside.shown:
         return outside.shown[(id(t), name)]  # written by the traced code itself (a `.grad` a backward() made)
     own = t.__dict__ if type(t) is not Tensor else {}
