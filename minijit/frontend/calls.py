@@ -40,7 +40,7 @@ from minijit.ir.context import where_now
 from minijit.ir.proxies import _BoundMethod
 from minijit.ops.ltorch.inplace import make_leaf
 from minijit.ops.number_args import takes_tensor_first
-from minijit.ops.opaque import call_ltorch, call_torch, draws_random_numbers, is_opaque_candidate
+from minijit.ops.opaque import call_ltorch, call_torch, draws_random_numbers, is_opaque_candidate, public_torch_names
 from minijit.ops.registry import ltorch_symbol_for
 
 # Modules whose Python code runs natively: minijit itself, torch's own machinery (dispatch, compilers,
@@ -473,26 +473,14 @@ def is_torch_callable(fn: Any) -> bool:
     return isinstance(module, str) and (module == "torch" or module.startswith("torch."))
 
 
-_PUBLIC_TORCH_NAMES: dict[int, str] = {}
-
-
 def torch_name(fn: Any) -> str:
     """The public name of a torch callable (`torch.fft.fft`, `torch.Tensor.add`), for messages."""
-    if not _PUBLIC_TORCH_NAMES:
-        namespaces = {"torch": torch, "torch.nn.functional": torch.nn.functional, "torch.fft": torch.fft,
-                      "torch.linalg": torch.linalg, "torch.special": torch.special, "torch.Tensor": torch.Tensor}
-        for prefix, ns in namespaces.items():
-            for name in dir(ns):
-                try:
-                    value = getattr(ns, name)
-                except Exception:
-                    continue
-                if callable(value):
-                    _PUBLIC_TORCH_NAMES.setdefault(id(value), f"{prefix}.{name}")
-    name = _PUBLIC_TORCH_NAMES.get(id(fn))
-    if name is None and isinstance(getattr(fn, "__self__", None), torch.Tensor):
-        name = f"torch.Tensor.{fn.__name__}"
-    return name if name is not None else _callable_name(fn)
+    path = public_torch_names().get(id(fn))
+    if path is not None:
+        return f"torch.{path}"
+    if isinstance(getattr(fn, "__self__", None), torch.Tensor):
+        return f"torch.Tensor.{fn.__name__}"
+    return _callable_name(fn)
 
 
 def _callable_name(fn: Any) -> str:

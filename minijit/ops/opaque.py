@@ -597,8 +597,9 @@ _PUBLIC: dict[int, str] = {}
 _NAMESPACES = ("", "nn.functional", "linalg", "fft", "special", "nn.init", "Tensor")
 
 
-def _public_names() -> dict[int, str]:
-    """id(callable) -> its public path under torch (`linalg.solve`), the first namespace that has it."""
+def public_torch_names() -> dict[int, str]:
+    """id(callable) -> its public path under torch (`linalg.solve`), the first namespace that has it: the one
+    table of torch's public names, for printed traces and for messages (`minijit.frontend.calls.torch_name`)."""
     if not _PUBLIC:
         for prefix in _NAMESPACES:
             ns: Any = torch
@@ -634,7 +635,7 @@ def _torch_path(fn: Any) -> str | None:
     if isinstance(fn, torch._ops.OpOverloadPacket):
         path = f"ops.{fn._qualified_op_name.replace('::', '.')}"
         return path if _resolve(path) is fn else None
-    public = _public_names().get(id(fn))
+    public = public_torch_names().get(id(fn))
     if public is not None and _resolve(public) is fn:
         return public
     module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)

@@ -94,29 +94,91 @@ def _to_real(dtype: torch.dtype) -> torch.dtype:
     return dtype.to_real() if dtype.is_complex else dtype
 
 
-UNARY = (
-    "abs", "neg", "exp", "exp2", "expm1", "log", "log1p", "log2", "log10", "sin", "cos", "tan",
-    "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "sqrt", "rsqrt",
-    "reciprocal", "erf", "erfc", "erfinv", "lgamma", "digamma", "floor", "ceil", "round", "trunc",
-    "sign", "bitwise_not", "logical_not", "isfinite", "isnan", "isinf", "signbit", "real", "imag",
-)
-BINARY = (
-    "add", "sub", "mul", "div", "floor_divide", "remainder", "fmod", "pow", "maximum", "minimum",
-    "atan2", "copysign", "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_left_shift",
-    "bitwise_right_shift", "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or",
-    "logical_xor",
-)
-TERNARY = ("where", "lerp")
-_BOOL_RESULT = {
-    "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor", "logical_not",
-    "isfinite", "isnan", "isinf", "signbit",
-}
-_REAL_RESULT = {"abs", "real", "imag"}
+_UNARY: list[str] = []
+_BINARY: list[str] = []
+_TERNARY: list[str] = []
 
-for _name in UNARY + BINARY + ("lerp",):
-    _rule = _to_bool if _name in _BOOL_RESULT else _to_real if _name in _REAL_RESULT else None
-    # torch.real and torch.imag return views of a complex tensor.
-    globals()[_name] = _prim(_name, _elementwise_meta(_name, _rule), VIEW if _name in ("real", "imag") else None, CHEAP)
+
+def _elementwise(name: str, arity: list[str], result: Callable[[torch.dtype], torch.dtype] | None = None,
+                 effects: Effects | None = None) -> Symbol:
+    """Declares the elementwise prim `name`, listed in `arity` (`_UNARY`, ...); `result` maps its input dtype to
+    its output's (the same dtype when None)."""
+    arity.append(name)
+    return _prim(name, _elementwise_meta(name, result), effects, CHEAP)
+
+
+abs = _elementwise("abs", _UNARY, result=_to_real)  # noqa: A001 - mirrors torch.abs
+neg = _elementwise("neg", _UNARY)
+exp = _elementwise("exp", _UNARY)
+exp2 = _elementwise("exp2", _UNARY)
+expm1 = _elementwise("expm1", _UNARY)
+log = _elementwise("log", _UNARY)
+log1p = _elementwise("log1p", _UNARY)
+log2 = _elementwise("log2", _UNARY)
+log10 = _elementwise("log10", _UNARY)
+sin = _elementwise("sin", _UNARY)
+cos = _elementwise("cos", _UNARY)
+tan = _elementwise("tan", _UNARY)
+asin = _elementwise("asin", _UNARY)
+acos = _elementwise("acos", _UNARY)
+atan = _elementwise("atan", _UNARY)
+sinh = _elementwise("sinh", _UNARY)
+cosh = _elementwise("cosh", _UNARY)
+tanh = _elementwise("tanh", _UNARY)
+asinh = _elementwise("asinh", _UNARY)
+acosh = _elementwise("acosh", _UNARY)
+atanh = _elementwise("atanh", _UNARY)
+sqrt = _elementwise("sqrt", _UNARY)
+rsqrt = _elementwise("rsqrt", _UNARY)
+reciprocal = _elementwise("reciprocal", _UNARY)
+erf = _elementwise("erf", _UNARY)
+erfc = _elementwise("erfc", _UNARY)
+erfinv = _elementwise("erfinv", _UNARY)
+lgamma = _elementwise("lgamma", _UNARY)
+digamma = _elementwise("digamma", _UNARY)
+floor = _elementwise("floor", _UNARY)
+ceil = _elementwise("ceil", _UNARY)
+round = _elementwise("round", _UNARY)  # noqa: A001 - mirrors torch.round
+trunc = _elementwise("trunc", _UNARY)
+sign = _elementwise("sign", _UNARY)
+bitwise_not = _elementwise("bitwise_not", _UNARY)
+logical_not = _elementwise("logical_not", _UNARY, result=_to_bool)
+isfinite = _elementwise("isfinite", _UNARY, result=_to_bool)
+isnan = _elementwise("isnan", _UNARY, result=_to_bool)
+isinf = _elementwise("isinf", _UNARY, result=_to_bool)
+signbit = _elementwise("signbit", _UNARY, result=_to_bool)
+# torch.real and torch.imag return views of a complex tensor.
+real = _elementwise("real", _UNARY, result=_to_real, effects=VIEW)
+imag = _elementwise("imag", _UNARY, result=_to_real, effects=VIEW)
+
+add = _elementwise("add", _BINARY)
+sub = _elementwise("sub", _BINARY)
+mul = _elementwise("mul", _BINARY)
+div = _elementwise("div", _BINARY)
+floor_divide = _elementwise("floor_divide", _BINARY)
+remainder = _elementwise("remainder", _BINARY)
+fmod = _elementwise("fmod", _BINARY)
+pow = _elementwise("pow", _BINARY)  # noqa: A001 - mirrors torch.pow
+maximum = _elementwise("maximum", _BINARY)
+minimum = _elementwise("minimum", _BINARY)
+atan2 = _elementwise("atan2", _BINARY)
+copysign = _elementwise("copysign", _BINARY)
+bitwise_and = _elementwise("bitwise_and", _BINARY)
+bitwise_or = _elementwise("bitwise_or", _BINARY)
+bitwise_xor = _elementwise("bitwise_xor", _BINARY)
+bitwise_left_shift = _elementwise("bitwise_left_shift", _BINARY)
+bitwise_right_shift = _elementwise("bitwise_right_shift", _BINARY)
+eq = _elementwise("eq", _BINARY, result=_to_bool)
+ne = _elementwise("ne", _BINARY, result=_to_bool)
+lt = _elementwise("lt", _BINARY, result=_to_bool)
+le = _elementwise("le", _BINARY, result=_to_bool)
+gt = _elementwise("gt", _BINARY, result=_to_bool)
+ge = _elementwise("ge", _BINARY, result=_to_bool)
+logical_and = _elementwise("logical_and", _BINARY, result=_to_bool)
+logical_or = _elementwise("logical_or", _BINARY, result=_to_bool)
+logical_xor = _elementwise("logical_xor", _BINARY, result=_to_bool)
+
+lerp = _elementwise("lerp", _TERNARY)
 
 
 def _where_meta(pred: TensorProxy, a: Any, b: Any) -> TensorProxy:
@@ -132,6 +194,11 @@ def _where_meta(pred: TensorProxy, a: Any, b: Any) -> TensorProxy:
 
 
 where = _prim("where", _where_meta, tags=CHEAP)
+
+# The elementwise prims' names by arity (read by the executors and the batching rules).
+UNARY = tuple(_UNARY)
+BINARY = tuple(_BINARY)
+TERNARY = (where.name, *_TERNARY)
 
 
 def _polygamma_meta(n: int, x: TensorProxy) -> TensorProxy:

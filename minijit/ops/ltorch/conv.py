@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from minijit.ir import TensorProxy
+from minijit.ir import Symbol, TensorProxy
 from minijit.ir.proxies import rule_compare
 from minijit.ops import aten_prims
 from minijit.ops.ltorch.nn import pad
@@ -115,31 +115,22 @@ def conv3d(input: TensorProxy, weight: TensorProxy, bias: TensorProxy | None = N
     return _conv("conv3d", 3, input, weight, bias, stride, padding, dilation, groups)
 
 
-@ltorch_op(torch_fns=[torch.conv_transpose1d, F.conv_transpose1d])
-def conv_transpose1d(input: TensorProxy, weight: TensorProxy, bias: TensorProxy | None = None,  # noqa: A002
-                     stride: Any = 1, padding: Any = 0, output_padding: Any = 0, groups: int = 1,
-                     dilation: Any = 1) -> TensorProxy:
-    """F.conv_transpose1d (the gradient of conv1d with respect to its input, as an op)."""
-    return _conv_transpose("conv_transpose1d", 1, input, weight, bias, stride, padding, output_padding, groups,
-                           dilation)
+def _conv_transpose_op(n: int, doc: str) -> Symbol:
+    """Declares F.conv_transpose{n}d, documented as `doc`."""
+    name = f"conv_transpose{n}d"
+
+    def conv_transpose(input: TensorProxy, weight: TensorProxy, bias: TensorProxy | None = None,  # noqa: A002
+                       stride: Any = 1, padding: Any = 0, output_padding: Any = 0, groups: int = 1,
+                       dilation: Any = 1) -> TensorProxy:
+        return _conv_transpose(name, n, input, weight, bias, stride, padding, output_padding, groups, dilation)
+
+    conv_transpose.__name__, conv_transpose.__doc__ = name, doc
+    return ltorch_op(torch_fns=[getattr(torch, name), getattr(F, name)])(conv_transpose)
 
 
-@ltorch_op(torch_fns=[torch.conv_transpose2d, F.conv_transpose2d])
-def conv_transpose2d(input: TensorProxy, weight: TensorProxy, bias: TensorProxy | None = None,  # noqa: A002
-                     stride: Any = 1, padding: Any = 0, output_padding: Any = 0, groups: int = 1,
-                     dilation: Any = 1) -> TensorProxy:
-    """F.conv_transpose2d."""
-    return _conv_transpose("conv_transpose2d", 2, input, weight, bias, stride, padding, output_padding, groups,
-                           dilation)
-
-
-@ltorch_op(torch_fns=[torch.conv_transpose3d, F.conv_transpose3d])
-def conv_transpose3d(input: TensorProxy, weight: TensorProxy, bias: TensorProxy | None = None,  # noqa: A002
-                     stride: Any = 1, padding: Any = 0, output_padding: Any = 0, groups: int = 1,
-                     dilation: Any = 1) -> TensorProxy:
-    """F.conv_transpose3d."""
-    return _conv_transpose("conv_transpose3d", 3, input, weight, bias, stride, padding, output_padding, groups,
-                           dilation)
+conv_transpose1d = _conv_transpose_op(1, "F.conv_transpose1d (the gradient of conv1d with respect to its input, as an op).")
+conv_transpose2d = _conv_transpose_op(2, "F.conv_transpose2d.")
+conv_transpose3d = _conv_transpose_op(3, "F.conv_transpose3d.")
 
 
 @ltorch_op(torch_fns=[torch.convolution])

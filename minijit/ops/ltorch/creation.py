@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from minijit.ir import NumberProxy, TensorProxy
+from minijit.ir import NumberProxy, Symbol, TensorProxy
 from minijit.ops import prims
 from minijit.ops.registry import ltorch_op
 from minijit.ops.utils import fail, numel_of, parse_shape, reshape_to, result_dtype, to_dtype, unsupported
@@ -151,21 +151,33 @@ def _filled(op: str, shape: Sequence[Any], value: Any, dtype: torch.dtype | None
     return prims.full(tuple(shape), value, dtype=dtype, device=_device(device))
 
 
-def _declare_constant(name: str, value: Any) -> Any:
-    def decomposition(*size: Any, out: Any = None, dtype: torch.dtype | None = None, layout: Any = None,
-                      device: Any = None, pin_memory: bool = False, requires_grad: bool = False,
-                      memory_format: Any = None) -> TensorProxy:
+def _declare_filled(name: str, value: Any) -> Symbol:
+    """Declares torch.{name}, a tensor filled with `value`: of the sizes given (`zeros(*size)`), or like a
+    tensor for a name ending in `_like` (`zeros_like(input)`)."""
+    def of_size(*size: Any, out: Any = None, dtype: torch.dtype | None = None, layout: Any = None,
+                device: Any = None, pin_memory: bool = False, requires_grad: bool = False,
+                memory_format: Any = None) -> TensorProxy:
         _check_options(name, requires_grad, out, layout)
         return _filled(name, parse_shape(name, size), value, dtype or torch.get_default_dtype(), device)
 
-    decomposition.__name__ = name
-    decomposition.__doc__ = f"torch.{name}(*size): a tensor filled with {value} (default dtype unless given)."
+    def like(input: TensorProxy, *, dtype: torch.dtype | None = None, layout: Any = None,  # noqa: A002
+             device: Any = None, pin_memory: bool = False, requires_grad: bool = False,
+             memory_format: Any = None) -> TensorProxy:
+        _tensor(name, input)
+        _check_options(name, requires_grad, None, layout)
+        return _filled(name, input.shape, value, dtype or input.dtype, _device(device, input.device))
+
+    if name.endswith("_like"):
+        decomposition, doc = like, f"torch.{name}: a tensor like input filled with {value}."
+    else:
+        decomposition, doc = of_size, f"torch.{name}(*size): a tensor filled with {value} (default dtype unless given)."
+    decomposition.__name__, decomposition.__doc__ = name, doc
     return ltorch_op(name, torch_fns=[getattr(torch, name)])(decomposition)
 
 
-zeros = _declare_constant("zeros", 0)
-ones = _declare_constant("ones", 1)
-empty = _declare_constant("empty", 0)
+zeros = _declare_filled("zeros", 0)
+ones = _declare_filled("ones", 1)
+empty = _declare_filled("empty", 0)
 
 
 @ltorch_op(torch_fns=[torch.full])
@@ -176,22 +188,9 @@ def full(size: Sequence[Any], fill_value: Any, *, out: Any = None, dtype: torch.
     return _filled("full", parse_shape("full", (size,)), fill_value, dtype, device)
 
 
-def _declare_like(name: str, value: Any) -> Any:
-    def decomposition(input: TensorProxy, *, dtype: torch.dtype | None = None, layout: Any = None,  # noqa: A002
-                      device: Any = None, pin_memory: bool = False, requires_grad: bool = False,
-                      memory_format: Any = None) -> TensorProxy:
-        _tensor(name, input)
-        _check_options(name, requires_grad, None, layout)
-        return _filled(name, input.shape, value, dtype or input.dtype, _device(device, input.device))
-
-    decomposition.__name__ = name
-    decomposition.__doc__ = f"torch.{name}: a tensor like input filled with {value}."
-    return ltorch_op(name, torch_fns=[getattr(torch, name)])(decomposition)
-
-
-zeros_like = _declare_like("zeros_like", 0)
-ones_like = _declare_like("ones_like", 1)
-empty_like = _declare_like("empty_like", 0)
+zeros_like = _declare_filled("zeros_like", 0)
+ones_like = _declare_filled("ones_like", 1)
+empty_like = _declare_filled("empty_like", 0)
 
 
 @ltorch_op(torch_fns=[torch.full_like])

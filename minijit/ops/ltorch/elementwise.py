@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from minijit.errors import DeviceError, MetaError
-from minijit.ir import NumberProxy, TensorProxy
+from minijit.ir import NumberProxy, Symbol, TensorProxy
 from minijit.ir.context import where_now
 from minijit.ir.proxies import rule_compare
 from minijit.ops import prims
@@ -37,7 +37,9 @@ def _names_of(name: str) -> tuple[list[Any], list[str]]:
     return [f for n in names for f in (getattr(torch, n), getattr(torch.Tensor, n))], names
 
 
-def _declare_unary(name: str, promote_int_to_float: bool) -> None:
+def _unary(name: str, promote_int_to_float: bool = False) -> Symbol:
+    """Declares the ltorch op `name`: the prim of that name applied to one tensor, computed in its dtype
+    (in a float dtype if `promote_int_to_float`)."""
     prim = getattr(prims, name)
 
     def decomposition(a: TensorProxy) -> TensorProxy:
@@ -47,21 +49,50 @@ def _declare_unary(name: str, promote_int_to_float: bool) -> None:
     decomposition.__name__ = name
     decomposition.__doc__ = f"torch.{name}, elementwise."
     fns, methods = _names_of(name)
-    globals()[name] = ltorch_op(name, torch_fns=fns, methods=methods)(decomposition)
+    return ltorch_op(name, torch_fns=fns, methods=methods)(decomposition)
 
 
-_FLOAT_UNARY = (
-    "exp", "exp2", "expm1", "log", "log1p", "log2", "log10", "sin", "cos", "tan", "asin", "acos",
-    "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "sqrt", "rsqrt", "reciprocal",
-    "erf", "erfc", "erfinv", "lgamma", "digamma",
-)
-_SAME_DTYPE_UNARY = ("abs", "neg", "floor", "ceil", "round", "trunc", "sign", "bitwise_not")
-_BOOL_UNARY = ("isfinite", "isnan", "isinf", "signbit", "logical_not")
+exp = _unary("exp", promote_int_to_float=True)
+exp2 = _unary("exp2", promote_int_to_float=True)
+expm1 = _unary("expm1", promote_int_to_float=True)
+log = _unary("log", promote_int_to_float=True)
+log1p = _unary("log1p", promote_int_to_float=True)
+log2 = _unary("log2", promote_int_to_float=True)
+log10 = _unary("log10", promote_int_to_float=True)
+sin = _unary("sin", promote_int_to_float=True)
+cos = _unary("cos", promote_int_to_float=True)
+tan = _unary("tan", promote_int_to_float=True)
+asin = _unary("asin", promote_int_to_float=True)
+acos = _unary("acos", promote_int_to_float=True)
+atan = _unary("atan", promote_int_to_float=True)
+sinh = _unary("sinh", promote_int_to_float=True)
+cosh = _unary("cosh", promote_int_to_float=True)
+tanh = _unary("tanh", promote_int_to_float=True)
+asinh = _unary("asinh", promote_int_to_float=True)
+acosh = _unary("acosh", promote_int_to_float=True)
+atanh = _unary("atanh", promote_int_to_float=True)
+sqrt = _unary("sqrt", promote_int_to_float=True)
+rsqrt = _unary("rsqrt", promote_int_to_float=True)
+reciprocal = _unary("reciprocal", promote_int_to_float=True)
+erf = _unary("erf", promote_int_to_float=True)
+erfc = _unary("erfc", promote_int_to_float=True)
+erfinv = _unary("erfinv", promote_int_to_float=True)
+lgamma = _unary("lgamma", promote_int_to_float=True)
+digamma = _unary("digamma", promote_int_to_float=True)
 
-for _name in _FLOAT_UNARY:
-    _declare_unary(_name, promote_int_to_float=True)
-for _name in _SAME_DTYPE_UNARY + _BOOL_UNARY:
-    _declare_unary(_name, promote_int_to_float=False)
+abs = _unary("abs")  # noqa: A001 - mirrors torch.abs
+neg = _unary("neg")
+floor = _unary("floor")
+ceil = _unary("ceil")
+round = _unary("round")  # noqa: A001 - mirrors torch.round
+trunc = _unary("trunc")
+sign = _unary("sign")
+bitwise_not = _unary("bitwise_not")
+isfinite = _unary("isfinite")
+isnan = _unary("isnan")
+isinf = _unary("isinf")
+signbit = _unary("signbit")
+logical_not = _unary("logical_not")
 
 
 @ltorch_op(torch_fns=[torch.positive, torch.Tensor.positive], methods=["positive"])
@@ -70,7 +101,9 @@ def positive(a: TensorProxy) -> TensorProxy:
     return a
 
 
-def _declare_binary(name: str, *, float_result: bool = False) -> None:
+def _binary(name: str, *, float_result: bool = False) -> Symbol:
+    """Declares the ltorch op `name`: the prim of that name with broadcasting and type promotion (to a float
+    dtype if `float_result`)."""
     prim = getattr(prims, name)
 
     def decomposition(a: Any, b: Any) -> TensorProxy:
@@ -82,17 +115,28 @@ def _declare_binary(name: str, *, float_result: bool = False) -> None:
     decomposition.__name__ = name
     decomposition.__doc__ = f"torch.{name}, elementwise with broadcasting and type promotion."
     fns, methods = _names_of(name)
-    globals()[name] = ltorch_op(name, torch_fns=fns, methods=methods)(decomposition)
+    return ltorch_op(name, torch_fns=fns, methods=methods)(decomposition)
 
 
-for _name in ("remainder", "fmod", "maximum", "minimum", "bitwise_and", "bitwise_or", "bitwise_xor",
-              "bitwise_left_shift", "bitwise_right_shift", "floor_divide"):
-    _declare_binary(_name)
-_declare_binary("atan2", float_result=True)
-_declare_binary("copysign", float_result=True)
+remainder = _binary("remainder")
+fmod = _binary("fmod")
+maximum = _binary("maximum")
+minimum = _binary("minimum")
+bitwise_and = _binary("bitwise_and")
+bitwise_or = _binary("bitwise_or")
+bitwise_xor = _binary("bitwise_xor")
+bitwise_left_shift = _binary("bitwise_left_shift")
+bitwise_right_shift = _binary("bitwise_right_shift")
+floor_divide = _binary("floor_divide")
+atan2 = _binary("atan2", float_result=True)
+copysign = _binary("copysign", float_result=True)
 # Comparisons compute in the promoted dtype; the prims return bool.
-for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
-    _declare_binary(_name)
+eq = _binary("eq")
+ne = _binary("ne")
+lt = _binary("lt")
+le = _binary("le")
+gt = _binary("gt")
+ge = _binary("ge")
 
 
 def _is_int(x: Any) -> bool:
@@ -173,7 +217,8 @@ def pow(a: Any, b: Any) -> TensorProxy:  # noqa: A001 - mirrors torch.pow
     return elementwise(prims.pow, a, b)
 
 
-def _declare_logical(name: str) -> None:
+def _logical(name: str) -> Symbol:
+    """Declares the ltorch op `name`: the prim of that name on truth values, with broadcasting."""
     prim = getattr(prims, name)
 
     def decomposition(a: Any, b: Any) -> TensorProxy:
@@ -182,11 +227,12 @@ def _declare_logical(name: str) -> None:
     decomposition.__name__ = name
     decomposition.__doc__ = f"torch.{name}: compares truth values elementwise."
     fns = [getattr(torch, name), getattr(torch.Tensor, name)]
-    globals()[name] = ltorch_op(name, torch_fns=fns, methods=[name])(decomposition)
+    return ltorch_op(name, torch_fns=fns, methods=[name])(decomposition)
 
 
-for _name in ("logical_and", "logical_or", "logical_xor"):
-    _declare_logical(_name)
+logical_and = _logical("logical_and")
+logical_or = _logical("logical_or")
+logical_xor = _logical("logical_xor")
 
 
 @ltorch_op(torch_fns=[torch.where])

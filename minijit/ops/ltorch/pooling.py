@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from minijit.ir import TensorProxy
+from minijit.ir import Symbol, TensorProxy
 from minijit.ir.proxies import rule_compare
 from minijit.ops import aten_prims
 from minijit.ops.ltorch.conv import per_dim
@@ -66,7 +66,8 @@ def _max_pool(op: str, n: int, input: TensorProxy, kernel_size: Any, stride: Any
     return (_drop(out), _drop(indices)) if n == 1 else (out, indices)
 
 
-def _declare_max_pool(n: int) -> None:
+def _max_pool_ops(n: int) -> tuple[Symbol, Symbol]:
+    """Declares F.max_pool{n}d and F.max_pool{n}d_with_indices."""
     name = f"max_pool{n}d"
 
     def max_pool(input: TensorProxy, kernel_size: Any, stride: Any = None, padding: Any = 0,  # noqa: A002
@@ -82,11 +83,11 @@ def _declare_max_pool(n: int) -> None:
     max_pool.__name__, max_pool.__doc__ = name, f"F.{name}: window maxima (and their flat indices if asked for)."
     max_pool_with_indices.__name__ = f"{name}_with_indices"
     max_pool_with_indices.__doc__ = f"F.{name}_with_indices: window maxima and their flat spatial indices."
-    globals()[name] = ltorch_op(torch_fns=[getattr(F, name), getattr(torch, name)])(max_pool)
+    op = ltorch_op(torch_fns=[getattr(F, name), getattr(torch, name)])(max_pool)
     with_indices = [getattr(F, f"{name}_with_indices")]
     with_indices += [fn for fn in (getattr(torch, f"{name}_with_indices", None), getattr(_nn, f"{name}_with_indices", None))
                      if fn is not None]
-    globals()[f"{name}_with_indices"] = ltorch_op(torch_fns=with_indices)(max_pool_with_indices)
+    return op, ltorch_op(torch_fns=with_indices)(max_pool_with_indices)
 
 
 # -- average pooling ---------------------------------------------------------------------------------
@@ -134,7 +135,8 @@ def _output_size(op: str, x: TensorProxy, output_size: Any, n: int) -> list[Any]
     return [s if o is None else o for o, s in zip(sizes, spatial)]
 
 
-def _declare_adaptive_avg_pool(n: int, torch_fns: list[Any]) -> None:
+def _adaptive_avg_pool_op(n: int, torch_fns: list[Any]) -> Symbol:
+    """Declares F.adaptive_avg_pool{n}d, the torch functions `torch_fns` run as it."""
     name = f"adaptive_avg_pool{n}d"
 
     def adaptive_avg_pool(input: TensorProxy, output_size: Any) -> TensorProxy:  # noqa: A002
@@ -148,7 +150,7 @@ def _declare_adaptive_avg_pool(n: int, torch_fns: list[Any]) -> None:
 
     adaptive_avg_pool.__name__ = name
     adaptive_avg_pool.__doc__ = f"F.{name}: means over windows splitting each of the last {n} dims into output_size parts."
-    globals()[name] = ltorch_op(torch_fns=torch_fns)(adaptive_avg_pool)
+    return ltorch_op(torch_fns=torch_fns)(adaptive_avg_pool)
 
 
 def _adaptive_max_pool(op: str, n: int, input: TensorProxy, output_size: Any) -> tuple[TensorProxy, TensorProxy]:  # noqa: A002
@@ -160,7 +162,8 @@ def _adaptive_max_pool(op: str, n: int, input: TensorProxy, output_size: Any) ->
     return aten_prims.adaptive_max_pool(x, sizes)
 
 
-def _declare_adaptive_max_pool(n: int) -> None:
+def _adaptive_max_pool_ops(n: int) -> tuple[Symbol, Symbol]:
+    """Declares F.adaptive_max_pool{n}d and F.adaptive_max_pool{n}d_with_indices."""
     name = f"adaptive_max_pool{n}d"
 
     def adaptive_max_pool(input: TensorProxy, output_size: Any, return_indices: bool = False) -> Any:  # noqa: A002
@@ -175,15 +178,17 @@ def _declare_adaptive_max_pool(n: int) -> None:
     adaptive_max_pool.__doc__ = f"F.{name}: window maxima (and their flat indices if asked for)."
     adaptive_max_pool_with_indices.__name__ = f"{name}_with_indices"
     adaptive_max_pool_with_indices.__doc__ = f"F.{name}_with_indices: window maxima and their flat spatial indices."
-    globals()[name] = ltorch_op(torch_fns=[getattr(F, name)])(adaptive_max_pool)
+    op = ltorch_op(torch_fns=[getattr(F, name)])(adaptive_max_pool)
     with_indices = [getattr(F, f"{name}_with_indices"), getattr(_nn, name, None), getattr(torch, name, None)]
-    globals()[f"{name}_with_indices"] = ltorch_op(torch_fns=[fn for fn in with_indices if fn is not None])(
-        adaptive_max_pool_with_indices)
+    return op, ltorch_op(torch_fns=[fn for fn in with_indices if fn is not None])(adaptive_max_pool_with_indices)
 
 
-for _n in (1, 2, 3):
-    _declare_max_pool(_n)
-    _declare_adaptive_max_pool(_n)
-_declare_adaptive_avg_pool(1, [torch.adaptive_avg_pool1d, F.adaptive_avg_pool1d])
-_declare_adaptive_avg_pool(2, [F.adaptive_avg_pool2d, _nn.adaptive_avg_pool2d])
-_declare_adaptive_avg_pool(3, [F.adaptive_avg_pool3d, _nn.adaptive_avg_pool3d])
+max_pool1d, max_pool1d_with_indices = _max_pool_ops(1)
+adaptive_max_pool1d, adaptive_max_pool1d_with_indices = _adaptive_max_pool_ops(1)
+max_pool2d, max_pool2d_with_indices = _max_pool_ops(2)
+adaptive_max_pool2d, adaptive_max_pool2d_with_indices = _adaptive_max_pool_ops(2)
+max_pool3d, max_pool3d_with_indices = _max_pool_ops(3)
+adaptive_max_pool3d, adaptive_max_pool3d_with_indices = _adaptive_max_pool_ops(3)
+adaptive_avg_pool1d = _adaptive_avg_pool_op(1, [torch.adaptive_avg_pool1d, F.adaptive_avg_pool1d])
+adaptive_avg_pool2d = _adaptive_avg_pool_op(2, [F.adaptive_avg_pool2d, _nn.adaptive_avg_pool2d])
+adaptive_avg_pool3d = _adaptive_avg_pool_op(3, [F.adaptive_avg_pool3d, _nn.adaptive_avg_pool3d])

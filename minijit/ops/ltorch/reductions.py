@@ -54,42 +54,40 @@ def _finish(out: TensorProxy, dtype: torch.dtype, shape: Sequence[Any], dims: Se
     return keep_dims(out, shape, dims) if keepdim else out
 
 
+def _sum_or_product(op: str, x: Any, dim: Any, keepdim: bool, dtype: torch.dtype | None) -> TensorProxy:
+    """sum, mean and prod: `x` reduced over `dim` in `dtype`. By default a floating input keeps its dtype and a
+    bool or integer one reduces in int64, as torch does; mean takes floating dtypes only and divides by the count."""
+    _check_tensor(op, x)
+    if dtype is None:
+        dtype = x.dtype if _is_float(x.dtype) or op == "mean" else torch.int64
+    if op == "mean" and not _is_float(dtype):
+        raise fail("mean", f"needs a floating point or complex input or dtype, got {dtype}")
+    dims = reduction_dims(op, dim, x.ndim)
+    out = (prims.prod if op == "prod" else prims.sum)(to_dtype(x, compute_dtype_for(dtype)), dims)
+    if op == "mean":
+        out = prims.div(out, numel_of(x.shape, dims))
+    return _finish(out, dtype, x.shape, dims, keepdim)
+
+
 @ltorch_op(torch_fns=[torch.sum, torch.Tensor.sum], methods=["sum"])
 def sum(a: TensorProxy, dim: int | Sequence[int] | None = None, keepdim: bool = False, *,  # noqa: A001
         dtype: torch.dtype | None = None) -> TensorProxy:
     """torch.sum; bool and integer inputs sum in int64 as torch does."""
-    _check_tensor("sum", a)
-    if dtype is None:
-        dtype = a.dtype if _is_float(a.dtype) else torch.int64
-    dims = reduction_dims("sum", dim, a.ndim)
-    out = prims.sum(to_dtype(a, compute_dtype_for(dtype)), dims)
-    return _finish(out, dtype, a.shape, dims, keepdim)
+    return _sum_or_product("sum", a, dim, keepdim, dtype)
 
 
 @ltorch_op(torch_fns=[torch.mean, torch.Tensor.mean], methods=["mean"])
 def mean(input: TensorProxy, dim: int | Sequence[int] | None = None, keepdim: bool = False, *,  # noqa: A002
          dtype: torch.dtype | None = None) -> TensorProxy:
     """torch.mean: sum over `dim` divided by the number of reduced elements (floating inputs only)."""
-    _check_tensor("mean", input)
-    dtype = dtype if dtype is not None else input.dtype
-    if not _is_float(dtype):
-        raise fail("mean", f"needs a floating point or complex input or dtype, got {dtype}")
-    dims = reduction_dims("mean", dim, input.ndim)
-    total = prims.sum(to_dtype(input, compute_dtype_for(dtype)), dims)
-    out = prims.div(total, numel_of(input.shape, dims))
-    return _finish(out, dtype, input.shape, dims, keepdim)
+    return _sum_or_product("mean", input, dim, keepdim, dtype)
 
 
 @ltorch_op(torch_fns=[torch.prod, torch.Tensor.prod], methods=["prod"])
 def prod(input: TensorProxy, dim: int | None = None, keepdim: bool = False, *,  # noqa: A002
          dtype: torch.dtype | None = None) -> TensorProxy:
     """torch.prod over all elements or one dim; bool and integer inputs multiply in int64."""
-    _check_tensor("prod", input)
-    if dtype is None:
-        dtype = input.dtype if _is_float(input.dtype) else torch.int64
-    dims = reduction_dims("prod", dim, input.ndim)
-    out = prims.prod(to_dtype(input, compute_dtype_for(dtype)), dims)
-    return _finish(out, dtype, input.shape, dims, keepdim)
+    return _sum_or_product("prod", input, dim, keepdim, dtype)
 
 
 def _declare_extremum(name: str, prim: Any) -> Any:

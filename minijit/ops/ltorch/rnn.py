@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from minijit.ir import NumberProxy, TensorProxy, tree_flatten
+from minijit.ir import NumberProxy, Symbol, TensorProxy, tree_flatten
 from minijit.ir.proxies import rule_compare
 from minijit.ops.ltorch.elementwise import add, mul, sub, tanh
 from minijit.ops.ltorch.nn import dropout, linear, relu, sigmoid
@@ -170,7 +170,8 @@ def lstm(input: TensorProxy, hx: Sequence[TensorProxy], params: Sequence[TensorP
     return output, h, c
 
 
-def _declare_single_state(name: str) -> None:
+def _single_state_op(name: str) -> Symbol:
+    """Declares _VF.{name}, a recurrent net with one state (h)."""
     def recurrent(input: TensorProxy, hx: TensorProxy, params: Sequence[TensorProxy], has_biases: bool,  # noqa: A002
                   num_layers: int, dropout: float, train: bool, bidirectional: bool,
                   batch_first: bool) -> tuple[TensorProxy, TensorProxy]:
@@ -180,11 +181,12 @@ def _declare_single_state(name: str) -> None:
 
     recurrent.__name__ = name
     recurrent.__doc__ = f"_VF.{name} (nn.{'GRU' if name == 'gru' else 'RNN'}): (output, h_n)."
-    globals()[name] = ltorch_op(torch_fns=[getattr(torch, name)])(recurrent)
+    return ltorch_op(torch_fns=[getattr(torch, name)])(recurrent)
 
 
-for _name in ("gru", "rnn_tanh", "rnn_relu"):
-    _declare_single_state(_name)
+gru = _single_state_op("gru")
+rnn_tanh = _single_state_op("rnn_tanh")
+rnn_relu = _single_state_op("rnn_relu")
 
 
 # -- cells (nn.LSTMCell, nn.GRUCell, nn.RNNCell) --------------------------------------------------
@@ -213,7 +215,8 @@ def gru_cell(input: TensorProxy, hx: TensorProxy, w_ih: TensorProxy, w_hh: Tenso
     return _gru_cell(linear(input, w_ih, b_ih), (hx,), w_hh, b_hh, None)[0]
 
 
-def _declare_simple_cell(name: str) -> None:
+def _simple_cell_op(name: str) -> Symbol:
+    """Declares _VF.{name}, one step of an Elman RNN."""
     def simple_cell(input: TensorProxy, hx: TensorProxy, w_ih: TensorProxy, w_hh: TensorProxy,  # noqa: A002
                     b_ih: TensorProxy | None = None, b_hh: TensorProxy | None = None) -> TensorProxy:
         _cell_input(name, input, hx)
@@ -221,8 +224,8 @@ def _declare_simple_cell(name: str) -> None:
 
     simple_cell.__name__ = name
     simple_cell.__doc__ = f"_VF.{name} (nn.RNNCell): one step of an Elman RNN."
-    globals()[name] = ltorch_op(torch_fns=[getattr(torch, name)])(simple_cell)
+    return ltorch_op(torch_fns=[getattr(torch, name)])(simple_cell)
 
 
-for _name in ("rnn_tanh_cell", "rnn_relu_cell"):
-    _declare_simple_cell(_name)
+rnn_tanh_cell = _simple_cell_op("rnn_tanh_cell")
+rnn_relu_cell = _simple_cell_op("rnn_relu_cell")
