@@ -13,7 +13,7 @@ arguments, whose `.grad` is read and set through the call's own input, guarded o
 the traced code made itself (`x.detach().requires_grad_()`: `CaptureState.made_leaves`, whose `.grad` is a
 value of the trace only). A tensor from outside with a history (an argument computed outside with grad: a frozen
 encoder's output, a model split in two) has its gradient computed by the trace, and the backward goes on through
-its history in eager's autograd after the call's computation (an effect, `backward_through_history`); traced code
+its history in eager's autograd after the call's computation (an effect calling `torch.autograd.backward`); traced code
 reading, after that backward, the `.grad` of a leaf that history accumulates into is refused, since it would not
 see the gradient yet (checked against each call's graph). What eager does and minijit refuses, by name:
 `create_graph=True` (a gradient that is differentiable again).
@@ -31,6 +31,7 @@ import torch
 from minijit.errors import UnsupportedSyntaxError
 from minijit.frontend.calls import call
 from minijit.frontend.frame import current_state
+from minijit.frontend.guards import accumulated_leaves
 from minijit.frontend.lookasides import lookaside
 from minijit.frontend.outside import tensor_attribute
 from minijit.ir import Proxy, TensorProxy, current_trace
@@ -233,50 +234,15 @@ def _backward_later(proxies: list[TensorProxy], reals: list[torch.Tensor], grads
                     retain_graph: bool) -> None:
     """Go on with a backward through the histories outside the call of `proxies` (eager's autograd graph, which
     the trace does not hold): `torch.autograd.backward` on the call's own tensors with the gradients the trace
-    computed, as an effect after the call's computation. The leaves that graph accumulates into are noted, so that
-    traced code reading their `.grad` after this point is refused (it would not see the gradient yet); the tensors
-    whose `.grad` it reads are checked against each call's graph."""
+    computed, as an effect after the call's computation. The leaves that graph accumulates into are noted: traced
+    code reading their `.grad` after this point is refused (it would not see the gradient yet), and a `.grad` it
+    reads is guarded to stay out of each call's histories (`Outside.note_grad_read`)."""
     outside = current_state().outside
     line = where_now()
     for leaf in accumulated_leaves(reals).values():
         outside.accumulated_later.setdefault(id(leaf), (leaf, line))
-    reads: list[torch.Tensor] = []
-    outside.grads_read_later.append(reads)
-    outside.call_function(backward_through_history, (tuple(proxies), tuple(grads), retain_graph, reads, line), {})
-
-
-def accumulated_leaves(tensors: Sequence[torch.Tensor]) -> dict[int, torch.Tensor]:
-    """id -> tensor: the leaves whose `.grad` a backward from `tensors` through their autograd graph accumulates
-    into (each AccumulateGrad node's variable)."""
-    found: dict[int, torch.Tensor] = {}
-    stack = [t.grad_fn for t in tensors]
-    seen: set[int] = set()
-    while stack:
-        node = stack.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
-        variable = getattr(node, "variable", None)
-        if isinstance(variable, torch.Tensor):
-            found[id(variable)] = variable
-        stack.extend(n for n, _ in node.next_functions)
-    return found
-
-
-def backward_through_history(tensors: tuple[torch.Tensor, ...], grads: tuple[torch.Tensor, ...], retain_graph: bool,
-                             read_later: list[torch.Tensor], line: str) -> None:
-    """The effect `_backward_later` logs, run after each call's computation on the call's tensors: refused where the
-    traced code read, after the backward, the `.grad` of a leaf this call's graph accumulates into (a graph other
-    than the one traced); else the backward."""
-    if read_later:
-        leaves = accumulated_leaves(tensors)
-        clash = next((t for t in read_later if id(t) in leaves), None)
-        if clash is not None:
-            raise UnsupportedSyntaxError(
-                f"the backward(){line} goes on through a history outside the jitted function into a tensor whose .grad "
-                "the traced code read after it (this call's graph reaches it; the traced call's did not): minijit "
-                "runs that part of the backward after the computation. Read the gradient after the call")
-    torch.autograd.backward(tensors, grads, retain_graph=retain_graph)
+    outside.histories_later.append((tuple(p.name for p in proxies), []))
+    outside.call_function(torch.autograd.backward, (tuple(proxies), tuple(grads)), {"retain_graph": retain_graph})
 
 
 def _accumulate_made(leaf: list[Any], g: TensorProxy) -> None:

@@ -21,7 +21,7 @@ import collections
 import sys
 import types
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -424,5 +424,31 @@ class _Missing:
 _MISSING = _Missing()
 MISSING = _MISSING
 
-__all__ = ["MISSING", "GuardEntry", "NumberSlot", "Source", "TensorSeen", "build_guard", "guard_expression", "guard_names",
-           "has_snapshot", "is_constant", "is_symbolic_number_value", "is_users_module", "record", "same_keys"]
+
+def accumulated_leaves(tensors: Sequence[torch.Tensor]) -> dict[int, torch.Tensor]:
+    """id -> tensor: the leaves whose `.grad` a backward from `tensors` through their autograd graph accumulates
+    into (each AccumulateGrad node's variable)."""
+    found: dict[int, torch.Tensor] = {}
+    stack = [t.grad_fn for t in tensors]
+    seen: set[int] = set()
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        variable = getattr(node, "variable", None)
+        if isinstance(variable, torch.Tensor):
+            found[id(variable)] = variable
+        stack.extend(n for n, _ in node.next_functions)
+    return found
+
+
+def not_in_history(tensors: Sequence[torch.Tensor], read: Sequence[torch.Tensor]) -> bool:
+    """Whether a backward from `tensors` through their histories leaves the `.grad` of each of `read` alone (a
+    guard's check)."""
+    leaves = accumulated_leaves(tensors)
+    return not any(id(t) in leaves for t in read)
+
+__all__ = ["accumulated_leaves", "build_guard", "guard_expression", "guard_names", "GuardEntry", "has_snapshot",
+           "is_constant", "is_symbolic_number_value", "is_users_module", "MISSING", "not_in_history", "NumberSlot",
+           "record", "same_keys", "Source", "TensorSeen"]

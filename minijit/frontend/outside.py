@@ -51,7 +51,7 @@ from minijit.frontend.guards import (
 )
 from minijit.ir import Proxy
 from minijit.ir.containers import contains_proxy
-from minijit.ir.context import current_trace, where_now
+from minijit.ir.context import add_constraint, current_trace, where_now
 
 Tensor = torch.Tensor
 
@@ -158,15 +158,16 @@ class Outside:
     returned: list[Any] = field(default_factory=list)
     # A backward in the traced code that goes on through the history of a tensor from outside runs that part after the
     # call's computation (minijit/frontend/backward.py). id -> (tensor, line): the leaves it accumulates into, whose
-    # `.grad` the traced code may not read after it; and per such backward, the list of the tensors whose `.grad`
-    # it read after it, which every call checks against the graph it is given.
+    # `.grad` the traced code may not read after it; and per such backward, (the names of the trace inputs whose
+    # histories it goes on through, the names of those whose `.grad` the code read after it): the guard checks on
+    # every call that the histories do not reach the latter (`history_checks`).
     accumulated_later: dict[int, tuple[Tensor, str]] = field(default_factory=dict)
-    grads_read_later: list[list[Tensor]] = field(default_factory=list)
+    histories_later: list[tuple[tuple[str, ...], list[str]]] = field(default_factory=list)
 
-    def note_grad_read(self, t: Tensor) -> None:
+    def note_grad_read(self, t: Tensor, capture: Callable[[Tensor], Any]) -> None:
         """Traced code reads `t.grad`: refused where a backward through a history outside the call accumulates into
-        it after the computation; else noted for that backward's check on every call."""
-        if not self.grads_read_later:
+        it after the computation; else noted for the guard's check that each call's histories do not reach it."""
+        if not self.histories_later:
             return
         if id(t) in self.accumulated_later or (not t.is_leaf and t.retains_grad):
             line = self.accumulated_later.get(id(t), (t, ""))[1]
@@ -174,8 +175,17 @@ class Outside:
                 f"reading .grad{where_now()} of a tensor that the backward(){line} accumulates into through a history "
                 "outside the jitted function: minijit runs that part of the backward after the call's computation, "
                 "so the read would not see it. Read the gradient after the call")
-        for reads in self.grads_read_later:
-            reads.append(t)
+        name = capture(t).name
+        for _, reads in self.histories_later:
+            if name not in reads:
+                reads.append(name)
+
+    def history_checks(self) -> None:
+        """Record, as constraints of the capture, that each call's histories a backward goes on through after the
+        computation do not reach a tensor whose `.grad` the code read after it (one walk of the graph per backward)."""
+        for histories, reads in self.histories_later:
+            if reads:
+                add_constraint(f"_not_in_history(({', '.join(histories)},), ({', '.join(reads)},))")
 
     # -- roots and sources --------------------------------------------------------------------
     def take_view(self, view: OutsideView) -> None:
@@ -514,7 +524,7 @@ def tensor_attribute(outside: Outside, guards: dict[Any, Any], t: Tensor, name: 
                      ) -> Any:
     """`t.name` for a real tensor met by traced code: computed through its proxy, or read and guarded."""
     if name == "grad":
-        outside.note_grad_read(t)
+        outside.note_grad_read(t, capture)
     if (id(t), name) in outside.shown:
         return outside.shown[(id(t), name)]  # written by the traced code itself (a `.grad` a backward() made)
     own = t.__dict__ if type(t) is not Tensor else {}

@@ -185,6 +185,7 @@ def finish_capture(trace: Trace, where: str, result: Any, outside: Outside) -> t
     `where` names the traced function for messages.
     """
     capture = trace.capture_tensor
+    outside.history_checks()
 
     def is_leaf(x: Any) -> bool:
         return isinstance(x, Proxy | Tensor)

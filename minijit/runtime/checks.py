@@ -30,7 +30,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from minijit.frontend.guards import GuardEntry, Source, TensorSeen, guard_expression, guard_names, short_repr
+from minijit.frontend.guards import (
+    GuardEntry,
+    Source,
+    TensorSeen,
+    guard_expression,
+    guard_names,
+    not_in_history,
+    short_repr,
+)
 from minijit.ir.containers import flatten, is_container, is_tensor, is_tensor_or_number
 from minijit.runtime.autocast import any_autocast_enabled, autocast_state
 
@@ -589,4 +597,5 @@ _ENV: dict[str, Any] = {
     "_symbolic_structure": lambda x: flatten(x, is_tensor_or_number)[0].key(),
     "_leaves": lambda x: flatten(x, is_tensor)[1],
     "_leaves_symbolic": lambda x: flatten(x, is_tensor_or_number)[1],
+    "_not_in_history": not_in_history,
 }

@@ -255,7 +255,8 @@ def test_a_backward_goes_on_through_an_arguments_history_outside_the_call_as_in_
 def test_reading_a_grad_the_history_outside_accumulates_into_is_refused_naming_the_line():
     """After a backward that goes on through a history outside the call, the gradients it accumulates there are
     made after the call's computation: reading one inside is refused, naming the read; a later call whose graph
-    reaches a tensor whose `.grad` the trace read after the backward is refused too, never run with a stale read."""
+    reaches a tensor whose `.grad` the trace read after the backward fails the guard and is refused as it is traced
+    again, before anything runs: never a stale read."""
     enc, head = torch.nn.Linear(4, 6), torch.nn.Linear(6, 1)
 
     def reads_encoder_grad(h):
@@ -272,8 +273,10 @@ def test_reading_a_grad_the_history_outside_accumulates_into_is_refused_naming_t
     jitted = minijit.jit(step)
     jitted(enc(torch.randn(2, 4)))  # head.weight is not in this graph: its .grad read after the backward is fine
     head.zero_grad()
-    with pytest.raises(minijit.MinijitError, match="this call's graph reaches it"):
+    with pytest.raises(minijit.MinijitError, match=r"head\.weight\.grad\.clone\(\)"):
         jitted(enc(torch.randn(2, 4)) + head.weight[0, :6].sum())  # now it is
+    assert head.weight.grad is None and head.bias.grad is None
+    assert "_not_in_history" in minijit.cache_info(jitted).miss_reasons[-1]
 
 
 def test_requires_grad_off_on_a_tensor_with_history_stays_refused_naming_the_line():
