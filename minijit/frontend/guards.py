@@ -56,7 +56,7 @@ class Source:
         """Python source reading the value, with the objects it needs bound in `env`."""
         if self.access == "input":
             return self.key
-        holder = self.holder.expression(env) if isinstance(self.holder, Source) else _bind(env, self.holder, "_h")
+        holder = self.holder.expression(env) if isinstance(self.holder, Source) else bind(env, self.holder, "_h")
         if self.access == "cell":
             return f"{holder}.cell_contents"
         if self.access == "attribute":
@@ -68,7 +68,9 @@ class Source:
         return f"{holder}[{_literal(env, self.key)}]"
 
 
-def _bind(env: dict[str, Any], value: Any, prefix: str) -> str:
+def bind(env: dict[str, Any], value: Any, prefix: str) -> str:
+    """A name for `value` in the generated source whose globals are `env`: the one it is bound to already under
+    `prefix`, else a new one."""
     # The names already bound, by (id, prefix), kept in `env` itself: a guard may bind hundreds of objects.
     bound: dict[tuple[int, str], str] = env.setdefault("_bound_names", {})
     name = bound.get((id(value), prefix))
@@ -83,7 +85,7 @@ def _bind(env: dict[str, Any], value: Any, prefix: str) -> str:
 def _literal(env: dict[str, Any], key: Any) -> str:
     if type(key) in (int, str, bool, float) or key is None:
         return repr(key)
-    return _bind(env, key, "_k")
+    return bind(env, key, "_k")
 
 
 @dataclass(frozen=True)
@@ -449,6 +451,6 @@ def not_in_history(tensors: Sequence[torch.Tensor], read: Sequence[torch.Tensor]
     leaves = accumulated_leaves(tensors)
     return not any(id(t) in leaves for t in read)
 
-__all__ = ["accumulated_leaves", "build_guard", "guard_expression", "guard_names", "GuardEntry", "has_snapshot",
+__all__ = ["accumulated_leaves", "bind", "build_guard", "guard_expression", "guard_names", "GuardEntry", "has_snapshot",
            "is_constant", "is_symbolic_number_value", "is_users_module", "MISSING", "not_in_history", "NumberSlot",
            "record", "same_keys", "Source", "TensorSeen"]

@@ -34,6 +34,7 @@ from minijit.frontend.guards import (
     GuardEntry,
     Source,
     TensorSeen,
+    bind,
     guard_expression,
     guard_names,
     not_in_history,
@@ -107,9 +108,7 @@ class Check:
         if aspect == "object":
             # The id bound in `env`, not written out: an entry rebound to a new object then compiles the same
             # source again (`_compiled`).
-            name = f"_id{sum(n.startswith('_id') for n in env)}"
-            env[name] = v[1]
-            return f"type({s}) is {literal(env, v[0])} and id({s}) == {name}"
+            return f"type({s}) is {literal(env, v[0])} and id({s}) == {bind(env, v[1], '_id')}"
         if aspect in ("structure", "symbolic structure"):
             return f"_{aspect.replace(' ', '_')}({s}) == {literal(env, v)}"
         if aspect in ("constant", "aliases"):
@@ -181,12 +180,7 @@ def literal(env: dict[str, Any], value: Any) -> str:
         return f"torch.device({str(value)!r})"
     if t is tuple and all(type(x) in (bool, int, str) or x is None for x in value):
         return repr(value)
-    for name, bound in env.items():
-        if bound is value and name.startswith("_c"):
-            return name
-    name = f"_c{sum(n.startswith('_c') for n in env)}"
-    env[name] = value
-    return name
+    return bind(env, value, "_c")
 
 
 # --- the walk: one description of what a call's arguments specialise on, as key values or as checks -----
@@ -380,11 +374,12 @@ class Prologue:
         # A keyword's name is checked by calling `check_call` with it: its test is "True", left out.
         key_tests = [t for c in checks if c.keyed and (t := c.test(env)) != "True"]
         at_once = _captured_at_once(checks, env)
-        guard_tests = _tests(env, [c for c in checks if not c.keyed], at_once)
+        tests = {id(c): c.test(env) for c in checks if not c.keyed}
+        guard_tests = _tests(tests, [c for c in checks if not c.keyed], at_once)
         # A call with exactly the sizes and strides of the call that made the entry meets its constraints on
         # those: `exact_guard` leaves them out (the hit path's exact check, minijit.runtime.cache_key). Any
         # other constraint (a storage offset, a tensor read from outside, a state read) stays.
-        exact_tests = _tests(env, [c for c in checks if not c.keyed and not (
+        exact_tests = _tests(tests, [c for c in checks if not c.keyed and not (
             c.aspect == "constraint" and implied_by_exact_check(c.subject, inputs))], at_once)
         source = _function("check_call", params, key_tests, "# The checks the cache key makes (a dict lookup on a hit).")
         if guard_tests:
@@ -540,17 +535,18 @@ def _stand_in(cls: type, shape: torch.Size, dtype: torch.dtype, device: torch.de
     return torch.nn.Parameter(t, requires_grad=requires_grad) if cls is torch.nn.Parameter else t
 
 
-def _tests(env: dict[str, Any], checks: Sequence[Check], at_once: tuple[str, set[int]]) -> list[str]:
-    """The tests of `checks`, those that `at_once` makes together replaced by its one test, where they began."""
+def _tests(tests: dict[int, str], checks: Sequence[Check], at_once: tuple[str, set[int]]) -> list[str]:
+    """The tests of `checks` (by id in `tests`), those that `at_once` makes together replaced by its one test,
+    where they began."""
     test, covered = at_once
-    tests: list[str] = []
+    found: list[str] = []
     for c in checks:
         if id(c) not in covered:
-            tests.append(c.test(env))
+            found.append(tests[id(c)])
         elif test:
-            tests.append(test)
+            found.append(test)
             test = ""
-    return tests
+    return found
 
 
 # What the hit path's exact check (torch's TensorGuards: sizes, strides, dtype, device, dispatch keys) fixes

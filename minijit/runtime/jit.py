@@ -30,7 +30,7 @@ from minijit.runtime.explain import EXPLAINED_AGAINST, explain_miss
 from minijit.runtime.fallback import RaisedInTry, RaisedWhileTracing, eager_after_raise
 from minijit.runtime.iterators import advance, standing_in
 from minijit.runtime.pipeline import CompiledEntry, compile_for
-from minijit.runtime.rebind import rebind
+from minijit.runtime.rebind import held_by_bound_self, rebind
 from minijit.runtime.values import value_miss_reason
 
 Tensor = torch.Tensor
@@ -493,8 +493,9 @@ class JitFunction:
         moved from, taken out of `held`), or None."""
         # Only entries specialised on argument objects can be moved: the others are passed over cheaply.
         found = [(key, e) for key, entries in held.items() for e in entries if e.arg_objects]
+        shared = held_by_bound_self(self.fn) if found else set()  # the same for every entry tried
         for key, entry in reversed(found):
-            moved = rebind(entry, self.fn, args, kwargs, flat, symbolic)
+            moved = rebind(entry, self.fn, args, kwargs, flat, symbolic, shared)
             if moved is not None:
                 _take_out(held, key, entry)  # its objects are the previous call's: the entries stay as many
                 self._info.rebound += 1

@@ -44,9 +44,9 @@ _DEPTH = 8
 
 
 def rebind(entry: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[Any],
-           symbolic: bool) -> Any | None:
+           symbolic: bool, shared: set[int] | None = None) -> Any | None:
     """A copy of `entry` for these arguments, which differ from its own only in objects of the same types,
-    when its guard holds for them; else None."""
+    when its guard holds for them; else None. `shared`: `held_by_bound_self(fn)`, where the caller has it."""
     if entry.plain is None or not entry.arg_objects or getattr(fn, "state_checks", None) is not None:
         return None  # a jitted module's tree state is an interned object whose identity is its meaning
     params, checks = call_checks(fn, args, kwargs, symbolic)
@@ -62,7 +62,7 @@ def rebind(entry: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: di
         if o.key_values() != n.key_values():
             return None
     objects = object_arguments(params, checks, args, kwargs)
-    pairs = _Pairs(_held_by_bound_self(fn))
+    pairs = _Pairs(held_by_bound_self(fn) if shared is None else shared)
     try:
         if len(objects) != len(entry.arg_objects):
             return None
@@ -147,17 +147,20 @@ class _Pairs:
         return value
 
     def source(self, s: Source) -> Source:
+        """`s` moved (itself where nothing it reads through moves: most of an entry's guards read the module)."""
         holder = self.source(s.holder) if isinstance(s.holder, Source) else self.move(s.holder)
-        return dataclasses.replace(s, holder=holder)
+        return s if holder is s.holder else dataclasses.replace(s, holder=holder)
 
     def guard(self, g: GuardEntry, compared: Any) -> GuardEntry:
-        """`g` moved. `compared` is what the old prologue compares the value read with: where that is a copy
-        (a list, dict or set of constants, copied when the trace was made), the copy is kept, whatever the
-        container holds now; otherwise the value itself, moved like the rest."""
+        """`g` moved (itself where nothing in it moves). `compared` is what the old prologue compares the value read
+        with: where that is a copy (a list, dict or set of constants, copied when the trace was made), the copy is
+        kept, whatever the container holds now; otherwise the value itself, moved like the rest."""
         namespace = self.source(g.namespace) if isinstance(g.namespace, Source) else self.move(g.namespace)
         value = compared if compared is not None and compared is not g.value else self.move(g.value)
-        return dataclasses.replace(g, namespace=namespace, value=value,
-                                   shadow=None if g.shadow is None else self.move(g.shadow))
+        shadow = None if g.shadow is None else self.move(g.shadow)
+        if namespace is g.namespace and value is g.value and shadow is g.shadow:
+            return g
+        return dataclasses.replace(g, namespace=namespace, value=value, shadow=shadow)
 
     def plan(self, p: CallPlan) -> CallPlan:
         effects = [(dataclasses.replace(e, holder=self.source(e.holder) if isinstance(e.holder, Source)
@@ -211,7 +214,7 @@ def _plain(cls: type) -> bool:
     return not issubclass(cls, torch.nn.Module) and "__slots__" not in vars(cls) and cls.__dictoffset__ != 0
 
 
-def _held_by_bound_self(fn: Any) -> set[int]:
+def held_by_bound_self(fn: Any) -> set[int]:
     """ids of the objects a bound method's `self` holds (a model's config), a few levels deep, modules aside."""
     found: set[int] = set()
     owner = getattr(fn, "__self__", None)
