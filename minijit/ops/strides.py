@@ -19,7 +19,9 @@ The layouts of the inputs a decision was worked out from become part of the cach
 entry's guard, only then: `x.is_contiguous()` for an input that was contiguous, its
 exact strides otherwise (and its storage offset where `as_strided` read it). A call
 with differently strided inputs then misses instead of reusing a trace that would
-view where eager raises, or write through a copy.
+view where eager raises, or write through a copy. An input that reaches the tensor
+only through ops laying out a fresh output alike for any row-major input is an
+order-only source (`_order_only_inputs`): the guard checks only `_row_major(x)`.
 
 Symbolic sizes: strides follow them where torch's stride rules can be followed. A layout
 query (`x.stride()`, a Python value the trace keeps) on a tensor whose sizes are symbolic

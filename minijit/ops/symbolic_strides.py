@@ -10,7 +10,9 @@ op's output sizes):
 
 - a trace input with symbolic sizes enters as a contiguous fake tensor with storage offset
   0, and the guard checks exactly that: its strides are the products of its sizes (an
-  input laid out otherwise falls back); an input with constant sizes enters with its own
+  input laid out otherwise falls back, but for one the queried tensor's layout has as an
+  order-only source, `minijit.ops.strides`: it enters contiguous, and the guard checks
+  only `_row_major`); an input with constant sizes enters with its own
   strides, guarded as `minijit.ops.strides` guards them; a symbolic size traced at 1 stays
   a symbol, and where torch's rules rely on it being 1 (contiguity ignores the stride of a
   size-1 dim) they guard it;
