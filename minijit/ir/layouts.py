@@ -16,19 +16,23 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from minijit.ir.proxies import TensorProxy
 
-__all__ = ["Layout", "LayoutTable"]
+__all__ = ["Layout", "LayoutTable", "row_major"]
 
 
 @dataclass(frozen=True)
 class Layout:
     """A tensor's eager `strides` and storage `offset`; `sources`: the trace inputs it was worked out from
-    (empty for an input, whose layout is its own). `conj` and `neg`: the view flags of a lazily conjugated
-    or negated view (`x.conj()`, `x.conj().imag`). `address`: a trace input's `data_ptr()` (None for a
-    computed tensor, whose memory is only known when the trace runs)."""
+    (empty for an input, whose layout is its own). `order_only`: the trace inputs it was worked out from
+    whose exact strides it does not depend on, as long as they stay `row_major` (`minijit.ops.strides`:
+    they reach it only through ops that lay out a fresh output the same way for any such input). `conj`
+    and `neg`: the view flags of a lazily conjugated or negated view (`x.conj()`, `x.conj().imag`).
+    `address`: a trace input's `data_ptr()` (None for a computed tensor, whose memory is only known when
+    the trace runs)."""
 
     strides: tuple[int, ...]
     offset: int
     sources: tuple[TensorProxy, ...] = ()
+    order_only: tuple[TensorProxy, ...] = ()
     conj: bool = False
     neg: bool = False
     address: int | None = field(default=None, compare=False)
@@ -48,3 +52,17 @@ class LayoutTable:
     def set(self, p: TensorProxy, layout: Layout) -> None:
         """Note `p`'s layout (the first one noted stays)."""
         self._known.setdefault(id(p), (p, layout))
+
+
+def row_major(sizes: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """Whether `strides` lay out a tensor of `sizes` in row-major order, maybe with gaps: each dim's stride
+    at least the next dim's extent (size-1 dims included), the last at least 1.
+
+    A contiguous layout is one; so is a slice along any dim of one (`keys[..., :-2, :]`). None of them is
+    read as channels-last by torch's `suggest_memory_format`, which size-1 dims' strides alone can decide.
+    """
+    if not strides:
+        return True
+    if strides[-1] < 1:
+        return False
+    return all(strides[k] >= strides[k + 1] * sizes[k + 1] for k in range(len(strides) - 1))

@@ -19,7 +19,9 @@ The layouts of the inputs a decision was worked out from become part of the cach
 entry's guard, only then: `x.is_contiguous()` for an input that was contiguous, its
 exact strides otherwise (and its storage offset where `as_strided` read it). A call
 with differently strided inputs then misses instead of reusing a trace that would
-view where eager raises, or write through a copy.
+view where eager raises, or write through a copy. An input that reaches the tensor
+only through ops laying out a fresh output alike for any row-major input is an
+order-only source (`_order_only_inputs`): the guard checks only `_row_major(x)`.
 
 Symbolic sizes: strides follow them where torch's stride rules can be followed. A layout
 query (`x.stride()`, a Python value the trace keeps) on a tensor whose sizes are symbolic
@@ -53,7 +55,7 @@ import torch
 from minijit.errors import MetaError, UnsupportedMethodError
 from minijit.ir import TENSOR_METHODS, BoundSymbol, NumberProxy, Proxy, TensorProxy, Trace, tree_flatten, tree_map
 from minijit.ir.context import add_layout_check, current_trace, where_now
-from minijit.ir.layouts import Layout
+from minijit.ir.layouts import Layout, row_major
 from minijit.ir.proxies import guarded_compare, known_compare, number_value
 from minijit.ops.registry import eager_impl
 
@@ -151,7 +153,18 @@ def eager_layout(p: TensorProxy, trace: Trace | None = None, *, offset_matters: 
     if guard:
         for source in _sources(p, trace, inputs):
             _guard_layout(source, trace, offset_matters, sizes_matter, flags_matter)
+        for source in layout.order_only:
+            if offset_matters or sizes_matter or flags_matter:
+                _guard_layout(source, trace, offset_matters, sizes_matter, flags_matter)
+            else:
+                guard_row_major(source)
     return meta
+
+
+def guard_row_major(p: TensorProxy) -> None:
+    """Make the cache entry's guard check that input `p` is laid out `row_major` (`minijit.ir.layouts`): all a
+    layout worked out from `p` only as an order-only source relies on."""
+    add_layout_check(f"_row_major({p.name})")
 
 
 def _work_out(p: TensorProxy, trace: Trace, inputs: dict[int, TensorProxy]) -> None:
@@ -185,35 +198,108 @@ def _replay(bsym: BoundSymbol, trace: Trace, inputs: dict[int, TensorProxy]) -> 
         return
     if any(isinstance(a, Proxy) and not isinstance(a, TensorProxy | NumberProxy) for a in bsym.proxy_args()):
         return
-    metas: dict[int, torch.Tensor] = {}
-
-    def to_meta(x: Any) -> Any:
-        if isinstance(x, TensorProxy):
-            return metas.setdefault(id(x), meta_like(x, layouts.get(x)))
-        return number_value(x) if isinstance(x, NumberProxy) else x
-
+    result = _run_on_meta(bsym, impl, layouts.get)
+    outs = tree_flatten(bsym.output)
+    if result is None or len(result) != len(outs):
+        return
     sources: dict[int, TensorProxy] = {}
+    order_only: dict[int, TensorProxy] = {}
     for a in args:
         for source in _sources(a, trace, inputs):
             sources[id(source)] = source
-    margs, mkwargs = tree_map(to_meta, (bsym.args, bsym.kwargs))
-    margs = [torch.device("meta") if isinstance(a, torch.device) else a for a in margs]
-    if not args or "device" in mkwargs:
-        # A factory (`torch.zeros(n, device=d)`) or a move (`x.to(device=d)`): nothing allocated on d.
-        mkwargs["device"] = "meta"
-    try:
-        with outside_inference_mode(), torch.no_grad():
-            result = tree_flatten(impl(*margs, **mkwargs))
-    except Exception:
-        return  # the eager implementation does not run on meta tensors: layout unknown
-    outs = tree_flatten(bsym.output)
-    if len(result) != len(outs):
-        return
+        layout = layouts.get(a)
+        if id(a) not in inputs and layout is not None:
+            order_only.update((id(q), q) for q in layout.order_only)
+    for key in _order_only_inputs(bsym, impl, args, trace, inputs, _facts(result)):
+        order_only[key] = sources.pop(key)
+    for key in sources:
+        order_only.pop(key, None)
     for out, value in zip(outs, result, strict=True):
         if isinstance(out, TensorProxy) and isinstance(value, torch.Tensor) and layouts.get(out) is None \
                 and tuple(value.shape) == _sizes(out):
             layouts.set(out, Layout(tuple(value.stride()), value.storage_offset(), tuple(sources.values()),
-                                    conj=value.is_conj(), neg=value.is_neg()))
+                                    tuple(order_only.values()), conj=value.is_conj(), neg=value.is_neg()))
+
+
+def _run_on_meta(bsym: BoundSymbol, impl: Callable[..., Any],
+                 layout_of: Callable[[TensorProxy], Layout | None]) -> list[Any] | None:
+    """`bsym`'s eager implementation run on meta tensors laid out as `layout_of` says, its results flattened;
+    None where it does not run on meta tensors."""
+    metas: dict[int, torch.Tensor] = {}
+
+    def to_meta(x: Any) -> Any:
+        if isinstance(x, TensorProxy):
+            return metas.setdefault(id(x), meta_like(x, layout_of(x)))
+        return number_value(x) if isinstance(x, NumberProxy) else x
+
+    margs, mkwargs = tree_map(to_meta, (bsym.args, bsym.kwargs))
+    margs = [torch.device("meta") if isinstance(a, torch.device) else a for a in margs]
+    if not metas or "device" in mkwargs:
+        # A factory (`torch.zeros(n, device=d)`) or a move (`x.to(device=d)`): nothing allocated on d.
+        mkwargs["device"] = "meta"
+    try:
+        with outside_inference_mode(), torch.no_grad():
+            return tree_flatten(impl(*margs, **mkwargs))
+    except Exception:
+        return None  # the eager implementation does not run on meta tensors: layout unknown
+
+
+def _facts(result: list[Any]) -> list[Any]:
+    """What a replay's results say of their layouts: shape, strides, offset and view flags of each tensor."""
+    return [(tuple(v.shape), tuple(v.stride()), v.storage_offset(), v.is_conj(), v.is_neg())
+            if isinstance(v, torch.Tensor) else None for v in result]
+
+
+def _order_only_inputs(bsym: BoundSymbol, impl: Callable[..., Any], args: list[TensorProxy], trace: Trace,
+                       inputs: dict[int, TensorProxy], expected: list[Any]) -> set[int]:
+    """The trace inputs among `bsym`'s arguments whose exact strides its outputs' layouts do not depend on.
+
+    Only for an op that makes fresh outputs (no view, no write), and an input taken directly whose layout is
+    `row_major` and that is no source of another argument: the op is replayed with the input laid out
+    contiguously, with gaps (the contiguous strides of each size + 1), with gaps and an inner stride of 2, and
+    with its leading size-1 dims' strides doubled; where every output is laid out as with its real layout each
+    time (alone, and with all such inputs together), the input's strides matter only as far as `row_major`.
+    """
+    effects = bsym.sym.effects
+    if effects.views is not None or effects.writes or effects.unread or effects.result_into is not None:
+        return set()
+    layouts = trace.layouts
+    elsewhere = {id(q) for a in args if id(a) not in inputs for q in _sources(a, trace, inputs)}
+    candidates = {id(a): a for a in args if id(a) in inputs and id(a) not in elsewhere
+                  and 0 not in _sizes(a) and row_major(_sizes(a), layouts.get(a).strides)}
+
+    def same(chosen: set[int], vary: Callable[[tuple[int, ...]], tuple[int, ...]]) -> bool:
+        def layout_of(x: TensorProxy) -> Layout | None:
+            real = layouts.get(x)
+            if id(x) not in chosen or real is None:
+                return real
+            return Layout(vary(_sizes(x)), 0, conj=real.conj, neg=real.neg)
+
+        found = _run_on_meta(bsym, impl, layout_of)
+        return found is not None and _facts(found) == expected
+
+    loose = {key for key in candidates if all(same({key}, vary) for vary in _VARIANTS)}
+    if len(loose) > 1 and not all(same(loose, vary) for vary in _VARIANTS):
+        return set()
+    return loose
+
+
+def _padded(sizes: tuple[int, ...]) -> tuple[int, ...]:
+    return contiguous_strides(tuple(n + 1 for n in sizes))
+
+
+def _leading_ones_doubled(sizes: tuple[int, ...]) -> tuple[int, ...]:
+    strides = list(contiguous_strides(sizes))
+    for k, n in enumerate(sizes):
+        if n != 1:
+            break
+        strides[k] *= 2
+    return tuple(strides)
+
+
+# The row-major layouts an order-only input is tried with (see `_order_only_inputs`).
+_VARIANTS: tuple[Callable[[tuple[int, ...]], tuple[int, ...]], ...] = (
+    contiguous_strides, _padded, lambda sizes: tuple(2 * s for s in _padded(sizes)), _leading_ones_doubled)
 
 
 def _guard_layout(p: TensorProxy, trace: Trace, offset_matters: bool, sizes_matter: bool = False,
@@ -314,9 +400,10 @@ def _sizes_symbolic(p: TensorProxy) -> bool:
 
 
 def _computed_from(p: TensorProxy) -> tuple[TensorProxy, ...]:
-    """The trace inputs `p`'s layout was worked out from, as the trace being recorded knows it."""
+    """The trace inputs `p`'s layout was worked out from (order-only ones too: their sizes may still matter), as
+    the trace being recorded knows it."""
     layout = known_layout(p)
-    return layout.sources if layout is not None else ()
+    return (*layout.sources, *layout.order_only) if layout is not None else ()
 
 
 def _traced_ones(p: TensorProxy) -> bool:

@@ -10,7 +10,9 @@ op's output sizes):
 
 - a trace input with symbolic sizes enters as a contiguous fake tensor with storage offset
   0, and the guard checks exactly that: its strides are the products of its sizes (an
-  input laid out otherwise falls back); an input with constant sizes enters with its own
+  input laid out otherwise falls back, but for one the queried tensor's layout has as an
+  order-only source, `minijit.ops.strides`: it enters contiguous, and the guard checks
+  only `_row_major`); an input with constant sizes enters with its own
   strides, guarded as `minijit.ops.strides` guards them; a symbolic size traced at 1 stays
   a symbol, and where torch's rules rely on it being 1 (contiguity ignores the stride of a
   size-1 dim) they guard it;
@@ -47,8 +49,9 @@ from torch._dispatch.python import enable_python_dispatcher
 
 from minijit.ir import BoundSymbol, IntegerProxy, NumberProxy, Proxy, TensorProxy, Trace, tree_flatten, tree_map
 from minijit.ir.context import add_layout_check, capturing
+from minijit.ir.layouts import row_major
 from minijit.ops.registry import eager_impl
-from minijit.ops.strides import _guard_layout, contiguous_strides, outside_inference_mode
+from minijit.ops.strides import _guard_layout, contiguous_strides, guard_row_major, outside_inference_mode
 from minijit.ops.symbolic_sizes import (
     _number,
     _record,
@@ -98,6 +101,11 @@ class _Session:
         self.inputs: dict[int, TensorProxy] = {}
         self.by_name: dict[str, Proxy] = {}
         self.used: dict[int, TensorProxy] = {}  # the inputs given fakes: their layouts join the guard
+        # The inputs some queried tensor's layout was worked out from as full sources (not order-only ones): their
+        # layouts are guarded exactly, the others' only `row_major`. None while a query's sources are unknown.
+        self.strict: set[int] = set()
+        self.query_sources: set[int] | None = None
+        self.loose: set[int] = set()  # the inputs laid out otherwise that entered as contiguous fakes
         self.producers: dict[int, BoundSymbol] = {}
         self.scanned = 0
         self.failed: set[int] = set()
@@ -167,7 +175,7 @@ class _Session:
                 if 0 in concrete:
                     raise _Failed(f"input {p.name} is empty")
                 if strides != contiguous_strides(concrete) or offset != 0:
-                    raise _Failed(f"input {p.name} with symbolic sizes is not contiguous")
+                    self._enter_loose(p, concrete, strides)
                 fake = torch.empty([self.size(d) for d in p.shape], dtype=p.dtype, device=p.device)
             else:
                 extent = offset + 1 + sum((n - 1) * abs(s) for n, s in zip(concrete, strides, strict=True)) \
@@ -175,6 +183,31 @@ class _Session:
                 fake = torch.empty(extent, dtype=p.dtype, device=p.device).as_strided(concrete, strides, offset)
         self.used[id(p)] = p
         return fake
+
+    def _enter_loose(self, p: TensorProxy, sizes: tuple[int, ...], strides: tuple[int, ...]) -> None:
+        """Let input `p`, with symbolic sizes but not contiguous, enter as a contiguous fake: only where the
+        queried tensor's layout was worked out from it as an order-only source, and it is `row_major`."""
+        if self.query_sources is None or id(p) in self.query_sources or not row_major(sizes, strides):
+            raise _Failed(f"input {p.name} with symbolic sizes is not contiguous")
+        self.loose.add(id(p))
+
+    def ask_about(self, p: TensorProxy) -> None:
+        """Take in the full sources of `p`'s layout before a question on `p`; raises `_Failed` where one of them
+        entered as a contiguous fake though laid out otherwise (a fake `p` would then be laid out wrongly)."""
+        layout = self.trace.layouts.get(p)
+        if layout is None:
+            self.query_sources = None
+            return
+        full = {id(q) for q in layout.sources}
+        if full & self.loose:
+            raise _Failed(f"{p.name} is worked out from an input that entered as a contiguous fake")
+        self.query_sources = full
+        self.strict |= full
+
+    def guard_inputs(self) -> None:
+        """Add the guard of the layouts the replay assumed for the inputs given fakes."""
+        for q in self.used.values():
+            _guard_input(q, self.trace, row_major_only=id(q) not in self.strict)
 
     # -- computed tensors ----------------------------------------------------------------------
 
@@ -363,6 +396,7 @@ def _fake(p: TensorProxy, trace: Trace, generic: bool = False) -> tuple[_Session
         return None
     session = _session(trace, generic)
     session.refresh()
+    session.ask_about(p)
     fake = session.fake(p)
     if generic:
         return session, fake
@@ -464,8 +498,7 @@ def _across_ones(p: TensorProxy, trace: Trace, ask: Any, session: _Session,
     for s in (session, generic):
         s.recorded = len(s.env.guards)
         s.either_recorded = True
-        for q in s.used.values():
-            _guard_input(q, s.trace)
+        s.guard_inputs()
     return other, generic_env
 
 
@@ -489,8 +522,7 @@ def _settle(session: _Session, pin: Sequence[Any] = ()) -> dict[Any, IntegerProx
     for guard in [*_new_guards(session), *pin]:
         _record(guard, env)
     session.recorded = len(session.env.guards)
-    for q in session.used.values():
-        _guard_input(q, session.trace)
+    session.guard_inputs()
     return env
 
 
@@ -500,9 +532,13 @@ def _symbolic_int(x: Any) -> Any:
     return _sympy().Integer(int(x))
 
 
-def _guard_input(p: TensorProxy, trace: Trace) -> None:
+def _guard_input(p: TensorProxy, trace: Trace, row_major_only: bool = False) -> None:
     """The guard checks the layout the replay gave input `p`: contiguous with offset 0 for symbolic sizes
-    (the strides exactly, size-1 dims included), its own layout otherwise."""
+    (the strides exactly, size-1 dims included), its own layout otherwise; only that it is `row_major` where
+    `row_major_only` (no queried tensor's layout depends on more of it)."""
+    if row_major_only:
+        guard_row_major(p)
+        return
     if not any(isinstance(d, NumberProxy) for d in p.shape):
         _guard_layout(p, trace, offset_matters=True)
         return

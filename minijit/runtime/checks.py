@@ -41,6 +41,7 @@ from minijit.frontend.guards import (
     short_repr,
 )
 from minijit.ir.containers import flatten, is_container, is_tensor, is_tensor_or_number
+from minijit.ir.layouts import row_major
 from minijit.runtime.autocast import any_autocast_enabled, autocast_state
 
 if TYPE_CHECKING:
@@ -552,7 +553,7 @@ def _tests(tests: dict[int, str], checks: Sequence[Check], at_once: tuple[str, s
 # What the hit path's exact check (torch's TensorGuards: sizes, strides, dtype, device, dispatch keys) fixes
 # of a call's tensors, and the builtins a constraint on those may apply.
 _EXACT_ATTRIBUTES = frozenset({"shape", "stride", "is_contiguous", "ndim", "dim", "size"})
-_PURE_BUILTINS = frozenset({"tuple", "len", "min", "max", "abs", "int"})
+_PURE_BUILTINS = frozenset({"tuple", "len", "min", "max", "abs", "int", "_row_major"})
 
 
 def implied_by_exact_check(constraint: str, inputs: Sequence[str]) -> bool:
@@ -594,4 +595,5 @@ _ENV: dict[str, Any] = {
     "_leaves": lambda x: flatten(x, is_tensor)[1],
     "_leaves_symbolic": lambda x: flatten(x, is_tensor_or_number)[1],
     "_not_in_history": not_in_history,
+    "_row_major": lambda t: row_major(tuple(t.shape), t.stride()),
 }
