@@ -432,12 +432,14 @@ def accumulated_leaves(tensors: Sequence[torch.Tensor]) -> dict[int, torch.Tenso
     into (each AccumulateGrad node's variable)."""
     found: dict[int, torch.Tensor] = {}
     stack = [t.grad_fn for t in tensors]
-    seen: set[int] = set()
+    # The nodes by id, held: torch may make a new Python object for a node at each access and free it after,
+    # and an id freed could come back for another node.
+    seen: dict[int, Any] = {}
     while stack:
         node = stack.pop()
         if node is None or id(node) in seen:
             continue
-        seen.add(id(node))
+        seen[id(node)] = node
         variable = getattr(node, "variable", None)
         if isinstance(variable, torch.Tensor):
             found[id(variable)] = variable
