@@ -18,6 +18,7 @@ from minijit.extend import (
     BoundSymbol,
     Effects,
     Implementation,
+    NumberProxy,
     OperatorExecutor,
     Symbol,
     TensorProxy,
@@ -133,9 +134,13 @@ def _accepts_out(fn: Any, producer: BoundSymbol, out: TensorProxy) -> bool:
     Probed once per signature on one-element tensors; a call that warns does not.
     """
     def probe(x: Any) -> Any:
+        if isinstance(x, NumberProxy):  # a number the trace computes (`value=` from `step.item()`): its kind
+            return x.python_type(x.value)
         return torch.zeros((1,) * x.ndim, dtype=x.dtype) if isinstance(x, TensorProxy) else x
 
     def kind(x: Any) -> Any:
+        if isinstance(x, NumberProxy):
+            return x.python_type
         return ("t", x.dtype, x.ndim) if isinstance(x, TensorProxy) else type(x)
 
     key = (fn, tuple(kind(a) for a in producer.args), tuple((k, kind(v)) for k, v in producer.kwargs.items()),

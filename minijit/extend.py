@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from minijit.errors import MinijitError
-from minijit.ir import BoundSymbol, Effects, Proxy, Symbol, TensorProxy, Trace, current_trace, tracing
+from minijit.ir import BoundSymbol, Effects, NumberProxy, Proxy, Symbol, TensorProxy, Trace, current_trace, tracing
 from minijit.ops import prims
 from minijit.ops.aten_prims import aten_prim_implementations
 from minijit.ops.opaque import OPAQUE
@@ -49,7 +49,7 @@ from minijit.transforms.vjp.registry import check_rule_signature
 
 __all__ = [
     "OPAQUE", "BoundSymbol", "Effects", "Executor", "ExecutorUnavailableError", "FusionExecutor", "Implementation",
-    "MinijitError", "OperatorExecutor", "Proxy", "Region", "Symbol", "TensorProxy", "add_default_executor",
+    "MinijitError", "NumberProxy", "OperatorExecutor", "Proxy", "Region", "Symbol", "TensorProxy", "add_default_executor",
     "aten_prim_implementations", "get_default_executors", "get_executor", "ltorch_eager_implementations", "prims",
     "register_executor",
     "remove_default_executor", "resolve_executors", "resolve_symbol",

@@ -42,25 +42,24 @@ def _elements(value: Any) -> list[Any]:
 
 def _per_element(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[list[Any], dict[str, Any]]]:
     """(args, kwargs) of each per-tensor call of `torch._foreach_<name>(*args, **kwargs)`."""
+    per_element_kwargs = dict(kwargs)
+    scalars = None
+    if name.startswith(("addcmul", "addcdiv")):
+        # The fourth argument (or `scalars=`) is a number, a list of numbers (one per element), or a 1-D tensor.
+        if len(args) > 3:
+            scalars, args = args[3], args[:3]
+        elif "scalars" in per_element_kwargs:
+            scalars = per_element_kwargs.pop("scalars")
+        if isinstance(scalars, list | tuple):
+            scalars = _elements(scalars)
     lists = {i: _elements(a) for i, a in enumerate(args) if isinstance(a, list | tuple)}
     if not lists:
         raise UnsupportedOpError(f"torch._foreach_{name} without a list of tensors{where_now()} is not supported by minijit")
-    lengths = {len(v) for v in lists.values()}
+    lengths = {len(v) for v in lists.values()} | ({len(scalars)} if isinstance(scalars, list) else set())
     if len(lengths) != 1:
         raise RuntimeError(f"torch._foreach_{name}: tensor lists must have the same number of tensors, got "
                            f"{sorted(lengths)}")
     n = lengths.pop()
-    per_element_kwargs = dict(kwargs)
-    scalars = None
-    if name.startswith(("addcmul", "addcdiv")):
-        # The fourth argument (or `scalars=`) is a number, one number per element, or a 1-D tensor of them.
-        if len(args) > 3 and 3 not in lists:
-            scalars = args[3]
-            args = args[:3]
-        elif "scalars" in per_element_kwargs:
-            scalars = per_element_kwargs.pop("scalars")
-            if isinstance(scalars, list | tuple):
-                scalars = _elements(scalars)
     from minijit.frontend.calls import call
 
     calls = []

@@ -71,15 +71,22 @@ class Source:
 def bind(env: dict[str, Any], value: Any, prefix: str) -> str:
     """A name for `value` in the generated source whose globals are `env`: the one it is bound to already under
     `prefix`, else a new one."""
-    # The names already bound, by (id, prefix), kept in `env` itself: a guard may bind hundreds of objects.
-    bound: dict[tuple[int, str], str] = env.setdefault("_bound_names", {})
-    name = bound.get((id(value), prefix))
-    if name is not None and env.get(name) is value:
+    # The names already bound, by `bound_key`, kept in `env` itself: a guard may bind hundreds of objects.
+    bound: dict[tuple[Any, ...], str] = env.setdefault("_bound_names", {})
+    key = bound_key(value, prefix)
+    name = bound.get(key)
+    if name is not None and (env.get(name) is value or (len(key) == 3 and env.get(name) == value)):
         return name
     name = f"{prefix}{len(env)}"
     env[name] = value
-    bound[(id(value), prefix)] = name
+    bound[key] = name
     return name
+
+
+def bound_key(value: Any, prefix: str) -> tuple[Any, ...]:
+    """How `bind` finds a value's name: an object by its id; an int (an object's id, `_id`) by its value, so that
+    an entry rebound to a new object binds the new id under the old name."""
+    return (value, prefix, int) if type(value) is int else (id(value), prefix)
 
 
 def _literal(env: dict[str, Any], key: Any) -> str:

@@ -19,6 +19,8 @@ from typing import Any
 import torch
 import torch.fx
 import torch.utils.checkpoint
+from torch.optim.optimizer import _get_value as _optimizer_get_value
+from torch.optim.optimizer import _stack_if_compiling as _optimizer_stack_if_compiling
 
 from minijit.errors import UnsupportedSyntaxError
 from minijit.frontend.frame import NULL, current_frame, current_state
@@ -561,6 +563,37 @@ def _not_dynamo(*args: Any, **kwargs: Any) -> bool:
 LOOKASIDES[torch.compiler.is_compiling] = _compiling
 LOOKASIDES[torch.compiler.is_dynamo_compiling] = _not_dynamo
 LOOKASIDES[torch._utils.is_compiling] = _compiling
+
+
+def _numbers_stay_tensors() -> bool:
+    """Whether torch.optim's step counts stay 0-dim tensors, as under torch.compile: in a trace replayed from CUDA
+    graphs, whose replays repeat the numbers they were captured with."""
+    trace = current_trace()
+    return trace is not None and trace.capture is not None and trace.capture.for_graphs
+
+
+@lookaside(_optimizer_get_value)
+def optimizer_step_value(x: Any) -> Any:
+    """torch.optim's `_get_value(step)` as eager computes it: the step count read as a Python number.
+
+    Under torch.compile it stays a 0-dim tensor, and Adam's bias corrections become eight tiny tensor ops per
+    parameter. minijit reads it (`Tensor.item()`, a number the trace computes, never a guard): the corrections
+    are then number ops, and equal eager's to the bit, as eager computes them in float64.
+    """
+    if _numbers_stay_tensors():
+        return x
+    return x.item() if isinstance(x, TensorProxy) and x.ndim == 0 else x
+
+
+@lookaside(_optimizer_stack_if_compiling)
+def optimizer_number_list(x: Any) -> Any:
+    """torch.optim's `_stack_if_compiling(values)`: the numbers `_get_value` gave, as a list as eager keeps them;
+    stacked into one tensor where they stayed tensors."""
+    if _numbers_stay_tensors():
+        from minijit.frontend.calls import call
+
+        return call(torch.stack, (x,), {})
+    return x
 
 
 def add_dynamo_lookasides() -> None:

@@ -23,7 +23,7 @@ import functools
 import math
 import types
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -301,14 +301,19 @@ def safe_name(name: str) -> str:
 
 def guard_checks(constraints: Sequence[str], values: Sequence[GuardEntry],
                  captured: Sequence[tuple[str, Source, TensorSeen | int | float]], aliasing: InputAliasing | None,
-                 input_names: Sequence[str], env: dict[str, Any], symbolic_captured: AbstractSet[str] = frozenset()
-                 ) -> list[Check]:
+                 input_names: Sequence[str], env: dict[str, Any], symbolic_captured: AbstractSet[str] = frozenset(),
+                 kept: Mapping[int, Check] | None = None) -> list[Check]:
     """The checks the key cannot make, over the trace's inputs: constraints on symbolic values, values the
     code read from outside, tensors it read from outside (fetched in the guard), and how inputs share memory.
-    A captured tensor named in `symbolic_captured` has its rank checked here, its sizes by the constraints."""
+    A captured tensor named in `symbolic_captured` has its rank checked here, its sizes by the constraints.
+    `kept`: the checks of values read, by position, that a rebound entry keeps as they are (what they read is
+    bound in `env` already)."""
     env.update(guard_names())
     checks = [Check("constraint failed", "constraint", c, True, keyed=False, explain=_constraint_failed) for c in constraints]
     for i, value in enumerate(values):
+        if kept and i in kept:
+            checks.append(kept[i])
+            continue
         # Labelled lazily: the value read may be a big object (a model's config), worded only for a miss.
         checks.append(Check("a value read from outside", "read", guard_expression(env, i, value), True, keyed=False,
                             explain=lambda now, expected, value=value: f"{value} changed", read=value))
@@ -349,7 +354,6 @@ _GONE = object()
 # --- the prologue: the checks compiled, printed, and explained --------------------------------------------
 
 
-@functools.lru_cache(maxsize=256)
 @functools.lru_cache(maxsize=256)
 def _compiled(source: str, filename: str) -> types.CodeType:
     """`source` compiled. An entry rebound to new argument objects (`runtime/rebind.py`: each `generate()`

@@ -64,15 +64,16 @@ def specialised_facts(entry: Any) -> tuple[list[GuardEntry], list[tuple[str, Sou
 
 
 def compile_prologue(entry: Any, call: tuple[list[str], list[Check]], keywords: tuple[str, ...],
-                     constraints: list[str]) -> Prologue:
+                     constraints: list[str], kept: tuple[dict[str, Any], dict[int, Check]] | None = None) -> Prologue:
     """The entry's prologue: the call's checks and the guard's (constraints, values read, captured tensors,
-    aliasing), compiled from one generated source."""
+    aliasing), compiled from one generated source. `kept`: (the environment to start from, the checks of values
+    read kept by position), where an entry is rebound (`runtime/rebind.py`)."""
     values, captured, aliases = specialised_facts(entry)
     traces = entry.traces
     names = input_names(traces[0])
-    env: dict[str, Any] = {}
+    env, kept_checks = kept if kept is not None else ({}, None)
     checks = call[1] + guard_checks(constraints, values, captured, aliases, names, env,
-                                    entry.capture.symbolic_captured)
+                                    entry.capture.symbolic_captured, kept_checks)
     reads = [(name, source.expression(env)) for name, source, _ in captured]
     own = names[: len(names) - len(captured)]
     value_guards = [c.describe() for c in entry.capture.value_checks]

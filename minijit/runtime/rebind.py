@@ -29,6 +29,7 @@ from minijit.frontend.guards import (
     NumberSlot,
     Source,
     TensorSeen,
+    bound_key,
     has_snapshot,
     is_constant,
     is_symbolic_number_value,
@@ -38,6 +39,7 @@ from minijit.ir.containers import Constant, Mapping, Registered, Sequence, Spec
 from minijit.runtime.arguments import call_checks, object_arguments
 from minijit.runtime.autocast import any_autocast_enabled, without_autocast
 from minijit.runtime.call_plan import CallPlan
+from minijit.runtime.checks import Check
 from minijit.runtime.guards import compile_prologue
 
 _DEPTH = 8
@@ -80,13 +82,45 @@ def rebind(entry: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: di
     except _Unpaired:
         return None
     copy = dataclasses.replace(entry, capture=capture, arg_objects=objects)
-    copy.prologue = compile_prologue(copy, (params, checks), tuple(kwargs), copy.constraints)
+    copy.prologue = compile_prologue(copy, (params, checks), tuple(kwargs), copy.constraints,
+                                     _kept(entry, guards, pairs))
     copy.guard = copy.prologue.guard
     if not copy.prologue.holds(args, kwargs, flat):
         return None
     computation = capture.call_plan.wrap(entry.plain)
     copy.computation = without_autocast(computation) if any_autocast_enabled() else computation
     return copy
+
+
+def _kept(entry: Any, guards: list[GuardEntry], pairs: _Pairs) -> tuple[dict[str, Any], dict[int, Check]]:
+    """What a rebound entry's prologue keeps of the old one: the checks of the values read that did not move (most
+    read the model), by position, and the old environment with each object of the old argument replaced by its
+    partner under the same name (or dropped: it must not keep a cache's tensors alive), so that the new source is
+    the old one and compiles from `_compiled`'s cache. Building a check for each of a model's thousand reads
+    again cost most of a rebind, and its garbage set off the collector."""
+    old_checks = {id(c.read): c for c in entry.prologue.checks if c.aspect == "read"}
+    kept = {i: old_checks[id(g)] for i, (g, before) in enumerate(zip(guards, entry.capture.guards, strict=True))
+            if g is before and id(g) in old_checks}
+    moved_ids = {i: id(p) for i, p in pairs.partner.items()}
+    env: dict[str, Any] = {}
+    for name, value in entry.prologue.env.items():
+        if id(value) in pairs.partner:
+            env[name] = pairs.partner[id(value)]
+        elif id(value) not in pairs.reached:
+            env[name] = type(value)(value) if name in _MUTABLE_NAMES else value
+    bound: dict[tuple[Any, ...], str] = {}
+    for key, name in entry.prologue.env.get("_bound_names", {}).items():
+        if name not in env:
+            continue
+        if len(key) == 3 and key[1] == "_id" and key[0] in moved_ids:  # the id of a moved object: its partner's
+            env[name] = moved_ids[key[0]]
+        bound[bound_key(env[name], key[1])] = name
+    env["_bound_names"] = bound
+    return env, kept
+
+
+# The containers in a prologue's environment that generating it adds to (`bind`, `guard_checks`).
+_MUTABLE_NAMES = ("_TENSOR_TYPES", "_captured_types")
 
 
 class _Unpaired(Exception):

@@ -263,3 +263,47 @@ def test_an_entry_rebound_to_new_objects_compiles_no_new_prologue() -> None:
         compiled.append(_compiled.cache_info().misses)
     assert minijit.cache_info(jitted).rebound == 4
     assert compiled[0] == compiled[1] == compiled[2]  # the later generations' rebinds compiled nothing
+
+
+def test_a_rebound_entry_keeps_nothing_of_the_old_objects_and_reuses_the_checks_of_the_rest() -> None:
+    """The rebound prologue starts from the old one's: the checks of what the function reads besides the cache stay
+    as they were built, while each object of the old cache is replaced by its partner or dropped, never kept alive
+    (its tensors would leak)."""
+    import gc
+    import weakref
+
+    from minijit.frontend import guards as frontend_guards
+
+    class Options:
+        scale, shift = 2.0, 1.0
+
+    options = Options()
+
+    def attend_scaled(x: torch.Tensor, cache: GrowingCache) -> tuple[torch.Tensor, GrowingCache]:
+        return attend(x * options.scale + options.shift, cache)
+
+    jitted = minijit.jit(attend_scaled, cache="symbolic values")
+    first = GrowingCache()
+    inputs = _generation(3, seed=0)
+    _steps(jitted, first, inputs)
+    gone = [weakref.ref(first), *(weakref.ref(layer) for layer in first.layers)]
+    built = []
+    original = frontend_guards.guard_expression
+    try:
+        frontend_guards.guard_expression = lambda *a: built.append(a[2]) or original(*a)
+        import minijit.runtime.checks as checks
+        checks.guard_expression = frontend_guards.guard_expression
+        for generation in (1, 2):
+            have_cache, want_cache = GrowingCache(), GrowingCache()
+            inputs = _generation(3, seed=generation)
+            for h, w in zip(_steps(jitted, have_cache, inputs), _steps(attend_scaled, want_cache, inputs), strict=True):
+                torch.testing.assert_close(h, w)
+    finally:
+        frontend_guards.guard_expression = checks.guard_expression = original
+    info = minijit.cache_info(jitted)
+    assert info.rebound == 4 and info.misses == 2, str(info)
+    # Only the reads of the cache were built again, not those of the options.
+    assert built and all(g.namespace is not options for g in built), [g.name for g in built]
+    del first, inputs
+    gc.collect()
+    assert [r() for r in gone] == [None] * len(gone)

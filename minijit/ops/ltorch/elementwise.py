@@ -9,7 +9,7 @@ import torch
 from minijit.errors import DeviceError, MetaError
 from minijit.ir import NumberProxy, Symbol, TensorProxy
 from minijit.ir.context import where_now
-from minijit.ir.proxies import rule_compare
+from minijit.ir.proxies import data_dependent, rule_compare
 from minijit.ops import prims
 from minijit.ops.registry import ALL_LTORCH, ltorch_op
 from minijit.ops.utils import (
@@ -157,8 +157,8 @@ def scaled(x: Any, factor: Any) -> Any:
                             f"{where_now()}")
         like = x.dtype if isinstance(x, TensorProxy) else factor.dtype
         return mul(x, to_dtype(factor, like))
-    if factor is None or rule_compare(factor, "==", 1):
-        return x
+    if factor is None or (not data_dependent(factor) and rule_compare(factor, "==", 1)):
+        return x  # (a factor the trace computes is multiplied by: exact at 1, and no trace per value)
     if _is_int(x) and _is_int(factor) and (isinstance(x, NumberProxy) or _exact_in_float32(x * factor)):
         return x * factor  # exact in every dtype eager might compute it in (a symbolic one: at its usual sizes)
     return mul(x, factor)
