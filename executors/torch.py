@@ -27,7 +27,6 @@ from minijit.extend import (
     prims,
     register_executor,
 )
-from minijit.ir.proxies import NUMBER_METHODS
 
 
 class TorchExecutor(OperatorExecutor):
@@ -428,7 +427,7 @@ def _sdpa_flash_backward(grad_out: torch.Tensor, query: torch.Tensor, key: torch
 _PRIM_IMPLS[prims.sdpa_flash] = _sdpa_flash
 _PRIM_IMPLS[prims.sdpa_flash_backward] = _sdpa_flash_backward
 _PRIM_IMPLS.update(aten_prim_implementations())  # convolution, pooling, batch norm, ...: one aten call each
-_PRIM_IMPLS.update({NUMBER_METHODS[op]: fn for op, (_, fn) in prims.NUMBER_OPS.items()})
+_PRIM_IMPLS.update({prims.NUMBER_PRIMS[op]: fn for op, (_, fn) in prims.NUMBER_OPS.items()})
 # The other prims run as the torch function they are named after (`prims.exp` as `torch.exp`).
 _PRIM_IMPLS.update({sym: getattr(torch, sym.name) for sym in prims.ALL_PRIMS.values()
                     if sym not in _PRIM_IMPLS and hasattr(torch, sym.name)})

@@ -39,7 +39,7 @@ from typing import Any
 
 from minijit.errors import MinijitError
 from minijit.ir import BoundSymbol, Effects, Proxy, Symbol, Tag, TensorProxy, Trace, check_table, current_trace, tracing
-from minijit.ops import prims
+from minijit.ops import cuda_attention, prims
 from minijit.ops.aten_prims import aten_prim_implementations
 from minijit.ops.opaque import OPAQUE
 from minijit.ops.registry import ALL_LTORCH, eager_implementations, ltorch_symbol_for
@@ -50,9 +50,9 @@ from minijit.transforms.vjp.registry import check_rule_signature
 __all__ = [
     "OPAQUE", "BoundSymbol", "Effects", "Executor", "ExecutorUnavailableError", "FusionExecutor", "Implementation",
     "MinijitError", "OperatorExecutor", "Proxy", "Region", "Symbol", "Tag", "TensorProxy", "add_default_executor",
-    "aten_prim_implementations", "check_table", "get_default_executors", "get_executor", "ltorch_eager_implementations", "prims",
-    "register_executor",
-    "remove_default_executor", "resolve_executors", "resolve_symbol",
+    "aten_prim_implementations", "check_table", "cuda_attention", "get_default_executors", "get_executor",
+    "ltorch_eager_implementations", "prims", "register_executor", "remove_default_executor", "resolve_executors",
+    "resolve_symbol",
 ]
 
 

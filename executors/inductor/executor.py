@@ -36,9 +36,7 @@ from typing import Any
 import torch
 
 from executors.inductor.codegen import NotFusible, RegionSource, make_function, region_source
-from minijit.extend import BoundSymbol, FusionExecutor, Proxy, Region, TensorProxy, prims
-from minijit.ir.proxies import NUMBER_METHODS
-from minijit.ops import cuda_attention
+from minijit.extend import BoundSymbol, FusionExecutor, Proxy, Region, TensorProxy, cuda_attention, prims
 
 # Prims left to other executors: ones that return Python values (shape and the number
 # prims), real tensors captured into the trace (a cache keyed by source must not bake one in),
@@ -46,7 +44,7 @@ from minijit.ops import cuda_attention
 # the torch executor, which draws as eager does.
 EXCLUDED = frozenset({prims.shape, prims.tensor_constant, prims.device_put, prims.sdpa_flash, prims.sdpa_flash_backward,
                       cuda_attention.sdpa_cuda, cuda_attention.sdpa_cuda_backward,
-                      *(NUMBER_METHODS[op] for op in prims.NUMBER_OPS)})
+                      *prims.NUMBER_PRIMS.values()})
 _PRIMS = frozenset(prims.ALL_PRIMS.values())
 # Devices Inductor generates code for.
 DEVICES = {"cpu", "cuda"}

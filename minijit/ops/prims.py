@@ -870,5 +870,6 @@ def _number_meta(op: str) -> Callable[..., Any]:
     return meta
 
 
-for _op in NUMBER_OPS:
-    NUMBER_METHODS[_op] = _prim(f"num_{_op}", _number_meta(_op))
+# `prims.num_add`, ...: by the key of NUMBER_OPS, also the methods of number proxies.
+NUMBER_PRIMS = {op: _prim(f"num_{op}", _number_meta(op)) for op in NUMBER_OPS}
+NUMBER_METHODS.update(NUMBER_PRIMS)
