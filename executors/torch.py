@@ -20,6 +20,7 @@ from minijit.extend import (
     Implementation,
     OperatorExecutor,
     Symbol,
+    Tag,
     TensorProxy,
     aten_prim_implementations,
     check_table,
@@ -107,9 +108,10 @@ class _IdSet:
         return id(x) in self.ids
 
 
-_NO_OUT = {"isfinite", "isnan", "isinf", "real", "imag"}
-_POINTWISE_OUT = {getattr(torch, n) for n in (*prims.UNARY, *prims.BINARY, *prims.TERNARY)
-                  if hasattr(torch, n) and n not in _NO_OUT}
+_NO_OUT = {prims.isfinite, prims.isnan, prims.isinf, prims.real, prims.imag}
+# The torch functions the elementwise prims are named after, which take `out=`.
+_POINTWISE_OUT = {getattr(torch, s.name) for s in prims.ALL_PRIMS.values()
+                  if Tag.ELEMENTWISE in s.tags and s not in _NO_OUT and hasattr(torch, s.name)}
 _POINTWISE_OUT |= {torch.clamp, torch.clip, torch.addcmul, torch.addcdiv, torch.sigmoid, torch.square}
 _OUT_NOT_POINTWISE = {torch.matmul, torch.mm, torch.bmm, torch.cat}
 
