@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -21,8 +21,10 @@ from minijit.extend import (
     NumberProxy,
     OperatorExecutor,
     Symbol,
+    Tag,
     TensorProxy,
     aten_prim_implementations,
+    check_table,
     ltorch_eager_implementations,
     prims,
     register_executor,
@@ -34,8 +36,8 @@ class TorchExecutor(OperatorExecutor):
 
     def __init__(self) -> None:
         super().__init__("torch", version=torch.__version__)
-        self._inplace_symbols: dict[str, Symbol] = {}
-        self._out_symbols: dict[str, Symbol] = {}
+        self._inplace_symbols: dict[Symbol, Symbol] = {}
+        self._out_symbols: dict[Symbol, Symbol] = {}
 
     def implementation_for(self, bsym: BoundSymbol) -> Implementation | None:
         """Also opaque torch ops (symbols tagged OPAQUE): each runs as the torch callable it is."""
@@ -46,7 +48,7 @@ class TorchExecutor(OperatorExecutor):
 
     def executable_symbol(self, sym: Symbol) -> Symbol:
         """An opaque torch op stays the torch call it is (`torch.xlogy(a, b)`) in final traces."""
-        if OPAQUE in sym.tags and sym.id not in self.implementations:
+        if OPAQUE in sym.tags and sym not in self.implementations:
             return sym
         return super().executable_symbol(sym)
 
@@ -76,20 +78,20 @@ class TorchExecutor(OperatorExecutor):
 
     def _out_symbol(self, sym: Symbol) -> Symbol:
         """`sym` called with `out=`: the same call, which also writes its `out` argument."""
-        exe = self._out_symbols.get(sym.id)
+        exe = self._out_symbols.get(sym)
         if exe is None:
             exe = Symbol(sym.name, sym.meta, namespace=sym.namespace, is_prim=True, tags=sym.tags, fn=sym.fn,
                          effects=dataclasses.replace(sym.effects, writes=(*sym.effects.writes, "out"), unread=("out",),
                                                      result_into="out"))
-            self._out_symbols[sym.id] = exe
+            self._out_symbols[sym] = exe
         return exe
 
     def _inplace_symbol(self, sym: Symbol, method: Any) -> Symbol:
-        exe = self._inplace_symbols.get(sym.id)
+        exe = self._inplace_symbols.get(sym)
         if exe is None:
             exe = Symbol(f"{sym.name}_", None, namespace=self.namespace, is_prim=True, tags=sym.tags,
                          effects=Effects(writes=(0,)), fn=method)
-            self._inplace_symbols[sym.id] = exe
+            self._inplace_symbols[sym] = exe
         return exe
 
 
@@ -107,9 +109,10 @@ class _IdSet:
         return id(x) in self.ids
 
 
-_NO_OUT = {"isfinite", "isnan", "isinf", "real", "imag"}
-_POINTWISE_OUT = {getattr(torch, n) for n in (*prims.UNARY, *prims.BINARY, *prims.TERNARY)
-                  if hasattr(torch, n) and n not in _NO_OUT}
+_NO_OUT = {prims.isfinite, prims.isnan, prims.isinf, prims.real, prims.imag}
+# The torch functions the elementwise prims are named after, which take `out=`.
+_POINTWISE_OUT = {getattr(torch, s.name) for s in prims.ALL_PRIMS.values()
+                  if Tag.ELEMENTWISE in s.tags and s not in _NO_OUT and hasattr(torch, s.name)}
 _POINTWISE_OUT |= {torch.clamp, torch.clip, torch.addcmul, torch.addcdiv, torch.sigmoid, torch.square}
 _OUT_NOT_POINTWISE = {torch.matmul, torch.mm, torch.bmm, torch.cat}
 
@@ -280,15 +283,15 @@ def _set_rng_state(state: torch.Tensor, device: torch.device) -> None:
 
 
 _RANDOM_IMPLS = {
-    "uniform": _uniform, "normal": _normal, "random_integers": _random_integers, "bernoulli": _bernoulli,
-    "exponential": _exponential,
-    "randperm": lambda n, *, dtype, device, generator=None: torch.randperm(n, dtype=dtype, device=device,
-                                                                             generator=generator),
-    "multinomial": torch.multinomial, "manual_seed": _manual_seed,
-    "seed": torch.seed, "initial_seed": torch.initial_seed, "get_rng_state": _get_rng_state,
-    "set_rng_state": _set_rng_state,
-    "native_dropout": lambda x, p: tuple(torch.native_dropout(x, p, True)),
-    "native_dropout_backward": torch.ops.aten.native_dropout_backward,
+    prims.uniform: _uniform, prims.normal: _normal, prims.random_integers: _random_integers,
+    prims.bernoulli: _bernoulli, prims.exponential: _exponential,
+    prims.randperm: lambda n, *, dtype, device, generator=None: torch.randperm(n, dtype=dtype, device=device,
+                                                                                  generator=generator),
+    prims.multinomial: torch.multinomial, prims.manual_seed: _manual_seed,
+    prims.seed: torch.seed, prims.initial_seed: torch.initial_seed, prims.get_rng_state: _get_rng_state,
+    prims.set_rng_state: _set_rng_state,
+    prims.native_dropout: lambda x, p: tuple(torch.native_dropout(x, p, True)),
+    prims.native_dropout_backward: torch.ops.aten.native_dropout_backward,
 }
 
 
@@ -370,49 +373,39 @@ _ALLOCATING = {_sum, _prod, _amax, _amin, torch.argmax, torch.argmin, torch.sum,
                torch.amin, torch.cumsum, torch.cumprod, torch.softmax, torch.log_softmax, _F.softmax, _F.log_softmax,
                _F.linear, _F.layer_norm, _F.scaled_dot_product_attention}
 
-_PRIM_IMPLS: dict[str, Any] = {
+_PRIM_IMPLS: dict[Symbol, Any] = {
     # copy=True: a same-dtype conversion is how ltorch.clone makes a new tensor.
-    "convert_element_type": lambda x, dtype: x.to(dtype, copy=True),
-    "device_put": lambda x, device: x.to(device),
-    "cumsum": torch.cumsum,
-    "topk": lambda x, k, dim, largest, is_sorted: tuple(torch.topk(x, k, dim, largest, is_sorted)),
-    "sort": lambda x, dim, descending, stable: tuple(torch.sort(x, dim=dim, descending=descending, stable=stable)),
-    "broadcast_in_dim": _broadcast_in_dim,
-    "reshape": torch.reshape,
-    "transpose": torch.permute,
-    "slice": _slice,
-    "squeeze": torch.squeeze,
-    "cat": torch.cat,
-    "shape": lambda x: tuple(x.shape),
-    "sum": _sum,
-    "prod": _prod,
-    "amax": _amax,
-    "amin": _amin,
-    "argmax": torch.argmax,
-    "argmin": torch.argmin,
-    "var_mean": _var_mean,
-    "matmul": torch.matmul,
-    "full": _full,
-    "iota": _iota,
+    prims.convert_element_type: lambda x, dtype: x.to(dtype, copy=True),
+    prims.device_put: lambda x, device: x.to(device),
+    prims.topk: lambda x, k, dim, largest, is_sorted: tuple(torch.topk(x, k, dim, largest, is_sorted)),
+    prims.sort: lambda x, dim, descending, stable: tuple(torch.sort(x, dim=dim, descending=descending, stable=stable)),
+    prims.broadcast_in_dim: _broadcast_in_dim,
+    prims.transpose: torch.permute,
+    prims.slice_prim: _slice,
+    prims.shape: lambda x: tuple(x.shape),
+    prims.sum: _sum,
+    prims.prod: _prod,
+    prims.amax: _amax,
+    prims.amin: _amin,
+    prims.var_mean: _var_mean,
+    prims.full: _full,
+    prims.iota: _iota,
     **_RANDOM_IMPLS,
-    "take": _take,
-    "take_along_axis": lambda x, index, dim: torch.gather(x, dim, index),
-    "index_add": _index_add,
-    "index_copy": _index_copy,
-    "scatter_add": _scatter_add,
-    "slice_scatter": _slice_scatter,
-    "clone": torch.clone,
-    "tensor_constant": lambda value: value,
-    "copy_": _copy_,
-    "copy_to_out_": _copy_to_out_,
-    "where": torch.where,
-    "maximum": _maximum,
-    "minimum": _minimum,
-    **{name: _scalars_as_tensors(getattr(torch, name))
-       for name in ("fmod", "atan2", "copysign", "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or",
-                    "logical_xor")},
-    "lerp": torch.lerp,
-    "no_grad_update": lambda old, new: new,
+    prims.take: _take,
+    prims.take_along_axis: lambda x, index, dim: torch.gather(x, dim, index),
+    prims.index_add: _index_add,
+    prims.index_copy: _index_copy,
+    prims.scatter_add: _scatter_add,
+    prims.slice_scatter: _slice_scatter,
+    prims.tensor_constant: lambda value: value,
+    prims.copy_: _copy_,
+    prims.copy_to_out_: _copy_to_out_,
+    prims.maximum: _maximum,
+    prims.minimum: _minimum,
+    **{sym: _scalars_as_tensors(getattr(torch, sym.name))
+       for sym in (prims.fmod, prims.atan2, prims.copysign, prims.eq, prims.ne, prims.lt, prims.le, prims.gt, prims.ge,
+                   prims.logical_and, prims.logical_or, prims.logical_xor)},
+    prims.no_grad_update: lambda old, new: new,
 }
 
 def _sdpa_flash(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Any, is_causal: bool,
@@ -428,21 +421,27 @@ def _sdpa_flash_backward(grad_out: torch.Tensor, query: torch.Tensor, key: torch
         grad_out, query, key, value, out, logsumexp, 0.0, is_causal, attn_mask=attn_mask, scale=scale))
 
 
-_PRIM_IMPLS["sdpa_flash"] = _sdpa_flash
-_PRIM_IMPLS["sdpa_flash_backward"] = _sdpa_flash_backward
+_PRIM_IMPLS[prims.sdpa_flash] = _sdpa_flash
+_PRIM_IMPLS[prims.sdpa_flash_backward] = _sdpa_flash_backward
 _PRIM_IMPLS.update(aten_prim_implementations())  # convolution, pooling, batch norm, ...: one aten call each
+_PRIM_IMPLS.update({prims.NUMBER_PRIMS[op]: fn for op, (_, fn) in prims.NUMBER_OPS.items()})
+# The other prims run as the torch function they are named after (`prims.exp` as `torch.exp`).
+_PRIM_IMPLS.update({sym: getattr(torch, sym.name) for sym in prims.ALL_PRIMS.values()
+                    if sym not in _PRIM_IMPLS and hasattr(torch, sym.name)})
 
-for _op, (_, _fn) in prims.NUMBER_OPS.items():
-    _PRIM_IMPLS[f"num_{_op}"] = _fn
 
-for _name, _sym in prims.ALL_PRIMS.items():
-    _impl = _PRIM_IMPLS.get(_name) or getattr(torch, _name, None)
-    if _impl is None:
-        raise RuntimeError(f"the torch executor has no implementation of prims.{_name}")
+def check_implementations(prim_symbols: Iterable[Symbol] | None = None) -> None:
+    """Raise a MinijitError naming each prim (of `prim_symbols`, by default every one) the torch executor cannot run."""
+    check_table(_PRIM_IMPLS, prims.ALL_PRIMS.values() if prim_symbols is None else prim_symbols, lambda s: True,
+                "torch implementation (executors/torch.py _PRIM_IMPLS)")
+
+
+check_implementations()
+
+for _sym in prims.ALL_PRIMS.values():
+    ex.register_implementation(_sym, _PRIM_IMPLS[_sym])
+for _sym, _impl in ltorch_eager_implementations().items():
     ex.register_implementation(_sym, _impl)
-
-for _name, _impl in ltorch_eager_implementations().items():
-    ex.register_implementation(_name, _impl)
 
 register_executor(ex, default=True)
 torch_executor = ex

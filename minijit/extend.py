@@ -38,21 +38,33 @@ from dataclasses import dataclass
 from typing import Any
 
 from minijit.errors import MinijitError
-from minijit.ir import BoundSymbol, Effects, NumberProxy, Proxy, Symbol, TensorProxy, Trace, current_trace, tracing
-from minijit.ops import prims
+from minijit.ir import (
+    BoundSymbol,
+    Effects,
+    NumberProxy,
+    Proxy,
+    Symbol,
+    Tag,
+    TensorProxy,
+    Trace,
+    check_table,
+    current_trace,
+    tracing,
+)
+from minijit.ops import cuda_attention, prims
 from minijit.ops.aten_prims import aten_prim_implementations
 from minijit.ops.opaque import OPAQUE
-from minijit.ops.registry import ALL_LTORCH, eager_impls_by_name, ltorch_symbol_for
+from minijit.ops.registry import ALL_LTORCH, eager_implementations, ltorch_symbol_for
 from minijit.transforms.fusion import Region
 from minijit.transforms.vjp import VjpRule, add_rule
 from minijit.transforms.vjp.registry import check_rule_signature
 
 __all__ = [
     "OPAQUE", "BoundSymbol", "Effects", "Executor", "ExecutorUnavailableError", "FusionExecutor", "Implementation",
-    "MinijitError", "NumberProxy", "OperatorExecutor", "Proxy", "Region", "Symbol", "TensorProxy", "add_default_executor",
-    "aten_prim_implementations", "get_default_executors", "get_executor", "ltorch_eager_implementations", "prims",
-    "register_executor",
-    "remove_default_executor", "resolve_executors", "resolve_symbol",
+    "MinijitError", "NumberProxy", "OperatorExecutor", "Proxy", "Region", "Symbol", "Tag", "TensorProxy",
+    "add_default_executor", "aten_prim_implementations", "check_table", "cuda_attention", "get_default_executors",
+    "get_executor", "ltorch_eager_implementations", "prims", "register_executor", "remove_default_executor",
+    "resolve_executors", "resolve_symbol",
 ]
 
 
@@ -60,9 +72,9 @@ class ExecutorUnavailableError(MinijitError):
     """An executor the user asked for cannot run in this process (missing package, no GPU)."""
 
 
-def ltorch_eager_implementations() -> dict[str, Callable[..., Any]]:
-    """ltorch op name -> the torch callable that runs it with the op's own signature."""
-    return eager_impls_by_name()
+def ltorch_eager_implementations() -> dict[Symbol, Callable[..., Any]]:
+    """ltorch op -> the torch callable that runs it with the op's own signature."""
+    return eager_implementations()
 
 
 @dataclass
@@ -177,11 +189,11 @@ class OperatorExecutor(Executor):
 
     def __init__(self, name: str, version: str | None = None):
         super().__init__(name, version)
-        self.implementations: dict[str, Implementation] = {}
-        self._impl_symbols: dict[str, Symbol] = {}
+        self.implementations: dict[Symbol, Implementation] = {}
+        self._impl_symbols: dict[Symbol, Symbol] = {}
         self.operators: dict[str, Symbol] = {}
-        # symbol id -> this executor's VJP rule for the calls it claims (`grad_transform=`).
-        self._grad_rules: dict[str, VjpRule] = {}
+        # symbol -> this executor's VJP rule for the calls it claims (`grad_transform=`).
+        self._grad_rules: dict[Symbol, VjpRule] = {}
 
     def register_implementation(self, sym_or_fn: Any, fn: Callable[..., Any] | None = None, *,
                                 checker: Callable[..., bool] | None = None,
@@ -213,11 +225,11 @@ class OperatorExecutor(Executor):
             forward, backward = grad_transform
             rule = VjpRule(sym, forward, backward)
             check_rule_signature(rule, f"the grad_transform of executor {self.name}")
-            self._grad_rules[sym.id] = rule
+            self._grad_rules[sym] = rule
         else:
-            self._grad_rules.pop(sym.id, None)
-        self.implementations[sym.id] = Implementation(fn, checker, execution_transform, grad_transform)
-        self._impl_symbols.pop(sym.id, None)
+            self._grad_rules.pop(sym, None)
+        self.implementations[sym] = Implementation(fn, checker, execution_transform, grad_transform)
+        self._impl_symbols.pop(sym, None)
 
     def register_operator(self, name: str, *, like: Any = None, meta: Callable[..., Any] | None = None,
                           fn: Callable[..., Any],
@@ -249,7 +261,7 @@ class OperatorExecutor(Executor):
                 sym_like = ltorch_symbol_for(like)
                 meta = _meta_like(sym_like) if sym_like is not None else _meta_like(Symbol(name, like, namespace="like"))
         sym = Symbol(name, meta, namespace=self.namespace, is_prim=True, fn=fn)
-        self.implementations[sym.id] = Implementation(fn, grad_transform=grad_transform)
+        self.implementations[sym] = Implementation(fn, grad_transform=grad_transform)
         self.operators[name] = sym
         if grad_transform is not None:
             # The operator is a symbol of its own: its rule is the symbol's, for every executor.
@@ -258,7 +270,7 @@ class OperatorExecutor(Executor):
 
     def implementation_for(self, bsym: BoundSymbol) -> Implementation | None:
         """The implementation that runs this call, or None if the executor does not claim it."""
-        impl = self.implementations.get(bsym.sym.id)
+        impl = self.implementations.get(bsym.sym)
         if impl is None:
             return None
         if impl.checker is not None and not impl.checker(*bsym.args, **bsym.kwargs):
@@ -267,13 +279,13 @@ class OperatorExecutor(Executor):
 
     def grad_rule_for(self, bsym: BoundSymbol) -> VjpRule | None:
         """The `grad_transform` given with this call's implementation, as a VJP rule; None: the symbol's own rule."""
-        return self._grad_rules.get(bsym.sym.id)
+        return self._grad_rules.get(bsym.sym)
 
     def executable_symbol(self, sym: Symbol) -> Symbol:
         """The symbol printed in final traces for `sym` run by this executor (`<name>.<op>`)."""
-        exe = self._impl_symbols.get(sym.id)
+        exe = self._impl_symbols.get(sym)
         if exe is None:
-            impl = self.implementations[sym.id]
+            impl = self.implementations[sym]
             # A prim and an ltorch op may share a name (transpose, reshape) and a trace both;
             # the printed trace calls them through one namespace, so the prim gets a prefix.
             name = f"prims_{sym.name}" if sym.namespace == "prims" and sym.name in ALL_LTORCH else sym.name
@@ -281,7 +293,7 @@ class OperatorExecutor(Executor):
                 name = impl.fn.name  # an operator of this executor runs it: the trace shows the operator
             exe = Symbol(name, sym.meta, namespace=self.namespace, is_prim=True, tags=sym.tags, fn=impl.fn,
                          effects=sym.effects)
-            self._impl_symbols[sym.id] = exe
+            self._impl_symbols[sym] = exe
         return exe
 
 
@@ -299,7 +311,7 @@ class FusionExecutor(Executor):
 
         class MyFuser(FusionExecutor):
             def fusible(self, bsym):
-                return bsym.sym.id in ("prims.add", "prims.mul")
+                return bsym.sym in (prims.add, prims.mul)
 
             def fuse(self, region):
                 return my_compile(region)   # a callable: region inputs -> region outputs

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from minijit.errors import MinijitError
-from minijit.extend import OperatorExecutor, get_executor
+from minijit.extend import OperatorExecutor, get_executor, prims
 from minijit.ir import TensorProxy, Trace, tracing, tree_iter, tree_map
 from minijit.runtime import trace_callable
 from minijit.transforms import claim_executors, dce
@@ -22,9 +22,10 @@ def prims_only_executor() -> OperatorExecutor:
     global _prims_only
     if _prims_only is None:
         _prims_only = OperatorExecutor("primsonly")
-        for sym_id, impl in get_executor("torch").implementations.items():
-            if sym_id.startswith("prims."):
-                _prims_only.implementations[sym_id] = impl
+        all_prims = set(prims.ALL_PRIMS.values())
+        for sym, impl in get_executor("torch").implementations.items():
+            if sym in all_prims:
+                _prims_only.implementations[sym] = impl
     return _prims_only
 
 

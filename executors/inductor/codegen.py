@@ -95,7 +95,7 @@ class _Writer:
 
 
 def _implementation(bsym: BoundSymbol) -> Callable[..., Any]:
-    impl = get_executor("torch").implementations.get(bsym.sym.id)
+    impl = get_executor("torch").implementations.get(bsym.sym)
     if impl is None or impl.fn is None:
         raise NotFusible(f"the torch executor has no implementation of {bsym.sym.id}")
     return impl.fn

@@ -36,14 +36,16 @@ from typing import Any
 import torch
 
 from executors.inductor.codegen import NotFusible, RegionSource, make_function, region_source
-from minijit.extend import BoundSymbol, FusionExecutor, Proxy, Region, TensorProxy, prims
+from minijit.extend import BoundSymbol, FusionExecutor, Proxy, Region, TensorProxy, cuda_attention, prims
 
 # Prims left to other executors: ones that return Python values (shape and the number
 # prims), real tensors captured into the trace (a cache keyed by source must not bake one in),
 # and device moves. Random prims never reach `fusible`: FusionExecutor.claims keeps them with
 # the torch executor, which draws as eager does.
-EXCLUDED = {"shape", "tensor_constant", "device_put", "sdpa_flash", "sdpa_flash_backward", "sdpa_cuda", "sdpa_cuda_backward",
-            *(f"num_{op}" for op in prims.NUMBER_OPS)}
+EXCLUDED = frozenset({prims.shape, prims.tensor_constant, prims.device_put, prims.sdpa_flash, prims.sdpa_flash_backward,
+                      cuda_attention.sdpa_cuda, cuda_attention.sdpa_cuda_backward,
+                      *prims.NUMBER_PRIMS.values()})
+_PRIMS = frozenset(prims.ALL_PRIMS.values())
 # Devices Inductor generates code for.
 DEVICES = {"cpu", "cuda"}
 
@@ -160,9 +162,9 @@ class InductorExecutor(FusionExecutor):
     def fusible(self, bsym: BoundSymbol) -> bool:
         """Prims on tensors of a device Inductor compiles for, with no symbolic-number arguments."""
         sym = bsym.sym
-        if sym.namespace != "prims" or sym.name in EXCLUDED:
+        if sym not in _PRIMS or sym in EXCLUDED:
             return False
-        if sym.name == "matmul" and not self.fuse_matmul:
+        if sym is prims.matmul and not self.fuse_matmul:
             return False
         if sym.effects.copies and not self.fuse_copies_to_out:
             return False

@@ -9,13 +9,13 @@ writes the value into the input's memory.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from minijit.extend import BoundSymbol, Region, TensorProxy
+from minijit.extend import BoundSymbol, Region, Symbol, Tag, TensorProxy, check_table, prims
 
 NARROW = (torch.float16, torch.bfloat16)
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -25,29 +25,43 @@ _DATATYPE = {
     torch.int32: "Int32", torch.int64: "Int", torch.bool: "Bool",
 }
 
-# prim name -> (fd.ops name, dtype kinds it accepts: f(loat), i(nt), b(ool))
-ELEMENTWISE: dict[str, tuple[str, str]] = {
-    **{n: (n, "f") for n in (
-        "exp", "exp2", "expm1", "log", "log1p", "log2", "log10", "sin", "cos", "tan", "asin", "acos", "atan",
-        "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "sqrt", "rsqrt", "reciprocal", "erf", "erfc", "erfinv",
-        "lgamma", "floor", "ceil", "round", "trunc", "sign", "div", "pow", "atan2", "fmod", "remainder",
-        "isnan", "isinf", "isfinite", "lerp")},
-    **{n: (n, "fi") for n in ("add", "sub", "mul", "neg", "abs", "maximum", "minimum", "lt", "le", "gt", "ge")},
-    **{n: (n, "fib") for n in ("eq", "ne", "where")},
-    **{n: (n, "ib") for n in ("bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not")},
-    **{n: (n, "b") for n in ("logical_and", "logical_or", "logical_not")},
+# prim -> (fd.ops name, dtype kinds it accepts: f(loat), i(nt), b(ool)); nvFuser names its ops as the prims are named.
+ELEMENTWISE: dict[Symbol, tuple[str, str]] = {
+    **{sym: (sym.name, "f") for sym in (
+        prims.exp, prims.exp2, prims.expm1, prims.log, prims.log1p, prims.log2, prims.log10, prims.sin, prims.cos,
+        prims.tan, prims.asin, prims.acos, prims.atan, prims.sinh, prims.cosh, prims.tanh, prims.asinh, prims.acosh,
+        prims.atanh, prims.sqrt, prims.rsqrt, prims.reciprocal, prims.erf, prims.erfc, prims.erfinv, prims.lgamma,
+        prims.floor, prims.ceil, prims.round, prims.trunc, prims.sign, prims.div, prims.pow, prims.atan2, prims.fmod,
+        prims.remainder, prims.isnan, prims.isinf, prims.isfinite, prims.lerp)},
+    **{sym: (sym.name, "fi") for sym in (prims.add, prims.sub, prims.mul, prims.neg, prims.abs, prims.maximum,
+                                         prims.minimum, prims.lt, prims.le, prims.gt, prims.ge)},
+    **{sym: (sym.name, "fib") for sym in (prims.eq, prims.ne, prims.where)},
+    **{sym: (sym.name, "ib") for sym in (prims.bitwise_and, prims.bitwise_or, prims.bitwise_xor, prims.bitwise_not)},
+    **{sym: (sym.name, "b") for sym in (prims.logical_and, prims.logical_or, prims.logical_not)},
 }
-# Elementwise prims nvFuser is not given, and why (tests/executors/test_lowering_coverage.py: every elementwise
-# prim is in ELEMENTWISE or here).
-NOT_FUSED: dict[str, str] = {
-    **{n: "no nvFuser op of the same definition mapped yet" for n in (
-        "digamma", "signbit", "floor_divide", "copysign", "bitwise_left_shift", "bitwise_right_shift", "logical_xor")},
-    **{n: "views of complex tensors: not a computation" for n in ("real", "imag")},
+# Elementwise prims nvFuser is not given, and why: every elementwise prim is in ELEMENTWISE or here (checked below).
+NOT_FUSED: dict[Symbol, str] = {
+    **{sym: "no nvFuser op of the same definition mapped yet" for sym in (
+        prims.digamma, prims.signbit, prims.floor_divide, prims.copysign, prims.bitwise_left_shift,
+        prims.bitwise_right_shift, prims.logical_xor)},
+    **{sym: "views of complex tensors: not a computation" for sym in (prims.real, prims.imag)},
 }
-REDUCTIONS = {"sum": "sum", "amax": "max", "amin": "min", "prod": "prod"}
-SHAPE_OPS = ("broadcast_in_dim", "reshape", "transpose", "squeeze")
-OTHER = ("convert_element_type", "var_mean", "full")
-SUPPORTED = (*ELEMENTWISE, *REDUCTIONS, *SHAPE_OPS, *OTHER)  # and every copy prim (`Effects.copies`)
+# prim -> the fd.ops reduction
+REDUCTIONS: dict[Symbol, str] = {prims.sum: "sum", prims.amax: "max", prims.amin: "min", prims.prod: "prod"}
+SHAPE_OPS = (prims.broadcast_in_dim, prims.reshape, prims.transpose, prims.squeeze)
+OTHER = (prims.convert_element_type, prims.var_mean, prims.full)
+SUPPORTED = frozenset({*ELEMENTWISE, *REDUCTIONS, *SHAPE_OPS, *OTHER})  # and every copy prim (`Effects.copies`)
+_PRIMS = frozenset(prims.ALL_PRIMS.values())
+
+
+def check_lowerings(prim_symbols: Iterable[Symbol] | None = None) -> None:
+    """Raise a MinijitError naming each elementwise prim (of `prim_symbols`, by default every one) without an
+    nvFuser op in ELEMENTWISE or a reason in NOT_FUSED."""
+    check_table({**ELEMENTWISE, **NOT_FUSED}, prims.ALL_PRIMS.values() if prim_symbols is None else prim_symbols,
+                lambda s: Tag.ELEMENTWISE in s.tags, "nvFuser op or reason (nvfuser/translate.py ELEMENTWISE, NOT_FUSED)")
+
+
+check_lowerings()
 
 
 def kind(dtype: torch.dtype) -> str:
@@ -127,10 +141,10 @@ def define_region(nv: Any, fd: Any, region: Region, metas: Sequence[InputMeta | 
     copies: dict[int, Any] = {}
     index = {p.name: i for i, p in enumerate(region.inputs)}
     for bsym in region.members:
-        name = bsym.sym.name
+        sym = bsym.sym
         args = bsym.args
         out = bsym.output
-        if bsym.sym.effects.copies:
+        if sym.effects.copies:
             src, (dst,) = bsym.copied_value(), bsym.written()
             v = env[src.name][0]
             if dst.name in index:
@@ -139,40 +153,41 @@ def define_region(nv: Any, fd: Any, region: Region, metas: Sequence[InputMeta | 
                 copies[index[dst.name]] = v
             env[dst.name] = (env[src.name][0], dst.dtype)
             continue
-        if name in ELEMENTWISE:
-            result = getattr(fd.ops, ELEMENTWISE[name][0])(*[value(a) for a in args])
-        elif name == "convert_element_type":
+        if sym in ELEMENTWISE:
+            result = getattr(fd.ops, ELEMENTWISE[sym][0])(*[value(a) for a in args])
+        elif sym is prims.convert_element_type:
             x = value(args[0])
             if out.dtype in NARROW:
                 # Round to the narrow dtype, as the cast does, and keep computing in float.
                 result = fd.ops.cast(fd.ops.cast(x, dtype=datatype(nv, out.dtype)), dtype=nv.DataType.Float)
             else:
                 result = fd.ops.cast(x, dtype=datatype(nv, out.dtype))
-        elif name == "broadcast_in_dim":
+        elif sym is prims.broadcast_in_dim:
             result = fd.ops.broadcast_in_dim(value(args[0]), shape=list(args[1]), broadcast_dims=list(args[2]))
-        elif name == "reshape":
+        elif sym is prims.reshape:
             result = fd.ops.reshape(value(args[0]), new_shape=list(args[1]))
-        elif name == "transpose":
+        elif sym is prims.transpose:
             result = fd.ops.permute(value(args[0]), dims=list(args[1]))
-        elif name == "squeeze":
+        elif sym is prims.squeeze:
             result = fd.ops.squeeze(value(args[0]), dims=[d % args[0].ndim for d in args[1]])
-        elif name in REDUCTIONS:
+        elif sym in REDUCTIONS:
             dims = [d % max(args[0].ndim, 1) for d in args[1]]
-            op = getattr(fd.ops, REDUCTIONS[name])
-            result = op(value(args[0]), dims=dims, keepdim=False, dtype=compute(out.dtype)) if name in ("sum", "prod") \
+            op = getattr(fd.ops, REDUCTIONS[sym])
+            result = op(value(args[0]), dims=dims, keepdim=False, dtype=compute(out.dtype)) \
+                if sym in (prims.sum, prims.prod) \
                 else op(value(args[0]), dims=dims, keepdim=False)
-        elif name == "var_mean":
+        elif sym is prims.var_mean:
             x, dims, correction = args
             var, mean = fd.ops.var_mean(value(x), dims=[d % x.ndim for d in dims], correction=correction, keepdim=False)
             env[out[0].name] = (var, out[0].dtype)
             env[out[1].name] = (mean, out[1].dtype)
             continue
-        elif name == "full":
+        elif sym is prims.full:
             shape, fill = args
             dtype = bsym.kwargs["dtype"]
             result = fd.ops.full(shape=list(shape), fill_value=value(fill), dtype=compute(dtype))
         else:
-            raise NotImplementedError(f"prims.{name}")
+            raise NotImplementedError(sym.id)
         env[out.name] = (result, out.dtype)
 
     aliases: list[int] = []
@@ -192,9 +207,9 @@ def define_region(nv: Any, fd: Any, region: Region, metas: Sequence[InputMeta | 
 
 def fusible(bsym: BoundSymbol, device_type: str) -> bool:
     """Whether the nvFuser translation handles this prim call on tensors of `device_type`."""
-    if bsym.sym.namespace != "prims" or (bsym.sym.name not in SUPPORTED and not bsym.sym.effects.copies):
+    sym = bsym.sym
+    if sym not in SUPPORTED and not (sym.effects.copies and sym in _PRIMS):
         return False
-    name = bsym.sym.name
     values = [*bsym.args, *bsym.kwargs.values()]
     tensors = [x for x in values if isinstance(x, TensorProxy)]
     outs = list(bsym.proxy_outputs())
@@ -203,15 +218,15 @@ def fusible(bsym: BoundSymbol, device_type: str) -> bool:
     for t in tensors + outs:
         if t.dtype not in DTYPES or t.device.type != device_type or any(type(d) is not int for d in t.shape):
             return False
-    if name == "full":
+    if sym is prims.full:
         return isinstance(bsym.args[1], int | float | bool)
     if not tensors:
         return False
     if any(not isinstance(x, TensorProxy | int | float | bool | torch.dtype | tuple | list) for x in values):
         return False
-    if name in ELEMENTWISE:
-        data = tensors[1:] if name == "where" else tensors
-        return all(kind(t.dtype) in ELEMENTWISE[name][1] for t in data)
-    if name in REDUCTIONS or name == "var_mean":
+    if sym in ELEMENTWISE:
+        data = tensors[1:] if sym is prims.where else tensors
+        return all(kind(t.dtype) in ELEMENTWISE[sym][1] for t in data)
+    if sym in REDUCTIONS or sym is prims.var_mean:
         return tensors[0].dtype in FLOATS and tensors[0].ndim > 0 and len(bsym.args[1]) > 0
     return True

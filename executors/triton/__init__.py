@@ -41,9 +41,9 @@ def kernel_source(traced: Any, name: str) -> str:
         fn = getattr(bsym.sym.fn, "__wrapped__", bsym.sym.fn)
         if not isinstance(fn, FusedRegion):
             continue
-        if bsym.sym.name == name:
+        if fn.region_name == name:
             return "\n\n".join(fn.sources)
-        found.append(bsym.sym.name)
+        found.append(fn.region_name)
         for kernel in fn.kernels:
             if kernel.name == name:
                 return kernel.source

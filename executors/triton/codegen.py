@@ -29,12 +29,13 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from minijit.extend import BoundSymbol, Region, TensorProxy
+from minijit.extend import BoundSymbol, Region, Symbol, Tag, TensorProxy, check_table, prims
 
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 INTS = (torch.int32, torch.int64)
@@ -43,60 +44,74 @@ _TL = {
     torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16", torch.float32: "tl.float32",
     torch.float64: "tl.float64", torch.int32: "tl.int32", torch.int64: "tl.int64", torch.bool: "tl.int1",
 }
-REDUCTIONS = {"sum": ("tl.sum", "0.0"), "amax": ("tl.max", "float('-inf')"), "amin": ("tl.min", "float('inf')")}
-REMAPS = ("broadcast_in_dim", "reshape", "squeeze", "transpose")
+# Last-dim reductions: the Triton reduction and its neutral element.
+REDUCTIONS: dict[Symbol, tuple[str, str]] = {
+    prims.sum: ("tl.sum", "0.0"), prims.amax: ("tl.max", "float('-inf')"), prims.amin: ("tl.min", "float('inf')")}
+REMAPS = (prims.broadcast_in_dim, prims.reshape, prims.squeeze, prims.transpose)
 # Index arithmetic: no kernel of their own, fused where they feed or are fed by pointwise work.
-PLACEMENTS = ("slice", "cat", "full", "iota")
+PLACEMENTS = (prims.slice_prim, prims.cat, prims.full, prims.iota)
 # The widest row a row kernel holds whole in registers; wider rows are reduced in chunks of this many
 # elements (a power of two).
 ROW_BLOCK_LIMIT = 4096
 
 # Elementwise prims: template over the arguments' generated names, and the dtype kinds they accept.
 _F, _I, _B = "f", "i", "b"
-ELEMENTWISE: dict[str, tuple[str, str]] = {
-    "add": ("({0} + {1})", _F + _I), "sub": ("({0} - {1})", _F + _I), "mul": ("({0} * {1})", _F + _I),
-    "div": ("({0} / {1})", _F), "neg": ("(-{0})", _F + _I), "abs": ("tl.abs({0})", _F + _I),
-    "exp": ("tl.exp({0})", _F), "exp2": ("tl.exp2({0})", _F), "log": ("tl.log({0})", _F),
-    "log2": ("tl.log2({0})", _F), "log10": ("(tl.log({0}) * 0.4342944819032518)", _F),
-    "sqrt": ("tl.sqrt({0})", _F), "rsqrt": ("tl.rsqrt({0})", _F), "sin": ("tl.sin({0})", _F),
-    "cos": ("tl.cos({0})", _F), "erf": ("tl.math.erf({0})", _F), "floor": ("tl.floor({0})", _F),
-    "ceil": ("tl.ceil({0})", _F), "reciprocal": ("(1.0 / {0})", _F),
+ELEMENTWISE: dict[Symbol, tuple[str, str]] = {
+    prims.add: ("({0} + {1})", _F + _I), prims.sub: ("({0} - {1})", _F + _I), prims.mul: ("({0} * {1})", _F + _I),
+    prims.div: ("({0} / {1})", _F), prims.neg: ("(-{0})", _F + _I), prims.abs: ("tl.abs({0})", _F + _I),
+    prims.exp: ("tl.exp({0})", _F), prims.exp2: ("tl.exp2({0})", _F), prims.log: ("tl.log({0})", _F),
+    prims.log2: ("tl.log2({0})", _F), prims.log10: ("(tl.log({0}) * 0.4342944819032518)", _F),
+    prims.sqrt: ("tl.sqrt({0})", _F), prims.rsqrt: ("tl.rsqrt({0})", _F), prims.sin: ("tl.sin({0})", _F),
+    prims.cos: ("tl.cos({0})", _F), prims.erf: ("tl.math.erf({0})", _F), prims.floor: ("tl.floor({0})", _F),
+    prims.ceil: ("tl.ceil({0})", _F), prims.reciprocal: ("(1.0 / {0})", _F),
     # tanh through exp of a non-positive argument, which cannot overflow.
-    "tanh": ("(tl.where({0} >= 0, 1.0, -1.0) * (1.0 - tl.exp(-2.0 * tl.abs({0}))) / (1.0 + tl.exp(-2.0 * tl.abs({0}))))", _F),
-    "sign": ("tl.where({0} > 0, 1.0, tl.where({0} < 0, -1.0, 0.0 * {0}))", _F),
-    "trunc": ("tl.where({0} >= 0, tl.floor({0}), tl.ceil({0}))", _F),
+    prims.tanh: ("(tl.where({0} >= 0, 1.0, -1.0) * (1.0 - tl.exp(-2.0 * tl.abs({0}))) / (1.0 + tl.exp(-2.0 * tl.abs({0}))))", _F),
+    prims.sign: ("tl.where({0} > 0, 1.0, tl.where({0} < 0, -1.0, 0.0 * {0}))", _F),
+    prims.trunc: ("tl.where({0} >= 0, tl.floor({0}), tl.ceil({0}))", _F),
     # log1p/expm1 near 0 through u = 1 + x (or exp(x)) and the correction x / (u - 1), which
     # cancels u's rounding error (Goldberg); far from 0 the direct formula is accurate.
-    "log1p": ("tl.where(tl.abs({0}) < 0.5, tl.where(1.0 + {0} == 1.0, {0}, tl.log(1.0 + {0}) * ({0} / ((1.0 + {0}) - 1.0))), "
-              "tl.log(1.0 + {0}))", _F),
-    "expm1": ("tl.where(tl.abs({0}) < 0.5, tl.where(tl.exp({0}) == 1.0, {0}, (tl.exp({0}) - 1.0) * ({0} / tl.log(tl.exp({0})))), "
-              "tl.exp({0}) - 1.0)", _F),
+    prims.log1p: ("tl.where(tl.abs({0}) < 0.5, tl.where(1.0 + {0} == 1.0, {0}, tl.log(1.0 + {0}) * ({0} / ((1.0 + {0}) - 1.0))), "
+                  "tl.log(1.0 + {0}))", _F),
+    prims.expm1: ("tl.where(tl.abs({0}) < 0.5, tl.where(tl.exp({0}) == 1.0, {0}, "
+                  "(tl.exp({0}) - 1.0) * ({0} / tl.log(tl.exp({0})))), tl.exp({0}) - 1.0)", _F),
     # pow with a number exponent (the executor claims no other): see `pow_source`.
-    "pow": ("", _F),
-    "maximum": ("tl.maximum({0}, {1})", _F + _I), "minimum": ("tl.minimum({0}, {1})", _F + _I),
-    "eq": ("({0} == {1})", _F + _I + _B), "ne": ("({0} != {1})", _F + _I + _B), "lt": ("({0} < {1})", _F + _I),
-    "le": ("({0} <= {1})", _F + _I), "gt": ("({0} > {1})", _F + _I), "ge": ("({0} >= {1})", _F + _I),
-    "logical_and": ("(({0} != 0) & ({1} != 0))", _F + _I + _B), "logical_or": ("(({0} != 0) | ({1} != 0))", _F + _I + _B),
-    "logical_xor": ("(({0} != 0) ^ ({1} != 0))", _F + _I + _B), "logical_not": ("({0} == 0)", _F + _I + _B),
-    "isnan": ("({0} != {0})", _F), "isinf": ("(tl.abs({0}) == float('inf'))", _F),
-    "isfinite": ("(({0} == {0}) & (tl.abs({0}) != float('inf')))", _F),
-    "where": ("tl.where({0}, {1}, {2})", _F + _I + _B),
+    prims.pow: ("", _F),
+    prims.maximum: ("tl.maximum({0}, {1})", _F + _I), prims.minimum: ("tl.minimum({0}, {1})", _F + _I),
+    prims.eq: ("({0} == {1})", _F + _I + _B), prims.ne: ("({0} != {1})", _F + _I + _B),
+    prims.lt: ("({0} < {1})", _F + _I),
+    prims.le: ("({0} <= {1})", _F + _I), prims.gt: ("({0} > {1})", _F + _I), prims.ge: ("({0} >= {1})", _F + _I),
+    prims.logical_and: ("(({0} != 0) & ({1} != 0))", _F + _I + _B),
+    prims.logical_or: ("(({0} != 0) | ({1} != 0))", _F + _I + _B),
+    prims.logical_xor: ("(({0} != 0) ^ ({1} != 0))", _F + _I + _B), prims.logical_not: ("({0} == 0)", _F + _I + _B),
+    prims.isnan: ("({0} != {0})", _F), prims.isinf: ("(tl.abs({0}) == float('inf'))", _F),
+    prims.isfinite: ("(({0} == {0}) & (tl.abs({0}) != float('inf')))", _F),
+    prims.where: ("tl.where({0}, {1}, {2})", _F + _I + _B),
     # torch's lerp: from the nearer end, as its kernels compute it (the same rounding).
-    "lerp": ("tl.where(tl.abs({2}) < 0.5, {0} + {2} * ({1} - {0}), {1} - ({1} - {0}) * (1.0 - {2}))", _F),
+    prims.lerp: ("tl.where(tl.abs({2}) < 0.5, {0} + {2} * ({1} - {0}), {1} - ({1} - {0}) * (1.0 - {2}))", _F),
 }
 
 # Elementwise prims without a template, and why: each runs on torch, splitting the fused region where it stands.
-# Every elementwise prim is in ELEMENTWISE or here (tests/executors/test_lowering_coverage.py): a new prim
+# Every elementwise prim (`Tag.ELEMENTWISE`) is in ELEMENTWISE or here, checked below at import: a new prim
 # must be given a template or a reason, never fall out of the fusion unnoticed.
-NOT_FUSED: dict[str, str] = {
-    **{n: "no template written yet (a libdevice call would do)" for n in (
-        "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "erfc", "erfinv", "lgamma",
-        "digamma", "atan2", "copysign")},
-    **{n: "no template written yet (integer and bit arithmetic, rounding modes as torch's)" for n in (
-        "round", "bitwise_not", "signbit", "floor_divide", "remainder", "fmod", "bitwise_and", "bitwise_or",
-        "bitwise_xor", "bitwise_left_shift", "bitwise_right_shift")},
-    **{n: "views of complex tensors: the kernels hold real dtypes only" for n in ("real", "imag")},
+NOT_FUSED: dict[Symbol, str] = {
+    **{sym: "no template written yet (a libdevice call would do)" for sym in (
+        prims.tan, prims.asin, prims.acos, prims.atan, prims.sinh, prims.cosh, prims.asinh, prims.acosh, prims.atanh,
+        prims.erfc, prims.erfinv, prims.lgamma, prims.digamma, prims.atan2, prims.copysign)},
+    **{sym: "no template written yet (integer and bit arithmetic, rounding modes as torch's)" for sym in (
+        prims.round, prims.bitwise_not, prims.signbit, prims.floor_divide, prims.remainder, prims.fmod,
+        prims.bitwise_and, prims.bitwise_or, prims.bitwise_xor, prims.bitwise_left_shift, prims.bitwise_right_shift)},
+    **{sym: "views of complex tensors: the kernels hold real dtypes only" for sym in (prims.real, prims.imag)},
 }
+
+
+def check_lowerings(prim_symbols: Iterable[Symbol] | None = None) -> None:
+    """Raise a MinijitError naming each elementwise prim (of `prim_symbols`, by default every one) without a
+    template in ELEMENTWISE or a reason in NOT_FUSED."""
+    check_table({**ELEMENTWISE, **NOT_FUSED}, prims.ALL_PRIMS.values() if prim_symbols is None else prim_symbols,
+                lambda s: Tag.ELEMENTWISE in s.tags, "Triton template or reason (triton/codegen.py ELEMENTWISE, NOT_FUSED)")
+
+
+check_lowerings()
 
 
 class NotFusible(Exception):
@@ -115,19 +130,19 @@ def compute_dtype(dtype: torch.dtype) -> str:
 
 def remap_dims(bsym: BoundSymbol) -> tuple[int | None, ...] | None:
     """For a remap prim: the output dim each input dim reads (None: size 1), or None if it is not one."""
-    name = bsym.sym.name
+    sym = bsym.sym
     x: TensorProxy = bsym.args[0]
     out: TensorProxy = bsym.output
-    if name == "broadcast_in_dim":
+    if sym is prims.broadcast_in_dim:
         bdims = bsym.args[2] if len(bsym.args) > 2 else bsym.kwargs["broadcast_dims"]
         return tuple(None if s == 1 else d for s, d in zip(x.shape, bdims))
-    if name == "transpose":
+    if sym is prims.transpose:
         perm = bsym.args[1] if len(bsym.args) > 1 else bsym.kwargs["permutation"]
         inverse = [0] * len(perm)
         for j, p in enumerate(perm):
             inverse[p] = j
         return tuple(None if x.shape[i] == 1 else inverse[i] for i in range(x.ndim))
-    if name in ("reshape", "squeeze"):
+    if sym in (prims.reshape, prims.squeeze):
         # Only reshapes that add or drop size-1 dims: the other dims keep their order.
         out_dims = [j for j, s in enumerate(out.shape) if s != 1]
         in_dims = [i for i, s in enumerate(x.shape) if s != 1]
@@ -259,13 +274,13 @@ def apply_view(t: torch.Tensor, chain: list[Node]) -> torch.Tensor:
             t = t.reshape(node.shape)
             continue
         prim, params = node.attrs["prim"], node.attrs["params"]
-        if prim == "broadcast_in_dim":
+        if prim is prims.broadcast_in_dim:
             shape, bdims = params[0], params[1]
             view = [1] * len(shape)
             for size, d in zip(t.shape, bdims):
                 view[d] = size
             t = t.reshape(view).expand(tuple(shape))
-        elif prim == "transpose":
+        elif prim is prims.transpose:
             t = t.permute(tuple(params[0]))
         else:
             t = t.reshape(node.shape)
@@ -294,35 +309,35 @@ def build_graph(region: Region) -> tuple[list[Node], list[Store], dict[int, int]
         raise NotFusible(f"unsupported argument {x!r}")
 
     for bsym in region.members:
-        name = bsym.sym.name
+        sym = bsym.sym
         out = bsym.output
-        if bsym.sym.effects.copies:
+        if sym.effects.copies:
             src, (dst,) = bsym.copied_value(), bsym.written()
             if dst.name in index:
                 # Later reads of dst see src (through env); the input ends up holding the last copy.
                 copies[index[dst.name]] = env[src.name]
             env[dst.name] = env[src.name]
             continue
-        if name in ELEMENTWISE:
-            node = Node("elementwise", tuple(out.shape), out.dtype, tuple(arg(a) for a in bsym.args), {"prim": name})
-        elif name == "convert_element_type":
+        if sym in ELEMENTWISE:
+            node = Node("elementwise", tuple(out.shape), out.dtype, tuple(arg(a) for a in bsym.args), {"prim": sym})
+        elif sym is prims.convert_element_type:
             node = Node("cast", tuple(out.shape), out.dtype, (arg(bsym.args[0]),))
-        elif name in REMAPS:
+        elif sym in REMAPS:
             dims = remap_dims(bsym)
             if dims is not None:
                 node = Node("remap", tuple(out.shape), out.dtype, (arg(bsym.args[0]),),
-                            {"dims": dims, "prim": name, "params": bsym.args[1:]})
-            elif name == "reshape" and 0 not in bsym.args[0].shape:
+                            {"dims": dims, "prim": sym, "params": bsym.args[1:]})
+            elif sym is prims.reshape and 0 not in bsym.args[0].shape:
                 node = Node("reshape", tuple(out.shape), out.dtype, (arg(bsym.args[0]),),
                             {"in_shape": tuple(bsym.args[0].shape)})
             else:
-                raise NotFusible(f"{name} is not a broadcast, permutation or reshape")
-        elif name == "slice":
+                raise NotFusible(f"{sym.name} is not a broadcast, permutation or reshape")
+        elif sym is prims.slice_prim:
             x, starts, _, steps = slice_args(bsym)
             if steps is not None and any(step != 1 for step in steps):
                 raise NotFusible("a slice with steps")
             node = Node("slice", tuple(out.shape), out.dtype, (arg(x),), {"starts": tuple(starts)})
-        elif name == "cat":
+        elif sym is prims.cat:
             tensors = bsym.args[0] if bsym.args else bsym.kwargs["tensors"]
             dim = (bsym.args[1] if len(bsym.args) > 1 else bsym.kwargs.get("dim", 0)) % out.ndim
             parts, bounds, lo = [], [], 0
@@ -332,15 +347,16 @@ def build_graph(region: Region) -> tuple[list[Node], list[Store], dict[int, int]
                     bounds.append((lo, lo + t.shape[dim]))
                     lo += t.shape[dim]
             node = Node("cat", tuple(out.shape), out.dtype, tuple(parts), {"dim": dim, "bounds": tuple(bounds)})
-        elif name == "full":
+        elif sym is prims.full:
             value = bsym.args[1] if len(bsym.args) > 1 else bsym.kwargs["fill_value"]
             node = Node("full", tuple(out.shape), out.dtype, (), {"value": arg(value)})
-        elif name == "iota":
+        elif sym is prims.iota:
             node = Node("iota", tuple(out.shape), out.dtype, (),
                         {"start": arg(bsym.kwargs["start"]), "step": arg(bsym.kwargs["step"])})
-        elif name in REDUCTIONS:
-            node = Node("reduce", tuple(out.shape), out.dtype, (arg(bsym.args[0]),), {"kind": name})
-        elif name == "var_mean":
+        elif sym in REDUCTIONS:
+            node = Node("reduce", tuple(out.shape), out.dtype, (arg(bsym.args[0]),),
+                        {"kind": sym.name, "tl": REDUCTIONS[sym]})
+        elif sym is prims.var_mean:
             x, correction = arg(bsym.args[0]), bsym.args[2]
             var, mean = out
             pair: dict[str, Node] = {}
@@ -350,7 +366,7 @@ def build_graph(region: Region) -> tuple[list[Node], list[Store], dict[int, int]
                 env[proxy.name] = pair[part]
             continue
         else:
-            raise NotFusible(f"prims.{name}")
+            raise NotFusible(sym.id)
         env[out.name] = node
 
     stores: list[Store] = []
@@ -627,15 +643,15 @@ class KernelWriter:
             return name
         if node.op == "elementwise":
             prim = node.attrs["prim"]
-            self.ops.append(prim)
+            self.ops.append(prim.name)
             args = [self.gen(a, proj) if isinstance(a, Node) else _literal(a) for a in node.args]
             name = self.fresh()
             template = ELEMENTWISE[prim][0]
-            if prim == "pow":
+            if prim is prims.pow:
                 template = pow_source(node.args[1])
-            if prim == "lerp" and not isinstance(node.args[2], Node):  # a number weight: its branch, chosen here
+            if prim is prims.lerp and not isinstance(node.args[2], Node):  # a number weight: its branch, chosen here
                 template = "({0} + {2} * ({1} - {0}))" if abs(node.args[2]) < 0.5 else "({1} - ({1} - {0}) * (1.0 - {2}))"
-            if prim in ("maximum", "minimum") and node.dtype.is_floating_point:
+            if prim in (prims.maximum, prims.minimum) and node.dtype.is_floating_point:
                 # torch.maximum/minimum propagate NaN; Triton's do not unless asked.
                 template = template.replace(")", ", propagate_nan=tl.PropagateNan.ALL)")
             self.lines.append(f"{name} = {template.format(*args)}")
@@ -653,7 +669,7 @@ class KernelWriter:
             if node.attrs["kind"] in ("var", "mean"):
                 return self._var_mean(node, x, proj)
             name = self.fresh()
-            fn, neutral = REDUCTIONS[node.attrs["kind"]]
+            fn, neutral = node.attrs["tl"]
             self.ops.append(node.attrs["kind"])
             self.lines.append(f"{name} = {fn}(tl.where(mask, {x}, {neutral}), axis=1, keep_dims=True)")
             if node.attrs["kind"] in ("amax", "amin"):
@@ -772,7 +788,7 @@ class KernelWriter:
                     step.append(f"{acc} += tl.sum({diff} * {diff}, axis=1, keep_dims=True)")
                     finals.append(f"{acc} = {acc} / {_literal(self.domain[-1] - node.attrs['correction'])}")
                 else:  # amax, amin: NaN wins, as in torch
-                    fn, neutral = REDUCTIONS[kind_]
+                    fn, neutral = node.attrs["tl"]
                     pick = "tl.maximum" if kind_ == "amax" else "tl.minimum"
                     nans = self.fresh()
                     body.append(f"{nans} = tl.zeros([BLOCK_M, 1], tl.int32)")

@@ -34,7 +34,7 @@ from executors.triton.codegen import (
     remap_dims,
     slice_args,
 )
-from minijit.extend import BoundSymbol, FusionExecutor, Proxy, Region, TensorProxy
+from minijit.extend import BoundSymbol, FusionExecutor, Proxy, Region, TensorProxy, prims
 
 
 def interpreting() -> bool:
@@ -219,12 +219,18 @@ def _storage_counts(inputs: Sequence[Any]) -> dict[int, int]:
 def _regroups_rows(b: BoundSymbol, domain: tuple[int, ...]) -> bool:
     """Whether `b` is a reshape a row kernel over `domain` cannot index: one making a value of the domain's
     shape without keeping its last dim whole, or a value of another shape (row values regroup freely)."""
-    if b.sym.name != "reshape" or remap_dims(b) is not None:
+    if b.sym is not prims.reshape or remap_dims(b) is not None:
         return False
     x, out = b.args[0], tuple(b.output.shape)
     if out == domain:
         return not (x.ndim and x.shape[-1] == domain[-1])
     return not _row_like(out, domain)
+
+
+# What the kernels compute: row reductions (var_mean computes both of its parts in one), and every prim claimed.
+_ROW_REDUCTIONS = frozenset({*REDUCTIONS, prims.var_mean})
+_CLAIMED = frozenset({*ELEMENTWISE, *REMAPS, *_ROW_REDUCTIONS, *PLACEMENTS, prims.convert_element_type})
+_PRIMS = frozenset(prims.ALL_PRIMS.values())
 
 
 def _row_like(shape: tuple[int, ...], domain: tuple[int, ...]) -> bool:
@@ -263,21 +269,18 @@ class TritonExecutor(FusionExecutor):
     def fusible(self, bsym: BoundSymbol) -> bool:
         """Pointwise prims, casts, broadcasts/permutes/size-1 reshapes, slices, cats, fills, copies, and last-dim
         sum/amax/amin."""
-        if bsym.sym.namespace != "prims":
+        sym = bsym.sym
+        if sym not in _CLAIMED and not (sym.effects.copies and sym in _PRIMS):
             return False
-        name = bsym.sym.name
-        if name not in ELEMENTWISE and name not in REMAPS and name not in REDUCTIONS and not bsym.sym.effects.copies \
-                and name not in ("convert_element_type", "var_mean", *PLACEMENTS):
-            return False
-        if bsym.sym.effects.copies and not self.fuse_copies_to_out:
+        if sym.effects.copies and not self.fuse_copies_to_out:
             return False
         values = [*bsym.args, *bsym.kwargs.values()]
         tensors = [x for x in values if isinstance(x, TensorProxy)]
-        if name == "cat":
+        if sym is prims.cat:
             tensors = list(bsym.args[0] if bsym.args else bsym.kwargs["tensors"])
         outs = [p for p in bsym.proxy_outputs()]
-        if name in ("full", "iota"):
-            values = [bsym.args[1] if len(bsym.args) > 1 else bsym.kwargs.get("fill_value")] if name == "full" \
+        if sym in (prims.full, prims.iota):
+            values = [bsym.args[1] if len(bsym.args) > 1 else bsym.kwargs.get("fill_value")] if sym is prims.full \
                 else [bsym.kwargs.get("start"), bsym.kwargs.get("step")]
             out = bsym.output
             return (all(isinstance(v, bool | int | float) for v in values) and out.dtype in (*FLOATS, *INTS)
@@ -287,30 +290,30 @@ class TritonExecutor(FusionExecutor):
         for t in tensors + outs:
             if t.dtype not in DTYPES or not self._device_ok(t) or any(type(d) is not int for d in t.shape):
                 return False
-        if name in ELEMENTWISE:
+        if sym in ELEMENTWISE:
             if any(isinstance(x, Proxy) and not isinstance(x, TensorProxy) for x in values):
                 return False
             if any(isinstance(x, complex) for x in values):
                 return False
-            if name == "pow" and not (isinstance(bsym.args[0], TensorProxy) and pow_exponent_ok(bsym.args[1])):
+            if sym is prims.pow and not (isinstance(bsym.args[0], TensorProxy) and pow_exponent_ok(bsym.args[1])):
                 return False
-            data = tensors[1:] if name == "where" else tensors
-            return all(kind(t.dtype) in ELEMENTWISE[name][1] for t in data)
-        if name in REDUCTIONS or name == "var_mean":
+            data = tensors[1:] if sym is prims.where else tensors
+            return all(kind(t.dtype) in ELEMENTWISE[sym][1] for t in data)
+        if sym in _ROW_REDUCTIONS:
             x = bsym.args[0]
-            if name == "var_mean" and not isinstance(bsym.args[2], int | float):
+            if sym is prims.var_mean and not isinstance(bsym.args[2], int | float):
                 return False
             dims = tuple(bsym.args[1]) if len(bsym.args) > 1 else tuple(bsym.kwargs.get("dims", ()))
             return (x.dtype in FLOATS and x.ndim >= 1 and tuple(d % x.ndim for d in dims) == (x.ndim - 1,)
                     and 0 < x.shape[-1])
-        if name in REMAPS:
+        if sym in REMAPS:
             x = bsym.args[0]
             # Any reshape regroups indices (a row-major flat index split again); zero-size ones make no kernel.
-            return remap_dims(bsym) is not None or (name == "reshape" and 0 not in x.shape and x.ndim > 0)
-        if name == "slice":
+            return remap_dims(bsym) is not None or (sym is prims.reshape and 0 not in x.shape and x.ndim > 0)
+        if sym is prims.slice_prim:
             steps = slice_args(bsym)[3]
             return steps is None or all(step == 1 for step in steps)
-        if name == "cat":
+        if sym is prims.cat:
             return all(isinstance(t, TensorProxy) and t.dtype == bsym.output.dtype for t in tensors)
         return True
 
@@ -318,16 +321,15 @@ class TritonExecutor(FusionExecutor):
         """Keep one reduction domain per region, and row results only flowing back into rows of it."""
         domain: tuple[int, ...] | None = None
         derived: set[str] = set()
-        names = {b.sym.name for b in [*members, bsym]}
-        if names & {"slice", "cat"} and names & {*REDUCTIONS, "var_mean"}:
+        syms = {b.sym for b in [*members, bsym]}
+        if syms & {prims.slice_prim, prims.cat} and syms & _ROW_REDUCTIONS:
             return False  # shifted indices stay in pointwise kernels (a row kernel's loads assume its rows)
-        reductions = [b for b in [*members, bsym] if b.sym.name in REDUCTIONS or b.sym.name == "var_mean"]
+        reductions = [b for b in [*members, bsym] if b.sym in _ROW_REDUCTIONS]
         if reductions and any(_regroups_rows(b, tuple(reductions[0].args[0].shape)) for b in [*members, bsym]):
             return False
         for b in [*members, bsym]:
-            name = b.sym.name
             outs = {p.name for p in b.proxy_outputs()}
-            if name in REDUCTIONS or name == "var_mean":
+            if b.sym in _ROW_REDUCTIONS:
                 x = b.args[0]
                 # A row result cannot be reduced again (its shape differs from the domain), but a
                 # full-shape value computed from one can (softmax: exp(x - max) is summed).
@@ -343,10 +345,10 @@ class TritonExecutor(FusionExecutor):
 
     def fuse(self, region: Region) -> FusedRegion | None:
         """Generate (or reuse) the region's kernels; None for a region not worth a kernel."""
-        names = {b.sym.name for b in region.members}
-        if names <= {*REMAPS, "slice"}:
+        syms = {b.sym for b in region.members}
+        if syms <= {*REMAPS, prims.slice_prim}:
             return None  # views only: torch does them without copying
-        if names <= {"full", "iota"}:
+        if syms <= {prims.full, prims.iota}:
             return None  # a fill is one kernel either way
         try:
             return self._compile(region)
@@ -358,7 +360,7 @@ class TritonExecutor(FusionExecutor):
         input_shapes = {i: tuple(p.shape) for i, p in enumerate(region.inputs) if isinstance(p, TensorProxy)}
         domain = None
         for b in region.members:
-            if b.sym.name in REDUCTIONS or b.sym.name == "var_mean":
+            if b.sym in _ROW_REDUCTIONS:
                 domain = tuple(b.args[0].shape)
                 break
         groups: dict[tuple[bool, tuple[int, ...]], list[Store]] = {}
@@ -474,10 +476,9 @@ def _row_use_ok(b: BoundSymbol, domain: tuple[int, ...] | None) -> bool:
     out = b.output
     if not isinstance(out, TensorProxy) or not _row_like(tuple(out.shape), domain):
         return False
-    name = b.sym.name
-    if name == "transpose":
+    if b.sym is prims.transpose:
         return False
-    if name == "broadcast_in_dim":
+    if b.sym is prims.broadcast_in_dim:
         x = b.args[0]
         dims = tuple(b.args[2] if len(b.args) > 2 else b.kwargs["broadcast_dims"])
         return dims == tuple(range(x.ndim)) and _row_like(tuple(x.shape), domain)

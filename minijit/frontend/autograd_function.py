@@ -30,7 +30,7 @@ import torch
 
 from minijit.errors import MinijitError, UnsupportedSyntaxError
 from minijit.frontend.lookasides import lookaside
-from minijit.ir import CaptureState, Proxy, Symbol, TensorProxy, Trace, tracing, tree_flatten, tree_map
+from minijit.ir import CaptureState, Proxy, Symbol, Tag, TensorProxy, Trace, tracing, tree_flatten, tree_map
 from minijit.ir.context import current_trace, where_now
 from minijit.ir.rewrite import replay
 from minijit.ops import prims
@@ -169,7 +169,7 @@ class _CustomFunctionCall:
         produced = [x for x in out_leaves if isinstance(x, Proxy)]
         outputs = (*produced, *(residuals or ()))
         sym = Symbol(_identifier(self.name), functools.partial(_replay_outputs, fwd, outputs),
-                     namespace="autograd_function")
+                     namespace="autograd_function", tags=frozenset({Tag.CUSTOM_FUNCTION}))
         if bwd is not None:
             _custom_rule(sym, fwd, bwd, len(produced), residuals, self._cotangent_kinds(produced))
         results = iter(sym(*fwd.args))

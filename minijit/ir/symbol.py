@@ -148,6 +148,14 @@ class Tag:
     # executors keep those tensors, and all they were computed from, laid out as eager lays them out
     # (`minijit.transforms.memory.layout_read`).
     READS_LAYOUT = "reads layout"
+    # It checks a value the trace read from a tensor (`prims.check_value`): a failing check sends the call to
+    # another entry, so the checks recorded so far need not run again while tracing (`minijit.runtime.values`).
+    VALUE_CHECK = "value check"
+    # An elementwise prim: each fusion executor lowers it or says why not (`executors/triton/codegen.py` NOT_FUSED).
+    ELEMENTWISE = "elementwise"
+    # A custom `torch.autograd.Function`, differentiated by its own backward: eager autograd cannot differentiate a
+    # recompute of its forward (`minijit.runtime.double_backward`).
+    CUSTOM_FUNCTION = "custom function"
 
 
 def check_table(table: dict[Symbol, Any], symbols: Iterable[Symbol], needs: Callable[[Symbol], bool],

@@ -43,8 +43,8 @@ from minijit.ops.symbolic_sizes import has_symbolic_sizes, symbolic_output_shape
 
 aten = torch.ops.aten
 
-# prim name -> the aten callable the torch executor runs it with
-ATEN_IMPLS: dict[str, Callable[..., Any]] = {}
+# prim -> the aten callable the torch executor runs it with
+ATEN_IMPLS: dict[Symbol, Callable[..., Any]] = {}
 
 
 def aten_prim(aten_fn: Callable[..., Any]) -> Callable[[Callable[..., Any]], Symbol]:
@@ -69,14 +69,14 @@ def aten_prim(aten_fn: Callable[..., Any]) -> Callable[[Callable[..., Any]], Sym
         meta.__doc__ = stub.__doc__
         sym = prims._prim(name, meta)
         sym.__doc__ = stub.__doc__
-        ATEN_IMPLS[name] = aten_fn
+        ATEN_IMPLS[sym] = aten_fn
         return sym
 
     return register
 
 
-def aten_prim_implementations() -> dict[str, Callable[..., Any]]:
-    """prim name -> the aten callable that runs it with the prim's own arguments."""
+def aten_prim_implementations() -> dict[Symbol, Callable[..., Any]]:
+    """prim -> the aten callable that runs it with the prim's own arguments."""
     return dict(ATEN_IMPLS)
 
 
@@ -436,7 +436,7 @@ def _item_meta(x: TensorProxy) -> NumberProxy:
 
 # Tensor.item(): the value of a one-element tensor as a Python number, computed when the trace runs.
 item = prims._prim("item", _item_meta)
-ATEN_IMPLS["item"] = aten._local_scalar_dense.default
+ATEN_IMPLS[item] = aten._local_scalar_dense.default
 TENSOR_METHODS["item"] = item
 TORCH_TO_LTORCH[torch.Tensor.item] = item
 
@@ -449,7 +449,7 @@ def _size_meta(x: TensorProxy, dim: int) -> Any:
 
 # One size of a tensor the trace made: where a size only the trace knows is bound (minijit/ops/unbacked.py).
 size = prims._prim("size", _size_meta, tags=frozenset({Tag.METADATA}))
-ATEN_IMPLS["size"] = aten.sym_size.int
+ATEN_IMPLS[size] = aten.sym_size.int
 
 
 # -- values read while tracing ---------------------------------------------------------------------
@@ -519,13 +519,13 @@ def _check_value_impl(x: Any, how: str, other: Any, expected: Any, ordinal: int)
 
 # external: never dropped, never moved, a fusion region boundary; `write_copies_in_place` keeps writes into
 # inputs after it, so a miss leaves the call's inputs as they were.
-check_value = prims._prim("check_value", _check_value_meta, Effects(external=True))
-ATEN_IMPLS["check_value"] = _check_value_impl
+check_value = prims._prim("check_value", _check_value_meta, Effects(external=True), tags=frozenset({Tag.VALUE_CHECK}))
+ATEN_IMPLS[check_value] = _check_value_impl
 
 
 def is_value_check(bsym: Any) -> bool:
     """Whether a bound symbol is a `prims.check_value`, as captured or as an executor runs it."""
-    return bsym.sym.name == "check_value" and bsym.sym.effects.external
+    return Tag.VALUE_CHECK in bsym.sym.tags
 
 
 def _tolist(x: TensorProxy) -> Any:

@@ -11,10 +11,13 @@ tensor arguments of some ops before running them, per device type (ATen's
 - PROMOTE: every eligible argument to the widest of their dtypes (cat on CPU, ...).
 
 An argument is eligible when it is a floating point tensor of that device type and
-not float64. Every other op runs on its arguments as they are. `POLICIES` is the one
-table of these facts, by device type and ltorch op name; an ltorch op standing for a
-composite torch function without its own entry (`torch.square` is `pow(x, 2)`,
-`F.normalize` divides by a `norm`) gets the policy that gives the composite's result.
+not float64. Every other op runs on its arguments as they are. `ATEN_POLICIES` holds
+eager's lists, by device type and operator name (ltorch's and ATen's); `POLICIES` is
+the same by ltorch op (`Symbol`), keyed once every ltorch op is declared
+(`key_policies`, which also checks that each ltorch op whose ATen operator eager casts
+has a policy). An ltorch op standing for a composite torch function without its own
+entry (`torch.square` is `pow(x, 2)`, `F.normalize` divides by a `norm`) gets the
+policy that gives the composite's result.
 
 The casts are recorded as `prims.convert_element_type` in front of the op, so the
 printed trace shows them and the compiled trace runs without autocast (minijit's
@@ -36,7 +39,7 @@ from typing import Any
 import torch
 
 from minijit.errors import MetaError, UnsupportedOpError
-from minijit.ir import TensorProxy, Trace, current_trace, tree_iter, tree_map
+from minijit.ir import Symbol, TensorProxy, Trace, check_table, current_trace, tree_iter, tree_map
 from minijit.ir.context import where_now
 from minijit.ops import prims
 
@@ -52,8 +55,8 @@ _CONVOLUTIONS = ("conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpo
 _CPU_LOWER = ("matmul", "mm", "bmm", "addmm", "baddbmm", "addbmm", "linear", "scaled_dot_product_attention",
               "conv_tbc", "prelu", *_CONVOLUTIONS)
 _CPU_FP32 = ("prod", "mse_loss", "l1_loss", "nll_loss", "nll_loss2d", "cross_entropy", "binary_cross_entropy",
-             "binary_cross_entropy_with_logits", "avg_pool3d", "max_pool3d", "adaptive_avg_pool3d", "cdist", "trace",
-             "poisson_nll_loss", "cosine_embedding_loss", "hinge_embedding_loss", "margin_ranking_loss",
+             "binary_cross_entropy_with_logits", "avg_pool3d", "max_pool3d", "adaptive_avg_pool3d", "adaptive_max_pool3d",
+             "cdist", "trace", "poisson_nll_loss", "cosine_embedding_loss", "hinge_embedding_loss", "margin_ranking_loss",
              "triplet_margin_loss", "reflection_pad1d", "smooth_l1_loss", "multilabel_margin_loss", "soft_margin_loss",
              "multi_margin_loss", "huber_loss")
 # hstack and vstack are cat underneath.
@@ -72,17 +75,32 @@ _CUDA_FP32 = (
 _CUDA_FP32_UNLESS_DTYPE = ("sum", "prod", "cumsum", "softmax", "log_softmax", "vector_norm", "norm")
 _CUDA_PROMOTE = ("addcdiv", "addcmul", "atan2", "index_put", "scatter_add")
 
-# device type -> ltorch op name -> cast policy (ops not listed run on their arguments as given).
-POLICIES: dict[str, dict[str, str]] = {
+# device type -> operator name -> cast policy (ops not listed run on their arguments as given): eager's lists, which
+# name ltorch's ops and the ATen operators without one (opaque ops, known to `opaque_autocast_arguments` by name).
+ATEN_POLICIES: dict[str, dict[str, str]] = {
     "cpu": {**dict.fromkeys(_CPU_LOWER, LOWER), **dict.fromkeys(_CPU_FP32, FP32),
             **dict.fromkeys(_CPU_PROMOTE, PROMOTE)},
     "cuda": {**dict.fromkeys(_CUDA_LOWER, LOWER), **dict.fromkeys(_CUDA_FP32, FP32),
              **dict.fromkeys(_CUDA_FP32_UNLESS_DTYPE, FP32_UNLESS_DTYPE), **dict.fromkeys(_CUDA_PROMOTE, PROMOTE)},
 }
 
-def policy_for(op_name: str, device_type: str) -> str | None:
-    """The cast policy of ltorch op `op_name` under autocast for `device_type`, or None."""
-    return POLICIES.get(device_type, {}).get(op_name)
+# device type -> ltorch op -> cast policy: ATEN_POLICIES by symbol, filled by `key_policies`.
+POLICIES: dict[str, dict[Symbol, str]] = {}
+
+
+def key_policies(ltorch_ops: dict[str, Symbol], aten_operator: Callable[[Symbol], str | None]) -> None:
+    """Fill POLICIES from eager's lists for the ltorch ops (by name), and check it: a MinijitError names each op
+    whose ATen operator (`aten_operator(op)`) has an autocast kernel of its own in eager but no policy here."""
+    for device_type, by_name in ATEN_POLICIES.items():
+        table = POLICIES[device_type] = {ltorch_ops[n]: p for n, p in by_name.items() if n in ltorch_ops}
+        key = _autocast_key(device_type)
+
+        def cast_by_eager(sym: Symbol, key: str | None = key) -> bool:
+            op = aten_operator(sym)
+            return key is not None and op is not None and _has_kernel(op, key)
+
+        check_table(table, ltorch_ops.values(), cast_by_eager,
+                    f"{device_type} autocast policy (minijit/ops/autocast.py)")
 
 
 # A real tensor among an op's arguments (a global, a closure value) becomes a trace constant when
@@ -154,13 +172,12 @@ def _with_float32_dtype(meta: Callable[..., Any], args: tuple[Any, ...], kwargs:
     return bound.args, bound.kwargs
 
 
-def autocast_arguments(op_name: str, meta: Callable[..., Any] | None, args: tuple[Any, ...],
+def autocast_arguments(sym: Symbol, args: tuple[Any, ...],
                        kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """The arguments eager would run ltorch op `op_name` on under the current autocast state.
+    """The arguments eager would run ltorch op `sym` on under the current autocast state.
 
-    Records the casts (`prims.convert_element_type`) into the current trace. `meta` is
-    the op's decomposition, whose signature locates a `dtype` argument (None for an op whose
-    policy is never FP32_UNLESS_DTYPE).
+    Records the casts (`prims.convert_element_type`) into the current trace. The op's
+    decomposition (`sym.meta`) locates a `dtype` argument by its signature.
     """
     tensors = [x for x in tree_iter((args, kwargs)) if isinstance(x, _TENSORS)]
     if not tensors:
@@ -168,7 +185,12 @@ def autocast_arguments(op_name: str, meta: Callable[..., Any] | None, args: tupl
     device_type = _device_type(tensors)
     if device_type not in POLICIES or not torch.is_autocast_enabled(device_type):
         return args, kwargs
-    policy = policy_for(op_name, device_type)
+    return _by_policy(POLICIES[device_type].get(sym), sym.name, sym.meta, tensors, device_type, args, kwargs)
+
+
+def _by_policy(policy: str | None, op_name: str, meta: Callable[..., Any] | None, tensors: list[Any],
+               device_type: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The arguments cast by `policy` (None: as given); `meta` locates a `dtype` argument for FP32_UNLESS_DTYPE."""
     if policy is None:
         return args, kwargs
     lower = torch.get_autocast_dtype(device_type)
@@ -247,9 +269,10 @@ def opaque_autocast_arguments(what: str, op: str | None, reached: Sequence[str],
                                  f"does not know for that device type; {advice}")
     if op is not None and _has_kernel(op, key):
         name = op.split("::")[-1]
-        policy = policy_for(name, device_type)
+        policy = ATEN_POLICIES.get(device_type, {}).get(name)
         if policy in (LOWER, FP32, PROMOTE):
-            return autocast_arguments(name, None, args, kwargs)
+            tensors = [x for x in tree_iter((args, kwargs)) if isinstance(x, _TENSORS)]
+            return _by_policy(policy, name, None, tensors, device_type, args, kwargs)
         raise UnsupportedOpError(f"{what}{where_now()} runs under torch.autocast({device_type!r}), where eager casts "
                                  f"its arguments by a policy minijit does not know for {op}; {advice}")
     inner = [o for o in reached if _has_kernel(o, key)]
@@ -260,5 +283,5 @@ def opaque_autocast_arguments(what: str, op: str | None, reached: Sequence[str],
     return args, kwargs
 
 
-__all__ = ["FP32", "FP32_UNLESS_DTYPE", "LOWER", "POLICIES", "PROMOTE", "active_autocast", "autocast_arguments",
-           "clear_cast_cache", "opaque_autocast_arguments", "policy_for"]
+__all__ = ["ATEN_POLICIES", "FP32", "FP32_UNLESS_DTYPE", "LOWER", "POLICIES", "PROMOTE", "active_autocast",
+           "autocast_arguments", "clear_cast_cache", "key_policies", "opaque_autocast_arguments"]

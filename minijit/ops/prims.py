@@ -32,7 +32,8 @@ VIEW = Effects(views=0)  # the output views the first argument (torch runs these
 REORDERING_VIEW = Effects(views=0, reorders=True)  # ... holding all its elements, reshaped or reordered
 SAME_IF_UNCHANGED = Effects(views=0, same_if_unchanged=True)  # torch returns the argument itself for a no-op
 RANDOM = Effects(random=True)  # draws from, seeds or reads torch's generator: kept, in order, never deduplicated
-CHEAP = frozenset({Tag.CHEAP})  # the tags (minijit.ir.Tag) of the pointwise and layout prims
+CHEAP = frozenset({Tag.CHEAP})  # the tags (minijit.ir.Tag) of the layout prims
+ELEMENTWISE = frozenset({Tag.CHEAP, Tag.ELEMENTWISE})  # ... and of the pointwise prims
 
 
 def _prim(name: str, meta: Callable[..., Any], effects: Effects | None = None,
@@ -104,7 +105,7 @@ def _elementwise(name: str, arity: list[str], result: Callable[[torch.dtype], to
     """Declares the elementwise prim `name`, listed in `arity` (`_UNARY`, ...); `result` maps its input dtype to
     its output's (the same dtype when None)."""
     arity.append(name)
-    return _prim(name, _elementwise_meta(name, result), effects, CHEAP)
+    return _prim(name, _elementwise_meta(name, result), effects, ELEMENTWISE)
 
 
 abs = _elementwise("abs", _UNARY, result=_to_real)  # noqa: A001 - mirrors torch.abs
@@ -193,7 +194,7 @@ def _where_meta(pred: TensorProxy, a: Any, b: Any) -> TensorProxy:
     return TensorProxy(pred.shape, dtype, like.device, any(v.requires_grad for v in values))
 
 
-where = _prim("where", _where_meta, tags=CHEAP)
+where = _prim("where", _where_meta, tags=ELEMENTWISE)
 
 # The elementwise prims' names by arity (read by the executors and the batching rules).
 UNARY = tuple(_UNARY)
@@ -869,5 +870,6 @@ def _number_meta(op: str) -> Callable[..., Any]:
     return meta
 
 
-for _op in NUMBER_OPS:
-    NUMBER_METHODS[_op] = _prim(f"num_{_op}", _number_meta(_op))
+# `prims.num_add`, ...: by the key of NUMBER_OPS, also the methods of number proxies.
+NUMBER_PRIMS = {op: _prim(f"num_{op}", _number_meta(op)) for op in NUMBER_OPS}
+NUMBER_METHODS.update(NUMBER_PRIMS)

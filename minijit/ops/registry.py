@@ -57,7 +57,7 @@ class LtorchSymbol(Symbol):
             return super().__call__(*args, **kwargs)
         args, kwargs = _torch_dtypes(args, kwargs)
         if _any_autocast():
-            args, kwargs = autocast_arguments(self.name, self.meta, args, kwargs)
+            args, kwargs = autocast_arguments(self, args, kwargs)
         args = known_slice_bounds(args)
         try:
             output = super().__call__(*args, **kwargs)
@@ -141,9 +141,9 @@ def check_eager_table(symbols: Iterable[Symbol] | None = None) -> None:
                 "eager implementation (`ltorch_op`'s torch_fns or impl)")
 
 
-def eager_impls_by_name() -> dict[str, Callable[..., Any]]:
-    """ltorch op name -> its eager callable, for executors, which key their implementations by name."""
-    return {sym.name: fn for sym, fn in _EAGER_BY_SYMBOL.items()}
+def eager_implementations() -> dict[Symbol, Callable[..., Any]]:
+    """ltorch op -> its eager callable, for executors."""
+    return dict(_EAGER_BY_SYMBOL)
 
 
 def eager_impl(sym: Symbol) -> Callable[..., Any] | None:

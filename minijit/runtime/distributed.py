@@ -88,7 +88,7 @@ def call_through_wrapper(wrapper: torch.nn.Module, attribute: str, jitted: torch
 def is_eager_hook(hook: Any) -> bool:
     """True for a hook from torch.distributed (FSDP2's, composable replicate's): it must run eagerly."""
     module = getattr(_hook_function(hook), "__module__", None) or ""
-    return module == "torch.distributed" or module.startswith("torch.distributed.")
+    return f"{module}.".startswith("torch.distributed.")  # the package or a module in it
 
 
 def _hook_function(hook: Any) -> Any:

@@ -54,7 +54,7 @@ import torch
 
 from minijit.errors import MinijitError
 from minijit.extend import get_executor
-from minijit.ir import BoundSymbol, TensorProxy, Trace, tracing, tree_flatten
+from minijit.ir import BoundSymbol, Tag, TensorProxy, Trace, tracing, tree_flatten
 from minijit.ir.rewrite import ProxyMap, rewrite
 from minijit.ops import prims
 from minijit.runtime.autocast import without_autocast
@@ -206,7 +206,7 @@ def _refusal(trace: Trace, mutated_inputs: Sequence[str]) -> str | None:
     if mutated_inputs:
         return f"it writes into its input(s) {', '.join(mutated_inputs)}, which a recompute would write again"
     for b in _walk(trace.bound_symbols):
-        if b.sym.namespace == "autograd_function":
+        if Tag.CUSTOM_FUNCTION in b.sym.tags:
             return (f"it calls the custom autograd.Function {b.sym.name}, whose backward eager autograd "
                     "cannot differentiate from a recompute of its forward")
     return None

@@ -17,9 +17,10 @@ def trace_callable(trace: Trace) -> Callable[..., Any]:
     """
     ex = get_executor("torch")
     namespaces: dict[str, dict[str, Any]] = {"prims": {}, "ltorch": {}}
-    for sym_id, impl in ex.implementations.items():
-        ns, _, name = sym_id.partition(".")
-        if ns in namespaces:
-            namespaces[ns][name] = impl.fn
+    for sym, impl in ex.implementations.items():
+        # Bound by the names the printed source calls them through (`prims.add`).
+        bound = namespaces.get(sym.namespace)
+        if bound is not None:
+            bound[sym.name] = impl.fn
     ctx = {ns: types.SimpleNamespace(**fns) for ns, fns in namespaces.items()}
     return trace.python_callable(ctx)

@@ -28,6 +28,7 @@ from minijit.errors import TraceInvariantError, UnsupportedSyntaxError, ValueGua
 from minijit.ir import NumberProxy, Proxy, TensorProxy, Trace, tree_flatten, tree_map
 from minijit.ir.context import current_trace, outside_capture, where_now
 from minijit.ir.proxies import UnbackedSize
+from minijit.ops import prims
 from minijit.ops.aten_prims import check_readable, check_value, is_value_check, observe
 from minijit.ops.opaque import describe, runtime_leaves, shapes_seen_symbol
 from minijit.ops.unbacked import bind_unbacked_sizes, unbacked_shapes
@@ -158,7 +159,7 @@ class ValueReader:
         trace = self.trace
         # Earlier checks hold on the inputs the capture runs on: they need not run again.
         bsyms = [b for b in trace.bound_symbols if not is_value_check(b)]
-        if any(b.sym.id == "prims.seed" for b in bsyms):
+        if any(b.sym is prims.seed for b in bsyms):
             raise UnsupportedSyntaxError(
                 f"the value of {proxies[0].name}{where_now()} is needed while tracing, after torch.seed() reseeded "
                 "from a non-deterministic source: it is only known when the trace runs; seed with torch.manual_seed")

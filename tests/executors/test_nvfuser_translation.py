@@ -65,8 +65,8 @@ def _dtypes(kinds):
     return out
 
 
-CASES = [(name, dtype) for name, (_, kinds) in ELEMENTWISE.items() for dtype in _dtypes(kinds)
-         if name not in ("where", "lerp")]
+CASES = [(sym.name, dtype) for sym, (_, kinds) in ELEMENTWISE.items() for dtype in _dtypes(kinds)
+         if sym not in (prims.where, prims.lerp)]
 
 
 @pytest.mark.parametrize(("name", "dtype"), CASES, ids=[f"{n}-{str(d)[6:]}" for n, d in CASES])
@@ -99,7 +99,7 @@ def test_where_lerp_and_scalars(dtype):
     run(f, eager, x, y, dtype=dtype)
 
 
-@pytest.mark.parametrize("name", list(REDUCTIONS))
+@pytest.mark.parametrize("name", [sym.name for sym in REDUCTIONS])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
 def test_reductions(name, dtype):
     x = rand((3, 4, 5), dtype, "div" if name == "prod" else "")

@@ -20,7 +20,7 @@ from torch.testing._internal.autocast_test_lists import AutocastCPUTestLists, Au
 
 import minijit
 from minijit.ir import CaptureState, TensorProxy, Trace, tracing
-from minijit.ops.autocast import POLICIES
+from minijit.ops.autocast import ATEN_POLICIES
 from minijit.ops.opaque import OPAQUE
 from minijit.ops.registry import ALL_LTORCH, ltorch_symbol_for
 from tests.ops.opinfo_util import ALL_CASES, OpCase, sample_summary
@@ -30,7 +30,7 @@ BF16 = torch.bfloat16
 
 def test_every_policy_names_a_declared_op() -> None:
     # An ltorch op, or an ATen operator with its own autocast kernel for that device (an opaque op).
-    unknown = {(device, name) for device, table in POLICIES.items() for name in table if name not in ALL_LTORCH
+    unknown = {(device, name) for device, table in ATEN_POLICIES.items() for name in table if name not in ALL_LTORCH
                and not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", f"Autocast{device.upper()}")}
     assert not unknown
 
@@ -92,7 +92,7 @@ def test_torchs_cpu_autocast_lists_match_eager_or_are_refused(op: Any, args: tup
         want, got = _run_under_cpu_autocast(op, args, kwargs)
     except minijit.UnsupportedOpError as e:
         assert "torch.autocast('cpu')" in str(e)
-        assert name not in POLICIES["cpu"], f"{name} has a policy, yet was refused: {e}"
+        assert name not in ATEN_POLICIES["cpu"], f"{name} has a policy, yet was refused: {e}"
         return
     assert [g.dtype for g in got] == [w.dtype for w in want]
     for g, w in zip(got, want, strict=True):

@@ -162,7 +162,7 @@ def _leaves(args: Any) -> list[torch.Tensor]:
 
 def _grads_match(name: str, args: tuple[Any, ...], dtype: torch.dtype, atol: float, rtol: float) -> None:
     prim = _PRIM_BY_NAME[name]
-    eager = get_executor("torch").implementations[prim.id].fn
+    eager = get_executor("torch").implementations[prim].fn
 
     def cast(x: Any) -> Any:
         if isinstance(x, list):
