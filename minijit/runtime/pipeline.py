@@ -169,13 +169,11 @@ class Compile:
     """One compile: what its passes are given, and what they found (for the passes after them and the entry)."""
 
     arguments: CallArguments
-    # The constraints the capture recorded; the split and the inline grads' expansion add theirs.
-    constraints: list[str]
+    constraints: list[str]  # the capture's; the split and the expansion of inline grads add theirs
     # The checker of this compile's traces, with MINIJIT_CHECK_TRACES=1 (it keeps what it learnt between traces).
     checker: TraceChecker | None
     found: CaptureResult = field(default_factory=CaptureResult)
-    # How the captured trace is functionalized for the call's inputs (`plan_aliasing`, needing no pins).
-    plan: AliasPlan = field(default_factory=lambda: AliasPlan(written=()))
+    plan: AliasPlan = field(default_factory=lambda: AliasPlan(written=()))  # how to functionalize, needing no pins
     # The trace after each pass: the whole trace's then the forward's, and the backward's.
     traces: list[Trace] = field(default_factory=list)
     backward_traces: list[Trace] = field(default_factory=list)
@@ -186,11 +184,6 @@ class Compile:
     split: SplitResult | None = None
     recompute: Recompute | None = None
     backward_writes: tuple[int, ...] = ()
-
-    @property
-    def captured(self) -> list[Any]:
-        """The tensors (and numbers) read from outside the call: trace inputs after the call's own."""
-        return [t for _, _, t in self.found.captured_inputs]
 
     @property
     def no_grad(self) -> frozenset[str]:
@@ -231,10 +224,6 @@ class PassContext:
 Parts = tuple[tuple[Trace, PassContext], ...]
 
 
-def _always(ctx: PassContext) -> bool:
-    return True
-
-
 @dataclass(frozen=True)
 class Pass:
     """One step run on a trace where its condition on the context holds: an entry of the pass list, which returns
@@ -242,7 +231,7 @@ class Pass:
 
     name: str
     run: Callable[[Trace, PassContext], Trace | Parts | None]
-    when: Callable[[PassContext], bool] = _always
+    when: Callable[[PassContext], bool] = lambda ctx: True
     # The pass decides how the trace writes memory: the checks of those writes run after the last such pass.
     writes: bool = False
 
@@ -274,8 +263,9 @@ def _keep(trace: Trace, elapsed_ms: float, ctx: PassContext) -> Trace:
 
 def _functionalize(trace: Trace, ctx: PassContext) -> Trace:
     c = ctx.compile
-    trace, c.functionalized, c.aliasing = c.arguments.functionalize(
-        trace, c.captured, c.plan, c.found.no_grad | c.found.no_grad_writes)
+    captured = [t for _, _, t in c.found.captured_inputs]
+    trace, c.functionalized, c.aliasing = c.arguments.functionalize(trace, captured, c.plan,
+                                                                    c.found.no_grad | c.found.no_grad_writes)
     return trace
 
 
@@ -506,7 +496,7 @@ def _compile(arguments: CallArguments, executors: Sequence[Any], constraints: li
         refuse_outputs_requiring_grad(trace, trace.output[0] if split_output else trace.output,
                                       found.no_grad | found.no_grad_writes)
     # Which inputs the trace writes, and how they share memory, decide how it is functionalized (once).
-    c.plan = arguments.plan_aliasing(trace, c.captured)
+    c.plan = arguments.plan_aliasing(trace, [t for _, _, t in found.captured_inputs])
     if c.plan.pins:
         return NeedsPins(c.plan.pins)
     # The passes, in order: each a pure function of its input trace, some keeping what they found in `c`.
