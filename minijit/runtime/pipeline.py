@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import time
@@ -34,6 +33,7 @@ from minijit.ir.rewrite import rewrite
 from minijit.ir.symbol import SourceLocation
 from minijit.ops import prims
 from minijit.runtime.arguments import (
+    AliasPlan,
     ArgumentContainers,
     CallArguments,
     InputAliasing,
@@ -164,65 +164,41 @@ class NeedsPins:
     positions: frozenset[int]
 
 
-@dataclass(frozen=True)
-class AfterPass:
-    """What the hooks run after a pass ask: the compile's trace checker, and whether the pass settled the writes."""
+@dataclass
+class Compile:
+    """One compile: what its passes are given, and what they found (for the passes after them and the entry)."""
 
+    arguments: CallArguments
+    constraints: list[str]  # the capture's; the split and the expansion of inline grads add theirs
     # The checker of this compile's traces, with MINIJIT_CHECK_TRACES=1 (it keeps what it learnt between traces).
-    checker: TraceChecker | None = None
-    # The pass was the last of a trace's passes that decide how it writes memory (`Pass.writes`).
-    writes_settled: bool = False
+    checker: TraceChecker | None
+    found: CaptureResult = field(default_factory=CaptureResult)
+    plan: AliasPlan = field(default_factory=lambda: AliasPlan(written=()))  # how to functionalize, needing no pins
+    # The trace after each pass: the whole trace's then the forward's, and the backward's.
+    traces: list[Trace] = field(default_factory=list)
+    backward_traces: list[Trace] = field(default_factory=list)
+    functionalized: FunctionalizeResult = field(default_factory=FunctionalizeResult)
+    aliasing: InputAliasing | None = None
+    # The split's facts, how a double backward recomputes, and the positions of the forward's inputs the
+    # backward writes (a traced custom Function's backward may).
+    split: SplitResult | None = None
+    recompute: Recompute | None = None
+    backward_writes: tuple[int, ...] = ()
 
-
-@dataclass(frozen=True)
-class Hook:
-    """A check run on the trace each pass makes, where its condition holds; it raises where the trace is wrong."""
-
-    name: str
-    run: Callable[[Trace, AfterPass], None]
-    when: Callable[[AfterPass], bool]
-
-
-def _verify(trace: Trace, at: AfterPass) -> None:
-    assert at.checker is not None
-    at.checker.check(trace)
-
-
-# The checks after each pass, in order: the verifier (minijit.transforms.verify) after every pass with
-# MINIJIT_CHECK_TRACES=1, and once a trace's writes are settled, its rule `check_copies` (unless MINIJIT_CHECK_TRACES=0)
-# and the check that no input is written before a value check.
-AFTER_PASS: tuple[Hook, ...] = (
-    Hook("verify", _verify, lambda at: at.checker is not None),
-    Hook("check copies", lambda t, at: check_copies(t), lambda at: at.writes_settled and check_level() is not CheckLevel.OFF),
-    Hook("check writes after checks", lambda t, at: check_writes_after_checks(t), lambda at: at.writes_settled),
-)
-
-
-def after_pass(trace: Trace, at: AfterPass) -> None:
-    """Run the hooks of `AFTER_PASS` whose condition holds at `at` on `trace`, the trace a pass just made."""
-    for hook in AFTER_PASS:
-        if hook.when(at):
-            hook.run(trace, at)
-
-
-def _timed(run: Callable[[], Any], traces: list[Trace], at: AfterPass) -> Any:
-    """What `run` returns (a trace, or a tuple of a trace and the pass's results), its trace timed, kept and checked."""
-    start = time.perf_counter()
-    result = run()
-    trace = result[0] if isinstance(result, tuple) else result
-    trace.elapsed_ms = (time.perf_counter() - start) * 1e3
-    traces.append(trace)
-    after_pass(trace, at)
-    return result
+    @property
+    def no_grad(self) -> frozenset[str]:
+        """The names of the values computed without grad (constants for grad), once functionalized."""
+        return self.found.no_grad | self.functionalized.made_without_grad
 
 
 @dataclass(frozen=True)
 class PassContext:
-    """What the conditions of the pass list ask about the trace the passes are given."""
+    """What a pass or a check is given besides its trace: its compile, and the facts its condition asks."""
 
-    # "computation" (no grad: the whole trace), "forward" or "backward" (the two halves of the split).
+    # "computation" (the whole trace: without grad, or before the split), "forward" or "backward" (its halves).
     part: str
     executors: Sequence[Any]
+    compile: Compile
     # Whether the trace may write into the call's inputs: every trace but a backward, which writes
     # into inputs of the forward only where a traced custom Function's backward does.
     writes_inputs: bool = True
@@ -232,25 +208,93 @@ class PassContext:
     # Whether the trace takes gradients itself (a whole training step): a backward inside it, whose many
     # intermediates should die as early as a split backward's do.
     inline_grads: bool = False
+    # Whether the whole trace is split into forward and backward: grad mode is on, an input requires grad,
+    # and the code took no gradients itself.
+    differentiates: bool = False
+    # For the checks: the pass was the last of this trace's passes that decide how it writes memory (`Pass.writes`).
+    writes_settled: bool = False
+
+    @property
+    def traces(self) -> list[Trace]:
+        """Where the traces of this part are kept: the backward's, or the others'."""
+        return self.compile.backward_traces if self.part == "backward" else self.compile.traces
+
+
+# What a pass that splits its trace returns: each part with its context, which the passes after it run on.
+Parts = tuple[tuple[Trace, PassContext], ...]
 
 
 @dataclass(frozen=True)
 class Pass:
-    """One entry of the pass list: the pass, and the condition on the trace for it to run."""
+    """One step run on a trace where its condition on the context holds: an entry of the pass list, which returns
+    the next trace (or the parts a split makes), or a check run after each pass, which returns None or raises."""
 
     name: str
-    run: Callable[[Trace, PassContext], Trace]
-    when: Callable[[PassContext], bool]
+    run: Callable[[Trace, PassContext], Trace | Parts | None]
+    when: Callable[[PassContext], bool] = lambda ctx: True
     # The pass decides how the trace writes memory: the checks of those writes run after the last such pass.
     writes: bool = False
 
 
-def _split(ctx: PassContext) -> bool:
+def _verify(trace: Trace, ctx: PassContext) -> None:
+    assert ctx.compile.checker is not None
+    ctx.compile.checker.check(trace)
+
+
+# The checks after each pass (capture's too), in order: the verifier (minijit.transforms.verify) after every pass
+# with MINIJIT_CHECK_TRACES=1, and once a trace's writes are settled, its rule `check_copies` (unless
+# MINIJIT_CHECK_TRACES=0) and the check that no input is written before a value check.
+AFTER_PASS: tuple[Pass, ...] = (
+    Pass("verify", _verify, lambda ctx: ctx.compile.checker is not None),
+    Pass("check copies", lambda t, ctx: check_copies(t), lambda ctx: ctx.writes_settled and check_level() is not CheckLevel.OFF),
+    Pass("check writes after checks", lambda t, ctx: check_writes_after_checks(t), lambda ctx: ctx.writes_settled),
+)
+
+
+def _keep(trace: Trace, elapsed_ms: float, ctx: PassContext) -> Trace:
+    """`trace`, the trace a pass just made in `elapsed_ms`, timed, kept with its part's and checked by `AFTER_PASS`."""
+    trace.elapsed_ms = elapsed_ms
+    ctx.traces.append(trace)
+    for check in AFTER_PASS:
+        if check.when(ctx):
+            check.run(trace, ctx)
+    return trace
+
+
+def _functionalize(trace: Trace, ctx: PassContext) -> Trace:
+    c = ctx.compile
+    captured = [t for _, _, t in c.found.captured_inputs]
+    trace, c.functionalized, c.aliasing = c.arguments.functionalize(trace, captured, c.plan,
+                                                                    c.found.no_grad | c.found.no_grad_writes)
+    return trace
+
+
+def _expand_inline_grads(trace: Trace, ctx: PassContext) -> Trace:
+    # The code took gradients itself (`loss.backward()`): they are values of this one trace, which then runs
+    # without autograd (docs/design.md: "A whole training step in one trace").
+    with recording_constraints(ctx.compile.constraints):
+        return expand_inline_grads(trace, ctx.executors, ctx.compile.no_grad)
+
+
+def _split(trace: Trace, ctx: PassContext) -> Parts:
+    """The forward and the backward of `trace`, each with its context; the split's facts kept in the compile."""
+    c = ctx.compile
+    # The VJP rules choose the backward's ops by the sizes (a slice's padding, a broadcast's sum),
+    # as capture chose the forward's: their comparisons are guarded like the capture's.
+    c.recompute = recompute_for(trace, trace.fn_name, c.no_grad, c.functionalized.mutated_inputs)
+    with recording_constraints(c.constraints):
+        fwd, bwd, c.split = split_forward_backward(trace, ctx.executors, c.no_grad, c.functionalized.inplace_originals,
+                                                   c.functionalized.written_with_grad,
+                                                   double_backward=c.recompute.refusal is None)
+    positions = {p.name: i for i, p in enumerate(trace.args)}
+    c.backward_writes = tuple(positions[p.name] for b in bwd.bound_symbols if b.sym.effects.copies
+                              for p in b.written() if p.name in positions)
+    return ((fwd, replace(ctx, part="forward", in_function=bool(c.split.differentiable_outputs or c.split.dirty_inputs))),
+            (bwd, replace(ctx, part="backward", writes_inputs=bool(c.backward_writes))))
+
+
+def _half(ctx: PassContext) -> bool:
     return ctx.part != "computation"
-
-
-def _always(ctx: PassContext) -> bool:
-    return True
 
 
 def _reuses_buffers(ctx: PassContext) -> bool:
@@ -259,28 +303,45 @@ def _reuses_buffers(ctx: PassContext) -> bool:
     return ctx.writes_inputs and (ctx.part != "forward" or ctx.in_function)
 
 
-# The passes after capture, functionalization and simplification, in order, for each trace the runtime
-# compiles: the whole trace without grad, or the forward and then the backward of the split. A pass runs on a
-# trace where its condition holds; the names here are the module's (tests replace `dce`, say).
+# The whole compile after capture, in order: each entry runs where its condition holds; after the split, the
+# entries after it run on the forward, then on the backward. The names here are the module's (tests replace `dce`).
 PASSES: tuple[Pass, ...] = (
-    Pass("dce", lambda t, ctx: dce(t), _split),  # what the split left dead
-    Pass("claim executors", lambda t, ctx: claim_executors(t, ctx.executors), _always),
-    Pass("dce", lambda t, ctx: dce(t), _always),
+    Pass("functionalize", _functionalize),
+    Pass("dce", lambda t, ctx: dce(t, keep_sizes=True)),  # the grad pass may save them
+    Pass("remove cast round trips", lambda t, ctx: remove_cast_round_trips(t)),
+    Pass("expand inline gradients", _expand_inline_grads, lambda ctx: ctx.inline_grads),
+    Pass("split forward/backward", _split, lambda ctx: ctx.differentiates),
+    Pass("remove cast round trips", lambda t, ctx: remove_cast_round_trips(t), lambda ctx: ctx.part == "backward"),
+    Pass("dce", lambda t, ctx: dce(t), _half),  # what the split left dead
+    Pass("claim executors", lambda t, ctx: claim_executors(t, ctx.executors)),
+    Pass("dce", lambda t, ctx: dce(t)),
     Pass("write copies in place", lambda t, ctx: write_copies_in_place(t, ctx.executors),
          lambda ctx: ctx.writes_inputs, writes=True),
     Pass("reuse buffers", lambda t, ctx: reuse_buffers(t, ctx.executors), _reuses_buffers, writes=True),
-    Pass("release dead values", lambda t, ctx: release_dead_values(t), lambda ctx: _split(ctx) or ctx.inline_grads),
+    Pass("release dead values", lambda t, ctx: release_dead_values(t), lambda ctx: _half(ctx) or ctx.inline_grads),
 )
 
 
-def run_passes(trace: Trace, ctx: PassContext, traces: list[Trace], at: AfterPass) -> Trace:
-    """The last trace of the passes of `PASSES` whose condition holds for `ctx`, each trace kept in `traces`
-    and given to the hooks of `AFTER_PASS`."""
-    chosen = [p for p in PASSES if p.when(ctx)]
-    settled = max((i for i, p in enumerate(chosen) if p.writes), default=-1)
-    for i, p in enumerate(chosen):
-        trace = _timed(lambda t=trace, p=p: p.run(t, ctx), traces, replace(at, writes_settled=i == settled))
-    return trace
+def run_passes(trace: Trace, ctx: PassContext, passes: Sequence[Pass]) -> None:
+    """Run on `trace` the entries of `passes` whose condition holds for `ctx`, in order, each trace kept and
+    checked (`_keep`); where an entry splits the trace, the entries after it run on each part, in its context."""
+    for i, p in enumerate(passes):
+        if not p.when(ctx):
+            continue
+        later = passes[i + 1:]
+        start = time.perf_counter()
+        made = p.run(trace, ctx)
+        elapsed_ms = (time.perf_counter() - start) * 1e3
+        if isinstance(made, Trace):
+            settled = p.writes and not any(q.writes and q.when(ctx) for q in later)
+            trace = _keep(made, elapsed_ms, replace(ctx, writes_settled=settled))
+            continue
+        assert made is not None, f"the pass {p.name} made no trace"
+        for part, part_ctx in made:
+            _keep(part, elapsed_ms, part_ctx)
+        for part, part_ctx in made:
+            run_passes(part, part_ctx, later)
+        return
 
 
 def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -362,9 +423,8 @@ def _compile(arguments: CallArguments, executors: Sequence[Any], constraints: li
     """Capture, then the passes, then the compiled entry; `NeedsPins` where the capture must be redone with more
     input sizes constant (decided from the call's inputs and the inputs the captured trace writes)."""
     fn, symbolic = arguments.fn, arguments.symbolic
-    traces: list[Trace] = []
-    family = GraphFamily() if cuda_graphs else None
-    at = AfterPass(TraceChecker() if checking_traces() else None)
+    c = Compile(arguments, constraints, TraceChecker() if checking_traces() else None)
+    ctx = PassContext("computation", executors, c)
 
     def capture() -> tuple[Trace, CaptureResult]:
         trace = Trace(getattr(fn, "__name__", "computation").replace("<lambda>", "lambda_fn"))
@@ -424,51 +484,43 @@ def _compile(arguments: CallArguments, executors: Sequence[Any], constraints: li
         found.value_checks = reader.checks
         return trace, found
 
-    # The passes, in order. Each is a pure function of its input trace, which it leaves as it is;
-    # some also return what they found (a typed record the cache entry keeps).
-    trace, found = _timed(capture, traces, at)
-    captured = [t for _, _, t in found.captured_inputs]
-    inline_grads = has_inline_grads(trace)
-    refuse_made_leaves(trace, trace.output, found.made_leaves,
-                       inline_grads or not torch.is_grad_enabled() or bool(requires_grad_inputs(trace)),
+    start = time.perf_counter()
+    trace, c.found = capture()
+    _keep(trace, (time.perf_counter() - start) * 1e3, ctx)
+    found = c.found
+    inline_grads, grad_inputs = has_inline_grads(trace), bool(requires_grad_inputs(trace))
+    refuse_made_leaves(trace, trace.output, found.made_leaves, inline_grads or not torch.is_grad_enabled() or grad_inputs,
                        found.no_grad | found.no_grad_writes)
     if inline_grads:
         split_output = found.call_plan.effects or found.call_plan.result is not None
         refuse_outputs_requiring_grad(trace, trace.output[0] if split_output else trace.output,
                                       found.no_grad | found.no_grad_writes)
     # Which inputs the trace writes, and how they share memory, decide how it is functionalized (once).
-    plan = arguments.plan_aliasing(trace, captured)
-    if plan.pins:
-        return NeedsPins(plan.pins)
-    trace, functionalized, aliasing = _timed(
-        lambda: arguments.functionalize(trace, captured, plan, found.no_grad | found.no_grad_writes), traces, at)
-    trace = _timed(lambda: dce(trace, keep_sizes=True), traces, at)  # the grad pass may save them
-    trace = _timed(lambda: remove_cast_round_trips(trace), traces, at)
-    records = dict(capture=found, functionalized=functionalized, aliasing=aliasing)
-    no_grad = found.no_grad | functionalized.made_without_grad
-    if inline_grads:
-        # The code took gradients itself (`loss.backward()`): they are values of this one trace, which then runs
-        # without autograd (docs/design.md: "A whole training step in one trace").
-        with recording_constraints(constraints):
-            trace = _timed(lambda: expand_inline_grads(trace, executors, no_grad), traces, at)
-
-    if torch.is_grad_enabled() and requires_grad_inputs(trace) and not inline_grads:
-        computation, backward_traces, split = _compile_with_grad(
-            trace, traces, executors, at, no_grad, functionalized, constraints, family)
-        computation = with_synthetic_bases(computation, aliasing)
-        return CompiledEntry(found.call_plan.wrap(computation), traces, **records, split=split,
-                             backward_traces=backward_traces, graphs=family)
-
-    trace = run_passes(trace, PassContext("computation", executors, inline_grads=inline_grads), traces, at)
+    c.plan = arguments.plan_aliasing(trace, [t for _, _, t in found.captured_inputs])
+    if c.plan.pins:
+        return NeedsPins(c.plan.pins)
+    # The passes, in order: each a pure function of its input trace, some keeping what they found in `c`.
+    # (Functionalizing adds no input requiring grad: a synthetic base is refused where one would be needed.)
+    differentiates = torch.is_grad_enabled() and grad_inputs and not inline_grads
+    run_passes(trace, replace(ctx, inline_grads=inline_grads, differentiates=differentiates), PASSES)
+    records = dict(capture=found, functionalized=c.functionalized, aliasing=c.aliasing)
+    family = GraphFamily() if cuda_graphs else None
+    if c.split is not None:
+        computation = with_synthetic_bases(_autograd_computation(c, family), c.aliasing)
+        # The entry keeps the split's facts; the second backward's trace lives in the saved_backward alone.
+        return CompiledEntry(found.call_plan.wrap(computation), c.traces, **records,
+                             split=replace(c.split, second_backward=None), backward_traces=c.backward_traces,
+                             graphs=family)
 
     start = time.perf_counter()
+    trace, functionalized = c.traces[-1], c.functionalized
     computation = graphed(trace.python_callable(), trace, family, "computation", functionalized.mutated_inputs)
     computation = bumping_versions(computation, trace, functionalized.mutated_inputs)
     if inline_grads:
         computation = without_grad(computation)
-    computation = with_synthetic_bases(refusing_inference_writes(computation, trace, functionalized), aliasing)
-    traces[-1].elapsed_ms += (time.perf_counter() - start) * 1e3
-    return CompiledEntry(found.call_plan.wrap(computation), traces, **records, plain=computation, graphs=family)
+    computation = with_synthetic_bases(refusing_inference_writes(computation, trace, functionalized), c.aliasing)
+    trace.elapsed_ms += (time.perf_counter() - start) * 1e3
+    return CompiledEntry(found.call_plan.wrap(computation), c.traces, **records, plain=computation, graphs=family)
 
 
 def without_grad(computation: Callable[..., Any]) -> Callable[..., Any]:
@@ -497,55 +549,27 @@ def _runs_eagerly(escaped: Escaped, trace: Trace, containers: ArgumentContainers
             or any(b.written() or b.sym.effects.random for b in trace.bound_symbols))
 
 
-def _compile_with_grad(trace: Trace, traces: list[Trace], executors: Sequence[Any], at: AfterPass,
-                       no_grad: frozenset[str], functionalized: FunctionalizeResult, constraints: list[str],
-                       family: GraphFamily | None = None) -> tuple[Callable[..., Any], list[Trace], SplitResult]:
-    """Grad is needed: split into forward and backward, run the passes on both, compile both.
-
-    Returns the autograd-aware computation, the backward traces (one per pass) and the split's facts.
-    """
-    start = time.perf_counter()
-    # The VJP rules choose the backward's ops by the sizes (a slice's padding, a broadcast's sum),
-    # as capture chose the forward's: their comparisons are guarded like the capture's.
-    recompute = recompute_for(trace, trace.fn_name, frozenset(no_grad), functionalized.mutated_inputs)
-    with recording_constraints(constraints):
-        fwd, bwd, split = split_forward_backward(trace, executors, no_grad, functionalized.inplace_originals,
-                                                 functionalized.written_with_grad,
-                                                 double_backward=recompute.refusal is None)
-    fwd.elapsed_ms = bwd.elapsed_ms = (time.perf_counter() - start) * 1e3
-    traces.append(fwd)
-    bwd_traces = [bwd]
-    after_pass(fwd, at)
-    after_pass(bwd, at)
-    bwd = _timed(lambda: remove_cast_round_trips(bwd), bwd_traces, at)
-    positions = {p.name: i for i, p in enumerate(trace.args)}
-    # A traced custom Function's backward may write into forward inputs.
-    mutated_by_backward = tuple(positions[p.name] for b in bwd.bound_symbols if b.sym.effects.copies
-                                for p in b.written() if p.name in positions)
-    in_function = bool(split.differentiable_outputs or split.dirty_inputs)
-    run_passes(fwd, PassContext("forward", executors, in_function=in_function), traces, at)
-    run_passes(bwd, PassContext("backward", executors, writes_inputs=bool(mutated_by_backward)), bwd_traces, at)
-    forward = graphed(traces[-1].python_callable(), traces[-1], family, "forward", functionalized.mutated_inputs,
-                      saved_from=True)
-    backward = graphed(bwd_traces[-1].python_callable(), bwd_traces[-1], family, "backward", (),
-                       refusal="the backward writes into inputs of the forward" if mutated_by_backward else None)
-    compiled = CompiledGrad(
-        forward=refusing_inference_writes(
-            bumping_versions(forward, traces[-1], functionalized.mutated_inputs), traces[-1], functionalized),
+def _autograd_computation(c: Compile, family: GraphFamily | None) -> Callable[..., Any]:
+    """The compiled forward and backward of a compile that split its trace, joined by one autograd.Function."""
+    assert c.split is not None and c.recompute is not None
+    fwd, bwd, mutated = c.traces[-1], c.backward_traces[-1], c.functionalized.mutated_inputs
+    forward = graphed(fwd.python_callable(), fwd, family, "forward", mutated, saved_from=True)
+    backward = graphed(bwd.python_callable(), bwd, family, "backward", (),
+                       refusal="the backward writes into inputs of the forward" if c.backward_writes else None)
+    return autograd_callable(CompiledGrad(
+        forward=refusing_inference_writes(bumping_versions(forward, fwd, mutated), fwd, c.functionalized),
         # A backward called under autocast must not cast again: its trace holds eager's casts.
         backward=without_autocast(backward),
-        differentiable_outputs=split.differentiable_outputs,
-        name=trace.fn_name,
-        input_names=tuple(p.name for p in trace.args),
-        dirty_inputs=split.dirty_inputs,
-        overwritten_saved=split.overwritten_saved,
-        backward_mutated_inputs=mutated_by_backward,
-        recompute=recompute,
-        saved_backward=_saved_backward(bwd, split, recompute),
-        first_order_saved=split.first_order_saved,
-    )
-    # The entry keeps the split's facts; the second backward's trace lives in the saved_backward alone.
-    return autograd_callable(compiled), bwd_traces, dataclasses.replace(split, second_backward=None)
+        differentiable_outputs=c.split.differentiable_outputs,
+        name=fwd.fn_name,  # the forward takes the whole trace's inputs
+        input_names=tuple(p.name for p in fwd.args),
+        dirty_inputs=c.split.dirty_inputs,
+        overwritten_saved=c.split.overwritten_saved,
+        backward_mutated_inputs=c.backward_writes,
+        recompute=c.recompute,
+        saved_backward=_saved_backward(c.backward_traces[0], c.split, c.recompute),
+        first_order_saved=c.split.first_order_saved,
+    ))
 
 
 def _saved_backward(bwd: Trace, split: SplitResult, recompute: Recompute) -> SavedBackward | None:
