@@ -133,8 +133,15 @@ def split_in_two(x, n):
     return a * 2, b.cos()
 
 
+def of_two_lengths(x, n):
+    k = n.item()
+    y = torch.cat([x, x])
+    return x[:k] * y[:k]  # two sizes the trace computes, compared once by the capture, again by the grad pass
+
+
 @pytest.mark.parametrize(("fn", "shape", "values"), [
     pytest.param(sliced_twice, (10,), (3, 5, -2, 12, 0, -13), id="getitem"),
+    pytest.param(of_two_lengths, (10,), (3, 5, 0, 10, 7), id="two-lengths"),
     pytest.param(narrowed, (3, 6), (0, 2, 6, 4), id="narrow"),
     pytest.param(split_in_two, (10,), (0, 3, 10, 7), id="split"),
 ])
