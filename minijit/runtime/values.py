@@ -106,7 +106,9 @@ class ValueReader:
         if nested:
             if not isinstance(x, NumberProxy) or not any(x is o for b in trace.bound_symbols for o in b.proxy_outputs()):
                 return NotImplemented
-            if how != "value" and not x.seen:  # a value seen (a size the op made): only the outcome
+            # A value not seen (`.item()`'s placeholder) is read whole: the op's shapes may hold it. A seen one (a
+            # size the op made, a slice bound) reads only the outcome.
+            if how != "value" and not x.seen:
                 return observe(self(x, "value", None), how, other)
         check_readable(x, how)
         read = [x, other] if isinstance(other, NumberProxy) else [x]  # another size only the trace knows
