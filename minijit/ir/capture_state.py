@@ -84,6 +84,10 @@ class CaptureState:
     # The fake tensors that sizes only the trace knows are followed on (`nonzero`'s count: one symbol for
     # `torch.where(mask)` and `x[mask]` of one mask), made on the first such op (minijit/ops/unbacked.py):
     unbacked_session: Any = None
+    # (number prim, its arguments) -> its result, for arithmetic on numbers the trace computes whose values the
+    # capture saw (`NumberProxy.seen`: clamped slice bounds, minijit/ops/runtime_bounds.py): one proxy per
+    # computation, so that `x[:k]` twice has one size, which no pass after the capture could compare.
+    seen_numbers: dict[tuple[Any, ...], Proxy] = field(default_factory=dict)
 
     def forget_numbers(self, bsym: BoundSymbol) -> None:
         """Forget the known numbers `bsym` may change: all of them where it writes an integer tensor (which may

@@ -90,7 +90,7 @@ class NumberProxy(Proxy):
     decompositions, VJP rules), which run in the capture and again where a pass records the op.
     """
 
-    __slots__ = ("expr", "origin", "python_type", "read", "value")
+    __slots__ = ("expr", "origin", "outcomes", "python_type", "read", "seen", "value")
 
     def __init__(self, value: int | float | bool, python_type: type, name: str | None = None,
                  expr: str | None = None):
@@ -103,6 +103,13 @@ class NumberProxy(Proxy):
         # True once the capture has read the real value of such a computed value (`value` is it):
         # the trace checks it where it was read (prims.check_value), so it is a constant from there on.
         self.read = False
+        # True where `value` is the real value, on the call traced, of a value the trace computes that nothing
+        # guards (a size only the trace knows, an `.item()` used as a slice bound: `seen_value`): a comparison
+        # of it reads only the outcome, even in an op's rules, and the trace checks that outcome.
+        self.seen = False
+        # Of a seen value: (op, the other operand) -> the outcome the trace checks, from where the capture read it
+        # on (`_checked_outcome`): asked again, by the capture or a pass after it, it is that outcome.
+        self.outcomes: dict[tuple[str, str], bool] | None = None
 
     def type_string(self) -> str:
         return f"{self.python_type.__name__} {self.value}"
@@ -225,19 +232,39 @@ def guarded_compare(a: NumberProxy, op: str, b: Any) -> bool:
         return op in ("==", "<=", ">=")  # a number compared with itself: true of every value, nothing to check
     if data_dependent(b) and not data_dependent(a):
         return guarded_compare(b, SWAPPED[op], a)
-    if data_dependent(a) and isinstance(a, UnbackedSize) and replaying():
+    if data_dependent(a) and a.seen and replaying():
         # Re-running a rule the capture ran (the verifier): decided as the capture did, which the trace checks.
         return bool(_COMPARISONS[op](a.value, number_value(b)))
     if data_dependent(a):
         # A value computed by the trace: read it now, and let the trace check the comparison's
         # outcome on every call (one trace per outcome, not per value); two sizes only the trace knows are
         # compared there too (the counts of two masks).
-        both = isinstance(a, UnbackedSize) and isinstance(b, UnbackedSize) and data_dependent(b)
+        if a.seen and (checked := _checked_outcome(a, op, b)) is not None:
+            return checked
+        both = a.seen and isinstance(b, NumberProxy) and b.seen and data_dependent(b)
         other = b if both else b._specialise() if isinstance(b, NumberProxy) else b
-        return bool(_read(a, op, other))
+        result = bool(_read(a, op, other))
+        if a.seen:
+            a.outcomes = {**(a.outcomes or {}), (op, _operand_key(b)): result}
+        return result
     result = bool(_COMPARISONS[op](a.value, number_value(b)))
     record_constraint(a, op, b, result)
     return result
+
+
+def _operand_key(x: Any) -> str:
+    return x.name if isinstance(x, NumberProxy) else repr(x)
+
+
+def _checked_outcome(a: NumberProxy, op: str, b: Any) -> bool | None:
+    """The outcome of `a <op> b` where the trace already checks it (the capture read it before: `a` and `b` are
+    values the trace computes, which do not change), else None."""
+    for x, how, y in ((a, op, b), (b, SWAPPED[op], a)):
+        if isinstance(x, NumberProxy) and x.outcomes is not None:
+            known = x.outcomes.get((how, _operand_key(y)))
+            if known is not None:
+                return known
+    return None
 
 
 def data_dependent(x: Any) -> bool:
@@ -469,6 +496,10 @@ class UnbackedSize(IntegerProxy):
     """
 
     __slots__ = ()
+
+    def __init__(self, value: int, name: str | None = None):
+        super().__init__(value, name)
+        self.seen = True
 
 
 class FloatProxy(NumberProxy):

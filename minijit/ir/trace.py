@@ -158,6 +158,12 @@ class Trace:
         if sym.is_prim:
             output = sym.meta(*args, **kwargs)
             subsymbols: list[BoundSymbol] = []
+            if state is not None and isinstance(output, NumberProxy) and output.seen and not kwargs:
+                # Arithmetic on values the capture saw: computed once (CaptureState.seen_numbers).
+                key = (sym.id, *(a.name if isinstance(a, Proxy) else (type(a), a) for a in args))
+                if (known := state.seen_numbers.get(key)) is not None:
+                    return known
+                state.seen_numbers[key] = output
         else:
             subsymbols = []
             self._scopes.append(subsymbols)

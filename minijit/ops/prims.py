@@ -20,7 +20,14 @@ import torch
 from minijit.errors import MetaError
 from minijit.ir import Effects, FloatProxy, IntegerProxy, NumberProxy, Symbol, Tag, TensorProxy
 from minijit.ir.context import where_now
-from minijit.ir.proxies import NUMBER_METHODS, broadcasts_to, number_value, rule_compare, rule_same_shape
+from minijit.ir.proxies import (
+    NUMBER_METHODS,
+    broadcasts_to,
+    data_dependent,
+    number_value,
+    rule_compare,
+    rule_same_shape,
+)
 
 Number = int | float | bool | complex | NumberProxy
 Shape = tuple[int | IntegerProxy, ...]
@@ -293,11 +300,19 @@ def _slice_meta(x: TensorProxy, start_indices: Sequence[int], end_indices: Seque
         raise _fail("slice", "start_indices, end_indices and strides need one entry per dim")
     shape = []
     for start, end, step, size in zip(start_indices, end_indices, strides, x.shape, strict=True):
-        if (type(size) is int and not (rule_compare(0, "<=", start) and rule_compare(start, "<=", end)
-                                       and rule_compare(end, "<=", size))) or rule_compare(step, "<", 1):
+        # Bounds the trace computes (`x[:n.item()]`) are clamped by the caller with arithmetic the trace runs
+        # (minijit.ops.runtime_bounds): comparing them here would put a check of each in the trace.
+        computed = _computed_bound(start) or _computed_bound(end)
+        if (type(size) is int and not computed and not (rule_compare(0, "<=", start) and rule_compare(start, "<=", end)
+                                                        and rule_compare(end, "<=", size))) or rule_compare(step, "<", 1):
             raise _fail("slice", f"bad slice {start}:{end}:{step} of a dim of size {size}")
         shape.append((end - start + (step - 1)) // step)  # unchanged sizes stay the same value
     return TensorProxy.like(x, shape=tuple(shape))
+
+
+def _computed_bound(x: Any) -> bool:
+    """Whether slice bound `x` is a number the trace computes whose real value the capture saw (not read)."""
+    return isinstance(x, NumberProxy) and data_dependent(x) and x.seen
 
 
 slice_prim = _prim("slice", _slice_meta, VIEW)
@@ -770,7 +785,11 @@ def _slice_scatter_meta(x: TensorProxy, value: TensorProxy, start_indices: Seque
                         strides: Sequence[int] | None = None) -> TensorProxy:
     region = _slice_meta(x, start_indices, end_indices, strides)
     _check_tensor("slice_scatter", value, "value")
-    if not rule_same_shape(tuple(value.shape), tuple(region.shape)) or value.dtype != x.dtype:
+    # Where a bound is computed by the trace, `value` is what the caller read or wrote through the same
+    # bounds (a gradient, a view written back): its size there is that slice's, which is computed anew here.
+    computed = {d for d, (a, b) in enumerate(zip(start_indices, end_indices)) if _computed_bound(a) or _computed_bound(b)}
+    shapes = [tuple(s for d, s in enumerate(t.shape) if d not in computed) for t in (value, region)]
+    if value.ndim != region.ndim or not rule_same_shape(*shapes) or value.dtype != x.dtype:
         raise _fail("slice_scatter", f"value {value.type_string()} does not match the region {region.type_string()}")
     return TensorProxy.like(x, requires_grad=x.requires_grad or value.requires_grad)
 
@@ -862,11 +881,17 @@ def _number_meta(op: str) -> Callable[..., Any]:
             expr = f"abs({exprs[0]})" if op == "abs" else f"({symbol}{exprs[0]})"
         else:
             expr = f"({exprs[0]} {symbol} {exprs[1]})"
+        out: NumberProxy
         if type(result) is int:
-            return IntegerProxy(result, expr=expr)
-        if type(result) is float:
-            return FloatProxy(result, expr=expr)
-        raise _fail(f"num_{op}", f"unsupported result type {type(result).__name__}")
+            out = IntegerProxy(result, expr=expr)
+        elif type(result) is float:
+            out = FloatProxy(result, expr=expr)
+        else:
+            raise _fail(f"num_{op}", f"unsupported result type {type(result).__name__}")
+        # Computed from values the trace computes, all seen (their real values): so is the result.
+        computed = [a for a in args if data_dependent(a)]
+        out.seen = bool(computed) and all(a.seen for a in computed)
+        return out
     return meta
 
 

@@ -27,7 +27,6 @@ import torch
 from minijit.errors import TraceInvariantError, UnsupportedSyntaxError, ValueGuardMiss
 from minijit.ir import NumberProxy, Proxy, TensorProxy, Trace, tree_flatten, tree_map
 from minijit.ir.context import current_trace, outside_capture, where_now
-from minijit.ir.proxies import UnbackedSize
 from minijit.ops import prims
 from minijit.ops.aten_prims import check_readable, check_value, is_value_check, observe
 from minijit.ops.opaque import describe, runtime_leaves, shapes_seen_symbol
@@ -108,7 +107,9 @@ class ValueReader:
         if nested:
             if not isinstance(x, NumberProxy) or not any(x is o for b in trace.bound_symbols for o in b.proxy_outputs()):
                 return NotImplemented
-            if how != "value" and not isinstance(x, UnbackedSize):  # a size the trace knows: only the outcome
+            # A value not seen (`.item()`'s placeholder) is read whole: the op's shapes may hold it. A seen one (a
+            # size the op made, a slice bound) reads only the outcome.
+            if how != "value" and not x.seen:
                 return observe(self(x, "value", None), how, other)
         check_readable(x, how)
         read = [x, other] if isinstance(other, NumberProxy) else [x]  # another size only the trace knows
@@ -121,6 +122,20 @@ class ValueReader:
             x.value = observed
             x.read = True
         return observed
+
+    def see(self, x: NumberProxy) -> bool:
+        """Give `x`, a number the trace computed before the op being recorded (`n.item()` as a slice bound), its
+        real value on the call traced, with no check: its comparisons then read only their outcome, as a size
+        only the trace knows does (`NumberProxy.seen`). False where its value cannot be read here."""
+        trace = current_trace()
+        if trace is not self.trace or not any(x is o for b in trace.bound_symbols for o in b.proxy_outputs()):
+            return False
+        values = self._real_values([x])
+        if values is None:
+            return False
+        x.value = x.python_type(values[0])
+        x.seen = True
+        return True
 
     def call_with_shapes_seen(self, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Record `fn(*args, **kwargs)`, an op whose result's shape depends on the values (`nonzero`), with the

@@ -26,6 +26,7 @@ from minijit.ir.proxies import broadcasts_to, rule_compare, rule_same_shape
 from minijit.ops import prims
 from minijit.ops.ltorch.shape import movedim, permute, slice_dim
 from minijit.ops.registry import ltorch_op
+from minijit.ops.runtime_bounds import computed_slice_bounds, seen_values
 from minijit.ops.utils import (
     broadcast_shapes,
     canonical_dim,
@@ -126,7 +127,9 @@ def slice_bounds(s: slice, size: Any) -> tuple[Any, Any, int]:
     """(start, stop, step) of a positive-step slice of a dim of `size`, clamped like Python's.
 
     Written with comparisons rather than `slice.indices`, so that a symbolic size is
-    only constrained by the comparisons the result depends on.
+    only constrained by the comparisons the result depends on. A bound the trace computes
+    (`x[:n.item()]`) is clamped by arithmetic the trace runs: no comparison, one trace for
+    all its values (minijit.ops.runtime_bounds).
     """
     def bound(v: int | None, default: Any) -> Any:
         if v is None:
@@ -136,8 +139,11 @@ def slice_bounds(s: slice, size: Any) -> tuple[Any, Any, int]:
             return 0 if rule_compare(v, "<", 0) else v
         return size if rule_compare(v, ">", size) else v
 
+    step = 1 if s.step is None else s.step
+    if seen_values(s.start, s.stop):
+        return (*computed_slice_bounds(s, size, bound), step)
     start, stop = bound(s.start, 0), bound(s.stop, size)
-    return start, (start if rule_compare(stop, "<", start) else stop), 1 if s.step is None else s.step
+    return start, (start if rule_compare(stop, "<", start) else stop), step
 
 
 def _basic_index(op: str, a: TensorProxy, items: list[Any]) -> tuple[TensorProxy, list[tuple[int, TensorProxy]]]:

@@ -21,9 +21,10 @@ import torch
 from minijit.errors import MetaError, UnsupportedOpError
 from minijit.ir import VIEWS_ANY_LAYOUT, VIEWS_IF_SPLITS, Effects, Tag, TensorProxy
 from minijit.ir.context import where_now
-from minijit.ir.proxies import broadcasts_to, equal_sizes, rule_compare, rule_same_shape
+from minijit.ir.proxies import broadcasts_to, equal_sizes, number_value, rule_compare, rule_same_shape
 from minijit.ops import prims
 from minijit.ops.registry import ltorch_op
+from minijit.ops.runtime_bounds import computed_int, from_end, seen_values
 from minijit.ops.strides import check_viewable, is_already_contiguous
 from minijit.ops.utils import canonical_dim, infer_shape, larger, reshape_to, shape_arg, smaller, unsqueeze_at
 
@@ -293,12 +294,17 @@ def narrow(input: TensorProxy, dim: int, start: int, length: int) -> TensorProxy
         raise UnsupportedOpError(f"ltorch.narrow: a tensor start is data-dependent{where_now()}; pass an int")
     d = canonical_dim(dim, input.ndim)
     size = input.shape[d]
-    if rule_compare(start, "<", 0):
+    # Bounds the trace computes (`n.item()`): seen, so that the checks below read only their outcome.
+    computed = seen_values(start, length)
+    if computed and computed_int(start):
+        start = from_end(start, size)  # arithmetic the trace computes: no trace per sign
+    elif rule_compare(start, "<", 0):
         start += size
     if (not (rule_compare(0, "<=", start) and rule_compare(start, "<=", size)) or rule_compare(length, "<", 0)
             or rule_compare(start + length, ">", size)):
-        raise _fail("narrow", f"start {start} and length {length} exceed dim {d} of size {size}")
-    if rule_compare(start, "==", 0) and rule_compare(length, "==", size):
+        raise _fail("narrow", f"start {number_value(start)} and length {number_value(length)} exceed dim {d} of size "
+                              f"{size}")
+    if not computed and rule_compare(start, "==", 0) and rule_compare(length, "==", size):
         return input
     return slice_dim(input, d, start, start + length)
 
@@ -357,8 +363,10 @@ def split(tensor: TensorProxy, split_size_or_sections: int | Sequence[int], dim:
         sizes = [size] * count + ([n - count * size] if rule_compare(n, "!=", count * size) else []) if size else [0]
     else:
         sizes = list(split_size_or_sections)
+        seen_values(*sizes)  # sizes the trace computes: their checks below read only the outcome
         if any(rule_compare(s, "<", 0) for s in sizes) or rule_compare(sum(sizes), "!=", n):
-            raise _fail("split", f"split sizes {sizes} must be non-negative and sum to dim {d}'s size {n}")
+            shown = [number_value(s) for s in sizes]
+            raise _fail("split", f"split sizes {shown} must be non-negative and sum to dim {d}'s size {n}")
     return _split_at(tensor, d, _bounds_of_sizes(sizes))
 
 

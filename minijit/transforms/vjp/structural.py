@@ -8,10 +8,11 @@ from typing import Any
 import torch
 
 from minijit.errors import MinijitError
-from minijit.ir import TensorProxy
+from minijit.ir import TensorProxy, tree_flatten
 from minijit.ir.proxies import data_dependent, rule_compare, rule_same_shape, same_size
 from minijit.ops import prims
 from minijit.ops.registry import ALL_LTORCH
+from minijit.ops.runtime_bounds import computed_int
 from minijit.ops.utils import larger, restore_reduced
 from minijit.transforms.vjp.registry import matrix_transpose, reshape_to, vjp, zeros_like
 
@@ -119,12 +120,18 @@ def _pad_dim(g: TensorProxy, dim: int, start: int, stride: int, size: int) -> Te
 def slice_fwd(x: TensorProxy, start_indices: Sequence[int], end_indices: Sequence[int],
               strides: Sequence[int] | None = None) -> tuple[TensorProxy, Saved]:
     strides = tuple(strides) if strides is not None else (1,) * x.ndim
-    return prims.slice_prim(x, start_indices, end_indices, strides), (x.shape, tuple(start_indices), strides)
+    saved = (x.shape, tuple(start_indices), tuple(end_indices), strides)
+    return prims.slice_prim(x, start_indices, end_indices, strides), saved
 
 
 @slice_fwd.backward
 def slice_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
-    shape, starts, strides = saved
+    shape, starts, ends, strides = saved
+    if any(computed_int(d) for d in g.shape):
+        # Bounds the trace computes (`x[:n.item()]`, minijit.ops.runtime_bounds): nothing to compare, so the
+        # gradient is written into zeros where the slice read, whatever its length.
+        zeros = P.full(tuple(shape), 0, dtype=g.dtype, device=g.device)
+        return (P.slice_scatter(zeros, g, list(starts), list(ends), list(strides)), None, None, None)
     for dim, (size, start, stride) in enumerate(zip(shape, starts, strides)):
         if rule_compare(g.shape[dim], "!=", size):
             g = _pad_dim(g, dim, start, stride, size)
@@ -401,9 +408,9 @@ def device_put_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
 # -- ltorch ops that cut a tensor into pieces (multi-output) ---------------------------------------
 
 def _pieces_fwd(name: str, x: TensorProxy, dim: int, *args: Any) -> Any:
-    if not all(type(s) is int for s in x.shape):
-        # Symbolic piece sizes are computed inside the op's decomposition, out of the
-        # backward's reach: differentiate the decomposition instead.
+    if not all(type(s) is int for s in x.shape) or any(computed_int(a) for a in tree_flatten(args)):
+        # Symbolic piece sizes (or sizes the trace computes: `n.item()`) are computed inside the op's
+        # decomposition, out of the backward's reach: differentiate the decomposition instead.
         return NotImplemented
     out = ALL_LTORCH[name](x, *args)
     d = dim % max(x.ndim, 1)
