@@ -372,14 +372,17 @@ class Prologue:
 
     def __init__(self, name: str, params: list[str], keywords: tuple[str, ...], checks: list[Check],
                  inputs: list[str], captured: list[tuple[str, str]], env: dict[str, Any],
-                 value_guards: list[str] | None = None):
+                 value_guards: list[str] | None = None, previous: Prologue | None = None):
         self.params, self.keywords, self.checks = params, keywords, checks
         self.inputs, self.captured, self.env = inputs, captured, env
         env.update(_ENV)
         # A keyword's name is checked by calling `check_call` with it: its test is "True", left out.
         key_tests = [t for c in checks if c.keyed and (t := c.test(env)) != "True"]
         at_once = _captured_at_once(checks, env)
-        tests = {id(c): c.test(env) for c in checks if not c.keyed}
+        # `previous`: the prologue of the entry this one was rebound from, whose checks it shares where nothing they
+        # read moved (runtime/rebind.py): their tests are the same words over the same names in `env`.
+        known = previous.tests if previous is not None else {}
+        self.tests = tests = {id(c): known.get(id(c)) or c.test(env) for c in checks if not c.keyed}
         guard_tests = _tests(tests, [c for c in checks if not c.keyed], at_once)
         # A call with exactly the sizes and strides of the call that made the entry meets its constraints on
         # those: `exact_guard` leaves them out (the hit path's exact check, minijit.runtime.cache_key). Any
@@ -520,17 +523,26 @@ def _captured_at_once(checks: Sequence[Check], env: dict[str, Any]) -> tuple[str
               and types_seen.get(c.subject) in (Tensor, torch.nn.Parameter)]
     if len(chosen) < 4:
         return "", set()
-    try:
-        from torch._C._dynamo.guards import TensorGuards
-
-        stand_ins = [_stand_in(types_seen[c.subject], *c.expected) for c in chosen]
-        check = TensorGuards(*stand_ins, dynamic_dims_sizes=[list(t.shape) for t in stand_ins],
-                             dynamic_dims_strides=[[None] * t.ndim for t in stand_ins]).check
-    except (ImportError, TypeError, RuntimeError):
+    check = _tensor_check(tuple((types_seen[c.subject], *c.expected) for c in chosen))
+    if check is None:
         return "", set()
     env["_captured_check"] = check
     one_by_one = " and ".join(c.test(env) for c in chosen)
     return f"(_captured_check({', '.join(c.subject for c in chosen)}) or ({one_by_one}))", {id(c) for c in chosen}
+
+
+@functools.lru_cache(maxsize=64)  # an entry rebound to new objects checks the same parameters again
+def _tensor_check(metadata: tuple[tuple[Any, ...], ...]) -> Callable[..., bool] | None:
+    """Torch's C check of tensors with these (type, shape, dtype, device, requires_grad), or None where there is
+    none."""
+    try:
+        from torch._C._dynamo.guards import TensorGuards
+
+        stand_ins = [_stand_in(*m) for m in metadata]
+        return TensorGuards(*stand_ins, dynamic_dims_sizes=[list(t.shape) for t in stand_ins],
+                            dynamic_dims_strides=[[None] * t.ndim for t in stand_ins]).check
+    except (ImportError, TypeError, RuntimeError):
+        return None
 
 
 def _stand_in(cls: type, shape: torch.Size, dtype: torch.dtype, device: torch.device, requires_grad: bool) -> Tensor:

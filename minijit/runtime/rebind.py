@@ -73,7 +73,7 @@ def rebind(entry: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: di
         guards = []
         for i, g in enumerate(entry.capture.guards):
             guards.append(pairs.guard(g, entry.prologue.env.get(f"_v{i}")))
-            if not _may_hold(guards[-1]):
+            if guards[-1] is not g and not _may_hold(guards[-1]):
                 return None  # a value read from the new objects differs: no need to compile a guard to know
         capture = dataclasses.replace(
             entry.capture, guards=guards,
