@@ -264,6 +264,17 @@ def _checked_outcome(a: NumberProxy, op: str, b: Any) -> bool | None:
             known = x.outcomes.get((how, _operand_key(y)))
             if known is not None:
                 return known
+            if type(y) is int and (fixed := _checked_constant(x)) is not None:
+                return bool(_COMPARISONS[how](fixed, y))
+    return None
+
+
+def _checked_constant(x: NumberProxy) -> int | None:
+    """The int that `x` equals on every call, where the trace checks that `x == c` holds or `x != c` fails (a slice
+    of length 1 that an index the trace computes selects, squeezed), else None."""
+    for (how, operand), outcome in (x.outcomes or {}).items():
+        if (how, outcome) in (("==", True), ("!=", False)) and operand.lstrip("-").isdigit():
+            return int(operand)
     return None
 
 

@@ -785,9 +785,10 @@ def _slice_scatter_meta(x: TensorProxy, value: TensorProxy, start_indices: Seque
                         strides: Sequence[int] | None = None) -> TensorProxy:
     region = _slice_meta(x, start_indices, end_indices, strides)
     _check_tensor("slice_scatter", value, "value")
-    # Where a bound is computed by the trace, `value` is what the caller read or wrote through the same
+    # Where a bound or step is computed by the trace, `value` is what the caller read or wrote through the same
     # bounds (a gradient, a view written back): its size there is that slice's, which is computed anew here.
-    computed = {d for d, (a, b) in enumerate(zip(start_indices, end_indices)) if _computed_bound(a) or _computed_bound(b)}
+    steps = strides if strides is not None else [1] * x.ndim
+    computed = {d for d, bounds in enumerate(zip(start_indices, end_indices, steps)) if any(map(_computed_bound, bounds))}
     shapes = [tuple(s for d, s in enumerate(t.shape) if d not in computed) for t in (value, region)]
     if value.ndim != region.ndim or not rule_same_shape(*shapes) or value.dtype != x.dtype:
         raise _fail("slice_scatter", f"value {value.type_string()} does not match the region {region.type_string()}")

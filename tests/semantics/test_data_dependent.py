@@ -344,9 +344,9 @@ def test_module_with_a_mask_and_an_early_exit() -> None:
             assert_same(jitted(x), eager(x))
 
 
-# -- x.item() as a size or an index inside an op: read whole, one entry per value --------------------------
+# -- x.item() as a size or an index inside an op: one entry where the trace computes with it, else one per value
 # (a size the ops compute with as it is, `torch.zeros(n.item())`, is a size the trace knows: one entry; so are
-# slice bounds, which the trace clamps itself: tests/semantics/test_item_slices.py)
+# slice bounds, which the trace clamps itself, and int indices: tests/semantics/test_item_slices.py)
 
 @pytest.mark.parametrize(("fn", "entries"), [
     pytest.param(lambda x, n: x[: n.item()] * 2, 1, id="slice"),
@@ -354,7 +354,7 @@ def test_module_with_a_mask_and_an_early_exit() -> None:
     pytest.param(lambda x, n: x.view(n.item(), -1).sum(0), 3, id="view"),
     pytest.param(lambda x, n: x.narrow(0, 1, n.item()), 1, id="narrow"),
     pytest.param(lambda x, n: x[: 2].repeat(n.item()), 3, id="repeat"),
-    pytest.param(lambda x, n: x[n.item()] + x[-n.item()], 3, id="index"),
+    pytest.param(lambda x, n: x[n.item()] + x[-n.item()], 1, id="index"),
     pytest.param(lambda x, n: x.reshape(-1, n.item()) @ torch.ones(n.item()), 3, id="reshape"),
 ])
 def test_item_as_a_size_or_an_index(fn, entries) -> None:

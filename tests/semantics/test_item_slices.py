@@ -170,9 +170,27 @@ def add_to_tail(x, n):
     return x.sum()
 
 
-@pytest.mark.parametrize("fn", [write_head, add_to_tail])
-def test_writes_through_the_slice(fn) -> None:
-    jf = _run_both(fn, [(torch.randn(10), torch.tensor(v)) for v in (3, -2, 12, 0)])
+def write_element(x, n):
+    x[n.item()] = -1
+    return x * 1
+
+
+def write_every_nth(x, n):
+    x[::n.item() + 2] = 5
+    return x.sum()
+
+
+def add_to_a_row(x, n):
+    x.view(2, 5)[n.item() % 2].add_(1)
+    return x.exp()
+
+
+@pytest.mark.parametrize(("fn", "values"), [
+    (write_head, (3, -2, 12, 0)), (add_to_tail, (3, -2, 12, 0)), (write_element, (3, -2, 9, 0, -10)),
+    (write_every_nth, (3, -1, 12, 0)), (add_to_a_row, (3, -2, 12, 0)),
+])
+def test_writes_through_the_slice(fn, values) -> None:
+    jf = _run_both(fn, [(torch.randn(10), torch.tensor(v)) for v in values])
     _traced_once(jf)
 
 
@@ -188,3 +206,66 @@ def test_no_value_guard_is_reported() -> None:
     info = minijit.cache_info(jf)
     assert info.hits == 3
     assert "value guard" not in str(info)
+
+
+def select_row(x, n):
+    return x[n.item()] * 2
+
+
+def select_column(x, n):
+    k = n.item()
+    return x[:, k].exp() + x[k - 1, k]
+
+
+def every_nth(x, n):
+    return x[::n.item()] + 1
+
+
+def every_nth_of_a_window(x, a, s):
+    return x[a.item():-1:s.item()].sum(0)
+
+
+def test_index_by_an_item_traces_once_for_every_index_in_bounds() -> None:
+    rows = _run_both(select_row, [(torch.randn(6, 3), torch.tensor(v)) for v in (2, 0, 5, -1, -6, 3)])
+    columns = _run_both(select_column, [(torch.randn(4, 5), torch.tensor(v)) for v in (2, 1, 3, -2, 4)])
+    for jf in (rows, columns):
+        _traced_once(jf)
+
+
+def test_step_read_from_a_tensor_traces_once() -> None:
+    steps = _run_both(every_nth, [(torch.randn(10, 2), torch.tensor(v)) for v in (1, 3, 2, 10, 12, 4)])
+    windows = _run_both(every_nth_of_a_window, [(torch.randn(10, 2), torch.tensor(a), torch.tensor(s))
+                                                for a, s in ((0, 2), (3, 1), (-4, 3), (8, 5), (12, 2))])
+    for jf in (steps, windows):
+        _traced_once(jf)
+
+
+@pytest.mark.parametrize(("fn", "bad"), [
+    pytest.param(select_row, (6, -7, 40), id="index"),
+    pytest.param(every_nth, (0, -2), id="step"),
+    pytest.param(lambda x, n: write_element(x, n), (6, -7), id="setitem"),
+])
+def test_indices_and_steps_eager_refuses_raise(fn, bad) -> None:
+    x = torch.randn(6, 3)
+    jf = minijit.jit(fn)
+    assert_same(jf(x, torch.tensor(2)), fn(x, torch.tensor(2)))
+    for v in bad:
+        with pytest.raises((IndexError, ValueError, RuntimeError)):
+            fn(x, torch.tensor(v))
+        with pytest.raises(MinijitError, match=r"test_item_slices\.py"):
+            jf(x, torch.tensor(v))
+    assert_same(jf(x, torch.tensor(1)), fn(x, torch.tensor(1)))
+
+
+def test_gradient_through_an_index_read_from_a_tensor() -> None:
+    fn = lambda x, n: (x[-n.item()] * x[::n.item() + 1].sum(0)).sum()
+    jf = minijit.jit(fn)
+    for v in (1, 3, 0, 5, 2):
+        base = torch.randn(6, 3)
+        xe, xj = base.clone().requires_grad_(), base.clone().requires_grad_()
+        want, got = fn(xe, torch.tensor(v)), jf(xj, torch.tensor(v))
+        assert_same(got, want)
+        want.backward()
+        got.backward()
+        torch.testing.assert_close(xj.grad, xe.grad)
+    _traced_once(jf)

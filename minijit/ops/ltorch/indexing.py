@@ -26,7 +26,7 @@ from minijit.ir.proxies import broadcasts_to, rule_compare, rule_same_shape
 from minijit.ops import prims
 from minijit.ops.ltorch.shape import movedim, permute, slice_dim
 from minijit.ops.registry import ltorch_op
-from minijit.ops.runtime_bounds import computed_slice_bounds, seen_values
+from minijit.ops.runtime_bounds import computed_int, computed_slice_bounds, from_end, seen_value, seen_values
 from minijit.ops.utils import (
     broadcast_shapes,
     canonical_dim,
@@ -146,6 +146,30 @@ def slice_bounds(s: slice, size: Any) -> tuple[Any, Any, int]:
     return start, (start if rule_compare(stop, "<", start) else stop), step
 
 
+def _check_step(op: str, step: Any) -> None:
+    """Refuse a slice step that is not positive, as eager does. A step the trace computes (`x[::n.item()]`) is
+    seen first: its sign is then an outcome the trace checks, not its value."""
+    if computed_int(step):
+        seen_value(step)
+    if step is not None and rule_compare(step, "<=", 0):
+        raise _fail(op, f"slice step must be greater than zero, got {_shown(step)}")
+
+
+def _shown(x: Any) -> Any:
+    """`x` for a message: the value the capture saw of a number the trace computes (formatting it would read it)."""
+    return x.value if isinstance(x, NumberProxy) and computed_int(x) else x
+
+
+def _index_start(op: str, index: Any, size: Any, dim: int) -> Any:
+    """Where int `index` selects in a dim of `size`, checked in bounds. An index the trace computes
+    (`x[n.item()]`) is seen: its bounds are outcomes the trace checks, and counting from the end is arithmetic,
+    so one trace serves every index in bounds."""
+    computed = computed_int(index) and seen_value(index)
+    if not (rule_compare(-size, "<=", index) and rule_compare(index, "<", size)):
+        raise _fail(op, f"index {_shown(index)} is out of bounds for dimension {dim} with size {size}")
+    return from_end(index, size) if computed else index + size if rule_compare(index, "<", 0) else index
+
+
 def _basic_index(op: str, a: TensorProxy, items: list[Any]) -> tuple[TensorProxy, list[tuple[int, TensorProxy]]]:
     """Apply the ints, slices, None and bools of `items`; return the result and where each index tensor now applies.
 
@@ -175,16 +199,13 @@ def _basic_index(op: str, a: TensorProxy, items: list[Any]) -> tuple[TensorProxy
             tensors.append((out_dim, item))
             out_dim += 1
         elif isinstance(item, slice):
-            if item.step is not None and rule_compare(item.step, "<=", 0):
-                raise _fail(op, f"slice step must be greater than zero, got {item.step}")
+            _check_step(op, item.step)
             if item.start is not None or item.stop is not None or item.step is not None:
                 starts[in_dim], stops[in_dim], steps[in_dim] = slice_bounds(item, size)
                 sliced = True
             out_dim += 1
         else:
-            if not (rule_compare(-size, "<=", item) and rule_compare(item, "<", size)):
-                raise _fail(op, f"index {item} is out of bounds for dimension {in_dim} with size {size}")
-            start = item + size if rule_compare(item, "<", 0) else item
+            start = _index_start(op, item, size, in_dim)
             starts[in_dim], stops[in_dim] = start, start + 1
             squeezed.append(in_dim)
             sliced = True
@@ -411,8 +432,7 @@ def _one_dim_update(op: str, a: TensorProxy, key: Any, value: Any, accumulate: b
         if _is_full_slice(item):
             result_shape.append(size)
         elif isinstance(item, slice):
-            if item.step is not None and rule_compare(item.step, "<=", 0):
-                raise _fail(op, f"slice step must be greater than zero, got {item.step}")
+            _check_step(op, item.step)
             start, stop, step = slice_bounds(item, size)
             n = (stop - start + step - 1) // step
             dim, index = in_dim, prims.iota(n, start=start, step=step, dtype=torch.int64, device=a.device)
@@ -421,9 +441,7 @@ def _one_dim_update(op: str, a: TensorProxy, key: Any, value: Any, accumulate: b
             dim, index = in_dim, reshape_to(_nonnegative(item, size), (item.numel(),))
             result_shape.extend(item.shape)
         else:
-            if not (rule_compare(-size, "<=", item) and rule_compare(item, "<", size)):
-                raise _fail(op, f"index {item} is out of bounds for dimension {in_dim} with size {size}")
-            start = item + size if rule_compare(item, "<", 0) else item
+            start = _index_start(op, item, size, in_dim)
             dim, index = in_dim, prims.iota(1, start=start, step=1, dtype=torch.int64, device=a.device)
         in_dim += 1
     v = _value_tensor(op, a, value, tuple(result_shape))
