@@ -375,6 +375,8 @@ class Prologue:
                  value_guards: list[str] | None = None, previous: Prologue | None = None):
         self.params, self.keywords, self.checks = params, keywords, checks
         self.inputs, self.captured, self.env = inputs, captured, env
+        # (the entry's guard entries, which positions refer to which objects): built by runtime/rebind.py.
+        self.guard_refs: tuple[list[Any], dict[int, tuple[int, ...]]] | None = None
         env.update(_ENV)
         # A keyword's name is checked by calling `check_call` with it: its test is "True", left out.
         key_tests = [t for c in checks if c.keyed and (t := c.test(env)) != "True"]

@@ -70,11 +70,16 @@ def rebind(entry: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: di
             return None
         for (_, before), (_, now) in zip(entry.arg_objects, objects, strict=True):
             pairs.walk(before, now, 0)
-        guards = []
-        for i, g in enumerate(entry.capture.guards):
-            guards.append(pairs.guard(g, entry.prologue.env.get(f"_v{i}")))
-            if guards[-1] is not g and not _may_hold(guards[-1]):
-                return None  # a value read from the new objects differs: no need to compile a guard to know
+        refs = _guard_refs(entry)
+        guards = list(entry.capture.guards)
+        moved = []
+        for i in sorted({i for held in pairs.reached if held in refs for i in refs[held]}):
+            g = guards[i]
+            guards[i] = pairs.guard(g, entry.prologue.env.get(f"_v{i}"))
+            if guards[i] is not g:
+                if not _may_hold(guards[i]):
+                    return None  # a value read from the new objects differs: no need to compile a guard to know
+                moved.append(i)
         capture = dataclasses.replace(
             entry.capture, guards=guards,
             captured_inputs=[(name, pairs.source(s), t) for name, s, t in entry.capture.captured_inputs],
@@ -85,11 +90,50 @@ def rebind(entry: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: di
     copy.prologue = compile_prologue(copy, (params, checks), tuple(kwargs), copy.constraints,
                                      _kept(entry, guards, pairs))
     copy.guard = copy.prologue.guard
+    copy.prologue.guard_refs = (guards, _moved_refs(refs, entry.capture.guards, guards, moved))
     if not copy.prologue.holds(args, kwargs, flat):
         return None
     computation = capture.call_plan.wrap(entry.plain)
     copy.computation = without_autocast(computation) if any_autocast_enabled() else computation
     return copy
+
+
+def _refs(g: GuardEntry) -> list[int]:
+    """ids of the objects guard entry `g` refers to: what it reads through (its namespace and the holders of its
+    source), the value it compares with, its shadow. It moves in a rebind only where one of them does."""
+    held, ns = [], g.namespace
+    while isinstance(ns, Source):
+        ns = ns.holder
+        held.append(ns)
+    held += [ns, g.value, g.shadow]
+    # Only what `_Pairs.walk` can reach (a number, None, a tensor or a module never moves itself).
+    return [id(x) for x in held if _has_parts(x) and not isinstance(x, torch.Tensor | torch.nn.Module)]
+
+
+def _guard_refs(entry: Any) -> dict[int, tuple[int, ...]]:
+    """For each object the entry's guard entries refer to (by id), the positions of those entries: built once per
+    entry, then carried to its rebound copies (`_moved_refs`), so that a rebind visits only the guards of the
+    objects it moves, not the thousand that read the model."""
+    kept = getattr(entry.prologue, "guard_refs", None)
+    if kept is not None and kept[0] is entry.capture.guards:
+        return kept[1]
+    refs: dict[int, tuple[int, ...]] = {}
+    for i, g in enumerate(entry.capture.guards):
+        for held in set(_refs(g)):
+            refs[held] = (*refs.get(held, ()), i)
+    return refs
+
+
+def _moved_refs(refs: dict[int, tuple[int, ...]], before: list[GuardEntry], after: list[GuardEntry],
+                moved: list[int]) -> dict[int, tuple[int, ...]]:
+    """`refs` for the guard entries `after`, which differ from `before` at the positions `moved`."""
+    refs = dict(refs)
+    for i in moved:
+        for held in set(_refs(before[i])):
+            refs[held] = tuple(p for p in refs[held] if p != i)
+        for held in set(_refs(after[i])):
+            refs[held] = (*refs.get(held, ()), i)
+    return refs
 
 
 def _kept(entry: Any, guards: list[GuardEntry], pairs: _Pairs) -> tuple[dict[str, Any], dict[int, Check]]:
