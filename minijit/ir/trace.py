@@ -115,8 +115,9 @@ class Trace:
 
         Kept as long as the trace is what it was when built: an edit (a bound symbol appended, the list or the
         output replaced, an input added or renamed, the input aliasing changed) makes the next question build
-        it afresh, so no pass has to drop a stale analysis by hand. A trace made by `derive` starts with none.
-        An analysis is read-only to whoever gets it.
+        it afresh, so no pass has to drop a stale analysis by hand. A trace made by `derive` starts with its
+        parent's where it holds the same objects (`_inherit_analyses`), else with none. An analysis is read-only
+        to whoever gets it.
         """
         found = self._analyses.get(kind)
         if found is not None and found[0].describes(self):
