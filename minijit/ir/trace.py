@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import keyword
 import types
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -17,6 +17,8 @@ from minijit.ir.printing import Constants, to_source
 from minijit.ir.proxies import NumberProxy, Proxy
 from minijit.ir.pytree import tree_iter, tree_map
 from minijit.ir.symbol import BoundSymbol, SourceLocation, Symbol
+
+_A = TypeVar("_A")
 
 # Names the printed source uses for its own purposes; proxies never take them.
 _RESERVED = {"torch", "prims", "ltorch", "opaque", "float", "complex", "slice", "_"} | set(keyword.kwlist)
@@ -70,7 +72,8 @@ class Trace:
 
     `python()` prints it as a Python function; `python_callable()` compiles exactly
     that source. Passes build new traces with `derive`, which shares the name
-    registry so proxies created by a pass never clash with existing ones.
+    registry so proxies created by a pass never clash with existing ones. The analyses
+    of a trace (its memory model, view graph, producers) are cached on it (`analysis`).
 
     Example::
 
@@ -103,6 +106,26 @@ class Trace:
         # capture for its duration, None otherwise; `derive` does not copy it.
         self.capture: CaptureState | None = None
         self._scopes: list[list[BoundSymbol]] = [self.bound_symbols]
+        # kind -> (what the trace was when the analysis was built, the analysis): see `analysis`.
+        self._analyses: dict[Hashable, tuple[_Content, Any]] = {}
+
+    # -- analyses -------------------------------------------------------------
+    def analysis(self, kind: Hashable, build: Callable[[Trace], _A]) -> _A:
+        """The analysis `kind` of this trace: `build(self)`, built on the first question and kept on the trace.
+
+        Kept as long as the trace is what it was when built: an edit (a bound symbol appended, the list or the
+        output replaced, an input added or renamed, the input aliasing changed) makes the next question build
+        it afresh, so no pass has to drop a stale analysis by hand. A trace made by `derive` starts with its
+        parent's where it holds the same objects (`_inherit_analyses`), else with none. An analysis is read-only
+        to whoever gets it.
+        """
+        found = self._analyses.get(kind)
+        if found is not None and found[0].describes(self):
+            return found[1]
+        content = _Content(self)
+        result = build(self)
+        self._analyses[kind] = (content, result)
+        return result
 
     # -- building -------------------------------------------------------------
     def new_name(self, prefix: str) -> str:
@@ -227,7 +250,15 @@ class Trace:
         t.pass_name = pass_name
         t.input_alias_groups = [list(g) for g in self.input_alias_groups]
         t.output_note = self.output_note
+        t._inherit_analyses(self)
         return t
+
+    def _inherit_analyses(self, parent: Trace) -> None:
+        """Take `parent`'s analyses where this trace holds what it holds (a pass that changed nothing): they
+        answer for this trace as well, so no walk is done twice."""
+        content = _Content(self)
+        kept = [(kind, result) for kind, (was, result) in parent._analyses.items() if was.same(content)]
+        self._analyses.update((kind, (content, result)) for kind, result in kept)
 
     def free_proxies(self) -> list[Proxy]:
         """Proxies the trace reads that it neither takes as input nor computes, in the order first read.
@@ -304,6 +335,35 @@ class Trace:
 
     def __repr__(self) -> str:
         return f"<Trace {self.fn_name}:{self.pass_name}, {len(self.bound_symbols)} bound symbols>"
+
+
+class _Content:
+    """What a trace's analyses are a function of, as it was when one was built: its bound symbols (the list and
+    its length: passes append, never replace in place), its output, its inputs with their names, and its input
+    aliasing. The objects are held, so none of them can be freed and another take its place."""
+
+    __slots__ = ("aliasing", "args", "bound_symbols", "count", "names", "output")
+
+    def __init__(self, trace: Trace):
+        self.bound_symbols, self.count = trace.bound_symbols, len(trace.bound_symbols)
+        self.output = trace.output
+        self.args, self.names = tuple(trace.args), tuple(p.name for p in trace.args)
+        self.aliasing = tuple(tuple(g) for g in trace.input_alias_groups)
+
+    def describes(self, trace: Trace) -> bool:
+        """Whether `trace` is still what it was."""
+        return (self.bound_symbols is trace.bound_symbols and self.count == len(trace.bound_symbols)
+                and self.output is trace.output and len(self.args) == len(trace.args)
+                and all(a is b for a, b in zip(self.args, trace.args))
+                and self.names == tuple(p.name for p in trace.args)
+                and self.aliasing == tuple(tuple(g) for g in trace.input_alias_groups))
+
+    def same(self, other: _Content) -> bool:
+        """Whether `other` (another trace's, or this one's now) holds the same objects in the same order."""
+        return (self.count == other.count and self.output is other.output and self.names == other.names
+                and self.aliasing == other.aliasing and len(self.args) == len(other.args)
+                and all(a is b for a, b in zip(self.args, other.args))
+                and all(a is b for a, b in zip(self.bound_symbols, other.bound_symbols)))
 
 
 def _is_passthrough(output: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:

@@ -170,10 +170,7 @@ def guard_row_major(p: TensorProxy) -> None:
 def _work_out(p: TensorProxy, trace: Trace, inputs: dict[int, TensorProxy]) -> None:
     """Note the layouts of `p` and the ancestors it needs in `trace`'s table, replaying their ops on meta
     tensors in trace order."""
-    producers: dict[int, tuple[int, BoundSymbol]] = {}
-    for i, bsym in enumerate(trace.bound_symbols):
-        for out in bsym.proxy_outputs():
-            producers.setdefault(id(out), (i, bsym))
+    producers = trace.analysis("producers", _producers)
     needed: dict[int, BoundSymbol] = {}
     stack, seen = [p], set()
     while stack:
@@ -188,6 +185,16 @@ def _work_out(p: TensorProxy, trace: Trace, inputs: dict[int, TensorProxy]) -> N
         stack.extend(a for a in found[1].proxy_args() if isinstance(a, TensorProxy))
     for i in sorted(needed):
         _replay(needed[i], trace, inputs)
+
+
+def _producers(trace: Trace) -> dict[int, tuple[int, BoundSymbol]]:
+    """id of each proxy a top-level bound symbol of `trace` makes -> (the position of the first that makes it, it);
+    cached on the trace (`Trace.analysis`): one walk answers every layout asked of the trace as it is."""
+    producers: dict[int, tuple[int, BoundSymbol]] = {}
+    for i, bsym in enumerate(trace.bound_symbols):
+        for out in bsym.proxy_outputs():
+            producers.setdefault(id(out), (i, bsym))
+    return producers
 
 
 def _replay(bsym: BoundSymbol, trace: Trace, inputs: dict[int, TensorProxy]) -> None:

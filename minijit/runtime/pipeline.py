@@ -72,7 +72,6 @@ from minijit.transforms.inline_grad import (
     refuse_made_leaves,
     refuse_outputs_requiring_grad,
 )
-from minijit.transforms.memory import analysing
 from minijit.transforms.simplify import remove_cast_round_trips
 from minijit.transforms.verify import CheckLevel, TraceChecker, check_level, checking_traces
 
@@ -362,9 +361,7 @@ def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
     while True:
         constraints: list[str] = []
         state_reads: dict[str, Callable[[], Any]] = {}
-        # One memory model per trace for the passes and checks of the compile (minijit.transforms.memory).
-        with (knowing_constraints(constraints), guarding_layouts(constraints), noting_state_reads(state_reads),
-              analysing()):
+        with knowing_constraints(constraints), guarding_layouts(constraints), noting_state_reads(state_reads):
             entry = _compile(arguments, executors, constraints, pinned, cuda_graphs, numbers)
         if not isinstance(entry, NeedsPins):
             break

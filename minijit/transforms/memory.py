@@ -29,11 +29,9 @@ the model built with functionalize's view rule: a write into an input that store
 own value (`x.copy_(x)`) changes nothing and does not count.
 
 One model per trace: `memory_model(trace)` answers for every pass that asks about the same
-trace. Inside `analysing()` (the runtime enters it for each compile) the models built are
-kept, keyed by what the model is a function of (the inputs, the bound symbols, the output:
-by identity), so a trace that a pass handed on unchanged, or that several passes and checks
-ask about, is walked once; a pass that makes a new trace gets a new model. Outside it
-every call walks the trace afresh.
+trace. The model, like the view graph and `layout_read`, is cached on the trace object
+(`Trace.analysis`) until the trace is edited, so a trace that several passes and checks ask
+about is walked once; a pass that makes a new trace gets a new model.
 
 Values: a write into a storage overwrites the value of every proxy living there (but
 the value it stores), so each proxy also knows which storages' *old* value (the value
@@ -43,17 +41,15 @@ it, if any.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from minijit.ir import BoundSymbol, Proxy, Tag, TensorProxy, Trace, tree_iter
 from minijit.ir.proxies import number_value, same_shape
 
-__all__ = ["MemoryModel", "MustShare", "Storage", "ViewGraph", "ViewRule", "ViewStep", "analysing", "buffer_kind",
-           "input_leaders", "inputs_written", "memory_model", "read_proxies", "view_graph"]
+__all__ = ["MemoryModel", "MustShare", "Storage", "ViewGraph", "ViewRule", "ViewStep", "buffer_kind",
+           "input_leaders", "inputs_written", "layout_read", "memory_model", "read_proxies", "view_graph"]
 
 # A storage is named by the input (the first of a group of aliased inputs) or the proxy it was allocated for.
 Storage = str
@@ -102,17 +98,6 @@ class BufferKind:
 
     def __hash__(self) -> int:
         return hash((tuple(number_value(d) for d in self.shape), self.dtype, self.device))
-
-
-def layout_read(trace: Trace) -> set[int]:
-    """ids of the tensors an op of `trace` reads the layout of (`Tag.READS_LAYOUT`: `as_strided`), and of all
-    they were computed from: passes and executors must lay these out as eager
-    does (kernels lay out their results after their inputs), not in a reused buffer or a fused kernel's own."""
-    found: set[int] = set()
-    for bsym in reversed(trace.bound_symbols):
-        if Tag.READS_LAYOUT in bsym.sym.tags or any(id(o) in found for o in bsym.proxy_outputs()):
-            found.update(id(p) for p in bsym.proxy_args() if isinstance(p, TensorProxy))
-    return found
 
 
 def buffer_kind(t: Any) -> BufferKind | None:
@@ -363,60 +348,40 @@ class MemoryModel:
         return sorted(first, key=first.__getitem__)
 
 
-# -- one model per trace ------------------------------------------------------------------
-class _Models:
-    """The memory models built during one compile, by what each is a function of."""
-
-    def __init__(self) -> None:
-        # key -> (the objects the key names by id, kept alive so no other object takes their ids; the model)
-        self.models: dict[tuple[Any, ...], tuple[Any, MemoryModel]] = {}
-        self.builds = 0  # how many models were walked (for tests and measurements)
-        self.views: dict[tuple[Any, ...], tuple[Any, ViewGraph]] = {}  # the same, for `view_graph`
+# -- the analyses of a trace, cached on it (`Trace.analysis`) -----------------------------
 
 
-_MODELS: ContextVar[_Models | None] = ContextVar("minijit_memory_models", default=None)
+def memory_model(trace: Trace, views: ViewRule | None = None,
+                 order: Callable[[Trace], Sequence[BoundSymbol]] | None = None) -> MemoryModel:
+    """The memory model of `trace`: deciding which view ops share memory by `views`, where given; walking
+    the bound symbols `order(trace)` gives in place of the trace's own, where given (the verifier's: a fusion
+    region's members in its place).
 
-
-@contextmanager
-def analysing() -> Iterator[_Models]:
-    """Keep each memory model built inside the block, for every later question about the same trace."""
-    models = _Models()
-    token = _MODELS.set(models)
-    try:
-        yield models
-    finally:
-        _MODELS.reset(token)
-
-
-def memory_model(trace: Trace, bound_symbols: Sequence[BoundSymbol] | None = None,
-                 views: ViewRule | None = None) -> MemoryModel:
-    """The memory model of `trace` (walking `bound_symbols` in place of its own, where given; deciding
-    which view ops share memory by `views`, where given).
-
-    Inside `analysing()`, built once per trace content (inputs, their names and aliasing,
-    bound symbols and output, by identity) and view rule, and shared by every pass and check
-    that asks; a model is read-only to whoever gets it.
+    Built once per trace (and rule and order) and kept on it until the trace is edited (`Trace.analysis`),
+    shared by every pass and check that asks; a model is read-only to whoever gets it.
     """
-    models = _MODELS.get()
-    if models is None:
-        return MemoryModel(trace, bound_symbols, views=views)
-    key, kept = _content_key(trace, bound_symbols)
-    key, kept = (*key, id(views)), (*kept, views)
-    found = models.models.get(key)
-    if found is None:
-        models.builds += 1
-        found = models.models[key] = (kept, MemoryModel(trace, kept[1], views=views))
-    return found[1]
+    if order is None:
+        return trace.analysis(("memory model", views), lambda t: MemoryModel(t, views=views))
+    walked = order(trace)
+    if len(walked) == len(trace.bound_symbols) and all(a is b for a, b in zip(walked, trace.bound_symbols)):
+        return memory_model(trace, views)  # the order changes nothing: the trace's own model
+    return trace.analysis(("memory model", views, order), lambda t: MemoryModel(t, order(t), views=views))
 
 
-def _content_key(trace: Trace, bound_symbols: Sequence[BoundSymbol] | None = None
-                 ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-    """What an analysis of `trace` is a function of, by identity, and the objects the key names (to keep alive)."""
-    bsyms = tuple(trace.bound_symbols if bound_symbols is None else bound_symbols)
-    outputs = tuple(p for p in tree_iter(trace.output) if isinstance(p, Proxy))
-    key = (tuple((id(p), p.name) for p in trace.args), tuple(tuple(g) for g in trace.input_alias_groups),
-           tuple(map(id, bsyms)), tuple(map(id, outputs)))
-    return key, (list(trace.args), bsyms, outputs)
+def layout_read(trace: Trace) -> frozenset[int]:
+    """ids of the tensors an op of `trace` reads the layout of (`Tag.READS_LAYOUT`: `as_strided`), and of all
+    they were computed from: passes and executors must lay these out as eager
+    does (kernels lay out their results after their inputs), not in a reused buffer or a fused kernel's own.
+    Cached on the trace."""
+    return trace.analysis("layout read", _layout_read)
+
+
+def _layout_read(trace: Trace) -> frozenset[int]:
+    found: set[int] = set()
+    for bsym in reversed(trace.bound_symbols):
+        if Tag.READS_LAYOUT in bsym.sym.tags or any(id(o) in found for o in bsym.proxy_outputs()):
+            found.update(id(p) for p in bsym.proxy_args() if isinstance(p, TensorProxy))
+    return frozenset(found)
 
 
 # -- what views what ----------------------------------------------------------------------
@@ -553,15 +518,8 @@ class ViewGraph:
 
 
 def view_graph(trace: Trace) -> ViewGraph:
-    """What views what in `trace` (see `ViewGraph`); inside `analysing()`, built once per trace content."""
-    models = _MODELS.get()
-    if models is None:
-        return ViewGraph(trace)
-    key, kept = _content_key(trace)
-    found = models.views.get(key)
-    if found is None:
-        found = models.views[key] = (kept, ViewGraph(trace))
-    return found[1]
+    """What views what in `trace` (see `ViewGraph`); built once per trace and kept on it (`Trace.analysis`)."""
+    return trace.analysis("view graph", ViewGraph)
 
 
 class MustShare:

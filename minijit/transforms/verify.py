@@ -298,10 +298,15 @@ def _executed(bsyms: Sequence[BoundSymbol]) -> Iterator[BoundSymbol]:
             yield bsym
 
 
+def _executed_order(trace: Trace) -> list[BoundSymbol]:
+    """`trace`'s bound symbols in the order they run (`_executed`): the walk of its executed memory model."""
+    return list(_executed(trace.bound_symbols))
+
+
 def _check_copies_last(trace: Trace, facts_of: Callable[[BoundSymbol], _Facts]) -> None:
     """docs/design.md, invariant 1: one copy per input storage; the old value is read only before a write."""
-    bsyms = list(_executed(trace.bound_symbols))
-    memory = memory_model(trace, bsyms)
+    bsyms = _executed_order(trace)
+    memory = memory_model(trace, order=_executed_order)
     copied: dict[str, BoundSymbol] = {}
     overwritten: dict[str, BoundSymbol] = {}
     for bsym in bsyms:

@@ -1,5 +1,6 @@
-"""One memory model per trace: every pass and check of a compile asks the same model of a trace,
-and a pass that makes a new trace gets a new one (minijit/transforms/memory.py, `memory_model`)."""
+"""One memory model per trace: every pass and check of a compile asks the same model of a trace, cached on
+it until it is edited, and a pass that makes a new trace gets a new one (minijit/transforms/memory.py,
+`memory_model`; minijit/ir/trace.py, `Trace.analysis`)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ import sys
 import torch
 
 import minijit
-from minijit.ir import TensorProxy, Trace, tracing
+from minijit.ir import Proxy, TensorProxy, Trace, tracing
 from minijit.ops import prims
 from minijit.transforms import memory
-from minijit.transforms.memory import analysing, memory_model
+from minijit.transforms.memory import memory_model
 
 
 def _record_walks(monkeypatch) -> list[tuple[int, ...]]:
@@ -39,9 +40,9 @@ def test_a_compile_walks_each_trace_once(monkeypatch):
     asks: list[int] = []
     ask = memory.memory_model
 
-    def counting(trace, bound_symbols=None):
+    def counting(trace, views=None, order=None):
         asks.append(1)
-        return ask(trace, bound_symbols)
+        return ask(trace, views, order)
 
     for module in ("copy_analysis", "verify", "buffer_reuse", "functionalize", "grad", "simplify"):
         monkeypatch.setattr(sys.modules[f"minijit.transforms.{module}"], "memory_model", counting)
@@ -99,21 +100,64 @@ def test_a_compile_builds_one_view_graph_per_trace(monkeypatch):
     assert len(walks) == len(set(walks)) > 0, walks
 
 
-def test_a_changed_trace_gets_a_new_model():
+def _counting_walks(monkeypatch) -> list[int]:
+    """One entry per memory model walked from now on."""
+    walks: list[int] = []
+    init = memory.MemoryModel.__init__
+
+    def counting(self, *args, **kwargs):
+        walks.append(1)
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(memory.MemoryModel, "__init__", counting)
+    return walks
+
+
+def test_a_changed_trace_gets_a_new_model(monkeypatch):
+    walks = _counting_walks(monkeypatch)
     trace, t = _copy_into_x()
-    with analysing() as models:
-        before = memory_model(trace)
-        assert memory_model(trace) is before and models.builds == 1
-        assert before.written_inputs() == []
-        with tracing(trace):
-            prims.copy_to_out_(t, out=trace.args[0])
-        after = memory_model(trace)
-        assert after is not before and models.builds == 2
-        assert after.written_inputs() == ["x"]
-        # The same content under another Trace object (a pass that changed nothing) is the same model.
-        assert memory_model(trace.derive(trace.bound_symbols, pass_name="dce")) is after
+    before = memory_model(trace)
+    assert memory_model(trace) is before and len(walks) == 1
+    assert before.written_inputs() == []
+    with tracing(trace):
+        prims.copy_to_out_(t, out=trace.args[0])
+    after = memory_model(trace)
+    assert after is not before and len(walks) == 2
+    assert after.written_inputs() == ["x"]
+    # A trace derived with the same content (a pass that changed nothing) takes the analyses along...
+    assert memory_model(trace.derive(trace.bound_symbols, pass_name="dce")) is after and len(walks) == 2
+    # ... and one with other bound symbols does not.
+    shorter = trace.derive(trace.bound_symbols[:1], pass_name="dce")
+    assert memory_model(shorter).written_inputs() == [] and len(walks) == 3
 
 
-def test_outside_a_compile_each_question_walks_the_trace():
-    trace, _ = _copy_into_x()
-    assert memory_model(trace) is not memory_model(trace)
+def test_an_edited_trace_gets_a_new_model(monkeypatch):
+    """Setting the output (grad.py's forward does, after asking its model), replacing the bound symbols, or renaming
+    an input: the next question walks the trace afresh, and answers as a model built afresh does."""
+    trace, t = _copy_into_x()
+    x = trace.args[0]
+    answers = [memory_model(trace)]
+    walks = _counting_walks(monkeypatch)
+
+    def changed(p: Proxy) -> bool:
+        """Whether the cached model's answer about `p` changed since the last question; checked against a model
+        built afresh."""
+        model, before = memory_model(trace), answers[-1]
+        fresh = memory.MemoryModel(trace)
+        assert (model.readers_of(p), model.leaders) == (fresh.readers_of(p), fresh.leaders)
+        answers.append(model)
+        return (model.readers_of(p), model.leaders) != (before.readers_of(p), before.leaders)
+
+    trace.output = x  # the output, set again
+    assert changed(t)
+    assert len(walks) == 2  # the cached one, and the fresh one to compare with
+    with tracing(trace):  # a bound symbol appended
+        prims.neg(x)
+    assert changed(x)
+    trace.bound_symbols = trace.bound_symbols[:1]  # the bound symbols replaced
+    assert changed(x)
+    trace.names.used.discard(x.name)
+    x.name = trace.names.claim("y")  # an input renamed
+    assert changed(x)
+    assert len(walks) == 8
+    assert memory_model(trace) is answers[-1] and len(walks) == 8  # nothing changed since
