@@ -189,6 +189,8 @@ class JitFunction:
         # switch, by their constant keys. They serve the calls they were made for (a generate()'s prompt), as
         # torch.compile keeps its static graphs; a call none serves goes on to the symbolic entries.
         self._kept_constant: dict[tuple[Any, ...], list[CompiledEntry]] = {}
+        # A new entry -> the entry it supersedes, which `_add` puts right behind it (`_compile_with_dynamic_numbers`).
+        self._behind: dict[int, CompiledEntry] = {}
         # The entries by last use, and the bound on their number (minijit.runtime.entry_limit).
         self._limit = EntryLimit(max_entries)
         self._info = CacheInfo(max_entries=max_entries)
@@ -340,8 +342,14 @@ class JitFunction:
                 CALL_ARGUMENTS.reset(token)
 
     def _find(self, key: tuple[Any, ...], flat: list[Any]) -> CompiledEntry | None:
-        """The first entry under `key` whose guard `flat` passes (counted as a hit), or None."""
-        for entry in self._entries.get(key, ()):
+        """The first entry under `key` whose guard `flat` passes (counted as a hit), or None. The entry used last is
+        tried first where it is under `key`: a decode loop past a branch (a sliding window filled) stays with the
+        entry of its side, not trying the guards of the entries before it on every call."""
+        entries = self._entries.get(key, ())
+        last = self._last
+        if len(entries) > 1 and any(e is last for e in entries):
+            entries = [last, *(e for e in entries if e is not last)]
+        for entry in entries:
             if entry.guard is None or entry.guard(*flat):
                 self._hits += 1
                 return entry
@@ -370,7 +378,9 @@ class JitFunction:
     def _add(self, key: tuple[Any, ...], entry: CompiledEntry) -> None:
         """Under the compile lock: hold `entry` under `key`, dropping the least recently used entries past the bound
         (minijit.runtime.entry_limit). Lists are replaced, not changed, as everywhere: hits read them unlocked."""
-        self._entries[key] = [*self._entries.get(key, ()), entry]
+        behind = self._behind.pop(id(entry), None)
+        kept = [e for e in self._entries.get(key, ()) if e is not behind]
+        self._entries[key] = [*kept, entry] if behind is None else [*kept, entry, behind]
         for old_key, old in self._limit.add(key, entry):
             _take_out(self._entries, old_key, old)
             if self._limit.evictions == 1:
@@ -509,7 +519,9 @@ class JitFunction:
         else:
             # Against the most recently used entries only: a miss costs the same however many entries there are.
             previous = [e.prologue for e in self._limit.recent(EXPLAINED_AGAINST)]
-            reason = explain_miss(previous, [e.prologue for e in same_key[-1:]], args, kwargs, flat)
+            # Against the entry used last where it is under the key, else the newest.
+            last = next((e for e in same_key if e is self._last), same_key[-1] if same_key else None)
+            reason = explain_miss(previous, [last.prologue] if last is not None else [], args, kwargs, flat)
         self._note_miss(reason)
         if same_key and self._numbers is not None:
             entry = self._compile_with_dynamic_numbers(key, args, kwargs, flat, same_key)
@@ -541,8 +553,11 @@ class JitFunction:
         if isinstance(entry, RaisedWhileTracing):
             self._numbers.undo(keys)
             return entry
-        if failed is not None and len(reads) == len(failed):  # it differed by nothing else: the new entry serves it
-            self._drop(key, old)
+        if failed is not None and len(reads) == len(failed):
+            # It differed by nothing else: the new entry serves such calls, and is tried before it. It stays behind
+            # the new one, for the calls of its values where the new trace's branches go another way (a sliding
+            # window's steps before it fills: traced at length 7, the new entry branches on `length + 1 >= 8`).
+            self._behind[id(entry)] = old
         return entry
 
     def _drop(self, key: tuple[Any, ...], entry: CompiledEntry) -> None:

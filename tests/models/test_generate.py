@@ -150,3 +150,27 @@ def test_later_generations_trace_nothing_in_the_default_mode(name: str, cache: s
         misses.append(minijit.cache_info(jitted).misses)
     info = minijit.cache_info(jitted)
     assert misses[0] == misses[-1] <= 3 and info.dynamic, str(info)
+
+
+# A window two tokens longer than the prompt: decoding runs a step with the window not yet full, then the step that
+# fills it, then steps past it: three branches of the sliding-window layer.
+LONG_WINDOW = _build("AutoModelForCausalLM", "mistral", hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                     num_attention_heads=2, num_key_value_heads=1, head_dim=8, max_position_embeddings=64,
+                     sliding_window=7)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_window_filled_while_decoding_keeps_the_entry_of_each_side() -> None:
+    """The token count goes symbolic on the step that fills the window, whose trace branches away from the step
+    before it: the entry of that one stays (behind the new one), so the next generations trace nothing."""
+    torch.manual_seed(0)
+    model = LONG_WINDOW()
+    jitted = minijit.jit(model.forward)
+    prompt = {"input_ids": torch.randint(3, VOCAB, (2, 5))}  # no mask: the token count is all that changes
+    misses = []
+    for seed in range(3):
+        want = _generate(model, None, seed=seed, **prompt)
+        have = _generate(model, jitted, seed=seed, **prompt)
+        assert torch.equal(have, want)
+        misses.append(minijit.cache_info(jitted).misses)
+    assert misses[0] == misses[-1] <= 4, str(minijit.cache_info(jitted))
