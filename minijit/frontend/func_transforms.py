@@ -40,6 +40,8 @@ from minijit.frontend.frame import current_state
 from minijit.frontend.lookasides import lookaside
 from minijit.ir import CaptureState, NumberProxy, Proxy, TensorProxy, Trace, current_trace, tracing
 from minijit.ir.context import where_now
+from minijit.transforms.functionalize import functionalize
+from minijit.transforms.inline_grad import expand_inline_grads, has_inline_grads
 
 
 def _fresh_leaf(x: Any, what: str) -> Any:
@@ -180,9 +182,6 @@ class _VmapCall:
 
     def run(self) -> Any:
         """The batched results (see the module docstring)."""
-        from minijit.transforms.functionalize import functionalize  # passes applied to the sample's sub-trace
-        from minijit.transforms.inline_grad import expand_inline_grads, has_inline_grads
-
         outer = current_trace()
         outside = current_state().outside
         effects_before = len(outside.effects)

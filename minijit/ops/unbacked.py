@@ -35,7 +35,7 @@ from minijit.ir.context import current_trace, where_now
 from minijit.ir.proxies import UnbackedSize, data_dependent, number_value
 from minijit.ops import aten_prims
 from minijit.ops.opaque import runtime_leaves
-from minijit.ops.symbolic_sizes import SymbolicShapes, _expr, _number, _sympy, _Unsupported, record_guards
+from minijit.ops.symbolic_sizes import SymbolicShapes, _expr, _number, _size_source, _sympy, _Unsupported, record_guards
 
 __all__ = ["bind_unbacked_sizes", "unbacked_shapes"]
 
@@ -62,8 +62,6 @@ class _Session:
     def symint(self, x: IntegerProxy, created: list[Any]) -> Any:
         """The SymInt of `x`: a symbol per expression, an unbacked one for a size only the trace knows."""
         from torch.fx.experimental.symbolic_shapes import DimDynamic
-
-        from minijit.ops.symbolic_sizes import _size_source
 
         key = x.expr if x.expr is not None else x.name
         node = self.nodes.get(key)

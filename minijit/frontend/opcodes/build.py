@@ -7,7 +7,7 @@ from typing import Any
 
 from minijit.frontend.code import Inst
 from minijit.frontend.frame import Frame, current_state
-from minijit.frontend.opcodes.protocols import call_dunder, next_item, observe_iteration, python_members
+from minijit.frontend.opcodes.protocols import call_dunder, get_iter, next_item, observe_iteration, python_members
 from minijit.frontend.opcodes.table import handles
 from minijit.ir import TensorProxy
 
@@ -224,8 +224,6 @@ class _InterpretedIterator:
 
 def interpreted_iterable(obj: Any) -> Any:
     """`obj`, or a wrapper that makes native iteration over it run its Python `__iter__`/`__next__`."""
-    from minijit.frontend.opcodes.protocols import get_iter
-
     if isinstance(obj, TensorProxy):
         return get_iter(obj)
     members = python_members(type(obj))
