@@ -22,7 +22,7 @@ import torch
 
 from minijit.errors import UnsupportedOpError
 from minijit.frontend.calls import call
-from minijit.frontend.frame import current_state
+from minijit.frontend.frame import observe_iteration
 from minijit.frontend.lookasides import LOOKASIDES
 from minijit.ir import TensorProxy
 from minijit.ir.context import where_now
@@ -35,9 +35,7 @@ _NOT_LOOKED_ASIDE = {"mm", "powsum"}
 
 def _elements(value: Any) -> list[Any]:
     """The elements of a list argument, as the interpreted code sees them (reads of an outside list are guarded)."""
-    outside = current_state().outside
-    if outside is not None and outside.is_root(value):
-        outside.observe(current_state().guards, value, "iterate")
+    observe_iteration(value)
     return list(value)
 
 
