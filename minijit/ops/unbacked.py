@@ -31,10 +31,10 @@ from typing import Any
 import torch
 
 from minijit.ir import IntegerProxy, TensorProxy, tree_flatten
+from minijit.ir.containers import sequence_leaves
 from minijit.ir.context import current_trace, where_now
 from minijit.ir.proxies import UnbackedSize, data_dependent, number_value
 from minijit.ops import aten_prims
-from minijit.ops.opaque import runtime_leaves
 from minijit.ops.symbolic_sizes import SymbolicShapes, _expr, _number, _size_source, _sympy, _Unsupported, record_guards
 
 __all__ = ["bind_unbacked_sizes", "unbacked_shapes"]
@@ -125,7 +125,7 @@ def unbacked_shapes(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], what
             out = fn(*fargs, **fkwargs)
     except Exception:  # any failure on fake tensors: the caller checks the shapes seen instead
         return None
-    leaves = [leaf for leaf in runtime_leaves(out) if leaf is not None]
+    leaves = [leaf for leaf in sequence_leaves(out) if leaf is not None]
     if len(leaves) != len(real) or not all(isinstance(t, torch.Tensor) for t in leaves):
         return None
     inputs = {fake.untyped_storage()._cdata for _, fake in session.fakes.values()}
