@@ -29,11 +29,14 @@ from typing import Any
 import torch
 
 from minijit.errors import MinijitError, UnsupportedSyntaxError
+from minijit.frontend.calls import call, should_interpret
 from minijit.frontend.lookasides import lookaside
 from minijit.ir import CaptureState, Proxy, Symbol, Tag, TensorProxy, Trace, tracing, tree_flatten, tree_map
 from minijit.ir.context import current_trace, where_now
 from minijit.ir.rewrite import replay
 from minijit.ops import prims
+from minijit.transforms.functionalize import functionalize
+from minijit.transforms.vjp import VjpRule, add_rule
 
 __all__ = ["TracedFunctionCtx"]
 
@@ -85,8 +88,6 @@ class TracedFunctionCtx:
 
 
 def _call(fn: Any, args: Sequence[Any]) -> Any:
-    from minijit.frontend.calls import call
-
     return call(fn, tuple(args), {})
 
 
@@ -110,8 +111,6 @@ def _user_function(cls: type, name: str) -> Any:
     Wrappers the interpreter runs (`torch.amp.custom_fwd`, which casts the inputs and turns
     autocast off) are kept.
     """
-    from minijit.frontend.calls import should_interpret
-
     fn = getattr(cls, name)
     while (hasattr(fn, "__wrapped__") and getattr(fn, "__globals__", {}).get("__name__", "").startswith("torch.")
            and not should_interpret(fn)):
@@ -177,8 +176,6 @@ class _CustomFunctionCall:
 
     # -- forward -------------------------------------------------------------------------
     def capture_forward(self) -> tuple[Trace, list[Any]]:
-        from minijit.transforms.functionalize import functionalize  # a pass applied to a sub-trace
-
         raw = _sub_trace(self.outer, f"{self.name}_forward")
         raw.args = list({id(a): a for a in self.args if isinstance(a, Proxy)}.values())
         forward = _user_function(self.cls, "forward")
@@ -210,8 +207,6 @@ class _CustomFunctionCall:
 
     # -- backward ------------------------------------------------------------------------
     def capture_backward(self, fwd: Trace, out_leaves: list[Any]) -> tuple[Trace, list[Proxy]]:
-        from minijit.transforms.functionalize import functionalize
-
         raw = _sub_trace(self.outer, f"{self.name}_backward")
         cotangents = [TensorProxy.like(x, requires_grad=False) if isinstance(x, TensorProxy) else None
                       for x in out_leaves]
@@ -298,8 +293,6 @@ def _replay_outputs(fwd: Trace, outputs: tuple[Proxy, ...], *inputs: Any) -> tup
 
 def _custom_rule(sym: Symbol, fwd: Trace, bwd: Trace, n_outputs: int, residuals: Sequence[Proxy],
                  kinds: Sequence[str]) -> Any:
-    from minijit.transforms.vjp import VjpRule, add_rule
-
     def forward(*inputs: Any) -> Any:
         out = sym(*inputs)
         return out, (inputs, out)

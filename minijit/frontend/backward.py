@@ -46,7 +46,7 @@ def _as_tuple(x: Any) -> tuple[Any, ...]:
     return tuple(x) if isinstance(x, Sequence) and not isinstance(x, torch.Tensor) else (x,)
 
 
-def _proxy(x: Any) -> Any:
+def captured(x: Any) -> Any:
     """The proxy traced code computes with for `x` (a real tensor read from outside is captured)."""
     trace = current_trace()
     if isinstance(x, torch.Tensor) and not isinstance(x, Proxy) and trace is not None and trace.capture_tensor:
@@ -56,7 +56,7 @@ def _proxy(x: Any) -> Any:
 
 def _outputs_and_cotangents(tensors: Any, grad_tensors: Any, what: str) -> tuple[tuple[TensorProxy, ...],
                                                                                 tuple[TensorProxy, ...]]:
-    outputs = tuple(_proxy(t) for t in _as_tuple(tensors))
+    outputs = tuple(captured(t) for t in _as_tuple(tensors))
     given = _as_tuple(grad_tensors) or (None,) * len(outputs)
     if len(given) != len(outputs):
         raise RuntimeError(f"{what}: got {len(given)} gradients for {len(outputs)} tensors")
@@ -68,7 +68,7 @@ def _outputs_and_cotangents(tensors: Any, grad_tensors: Any, what: str) -> tuple
             if out.numel() != 1:
                 raise RuntimeError("grad can be implicitly created only for scalar outputs")
             g = _op(torch.ones_like, out)
-        g = _proxy(g)
+        g = captured(g)
         if not isinstance(g, TensorProxy):
             raise TypeError(f"{what}: a gradient must be a tensor, got {type(g).__name__}")
         cotangents.append(g)
@@ -109,7 +109,7 @@ def backward(tensors: Any, grad_tensors: Any = None, retain_graph: bool | None =
     _refuse_create_graph(create_graph, "backward")
     outputs, cotangents = _outputs_and_cotangents(tensors, grad_tensors if grad_tensors is not None
                                                   else grad_variables, "backward")
-    given = [_proxy(x) for x in _as_tuple(inputs)] if inputs is not None else None
+    given = [captured(x) for x in _as_tuple(inputs)] if inputs is not None else None
     leaves = _reached(outputs, given)
     holders = [_made_leaf(p) or _real_leaf(p, through_history=given is None) for p in leaves]
     if not leaves:
@@ -160,7 +160,7 @@ def grad(outputs: Any, inputs: Any, grad_outputs: Any = None, retain_graph: bool
         raise UnsupportedSyntaxError(f"torch.autograd.grad(is_grads_batched=True){where_now()} is not supported "
                                      "inside a jitted function; take this gradient outside it")
     outs, cotangents = _outputs_and_cotangents(outputs, grad_outputs, "torch.autograd.grad")
-    wanted = [_proxy(x) for x in _as_tuple(inputs)]
+    wanted = [captured(x) for x in _as_tuple(inputs)]
     for i, x in enumerate(wanted):
         if not isinstance(x, TensorProxy) or not x.requires_grad:
             raise RuntimeError(f"One of the differentiated Tensors does not require grad (input {i})")
@@ -343,4 +343,4 @@ def assign_grad(real: torch.Tensor, value: Any, accumulated: bool = False) -> No
     outside.shown[(id(real), "grad")] = value
 
 
-__all__ = ["assign_grad", "backward", "grad", "real_tensor", "set_traced_grad", "tensor_backward"]
+__all__ = ["assign_grad", "backward", "captured", "grad", "real_tensor", "set_traced_grad", "tensor_backward"]

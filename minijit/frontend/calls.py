@@ -29,7 +29,7 @@ import torch
 
 from minijit.errors import MetaError, MinijitError, TracesEagerBody, UnsupportedOpError, UnsupportedSyntaxError
 from minijit.frontend.folding import NOT_FOLDED, fold, fold_numbers_only, unfold_sizes, with_known_numbers
-from minijit.frontend.frame import current_state
+from minijit.frontend.frame import current_state, observe_iteration, observe_mapping
 from minijit.frontend.interpreter import run_function
 from minijit.frontend.lookasides import LOOKASIDES
 from minijit.frontend.native_tensors import run_native
@@ -283,9 +283,6 @@ def _dereference(ref: weakref.ReferenceType) -> Any:
 
 def _call_root_method(owner: Any, fn: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> Any:
     """A C method of a container from outside the call: reads are guarded, writes are effects."""
-    from minijit.frontend.opcodes.build import observe_mapping
-    from minijit.frontend.opcodes.protocols import observe_iteration
-
     outside, guards, name = current_state().outside, current_state().guards, fn.__name__
     if mutator_of(owner, name):
         if current_trace() is not None:

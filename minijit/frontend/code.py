@@ -19,6 +19,7 @@ from typing import Any
 
 from minijit.errors import UnsupportedSyntaxError
 from minijit.ir import SourceLocation
+from minijit.ir.context import where_now
 
 CO_VARARGS = 0x04
 CO_VARKEYWORDS = 0x08
@@ -161,8 +162,6 @@ def _decode(code: types.CodeType) -> CodeInfo:
 
 def _unsupported_handler(opname: str) -> Callable[..., Any]:
     def unsupported(frame: Any, inst: Inst) -> None:
-        from minijit.ir.context import where_now
-
         raise UnsupportedSyntaxError(f"the Python opcode {opname}{where_now()} is not supported by the minijit interpreter")
 
     return unsupported

@@ -25,6 +25,7 @@ import torch
 
 from minijit.ir import Proxy, TensorProxy, Trace, current_trace, tree_flatten, tree_map
 from minijit.ir.context import value_reader
+from minijit.ir.proxies import TENSOR_METHODS
 from minijit.ops.opaque import draws_random_numbers
 
 __all__ = ["NOT_FOLDED", "fold", "fold_numbers_only", "fresh_folded", "unfold_sizes", "with_known_numbers"]
@@ -118,7 +119,6 @@ def fresh_folded(value: Any) -> Any:
     folded = _folded(trace)
     if not folded or trace is None or trace.capture_tensor is None:
         return value
-    from minijit.ir.proxies import TENSOR_METHODS
 
     def fresh(x: Any) -> Any:
         if isinstance(x, torch.Tensor) and id(x) in folded:

@@ -21,7 +21,8 @@ from typing import Any
 import torch
 
 from minijit.errors import UnsupportedOpError
-from minijit.frontend.frame import current_state
+from minijit.frontend.calls import call
+from minijit.frontend.frame import observe_iteration
 from minijit.frontend.lookasides import LOOKASIDES
 from minijit.ir import TensorProxy
 from minijit.ir.context import where_now
@@ -34,9 +35,7 @@ _NOT_LOOKED_ASIDE = {"mm", "powsum"}
 
 def _elements(value: Any) -> list[Any]:
     """The elements of a list argument, as the interpreted code sees them (reads of an outside list are guarded)."""
-    outside = current_state().outside
-    if outside is not None and outside.is_root(value):
-        outside.observe(current_state().guards, value, "iterate")
+    observe_iteration(value)
     return list(value)
 
 
@@ -60,7 +59,6 @@ def _per_element(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> li
         raise RuntimeError(f"torch._foreach_{name}: tensor lists must have the same number of tensors, got "
                            f"{sorted(lengths)}")
     n = lengths.pop()
-    from minijit.frontend.calls import call
 
     calls = []
     for i in range(n):
@@ -83,8 +81,6 @@ def _tensor_value(value: Any) -> bool:
 
 def _addc(op: Callable[..., Any], a: Any, t1: Any, t2: Any, value: Any) -> Any:
     """a + value * op(t1, t2) where `value` is a 0-dim tensor (torch's addcmul/addcdiv take only numbers)."""
-    from minijit.frontend.calls import call
-
     return call(torch.add, (a, call(torch.mul, (call(op, (t1, t2), {}), value), {})), {})
 
 
@@ -93,8 +89,6 @@ def _foreach_lookaside(name: str, inplace: bool) -> Callable[..., Any]:
     method = getattr(torch.Tensor, f"{name}_", None)
 
     def run(*args: Any, **kwargs: Any) -> Any:
-        from minijit.frontend.calls import call
-
         results = []
         for element_args, element_kwargs in _per_element(name, args, kwargs):
             value = element_kwargs.get("value")

@@ -113,5 +113,17 @@ def current_frame() -> Frame | None:
     return frames[-1] if frames else None
 
 
+def observe_iteration(obj: Any) -> None:
+    """Guard what iterating over `obj` reads, when it is a container from outside the call."""
+    if current_state().outside.is_root(obj):
+        current_state().outside.observe(current_state().guards, obj, "iterate")
+
+
+def observe_mapping(mapping: Any) -> None:
+    """Guard every key and value of `mapping` when it is from outside the call (`{**d}`, `f(**d)`)."""
+    if current_state().outside.is_root(mapping):
+        current_state().outside.observe_values(current_state().guards, mapping)
+
+
 __all__ = ["GENERATOR", "NULL", "RETURN", "YIELD", "Frame", "State", "current_frame", "current_state",
-           "new_interpretation"]
+           "new_interpretation", "observe_iteration", "observe_mapping"]

@@ -33,13 +33,16 @@ import torch
 import torch.utils._pytree as pytree
 
 from minijit.errors import UnsupportedSyntaxError, where
+from minijit.frontend.backward import captured
 from minijit.frontend.backward import grad as autograd_grad
 from minijit.frontend.batching import Batching
 from minijit.frontend.calls import call
 from minijit.frontend.frame import current_state
 from minijit.frontend.lookasides import lookaside
-from minijit.ir import CaptureState, NumberProxy, Proxy, TensorProxy, Trace, current_trace, tracing
+from minijit.ir import CaptureState, NumberProxy, TensorProxy, Trace, current_trace, tracing
 from minijit.ir.context import where_now
+from minijit.transforms.functionalize import functionalize
+from minijit.transforms.inline_grad import expand_inline_grads, has_inline_grads
 
 
 def _fresh_leaf(x: Any, what: str) -> Any:
@@ -149,14 +152,6 @@ def _flat_dims(dims: Any, tree: Any, what: str, func: Any) -> list[Any]:
     return flat
 
 
-def _proxy(x: Any) -> Any:
-    """A tensor from outside among vmap's arguments, captured as traced code reads it."""
-    trace = current_trace()
-    if isinstance(x, torch.Tensor) and not isinstance(x, Proxy) and trace is not None and trace.capture_tensor:
-        return trace.capture_tensor(x)
-    return x
-
-
 class _VmapCall:
     """One call `vmap(func, in_dims, out_dims, randomness)(*args, **kwargs)` in traced code."""
 
@@ -165,7 +160,7 @@ class _VmapCall:
         self.func, self.out_dims, self.randomness, self.kwargs = func, out_dims, randomness, kwargs
         leaves, self.spec = pytree.tree_flatten(args)
         self.dims = _flat_dims(in_dims, args, "in_dims", func)
-        self.leaves = [_proxy(x) if d is not None else x for x, d in zip(leaves, self.dims)]
+        self.leaves = [captured(x) if d is not None else x for x, d in zip(leaves, self.dims)]
         for i, (x, d) in enumerate(zip(self.leaves, self.dims)):
             if d is None:
                 continue
@@ -180,9 +175,6 @@ class _VmapCall:
 
     def run(self) -> Any:
         """The batched results (see the module docstring)."""
-        from minijit.transforms.functionalize import functionalize  # passes applied to the sample's sub-trace
-        from minijit.transforms.inline_grad import expand_inline_grads, has_inline_grads
-
         outer = current_trace()
         outside = current_state().outside
         effects_before = len(outside.effects)

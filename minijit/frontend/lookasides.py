@@ -23,10 +23,13 @@ from torch.optim.optimizer import _get_value as _optimizer_get_value
 from torch.optim.optimizer import _stack_if_compiling as _optimizer_stack_if_compiling
 
 from minijit.errors import UnsupportedSyntaxError
-from minijit.frontend.frame import NULL, current_frame, current_state
+from minijit.frontend.code import code_info
+from minijit.frontend.frame import NULL, Frame, current_frame, current_state
+from minijit.frontend.torch_function import has_override
 from minijit.ir import NumberProxy, TensorProxy, current_trace
 from minijit.ir.context import note_state_read, where_now
 from minijit.ops import aten_prims, prims
+from minijit.ops.autocast import clear_cast_cache
 
 LOOKASIDES: dict[Any, Callable[..., Any]] = {}
 
@@ -277,8 +280,6 @@ def next_(it: Any, *default: Any) -> Any:
 @lookaside(builtins.__build_class__)
 def build_class(func: types.FunctionType, name: str, *bases: Any, **kwds: Any) -> type:
     """The `class` statement: prepare the namespace, interpret the body, call the metaclass."""
-    from minijit.frontend.code import code_info
-    from minijit.frontend.frame import Frame
     from minijit.frontend.interpreter import run_new_frame
 
     if not isinstance(func, types.FunctionType):
@@ -538,16 +539,10 @@ LOOKASIDES[exec] = _dynamic(exec)
 
 # -- torch's own machinery, as seen by torch's Python code running on proxies ---------------------------
 
-def _has_torch_function(relevant: Any) -> bool:
-    """torch.overrides.has_torch_function: eager's answer for real objects; proxies (plain tensors) have no override."""
-    from minijit.frontend.torch_function import has_override
-
-    return has_override(relevant)
-
-
-LOOKASIDES[torch.overrides.has_torch_function] = _has_torch_function
-LOOKASIDES[torch.overrides.has_torch_function_unary] = lambda a: _has_torch_function((a,))
-LOOKASIDES[torch.overrides.has_torch_function_variadic] = lambda *args: _has_torch_function(args)
+# torch.overrides.has_torch_function: eager's answer for real objects; proxies (plain tensors) have no override.
+LOOKASIDES[torch.overrides.has_torch_function] = has_override
+LOOKASIDES[torch.overrides.has_torch_function_unary] = lambda a: has_override((a,))
+LOOKASIDES[torch.overrides.has_torch_function_variadic] = lambda *args: has_override(args)
 
 
 def _compiling(*args: Any, **kwargs: Any) -> bool:
@@ -590,9 +585,7 @@ def optimizer_number_list(x: Any) -> Any:
     """torch.optim's `_stack_if_compiling(values)`: the numbers `_get_value` gave, as a list as eager keeps them;
     stacked into one tensor where they stayed tensors."""
     if _numbers_stay_tensors():
-        from minijit.frontend.calls import call
-
-        return call(torch.stack, (x,), {})
+        return _call(torch.stack, (x,), {})
     return x
 
 
@@ -611,8 +604,6 @@ def add_dynamo_lookasides() -> None:
 @lookaside(torch.clear_autocast_cache)
 def clear_autocast_cache() -> None:
     """torch.clear_autocast_cache (leaving the outermost autocast), also for the casts the trace shares."""
-    from minijit.ops.autocast import clear_cast_cache
-
     clear_cast_cache()
     torch.clear_autocast_cache()
 

@@ -32,6 +32,7 @@ from minijit.ir import Effects, Symbol, Tag, TensorProxy
 from minijit.ir.context import where_now
 from minijit.ops import prims
 from minijit.ops.opaque import OPAQUE
+from minijit.transforms.vjp import VjpRule, add_rule
 
 __all__ = ["HookSite", "TracedBackwardHook"]
 
@@ -178,8 +179,6 @@ def _grads_symbol(kind: str) -> Symbol:
 
 
 def _boundary_rule(sym: Symbol, kind: str) -> None:
-    from minijit.transforms.vjp import VjpRule, add_rule  # the grad pass's table (as for custom Functions)
-
     def forward(site: HookSite, *xs: Any) -> Any:
         return sym(site, *xs), (site, xs)
 

@@ -246,6 +246,14 @@ def leaves(value: Any, is_leaf: Callable[[Any], bool]) -> list[Any]:
     return out
 
 
+def sequence_leaves(value: Any) -> list[Any]:
+    """The leaves of nested lists and tuples, in order: an op's outputs (tensors, Nones, others) as its meta run
+    and its eager run give them."""
+    if isinstance(value, list | tuple):
+        return [leaf for x in value for leaf in sequence_leaves(x)]
+    return [value]
+
+
 def _collect(value: Any, is_leaf: Callable[[Any], bool], out: list[Any], depth: int) -> None:
     if is_leaf(value):
         out.append(value)
@@ -362,4 +370,4 @@ _OPAQUE = (int, float, bool, str, bytes, complex, type, types.ModuleType, types.
 
 
 __all__ = ["Constant", "Leaf", "Mapping", "Registered", "Sequence", "Spec", "contains_proxy", "flatten", "is_container",
-           "is_tensor", "is_tensor_or_number", "leaves"]
+           "is_tensor", "is_tensor_or_number", "leaves", "sequence_leaves"]

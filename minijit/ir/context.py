@@ -8,7 +8,7 @@ it and unwinds, and a compile on another thread starts from nothing.
 from __future__ import annotations
 
 import itertools
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +16,17 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Sequence
 
     from minijit.ir.trace import Trace
+
+
+@contextmanager
+def _setting(var: ContextVar[Any], value: Any) -> Iterator[None]:
+    """`var` set to `value` for the `with` block."""
+    token = var.set(value)
+    try:
+        yield
+    finally:
+        var.reset(token)
+
 
 # The traces being recorded, innermost last.
 _TRACES: ContextVar[tuple[Trace, ...]] = ContextVar("minijit_traces", default=())
@@ -79,14 +90,9 @@ def recording_constraints(into: list[str] | None = None) -> Iterator[list[str]]:
         _CONSTRAINTS.reset(token)
 
 
-@contextmanager
-def knowing_constraints(constraints: Sequence[str]) -> Iterator[None]:
+def knowing_constraints(constraints: Sequence[str]) -> AbstractContextManager[None]:
     """Let the passes inside the block take `constraints` (the capture's, guarded) as facts."""
-    token = _KNOWN.set(constraints)
-    try:
-        yield
-    finally:
-        _KNOWN.reset(token)
+    return _setting(_KNOWN, constraints)
 
 
 # Inside a pass's record of a bound symbol the capture recorded, on values of the same sizes
@@ -94,18 +100,13 @@ def knowing_constraints(constraints: Sequence[str]) -> Iterator[None]:
 _REPLAYING: ContextVar[bool] = ContextVar("minijit_replaying", default=False)
 
 
-@contextmanager
-def replaying_captured() -> Iterator[None]:
+def replaying_captured() -> AbstractContextManager[None]:
     """Let the block re-record ops the capture recorded, on values of the same sizes: the rules'
     comparisons of symbolic sizes (`rule_compare`, `known_compare`) are decided on the values, as the
     capture decided them (its guard keeps them true), not as unknown where the sizes are spelt
     otherwise (`x.shape[0]` after a functionalized `x.copy_(y)` reads `y.shape[0]`). The comparison
     operators still raise here: only a capture guards them."""
-    token = _REPLAYING.set(True)
-    try:
-        yield
-    finally:
-        _REPLAYING.reset(token)
+    return _setting(_REPLAYING, True)
 
 
 def replaying() -> bool:
@@ -162,14 +163,9 @@ def _equality_classes(constraints: Sequence[str]) -> dict[str, set[str]]:
 _LAYOUT_CHECKS: ContextVar[list[str] | None] = ContextVar("minijit_layout_checks", default=None)
 
 
-@contextmanager
-def guarding_layouts(into: list[str]) -> Iterator[None]:
+def guarding_layouts(into: list[str]) -> AbstractContextManager[None]:
     """Collect into `into` the layout checks (`add_layout_check`) recorded inside the block, by any pass."""
-    token = _LAYOUT_CHECKS.set(into)
-    try:
-        yield
-    finally:
-        _LAYOUT_CHECKS.reset(token)
+    return _setting(_LAYOUT_CHECKS, into)
 
 
 def add_layout_check(expr: str) -> None:
@@ -192,14 +188,9 @@ def add_constraint(expr: str) -> None:
 _VALUE_READER: ContextVar[Any] = ContextVar("minijit_value_reader", default=None)
 
 
-@contextmanager
-def reading_values(reader: Any) -> Iterator[None]:
+def reading_values(reader: Any) -> AbstractContextManager[None]:
     """Let the capture inside the block read real values of its proxies through `reader`."""
-    token = _VALUE_READER.set(reader)
-    try:
-        yield
-    finally:
-        _VALUE_READER.reset(token)
+    return _setting(_VALUE_READER, reader)
 
 
 def value_reader() -> Any:
@@ -227,14 +218,9 @@ def outside_capture() -> Iterator[None]:
 _STATE_READS: ContextVar[dict[str, Callable[[], Any]] | None] = ContextVar("minijit_state_reads", default=None)
 
 
-@contextmanager
-def noting_state_reads(into: dict[str, Callable[[], Any]]) -> Iterator[None]:
+def noting_state_reads(into: dict[str, Callable[[], Any]]) -> AbstractContextManager[None]:
     """Collect into `into` the state queries (`note_state_read`) the code under capture made inside the block."""
-    token = _STATE_READS.set(into)
-    try:
-        yield
-    finally:
-        _STATE_READS.reset(token)
+    return _setting(_STATE_READS, into)
 
 
 def note_state_read(expr: str, query: Callable[[], Any]) -> None:

@@ -11,10 +11,8 @@ capture found, and nothing is ever written onto a proxy, which several traces sh
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from minijit.ir.proxies import TensorProxy
+from minijit.ir.proxies import TensorProxy
 
 __all__ = ["Layout", "LayoutTable", "row_major"]
 

@@ -53,8 +53,9 @@ ALIASES: tuple[tuple[str, str], ...] = (
 _CANONICAL: dict[Any, Any] = {}
 
 
-def _resolve(path: str, root: Any = torch) -> Any:
-    value = root
+def resolve(path: str) -> Any:
+    """The object at attribute path `path` under `torch` (`"nn.functional.relu"`), or None where there is none."""
+    value: Any = torch
     for part in path.split("."):
         value = getattr(value, part, None)
         if value is None:
@@ -64,9 +65,9 @@ def _resolve(path: str, root: Any = torch) -> Any:
 
 def _forms(alias: str, op: str) -> list[tuple[Any, Any, str, str]]:
     """(alias callable, op callable, alias method name, op method name) for each form both names have."""
-    forms = [(_resolve(alias), _resolve(op), "", "")]
+    forms = [(resolve(alias), resolve(op), "", "")]
     if "." not in alias and "." not in op:  # torch's in-place functions (`torch.arccos_`)
-        forms.append((_resolve(f"{alias}_"), _resolve(f"{op}_"), "", ""))
+        forms.append((resolve(f"{alias}_"), resolve(f"{op}_"), "", ""))
     a_name, o_name = alias.rsplit(".", 1)[-1], op.rsplit(".", 1)[-1]
     for suffix in ("", "_"):
         a, o = f"{a_name}{suffix}", f"{o_name}{suffix}"

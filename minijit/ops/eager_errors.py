@@ -21,6 +21,8 @@ from minijit.errors import MetaError, MinijitError, as_eager
 from minijit.ir import NumberProxy, Symbol, TensorProxy, tree_flatten, tree_map
 from minijit.ir.context import where_now
 from minijit.ir.proxies import number_value
+from minijit.ops.registry import eager_impl
+from minijit.ops.strides import known_layout, meta_like
 
 
 def eager_error(error: MinijitError, sym: Symbol, args: tuple[Any, ...], kwargs: dict[str, Any]) -> MinijitError:
@@ -47,9 +49,6 @@ def eager_refusal(sym: Symbol, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
 
 def _raised_on_meta(sym: Symbol, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Exception | None:
     """The exception eager's implementation of `sym` raises on meta tensors like the proxies, if any."""
-    from minijit.ops.registry import eager_impl
-    from minijit.ops.strides import known_layout, meta_like
-
     impl = eager_impl(sym)
     if impl is None:
         return None

@@ -39,6 +39,7 @@ import torch
 
 from minijit.errors import DataDependentShapeError, MetaError, UnsupportedOpError
 from minijit.ir import NumberProxy, TensorProxy, tree_flatten
+from minijit.ir.containers import sequence_leaves
 from minijit.ir.context import where_now
 from minijit.ir.proxies import data_dependent, number_value
 from minijit.ops.strides import eager_layout, known_layout, meta_like, outside_inference_mode
@@ -181,7 +182,7 @@ def _with_symbolic_shapes(fn: Callable[..., Any], args: tuple[Any, ...], kwargs:
     (`minijit.ops.symbolic_sizes`); where they cannot be derived soundly, the symbolic numbers among the
     arguments are specialised (the trace relies on their values)."""
     leaves = tree_flatten((args, kwargs))
-    metas = _meta_leaves(result.outputs)
+    metas = sequence_leaves(result.outputs)
     concrete = [m.shape if isinstance(m, TensorMeta) else None for m in metas]
     factory = kwargs.get("device") is not None or not any(isinstance(x, TensorProxy) for x in leaves)
     derived = None
@@ -198,13 +199,6 @@ def _with_symbolic_shapes(fn: Callable[..., Any], args: tuple[Any, ...], kwargs:
         return None if meta is None else replace(meta, shape=shape)
 
     return replace(result, outputs=map_leaves(result.outputs, with_shape))
-
-
-def _meta_leaves(outputs: Any) -> list[Any]:
-    """The TensorMeta and None leaves of a meta run's outputs, in order."""
-    if isinstance(outputs, list | tuple):
-        return [leaf for x in outputs for leaf in _meta_leaves(x)]
-    return [outputs]
 
 
 def _specialise(args: Any) -> None:

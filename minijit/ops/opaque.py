@@ -56,10 +56,11 @@ from torch._library.custom_ops import CustomOpDef
 
 from minijit.errors import DataDependentShapeError, DeviceError, InplaceError, MinijitError, TracesEagerBody, UnsupportedOpError
 from minijit.ir import Effects, Symbol, Tag, TensorProxy, current_trace, tree_flatten, tree_map
+from minijit.ir.containers import sequence_leaves
 from minijit.ir.context import value_reader, where_now
 from minijit.ir.proxies import TENSOR_METHOD_FALLBACKS, TENSOR_METHODS, rule_same_shape
 from minijit.ops import prims
-from minijit.ops.aliases import canonical
+from minijit.ops.aliases import canonical, resolve
 from minijit.ops.autocast import active_autocast, opaque_autocast_arguments
 from minijit.ops.eager_facts import write_facts
 from minijit.ops.meta_run import READS_STORAGE, MetaResult, TensorMeta, map_leaves, named_tuple_for, run_on_meta
@@ -76,7 +77,7 @@ DECLINED = (UnsupportedOpError, TypeError)
 
 __all__ = ["NOT_OPS", "OPAQUE", "TENSOR_DUNDERS", "FunctionalForm", "UnderAutocast", "aten_name", "call_ltorch",
            "call_torch", "describe", "draws_random_numbers", "install_tensor_method_fallbacks", "is_opaque_candidate",
-           "opaque_call", "printed_name", "runtime_leaves", "unique_opaque_name"]
+           "opaque_call", "printed_name", "unique_opaque_name"]
 
 
 # -- entry points -------------------------------------------------------------------------------
@@ -254,7 +255,7 @@ class UnderAutocast:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         with torch.autocast(self.device_type, dtype=self.dtype):
             out = self.fn(*args, **kwargs)
-        got = tuple(t.dtype if isinstance(t, torch.Tensor) else None for t in runtime_leaves(out))
+        got = tuple(t.dtype if isinstance(t, torch.Tensor) else None for t in sequence_leaves(out))
         if got != self.dtypes:
             raise UnsupportedOpError(
                 f"{self.what} runs under torch.autocast({self.device_type!r}), where eager casts inside it: its results "
@@ -502,7 +503,7 @@ class FunctionalForm:
         args, kwargs = tree_map(lambda x: clones.get(id(x), x) if isinstance(x, torch.Tensor) else x, (args, kwargs))
         out = self.fn(*args, **kwargs)
         leaves = tree_flatten((args, kwargs))
-        outs = runtime_leaves(out)
+        outs = sequence_leaves(out)
         return (*(leaves[i] for i in self.written), *(outs[i] for i in self.fresh))
 
     def __repr__(self) -> str:
@@ -584,13 +585,6 @@ def shapes_seen_symbol(fn: Any, real_out: Any, shapes: list[tuple[Any, ...] | No
                   effects=Effects(data_dependent=True))
 
 
-def runtime_leaves(out: Any) -> list[Any]:
-    """The leaves (tensors and Nones) of a torch op's result, in the order of the meta run's outputs."""
-    if isinstance(out, list | tuple):
-        return [leaf for x in out for leaf in runtime_leaves(x)]
-    return [out]
-
-
 # -- names ----------------------------------------------------------------------------------------
 
 _PUBLIC: dict[int, str] = {}
@@ -615,15 +609,6 @@ def public_torch_names() -> dict[int, str]:
     return _PUBLIC
 
 
-def _resolve(path: str) -> Any:
-    value: Any = torch
-    for part in path.split("."):
-        value = getattr(value, part, None)
-        if value is None:
-            return None
-    return value
-
-
 def _torch_path(fn: Any) -> str | None:
     """The attribute path under `torch` that gives `fn` itself, if there is one."""
     name = getattr(fn, "__name__", None)
@@ -631,17 +616,17 @@ def _torch_path(fn: Any) -> str | None:
         return f"Tensor.{name}"
     if isinstance(fn, torch._ops.OpOverload):
         path = f"ops.{fn.namespace}.{fn._opname}.{fn._overloadname}"
-        return path if _resolve(path) is fn else None
+        return path if resolve(path) is fn else None
     if isinstance(fn, torch._ops.OpOverloadPacket):
         path = f"ops.{fn._qualified_op_name.replace('::', '.')}"
-        return path if _resolve(path) is fn else None
+        return path if resolve(path) is fn else None
     public = public_torch_names().get(id(fn))
-    if public is not None and _resolve(public) is fn:
+    if public is not None and resolve(public) is fn:
         return public
     module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
     if isinstance(module, str) and isinstance(qualname, str) and module.startswith("torch"):
         path = ".".join([*module.split(".")[1:], qualname])
-        if path and _resolve(path) is fn:
+        if path and resolve(path) is fn:
             return path
     return None
 

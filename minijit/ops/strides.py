@@ -56,7 +56,7 @@ from minijit.errors import MetaError, UnsupportedMethodError
 from minijit.ir import TENSOR_METHODS, BoundSymbol, NumberProxy, Proxy, TensorProxy, Trace, tree_flatten, tree_map
 from minijit.ir.context import add_layout_check, current_trace, where_now
 from minijit.ir.layouts import Layout, row_major
-from minijit.ir.proxies import guarded_compare, known_compare, number_value
+from minijit.ir.proxies import guarded_compare, number_value, same_value
 from minijit.ops.registry import eager_impl
 
 
@@ -449,15 +449,6 @@ def _through_slices(p: TensorProxy) -> bool:
     return False
 
 
-def _same_size(a: Any, b: Any) -> bool:
-    """Whether sizes `a` and `b` are equal on every call the trace runs for (records nothing)."""
-    if isinstance(a, NumberProxy):
-        return known_compare(a, "==", b)
-    if isinstance(b, NumberProxy):
-        return known_compare(b, "==", a)
-    return a == b
-
-
 def only_splits(old: tuple[Any, ...], new: tuple[Any, ...]) -> bool:
     """Whether `new` (which may hold one -1) only splits `old`'s dimensions, whatever the symbolic sizes are.
 
@@ -482,7 +473,7 @@ def _matched(old: tuple[Any, ...], new: tuple[Any, ...]) -> tuple[int, int]:
     i = j = 0
     while i < len(old) and j < len(new):
         d = old[i]
-        if _same_size(new[j], d):
+        if same_value(new[j], d):
             i, j = i + 1, j + 1
             continue
         if type(d) is not int:

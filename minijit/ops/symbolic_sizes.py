@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from minijit.ir import IntegerProxy, NumberProxy, TensorProxy, tree_flatten
+from minijit.ir.containers import sequence_leaves
 from minijit.ir.context import add_constraint, capturing
 from minijit.ir.proxies import data_dependent, guarded_compare
 
@@ -363,7 +364,7 @@ def derive(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
         return None
     storages = {t.untyped_storage()._cdata for t in tensors.values()}
     outputs: list[tuple[Any, ...] | None] = []
-    for leaf in _leaves(out):
+    for leaf in sequence_leaves(out):
         if isinstance(leaf, torch.Tensor):
             if leaf.untyped_storage()._cdata in storages:
                 return None  # a view or an argument itself: its layout decides more than its sizes
@@ -378,13 +379,6 @@ def derive(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
         ranges.append((low, int(vr.upper) if isinstance(vr.upper, sympy.Integer) else None))
     guards = tuple(g.expr for g in env.guards)
     return SymbolicShapes(tuple(symbols), tuple(outputs), guards, tuple(ranges), tuple(names))
-
-
-def _leaves(out: Any) -> list[Any]:
-    """The leaves of a torch op's result (tensors and others), in the order of `tree_flatten` of its metadata."""
-    if isinstance(out, list | tuple):
-        return [leaf for x in out for leaf in _leaves(x)]
-    return [out]
 
 
 def _expr(d: Any) -> Any:

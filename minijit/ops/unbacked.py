@@ -31,11 +31,11 @@ from typing import Any
 import torch
 
 from minijit.ir import IntegerProxy, TensorProxy, tree_flatten
+from minijit.ir.containers import sequence_leaves
 from minijit.ir.context import current_trace, where_now
 from minijit.ir.proxies import UnbackedSize, data_dependent, number_value
 from minijit.ops import aten_prims
-from minijit.ops.opaque import runtime_leaves
-from minijit.ops.symbolic_sizes import SymbolicShapes, _expr, _number, _sympy, _Unsupported, record_guards
+from minijit.ops.symbolic_sizes import SymbolicShapes, _expr, _number, _size_source, _sympy, _Unsupported, record_guards
 
 __all__ = ["bind_unbacked_sizes", "unbacked_shapes"]
 
@@ -62,8 +62,6 @@ class _Session:
     def symint(self, x: IntegerProxy, created: list[Any]) -> Any:
         """The SymInt of `x`: a symbol per expression, an unbacked one for a size only the trace knows."""
         from torch.fx.experimental.symbolic_shapes import DimDynamic
-
-        from minijit.ops.symbolic_sizes import _size_source
 
         key = x.expr if x.expr is not None else x.name
         node = self.nodes.get(key)
@@ -127,7 +125,7 @@ def unbacked_shapes(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], what
             out = fn(*fargs, **fkwargs)
     except Exception:  # any failure on fake tensors: the caller checks the shapes seen instead
         return None
-    leaves = [leaf for leaf in runtime_leaves(out) if leaf is not None]
+    leaves = [leaf for leaf in sequence_leaves(out) if leaf is not None]
     if len(leaves) != len(real) or not all(isinstance(t, torch.Tensor) for t in leaves):
         return None
     inputs = {fake.untyped_storage()._cdata for _, fake in session.fakes.values()}

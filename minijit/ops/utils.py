@@ -274,6 +274,13 @@ def fail(op: str, msg: str) -> MetaError:
     return MetaError(f"{op}: {msg}{where_now()}")
 
 
+def tensor_argument(op: str, x: Any) -> TensorProxy:
+    """`x`, which ltorch op `op` takes as a tensor; a MetaError naming the op where it is not one."""
+    if not isinstance(x, TensorProxy):
+        raise fail(op, f"expected a tensor, got {type(x).__name__}")
+    return x
+
+
 def unsupported(op: str, msg: str) -> UnsupportedOpError:
     """An UnsupportedOpError for a call of ltorch op `op` that eager accepts but the decomposition does not.
 

@@ -26,10 +26,11 @@ import torch
 
 from minijit.errors import TraceInvariantError, UnsupportedSyntaxError, ValueGuardMiss
 from minijit.ir import NumberProxy, Proxy, TensorProxy, Trace, tree_flatten, tree_map
+from minijit.ir.containers import sequence_leaves
 from minijit.ir.context import current_trace, outside_capture, where_now
 from minijit.ops import prims
 from minijit.ops.aten_prims import check_readable, check_value, is_value_check, observe
-from minijit.ops.opaque import describe, runtime_leaves, shapes_seen_symbol
+from minijit.ops.opaque import describe, shapes_seen_symbol
 from minijit.ops.unbacked import bind_unbacked_sizes, unbacked_shapes
 
 
@@ -153,7 +154,7 @@ class ValueReader:
         real_args, real_kwargs = tree_map(lambda x: by_id.get(id(x), x), (args, kwargs))
         with rng_preserved():
             real_out = fn(*real_args, **real_kwargs)
-        real_tensors = [t for t in runtime_leaves(real_out) if isinstance(t, torch.Tensor)]
+        real_tensors = [t for t in sequence_leaves(real_out) if isinstance(t, torch.Tensor)]
         unbacked = unbacked_shapes(fn, args, kwargs, describe(fn), real_tensors)
         if unbacked is not None:  # sizes only the trace knows, bound where the op made them: no check
             shapes, fresh = unbacked

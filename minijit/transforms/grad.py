@@ -276,28 +276,25 @@ class _Splitter:
         bwd.pass_name = "split forward/backward"
         cotangents: dict[str, TensorProxy] = {}
         ct_args: list[TensorProxy] = []
+
+        def cotangent_input(like: TensorProxy, name: str) -> TensorProxy:
+            ct = TensorProxy.like(like, requires_grad=False)
+            bwd.names.used.discard(ct.name)
+            ct.name = bwd.names.claim(name)
+            ct_args.append(ct)
+            return ct
+
         with tracing(bwd):
             for leaf in tree_flatten(self.trace.output) if hidden is None else ():
                 if is_differentiable(leaf) and leaf.name in self.requires:
-                    ct = TensorProxy.like(leaf, requires_grad=False)
-                    bwd.names.used.discard(ct.name)
-                    ct.name = bwd.names.claim(f"grad_{leaf.name}")
-                    ct_args.append(ct)
-                    self._accumulate(cotangents, leaf, ct, None)
+                    self._accumulate(cotangents, leaf, cotangent_input(leaf, f"grad_{leaf.name}"), None)
             for p, new_value in self.dirty if hidden is None else ():
                 # The cotangent of the input's new value (autograd passes it for the dirty output).
-                ct = TensorProxy.like(p, requires_grad=False)
-                bwd.names.used.discard(ct.name)
-                ct.name = bwd.names.claim(f"grad_{p.name}_updated")
-                ct_args.append(ct)
+                ct = cotangent_input(p, f"grad_{p.name}_updated")
                 if is_differentiable(new_value) and new_value.name in self.requires:
                     self._accumulate(cotangents, new_value, ct, None)
             for h in hidden or ():
-                ct = TensorProxy.like(h, requires_grad=False)
-                bwd.names.used.discard(ct.name)
-                ct.name = bwd.names.claim(f"grad_{h.name}_saved")
-                ct_args.append(ct)
-                self._accumulate(cotangents, h, ct, None)
+                self._accumulate(cotangents, h, cotangent_input(h, f"grad_{h.name}_saved"), None)
             for entry in reversed(self.tape):
                 outs = tree_flatten(entry.bsym.output)
                 gs = [cotangents.get(o.name) if isinstance(o, TensorProxy) else None for o in outs]

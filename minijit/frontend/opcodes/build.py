@@ -6,8 +6,9 @@ from collections.abc import Callable
 from typing import Any
 
 from minijit.frontend.code import Inst
-from minijit.frontend.frame import Frame, current_state
-from minijit.frontend.opcodes.protocols import call_dunder, next_item, observe_iteration, python_members
+from minijit.frontend.frame import Frame, observe_iteration, observe_mapping
+from minijit.frontend.opcodes.calls import function_str
+from minijit.frontend.opcodes.protocols import call_dunder, get_iter, next_item, python_members
 from minijit.frontend.opcodes.table import handles
 from minijit.ir import TensorProxy
 
@@ -189,8 +190,6 @@ def dict_merge_313(frame: Frame, inst: Inst) -> None:
 
 
 def _merge_kwargs(target: dict[Any, Any], update: Any, fn: Any) -> None:
-    from minijit.frontend.opcodes.calls import function_str
-
     if not hasattr(update, "keys"):
         raise TypeError(f"{function_str(fn)} argument after ** must be a mapping, not {type(update).__name__}")
     observe_mapping(update)
@@ -198,12 +197,6 @@ def _merge_kwargs(target: dict[Any, Any], update: Any, fn: Any) -> None:
         if key in target:
             raise TypeError(f"{function_str(fn)} got multiple values for keyword argument '{key}'")
         target[key] = update[key]
-
-
-def observe_mapping(mapping: Any) -> None:
-    """Guard every key and value of `mapping` when it is from outside the call (`{**d}`, `f(**d)`)."""
-    if current_state().outside.is_root(mapping):
-        current_state().outside.observe_values(current_state().guards, mapping)
 
 
 # -- unpacking ----------------------------------------------------------------------------------
@@ -224,8 +217,6 @@ class _InterpretedIterator:
 
 def interpreted_iterable(obj: Any) -> Any:
     """`obj`, or a wrapper that makes native iteration over it run its Python `__iter__`/`__next__`."""
-    from minijit.frontend.opcodes.protocols import get_iter
-
     if isinstance(obj, TensorProxy):
         return get_iter(obj)
     members = python_members(type(obj))

@@ -16,10 +16,8 @@ from typing import Any
 from minijit.errors import UnsupportedSyntaxError
 from minijit.frontend.calls import call
 from minijit.frontend.code import Inst
-from minijit.frontend.frame import NULL, Frame, current_state
-from minijit.frontend.opcodes.build import observe_mapping
+from minijit.frontend.frame import NULL, Frame, current_state, observe_iteration, observe_mapping
 from minijit.frontend.opcodes.names import attribute
-from minijit.frontend.opcodes.protocols import observe_iteration
 from minijit.frontend.opcodes.table import handles
 from minijit.ir.context import where_now
 

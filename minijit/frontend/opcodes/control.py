@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from minijit.frontend.calls import call
 from minijit.frontend.code import Inst
 from minijit.frontend.frame import GENERATOR, RETURN, YIELD, Frame
+from minijit.frontend.interpreter import InterpretedGenerator
 from minijit.frontend.opcodes.protocols import get_iter, next_item, truth
 from minijit.frontend.opcodes.table import handles
 
@@ -151,8 +153,6 @@ def yield_value(frame: Frame, inst: Inst) -> str:
 @handles("GET_YIELD_FROM_ITER")
 def get_yield_from_iter(frame: Frame, inst: Inst) -> None:
     """`yield from x`: generators are used as they are, other iterables through iter()."""
-    from minijit.frontend.interpreter import InterpretedGenerator
-
     value = frame.stack[-1]
     if type(value).__name__ == "coroutine":
         raise TypeError("cannot 'yield from' a coroutine object in a non-coroutine generator")
@@ -202,7 +202,6 @@ def _send(receiver: Any, value: Any) -> Any:
     method = getattr(receiver, "send", None)
     if method is None:
         raise AttributeError(f"'{type(receiver).__name__}' object has no attribute 'send'")
-    from minijit.frontend.calls import call
 
     return call(method, (value,), {})
 

@@ -19,7 +19,7 @@ from minijit.errors import UnsupportedSyntaxError
 from minijit.frontend.backward import assign_grad, set_traced_grad
 from minijit.frontend.calls import call, dispatch_torch_function, should_interpret
 from minijit.frontend.folding import NOT_FOLDED, fold
-from minijit.frontend.frame import current_state
+from minijit.frontend.frame import current_state, observe_iteration
 from minijit.frontend.interpreter import InterpretedGenerator
 from minijit.frontend.native_tensors import COMPUTING_ITERATORS, run_native
 from minijit.frontend.outside import item_label
@@ -352,12 +352,6 @@ def get_iter(obj: Any) -> Any:
     return iter(obj)
 
 
-def observe_iteration(obj: Any) -> None:
-    """Guard what iterating over `obj` reads, when it is a container from outside the call."""
-    if current_state().outside.is_root(obj):
-        current_state().outside.observe(current_state().guards, obj, "iterate")
-
-
 def next_item(it: Any) -> Any:
     """next(it), with a Python `__next__` interpreted (raises StopIteration at the end)."""
     cls = type(it)
@@ -505,6 +499,6 @@ def _log_attribute_write(obj: Any, name: str, value: Any, delete: bool) -> None:
 
 __all__ = [
     "BINARY_OPS", "binary_op", "call_dunder", "class_attr", "compare", "contains", "del_item", "delete_attribute",
-    "get_item", "get_iter", "length", "load_attr", "next_item", "observe_iteration", "python_members", "set_item",
+    "get_item", "get_iter", "length", "load_attr", "next_item", "python_members", "set_item",
     "stand_in", "store_attr", "truth", "unary_op",
 ]

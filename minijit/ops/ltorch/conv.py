@@ -94,25 +94,21 @@ def _conv_transpose(op: str, n: int, input: TensorProxy, weight: TensorProxy, bi
     return out if batched else reshape_to(out, out.shape[1:])
 
 
-@ltorch_op(torch_fns=[torch.conv1d, F.conv1d])
-def conv1d(input: TensorProxy, weight: TensorProxy, bias: TensorProxy | None = None, stride: Any = 1,  # noqa: A002
-           padding: Any = 0, dilation: Any = 1, groups: int = 1) -> TensorProxy:
-    """F.conv1d over (N, C, L) or unbatched (C, L) inputs."""
-    return _conv("conv1d", 1, input, weight, bias, stride, padding, dilation, groups)
+def _conv_op(n: int, doc: str) -> Symbol:
+    """Declares F.conv{n}d, documented as `doc`."""
+    name = f"conv{n}d"
+
+    def conv(input: TensorProxy, weight: TensorProxy, bias: TensorProxy | None = None, stride: Any = 1,  # noqa: A002
+             padding: Any = 0, dilation: Any = 1, groups: int = 1) -> TensorProxy:
+        return _conv(name, n, input, weight, bias, stride, padding, dilation, groups)
+
+    conv.__name__, conv.__doc__ = name, doc
+    return ltorch_op(torch_fns=[getattr(torch, name), getattr(F, name)])(conv)
 
 
-@ltorch_op(torch_fns=[torch.conv2d, F.conv2d])
-def conv2d(input: TensorProxy, weight: TensorProxy, bias: TensorProxy | None = None, stride: Any = 1,  # noqa: A002
-           padding: Any = 0, dilation: Any = 1, groups: int = 1) -> TensorProxy:
-    """F.conv2d over (N, C, H, W) or unbatched (C, H, W) inputs."""
-    return _conv("conv2d", 2, input, weight, bias, stride, padding, dilation, groups)
-
-
-@ltorch_op(torch_fns=[torch.conv3d, F.conv3d])
-def conv3d(input: TensorProxy, weight: TensorProxy, bias: TensorProxy | None = None, stride: Any = 1,  # noqa: A002
-           padding: Any = 0, dilation: Any = 1, groups: int = 1) -> TensorProxy:
-    """F.conv3d over (N, C, D, H, W) or unbatched (C, D, H, W) inputs."""
-    return _conv("conv3d", 3, input, weight, bias, stride, padding, dilation, groups)
+conv1d = _conv_op(1, "F.conv1d over (N, C, L) or unbatched (C, L) inputs.")
+conv2d = _conv_op(2, "F.conv2d over (N, C, H, W) or unbatched (C, H, W) inputs.")
+conv3d = _conv_op(3, "F.conv3d over (N, C, D, H, W) or unbatched (C, D, H, W) inputs.")
 
 
 def _conv_transpose_op(n: int, doc: str) -> Symbol:

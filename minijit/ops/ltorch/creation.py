@@ -15,13 +15,7 @@ import torch
 from minijit.ir import NumberProxy, Symbol, TensorProxy
 from minijit.ops import prims
 from minijit.ops.registry import ltorch_op
-from minijit.ops.utils import fail, numel_of, parse_shape, reshape_to, result_dtype, to_dtype, unsupported
-
-
-def _tensor(op: str, x: Any) -> TensorProxy:
-    if not isinstance(x, TensorProxy):
-        raise fail(op, f"expected a tensor, got {type(x).__name__}")
-    return x
+from minijit.ops.utils import fail, numel_of, parse_shape, reshape_to, result_dtype, tensor_argument, to_dtype, unsupported
 
 
 def _device(device: Any, default: torch.device | None = None) -> torch.device:
@@ -70,7 +64,7 @@ def _is_device(x: Any) -> bool:
 @ltorch_op(torch_fns=[torch.Tensor.to], methods=["to"])
 def to(input: TensorProxy, *args: Any, **kwargs: Any) -> TensorProxy:  # noqa: A002
     """Tensor.to(dtype), .to(device, dtype), .to(other), with non_blocking/copy/memory_format keywords."""
-    _tensor("to", input)
+    tensor_argument("to", input)
     rest = list(args)
     dtype = kwargs.pop("dtype", None)
     device = kwargs.pop("device", None)
@@ -100,7 +94,7 @@ def to(input: TensorProxy, *args: Any, **kwargs: Any) -> TensorProxy:  # noqa: A
 @ltorch_op(torch_fns=[torch.Tensor.cpu], methods=["cpu"])
 def cpu(input: TensorProxy, memory_format: Any = None) -> TensorProxy:  # noqa: A002
     """Tensor.cpu(): the tensor on the CPU (itself if it is there)."""
-    return convert("cpu", _tensor("cpu", input), None, torch.device("cpu"))
+    return convert("cpu", tensor_argument("cpu", input), None, torch.device("cpu"))
 
 
 @ltorch_op(torch_fns=[torch.Tensor.cuda], methods=["cuda"])
@@ -108,12 +102,12 @@ def cuda(input: TensorProxy, device: Any = None, non_blocking: bool = False,  # 
          memory_format: Any = None) -> TensorProxy:
     """Tensor.cuda(device=None, non_blocking=False): the tensor on that CUDA device (the current one by default)."""
     target = _device(torch.device("cuda", device) if type(device) is int else device or "cuda")
-    return convert("cuda", _tensor("cuda", input), None, target)
+    return convert("cuda", tensor_argument("cuda", input), None, target)
 
 
 def _declare_cast(name: str, dtype: torch.dtype) -> Any:
     def decomposition(input: TensorProxy, memory_format: Any = None) -> TensorProxy:  # noqa: A002
-        return convert(name, _tensor(name, input), dtype, None)
+        return convert(name, tensor_argument(name, input), dtype, None)
 
     decomposition.__name__ = name
     decomposition.__doc__ = f"Tensor.{name}(): the tensor as {dtype}."
@@ -132,7 +126,7 @@ for _name, _dtype in _CASTS.items():
 @ltorch_op(torch_fns=[torch.Tensor.type_as], methods=["type_as"])
 def type_as(input: TensorProxy, other: TensorProxy) -> TensorProxy:  # noqa: A002
     """Tensor.type_as: the tensor in other's dtype."""
-    return convert("type_as", _tensor("type_as", input), _tensor("type_as", other).dtype, None)
+    return convert("type_as", tensor_argument("type_as", input), tensor_argument("type_as", other).dtype, None)
 
 
 @ltorch_op("type", torch_fns=[torch.Tensor.type], methods=["type"])
@@ -140,7 +134,7 @@ def type_(input: TensorProxy, dtype: Any = None, non_blocking: bool = False, **k
     """Tensor.type(dtype): the tensor as dtype (the string forms and the no-argument query are not supported)."""
     if not isinstance(dtype, torch.dtype):
         raise unsupported("type", f"only Tensor.type(<torch.dtype>) is supported, got {dtype!r}")
-    return convert("type", _tensor("type", input), dtype, None)
+    return convert("type", tensor_argument("type", input), dtype, None)
 
 
 # -- filled tensors -----------------------------------------------------------------------------
@@ -163,7 +157,7 @@ def _declare_filled(name: str, value: Any) -> Symbol:
     def like(input: TensorProxy, *, dtype: torch.dtype | None = None, layout: Any = None,  # noqa: A002
              device: Any = None, pin_memory: bool = False, requires_grad: bool = False,
              memory_format: Any = None) -> TensorProxy:
-        _tensor(name, input)
+        tensor_argument(name, input)
         _check_options(name, requires_grad, None, layout)
         return _filled(name, input.shape, value, dtype or input.dtype, _device(device, input.device))
 
@@ -198,7 +192,7 @@ def full_like(input: TensorProxy, fill_value: Any, *, dtype: torch.dtype | None 
               device: Any = None, pin_memory: bool = False, requires_grad: bool = False,
               memory_format: Any = None) -> TensorProxy:
     """torch.full_like: a tensor like input filled with fill_value."""
-    _tensor("full_like", input)
+    tensor_argument("full_like", input)
     _check_options("full_like", requires_grad, None, layout)
     return _filled("full_like", input.shape, fill_value, dtype or input.dtype, _device(device, input.device))
 
@@ -207,7 +201,7 @@ def _declare_new(name: str, value: Any) -> Any:
     def decomposition(input: TensorProxy, *sizes: Any, size: Any = None, dtype: torch.dtype | None = None,  # noqa: A002
                       layout: Any = None, device: Any = None, pin_memory: bool = False,
                       requires_grad: bool = False) -> TensorProxy:
-        _tensor(name, input)
+        tensor_argument(name, input)
         _check_options(name, requires_grad, None, layout)
         if size is not None:  # x.new_ones(size=(2, 3)), as transformers' Longformer calls it
             if sizes:
@@ -229,7 +223,7 @@ new_empty = _declare_new("new_empty", 0)
 def new_full(input: TensorProxy, size: Sequence[Any], fill_value: Any, *, dtype: torch.dtype | None = None,  # noqa: A002
              layout: Any = None, device: Any = None, pin_memory: bool = False, requires_grad: bool = False) -> TensorProxy:
     """Tensor.new_full: a tensor of input's dtype and device filled with fill_value."""
-    _tensor("new_full", input)
+    tensor_argument("new_full", input)
     _check_options("new_full", requires_grad, None, layout)
     return _filled("new_full", parse_shape("new_full", (size,)), fill_value, dtype or input.dtype,
                    _device(device, input.device))

@@ -20,15 +20,14 @@ from minijit.ops import aten_prims
 from minijit.ops.ltorch.conv import per_dim
 from minijit.ops.ltorch.reductions import mean
 from minijit.ops.registry import ltorch_op
-from minijit.ops.utils import fail, reshape_to, unsqueeze_at
+from minijit.ops.utils import fail, reshape_to, tensor_argument, unsqueeze_at
 
 F = torch.nn.functional
 _nn = torch._C._nn
 
 
 def _input(op: str, input: Any, n: int) -> TensorProxy:  # noqa: A002
-    if not isinstance(input, TensorProxy):
-        raise fail(op, f"expected a tensor, got {type(input).__name__}")
+    tensor_argument(op, input)
     if input.ndim not in (n + 1, n + 2):
         raise fail(op, f"expected a {n + 1}-d (unbatched) or {n + 2}-d (batched) input, got shape {tuple(input.shape)}")
     return input

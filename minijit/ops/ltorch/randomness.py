@@ -19,10 +19,10 @@ import torch
 
 from minijit.ir import Effects, TensorProxy
 from minijit.ops import prims
-from minijit.ops.ltorch.creation import _check_options, _device, _tensor
+from minijit.ops.ltorch.creation import _check_options, _device
 from minijit.ops.ltorch.inplace import write_into
 from minijit.ops.registry import ltorch_op
-from minijit.ops.utils import broadcast_shapes, expand_to, fail, parse_shape, unsupported
+from minijit.ops.utils import broadcast_shapes, expand_to, fail, parse_shape, tensor_argument, unsupported
 
 RANDOM = prims.RANDOM
 INPLACE_RANDOM = Effects(writes=(0,), random=True)  # draws into its first argument
@@ -41,9 +41,9 @@ def _float_dtype(op: str, dtype: torch.dtype | None, default: torch.dtype) -> to
 def _like(op: str, input: TensorProxy, memory_format: Any) -> Any:  # noqa: A002
     """What a `*_like` op's result takes its layout from: input itself (eager's preserve_format) or its size."""
     if memory_format is None or memory_format == torch.preserve_format:
-        return _tensor(op, input)
+        return tensor_argument(op, input)
     if memory_format == torch.contiguous_format:
-        return tuple(_tensor(op, input).shape)
+        return tuple(tensor_argument(op, input).shape)
     raise fail(op, f"memory_format={memory_format} is not supported")
 
 
@@ -86,7 +86,7 @@ def rand_like(input: TensorProxy, *, dtype: torch.dtype | None = None, layout: A
               memory_format: Any = None, generator: Any = None) -> TensorProxy:
     """torch.rand_like: uniform samples in [0, 1) shaped (and laid out) like input."""
     _check_options("rand_like", requires_grad, None, layout)
-    dtype = _float_dtype("rand_like", dtype, _tensor("rand_like", input).dtype)
+    dtype = _float_dtype("rand_like", dtype, tensor_argument("rand_like", input).dtype)
     return prims.uniform(_like("rand_like", input, memory_format), 0.0, 1.0, dtype=dtype,
                          device=_device(device, input.device), **_drawn_from(generator))
 
@@ -97,7 +97,7 @@ def randn_like(input: TensorProxy, *, dtype: torch.dtype | None = None, layout: 
                memory_format: Any = None, generator: Any = None) -> TensorProxy:
     """torch.randn_like: standard normal samples shaped (and laid out) like input."""
     _check_options("randn_like", requires_grad, None, layout)
-    dtype = _float_dtype("randn_like", dtype, _tensor("randn_like", input).dtype)
+    dtype = _float_dtype("randn_like", dtype, tensor_argument("randn_like", input).dtype)
     return prims.normal(_like("randn_like", input, memory_format), 0.0, 1.0, dtype=dtype,
                         device=_device(device, input.device), **_drawn_from(generator))
 
@@ -158,7 +158,7 @@ def randperm(n: int, *, generator: Any = None, out: Any = None, dtype: torch.dty
 def bernoulli(input: TensorProxy, p: Any = None, *, generator: Any = None, out: Any = None) -> TensorProxy:  # noqa: A002
     """torch.bernoulli(probs): 1 with each element's probability; with a number p, 1 with probability p."""
     _check_options("bernoulli", False, out, None)
-    _tensor("bernoulli", input)
+    tensor_argument("bernoulli", input)
     _not_requiring_grad("bernoulli", input, p)
     # Eager draws into a contiguous tensor here (not one laid out like input).
     return prims.bernoulli(tuple(input.shape), input if p is None else p, dtype=input.dtype, device=input.device,
@@ -200,7 +200,7 @@ def multinomial(input: TensorProxy, num_samples: int, replacement: bool = False,
     """torch.multinomial: indices drawn from the categories of each row of input, by weight."""
     _check_options("multinomial", False, out, None)
     _not_requiring_grad("multinomial", input)
-    return prims.multinomial(_tensor("multinomial", input), num_samples, replacement, **_drawn_from(generator))
+    return prims.multinomial(tensor_argument("multinomial", input), num_samples, replacement, **_drawn_from(generator))
 
 
 # -- in-place fills ----------------------------------------------------------------------------------------
@@ -212,13 +212,13 @@ def _fill(op: str, a: TensorProxy, value: TensorProxy) -> TensorProxy:
 @ltorch_op("uniform_", torch_fns=[torch.Tensor.uniform_], methods=["uniform_"], effects=INPLACE_RANDOM)
 def uniform_(a: TensorProxy, from_: float = 0.0, to: float = 1.0, *, generator: Any = None) -> TensorProxy:
     """Tensor.uniform_: fills a with uniform samples in [from, to)."""
-    return _fill("uniform_", a, prims.uniform(_tensor("uniform_", a), from_, to, dtype=a.dtype, **_drawn_from(generator)))
+    return _fill("uniform_", a, prims.uniform(tensor_argument("uniform_", a), from_, to, dtype=a.dtype, **_drawn_from(generator)))
 
 
 @ltorch_op("normal_", torch_fns=[torch.Tensor.normal_], methods=["normal_"], effects=INPLACE_RANDOM)
 def normal_(a: TensorProxy, mean: float = 0.0, std: float = 1.0, *, generator: Any = None) -> TensorProxy:
     """Tensor.normal_: fills a with samples of N(mean, std)."""
-    return _fill("normal_", a, prims.normal(_tensor("normal_", a), mean, std, dtype=a.dtype, **_drawn_from(generator)))
+    return _fill("normal_", a, prims.normal(tensor_argument("normal_", a), mean, std, dtype=a.dtype, **_drawn_from(generator)))
 
 
 @ltorch_op("bernoulli_", torch_fns=[torch.Tensor.bernoulli_], methods=["bernoulli_"], effects=INPLACE_RANDOM)
@@ -227,13 +227,14 @@ def bernoulli_(a: TensorProxy, p: Any = 0.5, *, generator: Any = None) -> Tensor
     _not_requiring_grad("bernoulli_", p)
     if isinstance(p, TensorProxy):
         p = expand_to(p, a.shape)
-    return _fill("bernoulli_", a, prims.bernoulli(_tensor("bernoulli_", a), p, dtype=a.dtype, **_drawn_from(generator)))
+    return _fill("bernoulli_", a, prims.bernoulli(tensor_argument("bernoulli_", a), p, dtype=a.dtype, **_drawn_from(generator)))
 
 
 @ltorch_op("exponential_", torch_fns=[torch.Tensor.exponential_], methods=["exponential_"], effects=INPLACE_RANDOM)
 def exponential_(a: TensorProxy, lambd: float = 1.0, *, generator: Any = None) -> TensorProxy:
     """Tensor.exponential_: fills a with samples of the exponential distribution of rate lambd."""
-    return _fill("exponential_", a, prims.exponential(_tensor("exponential_", a), lambd, dtype=a.dtype, **_drawn_from(generator)))
+    return _fill("exponential_", a, prims.exponential(tensor_argument("exponential_", a), lambd, dtype=a.dtype,
+                                                      **_drawn_from(generator)))
 
 
 @ltorch_op("random_", torch_fns=[torch.Tensor.random_], methods=["random_"], effects=INPLACE_RANDOM)
@@ -244,7 +245,8 @@ def random_(a: TensorProxy, *args: Any, generator: Any = None, **bounds: Any) ->
         raise fail("random_", f"expects random_(), random_(to) or random_(from, to), got {args!r} {bounds!r}")
     # random_() and random_(0, None) draw differently for some dtypes: keep the call's form.
     low, high = (None, None) if not values else (0, values[0]) if len(values) == 1 else values
-    return _fill("random_", a, prims.random_integers(_tensor("random_", a), low, high, dtype=a.dtype, **_drawn_from(generator)))
+    return _fill("random_", a, prims.random_integers(tensor_argument("random_", a), low, high, dtype=a.dtype,
+                                                     **_drawn_from(generator)))
 
 
 # -- dropout -------------------------------------------------------------------------------------------

@@ -22,7 +22,16 @@ from minijit.ops.ltorch.elementwise import add, exp, isinf, log, logical_xor, ma
 from minijit.ops.ltorch.elementwise import pow as pow_
 from minijit.ops.ltorch.shape import cat, clone, slice_dim
 from minijit.ops.registry import ltorch_op
-from minijit.ops.utils import canonical_dims, compute_dtype_for, fail, numel_of, reshape_to, to_dtype, unsupported
+from minijit.ops.utils import (
+    canonical_dims,
+    compute_dtype_for,
+    fail,
+    numel_of,
+    reshape_to,
+    tensor_argument,
+    to_dtype,
+    unsupported,
+)
 
 
 def keep_dims(out: TensorProxy, shape: Sequence[Any], dims: Sequence[int]) -> TensorProxy:
@@ -39,12 +48,6 @@ def reduction_dims(op: str, dim: Any, ndim: int) -> tuple[int, ...]:
         raise fail(op, str(e)) from None
 
 
-def _check_tensor(op: str, x: Any) -> TensorProxy:
-    if not isinstance(x, TensorProxy):
-        raise fail(op, f"expected a tensor, got {type(x).__name__}")
-    return x
-
-
 def _is_float(dtype: torch.dtype) -> bool:
     return dtype.is_floating_point or dtype.is_complex
 
@@ -57,7 +60,7 @@ def _finish(out: TensorProxy, dtype: torch.dtype, shape: Sequence[Any], dims: Se
 def _sum_or_product(op: str, x: Any, dim: Any, keepdim: bool, dtype: torch.dtype | None) -> TensorProxy:
     """sum, mean and prod: `x` reduced over `dim` in `dtype`. By default a floating input keeps its dtype and a
     bool or integer one reduces in int64, as torch does; mean takes floating dtypes only and divides by the count."""
-    _check_tensor(op, x)
+    tensor_argument(op, x)
     if dtype is None:
         dtype = x.dtype if _is_float(x.dtype) or op == "mean" else torch.int64
     if op == "mean" and not _is_float(dtype):
@@ -92,7 +95,7 @@ def prod(input: TensorProxy, dim: int | None = None, keepdim: bool = False, *,  
 
 def _declare_extremum(name: str, prim: Any) -> Any:
     def decomposition(input: TensorProxy, dim: int | Sequence[int] = (), keepdim: bool = False) -> TensorProxy:  # noqa: A002
-        _check_tensor(name, input)
+        tensor_argument(name, input)
         dims = reduction_dims(name, dim, input.ndim)
         return _finish(prim(input, dims), input.dtype, input.shape, dims, keepdim)
 
@@ -108,7 +111,7 @@ amin = _declare_extremum("amin", prims.amin)
 
 def _declare_arg_extremum(name: str, prim: Any) -> Any:
     def decomposition(input: TensorProxy, dim: int | None = None, keepdim: bool = False) -> TensorProxy:  # noqa: A002
-        _check_tensor(name, input)
+        tensor_argument(name, input)
         if input.dtype == torch.bool:
             raise fail(name, "does not support bool input")
         if dim is None:
@@ -137,7 +140,7 @@ class ValuesIndices(NamedTuple):
 
 def _declare_max_min(name: str, reduce: Any, arg_reduce: Any, binary: Any) -> Any:
     def decomposition(input: TensorProxy, dim: Any = None, keepdim: bool = False) -> Any:  # noqa: A002
-        _check_tensor(name, input)
+        tensor_argument(name, input)
         if isinstance(dim, TensorProxy):  # torch.max(input, other)
             return binary(input, dim)
         if dim is None:
@@ -163,7 +166,7 @@ min = _declare_max_min("min", amin, argmin, minimum)  # noqa: A001 - mirrors tor
 def topk(input: TensorProxy, k: int, dim: int = -1, largest: bool = True,  # noqa: A002
          sorted: bool = True) -> ValuesIndices:  # noqa: A002
     """torch.topk: the k largest (or smallest) elements along dim and their indices."""
-    _check_tensor("topk", input)
+    tensor_argument("topk", input)
     (d,) = reduction_dims("topk", dim, input.ndim)
     return ValuesIndices(*prims.topk(input, k, d, largest, sorted))
 
@@ -171,7 +174,7 @@ def topk(input: TensorProxy, k: int, dim: int = -1, largest: bool = True,  # noq
 @ltorch_op(torch_fns=[torch.sort, torch.Tensor.sort], methods=["sort"])
 def sort(input: TensorProxy, dim: int = -1, descending: bool = False, stable: bool = False) -> ValuesIndices:  # noqa: A002
     """torch.sort along dim: the sorted values and the indices they came from."""
-    _check_tensor("sort", input)
+    tensor_argument("sort", input)
     (d,) = reduction_dims("sort", dim, input.ndim)
     return ValuesIndices(*prims.sort(input, d, descending, bool(stable)))
 
@@ -179,7 +182,7 @@ def sort(input: TensorProxy, dim: int = -1, descending: bool = False, stable: bo
 @ltorch_op(torch_fns=[torch.argsort, torch.Tensor.argsort], methods=["argsort"])
 def argsort(input: TensorProxy, dim: int = -1, descending: bool = False, stable: bool = False) -> TensorProxy:  # noqa: A002
     """torch.argsort: the indices that sort input along dim."""
-    _check_tensor("argsort", input)
+    tensor_argument("argsort", input)
     (d,) = reduction_dims("argsort", dim, input.ndim)
     return prims.sort(input, d, descending, bool(stable))[1]
 
@@ -197,7 +200,7 @@ def _correction(op: str, dim: Any, unbiased: Any, correction: Any) -> tuple[Any,
 
 def _var_mean(op: str, input: TensorProxy, dim: Any, unbiased: Any, keepdim: bool,  # noqa: A002
               correction: Any) -> tuple[TensorProxy, TensorProxy]:
-    _check_tensor(op, input)
+    tensor_argument(op, input)
     if not _is_float(input.dtype):
         raise fail(op, f"only supports floating point and complex inputs, got {input.dtype}")
     dim, correction = _correction(op, dim, unbiased, correction)
@@ -250,7 +253,7 @@ def std_mean(input: TensorProxy, dim: Any = None, unbiased: bool | None = None, 
 
 def _declare_truth_reduction(name: str, prim: Any) -> Any:
     def decomposition(input: TensorProxy, dim: Any = None, keepdim: bool = False) -> TensorProxy:  # noqa: A002
-        _check_tensor(name, input)
+        tensor_argument(name, input)
         dims = reduction_dims(name, dim, input.ndim)
         out = prim(to_dtype(input, torch.bool), dims)
         # torch keeps uint8 for uint8 inputs (a legacy of byte masks); every other dtype gives bool.
@@ -269,7 +272,7 @@ any = _declare_truth_reduction("any", prims.amax)  # noqa: A001 - mirrors torch.
 @ltorch_op(torch_fns=[torch.logsumexp, torch.Tensor.logsumexp], methods=["logsumexp"])
 def logsumexp(input: TensorProxy, dim: Any, keepdim: bool = False) -> TensorProxy:  # noqa: A002
     """torch.logsumexp, stabilised by subtracting the (finite) maximum."""
-    _check_tensor("logsumexp", input)
+    tensor_argument("logsumexp", input)
     dtype = input.dtype if _is_float(input.dtype) else torch.get_default_dtype()
     dims = reduction_dims("logsumexp", dim, input.ndim)
     x = to_dtype(input, compute_dtype_for(dtype))
@@ -283,7 +286,7 @@ def logsumexp(input: TensorProxy, dim: Any, keepdim: bool = False) -> TensorProx
 @ltorch_op(torch_fns=[torch.cumsum, torch.Tensor.cumsum], methods=["cumsum"])
 def cumsum(input: TensorProxy, dim: int, *, dtype: torch.dtype | None = None) -> TensorProxy:  # noqa: A002
     """torch.cumsum along `dim`; bool and integer inputs accumulate in int64."""
-    _check_tensor("cumsum", input)
+    tensor_argument("cumsum", input)
     if dtype is None:
         dtype = input.dtype if _is_float(input.dtype) else torch.int64
     if not isinstance(dim, int):
@@ -297,7 +300,7 @@ def diff(input: TensorProxy, n: int = 1, dim: int = -1, prepend: TensorProxy | N
          append: TensorProxy | None = None) -> TensorProxy:
     """torch.diff: the `n`-th forward difference along `dim` (a logical xor for bool), after joining
     `prepend` and `append` to `input` along `dim`."""
-    _check_tensor("diff", input)
+    tensor_argument("diff", input)
     if not isinstance(n, int) or n < 0:
         raise fail("diff", f"order must be a non-negative int, got {n!r}")
     if input.ndim == 0:
@@ -321,7 +324,7 @@ def diff(input: TensorProxy, n: int = 1, dim: int = -1, prepend: TensorProxy | N
 
 def vector_norm_of(op: str, x: TensorProxy, ord: Any, dim: Any, keepdim: bool, dtype: torch.dtype | None) -> TensorProxy:  # noqa: A002
     """The `ord`-norm of `x` over `dim` (all dims for None), as torch.linalg.vector_norm computes it."""
-    _check_tensor(op, x)
+    tensor_argument(op, x)
     if dtype is not None:
         x = to_dtype(x, dtype)
     if not _is_float(x.dtype):

@@ -80,10 +80,7 @@ def adaptive_max_pool_fwd(input: TensorProxy, output_size: Any) -> Any:  # noqa:
     return (out, indices), (input, indices, len(output_size))
 
 
-@adaptive_max_pool_fwd.backward
-def adaptive_max_pool_bwd(saved: Saved, g: Any, _g_indices: Any = None) -> tuple[Any, ...]:
-    x, indices, spatial = saved
-    return (scatter_to_maxima(g, x, indices, spatial),)
+adaptive_max_pool_fwd.backward(max_pool_bwd)  # saves what max_pool saves
 
 
 @vjp(A.avg_pool)
@@ -155,10 +152,7 @@ def batch_norm_no_stats_fwd(input: TensorProxy, weight: Any, bias: Any, training
     return outs, (input, weight, bias, outs[1], outs[2], eps)
 
 
-@batch_norm_no_stats_fwd.backward
-def batch_norm_no_stats_bwd(saved: Saved, g: Any, *_stats: Any) -> tuple[Any, ...]:
-    x, weight, bias, save_mean, save_invstd, eps = saved
-    return _batch_norm_grads(g, x, weight, bias, None, None, save_mean, save_invstd, True, eps)
+batch_norm_no_stats_fwd.backward(batch_norm_training_bwd)  # saves what batch_norm_training saves
 
 
 @vjp("ltorch.batch_norm")

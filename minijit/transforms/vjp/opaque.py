@@ -18,9 +18,10 @@ from typing import Any
 import torch
 
 from minijit.ir import Symbol, TensorProxy, tree_flatten, tree_map
+from minijit.ir.containers import sequence_leaves
 from minijit.ir.context import current_trace
 from minijit.ops import prims
-from minijit.ops.opaque import OPAQUE, FunctionalForm, describe, runtime_leaves, unique_opaque_name
+from minijit.ops.opaque import OPAQUE, FunctionalForm, describe, unique_opaque_name
 from minijit.transforms.vjp.registry import TAG_RULES, KeywordGrads, VjpRule
 
 
@@ -124,7 +125,7 @@ class OpaqueVjp:
         args, kwargs = tree_map(leaf, (args, kwargs))
         with torch.enable_grad():
             out = self.fn(*args, **kwargs)
-        pairs = [(o, g) for o, g in zip(runtime_leaves(out), cotangents, strict=False)
+        pairs = [(o, g) for o, g in zip(sequence_leaves(out), cotangents, strict=False)
                  if g is not None and isinstance(o, torch.Tensor) and o.requires_grad]
         xs = [inputs[i] for i in self.diff]
         if not pairs:
