@@ -34,6 +34,13 @@ class UnguardedComparisonError(MinijitError):
     code deciding there calls an explicit function (`minijit.ir.proxies.same_value`, `rule_compare`)."""
 
 
+class UnguardedValueError(MinijitError):
+    """A pass (outside a capture and its replays) converted a symbolic number to a Python value (`int(n)`,
+    `bool(n)`): nothing guards the value seen while capturing, so a later call of other sizes would get a trace
+    decided on it. A bug in minijit: the pass decides with `same_value` / `known_compare`, or reads a value it
+    knows is safe with `minijit.ir.proxies.fixed_value`."""
+
+
 class FrozenValueError(UnsupportedSyntaxError):
     """A call whose result or effect changes from call to call (a clock, Python's or NumPy's random
     numbers) that a trace would run only once, while tracing, freezing its value."""

@@ -109,6 +109,25 @@ def replaying_captured() -> AbstractContextManager[None]:
     return _setting(_REPLAYING, True)
 
 
+# The name of the pass running (`running_pass`), for the errors that name it; None where none is named.
+_PASS: ContextVar[str | None] = ContextVar("minijit_pass", default=None)
+
+
+@contextmanager
+def running_pass(name: str) -> Iterator[None]:
+    """Name the pass run inside the block, for the errors a pass's mistakes raise."""
+    token = _PASS.set(name)
+    try:
+        yield
+    finally:
+        _PASS.reset(token)
+
+
+def current_pass() -> str | None:
+    """The name of the pass running, or None."""
+    return _PASS.get()
+
+
 def replaying() -> bool:
     """True inside `replaying_captured`."""
     return _REPLAYING.get()

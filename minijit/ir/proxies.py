@@ -14,10 +14,16 @@ from typing import Any
 
 import torch
 
-from minijit.errors import UnguardedComparisonError, UnsupportedMethodError, UnsupportedSyntaxError
+from minijit.errors import (
+    UnguardedComparisonError,
+    UnguardedValueError,
+    UnsupportedMethodError,
+    UnsupportedSyntaxError,
+)
 from minijit.ir.context import (
     add_constraint,
     capturing,
+    current_pass,
     current_trace,
     known_constraint,
     known_equal,
@@ -79,6 +85,9 @@ class NumberProxy(Proxy):
     the value, relied on (`x.shape[1]` is 4): a capture records the fact as a constraint, which
     the cache entry's guard checks on later calls; a value the trace computes (`Tensor.item()`)
     is read through the capture's value reader, and refused where there is none (in a pass).
+    A pass (outside a capture and its replays) records nothing, so there a conversion raises
+    `UnguardedValueError` unless the compile's guard already fixes the value; a pass that needs
+    the value seen, where it cannot change the trace, says so with `number_value`.
 
     The comparison operators (`==`, `!=`, `<`, ...) have one meaning too: the outcome on the
     values seen, guarded by the capture, which records it as a constraint the cache guard checks
@@ -119,6 +128,7 @@ class NumberProxy(Proxy):
         the trace computes is read through the capture's value reader, and refused where there is none."""
         if data_dependent(self):
             _read(self, "value", None)
+        _refuse_unguarded(self)
         record_constraint(self, "==", self.value, True)
         return self.value
 
@@ -175,7 +185,12 @@ _COMPARISONS = {
 
 
 def number_value(x: Any) -> Any:
-    """The concrete value of a number proxy, or `x` itself."""
+    """The value of a number proxy on the call traced, or `x` itself: the explicit read, guarding nothing.
+
+    A pass converting a symbolic number raises (`UnguardedValueError`); it calls this instead only where the
+    value cannot make the trace wrong on a later call of other sizes: text or a hash, a meta tensor's layout
+    whose answer the guard checks (`eager_layout(sizes_matter=...)`), an op's check re-run as the capture ran it.
+    """
     return x.value if isinstance(x, NumberProxy) else x
 
 
@@ -278,6 +293,18 @@ def _checked_constant(x: NumberProxy) -> int | None:
     return None
 
 
+def _refuse_unguarded(x: NumberProxy) -> None:
+    """Raise where converting symbolic `x` to its value would rely on it with nothing to guard it: in a pass (not
+    a capture, nor a replay of what the capture recorded), unless the compile's guard already fixes the value."""
+    if capturing() or replaying() or x.read or x.expr is None or known_equal(x.expr, repr(x.value)):
+        return
+    where = f"the pass {name!r}" if (name := current_pass()) is not None else "a pass (outside a capture)"
+    raise UnguardedValueError(
+        f"{where} converted the symbolic number {x.name} ({x.expr}, {x.value!r} on the call traced) to a Python "
+        "value: nothing guards it, so later calls of other sizes would run a trace decided on this one; decide with "
+        "same_value / known_compare, or read a value that cannot change the trace with number_value")
+
+
 def data_dependent(x: Any) -> bool:
     """Whether `x` is a number the trace computes (Tensor.item()) whose value the capture has not read."""
     return isinstance(x, NumberProxy) and x.expr is None and not x.read
@@ -308,6 +335,11 @@ def known_compare(a: NumberProxy, op: str, b: Any) -> bool:
     capture recorded (the guard keeps it true); two sizes merely equal on the traced call
     are not the same size. Orderings are decided on the traced values, and so is `==` where a pass
     replays ops the capture recorded (`replaying_captured`: the capture decided it, and guarded it).
+
+    So `known_compare(n, "==", m)` of two sizes equal only on the call traced is False in a pass and True in a
+    replay, on purpose: a pass deciding something new must not take them as one size; a replay re-runs an op's
+    rules on the sizes the capture compared, spelt otherwise (`y.shape[0]` for a copied-into `x.shape[0]`),
+    where the capture's guard made the same decision hold, but under names the known facts may not link.
     """
     result = bool(_COMPARISONS[op](a.value, number_value(b)))
     if op not in ("==", "!=") or replaying():

@@ -28,6 +28,7 @@ from minijit.ir.context import (
     noting_state_reads,
     reading_values,
     recording_constraints,
+    running_pass,
 )
 from minijit.ir.rewrite import rewrite
 from minijit.ir.symbol import SourceLocation
@@ -256,7 +257,8 @@ def _keep(trace: Trace, elapsed_ms: float, ctx: PassContext) -> Trace:
     ctx.traces.append(trace)
     for check in AFTER_PASS:
         if check.when(ctx):
-            check.run(trace, ctx)
+            with running_pass(check.name):
+                check.run(trace, ctx)
     return trace
 
 
@@ -329,7 +331,8 @@ def run_passes(trace: Trace, ctx: PassContext, passes: Sequence[Pass]) -> None:
             continue
         later = passes[i + 1:]
         start = time.perf_counter()
-        made = p.run(trace, ctx)
+        with running_pass(p.name):
+            made = p.run(trace, ctx)
         elapsed_ms = (time.perf_counter() - start) * 1e3
         if isinstance(made, Trace):
             settled = p.writes and not any(q.writes and q.when(ctx) for q in later)

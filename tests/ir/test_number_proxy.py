@@ -6,9 +6,9 @@ import operator
 
 import pytest
 
-from minijit.errors import UnsupportedSyntaxError
+from minijit.errors import UnguardedValueError, UnsupportedSyntaxError
 from minijit.ir import IntegerProxy
-from minijit.ir.context import knowing_constraints, recording_constraints
+from minijit.ir.context import knowing_constraints, recording_constraints, replaying_captured, running_pass
 from minijit.ir.proxies import same_shape, same_value
 
 
@@ -18,10 +18,28 @@ def test_a_number_proxy_converts_to_its_value_in_a_capture_and_outside_one():
 
     n = IntegerProxy(4, expr="x.shape[0]")
     want = conversions(4)  # what Python gives for the value
-    assert conversions(n) == want  # in a pass: nothing to record
     with recording_constraints() as recorded:
         assert conversions(n) == want
     assert recorded == ["x.shape[0] == 4"]  # a capture relies on the value: the guard checks it
+    with knowing_constraints(recorded):
+        assert conversions(n) == want  # a pass, where the guard fixes the value
+    with knowing_constraints(["x.shape[0] == y.shape[0]", "y.shape[0] == 4"]):
+        assert conversions(n) == want  # fixed through a chain of equalities
+    with replaying_captured():
+        assert conversions(n) == want  # a pass re-recording what the capture decided, as it decided
+
+
+@pytest.mark.parametrize("convert", [bool, int, float, str, operator.index, lambda n: f"{n:>3}"])
+def test_a_pass_converting_a_symbolic_number_the_guard_does_not_fix_raises_naming_it(convert):
+    n = IntegerProxy(4, expr="x.shape[0]")
+    with knowing_constraints(["x.shape[0] == y.shape[0]"]), running_pass("simplify"):
+        with pytest.raises(UnguardedValueError, match=rf"the pass 'simplify' .* {n.name} \(x.shape\[0\], 4"):
+            convert(n)
+    with pytest.raises(UnguardedValueError, match=n.name):
+        convert(n)  # outside any compile: nothing guards it either
+    read = IntegerProxy(4, expr="x.shape[0]")
+    read.read = True  # a value the trace checks where the capture read it: a constant from there on
+    assert convert(read) == convert(4)
 
 
 @pytest.mark.parametrize("convert", [bool, int, float, str, operator.index])
