@@ -25,8 +25,9 @@ from typing import Any
 
 import torch
 
-from minijit.errors import InplaceError
+from minijit.errors import InplaceError, MinijitError, ValueGuardMiss
 from minijit.runtime.call_plan import CallPlan, holder_reader, replay
+from minijit.runtime.fallback import Fallback, rng_states, set_rng_states
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,10 @@ def _refused_inference_write(name: str, site: str) -> InplaceError:
         f"{site}: an in-place write into {name}, a tensor made under torch.inference_mode(), outside inference mode "
         "(eager raises: inplace update to inference tensor outside InferenceMode is not allowed); call under "
         "torch.inference_mode(), or pass a clone")
+
+
+def _indented(lines: list[str]) -> list[str]:
+    return [f"    {line}" for line in lines]
 
 
 def _tuple(names: Iterable[str]) -> str:
@@ -88,20 +93,25 @@ class Epilogue:
 
     def __init__(self, name: str, trace: Callable[..., Any], body: Around, plan: CallPlan,
                  bases: Sequence[tuple[int, int]] = (), autocast_off: bool = False,
-                 grad: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None):
+                 grad: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None, restore_rng: bool = False,
+                 fallback: Fallback | None = None):
         self.name, self.trace, self.body, self.plan = name, trace, body, plan
         self.bases, self.autocast_off, self.grad = tuple(bases), autocast_off, grad
+        self.restore_rng, self.fallback = restore_rng, fallback
         own = len(plan.inputs)
         assert len(body.names) == own + len(plan.captured) + len(self.bases), (body.names, plan.inputs)
         self.autograd: Callable[..., Any] | None = None
         names = _Names(body.names)
         h = {k: names(k) for k in ("call", "forward", "_trace", "_grad", "_no_grad", "_no_autocast", "_inference_mode",
                                    "_refused", "_bump", "_as_strided", "_replay", "_effects", "_holders", "_result",
-                                   "out", "result", "values", "leaves")}
+                                   "_rng_states", "_set_rng_states", "_ValueGuardMiss", "_MinijitError", "_fallback",
+                                   "out", "result", "values", "leaves", "rng", "states", "error")}
         self.env: dict[str, Any] = {
             h["_trace"]: trace, h["_no_grad"]: torch.no_grad, h["_no_autocast"]: torch._C._DisableAutocast,
             h["_inference_mode"]: torch.is_inference_mode_enabled, h["_refused"]: _refused_inference_write,
-            h["_bump"]: torch.autograd.graph.increment_version, h["_as_strided"]: torch.as_strided}
+            h["_bump"]: torch.autograd.graph.increment_version, h["_as_strided"]: torch.as_strided,
+            h["_rng_states"]: rng_states, h["_set_rng_states"]: set_rng_states, h["_ValueGuardMiss"]: ValueGuardMiss,
+            h["_MinijitError"]: MinijitError, h["_fallback"]: fallback}
         if grad is None:
             source = self._call(h, self._body(h))
         else:
@@ -121,7 +131,8 @@ class Epilogue:
 
     def rebound(self, plan: CallPlan) -> Epilogue:
         """This epilogue around the same trace with another call plan (an entry moved to new objects: rebind.py)."""
-        return Epilogue(self.name, self.trace, self.body, plan, self.bases, self.autocast_off, self.grad)
+        return Epilogue(self.name, self.trace, self.body, plan, self.bases, self.autocast_off, self.grad,
+                        self.restore_rng, self.fallback)
 
     @staticmethod
     def _function(name: str, params: Sequence[str], lines: list[str]) -> str:
@@ -131,7 +142,8 @@ class Epilogue:
         """Whether nothing runs around the trace: no step but calling it."""
         plan, body = self.plan, self.body
         return (self.grad is None and plan.is_trivial() and not self.bases and not self.autocast_off
-                and not body.inference_writes and not body.bumps and not body.no_grad)
+                and not body.inference_writes and not body.bumps and not body.no_grad and not self.restore_rng
+                and self.fallback is None)
 
     def _comment(self) -> str:
         return f"# The call of {self.name}'s entry around its compiled trace (minijit.runtime.epilogue)."
@@ -154,7 +166,7 @@ class Epilogue:
         """`def call`: step 1, then `run` (the trace and what surrounds it), then step 4."""
         plan, all_names = self.plan, self.body.names
         own, n_captured = len(plan.inputs), len(plan.captured)
-        lines = [self._comment()]
+        lines = []
         for name, (source, _) in zip(all_names[own:own + n_captured], plan.captured, strict=True):
             lines.append(f"{name} = {source.expression(self.env)}  # captured from outside")
         for name, (lead, length) in zip(all_names[own + n_captured:], self.bases, strict=True):
@@ -163,7 +175,7 @@ class Epilogue:
         split = plan.result is not None or bool(plan.effects)
         if not split:
             lines.append(f"return {h['out']}")
-            return self._function(h["call"], all_names[:own], lines)
+            return self._function(h["call"], all_names[:own], [self._comment(), *self._guarded(h, lines)])
         lines.append(f"{h['result']}, {h['values']} = {h['out']}")
         if plan.effects:
             self.env[h["_replay"]], self.env[h["_effects"]] = replay, plan.effects
@@ -181,4 +193,18 @@ class Epilogue:
             lines.append(f"{h['leaves']} = list({h['result']})")
             lines += [f"{h['leaves']}[{p}] = {all_names[i]}  # an input, as itself" for p, i in plan.passthrough]
             lines.append(f"return {h['_result']}.rebuild({h['leaves']})")
-        return self._function(h["call"], all_names[:own], lines)
+        return self._function(h["call"], all_names[:own], [self._comment(), *self._guarded(h, lines)])
+
+    def _guarded(self, h: dict[str, str], lines: list[str]) -> list[str]:
+        """`lines` with the generators put back where a value check fails after the trace drew (the call runs again
+        with another entry and must draw the same numbers), inside the eager fallback of ops in a user's `try`."""
+        if self.restore_rng:
+            lines = [f"{h['rng']} = {h['_rng_states']}()  # a failing value check puts the generators back",
+                     "try:", *_indented(lines), f"except {h['_ValueGuardMiss']}:",
+                     f"    {h['_set_rng_states']}({h['rng']})", "    raise"]
+        if self.fallback is not None:
+            lines = [f"{h['states']} = {h['_fallback']}.states()  # an error of an op in a user's try: run eagerly",
+                     "try:", *_indented(lines), f"except ({h['_MinijitError']}, {h['_ValueGuardMiss']}):", "    raise",
+                     f"except Exception as {h['error']}:",
+                     f"    raise {h['_fallback']}.instead({h['error']}, {h['states']}) from {h['error']}"]
+        return lines

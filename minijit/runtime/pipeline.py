@@ -51,7 +51,7 @@ from minijit.runtime.cuda_graphs import GraphedCallable, GraphFamily, graph_refu
 from minijit.runtime.double_backward import Recompute, SavedBackward, recompute_for
 from minijit.runtime.dynamic import DynamicNumbers
 from minijit.runtime.epilogue import Epilogue, around
-from minijit.runtime.fallback import RaisedWhileTracing, falling_back
+from minijit.runtime.fallback import Fallback, RaisedWhileTracing
 from minijit.runtime.guards import compile_prologue, drop_implied
 from minijit.runtime.inputs import number_capturer, tensor_capturer
 from minijit.runtime.iterators import refuse_escaping
@@ -60,7 +60,6 @@ from minijit.runtime.values import (
     ValueCheck,
     ValueReader,
     check_writes_after_checks,
-    restoring_rng_on_miss,
     value_path,
 )
 from minijit.transforms import check_copies, claim_executors, dce, write_copies_in_place
@@ -378,15 +377,6 @@ def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
     entry.capture.forget_tensors()
     entry.prologue = compile_prologue(entry, (arguments.params, arguments.checks), tuple(kwargs), entry.constraints)
     entry.guard = entry.prologue.guard
-    if entry.capture.value_checks and any(b.sym.effects.random for t in entry.traces for b in t.bound_symbols):
-        entry.computation = restoring_rng_on_miss(entry.computation)
-    if entry.capture.ops_in_try:
-        # An op there may raise at run time on other data: such a call runs eagerly (minijit.runtime.fallback).
-        draws = [b for b in entry.traces[0].bound_symbols if b.sym.effects.random]
-        generators = list({id(g): g for b in draws if isinstance(g := b.kwargs.get("generator"), torch.Generator)
-                           }.values())
-        entry.computation = falling_back(entry.computation, entry.capture.ops_in_try,
-                                         entry.functionalized.mutated_inputs, bool(draws), generators)
     return entry
 
 
@@ -512,13 +502,27 @@ def _bases(c: Compile) -> tuple[tuple[int, int], ...]:
     return c.aliasing.synthetic_bases if c.aliasing is not None else ()
 
 
+def _guarding(c: Compile) -> dict[str, Any]:
+    """What the epilogue guards the call with: the generators put back where a value check fails after the trace
+    drew, and the eager fallback of ops in a user's `try`, which may raise at run time on other data."""
+    found, fallback = c.found, None
+    if found.ops_in_try:
+        draws = [b for b in c.traces[0].bound_symbols if b.sym.effects.random]
+        generators = list({id(g): g for b in draws if isinstance(g := b.kwargs.get("generator"), torch.Generator)
+                           }.values())
+        fallback = Fallback(found.ops_in_try, c.functionalized.mutated_inputs, bool(draws), generators)
+    restore_rng = bool(found.value_checks) and any(b.sym.effects.random for t in c.traces for b in t.bound_symbols)
+    return dict(restore_rng=restore_rng, fallback=fallback)
+
+
 def _plain_epilogue(c: Compile, family: GraphFamily | None, inline_grads: bool) -> Epilogue:
     """The call of a compile that did not split its trace: the compiled trace with what runs around it."""
     trace, mutated = c.traces[-1], c.functionalized.mutated_inputs
     computation = graphed(trace.python_callable(), trace, family, "computation", mutated)
     # A trace that took its gradients itself needs no autograd: it runs with grad mode off.
     body = around([p.name for p in trace.args], mutated, c.functionalized.write_sites, no_grad=inline_grads)
-    return Epilogue(trace.fn_name, computation, body, c.found.call_plan, _bases(c), any_autocast_enabled())
+    return Epilogue(trace.fn_name, computation, body, c.found.call_plan, _bases(c), any_autocast_enabled(),
+                    **_guarding(c))
 
 
 def _runs_eagerly(escaped: Escaped, trace: Trace, containers: ArgumentContainers | None) -> bool:
@@ -566,7 +570,7 @@ def _split_epilogue(c: Compile, family: GraphFamily | None) -> Epilogue:
 
     body = around([p.name for p in fwd.args], mutated, c.functionalized.write_sites)
     return Epilogue(fwd.fn_name, forward, body, c.found.call_plan, _bases(c), any_autocast_enabled(),
-                    grad=autograd_function)
+                    grad=autograd_function, **_guarding(c))
 
 
 def _saved_backward(bwd: Trace, split: SplitResult, recompute: Recompute) -> SavedBackward | None:

@@ -127,3 +127,26 @@ def test_inputs_named_like_the_epilogue_s_own_names_keep_their_values() -> None:
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(BOX.leaves, eager_args[2] * 2)
     assert got[1] is args[1]
+
+
+class _Scale:
+    def __init__(self, k: float):
+        self.k = k
+
+
+def _cholesky_or_zeros(x: torch.Tensor, scale: _Scale) -> torch.Tensor:
+    try:
+        y = torch.linalg.cholesky(x) * scale.k
+    except RuntimeError:
+        y = x * 0
+    return y
+
+
+def test_an_entry_rebound_to_new_objects_keeps_the_eager_fallback_of_ops_in_a_try() -> None:
+    jf = minijit.jit(_cholesky_or_zeros)
+    jf(torch.eye(2), _Scale(2.0))
+    bad = -torch.eye(2)
+    got = jf(bad, _Scale(2.0))  # a new object: the entry is moved to it, its epilogue with it
+    assert minijit.cache_info(jf).rebound == 1
+    torch.testing.assert_close(got, _cholesky_or_zeros(bad, _Scale(2.0)))
+    assert minijit.cache_info(jf).eager_calls == 1
