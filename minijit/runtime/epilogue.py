@@ -12,6 +12,10 @@ the call then runs (`minijit.show(jf, "epilogue")` prints its source, exactly wh
    input it writes: a kernel writing memory directly (Triton) does not, and eager autograd must see the write;
 4. replays the effects in order with the call's tensors (minijit.runtime.call_plan) and rebuilds the result.
 
+Around it all, where the entry needs them, two `try` blocks: one puts torch's random generators back when a value
+check fails after the trace drew (minijit.runtime.values: the call runs again with another entry), one runs the
+call eagerly when an op inside a user's `try` raises at run time (minijit.runtime.fallback).
+
 Where the trace is split for autograd, steps 2 and 3 are a second generated function, `forward`, which the
 `torch.autograd.Function` (minijit.runtime.autograd) runs; `call` runs that Function in their place.
 Every branch is decided when the entry is compiled: the source holds only the steps this entry needs.
@@ -89,6 +93,8 @@ class Epilogue:
 
     `trace` is the compiled trace (or its CUDA-graphed stand-in); with `grad`, the trace is the forward of a split,
     and `grad(forward)` is the autograd callable running the generated `forward` (minijit.runtime.autograd).
+    `bases`: (the input it is made from, its length) per synthetic base; `autocast_off`: the entry was made under
+    autocast; `restore_rng` and `fallback`: the two `try` blocks around the call (see the module's docstring).
     """
 
     def __init__(self, name: str, trace: Callable[..., Any], body: Around, plan: CallPlan,
