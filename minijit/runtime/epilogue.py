@@ -111,7 +111,7 @@ class Epilogue:
         h = {k: names(k) for k in ("call", "forward", "_trace", "_grad", "_no_grad", "_no_autocast", "_inference_mode",
                                    "_refused", "_bump", "_as_strided", "_replay", "_effects", "_holders", "_result",
                                    "_rng_states", "_set_rng_states", "_ValueGuardMiss", "_MinijitError", "_fallback",
-                                   "out", "result", "values", "leaves", "rng", "states", "error")}
+                                   "ran", "result", "values", "leaves", "rng", "states", "error")}
         self.env: dict[str, Any] = {
             h["_trace"]: trace, h["_no_grad"]: torch.no_grad, h["_no_autocast"]: torch._C._DisableAutocast,
             h["_inference_mode"]: torch.is_inference_mode_enabled, h["_refused"]: _refused_inference_write,
@@ -121,8 +121,8 @@ class Epilogue:
         if grad is None:
             source = self._call(h, self._body(h))
         else:
-            source = (self._function(h["forward"], body.names, [*self._body(h), f"return {h['out']}"]) + "\n\n"
-                      + self._call(h, [f"{h['out']} = {h['_grad']}({', '.join(body.names)})"]))
+            source = (self._function(h["forward"], body.names, [*self._body(h), f"return {h['ran']}"]) + "\n\n"
+                      + self._call(h, [f"{h['ran']} = {h['_grad']}({', '.join(body.names)})"]))
         if self._runs_trace_alone():
             # Nothing to run around the trace: a call runs it as it is, one frame less on the hit path.
             self.source = f"# Nothing runs around the compiled trace of {name}: a call runs it as it is.\n"
@@ -162,7 +162,7 @@ class Epilogue:
             for i, site in self.body.inference_writes:
                 lines += [f"    if {names[i]}.is_inference():", f"        raise {h['_refused']}({names[i]!r}, {site!r})"]
         modes = [f"{h['_no_grad']}()"] * self.body.no_grad + [f"{h['_no_autocast']}()"] * self.autocast_off
-        call = f"{h['out']} = {h['_trace']}({', '.join(names)})"
+        call = f"{h['ran']} = {h['_trace']}({', '.join(names)})"
         lines += [f"with {', '.join(modes)}:", f"    {call}"] if modes else [call]
         if self.body.bumps:
             lines.append(f"{h['_bump']}({_tuple(names[i] for i in self.body.bumps)})  # autograd sees the writes")
@@ -180,9 +180,9 @@ class Epilogue:
         lines += run
         split = plan.result is not None or bool(plan.effects)
         if not split:
-            lines.append(f"return {h['out']}")
+            lines.append(f"return {h['ran']}")
             return self._function(h["call"], all_names[:own], [self._comment(), *self._guarded(h, lines)])
-        lines.append(f"{h['result']}, {h['values']} = {h['out']}")
+        lines.append(f"{h['result']}, {h['values']} = {h['ran']}")
         if plan.effects:
             self.env[h["_replay"]], self.env[h["_effects"]] = replay, plan.effects
             self.env[h["_holders"]] = [holder_reader(effect, plan.inputs) for effect, _ in plan.effects]
