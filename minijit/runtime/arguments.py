@@ -15,9 +15,9 @@ compile, none of which flattens the arguments again:
   whose checks (`InputAliasing.checks`) the entry's guard makes.
 
 On each call the compiled trace takes `flat_inputs(args, kwargs)` (the leaves, in the
-order of the trace's inputs), then the tensors captured from outside the call (read by
-the entry's `CallPlan`), then the synthetic bases `with_synthetic_bases` makes from the
-call's inputs: that is the per-call fetch plan.
+order of the trace's inputs), then the tensors captured from outside the call, then the
+synthetic bases made from the call's inputs (`InputAliasing.synthetic_bases`): both read
+by the entry's epilogue (minijit.runtime.epilogue). That is the per-call fetch plan.
 """
 
 from __future__ import annotations
@@ -630,20 +630,3 @@ def _synthetic_base(trace: Trace, flat: list[Any], group: list[int], mutated: se
         )
     length, layouts = synthetic_base_layout(flat, group)
     return SyntheticBase(tuple(group), layouts, length)
-
-
-def with_synthetic_bases(computation: Callable[..., Any], aliasing: InputAliasing | None) -> Callable[..., Any]:
-    """`computation`, given after the call's inputs the synthetic base of each group of overlapping inputs.
-
-    A base is the 1-D view of its storage's first elements, made from the group's first
-    input (`functionalize`'s `SyntheticBase`); entries without one run `computation` as it is.
-    """
-    bases = aliasing.synthetic_bases if aliasing is not None else ()
-    if not bases:
-        return computation
-    as_strided = torch.as_strided
-
-    def run(*inputs: Any) -> Any:
-        return computation(*inputs, *(as_strided(inputs[lead], (length,), (1,), 0) for lead, length in bases))
-
-    return run

@@ -3,17 +3,11 @@
 At the end of the capture (`finish_capture`), the user's result and the values the
 traced code wrote into objects from outside the call are flattened
 (minijit.ir.containers): their tensors become the trace's outputs, and a `CallPlan`
-remembers how to put them back. On every call, `CallPlan.wrap` then
-
-1. reads the tensors the trace captured from outside (each from its `Source`) and
-   passes them after the call's own inputs;
-2. runs the compiled trace;
-3. replays the effects in order (docs/design.md, invariant 8), with the call's tensors in
-   place of the traced ones and containers the trace created rebuilt afresh;
-4. rebuilds the result (a dataclass, a `ModelOutput`, ...) around the call's tensors.
-
-A trace with nothing of the kind returns its result as it is: the hit path stays a
-single call.
+remembers how to put them back. On every call, the entry's epilogue (minijit.runtime.epilogue,
+generated from the plan) reads the tensors the trace captured from outside (each from its
+`Source`), runs the trace, replays the effects in order (docs/design.md, invariant 8) with the
+call's tensors in place of the traced ones and containers the trace created rebuilt afresh,
+and rebuilds the result (a dataclass, a `ModelOutput`, ...) around the call's tensors.
 """
 
 from __future__ import annotations
@@ -64,64 +58,13 @@ class CallPlan:
         """True when the compiled trace can be called directly."""
         return not self.captured and self.result is None and not self.effects
 
-    def fetch_function(self) -> Callable[..., tuple[Any, ...]]:
-        """A compiled function reading the captured tensors again (raises if one is gone); a function of the call's
-        inputs where one is read from an input (an argument's `.grad`), else of nothing."""
-        env: dict[str, Any] = {}
-        reads = [source.expression(env) for source, _ in self.captured]
-        params = _parameters(self.inputs) if any(_reads_input(source) for source, _ in self.captured) else ""
-        source = f"def fetch({params}):\n    return ({', '.join(reads)}{',' if reads else ''})\n"
-        exec(compile(source, "<minijit captured tensors>", "exec"), env)
-        return env["fetch"]
-
-    def wrap(self, computation: Callable[..., Any]) -> Callable[..., Any]:
-        """`computation` (the compiled trace) with the captured tensors read before and the effects after."""
-        if self.is_trivial():
-            return computation
-        fetch = self.fetch_function() if self.captured else None
-        fetch_reads_inputs = any(_reads_input(source) for source, _ in self.captured)  # else called bare: a hit's cost
-        split = self.result is not None or bool(self.effects)
-        result_spec, effects, passthrough = self.result, self.effects, self.passthrough
-        effect_passthrough = self.effect_passthrough
-        holders = [_holder_reader(effect, self.inputs) for effect, _ in effects]
-
-        def run(*inputs: Any) -> Any:
-            if fetch is not None:
-                inputs = (*inputs, *(fetch(*inputs) if fetch_reads_inputs else fetch()))
-            out = computation(*inputs)
-            if not split:
-                return out
-            result, values = out
-            values = list(values)
-            for position, index in effect_passthrough:
-                values[position] = inputs[index]
-            replay(effects, holders, values, inputs)
-            if result_spec is None:
-                return result
-            leaves = list(result)
-            for position, index in passthrough:
-                leaves[position] = inputs[index]
-            return result_spec.rebuild(leaves)
-
-        run.__wrapped__ = computation  # type: ignore[attr-defined]
-        return run
-
-
-def _reads_input(source: Source) -> bool:
-    """Whether `source` reads one of the call's inputs (an argument's `.grad`)."""
-    while isinstance(source, Source):
-        if source.access == "input":
-            return True
-        source = source.holder
-    return False
-
 
 def _parameters(inputs: list[str]) -> str:
     """The parameter list of a generated function of the call's inputs (`inputs` named, the rest taken as `*_`)."""
     return ", ".join([*inputs, "*_"])
 
 
-def _holder_reader(effect: Effect, inputs: list[str]) -> Callable[[tuple[Any, ...]], Any]:
+def holder_reader(effect: Effect, inputs: list[str]) -> Callable[[tuple[Any, ...]], Any]:
     """What reads the object an effect writes into on each call, given the call's inputs: itself, or its source
     (which may read an input), compiled once."""
     holder = effect.holder

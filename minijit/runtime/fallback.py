@@ -41,11 +41,12 @@ from __future__ import annotations
 import traceback
 import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from minijit.errors import MinijitError, UnsupportedSyntaxError, ValueGuardMiss, where
+from minijit.errors import UnsupportedSyntaxError, where
 from minijit.frontend.code import short_filename
 from minijit.ir.symbol import SourceLocation
 
@@ -117,45 +118,43 @@ def describe(ops_in_try: Sequence[tuple[str, SourceLocation]]) -> str:
     return "; ".join(listed[:3]) + more
 
 
-def falling_back(computation: Callable[..., Any], ops_in_try: Sequence[tuple[str, SourceLocation]],
-                 writes_inputs: Sequence[str], random: bool,
-                 generators: Sequence[torch.Generator] = ()) -> Callable[..., Any]:
-    """`computation`, raising `RaisedInTry` where it raises an error the user's `except` might catch.
+@dataclass(frozen=True)
+class Fallback:
+    """How a call whose entry has ops inside a user's `try` (`ops_in_try`) turns an error they raise at run time into
+    an eager run (`RaisedInTry`), or refuses where the entry writes into inputs (`writes_inputs`, their names)
+    (the epilogue's `try`, minijit.runtime.epilogue). `random`: the entry draws random numbers, from torch's default
+    generators and `generators`: set back before the eager run draws again."""
 
-    `writes_inputs` names the inputs the entry writes (then it refuses instead); `random`: the
-    entry draws random numbers, from torch's default generators and `generators` (they are set
-    back before the eager run draws again).
-    """
-    ops = describe(ops_in_try)
+    ops_in_try: Sequence[tuple[str, SourceLocation]]
+    writes_inputs: Sequence[str]
+    random: bool
+    generators: Sequence[torch.Generator] = ()
 
-    def run(*flat: Any) -> Any:
-        states = (_rng_states(), [g.get_state() for g in generators]) if random else None
-        try:
-            return computation(*flat)
-        except (MinijitError, ValueGuardMiss):  # a value guard's miss runs the call with another entry
-            raise
-        except Exception as e:
-            what = f"{type(e).__name__} at run time, with ops inside a try block ({ops})"
-            if writes_inputs:
-                raise UnsupportedSyntaxError(
-                    f"the compiled call raised {what}; minijit cannot run the call eagerly instead because the "
-                    f"compiled call may already have written into its inputs ({', '.join(writes_inputs)}). Move "
-                    "the try block out of the jitted function, or leave the inputs unwritten") from e
-            if states is not None:
-                _set_rng_states(states[0])
-                for g, state in zip(generators, states[1], strict=True):
-                    g.set_state(state)
-            raise RaisedInTry(e, f"{what}: this call ran eagerly") from e
+    def states(self) -> Any:
+        """The random generators' states before the call, when it draws (else None)."""
+        return (rng_states(), [g.get_state() for g in self.generators]) if self.random else None
 
-    return run
+    def instead(self, error: Exception, states: Any) -> Exception:
+        """What to raise for `error`, raised by the compiled call (the generators put back to `states`)."""
+        what = f"{type(error).__name__} at run time, with ops inside a try block ({describe(self.ops_in_try)})"
+        if self.writes_inputs:
+            return UnsupportedSyntaxError(
+                f"the compiled call raised {what}; minijit cannot run the call eagerly instead because the "
+                f"compiled call may already have written into its inputs ({', '.join(self.writes_inputs)}). Move "
+                "the try block out of the jitted function, or leave the inputs unwritten")
+        if states is not None:
+            set_rng_states(states[0])
+            for g, state in zip(self.generators, states[1], strict=True):
+                g.set_state(state)
+        return RaisedInTry(error, f"{what}: this call ran eagerly")
 
 
-def _rng_states() -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+def rng_states() -> tuple[torch.Tensor, list[torch.Tensor] | None]:
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
     return torch.get_rng_state(), cuda
 
 
-def _set_rng_states(states: tuple[torch.Tensor, list[torch.Tensor] | None]) -> None:
+def set_rng_states(states: tuple[torch.Tensor, list[torch.Tensor] | None]) -> None:
     cpu, cuda = states
     torch.set_rng_state(cpu)
     if cuda is not None:

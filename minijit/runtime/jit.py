@@ -640,6 +640,12 @@ class JitFunction:
             raise RuntimeError("the jitted function has not been called yet")
         return self._last.prologue.source
 
+    def last_epilogue(self) -> str:
+        """What the last call's cache entry runs around its compiled trace: the Python source that was compiled."""
+        if self._last is None or self._last.epilogue is None:
+            raise RuntimeError("the jitted function has not been called yet")
+        return self._last.epilogue.source
+
     def cache_info(self) -> CacheInfo:
         """Hits, misses and entries of this function's cache."""
         self._info.hits = self._hits

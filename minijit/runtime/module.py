@@ -344,7 +344,7 @@ def _hook_ids(module_paths: list[str], *module_dicts: dict[str, Any]) -> tuple[t
     return tuple(found)
 
 
-_JIT_QUERIES = {"last_traces", "last_backward_traces", "last_prologue", "cache_info"}
+_JIT_QUERIES = {"last_traces", "last_backward_traces", "last_prologue", "last_epilogue", "cache_info"}
 
 
 class JitModule(torch.nn.Module):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import time
@@ -13,7 +14,7 @@ from typing import Any
 import torch
 
 from minijit import environment
-from minijit.errors import EnvironmentVariableError, InplaceError, UnsupportedSyntaxError
+from minijit.errors import EnvironmentVariableError, UnsupportedSyntaxError
 from minijit.extend import resolve_executors
 from minijit.frontend import GuardEntry, interpret
 from minijit.frontend.folding import fresh_folded
@@ -42,7 +43,6 @@ from minijit.runtime.arguments import (
     object_arguments,
     plan_aliasing,
     read_arguments,
-    with_synthetic_bases,
 )
 from minijit.runtime.autocast import any_autocast_enabled, without_autocast
 from minijit.runtime.autograd import CompiledGrad, autograd_callable
@@ -51,7 +51,8 @@ from minijit.runtime.checks import Prologue
 from minijit.runtime.cuda_graphs import GraphedCallable, GraphFamily, graph_refusal
 from minijit.runtime.double_backward import Recompute, SavedBackward, recompute_for
 from minijit.runtime.dynamic import DynamicNumbers
-from minijit.runtime.fallback import RaisedWhileTracing, falling_back
+from minijit.runtime.epilogue import Epilogue, around
+from minijit.runtime.fallback import Fallback, RaisedWhileTracing
 from minijit.runtime.guards import compile_prologue, drop_implied
 from minijit.runtime.inputs import number_capturer, tensor_capturer
 from minijit.runtime.iterators import refuse_escaping
@@ -60,7 +61,6 @@ from minijit.runtime.values import (
     ValueCheck,
     ValueReader,
     check_writes_after_checks,
-    restoring_rng_on_miss,
     value_path,
 )
 from minijit.transforms import check_copies, claim_executors, dce, write_copies_in_place
@@ -148,9 +148,9 @@ class CompiledEntry:
     def value_path(self) -> tuple[Any, ...]:
         """The values this entry's trace checks, in the order the code read them (minijit.runtime.values)."""
         return value_path(self.capture.value_checks)
-    # The compiled trace before the call plan wraps it (None when it differentiates), and the
+    # What a call runs around the compiled trace, generated and printed (minijit.runtime.epilogue), and the
     # (subject, object) of the arguments specialised on by identity: what `rebind` needs.
-    plain: Callable[..., Any] | None = None
+    epilogue: Epilogue | None = None
     arg_objects: list[tuple[str, Any]] = field(default_factory=list)
     # With jit(cuda_graphs=True): the entry's graphed callables and how their calls ran.
     graphs: GraphFamily | None = None
@@ -380,19 +380,6 @@ def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
     entry.capture.forget_tensors()
     entry.prologue = compile_prologue(entry, (arguments.params, arguments.checks), tuple(kwargs), entry.constraints)
     entry.guard = entry.prologue.guard
-    if entry.capture.value_checks and any(b.sym.effects.random for t in entry.traces for b in t.bound_symbols):
-        entry.computation = restoring_rng_on_miss(entry.computation)
-    if any_autocast_enabled():
-        # The trace holds the casts autocast made while it was captured; the cache key keeps
-        # calls under another autocast state away from this entry.
-        entry.computation = without_autocast(entry.computation)
-    if entry.capture.ops_in_try:
-        # An op there may raise at run time on other data: such a call runs eagerly (minijit.runtime.fallback).
-        draws = [b for b in entry.traces[0].bound_symbols if b.sym.effects.random]
-        generators = list({id(g): g for b in draws if isinstance(g := b.kwargs.get("generator"), torch.Generator)
-                           }.values())
-        entry.computation = falling_back(entry.computation, entry.capture.ops_in_try,
-                                         entry.functionalized.mutated_inputs, bool(draws), generators)
     return entry
 
 
@@ -505,33 +492,40 @@ def _compile(arguments: CallArguments, executors: Sequence[Any], constraints: li
     run_passes(trace, replace(ctx, inline_grads=inline_grads, differentiates=differentiates), PASSES)
     records = dict(capture=found, functionalized=c.functionalized, aliasing=c.aliasing)
     family = GraphFamily() if cuda_graphs else None
-    if c.split is not None:
-        computation = with_synthetic_bases(_autograd_computation(c, family), c.aliasing)
-        # The entry keeps the split's facts; the second backward's trace lives in the saved_backward alone.
-        return CompiledEntry(found.call_plan.wrap(computation), c.traces, **records,
-                             split=replace(c.split, second_backward=None), backward_traces=c.backward_traces,
-                             graphs=family)
-
     start = time.perf_counter()
-    trace, functionalized = c.traces[-1], c.functionalized
-    computation = graphed(trace.python_callable(), trace, family, "computation", functionalized.mutated_inputs)
-    computation = bumping_versions(computation, trace, functionalized.mutated_inputs)
-    if inline_grads:
-        computation = without_grad(computation)
-    computation = with_synthetic_bases(refusing_inference_writes(computation, trace, functionalized), c.aliasing)
-    trace.elapsed_ms += (time.perf_counter() - start) * 1e3
-    return CompiledEntry(found.call_plan.wrap(computation), c.traces, **records, plain=computation, graphs=family)
+    epilogue = _split_epilogue(c, family) if c.split is not None else _plain_epilogue(c, family, inline_grads)
+    c.traces[-1].elapsed_ms += (time.perf_counter() - start) * 1e3
+    # The entry keeps the split's facts; the second backward's trace lives in the saved_backward alone.
+    split = replace(c.split, second_backward=None) if c.split is not None else None
+    return CompiledEntry(epilogue.function, c.traces, **records, split=split, backward_traces=c.backward_traces,
+                         epilogue=epilogue, graphs=family)
 
 
-def without_grad(computation: Callable[..., Any]) -> Callable[..., Any]:
-    """`computation` run with torch's grad mode off: a trace that took its gradients itself needs no autograd."""
+def _bases(c: Compile) -> tuple[tuple[int, int], ...]:
+    return c.aliasing.synthetic_bases if c.aliasing is not None else ()
 
-    def run(*args: Any) -> Any:
-        with torch.no_grad():
-            return computation(*args)
 
-    run.__wrapped__ = computation  # type: ignore[attr-defined]
-    return run
+def _guarding(c: Compile) -> dict[str, Any]:
+    """What the epilogue guards the call with: the generators put back where a value check fails after the trace
+    drew, and the eager fallback of ops in a user's `try`, which may raise at run time on other data."""
+    found, fallback = c.found, None
+    if found.ops_in_try:
+        draws = [b for b in c.traces[0].bound_symbols if b.sym.effects.random]
+        generators = list({id(g): g for b in draws if isinstance(g := b.kwargs.get("generator"), torch.Generator)
+                           }.values())
+        fallback = Fallback(found.ops_in_try, c.functionalized.mutated_inputs, bool(draws), generators)
+    restore_rng = bool(found.value_checks) and any(b.sym.effects.random for t in c.traces for b in t.bound_symbols)
+    return dict(restore_rng=restore_rng, fallback=fallback)
+
+
+def _plain_epilogue(c: Compile, family: GraphFamily | None, inline_grads: bool) -> Epilogue:
+    """The call of a compile that did not split its trace: the compiled trace with what runs around it."""
+    trace, mutated = c.traces[-1], c.functionalized.mutated_inputs
+    computation = graphed(trace.python_callable(), trace, family, "computation", mutated)
+    # A trace that took its gradients itself needs no autograd: it runs with grad mode off.
+    body = around([p.name for p in trace.args], mutated, c.functionalized.write_sites, no_grad=inline_grads)
+    return Epilogue(trace.fn_name, computation, body, c.found.call_plan, _bases(c), any_autocast_enabled(),
+                    **_guarding(c))
 
 
 def _runs_eagerly(escaped: Escaped, trace: Trace, containers: ArgumentContainers | None) -> bool:
@@ -549,27 +543,37 @@ def _runs_eagerly(escaped: Escaped, trace: Trace, containers: ArgumentContainers
             or any(b.written() or b.sym.effects.random for b in trace.bound_symbols))
 
 
-def _autograd_computation(c: Compile, family: GraphFamily | None) -> Callable[..., Any]:
-    """The compiled forward and backward of a compile that split its trace, joined by one autograd.Function."""
+def _split_epilogue(c: Compile, family: GraphFamily | None) -> Epilogue:
+    """The call of a compile that split its trace: its compiled forward and backward joined by one
+    autograd.Function, which runs the epilogue's generated `forward` around the compiled forward."""
     assert c.split is not None and c.recompute is not None
     fwd, bwd, mutated = c.traces[-1], c.backward_traces[-1], c.functionalized.mutated_inputs
+    # Not `c` in the closure below: the entry keeps it, and `c` holds the call's arguments.
+    split, recompute, backward_writes = c.split, c.recompute, c.backward_writes
     forward = graphed(fwd.python_callable(), fwd, family, "forward", mutated, saved_from=True)
     backward = graphed(bwd.python_callable(), bwd, family, "backward", (),
                        refusal="the backward writes into inputs of the forward" if c.backward_writes else None)
-    return autograd_callable(CompiledGrad(
-        forward=refusing_inference_writes(bumping_versions(forward, fwd, mutated), fwd, c.functionalized),
-        # A backward called under autocast must not cast again: its trace holds eager's casts.
-        backward=without_autocast(backward),
-        differentiable_outputs=c.split.differentiable_outputs,
-        name=fwd.fn_name,  # the forward takes the whole trace's inputs
-        input_names=tuple(p.name for p in fwd.args),
-        dirty_inputs=c.split.dirty_inputs,
-        overwritten_saved=c.split.overwritten_saved,
-        backward_mutated_inputs=c.backward_writes,
-        recompute=c.recompute,
-        saved_backward=_saved_backward(c.backward_traces[0], c.split, c.recompute),
-        first_order_saved=c.split.first_order_saved,
-    ))
+    saved_backward = _saved_backward(c.backward_traces[0], split, recompute)
+
+    def autograd_function(run_forward: Callable[..., Any]) -> Callable[..., Any]:
+        return autograd_callable(CompiledGrad(
+            forward=run_forward,
+            # A backward called under autocast must not cast again: its trace holds eager's casts.
+            backward=without_autocast(backward),
+            differentiable_outputs=split.differentiable_outputs,
+            name=fwd.fn_name,  # the forward takes the whole trace's inputs
+            input_names=tuple(p.name for p in fwd.args),
+            dirty_inputs=split.dirty_inputs,
+            overwritten_saved=split.overwritten_saved,
+            backward_mutated_inputs=backward_writes,
+            recompute=recompute,
+            saved_backward=saved_backward,
+            first_order_saved=split.first_order_saved,
+        ))
+
+    body = around([p.name for p in fwd.args], mutated, c.functionalized.write_sites)
+    return Epilogue(fwd.fn_name, forward, body, c.found.call_plan, _bases(c), any_autocast_enabled(),
+                    grad=autograd_function, **_guarding(c))
 
 
 def _saved_backward(bwd: Trace, split: SplitResult, recompute: Recompute) -> SavedBackward | None:
@@ -606,7 +610,10 @@ def _evaluate_prefix(prefix: Trace, flat: list[Any], no_grad: frozenset[str]) ->
     if took_grads:  # gradients the code took so far (`scaler.step` reads them for infs)
         functional = expand_inline_grads(functional, (), no_grad)
     run = without_autocast(claim_executors(functional, resolve_executors(["torch"])).python_callable())
-    return with_synthetic_bases(without_grad(run) if took_grads else run, aliasing)(*flat)
+    bases = aliasing.synthetic_bases if aliasing is not None else ()
+    inputs = [*flat, *(torch.as_strided(flat[lead], (length,), (1,), 0) for lead, length in bases)]
+    with torch.no_grad() if took_grads else contextlib.nullcontext():
+        return run(*inputs)
 
 
 def _run_on_copies(prefix: Trace, flat: list[Any], written: Sequence[str]) -> Any:
@@ -652,51 +659,3 @@ def graphed(computation: Callable[..., Any], trace: Trace, family: GraphFamily |
     return GraphedCallable(computation, family, part, saved_from=saved_from, refusal=refusal or graph_refusal(trace),
                            mutated=[i for i, p in enumerate(trace.args) if p.name in mutated],
                            names=[p.name for p in trace.args])
-
-
-def bumping_versions(computation: Callable[..., Any], trace: Trace, mutated_inputs: Sequence[str]) -> Callable[..., Any]:
-    """`computation`, followed by a bump of the autograd version counter of each input it writes (`mutated_inputs`).
-
-    Torch's own in-place ops bump it; a kernel writing memory directly (Triton, a custom
-    executor) does not. Either way eager autograd must see the write (docs/design.md, invariant 3):
-    a node that saved the tensor then raises "modified by an inplace operation".
-    """
-    mutated = set(mutated_inputs)
-    positions = [i for i, p in enumerate(trace.args) if p.name in mutated]
-    if not positions:
-        return computation
-    bump = torch.autograd.graph.increment_version
-
-    def run(*inputs: Any) -> Any:
-        out = computation(*inputs)
-        bump([inputs[i] for i in positions])
-        return out
-
-    return run
-
-
-def refusing_inference_writes(computation: Callable[..., Any], trace: Trace,
-                              functionalized: FunctionalizeResult) -> Callable[..., Any]:
-    """`computation`, first refusing as eager does a call that would write into an inference tensor.
-
-    Outside `torch.inference_mode()` eager raises at an in-place write into a tensor made
-    inside it; the compiled trace writes its inputs back at the end, so the call is
-    refused before anything runs (no input half written), naming the op and line.
-    """
-    sites = dict(zip(functionalized.mutated_inputs, functionalized.write_sites, strict=True))
-    positions = [(i, p.name) for i, p in enumerate(trace.args) if p.name in sites]
-    if not positions:
-        return computation
-    inference_mode = torch.is_inference_mode_enabled
-
-    def run(*inputs: Any) -> Any:
-        if not inference_mode():
-            for i, name in positions:
-                if inputs[i].is_inference():
-                    raise InplaceError(
-                        f"{sites[name]}: an in-place write into {name}, a tensor made under torch.inference_mode(), "
-                        "outside inference mode (eager raises: inplace update to inference tensor outside "
-                        "InferenceMode is not allowed); call under torch.inference_mode(), or pass a clone")
-        return computation(*inputs)
-
-    return run

@@ -37,7 +37,6 @@ from minijit.frontend.guards import (
 )
 from minijit.ir.containers import Constant, Mapping, Registered, Sequence, Spec
 from minijit.runtime.arguments import call_checks, object_arguments
-from minijit.runtime.autocast import any_autocast_enabled, without_autocast
 from minijit.runtime.call_plan import CallPlan
 from minijit.runtime.checks import Check
 from minijit.runtime.guards import compile_prologue
@@ -49,7 +48,7 @@ def rebind(entry: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: di
            symbolic: bool, shared: set[int] | None = None) -> Any | None:
     """A copy of `entry` for these arguments, which differ from its own only in objects of the same types,
     when its guard holds for them; else None. `shared`: `held_by_bound_self(fn)`, where the caller has it."""
-    if entry.plain is None or not entry.arg_objects or getattr(fn, "state_checks", None) is not None:
+    if entry.split is not None or not entry.arg_objects or getattr(fn, "state_checks", None) is not None:
         return None  # a jitted module's tree state is an interned object whose identity is its meaning
     params, checks = call_checks(fn, args, kwargs, symbolic)
     old = [c for c in entry.prologue.checks if c.keyed]
@@ -93,8 +92,8 @@ def rebind(entry: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: di
     copy.prologue.guard_refs = (guards, _moved_refs(refs, entry.capture.guards, guards, moved))
     if not copy.prologue.holds(args, kwargs, flat):
         return None
-    computation = capture.call_plan.wrap(entry.plain)
-    copy.computation = without_autocast(computation) if any_autocast_enabled() else computation
+    copy.epilogue = entry.epilogue.rebound(capture.call_plan)
+    copy.computation = copy.epilogue.function
     return copy
 
 

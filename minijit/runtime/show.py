@@ -19,9 +19,12 @@ def _find_trace(traces: list[Trace], name: str | int) -> Trace:
 
 
 def trace_text(jfn: Any, which: str | int = "forward") -> str:
-    """The text `show` prints: 'forward', 'backward', 'prologue', or the trace after a named pass."""
+    """The text `show` prints: 'forward', 'backward', 'prologue', 'epilogue' (what a call runs around the trace),
+    or the trace after a named pass."""
     if which == "prologue":
         return jfn.last_prologue()
+    if which == "epilogue":
+        return jfn.last_epilogue()
     if which == "forward":
         return str(jfn.last_traces()[-1])
     if which == "backward":

@@ -217,24 +217,6 @@ def value_miss_reason(entry: Any, miss: ValueGuardMiss, fresh: bool = False) -> 
             f"the trace ran up to that check in vain")
 
 
-def restoring_rng_on_miss(computation: Callable[..., Any]) -> Callable[..., Any]:
-    """`computation`, which puts torch's random generators back as they were when one of its value checks fails
-    (its trace drew random numbers before the check; the call runs again and must draw the same ones)."""
-
-    def run(*inputs: Any) -> Any:
-        cpu = torch.get_rng_state()
-        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
-        try:
-            return computation(*inputs)
-        except ValueGuardMiss:
-            torch.set_rng_state(cpu)
-            if cuda is not None:
-                torch.cuda.set_rng_state_all(cuda)
-            raise
-
-    return run
-
-
 def check_writes_after_checks(trace: Trace) -> None:
     """Raise TraceInvariantError where a final trace writes into an input before one of its value checks.
 

@@ -145,7 +145,7 @@ def test_backward_mutation_of_an_input_requiring_grad_under_create_graph_raises(
     loss = jf(x, buf)
     entry = jf._entries[next(iter(jf._entries))][0]
     # The run-time check reads the precomputed positions of the inputs the backward writes.
-    assert entry.computation.compiled.backward_mutated_inputs == (1,)
+    assert entry.epilogue.autograd.compiled.backward_mutated_inputs == (1,)
     with pytest.raises(MinijitError, match="writes in place into buf, which requires grad"):
         loss.backward(create_graph=True)
     # Without grad mode in the backward, the same write is allowed (eager allows it too).
