@@ -113,7 +113,7 @@ def _guard_refs(entry: Any) -> dict[int, tuple[int, ...]]:
     """For each object the entry's guard entries refer to (by id), the positions of those entries: built once per
     entry, then carried to its rebound copies (`_moved_refs`), so that a rebind visits only the guards of the
     objects it moves, not the thousand that read the model."""
-    kept = getattr(entry.prologue, "guard_refs", None)
+    kept = entry.prologue.guard_refs
     if kept is not None and kept[0] is entry.capture.guards:
         return kept[1]
     refs: dict[int, tuple[int, ...]] = {}
