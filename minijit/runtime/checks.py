@@ -483,6 +483,15 @@ class Prologue:
                 failed.append(check)
         return failed
 
+    def changed_reads(self, args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[Any]) -> list[Check]:
+        """The checks of numbers read from outside that this call fails, whatever its key checks say (its sizes
+        may differ too); those that cannot be read for it are left out."""
+        values = [*args, *kwargs.values()]
+        if len(values) != len(self.params) or tuple(kwargs) != self.keywords:
+            return []
+        return [c for c in self.checks if c.read is not None and not c.keyed
+                and self._run(c, self.inputs, flat, guard=True)[0] is False]
+
     def _run(self, check: Check, params: list[str], values: list[Any], guard: bool = False) -> tuple[bool | None, Any]:
         """(whether `check` holds, its subject's value) for these values; (None, None) when it cannot be read."""
         try:

@@ -527,7 +527,7 @@ class JitFunction:
             entry = self._compile_with_dynamic_numbers(key, args, kwargs, flat, same_key)
             if entry is not None:
                 return entry
-        return self._compile_miss(args, kwargs, reason, guard_failed=bool(same_key))
+        return self._compile_miss(args, kwargs, reason, flat, guard_failed=bool(same_key))
 
     def _compile_with_dynamic_numbers(self, key: tuple[Any, ...], args: tuple[Any, ...], kwargs: dict[str, Any],
                                       flat: list[Any], same_key: list[CompiledEntry]
@@ -566,7 +566,7 @@ class JitFunction:
         self._limit.remove(entry)
         self._info.entries = len(self._limit)
 
-    def _compile_miss(self, args: tuple[Any, ...], kwargs: dict[str, Any], reason: str,
+    def _compile_miss(self, args: tuple[Any, ...], kwargs: dict[str, Any], reason: str, flat: list[Any],
                       guard_failed: bool = False) -> CompiledEntry | RaisedWhileTracing:
         """The entry for a missing call; with cache="automatic", traced with symbolic sizes and numbers from the
         first call that misses only by those (minijit.runtime.dynamic). A call that failed the guard of an entry
@@ -579,15 +579,24 @@ class JitFunction:
             return entry
         auto.switch(reason)
         self._set_symbolic(True)
+        # The numbers read from outside that changed since the entry used last go symbolic with the sizes, in the
+        # same trace, as torch.compile's automatic dynamic does (a cache's length counter: prefill, then decode).
+        last = self._last.prologue if self._last is not None else None
+        changed = last.changed_reads(args, kwargs, flat) if last is not None and self._numbers is not None else []
+        numbers = self._numbers.made_dynamic([(c.read, current_value(c.read)) for c in changed]) if changed else []
         try:
             entry = self._compile(args, kwargs)
         except MinijitError as refused:
             auto.refuse(refused)
             self._set_symbolic(False)
-            return self._compile_miss(args, kwargs, reason, guard_failed)
+            if numbers:
+                self._numbers.undo(numbers)
+            return self._compile_miss(args, kwargs, reason, flat, guard_failed)
         if isinstance(entry, RaisedWhileTracing):  # the code raised: no reason to switch yet
             auto.undo()
             self._set_symbolic(False)
+            if numbers:
+                self._numbers.undo(numbers)
             return entry
         # The entries traced with constant values are keyed as this mode no longer keys a call: kept apart.
         self._kept_constant = self._entries
