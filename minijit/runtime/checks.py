@@ -108,7 +108,7 @@ class Check:
             return f"type({s}) is slice and ({s}.start, {s}.stop, {s}.step) == {literal(env, v[1:])}"
         if aspect == "object":
             # The id bound in `env`, not written out: an entry rebound to a new object then compiles the same
-            # source again (`_compiled`).
+            # source again (`compiled_code`).
             return f"type({s}) is {literal(env, v[0])} and id({s}) == {bind(env, v[1], '_id')}"
         if aspect in ("structure", "symbolic structure"):
             return f"_{aspect.replace(' ', '_')}({s}) == {literal(env, v)}"
@@ -314,9 +314,7 @@ def guard_checks(constraints: Sequence[str], values: Sequence[GuardEntry],
         if kept and i in kept:
             checks.append(kept[i])
             continue
-        # Labelled lazily: the value read may be a big object (a model's config), worded only for a miss.
-        checks.append(Check("a value read from outside", "read", guard_expression(env, i, value), True, keyed=False,
-                            explain=lambda now, expected, value=value: f"{value} changed", read=value))
+        checks.append(read_check(env, i, value))
     for name, _, t in captured:
         if not isinstance(t, TensorSeen):  # a number from a dynamic source: its read's guard checks its type
             continue
@@ -329,6 +327,13 @@ def guard_checks(constraints: Sequence[str], values: Sequence[GuardEntry],
     if aliasing is not None:
         checks += aliasing.checks(input_names, env)
     return checks
+
+
+def read_check(env: dict[str, Any], i: int, value: GuardEntry) -> Check:
+    """The check of the `i`th value read from outside (what it reads bound in `env`)."""
+    # Labelled lazily: the value read may be a big object (a model's config), worded only for a miss.
+    return Check("a value read from outside", "read", guard_expression(env, i, value), True, keyed=False,
+                 explain=lambda now, expected: f"{value} changed", read=value)
 
 
 def _constraint_failed(now: Any, expected: Any) -> str:
@@ -355,10 +360,10 @@ _GONE = object()
 
 
 @functools.lru_cache(maxsize=256)
-def _compiled(source: str, filename: str) -> types.CodeType:
+def compiled_code(source: str, filename: str) -> types.CodeType:
     """`source` compiled. An entry rebound to new argument objects (`runtime/rebind.py`: each `generate()`
-    makes a new cache object) has the same prologue source with another `env`: compiling it again cost
-    more than the rest of the rebind."""
+    makes a new cache object) has the same prologue and epilogue sources with another `env`: compiling them
+    again cost more than the rest of the rebind."""
     return compile(source, filename, "exec")
 
 
@@ -399,13 +404,27 @@ class Prologue:
         if value_guards:
             source += ("\n\n# Checked by the trace itself, where the code read them (prims.check_value); another value\n"
                        "# runs the call again with its own entry:\n" + "\n".join(f"#   {g}" for g in value_guards) + "\n")
-        self.source = source
-        exec(_compiled(source, f"<minijit prologue {name}>"), env)
+        self.source, self.filename = source, f"<minijit prologue {name}>"
+        self._define(exact_tests != guard_tests)
+
+    def _define(self, exact_apart: bool) -> None:
+        """Run the source in `env`: the functions it defines become this prologue's."""
+        env = self.env
+        exec(compiled_code(self.source, self.filename), env)
         self.check_call: Callable[..., bool] = env["check_call"]
         self.guard: Callable[..., bool] | None = env.get("guard")
-        self.exact_guard: Callable[..., bool] | None = env.get("exact_guard") if exact_tests != guard_tests else self.guard
+        self.exact_guard: Callable[..., bool] | None = env.get("exact_guard") if exact_apart else self.guard
         if self.guard is not None:
-            self.guard.__minijit_source__ = source  # type: ignore[attr-defined]
+            self.guard.__minijit_source__ = self.source  # type: ignore[attr-defined]
+
+    def moved(self, checks: list[Check], tests: dict[int, str], env: dict[str, Any]) -> Prologue:
+        """This prologue's source over another environment, for the checks of an entry moved to new objects whose
+        tests are this one's word for word (runtime/rebind.py): nothing is generated or compiled again."""
+        copy = object.__new__(Prologue)
+        copy.__dict__.update({k: v for k, v in self.__dict__.items() if k != "_probes"})  # probes run in `env`
+        copy.checks, copy.tests, copy.env, copy.guard_refs = checks, tests, env, None
+        copy._define(self.exact_guard is not self.guard)
+        return copy
 
     def _guard_source(self, tests: list[str], name: str = "guard", sizes: str = "") -> str:
         """`def guard(inputs)`: fetch the tensors captured from outside, then `tests`."""

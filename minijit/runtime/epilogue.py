@@ -31,6 +31,7 @@ import torch
 
 from minijit.errors import InplaceError, MinijitError, ValueGuardMiss
 from minijit.runtime.call_plan import CallPlan, holder_reader, replay
+from minijit.runtime.checks import compiled_code
 from minijit.runtime.fallback import Fallback, rng_states, set_rng_states
 
 
@@ -129,7 +130,7 @@ class Epilogue:
             self.function: Callable[..., Any] = trace
             return
         self.source = source
-        exec(compile(source, f"<minijit epilogue {name}>", "exec"), self.env)
+        exec(compiled_code(source, f"<minijit epilogue {name}>"), self.env)
         if grad is not None:  # the autograd.Function's callable, running the generated forward
             self.autograd = self.env[h["_grad"]] = grad(self.env[h["forward"]])
         self.function = self.env[h["call"]]

@@ -38,7 +38,7 @@ from minijit.frontend.guards import (
 from minijit.ir.containers import Constant, Mapping, Registered, Sequence, Spec
 from minijit.runtime.arguments import call_checks, object_arguments
 from minijit.runtime.call_plan import CallPlan
-from minijit.runtime.checks import Check
+from minijit.runtime.checks import Check, Prologue, read_check
 from minijit.runtime.guards import compile_prologue
 
 _DEPTH = 8
@@ -86,8 +86,9 @@ def rebind(entry: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: di
     except _Unpaired:
         return None
     copy = dataclasses.replace(entry, capture=capture, arg_objects=objects)
-    copy.prologue = compile_prologue(copy, (params, checks), tuple(kwargs), copy.constraints,
-                                     _kept(entry, guards, pairs))
+    copy.prologue = (_moved_prologue(entry, capture, checks, moved, _moved_env(entry.prologue, pairs))
+                     or compile_prologue(copy, (params, checks), tuple(kwargs), copy.constraints,
+                                         _kept(entry, guards, pairs)))
     copy.guard = copy.prologue.guard
     copy.prologue.guard_refs = (guards, _moved_refs(refs, entry.capture.guards, guards, moved))
     if not copy.prologue.holds(args, kwargs, flat):
@@ -135,31 +136,69 @@ def _moved_refs(refs: dict[int, tuple[int, ...]], before: list[GuardEntry], afte
     return refs
 
 
-def _kept(entry: Any, guards: list[GuardEntry], pairs: _Pairs) -> tuple[dict[str, Any], dict[int, Check]]:
-    """What a rebound entry's prologue keeps of the old one: the checks of the values read that did not move (most
-    read the model), by position, and the old environment with each object of the old argument replaced by its
-    partner under the same name (or dropped: it must not keep a cache's tensors alive), so that the new source is
-    the old one and compiles from `_compiled`'s cache. Building a check for each of a model's thousand reads
-    again cost most of a rebind, and its garbage set off the collector."""
-    old_checks = {id(c.read): c for c in entry.prologue.checks if c.aspect == "read"}
-    kept = {i: old_checks[id(g)] for i, (g, before) in enumerate(zip(guards, entry.capture.guards, strict=True))
-            if g is before and id(g) in old_checks}
+def _moved_prologue(entry: Any, capture: Any, call: list[Check], moved: list[int],
+                    env: dict[str, Any]) -> Prologue | None:
+    """The old prologue with the checks of the `moved` values read (and the call's) made anew over `env`, where
+    every test reads word for word as before (the usual case: the objects moved keep their names in `env`); None
+    otherwise (then `compile_prologue` makes it). Only what moved is looked at: the checks of a model's thousand
+    reads are the old ones, and the source is not generated again."""
+    old = entry.prologue
+    base = getattr(old, "reads_at", None)
+    if base is None or len(call) != base - len(entry.constraints):
+        return None
+    checks, tests = list(old.checks), dict(old.tests)
+    for position, check in enumerate(call):
+        before = checks[position]
+        if before.keyed != check.keyed or before.test(old.env) != check.test(env):
+            return None
+        checks[position] = check
+        if not check.keyed:
+            tests[id(check)] = tests.pop(id(before))
+    for i in moved:
+        before = checks[base + i]
+        if before.read is not entry.capture.guards[i]:
+            return None
+        check = read_check(env, i, capture.guards[i])
+        test = check.test(env)
+        if test != tests.pop(id(before)):
+            return None
+        checks[base + i], tests[id(check)] = check, test
+    if [(name, source.expression(env)) for name, source, _ in capture.captured_inputs] != old.captured:
+        return None
+    return old.moved(checks, tests, env)
+
+
+def _moved_env(old: Prologue, pairs: _Pairs) -> dict[str, Any]:
+    """The old prologue's environment with each object of the old argument replaced by its partner under the same
+    name (or dropped: it must not keep a cache's tensors alive), so that the source over it is the old one."""
     moved_ids = {i: id(p) for i, p in pairs.partner.items()}
     env: dict[str, Any] = {}
-    for name, value in entry.prologue.env.items():
+    for name, value in old.env.items():
         if id(value) in pairs.partner:
             env[name] = pairs.partner[id(value)]
         elif id(value) not in pairs.reached:
             env[name] = type(value)(value) if name in _MUTABLE_NAMES else value
     bound: dict[tuple[Any, ...], str] = {}
-    for key, name in entry.prologue.env.get("_bound_names", {}).items():
+    for key, name in old.env.get("_bound_names", {}).items():
         if name not in env:
             continue
         if len(key) == 3 and key[1] == "_id" and key[0] in moved_ids:  # the id of a moved object: its partner's
             env[name] = moved_ids[key[0]]
         bound[bound_key(env[name], key[1])] = name
     env["_bound_names"] = bound
-    return env, kept
+    return env
+
+
+def _kept(entry: Any, guards: list[GuardEntry], pairs: _Pairs) -> tuple[dict[str, Any], dict[int, Check]]:
+    """What a rebound entry's prologue keeps of the old one: the checks of the values read that did not move (most
+    read the model), by position, and the old environment with each object of the old argument replaced by its
+    partner under the same name (`_moved_env`), so that the new source is the old one and compiles from
+    `compiled_code`'s cache. Building a check for each of a model's thousand reads again cost most of a rebind,
+    and its garbage set off the collector."""
+    old_checks = {id(c.read): c for c in entry.prologue.checks if c.aspect == "read"}
+    kept = {i: old_checks[id(g)] for i, (g, before) in enumerate(zip(guards, entry.capture.guards, strict=True))
+            if g is before and id(g) in old_checks}
+    return _moved_env(entry.prologue, pairs), kept
 
 
 # The containers in a prologue's environment that generating it adds to (`bind`, `guard_checks`).
@@ -298,10 +337,12 @@ def held_by_bound_self(fn: Any) -> set[int]:
     todo = [(vars(owner), 0)] if isinstance(getattr(owner, "__dict__", None), dict) else []
     while todo:
         x, depth = todo.pop()
-        if id(x) in found or isinstance(x, torch.Tensor | torch.nn.Module) or not _has_parts(x) or depth > 3:
+        if id(x) in found:
             continue
         found.add(id(x))
-        todo += [(v, depth + 1) for (_, v), _ in _parts(x, x)]
+        if depth < 3:  # (only what may be added is pushed: a config holds hundreds of plain values)
+            todo += [(v, depth + 1) for (_, v), _ in _parts(x, x) if id(v) not in found and _has_parts(v)
+                     and not isinstance(v, torch.Tensor | torch.nn.Module)]
     return found
 
 

@@ -251,7 +251,7 @@ def test_object_of_a_global_shared_with_the_argument_is_not_moved() -> None:
 def test_an_entry_rebound_to_new_objects_compiles_no_new_prologue() -> None:
     """A new generation's cache reuses the traces (rebound) and the compiled prologue code: its checks name the
     new object's id through the prologue's own values, so the source is the one already compiled."""
-    from minijit.runtime.checks import _compiled
+    from minijit.runtime.checks import compiled_code
 
     jitted = minijit.jit(attend, cache="symbolic values")
     compiled = []
@@ -260,7 +260,7 @@ def test_an_entry_rebound_to_new_objects_compiles_no_new_prologue() -> None:
         want_cache, have_cache = GrowingCache(), GrowingCache()
         for h, w in zip(_steps(jitted, have_cache, inputs), _steps(attend, want_cache, inputs), strict=True):
             torch.testing.assert_close(h, w)
-        compiled.append(_compiled.cache_info().misses)
+        compiled.append(compiled_code.cache_info().misses)
     assert minijit.cache_info(jitted).rebound == 4
     assert compiled[0] == compiled[1] == compiled[2]  # the later generations' rebinds compiled nothing
 
