@@ -609,7 +609,7 @@ def _run_on_copies(prefix: Trace, flat: list[Any], written: Sequence[str]) -> An
                 clones[key] = x.untyped_storage().clone()
             inputs[i] = x.new_empty(0).set_(clones[key], x.storage_offset(), x.size(), x.stride())
     runnable = claim_executors(prefix, resolve_executors(["torch"]))
-    with warnings.catch_warnings(), no_autocast():  # torch's warnings belong to the call's own run, not to this one
+    with warnings.catch_warnings(), no_autocast():  # torch's warnings belong to the call's own run, not to this scratch one
         warnings.simplefilter("ignore")
         return runnable.python_callable()(*inputs)
 
