@@ -200,8 +200,8 @@ class Epilogue:
         recompute = grad.recompute.refusal is None
         from_saved, random = grad.saved_backward, recompute and grad.recompute.random
         lines = [f"{h['rng']} = {h['_recompute']}.rng_state({inputs})  # where a recompute's draws start"] * random
-        lines += [*self._body(h, into=f"{h['out']}, {saved}"), f"{flat} = {h['_flatten']}({h['out']})",
-                  f"{h['box']}.append(({h['out']}, {flat}))  # for the call: the outputs autograd does not return",
+        lines += [*self._body(h, into=f"{h['outputs']}, {saved}"), f"{flat} = {h['_flatten']}({h['outputs']})",
+                  f"{h['box']}.append(({h['outputs']}, {flat}))  # for the call: the outputs autograd does not return",
                   f"{h['_autograd']}.save({ctx}, {saved})  # autograd checks their versions at backward"]
         if from_saved is not None:
             lines.append(f"{ctx}.from_saved = {h['_saved_backward']}.holds({saved}, {inputs}, {_tuple(returned)})"
