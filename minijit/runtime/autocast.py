@@ -9,12 +9,13 @@ autocast state around the call, that state is part of the cache key.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
 any_autocast_enabled = torch._C._is_any_autocast_enabled
+# A context turning autocast off, in which a trace runs (it holds its own casts).
+no_autocast = torch._C._DisableAutocast
 _DEVICE_TYPES = ("cpu", "cuda")
 
 
@@ -27,18 +28,3 @@ def autocast_state() -> tuple[Any, ...] | None:
         return None
     enabled = tuple((d, torch.get_autocast_dtype(d)) for d in _DEVICE_TYPES if torch.is_autocast_enabled(d))
     return (*enabled, torch.is_autocast_cache_enabled())
-
-
-def without_autocast(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """`fn`, run with autocast turned off when it is on (the trace holds its own casts)."""
-    disable = torch._C._DisableAutocast
-
-    def run(*args: Any) -> Any:
-        if not any_autocast_enabled():
-            return fn(*args)
-        with disable():
-            return fn(*args)
-
-    run.__wrapped__ = fn  # type: ignore[attr-defined]
-    return run
-

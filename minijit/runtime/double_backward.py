@@ -57,15 +57,15 @@ from minijit.extend import get_executor
 from minijit.ir import BoundSymbol, Tag, TensorProxy, Trace, tracing, tree_flatten
 from minijit.ir.rewrite import ProxyMap, rewrite
 from minijit.ops import prims
-from minijit.runtime.autocast import without_autocast
+from minijit.runtime.autocast import no_autocast
 from minijit.transforms import claim_executors, dce
 
 __all__ = ["Recompute", "SavedBackward", "recompute_for"]
 
 
 def _eager(trace: Trace) -> Callable[..., Any]:
-    """`trace` compiled as eager torch ops (the torch executor alone)."""
-    return without_autocast(dce(claim_executors(trace, [get_executor("torch")])).python_callable())
+    """`trace` compiled as eager torch ops (the torch executor alone), to run with autocast off (`no_autocast`)."""
+    return dce(claim_executors(trace, [get_executor("torch")])).python_callable()
 
 
 @dataclass
@@ -82,12 +82,14 @@ class Recompute:
     random: bool = False
     _forward: Callable[..., Any] | None = field(default=None, repr=False)
 
+    def refused(self) -> MinijitError:
+        """The error of a double backward through this call, which `refusal` says cannot run."""
+        return MinijitError(f"double backward (create_graph=True) through the jitted function {self.name!r}: "
+                            f"{self.refusal}; call backward without create_graph, or differentiate the function eagerly")
+
     def forward(self) -> Callable[..., Any]:
-        """The trace as eager torch ops, compiled once: inputs -> the output's flattened leaves."""
-        if self.refusal is not None:
-            raise MinijitError(f"double backward (create_graph=True) through the jitted function {self.name!r}: "
-                               f"{self.refusal}; call backward without create_graph, or differentiate the "
-                               "function eagerly")
+        """The trace as eager torch ops, compiled once: inputs -> the output's flattened leaves (never where the
+        recompute is refused: the autograd.Function raises `refused()` instead)."""
         if self._forward is None:
             assert self.trace is not None
             run = _eager(self.trace)
@@ -117,7 +119,8 @@ class Recompute:
                     "double backward (create_graph=True) recomputes the call from its inputs")
         wanted = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor) and t.requires_grad]
         with torch.enable_grad(), _replaying(rng):
-            leaves = run(*inputs)
+            with no_autocast():
+                leaves = run(*inputs)
             pairs = [(leaves[p], c) for p, c in zip(positions, cotangents)
                      if c is not None and isinstance(leaves[p], torch.Tensor) and leaves[p].requires_grad]
             if not pairs or not wanted:
@@ -167,7 +170,7 @@ class SavedBackward:
             assert self.trace is not None
             self._backward = _eager(self.trace)
             self.trace = None  # the compiled function holds what it needs
-        with torch.enable_grad():
+        with torch.enable_grad(), no_autocast():
             return list(self._backward(*saved[:self.first_order_saved], *cotangents))
 
     def hidden_gradients(self, saved: Sequence[Any], hidden_cotangents: Sequence[Any]) -> list[Any]:
@@ -178,7 +181,8 @@ class SavedBackward:
             self._second = _eager(self.second)
             self.second = None
         hidden = [torch.zeros_like(saved[h]) if c is None else c for h, c in zip(self.hidden, hidden_cotangents)]
-        return list(self._second(*(saved[i] for i in self.second_saved), *hidden))
+        with no_autocast():
+            return list(self._second(*(saved[i] for i in self.second_saved), *hidden))
 
 
 @contextmanager

@@ -44,8 +44,8 @@ from minijit.runtime.arguments import (
     plan_aliasing,
     read_arguments,
 )
-from minijit.runtime.autocast import any_autocast_enabled, without_autocast
-from minijit.runtime.autograd import CompiledGrad, autograd_callable
+from minijit.runtime.autocast import any_autocast_enabled, no_autocast
+from minijit.runtime.autograd import CompiledGrad
 from minijit.runtime.call_plan import CallPlan, finish_capture
 from minijit.runtime.checks import Prologue
 from minijit.runtime.cuda_graphs import GraphedCallable, GraphFamily, graph_refusal
@@ -493,7 +493,7 @@ def _compile(arguments: CallArguments, executors: Sequence[Any], constraints: li
     records = dict(capture=found, functionalized=c.functionalized, aliasing=c.aliasing)
     family = GraphFamily() if cuda_graphs else None
     start = time.perf_counter()
-    epilogue = _split_epilogue(c, family) if c.split is not None else _plain_epilogue(c, family, inline_grads)
+    epilogue = _epilogue(c, family, inline_grads)
     c.traces[-1].elapsed_ms += (time.perf_counter() - start) * 1e3
     # The entry keeps the split's facts; the second backward's trace lives in the saved_backward alone.
     split = replace(c.split, second_backward=None) if c.split is not None else None
@@ -518,14 +518,16 @@ def _guarding(c: Compile) -> dict[str, Any]:
     return dict(restore_rng=restore_rng, fallback=fallback)
 
 
-def _plain_epilogue(c: Compile, family: GraphFamily | None, inline_grads: bool) -> Epilogue:
-    """The call of a compile that did not split its trace: the compiled trace with what runs around it."""
-    trace, mutated = c.traces[-1], c.functionalized.mutated_inputs
-    computation = graphed(trace.python_callable(), trace, family, "computation", mutated)
+def _epilogue(c: Compile, family: GraphFamily | None, inline_grads: bool) -> Epilogue:
+    """The call of a compile: its compiled trace with what runs around it; where it split its trace, the forward,
+    joined to the compiled backward by an autograd.Function generated with the rest of the call."""
+    trace, mutated, split = c.traces[-1], c.functionalized.mutated_inputs, c.split is not None
+    computation = graphed(trace.python_callable(), trace, family, "forward" if split else "computation", mutated,
+                          saved_from=split)
     # A trace that took its gradients itself needs no autograd: it runs with grad mode off.
     body = around([p.name for p in trace.args], mutated, c.functionalized.write_sites, no_grad=inline_grads)
     return Epilogue(trace.fn_name, computation, body, c.found.call_plan, _bases(c), any_autocast_enabled(),
-                    **_guarding(c))
+                    _compiled_grad(c, family) if split else None, **_guarding(c))
 
 
 def _runs_eagerly(escaped: Escaped, trace: Trace, containers: ArgumentContainers | None) -> bool:
@@ -543,50 +545,20 @@ def _runs_eagerly(escaped: Escaped, trace: Trace, containers: ArgumentContainers
             or any(b.written() or b.sym.effects.random for b in trace.bound_symbols))
 
 
-def _split_epilogue(c: Compile, family: GraphFamily | None) -> Epilogue:
-    """The call of a compile that split its trace: its compiled forward and backward joined by one
-    autograd.Function, which runs the epilogue's generated `forward` around the compiled forward."""
+def _compiled_grad(c: Compile, family: GraphFamily | None) -> CompiledGrad:
+    """The compiled backward of a compile that split its trace, and how it meets the forward (runtime/autograd.py)."""
     assert c.split is not None and c.recompute is not None
-    fwd, bwd, mutated = c.traces[-1], c.backward_traces[-1], c.functionalized.mutated_inputs
-    # Not `c` in the closure below: the entry keeps it, and `c` holds the call's arguments.
-    split, recompute, backward_writes = c.split, c.recompute, c.backward_writes
-    forward = graphed(fwd.python_callable(), fwd, family, "forward", mutated, saved_from=True)
+    split, bwd = c.split, c.backward_traces[-1]
     backward = graphed(bwd.python_callable(), bwd, family, "backward", (),
                        refusal="the backward writes into inputs of the forward" if c.backward_writes else None)
-    saved_backward = _saved_backward(c.backward_traces[0], split, recompute)
-
-    def autograd_function(run_forward: Callable[..., Any]) -> Callable[..., Any]:
-        return autograd_callable(CompiledGrad(
-            forward=run_forward,
-            # A backward called under autocast must not cast again: its trace holds eager's casts.
-            backward=without_autocast(backward),
-            differentiable_outputs=split.differentiable_outputs,
-            name=fwd.fn_name,  # the forward takes the whole trace's inputs
-            input_names=tuple(p.name for p in fwd.args),
-            dirty_inputs=split.dirty_inputs,
-            overwritten_saved=split.overwritten_saved,
-            backward_mutated_inputs=backward_writes,
-            recompute=recompute,
-            saved_backward=saved_backward,
-            first_order_saved=split.first_order_saved,
-        ))
-
-    body = around([p.name for p in fwd.args], mutated, c.functionalized.write_sites)
-    return Epilogue(fwd.fn_name, forward, body, c.found.call_plan, _bases(c), any_autocast_enabled(),
-                    grad=autograd_function, **_guarding(c))
-
-
-def _saved_backward(bwd: Trace, split: SplitResult, recompute: Recompute) -> SavedBackward | None:
-    """How a double backward runs from the saved values (runtime/double_backward.py), or None (it recomputes).
-
-    Not where a recompute is refused: a traced custom Function's backward or writes into inputs, whose backward
-    run again as eager ops would not be eager's either.
-    """
-    if recompute.refusal is not None or split.saved_inputs_with_history is None:
-        return None
-    return SavedBackward(bwd, split.saved_inputs_with_history, split.first_order_saved, split.hidden_saved,
-                         split.second_backward, split.second_saved)
-
+    # A double backward runs from the saved values (runtime/double_backward.py) where they carry their history, and
+    # never where a recompute is refused: a traced custom Function's backward or writes into inputs, whose backward
+    # run again as eager ops would not be eager's either.
+    saved_backward = (None if c.recompute.refusal is not None or split.saved_inputs_with_history is None
+                      else SavedBackward(c.backward_traces[0], split.saved_inputs_with_history, split.first_order_saved,
+                                         split.hidden_saved, split.second_backward, split.second_saved))
+    return CompiledGrad(backward, split.differentiable_outputs, c.recompute, split.dirty_inputs,
+                        split.overwritten_saved, c.backward_writes, saved_backward, split.first_order_saved)
 
 
 def _evaluate_prefix(prefix: Trace, flat: list[Any], no_grad: frozenset[str]) -> Any:
@@ -609,10 +581,10 @@ def _evaluate_prefix(prefix: Trace, flat: list[Any], no_grad: frozenset[str]) ->
     took_grads = has_inline_grads(functional)
     if took_grads:  # gradients the code took so far (`scaler.step` reads them for infs)
         functional = expand_inline_grads(functional, (), no_grad)
-    run = without_autocast(claim_executors(functional, resolve_executors(["torch"])).python_callable())
+    run = claim_executors(functional, resolve_executors(["torch"])).python_callable()
     bases = aliasing.synthetic_bases if aliasing is not None else ()
     inputs = [*flat, *(torch.as_strided(flat[lead], (length,), (1,), 0) for lead, length in bases)]
-    with torch.no_grad() if took_grads else contextlib.nullcontext():
+    with torch.no_grad() if took_grads else contextlib.nullcontext(), no_autocast():  # it holds its own casts
         return run(*inputs)
 
 
@@ -637,9 +609,9 @@ def _run_on_copies(prefix: Trace, flat: list[Any], written: Sequence[str]) -> An
                 clones[key] = x.untyped_storage().clone()
             inputs[i] = x.new_empty(0).set_(clones[key], x.storage_offset(), x.size(), x.stride())
     runnable = claim_executors(prefix, resolve_executors(["torch"]))
-    with warnings.catch_warnings():  # torch's warnings belong to the call's own run, not to this scratch one
+    with warnings.catch_warnings(), no_autocast():  # torch's warnings belong to the call's own run, not to this scratch one
         warnings.simplefilter("ignore")
-        return without_autocast(runnable.python_callable())(*inputs)
+        return runnable.python_callable()(*inputs)
 
 
 def _describe_function(fn: Any) -> str:

@@ -29,8 +29,11 @@ def _effects(x: torch.Tensor, y: torch.Tensor, seen: list[Any]) -> dict[str, tor
 
 
 def _code_of(printed: str, name: str) -> Any:
-    code = compile(printed, "<printed epilogue>", "exec")
-    return next(c for c in code.co_consts if getattr(c, "co_name", None) == name)
+    """The code object of the function `name` in the printed source (a method of a class in it too)."""
+    codes = [compile(printed, "<printed epilogue>", "exec")]
+    for code in codes:
+        codes += [c for c in code.co_consts if hasattr(c, "co_code")]
+    return next(c for c in codes if c.co_name == name)
 
 
 def test_show_prints_the_epilogue_and_it_is_the_source_that_runs() -> None:
@@ -100,8 +103,44 @@ def test_a_split_entry_prints_its_forward_and_call_and_differentiates_as_eager()
     printed = jf.last_epilogue()
     entry = jf.last_entry()
     assert entry.computation.__minijit_source__ == printed
-    assert _code_of(printed, "forward").co_code == entry.epilogue.env["forward"].__code__.co_code
+    assert _code_of(printed, "forward").co_code == entry.epilogue.env["_JitFunction"].forward.__code__.co_code
     assert _code_of(printed, "call").co_code == entry.computation.__code__.co_code
+
+
+def _penalty(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return (x @ w).tanh().sum()
+
+
+def test_a_split_entry_prints_its_backward_and_the_node_runs_it_as_eager_does() -> None:
+    jf = minijit.jit(_penalty)
+    x = torch.randn(4, 3, dtype=torch.float64)
+    w = torch.randn(3, 2, dtype=torch.float64, requires_grad=True)
+    we = w.detach().clone().requires_grad_()
+    out = jf(x, w)
+    printed = jf.last_epilogue()
+    node = jf.last_entry().epilogue.env["_JitFunction"]
+    # The autograd node of the call is the printed Function's, and its backward is the printed one.
+    assert type(out.grad_fn)._forward_cls is node
+    assert _code_of(printed, "backward").co_code == node.backward.__code__.co_code
+    for step in ("_JitFunction.apply(", "def backward(", "with _no_autocast():", "_backward(", "_grad_enabled()"):
+        assert step in printed, step
+    # Its gradients, and those of a double backward (create_graph=True), are eager's.
+    (g,) = torch.autograd.grad(out, w, create_graph=True)
+    (ge,) = torch.autograd.grad(_penalty(x, we), we, create_graph=True)
+    torch.testing.assert_close(g, ge)
+    torch.testing.assert_close(torch.autograd.grad(g.square().sum(), w), torch.autograd.grad(ge.square().sum(), we))
+
+
+def test_an_entry_with_nothing_to_differentiate_makes_no_node_as_eager() -> None:
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return x * w.detach()
+
+    jf = minijit.jit(f)
+    x, w = torch.randn(3), torch.randn(3, requires_grad=True)
+    got, want = jf(x, w), f(x, w)
+    torch.testing.assert_close(got, want)
+    assert got.requires_grad == want.requires_grad and got.grad_fn is None
+    assert "apply(" not in jf.last_epilogue() and "_no_grad()" in jf.last_epilogue()
 
 
 def test_nothing_runs_around_a_trace_with_nothing_to_do() -> None:

@@ -144,8 +144,9 @@ def test_backward_mutation_of_an_input_requiring_grad_under_create_graph_raises(
     x, buf = torch.randn(3, requires_grad=True), torch.zeros(3, requires_grad=True)
     loss = jf(x, buf)
     entry = jf._entries[next(iter(jf._entries))][0]
-    # The run-time check reads the precomputed positions of the inputs the backward writes.
-    assert entry.epilogue.autograd.compiled.backward_mutated_inputs == (1,)
+    # The run-time check is generated for the inputs the backward writes, known when the entry was compiled.
+    assert entry.epilogue.grad.backward_mutated_inputs == (1,)
+    assert "(('buf', buf),)" in entry.epilogue.source
     with pytest.raises(MinijitError, match="writes in place into buf, which requires grad"):
         loss.backward(create_graph=True)
     # Without grad mode in the backward, the same write is allowed (eager allows it too).
