@@ -35,10 +35,10 @@ import torch
 from minijit.errors import MetaError, UnsupportedSyntaxError, ValueGuardMiss
 from minijit.ir import TENSOR_METHODS, Effects, FloatProxy, IntegerProxy, NumberProxy, Symbol, Tag, TensorProxy, tree_map
 from minijit.ir.context import value_reader, where_now
+from minijit.ir.layouts import outside_inference_mode
 from minijit.ir.proxies import number_value, rule_compare, rule_same_shape
 from minijit.ops import prims
 from minijit.ops.registry import TORCH_TO_LTORCH
-from minijit.ops.strides import outside_inference_mode
 from minijit.ops.symbolic_sizes import has_symbolic_sizes, symbolic_output_shapes
 
 aten = torch.ops.aten

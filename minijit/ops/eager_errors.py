@@ -21,7 +21,7 @@ from minijit.errors import MetaError, MinijitError, as_eager
 from minijit.ir import NumberProxy, Symbol, TensorProxy, tree_flatten, tree_map
 from minijit.ir.context import where_now
 from minijit.ir.proxies import number_value
-from minijit.ops.registry import eager_impl
+from minijit.ops.eager_facts import eager_impl
 from minijit.ops.strides import known_layout, meta_like
 
 
