@@ -122,6 +122,17 @@ def ltorch_op(
     return register
 
 
+def declare_op(name: str, decomposition: Callable[..., Any], doc: str, **options: Any) -> Symbol:
+    """Declare the ltorch op `name` from `decomposition`, a function a factory made for it, documented by `doc`.
+
+    `options` are `ltorch_op`'s; without `torch_fns`, the op is `torch.<name>` and the `Tensor` method `name`.
+    """
+    decomposition.__name__, decomposition.__doc__ = name, doc
+    if "torch_fns" not in options:
+        options.update(torch_fns=[getattr(torch, name), getattr(torch.Tensor, name)], methods=[name])
+    return ltorch_op(name, **options)(decomposition)
+
+
 def ltorch_symbol_for(fn: Any) -> Symbol | None:
     """The ltorch symbol that stands for the torch callable `fn`, if any."""
     try:
