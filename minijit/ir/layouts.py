@@ -88,13 +88,13 @@ def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def guard_row_major(p: TensorProxy) -> None:
-    """Make the cache entry's guard check that input `p` is laid out `row_major` (`minijit.ir.layouts`): all a
+    """Make the cache entry's guard check that input `p` is laid out `row_major` (above): all a
     layout worked out from `p` only as an order-only source relies on."""
     add_layout_check(f"_row_major({p.name})")
 
 
 def guard_layout(p: TensorProxy, trace: Trace, offset_matters: bool, sizes_matter: bool = False,
-                  flags_matter: bool = False) -> None:
+                 flags_matter: bool = False) -> None:
     """Make the cache entry's guard check that input `p` keeps its layout (and its sizes, with `sizes_matter`;
     its view flags, with `flags_matter`)."""
     layout = trace.layouts.get(p)
