@@ -53,8 +53,9 @@ from minijit.ir import (
 )
 from minijit.ops import cuda_attention, prims
 from minijit.ops.aten_prims import aten_prim_implementations
+from minijit.ops.eager_facts import eager_implementations
 from minijit.ops.opaque import OPAQUE
-from minijit.ops.registry import ALL_LTORCH, eager_implementations, ltorch_symbol_for
+from minijit.ops.registry import ALL_LTORCH, ltorch_symbol_for
 from minijit.transforms.fusion import Region
 from minijit.transforms.vjp import VjpRule, add_rule
 from minijit.transforms.vjp.registry import check_rule_signature

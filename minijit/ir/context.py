@@ -41,11 +41,8 @@ def current_trace() -> Trace | None:
 @contextmanager
 def tracing(trace: Trace) -> Iterator[Trace]:
     """Record symbols called inside the `with` block into `trace`."""
-    token = _TRACES.set((*_TRACES.get(), trace))
-    try:
+    with _setting(_TRACES, (*_TRACES.get(), trace)):
         yield trace
-    finally:
-        _TRACES.reset(token)
 
 
 _loose_names = itertools.count(1)
@@ -83,11 +80,8 @@ def recording_constraints(into: list[str] | None = None) -> Iterator[list[str]]:
     guard checks them on every later call.
     """
     constraints: list[str] = [] if into is None else into
-    token = _CONSTRAINTS.set(constraints)
-    try:
+    with _setting(_CONSTRAINTS, constraints):
         yield constraints
-    finally:
-        _CONSTRAINTS.reset(token)
 
 
 def knowing_constraints(constraints: Sequence[str]) -> AbstractContextManager[None]:
@@ -113,14 +107,9 @@ def replaying_captured() -> AbstractContextManager[None]:
 _PASS: ContextVar[str | None] = ContextVar("minijit_pass", default=None)
 
 
-@contextmanager
-def running_pass(name: str) -> Iterator[None]:
+def running_pass(name: str) -> AbstractContextManager[None]:
     """Name the pass run inside the block, for the errors a pass's mistakes raise."""
-    token = _PASS.set(name)
-    try:
-        yield
-    finally:
-        _PASS.reset(token)
+    return _setting(_PASS, name)
 
 
 def current_pass() -> str | None:
@@ -221,14 +210,9 @@ def value_reader() -> Any:
 def outside_capture() -> Iterator[None]:
     """Run the block (a side computation of the capture) as a pass would, but adding nothing to the compile:
     no trace recording, no constraints or layout checks recorded, no value reader."""
-    tokens = (_TRACES.set(()), _CONSTRAINTS.set(None), _VALUE_READER.set(None), _LAYOUT_CHECKS.set(None))
-    try:
+    with (_setting(_TRACES, ()), _setting(_CONSTRAINTS, None), _setting(_VALUE_READER, None),
+          _setting(_LAYOUT_CHECKS, None)):
         yield
-    finally:
-        _LAYOUT_CHECKS.reset(tokens[3])
-        _VALUE_READER.reset(tokens[2])
-        _CONSTRAINTS.reset(tokens[1])
-        _TRACES.reset(tokens[0])
 
 
 # State of the call that the code under capture read through a query whose answer the trace then

@@ -5,16 +5,29 @@ depend on it, so it is known only where something asked (`minijit.ops.strides`):
 the real tensor, a computed tensor's worked out from the ops that made it. The table belongs to the
 capture's trace and is handed on with its names to the traces made from it (`Trace.derive`, the
 backward, a custom function's trace), so a pass asking about a tensor of the capture finds what the
-capture found, and nothing is ever written onto a proxy, which several traces share.
+capture found, and nothing is ever written onto a proxy, which several traces share. The checks that keep an
+input's layout on later calls (`guard_layout`, `guard_row_major`) are made here, for `minijit.ops.strides` and
+`minijit.ops.symbolic_strides` alike.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from minijit.ir.proxies import TensorProxy
+import torch
 
-__all__ = ["Layout", "LayoutTable", "row_major"]
+from minijit.ir.context import add_layout_check
+from minijit.ir.proxies import NumberProxy, TensorProxy, number_value
+
+if TYPE_CHECKING:
+    from minijit.ir.trace import Trace
+
+__all__ = ["Layout", "LayoutTable", "contiguous_strides", "guard_layout", "guard_row_major", "outside_inference_mode",
+           "row_major"]
 
 
 @dataclass(frozen=True)
@@ -64,3 +77,56 @@ def row_major(sizes: tuple[int, ...], strides: tuple[int, ...]) -> bool:
     if strides[-1] < 1:
         return False
     return all(strides[k] >= strides[k + 1] * sizes[k + 1] for k in range(len(strides) - 1))
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The strides of a contiguous (row-major) tensor of `shape`."""
+    strides = [1] * len(shape)
+    for k in range(len(shape) - 2, -1, -1):
+        strides[k] = strides[k + 1] * max(shape[k + 1], 1)
+    return tuple(strides)
+
+
+def guard_row_major(p: TensorProxy) -> None:
+    """Make the cache entry's guard check that input `p` is laid out `row_major` (above): all a
+    layout worked out from `p` only as an order-only source relies on."""
+    add_layout_check(f"_row_major({p.name})")
+
+
+def guard_layout(p: TensorProxy, trace: Trace, offset_matters: bool, sizes_matter: bool = False,
+                 flags_matter: bool = False) -> None:
+    """Make the cache entry's guard check that input `p` keeps its layout (and its sizes, with `sizes_matter`;
+    its view flags, with `flags_matter`)."""
+    layout = trace.layouts.get(p)
+    assert layout is not None
+    strides, offset = layout.strides, layout.offset
+    sizes = tuple(int(number_value(d)) for d in p.shape)
+    if sizes_matter and any(isinstance(d, NumberProxy) for d in p.shape):
+        add_layout_check(f"tuple({p.name}.shape) == {sizes!r}")
+    if strides == contiguous_strides(sizes) or math.prod(sizes) <= 1:
+        add_layout_check(f"{p.name}.is_contiguous()")
+    else:
+        add_layout_check(f"{p.name}.stride() == {strides!r}")
+    if offset_matters:
+        add_layout_check(f"{p.name}.storage_offset() == {offset}")
+    if flags_matter:
+        add_layout_check(f"{p.name}.is_conj() is {layout.conj}")
+        add_layout_check(f"{p.name}.is_neg() is {layout.neg}")
+
+
+@contextmanager
+def outside_inference_mode() -> Iterator[None]:
+    """Leave `torch.inference_mode()` (keeping the grad mode) while minijit works on meta tensors.
+
+    Tensors made under inference mode are *inference tensors*: their views do not say
+    they are views (`_is_view()` is False) and they keep no version counter, so a
+    decision read from them (does this op view or copy? which argument does it
+    write?) would depend on the mode the first call happened to run under. Meta
+    tensors made here are ordinary ones whatever the user's mode.
+    """
+    if not torch.is_inference_mode_enabled():
+        yield
+        return
+    grad = torch.is_grad_enabled()
+    with torch.inference_mode(False), torch.set_grad_enabled(grad):
+        yield

@@ -2,15 +2,9 @@
 
 from minijit.ops import ltorch, prims
 from minijit.ops.autocast import key_policies
+from minijit.ops.eager_facts import eager_impl
 from minijit.ops.opaque import aten_name
-from minijit.ops.registry import (
-    ALL_LTORCH,
-    TORCH_TO_LTORCH,
-    check_eager_table,
-    eager_impl,
-    ltorch_op,
-    ltorch_symbol_for,
-)
+from minijit.ops.registry import ALL_LTORCH, TORCH_TO_LTORCH, check_eager_table, ltorch_op, ltorch_symbol_for
 
 __all__ = ["ALL_LTORCH", "TORCH_TO_LTORCH", "ltorch", "ltorch_op", "ltorch_symbol_for", "prims"]
 

@@ -35,10 +35,11 @@ import torch
 from minijit.errors import MetaError, UnsupportedSyntaxError, ValueGuardMiss
 from minijit.ir import TENSOR_METHODS, Effects, FloatProxy, IntegerProxy, NumberProxy, Symbol, Tag, TensorProxy, tree_map
 from minijit.ir.context import value_reader, where_now
+from minijit.ir.layouts import outside_inference_mode
 from minijit.ir.proxies import number_value, rule_compare, rule_same_shape
 from minijit.ops import prims
+from minijit.ops.prims import _fail
 from minijit.ops.registry import TORCH_TO_LTORCH
-from minijit.ops.strides import outside_inference_mode
 from minijit.ops.symbolic_sizes import has_symbolic_sizes, symbolic_output_shapes
 
 aten = torch.ops.aten
@@ -152,10 +153,6 @@ def _leaves(x: Any) -> list[Any]:
     if isinstance(x, dict):
         return [leaf for v in x.values() for leaf in _leaves(v)]
     return [x]
-
-
-def _fail(op: str, msg: str) -> MetaError:
-    return MetaError(f"prims.{op}: {msg}{where_now()}")
 
 
 def _check_float(op: str, x: Any, what: str = "input") -> None:

@@ -20,9 +20,8 @@ import torch
 from minijit.errors import MetaError, MinijitError, as_eager
 from minijit.ir import NumberProxy, Symbol, TensorProxy, tree_flatten, tree_map
 from minijit.ir.context import where_now
-from minijit.ir.proxies import number_value
-from minijit.ops.registry import eager_impl
-from minijit.ops.strides import known_layout, meta_like
+from minijit.ops.eager_facts import eager_impl
+from minijit.ops.strides import _sizes, known_layout, meta_like
 
 
 def eager_error(error: MinijitError, sym: Symbol, args: tuple[Any, ...], kwargs: dict[str, Any]) -> MinijitError:
@@ -81,10 +80,6 @@ def _raised_on_meta(sym: Symbol, args: tuple[Any, ...], kwargs: dict[str, Any]) 
     # On meta tensors a NotImplementedError is the meta kernel's limit (`torch.where(mask)` runs nonzero, whose
     # size depends on the values), never eager refusing.
     return None if isinstance(found, NotImplementedError) else found
-
-
-def _sizes(p: TensorProxy) -> tuple[int, ...]:
-    return tuple(int(number_value(d)) for d in p.shape)
 
 
 def _raised(impl: Any, call: tuple[tuple[Any, ...], dict[str, Any]]) -> Exception | None:

@@ -1,11 +1,34 @@
-"""What eager's kernels do when the tensor an op writes overlaps one of its operands, by torch op name.
+"""Facts of eager torch: the callable that runs each ltorch op, and what eager's kernels do when the tensor an op
+writes overlaps one of its operands, by torch op name.
 
-These are facts of `Effects` (minijit.ir.symbol) for the ops minijit knows by their torch
+The overlap facts are facts of `Effects` (minijit.ir.symbol) for the ops minijit knows by their torch
 name only: opaque torch ops, and the in-place ltorch ops declared in a loop
 (minijit/ops/ltorch/inplace.py). Ops declared one by one state them in their declaration.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from minijit.ir import Symbol, Tag
+
+# ltorch symbol -> the eager callable that implements it with the same signature (`ltorch_op` fills it in)
+EAGER_BY_SYMBOL: dict[Symbol, Callable[..., Any]] = {}
+
+
+def eager_implementations() -> dict[Symbol, Callable[..., Any]]:
+    """ltorch op -> its eager callable, for executors."""
+    return dict(EAGER_BY_SYMBOL)
+
+
+def eager_impl(sym: Symbol) -> Callable[..., Any] | None:
+    """The eager callable that runs `sym` with a bound symbol's own arguments: an ltorch op's, or an opaque
+    torch op itself; None for others."""
+    found = EAGER_BY_SYMBOL.get(sym)
+    if found is None and Tag.OPAQUE in sym.tags:
+        return sym.fn
+    return found
 
 # Eager refuses any overlap of the written tensor with an operand (ATen's assert_no_overlap),
 # the same elements in the same order included.

@@ -41,8 +41,9 @@ from minijit.errors import DataDependentShapeError, MetaError, UnsupportedOpErro
 from minijit.ir import NumberProxy, TensorProxy, tree_flatten
 from minijit.ir.containers import sequence_leaves
 from minijit.ir.context import where_now
+from minijit.ir.layouts import outside_inference_mode
 from minijit.ir.proxies import data_dependent, number_value
-from minijit.ops.strides import eager_layout, known_layout, meta_like, outside_inference_mode
+from minijit.ops.strides import eager_layout, known_layout, meta_like
 from minijit.ops.symbolic_sizes import has_symbolic_sizes, size_rule, symbolic_output_shapes
 
 

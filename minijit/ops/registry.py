@@ -14,16 +14,16 @@ from typing import Any
 import torch
 
 from minijit.errors import MetaError, MinijitError
-from minijit.ir import NO_EFFECTS, TENSOR_METHODS, Effects, Symbol, Tag, check_table, current_trace
+from minijit.ir import NO_EFFECTS, TENSOR_METHODS, Effects, Symbol, check_table, current_trace
 from minijit.ops.autocast import autocast_arguments
+from minijit.ops.eager_errors import eager_error, eager_refusal
+from minijit.ops.eager_facts import EAGER_BY_SYMBOL
 from minijit.ops.number_args import known_slice_bounds, note_number_tensor
 
 # torch callable (function, method descriptor, builtin) -> ltorch symbol
 TORCH_TO_LTORCH: dict[Any, Symbol] = {}
 # ltorch op name -> symbol
 ALL_LTORCH: dict[str, Symbol] = {}
-# ltorch symbol -> the eager callable that implements it with the same signature (`eager_impl`)
-_EAGER_BY_SYMBOL: dict[Symbol, Callable[..., Any]] = {}
 
 
 _any_autocast = torch._C._is_any_autocast_enabled
@@ -63,16 +63,12 @@ class LtorchSymbol(Symbol):
             output = super().__call__(*args, **kwargs)
         except MetaError as e:
             # Inputs eager rejects too: the error is eager's type as well, for the user's `except`.
-            from minijit.ops.eager_errors import eager_error  # it reads the layouts minijit.ops.strides keeps
-
             typed = eager_error(e, self, args, kwargs)
             if typed is e:
                 raise
             raise typed.with_traceback(e.__traceback__) from e.__cause__
         except (TypeError, AttributeError, ValueError, IndexError) as e:
             # A check that failed on an argument of a type it does not expect: eager's refusal, where eager refuses.
-            from minijit.ops.eager_errors import eager_refusal
-
             if isinstance(e, MinijitError):
                 raise
             refusal = eager_refusal(self, args, kwargs)
@@ -120,10 +116,21 @@ def ltorch_op(
             TENSOR_METHODS[method] = sym
         eager = impl if impl is not None else (torch_fns[0] if torch_fns else None)
         if eager is not None:
-            _EAGER_BY_SYMBOL[sym] = eager
+            EAGER_BY_SYMBOL[sym] = eager
         return sym
 
     return register
+
+
+def declare_op(name: str, decomposition: Callable[..., Any], doc: str, **options: Any) -> Symbol:
+    """Declare the ltorch op `name` from `decomposition`, a function a factory made for it, documented by `doc`.
+
+    `options` are `ltorch_op`'s; without `torch_fns`, the op is `torch.<name>` and the `Tensor` method `name`.
+    """
+    decomposition.__name__, decomposition.__doc__ = name, doc
+    if "torch_fns" not in options:
+        options.update(torch_fns=[getattr(torch, name), getattr(torch.Tensor, name)], methods=[name])
+    return ltorch_op(name, **options)(decomposition)
 
 
 def ltorch_symbol_for(fn: Any) -> Symbol | None:
@@ -137,19 +144,5 @@ def ltorch_symbol_for(fn: Any) -> Symbol | None:
 def check_eager_table(symbols: Iterable[Symbol] | None = None) -> None:
     """Raise a MinijitError naming each ltorch op (of `symbols`, by default every one declared) that has no
     eager callable (`torch_fns` or `impl`): the eager errors, layouts and views of its calls ask it."""
-    check_table(_EAGER_BY_SYMBOL, ALL_LTORCH.values() if symbols is None else symbols, lambda s: True,
+    check_table(EAGER_BY_SYMBOL, ALL_LTORCH.values() if symbols is None else symbols, lambda s: True,
                 "eager implementation (`ltorch_op`'s torch_fns or impl)")
-
-
-def eager_implementations() -> dict[Symbol, Callable[..., Any]]:
-    """ltorch op -> its eager callable, for executors."""
-    return dict(_EAGER_BY_SYMBOL)
-
-
-def eager_impl(sym: Symbol) -> Callable[..., Any] | None:
-    """The eager callable that runs `sym` with a bound symbol's own arguments: an ltorch op's, or an opaque
-    torch op itself; None for others."""
-    found = _EAGER_BY_SYMBOL.get(sym)
-    if found is None and Tag.OPAQUE in sym.tags:
-        return sym.fn
-    return found

@@ -45,9 +45,7 @@ reshape).
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -55,9 +53,10 @@ import torch
 from minijit.errors import MetaError, UnsupportedMethodError
 from minijit.ir import TENSOR_METHODS, BoundSymbol, NumberProxy, Proxy, TensorProxy, Trace, tree_flatten, tree_map
 from minijit.ir.context import add_layout_check, current_trace, where_now
-from minijit.ir.layouts import Layout, row_major
+from minijit.ir.layouts import Layout, contiguous_strides, guard_layout, guard_row_major, outside_inference_mode, row_major
 from minijit.ir.proxies import guarded_compare, number_value, same_value
-from minijit.ops.registry import eager_impl
+from minijit.ops.eager_facts import eager_impl
+from minijit.ops.symbolic_strides import symbolic_contiguous, symbolic_layout, symbolic_viewable
 
 
 def known_layout(p: TensorProxy, trace: Trace | None = None) -> Layout | None:
@@ -82,34 +81,8 @@ def note_layout(trace: Trace, p: TensorProxy, t: torch.Tensor) -> None:
                                     address=t.data_ptr()))
 
 
-def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """The strides of a contiguous (row-major) tensor of `shape`."""
-    strides = [1] * len(shape)
-    for k in range(len(shape) - 2, -1, -1):
-        strides[k] = strides[k + 1] * max(shape[k + 1], 1)
-    return tuple(strides)
-
-
 def _sizes(p: TensorProxy) -> tuple[int, ...]:
     return tuple(int(number_value(d)) for d in p.shape)
-
-
-@contextmanager
-def outside_inference_mode() -> Iterator[None]:
-    """Leave `torch.inference_mode()` (keeping the grad mode) while minijit works on meta tensors.
-
-    Tensors made under inference mode are *inference tensors*: their views do not say
-    they are views (`_is_view()` is False) and they keep no version counter, so a
-    decision read from them (does this op view or copy? which argument does it
-    write?) would depend on the mode the first call happened to run under. Meta
-    tensors made here are ordinary ones whatever the user's mode.
-    """
-    if not torch.is_inference_mode_enabled():
-        yield
-        return
-    grad = torch.is_grad_enabled()
-    with torch.inference_mode(False), torch.set_grad_enabled(grad):
-        yield
 
 
 def meta_like(p: TensorProxy, layout: Layout, requires_grad: bool = False) -> torch.Tensor:
@@ -152,19 +125,13 @@ def eager_layout(p: TensorProxy, trace: Trace | None = None, *, offset_matters: 
     meta = meta_like(p, layout)
     if guard:
         for source in _sources(p, trace, inputs):
-            _guard_layout(source, trace, offset_matters, sizes_matter, flags_matter)
+            guard_layout(source, trace, offset_matters, sizes_matter, flags_matter)
         for source in layout.order_only:
             if offset_matters or sizes_matter or flags_matter:
-                _guard_layout(source, trace, offset_matters, sizes_matter, flags_matter)
+                guard_layout(source, trace, offset_matters, sizes_matter, flags_matter)
             else:
                 guard_row_major(source)
     return meta
-
-
-def guard_row_major(p: TensorProxy) -> None:
-    """Make the cache entry's guard check that input `p` is laid out `row_major` (`minijit.ir.layouts`): all a
-    layout worked out from `p` only as an order-only source relies on."""
-    add_layout_check(f"_row_major({p.name})")
 
 
 def _work_out(p: TensorProxy, trace: Trace, inputs: dict[int, TensorProxy]) -> None:
@@ -309,27 +276,6 @@ _VARIANTS: tuple[Callable[[tuple[int, ...]], tuple[int, ...]], ...] = (
     contiguous_strides, _padded, lambda sizes: tuple(2 * s for s in _padded(sizes)), _leading_ones_doubled)
 
 
-def _guard_layout(p: TensorProxy, trace: Trace, offset_matters: bool, sizes_matter: bool = False,
-                  flags_matter: bool = False) -> None:
-    """Make the cache entry's guard check that input `p` keeps its layout (and its sizes, with `sizes_matter`;
-    its view flags, with `flags_matter`)."""
-    layout = trace.layouts.get(p)
-    assert layout is not None
-    strides, offset = layout.strides, layout.offset
-    sizes = _sizes(p)
-    if sizes_matter and any(isinstance(d, NumberProxy) for d in p.shape):
-        add_layout_check(f"tuple({p.name}.shape) == {sizes!r}")
-    if strides == contiguous_strides(sizes) or math.prod(sizes) <= 1:
-        add_layout_check(f"{p.name}.is_contiguous()")
-    else:
-        add_layout_check(f"{p.name}.stride() == {strides!r}")
-    if offset_matters:
-        add_layout_check(f"{p.name}.storage_offset() == {offset}")
-    if flags_matter:
-        add_layout_check(f"{p.name}.is_conj() is {layout.conj}")
-        add_layout_check(f"{p.name}.is_neg() is {layout.neg}")
-
-
 def user_layout(p: TensorProxy) -> torch.Tensor | None:
     """`p`'s eager layout when the op being recorded is one the user's code called, else None.
 
@@ -360,8 +306,6 @@ def check_viewable(op: str, p: TensorProxy, shape: tuple[Any, ...], requested: t
         error.eager_raised = type(e)  # type: ignore[attr-defined]
         raise error from e
     if _sizes_symbolic(p) and not only_splits(tuple(p.shape), requested if requested is not None else shape):
-        from minijit.ops.symbolic_strides import symbolic_viewable
-
         hold_for_every_size(p, lambda trace: symbolic_viewable(p, trace, shape),
                             structural=meta.is_contiguous() and not _through_slices(p))
 
@@ -376,8 +320,6 @@ def is_already_contiguous(p: TensorProxy, memory_format: torch.memory_format) ->
     # Not contiguous at the traced sizes, and not through a slice: not at any other size either (a size of 1
     # only makes a layout more contiguous, its stride not counting). Contiguous: maybe only at these sizes.
     if _sizes_symbolic(p) and (already or _through_slices(p)):
-        from minijit.ops.symbolic_strides import symbolic_contiguous
-
         hold_for_every_size(p, lambda trace: symbolic_contiguous(p, trace, memory_format) is already,
                             structural=not _through_slices(p))
     return already
@@ -520,8 +462,6 @@ def _symbolic_layout(p: TensorProxy) -> tuple[tuple[Any, ...], Any] | None:
     trace = current_trace()
     if trace is None or eager_layout(p, trace, guard=False) is None or not _sizes_symbolic(p):
         return None
-    from minijit.ops.symbolic_strides import symbolic_layout
-
     return symbolic_layout(p, trace)
 
 

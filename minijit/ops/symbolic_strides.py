@@ -49,9 +49,8 @@ from torch._dispatch.python import enable_python_dispatcher
 
 from minijit.ir import BoundSymbol, IntegerProxy, NumberProxy, Proxy, TensorProxy, Trace, tree_flatten, tree_map
 from minijit.ir.context import add_layout_check, capturing
-from minijit.ir.layouts import row_major
-from minijit.ops.registry import eager_impl
-from minijit.ops.strides import _guard_layout, contiguous_strides, guard_row_major, outside_inference_mode
+from minijit.ir.layouts import contiguous_strides, guard_layout, guard_row_major, outside_inference_mode, row_major
+from minijit.ops.eager_facts import eager_impl
 from minijit.ops.symbolic_sizes import (
     _number,
     _record,
@@ -540,7 +539,7 @@ def _guard_input(p: TensorProxy, trace: Trace, row_major_only: bool = False) -> 
         guard_row_major(p)
         return
     if not any(isinstance(d, NumberProxy) for d in p.shape):
-        _guard_layout(p, trace, offset_matters=True)
+        guard_layout(p, trace, offset_matters=True)
         return
     texts = [d.expr if isinstance(d, NumberProxy) else repr(d) for d in p.shape]
     strides = []

@@ -174,20 +174,17 @@ class _Functionalizer:
         self.graph = self.shares.graph  # what may view what in the captured trace
 
     # -- values ----------------------------------------------------------------
-    def canon(self, p: Any) -> Any:
-        return self.shares.canon(p)
-
     def resolve(self, p: Any) -> Any:
         """The current value of the captured trace's proxy `p` (recomputing a stale view)."""
         if not isinstance(p, Proxy):
             return p
-        p = self.canon(p)
-        view = self.view_step(p)
+        p = self.shares.canon(p)
+        view = self.shares.step(p)
         if view is None:
             if id(p) in self.unsure:
                 self._check_unsure(p)
             return self.value.get(id(p), p)
-        version = self.version.get(id(self.base_of(p)), 0)
+        version = self.version.get(id(self.shares.base_of(p)), 0)
         cached = self.cache.get(id(p))
         if cached is not None and cached[0] == version:
             return cached[1]
@@ -200,7 +197,7 @@ class _Functionalizer:
         `views_one_of`), once one of those was written: which memory `p` is, this pass cannot tell."""
         among, versions, bsym = self.unsure[id(p)]
         written = [t for t, v in zip(among, versions, strict=True)
-                   if self.version.get(id(self.base_of(self.canon(t))), 0) != v]
+                   if self.version.get(id(self.shares.base_of(self.shares.canon(t))), 0) != v]
         if op is None and not written:
             return
         what = f"{op.sym.id}{where(op.source)} writes into" if op is not None else \
@@ -210,22 +207,14 @@ class _Functionalizer:
             f"{', '.join(t.name for t in among)}; minijit cannot tell which, so cannot follow the write "
             "(clone() the views, or write before the call)")
 
-    def view_step(self, p: Any) -> ViewStep | None:
-        """The step that made `p` a view of its parent (where eager views), or None: a base."""
-        return self.shares.step(p)
-
-    def base_of(self, p: TensorProxy) -> TensorProxy:
-        """The tensor whose memory `p` is (must share): the start of its chain of views (`p` itself if none)."""
-        return self.shares.base_of(p)
-
     def write(self, dst: TensorProxy, new: TensorProxy, op: BoundSymbol) -> None:
         """Record that `dst` (a base or a view) now holds `new`, updating its base."""
-        dst = self.canon(dst)
+        dst = self.shares.canon(dst)
         if id(dst) in self.unsure:
             self._check_unsure(dst, op)
         if new.dtype != dst.dtype:
             new = prims.convert_element_type(new, dst.dtype)
-        base = self.base_of(dst)
+        base = self.shares.base_of(dst)
         if id(base) in self.constants:
             # A tensor from outside the call that minijit could not trace back to where it lives (made
             # natively, or reached through native code): the write could not be repeated on it.
@@ -272,14 +261,14 @@ class _Functionalizer:
         """Whether `dst` reaches its base through a detach (`w.detach()`, `w.data`): eager's autograd does not
         see a write through such an alias (F.embedding's max_norm renormalises `weight.detach()` in place), so it
         is a write without grad, whatever the grad mode."""
-        return any(_stops_gradient(step) for step, _ in self.chain(dst))
+        return any(_stops_gradient(step) for step, _ in self.shares.chain(dst))
 
     def _check_view_for_grad(self, dst: TensorProxy, op: BoundSymbol) -> None:
         """Eager's refusals of an in-place op that needs grad on a view made by an op returning several
         views, by a custom Function (`Tag.FUNCTION_VIEW`), or under `torch.no_grad()` / `torch.inference_mode()`."""
         if not any(isinstance(a, TensorProxy) and a.requires_grad for a in op.proxy_args()):
             return
-        for step, out in self.chain(dst):
+        for step, out in self.shares.chain(dst):
             if sum(isinstance(o, TensorProxy) for o in tree_flatten(step.output)) > 1:
                 why = f"{step.sym.name} returned among several views (eager: such functions do not allow the output " \
                       "views to be modified inplace)"
@@ -298,7 +287,7 @@ class _Functionalizer:
         masked_fill = None
         if Tag.MASKED_FILL in op.sym.tags and len(op.args) == 3 and isinstance(op.args[1], TensorProxy):
             masked_fill = (self.resolve(op.args[1]), self.resolve(op.args[2]))
-        self._write_through_views(base, scatter_by_positions(self.resolve(base), self.chain(dst), new, op,
+        self._write_through_views(base, scatter_by_positions(self.resolve(base), self.shares.chain(dst), new, op,
                                                              uniform=self._is_fill(new), masked_fill=masked_fill))
         if base is not dst and masked_fill is None:
             # (A masked fill's view reads again from the base: a position whose mask was False
@@ -306,14 +295,14 @@ class _Functionalizer:
             self.cache[id(dst)] = (self.version[id(base)], new)
 
     def _write_through_views(self, dst: TensorProxy, new: TensorProxy) -> None:
-        view = self.view_step(dst)
+        view = self.shares.step(dst)
         if view is None:
             self.value[id(dst)] = new
             self.version[id(dst)] = self.version.get(id(dst), 0) + 1
             return
-        parent = self.canon(view.parent)
+        parent = self.shares.canon(view.parent)
         self._write_through_views(parent, scatter(view.bsym, view.out, self.resolve(parent), new))
-        self.cache[id(dst)] = (self.version[id(self.base_of(dst))], new)
+        self.cache[id(dst)] = (self.version[id(self.shares.base_of(dst))], new)
 
     def _is_fill(self, value: TensorProxy) -> bool:
         """Whether `value` was made by prims.full (one value everywhere)."""
@@ -321,10 +310,6 @@ class _Functionalizer:
             if any(o is value for o in bsym.proxy_outputs()):
                 return bsym.sym is prims.full
         return False
-
-    def chain(self, p: TensorProxy) -> list[tuple[BoundSymbol, Proxy]]:
-        """The view steps from p's base out to p."""
-        return self.shares.chain(p)
 
     # -- bound symbols -----------------------------------------------------------
     def visit(self, bsym: BoundSymbol, top: BoundSymbol) -> None:
@@ -365,7 +350,7 @@ class _Functionalizer:
         getitem = ALL_LTORCH.get("getitem")
         if getitem is None or not isinstance(a, TensorProxy):
             return False
-        a = self.canon(a)
+        a = self.shares.canon(a)
         value = self.resolve(value)
         if isinstance(value, TensorProxy):
             while value.ndim > 0 and same_value(value.shape[0], 1) and value.ndim > len(a.shape):
@@ -386,7 +371,7 @@ class _Functionalizer:
         # The getitem's bound symbol (arithmetic on symbolic sizes may have been recorded before it).
         view_bsym = next(b for b in self.new.bound_symbols[count:] if any(o is region for o in b.proxy_outputs()))
         self.shares.add_view(region, ViewStep(a, view_bsym, region))
-        self.cache[id(region)] = (self.version.get(id(self.base_of(a)), 0), region)
+        self.cache[id(region)] = (self.version.get(id(self.shares.base_of(a)), 0), region)
         self.write(region, new, top)
         return True
 
@@ -406,11 +391,11 @@ class _Functionalizer:
             self.produced.add(id(old))
             among = self.graph.views_one_of(old)
             if among:
-                versions = tuple(self.version.get(id(self.base_of(self.canon(t))), 0) for t in among)
+                versions = tuple(self.version.get(id(self.shares.base_of(self.shares.canon(t))), 0) for t in among)
                 self.unsure[id(old)] = (among, versions, bsym)
             if is_view and isinstance(old, TensorProxy) and is_view_step(bsym, old) and \
                     self.shares.decide(parent, bsym, old, self.position):
-                self.cache[id(old)] = (self.version.get(id(self.base_of(self.canon(parent))), 0), new)
+                self.cache[id(old)] = (self.version.get(id(self.shares.base_of(self.shares.canon(parent))), 0), new)
             elif new is not old:
                 self.value[id(old)] = new
 
@@ -428,7 +413,7 @@ class _Functionalizer:
                 self.new.source = bsym.source
                 if bsym.written():
                     # Before the write: eager refuses (or computes in its own order) what reads memory it writes.
-                    check_overlaps(bsym, self.trace, lambda p: self.base_of(self.canon(p)))
+                    check_overlaps(bsym, self.trace, lambda p: self.shares.base_of(self.shares.canon(p)))
                 self.visit(bsym, bsym)
             self.new.source = None
             output = tree_map(self.resolve, self.trace.output)

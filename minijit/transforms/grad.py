@@ -39,8 +39,8 @@ from minijit.ir.proxies import rule_same_shape
 from minijit.ir.rewrite import Edits, ProxyMap, record
 from minijit.ir.symbol import SourceLocation
 from minijit.ops import aten_prims, prims
+from minijit.ops.eager_facts import eager_impl
 from minijit.ops.opaque import OPAQUE
-from minijit.ops.registry import eager_impl
 from minijit.transforms.dce import dce
 from minijit.transforms.memory import memory_model
 from minijit.transforms.vjp import KeywordGrads, VjpRule, rule_for

@@ -284,10 +284,6 @@ class MemoryModel:
         """Whether `a` and `b` may share memory at run time."""
         return bool(self.storages(a) & self.storages(b))
 
-    def old_value_of(self, p: Proxy) -> frozenset[Storage]:
-        """The storages whose value from before any write of the trace `p` may hold (through views)."""
-        return self._old.get(id(p), frozenset())
-
     def input_storages(self, p: Proxy) -> frozenset[Storage]:
         """The input storages whose old value `p` may alias: the input itself, a view of it, a view of a view..."""
         return self._old.get(id(p), frozenset()) & self._inputs
@@ -309,17 +305,9 @@ class MemoryModel:
         return self._overwritten.get(id(p))
 
     # -- per storage ----------------------------------------------------------------------
-    def is_input(self, s: Storage) -> bool:
-        """Whether `s` is the storage of a trace input."""
-        return s in self._inputs
-
     def home(self, s: Storage) -> Proxy | None:
         """The proxy `s` is named after: the input, or the output it was allocated for."""
         return self._home.get(s)
-
-    def residents(self, s: Storage) -> list[Proxy]:
-        """The proxies that may live in `s`, in the order they appear."""
-        return self._residents.get(s, [])
 
     def readers(self, s: Storage) -> list[int]:
         """The indices of the bound symbols reading anything that may live in `s`, in order (with repeats)."""
@@ -336,11 +324,6 @@ class MemoryModel:
     def copies_onto(self, s: Storage) -> list[int]:
         """The indices of the copies (`Effects.copies`, or regions holding one) into `s`, in order."""
         return self._copies.get(s, [])
-
-    def last_reader_before(self, s: Storage, i: int) -> int | None:
-        """The index of the last bound symbol before the i-th reading anything that may live in `s`, or None."""
-        before = [r for r in self.readers(s) if r < i]
-        return before[-1] if before else None
 
     def written_inputs(self) -> list[Storage]:
         """The input storages something writes into, in the order of their first write."""

@@ -51,12 +51,14 @@ from minijit.ir import (
     tree_flatten,
 )
 from minijit.ir.context import replaying_captured
+from minijit.ir.layouts import outside_inference_mode
 from minijit.ir.proxies import number_value, same_shape, same_value
 from minijit.ir.rewrite import ProxyMap, replay_bsym
 from minijit.ops import prims
+from minijit.ops.eager_facts import eager_impl
 from minijit.ops.ltorch import shape as ltorch_shape
-from minijit.ops.registry import ALL_LTORCH, eager_impl
-from minijit.ops.strides import eager_layout, only_splits, outside_inference_mode
+from minijit.ops.registry import ALL_LTORCH
+from minijit.ops.strides import eager_layout, only_splits
 from minijit.ops.utils import expand_to, shape_arg
 
 # (view bsym, its output, current value of its input, new value of its output) -> new value of its input

@@ -114,7 +114,7 @@ def test_functionalize_follows_the_graph_over_the_fuzzers_programs(monkeypatch):
                     continue
                 checked["views"] += 1
                 steps = [(s.bsym, s.out) for s in graph.chain(p)]
-                own = self.chain(p)
+                own = self.shares.chain(p)
                 ours = [s for s in own if not any(s[1] is v.out for v in own_views)]
                 assert ours == steps[len(steps) - len(ours):]
                 cut = steps[:len(steps) - len(ours)]

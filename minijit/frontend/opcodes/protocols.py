@@ -135,23 +135,26 @@ def _tensor_operator_override(a: Any, b: Any, dunder: str) -> Any:
     return None
 
 
+def _dispatch(a: Any, b: Any, fa: Any, fb: Any, reflected_first: bool) -> Any:
+    """`fa(a, b)` then `fb(b, a)` (the other way round where `reflected_first`), skipping a None: the first
+    result that is not NotImplemented, else NotImplemented."""
+    tries = [(fb, b, a), (fa, a, b)] if reflected_first else [(fa, a, b), (fb, b, a)]
+    for f, x, y in tries:
+        if f is not None:
+            result = call(f, (x, y), {})
+            if result is not NotImplemented:
+                return result
+    return NotImplemented
+
+
 def _binary_slow(a: Any, b: Any, dunder: str, reflected: str, symbol: str) -> Any:
     ta, tb = type(a), type(b)
-    fa = class_attr(ta, dunder)
     fb = class_attr(tb, reflected) if tb is not ta else None
-    if fb is not None and issubclass(tb, ta) and fb is not class_attr(ta, reflected):
-        result = call(fb, (b, a), {})
-        if result is not NotImplemented:
-            return result
-        fb = None
-    if fa is not None:
-        result = call(fa, (a, b), {})
-        if result is not NotImplemented:
-            return result
-    if fb is not None:
-        result = call(fb, (b, a), {})
-        if result is not NotImplemented:
-            return result
+    # A subclass's own reflected method goes first (CPython's binary_op1).
+    first = fb is not None and issubclass(tb, ta) and fb is not class_attr(ta, reflected)
+    result = _dispatch(a, b, class_attr(ta, dunder), fb, first)
+    if result is not NotImplemented:
+        return result
     raise TypeError(f"unsupported operand type(s) for {symbol}: '{ta.__name__}' and '{tb.__name__}'")
 
 
@@ -176,25 +179,10 @@ def compare(a: Any, b: Any, symbol: str) -> Any:
     if not (ma or mb):
         return native(a, b)
     ta, tb = type(a), type(b)
-    tried_reflected = False
-    if tb is not ta and issubclass(tb, ta):
-        fb = class_attr(tb, reflected)
-        if fb is not None:
-            tried_reflected = True
-            result = call(fb, (b, a), {})
-            if result is not NotImplemented:
-                return result
-    fa = class_attr(ta, dunder)
-    if fa is not None:
-        result = call(fa, (a, b), {})
-        if result is not NotImplemented:
-            return result
-    if not tried_reflected:
-        fb = class_attr(tb, reflected)
-        if fb is not None:
-            result = call(fb, (b, a), {})
-            if result is not NotImplemented:
-                return result
+    # A subclass's reflected comparison goes first (CPython's do_richcompare).
+    result = _dispatch(a, b, class_attr(ta, dunder), class_attr(tb, reflected), tb is not ta and issubclass(tb, ta))
+    if result is not NotImplemented:
+        return result
     if symbol == "==":
         return a is b
     if symbol == "!=":

@@ -35,6 +35,7 @@ def _zeros_like(x: TensorProxy) -> TensorProxy:
 
 
 def _sum_keep(x: TensorProxy, dims: tuple[int, ...]) -> TensorProxy:
+    """Sum over `dims`, broadcast back to x's shape."""
     return restore_reduced(P.sum(x, dims), x.shape, dims)
 
 

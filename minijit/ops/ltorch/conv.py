@@ -17,7 +17,7 @@ from minijit.ir import Symbol, TensorProxy
 from minijit.ir.proxies import rule_compare
 from minijit.ops import aten_prims
 from minijit.ops.ltorch.nn import pad
-from minijit.ops.registry import ltorch_op
+from minijit.ops.registry import declare_op, ltorch_op
 from minijit.ops.utils import fail, reshape_to, unsqueeze_at
 
 F = torch.nn.functional
@@ -102,8 +102,7 @@ def _conv_op(n: int, doc: str) -> Symbol:
              padding: Any = 0, dilation: Any = 1, groups: int = 1) -> TensorProxy:
         return _conv(name, n, input, weight, bias, stride, padding, dilation, groups)
 
-    conv.__name__, conv.__doc__ = name, doc
-    return ltorch_op(torch_fns=[getattr(torch, name), getattr(F, name)])(conv)
+    return declare_op(name, conv, doc, torch_fns=[getattr(torch, name), getattr(F, name)])
 
 
 conv1d = _conv_op(1, "F.conv1d over (N, C, L) or unbatched (C, L) inputs.")
@@ -120,8 +119,7 @@ def _conv_transpose_op(n: int, doc: str) -> Symbol:
                        dilation: Any = 1) -> TensorProxy:
         return _conv_transpose(name, n, input, weight, bias, stride, padding, output_padding, groups, dilation)
 
-    conv_transpose.__name__, conv_transpose.__doc__ = name, doc
-    return ltorch_op(torch_fns=[getattr(torch, name), getattr(F, name)])(conv_transpose)
+    return declare_op(name, conv_transpose, doc, torch_fns=[getattr(torch, name), getattr(F, name)])
 
 
 conv_transpose1d = _conv_transpose_op(1, "F.conv_transpose1d (the gradient of conv1d with respect to its input, as an op).")

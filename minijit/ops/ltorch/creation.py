@@ -14,7 +14,7 @@ import torch
 
 from minijit.ir import NumberProxy, Symbol, TensorProxy
 from minijit.ops import prims
-from minijit.ops.registry import ltorch_op
+from minijit.ops.registry import declare_op, ltorch_op
 from minijit.ops.utils import fail, numel_of, parse_shape, reshape_to, result_dtype, tensor_argument, to_dtype, unsupported
 
 
@@ -109,9 +109,8 @@ def _declare_cast(name: str, dtype: torch.dtype) -> Any:
     def decomposition(input: TensorProxy, memory_format: Any = None) -> TensorProxy:  # noqa: A002
         return convert(name, tensor_argument(name, input), dtype, None)
 
-    decomposition.__name__ = name
-    decomposition.__doc__ = f"Tensor.{name}(): the tensor as {dtype}."
-    return ltorch_op(name, torch_fns=[getattr(torch.Tensor, name)], methods=[name])(decomposition)
+    return declare_op(name, decomposition, f"Tensor.{name}(): the tensor as {dtype}.",
+                      torch_fns=[getattr(torch.Tensor, name)], methods=[name])
 
 
 _CASTS = {
@@ -165,8 +164,7 @@ def _declare_filled(name: str, value: Any) -> Symbol:
         decomposition, doc = like, f"torch.{name}: a tensor like input filled with {value}."
     else:
         decomposition, doc = of_size, f"torch.{name}(*size): a tensor filled with {value} (default dtype unless given)."
-    decomposition.__name__, decomposition.__doc__ = name, doc
-    return ltorch_op(name, torch_fns=[getattr(torch, name)])(decomposition)
+    return declare_op(name, decomposition, doc, torch_fns=[getattr(torch, name)])
 
 
 zeros = _declare_filled("zeros", 0)
@@ -209,9 +207,8 @@ def _declare_new(name: str, value: Any) -> Any:
             sizes = (size,)
         return _filled(name, parse_shape(name, sizes), value, dtype or input.dtype, _device(device, input.device))
 
-    decomposition.__name__ = name
-    decomposition.__doc__ = f"Tensor.{name}(size): a tensor of input's dtype and device filled with {value}."
-    return ltorch_op(name, torch_fns=[getattr(torch.Tensor, name)], methods=[name])(decomposition)
+    return declare_op(name, decomposition, f"Tensor.{name}(size): a tensor of input's dtype and device filled with "
+                      f"{value}.", torch_fns=[getattr(torch.Tensor, name)], methods=[name])
 
 
 new_zeros = _declare_new("new_zeros", 0)

@@ -11,7 +11,7 @@ from minijit.ir import NumberProxy, Symbol, TensorProxy
 from minijit.ir.context import where_now
 from minijit.ir.proxies import data_dependent, rule_compare
 from minijit.ops import prims
-from minijit.ops.registry import ALL_LTORCH, ltorch_op
+from minijit.ops.registry import ALL_LTORCH, declare_op, ltorch_op
 from minijit.ops.utils import (
     broadcast_shapes,
     common_device,
@@ -46,10 +46,8 @@ def _unary(name: str, promote_int_to_float: bool = False) -> Symbol:
         dtype = float_dtype(a.dtype) if promote_int_to_float else a.dtype
         return elementwise(prim, a, compute_dtype=dtype)
 
-    decomposition.__name__ = name
-    decomposition.__doc__ = f"torch.{name}, elementwise."
     fns, methods = _names_of(name)
-    return ltorch_op(name, torch_fns=fns, methods=methods)(decomposition)
+    return declare_op(name, decomposition, f"torch.{name}, elementwise.", torch_fns=fns, methods=methods)
 
 
 exp = _unary("exp", promote_int_to_float=True)
@@ -112,10 +110,9 @@ def _binary(name: str, *, float_result: bool = False) -> Symbol:
             dtype = float_dtype(dtype)
         return elementwise(prim, a, b, compute_dtype=dtype)
 
-    decomposition.__name__ = name
-    decomposition.__doc__ = f"torch.{name}, elementwise with broadcasting and type promotion."
     fns, methods = _names_of(name)
-    return ltorch_op(name, torch_fns=fns, methods=methods)(decomposition)
+    return declare_op(name, decomposition, f"torch.{name}, elementwise with broadcasting and type promotion.",
+                      torch_fns=fns, methods=methods)
 
 
 remainder = _binary("remainder")
@@ -224,10 +221,7 @@ def _logical(name: str) -> Symbol:
     def decomposition(a: Any, b: Any) -> TensorProxy:
         return elementwise(prim, a, b, compute_dtype=torch.bool)
 
-    decomposition.__name__ = name
-    decomposition.__doc__ = f"torch.{name}: compares truth values elementwise."
-    fns = [getattr(torch, name), getattr(torch.Tensor, name)]
-    return ltorch_op(name, torch_fns=fns, methods=[name])(decomposition)
+    return declare_op(name, decomposition, f"torch.{name}: compares truth values elementwise.")
 
 
 logical_and = _logical("logical_and")

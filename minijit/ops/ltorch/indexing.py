@@ -19,12 +19,12 @@ from typing import Any
 
 import torch
 
-from minijit.errors import MetaError, UnsupportedOpError
+from minijit.errors import UnsupportedOpError
 from minijit.ir import TENSOR_METHODS, VIEWS_IF_BASIC_KEY, Effects, IntegerProxy, NumberProxy, TensorProxy
 from minijit.ir.context import where_now
 from minijit.ir.proxies import broadcasts_to, rule_compare, rule_same_shape
 from minijit.ops import prims
-from minijit.ops.ltorch.shape import movedim, permute, slice_dim
+from minijit.ops.ltorch.shape import _fail, movedim, permute, slice_dim
 from minijit.ops.registry import ltorch_op
 from minijit.ops.runtime_bounds import computed_int, computed_slice_bounds, from_end, seen_value, seen_values
 from minijit.ops.utils import (
@@ -39,10 +39,6 @@ from minijit.ops.utils import (
 
 _INDEX_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8)
 _MASK_DTYPES = (torch.bool, torch.uint8)
-
-
-def _fail(op: str, msg: str) -> MetaError:
-    return MetaError(f"ltorch.{op}: {msg}{where_now()}")
 
 
 def _mask_error(op: str) -> UnsupportedOpError:

@@ -20,7 +20,7 @@ from minijit.ir.proxies import broadcasts_to
 from minijit.ops import prims
 from minijit.ops.eager_facts import write_facts
 from minijit.ops.ltorch.indexing import indexed_update
-from minijit.ops.registry import ALL_LTORCH, ltorch_op
+from minijit.ops.registry import ALL_LTORCH, declare_op, ltorch_op
 from minijit.ops.utils import expand_to, to_device, to_dtype
 
 INPLACE = Effects(writes=(0,))  # writes into its first argument
@@ -54,13 +54,12 @@ def _declare_inplace(name: str, functional_name: str) -> None:
     def decomposition(a: TensorProxy, *args: Any, **kwargs: Any) -> TensorProxy:
         return write_into(a, functional(a, *args, **kwargs), f"{name}_")
 
-    decomposition.__name__ = f"{name}_"
-    decomposition.__doc__ = f"Tensor.{name}_: {functional_name} written into the first argument."
     fns = [getattr(torch.Tensor, f"{name}_")]
     if hasattr(torch, f"{name}_"):
         fns.append(getattr(torch, f"{name}_"))
-    ltorch_op(f"{name}_", torch_fns=fns, methods=[f"{name}_"], effects=replace(INPLACE, **write_facts(f"{name}_")),
-              tags=_INPLACE_TAGS.get(name, ()))(decomposition)
+    declare_op(f"{name}_", decomposition, f"Tensor.{name}_: {functional_name} written into the first argument.",
+               torch_fns=fns, methods=[f"{name}_"], effects=replace(INPLACE, **write_facts(f"{name}_")),
+               tags=_INPLACE_TAGS.get(name, ()))
 
 
 _INPLACE_OF = (
@@ -91,10 +90,8 @@ def _metadata_inplace(name: str) -> None:
         raise UnsupportedOpError(f"ltorch.{name}_: changing a tensor's shape or autograd metadata in place"
                                  f"{where_now()} is not supported; write x = x.{name}(...) instead")
 
-    decomposition.__name__ = f"{name}_"
-    decomposition.__doc__ = f"Tensor.{name}_: unsupported (it changes the tensor's metadata in place)."
-    ltorch_op(f"{name}_", torch_fns=[getattr(torch.Tensor, f"{name}_")], methods=[f"{name}_"],
-              effects=INPLACE)(decomposition)
+    declare_op(f"{name}_", decomposition, f"Tensor.{name}_: unsupported (it changes the tensor's metadata in place).",
+               torch_fns=[getattr(torch.Tensor, f"{name}_")], methods=[f"{name}_"], effects=INPLACE)
 
 
 # In-place ops that change a tensor's shape or autograd metadata rather than its values.

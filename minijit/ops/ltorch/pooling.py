@@ -19,7 +19,7 @@ from minijit.ir.proxies import rule_compare
 from minijit.ops import aten_prims
 from minijit.ops.ltorch.conv import per_dim
 from minijit.ops.ltorch.reductions import mean
-from minijit.ops.registry import ltorch_op
+from minijit.ops.registry import declare_op, ltorch_op
 from minijit.ops.utils import fail, reshape_to, tensor_argument, unsqueeze_at
 
 F = torch.nn.functional
@@ -79,14 +79,13 @@ def _max_pool_ops(n: int) -> tuple[Symbol, Symbol]:
                               return_indices: bool = False) -> tuple[TensorProxy, TensorProxy]:
         return _max_pool(name, n, input, kernel_size, stride, padding, dilation, ceil_mode)
 
-    max_pool.__name__, max_pool.__doc__ = name, f"F.{name}: window maxima (and their flat indices if asked for)."
-    max_pool_with_indices.__name__ = f"{name}_with_indices"
-    max_pool_with_indices.__doc__ = f"F.{name}_with_indices: window maxima and their flat spatial indices."
-    op = ltorch_op(torch_fns=[getattr(F, name), getattr(torch, name)])(max_pool)
+    op = declare_op(name, max_pool, f"F.{name}: window maxima (and their flat indices if asked for).",
+                    torch_fns=[getattr(F, name), getattr(torch, name)])
     with_indices = [getattr(F, f"{name}_with_indices")]
     with_indices += [fn for fn in (getattr(torch, f"{name}_with_indices", None), getattr(_nn, f"{name}_with_indices", None))
                      if fn is not None]
-    return op, ltorch_op(torch_fns=with_indices)(max_pool_with_indices)
+    return op, declare_op(f"{name}_with_indices", max_pool_with_indices,
+                          f"F.{name}_with_indices: window maxima and their flat spatial indices.", torch_fns=with_indices)
 
 
 # -- average pooling ---------------------------------------------------------------------------------
@@ -147,9 +146,8 @@ def _adaptive_avg_pool_op(n: int, torch_fns: list[Any]) -> Symbol:
             return _drop(aten_prims.adaptive_avg_pool(_lift(x), [1, *sizes]))
         return aten_prims.adaptive_avg_pool(x, sizes)
 
-    adaptive_avg_pool.__name__ = name
-    adaptive_avg_pool.__doc__ = f"F.{name}: means over windows splitting each of the last {n} dims into output_size parts."
-    return ltorch_op(torch_fns=torch_fns)(adaptive_avg_pool)
+    return declare_op(name, adaptive_avg_pool, f"F.{name}: means over windows splitting each of the last {n} dims "
+                      "into output_size parts.", torch_fns=torch_fns)
 
 
 def _adaptive_max_pool(op: str, n: int, input: TensorProxy, output_size: Any) -> tuple[TensorProxy, TensorProxy]:  # noqa: A002
@@ -173,13 +171,12 @@ def _adaptive_max_pool_ops(n: int) -> tuple[Symbol, Symbol]:
                                        return_indices: bool = False) -> tuple[TensorProxy, TensorProxy]:
         return _adaptive_max_pool(name, n, input, output_size)
 
-    adaptive_max_pool.__name__ = name
-    adaptive_max_pool.__doc__ = f"F.{name}: window maxima (and their flat indices if asked for)."
-    adaptive_max_pool_with_indices.__name__ = f"{name}_with_indices"
-    adaptive_max_pool_with_indices.__doc__ = f"F.{name}_with_indices: window maxima and their flat spatial indices."
-    op = ltorch_op(torch_fns=[getattr(F, name)])(adaptive_max_pool)
+    op = declare_op(name, adaptive_max_pool, f"F.{name}: window maxima (and their flat indices if asked for).",
+                    torch_fns=[getattr(F, name)])
     with_indices = [getattr(F, f"{name}_with_indices"), getattr(_nn, name, None), getattr(torch, name, None)]
-    return op, ltorch_op(torch_fns=[fn for fn in with_indices if fn is not None])(adaptive_max_pool_with_indices)
+    return op, declare_op(f"{name}_with_indices", adaptive_max_pool_with_indices,
+                          f"F.{name}_with_indices: window maxima and their flat spatial indices.",
+                          torch_fns=[fn for fn in with_indices if fn is not None])
 
 
 max_pool1d, max_pool1d_with_indices = _max_pool_ops(1)

@@ -21,7 +21,7 @@ from minijit.ops.ltorch.elementwise import abs as abs_
 from minijit.ops.ltorch.elementwise import add, exp, isinf, log, logical_xor, maximum, minimum, mul, sqrt, sub, where
 from minijit.ops.ltorch.elementwise import pow as pow_
 from minijit.ops.ltorch.shape import cat, clone, slice_dim
-from minijit.ops.registry import ltorch_op
+from minijit.ops.registry import declare_op, ltorch_op
 from minijit.ops.utils import (
     canonical_dims,
     compute_dtype_for,
@@ -99,10 +99,8 @@ def _declare_extremum(name: str, prim: Any) -> Any:
         dims = reduction_dims(name, dim, input.ndim)
         return _finish(prim(input, dims), input.dtype, input.shape, dims, keepdim)
 
-    decomposition.__name__ = name
-    decomposition.__doc__ = f"torch.{name}: the {name[1:]}imum over `dim` (all dims when empty); NaN propagates."
-    fns = [getattr(torch, name), getattr(torch.Tensor, name)]
-    return ltorch_op(name, torch_fns=fns, methods=[name])(decomposition)
+    return declare_op(name, decomposition, f"torch.{name}: the {name[1:]}imum over `dim` (all dims when empty); "
+                      "NaN propagates.")
 
 
 amax = _declare_extremum("amax", prims.amax)
@@ -121,10 +119,8 @@ def _declare_arg_extremum(name: str, prim: Any) -> Any:
         out = prim(input, d[0] if d else 0)
         return keep_dims(out, input.shape, d) if keepdim else out
 
-    decomposition.__name__ = name
-    decomposition.__doc__ = f"torch.{name}: the index of the first {name[3:]}imum (over all elements when dim is None)."
-    fns = [getattr(torch, name), getattr(torch.Tensor, name)]
-    return ltorch_op(name, torch_fns=fns, methods=[name])(decomposition)
+    return declare_op(name, decomposition, f"torch.{name}: the index of the first {name[3:]}imum (over all elements "
+                      "when dim is None).")
 
 
 argmax = _declare_arg_extremum("argmax", prims.argmax)
@@ -151,11 +147,8 @@ def _declare_max_min(name: str, reduce: Any, arg_reduce: Any, binary: Any) -> An
         indexed = to_dtype(input, torch.uint8) if input.dtype == torch.bool else input
         return ValuesIndices(values, arg_reduce(indexed, dim, keepdim))
 
-    decomposition.__name__ = name
-    decomposition.__doc__ = (f"torch.{name}: over all elements; with dim, a (values, indices) named tuple; "
-                             f"with a tensor, the elementwise {binary.name}.")
-    fns = [getattr(torch, name), getattr(torch.Tensor, name)]
-    return ltorch_op(name, torch_fns=fns, methods=[name])(decomposition)
+    return declare_op(name, decomposition, f"torch.{name}: over all elements; with dim, a (values, indices) named "
+                      f"tuple; with a tensor, the elementwise {binary.name}.")
 
 
 max = _declare_max_min("max", amax, argmax, maximum)  # noqa: A001 - mirrors torch.max
@@ -259,10 +252,7 @@ def _declare_truth_reduction(name: str, prim: Any) -> Any:
         # torch keeps uint8 for uint8 inputs (a legacy of byte masks); every other dtype gives bool.
         return _finish(out, torch.uint8 if input.dtype == torch.uint8 else torch.bool, input.shape, dims, keepdim)
 
-    decomposition.__name__ = name
-    decomposition.__doc__ = f"torch.{name}: whether {name} elements over `dim` are nonzero."
-    fns = [getattr(torch, name), getattr(torch.Tensor, name)]
-    return ltorch_op(name, torch_fns=fns, methods=[name])(decomposition)
+    return declare_op(name, decomposition, f"torch.{name}: whether {name} elements over `dim` are nonzero.")
 
 
 all = _declare_truth_reduction("all", prims.amin)  # noqa: A001 - mirrors torch.all

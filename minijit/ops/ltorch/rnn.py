@@ -27,7 +27,7 @@ from minijit.ops.ltorch.elementwise import add, mul, sub, tanh
 from minijit.ops.ltorch.nn import dropout, linear, relu, sigmoid
 from minijit.ops.ltorch.shape import cat, chunk, stack, transpose, unbind
 from minijit.ops.opaque import opaque_call
-from minijit.ops.registry import ltorch_op
+from minijit.ops.registry import declare_op, ltorch_op
 from minijit.ops.symbolic_sizes import size_rule
 from minijit.ops.utils import fail
 
@@ -179,9 +179,8 @@ def _single_state_op(name: str) -> Symbol:
                                   bidirectional, batch_first)
         return output, h
 
-    recurrent.__name__ = name
-    recurrent.__doc__ = f"_VF.{name} (nn.{'GRU' if name == 'gru' else 'RNN'}): (output, h_n)."
-    return ltorch_op(torch_fns=[getattr(torch, name)])(recurrent)
+    return declare_op(name, recurrent, f"_VF.{name} (nn.{'GRU' if name == 'gru' else 'RNN'}): (output, h_n).",
+                      torch_fns=[getattr(torch, name)])
 
 
 gru = _single_state_op("gru")
@@ -222,9 +221,8 @@ def _simple_cell_op(name: str) -> Symbol:
         _cell_input(name, input, hx)
         return _CELLS[name.removesuffix("_cell")](linear(input, w_ih, b_ih), (hx,), w_hh, b_hh, None)[0]
 
-    simple_cell.__name__ = name
-    simple_cell.__doc__ = f"_VF.{name} (nn.RNNCell): one step of an Elman RNN."
-    return ltorch_op(torch_fns=[getattr(torch, name)])(simple_cell)
+    return declare_op(name, simple_cell, f"_VF.{name} (nn.RNNCell): one step of an Elman RNN.",
+                      torch_fns=[getattr(torch, name)])
 
 
 rnn_tanh_cell = _simple_cell_op("rnn_tanh_cell")

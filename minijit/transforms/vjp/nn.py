@@ -22,6 +22,7 @@ from minijit.ir.proxies import rule_compare, rule_same_shape
 from minijit.ops import cuda_attention, prims
 from minijit.ops.ltorch.backward import (
     REDUCTIONS,
+    _sum_keep,
     embedding_dense_backward,
     fused_rms_norm,
     fused_rms_norm_backward,
@@ -57,11 +58,6 @@ def _op(name: str) -> Any:
 
 def _up(x: TensorProxy, dtype: torch.dtype) -> TensorProxy:
     return x if x.dtype == dtype else P.convert_element_type(x, dtype)
-
-
-def _sum_keep(x: TensorProxy, dims: tuple[int, ...]) -> TensorProxy:
-    """Sum over `dims`, broadcast back to x's shape."""
-    return restore_reduced(P.sum(x, dims), x.shape, dims)
 
 
 @vjp("ltorch.linear")
