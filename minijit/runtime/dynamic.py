@@ -6,7 +6,7 @@ int or float among its arguments, differs from those of a call it already traced
 same key once sizes and numbers are left out), the function switches to "symbolic values" for good: that
 call is traced again with its sizes and numbers symbolic, and the one entry serves all their values (each
 constraint the trace relied on checked by its guard). `cache_info().dynamic` says when and why. The entries
-traced before the switch still serve the calls they match (`JitFunction._call_kept_constant`): a generation's
+traced before the switch still serve the calls they match (`JitFunction._find_kept`): a generation's
 prompt, traced with constant sizes, is not traced again for the next generation.
 
 A trace with symbolic sizes may be refused where one with constant sizes is not (an op whose output

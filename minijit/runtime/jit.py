@@ -109,6 +109,11 @@ class CacheInfo:
     # With cache="automatic": when the sizes and numbers went symbolic, and why; with "symbolic values" too: which
     # numbers read from outside the call went symbolic, and why (minijit.runtime.dynamic).
     dynamic: list[str] = field(default_factory=list)
+    # How often `JitFunction._dispatch` chose each path (HIT, REBIND, VALUE_SWITCH, MISS, EAGER): a call may take
+    # more than one (a hit whose run fails a value check goes on to a value switch or a miss, a run raising in a
+    # user's `try` to an eager run), so these count decisions, not calls. A miss whose trace raised is decided an
+    # eager run (counted in `misses` too).
+    decisions: dict[str, int] = field(default_factory=dict)
 
     def __str__(self) -> str:
         lines = [f"{self.hits} hit(s), {self.misses} miss(es), {self.entries} cache entr{'y' if self.entries == 1 else 'ies'}"
@@ -133,6 +138,24 @@ class CacheInfo:
             lines.append("CUDA graphs:")
             lines += [f"  {part}" for part in self.cuda_graphs]
         return "\n".join(lines)
+
+
+# The paths a call may take (`JitFunction._dispatch`).
+HIT, REBIND, VALUE_SWITCH, MISS, EAGER = "hit", "rebind", "value switch", "miss", "eager"
+
+
+@dataclass(slots=True)
+class Decision:
+    """What `JitFunction._dispatch` decided for a call: run `entry` on `flat` (a hit, a rebind, a value switch, a
+    miss), or run eagerly because of `raised`."""
+
+    kind: str
+    entry: CompiledEntry | None = None
+    key: tuple[Any, ...] = ()
+    flat: list[Any] = field(default_factory=list)
+    raised: RaisedInTry | RaisedWhileTracing | None = None
+    # An entry traced with constant values before cache="automatic" went symbolic (`JitFunction._find_kept`).
+    kept: bool = False
 
 
 def _by_name(executor: Executor | str) -> Executor | str:
@@ -195,6 +218,9 @@ class JitFunction:
         self._limit = EntryLimit(max_entries)
         self._info = CacheInfo(max_entries=max_entries)
         self._hits = 0  # kept apart from _info: the hit path updates one attribute
+        # Hits whose run then failed a value check and traced (a miss after all), and the other decisions counted.
+        self._hits_undone = 0
+        self._decided = dict.fromkeys((REBIND, VALUE_SWITCH, MISS, EAGER), 0)
         self._last: CompiledEntry | None = None
         # The most entries one key may have that differ by the values read from tensors (then an error).
         self.max_value_entries = MAX_VALUE_ENTRIES
@@ -230,150 +256,199 @@ class JitFunction:
                 "cuda_graphs": self.cuda_graphs, "max_entries": self._limit.max_entries}
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        # The hit path for the common call, plain tensors passed positionally. First, the last entry's
-        # exact check (one C call over the tensors' metadata, which implies the key) with grad mode;
-        # else one compiled key function and one dict lookup. Then the entry's guard if it has one,
-        # and the compiled trace, which takes the arguments as they are.
+        # `_dispatch`'s first question, asked here for the common call (plain tensors passed positionally): is it
+        # a hit? First the last entry's exact check (one C call over the tensors' metadata, which implies the key)
+        # with grad mode; else one compiled key function and one dict lookup. Then the entry's guard if it has
+        # one, and the compiled trace, which takes the arguments as they are. A run that fails a value check or
+        # raises in a user's `try` goes on to `_serve`, with that outcome.
         fast = self._fast
         if (fast is not None and not kwargs and len(args) == fast[0] and is_grad_enabled() is fast[1]
                 and fast[2](*args) and (fast[3] is None or fast[3](*args))):
             self._hits += 1
             try:
                 return fast[4](*args)
-            except ValueGuardMiss as miss:
-                return self._value_miss(fast[5], miss, args, kwargs)
-            except RaisedInTry as raised:
-                return self._run_eagerly(raised, args, kwargs)
+            except (ValueGuardMiss, RaisedInTry) as failed:
+                return self._serve(args, kwargs, (args, kwargs), (Decision(HIT, fast[5]), failed))[0]
         if not kwargs and len(args) < 16:
             key = self._keys[len(args)](*args)
             if key is not None:
                 entries = self._entries.get(key)
                 if entries is not None:
-                    entry = entries[0]  # other entries under this key: the general path tries them
+                    entry = entries[0]  # other entries under this key: `_dispatch` tries them
                     if entry.guard is None or entry.guard(*args):
                         self._hits += 1
                         if entry is not self._last:  # (the same entry: the same key, so the same grad mode)
                             self._remember(entry, key[0])
                         try:
                             return entry.computation(*args)
-                        except ValueGuardMiss as miss:
-                            return self._value_miss(entry, miss, args, kwargs)
-                        except RaisedInTry as raised:
-                            return self._run_eagerly(raised, args, kwargs)
+                        except (ValueGuardMiss, RaisedInTry) as failed:
+                            return self._serve(args, kwargs, (args, kwargs), (Decision(HIT, entry), failed))[0]
         return self._call_general(args, kwargs)
 
     def _call_general(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         stand_in = standing_in(args, kwargs)
-        if stand_in is not None:  # an iterator argument: the trace takes the items it has left
-            given = args, kwargs
-            args, kwargs, originals = stand_in
-            result, ran = self._call_entry(args, kwargs, given)
-            if ran is not None:
-                advance(originals, ran.capture.iterators_consumed)
-            return result
-        return self._call_entry(args, kwargs, (args, kwargs))[0]
+        if stand_in is None:
+            return self._serve(args, kwargs, (args, kwargs))[0]
+        # An iterator argument: the trace takes the items it has left; an eager run takes the iterator itself.
+        given = args, kwargs
+        args, kwargs, originals = stand_in
+        result, ran = self._serve(args, kwargs, given)
+        if ran is not None:
+            advance(originals, ran.capture.iterators_consumed)
+        return result
 
-    def _call_entry(self, args: tuple[Any, ...], kwargs: dict[str, Any],
-                    given: tuple[tuple[Any, ...], dict[str, Any]]) -> tuple[Any, CompiledEntry | None]:
-        """(the result, the entry that computed it; None where the call ran eagerly on the `given` arguments)."""
+    def _serve(self, args: tuple[Any, ...], kwargs: dict[str, Any], given: tuple[tuple[Any, ...], dict[str, Any]],
+               after: tuple[Decision, Exception] | None = None) -> tuple[Any, CompiledEntry | None]:
+        """Serve a call: what `_dispatch` decides, run here; (the result, the entry that computed it, None where the
+        call ran eagerly on the `given` arguments).
+
+        The one loop: a run that fails a value check, or raises inside a user's `try`, tells only by running, so
+        its outcome goes back to `_dispatch`, which decides again (a value switch, a miss, an eager run). Nothing
+        of such a run landed (see `_switch_value`, minijit.runtime.fallback)."""
+        while True:
+            decision = self._dispatch(args, kwargs, after)
+            if decision.kind is HIT:
+                self._hits += 1
+            else:
+                self._decided[decision.kind] += 1
+            entry = decision.entry
+            if entry is None:
+                return self._run_eagerly(decision.raised, *given), None
+            if decision.kept:  # not in the bound's order, nor the hit path's first try
+                self._last = entry
+            else:
+                self._remember(entry, decision.key[0])
+            # A trace that writes into a list or dict argument finds the caller's through CALL_ARGUMENTS.
+            token = CALL_ARGUMENTS.set((*args, *kwargs.values())) if entry.capture.call_plan.writes_arguments else None
+            try:
+                return entry.computation(*decision.flat), entry
+            except (ValueGuardMiss, RaisedInTry) as failed:
+                after = decision, failed.with_traceback(None)  # its traceback would hold this frame: a cycle
+            finally:
+                if token is not None:
+                    CALL_ARGUMENTS.reset(token)
+
+    def _dispatch(self, args: tuple[Any, ...], kwargs: dict[str, Any],
+                  after: tuple[Decision, Exception] | None) -> Decision:
+        """What to do with the call, from its key, the entries held and their guards, and `after` (the decision
+        last run for this call and what its run raised): a hit, a rebind, a value switch, a miss (traced here) or
+        an eager run. Entries are tried in this order: those under the call's key (`_find`); with cache="automatic"
+        gone symbolic, those traced with constant values before (`_find_kept`); then, under the compile lock, those
+        under the key again (another thread may have added one), an entry moved to the call's objects, a trace."""
+        if after is not None:
+            ran, failed = after
+            if isinstance(failed, RaisedInTry):
+                return Decision(EAGER, raised=failed)
+            if not ran.kept:
+                return self._switch_value(ran, failed, args, kwargs)
+            # An entry kept from constant values failed a value check: the symbolic entries take the call.
         symbolic = self._symbolic
-        key = cache_key(args, kwargs, symbolic=symbolic)
-        flat = flat_inputs(args, kwargs, symbolic=symbolic)
-        entry = self._find(key, flat)
-        fresh = False
-        if entry is None and self._kept_constant:
-            ran = self._call_kept_constant(args, kwargs, given)
-            if ran is not None:
-                return ran
-        if entry is None:
-            with self._compile_lock:
-                # Went symbolic meanwhile (cache="automatic", in another thread's miss, or in this one's below): the
-                # key and the trace's inputs are read anew.
-                if self._symbolic is not symbolic:
-                    symbolic = self._symbolic
-                    key, flat = cache_key(args, kwargs, symbolic=symbolic), flat_inputs(args, kwargs, symbolic=symbolic)
-                entry = self._find(key, flat)  # another thread may have compiled it while this one waited
-                if entry is None:
-                    added = self._add_entry(key, args, kwargs, flat)
-                    if isinstance(added, RaisedWhileTracing):  # nothing to cache
-                        return self._run_eagerly(added, *given), None
-                    entry, fresh = added
-                    if self._symbolic is not symbolic:
-                        key, flat = cache_key(args, kwargs, symbolic=True), flat_inputs(args, kwargs, symbolic=True)
-        self._remember(entry, key[0])
-        # A trace that writes into a list or dict argument finds the caller's through CALL_ARGUMENTS.
-        token = CALL_ARGUMENTS.set((*args, *kwargs.values())) if entry.capture.call_plan.writes_arguments else None
-        try:
-            return entry.computation(*flat), entry
-        except ValueGuardMiss as miss:
-            return self._value_miss(entry, miss, args, kwargs, fresh=fresh), entry
-        except RaisedInTry as raised:
-            return self._run_eagerly(raised, *given), None
-        finally:
-            if token is not None:
-                CALL_ARGUMENTS.reset(token)
-
-    def _call_kept_constant(self, args: tuple[Any, ...], kwargs: dict[str, Any],
-                            given: tuple[tuple[Any, ...], dict[str, Any]]) -> tuple[Any, CompiledEntry | None] | None:
-        """The call run by an entry traced with constant values before the switch to symbolic values (found, or
-        moved to this call's objects), as `_call_entry` returns it; None where none serves it."""
-        key = cache_key(args, kwargs, symbolic=False)
-        flat = flat_inputs(args, kwargs, symbolic=False)
-        kept = self._kept_constant
-        entry = next((e for e in kept.get(key, ()) if e.guard is None or e.guard(*flat)), None)
-        if entry is None:
-            with self._compile_lock:
-                moved = self._rebind_in(kept, args, kwargs, flat, symbolic=False)
-                if moved is None:
-                    return None
-                entry = moved[0]
-                kept[key] = [entry, *kept.get(key, ())]
-        self._hits += 1
-        self._last = entry
-        token = CALL_ARGUMENTS.set((*args, *kwargs.values())) if entry.capture.call_plan.writes_arguments else None
-        try:
-            return entry.computation(*flat), entry
-        except ValueGuardMiss:
-            return None  # nothing of the run landed (see _value_miss): the symbolic entries take the call
-        except RaisedInTry as raised:
-            return self._run_eagerly(raised, *given), None
-        finally:
-            if token is not None:
-                CALL_ARGUMENTS.reset(token)
+        key, flat = cache_key(args, kwargs, symbolic=symbolic), flat_inputs(args, kwargs, symbolic=symbolic)
+        if after is None:
+            entry = self._find(key, flat)
+            if entry is not None:
+                return Decision(HIT, entry, key, flat)
+            kept = self._find_kept(args, kwargs) if self._kept_constant else None
+            if kept is not None:
+                return kept
+        with self._compile_lock:
+            # Went symbolic meanwhile (cache="automatic", in another thread's miss): the key and inputs are read anew.
+            if self._symbolic is not symbolic:
+                symbolic = self._symbolic
+                key, flat = cache_key(args, kwargs, symbolic=symbolic), flat_inputs(args, kwargs, symbolic=symbolic)
+            entry = self._find(key, flat)
+            if entry is not None:
+                return Decision(HIT, entry, key, flat)
+            return self._rebind_or_miss(key, args, kwargs, flat)
 
     def _find(self, key: tuple[Any, ...], flat: list[Any]) -> CompiledEntry | None:
-        """The first entry under `key` whose guard `flat` passes (counted as a hit), or None. The entry used last is
-        tried first where it is under `key`: a decode loop past a branch (a sliding window filled) stays with the
-        entry of its side, not trying the guards of the entries before it on every call."""
+        """The first entry under `key` whose guard `flat` passes, or None. The entry used last is tried first where
+        it is under `key`: a decode loop past a branch (a sliding window filled) stays with the entry of its side,
+        not trying the guards of the entries before it on every call."""
         entries = self._entries.get(key, ())
         last = self._last
         if len(entries) > 1 and any(e is last for e in entries):
             entries = [last, *(e for e in entries if e is not last)]
-        for entry in entries:
-            if entry.guard is None or entry.guard(*flat):
-                self._hits += 1
-                return entry
-        return None
+        return next((e for e in entries if e.guard is None or e.guard(*flat)), None)
 
-    def _add_entry(self, key: tuple[Any, ...], args: tuple[Any, ...], kwargs: dict[str, Any],
-                   flat: list[Any]) -> tuple[CompiledEntry, bool] | RaisedWhileTracing:
-        """Under the compile lock: an entry for a call no entry serves, moved from other objects (`_rebind`) or
-        compiled (then True), and put into the cache; the `RaisedWhileTracing` where the code raised."""
-        moved = self._rebind(args, kwargs, flat) if self.cache_mode != "no caching" else None
-        if moved is not None:
-            self._add(key, moved)
-            return moved, False
+    def _find_kept(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Decision | None:
+        """An entry traced with constant values before the switch to symbolic values that serves the call, found (a
+        hit) or moved to the call's objects (a rebind); None where none does."""
+        key, flat = cache_key(args, kwargs, symbolic=False), flat_inputs(args, kwargs, symbolic=False)
+        kept = self._kept_constant
+        entry = next((e for e in kept.get(key, ()) if e.guard is None or e.guard(*flat)), None)
+        if entry is not None:
+            return Decision(HIT, entry, key, flat, kept=True)
+        with self._compile_lock:
+            moved = self._rebind_in(kept, args, kwargs, flat, symbolic=False)
+            if moved is None:
+                return None
+            kept[key] = [moved[0], *kept.get(key, ())]
+        return Decision(REBIND, moved[0], key, flat, kept=True)
+
+    def _rebind_or_miss(self, key: tuple[Any, ...], args: tuple[Any, ...], kwargs: dict[str, Any],
+                        flat: list[Any]) -> Decision:
+        """Under the compile lock, for a call no entry serves: an entry moved from other objects to the call's (a
+        rebind, minijit.runtime.rebind) in place of that one, else one traced (a miss), put into the cache; an
+        eager run where the code raised while traced."""
+        if self.cache_mode != "no caching":
+            found = self._rebind_in(self._entries, args, kwargs, flat, self._symbolic)
+            if found is not None:
+                self._limit.remove(found[1])
+                self._add(key, found[0])
+                return Decision(REBIND, found[0], key, flat)
         symbolic = self._symbolic
         entry = self._miss(key, args, kwargs, flat, self._entries.get(key, []))
-        if isinstance(entry, RaisedWhileTracing):
-            return entry
-        if self._symbolic is not symbolic:  # went symbolic (cache="automatic"): the key changes
-            key = cache_key(args, kwargs, symbolic=self._symbolic)
+        if isinstance(entry, RaisedWhileTracing):  # nothing to cache
+            return Decision(EAGER, raised=entry)
+        if self._symbolic is not symbolic:  # went symbolic (cache="automatic"): the key and the inputs change
+            key, flat = cache_key(args, kwargs, symbolic=True), flat_inputs(args, kwargs, symbolic=True)
         if self.cache_mode != "no caching":
-            if not kwargs and not key[1]:  # made with autocast off: see exact_tensor_check
-                self._set_exact_check(entry, args)
+            check = exact_tensor_check(args) if not kwargs and not key[1] else None  # autocast off: see it
+            if check is not None:
+                entry.exact_check, entry.exact_arity = check, len(args)
+                entry.exact_guard = entry.prologue.exact_guard if entry.prologue is not None else entry.guard
             self._add(key, entry)  # complete before other threads can find it
-        return entry, True
+        return Decision(MISS, entry, key, flat)
+
+    def _switch_value(self, ran: Decision, miss: ValueGuardMiss, args: tuple[Any, ...],
+                      kwargs: dict[str, Any]) -> Decision:
+        """After `ran`'s entry failed a value check: the entry made first under the call's key for the value the
+        check saw (a value switch), else one traced (a miss); an eager run where that trace raised.
+
+        Nothing of the failed run landed: its checks come before any write into an input, the outside
+        state is replayed after the trace, and the random generators were put back. An entry traced
+        for this very call that fails is an error: the value is not what the capture read.
+        """
+        key = cache_key(args, kwargs, symbolic=self._symbolic)
+        flat = flat_inputs(args, kwargs, symbolic=self._symbolic)
+        with self._compile_lock:
+            self._info.value_switches += 1
+            if ran.kind is MISS:
+                raise ValueGuardError(value_miss_reason(ran.entry, miss, fresh=True))
+            path = (*ran.entry.value_path[:miss.ordinal], miss.observed)
+            entries = self._entries.get(key, [])
+            kind, entry = VALUE_SWITCH, next((e for e in entries if e.value_path[:len(path)] == path
+                                              and (e.guard is None or e.guard(*flat))), None)
+            if entry is None:
+                reason = value_miss_reason(ran.entry, miss)
+                if sum(1 for e in entries if e.value_path) >= self.max_value_entries:
+                    raise ValueGuardError(f"{reason}; {self.max_value_entries} entries were traced for the values "
+                                          "this function reads from its tensors, the most allowed: compute with "
+                                          "tensors (torch.where, masks) instead of reading so many different values")
+                self._hits_undone += 1  # the call missed: the hit that ran `ran` is not one
+                self._note_miss(reason)
+                kind, entry = MISS, self._compile(args, kwargs)
+                if isinstance(entry, RaisedWhileTracing):
+                    return Decision(EAGER, raised=entry)
+                if self.cache_mode != "no caching":
+                    self._add(key, entry)
+                    entries = self._entries.get(key, [])  # (the bound may have dropped one of them)
+            if self.cache_mode != "no caching":
+                # The most recent first, so that the hit path tries it first; a new list, so that a thread
+                # reading the old one meanwhile reads it whole.
+                self._entries[key] = [entry, *(e for e in entries if e is not entry)]
+        return Decision(kind, entry, key, flat)
 
     def _add(self, key: tuple[Any, ...], entry: CompiledEntry) -> None:
         """Under the compile lock: hold `entry` under `key`, dropping the least recently used entries past the bound
@@ -422,85 +497,11 @@ class JitFunction:
             return eager_after_raise(raised, lambda: eager(*args, **kwargs), name)
         return eager(*args, **kwargs)
 
-    def _value_miss(self, failed: CompiledEntry, miss: ValueGuardMiss, args: tuple[Any, ...],
-                    kwargs: dict[str, Any], fresh: bool = False) -> Any:
-        """Run the call again with the entry made for the value `failed`'s check saw, tracing one where none is.
-
-        Nothing of the failed run landed: its checks come before any write into an input, the outside
-        state is replayed after the trace, and the random generators were put back. An entry traced
-        for this very call (`fresh`) that fails is an error: the value is not what the capture read.
-        """
-        key = cache_key(args, kwargs, symbolic=self._symbolic)
-        flat = flat_inputs(args, kwargs, symbolic=self._symbolic)
-        while True:
-            with self._compile_lock:
-                found = self._entry_for_value(key, flat, failed, miss, args, kwargs, fresh)
-            if isinstance(found, RaisedWhileTracing):  # nothing to cache
-                return self._run_eagerly(found, args, kwargs)
-            entry, fresh = found
-            try:
-                return entry.computation(*flat)
-            except ValueGuardMiss as again:
-                failed, miss = entry, again
-            except RaisedInTry as raised:
-                return self._run_eagerly(raised, args, kwargs)
-
-    def _entry_for_value(self, key: tuple[Any, ...], flat: list[Any], failed: CompiledEntry, miss: ValueGuardMiss,
-                         args: tuple[Any, ...], kwargs: dict[str, Any], fresh: bool
-                         ) -> tuple[CompiledEntry, bool] | RaisedWhileTracing:
-        """Under the compile lock: the entry for the value `failed`'s check saw, made first under its key
-        (compiled where none is: then True); the `RaisedWhileTracing` where the code raised while traced."""
-        self._info.value_switches += 1
-        path = (*failed.value_path[:miss.ordinal], miss.observed)
-        if fresh:
-            raise ValueGuardError(value_miss_reason(failed, miss, fresh=True))
-        entries = self._entries.get(key, [])
-        entry = next((e for e in entries if e.value_path[:len(path)] == path
-                      and (e.guard is None or e.guard(*flat))), None)
-        if entry is None:
-            reason = value_miss_reason(failed, miss)
-            if sum(1 for e in entries if e.value_path) >= self.max_value_entries:
-                raise ValueGuardError(f"{reason}; {self.max_value_entries} entries were traced for the values "
-                                      "this function reads from its tensors, the most allowed: compute with tensors "
-                                      "(torch.where, masks) instead of reading so many different values")
-            self._hits -= 1
-            self._note_miss(reason)
-            entry = self._compile(args, kwargs)
-            if isinstance(entry, RaisedWhileTracing):
-                return entry
-            fresh = True
-            if self.cache_mode != "no caching":
-                self._add(key, entry)
-                entries = self._entries.get(key, [])  # (the bound may have dropped one of them)
-        if self.cache_mode != "no caching":
-            # The most recent first, so that the hit path tries it first; a new list, so that a thread
-            # reading the old one meanwhile reads it whole.
-            self._entries[key] = [entry, *(e for e in entries if e is not entry)]
-        self._remember(entry, key[0])
-        return entry, fresh
-
-    @staticmethod
-    def _set_exact_check(entry: CompiledEntry, args: tuple[Any, ...]) -> None:
-        check = exact_tensor_check(args)
-        if check is not None:
-            entry.exact_check, entry.exact_arity = check, len(args)
-            entry.exact_guard = entry.prologue.exact_guard if entry.prologue is not None else entry.guard
-
-    def _rebind(self, args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[Any]) -> CompiledEntry | None:
-        """An entry moved from its objects to this call's objects of the same types (minijit.runtime.rebind),
-        in place of the entry it was moved from; None when no entry can be."""
-        found = self._rebind_in(self._entries, args, kwargs, flat, self._symbolic)
-        if found is None:
-            return None
-        moved, old = found
-        self._limit.remove(old)
-        return moved
-
     def _rebind_in(self, held: dict[tuple[Any, ...], list[CompiledEntry]], args: tuple[Any, ...],
                    kwargs: dict[str, Any], flat: list[Any], symbolic: bool
                    ) -> tuple[CompiledEntry, CompiledEntry] | None:
-        """`_rebind` over the entries `held` (traced with symbolic values or not): (the new entry, the one it was
-        moved from, taken out of `held`), or None."""
+        """An entry of `held` (traced with symbolic values or not) moved to this call's objects of the same types
+        (minijit.runtime.rebind): (the new entry, the one it was moved from, taken out of `held`), or None."""
         # Only entries specialised on argument objects can be moved: the others are passed over cheaply.
         found = [(key, e) for key, entries in held.items() for e in entries if e.arg_objects]
         shared = held_by_bound_self(self.fn) if found else set()  # the same for every entry tried
@@ -560,12 +561,6 @@ class JitFunction:
             self._behind[id(entry)] = old
         return entry
 
-    def _drop(self, key: tuple[Any, ...], entry: CompiledEntry) -> None:
-        """Under the compile lock: drop `entry`, held under `key`."""
-        _take_out(self._entries, key, entry)
-        self._limit.remove(entry)
-        self._info.entries = len(self._limit)
-
     def _compile_miss(self, args: tuple[Any, ...], kwargs: dict[str, Any], reason: str, flat: list[Any],
                       guard_failed: bool = False) -> CompiledEntry | RaisedWhileTracing:
         """The entry for a missing call; with cache="automatic", traced with symbolic sizes and numbers from the
@@ -591,7 +586,7 @@ class JitFunction:
             self._set_symbolic(False)
             if numbers:
                 self._numbers.undo(numbers)
-            return self._compile_miss(args, kwargs, reason, flat, guard_failed)
+            return self._compile(args, kwargs)  # constant values from now on: nothing to note
         if isinstance(entry, RaisedWhileTracing):  # the code raised: no reason to switch yet
             auto.undo()
             self._set_symbolic(False)
@@ -657,7 +652,8 @@ class JitFunction:
 
     def cache_info(self) -> CacheInfo:
         """Hits, misses and entries of this function's cache."""
-        self._info.hits = self._hits
+        self._info.hits = self._hits - self._hits_undone
+        self._info.decisions = {HIT: self._hits, **self._decided}
         self._info.dynamic = ((list(self._automatic.decisions) if self._automatic is not None else [])
                               + (list(self._numbers.decisions) if self._numbers is not None else []))
         # A copy of the cache's lists (one C call each): other threads may be adding entries.

@@ -1,0 +1,121 @@
+"""A call is dispatched once: `JitFunction._dispatch` decides hit, rebind, value switch, miss or eager run, and
+`_serve` runs it, deciding again only after a run that failed a value check or raised in a user's `try`.
+
+Each call's result and its writes are compared with eager's, and the decisions it took are read from
+`cache_info().decisions`, before and after the call."""
+
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+import minijit
+from minijit.runtime.jit import JitFunction
+
+
+class State:
+    """An object the traced code writes into: a new one of the same kind is a rebind, not a trace."""
+
+    def __init__(self) -> None:
+        self.total = torch.zeros(2)
+
+
+def step(x: torch.Tensor, state: State) -> torch.Tensor:
+    state.total = state.total + x
+    if x.sum() > 0:  # a value read from a tensor: one entry per side
+        return state.total * 2
+    return state.total - 1
+
+
+def factor(a: torch.Tensor) -> torch.Tensor:
+    try:
+        return torch.linalg.cholesky(a)
+    except torch.linalg.LinAlgError:  # never traced: the call runs eagerly
+        return torch.zeros_like(a)
+
+
+def checked(x: torch.Tensor) -> torch.Tensor:
+    if x.sum() > 5:
+        raise ValueError("too large")
+    return x + 1
+
+
+def _decided(jf: JitFunction, call: Callable[[], Any]) -> tuple[Any, dict[str, int]]:
+    """(what `call()` returned, the decisions it took that were not 0), with `_serve` entered at most once."""
+    before = Counter(minijit.cache_info(jf).decisions)
+    served = []
+    serve = jf._serve
+    jf._serve = lambda *a: served.append(1) or serve(*a)  # type: ignore[method-assign]
+    try:
+        result = call()
+    finally:
+        del jf._serve
+    assert len(served) <= 1, "a path came back up to the dispatcher"
+    return result, dict(Counter(minijit.cache_info(jf).decisions) - before)
+
+
+def test_each_call_takes_the_paths_eager_requires() -> None:
+    jf = minijit.jit(step)
+    positive, negative = torch.ones(2), -torch.ones(2)
+    mine, theirs = State(), State()
+    calls = [
+        (positive, False, {"miss": 1}),
+        (positive, False, {"hit": 1}),
+        (positive, True, {"rebind": 1}),  # a new State: the entry moves to it
+        (negative, False, {"hit": 1, "miss": 1}),  # the value check fails; no entry for False yet
+        (positive, False, {"hit": 1, "value switch": 1}),  # the entry used last first, then the one for True
+        (negative, False, {"hit": 1, "value switch": 1}),
+    ]
+    for i, (x, new_state, expected) in enumerate(calls, start=1):
+        if new_state:
+            mine, theirs = State(), State()
+        result, decided = _decided(jf, lambda x=x, mine=mine: jf(x, mine))
+        assert torch.equal(result, step(x, theirs)), f"call {i}"
+        assert torch.equal(mine.total, theirs.total), f"call {i}"
+        assert decided == expected, f"call {i}: {decided}"
+        info = minijit.cache_info(jf)
+        assert info.hits + info.misses + info.rebound == i, str(info)  # each call counted once
+    info = minijit.cache_info(jf)
+    assert (info.value_switches, info.entries) == (3, 2), str(info)
+
+
+def test_a_raise_in_a_users_try_runs_eagerly() -> None:
+    jf = minijit.jit(factor)
+    definite, singular = torch.eye(2) * 4, -torch.eye(2)
+    for a, expected in [(definite, {"miss": 1}), (singular, {"hit": 1, "eager": 1}), (definite, {"hit": 1})]:
+        result, decided = _decided(jf, lambda a=a: jf(a))
+        assert torch.equal(result, factor(a))
+        assert decided == expected, decided
+    assert minijit.cache_info(jf).eager_calls == 1
+
+
+def test_a_raise_while_tracing_runs_eagerly_and_caches_nothing() -> None:
+    jf = minijit.jit(checked)
+    large = torch.full((2,), 4.0)
+    with pytest.raises(ValueError, match="too large") as eager:
+        checked(large)
+    with pytest.raises(ValueError, match="too large") as jitted:
+        _decided(jf, lambda: jf(large))
+    assert type(jitted.value) is type(eager.value)
+    # Traced (a miss), then decided an eager run: the trace raised.
+    info = minijit.cache_info(jf)
+    assert info.decisions == {"hit": 0, "rebind": 0, "value switch": 0, "miss": 0, "eager": 1}, info.decisions
+    assert (info.misses, info.eager_calls, info.entries) == (1, 1, 0), str(info)
+    small = torch.ones(2)
+    result, decided = _decided(jf, lambda: jf(small))
+    assert torch.equal(result, checked(small)) and decided == {"miss": 1}
+
+
+def test_entries_kept_from_constant_values_still_hit() -> None:
+    def scale(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    jf = minijit.jit(scale)  # cache="automatic": the second size makes sizes symbolic
+    for n, expected in [(2, {"miss": 1}), (3, {"miss": 1}), (2, {"hit": 1}), (5, {"hit": 1})]:
+        x = torch.arange(float(n))
+        result, decided = _decided(jf, lambda x=x: jf(x))
+        assert torch.equal(result, scale(x))
+        assert decided == expected, f"size {n}: {decided}"
+    assert minijit.cache_info(jf).dynamic
