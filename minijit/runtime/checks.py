@@ -382,6 +382,9 @@ class Prologue:
         self.inputs, self.captured, self.env = inputs, captured, env
         # (the entry's guard entries, which positions refer to which objects): built by runtime/rebind.py.
         self.guard_refs: tuple[list[Any], dict[int, tuple[int, ...]]] | None = None
+        # Where the checks of the values read begin in `checks` (a rebind replaces some in place): set by
+        # runtime/guards.py, which puts the call's checks and the constraints before them.
+        self.reads_at: int | None = None
         env.update(_ENV)
         # A keyword's name is checked by calling `check_call` with it: its test is "True", left out.
         key_tests = [t for c in checks if c.keyed and (t := c.test(env)) != "True"]

@@ -79,6 +79,5 @@ def compile_prologue(entry: Any, call: tuple[list[str], list[Check]], keywords: 
     value_guards = [c.describe() for c in entry.capture.value_checks]
     prologue = Prologue(traces[0].fn_name, call[0], keywords, checks, own, reads, env, value_guards,
                         previous=entry.prologue if kept is not None else None)
-    # Where the checks of the values read begin (a rebind moves some of them in place: runtime/rebind.py).
     prologue.reads_at = len(call[1]) + len(constraints)
     return prologue

@@ -143,7 +143,7 @@ def _moved_prologue(entry: Any, capture: Any, call: list[Check], moved: list[int
     otherwise (then `compile_prologue` makes it). Only what moved is looked at: the checks of a model's thousand
     reads are the old ones, and the source is not generated again."""
     old = entry.prologue
-    base = getattr(old, "reads_at", None)
+    base = old.reads_at
     if base is None or len(call) != base - len(entry.constraints):
         return None
     checks, tests = list(old.checks), dict(old.tests)
