@@ -13,11 +13,21 @@ refers to has a partner, the entry is copied with each reference moved to the pa
 prologue is compiled again: the new entry's guard checks the new objects afresh, and is run
 before the entry is used, so a partner in another state is a miss (then a trace), never a wrong
 hit. The compiled trace itself is shared.
+
+A guard on an object's identity stands for everything the trace assumed of it without a guard of
+its own, so only objects whose whole state the walk pairs are paired: plain objects (all their
+state in `__dict__`), lists, tuples and dicts, closure cells, weakrefs, and functions of the same
+code, globals and defaults (their cells paired). A partial, a C object, another function is
+never moved. The pairing is one to one (one object at two places of the old argument must be
+one in the new), and tensors are paired too where the entry uses them by identity: the keys of
+an optimizer's state.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import types
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -106,8 +116,26 @@ def _refs(g: GuardEntry) -> list[int]:
         ns = ns.holder
         held.append(ns)
     held += [ns, g.value, g.shadow]
-    # Only what `_Pairs.walk` can reach (a number, None, a tensor or a module never moves itself).
-    return [id(x) for x in held if _has_parts(x) and not isinstance(x, torch.Tensor | torch.nn.Module)]
+    # Only what `_Pairs.walk` can reach (a number, None or a module never moves itself; a tensor moves only where
+    # it is a key: its values are read afresh through sources).
+    keys = [*_keys(g), *(s.key for s in _chain(g.namespace))]
+    return ([id(x) for x in held if _has_parts(x) and not isinstance(x, torch.Tensor | torch.nn.Module)]
+            + [id(k) for k in keys if isinstance(k, torch.Tensor) or _has_parts(k)])
+
+
+def _keys(g: GuardEntry) -> tuple[Any, ...]:
+    """The keys guard entry `g` names: objects and tensors among them are compared by identity."""
+    if g.kind in ("item", "contains"):
+        return (g.name,)
+    return tuple(g.value) if g.kind == "keys" else ()
+
+
+def _chain(ns: Any) -> list[Source]:
+    found = []
+    while isinstance(ns, Source):
+        found.append(ns)
+        ns = ns.holder
+    return found
 
 
 def _guard_refs(entry: Any) -> dict[int, tuple[int, ...]]:
@@ -216,6 +244,7 @@ class _Pairs:
         # ids of objects the function reaches otherwise (its module's config): never moved to a partner.
         self.shared = shared
         self.partner: dict[int, Any] = {}
+        self.taken: dict[int, int] = {}  # id of a partner -> id of the old object it is the partner of
         self.reached: set[int] = set()
         self.keep: list[Any] = []  # what the ids are of, alive while pairing
 
@@ -224,7 +253,17 @@ class _Pairs:
 
         Another module, or another object whose state is not plain data (no `__dict__`: its guards
         could not be moved), in the place of the old one is refused."""
-        if isinstance(old, torch.Tensor) or id(old) in self.reached:
+        if id(old) in self.reached:
+            if id(old) in self.partner and self.partner[id(old)] is not new:
+                raise _Unpaired  # one object at two places of the old argument, two objects in the new one
+            return
+        if is_constant(old):  # compared by value wherever a guard reads it
+            return
+        if isinstance(old, torch.Tensor):  # its values are read afresh; its identity matters where it is a key
+            self.reached.add(id(old))
+            self.keep.append(old)
+            if isinstance(new, torch.Tensor):
+                self._pair(old, new)
             return
         if isinstance(old, torch.nn.Module) or not _has_parts(old):
             if new is not old and (isinstance(old, torch.nn.Module) or may_have_guarded_attributes(old)):
@@ -232,10 +271,10 @@ class _Pairs:
             return
         self.reached.add(id(old))
         self.keep.append(old)
-        if type(new) is not type(old) or (new is not old and id(old) in self.shared):
+        if type(new) is not type(old) or (new is not old and (id(old) in self.shared or not _same_make(old, new))):
             self._reach(old, depth)
             return
-        self.partner[id(old)] = new
+        self._pair(old, new)
         if depth >= _DEPTH:
             return
         for (k_old, v_old), (k_new, v_new) in _parts(old, new):
@@ -243,6 +282,13 @@ class _Pairs:
                 self.walk(v_old, v_new, depth + 1)
             else:
                 self._reach(v_old, depth + 1)
+
+    def _pair(self, old: Any, new: Any) -> None:
+        """`new` is `old`'s partner, unless it is another old object's already: the trace took two objects for
+        distinct (a write into one, then a read of the other) that the new argument makes one."""
+        if self.taken.setdefault(id(new), id(old)) != id(old):
+            raise _Unpaired
+        self.partner[id(old)] = new
 
     def _reach(self, old: Any, depth: int) -> None:
         """Note `old` and what it holds as parts of the old argument, with no partners."""
@@ -255,17 +301,28 @@ class _Pairs:
                 self._reach(v, depth + 1)
 
     def move(self, value: Any) -> Any:
-        """`value`'s partner if it is part of the old argument (refused without one), else `value`."""
+        """`value`'s partner if it is part of the old argument (refused without one), else `value`. A tensor used by
+        identity (a key of an optimizer's state) must have a partner: it may be part of the old argument at a
+        place the walk did not reach, and a tensor is read without a guard on its identity."""
         if id(value) in self.reached:
             if id(value) not in self.partner:
                 raise _Unpaired
             return self.partner[id(value)]
+        if isinstance(value, torch.Tensor):
+            raise _Unpaired
         return value
+
+    def key(self, key: Any) -> Any:
+        """A key (of an item read, written, or tested): moved where it is an object or tensor of the old argument."""
+        if type(key) is tuple:
+            return tuple(self.key(k) for k in key)
+        return key if is_constant(key) else self.move(key)
 
     def source(self, s: Source) -> Source:
         """`s` moved (itself where nothing it reads through moves: most of an entry's guards read the module)."""
         holder = self.source(s.holder) if isinstance(s.holder, Source) else self.move(s.holder)
-        return s if holder is s.holder else dataclasses.replace(s, holder=holder)
+        key = self.key(s.key) if s.access == "item" else s.key
+        return s if holder is s.holder and key is s.key else dataclasses.replace(s, holder=holder, key=key)
 
     def guard(self, g: GuardEntry, compared: Any) -> GuardEntry:
         """`g` moved (itself where nothing in it moves). `compared` is what the old prologue compares the value read
@@ -273,14 +330,20 @@ class _Pairs:
         kept, whatever the container holds now; otherwise the value itself, moved like the rest."""
         namespace = self.source(g.namespace) if isinstance(g.namespace, Source) else self.move(g.namespace)
         value = compared if compared is not None and compared is not g.value else self.move(g.value)
+        if g.kind == "keys":
+            value = self.key(tuple(g.value))
+            value = g.value if value == g.value and all(a is b for a, b in zip(value, g.value)) else value
+        name = self.key(g.name) if g.kind in ("item", "contains") else g.name
         shadow = None if g.shadow is None else self.move(g.shadow)
-        if namespace is g.namespace and value is g.value and shadow is g.shadow:
+        if namespace is g.namespace and value is g.value and shadow is g.shadow and name is g.name:
             return g
-        return dataclasses.replace(g, namespace=namespace, value=value, shadow=shadow)
+        return dataclasses.replace(g, namespace=namespace, name=name, value=value, shadow=shadow)
 
     def plan(self, p: CallPlan) -> CallPlan:
         effects = [(dataclasses.replace(e, holder=self.source(e.holder) if isinstance(e.holder, Source)
-                                        else self.move(e.holder)), self.spec(spec)) for e, spec in p.effects]
+                                        else self.move(e.holder),
+                                        key=self.key(e.key) if e.op in ("setitem", "delitem") else e.key),
+                     self.spec(spec)) for e, spec in p.effects]
         return CallPlan(captured=[(self.source(s), t) for s, t in p.captured],
                         result=None if p.result is None else self.spec(p.result), effects=effects,
                         passthrough=list(p.passthrough), inputs=list(p.inputs))
@@ -291,7 +354,7 @@ class _Pairs:
         if isinstance(s, Sequence):
             return Sequence(s.kind, [self.spec(c) for c in s.children])
         if isinstance(s, Mapping):
-            return Mapping(s.kind, [self.move(k) for k in s.keys], [self.spec(c) for c in s.children], list(s.names),
+            return Mapping(s.kind, [self.key(k) for k in s.keys], [self.spec(c) for c in s.children], list(s.names),
                            [self.spec(a) for a in s.attributes])
         if isinstance(s, Registered):
             return Registered(s.kind, s.context, [self.spec(c) for c in s.children])
@@ -325,9 +388,38 @@ def _may_hold(g: GuardEntry) -> bool:
 
 
 def _plain(cls: type) -> bool:
-    """Instances of `cls` keep their state in a `__dict__` (no slots of their own), and are not modules."""
-    # (`__dictoffset__` is 0 for a C type whose instances hold no `__dict__`: a torch.Generator's state is its own.)
-    return not issubclass(cls, torch.nn.Module) and "__slots__" not in vars(cls) and cls.__dictoffset__ != 0
+    """Instances of `cls` keep all their state in a `__dict__`: their layout is a plain class's (a type written in C,
+    a function or a `functools.partial`, holds state of its own; slots hold values outside the `__dict__`), and it
+    is not a module."""
+    return (not issubclass(cls, torch.nn.Module) and cls.__dictoffset__ != 0 and cls.__itemsize__ == 0
+            and cls.__basicsize__ <= _Plain.__basicsize__
+            and not any(s not in ("__dict__", "__weakref__") for c in cls.__mro__ for s in _slots(c)))
+
+
+class _Plain:
+    """The layout of a class whose instances hold nothing but their `__dict__` (and weak references)."""
+
+
+def _slots(cls: type) -> tuple[str, ...]:
+    slots = vars(cls).get("__slots__", ())
+    return (slots,) if isinstance(slots, str) else tuple(slots)
+
+
+def _same_make(old: Any, new: Any) -> bool:
+    """What the walk does not pair part by part is the same in `old` and `new` (of one type): a function's code,
+    globals and defaults (its closure's cells are paired), a defaultdict's factory. The trace assumed these of the
+    old object without a guard of their own: the guard on the object's identity stood for them."""
+    if isinstance(old, types.FunctionType):
+        return (old.__code__ is new.__code__ and old.__globals__ is new.__globals__
+                and _same_values(old.__defaults__ or (), new.__defaults__ or ())
+                and _same_values(tuple((old.__kwdefaults__ or {}).items()), tuple((new.__kwdefaults__ or {}).items())))
+    return getattr(old, "default_factory", None) is getattr(new, "default_factory", None)
+
+
+def _same_values(old: tuple[Any, ...], new: tuple[Any, ...]) -> bool:
+    return len(old) == len(new) and all(
+        a is b or (is_constant(a) and type(a) is type(b) and a == b) or
+        (isinstance(a, tuple) and isinstance(b, tuple) and _same_values(a, b)) for a, b in zip(old, new))
 
 
 def held_by_bound_self(fn: Any) -> set[int]:
@@ -347,19 +439,36 @@ def held_by_bound_self(fn: Any) -> set[int]:
 
 
 def _has_parts(x: Any) -> bool:
-    return isinstance(x, list | tuple | dict) or isinstance(getattr(x, "__dict__", None), dict)
+    return (isinstance(x, list | tuple | dict | types.FunctionType | types.CellType) or type(x) is weakref.ref
+            or _plain(type(x)))
 
 
 def _parts(old: Any, new: Any) -> list[tuple[tuple[Any, Any], tuple[Any, Any]]]:
-    """(key, value) pairs of `old` and `new` side by side: items of lists, tuples and dicts; an object's
-    `__dict__` (itself paired, for guards that read it) and then its attributes."""
+    """(key, value) pairs of `old` and `new` side by side: items of lists, tuples and dicts; a closure cell's
+    contents; a weakref's referent; a function's `__dict__` and closure; a plain object's `__dict__` (itself
+    paired, for guards that read it) and then its attributes."""
     if isinstance(old, list | tuple):
         return [((i, a), (i, b)) for i, (a, b) in enumerate(zip(old, new))] if len(old) == len(new) else \
             [((i, a), (None, None)) for i, a in enumerate(old)]
     if isinstance(old, dict):
         return [((k, v), (k, new[k]) if k in new else (_NOWHERE, None)) for k, v in old.items()]
+    if isinstance(old, types.CellType):
+        return [(("cell_contents", held), ("cell_contents", _contents(new)))] if (held := _contents(old)) is not _NOWHERE \
+            else []
+    if isinstance(old, weakref.ref):
+        return [(("referent", old()), ("referent", new()) if new() is not None else (_NOWHERE, None))]
     own_old, own_new = old.__dict__, getattr(new, "__dict__", {})
-    return [(("__dict__", own_old), ("__dict__", own_new))]
+    parts = [(("__dict__", own_old), ("__dict__", own_new))]
+    if isinstance(old, types.FunctionType) and old.__closure__:
+        parts.append((("__closure__", old.__closure__), ("__closure__", new.__closure__)))
+    return parts
+
+
+def _contents(cell: Any) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # an empty cell
+        return _NOWHERE
 
 
 _NOWHERE = object()

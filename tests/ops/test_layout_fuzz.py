@@ -9,7 +9,8 @@ inputs of several sizes, a size of 1 among the first, and every result must matc
 Compared: the values, and the strides of dims whose size is not 1 (read as numbers by the program). Not
 compared: the stride of a size-1 dim and `is_contiguous()` after one, which eager's own kernels choose each
 their own way (`x.t() * 2` and `x.t().relu()` differ on the CPU, and meta tensors, which minijit and
-torch.compile lay tensors out by, differ from both). `MINIJIT_LAYOUT_FUZZ_PROGRAMS` sets how many programs run.
+torch.compile lay tensors out by, differ from both). `MINIJIT_LAYOUT_FUZZ_PROGRAMS` sets how many programs run
+(in each Python's CI lane, its own seeds: `tests.lanes`).
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ import torch
 
 import minijit
 from minijit.errors import MinijitError
+from tests.lanes import lane_seeds
 
-PROGRAMS = int(os.environ.get("MINIJIT_LAYOUT_FUZZ_PROGRAMS", "80"))
+PROGRAMS = int(os.environ.get("MINIJIT_LAYOUT_FUZZ_PROGRAMS", "40"))
 STEPS = ["t01", "t12", "t02", "mul", "relu", "exp", "contiguous", "merge_view", "merge_reshape", "split_view",
          "strides", "as_strided", "clone", "sum_back", "expand", "step_slice", "write_contiguous",
          "write_reshape", "write_flatten"]
@@ -102,7 +104,7 @@ def _cases(seed: int) -> tuple[list[str], list[tuple[int, ...]]]:
 @pytest.mark.parametrize("mode", ["constant values", "symbolic values"])
 @pytest.mark.parametrize("chunk", range(4))
 def test_layout_dependent_programs_match_eager(mode: str, chunk: int) -> None:
-    for seed in range(chunk, PROGRAMS, 4):
+    for seed in lane_seeds(PROGRAMS)[chunk::4]:
         steps, shapes = _cases(seed)
         program = _program(steps)
         jitted = minijit.jit(program, cache=mode)

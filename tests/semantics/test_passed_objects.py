@@ -11,8 +11,10 @@ or a changed object the function also reaches another way is a re-trace, never a
 from __future__ import annotations
 
 import copy
+import functools
 from typing import Any
 
+import pytest
 import torch
 from torch import nn
 
@@ -307,3 +309,106 @@ def test_a_rebound_entry_keeps_nothing_of_the_old_objects_and_reuses_the_checks_
     del first, inputs
     gc.collect()
     assert [r() for r in gone] == [None] * len(gone)
+
+
+class Holder:
+    """An object holding a callable: a closure, a function with defaults, or a partial."""
+
+    def __init__(self, f: Any) -> None:
+        self.f = f
+
+
+def _closure(scale: float, add: bool) -> Any:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x * scale if add else x - scale
+    return f
+
+
+def _with_default(k: int) -> Any:
+    def f(x: torch.Tensor, k: int = k) -> torch.Tensor:
+        return x + k
+    return f
+
+
+@pytest.mark.parametrize("make", [
+    lambda i: _closure(2.0 + i, i % 2 == 0),  # one code, other closure cells
+    lambda i: _with_default(i),  # one code, other defaults
+    lambda i: functools.partial(torch.add, other=i),  # a partial: its state is not in its __dict__
+    lambda i: [lambda x: x * 2, lambda x: x + 100][i % 2],  # other code
+], ids=["closure", "defaults", "partial", "code"])
+def test_a_new_object_holding_another_callable_runs_that_callable(make: Any) -> None:
+    """An object passed anew whose function differs in its closure, defaults or code, or whose partial binds other
+    arguments, is not a rebind of the old entry: the trace assumed those of the old callable (once a silent wrong
+    answer: the first callable's result for every later one)."""
+    def call(holder: Holder, x: torch.Tensor) -> torch.Tensor:
+        return holder.f(x)
+
+    jitted, x = minijit.jit(call), torch.ones(3)
+    holders = [Holder(make(i)) for i in range(4)]
+    for holder in holders:
+        torch.testing.assert_close(jitted(holder, x), call(holder, x))
+
+
+def _optimizer(seed: int, scheduled: bool) -> tuple[torch.optim.Optimizer, list[torch.Tensor]]:
+    torch.manual_seed(seed)
+    params = [torch.randn(4, 4, requires_grad=True) for _ in range(3)]
+    for p in params:
+        p.grad = torch.randn(4, 4)
+    opt = torch.optim.AdamW(params, lr=1e-2)
+    if scheduled:  # wraps opt.step in a closure holding a weakref to opt
+        torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=10)
+    return opt, params
+
+
+@pytest.mark.parametrize("scheduled", [False, True], ids=["plain", "lr-scheduler"])
+def test_a_new_optimizer_keeps_its_state_under_its_own_parameters(scheduled: bool) -> None:
+    """A second optimizer of the same kind reuses the trace (rebound), and its state is keyed by its own parameters,
+    as eager's (once keyed by the first optimizer's: a silent wrong answer on its next step)."""
+    def step(opt: torch.optim.Optimizer) -> None:
+        opt.step()
+
+    jitted, first = minijit.jit(step), _optimizer(0, scheduled)[0]
+    with torch.no_grad():  # (as a training loop calls it: a step under grad mode has a backward part, never rebound)
+        jitted(first)
+    (opt, params), (eager_opt, eager_params) = _optimizer(1, scheduled), _optimizer(1, scheduled)
+    for _ in range(3):
+        with torch.no_grad():
+            jitted(opt)
+            step(eager_opt)
+        assert [id(p) for p in opt.state] == [id(p) for p in params]
+        for p, q in zip(params, eager_params, strict=True):
+            torch.testing.assert_close(p, q)
+            torch.testing.assert_close(opt.state[p]["exp_avg_sq"], eager_opt.state[q]["exp_avg_sq"])
+    assert minijit.cache_info(jitted).rebound == 1, str(minijit.cache_info(jitted))
+
+
+class Slot:
+    def __init__(self) -> None:
+        self.t = torch.zeros(3)
+
+
+class Two:
+    def __init__(self, a: Slot, b: Slot) -> None:
+        self.a, self.b = a, b
+
+
+@pytest.mark.parametrize("first_shared", [False, True], ids=["distinct-then-one", "one-then-distinct"])
+def test_a_new_object_sharing_differently_is_not_a_rebind(first_shared: bool) -> None:
+    """The trace wrote into `p.a` and then read `p.b`: two objects, or one. A new argument whose two places hold
+    one object where the old held two (or two where it held one) reads what eager reads (once the value from
+    before the write: a silent wrong answer)."""
+    def write_then_read(p: Two, x: torch.Tensor) -> torch.Tensor:
+        p.a.t = x * 2
+        return p.b.t + 1
+
+    def make(shared: bool) -> Two:
+        a = Slot()
+        return Two(a, a if shared else Slot())
+
+    jitted, x, held = minijit.jit(write_then_read), torch.ones(3), []
+    for shared in (first_shared, not first_shared, not first_shared):
+        mine, eagers = make(shared), make(shared)
+        held += [mine, eagers]
+        torch.testing.assert_close(jitted(mine, x), write_then_read(eagers, x))
+        torch.testing.assert_close(mine.a.t, eagers.a.t)
+    assert minijit.cache_info(jitted).rebound == 1, str(minijit.cache_info(jitted))

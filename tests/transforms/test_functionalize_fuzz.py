@@ -8,8 +8,9 @@ is one that eager PyTorch accepts. One program in three takes inputs that share
 memory (`ALIASED_INPUTS`: overlapping slices, a tensor and its row, the same tensor
 twice, an expanded view, ...); their clones share memory the same way, and the
 whole shared storage must match after the call. `MINIJIT_FUZZ_PROGRAMS` sets how
-many programs run (default 2000, in chunks that test workers share); refusals (a
-clear MinijitError) are counted and reported.
+many programs run (default 750, in chunks that test workers share; each Python's CI
+lane runs its own seeds, `tests.lanes`); refusals (a clear MinijitError) are counted
+and reported.
 """
 
 from __future__ import annotations
@@ -31,10 +32,11 @@ from minijit.ops.registry import ALL_LTORCH
 from minijit.runtime import pipeline, trace_callable
 from minijit.transforms import check_copies, functionalize
 from minijit.transforms.verify import check_trace
+from tests.lanes import lane_seeds
 from tests.oputil import trace_call
 from tests.transforms.mutation_util import assert_same, check_final_trace
 
-PROGRAMS = int(os.environ.get("MINIJIT_FUZZ_PROGRAMS", "2000"))
+PROGRAMS = int(os.environ.get("MINIJIT_FUZZ_PROGRAMS", "750"))
 CHUNK = 250
 MAX_REFUSED_SHARE = 0.05
 
@@ -286,7 +288,7 @@ def run_one(seed: int, cache: str = "constant values") -> str | None:
 @pytest.mark.parametrize("chunk", range((PROGRAMS + CHUNK - 1) // CHUNK))
 def test_random_programs_match_eager(chunk):
     outcomes, aliased = Counter(), Counter()
-    seeds = range(chunk * CHUNK, min((chunk + 1) * CHUNK, PROGRAMS))
+    seeds = lane_seeds(PROGRAMS)[chunk * CHUNK:(chunk + 1) * CHUNK]
     for seed in seeds:
         outcome = run_one(seed)
         outcomes[outcome] += 1
@@ -309,7 +311,7 @@ SYMBOLIC_PROGRAMS = max(PROGRAMS // 10, 30)
 def test_random_programs_on_inputs_sharing_memory_with_symbolic_sizes():
     """The shared-memory programs again under cache="symbolic values" (written overlapping inputs keep their sizes)."""
     outcomes = Counter()
-    for seed in range(2, 3 * SYMBOLIC_PROGRAMS, 3):
+    for seed in lane_seeds(SYMBOLIC_PROGRAMS, start=2, step=3):
         assert is_aliased(seed)
         outcomes[run_one(seed, cache="symbolic values")] += 1
     ran = sum(outcomes.values()) - outcomes["eager-error"]
@@ -340,7 +342,7 @@ def test_random_programs_reading_a_value_after_writes_into_inputs_sharing_memory
         return program, inputs
 
     monkeypatch.setitem(globals(), "make_program", with_value_read)
-    outcomes = Counter(run_one(seed, cache="symbolic values") for seed in range(2, 3 * SYMBOLIC_PROGRAMS, 3))
+    outcomes = Counter(run_one(seed, cache="symbolic values") for seed in lane_seeds(SYMBOLIC_PROGRAMS, start=2, step=3))
     ran = sum(outcomes.values()) - outcomes["eager-error"]
     refused = {k: v for k, v in outcomes.items() if k.startswith("refused")}
     assert sum(refused.values()) / max(ran, 1) <= MAX_REFUSED_SHARE, refused
