@@ -24,7 +24,6 @@ CI runs: every entry, forward and gradients, in about a minute of CPU time).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import types
 from collections.abc import Callable, Iterator
@@ -37,6 +36,7 @@ import torch
 import minijit
 from minijit.errors import MinijitError, TraceInvariantError
 from minijit.ops.opaque import OPAQUE
+from tests.ops.opinfo_util import no_test_fn_lookup
 
 FORWARD_DTYPES = (torch.float32, torch.bfloat16)
 INTEGER_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
@@ -137,24 +137,6 @@ def _seed(seed: int) -> None:
     torch.default_generator.manual_seed(seed)
 
 
-@contextlib.contextmanager
-def _no_test_fn_lookup() -> Iterator[None]:
-    """OpInfo's sample iterators look for the running unittest method with `inspect.stack()`.
-
-    Under pytest that reads the source of ~50 frames per call and took most of the sweep's
-    time; there is no unittest method to find here, so the lookup is skipped.
-    """
-    from torch.testing._internal import common_utils
-    from torch.testing._internal.opinfo import core
-
-    lookups = common_utils.extract_test_fn, core.extract_test_fn
-    common_utils.extract_test_fn = core.extract_test_fn = lambda: None
-    try:
-        yield
-    finally:
-        common_utils.extract_test_fn, core.extract_test_fn = lookups
-
-
 def _samples(info: Any, dtype: torch.dtype, requires_grad: bool) -> Iterator[Any]:
     """The entry's CPU samples, drawn from their own random stream seeded with 0 (the generator may raise).
 
@@ -165,7 +147,7 @@ def _samples(info: Any, dtype: torch.dtype, requires_grad: bool) -> Iterator[Any
     outer = torch.get_rng_state()
     _seed(0)
     try:
-        with _no_test_fn_lookup():
+        with no_test_fn_lookup():
             made = iter(info.sample_inputs("cpu", dtype, requires_grad=requires_grad, set_seed=False))
     finally:
         stream = torch.get_rng_state()

@@ -13,8 +13,9 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -41,6 +42,25 @@ def _op_db() -> dict[tuple[str, str], Any]:
     from torch.testing._internal.common_methods_invocations import op_db
 
     return {(info.name, info.variant_test_name): info for info in op_db}
+
+
+
+@contextlib.contextmanager
+def no_test_fn_lookup() -> Iterator[None]:
+    """OpInfo's sample iterators look for the running unittest method with `inspect.stack()`.
+
+    Under pytest that reads the source of ~50 frames per call and took most of an OpInfo test's
+    time; there is no unittest method to find here, so the lookup is skipped.
+    """
+    from torch.testing._internal import common_utils
+    from torch.testing._internal.opinfo import core
+
+    lookups = common_utils.extract_test_fn, core.extract_test_fn
+    common_utils.extract_test_fn = core.extract_test_fn = lambda: None
+    try:
+        yield
+    finally:
+        common_utils.extract_test_fn, core.extract_test_fn = lookups
 
 
 def opinfo(name: str, variant: str = "") -> Any:
@@ -112,7 +132,7 @@ class OpCase:
         out = Samples([])
         # One seed for the whole draw (not torch's per-sample reseeding, which dominates the run time),
         # without disturbing the caller's random state.
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]), no_test_fn_lookup():
             torch.manual_seed(0)
             samples = list(self.info.sample_inputs("cpu", dtype, requires_grad=False, set_seed=False))
         for sample in samples:
