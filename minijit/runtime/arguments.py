@@ -238,7 +238,7 @@ def _call_state_checks() -> list[Check]:
 def _argument_checks(name: str, param: str, value: Any, keyword: bool, state_checks: Callable[..., Any] | None,
                      symbolic: bool) -> list[Check]:
     """The checks on one argument, `param` in `check_call`: its keyword's name, then what `walk` specialises on
-    (a module's forward names its parameters and its tree's state by path: minijit.runtime.module)."""
+    (a module's forward names its parameters and its tree's state by path: minijit.runtime.module_forward)."""
     checks = [Check(argument_label(name), "keyword", param, name)] if keyword else []
     found = state_checks(name, param, value, symbolic) if state_checks is not None else None
     if found is None:

@@ -56,7 +56,7 @@ from minijit.runtime.fallback import Fallback, RaisedWhileTracing
 from minijit.runtime.guards import compile_prologue, drop_implied
 from minijit.runtime.inputs import number_capturer, tensor_capturer
 from minijit.runtime.iterators import refuse_escaping
-from minijit.runtime.module import ModuleForward
+from minijit.runtime.module_forward import ModuleForward
 from minijit.runtime.values import (
     ValueCheck,
     ValueReader,
