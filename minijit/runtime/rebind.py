@@ -25,6 +25,7 @@ an optimizer's state.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import types
 import weakref
@@ -332,7 +333,7 @@ class _Pairs:
         value = compared if compared is not None and compared is not g.value else self.move(g.value)
         if g.kind == "keys":
             value = self.key(tuple(g.value))
-            value = g.value if value == g.value and all(a is b for a, b in zip(value, g.value)) else value
+            value = g.value if all(a is b for a, b in zip(value, g.value)) else value  # (`is`: keys may be tensors)
         name = self.key(g.name) if g.kind in ("item", "contains") else g.name
         shadow = None if g.shadow is None else self.move(g.shadow)
         if namespace is g.namespace and value is g.value and shadow is g.shadow and name is g.name:
@@ -413,7 +414,7 @@ def _same_make(old: Any, new: Any) -> bool:
         return (old.__code__ is new.__code__ and old.__globals__ is new.__globals__
                 and _same_values(old.__defaults__ or (), new.__defaults__ or ())
                 and _same_values(tuple((old.__kwdefaults__ or {}).items()), tuple((new.__kwdefaults__ or {}).items())))
-    return getattr(old, "default_factory", None) is getattr(new, "default_factory", None)
+    return not isinstance(old, collections.defaultdict) or old.default_factory is new.default_factory
 
 
 def _same_values(old: tuple[Any, ...], new: tuple[Any, ...]) -> bool:

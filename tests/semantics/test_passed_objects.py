@@ -412,3 +412,25 @@ def test_a_new_object_sharing_differently_is_not_a_rebind(first_shared: bool) ->
         torch.testing.assert_close(jitted(mine, x), write_then_read(eagers, x))
         torch.testing.assert_close(mine.a.t, eagers.a.t)
     assert minijit.cache_info(jitted).rebound == 1, str(minijit.cache_info(jitted))
+
+
+def test_a_new_optimizer_with_state_already_matches_eager() -> None:
+    """An optimizer stepped once (eagerly) before its first jitted step: its state's keys are its own parameters,
+    compared by identity in the keys' guard of an entry traced on another optimizer in the same state."""
+    def step(opt: torch.optim.Optimizer) -> None:
+        opt.step()
+
+    jitted, held = minijit.jit(step), []
+    for seed in range(3):
+        (opt, params), (eager_opt, eager_params) = _optimizer(seed, False), _optimizer(seed, False)
+        held += [opt, eager_opt]
+        with torch.no_grad():
+            step(opt)
+            step(eager_opt)
+            for _ in range(2):
+                jitted(opt)
+                step(eager_opt)
+        for p, q in zip(params, eager_params, strict=True):
+            torch.testing.assert_close(p, q)
+            torch.testing.assert_close(opt.state[p]["exp_avg"], eager_opt.state[q]["exp_avg"])
+        assert [id(p) for p in opt.state] == [id(p) for p in params]
