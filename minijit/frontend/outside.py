@@ -338,6 +338,12 @@ class Outside:
                     self.read(guards, "item", container, i, item, item_label(label, i))
         else:  # the keys of a mapping, the elements of a set
             record(guards, "keys", container, None, tuple(container))
+            # The guard compares the keys by identity only: an object among them is a root, whose reads are
+            # guarded in turn (else `k.n` read from a key would be baked in).
+            label = self.label_of(container)
+            for k in container:
+                if not isinstance(k, Tensor | Proxy):
+                    self.add_root(k, f"a key of {label}")
 
     def observe_values(self, guards: dict[Any, Any], mapping: Any) -> None:
         """Record a read of every key and value of the root mapping (`.items()`, `.values()`)."""

@@ -79,6 +79,8 @@ def rebind(entry: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: di
             return None
         for (_, before), (_, now) in zip(entry.arg_objects, objects, strict=True):
             pairs.walk(before, now, 0)
+        if any(pairs.moves(t) for t in entry.capture.constants):
+            return None  # the trace holds a tensor of the old argument as a constant (a key it iterated over)
         refs = _guard_refs(entry)
         guards = list(entry.capture.guards)
         moved = []
@@ -246,6 +248,7 @@ class _Pairs:
         self.partner: dict[int, Any] = {}
         self.taken: dict[int, int] = {}  # id of a partner -> id of the old object it is the partner of
         self.reached: set[int] = set()
+        self.tensors: set[int] = set()  # ids of the tensors of the old argument met (paired or not)
         self.keep: list[Any] = []  # what the ids are of, alive while pairing
 
     def walk(self, old: Any, new: Any, depth: int) -> None:
@@ -261,6 +264,7 @@ class _Pairs:
             return
         if isinstance(old, torch.Tensor):  # its values are read afresh; its identity matters where it is a key
             self.reached.add(id(old))
+            self.tensors.add(id(old))
             self.keep.append(old)
             if isinstance(new, torch.Tensor):
                 self._pair(old, new)
@@ -292,6 +296,9 @@ class _Pairs:
 
     def _reach(self, old: Any, depth: int) -> None:
         """Note `old` and what it holds as parts of the old argument, with no partners."""
+        if isinstance(old, torch.Tensor):
+            self.tensors.add(id(old))
+            self.keep.append(old)
         if isinstance(old, torch.Tensor | torch.nn.Module) or not _has_parts(old) or depth > _DEPTH:
             return
         self.reached.add(id(old))
@@ -299,6 +306,10 @@ class _Pairs:
         for (_, v), _ in _parts(old, old):
             if id(v) not in self.reached:
                 self._reach(v, depth + 1)
+
+    def moves(self, t: torch.Tensor) -> bool:
+        """True where tensor `t` is part of the old argument, and not part of the new one at the same place."""
+        return id(t) in self.tensors and self.partner.get(id(t)) is not t
 
     def move(self, value: Any) -> Any:
         """`value`'s partner if it is part of the old argument (refused without one), else `value`. A tensor used by
@@ -332,7 +343,7 @@ class _Pairs:
         value = compared if compared is not None and compared is not g.value else self.move(g.value)
         if g.kind == "keys":
             value = self.key(tuple(g.value))
-            value = g.value if value == g.value and all(a is b for a, b in zip(value, g.value)) else value
+            value = g.value if all(a is b for a, b in zip(value, g.value, strict=True)) else value
         name = self.key(g.name) if g.kind in ("item", "contains") else g.name
         shadow = None if g.shadow is None else self.move(g.shadow)
         if namespace is g.namespace and value is g.value and shadow is g.shadow and name is g.name:
