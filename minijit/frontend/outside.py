@@ -240,8 +240,10 @@ class Outside:
         if entry is not None and entry[0] is t:
             return entry[1]
         for obj, label in list(self.roots.values()):
-            for access, key, value in _slots(obj):
-                if value is t:
+            # Where it was before the trace's own writes: a source is read before the call's effects are replayed.
+            changed = self.changed.get(id(obj))
+            for access, key, value in _slots(obj if changed is None else changed[1]):
+                if value is t and (access != "attribute" or (id(obj), key) not in self.written):
                     source = Source(obj, access, key, item_label(label, key))
                     self.tensor_sources[id(t)] = (t, source)
                     return source

@@ -504,3 +504,22 @@ def test_a_tensor_key_the_trace_holds_as_a_constant_is_not_moved() -> None:
     jitted = minijit.jit(weigh_by_tensor_keys)
     for seed in range(3):
         torch.testing.assert_close(jitted(TensorKeyed(seed)), weigh_by_tensor_keys(TensorKeyed(seed)))
+
+
+def insert_and_return_items(holder: Items, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    holder.items.insert(0, x * 2)
+    return x + 1, holder.items
+
+
+def test_a_list_written_then_returned_holds_its_old_items_where_they_were() -> None:
+    """Eager returns the object's list with the new item first and the old ones, the very tensors, after it. A
+    returned old item was read from where it is after the trace's own insert (`items[1]` for the first), though
+    the call reads it before replaying the insert: the wrong tensor, or an IndexError past the end."""
+    jitted, x = minijit.jit(insert_and_return_items), torch.ones(2)
+    for n in (1, 2, 2):
+        mine, eagers = Items(n), Items(n)
+        have, want = jitted(mine, x), insert_and_return_items(eagers, x)
+        assert len(have[1]) == len(want[1]) == len(mine.items) == n + 1
+        for h, w, m in zip(have[1], want[1], mine.items, strict=True):
+            torch.testing.assert_close(h, w)
+            assert h is m

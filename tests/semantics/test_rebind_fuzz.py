@@ -24,6 +24,7 @@ import os
 import random
 import textwrap
 import types
+import weakref
 from collections import Counter
 from typing import Any
 
@@ -52,6 +53,10 @@ class Leaf:
         return t * self.n
 
 
+class SubLeaf(Leaf):
+    """Another kind of leaf: a new graph with one in place of a `Leaf` is not the same kind of graph."""
+
+
 def double(t: torch.Tensor) -> torch.Tensor:
     return t * 2
 
@@ -74,6 +79,27 @@ def _over_leaf(leaf: Leaf) -> Any:
     return lambda t: t + leaf.t * leaf.n
 
 
+def _counter(start: int) -> Any:
+    """A closure that counts its calls in its own cell."""
+    def tick() -> int:
+        nonlocal start
+        start += 1
+        return start
+    return tick
+
+
+def _two_over_one_cell(c: float) -> tuple[Any, Any]:
+    """Two closures sharing one cell."""
+    def get(t: torch.Tensor) -> torch.Tensor:
+        return t * c
+
+    def bump(t: torch.Tensor) -> torch.Tensor:
+        nonlocal c
+        c = c + 1
+        return t + c
+    return get, bump
+
+
 CALLABLE_KINDS = ("closure", "default", "code", "partial", "leaf-closure", "method")
 
 
@@ -94,6 +120,12 @@ class Config:
     items: int  # tensors in g.items
     table: tuple[str, ...]  # keys of g.table
     note: bool  # g has an attribute `note`
+    reversed_table: bool  # g.table's keys in the other order
+    nums: tuple[int, ...]  # g.nums, a list of numbers
+    sub: bool  # g.b is a SubLeaf
+    ref_b: bool  # g.ref refers to g.b (else g.a)
+    tick: int  # where g.tick starts counting
+    one_cell: bool  # g.leaves[0].fn and g.leaves[1].fn share one cell
 
 
 def random_config(rng: random.Random) -> Config:
@@ -101,13 +133,16 @@ def random_config(rng: random.Random) -> Config:
                   count=rng.randrange(3), flag=rng.random() < 0.5, mode=rng.choice(["add", "mul", "sub"]),
                   shared=rng.random() < 0.3, key_shared=rng.random() < 0.5, tkey_shared=rng.random() < 0.5,
                   fn=(rng.choice(CALLABLE_KINDS), rng.randrange(2)), items=rng.randrange(1, 4),
-                  table=("w", "m") if rng.random() < 0.8 else ("w",), note=rng.random() < 0.3)
+                  table=("w", "m") if rng.random() < 0.8 else ("w",), note=rng.random() < 0.3,
+                  reversed_table=rng.random() < 0.2, nums=tuple(rng.randrange(1, 4) for _ in range(rng.randrange(3))),
+                  sub=rng.random() < 0.2, ref_b=rng.random() < 0.3, tick=rng.randrange(3), one_cell=rng.random() < 0.5)
 
 
 def perturb(cfg: Config, rng: random.Random) -> tuple[str, Config]:
     """A configuration for the next call: mostly the same but for the tensors' values, else one thing changed."""
     cfg = dataclasses.replace(cfg, tensors=rng.randrange(1000))
-    kind = rng.choice(["same"] * 6 + ["value", "shared", "key", "tkey", "callable", "missing", "extra", "note"])
+    kind = rng.choice(["same"] * 8 + ["value", "shared", "key", "tkey", "callable", "missing", "extra", "note",
+                                      "order", "nums", "sub", "ref", "tick", "cell"])
     changed = {
         "same": {},
         "value": rng.choice([{"scale": cfg.scale * 2}, {"count": cfg.count + 1}, {"flag": not cfg.flag},
@@ -119,6 +154,12 @@ def perturb(cfg: Config, rng: random.Random) -> tuple[str, Config]:
         "missing": {"table": cfg.table[:-1]},
         "extra": {"items": cfg.items + 1},
         "note": {"note": not cfg.note},
+        "order": {"reversed_table": not cfg.reversed_table},
+        "nums": {"nums": rng.choice([(*cfg.nums, 2), cfg.nums[1:], tuple(n + 1 for n in cfg.nums)])},
+        "sub": {"sub": not cfg.sub},
+        "ref": {"ref_b": not cfg.ref_b},
+        "tick": {"tick": cfg.tick + 1},
+        "cell": {"one_cell": not cfg.one_cell},
     }[kind]
     return kind, dataclasses.replace(cfg, **changed)
 
@@ -133,12 +174,18 @@ def build(cfg: Config) -> Node:
     g = Node()
     g.t, g.scale, g.count, g.flag, g.mode = tensor(), cfg.scale, cfg.count, cfg.flag, cfg.mode
     a = Leaf(tensor(), cfg.count + 1, double)
-    b = a if cfg.shared else Leaf(tensor(), cfg.count + 2, plus_one)
+    b = a if cfg.shared else (SubLeaf if cfg.sub else Leaf)(tensor(), cfg.count + 2, plus_one)
     g.a, g.b = a, b
     g.pair = (a, tensor(), cfg.scale + 1)
     g.items = [tensor() for _ in range(cfg.items)]
     g.leaves = [Leaf(tensor(), i + 1, _closure(i + 0.5)) for i in range(2)]
-    g.table = {k: (tensor() if k == "w" else cfg.scale * 3) for k in cfg.table}
+    if cfg.one_cell:
+        g.leaves[0].fn, g.leaves[1].fn = _two_over_one_cell(cfg.scale)
+    g.nums = list(cfg.nums)
+    g.ref = weakref.ref(b if cfg.ref_b else a)
+    g.tick = _counter(cfg.tick)
+    g.table = {k: (tensor() if k == "w" else cfg.scale * 3)
+               for k in (reversed(cfg.table) if cfg.reversed_table else cfg.table)}
     g.by_id = {0: tensor(), 1: tensor()}
     g.keyobj = a if cfg.key_shared else Leaf(tensor(), 5, double)
     g.by_obj = {g.keyobj: tensor()}
@@ -196,6 +243,25 @@ STEPS = [
     "g.table.pop('w', None)",
     "if g.a is g.b:\n    acc = acc + 10",
     "if g.keyobj is g.a:\n    acc = acc - 10",
+    "if len(g.items) > 1:\n    g.items.pop()",
+    "g.items.insert(0, acc)",
+    "g.table.update({'u': acc})",
+    "g.new = Leaf(acc, g.count, g.fn)",
+    "for n in g.nums:\n    acc = acc * n",
+    "acc = acc + sum(g.nums)",
+    "g.nums.append(g.count)",
+    "acc = acc + g.ref().t * g.ref().n",
+    "if g.pair[0] is g.a:\n    acc = acc + 3",
+    "for k in g.by_obj:\n    acc = k.fn(acc)",
+    "g.t.mul_(2)",
+    "acc = acc + g.tkey",
+    "g.b.fn = lambda t: t * g.scale",
+    "g.by_id[len(g.items)] = acc",
+    "acc = acc + g.by_id.get(2, x)",
+    "if isinstance(g.b, SubLeaf):\n    acc = acc * 3",
+    "acc = acc * g.tick()",
+    "acc = g.leaves[1].fn(acc)",
+    "for k, v in g.table.items():\n    acc = acc + v",
 ]
 RETURNS = ["acc", "acc, g.count", "acc, g.items", "acc, g.a", "acc, g.flag, len(g.table)"]
 
@@ -207,6 +273,7 @@ def random_program(rng: random.Random) -> str:
 
 def compile_program(source: str) -> Any:
     namespace: dict[str, Any] = {}
+    namespace.update(Leaf=Leaf, SubLeaf=SubLeaf)
     exec(compile(source, "<rebind fuzz program>", "exec"), namespace)
     return namespace["program"]
 
@@ -245,6 +312,8 @@ def snapshot(graph: Node, result: Any) -> Any:
             return ("partial", x.func, walk(x.args, f"{path}.args"), walk(x.keywords, f"{path}.keywords"))
         if isinstance(x, types.MethodType):
             return ("method", x.__func__, walk(x.__self__, f"{path}.self"))
+        if isinstance(x, weakref.ref):
+            return ("weakref", walk(x(), f"{path}()"))
         if isinstance(x, Node | Leaf):
             return (type(x).__name__, [(k, walk(v, f"{path}.{k}")) for k, v in sorted(vars(x).items())])
         raise AssertionError(f"the fuzzer meets an unexpected {type(x)} at {path}")
