@@ -249,6 +249,7 @@ class _Pairs:
         self.taken: dict[int, int] = {}  # id of a partner -> id of the old object it is the partner of
         self.reached: set[int] = set()
         self.tensors: set[int] = set()  # ids of the tensors of the old argument met (paired or not)
+        self.refers: dict[int, bool] = {}  # ids of values outside the old argument -> whether they hold part of it
         self.keep: list[Any] = []  # what the ids are of, alive while pairing
 
     def walk(self, old: Any, new: Any, depth: int) -> None:
@@ -319,9 +320,23 @@ class _Pairs:
             if id(value) not in self.partner:
                 raise _Unpaired
             return self.partner[id(value)]
-        if isinstance(value, torch.Tensor):
-            raise _Unpaired
+        if isinstance(value, torch.Tensor) or self._refers_to_old(value, 0):
+            raise _Unpaired  # (a function the trace made, whose closure holds the old argument: it cannot move)
         return value
+
+    def _refers_to_old(self, value: Any, depth: int) -> bool:
+        """True where `value`, not itself part of the old argument, holds a part of it (a lambda the trace made and
+        stored, closing over the argument): it stays as it is in the moved entry, so it would keep the old one."""
+        if id(value) in self.reached:
+            return True
+        if not _has_parts(value) or isinstance(value, torch.Tensor | torch.nn.Module) or depth > _DEPTH:
+            return False
+        known = self.refers.get(id(value))
+        if known is None:
+            self.refers[id(value)] = False  # (a cycle back to it adds nothing)
+            self.keep.append(value)
+            known = self.refers[id(value)] = any(self._refers_to_old(v, depth + 1) for (_, v), _ in _parts(value, value))
+        return known
 
     def key(self, key: Any) -> Any:
         """A key (of an item read, written, or tested): moved where it is an object or tensor of the old argument."""
@@ -340,10 +355,11 @@ class _Pairs:
         with: where that is a copy (a list, dict or set of constants, copied when the trace was made), the copy is
         kept, whatever the container holds now; otherwise the value itself, moved like the rest."""
         namespace = self.source(g.namespace) if isinstance(g.namespace, Source) else self.move(g.namespace)
-        value = compared if compared is not None and compared is not g.value else self.move(g.value)
         if g.kind == "keys":
             value = self.key(tuple(g.value))
             value = g.value if all(a is b for a, b in zip(value, g.value, strict=True)) else value
+        else:
+            value = compared if compared is not None and compared is not g.value else self.move(g.value)
         name = self.key(g.name) if g.kind in ("item", "contains") else g.name
         shadow = None if g.shadow is None else self.move(g.shadow)
         if namespace is g.namespace and value is g.value and shadow is g.shadow and name is g.name:

@@ -523,3 +523,32 @@ def test_a_list_written_then_returned_holds_its_old_items_where_they_were() -> N
         for h, w, m in zip(have[1], want[1], mine.items, strict=True):
             torch.testing.assert_close(h, w)
             assert h is m
+
+
+def _plus_one(t: torch.Tensor) -> torch.Tensor:
+    return t + 1
+
+
+class Scaled:
+    def __init__(self, scale: float) -> None:
+        self.scale = scale
+        self.fn = _plus_one
+
+
+def store_a_closure(holder: Scaled, x: torch.Tensor) -> torch.Tensor:
+    holder.fn = lambda t: t * holder.scale
+    return x + 1
+
+
+def test_a_function_the_trace_made_over_the_old_object_is_not_kept_by_a_rebind() -> None:
+    """Eager stores a new lambda closing over the object it was given. The trace stores the lambda it made, whose
+    cell holds the first object; a rebind to a new object (once the first no longer held that lambda) stored it
+    into the new one: calling it read the first object's scale (a silent wrong answer)."""
+    jitted, x = minijit.jit(store_a_closure), torch.ones(2)
+    first = Scaled(2.0)
+    jitted(first, x)
+    first.fn = _plus_one  # the first object lets go of the lambda
+    for scale in (3.0, 4.0):
+        mine, eagers = Scaled(scale), Scaled(scale)
+        torch.testing.assert_close(jitted(mine, x), store_a_closure(eagers, x))
+        torch.testing.assert_close(mine.fn(x), eagers.fn(x))
