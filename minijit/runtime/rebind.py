@@ -20,7 +20,8 @@ state in `__dict__`), lists, tuples and dicts, closure cells, weakrefs, and func
 code, globals and defaults (their cells paired). A partial, a C object, another function is
 never moved. The pairing is one to one (one object at two places of the old argument must be
 one in the new), and tensors are paired too where the entry uses them by identity: the keys of
-an optimizer's state.
+an optimizer's state. What the entry keeps as it is must not hold the old argument: a tensor of it
+the trace holds as a constant, a value (a lambda the trace made over it) that refers into it, refuse.
 """
 
 from __future__ import annotations

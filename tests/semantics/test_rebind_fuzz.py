@@ -34,9 +34,9 @@ import minijit
 from minijit.errors import MinijitError
 from tests.lanes import lane_seeds
 
-PROGRAMS = int(os.environ.get("MINIJIT_REBIND_FUZZ_PROGRAMS", "40"))
+PROGRAMS = int(os.environ.get("MINIJIT_REBIND_FUZZ_PROGRAMS", "80"))
 CALLS = 6  # calls per program: graph A, then fresh (or perturbed) graphs
-MIN_REBOUND_SHARE = 0.15  # of the calls after each program's first
+MIN_REBOUND_SHARE = 0.2  # of the calls after each program's first
 
 
 class Node:
@@ -382,7 +382,8 @@ def run_one(seed: int, outcomes: Counter[str]) -> str | None:
         want = _run(program, theirs, x.clone())
         have = _run(jitted, mine, x.clone())
         outcome = _outcome(before, minijit.cache_info(jitted))
-        where = f"\nseed {seed}, call {call} ({outcome}):\n{source}" + "\n".join(history)
+        where = (f"\nseed {seed}, call {call} ({outcome}); again: `from tests.semantics.test_rebind_fuzz import *; "
+                 f"run_one({seed}, Counter())`\n{source}" + "\n".join(history))
         if have[0] == "refused":
             outcomes["refused"] += 1
             mine = None  # (its state need not be eager's: not called again)
