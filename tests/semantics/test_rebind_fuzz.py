@@ -3,12 +3,14 @@
 A jitted function called with new objects of the kinds it was traced with reuses its entry, moved to the
 new objects (`minijit.runtime.rebind`, `cache_info(j).rebound`). Each seed draws an object graph (plain
 objects of two small classes, lists, tuples, dicts keyed by strings, ints, objects and tensors, closures,
-functions, partials and bound methods stored as attributes, objects shared at two places, tensors) and a
-small program over it (source text: reads of attributes and items, branches on Python values read,
-calls of the stored callables, writes of tensors and Python values, appends, tensors as dict keys).
+functions, partials, bound methods, counters and weakrefs stored as attributes, objects shared at two places,
+tensors) and a small program over it and a second argument, its own object or one of the graph's (source text:
+reads of attributes and items, branches on Python values read, calls of the stored callables, writes of tensors
+and Python values, appends, tensors as dict keys), jitted with cache="automatic" or "symbolic values".
 The program is jitted and called on graph A, then on fresh graphs B, C, ... built by the same builder
 with the same or a perturbed configuration (other tensor values, other Python values, one object shared
-where there were two or the reverse, another callable, a missing key, an extra list item or attribute);
+where there were two or the reverse, another callable, a missing key, an extra list item or attribute, another
+kind of leaf, other keys' order, another tensor size);
 now and then again on the graph of the call before. Eager runs on a second build of each graph (equal
 objects, separate), and the results and the final state of every object must be equal: tensors by
 `torch.equal`, Python values by `==`, and which places hold one object. A mismatch fails naming the seed
@@ -100,7 +102,15 @@ def _two_over_one_cell(c: float) -> tuple[Any, Any]:
     return get, bump
 
 
-CALLABLE_KINDS = ("closure", "default", "code", "partial", "leaf-closure", "method")
+def _writer(leaf: Leaf) -> Any:
+    """A closure that writes into the leaf it closes over, then reads it."""
+    def write(t: torch.Tensor) -> torch.Tensor:
+        leaf.n = leaf.n + 1
+        return t * leaf.n
+    return write
+
+
+CALLABLE_KINDS = ("closure", "default", "code", "partial", "leaf-closure", "method", "writer")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,6 +136,7 @@ class Config:
     ref_b: bool  # g.ref refers to g.b (else g.a)
     tick: int  # where g.tick starts counting
     one_cell: bool  # g.leaves[0].fn and g.leaves[1].fn share one cell
+    h_is_a: bool  # the second argument is g.a (else a leaf of its own)
 
 
 def random_config(rng: random.Random) -> Config:
@@ -135,14 +146,15 @@ def random_config(rng: random.Random) -> Config:
                   fn=(rng.choice(CALLABLE_KINDS), rng.randrange(2)), items=rng.randrange(1, 4),
                   table=("w", "m") if rng.random() < 0.8 else ("w",), note=rng.random() < 0.3,
                   reversed_table=rng.random() < 0.2, nums=tuple(rng.randrange(1, 4) for _ in range(rng.randrange(3))),
-                  sub=rng.random() < 0.2, ref_b=rng.random() < 0.3, tick=rng.randrange(3), one_cell=rng.random() < 0.5)
+                  sub=rng.random() < 0.2, ref_b=rng.random() < 0.3, tick=rng.randrange(3), one_cell=rng.random() < 0.5,
+                  h_is_a=rng.random() < 0.5)
 
 
 def perturb(cfg: Config, rng: random.Random) -> tuple[str, Config]:
     """A configuration for the next call: mostly the same but for the tensors' values, else one thing changed."""
     cfg = dataclasses.replace(cfg, tensors=rng.randrange(1000))
     kind = rng.choice(["same"] * 8 + ["value", "shared", "key", "tkey", "callable", "missing", "extra", "note",
-                                      "order", "nums", "sub", "ref", "tick", "cell"])
+                                      "order", "nums", "sub", "ref", "tick", "cell", "h", "shape"])
     changed = {
         "same": {},
         "value": rng.choice([{"scale": cfg.scale * 2}, {"count": cfg.count + 1}, {"flag": not cfg.flag},
@@ -160,6 +172,8 @@ def perturb(cfg: Config, rng: random.Random) -> tuple[str, Config]:
         "ref": {"ref_b": not cfg.ref_b},
         "tick": {"tick": cfg.tick + 1},
         "cell": {"one_cell": not cfg.one_cell},
+        "h": {"h_is_a": not cfg.h_is_a},
+        "shape": {"shape": (*cfg.shape[:-1], cfg.shape[-1] + 1)},
     }[kind]
     return kind, dataclasses.replace(cfg, **changed)
 
@@ -195,7 +209,9 @@ def build(cfg: Config) -> Node:
     kind, k = cfg.fn
     g.fn = {"closure": lambda: _closure(k + 1.5), "default": lambda: _with_default(k + 1),
             "code": lambda: [double, plus_one][k], "partial": lambda: functools.partial(torch.add, other=k + 1),
-            "leaf-closure": lambda: _over_leaf([a, g.leaves[0]][k]), "method": lambda: [a, b][k].scaled}[kind]()
+            "leaf-closure": lambda: _over_leaf([a, g.leaves[0]][k]), "method": lambda: [a, b][k].scaled,
+            "writer": lambda: _writer([b, g.leaves[1]][k])}[kind]()
+    g.h = a if cfg.h_is_a else Leaf(tensor(), 7, double)  # (passed as the second argument too)
     if cfg.note:
         g.note = tensor()
     return g
@@ -262,13 +278,18 @@ STEPS = [
     "acc = acc * g.tick()",
     "acc = g.leaves[1].fn(acc)",
     "for k, v in g.table.items():\n    acc = acc + v",
+    "h.t = acc * 3",
+    "acc = acc + h.t * h.n",
+    "h.n = h.n + 1",
+    "acc = h.fn(acc)",
+    "if h is g.a:\n    acc = acc * 0.5",
 ]
 RETURNS = ["acc", "acc, g.count", "acc, g.items", "acc, g.a", "acc, g.flag, len(g.table)"]
 
 
 def random_program(rng: random.Random) -> str:
     body = ["acc = x * 1.0", *rng.choices(STEPS, k=rng.randrange(2, 8)), f"return {rng.choice(RETURNS)}"]
-    return "def program(g, x):\n" + textwrap.indent("\n".join(body), "    ") + "\n"
+    return "def program(g, h, x):\n" + textwrap.indent("\n".join(body), "    ") + "\n"
 
 
 def compile_program(source: str) -> Any:
@@ -345,7 +366,7 @@ def _short(x: Any) -> str:
 
 def _run(fn: Any, g: Node, x: torch.Tensor) -> tuple[str, Any]:
     try:
-        return "returned", fn(g, x)
+        return "returned", fn(g, g.h, x)
     except MinijitError as e:
         return "refused", e
     except Exception as e:  # (eager raising is an outcome to compare)
@@ -365,7 +386,8 @@ def run_one(seed: int, outcomes: Counter[str]) -> str | None:
     rng = random.Random(seed)
     source = random_program(rng)
     program = compile_program(source)
-    jitted = minijit.jit(program)
+    cache = "symbolic values" if rng.random() < 0.3 else "automatic"
+    jitted = minijit.jit(program, cache=cache)
     cfg = random_config(rng)
     kind, history = "first", []
     mine = theirs = None
@@ -382,8 +404,9 @@ def run_one(seed: int, outcomes: Counter[str]) -> str | None:
         want = _run(program, theirs, x.clone())
         have = _run(jitted, mine, x.clone())
         outcome = _outcome(before, minijit.cache_info(jitted))
-        where = (f"\nseed {seed}, call {call} ({outcome}); again: `from tests.semantics.test_rebind_fuzz import *; "
-                 f"run_one({seed}, Counter())`\n{source}" + "\n".join(history))
+        where = (f"\nseed {seed}, call {call} ({outcome}, cache={cache!r}); again: "
+                 f"`from tests.semantics.test_rebind_fuzz import *; run_one({seed}, Counter())`\n{source}"
+                 + "\n".join(history))
         if have[0] == "refused":
             outcomes["refused"] += 1
             mine = None  # (its state need not be eager's: not called again)
