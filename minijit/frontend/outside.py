@@ -240,8 +240,10 @@ class Outside:
         if entry is not None and entry[0] is t:
             return entry[1]
         for obj, label in list(self.roots.values()):
-            for access, key, value in _slots(obj):
-                if value is t:
+            # Where it was before the trace's own writes: a source is read before the call's effects are replayed.
+            changed = self.changed.get(id(obj))
+            for access, key, value in _slots(obj if changed is None else changed[1]):
+                if value is t and (access != "attribute" or (id(obj), key) not in self.written):
                     source = Source(obj, access, key, item_label(label, key))
                     self.tensor_sources[id(t)] = (t, source)
                     return source
@@ -338,6 +340,12 @@ class Outside:
                     self.read(guards, "item", container, i, item, item_label(label, i))
         else:  # the keys of a mapping, the elements of a set
             record(guards, "keys", container, None, tuple(container))
+            # The guard compares the keys by identity only: an object among them is a root, whose reads are
+            # guarded in turn (else `k.n` read from a key would be baked in).
+            label = self.label_of(container)
+            for k in container:
+                if not isinstance(k, Tensor | Proxy):
+                    self.add_root(k, f"a key of {label}")
 
     def observe_values(self, guards: dict[Any, Any], mapping: Any) -> None:
         """Record a read of every key and value of the root mapping (`.items()`, `.values()`)."""

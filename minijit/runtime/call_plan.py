@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from minijit.errors import UnsupportedSyntaxError
+from minijit.frontend.frame import current_state
 from minijit.frontend.guards import Source, TensorSeen
 from minijit.frontend.outside import Effect, Outside
 from minijit.ir import Proxy, Trace
@@ -138,6 +139,9 @@ def finish_capture(trace: Trace, where: str, result: Any, outside: Outside) -> t
                 for x in leaves]
 
     plan = CallPlan()
+    _guard_outside_containers(result, outside)
+    for effect in outside.effects:
+        _guard_outside_containers(effect.value, outside)
     result_spec, result_leaves = flatten(result, is_leaf, outside.is_created)
     _check_no_hidden_proxy(result_spec, f"the result of {where}", outside)
     result_leaves = proxies(result_leaves)
@@ -167,6 +171,26 @@ def finish_capture(trace: Trace, where: str, result: Any, outside: Outside) -> t
     else:
         output = result_spec.rebuild(result_leaves)
     return output, plan
+
+
+def _guard_outside_containers(value: Any, outside: Outside) -> None:
+    """Guard the contents of each list, tuple or dict from outside the call found in `value` (a result, a value
+    stored outside): the plan rebuilds them from what they hold now (their length, their keys, their items), which
+    must then be what they hold on every call the entry serves (else returning `obj.items` after an item was
+    appended returned the old items)."""
+    guards = current_state().guards
+    todo, seen = [value], set()
+    while todo:
+        x = todo.pop()
+        if not isinstance(x, list | tuple | dict) or id(x) in seen:
+            continue
+        seen.add(id(x))
+        if outside.is_root(x):
+            if isinstance(x, dict):
+                outside.observe_values(guards, x)
+            else:
+                outside.observe(guards, x, "iterate")
+        todo += list(x.values()) if isinstance(x, dict) else list(x)
 
 
 _SETS = ("setattr", "accumulate grad")

@@ -20,7 +20,8 @@ state in `__dict__`), lists, tuples and dicts, closure cells, weakrefs, and func
 code, globals and defaults (their cells paired). A partial, a C object, another function is
 never moved. The pairing is one to one (one object at two places of the old argument must be
 one in the new), and tensors are paired too where the entry uses them by identity: the keys of
-an optimizer's state.
+an optimizer's state. What the entry keeps as it is must not hold the old argument: a tensor of it
+the trace holds as a constant, a value (a lambda the trace made over it) that refers into it, refuse.
 """
 
 from __future__ import annotations
@@ -80,6 +81,8 @@ def rebind(entry: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: di
             return None
         for (_, before), (_, now) in zip(entry.arg_objects, objects, strict=True):
             pairs.walk(before, now, 0)
+        if any(pairs.moves(t) for t in entry.capture.constants):
+            return None  # the trace holds a tensor of the old argument as a constant (a key it iterated over)
         refs = _guard_refs(entry)
         guards = list(entry.capture.guards)
         moved = []
@@ -247,6 +250,8 @@ class _Pairs:
         self.partner: dict[int, Any] = {}
         self.taken: dict[int, int] = {}  # id of a partner -> id of the old object it is the partner of
         self.reached: set[int] = set()
+        self.tensors: set[int] = set()  # ids of the tensors of the old argument met (paired or not)
+        self.refers: dict[int, bool] = {}  # ids of values outside the old argument -> whether they hold part of it
         self.keep: list[Any] = []  # what the ids are of, alive while pairing
 
     def walk(self, old: Any, new: Any, depth: int) -> None:
@@ -262,6 +267,7 @@ class _Pairs:
             return
         if isinstance(old, torch.Tensor):  # its values are read afresh; its identity matters where it is a key
             self.reached.add(id(old))
+            self.tensors.add(id(old))
             self.keep.append(old)
             if isinstance(new, torch.Tensor):
                 self._pair(old, new)
@@ -293,6 +299,9 @@ class _Pairs:
 
     def _reach(self, old: Any, depth: int) -> None:
         """Note `old` and what it holds as parts of the old argument, with no partners."""
+        if isinstance(old, torch.Tensor):
+            self.tensors.add(id(old))
+            self.keep.append(old)
         if isinstance(old, torch.Tensor | torch.nn.Module) or not _has_parts(old) or depth > _DEPTH:
             return
         self.reached.add(id(old))
@@ -300,6 +309,10 @@ class _Pairs:
         for (_, v), _ in _parts(old, old):
             if id(v) not in self.reached:
                 self._reach(v, depth + 1)
+
+    def moves(self, t: torch.Tensor) -> bool:
+        """True where tensor `t` is part of the old argument, and not part of the new one at the same place."""
+        return id(t) in self.tensors and self.partner.get(id(t)) is not t
 
     def move(self, value: Any) -> Any:
         """`value`'s partner if it is part of the old argument (refused without one), else `value`. A tensor used by
@@ -309,9 +322,23 @@ class _Pairs:
             if id(value) not in self.partner:
                 raise _Unpaired
             return self.partner[id(value)]
-        if isinstance(value, torch.Tensor):
-            raise _Unpaired
+        if isinstance(value, torch.Tensor) or self._refers_to_old(value, 0):
+            raise _Unpaired  # (a function the trace made, whose closure holds the old argument: it cannot move)
         return value
+
+    def _refers_to_old(self, value: Any, depth: int) -> bool:
+        """True where `value`, not itself part of the old argument, holds a part of it (a lambda the trace made and
+        stored, closing over the argument): it stays as it is in the moved entry, so it would keep the old one."""
+        if id(value) in self.reached:
+            return True
+        if not _has_parts(value) or isinstance(value, torch.Tensor | torch.nn.Module) or depth > _DEPTH:
+            return False
+        known = self.refers.get(id(value))
+        if known is None:
+            self.refers[id(value)] = False  # (a cycle back to it adds nothing)
+            self.keep.append(value)
+            known = self.refers[id(value)] = any(self._refers_to_old(v, depth + 1) for (_, v), _ in _parts(value, value))
+        return known
 
     def key(self, key: Any) -> Any:
         """A key (of an item read, written, or tested): moved where it is an object or tensor of the old argument."""
@@ -330,10 +357,11 @@ class _Pairs:
         with: where that is a copy (a list, dict or set of constants, copied when the trace was made), the copy is
         kept, whatever the container holds now; otherwise the value itself, moved like the rest."""
         namespace = self.source(g.namespace) if isinstance(g.namespace, Source) else self.move(g.namespace)
-        value = compared if compared is not None and compared is not g.value else self.move(g.value)
         if g.kind == "keys":
             value = self.key(tuple(g.value))
-            value = g.value if all(a is b for a, b in zip(value, g.value)) else value  # (`is`: keys may be tensors)
+            value = g.value if all(a is b for a, b in zip(value, g.value, strict=True)) else value  # (keys: tensors)
+        else:
+            value = compared if compared is not None and compared is not g.value else self.move(g.value)
         name = self.key(g.name) if g.kind in ("item", "contains") else g.name
         shadow = None if g.shadow is None else self.move(g.shadow)
         if namespace is g.namespace and value is g.value and shadow is g.shadow and name is g.name:

@@ -434,3 +434,143 @@ def test_a_new_optimizer_with_state_already_matches_eager() -> None:
             torch.testing.assert_close(p, q)
             torch.testing.assert_close(opt.state[p]["exp_avg"], eager_opt.state[q]["exp_avg"])
         assert [id(p) for p in opt.state] == [id(p) for p in params]
+
+
+class Keyed:
+    """An object used as a dict key, read through while iterating over the dict."""
+
+    def __init__(self, n: int, t: torch.Tensor) -> None:
+        self.n, self.t = n, t
+
+
+class Table:
+    def __init__(self, key: Keyed, linked: bool) -> None:
+        self.by_key = {key: 1.0}
+        if linked:  # the key also held as an attribute: a new table's key is paired with the old one's
+            self.key = key
+
+
+def weigh_by_keys(table: Table, x: torch.Tensor) -> torch.Tensor:
+    for k in table.by_key:
+        x = x * k.n + k.t
+    return x
+
+
+@pytest.mark.parametrize("linked", [False, True], ids=["key-only", "key-also-an-attribute"])
+def test_an_object_met_as_a_key_is_read_afresh(linked: bool) -> None:
+    """Eager reads `k.n` and `k.t` of each key on every call. The keys were guarded by identity only, their
+    attributes not at all: a changed `k.n` on the same table, or a new table (rebound) with other keys' values,
+    got the first call's numbers and tensor (a silent wrong answer)."""
+    jitted, x = minijit.jit(weigh_by_keys), torch.ones(3)
+
+    def tables(n: int) -> tuple[Table, Table]:
+        return tuple(Table(Keyed(n, torch.full((3,), float(n))), linked) for _ in range(2))
+
+    mine, eagers = tables(2)
+    torch.testing.assert_close(jitted(mine, x), weigh_by_keys(eagers, x))
+    for k in (*mine.by_key, *eagers.by_key):
+        k.n, k.t = 5, torch.zeros(3)
+    torch.testing.assert_close(jitted(mine, x), weigh_by_keys(eagers, x))
+    for n in (3, 4):
+        mine, eagers = tables(n)
+        torch.testing.assert_close(jitted(mine, x), weigh_by_keys(eagers, x))
+    if linked:
+        assert minijit.cache_info(jitted).rebound >= 1, str(minijit.cache_info(jitted))
+
+
+class Items:
+    def __init__(self, n: int) -> None:
+        self.items = [torch.full((2,), float(i)) for i in range(n)]
+
+
+def shift_and_return_items(holder: Items, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    return x + 1, holder.items
+
+
+def test_a_returned_list_of_an_object_holds_what_it_holds_now() -> None:
+    """Eager returns the object's list as it is at the call. The result was rebuilt from the items seen while
+    tracing, unguarded: after an append (or for a new object with more items, rebound) minijit returned the old
+    number of items (a silent wrong answer)."""
+    jitted, x = minijit.jit(shift_and_return_items), torch.ones(2)
+    holder = Items(2)
+    for step in range(2):
+        have, want = jitted(holder, x), shift_and_return_items(holder, x)
+        assert len(have[1]) == len(want[1]) and all(h is w for h, w in zip(have[1], want[1], strict=True))
+        holder.items.append(torch.full((2,), 9.0 + step))
+    for n in (2, 4):
+        fresh = Items(n)
+        have, want = jitted(fresh, x), shift_and_return_items(fresh, x)
+        assert len(have[1]) == len(want[1]) and all(h is w for h, w in zip(have[1], want[1], strict=True))
+
+
+class TensorKeyed:
+    """A dict keyed by a tensor the object also holds deeper down (where the trace does not find its source)."""
+
+    def __init__(self, seed: int) -> None:
+        t = torch.full((2,), float(seed))
+        self.nested = ((t,),)
+        self.by_tensor = {t: torch.ones(2)}
+
+
+def weigh_by_tensor_keys(holder: TensorKeyed) -> torch.Tensor:
+    acc = torch.zeros(2)
+    for k, v in holder.by_tensor.items():
+        acc = acc + k * v
+    return acc
+
+
+def test_a_tensor_key_the_trace_holds_as_a_constant_is_not_moved() -> None:
+    """The trace holds the first object's key tensor as a constant. A rebind to a new object paired that key with
+    the new one's but kept the constant (the first object's key: a silent wrong answer; before, the rebind raised
+    comparing the keys). A constant of the old argument cannot move: the call is a miss, then a trace."""
+    jitted = minijit.jit(weigh_by_tensor_keys)
+    for seed in range(3):
+        torch.testing.assert_close(jitted(TensorKeyed(seed)), weigh_by_tensor_keys(TensorKeyed(seed)))
+
+
+def insert_and_return_items(holder: Items, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    holder.items.insert(0, x * 2)
+    return x + 1, holder.items
+
+
+def test_a_list_written_then_returned_holds_its_old_items_where_they_were() -> None:
+    """Eager returns the object's list with the new item first and the old ones, the very tensors, after it. A
+    returned old item was read from where it is after the trace's own insert (`items[1]` for the first), though
+    the call reads it before replaying the insert: the wrong tensor, or an IndexError past the end."""
+    jitted, x = minijit.jit(insert_and_return_items), torch.ones(2)
+    for n in (1, 2, 2):
+        mine, eagers = Items(n), Items(n)
+        have, want = jitted(mine, x), insert_and_return_items(eagers, x)
+        assert len(have[1]) == len(want[1]) == len(mine.items) == n + 1
+        for h, w, m in zip(have[1], want[1], mine.items, strict=True):
+            torch.testing.assert_close(h, w)
+            assert h is m
+
+
+def _plus_one(t: torch.Tensor) -> torch.Tensor:
+    return t + 1
+
+
+class Scaled:
+    def __init__(self, scale: float) -> None:
+        self.scale = scale
+        self.fn = _plus_one
+
+
+def store_a_closure(holder: Scaled, x: torch.Tensor) -> torch.Tensor:
+    holder.fn = lambda t: t * holder.scale
+    return x + 1
+
+
+def test_a_function_the_trace_made_over_the_old_object_is_not_kept_by_a_rebind() -> None:
+    """Eager stores a new lambda closing over the object it was given. The trace stores the lambda it made, whose
+    cell holds the first object; a rebind to a new object (once the first no longer held that lambda) stored it
+    into the new one: calling it read the first object's scale (a silent wrong answer)."""
+    jitted, x = minijit.jit(store_a_closure), torch.ones(2)
+    first = Scaled(2.0)
+    jitted(first, x)
+    first.fn = _plus_one  # the first object lets go of the lambda
+    for scale in (3.0, 4.0):
+        mine, eagers = Scaled(scale), Scaled(scale)
+        torch.testing.assert_close(jitted(mine, x), store_a_closure(eagers, x))
+        torch.testing.assert_close(mine.fn(x), eagers.fn(x))
