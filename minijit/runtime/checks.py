@@ -206,7 +206,7 @@ def walk(x: Any, out: list[Any], symbolic: bool, where: tuple[str, str] | None =
             out.append(Check(where[0], "length", where[1], (t, len(x))))
         for i, v in enumerate(x):
             walk(v, out, symbolic, where and (f"{where[0]}[{i}]", f"{where[1]}[{i}]"))
-    elif t is dict:
+    elif t is dict and all(map(_literal_key, x)):
         if where is None:
             out += (t, tuple(x))
         else:
@@ -244,6 +244,15 @@ def walk(x: Any, out: list[Any], symbolic: bool, where: tuple[str, str] | None =
         out += (t, id(x))
     else:
         out.append(Check(where[0], "object", where[1], (t, id(x))))
+
+
+def _literal_key(k: Any) -> bool:
+    """A dict key whose repr reads back as itself in a check's source: a dict keyed otherwise (by objects, tensors,
+    NaN) is specialised on by identity, as other objects are."""
+    t = type(k)
+    if t is tuple:
+        return all(map(_literal_key, k))
+    return t is int or t is str or t is bool or t is bytes or k is None or (t is float and math.isfinite(k))
 
 
 def tensor_checks(label: str, subject: str, x: Tensor, symbolic: bool) -> list[Check]:

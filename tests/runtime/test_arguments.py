@@ -68,3 +68,25 @@ def test_the_arguments_read_once_serve_proxies_checks_and_aliasing():
         torch.testing.assert_close(jf(pair, pair[1], scale=2.0), f(eager_pair, eager_pair[1], scale=2.0))
         torch.testing.assert_close(base, eager_base)
         assert "scale" in jf.last_prologue()
+
+
+class _Key:
+    """An object used as a dict key (its repr is no Python expression)."""
+
+
+def test_a_dict_keyed_by_objects_or_nan_is_read_as_an_object() -> None:
+    """A dict argument whose keys are objects, tensors or NaN (once a SyntaxError from the generated checks, which
+    wrote the keys' reprs into their source) is specialised on by identity: its items are read, and guarded, as
+    an outside object's, so a changed value or a new dict gives eager's result."""
+    def total(d: dict[Any, Any], x: torch.Tensor) -> torch.Tensor:
+        return x * sum(v for v in d.values() if not isinstance(v, torch.Tensor)) + sum(
+            v.sum() for v in d.values() if isinstance(v, torch.Tensor))
+
+    jitted, x, key, t = minijit.jit(total), torch.ones(2), _Key(), torch.zeros(1)
+    d = {key: 1, "a": 2, float("nan"): 3, t: torch.ones(3)}
+    for _ in range(2):
+        torch.testing.assert_close(jitted(d, x), total(d, x))
+        d[key] += 5
+        d[t] = torch.full((3,), 2.0)
+    other = {_Key(): 4, (1, "b"): torch.ones(2)}
+    torch.testing.assert_close(jitted(other, x), total(other, x))
