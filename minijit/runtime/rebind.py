@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import types
 import weakref
 from collections.abc import Callable
@@ -416,6 +417,7 @@ def _may_hold(g: GuardEntry) -> bool:
         return True
 
 
+@functools.cache  # (asked for each object a rebind walks: a class's answer does not change)
 def _plain(cls: type) -> bool:
     """Instances of `cls` keep all their state in a `__dict__`: their layout is a plain class's (a type written in C,
     a function or a `functools.partial`, holds state of its own; slots hold values outside the `__dict__`), and it
