@@ -116,14 +116,14 @@ def rebind(entry: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: di
 def _refs(g: GuardEntry) -> list[int]:
     """ids of the objects guard entry `g` refers to: what it reads through (its namespace and the holders of its
     source), the value it compares with, its shadow. It moves in a rebind only where one of them does."""
-    held, ns = [], g.namespace
+    held, keys, ns = [], list(_keys(g)), g.namespace
     while isinstance(ns, Source):
+        keys.append(ns.key)
         ns = ns.holder
         held.append(ns)
     held += [ns, g.value, g.shadow]
     # Only what `_Pairs.walk` can reach (a number, None or a module never moves itself; a tensor moves only where
     # it is a key: its values are read afresh through sources).
-    keys = [*_keys(g), *(s.key for s in _chain(g.namespace))]
     return ([id(x) for x in held if _has_parts(x) and not isinstance(x, torch.Tensor | torch.nn.Module)]
             + [id(k) for k in keys if isinstance(k, torch.Tensor) or _has_parts(k)])
 
@@ -133,14 +133,6 @@ def _keys(g: GuardEntry) -> tuple[Any, ...]:
     if g.kind in ("item", "contains"):
         return (g.name,)
     return tuple(g.value) if g.kind == "keys" else ()
-
-
-def _chain(ns: Any) -> list[Source]:
-    found = []
-    while isinstance(ns, Source):
-        found.append(ns)
-        ns = ns.holder
-    return found
 
 
 def _guard_refs(entry: Any) -> dict[int, tuple[int, ...]]:
