@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from minijit.ir.trace import Trace
 
 __all__ = ["Layout", "LayoutTable", "contiguous_strides", "guard_layout", "guard_row_major", "outside_inference_mode",
-           "row_major"]
+           "row_major", "tensor_row_major"]
 
 
 @dataclass(frozen=True)
@@ -77,6 +77,17 @@ def row_major(sizes: tuple[int, ...], strides: tuple[int, ...]) -> bool:
     if strides[-1] < 1:
         return False
     return all(strides[k] >= strides[k + 1] * sizes[k + 1] for k in range(len(strides) - 1))
+
+
+def tensor_row_major(t: torch.Tensor) -> bool:
+    """`row_major` of a tensor's sizes and strides: what a guard's `_row_major(x)` asks on every call.
+
+    A contiguous tensor with no dim of size 0 or 1 has exactly the contiguous strides, which are row-major: the
+    usual case, answered by torch without building the tuples."""
+    shape = t.shape
+    if 1 not in shape and 0 not in shape and t.is_contiguous():
+        return True
+    return row_major(tuple(shape), t.stride())
 
 
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:

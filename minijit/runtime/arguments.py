@@ -22,6 +22,7 @@ by the entry's epilogue (minijit.runtime.epilogue). That is the per-call fetch p
 
 from __future__ import annotations
 
+import functools
 import inspect
 import itertools
 from collections.abc import Callable
@@ -274,13 +275,14 @@ def object_arguments(params: list[str], checks: list[Check], args: tuple[Any, ..
                      ) -> list[tuple[str, Any]]:
     """(subject, object) for each argument the call's checks specialise on by identity."""
     try:
-        return [(c.subject, _read(params, c.subject)(*args, *kwargs.values())) for c in checks
+        return [(c.subject, _read(tuple(params), c.subject)(*args, *kwargs.values())) for c in checks
                 if c.aspect == "object"]
     except Exception:  # a subject that is not a plain expression over the parameters: no rebinding
         return []
 
 
-def _read(params: list[str], subject: str) -> Callable[..., Any]:
+@functools.lru_cache(maxsize=256)  # asked again on each rebind (a generate() per call)
+def _read(params: tuple[str, ...], subject: str) -> Callable[..., Any]:
     return eval(f"lambda {', '.join(params)}: ({subject})")  # our own generated subject, as the prologue's
 
 

@@ -41,7 +41,7 @@ from minijit.frontend.guards import (
     short_repr,
 )
 from minijit.ir.containers import flatten, is_container, is_tensor, is_tensor_or_number
-from minijit.ir.layouts import row_major
+from minijit.ir.layouts import tensor_row_major
 from minijit.runtime.autocast import any_autocast_enabled, autocast_state
 
 if TYPE_CHECKING:
@@ -653,5 +653,5 @@ _ENV: dict[str, Any] = {
     "_leaves": lambda x: flatten(x, is_tensor)[1],
     "_leaves_symbolic": lambda x: flatten(x, is_tensor_or_number)[1],
     "_not_in_history": not_in_history,
-    "_row_major": lambda t: row_major(tuple(t.shape), t.stride()),
+    "_row_major": tensor_row_major,
 }

@@ -196,13 +196,14 @@ def _moved_prologue(entry: Any, capture: Any, call: list[Check], moved: list[int
 def _moved_env(old: Prologue, pairs: _Pairs) -> dict[str, Any]:
     """The old prologue's environment with each object of the old argument replaced by its partner under the same
     name (or dropped: it must not keep a cache's tensors alive), so that the source over it is the old one."""
-    moved_ids = {i: id(p) for i, p in pairs.partner.items()}
-    env: dict[str, Any] = {}
-    for name, value in old.env.items():
-        if id(value) in pairs.partner:
-            env[name] = pairs.partner[id(value)]
-        elif id(value) not in pairs.reached:
-            env[name] = type(value)(value) if name in _MUTABLE_NAMES else value
+    partner, reached = pairs.partner, pairs.reached
+    moved_ids = {i: id(p) for i, p in partner.items()}
+    # (One comprehension: an environment holds a name for each of a model's thousand reads.)
+    env = {name: partner.get(i, value) for name, value in old.env.items()
+           if (i := id(value)) in partner or i not in reached}
+    for name in _MUTABLE_NAMES:
+        if name in env:
+            env[name] = type(env[name])(env[name])
     bound: dict[tuple[Any, ...], str] = {}
     for key, name in old.env.get("_bound_names", {}).items():
         if name not in env:
@@ -456,14 +457,36 @@ def held_by_bound_self(fn: Any) -> set[int]:
             continue
         found.add(id(x))
         if depth < 3:  # (only what may be added is pushed: a config holds hundreds of plain values)
-            todo += [(v, depth + 1) for (_, v), _ in _parts(x, x) if id(v) not in found and _has_parts(v)
-                     and not isinstance(v, torch.Tensor | torch.nn.Module)]
+            todo += [(v, depth + 1) for v in _held(x) if _walked_kind(type(v)) and id(v) not in found]
     return found
 
 
+def _held(x: Any) -> Any:
+    """What `x` (an object `_has_parts` accepts) holds: the values on the old side of `_parts(x, x)`."""
+    if isinstance(x, list | tuple):
+        return x
+    if isinstance(x, dict):
+        return x.values()
+    if isinstance(x, types.CellType):
+        return () if (held := _contents(x)) is _NOWHERE else (held,)
+    if isinstance(x, weakref.ref):
+        return (x(),)
+    return (x.__dict__, x.__closure__) if isinstance(x, types.FunctionType) and x.__closure__ else (x.__dict__,)
+
+
 def _has_parts(x: Any) -> bool:
-    return (isinstance(x, list | tuple | dict | types.FunctionType | types.CellType) or type(x) is weakref.ref
-            or _plain(type(x)))
+    return _kind_has_parts(type(x))
+
+
+@functools.cache  # (asked for each object a rebind walks, and for each guard's referents)
+def _kind_has_parts(cls: type) -> bool:
+    return issubclass(cls, list | tuple | dict | types.FunctionType | types.CellType) or cls is weakref.ref or _plain(cls)
+
+
+@functools.cache
+def _walked_kind(cls: type) -> bool:
+    """Objects of `cls` have parts, and are neither tensors nor modules: what `held_by_bound_self` walks into."""
+    return _kind_has_parts(cls) and not issubclass(cls, torch.Tensor | torch.nn.Module)
 
 
 def _parts(old: Any, new: Any) -> list[tuple[tuple[Any, Any], tuple[Any, Any]]]:

@@ -108,3 +108,22 @@ def test_permuted_input_misses_with_symbolic_sizes() -> None:
     assert minijit.cache_info(jf).misses <= 2
     x = torch.arange(30.0).reshape(6, 5).t()  # not row-major: a miss, and y written as eager writes it
     torch.testing.assert_close(jf(x, new), f(x, new), rtol=0, atol=0)
+
+
+def test_the_guards_row_major_test_agrees_with_the_definition_on_every_small_layout() -> None:
+    """`_row_major(x)` in a guard takes a fast path for contiguous tensors: on every layout of small sizes
+    (size-0 and size-1 dims, gaps, zero and negative-free strides, transposes) it answers as `row_major` does on
+    the sizes and strides torch reports."""
+    import itertools
+
+    from minijit.ir.layouts import row_major, tensor_row_major
+
+    base = torch.zeros(64)
+    seen = 0
+    for ndim in range(4):
+        for shape in itertools.product((0, 1, 2, 3), repeat=ndim):
+            for strides in itertools.product((0, 1, 2, 3, 6, 9), repeat=ndim):
+                x = base.as_strided(shape, strides)
+                assert tensor_row_major(x) == row_major(tuple(x.shape), x.stride()), (shape, strides)
+                seen += x.is_contiguous() and 1 not in shape and 0 not in shape
+    assert seen > 10  # the fast path was taken
