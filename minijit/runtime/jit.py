@@ -17,7 +17,7 @@ from minijit import environment
 from minijit.errors import MinijitError, ValueGuardError, ValueGuardMiss
 from minijit.extend import Executor, get_executor, resolve_executors
 from minijit.ir import Trace
-from minijit.runtime.arguments import CALL_ARGUMENTS, flat_inputs
+from minijit.runtime.arguments import CALL_ARGUMENTS, call_checks, flat_inputs
 from minijit.runtime.cache_key import (
     POSITIONAL_TENSOR_KEYS,
     POSITIONAL_TENSOR_SYMBOLIC_KEYS,
@@ -504,9 +504,12 @@ class JitFunction:
         (minijit.runtime.rebind): (the new entry, the one it was moved from, taken out of `held`), or None."""
         # Only entries specialised on argument objects can be moved: the others are passed over cheaply.
         found = [(key, e) for key, entries in held.items() for e in entries if e.arg_objects]
-        shared = held_by_bound_self(self.fn) if found else set()  # the same for every entry tried
+        if not found:
+            return None
+        # The same for every entry tried: what the bound self holds, and the call's checks.
+        shared, call = held_by_bound_self(self.fn), call_checks(self.fn, args, kwargs, symbolic)
         for key, entry in reversed(found):
-            moved = rebind(entry, self.fn, args, kwargs, flat, symbolic, shared)
+            moved = rebind(entry, self.fn, args, kwargs, flat, symbolic, shared, call)
             if moved is not None:
                 _take_out(held, key, entry)  # its objects are the previous call's: the entries stay as many
                 self._info.rebound += 1

@@ -29,6 +29,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import itertools
 import types
 import weakref
 from collections.abc import Callable
@@ -48,6 +49,7 @@ from minijit.frontend.guards import (
     is_symbolic_number_value,
     may_have_guarded_attributes,
 )
+from minijit.frontend.outside import Effect
 from minijit.ir.containers import Constant, Mapping, Registered, Sequence, Spec
 from minijit.runtime.arguments import call_checks, object_arguments
 from minijit.runtime.call_plan import CallPlan
@@ -58,12 +60,14 @@ _DEPTH = 8
 
 
 def rebind(entry: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[Any],
-           symbolic: bool, shared: set[int] | None = None) -> Any | None:
+           symbolic: bool, shared: set[int] | None = None,
+           call: tuple[list[str], list[Check]] | None = None) -> Any | None:
     """A copy of `entry` for these arguments, which differ from its own only in objects of the same types,
-    when its guard holds for them; else None. `shared`: `held_by_bound_self(fn)`, where the caller has it."""
+    when its guard holds for them; else None. `shared`: `held_by_bound_self(fn)`, and `call`: `call_checks(fn,
+    args, kwargs, symbolic)`, where the caller has them (the same for each entry it tries)."""
     if entry.split is not None or not entry.arg_objects or getattr(fn, "state_checks", None) is not None:
         return None  # a jitted module's tree state is an interned object whose identity is its meaning
-    params, checks = call_checks(fn, args, kwargs, symbolic)
+    params, checks = call_checks(fn, args, kwargs, symbolic) if call is None else call
     old = [c for c in entry.prologue.checks if c.keyed]
     new = [c for c in checks if c.keyed]
     if params != entry.prologue.params or len(old) != len(new):
@@ -76,6 +80,8 @@ def rebind(entry: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: di
         if o.key_values() != n.key_values():
             return None
     objects = object_arguments(params, checks, args, kwargs)
+    if all(now is before for (_, before), (_, now) in zip(entry.arg_objects, objects)):
+        return None  # nothing to move: the copy would be the entry, whose checks this call did not pass
     pairs = _Pairs(held_by_bound_self(fn) if shared is None else shared)
     try:
         if len(objects) != len(entry.arg_objects):
@@ -196,11 +202,19 @@ def _moved_prologue(entry: Any, capture: Any, call: list[Check], moved: list[int
 def _moved_env(old: Prologue, pairs: _Pairs) -> dict[str, Any]:
     """The old prologue's environment with each object of the old argument replaced by its partner under the same
     name (or dropped: it must not keep a cache's tensors alive), so that the source over it is the old one."""
-    partner, reached = pairs.partner, pairs.reached
+    partner = pairs.partner
     moved_ids = {i: id(p) for i, p in partner.items()}
-    # (One comprehension: an environment holds a name for each of a model's thousand reads.)
-    env = {name: partner.get(i, value) for name, value in old.env.items()
-           if (i := id(value)) in partner or i not in reached}
+    env = dict(old.env)
+    # The names of the objects the walk reached (those paired among them): found in C, as an environment holds a
+    # name for each of a model's thousand reads, and few of them are the argument's.
+    ids = list(map(id, env.values()))
+    reached = pairs.reached.intersection(ids)
+    for name in itertools.compress(list(env), map(reached.__contains__, ids)):
+        i = id(env[name])
+        if i in partner:
+            env[name] = partner[i]
+        else:
+            del env[name]
     for name in _MUTABLE_NAMES:
         if name in env:
             env[name] = type(env[name])(env[name])
@@ -363,13 +377,16 @@ class _Pairs:
         return dataclasses.replace(g, namespace=namespace, name=name, value=value, shadow=shadow)
 
     def plan(self, p: CallPlan) -> CallPlan:
-        effects = [(dataclasses.replace(e, holder=self.source(e.holder) if isinstance(e.holder, Source)
-                                        else self.move(e.holder),
-                                        key=self.key(e.key) if e.op in ("setitem", "delitem") else e.key),
-                     self.spec(spec)) for e, spec in p.effects]
+        effects = [(self._effect(e), self.spec(spec)) for e, spec in p.effects]
         return CallPlan(captured=[(self.source(s), t) for s, t in p.captured],
                         result=None if p.result is None else self.spec(p.result), effects=effects,
                         passthrough=list(p.passthrough), inputs=list(p.inputs))
+
+    def _effect(self, e: Effect) -> Effect:
+        """Effect `e` of a call plan moved (itself where nothing it writes through moves)."""
+        holder = self.source(e.holder) if isinstance(e.holder, Source) else self.move(e.holder)
+        key = self.key(e.key) if e.op in ("setitem", "delitem") else e.key
+        return e if holder is e.holder and key is e.key else dataclasses.replace(e, holder=holder, key=key)
 
     def spec(self, s: Spec) -> Spec:
         if isinstance(s, Constant):
