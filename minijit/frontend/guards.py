@@ -363,7 +363,8 @@ def build_guard(entries: list[GuardEntry]) -> Callable[[], bool] | None:
 
 def guard_names() -> dict[str, Any]:
     """The names `guard_expression`'s source reads besides those it binds: the start of a guard's environment."""
-    return {"_MISSING": _MISSING, "_Tensor": torch.Tensor, "_same_keys": same_keys, "_dict_get": dict.get}
+    return {"_MISSING": _MISSING, "_Tensor": torch.Tensor, "_same_keys": same_keys, "_dict_get": dict.get,
+            "_own_dict": own_dict}
 
 
 def guard_expression(env: dict[str, Any], i: int, entry: GuardEntry) -> str:
@@ -384,6 +385,8 @@ def guard_expression(env: dict[str, Any], i: int, entry: GuardEntry) -> str:
         return f"_same_keys({ns}, _v{i})"
     if kind == "cell":
         read = f"{ns}.cell_contents"
+    elif kind == "attribute" and _reads_through_python(entry.namespace):
+        read = f"_own_dict({ns}).get({key}, _MISSING)"  # (skips the class's own `__getattribute__`: see below)
     elif kind == "attribute":
         read = f"{ns}.__dict__.get({key}, _MISSING)"
     elif kind == "tensor attribute":
@@ -414,6 +417,19 @@ def guard_expression(env: dict[str, Any], i: int, entry: GuardEntry) -> str:
         env[f"_g{i}"] = entry.shadow
         term = f"{entry.name!r} not in _g{i} and {term}"
     return term
+
+
+def _reads_through_python(namespace: Any) -> bool:
+    """Whether `namespace.__dict__` runs a `__getattribute__` written in Python (a transformers config's, on every
+    read of every attribute): a guard then takes the instance dict directly (`own_dict`), where the attribute is
+    stored, as the frontend found it (`attribute_source`)."""
+    return (not isinstance(namespace, Source)
+            and type(namespace).__getattribute__ not in (object.__getattribute__, type.__getattribute__))
+
+
+def own_dict(obj: Any) -> dict[str, Any]:
+    """`obj`'s instance dict, read as `object` reads it (not through its class's `__getattribute__`)."""
+    return object.__getattribute__(obj, "__dict__")
 
 
 def same_keys(container: Any, keys: tuple[Any, ...]) -> bool:

@@ -196,3 +196,48 @@ def test_python_attribute_set_on_an_outside_tensor_is_set_again_on_every_call() 
         return replayed, box.t.note
 
     assert run(minijit.jit) == run(lambda f: f)
+
+
+class _MappedConfig:
+    """A config whose class reads every attribute through its own `__getattribute__` (as transformers' configs do,
+    mapping old names to new): a guard reads its attributes from the instance dict, skipping that method."""
+
+    aliases = {"width": "hidden"}
+
+    def __init__(self, hidden: int, mode: str) -> None:
+        self.hidden, self.mode, self.calls = hidden, mode, 0
+
+    def __getattribute__(self, key: str) -> object:
+        key = object.__getattribute__(self, "aliases").get(key, key)
+        return object.__getattribute__(self, key)
+
+
+class _WithConfig:
+    def __init__(self, config: _MappedConfig) -> None:
+        self.config = config
+
+    def f(self, x: torch.Tensor) -> torch.Tensor:
+        y = x[: self.config.width] * 2 if self.config.mode == "double" else x[: self.config.width] + 1
+        return y * self.config.hidden
+
+
+def test_a_config_with_its_own_getattribute_is_guarded_on_every_attribute_it_read() -> None:
+    """Each change of a value the trace read (through the alias too) gives eager's result on the next call; a new
+    config object with the same values serves from the cache with its own values."""
+    eager, traced = _WithConfig(_MappedConfig(3, "double")), _WithConfig(_MappedConfig(3, "double"))
+    jf = minijit.jit(traced.f)
+    x = torch.arange(8.0)
+    changes = [lambda o: None, lambda o: setattr(o.config, "hidden", 5), lambda o: setattr(o.config, "mode", "add"),
+               lambda o: setattr(o, "config", _MappedConfig(4, "add")), lambda o: o.config.__dict__.pop("mode"),
+               lambda o: setattr(o.config, "mode", "double")]
+    for change in changes:
+        change(eager)
+        change(traced)
+        try:
+            want = eager.f(x)
+        except AttributeError:
+            with pytest.raises(AttributeError):
+                jf(x)
+            continue
+        torch.testing.assert_close(jf(x), want, rtol=0, atol=0)
+    assert "_own_dict(" in jf.last_prologue()  # the guard read the instance dict directly
