@@ -21,6 +21,7 @@ import ast
 import dataclasses
 import functools
 import math
+import re
 import types
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -441,19 +442,23 @@ class Prologue:
     def _guard_source(self, tests: list[str], name: str = "guard", sizes: str = "") -> str:
         """`def guard(inputs)`: fetch the tensors captured from outside, then `tests`."""
         body = "\n            and ".join(tests)
-        # Read each input's shape once: `x.shape` costs more than indexing the tuple it gives.
-        shaped = [n for n in self.inputs if f"{n}.shape[" in body]
-        for n in shaped:
-            body = body.replace(f"{n}.shape[", f"{n}_shape[")
+        # Read each tensor's shape once: `x.shape` costs more than indexing the tuple it gives. (A tensor read from
+        # outside that is no tensor any more fails the guard there, as its first size read would.)
+        shaped = [n for n in self.inputs if _reads_shape(n, body)]
+        shaped_captured = [n for n, _ in self.captured if _reads_shape(n, body)]
+        local = _shape_names(shaped + shaped_captured, {*self.inputs, *(n for n, _ in self.captured), *self.env},
+                             body)
+        for n in shaped + shaped_captured:
+            body = re.sub(rf"(?<![\w.]){n}\.shape\[", f"{local[n]}[", body)
         lines = [f"def {name}({', '.join(self.inputs)}):",
                  "    # The checks the cache key cannot make, run on a hit after the key matched"
                  + (f", for {sizes}." if sizes else ".")]
-        lines += [f"    {n}_shape = {n}.shape" for n in shaped]
+        lines += [f"    {local[n]} = {n}.shape" for n in shaped]
         if self.captured:
             lines.append("    try:")
-            if self.captured:
-                names = ", ".join(n for n, _ in self.captured)
-                lines.append(f"        ({names},) = ({', '.join(read for _, read in self.captured)},)")
+            names = ", ".join(n for n, _ in self.captured)
+            lines.append(f"        ({names},) = ({', '.join(read for _, read in self.captured)},)")
+            lines += [f"        {local[n]} = {n}.shape" for n in shaped_captured]
             lines += [f"        return ({body})", "    except Exception:", "        return False"]
         else:
             lines.append(f"    return ({body})")
@@ -635,6 +640,26 @@ def _implied_by_exact_check(constraint: str, inputs: frozenset[str]) -> bool:
         if isinstance(node, ast.Attribute) and not isinstance(node.value, ast.Name):
             return False
     return True
+
+
+def _reads_shape(name: str, body: str) -> bool:
+    """Whether the tests `body` read sizes of the tensor `name` (`name.shape[k]`, not `other_name.shape[k]`)."""
+    return re.search(rf"(?<![\w.]){name}\.shape\[", body) is not None
+
+
+def _shape_names(names: list[str], taken: set[str], body: str) -> dict[str, str]:
+    """A local name for each tensor's shape, `x_shape`, that no parameter, value bound or name the tests read
+    already has (a parameter may be called `x_shape`)."""
+    used = taken | set(re.findall(r"[A-Za-z_]\w*", body))
+    chosen: dict[str, str] = {}
+    for n in names:
+        local, k = f"{n}_shape", 0
+        while local in used:
+            k += 1
+            local = f"{n}_shape{k}"
+        used.add(local)
+        chosen[n] = local
+    return chosen
 
 
 def _function(name: str, params: list[str], tests: list[str], comment: str) -> str:

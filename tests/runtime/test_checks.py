@@ -165,3 +165,31 @@ def test_a_constraint_that_is_a_disjunction_is_checked_whole_among_the_others() 
     prologue = Prologue("disjunction", ["x"], (), checks, ["x"], [], env)
     assert prologue.guard(torch.ones(2, 3)) is True
     assert prologue.guard(torch.ones(5, 3)) is False
+
+
+_TABLE = torch.arange(12.0)
+
+
+def _sliced_by_a_parameter_named_like_a_shape(x, x_shape):
+    if x_shape > 2:
+        return x[:x_shape] * 2
+    return x[:x_shape] + 1
+
+
+def _sliced_by_a_parameter_named_like_a_captured_shape(x, n, _TABLE_shape):
+    return x[:n] * _TABLE[:_TABLE_shape].sum()
+
+
+@pytest.mark.parametrize("fn", [_sliced_by_a_parameter_named_like_a_shape,
+                                _sliced_by_a_parameter_named_like_a_captured_shape])
+@pytest.mark.parametrize("mode", ["automatic", "symbolic values"])
+def test_a_parameter_named_like_the_guards_shape_local_is_its_own_value(fn: Callable[..., Any], mode: str) -> None:
+    """The guard reads each tensor's sizes once into a local (`x_shape = x.shape`, and so for a tensor read from
+    outside): a parameter of that name (`x_shape`, `_TABLE_shape`) keeps its own value in the guard's tests, and
+    the entry traced with symbolic values serves the later calls."""
+    jf = minijit.jit(fn, cache=mode)
+    x = torch.arange(10.0)
+    for n, m in ((5, 3), (3, 4), (7, 5), (4, 6), (6, 7)):
+        torch.testing.assert_close(jf(x, n, m) if fn.__code__.co_argcount == 3 else jf(x, n),
+                                   fn(x, n, m) if fn.__code__.co_argcount == 3 else fn(x, n), rtol=0, atol=0)
+    assert minijit.cache_info(jf).misses <= 2
