@@ -10,11 +10,15 @@ Modes (each prints a table; the workloads and variants are bench.py's):
   modules load from compiled bytecode, as in bench.py (`--no-pyc`: compiled from source).
 - `ops WORKLOAD VARIANT[,VARIANT...]`: steady state, the torch.profiler operator table (self
   CPU time, all threads) of a few iterations per variant, after warm-up.
+- `calls WORKLOAD`: a loop workload (generate-*, lr-schedule, serving) call by call: each call of the
+  wrapped function in eager and under minijit (default), the least CPU time of the main thread over
+  `--repeats` loops, and what minijit did (hit, rebind, miss).
 - `pointwise`: the 9-op chain on 4M float32 taken apart: the fused kernel (torch.compile and
   minijit+inductor), the same chain with one transcendental op replaced by a multiply, a
   memory-only chain, single-op kernels and eager's per-op times.
 
-Run: python scripts/profile_workloads.py first-call mlp | ops gpt eager,minijit | pointwise  [--top N]
+Run: python scripts/profile_workloads.py first-call mlp | ops gpt eager,minijit | calls generate-llama-dynamic |
+     pointwise  [--top N]
 """
 
 from __future__ import annotations
@@ -165,6 +169,46 @@ def _median_ms(fn: Any, n: int = 10, repeats: int = 7) -> float:
     return statistics.median(samples) * 1e3
 
 
+def calls(key: str, repeats: int) -> None:
+    """Per call of a loop workload: eager's and minijit's least thread CPU time over `repeats` loops (after two to
+    warm up), and what minijit's cache did."""
+    work = _workload(key)
+    jitted = minijit.jit(work.fn)
+    times: dict[str, list[list[int]]] = {"eager": [], "minijit": []}
+    outcomes: list[str] = []
+
+    def timed(fn: Any, log: list[int]) -> Any:
+        def call(*a: Any, **k: Any) -> Any:
+            start = time.thread_time_ns()
+            out = fn(*a, **k)
+            log.append(time.thread_time_ns() - start)
+            if fn is jitted:
+                info = minijit.cache_info(jitted)
+                now = (info.hits, info.misses, info.rebound)
+                outcomes.append("hit" if now[0] > seen[0] else "miss" if now[1] > seen[1] else "rebind")
+                seen[:] = now
+            return out
+        return call
+
+    seen = [0, 0, 0]
+    for i in range(repeats + 2):
+        for name, fn in (("eager", work.fn), ("minijit", jitted)):
+            log: list[int] = []
+            outcomes.clear()
+            work.step(timed(fn, log), work.args(i))
+            if i >= 2:
+                times[name].append(log)
+    n = min(len(x) for runs in times.values() for x in runs)
+    best = {name: [min(run[k] for run in runs) / 1e3 for k in range(n)] for name, runs in times.items()}
+    print(f"{work.title}: per call, least thread CPU time of {repeats} loops (µs)")
+    print(f"  {'call':>4} {'eager':>9} {'minijit':>9} {'diff':>8}  minijit did")
+    for k in range(n):
+        print(f"  {k:>4} {best['eager'][k]:9.0f} {best['minijit'][k]:9.0f} "
+              f"{best['minijit'][k] - best['eager'][k]:+8.0f}  {outcomes[k] if k < len(outcomes) else ''}")
+    print(f"  {'all':>4} {sum(best['eager']):9.0f} {sum(best['minijit']):9.0f} "
+          f"{sum(best['minijit']) - sum(best['eager']):+8.0f}")
+
+
 def pointwise() -> None:
     """The pointwise chain's time taken apart into its kernels."""
     x = torch.randn(4 * 2**20)
@@ -207,10 +251,11 @@ def pointwise() -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", choices=["first-call", "ops", "pointwise", "first-call-here"])
+    parser.add_argument("mode", choices=["first-call", "ops", "calls", "pointwise", "first-call-here"])
     parser.add_argument("workload", nargs="?", default="mlp")
     parser.add_argument("variants", nargs="?", default="minijit")
     parser.add_argument("--top", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=7, help="calls: loops timed per variant")
     parser.add_argument("--cprofile", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--no-pyc", action="store_true", help="first-call: minijit's modules without compiled bytecode")
     opts = parser.parse_args()
@@ -221,6 +266,8 @@ def main() -> None:
         first_call_here(opts.workload, opts.variants, opts.top, opts.cprofile)
     elif opts.mode == "ops":
         ops(opts.workload, opts.variants.split(","), opts.top)
+    elif opts.mode == "calls":
+        calls(opts.workload, opts.repeats)
     else:
         pointwise()
 
