@@ -21,7 +21,7 @@ import ast
 import dataclasses
 import functools
 import math
-import re
+import string
 import types
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -444,12 +444,13 @@ class Prologue:
         body = "\n            and ".join(tests)
         # Read each tensor's shape once: `x.shape` costs more than indexing the tuple it gives. (A tensor read from
         # outside that is no tensor any more fails the guard there, as its first size read would.)
-        shaped = [n for n in self.inputs if _reads_shape(n, body)]
-        shaped_captured = [n for n, _ in self.captured if _reads_shape(n, body)]
+        pieces = body.split(".shape[")  # (a guard reads hundreds of sizes: no regular expression over it)
+        read = {_name_before(piece) for piece in pieces[:-1]}
+        shaped = [n for n in self.inputs if n in read]
+        shaped_captured = [n for n, _ in self.captured if n in read]
         local = _shape_names(shaped + shaped_captured, {*self.inputs, *(n for n, _ in self.captured), *self.env},
                              body)
-        for n in shaped + shaped_captured:
-            body = re.sub(rf"(?<![\w.]){n}\.shape\[", f"{local[n]}[", body)
+        body = "".join([*(_shape_read(piece, local) for piece in pieces[:-1]), pieces[-1]])
         lines = [f"def {name}({', '.join(self.inputs)}):",
                  "    # The checks the cache key cannot make, run on a hit after the key matched"
                  + (f", for {sizes}." if sizes else ".")]
@@ -642,19 +643,31 @@ def _implied_by_exact_check(constraint: str, inputs: frozenset[str]) -> bool:
     return True
 
 
-def _reads_shape(name: str, body: str) -> bool:
-    """Whether the tests `body` read sizes of the tensor `name` (`name.shape[k]`, not `other_name.shape[k]`)."""
-    return re.search(rf"(?<![\w.]){name}\.shape\[", body) is not None
+def _name_before(text: str) -> str:
+    """The whole name `text` ends with (`x` in `... and x`), "" where it ends otherwise or with an attribute
+    (`y.x`: not the tensor `x`)."""
+    rest = text.rstrip(_WORD_CHARACTERS)
+    name = text[len(rest):]
+    return "" if rest.endswith(".") or name[:1].isdigit() else name
+
+
+_WORD_CHARACTERS = string.ascii_letters + string.digits + "_"
+
+
+def _shape_read(piece: str, local: dict[str, str]) -> str:
+    """`piece` of a guard's tests split at `.shape[`, joined back: `x.shape[` as `x_shape[` where `x` has a local."""
+    name = _name_before(piece)
+    return f"{piece[:len(piece) - len(name)]}{local[name]}[" if name in local else f"{piece}.shape["
 
 
 def _shape_names(names: list[str], taken: set[str], body: str) -> dict[str, str]:
-    """A local name for each tensor's shape, `x_shape`, that no parameter, value bound or name the tests read
-    already has (a parameter may be called `x_shape`)."""
-    used = taken | set(re.findall(r"[A-Za-z_]\w*", body))
+    """A local name for each tensor's shape, `x_shape`, that no parameter, value bound or text of the tests has (a
+    parameter may be called `x_shape`)."""
+    used = set(taken)
     chosen: dict[str, str] = {}
     for n in names:
         local, k = f"{n}_shape", 0
-        while local in used:
+        while local in used or local in body:
             k += 1
             local = f"{n}_shape{k}"
         used.add(local)
