@@ -235,6 +235,10 @@ class _Functionalizer:
             if not under_no_grad:
                 self.written_with_grad.add(base.name)
         before = self.resolve(base) if under_no_grad and base.requires_grad else None
+        if under_no_grad and self.grad_enabled and self._carries_grad(new):
+            # A value moved as it is (`a.copy_(w)`, `a[:] = w`) under no_grad: eager's `a` gets w's values, not its
+            # history, so neither may the trace's (its output would require grad, a backward would reach w).
+            new = prims.detach(new)
         if id(base) in self.synthetic:
             # A synthetic base (its members may repeat elements, `o.expand(4, 4)`): one scatter
             # by element positions through the whole view chain.
@@ -253,6 +257,10 @@ class _Functionalizer:
             written = self.value[id(base)]
             self.value[id(base)] = prims.no_grad_update(before, written)
             self.unwrapped[id(self.value[id(base)])] = written
+
+    def _carries_grad(self, value: TensorProxy) -> bool:
+        """Whether `value` may carry autograd history: it requires grad and was not computed with grad off."""
+        return value.requires_grad and value.name not in self.no_grad and value.name not in self.made_without_grad
 
     def _recorded_without_grad(self, op: BoundSymbol) -> bool:
         return _recorded_without_grad(op, self.no_grad)
