@@ -235,7 +235,7 @@ class _Functionalizer:
             if not under_no_grad:
                 self.written_with_grad.add(base.name)
         before = self.resolve(base) if under_no_grad and base.requires_grad else None
-        moved = id(new) in self.originals  # a value moved as it is (`a.copy_(w)`, `a[:] = w`), not computed
+        moved = not self._computed_by_this_op(new)  # a value moved as it is (`a.copy_(w)`, `a[:] = w`)
         if moved and under_no_grad and self.grad_enabled and self._carries_grad(new):
             # Under no_grad eager's `a` gets w's values, not its history, so neither may the trace's (its output
             # would require grad, a backward would reach w).
@@ -260,6 +260,10 @@ class _Functionalizer:
             written = self.value[id(base)]
             self.value[id(base)] = prims.no_grad_update(before, written)
             self.unwrapped[id(self.value[id(base)])] = written
+
+    def _computed_by_this_op(self, value: TensorProxy) -> bool:
+        """Whether `value` was computed by the op being visited (recorded since it began), not an earlier value."""
+        return any(value is out for b in self.new.bound_symbols[self.op_start:] for out in b.proxy_outputs())
 
     def _carries_grad(self, value: TensorProxy) -> bool:
         """Whether `value` may carry autograd history: it requires grad and was not computed with grad off."""
@@ -417,15 +421,14 @@ class _Functionalizer:
         self.inplace_originals: dict[str, str] = {}
         self.written_with_grad: set[str] = set()
         self.made_without_grad: set[str] = set()
-        # The captured trace's own values (its inputs, its ops' outputs), and the ids of those moved as they are into
-        # another tensor by a write (a copy_): that tensor's value is then one with its own memory in eager.
-        self.originals = {id(p) for p in self.trace.args} | \
-            {id(p) for b in self.trace.bound_symbols for p in b.proxy_outputs()}
+        # The values moved as they are into another tensor by a write (a copy_), which has its own memory in eager.
         self.moved: set[int] = set()
+        self.op_start = 0  # where the bound symbols of the top-level op being visited begin in the new trace
         with tracing(self.new):
             self._members_as_views()
             for position, bsym in enumerate(self.trace.bound_symbols):
                 self.position = position
+                self.op_start = len(self.new.bound_symbols)
                 self.new.source = bsym.source
                 if bsym.written():
                     # Before the write: eager refuses (or computes in its own order) what reads memory it writes.
