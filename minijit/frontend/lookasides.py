@@ -577,7 +577,9 @@ def optimizer_step_value(x: Any) -> Any:
     """
     if _numbers_stay_tensors():
         return x
-    return x.item() if isinstance(x, TensorProxy) and x.ndim == 0 else x
+    # A foreach optimizer's step list holds the state's real tensors (read from outside the call, proxied only when
+    # an op takes them): their `item()` is recorded on their proxies too (native_tensors.run_native), not run here.
+    return x.item() if isinstance(x, TensorProxy | torch.Tensor) and x.ndim == 0 else x
 
 
 @lookaside(_optimizer_stack_if_compiling)

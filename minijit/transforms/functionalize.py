@@ -235,6 +235,13 @@ class _Functionalizer:
             if not under_no_grad:
                 self.written_with_grad.add(base.name)
         before = self.resolve(base) if under_no_grad and base.requires_grad else None
+        moved = not self._computed_by_this_op(new)  # a value moved as it is (`a.copy_(w)`, `a[:] = w`)
+        if moved and under_no_grad and self.grad_enabled and self._carries_grad(new):
+            # Under no_grad eager's `a` gets w's values, not its history, so neither may the trace's (its output
+            # would require grad, a backward would reach w).
+            new = prims.detach(new)
+        if moved:
+            self.moved.add(id(new))
         if id(base) in self.synthetic:
             # A synthetic base (its members may repeat elements, `o.expand(4, 4)`): one scatter
             # by element positions through the whole view chain.
@@ -253,6 +260,14 @@ class _Functionalizer:
             written = self.value[id(base)]
             self.value[id(base)] = prims.no_grad_update(before, written)
             self.unwrapped[id(self.value[id(base)])] = written
+
+    def _computed_by_this_op(self, value: TensorProxy) -> bool:
+        """Whether `value` was computed by the op being visited (recorded since it began), not an earlier value."""
+        return any(value is out for b in self.new.bound_symbols[self.op_start:] for out in b.proxy_outputs())
+
+    def _carries_grad(self, value: TensorProxy) -> bool:
+        """Whether `value` may carry autograd history: it requires grad and was not computed with grad off."""
+        return value.requires_grad and value.name not in self.no_grad and value.name not in self.made_without_grad
 
     def _recorded_without_grad(self, op: BoundSymbol) -> bool:
         return _recorded_without_grad(op, self.no_grad)
@@ -406,23 +421,37 @@ class _Functionalizer:
         self.inplace_originals: dict[str, str] = {}
         self.written_with_grad: set[str] = set()
         self.made_without_grad: set[str] = set()
+        # The values moved as they are into another tensor by a write (a copy_), which has its own memory in eager.
+        self.moved: set[int] = set()
+        self.op_start = 0  # where the bound symbols of the top-level op being visited begin in the new trace
         with tracing(self.new):
             self._members_as_views()
             for position, bsym in enumerate(self.trace.bound_symbols):
                 self.position = position
+                self.op_start = len(self.new.bound_symbols)
                 self.new.source = bsym.source
                 if bsym.written():
                     # Before the write: eager refuses (or computes in its own order) what reads memory it writes.
                     check_overlaps(bsym, self.trace, lambda p: self.shares.base_of(self.shares.canon(p)))
                 self.visit(bsym, bsym)
             self.new.source = None
-            output = tree_map(self.resolve, self.trace.output)
+            output = tree_map(self._output_value, self.trace.output)
             self.new.output = self._write_back(output)
         sites = tuple(self.write_sites.get(n, "") for n in self.mutated)
         return self.new, FunctionalizeResult(mutated_inputs=tuple(self.mutated), write_sites=sites,
                                              inplace_originals=self.inplace_originals,
                                              written_with_grad=frozenset(self.written_with_grad),
                                              made_without_grad=frozenset(self.made_without_grad))
+
+    def _output_value(self, p: Any) -> Any:
+        """The value the trace returns for its output `p`: a copy where `p`, a tensor of its own in eager (not an
+        input, nor a view of one), holds a value moved into it as it is, which lives in another tensor's memory
+        (`a = zeros_like(x); a.copy_(x); return a` must not return x's memory)."""
+        value = self.resolve(p)
+        if isinstance(p, TensorProxy) and id(value) in self.moved and \
+                id(self.shares.base_of(self.shares.canon(p))) not in self.inputs:
+            return prims.clone(value)
+        return value
 
     def _members_as_views(self) -> None:
         """Each member of a synthetic base becomes a view of it; it reads as the input itself until written."""

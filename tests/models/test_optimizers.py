@@ -170,6 +170,25 @@ def _every_optimizer() -> dict[str, Any]:
 EVERY_OPTIMIZER = _every_optimizer()
 
 
+@pytest.mark.parametrize("name", ["Adam", "RAdam"])
+def test_foreach_step_counts_are_python_numbers_as_in_eager(name: str) -> None:
+    """A foreach optimizer's step list holds the state's own tensors from the second step on; `_get_value(step)`
+    reads each as a Python number, as eager does, so the bias corrections are float64 number ops and the update
+    equals eager's to the bit (they were float32 tensor ops: RAdam's `rho_t`, about 1999 - 1992, lost digits)."""
+    runs = []
+    for use_jit in (False, True):
+        model = _model()
+        opt = getattr(torch.optim, name)(model.parameters(), lr=0.01, foreach=True)
+        step = minijit.jit(opt.step) if use_jit else opt.step
+        for i in range(7):  # RAdam rectifies from step 6 on
+            opt.zero_grad()
+            _backward(model, i)
+            step()
+        runs.append([t.detach() for t in (*model.parameters(), *(v for _, v in _state(opt)))])
+    for want, have in zip(*runs, strict=True):
+        assert torch.equal(have, want), (have - want).abs().max()
+
+
 @pytest.mark.parametrize("name", list(EVERY_OPTIMIZER))
 def test_every_optimizer_under_an_lr_schedule_matches_eager_with_two_traces(name: str) -> None:
     """A new lr on every step (a cosine schedule) is a number of the trace, not a trace per value; the step count

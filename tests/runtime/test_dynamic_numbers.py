@@ -241,6 +241,17 @@ def test_a_real_lr_scheduler_traces_twice(make_schedule):
     assert info.misses <= 2, info
 
 
+def test_tensor_betas_raised_to_the_step_count_trace_twice():
+    """With tensor betas the for-loop Adam computes `beta1 ** step`, a tensor to the power of the step count read
+    as a number (`_get_value`): the exponent is not compared with 2 (a guard on its value: a trace per step)."""
+    def make_opt(ps):
+        return torch.optim.AdamW(ps, lr=torch.tensor(1e-2), betas=(torch.tensor(0.9), torch.tensor(0.999)),
+                                 foreach=False)
+
+    info = _train(make_opt, _cosine, 5)
+    assert info.misses <= 2, info
+
+
 def test_a_symbolic_int_the_code_needs_as_a_python_int_is_guarded_by_value():
     class Steps:
         n = 1

@@ -491,3 +491,44 @@ def test_write_through_view_as_real_is_refused_naming_the_view():
     f(x)  # eager runs it
     with pytest.raises(UnsupportedOpError, match=r"view_as_real at .*reinterprets"):
         minijit.jit(f)(x)
+
+
+_STORED: dict[str, torch.Tensor] = {}
+
+
+def _copied_in(x):
+    a = torch.zeros_like(x)
+    a.copy_(x)
+    return a
+
+
+def _copied_twice(x):
+    b = x * 2
+    a = torch.empty_like(x)
+    a.copy_(b)
+    return a, b
+
+
+def _copied_and_stored(x):
+    a = torch.zeros_like(x)
+    a.copy_(x)
+    _STORED["a"] = a  # as torch.optim keeps a state tensor it made and filled
+
+
+@pytest.mark.parametrize("fn", [_copied_in, _copied_twice, _copied_and_stored], ids=lambda f: f.__name__)
+def test_a_tensor_filled_by_copy_has_its_own_memory(fn):
+    """`a.copy_(x)` into a tensor the function made: eager's `a` is a tensor of its own, whose values a later write into
+    `x` (or into the other result) leaves alone; the trace must not hand back x's memory for it."""
+    jf = minijit.jit(fn)
+    for _ in range(2):
+        x = torch.randn(4)
+        result = jf(x)
+        results = [*(result if isinstance(result, tuple) else [result] if result is not None else []),
+                   *_STORED.values()]
+        kept = [r.clone() for r in results]
+        x.add_(1)
+        for r in results:
+            r.mul_(3)
+        for r, k in zip(results, kept, strict=True):
+            torch.testing.assert_close(r, k * 3)
+    _STORED.clear()

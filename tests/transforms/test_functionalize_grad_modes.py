@@ -464,3 +464,40 @@ def test_ops_after_a_write_under_no_grad_stay_whole_and_constant_for_grad() -> N
         torch.testing.assert_close(p_jit.detach(), p_eager.detach())
     forward = minijit.last_traces(jitted)[-1]
     assert [b.sym.name for b in forward.bound_symbols if b.sym.name == "addcdiv"] == ["addcdiv"]
+
+
+def _copy_into_fresh(w: torch.Tensor) -> torch.Tensor:
+    a = torch.zeros_like(w)
+    with torch.no_grad():
+        a.copy_(w)  # torch.optim.ASGD's `ax.copy_(param)` into its new state
+    return a
+
+
+def _setitem_into_fresh(w: torch.Tensor) -> torch.Tensor:
+    a = w.new_zeros(w.shape)
+    with torch.no_grad():
+        a[:] = w
+    return a
+
+
+def _copy_of_a_written_input(w: torch.Tensor) -> torch.Tensor:
+    a = torch.zeros_like(w)
+    with torch.no_grad():
+        w.mul_(0.5)  # ASGD: the parameter updated in place, then `ax.copy_(param)`
+        a.copy_(w)
+    return a
+
+
+@pytest.mark.parametrize("fn", [_copy_into_fresh, _setitem_into_fresh, _copy_of_a_written_input],
+                         ids=lambda f: f.__name__)
+def test_value_moved_under_no_grad_leaves_its_history_behind(fn: Callable[..., Any]) -> None:
+    """A value moved as it is into a tensor under no_grad (`a.copy_(w)`): `a` holds w's values and no history, as in
+    eager: it does not require grad, and a gradient through it does not reach `w` (it was moved whole)."""
+    jf = minijit.jit(fn)
+    for i in range(2):
+        w_eager, w_jit = (torch.randn(4, generator=torch.Generator().manual_seed(i)).requires_grad_() for _ in "ab")
+        want, got = fn(w_eager), jf(w_jit)
+        torch.testing.assert_close(got, want)
+        assert got.requires_grad == want.requires_grad
+        assert torch.autograd.grad((got * 2 + w_jit).sum(), w_jit)[0].tolist() == \
+            torch.autograd.grad((want * 2 + w_eager).sum(), w_eager)[0].tolist()

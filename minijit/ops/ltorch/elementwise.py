@@ -209,7 +209,9 @@ def div(a: Any, b: Any, *, rounding_mode: str | None = None) -> TensorProxy:
 @ltorch_op(torch_fns=[torch.pow, torch.Tensor.pow], methods=["pow"])
 def pow(a: Any, b: Any) -> TensorProxy:  # noqa: A001 - mirrors torch.pow
     """torch.pow."""
-    if isinstance(a, TensorProxy) and not isinstance(b, TensorProxy) and rule_compare(b, "==", 2):
+    # Only a constant 2 becomes a product: comparing a symbolic exponent would guard it (an exponent read from a
+    # tensor, `beta ** step` in torch.optim with tensor betas, by value: a trace per step); pow is eager's op anyway.
+    if isinstance(a, TensorProxy) and not isinstance(b, TensorProxy | NumberProxy) and b == 2:
         return mul(a, a)
     return elementwise(prims.pow, a, b)
 
