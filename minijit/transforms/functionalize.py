@@ -240,8 +240,10 @@ class _Functionalizer:
             # Under no_grad eager's `a` gets w's values, not its history, so neither may the trace's (its output
             # would require grad, a backward would reach w).
             new = prims.detach(new)
-        if moved:
-            self.moved.add(id(new))
+        if moved and id(base) not in self.inputs:
+            # Eager's `a` has memory of its own: where the trace returns, keeps or views it, it must not be w's.
+            # (An input's value is copied back into it at the end.)
+            new = prims.clone(new)
         if id(base) in self.synthetic:
             # A synthetic base (its members may repeat elements, `o.expand(4, 4)`): one scatter
             # by element positions through the whole view chain.
@@ -421,8 +423,6 @@ class _Functionalizer:
         self.inplace_originals: dict[str, str] = {}
         self.written_with_grad: set[str] = set()
         self.made_without_grad: set[str] = set()
-        # The values moved as they are into another tensor by a write (a copy_), which has its own memory in eager.
-        self.moved: set[int] = set()
         self.op_start = 0  # where the bound symbols of the top-level op being visited begin in the new trace
         with tracing(self.new):
             self._members_as_views()
@@ -435,23 +435,13 @@ class _Functionalizer:
                     check_overlaps(bsym, self.trace, lambda p: self.shares.base_of(self.shares.canon(p)))
                 self.visit(bsym, bsym)
             self.new.source = None
-            output = tree_map(self._output_value, self.trace.output)
+            output = tree_map(self.resolve, self.trace.output)
             self.new.output = self._write_back(output)
         sites = tuple(self.write_sites.get(n, "") for n in self.mutated)
         return self.new, FunctionalizeResult(mutated_inputs=tuple(self.mutated), write_sites=sites,
                                              inplace_originals=self.inplace_originals,
                                              written_with_grad=frozenset(self.written_with_grad),
                                              made_without_grad=frozenset(self.made_without_grad))
-
-    def _output_value(self, p: Any) -> Any:
-        """The value the trace returns for its output `p`: a copy where `p`, a tensor of its own in eager (not an
-        input, nor a view of one), holds a value moved into it as it is, which lives in another tensor's memory
-        (`a = zeros_like(x); a.copy_(x); return a` must not return x's memory)."""
-        value = self.resolve(p)
-        if isinstance(p, TensorProxy) and id(value) in self.moved and \
-                id(self.shares.base_of(self.shares.canon(p))) not in self.inputs:
-            return prims.clone(value)
-        return value
 
     def _members_as_views(self) -> None:
         """Each member of a synthetic base becomes a view of it; it reads as the input itself until written."""

@@ -532,3 +532,39 @@ def test_a_tensor_filled_by_copy_has_its_own_memory(fn):
         for r, k in zip(results, kept, strict=True):
             torch.testing.assert_close(r, k * 3)
     _STORED.clear()
+
+
+def _copied_in_then_viewed(x):
+    a = torch.zeros_like(x)
+    a.copy_(x)
+    return a[:2], a.view(2, 2)
+
+
+def _set_whole_then_sliced(x):
+    a = torch.zeros_like(x)
+    a[:] = x
+    return a, a[1:]
+
+
+def _copied_into_empty_then_unsqueezed(x):
+    a = torch.empty(4)
+    a.copy_(x)
+    return a.unsqueeze(0)
+
+
+@pytest.mark.parametrize("fn", [_copied_in_then_viewed, _set_whole_then_sliced, _copied_into_empty_then_unsqueezed],
+                         ids=lambda f: f.__name__)
+def test_views_of_a_tensor_filled_by_copy_are_views_of_its_own_memory(fn):
+    """Views of a tensor the function made and filled by `copy_` (returned whole or in part): after the call, a write
+    into `x` leaves them alone and a write into one result shows in the others, as in eager."""
+    jf = minijit.jit(fn)
+    for _ in range(2):
+        x = torch.randn(4)
+        x_eager = x.clone()
+        got, want = jf(x), fn(x_eager)
+        x.add_(1)
+        x_eager.add_(1)
+        got[0].mul_(3)
+        want[0].mul_(3)
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, rtol=0, atol=0)
