@@ -244,8 +244,8 @@ def guarded_compare(a: NumberProxy, op: str, b: Any) -> bool:
     What a capture decides on a symbolic number (a branch, a broadcast, a size check)
     holds for a later call only while the guard finds the same answer.
     """
-    if a is b:
-        return op in ("==", "<=", ">=")  # a number compared with itself: true of every value, nothing to check
+    if a is b and a.python_type is not float:
+        return op in ("==", "<=", ">=")  # an int compared with itself: true of every value, nothing to check
     if data_dependent(b) and not data_dependent(a):
         return guarded_compare(b, SWAPPED[op], a)
     if data_dependent(a) and a.seen and replaying():
@@ -451,8 +451,9 @@ def record_constraint(a: NumberProxy, op: str, b: Any, result: bool) -> None:
             exprs.append(x.expr)
         else:
             exprs.append(number_source(x))
-    if exprs[0] == exprs[1] or not any(isinstance(x, NumberProxy) and not x.read for x in (a, b)):
-        return  # a value compared with itself, or values the trace checks itself: true for every input it runs
+    itself = exprs[0] == exprs[1] and not any(isinstance(x, float | FloatProxy) for x in (a, b))  # (nan != nan)
+    if itself or not any(isinstance(x, NumberProxy) and not x.read for x in (a, b)):
+        return  # an int compared with itself, or values the trace checks itself: true for every input it runs
     add_constraint(canonical_constraint(exprs[0], op, exprs[1], result, isinstance(b, NumberProxy)))
 
 

@@ -325,10 +325,11 @@ def test_a_float_equal_to_an_int_is_no_narrow_bound_as_in_eager(values):
         assert jit == eager, (k, minijit.cache_info(jf))
 
 
-@pytest.mark.parametrize("values", [(True,), (2, True), (2, 3, 2.0), (2, 3, False)])
-def test_a_bool_or_float_is_no_expand_size_as_in_eager(values):
+@pytest.mark.parametrize("values", [(True,), (False,), (2, True), (2, 3, 2.0), (2, 3, False)])
+@pytest.mark.parametrize("op", ["expand", "roll"])
+def test_a_bool_or_float_is_no_expand_size_or_roll_shift_as_in_eager(values, op):
     def f(x, n):
-        return x[:1].expand(n, 3) * 2
+        return x[:1].expand(n, 3) * 2 if op == "expand" else (x * 2).roll(n, 0).roll(n, 0)
 
     jf = minijit.jit(f)
     x = torch.randn(4, 3)
@@ -355,3 +356,22 @@ def test_round_of_a_symbolic_number_is_eagers():
         torch.testing.assert_close(have[0], want[0])
         assert repr(have[1:]) == repr(want[1:])
     assert minijit.cache_info(jf).eager_calls == 0
+
+
+def test_a_symbolic_float_compared_with_itself_is_false_for_nan():
+    # `k != k` (a nan check) was decided True-for-every-value on a symbolic float, and `k == k` left unguarded.
+    class Holder:
+        k = 0.0
+
+    holder = Holder()
+
+    def f(x):
+        return x * 2, (2 if holder.k != holder.k else 1), holder.k == holder.k, abs(holder.k) < abs(holder.k)
+
+    jf = minijit.jit(f)
+    x = torch.randn(3)
+    for k in (0.5, 0.75, math.nan, 0.25, math.nan, math.inf):
+        holder.k = k
+        have, want = jf(x), f(x)
+        torch.testing.assert_close(have[0], want[0])
+        assert have[1:] == want[1:], (k, minijit.cache_info(jf))

@@ -517,6 +517,8 @@ def flipud(input: TensorProxy) -> TensorProxy:  # noqa: A002
 def roll(input: TensorProxy, shifts: int | Sequence[int], dims: int | Sequence[int] | None = None) -> TensorProxy:  # noqa: A002
     """torch.roll: rotates elements along dims (the flattened tensor when dims is None)."""
     shifts_t = (shifts,) if isinstance(shifts, int) else tuple(shifts)
+    for shift in shifts_t:
+        _refuse_non_int("roll", "shifts", shift)
     if dims is None:
         if len(shifts_t) != 1:
             raise _fail("roll", f"with dims=None, shifts must be one int, got {shifts}")
