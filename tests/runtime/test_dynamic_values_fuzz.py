@@ -121,7 +121,7 @@ STEPS = [
     "acc = acc + torch.linspace(0, {F}, {I} % 4).sum()",
     "acc = acc * (x.sum() * {F} > {I})",
     "acc = torch.cat([acc, acc[:{I} % 3]])[:x.shape[0]]",
-    "acc = acc + x.chunk(max({I}, 1))[0].sum()",
+    "acc = acc + x.chunk(max({I} % 4, 1))[0].sum()",  # (chunks of an empty x: as many pieces as asked)
     "acc = acc + torch.nn.functional.pad(x, (0, {I} % 3)).sum(1, keepdim=True)",
     "G = G + {I}",
     "H = {F} / 4",
