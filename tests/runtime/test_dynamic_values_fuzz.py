@@ -36,7 +36,7 @@ from minijit.errors import MinijitError
 from minijit.testing import tolerance
 from tests.lanes import lane_seeds
 
-PROGRAMS = int(os.environ.get("MINIJIT_DYNAMIC_FUZZ_PROGRAMS", "30"))
+PROGRAMS = int(os.environ.get("MINIJIT_DYNAMIC_FUZZ_PROGRAMS", "60"))
 CALLS = 6  # calls per program, the values changing between them
 # Of the calls after each program's first: hits for values the program reads never seen before (about 10% of them
 # with automatic dynamic, in each lane; none with cache="constant values", which every such call misses). Most later
