@@ -159,9 +159,14 @@ def is_inference_mode_enabled() -> bool:
 
 @lookaside(round)
 def round_(number: Any, ndigits: Any = None) -> Any:
-    """round(); a TensorProxy fails like a tensor does (Tensor has no __round__)."""
+    """round(); a TensorProxy fails like a tensor does (Tensor has no __round__). A symbolic number (no __round__
+    either) is rounded as its value, guarded as `float()` and `int()` guard it, but for round(n) of an int: n."""
     if isinstance(number, TensorProxy):
         raise TypeError("type Tensor doesn't define __round__ method")
+    if isinstance(number, NumberProxy):
+        if number.python_type is int and ndigits is None:
+            return number
+        number = float(number) if number.python_type is float else int(number)
     return round(number) if ndigits is None else round(number, ndigits)
 
 

@@ -8,6 +8,7 @@ module knows nothing about torch functions.
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -243,8 +244,8 @@ def guarded_compare(a: NumberProxy, op: str, b: Any) -> bool:
     What a capture decides on a symbolic number (a branch, a broadcast, a size check)
     holds for a later call only while the guard finds the same answer.
     """
-    if a is b:
-        return op in ("==", "<=", ">=")  # a number compared with itself: true of every value, nothing to check
+    if a is b and a.python_type is not float:
+        return op in ("==", "<=", ">=")  # an int compared with itself: true of every value, nothing to check
     if data_dependent(b) and not data_dependent(a):
         return guarded_compare(b, SWAPPED[op], a)
     if data_dependent(a) and a.seen and replaying():
@@ -296,7 +297,7 @@ def _checked_constant(x: NumberProxy) -> int | None:
 def _refuse_unguarded(x: NumberProxy) -> None:
     """Raise where converting symbolic `x` to its value would rely on it with nothing to guard it: in a pass (not
     a capture, nor a replay of what the capture recorded), unless the compile's guard already fixes the value."""
-    if capturing() or replaying() or x.read or x.expr is None or known_equal(x.expr, repr(x.value)):
+    if capturing() or replaying() or x.read or x.expr is None or known_equal(x.expr, number_source(x.value)):
         return
     where = f"the pass {name!r}" if (name := current_pass()) is not None else "a pass (outside a capture)"
     raise UnguardedValueError(
@@ -421,6 +422,14 @@ def _expression(x: Any) -> str:
     """The Python expression of a number proxy (its name where it has none), or the repr of a constant."""
     if isinstance(x, NumberProxy):
         return x.expr if x.expr is not None else x.name
+    return number_source(x)
+
+
+def number_source(x: Any) -> str:
+    """Python source for the constant `x` in a constraint: its repr, but for a float that is not finite, whose repr
+    (`inf`, `nan`) would read back as an undefined name."""
+    if type(x) is float and not math.isfinite(x):
+        return f"float({repr(x)!r})"
     return repr(x)
 
 
@@ -429,7 +438,7 @@ def record_constraint(a: NumberProxy, op: str, b: Any, result: bool) -> None:
     exprs = []
     for x in (a, b):
         if isinstance(x, NumberProxy) and x.read:
-            exprs.append(repr(x.value))  # the trace checks this value where it was read
+            exprs.append(number_source(x.value))  # the trace checks this value where it was read
         elif isinstance(x, NumberProxy):
             if x.expr is None:
                 here = where_now()
@@ -441,9 +450,10 @@ def record_constraint(a: NumberProxy, op: str, b: Any, result: bool) -> None:
                 )
             exprs.append(x.expr)
         else:
-            exprs.append(repr(x))
-    if exprs[0] == exprs[1] or not any(isinstance(x, NumberProxy) and not x.read for x in (a, b)):
-        return  # a value compared with itself, or values the trace checks itself: true for every input it runs
+            exprs.append(number_source(x))
+    itself = exprs[0] == exprs[1] and not any(isinstance(x, float | FloatProxy) for x in (a, b))  # (nan != nan)
+    if itself or not any(isinstance(x, NumberProxy) and not x.read for x in (a, b)):
+        return  # an int compared with itself, or values the trace checks itself: true for every input it runs
     add_constraint(canonical_constraint(exprs[0], op, exprs[1], result, isinstance(b, NumberProxy)))
 
 

@@ -21,7 +21,7 @@ import torch
 from minijit.errors import MetaError, UnsupportedOpError
 from minijit.ir import VIEWS_ANY_LAYOUT, VIEWS_IF_SPLITS, Effects, Tag, TensorProxy
 from minijit.ir.context import where_now
-from minijit.ir.proxies import broadcasts_to, equal_sizes, number_value, rule_compare, rule_same_shape
+from minijit.ir.proxies import FloatProxy, broadcasts_to, equal_sizes, number_value, rule_compare, rule_same_shape
 from minijit.ops import prims
 from minijit.ops.registry import ltorch_op
 from minijit.ops.runtime_bounds import computed_int, from_end, seen_values
@@ -40,6 +40,13 @@ RESHAPE = Effects(views=0, may_copy=True, reorders=True, view_layouts=VIEWS_IF_S
 
 def _fail(op: str, msg: str) -> MetaError:
     return MetaError(f"ltorch.{op}: {msg}{where_now()}")
+
+
+def _refuse_non_int(op: str, what: str, x: Any) -> None:
+    """A MetaError where `x`, an int argument of `op`, is a bool or a float (symbolic or not), as eager raises a
+    TypeError for it: never read as the int it equals (`narrow(0, 0, 2.0)`, `expand(True, 3)`)."""
+    if isinstance(x, bool | float | FloatProxy):
+        raise _fail(op, f"{what} must be an int, got {type(x).__name__}")
 
 
 def fresh(a: TensorProxy) -> TensorProxy:
@@ -234,6 +241,7 @@ def _expand(op: str, a: TensorProxy, sizes: tuple[Any, ...]) -> TensorProxy:
         raise _fail(op, f"the number of sizes {list(sizes)} must be at least the tensor's {a.ndim} dims")
     shape = list(sizes)
     for i, size in enumerate(sizes):
+        _refuse_non_int(op, f"size {i} of {list(sizes)}", size)
         if i < offset:
             if type(size) is int and size < 0:
                 raise _fail(op, f"-1 is not allowed for the new leading dim {i} in {list(sizes)}")
@@ -292,6 +300,8 @@ def narrow(input: TensorProxy, dim: int, start: int, length: int) -> TensorProxy
     """torch.narrow: `length` elements of `dim` from `start` (negative start counts from the end)."""
     if isinstance(start, TensorProxy):
         raise UnsupportedOpError(f"ltorch.narrow: a tensor start is data-dependent{where_now()}; pass an int")
+    _refuse_non_int("narrow", "start", start)
+    _refuse_non_int("narrow", "length", length)
     d = canonical_dim(dim, input.ndim)
     size = input.shape[d]
     # Bounds the trace computes (`n.item()`): seen, so that the checks below read only their outcome.
@@ -507,6 +517,8 @@ def flipud(input: TensorProxy) -> TensorProxy:  # noqa: A002
 def roll(input: TensorProxy, shifts: int | Sequence[int], dims: int | Sequence[int] | None = None) -> TensorProxy:  # noqa: A002
     """torch.roll: rotates elements along dims (the flattened tensor when dims is None)."""
     shifts_t = (shifts,) if isinstance(shifts, int) else tuple(shifts)
+    for shift in shifts_t:
+        _refuse_non_int("roll", "shifts", shift)
     if dims is None:
         if len(shifts_t) != 1:
             raise _fail("roll", f"with dims=None, shifts must be one int, got {shifts}")
