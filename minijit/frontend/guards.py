@@ -18,6 +18,7 @@ its metadata (`TensorSeen`): a global rebound to a new tensor frees the old one,
 from __future__ import annotations
 
 import collections
+import math
 import sys
 import types
 import weakref
@@ -29,6 +30,7 @@ import torch
 
 from minijit.frontend.code import is_library_file
 from minijit.ir import Proxy
+from minijit.ir.proxies import zero_sign_test
 
 _CONSTANT_TYPES = (int, float, bool, str, bytes, complex, type(None), type(...), torch.dtype, torch.device)
 _SKIPPED_MODULES = ("torch", "minijit")
@@ -364,7 +366,7 @@ def build_guard(entries: list[GuardEntry]) -> Callable[[], bool] | None:
 def guard_names() -> dict[str, Any]:
     """The names `guard_expression`'s source reads besides those it binds: the start of a guard's environment."""
     return {"_MISSING": _MISSING, "_Tensor": torch.Tensor, "_same_keys": same_keys, "_dict_get": dict.get,
-            "_own_dict": own_dict}
+            "_own_dict": own_dict, "_copysign": math.copysign}
 
 
 def guard_expression(env: dict[str, Any], i: int, entry: GuardEntry) -> str:
@@ -409,7 +411,8 @@ def guard_expression(env: dict[str, Any], i: int, entry: GuardEntry) -> str:
     elif is_constant(value) or snapshot is not None:
         env[f"_v{i}"] = snapshot if snapshot is not None else value
         env[f"_t{i}"] = type(value)
-        term = f"(type(_x := {read}) is _t{i} and _x == _v{i})"
+        sign = zero_sign_test("_x", value)
+        term = f"(type(_x := {read}) is _t{i} and _x == _v{i}{f' and {sign}' if sign else ''})"
     else:
         env[f"_v{i}"] = value
         term = f"{read} is _v{i}"

@@ -425,6 +425,14 @@ def _expression(x: Any) -> str:
     return number_source(x)
 
 
+def zero_sign_test(expr: str, value: Any) -> str | None:
+    """For a float zero, the test that also tells its sign (`==` takes 0.0 and -0.0 for one value, which
+    `math.copysign(1.0, k)`, `1 / k` and `torch.full(..., k)` tell apart); None for any other value."""
+    if type(value) is float and value == 0:
+        return f"_copysign(1.0, {expr}) == {math.copysign(1.0, value)!r}"
+    return None
+
+
 def number_source(x: Any) -> str:
     """Python source for the constant `x` in a constraint: its repr, but for a float that is not finite, whose repr
     (`inf`, `nan`) would read back as an undefined name."""
@@ -455,6 +463,8 @@ def record_constraint(a: NumberProxy, op: str, b: Any, result: bool) -> None:
     if itself or not any(isinstance(x, NumberProxy) and not x.read for x in (a, b)):
         return  # an int compared with itself, or values the trace checks itself: true for every input it runs
     add_constraint(canonical_constraint(exprs[0], op, exprs[1], result, isinstance(b, NumberProxy)))
+    if (op == "==") == result and not isinstance(b, NumberProxy) and (sign := zero_sign_test(exprs[0], b)):
+        add_constraint(sign)  # relied on equal to a float zero: to that zero, sign included
 
 
 # (op, result) -> the same fact as a true comparison: `(a != b) is False` is `a == b`.

@@ -43,6 +43,7 @@ from minijit.frontend.guards import (
 )
 from minijit.ir.containers import flatten, is_container, is_tensor, is_tensor_or_number
 from minijit.ir.layouts import tensor_row_major
+from minijit.ir.proxies import zero_sign_test
 from minijit.runtime.autocast import any_autocast_enabled, autocast_state
 
 if TYPE_CHECKING:
@@ -98,7 +99,8 @@ class Check:
             t, x = v
             if x is None:
                 return f"{s} is None"
-            return f"type({s}) is {t.__name__} and {s} == {literal(env, x)}"
+            sign = zero_sign_test(s, x)
+            return f"type({s}) is {t.__name__} and {s} == {literal(env, x)}{f' and {sign}' if sign else ''}"
         if aspect == "type":
             return f"type({s}) is {v.__name__}"
         if aspect == "length":
@@ -219,7 +221,8 @@ def walk(x: Any, out: list[Any], symbolic: bool, where: tuple[str, str] | None =
         out.append(t if where is None else Check(where[0], "type", where[1], t))
     elif t is int or t is float or t is bool or t is str or x is None or t is complex:
         if where is None:
-            out += (t, x)
+            # (-0.0 hashes and compares as 0.0: its own key, as its own value check)
+            out += (t, x) if t is not float or x != 0 or math.copysign(1.0, x) > 0 else (t, _MINUS_ZERO)
         else:
             out.append(Check(where[0], "value", where[1], (t, x)))
     elif t is torch.dtype or t is torch.device:
@@ -364,6 +367,7 @@ def _captured_changed(name: str, now: Any, expected: tuple[Any, ...]) -> str:
 
 
 _GONE = object()
+_MINUS_ZERO = "-0.0"  # what a cache key holds for the float -0.0
 
 
 # --- the prologue: the checks compiled, printed, and explained --------------------------------------------
@@ -692,4 +696,5 @@ _ENV: dict[str, Any] = {
     "_leaves_symbolic": lambda x: flatten(x, is_tensor_or_number)[1],
     "_not_in_history": not_in_history,
     "_row_major": tensor_row_major,
+    "_copysign": math.copysign,
 }
