@@ -436,7 +436,9 @@ class _Functionalizer:
                 self.visit(bsym, bsym)
             self.new.source = None
             output = tree_map(self.resolve, self.trace.output)
-            self.new.output = self._write_back(output)
+            self.new.output = self._write_back(output, [self.shares.base_of(self.shares.canon(p)).name
+                                                        if isinstance(p, TensorProxy) else None
+                                                        for p in tree_flatten(self.trace.output)])
         sites = tuple(self.write_sites.get(n, "") for n in self.mutated)
         return self.new, FunctionalizeResult(mutated_inputs=tuple(self.mutated), write_sites=sites,
                                              inplace_originals=self.inplace_originals,
@@ -453,8 +455,9 @@ class _Functionalizer:
                 self.shares.add_view(member, ViewStep(base, self.new.bound_symbols[-1], view))
                 self.cache[id(member)] = (0, member)
 
-    def _write_back(self, output: Any) -> Any:
-        """Materialize outputs that alias overwritten inputs, then emit one ordered copy per mutated input."""
+    def _write_back(self, output: Any, bases: list[str | None]) -> Any:
+        """Materialize outputs that alias overwritten inputs, or that view one (`bases`: the base of each output
+        in the captured trace) as another input's memory, then emit one ordered copy per mutated input."""
         finals: dict[str, TensorProxy] = {}
         outs: dict[str, TensorProxy] = {}
         for p in self.new.args:
@@ -472,14 +475,17 @@ class _Functionalizer:
 
         clones: dict[int, TensorProxy] = {}
 
-        def materialize(x: Any) -> Any:
-            if isinstance(x, TensorProxy) and memory.input_storages(x) & written:
+        def materialize(x: Any, base: str | None = None) -> Any:
+            storages = memory.input_storages(x) if isinstance(x, TensorProxy) else set()
+            # (`a.copy_(w); return a[:2]`: the value is w's memory as w came in, where eager's result views a)
+            if storages & written or (base in written and storages and base not in storages):
                 if id(x) not in clones:
                     clones[id(x)] = prims.clone(x)
                 return clones[id(x)]
             return x
 
-        output = tree_map(materialize, output)
+        base_of_output = iter(bases)
+        output = tree_map(lambda x: materialize(x, next(base_of_output)), output)
         # A copy into y must follow every copy whose value reads y's old value (invariant 1);
         # a value that aliases its own destination, or a cycle of such reads, is cloned first.
         reads = {n: set(memory.input_storages(v) & written) for n, v in finals.items()}

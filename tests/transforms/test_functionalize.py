@@ -568,3 +568,23 @@ def test_views_of_a_tensor_filled_by_copy_are_views_of_its_own_memory(fn):
         want[0].mul_(3)
         for g, w in zip(got, want, strict=True):
             torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
+def _input_filled_from_another_then_sliced(a, x):
+    a.copy_(x)
+    return a[:2]
+
+
+def test_a_view_of_an_input_filled_from_another_input_is_not_that_input_s_memory():
+    """`a.copy_(x); return a[:2]` with both inputs: eager's result views `a`. The trace's value of `a` is `x` as it came
+    in, so the result must not be taken as a view of `x` (a later write into `x` changed it): it is materialized,
+    as a result viewing a written input is where no executor writes it in place."""
+    jf = minijit.jit(_input_filled_from_another_then_sliced)
+    for _ in range(2):
+        a, x = torch.zeros(4), torch.randn(4)
+        a_eager, x_eager = a.clone(), x.clone()
+        got, want = jf(a, x), _input_filled_from_another_then_sliced(a_eager, x_eager)
+        x.add_(1)
+        x_eager.add_(1)
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        torch.testing.assert_close(a, a_eager, rtol=0, atol=0)
