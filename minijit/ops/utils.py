@@ -194,7 +194,10 @@ def elementwise(prim: Any, *args: Any, compute_dtype: torch.dtype | None = None,
 
 
 def canonical_dim(dim: int, ndim: int) -> int:
-    """`dim` wrapped into range(ndim), or a MetaError (0-d tensors accept dim 0 and -1)."""
+    """`dim` wrapped into range(ndim), or a MetaError (0-d tensors accept dim 0 and -1; a bool or a float is no dim,
+    as eager's argument parser refuses it: `x.transpose(True, 1)` is not `x.transpose(1, 1)`)."""
+    if isinstance(dim, bool | float | FloatProxy):
+        raise MetaError(f"a dimension must be an int, got {type(dim).__name__} {dim}{where_now()}")
     bound = max(ndim, 1)
     if not -bound <= dim < bound:
         raise MetaError(f"dimension {dim} is out of range for a tensor of rank {ndim}{where_now()}")

@@ -407,3 +407,17 @@ def test_minus_zero_is_not_the_entry_of_zero(cache):
         have, want = jf(x, k), f(x, k)
         assert have[1:3] == want[1:3], (k, have, want)
         assert torch.equal(torch.signbit(have[3]), torch.signbit(want[3]))
+
+
+@pytest.mark.parametrize("dim", [True, False, 1.0])
+@pytest.mark.parametrize("op", ["transpose", "squeeze", "flatten", "softmax", "cumsum", "unsqueeze"])
+def test_a_bool_or_float_is_no_dim_as_in_eager(op, dim):
+    """Eager's argument parser refuses a bool or a float where an op takes a dim; minijit took True for dim 1 (a
+    value where eager raises)."""
+    calls = {"transpose": lambda x, d: x.transpose(d, 1), "squeeze": lambda x, d: x.squeeze(d),
+             "flatten": lambda x, d: x.flatten(d), "softmax": lambda x, d: x.softmax(d),
+             "cumsum": lambda x, d: x.cumsum(d), "unsqueeze": lambda x, d: x.unsqueeze(d)}
+    fn = calls[op]
+    x = torch.randn(4, 1, 3)
+    eager, jit = _outcomes(fn, minijit.jit(fn), x, dim)
+    assert jit == eager
