@@ -204,6 +204,13 @@ def canonical_dim(dim: int, ndim: int) -> int:
     return dim % bound
 
 
+def refuse_non_int(op: str, what: str, x: Any) -> None:
+    """A MetaError where `x`, an int argument of `op`, is a bool or a float (symbolic or not), as eager's argument
+    parser raises a TypeError for it: never read as the int it equals (`narrow(0, 0, 2.0)`, `repeat(True, 1)`)."""
+    if isinstance(x, bool | float | FloatProxy):
+        raise MetaError(f"ltorch.{op}: {what} must be an int, got {type(x).__name__} {x}{where_now()}")
+
+
 def canonical_dims(dims: int | Sequence[int] | None, ndim: int) -> tuple[int, ...]:
     """A tuple of wrapped dims; None or () means every dim."""
     if dims is None:

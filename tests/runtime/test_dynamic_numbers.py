@@ -421,3 +421,24 @@ def test_a_bool_or_float_is_no_dim_as_in_eager(op, dim):
     x = torch.randn(4, 1, 3)
     eager, jit = _outcomes(fn, minijit.jit(fn), x, dim)
     assert jit == eager
+
+
+_INT_ARGUMENTS = {
+    "topk": lambda x, v: x.topk(v), "chunk": lambda x, v: x.chunk(v), "split": lambda x, v: x.split(v),
+    "split_sizes": lambda x, v: x.split([v, 2]), "repeat": lambda x, v: x.repeat(v, 1),
+    "tile": lambda x, v: x.tile((v, 1)), "select": lambda x, v: x.select(0, v), "diagonal": lambda x, v: x.diagonal(v),
+    "tril": lambda x, v: x.tril(v), "triu": lambda x, v: x.triu(v), "narrow": lambda x, v: x.narrow(0, 0, v),
+}
+
+
+@pytest.mark.parametrize("value", [2.0, True])
+@pytest.mark.parametrize("op", list(_INT_ARGUMENTS))
+def test_a_bool_or_float_int_argument_raises_as_in_eager_even_where_the_result_is_unused(op, value):
+    """Eager's argument parser refuses a float or a bool where an op takes an int (`x.topk(2.0)`). Where minijit took
+    it, an unused result was dropped from the trace and the call returned a value where eager raises."""
+    def f(x, v):
+        _INT_ARGUMENTS[op](x, v)
+        return x * 2
+
+    eager, jit = _outcomes(f, minijit.jit(f), torch.randn(4, 6), value)
+    assert jit == eager

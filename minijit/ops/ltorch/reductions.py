@@ -27,6 +27,7 @@ from minijit.ops.utils import (
     compute_dtype_for,
     fail,
     numel_of,
+    refuse_non_int,
     reshape_to,
     tensor_argument,
     to_dtype,
@@ -160,6 +161,7 @@ def topk(input: TensorProxy, k: int, dim: int = -1, largest: bool = True,  # noq
          sorted: bool = True) -> ValuesIndices:  # noqa: A002
     """torch.topk: the k largest (or smallest) elements along dim and their indices."""
     tensor_argument("topk", input)
+    refuse_non_int("topk", "k", k)
     (d,) = reduction_dims("topk", dim, input.ndim)
     return ValuesIndices(*prims.topk(input, k, d, largest, sorted))
 

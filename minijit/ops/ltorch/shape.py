@@ -21,12 +21,22 @@ import torch
 from minijit.errors import MetaError, UnsupportedOpError
 from minijit.ir import VIEWS_ANY_LAYOUT, VIEWS_IF_SPLITS, Effects, Tag, TensorProxy
 from minijit.ir.context import where_now
-from minijit.ir.proxies import FloatProxy, broadcasts_to, equal_sizes, number_value, rule_compare, rule_same_shape
+from minijit.ir.proxies import broadcasts_to, equal_sizes, number_value, rule_compare, rule_same_shape
 from minijit.ops import prims
 from minijit.ops.registry import ltorch_op
 from minijit.ops.runtime_bounds import computed_int, from_end, seen_values
 from minijit.ops.strides import check_viewable, is_already_contiguous
-from minijit.ops.utils import canonical_dim, infer_shape, larger, reshape_to, shape_arg, smaller, unsqueeze_at
+from minijit.ops.utils import (
+    canonical_dim,
+    infer_shape,
+    is_number,
+    larger,
+    refuse_non_int,
+    reshape_to,
+    shape_arg,
+    smaller,
+    unsqueeze_at,
+)
 
 # The output views the input (functionalization makes writes through it update the input);
 # with VIEW_OR_COPY only where eager can make a view, else it is a copy.
@@ -40,13 +50,6 @@ RESHAPE = Effects(views=0, may_copy=True, reorders=True, view_layouts=VIEWS_IF_S
 
 def _fail(op: str, msg: str) -> MetaError:
     return MetaError(f"ltorch.{op}: {msg}{where_now()}")
-
-
-def _refuse_non_int(op: str, what: str, x: Any) -> None:
-    """A MetaError where `x`, an int argument of `op`, is a bool or a float (symbolic or not), as eager raises a
-    TypeError for it: never read as the int it equals (`narrow(0, 0, 2.0)`, `expand(True, 3)`)."""
-    if isinstance(x, bool | float | FloatProxy):
-        raise _fail(op, f"{what} must be an int, got {type(x).__name__}")
 
 
 def fresh(a: TensorProxy) -> TensorProxy:
@@ -241,7 +244,7 @@ def _expand(op: str, a: TensorProxy, sizes: tuple[Any, ...]) -> TensorProxy:
         raise _fail(op, f"the number of sizes {list(sizes)} must be at least the tensor's {a.ndim} dims")
     shape = list(sizes)
     for i, size in enumerate(sizes):
-        _refuse_non_int(op, f"size {i} of {list(sizes)}", size)
+        refuse_non_int(op, f"size {i} of {list(sizes)}", size)
         if i < offset:
             if type(size) is int and size < 0:
                 raise _fail(op, f"-1 is not allowed for the new leading dim {i} in {list(sizes)}")
@@ -300,8 +303,8 @@ def narrow(input: TensorProxy, dim: int, start: int, length: int) -> TensorProxy
     """torch.narrow: `length` elements of `dim` from `start` (negative start counts from the end)."""
     if isinstance(start, TensorProxy):
         raise UnsupportedOpError(f"ltorch.narrow: a tensor start is data-dependent{where_now()}; pass an int")
-    _refuse_non_int("narrow", "start", start)
-    _refuse_non_int("narrow", "length", length)
+    refuse_non_int("narrow", "start", start)
+    refuse_non_int("narrow", "length", length)
     d = canonical_dim(dim, input.ndim)
     size = input.shape[d]
     # Bounds the trace computes (`n.item()`): seen, so that the checks below read only their outcome.
@@ -324,6 +327,7 @@ def select(input: TensorProxy, dim: int, index: int) -> TensorProxy:  # noqa: A0
     """torch.select: the slice at `index` of `dim`, with that dim removed."""
     if input.ndim == 0:
         raise _fail("select", "cannot select from a 0-d tensor")
+    refuse_non_int("select", "index", index)
     d = canonical_dim(dim, input.ndim)
     return _select(input, d, index, "select")
 
@@ -365,6 +369,8 @@ def split(tensor: TensorProxy, split_size_or_sections: int | Sequence[int], dim:
         raise _fail("split", "cannot split a 0-d tensor")
     d = canonical_dim(dim, tensor.ndim)
     n = tensor.shape[d]
+    for size in (split_size_or_sections,) if is_number(split_size_or_sections) else split_size_or_sections:
+        refuse_non_int("split", "a split size", size)
     if isinstance(split_size_or_sections, int):
         size = split_size_or_sections
         if rule_compare(size, "<", 0) or (rule_compare(size, "==", 0) and rule_compare(n, "!=", 0)):
@@ -383,6 +389,7 @@ def split(tensor: TensorProxy, split_size_or_sections: int | Sequence[int], dim:
 @ltorch_op(torch_fns=[torch.chunk, torch.Tensor.chunk], methods=["chunk"], effects=VIEW)
 def chunk(input: TensorProxy, chunks: int, dim: int = 0) -> tuple[TensorProxy, ...]:  # noqa: A002
     """torch.chunk: at most `chunks` pieces of ceil(size / chunks) elements each."""
+    refuse_non_int("chunk", "chunks", chunks)
     if rule_compare(chunks, "<=", 0):
         raise _fail("chunk", f"chunks must be positive, got {chunks}")
     if input.ndim == 0:
@@ -518,7 +525,7 @@ def roll(input: TensorProxy, shifts: int | Sequence[int], dims: int | Sequence[i
     """torch.roll: rotates elements along dims (the flattened tensor when dims is None)."""
     shifts_t = (shifts,) if isinstance(shifts, int) else tuple(shifts)
     for shift in shifts_t:
-        _refuse_non_int("roll", "shifts", shift)
+        refuse_non_int("roll", "shifts", shift)
     if dims is None:
         if len(shifts_t) != 1:
             raise _fail("roll", f"with dims=None, shifts must be one int, got {shifts}")
@@ -555,13 +562,18 @@ def _repeat(op: str, a: TensorProxy, repeats: tuple[int, ...]) -> TensorProxy:
 @ltorch_op(torch_fns=[torch.Tensor.repeat], methods=["repeat"])
 def repeat(a: TensorProxy, *repeats: Any) -> TensorProxy:
     """Tensor.repeat: tiles the tensor `repeats[i]` times along dim i (new dims in front)."""
-    return _repeat("repeat", a, shape_arg(repeats))
+    reps = shape_arg(repeats)
+    for r in reps:
+        refuse_non_int("repeat", "a repeat count", r)
+    return _repeat("repeat", a, reps)
 
 
 @ltorch_op(torch_fns=[torch.tile, torch.Tensor.tile], methods=["tile"], impl=torch.Tensor.tile)
 def tile(input: TensorProxy, *dims: Any) -> TensorProxy:  # noqa: A002
     """torch.tile: like repeat, with missing leading repeats taken as 1."""
     reps = shape_arg(dims)
+    for r in reps:
+        refuse_non_int("tile", "a repeat count", r)
     return _repeat("tile", input, (1,) * (input.ndim - len(reps)) + reps)
 
 
@@ -594,6 +606,7 @@ def zero_of(dtype: torch.dtype) -> bool | int | float:
 
 
 def _triangle(op: str, a: TensorProxy, diagonal: int, lower: bool) -> TensorProxy:
+    refuse_non_int(op, "diagonal", diagonal)
     if a.ndim < 2:
         raise _fail(op, f"needs a tensor with at least 2 dims, got {a.ndim}")
     n, m = a.shape[-2], a.shape[-1]
@@ -620,6 +633,7 @@ def triu(input: TensorProxy, diagonal: int = 0) -> TensorProxy:  # noqa: A002
 @ltorch_op(torch_fns=[torch.diagonal, torch.Tensor.diagonal], methods=["diagonal"], effects=VIEW)
 def diagonal(input: TensorProxy, offset: int = 0, dim1: int = 0, dim2: int = 1) -> TensorProxy:  # noqa: A002
     """torch.diagonal: the `offset`-th diagonal of dims dim1, dim2, as a new last dim."""
+    refuse_non_int("diagonal", "offset", offset)
     d1, d2 = canonical_dim(dim1, input.ndim), canonical_dim(dim2, input.ndim)
     if input.ndim < 2 or d1 == d2:
         raise _fail("diagonal", f"needs two distinct dims, got {dim1} and {dim2} of a {input.ndim}-d tensor")
