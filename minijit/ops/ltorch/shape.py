@@ -545,6 +545,8 @@ def roll(input: TensorProxy, shifts: int | Sequence[int], dims: int | Sequence[i
 
 
 def _repeat(op: str, a: TensorProxy, repeats: tuple[int, ...]) -> TensorProxy:
+    for r in repeats:
+        refuse_non_int(op, "a repeat count", r)
     if len(repeats) < a.ndim:
         raise _fail(op, f"the number of repeats {list(repeats)} can not be smaller than the tensor's {a.ndim} dims")
     if any(type(r) is int and r < 0 for r in repeats):
@@ -562,18 +564,13 @@ def _repeat(op: str, a: TensorProxy, repeats: tuple[int, ...]) -> TensorProxy:
 @ltorch_op(torch_fns=[torch.Tensor.repeat], methods=["repeat"])
 def repeat(a: TensorProxy, *repeats: Any) -> TensorProxy:
     """Tensor.repeat: tiles the tensor `repeats[i]` times along dim i (new dims in front)."""
-    reps = shape_arg(repeats)
-    for r in reps:
-        refuse_non_int("repeat", "a repeat count", r)
-    return _repeat("repeat", a, reps)
+    return _repeat("repeat", a, shape_arg(repeats))
 
 
 @ltorch_op(torch_fns=[torch.tile, torch.Tensor.tile], methods=["tile"], impl=torch.Tensor.tile)
 def tile(input: TensorProxy, *dims: Any) -> TensorProxy:  # noqa: A002
     """torch.tile: like repeat, with missing leading repeats taken as 1."""
     reps = shape_arg(dims)
-    for r in reps:
-        refuse_non_int("tile", "a repeat count", r)
     return _repeat("tile", input, (1,) * (input.ndim - len(reps)) + reps)
 
 
