@@ -407,12 +407,12 @@ def guard_expression(env: dict[str, Any], i: int, entry: GuardEntry) -> str:
     elif isinstance(value, NumberSlot):
         env[f"_t{i}"] = value.types
         term = (f"type({read}) is _t{i}" if isinstance(value.types, type)
-                else f"type(_x := {read}) is tuple and tuple(map(type, _x)) == _t{i}")
+                else f"type({_READ} := {read}) is tuple and tuple(map(type, {_READ})) == _t{i}")
     elif is_constant(value) or snapshot is not None:
         env[f"_v{i}"] = snapshot if snapshot is not None else value
         env[f"_t{i}"] = type(value)
-        sign = zero_sign_test("_x", value)
-        term = f"(type(_x := {read}) is _t{i} and _x == _v{i}{f' and {sign}' if sign else ''})"
+        sign = zero_sign_test(_READ, value)
+        term = f"(type({_READ} := {read}) is _t{i} and {_READ} == _v{i}{f' and {sign}' if sign else ''})"
     else:
         env[f"_v{i}"] = value
         term = f"{read} is _v{i}"
@@ -420,6 +420,11 @@ def guard_expression(env: dict[str, Any], i: int, entry: GuardEntry) -> str:
         env[f"_g{i}"] = entry.shadow
         term = f"{entry.name!r} not in _g{i} and {term}"
     return term
+
+
+# The local a test reads a value into, to check its type and then its value: a name no trace input or tensor
+# read from outside takes (those are named after the user's variables and attributes, `_x` among them).
+_READ = "_minijit_read"
 
 
 def _reads_through_python(namespace: Any) -> bool:

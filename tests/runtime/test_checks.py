@@ -193,3 +193,27 @@ def test_a_parameter_named_like_the_guards_shape_local_is_its_own_value(fn: Call
         torch.testing.assert_close(jf(x, n, m) if fn.__code__.co_argcount == 3 else jf(x, n),
                                    fn(x, n, m) if fn.__code__.co_argcount == 3 else fn(x, n), rtol=0, atol=0)
     assert minijit.cache_info(jf).misses <= 2
+
+
+class _Holder:
+    pass
+
+
+_HOLDER = _Holder()
+
+
+def _reads_an_attribute_named_like_the_guards_local(y):
+    return y * _HOLDER._x * _HOLDER.k
+
+
+def test_a_tensor_read_from_outside_named_like_the_guards_read_local_keeps_its_entry():
+    """A guard's test reads a value into a local to check its type, then its value; a tensor read from outside is
+    fetched into a local named after its attribute (`_x`). The two must not share a name: the read of `k` replaced
+    the tensor, the tensor's check failed, and every call traced again ("a guard failed")."""
+    _HOLDER._x, _HOLDER.k = torch.ones(3), 2
+    jf = minijit.jit(_reads_an_attribute_named_like_the_guards_local)
+    for k in (2, 2, 2, 3, 3):
+        _HOLDER.k = k
+        y = torch.randn(3)
+        torch.testing.assert_close(jf(y), _reads_an_attribute_named_like_the_guards_local(y), rtol=0, atol=0)
+    assert minijit.cache_info(jf).misses <= 2
