@@ -130,7 +130,7 @@ def _refs(g: GuardEntry) -> list[int]:
     held += [ns, g.value, g.shadow]
     # Only what `_Pairs.walk` can reach (a number, None or a module never moves itself; a tensor moves only where
     # it is a key: its values are read afresh through sources).
-    return ([id(x) for x in held if _has_parts(x) and not isinstance(x, torch.Tensor | torch.nn.Module)]
+    return ([id(x) for x in held if _walked_kind(type(x))]
             + [id(k) for k in keys if isinstance(k, torch.Tensor) or _has_parts(k)])
 
 
@@ -310,11 +310,11 @@ class _Pairs:
         if isinstance(old, torch.Tensor):
             self.tensors.add(id(old))
             self.keep.append(old)
-        if isinstance(old, torch.Tensor | torch.nn.Module) or not _has_parts(old) or depth > _DEPTH:
+        if not _walked_kind(type(old)) or depth > _DEPTH:
             return
         self.reached.add(id(old))
         self.keep.append(old)
-        for (_, v), _ in _parts(old, old):
+        for v in _held(old):
             if id(v) not in self.reached:
                 self._reach(v, depth + 1)
 
@@ -339,13 +339,13 @@ class _Pairs:
         stored, closing over the argument): it stays as it is in the moved entry, so it would keep the old one."""
         if id(value) in self.reached:
             return True
-        if not _has_parts(value) or isinstance(value, torch.Tensor | torch.nn.Module) or depth > _DEPTH:
+        if not _walked_kind(type(value)) or depth > _DEPTH:
             return False
         known = self.refers.get(id(value))
         if known is None:
             self.refers[id(value)] = False  # (a cycle back to it adds nothing)
             self.keep.append(value)
-            known = self.refers[id(value)] = any(self._refers_to_old(v, depth + 1) for (_, v), _ in _parts(value, value))
+            known = self.refers[id(value)] = any(self._refers_to_old(v, depth + 1) for v in _held(value))
         return known
 
     def key(self, key: Any) -> Any:
@@ -479,7 +479,7 @@ def held_by_bound_self(fn: Any) -> set[int]:
 
 
 def _held(x: Any) -> Any:
-    """What `x` (an object `_has_parts` accepts) holds: the values on the old side of `_parts(x, x)`."""
+    """What `x` (an object `_has_parts` accepts) holds: the values `_parts` pairs, on one side."""
     if isinstance(x, list | tuple):
         return x
     if isinstance(x, dict):
@@ -502,7 +502,8 @@ def _kind_has_parts(cls: type) -> bool:
 
 @functools.cache
 def _walked_kind(cls: type) -> bool:
-    """Objects of `cls` have parts, and are neither tensors nor modules: what `held_by_bound_self` walks into."""
+    """Objects of `cls` have parts, and are neither tensors nor modules: what a walk of an argument (or of what the
+    bound `self` holds) goes into."""
     return _kind_has_parts(cls) and not issubclass(cls, torch.Tensor | torch.nn.Module)
 
 
