@@ -560,9 +560,12 @@ def write_markdown(path: Path, head: list[str], rows: list[list[str]], info: dic
               "- **Backward.** The fwd+bwd workloads run minijit's compiled forward and backward traces (the grad "
               "transform), joined to torch autograd by one autograd.Function per call.",
               "- **Inductor executor.** Regions are compiled eagerly while the trace is claimed, so their compile time "
-              "is in the first call (and in the \"claim executors\" timing of `minijit.last_traces`). Matmuls and "
-              "attention stay with the torch executor; pointwise ops, reductions, LayerNorm, GELU and the in-place "
-              "updates are fused (the whole Adam step is one region writing straight into the parameters).",
+              "is in the first call (and in the \"claim executors\" timing of `minijit.last_traces`). Matmuls, "
+              "attention, views with symbolic sizes and the integer arithmetic on those sizes join the regions, so a "
+              "decode step's forward is one compiled region; pointwise ops, reductions, LayerNorm, GELU and the "
+              "in-place updates are fused (the whole Adam step is one region writing straight into the parameters). "
+              "A float the trace computes (an lr, `Tensor.item()`) is a region input, and the arithmetic on it runs "
+              "between regions.",
               "- **torch.compile** is `torch.compile(fn)` with default options; its first call (a cold Inductor "
               "compile of the whole function, about as long as the minijit+inductor one) is timed only with "
               "`--first-call-torch-compile`, to keep the run under 10 minutes. **Thunder** is not installed here.",

@@ -12,6 +12,13 @@ not guard against inputs that share memory, so a call where a tensor the region
 writes overlaps another input runs the same function uncompiled (torch calls in
 trace order, eager's semantics).
 
+Symbolic sizes and numbers ("symbolic values" and automatic dynamic) enter a region as
+inputs, and `prims.shape` and the integer number prims as members: the region is compiled
+with `dynamic=True`, its constant dims marked static, so the compiled function serves
+every value, as the trace does. torch.compile's guards still decide whether a compiled
+function serves a call; where one fails and the lazy compile that follows fails too, the
+region runs its torch calls from then on (with a warning).
+
 Compilation is eager: `fuse` compiles the region and runs it once on example
 inputs (zeros with the proxies' shapes, dtypes and devices, contiguous), because
 torch.compile is lazy. `fuse` runs inside the "claim executors" pass, so Inductor's
@@ -27,6 +34,7 @@ across layers, cache entries and jitted functions.
 from __future__ import annotations
 
 import importlib.util
+import math
 import threading
 import time
 import warnings
@@ -36,15 +44,16 @@ from typing import Any
 import torch
 
 from executors.inductor.codegen import NotFusible, RegionSource, make_function, region_source
-from minijit.extend import BoundSymbol, FusionExecutor, Proxy, Region, TensorProxy, cuda_attention, prims
+from minijit.extend import BoundSymbol, FusionExecutor, NumberProxy, Proxy, Region, TensorProxy, cuda_attention, prims
 
-# Prims left to other executors: ones that return Python values (shape and the number
-# prims), real tensors captured into the trace (a cache keyed by source must not bake one in),
-# and device moves. Random prims never reach `fusible`: FusionExecutor.claims keeps them with
-# the torch executor, which draws as eager does.
-EXCLUDED = frozenset({prims.shape, prims.tensor_constant, prims.device_put, prims.sdpa_flash, prims.sdpa_flash_backward,
-                      cuda_attention.sdpa_cuda, cuda_attention.sdpa_cuda_backward,
-                      *prims.NUMBER_PRIMS.values()})
+# Prims left to other executors: real tensors captured into the trace (a cache keyed by source
+# must not bake one in) and device moves. Random prims never reach `fusible`: FusionExecutor.claims
+# keeps them with the torch executor, which draws as eager does.
+EXCLUDED = frozenset({prims.tensor_constant, prims.device_put, prims.sdpa_flash, prims.sdpa_flash_backward,
+                      cuda_attention.sdpa_cuda, cuda_attention.sdpa_cuda_backward})
+# Prims whose results are Python numbers computed from sizes and numbers (never from a tensor's
+# data): inside a region they become the compiled graph's symbolic size arithmetic.
+NUMBER_RESULTS = frozenset({prims.shape, *prims.NUMBER_PRIMS.values()})
 _PRIMS = frozenset(prims.ALL_PRIMS.values())
 # Devices Inductor generates code for.
 DEVICES = {"cpu", "cuda"}
@@ -70,8 +79,19 @@ class CompiledRegion:
         # torch.compile assumes the inputs it was compiled for do not overlap (their storages
         # are not guarded); where a tensor the region writes shares memory with another input,
         # the uncompiled function (torch calls in trace order) gives eager's result instead.
-        fn = self.plain if self.written and _writes_overlap(inputs, self.written) else self.compiled
-        result = fn(*inputs)
+        if self.written and _writes_overlap(inputs, self.written):
+            result = self.plain(*inputs)
+        else:
+            try:
+                result = self.compiled(*inputs)
+            except torch._dynamo.exc.TorchDynamoException as e:
+                # torch.compile compiles again lazily when its guards fail (a new requires_grad, layout, or
+                # 0/1 size), and such a compile may fail: nothing has run yet, so the torch calls take this call
+                # and the later ones.
+                warnings.warn(f"minijit: inductor could not compile a region again for new inputs, running it with "
+                              f"torch from now on: {type(e).__name__}: {str(e)[:300]}", stacklevel=2)
+                self.compiled = self.plain
+                result = self.plain(*inputs)
         if self._direct:
             return result
         returned = iter(result)
@@ -116,27 +136,42 @@ def _symbolic(t: TensorProxy) -> bool:
 
 
 def _metadata(p: Proxy) -> str:
+    if isinstance(p, NumberProxy):
+        return f"{p.python_type.__name__}?"
     if not isinstance(p, TensorProxy):
         raise NotFusible(f"non-tensor input {p.name}")
     dims = ",".join(str(d) if type(d) is int else "?" for d in p.shape)
     return f"{p.dtype}[{dims}]{p.device}{'g' if p.requires_grad else ''}"
 
 
-def _example(p: TensorProxy) -> torch.Tensor:
+def _example(p: Proxy, marked: bool = False) -> Any:
+    """A value for the compiling run; `marked`: the proxy's constant dims marked static (where the rest of the
+    region is dynamic, only its symbolic sizes and numbers should be)."""
+    if isinstance(p, NumberProxy):
+        value = p.python_type(p.value)
+        # A number the trace computes (`Tensor.item()`) is nan until it runs; torch.compile would specialise the
+        # graph on a non-finite float (and recompile on every call), so the example is an ordinary one.
+        return 0.5 if isinstance(value, float) and not math.isfinite(value) else value
     # Zeros, not empty: index inputs of gathers must be in bounds for the one example run.
     t = torch.zeros(_dims(p), dtype=p.dtype, device=p.device)
     if p.requires_grad and (p.dtype.is_floating_point or p.dtype.is_complex):
         # A non-leaf, like most tensors a region writes into in place while grad is on.
         t = t.requires_grad_().clone()
+    if marked:
+        for d, size in enumerate(p.shape):
+            if type(size) is int:
+                torch._dynamo.mark_static(t, d)
     return t
 
 
 class InductorExecutor(FusionExecutor):
     """Fuses every prim it can into regions compiled by TorchInductor (C++/OpenMP on CPU).
 
-    Not a default executor: name it. Matmuls stay with the torch executor (set
-    `fuse_matmul = True` to put them in regions), as do ops whose whole decomposition
-    is not fusible (`linear`, `scaled_dot_product_attention` run as one torch call).
+    Not a default executor: name it. Matmuls join regions (Inductor calls its own matmul
+    kernels; set `fuse_matmul = False` to leave them to the torch executor), so a decode
+    step's forward is one region. Symbolic sizes, and the integer arithmetic on them, are
+    inputs and members of a region, compiled as torch.compile's dynamic sizes; a float the
+    trace computes (an lr) is an input, its arithmetic stays outside.
 
     Example::
 
@@ -144,7 +179,7 @@ class InductorExecutor(FusionExecutor):
         jf(params, grads, exp_avgs, exp_avg_sqs)   # one compiled region updates every parameter
     """
 
-    fuse_matmul = False
+    fuse_matmul = True
     # Regions with fewer compute members (views not counted) run as torch calls: one torch
     # op gains nothing from Inductor and costs torch.compile's per-call guard check.
     min_ops = 2
@@ -160,20 +195,26 @@ class InductorExecutor(FusionExecutor):
         return self._reason  # type: ignore[return-value]
 
     def fusible(self, bsym: BoundSymbol) -> bool:
-        """Prims on tensors of a device Inductor compiles for, with no symbolic-number arguments."""
+        """Prims on tensors of a device Inductor compiles for, and the size arithmetic on symbolic numbers."""
         sym = bsym.sym
         if sym not in _PRIMS or sym in EXCLUDED:
             return False
         if sym is prims.matmul and not self.fuse_matmul:
             return False
-        if sym.effects.copies and not self.fuse_copies_to_out:
-            return False
+        if (sym.effects.copies and not self.fuse_copies_to_out) or sym.effects.external:
+            return False  # an external prim (a value check that may end the call) stays where it is
         for x in _flatten([*bsym.args, *bsym.kwargs.values()]):
-            if isinstance(x, Proxy) and not isinstance(x, TensorProxy):
-                return False  # a symbolic number: the graph would specialise on it
             if isinstance(x, TensorProxy) and not _tensor_ok(x):
                 return False
-        outs = bsym.proxy_outputs()
+            if isinstance(x, Proxy) and not isinstance(x, TensorProxy | NumberProxy):
+                return False
+        outs = list(bsym.proxy_outputs())
+        if sym in NUMBER_RESULTS:
+            # Size arithmetic only: torch.compile mis-handles some float arithmetic on numbers it does not
+            # specialise (`s ** 2` fails to recompile for a negative `s`, torch 2.13), so float results stay
+            # outside, and the region takes them as inputs.
+            return all(isinstance(p, NumberProxy) and p.python_type is int for p in outs) and all(
+                not isinstance(x, NumberProxy) or x.python_type is int for x in bsym.args)
         return bool(outs) and all(isinstance(p, TensorProxy) and _tensor_ok(p) for p in outs)
 
     def can_join(self, members: Sequence[BoundSymbol], bsym: BoundSymbol) -> bool:
@@ -211,7 +252,7 @@ class InductorExecutor(FusionExecutor):
     def _compile(self, region: Region, src: RegionSource, key: str) -> CompiledRegion:
         import torch._inductor.config as inductor_config
 
-        dynamic = any(_symbolic(p) for p in region.inputs if isinstance(p, TensorProxy))
+        dynamic = any(isinstance(p, NumberProxy) or _symbolic(p) for p in region.inputs)
         fn = make_function(src)
         start = time.perf_counter()
         # One compile thread: a worker pool costs seconds to start and competes with the
@@ -219,7 +260,7 @@ class InductorExecutor(FusionExecutor):
         with inductor_config.patch(compile_threads=1):
             compiled = torch.compile(fn, backend="inductor", dynamic=dynamic, fullgraph=True)
             # torch.compile is lazy: run once so the compilation happens now, inside the timed pass.
-            compiled(*[_example(p) for p in region.inputs])
+            compiled(*[_example(p, marked=dynamic) for p in region.inputs])
         return CompiledRegion(compiled, src, key, time.perf_counter() - start, fn)
 
 

@@ -8,6 +8,8 @@ transform, and the tests only call `.backward()`, so they hold with one too.
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -101,13 +103,22 @@ def test_backward_matches_eager(trained):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
 
 
-def test_matmul_stays_with_torch_and_regions_are_compiled(trained):
+def test_the_matmul_joins_its_neighbours_in_one_compiled_region(trained):
     jf = trained[0]
     src = final_source(jf)
-    assert "torchex.linear" in src, src
-    assert src.count("inductorex.fusion_") == 2, src
-    # No pointwise op of the block is left to eager torch.
+    assert "torchex.linear" not in src and "torchex.matmul" not in src, src
+    assert src.count("inductorex.fusion_") == 1, src
+    # No op of the block is left to eager torch.
     assert "torchex.gelu" not in src and "torchex.softmax" not in src and "torchex.layer_norm" not in src, src
+
+
+def test_matmuls_stay_with_torch_when_told(monkeypatch):
+    monkeypatch.setattr(inductor_ex, "fuse_matmul", False)
+    jf = minijit.jit(block, executors=["inductor"])
+    inputs = block_inputs(1)
+    torch.testing.assert_close(jf(*inputs), block(*inputs), rtol=1e-5, atol=1e-5)
+    src = final_source(jf)
+    assert "torchex.linear" in src and src.count("inductorex.fusion_") == 2, src
 
 
 def test_inplace_update_lands_in_inputs_like_eager(adam_run):
@@ -201,6 +212,82 @@ def test_symbolic_sizes_compile_one_dynamic_region():
     src = final_source(jf)
     assert src.count("inductorex.fusion_") == 1 and "torchex." not in src, src
     assert minijit.cache_info(jf).misses == 1
+
+
+def reshaped_by_its_sizes(x, w, scale):
+    """Views whose sizes are arithmetic on x's sizes, a matmul and a Python float: under symbolic values, the sizes
+    and the float are numbers of the trace that the compiled region takes as inputs."""
+    b, n, d = x.shape
+    h = (x * scale).view(b, n * d // 4, 4) @ w
+    return (h.reshape(b, -1).softmax(-1) * scale).sum(0) * n
+
+
+def test_symbolic_sizes_and_numbers_fuse_with_their_views_into_one_region():
+    jf = minijit.jit(reshaped_by_its_sizes, executors=["inductor"], cache="symbolic values")
+    w = torch.randn(4, 3)
+    for n, scale in ((4, 0.5), (6, 1.5), (8, 2.25), (10, -0.75)):
+        x = torch.randn(2, n, 8)
+        torch.testing.assert_close(jf(x, w, scale), reshaped_by_its_sizes(x, w, scale))
+    src = final_source(jf)
+    assert src.count("inductorex.fusion_") == 1 and "torchex." not in src, src
+    assert minijit.cache_info(jf).misses == 1
+
+
+def scaled_by_item(x, s):
+    return (x * s.item() + s.item() ** 2).sin()
+
+
+def test_a_number_computed_by_item_is_an_input_of_the_region_not_a_constant():
+    # Tensor.item() is nan until the trace runs: compiled from that value, the region would be specialised to it
+    # and compiled again on every call (torch.compile guards a non-finite float by value).
+    jf = minijit.jit(scaled_by_item, executors=["inductor"])
+    x = torch.randn(5)
+    jf(x, torch.tensor(0.5))
+    compiled = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    for v in (1.5, -2.0, 3.25):
+        s = torch.tensor(v)
+        torch.testing.assert_close(jf(x, s), scaled_by_item(x, s))
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == compiled
+    assert minijit.cache_info(jf).misses == 1
+
+
+def test_a_region_that_fails_to_compile_again_runs_its_torch_calls(monkeypatch):
+    # torch.compile recompiles lazily, on a call whose inputs fail its guards; where that compile fails, nothing
+    # has run, and the region's torch calls give eager's result.
+    def f(x):
+        return (x.sin() * 3.25).exp()
+
+    jf = minijit.jit(f, executors=["inductor"])
+    x = torch.randn(4)
+    torch.testing.assert_close(jf(x), f(x))
+    (region,) = [r for r in CACHE.entries.values() if "prims_mul(v0, 3.25)" in r.source]
+
+    def recompile_fails(*args):
+        raise torch._dynamo.exc.TorchRuntimeError("a compile for new inputs failed")
+
+    monkeypatch.setattr(region, "compiled", recompile_fails)
+    with pytest.warns(UserWarning, match="could not compile a region again"):
+        torch.testing.assert_close(jf(x * 2), f(x * 2))
+    torch.testing.assert_close(jf(x * 3), f(x * 3))
+
+
+def checked_then_written(x, y):
+    y.add_(1)
+    if (x > 0).all():
+        return (x * y).exp()
+    return (x - y).exp()
+
+
+def test_value_checks_stay_outside_regions():
+    # A value check may end the call (another entry takes it): it is no op for a compiled region to hold.
+    jf = minijit.jit(checked_then_written, executors=["inductor"])
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="minijit: inductor could not compile")
+        for s in (1.0, -1.0, 2.0):
+            x, y, y_eager = torch.tensor([s, 1.0]), torch.ones(2), torch.ones(2)
+            torch.testing.assert_close(jf(x, y), checked_then_written(x, y_eager))
+            torch.testing.assert_close(y, y_eager)
+    assert "prims_check_value" not in "".join(r.source for r in CACHE.entries.values())
 
 
 def write_then_read(a, b):
