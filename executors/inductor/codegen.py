@@ -101,8 +101,9 @@ def _implementation(bsym: BoundSymbol) -> Callable[..., Any]:
     return impl.fn
 
 
-def region_source(region: Region) -> RegionSource:
-    """The region as `def region(i0, ...): ...; return (...)`, a function of torch calls."""
+def region_source(region: Region, contiguous: frozenset[int] = frozenset()) -> RegionSource:
+    """The region as `def region(i0, ...): ...; return (...)`, a function of torch calls; the returned values at
+    the positions `contiguous` (among those returned) as `.contiguous()`."""
     writer = _Writer(region)
     input_index = {p.name: k for k, p in enumerate(region.inputs)}
     env: dict[str, Any] = {"torch": torch}
@@ -125,7 +126,8 @@ def region_source(region: Region) -> RegionSource:
             passthrough.append(input_index[p.name])
         else:
             passthrough.append(None)
-            returned.append(writer.value(p))
+            name = writer.value(p)
+            returned.append(f"{name}.contiguous()" if len(returned) in contiguous else name)
     ret = ", ".join(returned)
     lines.append(f"    return ({ret},)" if len(returned) == 1 else f"    return ({ret})")
     return RegionSource("\n".join(lines) + "\n", env, passthrough, len(returned), sorted(written))

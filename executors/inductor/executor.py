@@ -253,8 +253,19 @@ class InductorExecutor(FusionExecutor):
         import torch._inductor.config as inductor_config
 
         dynamic = any(isinstance(p, NumberProxy) or _symbolic(p) for p in region.inputs)
-        fn = make_function(src)
         start = time.perf_counter()
+        # Inductor lays out a result its own way even where the torch calls give a contiguous one (a key cache
+        # entry made by rotary embeddings comes out transposed), and the next call's guard then sees a layout the
+        # trace did not: a result contiguous when the torch calls run is returned `.contiguous()`, which Inductor
+        # writes contiguously at no cost.
+        try:
+            plain = make_function(src)(*[_example(p) for p in region.inputs])
+        except Exception:  # (an example the torch calls refuse: the layouts stay Inductor's)
+            plain = ()
+        contiguous = frozenset(k for k, t in enumerate(plain) if isinstance(t, torch.Tensor) and t.is_contiguous())
+        if contiguous:
+            src = region_source(region, contiguous)
+        fn = make_function(src)
         # One compile thread: a worker pool costs seconds to start and competes with the
         # program for cores; a CPU region is one C++ file anyway.
         with inductor_config.patch(compile_threads=1):

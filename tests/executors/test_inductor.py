@@ -271,6 +271,22 @@ def test_a_region_that_fails_to_compile_again_runs_its_torch_calls(monkeypatch):
     torch.testing.assert_close(jf(x * 3), f(x * 3))
 
 
+def keys_cached(x, empty):
+    """Keys made by a transposed view, put after an empty cache, as transformers' DynamicLayer stores its first."""
+    k = (x * 2).view(2, 8, 2, 16).transpose(1, 2)
+    return torch.cat([empty, k], dim=-2)
+
+
+def test_a_result_contiguous_in_eager_is_contiguous():
+    # Inductor laid this result out transposed (as its input); stored in a cache and passed back, the layout then
+    # failed the guard of the entry traced with eager's, and every generate() traced one entry more.
+    jf = minijit.jit(keys_cached, executors=["inductor"])
+    args = torch.randn(2, 8, 32), torch.tensor([])
+    got, want = jf(*args), keys_cached(*args)
+    torch.testing.assert_close(got, want)
+    assert got.stride() == want.stride()
+
+
 def checked_then_written(x, y):
     y.add_(1)
     if (x > 0).all():
