@@ -559,8 +559,9 @@ def write_markdown(path: Path, head: list[str], rows: list[list[str]], info: dic
               "workloads are within the noise. The variants are interleaved so that noise hits them alike.",
               "- **Backward.** The fwd+bwd workloads run minijit's compiled forward and backward traces (the grad "
               "transform), joined to torch autograd by one autograd.Function per call.",
-              "- **Inductor executor.** Regions are compiled eagerly while the trace is claimed, so their compile time "
-              "is in the first call (and in the \"claim executors\" timing of `minijit.last_traces`). Matmuls, "
+              "- **Inductor executor.** A region compiles on its first run (torch.compile's own laziness, with the "
+              "call's tensors, so that its guards hold on the calls after), so its compile time is in the first "
+              "call. Matmuls, "
               "attention, views with symbolic sizes and the integer arithmetic on those sizes join the regions, so a "
               "decode step's forward is one compiled region; pointwise ops, reductions, LayerNorm, GELU and the "
               "in-place updates are fused (the whole Adam step is one region writing straight into the parameters). "

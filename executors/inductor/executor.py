@@ -13,18 +13,17 @@ writes overlaps another input runs the same function uncompiled (torch calls in
 trace order, eager's semantics).
 
 Symbolic sizes and numbers ("symbolic values" and automatic dynamic) enter a region as
-inputs, and `prims.shape` and the integer number prims as members: the region is compiled
-with `dynamic=True`, its constant dims marked static, so the compiled function serves
-every value, as the trace does. torch.compile's guards still decide whether a compiled
-function serves a call; where one fails and the lazy compile that follows fails too, the
-region runs its torch calls from then on (with a warning).
+inputs, and `prims.shape` and the integer number prims as members: such a region is
+compiled with `dynamic=True`, so the compiled function serves every value, as the trace
+does.
 
-Compilation is eager: `fuse` compiles the region and runs it once on example
-inputs (zeros with the proxies' shapes, dtypes and devices, contiguous), because
-torch.compile is lazy. `fuse` runs inside the "claim executors" pass, so Inductor's
-compile time shows up in that trace's `elapsed_ms` in `minijit.last_traces`. A later
-call with inputs that differ in ways the proxies do not record (strides, grad mode)
-makes torch.compile's own guards recompile that region lazily, outside the timings.
+Compilation is lazy, as torch.compile's is: a region compiles on its first run, with the
+call's own tensors, so that torch.compile's guards (on `nn.Parameter` against a plain
+tensor, on `requires_grad`, on layouts) hold for the calls after it. Compiling from
+example tensors at claim time cost a second compile of every region that reads a
+parameter. `CompiledRegion.compile_s` is how long that first run took. Where a compile
+fails (then, or later where torch.compile's guards fail and it compiles again), nothing
+has run, and the region runs its torch calls from then on, with a warning.
 
 Compiled regions live in a module-level cache keyed by the region's canonical
 source and its inputs' metadata, so equal regions share one compiled function
@@ -60,19 +59,22 @@ DEVICES = {"cpu", "cuda"}
 
 
 class CompiledRegion:
-    """The callable a region runs as: the compiled function, plus the in-place outputs passed through."""
+    """The callable a region runs as: the compiled function, plus the in-place outputs passed through.
 
-    def __init__(self, compiled: Callable[..., Any], src: RegionSource, key: str, compile_s: float,
-                 plain: Callable[..., Any]):
+    torch.compile compiles on the first call that does not overlap (`compile_s` is how long that call took):
+    with the call's own tensors, whose types (`nn.Parameter`), `requires_grad` and layouts its guards check, so
+    that the compiled function serves the calls after it without compiling again."""
+
+    def __init__(self, compiled: Callable[..., Any], src: RegionSource, key: str, plain: Callable[..., Any]):
         self.compiled = compiled
         self.plain = plain
         self.written = src.written
         self.source = src.source
         self.passthrough = src.passthrough
         self.key = key
-        self.compile_s = compile_s
+        self.compile_s: float | None = None
         self.uses = 0
-        self.note = f"inductor (compiled in {compile_s * 1e3:.0f} ms)"
+        self.note = "inductor"
         self._direct = all(i is None for i in src.passthrough)
 
     def __call__(self, *inputs: Any) -> tuple[Any, ...]:
@@ -81,21 +83,32 @@ class CompiledRegion:
         # the uncompiled function (torch calls in trace order) gives eager's result instead.
         if self.written and _writes_overlap(inputs, self.written):
             result = self.plain(*inputs)
+        elif self.compile_s is None:
+            import torch._inductor.config as inductor_config
+
+            start = time.perf_counter()
+            # One compile thread: a worker pool costs seconds to start and competes with the program for cores,
+            # and a CPU region is one C++ file anyway.
+            with inductor_config.patch(compile_threads=1):
+                result = self._run_compiled(inputs)
+            self.compile_s = time.perf_counter() - start
         else:
-            try:
-                result = self.compiled(*inputs)
-            except torch._dynamo.exc.TorchDynamoException as e:
-                # torch.compile compiles again lazily when its guards fail (a new requires_grad, layout, or
-                # 0/1 size), and such a compile may fail: nothing has run yet, so the torch calls take this call
-                # and the later ones.
-                warnings.warn(f"minijit: inductor could not compile a region again for new inputs, running it with "
-                              f"torch from now on: {type(e).__name__}: {str(e)[:300]}", stacklevel=2)
-                self.compiled = self.plain
-                result = self.plain(*inputs)
+            result = self._run_compiled(inputs)
         if self._direct:
             return result
         returned = iter(result)
         return tuple(next(returned) if i is None else inputs[i] for i in self.passthrough)
+
+    def _run_compiled(self, inputs: tuple[Any, ...]) -> Any:
+        try:
+            return self.compiled(*inputs)
+        except torch._dynamo.exc.TorchDynamoException as e:
+            # torch.compile compiles on the first call, and again where its guards fail (a new layout, a 0/1
+            # size); a compile may fail: nothing has run yet, so the torch calls take this call and the later ones.
+            warnings.warn(f"minijit: inductor could not compile a region, running it with torch from now on: "
+                          f"{type(e).__name__}: {str(e)[:300]}", stacklevel=3)
+            self.compiled = self.plain
+            return self.plain(*inputs)
 
 
 class _RegionCache:
@@ -144,23 +157,17 @@ def _metadata(p: Proxy) -> str:
     return f"{p.dtype}[{dims}]{p.device}{'g' if p.requires_grad else ''}"
 
 
-def _example(p: Proxy, marked: bool = False) -> Any:
-    """A value for the compiling run; `marked`: the proxy's constant dims marked static (where the rest of the
-    region is dynamic, only its symbolic sizes and numbers should be)."""
+def _example(p: Proxy) -> Any:
+    """A value for the run of the region's torch calls that finds which results are contiguous."""
     if isinstance(p, NumberProxy):
         value = p.python_type(p.value)
-        # A number the trace computes (`Tensor.item()`) is nan until it runs; torch.compile would specialise the
-        # graph on a non-finite float (and recompile on every call), so the example is an ordinary one.
+        # A number the trace computes (`Tensor.item()`) is nan until it runs.
         return 0.5 if isinstance(value, float) and not math.isfinite(value) else value
     # Zeros, not empty: index inputs of gathers must be in bounds for the one example run.
     t = torch.zeros(_dims(p), dtype=p.dtype, device=p.device)
     if p.requires_grad and (p.dtype.is_floating_point or p.dtype.is_complex):
         # A non-leaf, like most tensors a region writes into in place while grad is on.
         t = t.requires_grad_().clone()
-    if marked:
-        for d, size in enumerate(p.shape):
-            if type(size) is int:
-                torch._dynamo.mark_static(t, d)
     return t
 
 
@@ -222,7 +229,8 @@ class InductorExecutor(FusionExecutor):
         return True
 
     def fuse(self, region: Region) -> CompiledRegion | None:
-        """Compile (or reuse) the region; None for regions too small to gain or that Inductor refuses."""
+        """The region's compiled function (compiled on its first run) or the cache's equal one; None for regions too
+        small to gain."""
         compute = [b for b in region.members if b.sym.effects.views is None]  # views compute nothing
         if len(compute) < self.min_ops:
             return None
@@ -239,7 +247,7 @@ class InductorExecutor(FusionExecutor):
                 return hit
         try:
             compiled = self._compile(region, src, key)
-        except Exception as e:  # Inductor refusing a graph leaves the region to the torch executor
+        except Exception as e:  # a region torch.compile cannot take leaves it to the torch executor
             warnings.warn(f"minijit: inductor could not compile {region.name} ({len(region.members)} prims), "
                           f"running it with torch instead: {type(e).__name__}: {str(e)[:300]}", stacklevel=2)
             return None
@@ -250,14 +258,10 @@ class InductorExecutor(FusionExecutor):
         return compiled
 
     def _compile(self, region: Region, src: RegionSource, key: str) -> CompiledRegion:
-        import torch._inductor.config as inductor_config
-
-        dynamic = any(isinstance(p, NumberProxy) or _symbolic(p) for p in region.inputs)
-        start = time.perf_counter()
-        # Inductor lays out a result its own way even where the torch calls give a contiguous one (a key cache
-        # entry made by rotary embeddings comes out transposed), and the next call's guard then sees a layout the
-        # trace did not: a result contiguous when the torch calls run is returned `.contiguous()`, which Inductor
-        # writes contiguously at no cost.
+        # Inductor lays out a result its own way even where the torch calls give a contiguous one (keys put after
+        # an empty cache come out transposed), and the next call's guard then sees a layout the trace did not: a
+        # result contiguous when the torch calls run on example inputs is returned `.contiguous()`, which
+        # Inductor writes contiguously at no cost.
         try:
             plain = make_function(src)(*[_example(p) for p in region.inputs])
         except Exception:  # (an example the torch calls refuse: the layouts stay Inductor's)
@@ -266,13 +270,11 @@ class InductorExecutor(FusionExecutor):
         if contiguous:
             src = region_source(region, contiguous)
         fn = make_function(src)
-        # One compile thread: a worker pool costs seconds to start and competes with the
-        # program for cores; a CPU region is one C++ file anyway.
-        with inductor_config.patch(compile_threads=1):
-            compiled = torch.compile(fn, backend="inductor", dynamic=dynamic, fullgraph=True)
-            # torch.compile is lazy: run once so the compilation happens now, inside the timed pass.
-            compiled(*[_example(p, marked=dynamic) for p in region.inputs])
-        return CompiledRegion(compiled, src, key, time.perf_counter() - start, fn)
+        # Symbolic sizes or numbers: every size and number of the region is one torch.compile does not specialise
+        # on (marking the constant dims static would mark the caller's tensors).
+        dynamic = any(isinstance(p, NumberProxy) or _symbolic(p) for p in region.inputs)
+        compiled = torch.compile(fn, backend="inductor", dynamic=dynamic, fullgraph=True)
+        return CompiledRegion(compiled, src, key, fn)
 
 
 def _writes_overlap(inputs: Sequence[Any], written: list[int]) -> bool:

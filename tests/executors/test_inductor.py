@@ -166,12 +166,29 @@ def test_region_cache_is_shared_across_jitted_functions(adam_run):
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
 
 
-def test_compile_time_is_in_the_claim_pass_timing(adam_run):
+def test_a_region_compiles_once_on_its_first_run(adam_run):
     traces = minijit.last_traces(adam_run[0])
     claim = next(t for t in traces if t.pass_name == "claim executors")
     region = claim.bound_symbols[0].sym.fn
     assert region in CACHE.entries.values()
-    assert region.compile_s > 0 and claim.elapsed_ms >= region.compile_s * 1e3
+    assert region.compile_s is not None and region.compile_s > 0
+
+
+def scaled_by_a_parameter(x, w):
+    return (x * w).sin() + w
+
+
+def test_a_region_reading_a_parameter_under_no_grad_compiles_once():
+    # Compiled from example tensors (plain, requires_grad=False), the region failed torch.compile's guards on the
+    # first real call (an nn.Parameter that requires grad) and compiled a second time.
+    jf = minijit.jit(scaled_by_a_parameter, executors=["inductor"])
+    w = torch.nn.Parameter(torch.randn(6))
+    compiled = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    with torch.no_grad():
+        for _ in range(3):
+            x = torch.randn(6)
+            torch.testing.assert_close(jf(x, w), scaled_by_a_parameter(x, w))
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == compiled + 1
 
 
 def test_single_op_regions_run_as_torch_calls():
@@ -266,7 +283,7 @@ def test_a_region_that_fails_to_compile_again_runs_its_torch_calls(monkeypatch):
         raise torch._dynamo.exc.TorchRuntimeError("a compile for new inputs failed")
 
     monkeypatch.setattr(region, "compiled", recompile_fails)
-    with pytest.warns(UserWarning, match="could not compile a region again"):
+    with pytest.warns(UserWarning, match="could not compile a region"):
         torch.testing.assert_close(jf(x * 2), f(x * 2))
     torch.testing.assert_close(jf(x * 3), f(x * 3))
 
