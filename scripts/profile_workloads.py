@@ -169,12 +169,13 @@ def _median_ms(fn: Any, n: int = 10, repeats: int = 7) -> float:
     return statistics.median(samples) * 1e3
 
 
-def calls(key: str, repeats: int) -> None:
-    """Per call of a loop workload: eager's and minijit's least thread CPU time over `repeats` loops (after two to
-    warm up), and what minijit's cache did."""
+def calls(key: str, variant: str, repeats: int) -> None:
+    """Per call of a loop workload: the least thread CPU time over `repeats` loops (after two to warm up) of eager,
+    the minijit `variant` (minijit or minijit+inductor) and torch.compile, and what minijit's cache did."""
     work = _workload(key)
-    jitted = minijit.jit(work.fn)
-    times: dict[str, list[list[int]]] = {"eager": [], "minijit": []}
+    jitted = bench.build(variant, work.fn)
+    variants = {"eager": work.fn, variant: jitted, "torch.compile": bench.build("torch.compile", work.fn)}
+    times: dict[str, list[list[int]]] = {name: [] for name in variants}
     outcomes: list[str] = []
 
     def timed(fn: Any, log: list[int]) -> Any:
@@ -192,21 +193,21 @@ def calls(key: str, repeats: int) -> None:
 
     seen = [0, 0, 0]
     for i in range(repeats + 2):
-        for name, fn in (("eager", work.fn), ("minijit", jitted)):
+        for name, fn in variants.items():
             log: list[int] = []
-            outcomes.clear()
+            if fn is jitted:
+                outcomes.clear()
             work.step(timed(fn, log), work.args(i))
             if i >= 2:
                 times[name].append(log)
     n = min(len(x) for runs in times.values() for x in runs)
     best = {name: [min(run[k] for run in runs) / 1e3 for k in range(n)] for name, runs in times.items()}
     print(f"{work.title}: per call, least thread CPU time of {repeats} loops (µs)")
-    print(f"  {'call':>4} {'eager':>9} {'minijit':>9} {'diff':>8}  minijit did")
+    print(f"  {'call':>4} {'eager':>9} {variant:>16} {'torch.compile':>14}  {variant} did")
     for k in range(n):
-        print(f"  {k:>4} {best['eager'][k]:9.0f} {best['minijit'][k]:9.0f} "
-              f"{best['minijit'][k] - best['eager'][k]:+8.0f}  {outcomes[k] if k < len(outcomes) else ''}")
-    print(f"  {'all':>4} {sum(best['eager']):9.0f} {sum(best['minijit']):9.0f} "
-          f"{sum(best['minijit']) - sum(best['eager']):+8.0f}")
+        print(f"  {k:>4} {best['eager'][k]:9.0f} {best[variant][k]:16.0f} {best['torch.compile'][k]:14.0f}  "
+              f"{outcomes[k] if k < len(outcomes) else ''}")
+    print(f"  {'all':>4} {sum(best['eager']):9.0f} {sum(best[variant]):16.0f} {sum(best['torch.compile']):14.0f}")
 
 
 def pointwise() -> None:
@@ -267,7 +268,7 @@ def main() -> None:
     elif opts.mode == "ops":
         ops(opts.workload, opts.variants.split(","), opts.top)
     elif opts.mode == "calls":
-        calls(opts.workload, opts.repeats)
+        calls(opts.workload, opts.variants, opts.repeats)
     else:
         pointwise()
 
