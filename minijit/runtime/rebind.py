@@ -111,9 +111,10 @@ def rebind(entry: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: di
                      or compile_prologue(copy, (params, checks), tuple(kwargs), copy.constraints,
                                          _kept(entry, guards, pairs)))
     copy.guard = copy.prologue.guard
-    copy.prologue.guard_refs = (guards, _moved_refs(refs, entry.capture.guards, guards, moved))
     if not copy.prologue.holds(args, kwargs, flat):
         return None
+    entry.prologue.guard_refs = None  # (its table becomes the moved entry's)
+    copy.prologue.guard_refs = (guards, _moved_refs(refs, entry.capture.guards, guards, moved))
     copy.epilogue = entry.epilogue.rebound(capture.call_plan)
     copy.computation = copy.epilogue.function
     return copy
@@ -152,13 +153,14 @@ def _guard_refs(entry: Any) -> dict[int, tuple[int, ...]]:
     for i, g in enumerate(entry.capture.guards):
         for held in set(_refs(g)):
             refs[held] = (*refs.get(held, ()), i)
+    entry.prologue.guard_refs = (entry.capture.guards, refs)
     return refs
 
 
 def _moved_refs(refs: dict[int, tuple[int, ...]], before: list[GuardEntry], after: list[GuardEntry],
                 moved: list[int]) -> dict[int, tuple[int, ...]]:
-    """`refs` for the guard entries `after`, which differ from `before` at the positions `moved`."""
-    refs = dict(refs)
+    """`refs` for the guard entries `after`, which differ from `before` at the positions `moved`: changed in place
+    (its entry is being replaced by the moved one; copying a model's thousand ids cost a tenth of a rebind)."""
     for i in moved:
         for held in set(_refs(before[i])):
             refs[held] = tuple(p for p in refs[held] if p != i)
@@ -203,7 +205,6 @@ def _moved_env(old: Prologue, pairs: _Pairs) -> dict[str, Any]:
     """The old prologue's environment with each object of the old argument replaced by its partner under the same
     name (or dropped: it must not keep a cache's tensors alive), so that the source over it is the old one."""
     partner = pairs.partner
-    moved_ids = {i: id(p) for i, p in partner.items()}
     env = dict(old.env)
     # The names of the objects the walk reached (those paired among them): found in C, as an environment holds a
     # name for each of a model's thousand reads, and few of them are the argument's.
@@ -222,8 +223,8 @@ def _moved_env(old: Prologue, pairs: _Pairs) -> dict[str, Any]:
     for key, name in old.env.get("_bound_names", {}).items():
         if name not in env:
             continue
-        if len(key) == 3 and key[1] == "_id" and key[0] in moved_ids:  # the id of a moved object: its partner's
-            env[name] = moved_ids[key[0]]
+        if len(key) == 3 and key[1] == "_id" and key[0] in partner:  # the id of a moved object: its partner's
+            env[name] = id(partner[key[0]])
         bound[bound_key(env[name], key[1])] = name
     env["_bound_names"] = bound
     return env
