@@ -103,12 +103,15 @@ def _implementation(bsym: BoundSymbol) -> Callable[..., Any]:
 
 def region_source(region: Region, contiguous: frozenset[int] = frozenset()) -> RegionSource:
     """The region as `def region(i0, ...): ...; return (...)`, a function of torch calls; the returned values at
-    the positions `contiguous` (among those returned) as `.contiguous()`."""
+    the positions `contiguous` (among those returned) as `.contiguous()`, unless they are views."""
     writer = _Writer(region)
     input_index = {p.name: k for k, p in enumerate(region.inputs)}
     env: dict[str, Any] = {"torch": torch}
     roots = dict(input_index)
     written: set[int] = set()
+    # Values a view prim makes: eager returns them aliasing their base (an input, or another output), and
+    # `.contiguous()` would copy one whose base has another layout on a later call (a transposed input).
+    views: set[str] = set()
     lines = [f"def region({', '.join(f'i{k}' for k in range(len(region.inputs)))}):"]
     for bsym in region.members:
         fn_name = bsym.sym.id.replace(".", "_")
@@ -117,6 +120,8 @@ def region_source(region: Region, contiguous: frozenset[int] = frozenset()) -> R
         args += [f"{k}={writer.value(v)}" for k, v in bsym.kwargs.items()]
         lines.append(f"    {writer.target(bsym.output)} = {fn_name}({', '.join(args)})")
         _track_writes(bsym, roots, written)
+        if bsym.sym.effects.views is not None:
+            views.update(p.name for p in bsym.proxy_outputs())
     passthrough: list[int | None] = []
     returned: list[str] = []
     for p in region.outputs:
@@ -127,7 +132,8 @@ def region_source(region: Region, contiguous: frozenset[int] = frozenset()) -> R
         else:
             passthrough.append(None)
             name = writer.value(p)
-            returned.append(f"{name}.contiguous()" if len(returned) in contiguous else name)
+            made_contiguous = len(returned) in contiguous and p.name not in views
+            returned.append(f"{name}.contiguous()" if made_contiguous else name)
     ret = ", ".join(returned)
     lines.append(f"    return ({ret},)" if len(returned) == 1 else f"    return ({ret})")
     return RegionSource("\n".join(lines) + "\n", env, passthrough, len(returned), sorted(written))

@@ -287,6 +287,26 @@ def test_a_result_contiguous_in_eager_is_contiguous():
     assert got.stride() == want.stride()
 
 
+def row_and_exp(x):
+    """A view of the input returned next to a value computed from it."""
+    y = x[0]
+    return y, (y * 2).exp() + 1
+
+
+def test_a_view_of_an_input_stays_a_view_when_the_input_layout_changes():
+    # The row of a contiguous input is contiguous; returned `.contiguous()`, the row of a transposed input (the
+    # same entry: layouts are not guarded) was a copy, and a write into it did not reach the input as in eager.
+    jf = minijit.jit(row_and_exp, executors=["inductor"])
+    for x in (torch.randn(4, 4), torch.randn(4, 4).t()):
+        x_eager = x.clone()
+        (row, out), (row_eager, out_eager) = jf(x), row_and_exp(x_eager)
+        torch.testing.assert_close(out, out_eager)
+        assert row.stride() == row_eager.stride()
+        row.add_(100)
+        row_eager.add_(100)
+        torch.testing.assert_close(x, x_eager)
+
+
 def checked_then_written(x, y):
     y.add_(1)
     if (x > 0).all():
