@@ -103,15 +103,16 @@ def _implementation(bsym: BoundSymbol) -> Callable[..., Any]:
 
 def region_source(region: Region, contiguous: frozenset[int] = frozenset()) -> RegionSource:
     """The region as `def region(i0, ...): ...; return (...)`, a function of torch calls; the returned values at
-    the positions `contiguous` (among those returned) as `.contiguous()`, unless they are views."""
+    the positions `contiguous` (among those returned) as `.contiguous()`, unless a view or the base of a returned one."""
     writer = _Writer(region)
     input_index = {p.name: k for k, p in enumerate(region.inputs)}
     env: dict[str, Any] = {"torch": torch}
     roots = dict(input_index)
     written: set[int] = set()
-    # Values a view prim makes: eager returns them aliasing their base (an input, or another output), and
-    # `.contiguous()` would copy one whose base has another layout on a later call (a transposed input).
-    views: set[str] = set()
+    # The value each view made in the region views (followed to the root): eager returns a view and its base
+    # sharing memory, and `.contiguous()` on either copies it where the layout differs on a later call (a
+    # transposed input), so a write into the one misses the other.
+    bases: dict[str, str] = {}
     lines = [f"def region({', '.join(f'i{k}' for k in range(len(region.inputs)))}):"]
     for bsym in region.members:
         fn_name = bsym.sym.id.replace(".", "_")
@@ -120,10 +121,10 @@ def region_source(region: Region, contiguous: frozenset[int] = frozenset()) -> R
         args += [f"{k}={writer.value(v)}" for k, v in bsym.kwargs.items()]
         lines.append(f"    {writer.target(bsym.output)} = {fn_name}({', '.join(args)})")
         _track_writes(bsym, roots, written)
-        if bsym.sym.effects.views is not None:
-            views.update(p.name for p in bsym.proxy_outputs())
+        _track_views(bsym, bases)
     passthrough: list[int | None] = []
     returned: list[str] = []
+    aliased = {n for p in region.outputs if (n := bases.get(p.name)) is not None} | bases.keys()
     for p in region.outputs:
         # A tensor written in place keeps its input's name: hand back the caller's tensor itself
         # instead of returning an alias out of the compiled graph.
@@ -132,7 +133,7 @@ def region_source(region: Region, contiguous: frozenset[int] = frozenset()) -> R
         else:
             passthrough.append(None)
             name = writer.value(p)
-            made_contiguous = len(returned) in contiguous and p.name not in views
+            made_contiguous = len(returned) in contiguous and p.name not in aliased
             returned.append(f"{name}.contiguous()" if made_contiguous else name)
     ret = ", ".join(returned)
     lines.append(f"    return ({ret},)" if len(returned) == 1 else f"    return ({ret})")
@@ -150,6 +151,16 @@ def _track_writes(bsym: BoundSymbol, roots: dict[str, int], written: set[int]) -
         viewed = bsym.viewed_argument(p)
         if isinstance(viewed, Proxy) and viewed.name in roots:
             roots[p.name] = roots[viewed.name]
+
+
+def _track_views(bsym: BoundSymbol, bases: dict[str, str]) -> None:
+    """Note, for each output of a view prim, the value it views (a view of a view: the first one's base)."""
+    if bsym.sym.effects.views is None:
+        return
+    for p in bsym.proxy_outputs():
+        viewed = bsym.viewed_argument(p) if bsym.is_view() else bsym.args[0]
+        if isinstance(viewed, Proxy):
+            bases[p.name] = bases.get(viewed.name, viewed.name)
 
 
 _made = itertools.count()
