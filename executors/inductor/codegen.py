@@ -13,7 +13,7 @@ import itertools
 import linecache
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -37,6 +37,8 @@ class RegionSource:
     n_returned: int
     # The inputs the region writes into, directly or through a view of them made in the region.
     written: list[int]
+    # The values (proxy names) returned views are views of, inputs not counted.
+    view_bases: list[str] = field(default_factory=list)
 
 
 def literal(x: Any) -> str:
@@ -101,24 +103,40 @@ def _implementation(bsym: BoundSymbol) -> Callable[..., Any]:
     return impl.fn
 
 
-def region_source(region: Region, contiguous: frozenset[int] = frozenset()) -> RegionSource:
+def region_source(region: Region, contiguous: frozenset[int] = frozenset(),
+                  contiguous_bases: frozenset[str] = frozenset(), probe: bool = False) -> RegionSource:
     """The region as `def region(i0, ...): ...; return (...)`, a function of torch calls; the returned values at
-    the positions `contiguous` (among those returned) as `.contiguous()`."""
+    the positions `contiguous` (among those returned) as `.contiguous()`, unless a view or the base of a returned
+    one, and the bases of returned views named in `contiguous_bases` made `.contiguous()` where computed.
+    `probe`: the bases of returned views (`view_bases`) are returned too, after the region's outputs."""
     writer = _Writer(region)
     input_index = {p.name: k for k, p in enumerate(region.inputs)}
     env: dict[str, Any] = {"torch": torch}
     roots = dict(input_index)
     written: set[int] = set()
+    # The value each view made in the region views (followed to the root): eager returns a view and its base
+    # sharing memory, and `.contiguous()` on either copies it where the layout differs on a later call (a
+    # transposed input), so a write into the one misses the other.
+    bases = _view_bases(region)
+    view_bases = list(dict.fromkeys(b for p in region.outputs if (b := bases.get(p.name)) is not None
+                                    and b not in input_index))
     lines = [f"def region({', '.join(f'i{k}' for k in range(len(region.inputs)))}):"]
     for bsym in region.members:
         fn_name = bsym.sym.id.replace(".", "_")
         env[fn_name] = _implementation(bsym)
         args = [writer.value(a) for a in bsym.args]
         args += [f"{k}={writer.value(v)}" for k, v in bsym.kwargs.items()]
-        lines.append(f"    {writer.target(bsym.output)} = {fn_name}({', '.join(args)})")
+        call = f"{fn_name}({', '.join(args)})"
+        # Inductor lays out a value its views are taken from its own way (a cat after an empty cache: transposed
+        # as its input) and a returned view then has other strides than eager's; made contiguous where eager's is,
+        # the views come out as eager's.
+        if isinstance(bsym.output, Proxy) and bsym.output.name in contiguous_bases:
+            call += ".contiguous()"
+        lines.append(f"    {writer.target(bsym.output)} = {call}")
         _track_writes(bsym, roots, written)
     passthrough: list[int | None] = []
     returned: list[str] = []
+    aliased = {n for p in region.outputs if (n := bases.get(p.name)) is not None} | bases.keys()
     for p in region.outputs:
         # A tensor written in place keeps its input's name: hand back the caller's tensor itself
         # instead of returning an alias out of the compiled graph.
@@ -127,10 +145,27 @@ def region_source(region: Region, contiguous: frozenset[int] = frozenset()) -> R
         else:
             passthrough.append(None)
             name = writer.value(p)
-            returned.append(f"{name}.contiguous()" if len(returned) in contiguous else name)
+            made_contiguous = len(returned) in contiguous and p.name not in aliased
+            returned.append(f"{name}.contiguous()" if made_contiguous else name)
+    n_returned = len(returned)
+    if probe:
+        returned += [writer.names[b] for b in view_bases]
     ret = ", ".join(returned)
     lines.append(f"    return ({ret},)" if len(returned) == 1 else f"    return ({ret})")
-    return RegionSource("\n".join(lines) + "\n", env, passthrough, len(returned), sorted(written))
+    return RegionSource("\n".join(lines) + "\n", env, passthrough, n_returned, sorted(written), view_bases)
+
+
+def _view_bases(region: Region) -> dict[str, str]:
+    """For each view a region's member makes, the value it views (a view of a view: the first one's base)."""
+    bases: dict[str, str] = {}
+    for bsym in region.members:
+        if bsym.sym.effects.views is None:
+            continue
+        for p in bsym.proxy_outputs():
+            viewed = bsym.viewed_argument(p) if bsym.is_view() else bsym.args[0]
+            if isinstance(viewed, Proxy):
+                bases[p.name] = bases.get(viewed.name, viewed.name)
+    return bases
 
 
 def _track_writes(bsym: BoundSymbol, roots: dict[str, int], written: set[int]) -> None:

@@ -261,14 +261,17 @@ class InductorExecutor(FusionExecutor):
         # Inductor lays out a result its own way even where the torch calls give a contiguous one (keys put after
         # an empty cache come out transposed), and the next call's guard then sees a layout the trace did not: a
         # result contiguous when the torch calls run on example inputs is returned `.contiguous()`, which
-        # Inductor writes contiguously at no cost.
+        # Inductor writes contiguously at no cost. So is a value whose views the region returns (their strides
+        # follow it), where it is computed; views themselves, and the values they view, are returned as they are.
         try:
-            plain = make_function(src)(*[_example(p) for p in region.inputs])
+            plain = make_function(region_source(region, probe=True))(*[_example(p) for p in region.inputs])
         except Exception:  # (an example the torch calls refuse: the layouts stay Inductor's)
             plain = ()
-        contiguous = frozenset(k for k, t in enumerate(plain) if isinstance(t, torch.Tensor) and t.is_contiguous())
-        if contiguous:
-            src = region_source(region, contiguous)
+        dense = [isinstance(t, torch.Tensor) and t.is_contiguous() for t in plain]
+        contiguous = frozenset(k for k in range(src.n_returned) if k < len(dense) and dense[k])
+        bases = frozenset(b for b, d in zip(src.view_bases, dense[src.n_returned:], strict=False) if d)
+        if contiguous or bases:
+            src = region_source(region, contiguous, bases)
         fn = make_function(src)
         # Symbolic sizes or numbers: every size and number of the region is one torch.compile does not specialise
         # on (marking the constant dims static would mark the caller's tensors).

@@ -163,6 +163,28 @@ def test_unsupported_calls_fall_back_and_match_eager(case):
     assert "sdpa_flash_backward" not in _backward_ops(jfn)
 
 
+@pytest.mark.parametrize("case", ["symbolic_sizes", "mask_3d"])
+def test_query_seeing_no_key_gets_zero_gradients_without_flash(case):
+    # The math backward (symbolic sizes, masks the flash kernel does not take) computed -inf - -inf for a query
+    # row that sees no key (left padding under a causal mask): nan gradients where eager's are 0.
+    torch.manual_seed(0)
+    q, k, v = _qkv((2, 3, 5, 8), (2, 3, 5, 8))
+    mask = torch.ones(5, 5, dtype=torch.bool).tril()
+    mask[0] = False
+    if case == "mask_3d":
+        mask = mask.expand(3, 5, 5)
+
+    def fn(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    jfn = minijit.jit(fn, cache="symbolic values" if case == "symbolic_sizes" else "constant values")
+    g = torch.randn(2, 3, 5, 8)
+    want, got = _grads(fn, (q, k, v), g), _grads(jfn, (q, k, v), g)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    assert "sdpa_flash_backward" not in _backward_ops(jfn)
+
+
 def test_dropout_still_runs_without_flash():
     torch.manual_seed(0)
     q, k, v = _qkv()

@@ -406,8 +406,11 @@ def sdpa_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
         m = expand_to(mask, s.shape)
         s = P.where(m, s, float("-inf")) if mask.dtype == torch.bool else P.add(s, _up(m, dtype))
     last = (s.ndim - 1,)
-    e = P.exp(P.sub(s, restore_reduced(P.amax(s, last), s.shape, last)))
-    p = P.div(e, _sum_keep(e, last))
+    row_max = restore_reduced(P.amax(s, last), s.shape, last)
+    e = P.exp(P.sub(s, row_max))
+    # A query that sees no key (a padded position under a causal mask) attends to nothing in eager's kernels,
+    # flash and math (a safe softmax): its probabilities are 0, not the nan of -inf - -inf.
+    p = P.where(P.eq(row_max, float("-inf")), 0.0, P.div(e, _sum_keep(e, last)))
     gv = P.matmul(matrix_transpose(p), gg)
     gp = P.matmul(gg, matrix_transpose(v))
     gs = P.mul(p, P.sub(gp, _sum_keep(P.mul(gp, p), last)))
