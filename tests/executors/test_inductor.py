@@ -1,9 +1,9 @@
 """The Inductor executor against eager torch: values, gradients, in-place updates, the region cache.
 
-Inductor compiles C++ per region (seconds each), so the file compiles only three
-regions, in module-scoped fixtures that several tests share. Backward runs through
-torch autograd of the compiled regions (AOTAutograd): this branch has no minijit grad
-transform, and the tests only call `.backward()`, so they hold with one too.
+Inductor compiles C++ per region (a second or more each), so the regions are small and
+the heavier ones live in module-scoped fixtures that several tests share; the tests
+compare with eager on the same inputs, and count traces and torch.compile's graphs
+where compiling again is the bug.
 """
 
 from __future__ import annotations
