@@ -33,7 +33,6 @@ across layers, cache entries and jitted functions.
 from __future__ import annotations
 
 import importlib.util
-import math
 import threading
 import time
 import warnings
@@ -160,9 +159,7 @@ def _metadata(p: Proxy) -> str:
 def _example(p: Proxy) -> Any:
     """A value for the run of the region's torch calls that finds which results are contiguous."""
     if isinstance(p, NumberProxy):
-        value = p.python_type(p.value)
-        # A number the trace computes (`Tensor.item()`) is nan until it runs.
-        return 0.5 if isinstance(value, float) and not math.isfinite(value) else value
+        return p.python_type(p.value)  # (a number `Tensor.item()` computes is nan here: values do not matter)
     # Zeros, not empty: index inputs of gathers must be in bounds for the one example run.
     t = torch.zeros(_dims(p), dtype=p.dtype, device=p.device)
     if p.requires_grad and (p.dtype.is_floating_point or p.dtype.is_complex):

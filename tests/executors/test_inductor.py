@@ -255,8 +255,9 @@ def scaled_by_item(x, s):
 
 
 def test_a_number_computed_by_item_is_an_input_of_the_region_not_a_constant():
-    # Tensor.item() is nan until the trace runs: compiled from that value, the region would be specialised to it
-    # and compiled again on every call (torch.compile guards a non-finite float by value).
+    # Tensor.item() is nan until the trace runs: compiled from that value (an example), the region was specialised
+    # to it and compiled again on every call (torch.compile guards a non-finite float by value). Compiled from the
+    # call's own value, the number stays an input of the compiled function for every value.
     jf = minijit.jit(scaled_by_item, executors=["inductor"])
     x = torch.randn(5)
     jf(x, torch.tensor(0.5))
