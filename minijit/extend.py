@@ -328,6 +328,11 @@ class FusionExecutor(Executor):
     # in their own way may claim them by saying how here, in words; the sentence then appears
     # on each of its regions that holds one, in the printed trace.
     random_draws: str | None = None
+    # Whether numbers that code computes from 0-dim tensors stay tensors where the library offers that, as under
+    # torch.compile (torch.optim's step count: `_get_value`, `_stack_if_compiling`), so that the arithmetic on them
+    # joins a region instead of splitting it at an `item()`. Their rounding is then float32's, as torch.compile's,
+    # where eager computes in float64.
+    numbers_stay_tensors = False
 
     def fusible(self, bsym: BoundSymbol) -> bool:
         """Whether this executor can run this (prim-level) call inside a fused region."""

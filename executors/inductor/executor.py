@@ -184,6 +184,9 @@ class InductorExecutor(FusionExecutor):
     """
 
     fuse_matmul = True
+    # An optimizer's step count stays a tensor, as under torch.compile: a step is then one region, not one per
+    # parameter split at each `item()` (and its bias corrections round as torch.compile's do).
+    numbers_stay_tensors = True
     # Regions with fewer compute members (views not counted) run as torch calls: one torch
     # op gains nothing from Inductor and costs torch.compile's per-call guard check.
     min_ops = 2

@@ -567,9 +567,9 @@ LOOKASIDES[torch._utils.is_compiling] = _compiling
 
 def _numbers_stay_tensors() -> bool:
     """Whether torch.optim's step counts stay 0-dim tensors, as under torch.compile: in a trace replayed from CUDA
-    graphs, whose replays repeat the numbers they were captured with."""
+    graphs, whose replays repeat the numbers they were captured with, or fused by an executor that asks for it."""
     trace = current_trace()
-    return trace is not None and trace.capture is not None and trace.capture.for_graphs
+    return trace is not None and trace.capture is not None and trace.capture.numbers_stay_tensors
 
 
 @lookaside(_optimizer_get_value)

@@ -42,9 +42,10 @@ class CaptureState:
     # True for a trace that records the user's code, where an op called at the top level is a call
     # the user's code made; ops may then adjust their arguments (autocast).
     captures_user_code: bool = False
-    # True where the compiled trace replays from CUDA graphs (jit(cuda_graphs=True)): a replay repeats its kernels'
-    # arguments, so numbers the trace computes between kernels stay tensors (minijit/frontend/lookasides.py).
-    for_graphs: bool = False
+    # True where numbers the trace computes between ops stay tensors (minijit/frontend/lookasides.py): the compiled
+    # trace replays from CUDA graphs (jit(cuda_graphs=True)), whose replays repeat their kernels' arguments, or a
+    # fusion executor asks for it (`FusionExecutor.numbers_stay_tensors`).
+    numbers_stay_tensors: bool = False
     # Where the user's code sits in a `try` whose `except` may catch an error (None: nowhere); each op
     # recorded there is noted in `ops_in_try` as (op, the user's line).
     try_probe: Callable[[], SourceLocation | None] | None = None

@@ -30,7 +30,7 @@ from minijit.runtime.explain import EXPLAINED_AGAINST, explain_miss
 from minijit.runtime.fallback import RaisedInTry, RaisedWhileTracing, eager_after_raise
 from minijit.runtime.iterators import advance, standing_in
 from minijit.runtime.pipeline import CompiledEntry, compile_for
-from minijit.runtime.rebind import held_by_bound_self, rebind
+from minijit.runtime.rebind import differs_in_objects_only, held_by_bound_self, rebind
 from minijit.runtime.values import value_miss_reason
 
 Tensor = torch.Tensor
@@ -380,7 +380,7 @@ class JitFunction:
         if entry is not None:
             return Decision(HIT, entry, key, flat, kept=True)
         with self._compile_lock:
-            moved = self._rebind_in(kept, args, kwargs, flat, symbolic=False)
+            moved = self._rebind_in(kept, key, args, kwargs, flat, symbolic=False)
             if moved is None:
                 return None
             kept[key] = [moved[0], *kept.get(key, ())]
@@ -392,7 +392,7 @@ class JitFunction:
         rebind, minijit.runtime.rebind) in place of that one, else one traced (a miss), put into the cache; an
         eager run where the code raised while traced."""
         if self.cache_mode != "no caching":
-            found = self._rebind_in(self._entries, args, kwargs, flat, self._symbolic)
+            found = self._rebind_in(self._entries, key, args, kwargs, flat, self._symbolic)
             if found is not None:
                 self._limit.remove(found[1])
                 self._add(key, found[0])
@@ -497,13 +497,16 @@ class JitFunction:
             return eager_after_raise(raised, lambda: eager(*args, **kwargs), name)
         return eager(*args, **kwargs)
 
-    def _rebind_in(self, held: dict[tuple[Any, ...], list[CompiledEntry]], args: tuple[Any, ...],
-                   kwargs: dict[str, Any], flat: list[Any], symbolic: bool
+    def _rebind_in(self, held: dict[tuple[Any, ...], list[CompiledEntry]], call_key: tuple[Any, ...],
+                   args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[Any], symbolic: bool
                    ) -> tuple[CompiledEntry, CompiledEntry] | None:
         """An entry of `held` (traced with symbolic values or not) moved to this call's objects of the same types
-        (minijit.runtime.rebind): (the new entry, the one it was moved from, taken out of `held`), or None."""
-        # Only entries specialised on argument objects can be moved: the others are passed over cheaply.
-        found = [(key, e) for key, entries in held.items() for e in entries if e.arg_objects]
+        (minijit.runtime.rebind): (the new entry, the one it was moved from, taken out of `held`), or None.
+        `call_key`: the call's key, made as `held`'s keys were."""
+        # Only entries specialised on argument objects, under a key that differs from the call's in those objects
+        # alone, can be moved: the others are passed over cheaply (a decode step tried the prefill's entry).
+        found = [(key, e) for key, entries in held.items() if differs_in_objects_only(key, call_key)
+                 for e in entries if e.arg_objects]
         if not found:
             return None
         # The same for every entry tried: what the bound self holds, and the call's checks.

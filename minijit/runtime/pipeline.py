@@ -421,7 +421,8 @@ def _compile(arguments: CallArguments, executors: Sequence[Any], constraints: li
         state = trace.capture = CaptureState(
             capture_tensor=tensor_capturer(trace, found.captured_inputs, found.constants, symbolic, pinned,
                                            found.symbolic_captured),
-            captures_user_code=True, try_probe=user_try_location, for_graphs=cuda_graphs,
+            captures_user_code=True, try_probe=user_try_location,
+            numbers_stay_tensors=cuda_graphs or any(getattr(e, "numbers_stay_tensors", False) for e in executors),
             capture_number=number_capturer(trace, found.captured_inputs, numbers) if numbers and numbers.sources
             else None)
 

@@ -120,6 +120,24 @@ def rebind(entry: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: di
     return copy
 
 
+def differs_in_objects_only(entry_key: tuple[Any, ...], call_key: tuple[Any, ...]) -> bool:
+    """Whether cache keys `entry_key` and `call_key` (made alike, minijit.runtime.cache_key) differ only in the
+    identities of objects of one type: a quick filter before `rebind`, which needs keys equal elsewhere. An object
+    puts its type and then its id into a key; nothing else puts an int after another class."""
+    if len(entry_key) != len(call_key):
+        return False
+    for i, (a, b) in enumerate(zip(entry_key, call_key)):
+        if a is not b and a != b and not (
+                i and type(a) is int and type(b) is int and isinstance(before := entry_key[i - 1], type)
+                and before is call_key[i - 1] and before not in _VALUE_KINDS):
+            return False
+    return True
+
+
+# The types a key holds before a value, a length or keys (minijit.runtime.checks.walk), not before an id.
+_VALUE_KINDS = (int, float, bool, str, complex, type(None), slice, tuple, list, dict)
+
+
 def _refs(g: GuardEntry) -> list[int]:
     """ids of the objects guard entry `g` refers to: what it reads through (its namespace and the holders of its
     source), the value it compares with, its shadow. It moves in a rebind only where one of them does."""

@@ -269,6 +269,37 @@ def test_a_number_computed_by_item_is_an_input_of_the_region_not_a_constant():
     assert minijit.cache_info(jf).misses == 1
 
 
+def _adamw_with_schedule(seed):
+    torch.manual_seed(seed)
+    params = [torch.randn(4, 3, requires_grad=True) for _ in range(3)]
+    opt = torch.optim.AdamW(params, lr=1e-2, weight_decay=0.01)
+    return params, opt, torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=10)
+
+
+def test_an_optimizer_step_count_stays_a_tensor_so_the_step_is_one_region():
+    # torch.optim reads its step count with `item()` in eager (`_get_value`), and keeps it a tensor under
+    # torch.compile. With the count read, each parameter's bias corrections split the step into a region per
+    # parameter; kept a tensor, as the Inductor executor asks, the step of torch.optim.AdamW is one region,
+    # under an lr that changes every call.
+    runs = []
+    for jitted in (False, True):
+        params, opt, schedule = _adamw_with_schedule(0)
+        step = minijit.jit(opt.step, executors=["inductor"]) if jitted else opt.step
+        for i in range(4):
+            for p in params:
+                p.grad = torch.randn(4, 3, generator=torch.Generator().manual_seed(i))
+            with torch.no_grad():
+                step()
+            schedule.step()
+        runs.append(([p.detach().clone() for p in params], opt.state_dict()["state"]))
+    (eager_params, eager_state), (jit_params, jit_state) = runs
+    torch.testing.assert_close(jit_params, eager_params)
+    torch.testing.assert_close(jit_state, eager_state)
+    src = final_source(step)
+    assert src.count("inductorex.fusion_") == 1 and "item" not in src, src
+    assert minijit.cache_info(step).misses <= 2
+
+
 def test_a_region_that_fails_to_compile_again_runs_its_torch_calls(monkeypatch):
     # torch.compile recompiles lazily, on a call whose inputs fail its guards; where that compile fails, nothing
     # has run, and the region's torch calls give eager's result.

@@ -119,3 +119,25 @@ def test_entries_kept_from_constant_values_still_hit() -> None:
         assert torch.equal(result, scale(x))
         assert decided == expected, f"size {n}: {decided}"
     assert minijit.cache_info(jf).dynamic
+
+
+@pytest.mark.parametrize("symbolic", [False, True])
+def test_rebind_tries_only_entries_whose_key_differs_in_objects_alone(symbolic: bool) -> None:
+    # The quick filter before `rebind`: a new object of the same type may differ; anything else in the key
+    # (a shape, a number, a list's length, a string, another type) rules the entry out without trying it.
+    from minijit.runtime.cache_key import cache_key
+    from minijit.runtime.rebind import differs_in_objects_only
+
+    def key(*args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        return cache_key(args, kwargs, symbolic=symbolic)
+
+    x, old = torch.ones(2, 3), State()
+    before = key(x, old, [1, 2], mode="a")
+    assert differs_in_objects_only(before, key(x, State(), [1, 2], mode="a"))
+    assert differs_in_objects_only(before, key(torch.zeros(2, 3), old, [1, 2], mode="a"))
+    assert not differs_in_objects_only(before, key(x, object(), [1, 2], mode="a"))
+    assert not differs_in_objects_only(before, key(x, State(), [1, 2, 3], mode="a"))
+    assert not differs_in_objects_only(before, key(x, State(), [1, 2], mode="b"))
+    assert not differs_in_objects_only(before, key(x.double(), State(), [1, 2], mode="a"))
+    assert differs_in_objects_only(before, key(torch.ones(4, 3), State(), [1, 2], mode="a")) is symbolic
+    assert differs_in_objects_only(before, key(x, State(), [1, 7], mode="a")) is symbolic
