@@ -68,7 +68,8 @@ def rebind(entry: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: di
     if entry.split is not None or not entry.arg_objects or getattr(fn, "state_checks", None) is not None:
         return None  # a jitted module's tree state is an interned object whose identity is its meaning
     params, checks = call_checks(fn, args, kwargs, symbolic) if call is None else call
-    old = [c for c in entry.prologue.checks if c.keyed]
+    base = entry.prologue.reads_at  # (the call's checks come first: a model's thousand reads after them)
+    old = [c for c in (entry.prologue.checks if base is None else entry.prologue.checks[:base]) if c.keyed]
     new = [c for c in checks if c.keyed]
     if params != entry.prologue.params or len(old) != len(new):
         return None
@@ -179,11 +180,22 @@ def _moved_refs(refs: dict[int, tuple[int, ...]], before: list[GuardEntry], afte
                 moved: list[int]) -> dict[int, tuple[int, ...]]:
     """`refs` for the guard entries `after`, which differ from `before` at the positions `moved`: changed in place
     (its entry is being replaced by the moved one; copying a model's thousand ids cost a tenth of a rebind)."""
+    gone: dict[int, set[int]] = {}
+    came: dict[int, list[int]] = {}
     for i in moved:
-        for held in set(_refs(before[i])):
-            refs[held] = tuple(p for p in refs[held] if p != i)
-        for held in set(_refs(after[i])):
-            refs[held] = (*refs.get(held, ()), i)
+        before_ids, after_ids = set(_refs(before[i])), set(_refs(after[i]))
+        for held in before_ids - after_ids:
+            gone.setdefault(held, set()).add(i)
+        for held in after_ids - before_ids:
+            came.setdefault(held, []).append(i)
+    for held, positions in gone.items():  # (one pass over each object's positions, however many moved)
+        kept = tuple(p for p in refs[held] if p not in positions)
+        if kept:
+            refs[held] = kept
+        else:
+            del refs[held]
+    for held, positions in came.items():
+        refs[held] = (*refs.get(held, ()), *positions)
     return refs
 
 
