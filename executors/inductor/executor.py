@@ -42,13 +42,30 @@ from typing import Any
 import torch
 
 from executors.inductor.codegen import NotFusible, RegionSource, make_function, region_source
-from minijit.extend import BoundSymbol, FusionExecutor, NumberProxy, Proxy, Region, TensorProxy, cuda_attention, prims
+from minijit.extend import (
+    BoundSymbol,
+    FusionExecutor,
+    NumberProxy,
+    Proxy,
+    Region,
+    TensorProxy,
+    cuda_attention,
+    prims,
+    resolve_symbol,
+)
 
 # Prims left to other executors: real tensors captured into the trace (a cache keyed by source
 # must not bake one in) and device moves. Random prims never reach `fusible`: FusionExecutor.claims
 # keeps them with the torch executor, which draws as eager does.
 EXCLUDED = frozenset({prims.tensor_constant, prims.device_put, prims.sdpa_flash, prims.sdpa_flash_backward,
                       cuda_attention.sdpa_cuda, cuda_attention.sdpa_cuda_backward})
+# Composite ops a region calls whole, as torch.compile does, where torch's own kernel beats their decomposition
+# compiled by Inductor: attention (Inductor calls torch's flash kernel for it; its math decomposition compiled is
+# ~1.5x slower at 4 x 4 x 128 x 64). Never with dropout, which draws: random ops stay with the torch executor.
+WHOLE = frozenset({resolve_symbol(torch.nn.functional.scaled_dot_product_attention)})
+# Attention scores (query length x key length, on the traced call) from which torch's kernel is called whole; below,
+# the decomposition fuses with its neighbours and wins (a decode step's single query: 411 against 455 µs a call).
+WHOLE_FROM_SCORES = 64 * 64
 # Prims whose results are Python numbers computed from sizes and numbers (never from a tensor's
 # data): inside a region they become the compiled graph's symbolic size arithmetic.
 NUMBER_RESULTS = frozenset({prims.shape, *prims.NUMBER_PRIMS.values()})
@@ -204,17 +221,16 @@ class InductorExecutor(FusionExecutor):
     def fusible(self, bsym: BoundSymbol) -> bool:
         """Prims on tensors of a device Inductor compiles for, and the size arithmetic on symbolic numbers."""
         sym = bsym.sym
+        if sym in WHOLE:
+            return _draws_nothing(bsym) and _scores(bsym) >= WHOLE_FROM_SCORES and self._tensors_ok(bsym)
         if sym not in _PRIMS or sym in EXCLUDED:
             return False
         if sym is prims.matmul and not self.fuse_matmul:
             return False
         if (sym.effects.copies and not self.fuse_copies_to_out) or sym.effects.external:
             return False  # an external prim (a value check that may end the call) stays where it is
-        for x in _flatten([*bsym.args, *bsym.kwargs.values()]):
-            if isinstance(x, TensorProxy) and not _tensor_ok(x):
-                return False
-            if isinstance(x, Proxy) and not isinstance(x, TensorProxy | NumberProxy):
-                return False
+        if not self._tensors_ok(bsym):
+            return False
         outs = list(bsym.proxy_outputs())
         if sym in NUMBER_RESULTS:
             # Size arithmetic only: torch.compile mis-handles some float arithmetic on numbers it does not
@@ -223,6 +239,17 @@ class InductorExecutor(FusionExecutor):
             return all(isinstance(p, NumberProxy) and p.python_type is int for p in outs) and all(
                 not isinstance(x, NumberProxy) or x.python_type is int for x in bsym.args)
         return bool(outs) and all(isinstance(p, TensorProxy) and _tensor_ok(p) for p in outs)
+
+    @staticmethod
+    def _tensors_ok(bsym: BoundSymbol) -> bool:
+        """Every tensor `bsym` takes is on a device Inductor compiles for, and it takes no other proxy than
+        tensors and numbers."""
+        for x in _flatten([*bsym.args, *bsym.kwargs.values()]):
+            if isinstance(x, TensorProxy) and not _tensor_ok(x):
+                return False
+            if isinstance(x, Proxy) and not isinstance(x, TensorProxy | NumberProxy):
+                return False
+        return True
 
     def can_join(self, members: Sequence[BoundSymbol], bsym: BoundSymbol) -> bool:
         """Any fusible prim may join: Inductor splits a region into kernels itself."""
@@ -278,6 +305,20 @@ class InductorExecutor(FusionExecutor):
         dynamic = any(isinstance(p, NumberProxy) or _symbolic(p) for p in region.inputs)
         compiled = torch.compile(fn, backend="inductor", dynamic=dynamic, fullgraph=True)
         return CompiledRegion(compiled, src, key, fn)
+
+
+def _draws_nothing(bsym: BoundSymbol) -> bool:
+    """An attention call without dropout (`dropout_p` 0, a Python number: a symbolic one may not be 0)."""
+    dropout = bsym.kwargs.get("dropout_p", bsym.args[4] if len(bsym.args) > 4 else 0.0)
+    return type(dropout) in (int, float) and dropout == 0
+
+
+def _scores(bsym: BoundSymbol) -> int:
+    """The number of attention scores per head of an attention call, on the call traced (a symbolic size's value
+    there: it decides only which kernel computes the same values)."""
+    query, key = bsym.args[0], bsym.args[1]
+    lengths = [d.value if isinstance(d, NumberProxy) else d for d in (query.shape[-2], key.shape[-2])]
+    return int(lengths[0]) * int(lengths[1])
 
 
 def _writes_overlap(inputs: Sequence[Any], written: list[int]) -> bool:

@@ -269,6 +269,40 @@ def test_a_number_computed_by_item_is_an_input_of_the_region_not_a_constant():
     assert minijit.cache_info(jf).misses == 1
 
 
+def attention_block(q, k, v, mask, dropout_p=0.0):
+    return F.scaled_dot_product_attention(q * 2, k, v, mask, dropout_p=dropout_p).relu()
+
+
+@pytest.mark.parametrize("length", [128, 4])
+def test_long_attention_is_called_whole_in_its_region(length):
+    # Inductor calls torch's own attention kernel for an attention call, which beats the decomposition compiled
+    # (1.5x at 4 x 4 x 128 x 64); for a few scores (a decode step's single query) the decomposition, fused with its
+    # neighbours, wins. Either way one region, equal to eager.
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, length, 16) for _ in range(3))
+    mask = torch.ones(length, length, dtype=torch.bool).tril()
+    jf = minijit.jit(attention_block, executors=["inductor"])
+    torch.testing.assert_close(jf(q, k, v, mask), attention_block(q, k, v, mask))
+    src = final_source(jf)
+    assert src.count("inductorex.fusion_") == 1 and "torchex." not in src, src
+    assert ("# t25 = ltorch.scaled_dot_product_attention" in src) is (length == 128), src
+
+
+def test_attention_with_dropout_is_never_called_in_a_region():
+    # Dropout draws random numbers, in eager's order only with the torch executor.
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 128, 16) for _ in range(3))
+    mask = torch.ones(128, 128, dtype=torch.bool).tril()
+    jf = minijit.jit(attention_block, executors=["inductor"])
+    torch.manual_seed(1)
+    got = jf(q, k, v, mask, 0.5)
+    torch.manual_seed(1)
+    torch.testing.assert_close(got, attention_block(q, k, v, mask, 0.5))
+    src = final_source(jf)
+    assert "torchex.scaled_dot_product_attention(" in src, src
+    assert "# t25 = ltorch.scaled_dot_product_attention" not in src, src
+
+
 def _adamw_with_schedule(seed):
     torch.manual_seed(seed)
     params = [torch.randn(4, 3, requires_grad=True) for _ in range(3)]
