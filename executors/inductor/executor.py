@@ -318,7 +318,9 @@ def _scores(bsym: BoundSymbol) -> int:
     there: it decides only which kernel computes the same values)."""
     query, key = bsym.args[0], bsym.args[1]
     lengths = [d.value if isinstance(d, NumberProxy) else d for d in (query.shape[-2], key.shape[-2])]
-    return int(lengths[0]) * int(lengths[1])
+    if any(type(n) is not int for n in lengths):  # (a size only the trace knows has no value here: few, then)
+        return 0
+    return lengths[0] * lengths[1]
 
 
 def _writes_overlap(inputs: Sequence[Any], written: list[int]) -> bool:

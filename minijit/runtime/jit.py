@@ -505,8 +505,8 @@ class JitFunction:
         `call_key`: the call's key, made as `held`'s keys were."""
         # Only entries specialised on argument objects, under a key that differs from the call's in those objects
         # alone, can be moved: the others are passed over cheaply (a decode step tried the prefill's entry).
-        found = [(key, e) for key, entries in held.items() if differs_in_objects_only(key, call_key)
-                 for e in entries if e.arg_objects]
+        found = [(key, e) for key, entries in held.items() for e in entries
+                 if e.arg_objects and differs_in_objects_only(key, call_key)]
         if not found:
             return None
         # The same for every entry tried: what the bound self holds, and the call's checks.
