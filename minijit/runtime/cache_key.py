@@ -22,20 +22,65 @@ from minijit.runtime.checks import AUTOCAST, GRAD_MODE, Check, tensor_checks, wa
 Tensor = torch.Tensor
 
 
-def cache_key(args: tuple[Any, ...], kwargs: dict[str, Any], symbolic: bool = False) -> tuple[Any, ...]:
+def cache_key(args: tuple[Any, ...], kwargs: dict[str, Any], symbolic: bool = False,
+              memo: KeyMemo | None = None) -> tuple[Any, ...]:
     """The hashable key of a call: tensor metadata and Python values, in argument order.
 
     With `symbolic`, sizes above 1 and the values of Python ints and floats are left out:
-    the entries under such a key are told apart by their guards.
+    the entries under such a key are told apart by their guards. `memo`: the jitted function's,
+    which keeps the part of a long tuple of tensors (a jitted module's parameters) from call to call.
     """
     out: list[Any] = [torch.is_grad_enabled(), any_autocast_enabled() and autocast_state()]
-    for a in args:
-        walk(a, out, symbolic)
+    for position, a in enumerate(args):
+        if memo is not None and type(a) is tuple and len(a) >= KeyMemo.FROM:
+            out += memo.part(position, a, symbolic)
+        else:
+            walk(a, out, symbolic)
     if kwargs:
         for k, v in kwargs.items():
             out.append(k)
             walk(v, out, symbolic)
     return tuple(out)
+
+
+class KeyMemo:
+    """The parts of a call's key made of long tuples of tensors (a jitted module's parameters, fetched anew on each
+    call), kept from the call before at each argument position: reused while the tensors have the same metadata,
+    checked at once in C (`exact_tensor_check`'s check, which implies the key's metadata), where walking them costs
+    ~0.7 µs a tensor on every call. Any other change (a tensor of another size, dtype or type) walks them again."""
+
+    FROM = 8  # (a shorter tuple costs less to walk than to check)
+
+    def __init__(self) -> None:
+        # position -> (symbolic, length, the check, the key's part); each replaced whole (threads read it unlocked)
+        self._last: dict[int, tuple[bool, int, Callable[..., bool], tuple[Any, ...]]] = {}
+
+    def part(self, position: int, values: tuple[Any, ...], symbolic: bool) -> tuple[Any, ...]:
+        """What `walk` adds to a key for the tuple `values`, the argument at `position`."""
+        last = self._last.get(position)
+        if last is not None and last[0] is symbolic and last[1] == len(values) and last[2](*values):
+            return last[3]
+        found: list[Any] = []
+        walk(values, found, symbolic)
+        part = tuple(found)
+        check = _metadata_check(values)
+        if check is not None:
+            self._last[position] = (symbolic, len(values), check, part)
+        return part
+
+
+def _metadata_check(values: tuple[Any, ...]) -> Callable[..., bool] | None:
+    """A C check that tensors have the types, sizes, strides, dtypes, devices, requires_grad and dispatch keys of
+    `values` (all tensors), or None."""
+    if not all(isinstance(v, Tensor) for v in values):
+        return None
+    try:
+        from torch._C._dynamo.guards import TensorGuards
+
+        return TensorGuards(*values, dynamic_dims_sizes=[list(v.shape) for v in values],
+                            dynamic_dims_strides=[list(v.stride()) for v in values]).check
+    except (ImportError, TypeError, RuntimeError):
+        return None
 
 
 def _read(check: Check) -> str:
@@ -83,14 +128,7 @@ def exact_tensor_check(args: tuple[Any, ...]) -> Callable[..., bool] | None:
     """
     if not 0 < len(args) < 16 or any(type(a) is not Tensor for a in args):
         return None
-    try:
-        from torch._C._dynamo.guards import TensorGuards
-
-        guards = TensorGuards(*args, dynamic_dims_sizes=[list(a.shape) for a in args],
-                              dynamic_dims_strides=[list(a.stride()) for a in args])
-    except (ImportError, TypeError, RuntimeError):
-        return None
-    return guards.check
+    return _metadata_check(args)
 
 
 # Key functions for calls with 0 to 15 positional tensors, by arity, for each cache mode.

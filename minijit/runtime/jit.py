@@ -21,6 +21,7 @@ from minijit.runtime.arguments import CALL_ARGUMENTS, call_checks, flat_inputs
 from minijit.runtime.cache_key import (
     POSITIONAL_TENSOR_KEYS,
     POSITIONAL_TENSOR_SYMBOLIC_KEYS,
+    KeyMemo,
     cache_key,
     exact_tensor_check,
 )
@@ -202,6 +203,7 @@ class JitFunction:
         self.cuda_graphs = cuda_graphs
         self._symbolic = cache == "symbolic values"
         self._keys = POSITIONAL_TENSOR_SYMBOLIC_KEYS if self._symbolic else POSITIONAL_TENSOR_KEYS
+        self._key_memo = KeyMemo()  # (a jitted module's parameters: their part of the key, from call to call)
         # cache="automatic": constant values until a call misses only by its sizes or numbers.
         self._automatic = AutomaticDynamic() if cache == "automatic" else None
         # Not with constant values: numbers read from outside that changed between calls, made symbolic.
@@ -343,7 +345,8 @@ class JitFunction:
                 return self._switch_value(ran, failed, args, kwargs)
             # An entry kept from constant values failed a value check: the symbolic entries take the call.
         symbolic = self._symbolic
-        key, flat = cache_key(args, kwargs, symbolic=symbolic), flat_inputs(args, kwargs, symbolic=symbolic)
+        key = cache_key(args, kwargs, symbolic=symbolic, memo=self._key_memo)
+        flat = flat_inputs(args, kwargs, symbolic=symbolic)
         if after is None:
             entry = self._find(key, flat)
             if entry is not None:

@@ -141,3 +141,30 @@ def test_rebind_tries_only_entries_whose_key_differs_in_objects_alone(symbolic: 
     assert not differs_in_objects_only(before, key(x.double(), State(), [1, 2], mode="a"))
     assert differs_in_objects_only(before, key(torch.ones(4, 3), State(), [1, 2], mode="a")) is symbolic
     assert differs_in_objects_only(before, key(x, State(), [1, 7], mode="a")) is symbolic
+
+
+@pytest.mark.parametrize("symbolic", [False, True])
+def test_a_long_tuple_of_tensors_keeps_its_key_part_only_while_its_metadata_holds(symbolic: bool) -> None:
+    # A jitted module's parameters, fetched anew on each call, are a long tuple of tensors: the jitted function keeps
+    # their part of the key from call to call. Each change of what the key reads must show in the key.
+    from minijit.runtime.cache_key import KeyMemo, cache_key
+
+    memo = KeyMemo()
+    params = [torch.nn.Parameter(torch.randn(3, 4)) for _ in range(10)]
+    changes: list[Callable[[list[Any]], None]] = [
+        lambda p: None,
+        lambda p: p[3].requires_grad_(False),
+        lambda p: p.__setitem__(4, torch.nn.Parameter(torch.randn(3, 4).double())),
+        lambda p: p.__setitem__(5, torch.nn.Parameter(torch.randn(5, 4))),
+        lambda p: p.__setitem__(6, torch.nn.Parameter(torch.randn(3))),
+        lambda p: p.__setitem__(7, torch.randn(3, 4)),  # a plain tensor, not a Parameter: same key
+        lambda p: p.__setitem__(8, torch.randn(4, 3).t()),  # other strides: same key
+    ]
+    for change in changes:
+        change(params)
+        for _ in range(2):  # walked, then kept
+            args = (tuple(params), torch.ones(2))
+            assert cache_key(args, {}, symbolic, memo) == cache_key(args, {}, symbolic)
+    with torch.no_grad():
+        args = (tuple(params), torch.ones(2))
+        assert cache_key(args, {}, symbolic, memo) == cache_key(args, {}, symbolic)
