@@ -63,10 +63,14 @@ class KeyMemo:
         found: list[Any] = []
         walk(values, found, symbolic)
         part = tuple(found)
-        check = _metadata_check(values)
+        # (Plain tensors and parameters only: a subclass may read its metadata in Python, apart from what C checks.)
+        check = _metadata_check(values) if all(type(v) in _PLAIN for v in values) else None
         if check is not None:
             self._last[position] = (symbolic, len(values), check, part)
         return part
+
+
+_PLAIN = (Tensor, torch.nn.Parameter)
 
 
 def _metadata_check(values: tuple[Any, ...]) -> Callable[..., bool] | None:
