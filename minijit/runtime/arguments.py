@@ -25,8 +25,6 @@ from __future__ import annotations
 import functools
 import inspect
 import itertools
-import types
-import weakref
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -55,7 +53,7 @@ Tensor = torch.Tensor
 def parameter_names(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[str]:
     """A name per positional argument and keyword, from fn's signature where it has one."""
     try:
-        bound = _signature(fn).bind(*args, **kwargs)
+        bound = inspect.signature(fn).bind(*args, **kwargs)
     except (TypeError, ValueError):
         return [f"arg{i}" for i in range(len(args))] + list(kwargs)
     names: list[str] = []
@@ -66,30 +64,6 @@ def parameter_names(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[
         elif param.kind is not inspect.Parameter.VAR_KEYWORD:
             names.append(name)
     return names[: len(args)] + list(kwargs)
-
-
-def _signature(fn: Callable[..., Any]) -> inspect.Signature:
-    """`inspect.signature(fn)`, kept per plain function (a bound method's is its function's, less `self`): asked on
-    every call that is not a plain hit, it cost a tenth of a rebind."""
-    func = getattr(fn, "__func__", None) if inspect.ismethod(fn) else fn
-    if type(func) is not types.FunctionType:
-        return inspect.signature(fn)
-    made_of = (func.__code__, func.__defaults__, func.__kwdefaults__, func.__dict__.get("__wrapped__"),
-               func.__dict__.get("__signature__"))
-    found = _SIGNATURES.get(func)
-    if found is None or any(a is not b for a, b in zip(found[0], made_of)):
-        found = _SIGNATURES[func] = (made_of, inspect.signature(func))
-    signature = found[1]
-    if func is fn:
-        return signature
-    parameters = list(signature.parameters.values())
-    if not parameters or parameters[0].kind not in (inspect.Parameter.POSITIONAL_ONLY,
-                                                    inspect.Parameter.POSITIONAL_OR_KEYWORD):
-        return inspect.signature(fn)
-    return signature.replace(parameters=parameters[1:])
-
-
-_SIGNATURES: weakref.WeakKeyDictionary[Any, tuple[Any, ...]] = weakref.WeakKeyDictionary()
 
 
 def is_symbolic_number(x: Any) -> bool:

@@ -75,9 +75,7 @@ _PLAIN = (Tensor, torch.nn.Parameter)
 
 def _metadata_check(values: tuple[Any, ...]) -> Callable[..., bool] | None:
     """A C check that tensors have the types, sizes, strides, dtypes, devices, requires_grad and dispatch keys of
-    `values` (all tensors), or None."""
-    if not all(isinstance(v, Tensor) for v in values):
-        return None
+    `values` (tensors), or None where torch lacks it."""
     try:
         from torch._C._dynamo.guards import TensorGuards
 

@@ -190,6 +190,11 @@ def literal(env: dict[str, Any], value: Any) -> str:
 # --- the walk: one description of what a call's arguments specialise on, as key values or as checks -----
 
 
+# The types key mode puts before a value, a length or keys; any other class it puts there is an object's, before its
+# id (minijit.runtime.rebind.differs_in_objects_only).
+KEY_VALUE_KINDS = (int, float, bool, str, complex, type(None), slice, tuple, list, dict)
+
+
 def walk(x: Any, out: list[Any], symbolic: bool, where: tuple[str, str] | None = None) -> None:
     """Add to `out` what a call specialises on about the argument value `x`.
 

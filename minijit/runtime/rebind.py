@@ -53,7 +53,7 @@ from minijit.frontend.outside import Effect
 from minijit.ir.containers import Constant, Mapping, Registered, Sequence, Spec
 from minijit.runtime.arguments import call_checks, object_arguments
 from minijit.runtime.call_plan import CallPlan
-from minijit.runtime.checks import Check, Prologue, read_check
+from minijit.runtime.checks import KEY_VALUE_KINDS, Check, Prologue, read_check
 from minijit.runtime.guards import compile_prologue
 
 _DEPTH = 8
@@ -130,13 +130,9 @@ def differs_in_objects_only(entry_key: tuple[Any, ...], call_key: tuple[Any, ...
     for i, (a, b) in enumerate(zip(entry_key, call_key)):
         if a is not b and a != b and not (
                 i and type(a) is int and type(b) is int and isinstance(before := entry_key[i - 1], type)
-                and before is call_key[i - 1] and before not in _VALUE_KINDS):
+                and before is call_key[i - 1] and before not in KEY_VALUE_KINDS):
             return False
     return True
-
-
-# The types a key holds before a value, a length or keys (minijit.runtime.checks.walk), not before an id.
-_VALUE_KINDS = (int, float, bool, str, complex, type(None), slice, tuple, list, dict)
 
 
 def _refs(g: GuardEntry) -> list[int]:
