@@ -26,6 +26,7 @@ from minijit.ir import Proxy, Trace
 from minijit.ir.containers import Constant, Mapping, Registered, Sequence, Spec, contains_proxy, flatten
 from minijit.ir.context import where_now
 from minijit.runtime.arguments import CALL_ARGUMENTS, ArgumentPath
+from minijit.runtime.checks import compiled_code
 
 Tensor = torch.Tensor
 
@@ -76,7 +77,7 @@ def holder_reader(effect: Effect, inputs: list[str]) -> Callable[[tuple[Any, ...
     env: dict[str, Any] = {}
     # our own generated read
     code = f"def read({_parameters(inputs)}):\n    return {holder.expression(env)}\n"
-    exec(compile(code, "<minijit effect holder>", "exec"), env)
+    exec(compiled_code(code, "<minijit effect holder>"), env)  # (the same words for an entry moved: rebind.py)
     read = env["read"]
     return lambda values: read(*values)
 

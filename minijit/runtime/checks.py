@@ -399,19 +399,22 @@ class Prologue:
                  value_guards: list[str] | None = None, previous: Prologue | None = None):
         self.params, self.keywords, self.checks = params, keywords, checks
         self.inputs, self.captured, self.env = inputs, captured, env
-        # (the entry's guard entries, which positions refer to which objects): built by runtime/rebind.py.
+        # (the entry's guard entries, which positions refer to which objects), and the names `env` binds each object
+        # an argument may hold to (by id): built by runtime/rebind.py.
         self.guard_refs: tuple[list[Any], dict[int, tuple[int, ...]]] | None = None
+        self.env_refs: dict[int, tuple[str, ...]] | None = None
         # Where the checks of the values read begin in `checks` (a rebind replaces some in place): set by
         # runtime/guards.py, which puts the call's checks and the constraints before them.
         self.reads_at: int | None = None
         env.update(_ENV)
-        # A keyword's name is checked by calling `check_call` with it: its test is "True", left out.
-        key_tests = [t for c in checks if c.keyed and (t := c.test(env)) != "True"]
         at_once = _captured_at_once(checks, env)
         # `previous`: the prologue of the entry this one was rebound from, whose checks it shares where nothing they
         # read moved (runtime/rebind.py): their tests are the same words over the same names in `env`.
         known = previous.tests if previous is not None else {}
-        self.tests = tests = {id(c): known.get(id(c)) or c.test(env) for c in checks if not c.keyed}
+        # Each check's test, by the check's id (a rebind compares the words of the checks it makes anew with them).
+        self.tests = tests = {id(c): known.get(id(c)) or c.test(env) for c in checks}
+        # A keyword's name is checked by calling `check_call` with it: its test is "True", left out.
+        key_tests = [t for c in checks if c.keyed and (t := tests[id(c)]) != "True"]
         guard_tests = _tests(tests, [c for c in checks if not c.keyed], at_once)
         # A call with exactly the sizes and strides of the call that made the entry meets its constraints on
         # those: `exact_guard` leaves them out (the hit path's exact check, minijit.runtime.cache_key). Any
@@ -444,7 +447,7 @@ class Prologue:
         tests are this one's word for word (runtime/rebind.py): nothing is generated or compiled again."""
         copy = object.__new__(Prologue)
         copy.__dict__.update({k: v for k, v in self.__dict__.items() if k != "_probes"})  # probes run in `env`
-        copy.checks, copy.tests, copy.env, copy.guard_refs = checks, tests, env, None
+        copy.checks, copy.tests, copy.env, copy.guard_refs, copy.env_refs = checks, tests, env, None, None
         copy._define(self.exact_guard is not self.guard)
         return copy
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-import itertools
 import types
 import weakref
 from collections.abc import Callable
@@ -108,9 +107,14 @@ def rebind(entry: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: di
     except _Unpaired:
         return None
     copy = dataclasses.replace(entry, capture=capture, arg_objects=objects)
-    copy.prologue = (_moved_prologue(entry, capture, checks, moved, _moved_env(entry.prologue, pairs))
-                     or compile_prologue(copy, (params, checks), tuple(kwargs), copy.constraints,
-                                         _kept(entry, guards, pairs)))
+    env, env_refs = _moved_env(entry.prologue, pairs)
+    names = len(env)
+    copy.prologue = _moved_prologue(entry, capture, checks, moved, env)
+    if copy.prologue is None:  # (the environment the moved checks were tried in is left: it may hold more names)
+        copy.prologue = compile_prologue(copy, (params, checks), tuple(kwargs), copy.constraints,
+                                         _kept(entry, guards, _moved_env(entry.prologue, pairs)[0]))
+    elif len(env) == names:  # (a name the moved checks bound is in no table: it is made again where needed)
+        copy.prologue.env_refs = env_refs
     copy.guard = copy.prologue.guard
     if not copy.prologue.holds(args, kwargs, flat):
         return None
@@ -208,11 +212,11 @@ def _moved_prologue(entry: Any, capture: Any, call: list[Check], moved: list[int
     checks, tests = list(old.checks), dict(old.tests)
     for position, check in enumerate(call):
         before = checks[position]
-        if before.keyed != check.keyed or before.test(old.env) != check.test(env):
+        if before.keyed != check.keyed or tests[id(before)] != (test := check.test(env)):
             return None
         checks[position] = check
-        if not check.keyed:
-            tests[id(check)] = tests.pop(id(before))
+        del tests[id(before)]
+        tests[id(check)] = test
     for i in moved:
         before = checks[base + i]
         if before.read is not entry.capture.guards[i]:
@@ -222,26 +226,34 @@ def _moved_prologue(entry: Any, capture: Any, call: list[Check], moved: list[int
         if test != tests.pop(id(before)):
             return None
         checks[base + i], tests[id(check)] = check, test
-    if [(name, source.expression(env)) for name, source, _ in capture.captured_inputs] != old.captured:
+    # (a source that did not move reads through the objects it did, under the same names)
+    sources = zip(capture.captured_inputs, entry.capture.captured_inputs, old.captured, strict=True)
+    if len(old.captured) != len(capture.captured_inputs) or any(
+            source is not before and (name, source.expression(env)) != words
+            for (name, source, _), (_, before, _), words in sources):
         return None
     return old.moved(checks, tests, env)
 
 
-def _moved_env(old: Prologue, pairs: _Pairs) -> dict[str, Any]:
+def _moved_env(old: Prologue, pairs: _Pairs) -> tuple[dict[str, Any], dict[int, tuple[str, ...]]]:
     """The old prologue's environment with each object of the old argument replaced by its partner under the same
-    name (or dropped: it must not keep a cache's tensors alive), so that the source over it is the old one."""
+    name (or dropped: it must not keep a cache's tensors alive), so that the source over it is the old one; and
+    the new environment's `env_refs`. Only the names of the objects the walk reached are visited: an environment
+    holds a name for each of a model's thousand reads, and few of them are the argument's."""
     partner = pairs.partner
     env = dict(old.env)
-    # The names of the objects the walk reached (those paired among them): found in C, as an environment holds a
-    # name for each of a model's thousand reads, and few of them are the argument's.
-    ids = list(map(id, env.values()))
-    reached = pairs.reached.intersection(ids)
-    for name in itertools.compress(list(env), map(reached.__contains__, ids)):
-        i = id(env[name])
+    refs = _env_refs(old)
+    moved_refs = dict(refs)
+    for i in pairs.reached.intersection(refs):
+        # (a name whose object changed since the table was made, one of the prologue's own, is not the object's)
+        names = [name for name in moved_refs.pop(i) if id(env.get(name, _NOWHERE)) == i]
         if i in partner:
-            env[name] = partner[i]
+            now = partner[i]
+            env.update(dict.fromkeys(names, now))
+            moved_refs[id(now)] = (*moved_refs.get(id(now), ()), *names)
         else:
-            del env[name]
+            for name in names:
+                del env[name]
     for name in _MUTABLE_NAMES:
         if name in env:
             env[name] = type(env[name])(env[name])
@@ -253,10 +265,22 @@ def _moved_env(old: Prologue, pairs: _Pairs) -> dict[str, Any]:
             env[name] = id(partner[key[0]])
         bound[bound_key(env[name], key[1])] = name
     env["_bound_names"] = bound
-    return env
+    return env, moved_refs
 
 
-def _kept(entry: Any, guards: list[GuardEntry], pairs: _Pairs) -> tuple[dict[str, Any], dict[int, Check]]:
+def _env_refs(prologue: Prologue) -> dict[int, tuple[str, ...]]:
+    """For each object of `prologue`'s environment that a walk may reach (by id), the names bound to it: made once
+    per entry, then carried to its rebound copies (`_moved_env`)."""
+    if prologue.env_refs is None:
+        refs: dict[int, tuple[str, ...]] = {}
+        for name, value in prologue.env.items():
+            if _reachable_kind(type(value)):
+                refs[id(value)] = (*refs.get(id(value), ()), name)
+        prologue.env_refs = refs
+    return prologue.env_refs
+
+
+def _kept(entry: Any, guards: list[GuardEntry], env: dict[str, Any]) -> tuple[dict[str, Any], dict[int, Check]]:
     """What a rebound entry's prologue keeps of the old one: the checks of the values read that did not move (most
     read the model), by position, and the old environment with each object of the old argument replaced by its
     partner under the same name (`_moved_env`), so that the new source is the old one and compiles from
@@ -265,7 +289,7 @@ def _kept(entry: Any, guards: list[GuardEntry], pairs: _Pairs) -> tuple[dict[str
     old_checks = {id(c.read): c for c in entry.prologue.checks if c.aspect == "read"}
     kept = {i: old_checks[id(g)] for i, (g, before) in enumerate(zip(guards, entry.capture.guards, strict=True))
             if g is before and id(g) in old_checks}
-    return _moved_env(entry.prologue, pairs), kept
+    return env, kept
 
 
 # The containers in a prologue's environment that generating it adds to (`bind`, `guard_checks`).
@@ -525,6 +549,12 @@ def _has_parts(x: Any) -> bool:
 @functools.cache  # (asked for each object a rebind walks, and for each guard's referents)
 def _kind_has_parts(cls: type) -> bool:
     return issubclass(cls, list | tuple | dict | types.FunctionType | types.CellType) or cls is weakref.ref or _plain(cls)
+
+
+@functools.cache
+def _reachable_kind(cls: type) -> bool:
+    """What a walk may reach (`_Pairs.reached`): objects with parts, tensors."""
+    return _kind_has_parts(cls) or issubclass(cls, torch.Tensor)
 
 
 @functools.cache

@@ -311,6 +311,33 @@ def test_a_rebound_entry_keeps_nothing_of_the_old_objects_and_reuses_the_checks_
     assert [r() for r in gone] == [None] * len(gone)
 
 
+def test_the_names_a_rebind_carries_for_the_objects_are_those_of_the_environment() -> None:
+    """Each rebind replaces the old cache's objects in the prologue's environment through a table of the names bound
+    to each object, carried from one rebind to the next (made once per entry): after many generations, it names
+    every object of the cache where the environment binds it, as a table made afresh does."""
+    from minijit.runtime import rebind as rebinding
+
+    jitted = minijit.jit(attend, cache="symbolic values")
+    for generation in range(4):
+        inputs = _generation(3, seed=generation)
+        have_cache, want_cache = GrowingCache(), GrowingCache()
+        for h, w in zip(_steps(jitted, have_cache, inputs), _steps(attend, want_cache, inputs), strict=True):
+            torch.testing.assert_close(h, w)
+    assert minijit.cache_info(jitted).rebound == 6
+    entries = [e for held in jitted._entries.values() for e in held]
+    carried = [e.prologue.env_refs for e in entries]
+    assert all(table is not None for table in carried)  # (carried, not made again)
+    for entry, table in zip(entries, carried, strict=True):
+        env = entry.prologue.env
+        entry.prologue.env_refs = None
+        fresh = rebinding._env_refs(entry.prologue)
+        held = [have_cache, vars(have_cache), have_cache.layers, *have_cache.layers, *map(vars, have_cache.layers)]
+        assert any(id(x) in fresh for x in held)  # (the last generation's objects, which the entries were moved to)
+        # (names whose objects changed since are not the objects': the prologue's own functions, copies of values)
+        now = {i: {n for n in names if n in env and id(env[n]) == i} for i, names in table.items()}
+        assert [now.get(id(x), set()) for x in held] == [set(fresh.get(id(x), ())) for x in held]
+
+
 class Holder:
     """An object holding a callable: a closure, a function with defaults, or a partial."""
 
