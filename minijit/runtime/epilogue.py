@@ -129,7 +129,7 @@ class Epilogue:
             self.source = f"# Nothing runs around the compiled trace of {name}: a call runs it as it is.\n"
             self.function: Callable[..., Any] = trace
             return
-        h = _Names(body.names)
+        self.helpers = h = _Names(body.names)
         self.env: dict[str, Any] = {
             h["_trace"]: trace, h["_no_grad"]: torch.no_grad, h["_no_autocast"]: no_autocast,
             h["_inference_mode"]: torch.is_inference_mode_enabled, h["_refused"]: _refused_inference_write,
@@ -149,10 +149,28 @@ class Epilogue:
         self.function = self.env[h["call"]]
         self.function.__minijit_source__ = source  # type: ignore[attr-defined]
 
-    def rebound(self, plan: CallPlan) -> Epilogue:
-        """This epilogue around the same trace with another call plan (an entry moved to new objects: rebind.py)."""
-        return Epilogue(self.name, self.trace, self.body, plan, self.bases, self.autocast_off, self.grad,
-                        self.restore_rng, self.fallback)
+    def rebound(self, plan: CallPlan, partner: dict[int, Any]) -> Epilogue:
+        """This epilogue around the same trace for an entry moved to new objects (rebind.py), whose call plan is
+        `plan`, this one's with each object `o` of the old ones replaced by `partner[id(o)]`: the same source, over
+        this environment with each such object replaced under its name (its words name objects, not where they
+        were found); nothing is generated again."""
+        if not hasattr(self, "env"):  # (nothing runs around the trace)
+            return Epilogue(self.name, self.trace, self.body, plan, self.bases, self.autocast_off, self.grad,
+                            self.restore_rng, self.fallback)
+        copy = object.__new__(Epilogue)
+        copy.__dict__.update(self.__dict__)
+        h = self.helpers
+        copy.plan = plan
+        copy.env = env = {name: partner.get(id(value), value) for name, value in self.env.items()}
+        if plan.effects:
+            env[h["_effects"]] = plan.effects
+            env[h["_holders"]] = [holder_reader(effect, plan.inputs) for effect, _ in plan.effects]
+        if plan.result is not None:
+            env[h["_result"]] = plan.result
+        exec(compiled_code(self.source, f"<minijit epilogue {self.name}>"), env)
+        copy.function = env[h["call"]]
+        copy.function.__minijit_source__ = self.source  # type: ignore[attr-defined]
+        return copy
 
     @staticmethod
     def _function(name: str, params: Sequence[str], lines: list[str]) -> str:

@@ -120,7 +120,7 @@ def rebind(entry: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: di
         return None
     entry.prologue.guard_refs = None  # (its table becomes the moved entry's)
     copy.prologue.guard_refs = (guards, _moved_refs(refs, entry.capture.guards, guards, moved))
-    copy.epilogue = entry.epilogue.rebound(capture.call_plan)
+    copy.epilogue = entry.epilogue.rebound(capture.call_plan, pairs.partner)
     copy.computation = copy.epilogue.function
     return copy
 
