@@ -119,7 +119,7 @@ def rebind(entry: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: di
     if not copy.prologue.holds(args, kwargs, flat):
         return None
     entry.prologue.guard_refs = None  # (its table becomes the moved entry's)
-    copy.prologue.guard_refs = (guards, _moved_refs(refs, entry.capture.guards, guards, moved))
+    copy.prologue.guard_refs = (guards, _moved_refs(refs, pairs))
     copy.epilogue = entry.epilogue.rebound(capture.call_plan, pairs.partner)
     copy.computation = copy.epilogue.function
     return copy
@@ -176,26 +176,17 @@ def _guard_refs(entry: Any) -> dict[int, tuple[int, ...]]:
     return refs
 
 
-def _moved_refs(refs: dict[int, tuple[int, ...]], before: list[GuardEntry], after: list[GuardEntry],
-                moved: list[int]) -> dict[int, tuple[int, ...]]:
-    """`refs` for the guard entries `after`, which differ from `before` at the positions `moved`: changed in place
-    (its entry is being replaced by the moved one; copying a model's thousand ids cost a tenth of a rebind)."""
-    gone: dict[int, set[int]] = {}
-    came: dict[int, list[int]] = {}
-    for i in moved:
-        before_ids, after_ids = set(_refs(before[i])), set(_refs(after[i]))
-        for held in before_ids - after_ids:
-            gone.setdefault(held, set()).add(i)
-        for held in after_ids - before_ids:
-            came.setdefault(held, []).append(i)
-    for held, positions in gone.items():  # (one pass over each object's positions, however many moved)
-        kept = tuple(p for p in refs[held] if p not in positions)
-        if kept:
-            refs[held] = kept
-        else:
-            del refs[held]
-    for held, positions in came.items():
-        refs[held] = (*refs.get(held, ()), *positions)
+def _moved_refs(refs: dict[int, tuple[int, ...]], pairs: _Pairs) -> dict[int, tuple[int, ...]]:
+    """`refs` for the moved guard entries, changed in place (its entry is being replaced by the moved one): the
+    positions that referred to an object of the old argument refer to its partner, as each reference to it moved
+    there. (A value compared with its copy keeps the copy, which no walk reaches: its position stays with the
+    partner, where visiting the entry again changes nothing.)"""
+    partner = pairs.partner
+    for held in pairs.reached.intersection(refs):
+        positions = refs.pop(held)
+        if held in partner:
+            now = id(partner[held])
+            refs[now] = tuple(dict.fromkeys((*refs.get(now, ()), *positions)))
     return refs
 
 

@@ -311,10 +311,11 @@ def test_a_rebound_entry_keeps_nothing_of_the_old_objects_and_reuses_the_checks_
     assert [r() for r in gone] == [None] * len(gone)
 
 
-def test_the_names_a_rebind_carries_for_the_objects_are_those_of_the_environment() -> None:
+def test_the_tables_a_rebind_carries_are_those_made_afresh() -> None:
     """Each rebind replaces the old cache's objects in the prologue's environment through a table of the names bound
-    to each object, carried from one rebind to the next (made once per entry): after many generations, it names
-    every object of the cache where the environment binds it, as a table made afresh does."""
+    to each object, and visits the guard's entries through a table of those that read each object, both carried
+    from one rebind to the next (made once per entry): after many generations, they name every object of the cache
+    where the environment binds it and the entries that read it, as tables made afresh do."""
     from minijit.runtime import rebind as rebinding
 
     jitted = minijit.jit(attend, cache="symbolic values")
@@ -325,17 +326,26 @@ def test_the_names_a_rebind_carries_for_the_objects_are_those_of_the_environment
             torch.testing.assert_close(h, w)
     assert minijit.cache_info(jitted).rebound == 6
     entries = [e for held in jitted._entries.values() for e in held]
-    carried = [e.prologue.env_refs for e in entries]
-    assert all(table is not None for table in carried)  # (carried, not made again)
-    for entry, table in zip(entries, carried, strict=True):
+    carried = [(e.prologue.env_refs, e.prologue.guard_refs) for e in entries]
+    assert all(names is not None and guards is not None for names, guards in carried)  # (carried, not made again)
+    held = [have_cache, vars(have_cache), have_cache.layers, *have_cache.layers, *map(vars, have_cache.layers)]
+    for entry, (names, guards) in zip(entries, carried, strict=True):
         env = entry.prologue.env
-        entry.prologue.env_refs = None
+        entry.prologue.env_refs = entry.prologue.guard_refs = None
         fresh = rebinding._env_refs(entry.prologue)
-        held = [have_cache, vars(have_cache), have_cache.layers, *have_cache.layers, *map(vars, have_cache.layers)]
         assert any(id(x) in fresh for x in held)  # (the last generation's objects, which the entries were moved to)
         # (names whose objects changed since are not the objects': the prologue's own functions, copies of values)
-        now = {i: {n for n in names if n in env and id(env[n]) == i} for i, names in table.items()}
+        now = {i: {n for n in bound if n in env and id(env[n]) == i} for i, bound in names.items()}
         assert [now.get(id(x), set()) for x in held] == [set(fresh.get(id(x), ())) for x in held]
+        # The positions of the guard's entries that read each object: all of them (and the entries that compare a
+        # value read with a copy of it, as the empty list of layers of a new cache, at the partner of the value).
+        assert guards[0] is entry.capture.guards
+        fresh_guards = rebinding._guard_refs(entry)
+        assert any(id(x) in fresh_guards for x in held)  # (the guard's entries read the last generation's objects)
+        assert all(set(guards[1].get(id(x), ())) >= set(fresh_guards.get(id(x), ())) for x in held)
+        extra = {i for x in held for i in guards[1].get(id(x), ())} - {
+            i for x in held for i in fresh_guards.get(id(x), ())}
+        assert all(entry.capture.guards[i].value == [] for i in extra), extra
 
 
 class Holder:
