@@ -303,6 +303,7 @@ class _Pairs:
         self.tensors: set[int] = set()  # ids of the tensors of the old argument met (paired or not)
         self.refers: dict[int, bool] = {}  # ids of values outside the old argument -> whether they hold part of it
         self.keep: list[Any] = []  # what the ids are of, alive while pairing
+        self.sources: dict[int, Source] = {}  # id of a source of the entry (alive in it) -> the source moved
 
     def walk(self, old: Any, new: Any, depth: int) -> None:
         """Pair `old` with `new`, then what they hold, where both hold the same kind of thing.
@@ -397,10 +398,15 @@ class _Pairs:
         return key if is_constant(key) else self.move(key)
 
     def source(self, s: Source) -> Source:
-        """`s` moved (itself where nothing it reads through moves: most of an entry's guards read the module)."""
-        holder = self.source(s.holder) if isinstance(s.holder, Source) else self.move(s.holder)
-        key = self.key(s.key) if s.access == "item" else s.key
-        return s if holder is s.holder and key is s.key else dataclasses.replace(s, holder=holder, key=key)
+        """`s` moved (itself where nothing it reads through moves: most of an entry's guards read the module). Once
+        per source: the captured inputs and the call plan share theirs."""
+        moved = self.sources.get(id(s))
+        if moved is None:
+            holder = self.source(s.holder) if isinstance(s.holder, Source) else self.move(s.holder)
+            key = self.key(s.key) if s.access == "item" else s.key
+            moved = self.sources[id(s)] = (
+                s if holder is s.holder and key is s.key else dataclasses.replace(s, holder=holder, key=key))
+        return moved
 
     def guard(self, g: GuardEntry, compared: Any) -> GuardEntry:
         """`g` moved (itself where nothing in it moves). `compared` is what the old prologue compares the value read
