@@ -17,7 +17,7 @@ from minijit import environment
 from minijit.errors import MinijitError, ValueGuardError, ValueGuardMiss
 from minijit.extend import Executor, get_executor, resolve_executors
 from minijit.ir import Trace
-from minijit.runtime.arguments import CALL_ARGUMENTS, call_checks, flat_inputs
+from minijit.runtime.arguments import CALL_ARGUMENTS, flat_inputs
 from minijit.runtime.cache_key import (
     POSITIONAL_TENSOR_KEYS,
     POSITIONAL_TENSOR_SYMBOLIC_KEYS,
@@ -512,10 +512,9 @@ class JitFunction:
                  if e.arg_objects and differs_in_objects_only(key, call_key)]
         if not found:
             return None
-        # The same for every entry tried: what the bound self holds, and the call's checks.
-        shared, call = held_by_bound_self(self.fn), call_checks(self.fn, args, kwargs, symbolic)
+        shared = held_by_bound_self(self.fn)  # (the same for every entry tried)
         for key, entry in reversed(found):
-            moved = rebind(entry, self.fn, args, kwargs, flat, symbolic, shared, call)
+            moved = rebind(entry, self.fn, args, kwargs, flat, symbolic, shared, same_key=True)
             if moved is not None:
                 _take_out(held, key, entry)  # its objects are the previous call's: the entries stay as many
                 self._info.rebound += 1

@@ -59,13 +59,14 @@ _DEPTH = 8
 
 
 def rebind(entry: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[Any],
-           symbolic: bool, shared: set[int] | None = None,
-           call: tuple[list[str], list[Check]] | None = None) -> Any | None:
+           symbolic: bool, shared: set[int] | None = None, same_key: bool = False) -> Any | None:
     """A copy of `entry` for these arguments, which differ from its own only in objects of the same types,
-    when its guard holds for them; else None. `shared`: `held_by_bound_self(fn)`, and `call`: `call_checks(fn,
-    args, kwargs, symbolic)`, where the caller has them (the same for each entry it tries)."""
+    when its guard holds for them; else None. `shared`: `held_by_bound_self(fn)`, where the caller has it (the same
+    for each entry it tries); `same_key`: the caller found the call's key the entry's but for the identities of
+    objects (`differs_in_objects_only`)."""
     if entry.split is not None or not entry.arg_objects or getattr(fn, "state_checks", None) is not None:
         return None  # a jitted module's tree state is an interned object whose identity is its meaning
+    call = _entry_call_checks(entry, args, kwargs) if same_key else None
     params, checks = call_checks(fn, args, kwargs, symbolic) if call is None else call
     base = entry.prologue.reads_at  # (the call's checks come first: a model's thousand reads after them)
     old = [c for c in (entry.prologue.checks if base is None else entry.prologue.checks[:base]) if c.keyed]
@@ -123,6 +124,29 @@ def rebind(entry: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: di
     copy.epilogue = entry.epilogue.rebound(capture.call_plan, pairs.partner)
     copy.computation = copy.epilogue.function
     return copy
+
+
+def _entry_call_checks(entry: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+                       ) -> tuple[list[str], list[Check]] | None:
+    """The call's checks (`call_checks`) for a call whose key is the entry's but for the identities of objects: the
+    entry's own, each check of an object's identity naming the call's object (the key is made of what the checks
+    check; `check_call` makes them all on the call, in `Prologue.holds`). None where the entry's are not apart."""
+    prologue = entry.prologue
+    if prologue.reads_at is None:
+        return None
+    old = prologue.checks[:prologue.reads_at - len(entry.constraints)]
+    objects = iter(object_arguments(prologue.params, old, args, kwargs))
+    checks = []
+    for check in old:
+        if check.aspect == "object":
+            found = next(objects, None)
+            if found is None:  # (a subject that is not a plain expression over the parameters)
+                return None
+            x = found[1]
+            if id(x) != check.expected[1]:
+                check = dataclasses.replace(check, expected=(type(x), id(x)))
+        checks.append(check)
+    return list(prologue.params), checks
 
 
 def differs_in_objects_only(entry_key: tuple[Any, ...], call_key: tuple[Any, ...]) -> bool:
@@ -203,6 +227,8 @@ def _moved_prologue(entry: Any, capture: Any, call: list[Check], moved: list[int
     checks, tests = list(old.checks), dict(old.tests)
     for position, check in enumerate(call):
         before = checks[position]
+        if check is before:  # (made from the entry's: `_entry_call_checks`)
+            continue
         if before.keyed != check.keyed or tests[id(before)] != (test := check.test(env)):
             return None
         checks[position] = check
