@@ -325,11 +325,12 @@ def _scores(bsym: BoundSymbol) -> int:
 
 def _writes_overlap(inputs: Sequence[Any], written: list[int]) -> bool:
     """Whether an input the region writes into shares its storage with any other input."""
+    storages = [x.untyped_storage().data_ptr() for x in inputs if isinstance(x, torch.Tensor)]
+    if len(set(storages)) == len(storages):  # (the usual case, told at once: every tensor has its own storage)
+        return False
     count: dict[int, int] = {}
-    for x in inputs:
-        if isinstance(x, torch.Tensor):
-            p = x.untyped_storage().data_ptr()
-            count[p] = count.get(p, 0) + 1
+    for p in storages:
+        count[p] = count.get(p, 0) + 1
     return any(count.get(inputs[i].untyped_storage().data_ptr(), 0) > 1 for i in written
                if isinstance(inputs[i], torch.Tensor))
 

@@ -471,7 +471,9 @@ def repeating(values: tuple[Any, ...], positions: tuple[int, ...]) -> tuple[int,
 
     A trace that writes such an input rebuilds it from a synthetic base; one that writes a plain tensor copies
     back into it, which eager refuses for a tensor repeating elements: the guard keeps them apart."""
-    return tuple(i for i in positions if isinstance(values[i], Tensor) and torch._debug_has_internal_overlap(values[i]) == 1)
+    # (a contiguous tensor repeats none: asked first, it answers faster than the overlap check)
+    return tuple(i for i in positions if isinstance(v := values[i], Tensor) and not v.is_contiguous()
+                 and torch._debug_has_internal_overlap(v) == 1)
 
 
 def alias_layout(*values: Any, also: tuple[int, ...] = ()) -> tuple[tuple[Any, ...], ...]:
