@@ -103,7 +103,8 @@ def meta_like(p: TensorProxy, layout: Layout, requires_grad: bool = False) -> to
 
 
 def eager_layout(p: TensorProxy, trace: Trace | None = None, *, offset_matters: bool = False,
-                 guard: bool = True, sizes_matter: bool = False, flags_matter: bool = False) -> torch.Tensor | None:
+                 guard: bool = True, sizes_matter: bool = False, flags_matter: bool = False,
+                 strides_matter: bool = False) -> torch.Tensor | None:
     """A meta tensor with the shape, strides and storage offset eager torch gives `p`; None where unknown.
 
     `trace` (default: the one being recorded) holds the bound symbols that made `p`. With
@@ -111,7 +112,8 @@ def eager_layout(p: TensorProxy, trace: Trace | None = None, *, offset_matters: 
     guard (their storage offsets too with `offset_matters`, and their symbolic sizes with
     `sizes_matter`: a computed tensor's layout, and so a decision taken from it, may change
     with the sizes, as `x[:, ::2]`'s viewability with the parity of x's last size; their conjugate and
-    negative view flags with `flags_matter`).
+    negative view flags with `flags_matter`; the strides of their dims of size 1 with `strides_matter`, where
+    the strides themselves are read: `guard_layout`).
     """
     trace = trace if trace is not None else current_trace()
     if trace is None:
@@ -125,10 +127,10 @@ def eager_layout(p: TensorProxy, trace: Trace | None = None, *, offset_matters: 
     meta = meta_like(p, layout)
     if guard:
         for source in _sources(p, trace, inputs):
-            guard_layout(source, trace, offset_matters, sizes_matter, flags_matter)
+            guard_layout(source, trace, offset_matters, sizes_matter, flags_matter, strides_matter)
         for source in layout.order_only:
-            if offset_matters or sizes_matter or flags_matter:
-                guard_layout(source, trace, offset_matters, sizes_matter, flags_matter)
+            if offset_matters or sizes_matter or flags_matter or strides_matter:
+                guard_layout(source, trace, offset_matters, sizes_matter, flags_matter, strides_matter)
             else:
                 guard_row_major(source)
     return meta
@@ -432,9 +434,11 @@ def _matched(old: tuple[Any, ...], new: tuple[Any, ...]) -> tuple[int, int]:
 
 # -- the layout queries user code can make on a traced tensor ------------------------------------
 
-def _known_layout(p: TensorProxy, what: str, offset_matters: bool = False, flags_matter: bool = False) -> torch.Tensor:
+def _known_layout(p: TensorProxy, what: str, offset_matters: bool = False, flags_matter: bool = False,
+                  strides_matter: bool = False) -> torch.Tensor:
     # The answer is a Python value the trace keeps: with symbolic sizes it holds for these sizes only.
-    meta = eager_layout(p, offset_matters=offset_matters, sizes_matter=True, flags_matter=flags_matter)
+    meta = eager_layout(p, offset_matters=offset_matters, sizes_matter=True, flags_matter=flags_matter,
+                        strides_matter=strides_matter)
     if meta is None:
         raise UnsupportedMethodError(f"Tensor.{what}{where_now()}: minijit does not know the memory layout of "
                                      f"{p.name} (made by an op without an eager implementation); call it outside "
@@ -452,7 +456,7 @@ def stride(p: TensorProxy, dim: int | None = None) -> Any:
     if followed is not None:
         strides = followed[0]
         return strides if dim is None else strides[dim]
-    meta = _known_layout(p, "stride")
+    meta = _known_layout(p, "stride", strides_matter=True)
     return meta.stride() if dim is None else meta.stride(dim)
 
 
@@ -477,7 +481,7 @@ def storage_offset(p: TensorProxy) -> int:
 
 def dim_order(p: TensorProxy, **kwargs: Any) -> tuple[int, ...]:
     """Tensor.dim_order on a proxy, from its eager layout."""
-    return _known_layout(p, "dim_order").dim_order(**kwargs)
+    return _known_layout(p, "dim_order", strides_matter=True).dim_order(**kwargs)  # (ties broken by strides)
 
 
 def is_conj(p: TensorProxy) -> bool:

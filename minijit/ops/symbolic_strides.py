@@ -539,7 +539,7 @@ def _guard_input(p: TensorProxy, trace: Trace, row_major_only: bool = False) -> 
         guard_row_major(p)
         return
     if not any(isinstance(d, NumberProxy) for d in p.shape):
-        guard_layout(p, trace, offset_matters=True)
+        guard_layout(p, trace, offset_matters=True, strides_matter=True)
         return
     texts = [d.expr if isinstance(d, NumberProxy) else repr(d) for d in p.shape]
     strides = []

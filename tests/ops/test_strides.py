@@ -175,6 +175,37 @@ def test_layout_queries_like_eager() -> None:
         torch.testing.assert_close(minijit.jit(program)(x), program(x))
 
 
+def _one_head(canonical: bool) -> torch.Tensor:
+    """A (2, 1, 8, 16) tensor torch calls contiguous: the stride of its dim of size 1 is 128 (as torch makes it) or
+    16 (a transposed (2, 8, 1, 16) tensor, as a kernel may lay out a cache of one key/value head)."""
+    return torch.randn(2, 1, 8, 16) if canonical else torch.randn(2, 8, 1, 16).transpose(1, 2)
+
+
+@pytest.mark.parametrize("mode", ["constant values", "symbolic values", "automatic"])
+def test_a_stride_read_on_a_dim_of_size_one_is_each_calls_own(mode: str) -> None:
+    """Layouts that differ only in the stride of a dim of size 1 are alike for what the trace computes, but a
+    program that reads that stride (or the dims' order, whose ties it breaks) reads each call's own, as eager."""
+    def program(x: torch.Tensor) -> torch.Tensor:
+        return x * x.stride(1) + x.transpose(1, 2).stride(2) + sum(i * d for i, d in enumerate(x.dim_order()))
+    jitted = minijit.jit(program, cache=mode)
+    for canonical in (True, False, True, False):
+        x = _one_head(canonical)
+        torch.testing.assert_close(jitted(x), program(x))
+
+
+def test_a_layout_only_computed_with_is_the_same_whatever_the_stride_of_a_dim_of_size_one() -> None:
+    """A program whose view depends on its input's layout, given the two layouts of `_one_head` in turn: one
+    trace, whichever came first (a decode step's cache written by a kernel, then by torch, traced once)."""
+    def program(x: torch.Tensor) -> torch.Tensor:
+        return x.view(2, 8, 16).sum(-1) * 2
+    for first in (True, False):
+        jitted = minijit.jit(program)
+        for canonical in (first, not first, first):
+            x = _one_head(canonical)
+            torch.testing.assert_close(jitted(x), program(x))
+        assert minijit.cache_info(jitted).misses == 1, minijit.cache_info(jitted).miss_reasons
+
+
 # -- symbolic sizes: a view of a contiguous tensor holds at every size ---------------------------------
 
 def test_symbolic_sizes_view_reuses_the_trace_and_still_raises() -> None:
