@@ -107,19 +107,18 @@ def guard_row_major(p: TensorProxy) -> None:
 def guard_layout(p: TensorProxy, trace: Trace, offset_matters: bool, sizes_matter: bool = False,
                  flags_matter: bool = False, strides_matter: bool = False) -> None:
     """Make the cache entry's guard check that input `p` keeps its layout (and its sizes, with `sizes_matter`;
-    its view flags, with `flags_matter`). A contiguous layout is checked as torch tells it, whatever the strides of
-    its dims of size 1 (no address, and no other dim's stride, depends on them), except with `strides_matter`: the
-    strides themselves are read (`Tensor.stride()`, `dim_order()`), those of dims of size 1 too."""
+    its view flags, with `flags_matter`). With `strides_matter` the strides themselves are read (`Tensor.stride()`,
+    `dim_order()`): they are checked exactly, those of dims of size 1 too, where a contiguous layout is otherwise
+    checked as torch tells contiguity."""
     layout = trace.layouts.get(p)
     assert layout is not None
     strides, offset = layout.strides, layout.offset
     sizes = tuple(int(number_value(d)) for d in p.shape)
     if sizes_matter and any(isinstance(d, NumberProxy) for d in p.shape):
         add_layout_check(f"tuple({p.name}.shape) == {sizes!r}")
-    canonical = contiguous_strides(sizes)
     if strides_matter:
         add_layout_check(f"{p.name}.stride() == {strides!r}")
-    elif math.prod(sizes) <= 1 or all(s == c for s, c, n in zip(strides, canonical, sizes, strict=True) if n != 1):
+    elif strides == contiguous_strides(sizes) or math.prod(sizes) <= 1:
         add_layout_check(f"{p.name}.is_contiguous()")
     else:
         add_layout_check(f"{p.name}.stride() == {strides!r}")

@@ -319,11 +319,15 @@ def is_already_contiguous(p: TensorProxy, memory_format: torch.memory_format) ->
     if meta is None:
         return None
     already = meta.is_contiguous(memory_format=memory_format)
-    # Not contiguous at the traced sizes, and not through a slice: not at any other size either (a size of 1
-    # only makes a layout more contiguous, its stride not counting). Contiguous: maybe only at these sizes.
+    # Contiguous: maybe only at these sizes. Not contiguous, and not through a slice: not at any other size either
+    # (a size of 1 only makes a layout more contiguous, its stride not counting), unless the layout is made at a
+    # size of 1 otherwise than at 2, and contiguous there (a reshape that viewed at 1 copies at 2): the sizes
+    # traced at 1 then stay 1, where torch's rules followed with symbolic sizes say so.
     if _sizes_symbolic(p) and (already or _through_slices(p)):
         hold_for_every_size(p, lambda trace: symbolic_contiguous(p, trace, memory_format) is already,
                             structural=not _through_slices(p))
+    elif _sizes_symbolic(p) and _traced_ones(p) and symbolic_contiguous(p, current_trace(), memory_format):
+        _keep_ones(p)
     return already
 
 

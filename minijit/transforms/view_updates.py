@@ -104,9 +104,18 @@ LAYOUT_FREE: dict[Symbol, Symbol] = {
 }
 
 
-def layout_free(sym: Symbol) -> Symbol:
-    """`sym`, or the op computing the same values on tensors of any layout (view -> reshape)."""
+def layout_free(sym: Symbol) -> Callable[..., Any]:
+    """`sym`, or the op computing the same values on tensors of any layout (view -> reshape). A recorded
+    `contiguous()` made a copy (one that returned its input left nothing in the trace), and makes a contiguous copy
+    again: recorded anew, where the layout is not known, it would return its input, and an op reading memory after it
+    (`as_strided`) would read the input's."""
+    if sym is ltorch_shape.contiguous:
+        return _contiguous_copy
     return LAYOUT_FREE.get(sym, sym)
+
+
+def _contiguous_copy(a: TensorProxy, memory_format: torch.memory_format = torch.contiguous_format) -> TensorProxy:
+    return ltorch_shape.clone(a, memory_format=memory_format)
 
 
 # -- prim rules ----------------------------------------------------------------------

@@ -177,6 +177,23 @@ def test_a_merging_view_of_a_layout_seen_at_size_one_is_not_reused_where_eager_c
     assert _misses(jf) == 2
 
 
+@pytest.mark.parametrize("cache", ["symbolic values", "automatic"])
+def test_a_write_through_contiguous_of_a_layout_a_reshape_viewed_at_size_one_lands_as_eager(cache):
+    """At size 1 the reshape of the transposed input views it, so its product is not contiguous, `contiguous()`
+    copies and the write into the copy is lost; at 2 the reshape copies, `contiguous()` returns the product itself
+    and the write lands in it. A trace made at size 1 is not reused at 2 (found by the layout fuzzer, seed 1112)."""
+    def f(x):
+        y = x.transpose(0, 2)
+        z = y.reshape(y.shape[0], -1).reshape(y.shape) * 1
+        z.contiguous().add_(1)
+        return z
+
+    jf = minijit.jit(f, cache=cache)
+    for shape in [(2, 1, 3), (4, 1, 5), (3, 2, 3), (2, 1, 3), (5, 3, 2)]:
+        x = torch.randn(shape)
+        torch.testing.assert_close(jf(x), f(x))
+
+
 def test_attention_with_a_mask_broadcast_over_a_batch_of_one():
     def f(q, k, v, mask):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :])
