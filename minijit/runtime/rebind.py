@@ -130,7 +130,8 @@ def _entry_call_checks(entry: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
                        ) -> tuple[list[str], list[Check]] | None:
     """The call's checks (`call_checks`) for a call whose key is the entry's but for the identities of objects: the
     entry's own, each check of an object's identity naming the call's object (the key is made of what the checks
-    check; `check_call` makes them all on the call, in `Prologue.holds`). None where the entry's are not apart."""
+    check; `check_call` makes them all on the call, in `Prologue.holds`). None where the prologue does not keep its
+    call's checks apart from the rest (`reads_at`), or an object's subject cannot be read from the arguments."""
     prologue = entry.prologue
     if prologue.reads_at is None:
         return None
