@@ -514,7 +514,7 @@ class JitFunction:
             return None
         shared = held_by_bound_self(self.fn)  # (the same for every entry tried)
         for key, entry in reversed(found):
-            moved = rebind(entry, self.fn, args, kwargs, flat, symbolic, shared, same_key=True)
+            moved = rebind(entry, self.fn, args, kwargs, flat, symbolic, shared)
             if moved is not None:
                 _take_out(held, key, entry)  # its objects are the previous call's: the entries stay as many
                 self._info.rebound += 1

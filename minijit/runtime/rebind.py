@@ -59,15 +59,13 @@ _DEPTH = 8
 
 
 def rebind(entry: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[Any],
-           symbolic: bool, shared: set[int] | None = None, same_key: bool = False) -> Any | None:
+           symbolic: bool, shared: set[int] | None = None) -> Any | None:
     """A copy of `entry` for these arguments, which differ from its own only in objects of the same types,
     when its guard holds for them; else None. `shared`: `held_by_bound_self(fn)`, where the caller has it (the same
-    for each entry it tries); `same_key`: the caller found the call's key the entry's but for the identities of
-    objects (`differs_in_objects_only`)."""
+    for each entry it tries)."""
     if entry.split is not None or not entry.arg_objects or getattr(fn, "state_checks", None) is not None:
         return None  # a jitted module's tree state is an interned object whose identity is its meaning
-    call = _entry_call_checks(entry, args, kwargs) if same_key else None
-    params, checks = call_checks(fn, args, kwargs, symbolic) if call is None else call
+    params, checks = _entry_call_checks(entry, args, kwargs) or call_checks(fn, args, kwargs, symbolic)
     base = entry.prologue.reads_at  # (the call's checks come first: a model's thousand reads after them)
     old = [c for c in (entry.prologue.checks if base is None else entry.prologue.checks[:base]) if c.keyed]
     new = [c for c in checks if c.keyed]
@@ -113,7 +111,7 @@ def rebind(entry: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: di
     copy.prologue = _moved_prologue(entry, capture, checks, moved, env)
     if copy.prologue is None:  # (the environment the moved checks were tried in is left: it may hold more names)
         copy.prologue = compile_prologue(copy, (params, checks), tuple(kwargs), copy.constraints,
-                                         _kept(entry, guards, _moved_env(entry.prologue, pairs)[0]))
+                                         (_moved_env(entry.prologue, pairs)[0], _kept(entry, guards)))
     elif len(env) == names:  # (a name the moved checks bound is in no table: it is made again where needed)
         copy.prologue.env_refs = env_refs
     copy.guard = copy.prologue.guard
@@ -128,10 +126,11 @@ def rebind(entry: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: di
 
 def _entry_call_checks(entry: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
                        ) -> tuple[list[str], list[Check]] | None:
-    """The call's checks (`call_checks`) for a call whose key is the entry's but for the identities of objects: the
-    entry's own, each check of an object's identity naming the call's object (the key is made of what the checks
-    check; `check_call` makes them all on the call, in `Prologue.holds`). None where the prologue does not keep its
-    call's checks apart from the rest (`reads_at`), or an object's subject cannot be read from the arguments."""
+    """The call's checks (`call_checks`, which walks the arguments again), made from the entry's own: each check of
+    an object's identity names the call's object. The caller found the call's key the entry's but for objects'
+    identities (`differs_in_objects_only`), and the key is made of what the checks check; `check_call` makes them
+    all on the call anyway (`Prologue.holds`). None where the prologue does not keep its call's checks apart
+    (`reads_at`), or an object's subject cannot be read from the arguments."""
     prologue = entry.prologue
     if prologue.reads_at is None:
         return None
@@ -298,16 +297,15 @@ def _env_refs(prologue: Prologue) -> dict[int, tuple[str, ...]]:
     return prologue.env_refs
 
 
-def _kept(entry: Any, guards: list[GuardEntry], env: dict[str, Any]) -> tuple[dict[str, Any], dict[int, Check]]:
-    """What a rebound entry's prologue keeps of the old one: the checks of the values read that did not move (most
-    read the model), by position, and the old environment with each object of the old argument replaced by its
-    partner under the same name (`_moved_env`), so that the new source is the old one and compiles from
-    `compiled_code`'s cache. Building a check for each of a model's thousand reads again cost most of a rebind,
-    and its garbage set off the collector."""
+def _kept(entry: Any, guards: list[GuardEntry]) -> dict[int, Check]:
+    """What a rebound entry's prologue keeps of the old one, made over the moved environment (`_moved_env`, so that
+    the new source is the old one and compiles from `compiled_code`'s cache): the checks of the values read that
+    did not move (most read the model), by position. Building a check for each of a model's thousand reads again
+    cost most of a rebind, and its garbage set off the collector."""
     old_checks = {id(c.read): c for c in entry.prologue.checks if c.aspect == "read"}
     kept = {i: old_checks[id(g)] for i, (g, before) in enumerate(zip(guards, entry.capture.guards, strict=True))
             if g is before and id(g) in old_checks}
-    return env, kept
+    return kept
 
 
 # The containers in a prologue's environment that generating it adds to (`bind`, `guard_checks`).
