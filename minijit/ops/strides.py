@@ -12,7 +12,9 @@ eager shape, strides and storage offset:
 - a computed tensor's comes from running the eager implementations of the ops that
   made it (ltorch ops and opaque torch ops) on meta tensors with their inputs'
   layouts, so every stride rule is torch's own (elementwise ops keeping a permuted
-  layout, expand's zero strides, matmul's fresh outputs). The result is kept on the
+  layout, expand's zero strides, matmul's fresh outputs), with the elementwise ops'
+  laid out as eager's C++ kernels do where their meta kernels differ
+  (`minijit.ops.iterator_layouts`). The result is kept on the
   compile's layout table (`Trace.layouts`, `minijit.ir.layouts`), never on the proxy.
 
 The layouts of the inputs a decision was worked out from become part of the cache
@@ -46,6 +48,7 @@ reshape).
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -56,6 +59,7 @@ from minijit.ir.context import add_layout_check, current_trace, where_now
 from minijit.ir.layouts import Layout, contiguous_strides, guard_layout, guard_row_major, outside_inference_mode, row_major
 from minijit.ir.proxies import guarded_compare, number_value, same_value
 from minijit.ops.eager_facts import eager_impl
+from minijit.ops.iterator_layouts import iterator_layouts
 from minijit.ops.symbolic_strides import symbolic_contiguous, symbolic_layout, symbolic_viewable
 
 
@@ -213,8 +217,11 @@ def _run_on_meta(bsym: BoundSymbol, impl: Callable[..., Any],
     if not metas or "device" in mkwargs:
         # A factory (`torch.zeros(n, device=d)`) or a move (`x.to(device=d)`): nothing allocated on d.
         mkwargs["device"] = "meta"
+    devices = [x.device.type for x in bsym.proxy_args() if isinstance(x, TensorProxy)]
+    device_type = devices[0] if devices else "cpu"
     try:
-        with outside_inference_mode(), torch.no_grad():
+        with outside_inference_mode(), torch.no_grad(), \
+                iterator_layouts(device_type) if device_type != "meta" else nullcontext():
             return tree_flatten(impl(*margs, **mkwargs))
     except Exception:
         return None  # the eager implementation does not run on meta tensors: layout unknown

@@ -145,7 +145,7 @@ def test_passes_compare_sizes_only_through_the_explicit_functions():
 
 
 # The ops' modules that compare the layouts eager gives (torch tensors) with concrete sizes.
-_EAGER_LAYOUTS = {"strides.py", "symbolic_strides.py"}
+_EAGER_LAYOUTS = {"strides.py", "symbolic_strides.py", "iterator_layouts.py"}
 
 
 def _op_sources() -> list[Path]:
