@@ -27,19 +27,26 @@ from torch.utils._pytree import tree_flatten
 
 Strides = tuple[int, ...]
 
-# Ops whose meta kernel lays out its output otherwise than the C++ kernel, which is no TensorIterator over its
-# arguments: "contiguous" (the C++ kernel allocates a contiguous output: softmax, norms, reductions, `tril`, and
-# `masked_fill`'s contiguous copy), "like" (it allocates as `empty_like`: `clone`, the `*_like` factories, and
-# ops that write into a clone).
+# Ops whose output the C++ kernel lays out by a rule of its own, not as a TensorIterator over its arguments:
+# "contiguous" (it allocates a contiguous output), "like" (as `empty_like`: `clone`, the `*_like` factories, ops
+# that write into a clone), "suggested" (channels-last where the 4-d input's strides suggest it, else contiguous),
+# "convolution" (so, for the input or the weight, 5-d too), "batch_norm" (contiguous where the input is, else
+# "suggested"), "roll" (a `cat` of two slices per dim); and
+# "iterator": TensorIterator ops that are not tagged pointwise.
 _OWN_RULE = {
-    **dict.fromkeys(("aten::_softmax", "aten::_log_softmax", "aten::native_layer_norm",
-                     "aten::linalg_vector_norm", "aten::tril", "aten::triu", "aten::masked_fill.Scalar",
+    **dict.fromkeys(("aten::_softmax", "aten::_log_softmax", "aten::native_layer_norm", "aten::linalg_vector_norm",
+                     "aten::log_sigmoid_forward", "aten::tril", "aten::triu", "aten::masked_fill.Scalar",
                      "aten::masked_fill.Tensor"), "contiguous"),
     **dict.fromkeys(("aten::clone", "aten::empty_like", "aten::zeros_like", "aten::ones_like", "aten::full_like",
                      "aten::rand_like", "aten::randn_like", "aten::randint_like", "aten::flip", "aten::sort",
-                     "aten::sort.stable", "aten::index_put"), "like"),
-    # channels-last where the (4-d) input's strides suggest it, else contiguous
-    **dict.fromkeys(("aten::native_group_norm", "aten::roll"), "suggested"),
+                     "aten::sort.stable", "aten::index_put", "aten::_prelu_kernel"), "like"),
+    **dict.fromkeys(("aten::native_group_norm", "aten::pixel_shuffle", "aten::pixel_unshuffle"), "suggested"),
+    "aten::convolution": "convolution",
+    "aten::roll": "roll",
+    **dict.fromkeys(("aten::native_batch_norm", "aten::_native_batch_norm_legit",
+                     "aten::_native_batch_norm_legit.no_stats", "aten::_native_batch_norm_legit_no_training",
+                     "aten::_native_batch_norm_legit_functional"), "batch_norm"),
+    **dict.fromkeys(("aten::hardswish", "aten::floor_divide", "aten::floor_divide.Scalar"), "iterator"),
 }
 
 
@@ -57,12 +64,18 @@ def _channels_last(shape: Sequence[int]) -> Strides:
     return (max(h, 1) * max(w, 1) * max(c, 1), 1, max(w, 1) * max(c, 1), max(c, 1))
 
 
+def _channels_last_3d(shape: Sequence[int]) -> Strides:
+    _, c, d, h, w = (max(n, 1) for n in shape)
+    return (d * h * w * c, 1, h * w * c, w * c, c)
+
+
 def _channels_last_like(shape: Sequence[int], strides: Sequence[int]) -> bool:
-    """c10's `is_channels_last_strides_2d`: whether a 4-d tensor's strides suggest channels-last."""
-    if len(shape) != 4 or strides[1] == 0:
+    """c10's `is_channels_last_strides_2d` (`_3d` for 5 dims): whether a 4-d (5-d) tensor's strides suggest
+    channels-last."""
+    if len(shape) not in (4, 5) or strides[1] == 0:
         return False
     least = 0
-    for d in (1, 3, 2, 0):
+    for d in (1, 3, 2, 0) if len(shape) == 4 else (1, 4, 3, 2, 0):
         if shape[d] == 0 or strides[d] < least or (d == 0 and least == strides[1]):
             return False
         least = strides[d] * (shape[d] if shape[d] > 1 else 1)
@@ -193,6 +206,20 @@ def iterator_strides(shape: Sequence[int], operands: Sequence[tuple[Sequence[int
     return tuple(out)
 
 
+def _rolled(t: torch.Tensor, shifts: Sequence[int], dims: Sequence[int]) -> torch.Tensor:
+    """`t.roll(shifts, dims)` as ATen's CPU kernel makes it, each dim's the `cat` of two slices (whose layouts
+    the meta kernels give as the CPU's)."""
+    if not dims:
+        return torch.empty(t.shape, dtype=t.dtype, device=t.device)  # a view of a rolled flat copy
+    if len(dims) > 1:
+        return _rolled(_rolled(t, shifts[:1], dims[:1]), shifts[1:], dims[1:])
+    size = t.shape[dims[0]]
+    if t.numel() == 0:
+        return torch.empty_strided(t.shape, like_strides(*_sizes_strides(t)), dtype=t.dtype, device=t.device)
+    start = (size - shifts[0]) % size
+    return torch.cat([t.narrow(dims[0], start, size - start), t.narrow(dims[0], 0, start)], dims[0])
+
+
 def _sizes_strides(t: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return tuple(t.shape), tuple(t.stride())
 
@@ -263,15 +290,22 @@ def eager_strides(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out:
     rule = _OWN_RULE.get(func.name())
     if rule == "contiguous":
         return contiguous(out.shape)
-    if rule == "suggested":
-        return _channels_last(out.shape) if _channels_last_like(*_sizes_strides(args[0])) else contiguous(out.shape)
+    if rule == "roll":
+        return tuple(_rolled(args[0], args[1], args[2] if len(args) > 2 else kwargs.get("dims", ())).stride())
+    if rule in ("suggested", "convolution", "batch_norm"):
+        suggesting = args[:2] if rule == "convolution" else args[:1]
+        if rule == "batch_norm" and _is_contiguous(*_sizes_strides(args[0])):
+            return contiguous(out.shape)
+        if len(out.shape) not in (4, 5) or not any(_channels_last_like(*_sizes_strides(t)) for t in suggesting):
+            return contiguous(out.shape)
+        return _channels_last(out.shape) if len(out.shape) == 4 else _channels_last_3d(out.shape)
     if rule == "like":
         memory_format = kwargs.get("memory_format")
         if memory_format not in (None, torch.preserve_format) or not isinstance(args[0], torch.Tensor) \
                 or tuple(args[0].shape) != tuple(out.shape):
             return None
         return like_strides(*_sizes_strides(args[0]))
-    if torch.Tag.pointwise not in func.tags:
+    if rule != "iterator" and torch.Tag.pointwise not in func.tags:
         return None
     return _pointwise_strides(func, args, kwargs, out, device_type)
 

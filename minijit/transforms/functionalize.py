@@ -42,6 +42,7 @@ from minijit.ops import prims
 from minijit.ops.opaque import opaque_call
 from minijit.ops.registry import ALL_LTORCH
 from minijit.ops.utils import expand_to, to_dtype
+from minijit.transforms import memory
 from minijit.transforms.memory import MustShare, ViewStep, memory_model
 from minijit.transforms.overlap import check_overlaps
 from minijit.transforms.view_updates import (
@@ -314,12 +315,24 @@ class _Functionalizer:
     def _write_through_views(self, dst: TensorProxy, new: TensorProxy) -> None:
         view = self.shares.step(dst)
         if view is None:
-            self.value[id(dst)] = new
+            self.value[id(dst)] = self._laid_out_as(dst, new)
             self.version[id(dst)] = self.version.get(id(dst), 0) + 1
             return
         parent = self.shares.canon(view.parent)
         self._write_through_views(parent, scatter(view.bsym, view.out, self.resolve(parent), new))
         self.cache[id(dst)] = (self.version[id(self.shares.base_of(dst))], new)
+
+    def _laid_out_as(self, base: TensorProxy, new: TensorProxy) -> TensorProxy:
+        """`new`, the written base's new value, copied into the layout of the base's value before the write (eager
+        writes in place: the base keeps its strides), where an op reads memory computed from the base
+        (`as_strided`): the ops recorded on it again then lay out their results as eager's did, size-1 dims
+        included, which broadcasting carries into the others. (A rebuilt value has the layout its scatter gave
+        it.) `aten.copy` copies into its first argument's exact strides, symbolic sizes too. Not for an input (its
+        value before the write is the caller's tensor) nor where gradients flow (`aten.copy` has no derivative)."""
+        if id(base) not in memory.layout_read(self.trace) or id(base) in self.inputs \
+                or (self.grad_enabled and (new.requires_grad or base.requires_grad)):
+            return new
+        return opaque_call(torch.ops.aten.copy.default, (self.value.get(id(base), base), new), {})
 
     def _is_fill(self, value: TensorProxy) -> bool:
         """Whether `value` was made by prims.full (one value everywhere)."""

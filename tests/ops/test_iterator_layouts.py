@@ -113,6 +113,54 @@ def test_ops_on_meta_tensors_lay_out_their_outputs_as_on_the_cpu(chunk: int) -> 
     assert not wrong, "\n".join(wrong[:10])
 
 
+_WEIGHT = torch.randn(4, 3, 3, 3)
+
+# Ops on 4-d images (channels-last, contiguous or permuted), whose CPU kernels follow a channels-last input.
+IMAGE_OPS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "conv2d": lambda a: F.conv2d(a, _WEIGHT.to(a.device), padding=1),
+    "conv2d_channels_last_weight": lambda a: F.conv2d(
+        a, _WEIGHT.to(a.device).contiguous(memory_format=torch.channels_last), padding=1),
+    "conv_transpose2d": lambda a: F.conv_transpose2d(a, _WEIGHT.to(a.device).transpose(0, 1)[:, :2]),
+    "batch_norm": lambda a: F.batch_norm(a, torch.zeros(3, device=a.device), torch.ones(3, device=a.device)),
+    "max_pool2d": lambda a: F.max_pool2d(a, 2),
+    "avg_pool2d": lambda a: F.avg_pool2d(a, 2),
+    "adaptive_avg_pool2d": lambda a: F.adaptive_avg_pool2d(a, 2),
+    "interpolate": lambda a: F.interpolate(a, scale_factor=2),
+    "bilinear": lambda a: F.interpolate(a, scale_factor=2, mode="bilinear"),
+    "cat": lambda a: torch.cat([a, a], 1),
+    "roll": lambda a: a.roll(1, 2),
+    "roll_dims": lambda a: a.roll((1, 2), (2, 3)),
+    "pixel_shuffle": lambda a: F.pixel_shuffle(torch.cat([a] * 4, 1), 2),
+    "hardswish": lambda a: F.hardswish(a),
+    "logsigmoid": lambda a: F.logsigmoid(a),
+    "prelu": lambda a: F.prelu(a, torch.full((3,), 0.1, device=a.device)),
+    "floor_divide": lambda a: torch.floor_divide(a, 2),
+    "add_bias": lambda a: a + torch.ones(3, 1, 1, device=a.device),
+}
+
+
+def test_image_ops_on_meta_tensors_lay_out_their_outputs_as_on_the_cpu() -> None:
+    rng = random.Random(0)
+    wrong = []
+    for _ in range(600):
+        a = torch.randn(rng.choice([1, 2]), 3, rng.choice([1, 4, 5]), rng.choice([1, 4, 6]))
+        kind = rng.choice(["channels_last", "contiguous", "permuted"])
+        if kind == "channels_last":
+            a = a.to(memory_format=torch.channels_last)
+        elif kind == "permuted":
+            a = a.transpose(2, 3).contiguous().transpose(2, 3)
+        name = rng.choice(list(IMAGE_OPS))
+        try:
+            want = IMAGE_OPS[name](a)
+        except (RuntimeError, ValueError):
+            continue
+        with iterator_layouts("cpu"):
+            have = IMAGE_OPS[name](_meta(a))
+        if have.stride() != want.stride():
+            wrong.append(f"{name}({kind} {tuple(a.shape)}@{a.stride()}): meta {have.stride()}, cpu {want.stride()}")
+    assert not wrong, "\n".join(wrong[:10])
+
+
 def _stride_after_a_kernel(x: torch.Tensor) -> tuple[int, ...]:
     return (x.transpose(0, 2) * 1).stride()
 
@@ -129,8 +177,15 @@ def _view_of_a_like_factory(x: torch.Tensor) -> torch.Tensor:
     return y.view(-1) + 1  # eager views where y is contiguous and raises where not
 
 
+def _as_strided_after_a_write_into_the_tensor_it_was_computed_from(x: torch.Tensor) -> torch.Tensor:
+    y = x.transpose(0, 2) * 1
+    y.flatten().sub_(1)  # functionalized: y's new value is rebuilt from the flat one, laid out contiguously
+    z = (y[:, :1].expand(y.shape[0], 3, y.shape[2]) * 1).exp()
+    return z.as_strided(z.shape, z.stride()) + 0  # reads z's memory as laid out from y's eager strides
+
+
 @pytest.mark.parametrize("mode", ["constant values", "symbolic values"])
-@pytest.mark.parametrize("program", [_stride_after_a_kernel, _write_through_contiguous_of_a_broadcast,
+@pytest.mark.parametrize("program", [_as_strided_after_a_write_into_the_tensor_it_was_computed_from, _stride_after_a_kernel, _write_through_contiguous_of_a_broadcast,
                                      _view_of_a_like_factory])
 def test_programs_whose_values_follow_a_size_one_dim_s_stride_match_eager(mode: str, program: Callable) -> None:
     jitted = minijit.jit(program, cache=mode)
@@ -147,3 +202,17 @@ def test_programs_whose_values_follow_a_size_one_dim_s_stride_match_eager(mode: 
             torch.testing.assert_close(have, want)
         else:
             assert have == want
+
+
+@pytest.mark.parametrize("mode", ["constant values", "symbolic values"])
+def test_a_write_through_contiguous_of_a_channels_last_convolution_lands_as_eager(mode: str) -> None:
+    def program(x: torch.Tensor) -> torch.Tensor:
+        y = F.conv2d(x, _WEIGHT, padding=1)
+        y.contiguous().add_(1)  # a copy where the CPU's convolution kept a channels-last input's layout
+        return y
+
+    jitted = minijit.jit(program, cache=mode)
+    for shape, memory_format in (((2, 3, 5, 4), torch.channels_last), ((2, 3, 5, 4), torch.contiguous_format),
+                                 ((1, 3, 6, 6), torch.channels_last)):
+        x = torch.randn(shape).contiguous(memory_format=memory_format)
+        torch.testing.assert_close(jitted(x), program(x))
