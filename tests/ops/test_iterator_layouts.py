@@ -185,7 +185,8 @@ def _as_strided_after_a_write_into_the_tensor_it_was_computed_from(x: torch.Tens
 
 
 @pytest.mark.parametrize("mode", ["constant values", "symbolic values"])
-@pytest.mark.parametrize("program", [_as_strided_after_a_write_into_the_tensor_it_was_computed_from, _stride_after_a_kernel, _write_through_contiguous_of_a_broadcast,
+@pytest.mark.parametrize("program", [_as_strided_after_a_write_into_the_tensor_it_was_computed_from,
+                                     _stride_after_a_kernel, _write_through_contiguous_of_a_broadcast,
                                      _view_of_a_like_factory])
 def test_programs_whose_values_follow_a_size_one_dim_s_stride_match_eager(mode: str, program: Callable) -> None:
     jitted = minijit.jit(program, cache=mode)
