@@ -194,6 +194,22 @@ def test_a_write_through_contiguous_of_a_layout_a_reshape_viewed_at_size_one_lan
         torch.testing.assert_close(jf(x), f(x))
 
 
+@pytest.mark.parametrize("cache", ["symbolic values", "automatic"])
+def test_a_write_through_contiguous_of_a_kernel_result_whose_computed_size_becomes_one_lands_as_eager(cache):
+    """`x[:, ::2]` has ceil(n / 2) rows: 2 at n = 3, 1 at n = 2, where the transposed product becomes contiguous,
+    `contiguous()` returns it and the write lands in it; at 3 it copies. A trace made at 3 is not reused at 2,
+    though x's sizes are all 2 or more (found by the layout fuzzer, seed 11144)."""
+    def f(x):
+        y = x[:, ::2].transpose(0, 1) * 1
+        y.contiguous().add_(1)
+        return y
+
+    jf = minijit.jit(f, cache=cache)
+    for shape in [(2, 3, 2), (3, 3, 2), (2, 2, 2), (2, 5, 3), (3, 2, 2)]:
+        x = torch.randn(shape)
+        torch.testing.assert_close(jf(x), f(x))
+
+
 def test_attention_with_a_mask_broadcast_over_a_batch_of_one():
     def f(q, k, v, mask):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :])
