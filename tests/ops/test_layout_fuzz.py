@@ -6,10 +6,10 @@ views that merge or split dims, strided slices, `expand`, copies, in-place write
 and `as_strided` over a tensor's own strides. It runs eagerly and under `minijit.jit` in both cache modes on
 inputs of several sizes, a size of 1 among the first, and every result must match eager's, or both raise.
 
-Compared: the values, and the strides of dims whose size is not 1 (read as numbers by the program). Not
-compared: the stride of a size-1 dim and `is_contiguous()` after one, which eager's own kernels choose each
-their own way (`x.t() * 2` and `x.t().relu()` differ on the CPU, and meta tensors, which minijit and
-torch.compile lay tensors out by, differ from both). `MINIJIT_LAYOUT_FUZZ_PROGRAMS` sets how many programs run
+Compared: the values, and the strides and contiguity the program reads as numbers, those of dims of size 1
+included: eager's CPU kernels lay those out each their own way (`x.t() * 2` and `x.t().relu()` differ), and
+minijit follows them (`minijit.ops.iterator_layouts`), where meta tensors, which torch.compile lays tensors out
+by, differ. `MINIJIT_LAYOUT_FUZZ_PROGRAMS` sets how many programs run
 (in each Python's CI lane, its own seeds: `tests.lanes`).
 """
 
@@ -28,7 +28,7 @@ from tests.lanes import lane_seeds
 
 PROGRAMS = int(os.environ.get("MINIJIT_LAYOUT_FUZZ_PROGRAMS", "40"))
 STEPS = ["t01", "t12", "t02", "mul", "relu", "exp", "contiguous", "merge_view", "merge_reshape", "split_view",
-         "strides", "as_strided", "clone", "sum_back", "expand", "step_slice", "write_contiguous",
+         "strides", "is_contiguous", "as_strided", "clone", "sum_back", "expand", "step_slice", "write_contiguous",
          "write_reshape", "write_flatten"]
 
 
@@ -54,7 +54,9 @@ def _step(name: str, y: torch.Tensor, acc: torch.Tensor) -> tuple[torch.Tensor, 
     if name == "split_view":
         return y.view(y.shape[0], 1, *y.shape[1:]).squeeze(1), acc
     if name == "strides":
-        return y, acc + sum(s * (k + 1) for k, s in enumerate(y.stride()) if y.shape[k] != 1)
+        return y, acc + sum(s * (k + 1) for k, s in enumerate(y.stride()))
+    if name == "is_contiguous":
+        return y, acc + (7 if y.is_contiguous() else 0)
     if name == "as_strided":
         return y.as_strided(y.shape, y.stride(), y.storage_offset()) + 0, acc
     if name == "clone":
