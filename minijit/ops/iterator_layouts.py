@@ -285,9 +285,9 @@ def eager_strides(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out:
                   device_type: str) -> Strides | None:
     """The strides eager's C++ kernel gives `func`'s fresh output `out` (None where the meta kernel's are
     taken as they are): TensorIterator's for an elementwise op, `empty_like`'s for a `*_like` factory."""
-    if func._schema.is_mutable or func.is_view:
+    rule = _rule_of(func)
+    if rule is None:
         return None
-    rule = _OWN_RULE.get(func.name())
     if rule == "contiguous":
         return contiguous(out.shape)
     if rule == "roll":
@@ -305,9 +305,19 @@ def eager_strides(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out:
                 or tuple(args[0].shape) != tuple(out.shape):
             return None
         return like_strides(*_sizes_strides(args[0]))
-    if rule != "iterator" and torch.Tag.pointwise not in func.tags:
-        return None
     return _pointwise_strides(func, args, kwargs, out, device_type)
+
+
+_RULES: dict[Any, str | None] = {}
+
+
+def _rule_of(func: Any) -> str | None:
+    """`func`'s rule in `_OWN_RULE`, "iterator" for another elementwise op, None for the rest (views, writes);
+    kept per op, as the mode asks it of every op a replay runs."""
+    if func not in _RULES:
+        rule = _OWN_RULE.get(func.name(), "iterator" if torch.Tag.pointwise in func.tags else None)
+        _RULES[func] = None if func._schema.is_mutable or func.is_view else rule
+    return _RULES[func]
 
 
 class _IteratorLayouts(TorchDispatchMode):
@@ -319,6 +329,8 @@ class _IteratorLayouts(TorchDispatchMode):
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        if _rule_of(func) is None:
+            return out
         results = out if isinstance(out, tuple) else (out,)
         if not all(isinstance(r, torch.Tensor) for r in results):
             return out
