@@ -217,3 +217,16 @@ def test_a_write_through_contiguous_of_a_channels_last_convolution_lands_as_eage
                                  ((1, 3, 6, 6), torch.channels_last)):
         x = torch.randn(shape).contiguous(memory_format=memory_format)
         torch.testing.assert_close(jitted(x), program(x))
+
+
+def test_a_view_of_a_channels_last_convolution_raises_as_eager() -> None:
+    def program(x: torch.Tensor) -> torch.Tensor:
+        return F.conv2d(x, _WEIGHT, padding=1).view(x.shape[0], -1)
+
+    x = torch.randn(2, 3, 5, 4).contiguous(memory_format=torch.channels_last)
+    with pytest.raises(RuntimeError, match="view size is not compatible"):
+        program(x)
+    with pytest.raises(minijit.MinijitError, match="view size is not compatible"):
+        minijit.jit(program)(x)
+    contiguous = x.contiguous()
+    torch.testing.assert_close(minijit.jit(program)(contiguous), program(contiguous))
