@@ -333,11 +333,11 @@ def is_already_contiguous(p: TensorProxy, memory_format: torch.memory_format) ->
     if _sizes_symbolic(p) and (already or _through_slices(p)):
         hold_for_every_size(p, lambda trace: symbolic_contiguous(p, trace, memory_format) is already,
                             structural=not _through_slices(p))
-    elif _sizes_symbolic(p) and _traced_ones(p) and symbolic_contiguous(p, current_trace(), memory_format):
-        _keep_ones(p)
     elif _sizes_symbolic(p):
-        # Not contiguous: at a size of 1 it may be (`(x[:, ::2].transpose(0, 1) * 1)` at x's dim 1 of 2), and
-        # a size traced at 2 or more may be 1 at another call, an input's or one computed from it.
+        if _traced_ones(p) and symbolic_contiguous(p, current_trace(), memory_format):
+            _keep_ones(p)
+        # At a size of 1 it may be contiguous (`(x[:, ::2].transpose(0, 1) * 1)` at x's dim 1 of 2), and a size
+        # traced at 2 or more may be 1 at another call, an input's or one computed from it.
         for d in p.shape:
             if isinstance(d, NumberProxy) and d.value > 1:
                 guarded_compare(d, ">", 1)

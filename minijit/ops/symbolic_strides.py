@@ -389,7 +389,8 @@ def symbolic_layout(p: TensorProxy, trace: Trace) -> tuple[tuple[Any, ...], Any]
         return None
 
 
-def _fake(p: TensorProxy, trace: Trace, generic: bool = False) -> tuple[_Session, torch.Tensor] | None:
+def _fake(p: TensorProxy, trace: Trace, generic: bool = False,
+          size_one_strides_matter: bool = True) -> tuple[_Session, torch.Tensor] | None:
     """The capture's session (or its generic one) and `p` replayed on its fake tensors, where capturing and
     where torch's fake kernels laid `p` out as its eager kernels (on meta tensors) did (for a generic
     session that is checked on its answers instead: `_decide`); else None. Raises `_Failed`/`_Unsupported`
@@ -403,8 +404,9 @@ def _fake(p: TensorProxy, trace: Trace, generic: bool = False) -> tuple[_Session
     if generic:
         return session, fake
     layout = trace.layouts.get(p)
-    if layout is None or (tuple(_hint(s) for s in fake.stride()), _hint(fake.storage_offset())) != (
-            layout.strides, layout.offset):
+    if layout is None or _hint(fake.storage_offset()) != layout.offset or any(
+            _hint(s) != t for s, t, n in zip(fake.stride(), layout.strides, fake.shape, strict=True)
+            if size_one_strides_matter or _hint(n) != 1):
         return None
     return session, fake
 
@@ -424,7 +426,7 @@ def symbolic_viewable(p: TensorProxy, trace: Trace, shape: tuple[Any, ...]) -> b
         return ()
 
     try:
-        return _decide(p, trace, ask) is not None
+        return _decide(p, trace, ask, size_one_strides_matter=False) is not None
     except (_Failed, _Unsupported):
         return False
 
@@ -441,13 +443,14 @@ def symbolic_contiguous(p: TensorProxy, trace: Trace, memory_format: torch.memor
         return (_sympy().Integer(int(answer)),)
 
     try:
-        found = _decide(p, trace, ask)
+        found = _decide(p, trace, ask, size_one_strides_matter=False)
     except (_Failed, _Unsupported):
         return None
     return None if found is None else bool(found[0][0])
 
 
-def _decide(p: TensorProxy, trace: Trace, ask: Any) -> tuple[tuple[Any, ...], dict[Any, IntegerProxy]] | None:
+def _decide(p: TensorProxy, trace: Trace, ask: Any,
+            size_one_strides_matter: bool = True) -> tuple[tuple[Any, ...], dict[Any, IntegerProxy]] | None:
     """`ask(session, fake of p)`'s answer (sympy expressions) and the symbols' proxies, its guards recorded;
     None where `p` cannot be followed.
 
@@ -457,7 +460,7 @@ def _decide(p: TensorProxy, trace: Trace, ask: Any) -> tuple[tuple[Any, ...], di
     1, the answer holds for both, and the constraint recorded is: the sizes are 1 and the first session's
     guards hold, or they are at least 2 and the generic session's guards hold. Else the sizes stay 1.
     """
-    found = _fake(p, trace)
+    found = _fake(p, trace, size_one_strides_matter=size_one_strides_matter)
     if found is None:
         return None
     session, fake = found

@@ -210,6 +210,25 @@ def test_a_write_through_contiguous_of_a_kernel_result_whose_computed_size_becom
         torch.testing.assert_close(jf(x), f(x))
 
 
+@pytest.mark.parametrize("cache", ["symbolic values", "automatic"])
+def test_a_write_through_contiguous_of_a_sum_broadcast_back_over_views_lands_as_eager(cache):
+    """At x's dim 0 of 1 the product is not contiguous (its strides follow the transposed views'), at 3 it is:
+    `contiguous()` copies at 1 and returns the product at 3, where the write lands in it. Torch's views lay out
+    the size-1 dim with symbolic sizes otherwise than with the traced ones, which contiguity does not read; a
+    trace made at 1 is not reused at 3 (found by the layout fuzzer, seed 8233)."""
+    def f(x):
+        y = x.view(x.shape[0] * x.shape[1], x.shape[2]).view(x.shape).transpose(1, 2)
+        y = y.view(y.shape[0], 1, *y.shape[1:]).squeeze(1).transpose(0, 1)
+        y = (y.sum(-1, keepdim=True) + y) * 1
+        y.contiguous().add_(1)
+        return y
+
+    jf = minijit.jit(f, cache=cache)
+    for shape in [(1, 3, 3), (3, 3, 3), (4, 3, 3), (3, 2, 3), (1, 3, 3)]:
+        x = torch.randn(shape)
+        torch.testing.assert_close(jf(x), f(x))
+
+
 def test_attention_with_a_mask_broadcast_over_a_batch_of_one():
     def f(q, k, v, mask):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :])
