@@ -177,56 +177,48 @@ def test_a_merging_view_of_a_layout_seen_at_size_one_is_not_reused_where_eager_c
     assert _misses(jf) == 2
 
 
-@pytest.mark.parametrize("cache", ["symbolic values", "automatic"])
-def test_a_write_through_contiguous_of_a_layout_a_reshape_viewed_at_size_one_lands_as_eager(cache):
+def _reshape_viewed_at_size_one(x):
     """At size 1 the reshape of the transposed input views it, so its product is not contiguous, `contiguous()`
     copies and the write into the copy is lost; at 2 the reshape copies, `contiguous()` returns the product itself
     and the write lands in it. A trace made at size 1 is not reused at 2 (found by the layout fuzzer, seed 1112)."""
-    def f(x):
-        y = x.transpose(0, 2)
-        z = y.reshape(y.shape[0], -1).reshape(y.shape) * 1
-        z.contiguous().add_(1)
-        return z
-
-    jf = minijit.jit(f, cache=cache)
-    for shape in [(2, 1, 3), (4, 1, 5), (3, 2, 3), (2, 1, 3), (5, 3, 2)]:
-        x = torch.randn(shape)
-        torch.testing.assert_close(jf(x), f(x))
+    y = x.transpose(0, 2)
+    z = y.reshape(y.shape[0], -1).reshape(y.shape) * 1
+    z.contiguous().add_(1)
+    return z
 
 
-@pytest.mark.parametrize("cache", ["symbolic values", "automatic"])
-def test_a_write_through_contiguous_of_a_kernel_result_whose_computed_size_becomes_one_lands_as_eager(cache):
+def _computed_size_becomes_one(x):
     """`x[:, ::2]` has ceil(n / 2) rows: 2 at n = 3, 1 at n = 2, where the transposed product becomes contiguous,
     `contiguous()` returns it and the write lands in it; at 3 it copies. A trace made at 3 is not reused at 2,
     though x's sizes are all 2 or more (found by the layout fuzzer, seed 11144)."""
-    def f(x):
-        y = x[:, ::2].transpose(0, 1) * 1
-        y.contiguous().add_(1)
-        return y
-
-    jf = minijit.jit(f, cache=cache)
-    for shape in [(2, 3, 2), (3, 3, 2), (2, 2, 2), (2, 5, 3), (3, 2, 2)]:
-        x = torch.randn(shape)
-        torch.testing.assert_close(jf(x), f(x))
+    y = x[:, ::2].transpose(0, 1) * 1
+    y.contiguous().add_(1)
+    return y
 
 
-@pytest.mark.parametrize("cache", ["symbolic values", "automatic"])
-def test_a_write_through_contiguous_of_a_sum_broadcast_back_over_views_lands_as_eager(cache):
+def _sum_broadcast_back_over_views(x):
     """At x's dim 0 of 1 the product is not contiguous (its strides follow the transposed views'), at 3 it is:
     `contiguous()` copies at 1 and returns the product at 3, where the write lands in it. Torch's views lay out
     the size-1 dim with symbolic sizes otherwise than with the traced ones, which contiguity does not read; a
     trace made at 1 is not reused at 3 (found by the layout fuzzer, seed 8233)."""
-    def f(x):
-        y = x.view(x.shape[0] * x.shape[1], x.shape[2]).view(x.shape).transpose(1, 2)
-        y = y.view(y.shape[0], 1, *y.shape[1:]).squeeze(1).transpose(0, 1)
-        y = (y.sum(-1, keepdim=True) + y) * 1
-        y.contiguous().add_(1)
-        return y
+    y = x.view(x.shape[0] * x.shape[1], x.shape[2]).view(x.shape).transpose(1, 2)
+    y = y.view(y.shape[0], 1, *y.shape[1:]).squeeze(1).transpose(0, 1)
+    y = (y.sum(-1, keepdim=True) + y) * 1
+    y.contiguous().add_(1)
+    return y
 
-    jf = minijit.jit(f, cache=cache)
-    for shape in [(1, 3, 3), (3, 3, 3), (4, 3, 3), (3, 2, 3), (1, 3, 3)]:
+
+@pytest.mark.parametrize("cache", ["symbolic values", "automatic"])
+@pytest.mark.parametrize("program, shapes", [
+    (_reshape_viewed_at_size_one, [(2, 1, 3), (4, 1, 5), (3, 2, 3), (2, 1, 3), (5, 3, 2)]),
+    (_computed_size_becomes_one, [(2, 3, 2), (3, 3, 2), (2, 2, 2), (2, 5, 3), (3, 2, 2)]),
+    (_sum_broadcast_back_over_views, [(1, 3, 3), (3, 3, 3), (4, 3, 3), (3, 2, 3), (1, 3, 3)]),
+])
+def test_a_write_through_contiguous_lands_as_eager_where_a_size_of_one_changes_contiguity(program, shapes, cache):
+    jf = minijit.jit(program, cache=cache)
+    for shape in shapes:
         x = torch.randn(shape)
-        torch.testing.assert_close(jf(x), f(x))
+        torch.testing.assert_close(jf(x), program(x))
 
 
 def test_attention_with_a_mask_broadcast_over_a_batch_of_one():
