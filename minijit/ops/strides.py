@@ -12,9 +12,9 @@ eager shape, strides and storage offset:
 - a computed tensor's comes from running the eager implementations of the ops that
   made it (ltorch ops and opaque torch ops) on meta tensors with their inputs'
   layouts, so every stride rule is torch's own (elementwise ops keeping a permuted
-  layout, expand's zero strides, matmul's fresh outputs), with the elementwise ops'
-  laid out as eager's C++ kernels do where their meta kernels differ
-  (`minijit.ops.iterator_layouts`). The result is kept on the
+  layout, expand's zero strides, matmul's fresh outputs), the outputs of elementwise
+  ops and a few others laid out as eager's C++ kernels do where their meta kernels
+  differ (`minijit.ops.iterator_layouts`). The result is kept on the
   compile's layout table (`Trace.layouts`, `minijit.ir.layouts`), never on the proxy.
 
 The layouts of the inputs a decision was worked out from become part of the cache
