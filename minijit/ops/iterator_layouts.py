@@ -18,12 +18,15 @@ as `empty_like` does: `like_strides`, after TensorUtils.cpp) are listed in `_OWN
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten
+
+from minijit.ir import BoundSymbol, TensorProxy
+from minijit.ir.layouts import contiguous_strides
 
 Strides = tuple[int, ...]
 
@@ -48,15 +51,6 @@ _OWN_RULE = {
                      "aten::_native_batch_norm_legit_functional"), "batch_norm"),
     **dict.fromkeys(("aten::hardswish", "aten::floor_divide", "aten::floor_divide.Scalar"), "iterator"),
 }
-
-
-def contiguous(shape: Sequence[int]) -> Strides:
-    """c10's contiguous strides: each the product of the sizes after it, a size 0 counted as 1."""
-    strides, step = [], 1
-    for n in reversed(shape):
-        strides.append(step)
-        step *= max(n, 1)
-    return tuple(reversed(strides))
 
 
 def _channels_last(shape: Sequence[int]) -> Strides:
@@ -172,7 +166,7 @@ def iterator_strides(shape: Sequence[int], operands: Sequence[tuple[Sequence[int
     ndim = len(shape)
     if same_shape and operands:
         if all(_is_contiguous(*op) for op in operands):
-            return contiguous(shape)
+            return contiguous_strides(tuple(shape))
         if all(_is_channels_last(*op) for op in operands):
             return _channels_last(shape)
         if all(_non_overlapping_and_dense(*op) for op in operands) \
@@ -198,7 +192,7 @@ def iterator_strides(shape: Sequence[int], operands: Sequence[tuple[Sequence[int
 
     perm = _insertion_perm(ndim, should_swap) if ndim > 1 else list(range(ndim))
     if perm == list(reversed(range(ndim))):
-        return contiguous(shape)
+        return contiguous_strides(tuple(shape))
     out, step = [0] * ndim, 1
     for d in perm:
         out[d] = step
@@ -256,8 +250,9 @@ _NUMBERS_COUNT: dict[Any, bool] = {}
 
 def _pointwise_strides(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: torch.Tensor,
                        device_type: str) -> Strides | None:
-    tensors = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, torch.Tensor)]
-    numbers = [x for x in tree_flatten((args, kwargs))[0]
+    flat = tree_flatten((args, kwargs))[0]
+    tensors = [x for x in flat if isinstance(x, torch.Tensor)]
+    numbers = [x for x in flat
                if isinstance(x, int | float | complex | bool | torch.SymInt | torch.SymFloat | torch.SymBool)]
     shape = tuple(out.shape)
     if not tensors:
@@ -271,8 +266,10 @@ def _pointwise_strides(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                     for t, (sizes, strides) in zip(tensors, operands, strict=True)]
     same_shape = all(sizes == shape for sizes, _ in operands)
     if same_shape and numbers:
-        key = (func, tuple(type(x) for x in tree_flatten((args, kwargs))[0]))
+        key = (func, tuple(type(x) for x in flat))
         if key not in _NUMBERS_COUNT:
+            if torch.Tag.nondeterministic_seeded in func.tags:
+                return None  # (a probe would draw from the caller's generator)
             try:
                 _NUMBERS_COUNT[key] = _probe_numbers_count(func, args, kwargs)
             except Exception:
@@ -289,15 +286,15 @@ def eager_strides(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out:
     if rule is None:
         return None
     if rule == "contiguous":
-        return contiguous(out.shape)
+        return contiguous_strides(tuple(out.shape))
     if rule == "roll":
         return tuple(_rolled(args[0], args[1], args[2] if len(args) > 2 else kwargs.get("dims", ())).stride())
     if rule in ("suggested", "convolution", "batch_norm"):
         suggesting = args[:2] if rule == "convolution" else args[:1]
         if rule == "batch_norm" and _is_contiguous(*_sizes_strides(args[0])):
-            return contiguous(out.shape)
+            return contiguous_strides(tuple(out.shape))
         if len(out.shape) not in (4, 5) or not any(_channels_last_like(*_sizes_strides(t)) for t in suggesting):
-            return contiguous(out.shape)
+            return contiguous_strides(tuple(out.shape))
         return _channels_last(out.shape) if len(out.shape) == 4 else _channels_last_3d(out.shape)
     if rule == "like":
         memory_format = kwargs.get("memory_format")
@@ -350,3 +347,11 @@ def iterator_layouts(device_type: str) -> Iterator[None]:
     kernels on `device_type` ("cpu", "cuda") do."""
     with _IteratorLayouts(device_type):
         yield
+
+
+def replay_layouts(bsym: BoundSymbol) -> AbstractContextManager[None]:
+    """`iterator_layouts` for a replay of `bsym`, on the device of its first tensor argument; nothing for tensors
+    on meta themselves, whose eager kernels are the meta ones."""
+    devices = [x.device.type for x in bsym.proxy_args() if isinstance(x, TensorProxy)]
+    device_type = devices[0] if devices else "cpu"
+    return iterator_layouts(device_type) if device_type != "meta" else nullcontext()

@@ -48,7 +48,6 @@ reshape).
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -59,7 +58,7 @@ from minijit.ir.context import add_layout_check, current_trace, where_now
 from minijit.ir.layouts import Layout, contiguous_strides, guard_layout, guard_row_major, outside_inference_mode, row_major
 from minijit.ir.proxies import guarded_compare, number_value, same_value
 from minijit.ops.eager_facts import eager_impl
-from minijit.ops.iterator_layouts import iterator_layouts
+from minijit.ops.iterator_layouts import replay_layouts
 from minijit.ops.symbolic_strides import symbolic_contiguous, symbolic_layout, symbolic_viewable
 
 
@@ -217,11 +216,8 @@ def _run_on_meta(bsym: BoundSymbol, impl: Callable[..., Any],
     if not metas or "device" in mkwargs:
         # A factory (`torch.zeros(n, device=d)`) or a move (`x.to(device=d)`): nothing allocated on d.
         mkwargs["device"] = "meta"
-    devices = [x.device.type for x in bsym.proxy_args() if isinstance(x, TensorProxy)]
-    device_type = devices[0] if devices else "cpu"
     try:
-        with outside_inference_mode(), torch.no_grad(), \
-                iterator_layouts(device_type) if device_type != "meta" else nullcontext():
+        with outside_inference_mode(), torch.no_grad(), replay_layouts(bsym):
             return tree_flatten(impl(*margs, **mkwargs))
     except Exception:
         return None  # the eager implementation does not run on meta tensors: layout unknown

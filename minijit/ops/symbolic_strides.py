@@ -51,7 +51,7 @@ from minijit.ir import BoundSymbol, IntegerProxy, NumberProxy, Proxy, TensorProx
 from minijit.ir.context import add_layout_check, capturing
 from minijit.ir.layouts import contiguous_strides, guard_layout, guard_row_major, outside_inference_mode, row_major
 from minijit.ops.eager_facts import eager_impl
-from minijit.ops.iterator_layouts import iterator_layouts
+from minijit.ops.iterator_layouts import replay_layouts
 from minijit.ops.symbolic_sizes import (
     _number,
     _record,
@@ -289,9 +289,8 @@ class _Session:
 
         try:
             # The Python dispatcher lets the kernels written for symbolic sizes run (`constant_pad_nd`'s).
-            devices = [x.device.type for x in bsym.proxy_args() if isinstance(x, TensorProxy)]
             with outside_inference_mode(), torch.no_grad(), enable_python_dispatcher(), _quiet(), self.mode, \
-                    iterator_layouts(devices[0] if devices else "cpu"):
+                    replay_layouts(bsym):
                 args, kwargs = tree_map(convert, (bsym.args, bsym.kwargs))
                 result = tree_flatten(impl(*args, **kwargs))
         except _Failed:
