@@ -17,11 +17,13 @@ as `empty_like` does: `like_strides`, after TensorUtils.cpp) are listed in `_OWN
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten
 
@@ -33,23 +35,35 @@ Strides = tuple[int, ...]
 # Ops whose output the C++ kernel lays out by a rule of its own, not as a TensorIterator over its arguments:
 # "contiguous" (it allocates a contiguous output), "like" (as `empty_like`: `clone`, the `*_like` factories, ops
 # that write into a clone), "suggested" (channels-last where the 4-d input's strides suggest it, else contiguous),
-# "convolution" (so, for the input or the weight, 5-d too), "batch_norm" (contiguous where the input is, else
-# "suggested"), "roll" (a `cat` of two slices per dim); and
-# "iterator": TensorIterator ops that are not tagged pointwise.
+# "convolution" (so, for the input or the weight, 5-d too; 3-d as 4-d), "batch_norm" (contiguous where the input
+# is, else channels-last where it is, else "suggested"), "roll" (a `cat` of two slices per dim), "glu" (a
+# TensorIterator over the input's halves), "fft" (the CPU's transforms: `_fft_strides`), "input" (a TensorIterator
+# over the input alone, then written in place); and "iterator": TensorIterator ops that are not tagged pointwise.
+# Found by comparing meta with CPU tensors over OpInfo's samples in random layouts.
 _OWN_RULE = {
     **dict.fromkeys(("aten::_softmax", "aten::_log_softmax", "aten::native_layer_norm", "aten::linalg_vector_norm",
                      "aten::log_sigmoid_forward", "aten::tril", "aten::triu", "aten::masked_fill.Scalar",
-                     "aten::masked_fill.Tensor"), "contiguous"),
+                     "aten::masked_fill.Tensor", "aten::rrelu_with_noise", "aten::mvlgamma", "aten::normal.Tensor_Tensor",
+                     "aten::normal.Tensor_float", "aten::normal.float_Tensor", "aten::max_unpool3d"), "contiguous"),
     **dict.fromkeys(("aten::clone", "aten::empty_like", "aten::zeros_like", "aten::ones_like", "aten::full_like",
                      "aten::rand_like", "aten::randn_like", "aten::randint_like", "aten::flip", "aten::sort",
-                     "aten::sort.stable", "aten::index_put", "aten::_prelu_kernel"), "like"),
-    **dict.fromkeys(("aten::native_group_norm", "aten::pixel_shuffle", "aten::pixel_unshuffle"), "suggested"),
+                     "aten::sort.stable", "aten::index_put", "aten::_prelu_kernel", "aten::nan_to_num",
+                     "aten::huber_loss", "aten::binary_cross_entropy"), "like"),
+    **dict.fromkeys(("aten::native_group_norm", "aten::pixel_shuffle", "aten::pixel_unshuffle",
+                     "aten::channel_shuffle", "aten::native_channel_shuffle", "aten::replication_pad2d",
+                     "aten::replication_pad3d", "aten::reflection_pad2d", "aten::reflection_pad3d",
+                     "aten::max_unpool2d"), "suggested"),
     "aten::convolution": "convolution",
     "aten::roll": "roll",
+    "aten::glu": "glu",
+    **dict.fromkeys(("aten::_fft_c2c", "aten::_fft_r2c", "aten::_fft_c2r"), "fft"),
     **dict.fromkeys(("aten::native_batch_norm", "aten::_native_batch_norm_legit",
                      "aten::_native_batch_norm_legit.no_stats", "aten::_native_batch_norm_legit_no_training",
-                     "aten::_native_batch_norm_legit_functional"), "batch_norm"),
-    **dict.fromkeys(("aten::hardswish", "aten::floor_divide", "aten::floor_divide.Scalar"), "iterator"),
+                     "aten::_native_batch_norm_legit_functional", "aten::_batch_norm_with_update",
+                     "aten::_batch_norm_with_update_functional", "aten::_batch_norm_no_update"), "batch_norm"),
+    **dict.fromkeys(("aten::hardswish", "aten::floor_divide", "aten::floor_divide.Scalar", "aten::mse_loss",
+                     "aten::smooth_l1_loss"), "iterator"),
+    "aten::soft_margin_loss": "input",
 }
 
 
@@ -283,16 +297,33 @@ def eager_strides(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out:
     """The strides eager's C++ kernel gives `func`'s fresh output `out` (None where the meta kernel's are
     taken as they are): TensorIterator's for an elementwise op, `empty_like`'s for a `*_like` factory."""
     rule = _rule_of(func)
-    if rule is None:
+    if rule is None or out.dim() == 0:  # (a loss's reduction is 0-d)
         return None
     if rule == "contiguous":
         return contiguous_strides(tuple(out.shape))
     if rule == "roll":
         return tuple(_rolled(args[0], args[1], args[2] if len(args) > 2 else kwargs.get("dims", ())).stride())
+    if rule == "fft":
+        return _fft_strides(func.name(), args[0], args[1], tuple(out.shape)) if device_type == "cpu" else None
+    if rule == "input":
+        return iterator_strides(tuple(out.shape), [_sizes_strides(args[0])], tuple(args[0].shape) == tuple(out.shape))
+    if rule == "glu":  # a TensorIterator over the input's two halves
+        x, dim = args[0], args[1] if len(args) > 1 else kwargs.get("dim", -1)
+        half = x.shape[dim] // 2
+        return iterator_strides(tuple(out.shape), [_sizes_strides(x.narrow(dim, start, half)) for start in (0, half)],
+                                same_shape=True)
+    if rule == "convolution" and len(out.shape) == 3:
+        # A 1-d convolution runs as a 2-d one with a size-1 dim inserted at 2, its input made contiguous first.
+        x = args[0] if _is_contiguous(*_sizes_strides(args[0])) else args[0].contiguous()
+        if not any(_channels_last_like(*_sizes_strides(t.unsqueeze(2))) for t in (x, args[1])):
+            return contiguous_strides(tuple(out.shape))
+        return tuple(s for d, s in enumerate(_channels_last((out.shape[0], out.shape[1], 1, out.shape[2]))) if d != 2)
     if rule in ("suggested", "convolution", "batch_norm"):
         suggesting = args[:2] if rule == "convolution" else args[:1]
         if rule == "batch_norm" and _is_contiguous(*_sizes_strides(args[0])):
             return contiguous_strides(tuple(out.shape))
+        if rule == "batch_norm" and _is_channels_last(*_sizes_strides(args[0])):
+            return _channels_last(out.shape)
         if len(out.shape) not in (4, 5) or not any(_channels_last_like(*_sizes_strides(t)) for t in suggesting):
             return contiguous_strides(tuple(out.shape))
         return _channels_last(out.shape) if len(out.shape) == 4 else _channels_last_3d(out.shape)
@@ -305,6 +336,59 @@ def eager_strides(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out:
     return _pointwise_strides(func, args, kwargs, out, device_type)
 
 
+def _fft_strides(name: str, x: torch.Tensor, dims: Sequence[int], out_shape: tuple[int, ...]) -> Strides | None:
+    """The strides of a CPU transform's output where ATen runs it with MKL (`_exec_fft`): the dims not transformed
+    outermost, in the order of the input's strides, then the transformed ones in the order the op picks (by the
+    input's strides, but a one-sided transform's last dim stays last), laid out contiguously in that order. None
+    where this build's transforms use pocketfft, whose outputs are contiguous as on meta."""
+    if not _transforms_use_mkl():
+        return None
+    dims = [d % x.dim() for d in dims]
+    strides = tuple(x.stride())
+
+    def by_stride(ds: Sequence[int]) -> list[int]:
+        return sorted(ds, key=lambda d: -strides[d])  # (std::sort on few items: an insertion sort, stable)
+
+    if name == "aten::_fft_c2r" and len(dims) > 1:  # a complex transform over all but the last dim first
+        strides = _exec_fft_strides(tuple(x.shape), strides, by_stride(dims[:-1]))
+        dims = dims[-1:]
+    elif name == "aten::_fft_c2c":
+        dims = by_stride(dims)
+    elif name == "aten::_fft_r2c":
+        dims = by_stride(dims[:-1]) + dims[-1:]
+    return _exec_fft_strides(out_shape, strides, dims)
+
+
+def _exec_fft_strides(shape: tuple[int, ...], strides: Strides, signal_dims: list[int]) -> Strides:
+    # The dims not transformed are split off with std::partition, which swaps (and so reorders ties in the sort).
+    order, first, last = list(range(len(shape))), 0, len(shape)
+    while True:
+        while first != last and order[first] not in signal_dims:
+            first += 1
+        if first == last:
+            break
+        last -= 1
+        while first != last and order[last] in signal_dims:
+            last -= 1
+        if first == last:
+            break
+        order[first], order[last] = order[last], order[first]
+        first += 1
+    batch = sorted(order[:first], key=lambda d: -strides[d])
+    out, step = [0] * len(shape), 1
+    for d in reversed(batch + signal_dims):
+        out[d] = step
+        step *= shape[d]
+    return tuple(out)
+
+
+@functools.cache
+def _transforms_use_mkl() -> bool:
+    # MKL lays a transform's dim innermost; pocketfft (where this build has it) allocates contiguously.
+    with _disable_current_modes():
+        return tuple(torch.fft.fft(torch.zeros(2, 3), dim=0).stride()) == (1, 2)
+
+
 _RULES: dict[Any, str | None] = {}
 
 
@@ -313,7 +397,9 @@ def _rule_of(func: Any) -> str | None:
     kept per op, as the mode asks it of every op a replay runs."""
     if func not in _RULES:
         rule = _OWN_RULE.get(func.name(), "iterator" if torch.Tag.pointwise in func.tags else None)
-        _RULES[func] = None if func._schema.is_mutable or func.is_view else rule
+        # (An op that writes into an argument but returns fresh tensors, as `rrelu_with_noise` does, keeps its rule.)
+        returns_an_argument = any(r.alias_info is not None for r in func._schema.returns)
+        _RULES[func] = None if returns_an_argument or func.is_view else rule
     return _RULES[func]
 
 
@@ -341,11 +427,39 @@ class _IteratorLayouts(TorchDispatchMode):
         return fixed if isinstance(out, tuple) else fixed[0]
 
 
+def _group_norm_as_on_the_cpu(input: torch.Tensor, num_groups: int,  # noqa: A002
+                              weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+                              eps: float = 1e-5, cudnn_enabled: bool = True) -> torch.Tensor:
+    """`group_norm` as ATen runs it on the CPU: its input copied into the memory format its strides suggest (a
+    channels-last image stays so), where other devices, meta among them, copy it contiguously."""
+    suggested = _channels_last_like(*_sizes_strides(input))
+    x = input.contiguous(memory_format=torch.channels_last if suggested and input.dim() == 4
+                         else torch.channels_last_3d if suggested else torch.contiguous_format)
+    hxw = 1
+    for n in x.shape[2:]:
+        hxw = hxw * n
+    return torch.ops.aten.native_group_norm(x, weight, bias, x.shape[0], x.shape[1], hxw, num_groups, eps)[0]
+
+
+# Composite functions whose CPU path lays out its input otherwise before any kernel runs; a dispatch mode sees only
+# the kernels, so these are replaced where they are called.
+_CPU_COMPOSITES: dict[Any, Any] = {
+    torch.nn.functional.group_norm: _group_norm_as_on_the_cpu,
+    torch.group_norm: _group_norm_as_on_the_cpu,
+}
+
+
+class _CpuComposites(TorchFunctionMode):
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        return _CPU_COMPOSITES.get(func, func)(*args, **(kwargs or {}))
+
+
 @contextmanager
 def iterator_layouts(device_type: str) -> Iterator[None]:
     """Within: elementwise ops and `*_like` factories on meta tensors lay out their outputs as eager's
     kernels on `device_type` ("cpu", "cuda") do."""
-    with _IteratorLayouts(device_type):
+    with _CpuComposites() if device_type == "cpu" else nullcontext(), _IteratorLayouts(device_type):
         yield
 
 
