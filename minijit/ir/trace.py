@@ -14,7 +14,7 @@ from minijit.ir.capture_state import CaptureState
 from minijit.ir.context import tracing
 from minijit.ir.layouts import LayoutTable
 from minijit.ir.printing import Constants, to_source
-from minijit.ir.proxies import NumberProxy, Proxy
+from minijit.ir.proxies import NumberProxy, Proxy, TensorProxy
 from minijit.ir.pytree import tree_iter, tree_map
 from minijit.ir.symbol import BoundSymbol, SourceLocation, Symbol
 
@@ -205,6 +205,9 @@ class Trace:
             for p in tree_iter(output):
                 if isinstance(p, Proxy):
                     (state.written_without_grad if id(p) in given else state.recorded_without_grad).add(p.name)
+                if isinstance(p, TensorProxy) and id(p) not in given and sym.effects.views is None:
+                    # As eager's results under no_grad, read by code that asks (a view keeps its base's flag).
+                    p.requires_grad = False
         bsym = BoundSymbol(sym, args, kwargs, output, tuple(subsymbols), self.source)
         if state is not None and (state.number_tensors or state.unbacked_session is not None):
             state.forget_numbers(bsym)

@@ -441,25 +441,44 @@ def _group_norm_as_on_the_cpu(input: torch.Tensor, num_groups: int,  # noqa: A00
     return torch.ops.aten.native_group_norm(x, weight, bias, x.shape[0], x.shape[1], hxw, num_groups, eps)[0]
 
 
-# Composite functions whose CPU path lays out its input otherwise before any kernel runs; a dispatch mode sees only
-# the kernels, so these are replaced where they are called.
+def _max_pool1d_as_on_the_cpu(grad: bool, input: torch.Tensor, *args: Any,  # noqa: A002
+                              **kwargs: Any) -> Any:
+    """`max_pool1d` as ATen runs it on the CPU: where no grad is asked for, a kernel of its own that writes a
+    contiguous output; else (and on other devices, meta among them) the 2-d kernel with indices, whose output
+    follows the input's layout."""
+    out = torch.nn.functional.max_pool1d(input, *args, **kwargs)
+    if grad or isinstance(out, tuple):
+        return out
+    return torch.empty_strided(out.shape, contiguous_strides(tuple(out.shape)), dtype=out.dtype, device=out.device)
+
+
+# Composite functions whose CPU path lays out its input or output otherwise than their meta path does; a dispatch
+# mode sees only the kernels, so these are replaced where they are called. Each takes whether the traced call
+# asked for grad (its result requires grad), then the function's arguments.
 _CPU_COMPOSITES: dict[Any, Any] = {
-    torch.nn.functional.group_norm: _group_norm_as_on_the_cpu,
-    torch.group_norm: _group_norm_as_on_the_cpu,
+    torch.nn.functional.group_norm: lambda grad, *args, **kwargs: _group_norm_as_on_the_cpu(*args, **kwargs),
+    torch.group_norm: lambda grad, *args, **kwargs: _group_norm_as_on_the_cpu(*args, **kwargs),
+    torch.nn.functional.max_pool1d: _max_pool1d_as_on_the_cpu,
+    torch.max_pool1d: _max_pool1d_as_on_the_cpu,
 }
 
 
 class _CpuComposites(TorchFunctionMode):
+    def __init__(self, grad: bool) -> None:
+        super().__init__()
+        self.grad = grad
+
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
-        return _CPU_COMPOSITES.get(func, func)(*args, **(kwargs or {}))
+        own = _CPU_COMPOSITES.get(func)
+        return func(*args, **(kwargs or {})) if own is None else own(self.grad, *args, **(kwargs or {}))
 
 
 @contextmanager
-def iterator_layouts(device_type: str) -> Iterator[None]:
+def iterator_layouts(device_type: str, grad: bool = False) -> Iterator[None]:
     """Within: elementwise ops and `*_like` factories on meta tensors lay out their outputs as eager's
-    kernels on `device_type` ("cpu", "cuda") do."""
-    with _CpuComposites() if device_type == "cpu" else nullcontext(), _IteratorLayouts(device_type):
+    kernels on `device_type` ("cpu", "cuda") do; `grad`: whether the call replayed asked for grad."""
+    with _CpuComposites(grad) if device_type == "cpu" else nullcontext(), _IteratorLayouts(device_type):
         yield
 
 
@@ -468,4 +487,7 @@ def replay_layouts(bsym: BoundSymbol) -> AbstractContextManager[None]:
     on meta themselves, whose eager kernels are the meta ones."""
     devices = [x.device.type for x in bsym.proxy_args() if isinstance(x, TensorProxy)]
     device_type = devices[0] if devices else "cpu"
-    return iterator_layouts(device_type) if device_type != "meta" else nullcontext()
+    if device_type == "meta":
+        return nullcontext()
+    return iterator_layouts(device_type, any(isinstance(o, TensorProxy) and o.requires_grad
+                                             for o in bsym.proxy_outputs()))

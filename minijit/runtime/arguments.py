@@ -446,7 +446,10 @@ def alias_pattern(*values: Any) -> tuple[int, ...]:
     functionalized for distinct inputs is wrong for aliased ones, and the other way round.
     """
     first: dict[int, int] = {}
-    return tuple(first.setdefault(_storage_key(v), i) if isinstance(v, Tensor) else i for i, v in enumerate(values))
+    pattern = []
+    for i, v in enumerate(values):  # (a loop, `_storage_key` written out: part of every hit's guard)
+        pattern.append(first.setdefault(v.untyped_storage().data_ptr() or id(v), i) if isinstance(v, Tensor) else i)
+    return tuple(pattern)
 
 
 def alias_groups(values: list[Any]) -> tuple[list[list[int]], list[list[int]]]:

@@ -252,6 +252,7 @@ _PRODUCERS: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[],
     "channel_shuffle": (lambda x: F.channel_shuffle(torch.cat([x, x], 1), 2), _images),
     "batch_norm_training": (lambda x: F.batch_norm(x, None, None, training=True), _sequences),
     "conv1d": (lambda x: F.conv1d(x, torch.ones(4, 3, 2).transpose(1, 2).contiguous().transpose(1, 2)), _sequences),
+    "max_pool1d": (lambda x: F.max_pool1d(x, 2), _sequences),
     "rfft": (lambda x: torch.fft.rfft(x, dim=0), _matrices),
     "ifft2": (lambda x: torch.fft.ifft2(x.to(torch.complex64), dim=(1, 0)), _matrices),
     "fft": (lambda x: torch.fft.fft(x, dim=0), lambda: [torch.randn(2, 3, 1), torch.randn(1, 3, 1)]),
@@ -302,3 +303,24 @@ def test_strides_read_after_an_op_with_its_own_layout_match_eager(mode: str, pro
     jitted = minijit.jit(program, cache=mode)
     for x in inputs():
         assert jitted(x) == program(x)
+
+
+@pytest.mark.parametrize("mode", ["constant values", "symbolic values"])
+@pytest.mark.parametrize("grad", [True, False])
+def test_max_pool1d_lays_out_as_eager_with_grad_and_without(mode: str, grad: bool) -> None:
+    """The CPU's 1-d max pool is a kernel of its own that writes contiguously, unless grad is asked for (then the
+    2-d kernel with indices, whose output follows a channels-innermost input's layout)."""
+    def program(x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...], bool]:
+        y = F.max_pool1d(x, 2)
+        s, c = y.stride(), y.is_contiguous()
+        y.contiguous().add_(1)
+        return y, s, c
+
+    jitted = minijit.jit(program, cache=mode)
+    for x in [*_sequences(), torch.randn(2, 8, 1).transpose(1, 2)]:
+        x = x.detach().requires_grad_(grad)
+        for outside in (torch.enable_grad, torch.no_grad):
+            with outside():
+                want, have = program(x), jitted(x)
+            torch.testing.assert_close(have[0], want[0])
+            assert have[1:] == want[1:]

@@ -20,7 +20,7 @@ from minijit.ops import aten_prims
 from minijit.ops.ltorch.conv import per_dim
 from minijit.ops.ltorch.reductions import mean
 from minijit.ops.registry import declare_op, ltorch_op
-from minijit.ops.utils import fail, reshape_to, tensor_argument, unsqueeze_at
+from minijit.ops.utils import fail, numel_of, reshape_to, tensor_argument, unsqueeze_at
 
 F = torch.nn.functional
 _nn = torch._C._nn
@@ -72,7 +72,14 @@ def _max_pool_ops(n: int) -> tuple[Symbol, Symbol]:
     def max_pool(input: TensorProxy, kernel_size: Any, stride: Any = None, padding: Any = 0,  # noqa: A002
                  dilation: Any = 1, ceil_mode: bool = False, return_indices: bool = False) -> Any:
         out, indices = _max_pool(name, n, input, kernel_size, stride, padding, dilation, ceil_mode)
-        return (out, indices) if return_indices else out
+        if return_indices:
+            return out, indices
+        if n == 1 and input.device.type == "cpu" and not (input.requires_grad and torch.is_grad_enabled()):
+            # Without grad, the CPU's 1-d max pool is a kernel of its own that writes a contiguous output; with
+            # grad it is the 2-d one with indices, whose output follows the input's layout, as this one's does.
+            # Reshaped flat and back: a copy, contiguous, where that output is not.
+            return reshape_to(reshape_to(out, (numel_of(out.shape),)), out.shape)
+        return out
 
     def max_pool_with_indices(input: TensorProxy, kernel_size: Any, stride: Any = None, padding: Any = 0,  # noqa: A002
                               dilation: Any = 1, ceil_mode: bool = False,
