@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import keyword
 import types
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -205,7 +205,7 @@ class Trace:
             for p in tree_iter(output):
                 if isinstance(p, Proxy):
                     (state.written_without_grad if id(p) in given else state.recorded_without_grad).add(p.name)
-                if isinstance(p, TensorProxy) and id(p) not in given and sym.effects.views is None:
+                if isinstance(p, TensorProxy) and id(p) not in given and _new_memory(sym, subsymbols):
                     # As eager's results under no_grad, read by code that asks (a view keeps its base's flag).
                     p.requires_grad = False
         bsym = BoundSymbol(sym, args, kwargs, output, tuple(subsymbols), self.source)
@@ -378,3 +378,13 @@ def _is_passthrough(output: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
 
 
 __all__ = ["Trace", "tracing"]
+
+
+def _new_memory(sym: Symbol, subsymbols: Sequence[BoundSymbol]) -> bool:
+    """Whether `sym`'s results (other than its arguments) are new tensors, not views: not a view op, one that
+    returns new tensors where it does not return its argument (`x.to(dtype)`), or one that may copy and whose
+    decomposition did (`x.t().contiguous()`). (A prim that may view is taken for a view: `reshape`.)"""
+    effects = sym.effects
+    if effects.views is None or effects.same_if_unchanged:
+        return True
+    return effects.may_copy and any(_new_memory(b.sym, b.subsymbols) for b in subsymbols)

@@ -24,8 +24,10 @@ def _flags_inside_no_grad(x: torch.Tensor, w: torch.Tensor) -> tuple[bool, ...]:
         summed = x.sum()
         opaque = torch.xlogy(x, x.abs() + 1)
         view, reshaped, sliced = x.view(-1), x.reshape(-1), x[0]
+        copied, same, converted, gathered = x.t().contiguous(), x.contiguous(), x.double(), x[[0, 1]]
     return (y.requires_grad, z.requires_grad, lin.requires_grad, summed.requires_grad, opaque.requires_grad,
-            view.requires_grad, reshaped.requires_grad, sliced.requires_grad, (z * y).requires_grad)
+            view.requires_grad, reshaped.requires_grad, sliced.requires_grad, (z * y).requires_grad,
+            copied.requires_grad, same.requires_grad, converted.requires_grad, gathered.requires_grad)
 
 
 def _branch_on_the_flag(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
