@@ -38,7 +38,8 @@ Strides = tuple[int, ...]
 # "convolution" (so, for the input or the weight, 5-d too; 3-d as 4-d), "batch_norm" (contiguous where the input
 # is, else channels-last where it is, else "suggested"), "roll" (a `cat` of two slices per dim), "glu" (a
 # TensorIterator over the input's halves), "fft" (the CPU's transforms: `_fft_strides`), "input" (a TensorIterator
-# over the input alone, then written in place); and "iterator": TensorIterator ops that are not tagged pointwise.
+# over the input alone, then written in place), "column_major" (`nonzero`'s (count, ndim) result); and "iterator":
+# TensorIterator ops that are not tagged pointwise.
 # Found by comparing meta with CPU tensors over OpInfo's samples in random layouts.
 _OWN_RULE = {
     **dict.fromkeys(("aten::_softmax", "aten::_log_softmax", "aten::native_layer_norm", "aten::linalg_vector_norm",
@@ -56,6 +57,7 @@ _OWN_RULE = {
     "aten::convolution": "convolution",
     "aten::roll": "roll",
     "aten::glu": "glu",
+    "aten::nonzero": "column_major",
     **dict.fromkeys(("aten::_fft_c2c", "aten::_fft_r2c", "aten::_fft_c2r"), "fft"),
     **dict.fromkeys(("aten::native_batch_norm", "aten::_native_batch_norm_legit",
                      "aten::_native_batch_norm_legit.no_stats", "aten::_native_batch_norm_legit_no_training",
@@ -305,6 +307,8 @@ def eager_strides(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out:
         return tuple(_rolled(args[0], args[1], args[2] if len(args) > 2 else kwargs.get("dims", ())).stride())
     if rule == "fft":
         return _fft_strides(func.name(), args[0], args[1], tuple(out.shape)) if device_type == "cpu" else None
+    if rule == "column_major":
+        return (1, out.shape[0]) if out.dim() == 2 else None
     if rule == "input":
         return iterator_strides(tuple(out.shape), [_sizes_strides(args[0])], tuple(args[0].shape) == tuple(out.shape))
     if rule == "glu":  # a TensorIterator over the input's two halves
@@ -480,6 +484,13 @@ def iterator_layouts(device_type: str, grad: bool = False) -> Iterator[None]:
     kernels on `device_type` ("cpu", "cuda") do; `grad`: whether the call replayed asked for grad."""
     with _CpuComposites(grad) if device_type == "cpu" else nullcontext(), _IteratorLayouts(device_type):
         yield
+
+
+def results_as_tuple(result: Any) -> Any:
+    """A replay's results with torch's named result tuples (`torch.sort`'s values and indices, a structseq that
+    the IR's flattening takes for one value) made plain tuples."""
+    named = isinstance(result, tuple) and type(result) is not tuple and not hasattr(result, "_fields")
+    return tuple(result) if named else result
 
 
 def replay_layouts(bsym: BoundSymbol) -> AbstractContextManager[None]:

@@ -254,7 +254,7 @@ def _leaf_key(x: Any, seen: dict[int, int]) -> Any:
 
 # -- the run ----------------------------------------------------------------------------------
 
-def _to_meta(x: Any, metas: dict[int, torch.Tensor], grad: bool) -> Any:
+def _to_meta(x: Any, metas: dict[int, torch.Tensor], grad: bool, column_major: bool = False) -> Any:
     if isinstance(x, TensorProxy):
         t = metas.get(id(x))
         if t is None:
@@ -265,8 +265,10 @@ def _to_meta(x: Any, metas: dict[int, torch.Tensor], grad: bool) -> Any:
             layout = known_layout(x)
             if layout is not None:  # its eager layout is known (minijit.ops.strides)
                 t = meta_like(x, layout, requires_grad=needs_grad)
-            else:
-                t = torch.empty(shape, dtype=x.dtype, device="meta")
+            else:  # unknown: taken contiguous, or (`_aliasing_follows_layouts`) column-major
+                t = torch.empty(shape[::-1] if column_major else shape, dtype=x.dtype, device="meta")
+                if column_major:
+                    t = t.permute(*reversed(range(len(shape))))
                 if needs_grad:
                     t = t.requires_grad_(True).clone()
             metas[id(x)] = t
@@ -341,21 +343,53 @@ def _run(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], 
                                      "which changes autograd's graph, which minijit does not trace; set requires_grad "
                                      "on the function's inputs before the call, or use x.detach()")
     outputs, views, same_as = _describe(out, firsts, storage_of, device, what)
+    unknown = [x.name for x in leaves if isinstance(x, TensorProxy) and x.ndim > 1 and known_layout(x) is None]
+    if unknown and any(i is not None for i in (*views, *same_as)) \
+            and _aliasing(fn, args, kwargs, grad, device, what, column_major=True) not in (None, (views, same_as)):
+        raise UnsupportedOpError(f"{what}: whether it returns a view of its argument or a copy depends on the memory "
+                                 f"layout of {', '.join(unknown)}, which minijit does not know (made by an op without "
+                                 "an eager implementation, or by autograd); call it outside the jitted function, or "
+                                 "make the layout known first (`.clone()`)")
     random = any(torch.Tag.nondeterministic_seeded in func.tags for func, _, _ in recorder.calls)
     written_meta = tuple(_tensor_meta(meta_leaves[i], device) for i in written)
     ops = tuple(dict.fromkeys(func._schema.name for func, _, _ in recorder.calls))
     return MetaResult(outputs, tuple(views), tuple(same_as), tuple(written), written_meta, random, ops)
 
 
-def _to_meta_tree(x: Any, metas: dict[int, torch.Tensor], grad: bool) -> Any:
+def _aliasing(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], grad: bool,
+              device: torch.device, what: str, column_major: bool) -> tuple[list[int | None], list[int | None]] | None:
+    """Which arguments `fn`'s results view or are, run again with the tensors of unknown layout laid out
+    column-major (None where it raises then): where the answer differs from the contiguous run's, the layout
+    decides it."""
+    metas: dict[int, torch.Tensor] = {}
+    meta_leaves = [_to_meta(x, metas, grad, column_major) for x in tree_flatten((args, kwargs))]
+    margs = [_to_meta_tree(a, metas, grad, column_major) for a in args]
+    mkwargs = {k: _to_meta_tree(v, metas, grad, column_major) for k, v in kwargs.items()}
+    if mkwargs.get("device") is not None or not any(isinstance(x, torch.Tensor) for x in meta_leaves):
+        mkwargs["device"] = "meta"
+    firsts: dict[int, int] = {}
+    storage_of: dict[int, int] = {}
+    for i, t in enumerate(meta_leaves):
+        if isinstance(t, torch.Tensor):
+            firsts.setdefault(id(t), i)
+            storage_of.setdefault(_storage(t), i)
+    try:
+        out = fn(*margs, **mkwargs)
+    except Exception:
+        return None
+    _, views, same_as = _describe(out, firsts, storage_of, device, what)
+    return views, same_as
+
+
+def _to_meta_tree(x: Any, metas: dict[int, torch.Tensor], grad: bool, column_major: bool = False) -> Any:
     t = type(x)
     if t is tuple or t is list:
-        return t(_to_meta_tree(v, metas, grad) for v in x)
+        return t(_to_meta_tree(v, metas, grad, column_major) for v in x)
     if t is dict:
-        return {k: _to_meta_tree(v, metas, grad) for k, v in x.items()}
+        return {k: _to_meta_tree(v, metas, grad, column_major) for k, v in x.items()}
     if t is slice:
-        return slice(*(_to_meta_tree(v, metas, grad) for v in (x.start, x.stop, x.step)))
-    return _to_meta(x, metas, grad)
+        return slice(*(_to_meta_tree(v, metas, grad, column_major) for v in (x.start, x.stop, x.step)))
+    return _to_meta(x, metas, grad, column_major)
 
 
 def _storage(t: torch.Tensor) -> int:

@@ -58,7 +58,7 @@ from minijit.ir.context import add_layout_check, current_trace, where_now
 from minijit.ir.layouts import Layout, contiguous_strides, guard_layout, guard_row_major, outside_inference_mode, row_major
 from minijit.ir.proxies import guarded_compare, number_value, same_value
 from minijit.ops.eager_facts import eager_impl
-from minijit.ops.iterator_layouts import replay_layouts
+from minijit.ops.iterator_layouts import replay_layouts, results_as_tuple
 from minijit.ops.symbolic_strides import symbolic_contiguous, symbolic_layout, symbolic_viewable
 
 
@@ -179,6 +179,15 @@ def _replay(bsym: BoundSymbol, trace: Trace, inputs: dict[int, TensorProxy]) -> 
         return
     result = _run_on_meta(bsym, impl, layouts.get)
     outs = tree_flatten(bsym.output)
+    if result is None and bsym.sym.effects.data_dependent:
+        # Sizes only the data tells, which meta tensors cannot replay: the one result of such an op, where 1-d,
+        # is a fresh tensor (`x[mask]` of a 1-d x, `masked_select`), laid out densely; others stay unknown
+        # (`nonzero` is column-major, `torch.where(c)` gives views into it, a mask over a permuted tensor's first
+        # dims keeps its order), and a decision that needs one is refused (`user_layout`).
+        tensors = [out for out in outs if isinstance(out, TensorProxy)]
+        if len(tensors) == 1 and tensors[0].ndim == 1 and layouts.get(tensors[0]) is None:
+            layouts.set(tensors[0], Layout((1,), 0))
+        return
     if result is None or len(result) != len(outs):
         return
     sources: dict[int, TensorProxy] = {}
@@ -218,7 +227,7 @@ def _run_on_meta(bsym: BoundSymbol, impl: Callable[..., Any],
         mkwargs["device"] = "meta"
     try:
         with outside_inference_mode(), torch.no_grad(), replay_layouts(bsym):
-            return tree_flatten(impl(*margs, **mkwargs))
+            return tree_flatten(results_as_tuple(impl(*margs, **mkwargs)))
     except Exception:
         return None  # the eager implementation does not run on meta tensors: layout unknown
 
@@ -281,16 +290,24 @@ _VARIANTS: tuple[Callable[[tuple[int, ...]], tuple[int, ...]], ...] = (
     contiguous_strides, _padded, lambda sizes: tuple(2 * s for s in _padded(sizes)), _leading_ones_doubled)
 
 
-def user_layout(p: TensorProxy) -> torch.Tensor | None:
+def user_layout(p: TensorProxy, decides: str | None = None) -> torch.Tensor | None:
     """`p`'s eager layout when the op being recorded is one the user's code called, else None.
 
     Ops called by other ops' decompositions keep the layout-free behaviour: their
-    eager counterparts handle layouts themselves.
+    eager counterparts handle layouts themselves. `decides`: what the layout decides for the user's call
+    (`Tensor.contiguous`), refused where minijit does not know it (a guess would give a wrong result where
+    eager's differs).
     """
     trace = current_trace()
     if trace is None or not trace.in_user_op:
         return None
-    return eager_layout(p, trace)
+    meta = eager_layout(p, trace)
+    if meta is None and decides is not None:
+        raise UnsupportedMethodError(
+            f"Tensor.{decides}{where_now()}: minijit does not know the memory layout of {p.name} (made by an op "
+            "without an eager implementation, or by autograd), which decides whether eager returns a view or a "
+            "copy; call it outside the jitted function, or make the layout known first (`.clone()`)")
+    return meta
 
 
 def check_viewable(op: str, p: TensorProxy, shape: tuple[Any, ...], requested: tuple[Any, ...] | None = None) -> None:
@@ -300,7 +317,7 @@ def check_viewable(op: str, p: TensorProxy, shape: tuple[Any, ...], requested: t
     symbolic sizes, a view of a non-contiguous tensor that does more than split its dimensions
     may be possible at some sizes only: the guard then checks the sizes too.
     """
-    meta = user_layout(p)
+    meta = user_layout(p)  # (unknown: a view, as eager's where it does not raise; no value depends on it)
     if meta is None:
         return
     try:
@@ -318,7 +335,7 @@ def check_viewable(op: str, p: TensorProxy, shape: tuple[Any, ...], requested: t
 def is_already_contiguous(p: TensorProxy, memory_format: torch.memory_format) -> bool | None:
     """Whether `Tensor.contiguous(memory_format)` returns `p` itself in eager (None where `p`'s layout is unknown:
     a decomposition's call). With symbolic sizes, the guard checks what the answer relied on."""
-    meta = user_layout(p)
+    meta = user_layout(p, "contiguous")
     if meta is None:
         return None
     already = meta.is_contiguous(memory_format=memory_format)

@@ -51,7 +51,7 @@ from minijit.ir import BoundSymbol, IntegerProxy, NumberProxy, Proxy, TensorProx
 from minijit.ir.context import add_layout_check, capturing
 from minijit.ir.layouts import contiguous_strides, guard_layout, guard_row_major, outside_inference_mode, row_major
 from minijit.ops.eager_facts import eager_impl
-from minijit.ops.iterator_layouts import replay_layouts
+from minijit.ops.iterator_layouts import replay_layouts, results_as_tuple
 from minijit.ops.symbolic_sizes import (
     _number,
     _record,
@@ -292,7 +292,7 @@ class _Session:
             with outside_inference_mode(), torch.no_grad(), enable_python_dispatcher(), _quiet(), self.mode, \
                     replay_layouts(bsym):
                 args, kwargs = tree_map(convert, (bsym.args, bsym.kwargs))
-                result = tree_flatten(impl(*args, **kwargs))
+                result = tree_flatten(results_as_tuple(impl(*args, **kwargs)))
         except _Failed:
             raise
         except Exception as e:  # any failure on fake tensors: not followed
