@@ -21,6 +21,11 @@ class DataDependentShapeError(UnsupportedOpError):
     """A torch op whose result's shape depends on its input's values (`nonzero`, `unique`), where no value can be read."""
 
 
+class LayoutDecidesView(UnsupportedOpError):
+    """Whether eager returns a view or a copy (`reshape`) depends on a layout minijit does not know: raised where
+    a write makes the answer matter (`minijit.transforms.memory.MustShare`)."""
+
+
 class UnsupportedMethodError(UnsupportedOpError, AttributeError):
     """A Tensor method or attribute a traced tensor does not support (an AttributeError too, for hasattr)."""
 

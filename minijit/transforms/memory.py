@@ -45,6 +45,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from minijit.errors import LayoutDecidesView
 from minijit.ir import BoundSymbol, Proxy, Tag, TensorProxy, Trace, tree_iter
 from minijit.ir.proxies import number_value, same_shape
 
@@ -566,7 +567,13 @@ class MustShare:
         moot = bsym.sym.effects.may_copy and not bsym.sym.is_prim and \
             self.graph.last_write_sharing(viewed, self.same_memory) < position and \
             any(isinstance(d, Proxy) for d in base.shape)
-        if not moot and not self.rule(self.trace, base, [*self.chain(viewed), (bsym, out)]):
+        try:
+            shares = moot or self.rule(self.trace, base, [*self.chain(viewed), (bsym, out)])
+        except LayoutDecidesView:
+            if self.graph.last_write_sharing(viewed, self.same_memory) >= position:
+                raise
+            shares = True  # (nothing writes that memory from here on: a view and a copy hold the same values)
+        if not shares:
             return False
         step = self.graph.step(out)
         if step is None or step.bsym is not bsym:  # (not expected: the graph follows the ops the walk visits)

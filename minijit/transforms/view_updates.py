@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from minijit.errors import InplaceError, MetaError, UnsupportedOpError, where
+from minijit.errors import InplaceError, LayoutDecidesView, MetaError, UnsupportedOpError, where
 from minijit.ir import (
     VIEWS_ANY_LAYOUT,
     VIEWS_IF_BASIC_KEY,
@@ -394,7 +394,22 @@ def eager_returns_view(base: TensorProxy, chain: list[tuple[BoundSymbol, Proxy]]
     if values is None:
         return None
     last, before = values[-1], values[-2]
-    return last is before or last._is_view()
+    viewed = last is before or last._is_view()
+    if trace is not None and base.ndim > 1 and eager_layout(base, trace, guard=False) is None:
+        # `base`'s layout unknown (an op without an eager implementation, autograd): taken contiguous above; where
+        # a column-major `base` answers otherwise, the layout decides (refused where a write makes it matter).
+        shape = tuple(int(number_value(d)) for d in base.shape)
+        with outside_inference_mode():
+            start = torch.empty(shape[::-1], dtype=base.dtype, device="meta").permute(*reversed(range(len(shape))))
+            other = _run_chain(start, chain)
+        if other is not None and (other[-1] is other[-2] or other[-1]._is_view()) != viewed:
+            step = chain[-1][0]
+            raise LayoutDecidesView(
+                f"{step.sym.id}{where(step.source)}: whether eager returns a view of {base.name} or a copy depends "
+                "on its memory layout, which minijit does not know (made by an op without an eager implementation, "
+                "or by autograd), and a write makes it matter; call it outside the jitted function, or make the "
+                "layout known first (`.clone()`)")
+    return viewed
 
 
 def view_shares_memory(trace: Trace, base: TensorProxy, chain: list[tuple[BoundSymbol, Proxy]]) -> bool:

@@ -1,11 +1,12 @@
 """Decisions that depend on a layout minijit does not know are refused, never guessed.
 
-Whether `contiguous()` returns its tensor or a copy depends on the tensor's eager layout. Some layouts minijit
-cannot work out: `nonzero`'s result (column-major, its size known only from the data), a gradient from
-`torch.autograd.grad` (autograd's kernels lay it out). A write through the result then lands in eager's tensor
-or not: a guess could give a wrong value, so minijit refuses, naming the tensor; decisions that do not depend on
-the layout still go through. Layouts it can work out (`sort`, `topk`, `max` along a dim, whose results are
-torch's named tuples) are followed as eager's.
+Whether `contiguous()` returns its tensor or a copy, and `reshape` a view or a copy, depend on the tensor's eager
+layout. Some layouts minijit cannot work out: `nonzero`'s result (column-major, its size known only from the
+data), a gradient from `torch.autograd.grad` (autograd's kernels lay it out). A write through the result then
+lands in eager's tensor or not: a guess could give a wrong value, so minijit refuses, naming the tensor
+(`reshape` only where a write makes it matter); decisions that do not depend on the layout still go through.
+Layouts it can work out (`sort`, `topk`, `max` along a dim, whose results are torch's named tuples) are followed
+as eager's.
 """
 
 from __future__ import annotations
@@ -28,6 +29,12 @@ def _written_through_contiguous(make: Callable[[torch.Tensor], torch.Tensor]) ->
     return program
 
 
+def _written_through_reshape(x: torch.Tensor) -> torch.Tensor:
+    n = x.flatten(1).nonzero()
+    n.reshape(-1).add_(1)  # nonzero's result is column-major: eager's reshape copies
+    return n
+
+
 def _grad_of_a_convolution(x: torch.Tensor) -> torch.Tensor:
     g, = torch.autograd.grad(F.conv2d(x, torch.ones(2, 3, 3, 3), padding=1).square().sum(), x)
     return g  # channels-last for a channels-last x
@@ -36,6 +43,7 @@ def _grad_of_a_convolution(x: torch.Tensor) -> torch.Tensor:
 REFUSED = {
     "nonzero, contiguous": _written_through_contiguous(lambda x: x.flatten(1).nonzero()),
     "autograd.grad, contiguous": _written_through_contiguous(_grad_of_a_convolution),
+    "nonzero, reshape written through": _written_through_reshape,
 }
 
 
@@ -53,6 +61,7 @@ ALLOWED = {
     # The layout decides nothing here: a view for any layout, a read of a copy, a 1-d result.
     "nonzero, unsqueeze": lambda x: x.flatten(1).nonzero().unsqueeze(0) + 1,
     "nonzero, reshape read": lambda x: x.flatten(1).nonzero().reshape(-1) + 1,
+    "nonzero, written, then reshaped": lambda x: (lambda n: n.add_(1).reshape(-1) * 2)(x.flatten(1).nonzero()),
     "1-d nonzero, view": lambda x: x.flatten().nonzero().view(-1) + 1,
     "where, view": lambda x: torch.where(x.flatten(1) > 0)[1].view(-1, 1) + 1,
     "mask, view": lambda x: x.flatten()[x.flatten() > 0].view(-1, 1) * 2,
