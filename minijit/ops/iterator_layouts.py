@@ -27,7 +27,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten
 
-from minijit.ir import BoundSymbol, TensorProxy
+from minijit.ir import BoundSymbol, Tag, TensorProxy
 from minijit.ir.layouts import contiguous_strides
 
 Strides = tuple[int, ...]
@@ -479,10 +479,11 @@ class _CpuComposites(TorchFunctionMode):
 
 
 @contextmanager
-def iterator_layouts(device_type: str, grad: bool = False) -> Iterator[None]:
+def iterator_layouts(device_type: str, grad: bool = False, composites: bool = True) -> Iterator[None]:
     """Within: elementwise ops and `*_like` factories on meta tensors lay out their outputs as eager's
-    kernels on `device_type` ("cpu", "cuda") do; `grad`: whether the call replayed asked for grad."""
-    with _CpuComposites(grad) if device_type == "cpu" else nullcontext(), _IteratorLayouts(device_type):
+    kernels on `device_type` ("cpu", "cuda") do; `grad`: whether the call replayed asked for grad;
+    `composites`: whether it may call a function of `_CPU_COMPOSITES` (which then runs as on the CPU)."""
+    with _CpuComposites(grad) if device_type == "cpu" and composites else nullcontext(), _IteratorLayouts(device_type):
         yield
 
 
@@ -493,12 +494,15 @@ def results_as_tuple(result: Any) -> Any:
     return tuple(result) if named else result
 
 
-def replay_layouts(bsym: BoundSymbol) -> AbstractContextManager[None]:
+def replay_layouts(bsym: BoundSymbol, impl: Any = None) -> AbstractContextManager[None]:
     """`iterator_layouts` for a replay of `bsym`, on the device of its first tensor argument; nothing for tensors
     on meta themselves, whose eager kernels are the meta ones."""
     devices = [x.device.type for x in bsym.proxy_args() if isinstance(x, TensorProxy)]
     device_type = devices[0] if devices else "cpu"
     if device_type == "meta":
         return nullcontext()
+    # (The function mode costs each torch call a Python call: pushed where the replay may reach such a function,
+    # its eager callable one of them or an opaque op.)
+    composites = impl in _CPU_COMPOSITES or Tag.OPAQUE in bsym.sym.tags
     return iterator_layouts(device_type, any(isinstance(o, TensorProxy) and o.requires_grad
-                                             for o in bsym.proxy_outputs()))
+                                             for o in bsym.proxy_outputs()), composites)

@@ -226,7 +226,7 @@ def _run_on_meta(bsym: BoundSymbol, impl: Callable[..., Any],
         # A factory (`torch.zeros(n, device=d)`) or a move (`x.to(device=d)`): nothing allocated on d.
         mkwargs["device"] = "meta"
     try:
-        with outside_inference_mode(), torch.no_grad(), replay_layouts(bsym):
+        with outside_inference_mode(), torch.no_grad(), replay_layouts(bsym, impl):
             return tree_flatten(results_as_tuple(impl(*margs, **mkwargs)))
     except Exception:
         return None  # the eager implementation does not run on meta tensors: layout unknown

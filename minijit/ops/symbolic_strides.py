@@ -290,7 +290,7 @@ class _Session:
         try:
             # The Python dispatcher lets the kernels written for symbolic sizes run (`constant_pad_nd`'s).
             with outside_inference_mode(), torch.no_grad(), enable_python_dispatcher(), _quiet(), self.mode, \
-                    replay_layouts(bsym):
+                    replay_layouts(bsym, impl):
                 args, kwargs = tree_map(convert, (bsym.args, bsym.kwargs))
                 result = tree_flatten(results_as_tuple(impl(*args, **kwargs)))
         except _Failed:
