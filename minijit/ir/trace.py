@@ -377,9 +377,6 @@ def _is_passthrough(output: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
     return all(id(x) in ins for x in outs)
 
 
-__all__ = ["Trace", "tracing"]
-
-
 def _new_memory(sym: Symbol, subsymbols: Sequence[BoundSymbol]) -> bool:
     """Whether `sym`'s results (other than its arguments) are new tensors, not views: not a view op, one that
     returns new tensors where it does not return its argument (`x.to(dtype)`), or one that may copy and whose
@@ -388,3 +385,7 @@ def _new_memory(sym: Symbol, subsymbols: Sequence[BoundSymbol]) -> bool:
     if effects.views is None or effects.same_if_unchanged:
         return True
     return effects.may_copy and any(_new_memory(b.sym, b.subsymbols) for b in subsymbols)
+
+
+__all__ = ["Trace", "tracing"]
+

@@ -265,7 +265,7 @@ def _to_meta(x: Any, metas: dict[int, torch.Tensor], grad: bool, column_major: b
             layout = known_layout(x)
             if layout is not None:  # its eager layout is known (minijit.ops.strides)
                 t = meta_like(x, layout, requires_grad=needs_grad)
-            else:  # unknown: taken contiguous, or (`_aliasing_follows_layouts`) column-major
+            else:  # unknown: taken contiguous, or (`_aliasing`, asking whether the layout decides) column-major
                 t = torch.empty(shape[::-1] if column_major else shape, dtype=x.dtype, device="meta")
                 if column_major:
                     t = t.permute(*reversed(range(len(shape))))
