@@ -456,6 +456,16 @@ def _max_pool1d_as_on_the_cpu(grad: bool, input: torch.Tensor, *args: Any,  # no
     return torch.empty_strided(out.shape, contiguous_strides(tuple(out.shape)), dtype=out.dtype, device=out.device)
 
 
+def _eig_as_on_the_cpu(grad: bool, input: torch.Tensor, *args: Any, **kwargs: Any) -> Any:  # noqa: A002
+    """`linalg.eig` as LAPACK returns it: the eigenvectors column-major (each matrix transposed), where the meta
+    kernel lays them out row-major."""
+    values, vectors = torch.linalg.eig(input, *args, **kwargs)
+    *batch, n, _ = vectors.shape
+    strides = (*contiguous_strides((*batch, n * n))[:-1], 1, n) if batch else (1, n)
+    vectors = torch.empty_strided(vectors.shape, strides, dtype=vectors.dtype, device=vectors.device)
+    return torch.return_types.linalg_eig((values, vectors))
+
+
 # Composite functions whose CPU path lays out its input or output otherwise than their meta path does; a dispatch
 # mode sees only the kernels, so these are replaced where they are called. Each takes whether the traced call
 # asked for grad (its result requires grad), then the function's arguments.
@@ -464,6 +474,7 @@ _CPU_COMPOSITES: dict[Any, Any] = {
     torch.group_norm: lambda grad, *args, **kwargs: _group_norm_as_on_the_cpu(*args, **kwargs),
     torch.nn.functional.max_pool1d: _max_pool1d_as_on_the_cpu,
     torch.max_pool1d: _max_pool1d_as_on_the_cpu,
+    torch.linalg.eig: _eig_as_on_the_cpu,
 }
 
 
