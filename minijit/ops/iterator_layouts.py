@@ -363,6 +363,22 @@ def _fft_strides(name: str, x: torch.Tensor, dims: Sequence[int], out_shape: tup
     return _exec_fft_strides(out_shape, strides, dims)
 
 
+def _fft_output(name: str, x: torch.Tensor, dim: Sequence[int], normalization: int, last: Any) -> torch.Tensor:
+    """A CPU transform's output (`_fft_c2c`, `_fft_r2c` with `last` its `onesided`, `_fft_c2r` with `last` its
+    `last_dim_size`), made on `x`'s device with the strides MKL gives it."""
+    shape = list(x.shape)
+    dtype = x.dtype
+    if name == "aten::_fft_r2c":
+        dtype = dtype.to_complex()
+        if last:
+            shape[dim[-1]] = shape[dim[-1]] // 2 + 1
+    elif name == "aten::_fft_c2r":
+        dtype = dtype.to_real()
+        shape[dim[-1]] = last
+    strides = _fft_strides(name, x, dim, tuple(shape))
+    return torch.empty_strided(shape, strides, dtype=dtype, device=x.device)
+
+
 def _exec_fft_strides(shape: tuple[int, ...], strides: Strides, signal_dims: list[int]) -> Strides:
     # The dims not transformed are split off with std::partition, which swaps (and so reorders ties in the sort).
     order, first, last = list(range(len(shape))), 0, len(shape)
@@ -415,6 +431,8 @@ class _IteratorLayouts(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
+        if _rule_of(func) == "fft" and self.device_type == "cpu" and _transforms_use_mkl():
+            return _fft_output(func.name(), *args, **kwargs)  # (not the meta kernel: torch 2.11's raises at some layouts)
         out = func(*args, **kwargs)
         if _rule_of(func) is None:
             return out

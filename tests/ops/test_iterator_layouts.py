@@ -254,7 +254,7 @@ _PRODUCERS: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[],
     "conv1d": (lambda x: F.conv1d(x, torch.ones(4, 3, 2).transpose(1, 2).contiguous().transpose(1, 2)), _sequences),
     "max_pool1d": (lambda x: F.max_pool1d(x, 2), _sequences),
     "rfft": (lambda x: torch.fft.rfft(x, dim=0), _matrices),
-    "ifft2": (lambda x: torch.fft.ifft2(x.to(torch.complex64), dim=(1, 0)), _matrices),
+    "ifft2": (lambda x: torch.fft.ifft2(x.to(torch.complex64), dim=(0, 1)), _matrices),
     "fft": (lambda x: torch.fft.fft(x, dim=0), lambda: [torch.randn(2, 3, 1), torch.randn(1, 3, 1)]),
     "eig": (lambda x: torch.linalg.eig(x)[1], lambda: [torch.randn(4, 4), torch.randn(2, 3, 3)]),  # LAPACK's order
 }
