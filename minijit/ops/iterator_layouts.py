@@ -306,7 +306,7 @@ def eager_strides(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out:
     if rule == "roll":
         return tuple(_rolled(args[0], args[1], args[2] if len(args) > 2 else kwargs.get("dims", ())).stride())
     if rule == "fft":
-        return _fft_strides(func.name(), args[0], args[1], tuple(out.shape)) if device_type == "cpu" else None
+        return None  # (on the CPU with MKL, made by `_fft_output` instead of the meta kernel; else meta's)
     if rule == "column_major":
         return (1, out.shape[0]) if out.dim() == 2 else None
     if rule == "input":
@@ -340,13 +340,10 @@ def eager_strides(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out:
     return _pointwise_strides(func, args, kwargs, out, device_type)
 
 
-def _fft_strides(name: str, x: torch.Tensor, dims: Sequence[int], out_shape: tuple[int, ...]) -> Strides | None:
+def _fft_strides(name: str, x: torch.Tensor, dims: Sequence[int], out_shape: tuple[int, ...]) -> Strides:
     """The strides of a CPU transform's output where ATen runs it with MKL (`_exec_fft`): the dims not transformed
     outermost, in the order of the input's strides, then the transformed ones in the order the op picks (by the
-    input's strides, but a one-sided transform's last dim stays last), laid out contiguously in that order. None
-    where this build's transforms use pocketfft, whose outputs are contiguous as on meta."""
-    if not _transforms_use_mkl():
-        return None
+    input's strides, but a one-sided transform's last dim stays last), laid out contiguously in that order."""
     dims = [d % x.dim() for d in dims]
     strides = tuple(x.stride())
 
@@ -449,7 +446,7 @@ class _IteratorLayouts(TorchDispatchMode):
         return fixed if isinstance(out, tuple) else fixed[0]
 
 
-def _group_norm_as_on_the_cpu(input: torch.Tensor, num_groups: int,  # noqa: A002
+def _group_norm_as_on_the_cpu(grad: bool, input: torch.Tensor, num_groups: int,  # noqa: A002
                               weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
                               eps: float = 1e-5, cudnn_enabled: bool = True) -> torch.Tensor:
     """`group_norm` as ATen runs it on the CPU: its input copied into the memory format its strides suggest (a
@@ -488,8 +485,8 @@ def _eig_as_on_the_cpu(grad: bool, input: torch.Tensor, *args: Any, **kwargs: An
 # mode sees only the kernels, so these are replaced where they are called. Each takes whether the traced call
 # asked for grad (its result requires grad), then the function's arguments.
 _CPU_COMPOSITES: dict[Any, Any] = {
-    torch.nn.functional.group_norm: lambda grad, *args, **kwargs: _group_norm_as_on_the_cpu(*args, **kwargs),
-    torch.group_norm: lambda grad, *args, **kwargs: _group_norm_as_on_the_cpu(*args, **kwargs),
+    torch.nn.functional.group_norm: _group_norm_as_on_the_cpu,
+    torch.group_norm: _group_norm_as_on_the_cpu,
     torch.nn.functional.max_pool1d: _max_pool1d_as_on_the_cpu,
     torch.max_pool1d: _max_pool1d_as_on_the_cpu,
     torch.linalg.eig: _eig_as_on_the_cpu,

@@ -297,15 +297,9 @@ def _layout(t: torch.Tensor) -> tuple[Any, ...]:
 
 def _run(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], what: str) -> MetaResult:
     grad = torch.is_grad_enabled()
-    metas: dict[int, torch.Tensor] = {}
     leaves = tree_flatten((args, kwargs))
-    meta_leaves = [_to_meta(x, metas, grad) for x in leaves]
-    margs = [_to_meta_tree(a, metas, grad) for a in args]
-    mkwargs = {k: _to_meta_tree(v, metas, grad) for k, v in kwargs.items()}
+    meta_leaves, margs, mkwargs = _metas(args, kwargs, grad)
     device = _device_of(args, kwargs)
-    if mkwargs.get("device") is not None or not any(isinstance(x, TensorProxy) for x in leaves):
-        # A factory (`torch.randperm(n)`) makes its result on the meta device too, drawing no random numbers.
-        mkwargs["device"] = "meta"
     # Each tensor once, at its first position (a proxy passed twice is one tensor: `torch.add(x, y, out=y)`).
     firsts: dict[int, int] = {}
     for i, t in enumerate(meta_leaves):
@@ -356,17 +350,27 @@ def _run(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], 
     return MetaResult(outputs, tuple(views), tuple(same_as), tuple(written), written_meta, random, ops)
 
 
+def _metas(args: tuple[Any, ...], kwargs: dict[str, Any], grad: bool,
+           column_major: bool = False) -> tuple[list[Any], list[Any], dict[str, Any]]:
+    """The call's flattened leaves, arguments and keyword arguments with each proxy a meta tensor (one per
+    proxy)."""
+    metas: dict[int, torch.Tensor] = {}
+    leaves = tree_flatten((args, kwargs))
+    meta_leaves = [_to_meta(x, metas, grad, column_major) for x in leaves]
+    margs = [_to_meta_tree(a, metas, grad, column_major) for a in args]
+    mkwargs = {k: _to_meta_tree(v, metas, grad, column_major) for k, v in kwargs.items()}
+    if mkwargs.get("device") is not None or not any(isinstance(x, TensorProxy) for x in leaves):
+        # A factory (`torch.randperm(n)`) makes its result on the meta device too, drawing no random numbers.
+        mkwargs["device"] = "meta"
+    return meta_leaves, margs, mkwargs
+
+
 def _aliasing(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], grad: bool,
               device: torch.device, what: str, column_major: bool) -> tuple[list[int | None], list[int | None]] | None:
     """Which arguments `fn`'s results view or are, run again with the tensors of unknown layout laid out
     column-major (None where it raises then): where the answer differs from the contiguous run's, the layout
     decides it."""
-    metas: dict[int, torch.Tensor] = {}
-    meta_leaves = [_to_meta(x, metas, grad, column_major) for x in tree_flatten((args, kwargs))]
-    margs = [_to_meta_tree(a, metas, grad, column_major) for a in args]
-    mkwargs = {k: _to_meta_tree(v, metas, grad, column_major) for k, v in kwargs.items()}
-    if mkwargs.get("device") is not None or not any(isinstance(x, torch.Tensor) for x in meta_leaves):
-        mkwargs["device"] = "meta"
+    meta_leaves, margs, mkwargs = _metas(args, kwargs, grad, column_major)
     firsts: dict[int, int] = {}
     storage_of: dict[int, int] = {}
     for i, t in enumerate(meta_leaves):
