@@ -39,6 +39,8 @@ class RegionSource:
     written: list[int]
     # The values (proxy names) returned views are views of, inputs not counted.
     view_bases: list[str] = field(default_factory=list)
+    # Lines that tell torch.compile which dims of the tensor inputs are static (see `static_marks`).
+    static_marks: list[str] = field(default_factory=list)
 
 
 def literal(x: Any) -> str:
@@ -152,7 +154,28 @@ def region_source(region: Region, contiguous: frozenset[int] = frozenset(),
         returned += [writer.names[b] for b in view_bases]
     ret = ", ".join(returned)
     lines.append(f"    return ({ret},)" if len(returned) == 1 else f"    return ({ret})")
-    return RegionSource("\n".join(lines) + "\n", env, passthrough, n_returned, sorted(written), view_bases)
+    return RegionSource("\n".join(lines) + "\n", env, passthrough, n_returned, sorted(written), view_bases,
+                        static_marks(region))
+
+
+def static_marks(region: Region) -> list[str]:
+    """`torch._dynamo.mark_static` calls for the dims of the region's tensor inputs that the trace holds constant.
+
+    A region with symbolic sizes or numbers is compiled with `dynamic=True`, under which torch.compile makes every
+    dim symbolic: Inductor's kernels over symbolic sizes are slower (an AdamW step over 8 x 256² parameters: 589
+    against 410 µs a call). Marked static inside the compiled function, where marking specializes the graph rather
+    than the caller's tensor, only the sizes the trace keeps symbolic stay so, as under torch.compile's automatic
+    dynamic shapes, and a float input is still not specialized."""
+    marks = []
+    for k, p in enumerate(region.inputs):
+        if not isinstance(p, TensorProxy) or not p.shape:
+            continue
+        static = [d for d, n in enumerate(p.shape) if type(n) is int]
+        if len(static) == len(p.shape):
+            marks.append(f"    torch._dynamo.mark_static(i{k})")
+        elif static:
+            marks.append(f"    torch._dynamo.mark_static(i{k}, {static})")
+    return marks
 
 
 def _view_bases(region: Region) -> dict[str, str]:
@@ -184,8 +207,10 @@ def _track_writes(bsym: BoundSymbol, roots: dict[str, int], written: set[int]) -
 _made = itertools.count()
 
 
-def make_function(src: RegionSource) -> Callable[..., Any]:
-    """The generated function itself: a fresh function and code object, so torch.compile caches it on its own.
+def make_function(src: RegionSource, marked: bool = False) -> Callable[..., Any]:
+    """The generated function itself: a fresh function and code object, so torch.compile caches it on its own;
+    `marked`: with the region's `static_marks` first, for torch.compile with `dynamic=True` (run uncompiled, they
+    would mark the caller's tensors).
 
     Its source is registered with `linecache` under a file name of its own, so tracebacks
     show it and `inspect.getsourcefile` finds it: where it finds none, torch.compile (2.11)
@@ -193,7 +218,11 @@ def make_function(src: RegionSource) -> Callable[..., Any]:
     after 8 regions that frame hits Dynamo's recompile limit (a hard failure under fullgraph).
     """
     filename = f"<minijit inductor region {next(_made)}>"
-    linecache.cache[filename] = (len(src.source), None, src.source.splitlines(keepends=True), filename)
+    source = src.source
+    if marked and src.static_marks:
+        head, body = source.split("\n", 1)
+        source = "\n".join([head, *src.static_marks, body])
+    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
     namespace = dict(src.globals)
-    exec(compile(src.source, filename, "exec"), namespace)
+    exec(compile(source, filename, "exec"), namespace)
     return namespace["region"]

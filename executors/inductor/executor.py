@@ -300,10 +300,11 @@ class InductorExecutor(FusionExecutor):
         if contiguous or bases:
             src = region_source(region, contiguous, bases)
         fn = make_function(src)
-        # Symbolic sizes or numbers: every size and number of the region is one torch.compile does not specialise
-        # on (marking the constant dims static would mark the caller's tensors).
+        # Symbolic sizes or numbers: torch.compile specializes none of them; the dims the trace holds constant are
+        # marked static inside the compiled function (codegen.static_marks).
         dynamic = any(isinstance(p, NumberProxy) or _symbolic(p) for p in region.inputs)
-        compiled = torch.compile(fn, backend="inductor", dynamic=dynamic, fullgraph=True)
+        compiled = torch.compile(make_function(src, marked=dynamic), backend="inductor", dynamic=dynamic,
+                                 fullgraph=True)
         return CompiledRegion(compiled, src, key, fn)
 
 
