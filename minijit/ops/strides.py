@@ -332,6 +332,23 @@ def check_viewable(op: str, p: TensorProxy, shape: tuple[Any, ...], requested: t
                             structural=meta.is_contiguous() and not _through_slices(p))
 
 
+def reshape_copies(p: TensorProxy, shape: tuple[Any, ...]) -> bool | None:
+    """Whether eager's `p.reshape(shape)`, called by the user's code, copies `p` rather than viewing it; None where
+    `p`'s layout is unknown or a decomposition calls it. With symbolic sizes, the answer holds for every call the
+    guard lets through (as `check_viewable`'s)."""
+    meta = user_layout(p)
+    if meta is None:
+        return None
+    viewed = meta.reshape(tuple(int(number_value(d)) for d in shape))._is_view()
+    if _sizes_symbolic(p) and not only_splits(tuple(p.shape), shape):
+        if viewed:
+            hold_for_every_size(p, lambda trace: symbolic_viewable(p, trace, shape),
+                                structural=meta.is_contiguous() and not _through_slices(p))
+        else:
+            eager_layout(p, sizes_matter=True)
+    return not viewed
+
+
 def is_already_contiguous(p: TensorProxy, memory_format: torch.memory_format) -> bool | None:
     """Whether `Tensor.contiguous(memory_format)` returns `p` itself in eager (None where `p`'s layout is unknown:
     a decomposition's call). With symbolic sizes, the guard checks what the answer relied on."""

@@ -43,8 +43,21 @@ def _set_grad_enabled_false(x: torch.Tensor, w: torch.Tensor) -> tuple[bool, boo
     return a.requires_grad, b.requires_grad
 
 
+def _reshapes_that_copy(x: torch.Tensor, w: torch.Tensor) -> tuple[bool, ...]:
+    # reshape, flatten, ravel and reshape_as view where they can and copy where not: a copy made under no_grad does
+    # not require grad, a view keeps its base's flag
+    with torch.no_grad():
+        t = x.t()
+        flags = (t.reshape(-1).requires_grad, t.flatten().requires_grad, t.ravel().requires_grad,
+                 t.reshape_as(w[0, :2].repeat(3)).requires_grad, t.reshape(3, 2).requires_grad,
+                 t.flatten(1).requires_grad, x.reshape(3, 2).requires_grad, x.flatten().requires_grad)
+        r = t.reshape(-1)
+    return (*flags, (r * 2 if r.requires_grad else r * 3).sum().item())
+
+
 @pytest.mark.parametrize("mode", ["constant values", "symbolic values"])
-@pytest.mark.parametrize("program", [_flags_inside_no_grad, _branch_on_the_flag, _set_grad_enabled_false])
+@pytest.mark.parametrize("program", [_flags_inside_no_grad, _branch_on_the_flag, _set_grad_enabled_false,
+                                     _reshapes_that_copy])
 @pytest.mark.parametrize("outside", ["grad", "no_grad"])
 def test_requires_grad_reads_match_eager(mode: str, program: Callable, outside: str) -> None:
     jitted = minijit.jit(program, cache=mode)

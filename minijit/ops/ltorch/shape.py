@@ -25,7 +25,7 @@ from minijit.ir.proxies import broadcasts_to, equal_sizes, number_value, rule_co
 from minijit.ops import prims
 from minijit.ops.registry import ltorch_op
 from minijit.ops.runtime_bounds import computed_int, from_end, seen_values
-from minijit.ops.strides import check_viewable, is_already_contiguous
+from minijit.ops.strides import check_viewable, is_already_contiguous, reshape_copies
 from minijit.ops.utils import (
     canonical_dim,
     infer_shape,
@@ -150,7 +150,17 @@ def movedim(input: TensorProxy, source: int | Sequence[int], destination: int | 
            impl=torch.Tensor.reshape, effects=RESHAPE)
 def reshape(a: TensorProxy, *shape: Any) -> TensorProxy:
     """torch.reshape / Tensor.reshape, shape as ints or one sequence, with one -1 inferred."""
-    return reshape_to(a, infer_shape("reshape", shape_arg(shape), a.numel()))
+    return _view_or_copy(a, infer_shape("reshape", shape_arg(shape), a.numel()))
+
+
+def _view_or_copy(a: TensorProxy, shape: Sequence[Any]) -> TensorProxy:
+    """`a` reshaped to `shape` for an op that views where eager can, else copies (`reshape`, `flatten`): recorded as
+    `prims.reshape` either way (passes decide the memory from the layouts). Under no_grad, eager's copy of a tensor
+    that requires grad does not (a view keeps its base's flag), and code may branch on it."""
+    out = reshape_to(a, shape)
+    if out is not a and a.requires_grad and not torch.is_grad_enabled() and reshape_copies(a, tuple(shape)):
+        out.requires_grad = False
+    return out
 
 
 # A view the user's code asks for is checked against the tensor's eager layout
@@ -182,7 +192,7 @@ def view_as(a: TensorProxy, other: TensorProxy) -> TensorProxy:
 @ltorch_op(torch_fns=[torch.Tensor.reshape_as], methods=["reshape_as"], effects=RESHAPE)
 def reshape_as(a: TensorProxy, other: TensorProxy) -> TensorProxy:
     """Tensor.reshape_as: a reshape to other's shape."""
-    return reshape_to(a, infer_shape("reshape_as", other.shape, a.numel()))
+    return _view_or_copy(a, infer_shape("reshape_as", other.shape, a.numel()))
 
 
 @ltorch_op(torch_fns=[torch.flatten, torch.Tensor.flatten], methods=["flatten"], effects=RESHAPE)
@@ -196,13 +206,13 @@ def flatten(input: TensorProxy, start_dim: int = 0, end_dim: int = -1) -> Tensor
     merged = 1
     for s in input.shape[start:end + 1]:
         merged = merged * s
-    return reshape_to(input, (*input.shape[:start], merged, *input.shape[end + 1:]))
+    return _view_or_copy(input, (*input.shape[:start], merged, *input.shape[end + 1:]))
 
 
 @ltorch_op(torch_fns=[torch.ravel, torch.Tensor.ravel], methods=["ravel"], effects=VIEW_OR_COPY)
 def ravel(input: TensorProxy) -> TensorProxy:  # noqa: A002
     """torch.ravel: the tensor as 1-d."""
-    return reshape_to(input, (input.numel(),))
+    return _view_or_copy(input, (input.numel(),))
 
 
 @ltorch_op(torch_fns=[torch.unflatten, torch.Tensor.unflatten], methods=["unflatten"], effects=REORDERING_VIEW)
