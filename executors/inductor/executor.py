@@ -15,7 +15,7 @@ trace order, eager's semantics).
 Symbolic sizes and numbers ("symbolic values" and automatic dynamic) enter a region as
 inputs, and `prims.shape` and the integer number prims as members: such a region is
 compiled with `dynamic=True`, so the compiled function serves every value, as the trace
-does.
+does; the dims the trace holds constant are marked static in it (`codegen.static_marks`).
 
 Compilation is lazy, as torch.compile's is: a region compiles on its first run, with the
 call's own tensors, so that torch.compile's guards (on `nn.Parameter` against a plain
