@@ -431,6 +431,8 @@ class _IteratorLayouts(TorchDispatchMode):
         if _rule_of(func) == "fft" and self.device_type == "cpu" and _transforms_use_mkl():
             return _fft_output(func.name(), *args, **kwargs)  # (not the meta kernel: torch 2.11's raises at some layouts)
         out = func(*args, **kwargs)
+        if func is torch.ops.aten._linalg_svd.default and self.device_type == "cpu":
+            return _svd_as_lapack(*out)
         if _rule_of(func) is None:
             return out
         results = out if isinstance(out, tuple) else (out,)
@@ -479,6 +481,14 @@ def _eig_as_on_the_cpu(grad: bool, input: torch.Tensor, *args: Any, **kwargs: An
     strides = (*contiguous_strides((*batch, n * n))[:-1], 1, n) if batch else (1, n)
     vectors = torch.empty_strided(vectors.shape, strides, dtype=vectors.dtype, device=vectors.device)
     return torch.return_types.linalg_eig((values, vectors))
+
+
+def _svd_as_lapack(u: torch.Tensor, s: torch.Tensor, vh: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """`_linalg_svd`'s results as LAPACK returns them on the CPU: `Vh` column-major too (each matrix transposed),
+    where the meta kernel lays it out row-major (`torch.svd`'s `V`, its adjoint, then comes out row-major)."""
+    *batch, k, n = vh.shape
+    strides = (*contiguous_strides((*batch, k * n))[:-1], 1, k) if batch else (1, k)
+    return u, s, torch.empty_strided(vh.shape, strides, dtype=vh.dtype, device=vh.device)
 
 
 # Composite functions whose CPU path lays out its input or output otherwise than their meta path does; a dispatch

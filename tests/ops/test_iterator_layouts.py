@@ -257,6 +257,9 @@ _PRODUCERS: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[],
     "ifft2": (lambda x: torch.fft.ifft2(x.to(torch.complex64), dim=(0, 1)), _matrices),
     "fft": (lambda x: torch.fft.fft(x, dim=0), lambda: [torch.randn(2, 3, 1), torch.randn(1, 3, 1)]),
     "eig": (lambda x: torch.linalg.eig(x)[1], lambda: [torch.randn(4, 4), torch.randn(2, 3, 3)]),  # LAPACK's order
+    "svd": (lambda x: torch.linalg.svd(x, full_matrices=False)[2], lambda: [torch.randn(4, 3), torch.randn(2, 3, 4)]),
+    "svd_full": (lambda x: torch.linalg.svd(x)[2], lambda: [torch.randn(3, 4), torch.randn(2, 3, 3)]),
+    "svd_v": (lambda x: torch.svd(x)[2], lambda: [torch.randn(4, 3), torch.randn(2, 3, 4)]),  # Vh's adjoint
 }
 
 
