@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from minijit.ir.trace import Trace
 
 __all__ = ["Layout", "LayoutTable", "contiguous_strides", "guard_layout", "guard_row_major", "outside_inference_mode",
-           "row_major", "tensor_row_major"]
+           "row_major", "same_memory", "tensor_row_major"]
 
 
 @dataclass(frozen=True)
@@ -127,6 +127,16 @@ def guard_layout(p: TensorProxy, trace: Trace, offset_matters: bool, sizes_matte
     if flags_matter:
         add_layout_check(f"{p.name}.is_conj() is {layout.conj}")
         add_layout_check(f"{p.name}.is_neg() is {layout.neg}")
+
+
+def same_memory(result: torch.Tensor, source: torch.Tensor) -> bool:
+    """Whether an op's `result` is `source` or a view of its memory (both eager tensors made outside inference mode,
+    meta ones included): the same root of views. `_is_view()` alone says no such thing: `ravel` and `flatten` of a
+    tensor they cannot view copy it contiguously and return a view of the copy."""
+    def root(t: torch.Tensor) -> torch.Tensor:
+        return t._base if t._base is not None else t
+
+    return result is source or root(result) is root(source)
 
 
 @contextmanager

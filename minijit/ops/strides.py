@@ -55,7 +55,15 @@ import torch
 from minijit.errors import MetaError, UnsupportedMethodError
 from minijit.ir import TENSOR_METHODS, BoundSymbol, NumberProxy, Proxy, TensorProxy, Trace, tree_flatten, tree_map
 from minijit.ir.context import add_layout_check, current_trace, where_now
-from minijit.ir.layouts import Layout, contiguous_strides, guard_layout, guard_row_major, outside_inference_mode, row_major
+from minijit.ir.layouts import (
+    Layout,
+    contiguous_strides,
+    guard_layout,
+    guard_row_major,
+    outside_inference_mode,
+    row_major,
+    same_memory,
+)
 from minijit.ir.proxies import guarded_compare, number_value, same_value
 from minijit.ops.eager_facts import eager_impl
 from minijit.ops.iterator_layouts import replay_layouts, results_as_tuple
@@ -339,7 +347,7 @@ def reshape_copies(p: TensorProxy, shape: tuple[Any, ...]) -> bool | None:
     meta = user_layout(p)
     if meta is None:
         return None
-    viewed = meta.reshape(tuple(int(number_value(d)) for d in shape))._is_view()
+    viewed = same_memory(meta.reshape(tuple(int(number_value(d)) for d in shape)), meta)
     if _sizes_symbolic(p) and not only_splits(tuple(p.shape), shape):
         if viewed:
             hold_for_every_size(p, lambda trace: symbolic_viewable(p, trace, shape),

@@ -49,9 +49,10 @@ from minijit.ir import (
     Trace,
     check_table,
     tree_flatten,
+    tree_map,
 )
 from minijit.ir.context import replaying_captured
-from minijit.ir.layouts import outside_inference_mode
+from minijit.ir.layouts import outside_inference_mode, same_memory
 from minijit.ir.proxies import number_value, same_shape, same_value
 from minijit.ir.rewrite import ProxyMap, replay_bsym
 from minijit.ops import prims
@@ -300,6 +301,7 @@ def scatter_by_positions(base: TensorProxy, chain: list[tuple[BoundSymbol, Proxy
                            "than one element of the written-to tensor refers to a single memory location; minijit "
                            "supports it only for one value written everywhere (zero_, fill_), and eager refuses most "
                            "such writes; clone() the tensor before writing into it")
+    _check_memory_order(base, chain)
     positions = prims.reshape(prims.iota(numel, start=0, step=1, dtype=torch.int64, device=base.device), base.shape)
     reinterprets = False
     for step, out in chain:
@@ -319,6 +321,27 @@ def scatter_by_positions(base: TensorProxy, chain: list[tuple[BoundSymbol, Proxy
         return _fill_where_masked(base, positions, *masked_fill)
     flat = prims.index_copy(prims.reshape(base, (numel,)), prims.reshape(positions, (n,)), prims.reshape(new, (n,)), 0)
     return prims.reshape(flat, tuple(base.shape))
+
+
+def _check_memory_order(base: TensorProxy, chain: list[tuple[BoundSymbol, Proxy]]) -> None:
+    """Refuse a write through a view that reads memory (`as_strided`) where `base` is not laid out row-major from
+    the start of its memory: the positions replayed are row-major from 0, and eager's view picks the elements at
+    those places of `base`'s memory (a transposed `base`'s others, an offset one's memory before its first element).
+    The guard checks the layout the answer relied on. (Where the layout is not known, as for an op without an eager
+    implementation's result, row-major from the start is assumed: left alone.)"""
+    reading = next((step for step, _ in chain if Tag.READS_LAYOUT in step.sym.tags), None)
+    if reading is None:
+        return
+    if eager_layout(base, guard=False) is None:
+        return  # (a synthetic base of inputs sharing memory is its storage's prefix, row-major from its start)
+    meta = eager_layout(base, offset_matters=True, sizes_matter=any(isinstance(d, Proxy) for d in base.shape))
+    if meta is not None and meta.is_contiguous() and meta.storage_offset() == 0:
+        return
+    laid_out = f"strides {tuple(meta.stride())}, storage offset {meta.storage_offset()}" if meta is not None else "?"
+    raise UnsupportedOpError(
+        f"{reading.sym.id}{where(reading.source)}: an in-place write through this view of {base.name}, whose memory "
+        f"layout ({laid_out}) is not row-major from the start of its memory: minijit cannot place the written "
+        "elements as eager does; take the view of a contiguous tensor (.contiguous(), or .clone() first)")
 
 
 def _fill_where_masked(base: TensorProxy, positions: TensorProxy, mask: TensorProxy, value: Any) -> TensorProxy:
@@ -369,13 +392,24 @@ def _run_chain(start: torch.Tensor, chain: list[tuple[BoundSymbol, Proxy]]) -> l
     for step, out in chain:
         impl = eager_impl(step.sym)
         viewed = step.viewed_tensor()
-        if impl is None or any(isinstance(a, Proxy) and a is not viewed and not isinstance(a, NumberProxy)
+        if impl is None or any(isinstance(a, Proxy) and a is not viewed and not isinstance(a, NumberProxy | TensorProxy)
                                for a in tree_flatten((step.args, step.kwargs))):
             return None
-        args = [values[-1] if a is viewed else number_value(a) if isinstance(a, NumberProxy) else a
-                for a in step.args]
+
+        def value(a: Any, before: torch.Tensor = values[-1], viewed: Any = viewed) -> Any:
+            # Another tensor argument counts by its shape alone (`reshape_as`'s, an index's): whether the step views
+            # is the viewed tensor's layout's to decide.
+            if a is viewed:
+                return before
+            if isinstance(a, NumberProxy):
+                return number_value(a)
+            if isinstance(a, TensorProxy):
+                return torch.zeros([int(number_value(d)) for d in a.shape], dtype=a.dtype, device="meta")
+            return a
+
+        args, kwargs = tree_map(value, (step.args, step.kwargs))
         try:
-            values.append(tree_flatten(impl(*args, **step.kwargs))[output_position(step, out)])
+            values.append(tree_flatten(impl(*args, **kwargs))[output_position(step, out)])
         except Exception:
             return None
     return values
@@ -394,7 +428,7 @@ def eager_returns_view(base: TensorProxy, chain: list[tuple[BoundSymbol, Proxy]]
     if values is None:
         return None
     last, before = values[-1], values[-2]
-    viewed = last is before or last._is_view()
+    viewed = same_memory(last, before)
     if trace is not None and base.ndim > 1 and eager_layout(base, trace, guard=False) is None:
         # `base`'s layout unknown (an op without an eager implementation, autograd): taken contiguous above; where
         # a column-major `base` answers otherwise, the layout decides (refused where a write makes it matter).
@@ -402,7 +436,7 @@ def eager_returns_view(base: TensorProxy, chain: list[tuple[BoundSymbol, Proxy]]
         with outside_inference_mode():
             start = torch.empty(shape[::-1], dtype=base.dtype, device="meta").permute(*reversed(range(len(shape))))
             other = _run_chain(start, chain)
-        if other is not None and (other[-1] is other[-2] or other[-1]._is_view()) != viewed:
+        if other is not None and same_memory(other[-1], other[-2]) != viewed:
             step = chain[-1][0]
             raise LayoutDecidesView(
                 f"{step.sym.id}{where(step.source)}: whether eager returns a view of {base.name} or a copy depends "
