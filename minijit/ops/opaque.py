@@ -49,6 +49,7 @@ from __future__ import annotations
 import inspect
 import types
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -555,12 +556,27 @@ def _rebuild(outputs: Any, fresh: Any, given: list[Any] | None = None) -> Any:
     return map_leaves(outputs, build)
 
 
-def shapes_seen_symbol(fn: Any, real_out: Any, shapes: list[tuple[Any, ...] | None] | None = None) -> Symbol:
+def views_seen(args: tuple[Any, ...], kwargs: dict[str, Any], real: tuple[tuple[Any, ...], dict[str, Any]],
+               real_out: Any) -> tuple[int | str | None, ...] | None:
+    """For each leaf of `real_out`, the result of an op run on the real values `real` of its arguments, the argument
+    whose memory it shares (it views it, or is it), else None; None where no leaf does."""
+    storages: dict[int, int | str] = {}
+    for ref, x in zip(_arg_refs(args, kwargs), tree_flatten(real), strict=True):
+        if isinstance(x, torch.Tensor):
+            storages.setdefault(x.untyped_storage()._cdata, ref)
+    views = tuple(storages.get(t.untyped_storage()._cdata) if isinstance(t, torch.Tensor) else None
+                  for t in tree_flatten(real_out))
+    return views if any(v is not None for v in views) else None
+
+
+def shapes_seen_symbol(fn: Any, real_out: Any, shapes: list[tuple[Any, ...] | None] | None = None,
+                       views: tuple[int | str | None, ...] | None = None) -> Symbol:
     """The opaque symbol of `fn`, an op whose result's shape depends on the values, giving `real_out`'s shapes,
     or `shapes` (per leaf of `real_out`, sizes only the trace knows among them: minijit.ops.unbacked).
 
     The capture ran it on the real values (`real_out`, which requires grad as eager's would); the trace checks
-    the shapes seen on every call, or binds the sizes it does not know.
+    the shapes seen on every call, or binds the sizes it does not know. `views`: the arguments its results view
+    (`views_seen`: `torch.narrow` with a tensor start views its input), so that writes through them reach it.
     """
     given = iter(shapes) if shapes is not None else None
 
@@ -579,10 +595,19 @@ def shapes_seen_symbol(fn: Any, real_out: Any, shapes: list[tuple[Any, ...] | No
     namespace, name = printed_name(fn)
 
     def meta(*args: Any, **kwargs: Any) -> Any:
-        return _rebuild(outputs, iter(()))
+        if views is None:
+            return _rebuild(outputs, iter(()))
+
+        def like_viewed(leaf: TensorMeta | None, i: int) -> TensorMeta | None:
+            # A view has the dtype of the tensor it views, which a replay may change (on a tensor of positions).
+            viewed = None if leaf is None or views[i] is None else \
+                args[views[i]] if isinstance(views[i], int) else kwargs.get(views[i])
+            return leaf if not isinstance(viewed, TensorProxy) else replace(leaf, dtype=viewed.dtype)
+
+        return _rebuild(map_leaves(outputs, like_viewed), iter(()))
 
     return Symbol(name, meta, namespace=namespace, is_prim=True, tags=frozenset({OPAQUE}), fn=fn,
-                  effects=Effects(data_dependent=True))
+                  effects=Effects(data_dependent=True, views=views))
 
 
 # -- names ----------------------------------------------------------------------------------------

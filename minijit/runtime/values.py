@@ -30,7 +30,7 @@ from minijit.ir.containers import sequence_leaves
 from minijit.ir.context import current_trace, outside_capture, where_now
 from minijit.ops import prims
 from minijit.ops.aten_prims import check_readable, check_value, is_value_check, observe
-from minijit.ops.opaque import describe, shapes_seen_symbol
+from minijit.ops.opaque import describe, shapes_seen_symbol, views_seen
 from minijit.ops.unbacked import bind_unbacked_sizes, unbacked_shapes
 
 
@@ -155,13 +155,14 @@ class ValueReader:
         with rng_preserved():
             real_out = fn(*real_args, **real_kwargs)
         real_tensors = [t for t in sequence_leaves(real_out) if isinstance(t, torch.Tensor)]
+        views = views_seen(args, kwargs, (real_args, real_kwargs), real_out)
         unbacked = unbacked_shapes(fn, args, kwargs, describe(fn), real_tensors)
         if unbacked is not None:  # sizes only the trace knows, bound where the op made them: no check
             shapes, fresh = unbacked
-            out = shapes_seen_symbol(fn, real_out, shapes)(*args, **kwargs)
+            out = shapes_seen_symbol(fn, real_out, shapes, views)(*args, **kwargs)
             bind_unbacked_sizes(out, fresh)
             return out
-        out = shapes_seen_symbol(fn, real_out)(*args, **kwargs)
+        out = shapes_seen_symbol(fn, real_out, views=views)(*args, **kwargs)
         if isinstance(real_out, tuple) and hasattr(type(real_out), "n_fields"):
             real_out = tuple(real_out)  # torch.return_types, which the symbol gives as a named tuple
         for proxy, real in zip(tree_flatten(out), tree_flatten(real_out), strict=True):

@@ -365,7 +365,27 @@ def _fill_where_masked(base: TensorProxy, positions: TensorProxy, mask: TensorPr
 def _has_repeated_elements(base: TensorProxy, chain: list[tuple[BoundSymbol, Proxy]]) -> bool:
     value = eager_chain(base, chain)
     # Unknown chains (prims, proxies among the arguments) count as free of repeats.
-    return value is not None and bool(torch._debug_has_internal_overlap(value[-1]) == 1)
+    if value is None:
+        return False
+    overlap = torch._debug_has_internal_overlap(value[-1])
+    # Too hard for torch to tell from the strides (`unfold` with a step below its size, `as_strided`), where eager
+    # writes each element once per place it has in the view: the places are counted.
+    return _places_repeat(value[-1]) if overlap == 2 else overlap == 1
+
+
+def _places_repeat(view: torch.Tensor) -> bool:
+    """Whether two elements of `view` (an eager or meta tensor) sit at one place of its memory; a view over more
+    than `_COUNTED_UP_TO` places is taken to."""
+    if view.numel() == 0:
+        return False
+    extent = view.storage_offset() + sum((n - 1) * s for n, s in zip(view.shape, view.stride(), strict=True)) + 1
+    if extent > _COUNTED_UP_TO:
+        return True
+    places = torch.arange(extent).as_strided(view.shape, view.stride(), view.storage_offset())
+    return places.unique().numel() < view.numel()
+
+
+_COUNTED_UP_TO = 1 << 24
 
 
 def eager_chain(base: TensorProxy, chain: list[tuple[BoundSymbol, Proxy]],

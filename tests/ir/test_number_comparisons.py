@@ -84,7 +84,7 @@ def test_rule_same_shape_compares_like_tuples_and_never_reads_a_size_it_holds_tw
 # recorder: they are checked with the ops' rules (rule_compare / rule_same_shape).
 _RULE_MODULES = {"grad.py"}
 # Functions of a pass whose sizes are plain ints (meta tensors standing for eager layouts).
-_PLAIN_SIZES = {("overlap.py", "_status"), ("overlap.py", "_dense")}
+_PLAIN_SIZES = {("overlap.py", "_status"), ("overlap.py", "_dense"), ("view_updates.py", "_places_repeat")}
 
 
 def _pass_sources() -> list[Path]:
