@@ -357,10 +357,12 @@ def reshape_copies(p: TensorProxy, shape: tuple[Any, ...]) -> bool | None:
     return not viewed
 
 
-def is_already_contiguous(p: TensorProxy, memory_format: torch.memory_format) -> bool | None:
+def is_already_contiguous(p: TensorProxy, memory_format: torch.memory_format,
+                          decides: str | None = "contiguous") -> bool | None:
     """Whether `Tensor.contiguous(memory_format)` returns `p` itself in eager (None where `p`'s layout is unknown:
-    a decomposition's call). With symbolic sizes, the guard checks what the answer relied on."""
-    meta = user_layout(p, "contiguous")
+    a decomposition's call, or, where it `decides` nothing, an unknown layout). With symbolic sizes, the guard checks
+    what the answer relied on."""
+    meta = user_layout(p, decides)
     if meta is None:
         return None
     already = meta.is_contiguous(memory_format=memory_format)

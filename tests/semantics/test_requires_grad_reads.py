@@ -50,7 +50,8 @@ def _reshapes_that_copy(x: torch.Tensor, w: torch.Tensor) -> tuple[bool, ...]:
         t = x.t()
         flags = (t.reshape(-1).requires_grad, t.flatten().requires_grad, t.ravel().requires_grad,
                  t.reshape_as(w[0, :2].repeat(3)).requires_grad, t.reshape(3, 2).requires_grad,
-                 t.flatten(1).requires_grad, x.reshape(3, 2).requires_grad, x.flatten().requires_grad)
+                 t.flatten(1).requires_grad, x.reshape(3, 2).requires_grad, x.flatten().requires_grad,
+                 x.view(-1)[::2].ravel().requires_grad, x.view(-1)[::2].reshape(-1).requires_grad)
         r = t.reshape(-1)
     return (*flags, (r * 2 if r.requires_grad else r * 3).sum().item())
 

@@ -25,6 +25,7 @@ _LAYOUTS: dict[str, Callable[[], torch.Tensor]] = {
 
 _MAY_COPY: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "ravel": torch.ravel,
+    "ravel of a strided 1-d": lambda x: x[1, 1, ::2].ravel(),  # (a copy, though no reshape would copy it)
     "flatten": lambda x: x.flatten(),
     "flatten(1)": lambda x: x.flatten(1),
     "reshape": lambda x: x.reshape(12, 5),

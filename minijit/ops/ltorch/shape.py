@@ -211,8 +211,11 @@ def flatten(input: TensorProxy, start_dim: int = 0, end_dim: int = -1) -> Tensor
 
 @ltorch_op(torch_fns=[torch.ravel, torch.Tensor.ravel], methods=["ravel"], effects=VIEW_OR_COPY)
 def ravel(input: TensorProxy) -> TensorProxy:  # noqa: A002
-    """torch.ravel: the tensor as 1-d."""
-    return _view_or_copy(input, (input.numel(),))
+    """torch.ravel: the tensor as 1-d, a view where it is contiguous, else a contiguous copy (of a 1-d one too: no
+    reshape would copy it). Where the layout is not known, taken as a view (the passes refuse a write that the
+    layout decides)."""
+    copies = is_already_contiguous(input, torch.contiguous_format, decides=None) is False
+    return reshape_to(fresh(input) if copies else input, (input.numel(),))
 
 
 @ltorch_op(torch_fns=[torch.unflatten, torch.Tensor.unflatten], methods=["unflatten"], effects=REORDERING_VIEW)
