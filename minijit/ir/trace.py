@@ -388,4 +388,3 @@ def _new_memory(sym: Symbol, subsymbols: Sequence[BoundSymbol]) -> bool:
 
 
 __all__ = ["Trace", "tracing"]
-

@@ -308,7 +308,7 @@ def eager_strides(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out:
     if rule == "fft":
         return None  # (on the CPU with MKL, made by `_fft_output` instead of the meta kernel; else meta's)
     if rule == "column_major":
-        return (1, out.shape[0]) if out.dim() == 2 else None
+        return column_major(tuple(out.shape)) if out.dim() == 2 else None
     if rule == "input":
         return iterator_strides(tuple(out.shape), [_sizes_strides(args[0])], tuple(args[0].shape) == tuple(out.shape))
     if rule == "glu":  # a TensorIterator over the input's two halves
@@ -431,8 +431,11 @@ class _IteratorLayouts(TorchDispatchMode):
         if _rule_of(func) == "fft" and self.device_type == "cpu" and _transforms_use_mkl():
             return _fft_output(func.name(), *args, **kwargs)  # (not the meta kernel: torch 2.11's raises at some layouts)
         out = func(*args, **kwargs)
-        if func is torch.ops.aten._linalg_svd.default and self.device_type == "cpu":
-            return _svd_as_lapack(*out)
+        if func in _LAPACK_COLUMN_MAJOR and self.device_type == "cpu":
+            k = _LAPACK_COLUMN_MAJOR[func]
+            r = out[k]
+            return (*out[:k], torch.empty_strided(r.shape, column_major(tuple(r.shape)), dtype=r.dtype,
+                                                  device=r.device), *out[k + 1:])
         if _rule_of(func) is None:
             return out
         results = out if isinstance(out, tuple) else (out,)
@@ -473,22 +476,15 @@ def _max_pool1d_as_on_the_cpu(grad: bool, input: torch.Tensor, *args: Any,  # no
     return torch.empty_strided(out.shape, contiguous_strides(tuple(out.shape)), dtype=out.dtype, device=out.device)
 
 
-def _eig_as_on_the_cpu(grad: bool, input: torch.Tensor, *args: Any, **kwargs: Any) -> Any:  # noqa: A002
-    """`linalg.eig` as LAPACK returns it: the eigenvectors column-major (each matrix transposed), where the meta
-    kernel lays them out row-major."""
-    values, vectors = torch.linalg.eig(input, *args, **kwargs)
-    *batch, n, _ = vectors.shape
-    strides = (*contiguous_strides((*batch, n * n))[:-1], 1, n) if batch else (1, n)
-    vectors = torch.empty_strided(vectors.shape, strides, dtype=vectors.dtype, device=vectors.device)
-    return torch.return_types.linalg_eig((values, vectors))
+# LAPACK's results that the CPU returns column-major (each matrix transposed) and the meta kernels row-major, by
+# position: `linalg.eig`'s eigenvectors, `_linalg_svd`'s `Vh` (so `torch.svd`'s `V`, its adjoint, is row-major).
+_LAPACK_COLUMN_MAJOR = {torch.ops.aten.linalg_eig.default: 1, torch.ops.aten._linalg_svd.default: 2}
 
 
-def _svd_as_lapack(u: torch.Tensor, s: torch.Tensor, vh: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """`_linalg_svd`'s results as LAPACK returns them on the CPU: `Vh` column-major too (each matrix transposed),
-    where the meta kernel lays it out row-major (`torch.svd`'s `V`, its adjoint, then comes out row-major)."""
-    *batch, k, n = vh.shape
-    strides = (*contiguous_strides((*batch, k * n))[:-1], 1, k) if batch else (1, k)
-    return u, s, torch.empty_strided(vh.shape, strides, dtype=vh.dtype, device=vh.device)
+def column_major(shape: tuple[int, ...]) -> Strides:
+    """The strides of a batch of matrices each laid out column-major, the batch dims outermost."""
+    *batch, rows, columns = shape
+    return (*contiguous_strides((*batch, rows * columns))[:-1], 1, rows) if batch else (1, rows)
 
 
 # Composite functions whose CPU path lays out its input or output otherwise than their meta path does; a dispatch
@@ -499,7 +495,6 @@ _CPU_COMPOSITES: dict[Any, Any] = {
     torch.group_norm: _group_norm_as_on_the_cpu,
     torch.nn.functional.max_pool1d: _max_pool1d_as_on_the_cpu,
     torch.max_pool1d: _max_pool1d_as_on_the_cpu,
-    torch.linalg.eig: _eig_as_on_the_cpu,
 }
 
 

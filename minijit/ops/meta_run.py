@@ -300,11 +300,7 @@ def _run(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], 
     leaves = tree_flatten((args, kwargs))
     meta_leaves, margs, mkwargs = _metas(args, kwargs, grad)
     device = _device_of(args, kwargs)
-    # Each tensor once, at its first position (a proxy passed twice is one tensor: `torch.add(x, y, out=y)`).
-    firsts: dict[int, int] = {}
-    for i, t in enumerate(meta_leaves):
-        if isinstance(t, torch.Tensor):
-            firsts.setdefault(id(t), i)
+    firsts = _first_positions(meta_leaves)
     inputs = [(i, meta_leaves[i]) for i in firsts.values()]
     before = {i: (t._version, _layout(t), t.requires_grad) for i, t in inputs}
     recorder = _Recorder()
@@ -314,9 +310,7 @@ def _run(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], 
     except Exception as e:
         raise _explain(e, recorder.calls, what) from e
 
-    storage_of = {}
-    for i, t in inputs:
-        storage_of.setdefault(_storage(t), i)
+    storage_of = _storage_positions(inputs)
     written: dict[int, None] = {}
     for func, cargs, ckwargs in recorder.calls:
         if torch.Tag.inplace_view in func.tags:
@@ -371,18 +365,31 @@ def _aliasing(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
     column-major (None where it raises then): where the answer differs from the contiguous run's, the layout
     decides it."""
     meta_leaves, margs, mkwargs = _metas(args, kwargs, grad, column_major)
-    firsts: dict[int, int] = {}
-    storage_of: dict[int, int] = {}
-    for i, t in enumerate(meta_leaves):
-        if isinstance(t, torch.Tensor):
-            firsts.setdefault(id(t), i)
-            storage_of.setdefault(_storage(t), i)
+    firsts = _first_positions(meta_leaves)
     try:
         out = fn(*margs, **mkwargs)
     except Exception:
         return None
+    storage_of = _storage_positions([(i, meta_leaves[i]) for i in firsts.values()])
     _, views, same_as = _describe(out, firsts, storage_of, device, what)
     return views, same_as
+
+
+def _first_positions(meta_leaves: list[Any]) -> dict[int, int]:
+    """Each tensor once, at its first position (a proxy passed twice is one tensor: `torch.add(x, y, out=y)`)."""
+    firsts: dict[int, int] = {}
+    for i, t in enumerate(meta_leaves):
+        if isinstance(t, torch.Tensor):
+            firsts.setdefault(id(t), i)
+    return firsts
+
+
+def _storage_positions(inputs: list[tuple[int, torch.Tensor]]) -> dict[int, int]:
+    """The position of the first input on each storage."""
+    storage_of: dict[int, int] = {}
+    for i, t in inputs:
+        storage_of.setdefault(_storage(t), i)
+    return storage_of
 
 
 def _to_meta_tree(x: Any, metas: dict[int, torch.Tensor], grad: bool, column_major: bool = False) -> Any:
