@@ -73,7 +73,7 @@ from minijit.transforms.inline_grad import (
     refuse_made_leaves,
     refuse_outputs_requiring_grad,
 )
-from minijit.transforms.simplify import remove_cast_round_trips
+from minijit.transforms.simplify import simplify
 from minijit.transforms.verify import CheckLevel, TraceChecker, check_level, checking_traces
 
 
@@ -309,10 +309,10 @@ def _reuses_buffers(ctx: PassContext) -> bool:
 PASSES: tuple[Pass, ...] = (
     Pass("functionalize", _functionalize),
     Pass("dce", lambda t, ctx: dce(t, keep_sizes=True)),  # the grad pass may save them
-    Pass("remove cast round trips", lambda t, ctx: remove_cast_round_trips(t)),
+    Pass("simplify", lambda t, ctx: simplify(t)),
     Pass("expand inline gradients", _expand_inline_grads, lambda ctx: ctx.inline_grads),
     Pass("split forward/backward", _split, lambda ctx: ctx.differentiates),
-    Pass("remove cast round trips", lambda t, ctx: remove_cast_round_trips(t), lambda ctx: ctx.part == "backward"),
+    Pass("simplify", lambda t, ctx: simplify(t), lambda ctx: ctx.part == "backward"),
     Pass("dce", lambda t, ctx: dce(t), _half),  # what the split left dead
     Pass("claim executors", lambda t, ctx: claim_executors(t, ctx.executors)),
     Pass("dce", lambda t, ctx: dce(t)),

@@ -1,18 +1,25 @@
-"""Simplify: remove lossless cast round trips (docs/design.md, invariant 5).
+"""Simplify: remove lossless cast round trips (docs/design.md, invariant 5), and compute each number once.
 
 `y = x.to(float32); z = y.to(bfloat16)` with x in bfloat16 gives z == x exactly,
 because every bfloat16 value is a float32 value: z is replaced by x. The other
 direction, float32 -> bfloat16 -> float32, rounds and must stay.
+
+`f3 = num_mul(lr, 0.01)` after `f1 = num_mul(lr, 0.01)` is `f1`: arithmetic on Python
+numbers is pure, so a repeat is dropped and its uses read the first (an optimizer
+computes its weight decay factor once per parameter; each repeat is one more float a
+fused region takes as an input, and torch.compile wraps each float in a tensor per call).
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
-from minijit.ir import BoundSymbol, Proxy, Tag, TensorProxy, Trace, tree_flatten
-from minijit.ir.rewrite import ProxyMap, rewrite
+from minijit.ir import BoundSymbol, NumberProxy, Proxy, Tag, TensorProxy, Trace, tree_flatten
+from minijit.ir.rewrite import ProxyMap, Rule, rewrite
+from minijit.ops import prims
 from minijit.transforms.memory import MemoryModel, layout_read, memory_model
 
 _INT_BITS = {torch.bool: 1, torch.uint8: 8, torch.int8: 7, torch.int16: 15, torch.int32: 31, torch.int64: 63}
@@ -60,8 +67,23 @@ def _cast_of(bsym: BoundSymbol) -> tuple[TensorProxy, TensorProxy] | None:
     return None
 
 
+def simplify(trace: Trace) -> Trace:
+    """`trace` with lossless cast round trips removed and each repeated number computed once, in one walk."""
+    drop_round_trip, merge_number = _cast_round_trip_rule(trace), _repeated_number_rule()
+
+    def rule(bsym: BoundSymbol, env: ProxyMap) -> list[BoundSymbol] | None:
+        merged = merge_number(bsym, env)
+        return merged if merged is not None else drop_round_trip(bsym, env)
+
+    return rewrite(trace, rule, pass_name="simplify")
+
+
 def remove_cast_round_trips(trace: Trace) -> Trace:
     """Replace `cast(cast(x, d1), x.dtype)` by x when the cast to d1 is lossless."""
+    return rewrite(trace, _cast_round_trip_rule(trace), pass_name="remove cast round trips")
+
+
+def _cast_round_trip_rule(trace: Trace) -> Rule:
     source_of = ProxyMap()  # cast output -> the tensor it was cast from
     # Returning an input or a view of one where the user got a fresh tensor would alias the two
     # (and the trace's final copies into inputs would change the returned value).
@@ -89,4 +111,39 @@ def remove_cast_round_trips(trace: Trace) -> Trace:
         source_of[out] = x
         return None
 
-    return rewrite(trace, drop_round_trip, pass_name="remove cast round trips")
+    return drop_round_trip
+
+
+_NUMBER_PRIMS = frozenset(prims.NUMBER_PRIMS.values())
+
+
+def _repeated_number_rule() -> Rule:
+    """Drops each number prim (`prims.num_mul`, ...) that repeats an earlier one on the same arguments; its uses
+    read the earlier result."""
+    first: dict[tuple[Any, ...], NumberProxy] = {}
+
+    def merge(bsym: BoundSymbol, env: ProxyMap) -> list[BoundSymbol] | None:
+        if bsym.sym not in _NUMBER_PRIMS or bsym.kwargs or not isinstance(bsym.output, NumberProxy):
+            return None
+        key = (bsym.sym, *map(_argument_key, bsym.args))
+        if None in key:
+            return None
+        earlier = first.setdefault(key, bsym.output)
+        if earlier is bsym.output:
+            return None
+        env[bsym.output] = earlier
+        return []
+
+    return merge
+
+
+def _argument_key(x: Any) -> tuple[Any, ...] | None:
+    """What decides a number prim's argument: a proxy by identity, a Python number by type and exact value (a
+    float by its bits: -0.0 is not 0.0, and nan is nan); None for anything else (never merged)."""
+    if isinstance(x, NumberProxy):
+        return ("proxy", id(x))
+    if type(x) is float:
+        return (float, x.hex())
+    if type(x) in (int, bool):
+        return (type(x), x)
+    return None

@@ -21,7 +21,7 @@ def test_the_no_grad_trace_runs_the_passes_whose_condition_holds():
     jf = minijit.jit(_f)
     jf(torch.randn(3, 4), torch.randn(4, 5))
     assert _names(minijit.last_traces(jf)) == [
-        "capture", "functionalize", "dce", "remove cast round trips",
+        "capture", "functionalize", "dce", "simplify",
         "claim executors", "dce", "write copies in place", "reuse buffers"]
 
 
@@ -33,7 +33,7 @@ def test_forward_and_backward_run_the_same_list_under_their_conditions():
         "release dead values"]
     # A backward that writes no input of the forward neither writes copies in place nor reuses buffers.
     assert _names(minijit.last_backward_traces(jf)) == [
-        "split forward/backward", "remove cast round trips", "dce", "claim executors", "dce", "release dead values"]
+        "split forward/backward", "simplify", "dce", "claim executors", "dce", "release dead values"]
 
 
 @pytest.mark.parametrize("grad", [False, True])
@@ -51,8 +51,8 @@ def test_check_copies_runs_as_a_hook_once_the_writes_are_settled(monkeypatch, gr
 
 def test_the_pass_list_and_the_checks_in_order():
     assert [p.name for p in pipeline.PASSES] == [
-        "functionalize", "dce", "remove cast round trips", "expand inline gradients", "split forward/backward",
-        "remove cast round trips", "dce", "claim executors", "dce", "write copies in place", "reuse buffers",
+        "functionalize", "dce", "simplify", "expand inline gradients", "split forward/backward",
+        "simplify", "dce", "claim executors", "dce", "write copies in place", "reuse buffers",
         "release dead values"]
     assert [c.name for c in pipeline.AFTER_PASS] == ["verify", "check copies", "check writes after checks"]
     assert {type(p) for p in (*pipeline.PASSES, *pipeline.AFTER_PASS)} == {pipeline.Pass}

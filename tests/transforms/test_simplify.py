@@ -1,4 +1,4 @@
-"""remove_cast_round_trips: lossless round trips go, lossy ones stay; values match eager."""
+"""simplify: lossless cast round trips go, lossy ones stay; repeated numbers are computed once; values match eager."""
 
 from __future__ import annotations
 
@@ -104,3 +104,35 @@ def test_returned_clone_of_a_clone_of_a_written_input_view_keeps_its_value(share
     ours, theirs = base.clone(), base.clone()
     torch.testing.assert_close(minijit.jit(f)(*inputs(ours)), f(*inputs(theirs)))
     torch.testing.assert_close(ours, theirs)
+
+
+def _number_ops(jf: minijit.JitFunction) -> list[str]:
+    return [str(b.args) for b in jf.last_traces()[-1].bound_symbols if b.sym.id.startswith(("num_", "torchex.num_"))]
+
+
+def test_a_number_computed_again_from_the_same_arguments_is_computed_once():
+    # An optimizer's weight decay factor, once per parameter: `1 - lr * wd`.
+    def step(params, lr, wd):
+        return [p * (1 - lr * wd) for p in params]
+
+    params = [torch.randn(3) for _ in range(4)]
+    jf = minijit.jit(step, cache="symbolic values")
+    for lr in (0.1, 0.25):
+        for have, want in zip(jf(params, lr, 0.01), step(params, lr, 0.01), strict=True):
+            torch.testing.assert_close(have, want, rtol=0, atol=0)
+    assert len(_number_ops(jf)) == 2, _number_ops(jf)  # lr * wd and 1 - it, once
+
+
+def test_numbers_that_differ_only_in_a_zero_sign_or_type_stay_apart():
+    # s + 0.0 and s + -0.0 differ for s == -0.0; s * 2 and s * 2.0 differ in type.
+    def f(x, s):
+        return x / (s + 0.0), x / (s + -0.0), x * (s * 2), x * (s * 2.0), type(s * 2) is type(s * 2.0)
+
+    x = torch.ones(2)
+    jf = minijit.jit(f, cache="symbolic values")
+    for s in (1.5, -0.0, 3):
+        for have, want in zip(jf(x, s), f(x, s), strict=True):
+            if isinstance(want, torch.Tensor):
+                torch.testing.assert_close(have, want, rtol=0, atol=0)
+            else:
+                assert have == want
