@@ -61,7 +61,8 @@ def jit(fn: Callable[..., Any], *, executors: Sequence[Any] | None = None,
     and hooks; hooks added or removed later are a new trace.
 
     `executors` is a priority list of executors or their names (the torch executor is
-    always appended as the fallback); `cache` is "automatic" (the default: constant sizes and numbers until a
+    always appended as the fallback; none given: `minijit.extend.get_default_executors()`, the
+    torch executor, with Triton ahead of it where a CUDA device is present); `cache` is "automatic" (the default: constant sizes and numbers until a
     call misses only by those, then symbolic ones, as torch.compile's `dynamic=None`; `minijit.runtime.dynamic`),
     "constant values" (a trace per size and number), "symbolic values" (symbolic from the first call) or
     "no caching".

@@ -37,6 +37,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from minijit.errors import MinijitError
 from minijit.ir import (
     BoundSymbol,
@@ -119,6 +121,11 @@ class Executor:
 
     def unavailable_reason(self) -> str | None:
         """Why this executor cannot run here (missing package, no GPU), or None if it can."""
+        return None
+
+    def default_device(self) -> str | None:
+        """The device type ("cuda") where this executor is one of `jit`'s defaults once a device of that type is
+        present (and it is available), or None: used only when named or added (`add_default_executor`)."""
         return None
 
     def implementation_for(self, bsym: BoundSymbol) -> Implementation | None:
@@ -364,6 +371,10 @@ _REGISTRY: dict[str, Executor] = {}
 _DEFAULTS: list[str] = []
 _BUILTIN_MODULES = {"torch": "executors.torch", "triton": "executors.triton", "nvfuser": "executors.nvfuser",
                     "inductor": "executors.inductor"}
+# Built-in executors asked, once per process, whether they are defaults on a device present here (Triton fuses by
+# default on CUDA, as torch.compile's Inductor and Thunder's nvFuser do): only where CUDA is present are they imported.
+_DEVICE_DEFAULT_CANDIDATES = ("triton",)
+_device_defaults_added = False
 _WARNED: set[str] = set()
 _entry_points_loaded = False
 
@@ -388,6 +399,7 @@ def add_default_executor(executor: Executor | str, *, first: bool = True) -> Non
 
         add_default_executor("triton")
     """
+    _add_device_defaults()  # (first: the user's change applies to them)
     ex = get_executor(executor) if isinstance(executor, str) else register_executor(executor)
     if ex.name in _DEFAULTS:
         _DEFAULTS.remove(ex.name)
@@ -398,7 +410,9 @@ def add_default_executor(executor: Executor | str, *, first: bool = True) -> Non
 
 
 def remove_default_executor(executor: Executor | str) -> None:
-    """Stop using `executor` in `jit` calls that name no executors."""
+    """Stop using `executor` in `jit` calls that name no executors (a default on a device present too: Triton on
+    CUDA)."""
+    _add_device_defaults()
     name = executor if isinstance(executor, str) else executor.name
     if name in _DEFAULTS:
         _DEFAULTS.remove(name)
@@ -425,10 +439,27 @@ def get_executor(name: str) -> Executor:
 
 
 def get_default_executors() -> list[Executor]:
-    """The executors `jit` uses when given none, in priority order (torch last)."""
+    """The executors `jit` uses when given none, in priority order (torch last): the registered defaults, and
+    ahead of them the built-in ones whose `default_device()` is present here (Triton where CUDA is)."""
     _load_builtin_executors()
     _load_entry_points()
+    _add_device_defaults()
     return [_REGISTRY[n] for n in _DEFAULTS]
+
+
+def _add_device_defaults() -> None:
+    """Once per process: put ahead of the defaults each built-in executor of `_DEVICE_DEFAULT_CANDIDATES` that is a
+    default on CUDA (`Executor.default_device`), where a CUDA device is present and the executor is available."""
+    global _device_defaults_added
+    if _device_defaults_added:
+        return
+    _device_defaults_added = True
+    if not torch.cuda.is_available():  # (asked first: on a machine without CUDA nothing more is imported)
+        return
+    for name in reversed(_DEVICE_DEFAULT_CANDIDATES):
+        ex = get_executor(name)
+        if name not in _DEFAULTS and ex.default_device() == "cuda" and ex.unavailable_reason() is None:
+            _DEFAULTS.insert(0, name)
 
 
 def resolve_executors(executors: Sequence[Executor | str] | None) -> list[Executor]:

@@ -2,7 +2,9 @@
 
 It is available where triton imports and a CUDA device exists, or on CPU under
 `TRITON_INTERPRET=1` (Triton's interpreter; slow, for tests). Triton itself is only
-imported when a region is compiled, so importing this module is cheap everywhere.
+imported when a region is compiled, so importing this module is cheap everywhere. Where a
+CUDA device is present it is one of `jit`'s defaults: `minijit.jit(fn)` on CUDA tensors fuses
+with Triton, and a call on CPU tensors runs as without it.
 
 Example::
 
@@ -20,8 +22,8 @@ from executors.triton.executor import KERNELS, FusedRegion, TritonExecutor, inte
 from minijit.extend import register_executor
 
 ex = TritonExecutor()
-# Not a default executor yet: its kernels have only run under the interpreter so far. Ask for it
-# by name, or make it a default with `minijit.extend.add_default_executor("triton")`.
+# A default executor where a CUDA device is present (`TritonExecutor.default_device`: minijit.extend adds it, once
+# per process); elsewhere ask for it by name. `minijit.extend.remove_default_executor("triton")` turns it off.
 register_executor(ex)
 triton_executor = ex
 

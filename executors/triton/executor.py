@@ -263,6 +263,11 @@ class TritonExecutor(FusionExecutor):
             return f"importing triton failed: {e!r}"
         return None
 
+    def default_device(self) -> str | None:
+        """CUDA: `jit` fuses with Triton by default where a CUDA device is present (its regions take CUDA tensors
+        only, so a CPU call runs as without it); not under the interpreter, which is for tests."""
+        return None if interpreting() else "cuda"
+
     def _device_ok(self, t: TensorProxy) -> bool:
         return t.device.type == ("cpu" if interpreting() else "cuda")
 

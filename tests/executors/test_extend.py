@@ -40,6 +40,65 @@ def restore_registry():
     extend._WARNED.clear()
 
 
+@pytest.fixture
+def cuda_present(monkeypatch):
+    """A process that has not yet decided its device defaults, where a CUDA device is present (so it is told)."""
+    extend.get_executor("torch"), importlib.import_module("executors.triton")  # (registered before the defaults are kept)
+    monkeypatch.setattr(extend, "_DEFAULTS", list(extend._DEFAULTS))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(extend, "_device_defaults_added", False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    if extend.get_executor("triton").unavailable_reason() is not None:
+        pytest.skip(f"triton cannot run here: {extend.get_executor('triton').unavailable_reason()}")
+
+
+def test_triton_is_a_default_executor_where_a_cuda_device_is_present(cuda_present):
+    assert [e.name for e in extend.get_default_executors()] == ["triton", "torch"]
+    assert [e.name for e in minijit.jit(lambda x: x).executors] == ["triton", "torch"]
+    assert [e.name for e in minijit.jit(lambda x: x, executors=["torch"]).executors] == ["torch"]  # named: as named
+
+
+def test_a_cpu_call_runs_as_before_where_triton_is_a_default(cuda_present):
+    def f(x, y):
+        return (x * 2 + y).exp().sum(-1)
+
+    x, y = torch.randn(4, 8), torch.randn(8)
+    jf = minijit.jit(f)
+    torch.testing.assert_close(jf(x, y), f(x, y))
+    assert jf.executors[0].name == "triton"
+    assert "tritonex" not in final(jf) and "torchex.exp" in final(jf)
+
+
+def test_removing_triton_from_the_defaults_before_the_first_jit_keeps_it_out(cuda_present):
+    extend.remove_default_executor("triton")
+    assert [e.name for e in extend.get_default_executors()] == ["torch"]
+
+
+def test_triton_is_no_default_where_no_cuda_device_is_present_or_under_its_interpreter(cuda_present, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # (the tests' CPU machines: kernels on CPU tensors, slowly)
+    assert [e.name for e in extend.get_default_executors()] == ["torch"]
+    monkeypatch.delenv("TRITON_INTERPRET")
+    monkeypatch.setattr(extend, "_device_defaults_added", False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert [e.name for e in extend.get_default_executors()] == ["torch"]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="Triton fuses by default on a CUDA device only")
+def test_a_default_jit_fuses_cuda_tensors_with_triton():
+    importlib.import_module("executors.triton")
+    if extend.get_executor("triton").unavailable_reason() is not None:
+        pytest.skip(f"triton cannot run here: {extend.get_executor('triton').unavailable_reason()}")
+
+    def f(x, y):
+        return (x * 2 + y).exp().sum(-1)
+
+    x, y = torch.randn(4, 8, device="cuda"), torch.randn(8, device="cuda")
+    jf = minijit.jit(f)
+    torch.testing.assert_close(jf(x, y), f(x, y))
+    assert "tritonex.fusion_0" in final(jf)
+
+
 # -- an operator executor defined in this file -------------------------------------------
 
 calls: list[str] = []
@@ -380,7 +439,8 @@ def test_ops_namespace_is_not_shadowed():
     assert "torchex.mul" in final(jf)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        minijit.jit(lambda x: x)  # the defaults: no warnings (triton/nvfuser are opt-in)
+        minijit.jit(lambda x: x)  # the defaults: no warnings (nvfuser and inductor are opt-in, triton a default
+        # only where a CUDA device is present)
 
 
 def test_an_operator_that_implements_an_op_shows_under_its_registered_name():
