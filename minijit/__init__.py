@@ -62,8 +62,9 @@ def jit(fn: Callable[..., Any], *, executors: Sequence[Any] | None = None,
 
     `executors` is a priority list of executors or their names (the torch executor is
     always appended as the fallback; none given: `minijit.extend.get_default_executors()`, the
-    torch executor, with Triton ahead of it where a CUDA device is present); `cache` is "automatic" (the default: constant sizes and numbers until a
-    call misses only by those, then symbolic ones, as torch.compile's `dynamic=None`; `minijit.runtime.dynamic`),
+    torch executor, with Triton ahead of it where a CUDA device is present); `cache` is "automatic"
+    (the default: constant sizes and numbers until a call misses only by those, its arguments' or those of
+    tensors it reads from outside, then symbolic ones, as torch.compile's `dynamic=None`; `minijit.runtime.dynamic`),
     "constant values" (a trace per size and number), "symbolic values" (symbolic from the first call) or
     "no caching".
     With `warn_retraces_after=N` (or the environment variable MINIJIT_WARN_RETRACES=N)

@@ -532,6 +532,22 @@ class Prologue:
                 failed.append(check)
         return failed
 
+    def differs_in_captured_sizes(self, args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[Any]) -> bool:
+        """Whether the checks this call fails are all of tensors read from outside with constant sizes, each of the
+        rank, dtype, device and requires_grad it had: a call that differs from the entry's in those sizes alone."""
+        failed = self.failed_checks(args, kwargs, flat)
+        if not failed:
+            return False
+        for check in failed:
+            if check.aspect != "captured" or isinstance(check.expected[0], int):
+                return False
+            now = self._run(check, self.inputs, flat, guard=True)[1]
+            shape, dtype, device, requires_grad = check.expected
+            if not (isinstance(now, Tensor) and now.ndim == len(shape)
+                    and (now.dtype, now.device, now.requires_grad) == (dtype, device, requires_grad)):
+                return False
+        return True
+
     def changed_reads(self, args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[Any]) -> list[Check]:
         """The checks of numbers read from outside that this call fails, whatever its key checks say (its sizes
         may differ too); those that cannot be read for it are left out."""

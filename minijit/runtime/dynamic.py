@@ -5,7 +5,10 @@ trace for a function that is always called alike. When a call misses only becaus
 int or float among its arguments, differs from those of a call it already traced (the two calls have the
 same key once sizes and numbers are left out), the function switches to "symbolic values" for good: that
 call is traced again with its sizes and numbers symbolic, and the one entry serves all their values (each
-constraint the trace relied on checked by its guard). `cache_info().dynamic` says when and why. The entries
+constraint the trace relied on checked by its guard). So does a call that fails an entry's guard only by the sizes
+of tensors it reads from outside, each of the same rank, dtype and device (an encoder-decoder's decoder, called
+with one new token each time, and a cache that grows: `Prologue.differs_in_captured_sizes`); there the sizes of
+state tensors read from objects become symbolic (minijit.runtime.inputs). `cache_info().dynamic` says when and why. The entries
 traced before the switch still serve the calls they match (`JitFunction._find_kept`): a generation's
 prompt, traced with constant sizes, is not traced again for the next generation.
 

@@ -536,7 +536,13 @@ class JitFunction:
             entry = self._compile_with_dynamic_numbers(key, args, kwargs, flat, same_key)
             if entry is not None:
                 return entry
-        return self._compile_miss(args, kwargs, reason, flat, guard_failed=bool(same_key))
+        # A call failing only the checks of tensors read from outside, and those by their sizes alone (the cache an
+        # encoder-decoder's decoder grows, called with one new token each time), misses by its sizes as one whose
+        # arguments' sizes differ does: with cache="automatic" it goes symbolic.
+        newest = same_key[-1] if same_key and self._automatic is not None and not self._symbolic else None
+        sizes_only = newest is not None and newest.prologue is not None and newest.prologue.differs_in_captured_sizes(
+            args, kwargs, flat)
+        return self._compile_miss(args, kwargs, reason, flat, guard_failed=bool(same_key) and not sizes_only)
 
     def _compile_with_dynamic_numbers(self, key: tuple[Any, ...], args: tuple[Any, ...], kwargs: dict[str, Any],
                                       flat: list[Any], same_key: list[CompiledEntry]
