@@ -265,7 +265,11 @@ class _Splitter:
         self.fwd.extend(bsym if b.sym is bsym.sym and b.output is bsym.output else b for b in map(rename.bsym, recorded))
         saved = rename(saved)
         self.tape.append(_TapeEntry(rule, bsym, args, saved, kwargs))
-        self.requires.update(p.name for p in bsym.proxy_outputs() if is_differentiable(p))
+        # An opaque op's outputs require grad as torch's autograd says on its meta run: the new running statistics
+        # `aten._native_batch_norm_legit` computes do not, and written back into a buffer they leave it without
+        # history, as eager does.
+        opaque = OPAQUE in bsym.sym.tags
+        self.requires.update(p.name for p in bsym.proxy_outputs() if is_differentiable(p) and (p.requires_grad or not opaque))
         return True
 
     # -- backward -----------------------------------------------------------------------------

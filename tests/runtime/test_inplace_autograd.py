@@ -256,3 +256,31 @@ def test_an_input_not_requiring_grad_takes_the_history_of_what_is_written_into_i
         torch.testing.assert_close(buf, want_buf)
         assert rg == want_rg
         torch.testing.assert_close(grad, want_grad)
+
+
+def _aten_batch_norm_legit(x, w, b, mean, var):
+    return torch.ops.aten._native_batch_norm_legit(x, w, b, mean, var, True, 0.1, 1e-5)[0]
+
+
+def _aten_batch_norm_with_update(x, w, b, mean, var):
+    return torch.ops.aten._batch_norm_with_update(x, w, b, mean, var, 0.1, 1e-5)[0]
+
+
+@pytest.mark.parametrize("fn", [_aten_batch_norm_legit, _aten_batch_norm_with_update])
+def test_running_statistics_an_aten_op_writes_take_no_history(fn):
+    # Torch's autograd does not differentiate the running statistics a batch norm writes (an opaque op here, whose
+    # outputs require grad as autograd says on its meta run): the buffers stay without history, as in eager.
+    results = []
+    for run in (fn, minijit.jit(fn)):
+        torch.manual_seed(0)
+        x, w, b = (torch.randn(4, 3, requires_grad=True), torch.randn(3, requires_grad=True),
+                   torch.randn(3, requires_grad=True))
+        mean, var = torch.zeros(3), torch.ones(3)
+        run(x, w, b, mean, var).sum().backward()
+        results.append((mean, var, x.grad, w.grad))
+    (want_mean, want_var, want_x, want_w), (mean, var, grad_x, grad_w) = results
+    assert (mean.requires_grad, mean.grad_fn, var.requires_grad) == (want_mean.requires_grad, None, want_var.requires_grad)
+    torch.testing.assert_close(mean, want_mean)
+    torch.testing.assert_close(var, want_var)
+    torch.testing.assert_close(grad_x, want_x)
+    torch.testing.assert_close(grad_w, want_w)
