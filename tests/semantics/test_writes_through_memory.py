@@ -54,6 +54,47 @@ def test_a_write_into_a_view_or_copy_lands_as_eager(op: str, layout: str, mode: 
         torch.testing.assert_close(h, w)
 
 
+_LAYOUTS_4D: dict[str, Callable[[], torch.Tensor]] = {
+    "contiguous": lambda: torch.randn(2, 3, 4, 5),
+    "channels last": lambda: torch.randn(2, 3, 4, 5).contiguous(memory_format=torch.channels_last),
+    "permuted": lambda: torch.randn(2, 3, 4, 5).permute(0, 1, 3, 2),
+    "sliced": lambda: torch.randn(2, 3, 8, 5)[:, :, ::2],
+}
+
+# Conversions given a memory format: eager returns the input itself where it is laid out as the format suggests,
+# a copy in that format otherwise (`x.to(memory_format=torch.channels_last)` of a contiguous `x` is a new tensor).
+_FORMATTED: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "to channels last": lambda x: x.to(memory_format=torch.channels_last),
+    "to contiguous format": lambda x: x.to(memory_format=torch.contiguous_format),
+    "to dtype, channels last": lambda x: x.to(torch.float32, memory_format=torch.channels_last),
+    "to device, channels last": lambda x: x.to("cpu", memory_format=torch.channels_last),
+    "float(channels last)": lambda x: x.float(memory_format=torch.channels_last),
+    "cpu(channels last)": lambda x: x.cpu(memory_format=torch.channels_last),
+    "contiguous(channels last)": lambda x: x.contiguous(memory_format=torch.channels_last),
+}
+
+
+@pytest.mark.parametrize("mode", ["constant values", "symbolic values"])
+@pytest.mark.parametrize("layout", list(_LAYOUTS_4D))
+@pytest.mark.parametrize("op", list(_FORMATTED))
+def test_a_write_into_a_conversion_to_a_memory_format_lands_as_eager(op: str, layout: str, mode: str) -> None:
+    fn = _FORMATTED[op]
+
+    def program(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = fn(x)
+        y.mul_(2)
+        return x, y
+
+    torch.manual_seed(0)
+    theirs = _LAYOUTS_4D[layout]()
+    ours = torch.empty_strided(theirs.shape, theirs.stride()).copy_(theirs)
+    want = program(theirs)
+    have = minijit.jit(program, cache=mode)(ours)
+    for w, h in zip(want, have, strict=True):
+        torch.testing.assert_close(h, w)
+        assert h.stride() == w.stride()
+
+
 def _write_through_as_strided(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     y = torch.as_strided(x, (2, 2), (1, 2), 1)
     y.add_(1)
