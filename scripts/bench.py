@@ -255,11 +255,12 @@ def workloads() -> list[Workload]:
     if importlib.util.find_spec("transformers") is not None:
         found.append(Workload("llama", "HF Llama fwd+bwd (B=4, T=128, hidden 256, 4 layers)", hf_llama(), llama_args,
                               "train"))
-        for arch in ("llama", "qwen2"):
-            for cache in ("dynamic", "static"):
-                fn, make, loop = bench_loops.generate_loop(arch, cache)
-                found.append(Workload(f"generate-{arch}-{cache}", f"generate() {bench_loops.NEW_TOKENS} tokens, tiny "
-                                      f"{arch}, {cache} cache, batch 2 (jitted forward)", fn, make, "loop", loop=loop))
+        # (an encoder-decoder too: its decoder takes one new token per call, and only its cache grows)
+        generations = [(arch, cache) for arch in ("llama", "qwen2") for cache in ("dynamic", "static")]
+        for arch, cache in [*generations, ("bart", "dynamic")]:
+            fn, make, loop = bench_loops.generate_loop(arch, cache)
+            found.append(Workload(f"generate-{arch}-{cache}", f"generate() {bench_loops.NEW_TOKENS} tokens, tiny "
+                                  f"{arch}, {cache} cache, batch 2 (jitted forward)", fn, make, "loop", loop=loop))
         fn, make, loop = bench_loops.serving_loop()
         found.append(Workload("serving", "tiny BERT serving batches 1-8 x lengths 5-64 (8 shapes)", fn, make, "loop",
                               loop=loop))
@@ -597,7 +598,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--first-call-timeout", type=float, default=240.0)
     parser.add_argument("--only", default=None,
                         help="comma-separated workload keys (overhead,pointwise,mlp,adam,adam-optim,gpt,mutation,sdpa,"
-                             "llama,lr-schedule,train-step,train-step-parts,generate-{llama,qwen2}-{dynamic,static},serving)")
+                             "llama,lr-schedule,train-step,train-step-parts,generate-{llama,qwen2}-{dynamic,static},generate-bart-dynamic,serving)")
     parser.add_argument("--variants", default=None,
                         help=f"comma-separated variants, eager first (default: all of {','.join(VARIANTS)})")
     parser.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"), help="markdown file to write ('' for none)")

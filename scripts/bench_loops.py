@@ -32,12 +32,19 @@ def _config(arch: str, **extra: Any) -> Any:
 
 def generate_loop(arch: str, cache: str) -> tuple[Callable[..., Any], Callable[[], list[Any]], Callable[..., Any]]:
     """(the function each variant wraps: a tiny model's forward, fresh arguments, the loop): greedy generate()
-    of NEW_TOKENS tokens for a batch of two prompts, with a dynamic or a static cache."""
+    of NEW_TOKENS tokens for a batch of two prompts, with a dynamic or a static cache. "bart" is an encoder-decoder:
+    its decoder takes one new token per call, and only its cache grows."""
     import transformers
 
     torch.manual_seed(0)
-    config = _config(arch, num_key_value_heads=2, max_position_embeddings=256)
-    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    if arch == "bart":
+        config = _config(arch, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+                         encoder_ffn_dim=256, decoder_ffn_dim=256, max_position_embeddings=256,
+                         decoder_start_token_id=2, forced_eos_token_id=None)
+        model = transformers.AutoModelForSeq2SeqLM.from_config(config).eval()
+    else:
+        config = _config(arch, num_key_value_heads=2, max_position_embeddings=256)
+        model = transformers.AutoModelForCausalLM.from_config(config).eval()
     extra = {"cache_implementation": "static"} if cache == "static" else {}
 
     def make() -> list[Any]:
