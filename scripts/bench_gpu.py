@@ -2,7 +2,9 @@
 
 Writes a markdown report (--out, default docs/gpu.md, '' for none), rewritten after every workload, and with
 --json PATH one JSON line per row as soon as it is done (a run killed by a timeout keeps the rows done so far).
-Progress goes to stderr with the elapsed seconds, the final tables to stdout. On the GPU machine:
+Progress goes to stderr with the elapsed seconds, the final tables to stdout. The "minijit" variant is `jit` with
+its default executors, which on CUDA fuse with Triton (minijit.extend: a default where a CUDA device is present);
+"minijit+triton" names it. On the GPU machine:
 
     PYTHONPATH=. python scripts/bench_gpu.py [--only copy,overhead,pointwise,adam,gpt,llama]
         [--variants eager,minijit,...] [--repeats 5] [--budget-s 300] [--no-compile] [--json gpu.jsonl]
