@@ -78,12 +78,8 @@ def simplify(trace: Trace) -> Trace:
     return rewrite(trace, rule, pass_name="simplify")
 
 
-def remove_cast_round_trips(trace: Trace) -> Trace:
-    """Replace `cast(cast(x, d1), x.dtype)` by x when the cast to d1 is lossless."""
-    return rewrite(trace, _cast_round_trip_rule(trace), pass_name="remove cast round trips")
-
-
 def _cast_round_trip_rule(trace: Trace) -> Rule:
+    """Replaces `cast(cast(x, d1), x.dtype)` by x when the cast to d1 is lossless."""
     source_of = ProxyMap()  # cast output -> the tensor it was cast from
     # Returning an input or a view of one where the user got a fresh tensor would alias the two
     # (and the trace's final copies into inputs would change the returned value).

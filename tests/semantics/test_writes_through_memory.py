@@ -38,20 +38,26 @@ _MAY_COPY: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 @pytest.mark.parametrize("layout", list(_LAYOUTS))
 @pytest.mark.parametrize("op", list(_MAY_COPY))
 def test_a_write_into_a_view_or_copy_lands_as_eager(op: str, layout: str, mode: str) -> None:
-    fn = _MAY_COPY[op]
+    _write_into_the_result_lands_as_eager(_MAY_COPY[op], _LAYOUTS[layout], mode)
 
+
+def _write_into_the_result_lands_as_eager(fn: Callable[[torch.Tensor], torch.Tensor], make: Callable[[], torch.Tensor],
+                                          mode: str, strides: bool = False) -> None:
+    """`fn`'s result written into, under minijit and in eager on inputs of the same strides: the input and the
+    result equal eager's (and, with `strides`, their strides)."""
     def program(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         y = fn(x)
         y.mul_(2)
         return x, y
 
     torch.manual_seed(0)
-    theirs = _LAYOUTS[layout]()
+    theirs = make()
     ours = torch.empty_strided(theirs.shape, theirs.stride()).copy_(theirs)  # the same strides
     want = program(theirs)
     have = minijit.jit(program, cache=mode)(ours)
     for w, h in zip(want, have, strict=True):
         torch.testing.assert_close(h, w)
+        assert not strides or h.stride() == w.stride()
 
 
 _LAYOUTS_4D: dict[str, Callable[[], torch.Tensor]] = {
@@ -78,21 +84,7 @@ _FORMATTED: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 @pytest.mark.parametrize("layout", list(_LAYOUTS_4D))
 @pytest.mark.parametrize("op", list(_FORMATTED))
 def test_a_write_into_a_conversion_to_a_memory_format_lands_as_eager(op: str, layout: str, mode: str) -> None:
-    fn = _FORMATTED[op]
-
-    def program(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        y = fn(x)
-        y.mul_(2)
-        return x, y
-
-    torch.manual_seed(0)
-    theirs = _LAYOUTS_4D[layout]()
-    ours = torch.empty_strided(theirs.shape, theirs.stride()).copy_(theirs)
-    want = program(theirs)
-    have = minijit.jit(program, cache=mode)(ours)
-    for w, h in zip(want, have, strict=True):
-        torch.testing.assert_close(h, w)
-        assert h.stride() == w.stride()
+    _write_into_the_result_lands_as_eager(_FORMATTED[op], _LAYOUTS_4D[layout], mode, strides=True)
 
 
 def _write_through_as_strided(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

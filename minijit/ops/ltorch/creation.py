@@ -61,7 +61,7 @@ def _is_device(x: Any) -> bool:
     return isinstance(x, str | torch.device) or (type(x) is int)
 
 
-def _default_format(op: str, memory_format: Any) -> None:
+def _decline_memory_format(op: str, memory_format: Any) -> None:
     """Decline a conversion with a memory format of its own (to the opaque torch op, whose run on the input's
     layout decides): eager returns the input itself where it is laid out as that format suggests, and a copy in
     that format otherwise (`x.to(memory_format=torch.channels_last)` of a contiguous `x` is a new tensor, a
@@ -91,7 +91,7 @@ def to(input: TensorProxy, *args: Any, **kwargs: Any) -> TensorProxy:  # noqa: A
     if len(rest) > 2:
         raise fail("to", f"unexpected arguments {tuple(args)!r}")
     flags.update({k: kwargs.pop(k) for k in ("non_blocking", "copy") if k in kwargs})
-    _default_format("to", kwargs.pop("memory_format", None))
+    _decline_memory_format("to", kwargs.pop("memory_format", None))
     if kwargs:
         raise fail("to", f"unexpected keyword arguments {sorted(kwargs)}")
     out = convert("to", input, dtype, None if device is None else _device(device))
@@ -104,7 +104,7 @@ def to(input: TensorProxy, *args: Any, **kwargs: Any) -> TensorProxy:  # noqa: A
 @ltorch_op(torch_fns=[torch.Tensor.cpu], methods=["cpu"])
 def cpu(input: TensorProxy, memory_format: Any = None) -> TensorProxy:  # noqa: A002
     """Tensor.cpu(): the tensor on the CPU (itself if it is there)."""
-    _default_format("cpu", memory_format)
+    _decline_memory_format("cpu", memory_format)
     return convert("cpu", tensor_argument("cpu", input), None, torch.device("cpu"))
 
 
@@ -112,14 +112,14 @@ def cpu(input: TensorProxy, memory_format: Any = None) -> TensorProxy:  # noqa: 
 def cuda(input: TensorProxy, device: Any = None, non_blocking: bool = False,  # noqa: A002
          memory_format: Any = None) -> TensorProxy:
     """Tensor.cuda(device=None, non_blocking=False): the tensor on that CUDA device (the current one by default)."""
-    _default_format("cuda", memory_format)
+    _decline_memory_format("cuda", memory_format)
     target = _device(torch.device("cuda", device) if type(device) is int else device or "cuda")
     return convert("cuda", tensor_argument("cuda", input), None, target)
 
 
 def _declare_cast(name: str, dtype: torch.dtype) -> Any:
     def decomposition(input: TensorProxy, memory_format: Any = None) -> TensorProxy:  # noqa: A002
-        _default_format(name, memory_format)
+        _decline_memory_format(name, memory_format)
         return convert(name, tensor_argument(name, input), dtype, None)
 
     return declare_op(name, decomposition, f"Tensor.{name}(): the tensor as {dtype}.",
