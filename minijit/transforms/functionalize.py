@@ -245,6 +245,13 @@ class _Functionalizer:
             # Eager's `a` has memory of its own: where the trace returns, keeps or views it, it must not be w's.
             # (An input's value is copied back into it at the end.)
             new = prims.clone(new)
+        if (dst is base and self.grad_enabled and not under_no_grad and not self._carries_grad(new)
+                and self._carries_grad(old := self.resolve(base))):
+            # A tensor that requires grad, written whole with a value that does not (`y.zero_()`, `y.fill_(2)`,
+            # `y[:] = 1`, `y.copy_(c)`): eager's in-place op keeps it in the graph, its old value getting a zero
+            # gradient. The new value is taken from the old one, so that it requires grad as eager's does and a
+            # backward gives the tensors before it zeros, not None.
+            new = prims.where(prims.full(new.shape, True, dtype=torch.bool, device=new.device), new, old)
         if id(base) in self.synthetic:
             # A synthetic base (its members may repeat elements, `o.expand(4, 4)`): one scatter
             # by element positions through the whole view chain.

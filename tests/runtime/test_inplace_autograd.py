@@ -284,3 +284,31 @@ def test_running_statistics_an_aten_op_writes_take_no_history(fn):
     torch.testing.assert_close(var, want_var)
     torch.testing.assert_close(grad_x, want_x)
     torch.testing.assert_close(grad_w, want_w)
+
+
+@pytest.mark.parametrize("overwrite", [
+    lambda y: y.zero_(), lambda y: y.fill_(2.0), lambda y: y.copy_(torch.ones(3, 4)),
+    lambda y: y.__setitem__(slice(None), 1.0), lambda y: y.fill_(torch.tensor(3.0)),
+], ids=["zero_", "fill_", "copy_ of a constant", "setitem of everything", "fill_ with a 0-d tensor"])
+def test_a_tensor_requiring_grad_overwritten_whole_stays_in_the_graph(overwrite):
+    # Eager's in-place op keeps the tensor in the graph: the result requires grad, and the tensors before it get a
+    # zero gradient (not None: an optimizer steps a parameter with a zero gradient, and skips one with None).
+    def fn(x, w):
+        y = x * 2
+        overwrite(y)
+        return y * w
+
+    results = []
+    for run in (fn, minijit.jit(fn)):
+        torch.manual_seed(0)
+        x, w = torch.randn(3, 4, requires_grad=True), torch.randn(3, 4, requires_grad=True)
+        out = run(x, w)
+        requires = out.requires_grad
+        out.sum().backward()
+        results.append((out.detach(), requires, x.grad, w.grad))
+    (want, want_requires, want_x, want_w), (have, requires, grad_x, grad_w) = results
+    torch.testing.assert_close(have, want)
+    assert requires == want_requires
+    assert (grad_x is None) == (want_x is None)
+    torch.testing.assert_close(grad_x, want_x)
+    torch.testing.assert_close(grad_w, want_w)
