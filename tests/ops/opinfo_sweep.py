@@ -132,12 +132,12 @@ def forward_dtypes(info: Any) -> list[torch.dtype]:
     return dtypes or sorted(supported, key=str)[:1]
 
 
-def _seed(seed: int) -> None:
+def reseed(seed: int) -> None:
     """Seed the CPU generator (torch.manual_seed also records a stack trace per lazy device: slow under pytest)."""
     torch.default_generator.manual_seed(seed)
 
 
-def _samples(info: Any, dtype: torch.dtype, requires_grad: bool) -> Iterator[Any]:
+def entry_samples(info: Any, dtype: torch.dtype, requires_grad: bool) -> Iterator[Any]:
     """The entry's CPU samples, drawn from their own random stream seeded with 0 (the generator may raise).
 
     The stream is swapped in only while a sample is made: a `fork_rng` held across the
@@ -145,7 +145,7 @@ def _samples(info: Any, dtype: torch.dtype, requires_grad: bool) -> Iterator[Any
     of a later run.
     """
     outer = torch.get_rng_state()
-    _seed(0)
+    reseed(0)
     try:
         with no_test_fn_lookup():
             made = iter(info.sample_inputs("cpu", dtype, requires_grad=requires_grad, set_seed=False))
@@ -165,13 +165,13 @@ def _samples(info: Any, dtype: torch.dtype, requires_grad: bool) -> Iterator[Any
         yield sample
 
 
-def _clone(x: Any) -> Any:
+def clone_arguments(x: Any) -> Any:
     if isinstance(x, torch.Tensor):
         return x.detach().clone().requires_grad_(x.requires_grad)
     if isinstance(x, list | tuple) and not hasattr(x, "_fields"):
-        return type(x)(_clone(v) for v in x)
+        return type(x)(clone_arguments(v) for v in x)
     if isinstance(x, dict):
-        return {k: _clone(v) for k, v in x.items()}
+        return {k: clone_arguments(v) for k, v in x.items()}
     return x
 
 
@@ -187,7 +187,7 @@ def _call(op: Callable[..., Any], sample: Any) -> Any:
     return as_user_code(op)(sample.input, *sample.args, **sample.kwargs)
 
 
-def _as_args(sample: Any) -> tuple[Any, ...]:
+def as_arguments(sample: Any) -> tuple[Any, ...]:
     return (sample.input, sample.args, sample.kwargs)
 
 
@@ -219,7 +219,7 @@ def jitted(info: Any) -> Callable[..., Any]:
     return minijit.jit(call_op)
 
 
-def _compare(actual: Any, expected: Any, dtype: torch.dtype, values: bool, what: str) -> str | None:
+def compare(actual: Any, expected: Any, dtype: torch.dtype, values: bool, what: str) -> str | None:
     """None if equal, else a description of the first difference."""
     a, e = _leaves(actual), _leaves(expected)
     if len(a) != len(e):
@@ -257,32 +257,32 @@ def _ops_of(jf: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return names, declined
 
 
-def _is_random(info: Any, sample: Any) -> bool:
+def is_random(info: Any, sample: Any) -> bool:
     """Whether eager gives different values for different seeds (or values are unspecified)."""
     if entry_name(info) in UNSPECIFIED_VALUES:
         return True
     results = []
     for seed in (0, 1):
-        _seed(seed)
-        args = _clone(_as_args(sample))  # a fresh copy each time: an in-place op writes into it
+        reseed(seed)
+        args = clone_arguments(as_arguments(sample))  # a fresh copy each time: an in-place op writes into it
         results.append(as_user_code(info.op)(args[0], *args[1], **args[2]))
-    return _compare(results[0], results[1], torch.float64, True, "") is not None
+    return compare(results[0], results[1], torch.float64, True, "") is not None
 
 
 def run_forward_sample(info: Any, sample: Any, dtype: torch.dtype) -> Outcome:
     """The entry's op on one sample under minijit against eager."""
     random = False
     try:
-        random = _is_random(info, sample)
-        _seed(0)
-        eager_args = _clone(_as_args(sample))
+        random = is_random(info, sample)
+        reseed(0)
+        eager_args = clone_arguments(as_arguments(sample))
         expected = as_user_code(info.op)(eager_args[0], *eager_args[1], **eager_args[2])
     except Exception:
         return Outcome("untested", "eager rejects the sample")
     jf = jitted(info)
-    jit_args = _clone(_as_args(sample))
+    jit_args = clone_arguments(as_arguments(sample))
     try:
-        _seed(0)
+        reseed(0)
         actual = jf(*jit_args)
     except MinijitError as e:
         # A trace the verifier rejects is a bug in a pass, never a refusal.
@@ -291,20 +291,20 @@ def run_forward_sample(info: Any, sample: Any, dtype: torch.dtype) -> Outcome:
     except Exception as e:
         return Outcome("error", f"{type(e).__name__}: {_first_line(e)}", *_ops_of(jf))
     values = entry_name(info) not in UNSPECIFIED_VALUES
-    diff = _compare(actual, expected, dtype, values, "output") or _compare(jit_args, eager_args, dtype, True, "input")
+    diff = compare(actual, expected, dtype, values, "output") or compare(jit_args, eager_args, dtype, True, "input")
     if diff is not None and random and values:
-        diff = _compare(actual, expected, dtype, False, "output")  # random: shapes and dtypes only
+        diff = compare(actual, expected, dtype, False, "output")  # random: shapes and dtypes only
     return Outcome("wrong" if diff else "equal", diff or "", *_ops_of(jf))
 
 
 def run_grad_sample(info: Any, sample: Any) -> Outcome:
     """Outputs and input gradients of the entry's op on one float64 sample under minijit, against eager autograd."""
-    leaves = [x for x in _leaves(_as_args(sample)) if isinstance(x, torch.Tensor) and x.requires_grad]
+    leaves = [x for x in _leaves(as_arguments(sample)) if isinstance(x, torch.Tensor) and x.requires_grad]
     if not leaves:
         return Outcome("untested", "no input requires grad")
     try:
-        random = _is_random(info, sample)
-        _seed(0)
+        random = is_random(info, sample)
+        reseed(0)
         expected = [t for t in _leaves(_call(info.op, sample)) if isinstance(t, torch.Tensor)]
     except Exception:
         return Outcome("untested", "eager rejects the sample")
@@ -312,16 +312,16 @@ def run_grad_sample(info: Any, sample: Any) -> Outcome:
     if not diff_out:
         return Outcome("untested", "no differentiable output")
     try:
-        _seed(0)
+        reseed(0)
         cotangents = [torch.randn_like(expected[i]) for i in diff_out]
         want = torch.autograd.grad([expected[i] for i in diff_out], leaves, cotangents, allow_unused=True)
     except Exception:
         return Outcome("untested", "eager autograd rejects the sample")
     jf = jitted(info)
     try:
-        _seed(0)  # the same random numbers as eager's, where minijit runs the op as eager does
-        actual = [t for t in _leaves(jf(*_as_args(sample))) if isinstance(t, torch.Tensor)]
-        diff = _compare(actual, expected, GRAD_DTYPE, True, "output")
+        reseed(0)  # the same random numbers as eager's, where minijit runs the op as eager does
+        actual = [t for t in _leaves(jf(*as_arguments(sample))) if isinstance(t, torch.Tensor)]
+        diff = compare(actual, expected, GRAD_DTYPE, True, "output")
         if diff is not None and random:
             return Outcome("untested", "random: minijit draws other random numbers than eager")
         if diff is not None:
@@ -339,7 +339,7 @@ def run_grad_sample(info: Any, sample: Any) -> Outcome:
     # (`x.clone().zero_()`): the comparison of the gradients below covers it.
     have = [torch.zeros_like(x) if g is None else g for g, x in zip(have, leaves)]
     want = [torch.zeros_like(x) if g is None else g for g, x in zip(want, leaves)]
-    diff = _compare(have, want, GRAD_DTYPE, True, "grad")
+    diff = compare(have, want, GRAD_DTYPE, True, "grad")
     return Outcome("wrong" if diff else "equal", diff or "", *_ops_of(jf))
 
 
@@ -352,7 +352,7 @@ def _run_samples(info: Any, dtype: torch.dtype, grad: bool, result: EntryResult)
     """The worst outcome over the first `samples_per_entry()` samples eager accepts (all, in the full sweep)."""
     limit = samples_per_entry()
     worst, tested = Outcome("untested"), 0
-    samples = _samples(info, dtype, requires_grad=grad)
+    samples = entry_samples(info, dtype, requires_grad=grad)
     while limit is None or tested < limit:
         try:
             sample = next(samples)
