@@ -72,6 +72,9 @@ def _same_memory_copy(x: Any) -> Any:
     return tree_map(copy, x)
 
 
+# A symbolic size that torch's Python checks as an `int` (`linear_cross_entropy`'s chunk size) makes the trace raise
+# where eager does not: that call runs eagerly, with a TracingRaisedWarning, and its values are compared all the same.
+@pytest.mark.filterwarnings("ignore::minijit.runtime.fallback.TracingRaisedWarning")
 @pytest.mark.parametrize("mode", ["automatic", "symbolic values"])
 @pytest.mark.parametrize("info", _entries(), ids=entry_name)
 def test_the_samples_of_an_entry_through_one_jitted_function_equal_eager(info: Any, mode: str) -> None:
