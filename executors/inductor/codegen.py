@@ -90,7 +90,7 @@ class _Writer:
             self.count += 1
             self.names[out.name] = name
             return name
-        if out is None:
+        if out is None or type(out) in (int, float, bool):  # (a size the trace keeps constant, of `shape`)
             return "_"
         if isinstance(out, tuple | list):
             parts = [self.target(o) for o in out]
@@ -173,8 +173,8 @@ def static_marks(region: Region) -> list[str]:
         static = [d for d, n in enumerate(p.shape) if type(n) is int]
         if len(static) == len(p.shape):
             marks.append(f"    torch._dynamo.mark_static(i{k})")
-        elif static:
-            marks.append(f"    torch._dynamo.mark_static(i{k}, {static})")
+        else:  # (one call per dim: inside a compiled function, mark_static takes one index, not a list)
+            marks += [f"    torch._dynamo.mark_static(i{k}, {d})" for d in static]
     return marks
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 import inspect
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -105,16 +105,20 @@ class CallArguments:
     # The input leaves of all arguments, in order: the trace's first inputs.
     flat: list[Any]
 
-    def proxify(self, trace: Trace, pinned: frozenset[int] = frozenset()) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    def proxify(self, trace: Trace, pinned: frozenset[int] = frozenset(),
+                constant_sizes: Sequence[tuple[int | None, ...]] | None = None
+                ) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """The arguments with their input leaves replaced by proxies named after their parameters.
 
         Must be called while `trace` records: in symbolic mode it records the `prims.shape` calls.
         The tensors at the flat input positions `pinned` keep constant sizes in symbolic mode,
-        checked by the guard (as a module's parameters do).
+        checked by the guard (as a module's parameters do); so do the sizes `constant_sizes` gives as
+        ints, per tensor argument in order (cache="automatic": those that did not change).
         """
         symbolic = self.symbolic
         proxied: list[Any] = []
         position = itertools.count()  # the flat input position of each leaf, in order
+        tensor_index = itertools.count()  # the position of each tensor among the arguments' tensors
         # A module's forward names its parameters after their paths (`fc1_weight`).
         leaf_names: list[str] | None = getattr(self.fn, "param_names", None)
         for name, value, part in zip(self.names, (*self.args, *self.kwargs.values()), self.parts, strict=True):
@@ -133,13 +137,14 @@ class CallArguments:
                     refuse_tensor_subclass(x, f"the argument {name}")
                     p = trace.add_input(TensorProxy(tuple(x.shape), x.dtype, x.device, x.requires_grad), wanted_name())
                     note_layout(trace, p, x)
+                    k = next(tensor_index)
                     if symbolic and (is_module_params or at in pinned):
                         # A module's parameters keep their sizes (and so do overlapping inputs rebuilt from a
                         # synthetic base): specialise on them, checked by the guard.
                         for i, d in enumerate(p.shape):
                             add_constraint(f"{p.name}.shape[{i}] == {d}")
                     elif symbolic:
-                        make_sizes_symbolic(p)
+                        make_sizes_symbolic(p, constant_sizes[k] if constant_sizes is not None else None)
                     return p
                 if symbolic and is_symbolic_number(x):
                     cls = IntegerProxy if type(x) is int else FloatProxy
@@ -191,6 +196,19 @@ class CallArguments:
                       no_grad: frozenset[str] = frozenset()) -> tuple[Trace, FunctionalizeResult, InputAliasing | None]:
         """`functionalize_for_call` by `plan` for this call's inputs, followed by the tensors `captured` from outside."""
         return functionalize_for_call(trace, self.flat + captured, no_grad, plan)
+
+
+def tensor_shapes(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[
+        tuple[str, tuple[int, ...]]]:
+    """The shape of each tensor among the call's arguments, in the order `CallArguments.proxify` takes them,
+    labelled by the argument that holds it (`input_ids`, `past[1]`)."""
+    shapes = []
+    for name, value in zip(parameter_names(fn, args, kwargs), (*args, *kwargs.values()), strict=True):
+        if type(value) is set:
+            continue
+        tensors = [x for x in flatten(value, input_leaf(True))[1] if isinstance(x, Tensor)]
+        shapes += [(name if len(tensors) == 1 else f"{name}[{k}]", tuple(t.shape)) for k, t in enumerate(tensors)]
+    return shapes
 
 
 def read_arguments(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -305,19 +323,20 @@ def refuse_tensor_subclass(t: Tensor, what: str) -> None:
         "it inside the function), or set __torch_function__ = torch._C._disabled_torch_function_impl")
 
 
-def make_sizes_symbolic(p: TensorProxy) -> None:
-    """Sizes 0 stay constants; the others become IntegerProxy, sizes of 1 included.
+def make_sizes_symbolic(p: TensorProxy, constant: tuple[int | None, ...] | None = None) -> None:
+    """Sizes 0 stay constants, and so do the sizes `constant` gives as ints; the others become IntegerProxy, sizes
+    of 1 included.
 
     The guard checks the kind of size: `x.shape[0] == 0`, `x.shape[1] > 1`, or `x.shape[2] >= 1`
-    for a size traced at 1. A trace made for a size of 1 serves larger ones where nothing
-    depended on the 1: whatever did (a broadcast against another size, `squeeze`, a branch)
-    compared the size and so recorded `x.shape[2] == 1`. A trace made for a larger size does not
+    for a size traced at 1 (`x.shape[3] == 8` for a size kept constant). A trace made for a size of 1 serves
+    larger ones where nothing depended on the 1: whatever did (a broadcast against another size, `squeeze`, a
+    branch) compared the size and so recorded `x.shape[2] == 1`. A trace made for a larger size does not
     serve a size of 1 (ops may have assumed a size that does not broadcast).
     """
     shape: list[Any] = []
     for i, d in enumerate(p.shape):
         expr = f"{p.name}.shape[{i}]"
-        if d == 0:
+        if d == 0 or (constant is not None and constant[i] is not None):
             add_constraint(f"{expr} == {d}")
             shape.append(d)
         elif d == 1:

@@ -4,8 +4,11 @@ A jitted function starts by tracing with constant sizes and numbers ("constant v
 trace for a function that is always called alike. When a call misses only because a size, or a Python
 int or float among its arguments, differs from those of a call it already traced (the two calls have the
 same key once sizes and numbers are left out), the function switches to "symbolic values" for good: that
-call is traced again with its sizes and numbers symbolic, and the one entry serves all their values (each
-constraint the trace relied on checked by its guard). So does a call that fails an entry's guard only by the sizes
+call is traced again with its numbers symbolic, and with symbolic sizes where its tensor arguments' sizes differ from
+the call traced before (the others stay constants of the trace, checked by its guard, as torch.compile's automatic
+dynamic marks only the dims that changed): the one entry serves all their values (each constraint the trace relied
+on checked by its guard). A later call that differs in a size kept constant makes that size symbolic too, and is
+traced again (`AutomaticDynamic.widen`). So does a call that fails an entry's guard only by the sizes
 of tensors it reads from outside, each of the same rank, dtype and device (an encoder-decoder's decoder, called
 with one new token each time, and a cache that grows: `Prologue.differs_in_captured_sizes`); there the sizes of
 state tensors read from objects become symbolic (minijit.runtime.inputs). `cache_info().dynamic` says when and why. The entries
@@ -48,6 +51,8 @@ MAX_SOURCES = 256
 MAX_DECISIONS = 50
 # The kinds of read (minijit.frontend.guards.GuardEntry) whose number may be made symbolic.
 _NUMBER_READS = frozenset({"global", "cell", "attribute", "item"})
+# (a label naming each tensor argument, its shape), in the order of the arguments' tensors (`tensor_shapes`)
+ArgumentShapes = list[tuple[str, tuple[int, ...]]]
 
 
 @dataclass
@@ -56,18 +61,22 @@ class AutomaticDynamic:
     constant values, and whether (and why) it switched."""
 
     # cache_key(..., symbolic=True) of each call traced with constant values (the last MAX_KEYS, oldest first:
-    # a key holding an argument object's id is new on every call that passes a new object)
-    keys: dict[tuple[Any, ...], None] = field(default_factory=dict)
+    # a key holding an argument object's id is new on every call that passes a new object) -> the shapes of its
+    # tensor arguments, in order
+    keys: dict[tuple[Any, ...], ArgumentShapes] = field(default_factory=dict)
+    # After the switch, per sizes-free key: each tensor argument's sizes, a size kept constant as an int, a symbolic
+    # one as None (a key switched to without a call traced before it, none: all its sizes are symbolic)
+    sizes: dict[tuple[Any, ...], list[tuple[int | None, ...]]] = field(default_factory=dict)
     switched: bool = False
     # The decisions, in words, for cache_info
     decisions: list[str] = field(default_factory=list)
     # Set when a symbolic trace was refused: the function keeps constant values from then on.
     refused: bool = False
 
-    def traced_constant(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """Note a call traced with constant values."""
+    def traced_constant(self, args: tuple[Any, ...], kwargs: dict[str, Any], shapes: ArgumentShapes) -> None:
+        """Note a call traced with constant values, whose tensor arguments have `shapes`."""
         if not self.switched and not self.refused:
-            self.keys[_sizes_free_key(args, kwargs)] = None
+            self.keys[_sizes_free_key(args, kwargs)] = shapes
             if len(self.keys) > MAX_KEYS:
                 del self.keys[next(iter(self.keys))]
 
@@ -75,21 +84,66 @@ class AutomaticDynamic:
         """Whether this missing call differs from a traced one only in sizes and numbers."""
         return not self.switched and not self.refused and _sizes_free_key(args, kwargs) in self.keys
 
-    def switch(self, reason: str) -> None:
-        """Note the switch to symbolic values, for `reason` (the miss explained)."""
+    def switch(self, reason: str, args: tuple[Any, ...], kwargs: dict[str, Any], shapes: ArgumentShapes) -> None:
+        """Note the switch to symbolic values, for `reason` (the miss explained): the sizes of the call's tensor
+        arguments (`shapes`) that differ from the call traced under its key become symbolic, the others stay."""
         self.switched = True
-        self.decisions.append(f"sizes and numbers made symbolic: {reason}")
+        key = _sizes_free_key(args, kwargs)
+        traced = self.keys.get(key)
+        kept = [tuple(a if a == b else None for a, b in zip(was[1], now[1], strict=True))
+                for was, now in zip(traced, shapes, strict=True)] if traced is not None else None
+        if kept is not None:
+            self.sizes[key] = kept
+        self.decisions.append(f"sizes and numbers made symbolic: {reason}" + _sizes_words(shapes, kept))
 
     def undo(self) -> None:
         """Take the last switch back (the call's code raised while traced: it is run eagerly, nothing is traced)."""
         self.switched = False
+        self.sizes.clear()
         self.decisions.pop()
+
+    def constant_sizes(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[int | None, ...]] | None:
+        """Once switched: the sizes the call's trace keeps constant, per tensor argument (None: symbolic); None where
+        all are symbolic."""
+        return self.sizes.get(_sizes_free_key(args, kwargs)) if self.switched else None
+
+    def widen(self, args: tuple[Any, ...], kwargs: dict[str, Any], shapes: ArgumentShapes) -> bool:
+        """Once switched, for a missing call: the sizes kept constant under its key that its tensor arguments
+        (`shapes`) differ in become symbolic, for the call's trace and those after it. Whether there were any."""
+        key = _sizes_free_key(args, kwargs)
+        kept = self.sizes.get(key) if self.switched else None
+        if kept is None:
+            return False
+        wider = [tuple(None if k is not None and k != n else k for k, n in zip(was, now[1], strict=True))
+                 for was, now in zip(kept, shapes, strict=True)]
+        if wider == kept:
+            return False
+        changed = [(label, [d for d, (a, b) in enumerate(zip(was, now, strict=True)) if a != b], shape)
+                   for was, now, (label, shape) in zip(kept, wider, shapes, strict=True)]
+        self.sizes[key] = wider
+        self.decisions.append("sizes made symbolic: " + "; ".join(
+            f"{label} {_dims(dims)} (shape {shape})" for label, dims, shape in changed if dims))
+        return True
 
     def refuse(self, error: MinijitError) -> None:
         """Note that the symbolic trace was refused: back to constant values, for good."""
         self.switched, self.refused = False, True
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         self.decisions.append(f"kept constant values: the trace with symbolic sizes was refused ({first})")
+
+
+def _sizes_words(shapes: ArgumentShapes, kept: list[tuple[int | None, ...]] | None) -> str:
+    """Which sizes went symbolic, in words (for cache_info)."""
+    if kept is None:
+        return " (symbolic: every size; no call under this key was traced before)"
+    changed = [f"{label} {_dims([d for d, k in enumerate(sizes) if k is None])}"
+               for (label, _), sizes in zip(shapes, kept, strict=True) if None in sizes]
+    return (f" (symbolic: {', '.join(changed) or 'no size of an argument'}, and every size of the tensors read from "
+            "objects; the arguments' other sizes stay constants of the trace)")
+
+
+def _dims(dims: list[int]) -> str:
+    return f"dim {dims[0]}" if len(dims) == 1 else f"dims {', '.join(map(str, dims))}"
 
 
 def _sizes_free_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:

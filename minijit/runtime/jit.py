@@ -17,7 +17,7 @@ from minijit import environment
 from minijit.errors import MinijitError, ValueGuardError, ValueGuardMiss
 from minijit.extend import Executor, get_executor, resolve_executors
 from minijit.ir import Trace
-from minijit.runtime.arguments import CALL_ARGUMENTS, flat_inputs
+from minijit.runtime.arguments import CALL_ARGUMENTS, flat_inputs, tensor_shapes
 from minijit.runtime.cache_key import (
     POSITIONAL_TENSOR_KEYS,
     POSITIONAL_TENSOR_SYMBOLIC_KEYS,
@@ -582,11 +582,13 @@ class JitFunction:
         under its own key (strides, aliasing, a value read from outside) differs by more than its sizes."""
         auto = self._automatic
         if auto is None or guard_failed or not auto.should_switch(args, kwargs):
+            if auto is not None and auto.switched:  # a size kept constant that this call differs in goes symbolic
+                auto.widen(args, kwargs, tensor_shapes(self.fn, args, kwargs))
             entry = self._compile(args, kwargs)
             if auto is not None and not self._symbolic and isinstance(entry, CompiledEntry):
-                auto.traced_constant(args, kwargs)
+                auto.traced_constant(args, kwargs, tensor_shapes(self.fn, args, kwargs))
             return entry
-        auto.switch(reason)
+        auto.switch(reason, args, kwargs, tensor_shapes(self.fn, args, kwargs))
         self._set_symbolic(True)
         # The numbers read from outside that changed since the entry used last go symbolic with the sizes, in the
         # same trace, as torch.compile's automatic dynamic does (a cache's length counter: prefill, then decode).
@@ -622,9 +624,10 @@ class JitFunction:
     def _compile(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> CompiledEntry | RaisedWhileTracing:
         """The entry compiled for the call, or, where its code raised while traced, the `RaisedWhileTracing` to
         run it eagerly with (returned, not raised: the eager run must not see it as the exception being handled)."""
+        constant_sizes = self._automatic.constant_sizes(args, kwargs) if self._automatic and self._symbolic else None
         try:
             return compile_for(self.fn, args, kwargs, self.executors, symbolic=self._symbolic,
-                               cuda_graphs=self.cuda_graphs, numbers=self._numbers)
+                               cuda_graphs=self.cuda_graphs, numbers=self._numbers, constant_sizes=constant_sizes)
         except RaisedWhileTracing as raised:
             return raised
 

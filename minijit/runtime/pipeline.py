@@ -348,11 +348,13 @@ def run_passes(trace: Trace, ctx: PassContext, passes: Sequence[Pass]) -> None:
 
 def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
                 executors: Sequence[Any], symbolic: bool = False, cuda_graphs: bool = False,
-                numbers: DynamicNumbers | None = None) -> CompiledEntry:
+                numbers: DynamicNumbers | None = None,
+                constant_sizes: Sequence[tuple[int | None, ...]] | None = None) -> CompiledEntry:
     """Capture `fn` on proxies of `args`, run the passes, and compile the final trace.
 
     With `symbolic`, sizes and Python numbers are traced as symbolic values, and the
-    entry's guard checks the constraints the trace relied on. With `cuda_graphs`, the
+    entry's guard checks the constraints the trace relied on; `constant_sizes`, per tensor argument,
+    gives the sizes kept constant as ints (`CallArguments.proxify`). With `cuda_graphs`, the
     compiled traces replay from CUDA graphs where they can (minijit.runtime.cuda_graphs).
     Numbers read from outside at the dynamic sources of `numbers` are symbolic inputs of the
     trace, read afresh on every call (minijit.runtime.dynamic).
@@ -365,7 +367,7 @@ def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
         constraints: list[str] = []
         state_reads: dict[str, Callable[[], Any]] = {}
         with knowing_constraints(constraints), guarding_layouts(constraints), noting_state_reads(state_reads):
-            entry = _compile(arguments, executors, constraints, pinned, cuda_graphs, numbers)
+            entry = _compile(arguments, executors, constraints, pinned, cuda_graphs, numbers, constant_sizes)
         if not isinstance(entry, NeedsPins):
             break
         # Written inputs that share memory are rebuilt from their storage by their concrete layouts:
@@ -406,7 +408,8 @@ def _dump_traces(entry: CompiledEntry) -> None:
 
 def _compile(arguments: CallArguments, executors: Sequence[Any], constraints: list[str],
              pinned: frozenset[int] = frozenset(), cuda_graphs: bool = False,
-             numbers: DynamicNumbers | None = None) -> CompiledEntry | NeedsPins:
+             numbers: DynamicNumbers | None = None,
+             constant_sizes: Sequence[tuple[int | None, ...]] | None = None) -> CompiledEntry | NeedsPins:
     """Capture, then the passes, then the compiled entry; `NeedsPins` where the capture must be redone with more
     input sizes constant (decided from the call's inputs and the inputs the captured trace writes)."""
     fn, symbolic = arguments.fn, arguments.symbolic
@@ -445,7 +448,7 @@ def _compile(arguments: CallArguments, executors: Sequence[Any], constraints: li
         containers = None
         try:
             with tracing(trace), recording_constraints(constraints), reading_values(reader):
-                pargs, pkwargs = arguments.proxify(trace, pinned)
+                pargs, pkwargs = arguments.proxify(trace, pinned, constant_sizes)
                 own = trace.args[: len(arguments.flat)]
                 state.arguments = {p.name: t for p, t in zip(own, arguments.flat) if isinstance(t, torch.Tensor)}
                 containers = arguments.snapshot_containers(pargs, pkwargs)

@@ -21,6 +21,26 @@ def test_sizes_that_change_trace_twice_then_never_again():
     assert len(info.dynamic) == 1 and "shape (4, 5) != (4, 3)" in info.dynamic[0]
 
 
+def test_only_the_sizes_that_changed_go_symbolic_then_one_more_trace_for_a_size_kept_constant():
+    # As torch.compile's automatic dynamic: the batch size, the same in the first two calls, stays a constant of the
+    # trace (checked by its guard); a call with another batch size makes it symbolic too, once.
+    jf = minijit.jit(_program)
+    for shape in [(4, 3), (4, 5), (4, 7)]:
+        x = torch.randn(shape)
+        torch.testing.assert_close(jf(x, 2), _program(x, 2))
+    sizes = jf.last_traces()[0].args[0].shape
+    assert sizes[0] == 4 and type(sizes[0]) is int and type(sizes[1]) is not int, sizes
+    info = minijit.cache_info(jf)
+    assert info.misses == 2 and "(symbolic: x dim 1, and" in info.dynamic[0], info
+    for shape in [(6, 7), (2, 9), (5, 3), (4, 4), (3, 1)]:
+        x = torch.randn(shape)
+        torch.testing.assert_close(jf(x, 2), _program(x, 2))
+    info = minijit.cache_info(jf)
+    # (a size of 1 is told apart from larger ones: one more trace for the last call)
+    assert info.misses == 4 and any("sizes made symbolic: x dim 0 (shape (6, 7))" in d for d in info.dynamic), info
+    assert all(type(d) is not int for d in jf.last_traces()[0].args[0].shape)
+
+
 def test_numbers_that_change_are_symbolic_too():
     jf = minijit.jit(_program)
     x = torch.randn(3, 4)
