@@ -77,6 +77,11 @@ _PROXY_SAFE_MODULES = {"builtins", "operator", "_operator", "functools", "_funct
                        "collections", "_collections", "copy", "_abc", "abc", "types"}
 _PROXY_SAFE_TYPES = (list, dict, tuple, set, frozenset, str, object, type, slice)
 
+# Code of native modules interpreted all the same: functools' single-dispatch wrappers dispatch on
+# `args[0].__class__`, which only interpreted code reads as eager's class of a proxy (torch.Tensor, int).
+_INTERPRETED_NATIVE_CODE = (functools.singledispatch(lambda x: x).__code__,
+                            functools.singledispatchmethod(lambda self, x: x).__get__(None).__code__)
+
 # Keyed by id: code objects compare equal across modules when their bodies match (a library's
 # copy of torch code, say), and the decision depends on the module. The code is kept alive here.
 _INTERPRET_CODE: dict[int, tuple[types.CodeType, bool]] = {}
@@ -99,7 +104,8 @@ def should_interpret(fn: types.FunctionType) -> bool:
     if known is not None:
         return known[1]
     module = _module_of(fn.__globals__)
-    decision = not _matches(module, _NATIVE_MODULES) or _matches(module, _INTERPRETED_TORCH_MODULES)
+    decision = (not _matches(module, _NATIVE_MODULES) or _matches(module, _INTERPRETED_TORCH_MODULES)
+                or code in _INTERPRETED_NATIVE_CODE)
     _INTERPRET_CODE[id(code)] = (code, decision)
     return decision
 
@@ -145,7 +151,13 @@ def call(fn: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> 
             return call(wrapped, args, kwargs)
         return _call_native(fn, args, kwargs)
     if t is types.MethodType:
-        return call(fn.__func__, (fn.__self__, *args), kwargs)
+        owner = fn.__self__
+        if (type(fn.__func__) is types.FunctionType and not should_interpret(fn.__func__)
+                and mutator_of(owner, fn.__name__) and current_state().outside.is_root(owner)):
+            # A container method written in Python that runs natively (Counter.update): its writes are not seen
+            # one by one, so the call is the effect, as a C method's is.
+            return _call_root_method(owner, fn, args, kwargs)
+        return call(fn.__func__, (owner, *args), kwargs)
     if t is weakref.ReferenceType and not args and not kwargs:
         return _dereference(fn)
     if t is _BoundMethod:
@@ -171,6 +183,10 @@ def call(fn: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> 
                 return run_native(lookaside, owner, *args, **kwargs)
             if current_state().outside.is_root(owner):
                 return _call_root_method(owner, fn, args, kwargs)
+    if t is functools._lru_cache_wrapper and has_proxy(args, kwargs):
+        # The cache would keep the proxies (as keys and results) past this trace, for later calls and traces to
+        # find: the function it wraps is traced instead, the cache left as it is.
+        return call(fn.__wrapped__, args, kwargs)
     try:
         sym = ltorch_symbol_for(fn)
         lookaside = LOOKASIDES.get(fn)
@@ -286,7 +302,7 @@ def _call_root_method(owner: Any, fn: Any, args: tuple[Any, ...] | list[Any], kw
     outside, guards, name = current_state().outside, current_state().guards, fn.__name__
     if mutator_of(owner, name):
         if current_trace() is not None:
-            outside.call_mutator(guards, owner, name, tuple(args))
+            outside.call_mutator(guards, owner, name, tuple(args), kwargs)
     elif isinstance(owner, dict) and name == "get" and args:
         present = dict.__contains__(owner, args[0])
         if present:

@@ -272,13 +272,16 @@ class _VmapCall:
 
 
 def _mapped_size(leaves: list[Any], dims: list[Any]) -> Any:
-    sizes = {x.shape[d] for x, d in zip(leaves, dims) if d is not None}  # a symbolic size compares as guarded
+    sizes: list[Any] = []  # (not a set: hashing a symbolic size relies on its value)
+    for x, d in zip(leaves, dims):
+        if d is not None and not any(s is x.shape[d] or s == x.shape[d] for s in sizes):  # compared as guarded
+            sizes.append(x.shape[d])
     if not sizes:
         raise ValueError("vmap(f, in_dims)(*args): at least one argument must be mapped over (in_dims all None)")
     if len(sizes) > 1:
         raise ValueError(f"vmap: Expected all tensors to have the same size in the mapped dimension, got sizes "
                          f"{sorted(str(s) for s in sizes)} for the mapped dimension")
-    return sizes.pop()
+    return sizes[0]
 
 
 @lookaside(torch.func.vmap, torch.vmap)

@@ -18,6 +18,8 @@ its metadata (`TensorSeen`): a global rebound to a new tensor frees the old one,
 from __future__ import annotations
 
 import collections
+import functools
+import inspect
 import math
 import sys
 import types
@@ -30,7 +32,7 @@ import torch
 
 from minijit.frontend.code import is_library_file
 from minijit.ir import Proxy
-from minijit.ir.proxies import zero_sign_test
+from minijit.ir.proxies import number_values, zero_sign_test
 
 _CONSTANT_TYPES = (int, float, bool, str, bytes, complex, type(None), type(...), torch.dtype, torch.device)
 _SKIPPED_MODULES = ("torch", "minijit")
@@ -61,6 +63,8 @@ class Source:
         holder = self.holder.expression(env) if isinstance(self.holder, Source) else bind(env, self.holder, "_h")
         if self.access == "cell":
             return f"{holder}.cell_contents"
+        if self.access == "attribute" and slot_attribute(self.holder, self.key):
+            return f"{holder}.{self.key}"
         if self.access == "attribute":
             return f"{holder}.__dict__[{_literal(env, self.key)}]"
         if self.access == "tensor attribute":
@@ -259,6 +263,19 @@ def skipped(namespace: Any) -> bool:
     return False
 
 
+def slot_attribute(obj: Any, name: Any) -> bool:
+    """Whether `obj.name` is stored in one of the `__slots__` of its class (not in an instance `__dict__`)."""
+    return (isinstance(name, str) and not isinstance(obj, type)
+            and isinstance(inspect.getattr_static(type(obj), name, None), types.MemberDescriptorType))
+
+
+@functools.cache
+def _has_slots(cls: type) -> bool:
+    """Whether instances of `cls` store attributes in `__slots__` of a class written in Python."""
+    return any(isinstance(v, types.MemberDescriptorType) for k in cls.__mro__ if "__slots__" in vars(k)
+               for v in vars(k).values())
+
+
 def may_have_guarded_attributes(value: Any) -> bool:
     """True for objects whose attribute and item reads are worth guarding: containers, instances, user classes."""
     if isinstance(value, types.ModuleType):
@@ -269,7 +286,8 @@ def may_have_guarded_attributes(value: Any) -> bool:
     if isinstance(value, type):
         module = getattr(value, "__module__", "") or ""
         return module.split(".")[0] not in _SKIPPED_MODULES and module != "builtins"
-    return hasattr(value, "__dict__") or isinstance(value, list | dict | set | tuple | collections.deque | weakref.ref)
+    return (hasattr(value, "__dict__") or isinstance(value, list | dict | set | tuple | collections.deque | weakref.ref)
+            or _has_slots(type(value)))
 
 
 def is_users_module(module: types.ModuleType) -> bool:
@@ -297,7 +315,7 @@ def attribute_source(obj: Any, name: str) -> tuple[Any, dict[str, Any] | None] |
     """Where `obj.name` is stored as plain data: (obj, None) for its own `__dict__`, (class, instance dict)
     for a class attribute read through an instance; None when it is computed (properties, __getattr__)."""
     own = getattr(obj, "__dict__", None)
-    if isinstance(own, dict) and name in own:
+    if (isinstance(own, dict) and name in own) or slot_attribute(obj, name):
         return obj, None
     if isinstance(obj, type):
         # A class's own attribute (a counter, a setting), stored as data rather than computed.
@@ -319,6 +337,9 @@ _FIXED_CLASSES = ("builtins", "collections", "torch", "minijit")
 def record(guards: dict[tuple[Any, ...], GuardEntry], kind: str, namespace: Any, name: Any, value: Any,
            shadow: dict[str, Any] | None = None, owner: str = "") -> None:
     """Add a guard entry unless the value is a proxy or the same read was recorded already (first read wins)."""
+    name = number_values(name)
+    if kind == "keys":
+        value = number_values(value)
     try:
         key = (kind, id(namespace), name, id(shadow))
         hash(key)
@@ -389,6 +410,8 @@ def guard_expression(env: dict[str, Any], i: int, entry: GuardEntry) -> str:
         read = f"{ns}.cell_contents"
     elif kind == "attribute" and _reads_through_python(entry.namespace):
         read = f"_own_dict({ns}).get({key}, _MISSING)"  # (skips the class's own `__getattribute__`: see below)
+    elif kind == "attribute" and slot_attribute(entry.namespace, entry.name):
+        read = f"getattr({ns}, {key}, _MISSING)"
     elif kind == "attribute":
         read = f"{ns}.__dict__.get({key}, _MISSING)"
     elif kind == "tensor attribute":
@@ -486,4 +509,4 @@ def not_in_history(tensors: Sequence[torch.Tensor], read: Sequence[torch.Tensor]
 
 __all__ = ["accumulated_leaves", "bind", "build_guard", "guard_expression", "guard_names", "GuardEntry", "has_snapshot",
            "is_constant", "is_symbolic_number_value", "is_users_module", "MISSING", "not_in_history", "NumberSlot",
-           "record", "same_keys", "Source", "TensorSeen"]
+           "record", "slot_attribute", "same_keys", "Source", "TensorSeen"]

@@ -10,6 +10,7 @@ bodies through the interpreter.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import functools
 import sys
 import types
@@ -28,6 +29,7 @@ from minijit.frontend.frame import NULL, Frame, current_frame, current_state
 from minijit.frontend.torch_function import has_override
 from minijit.ir import NumberProxy, TensorProxy, current_trace
 from minijit.ir.context import note_state_read, where_now
+from minijit.ir.proxies import user_text
 from minijit.ops import aten_prims, prims
 from minijit.ops.autocast import clear_cast_cache
 
@@ -181,11 +183,34 @@ def float_(*args: Any) -> Any:
     return float(*args)
 
 
+def _text_of(native: Callable[..., Any]) -> Callable[..., Any]:
+    def text(*args: Any, **kwargs: Any) -> Any:
+        with user_text():
+            return native(*args, **kwargs)
+
+    text.__doc__ = f"{native.__qualname__}, natively, as text the traced code makes (`user_text`: sizes as values)."
+    return text
+
+
+for _native_text in (ascii, format, str.format, str.__mod__):  # (repr and str: `_dunder_lookaside`)
+    LOOKASIDES[_native_text] = _text_of(_native_text)
+
+
+def eager_class(obj: Any) -> type:
+    """The class eager code sees for `obj`: torch.Tensor for a TensorProxy, the Python type of a NumberProxy
+    (`singledispatch`, `type(n) is int` and `n.__class__` dispatch on it), else its own."""
+    if isinstance(obj, TensorProxy):
+        return torch.Tensor
+    if isinstance(obj, NumberProxy):
+        return obj.python_type
+    return type(obj)
+
+
 @lookaside(type)
 def type_(*args: Any, **kwargs: Any) -> Any:
-    """type(x) is torch.Tensor for a TensorProxy; otherwise the builtin."""
-    if len(args) == 1 and not kwargs and isinstance(args[0], TensorProxy):
-        return torch.Tensor
+    """type(x) as eager code sees it (`eager_class`); otherwise the builtin."""
+    if len(args) == 1 and not kwargs:
+        return eager_class(args[0])
     return type(*args, **kwargs)
 
 
@@ -382,12 +407,13 @@ def object_delattr(obj: Any, name: str, /) -> None:
 
 def _dunder_lookaside(native: Any, dunder: str) -> Callable[..., Any]:
     def run(*args: Any, **kwargs: Any) -> Any:
-        if len(args) == 1 and not kwargs and dunder in _protocols().python_members(type(args[0])):
-            result = _protocols().call_dunder(args[0], dunder)
-            if native in (str, repr) and not isinstance(result, str):
-                raise TypeError(f"{dunder} returned non-string (type {type(result).__name__})")
-            return result
-        return native(*args, **kwargs)
+        with user_text() if native in (str, repr) else contextlib.nullcontext():
+            if len(args) == 1 and not kwargs and dunder in _protocols().python_members(type(args[0])):
+                result = _protocols().call_dunder(args[0], dunder)
+                if native in (str, repr) and not isinstance(result, str):
+                    raise TypeError(f"{dunder} returned non-string (type {type(result).__name__})")
+                return result
+            return native(*args, **kwargs)
 
     run.__doc__ = f"{native.__name__}, running a Python `{dunder}` through the interpreter."
     return run

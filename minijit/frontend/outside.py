@@ -52,6 +52,7 @@ from minijit.frontend.guards import (
 from minijit.ir import Proxy
 from minijit.ir.containers import contains_proxy
 from minijit.ir.context import add_constraint, current_trace, where_now
+from minijit.ir.proxies import number_values
 
 Tensor = torch.Tensor
 
@@ -68,6 +69,7 @@ _MUTATORS: dict[tuple[type, str], bool] = {
     **{(collections.deque, m): False for m in ("append", "appendleft", "extend", "extendleft", "clear")},
     **{(collections.deque, m): True for m in ("pop", "popleft", "remove", "rotate", "reverse")},
     (collections.OrderedDict, "move_to_end"): True,
+    (collections.Counter, "subtract"): False,
 }
 
 
@@ -79,7 +81,7 @@ class Effect:
     `object.__setattr__`, where a class's own `__setattr__` was interpreted; "accumulate grad": a tensor's new
     `.grad` made by a backward, laid out as eager's AccumulateGrad lays it out), "setitem",
     "delitem", "cell" (a closure cell assigned), "call" (a container method: `key` is its
-    name, `value` its argument tuple) or "replace" (a list or dict argument's new contents).
+    name, `value` its arguments and keywords) or "replace" (a list or dict argument's new contents).
     `holder` is the object written (held by reference), the `Source` of a tensor (read again on
     each call) or the path to an argument (minijit.runtime.arguments.ArgumentPath).
     """
@@ -290,6 +292,7 @@ class Outside:
         """Record that traced code read `value` as `key` of `holder` (a global, cell, attribute or item), and
         return what traced code sees: `value`, or where `dynamic` (the caller uses what this returns) and the
         runtime made that place a dynamic source of numbers, the number proxy the trace takes as an input."""
+        key = number_values(key)  # (read again by each call's guard and sources: a key the call computed, as its value)
         if (id(holder), key) in self.written:
             return value  # the trace wrote it itself: the value is the trace's own
         access = {"global": "item", "builtin": "item", "item": "item", "cell": "cell", "referent": "call"}.get(
@@ -400,6 +403,12 @@ class Outside:
     def write_item(self, container: Any, key: Any, value: Any, delete: bool = False) -> None:
         """Log `container[key] = value` (or `del container[key]`) on a root, and how to undo it."""
         self._remember_contents(container)
+        if contains_proxy(key):
+            # A key the call computes (a symbolic number): replayed with each call's value of it, as a
+            # method's arguments are, not with the proxy itself.
+            method, args = ("__delitem__", (key,)) if delete else ("__setitem__", (key, value))
+            self.effects.append(Effect("call", container, method, (args, {})))
+            return
         if isinstance(container, dict):
             self.written.add((id(container), key))
         self.effects.append(Effect("delitem" if delete else "setitem", container, key, value))
@@ -421,13 +430,15 @@ class Outside:
         self.written.add((id(cell), name))
         self.effects.append(Effect("cell", cell, name, value))
 
-    def call_mutator(self, guards: dict[Any, Any], container: Any, method: str, args: tuple[Any, ...]) -> None:
-        """Log a mutating method call on a root container (before it runs natively)."""
+    def call_mutator(self, guards: dict[Any, Any], container: Any, method: str, args: tuple[Any, ...],
+                     kwargs: dict[str, Any]) -> None:
+        """Log a mutating method call on a root container (before it runs natively), its keywords included
+        (`od.popitem(last=False)`)."""
         reads = next((r for (cls, m), r in _MUTATORS.items() if m == method and isinstance(container, cls)), False)
         if reads:
             self.observe(guards, container, "iterate")
         self._remember_contents(container)
-        self.effects.append(Effect("call", container, method, args))
+        self.effects.append(Effect("call", container, method, (args, dict(kwargs))))
 
     def call_function(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Log a call made for its effect alone (`print`): not made now, made by every call after its computation."""
@@ -569,9 +580,16 @@ def _slots(obj: Any) -> list[tuple[str, Any, Any]]:
     if isinstance(obj, list | tuple):
         return [("item", i, v) for i, v in enumerate(obj)]
     own = getattr(obj, "__dict__", None)
-    if isinstance(own, dict):
-        return [("attribute", k, v) for k, v in own.items()]
-    return []
+    return [("attribute", k, v) for k, v in [*(own.items() if isinstance(own, dict) else ()), *_slot_values(obj)]]
+
+
+def _slot_values(obj: Any) -> list[tuple[str, Any]]:
+    """(name, value) for each `__slots__` attribute `obj` has set."""
+    if isinstance(obj, type):
+        return []
+    names = {n for k in type(obj).__mro__ if "__slots__" in vars(k) for n, v in vars(k).items()
+             if isinstance(v, types.MemberDescriptorType)}
+    return [(n, v) for n in sorted(names) if (v := getattr(obj, n, MISSING)) is not MISSING]
 
 
 def _shallow_contents(obj: Any) -> list[tuple[str, Any]]:
@@ -579,10 +597,7 @@ def _shallow_contents(obj: Any) -> list[tuple[str, Any]]:
         return [(f"item [{k!r}]", v) for k, v in obj.items()]
     if isinstance(obj, list | tuple | collections.deque):
         return [(f"item [{i}]", v) for i, v in enumerate(obj)]
-    own = getattr(obj, "__dict__", None)
-    if isinstance(own, dict):
-        return [(f"attribute {k!r}", v) for k, v in own.items()]
-    return []
+    return [(f"attribute {k!r}", v) for _, k, v in _slots(obj)]
 
 
 __all__ = ["Effect", "Outside", "OutsideView", "check_no_proxy_left", "item_label", "mutator_of",

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as torch_pytree
 
-from minijit.ir.proxies import Proxy
+from minijit.ir.proxies import Proxy, number_values
 
 
 class Spec:
@@ -309,7 +309,8 @@ def _flatten(value: Any, walk: _Walk, leaves: list[Any], depth: int) -> Spec:
         if isinstance(value, collections.defaultdict):
             names.append("default_factory")
             attributes.append(Constant(value.default_factory))
-        return Mapping(t, keys, children, names, attributes)
+        # A key the call computes (a symbolic size) as its value: building the dict hashed it, which the capture guards.
+        return Mapping(t, [number_values(k) for k in keys], children, names, attributes)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         names, attributes = _attributes(value, walk, leaves, depth)
         return Mapping(t, [], [], names, attributes)

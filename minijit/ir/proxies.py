@@ -8,9 +8,11 @@ module knows nothing about torch functions.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -157,8 +159,17 @@ class NumberProxy(Proxy):
             record_constraint(self, "==", self.value, True)
         return str(self._specialise())
 
+    def __repr__(self) -> str:
+        if not (capturing() and _USER_TEXT.get()):
+            return super().__repr__()
+        if data_dependent(self):
+            record_constraint(self, "==", self.value, True)  # raises, as for str()
+        return repr(self._specialise())
+
     def __hash__(self) -> int:
-        return hash(self.value)
+        # A dict or set lookup that finds no equal key compares nothing: the hash alone decided it, so
+        # hashing relies on the value (guarded where a capture records guards).
+        return hash(self._specialise() if capturing() else self.value)
 
     def __eq__(self, other: Any) -> bool:  # type: ignore[override]
         return _compare(self, "==", other)
@@ -177,6 +188,30 @@ class NumberProxy(Proxy):
 
     def __ge__(self, other: Any) -> bool:
         return _compare(self, ">=", other)
+
+
+def number_values(x: Any) -> Any:
+    """A key or keys `x` with each number proxy in it (a key the call computes, in a tuple or not) its value: the
+    native lookup that read it hashed or compared it, which the capture guards (`NumberProxy.__hash__`)."""
+    if isinstance(x, NumberProxy):
+        return x.value
+    if type(x) is tuple and any(isinstance(v, NumberProxy) or type(v) is tuple for v in x):
+        return tuple(number_values(v) for v in x)
+    return x
+
+
+_USER_TEXT: ContextVar[bool] = ContextVar("minijit_user_text", default=False)
+
+
+@contextlib.contextmanager
+def user_text() -> Iterator[None]:
+    """Text the traced code makes (`repr()`, `str()`, f-strings, `%`): in it a number proxy's repr is its value, relied
+    on as `str()` relies on it (`f"{x.shape}"` of symbolic sizes). Elsewhere (minijit's own messages) it names the proxy."""
+    token = _USER_TEXT.set(True)
+    try:
+        yield
+    finally:
+        _USER_TEXT.reset(token)
 
 
 _COMPARISONS = {
@@ -535,6 +570,9 @@ for _dunder in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow"):
     setattr(NumberProxy, f"__r{_dunder}__", _number_operator(_dunder, reflected=True))
 for _dunder in ("neg", "pos", "abs"):
     setattr(NumberProxy, f"__{_dunder}__", _number_operator(_dunder))
+# divmod(a, b) is (a // b, a % b) for ints and floats alike.
+NumberProxy.__divmod__ = lambda self, other: (self // other, self % other)  # type: ignore[attr-defined]
+NumberProxy.__rdivmod__ = lambda self, other: (other // self, other % self)  # type: ignore[attr-defined]
 
 
 class IntegerProxy(NumberProxy):

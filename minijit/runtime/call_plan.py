@@ -115,8 +115,8 @@ def replay(effects: list[tuple[Effect, Spec]], holders: list[Callable[[tuple[Any
             else:
                 holder.clear()
                 holder.update(value)
-        else:  # a container method, with the effect's arguments as its value
-            getattr(holder, effect.key)(*value)
+        else:  # a container method, with the effect's arguments and keywords as its value
+            getattr(holder, effect.key)(*value[0], **value[1])
 
 
 def finish_capture(trace: Trace, where: str, result: Any, outside: Outside) -> tuple[Any, CallPlan]:

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from minijit.errors import MinijitError
-from minijit.frontend.guards import MISSING, GuardEntry, NumberSlot, is_symbolic_number_value, short_repr
+from minijit.frontend.guards import MISSING, GuardEntry, NumberSlot, is_symbolic_number_value, short_repr, slot_attribute
 from minijit.runtime.cache_key import cache_key
 
 # The sizes-free keys of constant traces kept (a call matching a forgotten one traces constant once more).
@@ -238,6 +238,8 @@ def current_value(entry: GuardEntry) -> Any:
     try:
         if entry.kind == "cell":
             return entry.namespace.cell_contents
+        if entry.kind == "attribute" and slot_attribute(entry.namespace, entry.name):
+            return getattr(entry.namespace, entry.name, MISSING)
         if entry.kind == "attribute":
             return entry.namespace.__dict__.get(entry.name, MISSING)
         if isinstance(entry.namespace, dict):

@@ -11,6 +11,7 @@ from minijit.frontend.opcodes.calls import function_str
 from minijit.frontend.opcodes.protocols import call_dunder, get_iter, next_item, python_members
 from minijit.frontend.opcodes.table import handles
 from minijit.ir import TensorProxy
+from minijit.ir.proxies import user_text
 
 
 def _pop_n(frame: Frame, n: int) -> list[Any]:
@@ -77,6 +78,11 @@ def format_value(frame: Frame, inst: Inst) -> None:
 
 def _convert(value: Any, conversion: int) -> Any:
     """An f-string field's conversion: 1 is !s, 2 is !r, 3 is !a (0: none)."""
+    with user_text():
+        return _converted(value, conversion)
+
+
+def _converted(value: Any, conversion: int) -> Any:
     members = python_members(type(value))
     if conversion == 1:
         return call_dunder(value, "__str__") if "__str__" in members else str(value)
@@ -91,6 +97,11 @@ def _format(value: Any, spec: str) -> str:
     """format(value, spec), with a Python `__format__` (or `__str__`) interpreted."""
     if type(value) is str and not spec:
         return value
+    with user_text():
+        return _formatted(value, spec)
+
+
+def _formatted(value: Any, spec: str) -> str:
     members = python_members(type(value))
     if "__format__" in members:
         return call_dunder(value, "__format__", spec)

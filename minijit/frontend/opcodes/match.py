@@ -7,6 +7,7 @@ from typing import Any
 
 from minijit.frontend.code import Inst
 from minijit.frontend.frame import Frame
+from minijit.frontend.lookasides import isinstance_
 from minijit.frontend.opcodes.protocols import length, load_attr
 from minijit.frontend.opcodes.table import handles
 
@@ -73,7 +74,7 @@ def match_class(frame: Frame, inst: Inst) -> None:
 def _match_class(subject: Any, cls: Any, count: int, names: tuple[str, ...]) -> tuple[Any, ...] | None:
     if not isinstance(cls, type):
         raise TypeError("called match pattern must be a class")
-    if not isinstance(subject, cls):
+    if not isinstance_(subject, cls):  # a symbolic int matches `int()`
         return None
     attrs: list[Any] = []
     seen: set[str] = set()

@@ -11,7 +11,14 @@ import torch
 
 from minijit.frontend.code import Inst
 from minijit.frontend.frame import NULL, Frame, current_state
-from minijit.frontend.guards import MISSING, attribute_source, is_users_module, may_have_guarded_attributes, record
+from minijit.frontend.guards import (
+    MISSING,
+    attribute_source,
+    is_users_module,
+    may_have_guarded_attributes,
+    record,
+    slot_attribute,
+)
 from minijit.frontend.opcodes.protocols import delete_attribute, load_attr, stand_in, store_attr
 from minijit.frontend.opcodes.table import handles
 from minijit.frontend.outside import tensor_attribute
@@ -354,7 +361,7 @@ def attribute(frame: Frame | None, obj: Any, name: str) -> Any:
     try:
         value = load_attr(obj, name)
     except AttributeError:
-        if outside.is_root(obj) and isinstance(getattr(obj, "__dict__", None), dict):
+        if outside.is_root(obj) and (isinstance(getattr(obj, "__dict__", None), dict) or slot_attribute(obj, name)):
             outside.read(current_state().guards, "attribute", obj, name, MISSING, name)  # guard its absence
         raise
     if outside.shown:

@@ -21,12 +21,13 @@ from minijit.frontend.calls import call, dispatch_torch_function, should_interpr
 from minijit.frontend.folding import NOT_FOLDED, fold
 from minijit.frontend.frame import current_state, observe_iteration
 from minijit.frontend.interpreter import InterpretedGenerator
+from minijit.frontend.lookasides import eager_class
 from minijit.frontend.native_tensors import COMPUTING_ITERATORS, run_native
 from minijit.frontend.outside import item_label
 from minijit.frontend.torch_function import OPERATOR_METHODS, overrides_torch_function
 from minijit.ir import NumberProxy, TensorProxy, current_trace
 from minijit.ir.context import where_now
-from minijit.ir.proxies import SWAPPED, guarded_compare
+from minijit.ir.proxies import SWAPPED, guarded_compare, user_text
 from minijit.ops.ltorch.inplace import make_leaf
 
 # class -> names of the dunders and properties it (or a base) defines in interpretable Python.
@@ -107,6 +108,9 @@ def binary_op(a: Any, b: Any, index: int) -> Any:
     a, b = traced(a), traced(b)
     ma, mb = _members_of(a, b)
     if not (ma or mb):
+        if type(a) is str:  # `"%s" % (sizes,)`: text the traced code makes
+            with user_text():
+                return native(a, b)
         folded = fold(native, (a, b), {})  # arithmetic on a tensor folded from numbers: folded too
         return native(a, b) if folded is NOT_FOLDED else folded
     if index >= 13:
@@ -370,6 +374,8 @@ def stand_in(obj: Any) -> Any:
 
 def load_attr(obj: Any, name: str) -> Any:
     """getattr(obj, name), with Python properties and `__getattr__` interpreted."""
+    if name == "__class__" and isinstance(obj, TensorProxy | NumberProxy):
+        return eager_class(obj)
     cls = type(obj)
     members = python_members(cls)
     if not members or isinstance(obj, type):
