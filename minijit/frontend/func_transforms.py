@@ -272,7 +272,10 @@ class _VmapCall:
 
 
 def _mapped_size(leaves: list[Any], dims: list[Any]) -> Any:
-    sizes = {x.shape[d] for x, d in zip(leaves, dims) if d is not None}  # a symbolic size compares as guarded
+    sizes: list[Any] = []
+    for x, d in zip(leaves, dims):  # compared, not hashed: a symbolic size compares as guarded
+        if d is not None and not any(x.shape[d] == s for s in sizes):
+            sizes.append(x.shape[d])
     if not sizes:
         raise ValueError("vmap(f, in_dims)(*args): at least one argument must be mapped over (in_dims all None)")
     if len(sizes) > 1:

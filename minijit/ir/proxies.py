@@ -157,8 +157,10 @@ class NumberProxy(Proxy):
             record_constraint(self, "==", self.value, True)
         return str(self._specialise())
 
+    # A hash is of the value: a lookup that finds no key equal compares nothing, so the capture relies on the
+    # value (`x in {2, 5}` False on the call traced is False for those keys only). A pass hashes what it sees.
     def __hash__(self) -> int:
-        return hash(self.value)
+        return hash(self._specialise() if capturing() else self.value)
 
     def __eq__(self, other: Any) -> bool:  # type: ignore[override]
         return _compare(self, "==", other)
