@@ -338,3 +338,26 @@ def test_post_accumulate_grad_hooks_run_an_optimizer_in_backward_as_in_eager():
             for k, v in o1[p1].state[p1].items():
                 torch.testing.assert_close(o2[p2].state[p2][k], v)
     assert jitted.cache_info().misses <= 2, jitted.cache_info()
+
+
+def test_a_sparse_embedding_gradient_is_set_sparse_as_in_eager():
+    """`nn.Embedding(sparse=True)`: eager's AccumulateGrad keeps the sparse gradient as the new `.grad`; the call
+    sets it as it is (it was copied into a dense tensor, which raised), and SGD steps with it as in eager."""
+
+    def step(model, opt, ix):
+        model(ix).sum().backward()
+        grad = model[0].weight.grad
+        opt.step()
+        return grad
+
+    m1, o1, m2, o2 = _pair(lambda: torch.nn.Sequential(torch.nn.Embedding(10, 4, sparse=True), torch.nn.Linear(4, 2)),
+                           lambda m: torch.optim.SGD(m.parameters(), lr=0.1))
+    jitted = minijit.jit(step)
+    for i in range(3):
+        ix = torch.tensor([i, 2 * i + 1])
+        have, want = jitted(m2, o2, ix), step(m1, o1, ix)
+        assert have.layout == want.layout == torch.sparse_coo
+        torch.testing.assert_close(have.to_dense(), want.to_dense())
+        _same_state(m1, m2)
+        o1.zero_grad()
+        o2.zero_grad()
