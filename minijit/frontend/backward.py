@@ -15,7 +15,10 @@ value of the trace only). A tensor from outside with a history (an argument comp
 encoder's output, a model split in two) has its gradient computed by the trace, and the backward goes on through
 its history in eager's autograd after the call's computation (an effect calling `torch.autograd.backward`); traced code
 reading, after that backward, the `.grad` of a leaf that history accumulates into is refused, since it would not
-see the gradient yet (checked against each call's graph). What eager does and minijit refuses, by name:
+see the gradient yet (checked against each call's graph). The hooks a tensor from outside holds run as in eager, traced:
+`register_hook`'s on its gradient before it is accumulated (or returned by `torch.autograd.grad`),
+`register_post_accumulate_grad_hook`'s on the tensor after (the guard holds each tensor's hooks). What eager does and
+minijit refuses, by name:
 `create_graph=True` (a gradient that is differentiable again).
 """
 
@@ -115,6 +118,8 @@ def backward(tensors: Any, grad_tensors: Any = None, retain_graph: bool | None =
     if not leaves:
         return
     grads = GRAD_OF(outputs, cotangents, tuple(leaves), retain_graph=bool(retain_graph))
+    # A tensor with a history gets its hooks from eager's backward through that history (`_backward_later`).
+    grads = [g if isinstance(holder, _History) else _run_hooks(p, g) for p, holder, g in zip(leaves, holders, grads)]
     later = [(p, holder, g) for p, holder, g in zip(leaves, holders, grads) if isinstance(holder, _History)]
     with torch.no_grad():
         for holder, g in zip(holders, grads):
@@ -122,6 +127,7 @@ def backward(tensors: Any, grad_tensors: Any = None, retain_graph: bool | None =
                 _accumulate_made(holder, g)
             elif not isinstance(holder, _History):
                 _accumulate(holder, g)
+                _run_post_accumulate_hooks(holder)
     if later:
         _backward_later([p for p, _, _ in later], [h.real for _, h, _ in later], [g for _, _, g in later],
                         bool(retain_graph))
@@ -170,8 +176,9 @@ def grad(outputs: Any, inputs: Any, grad_outputs: Any = None, retain_graph: bool
         raise RuntimeError("One of the differentiated Tensors appears to not have been used in the graph. "
                            "Set allow_unused=True if this is the desired behavior.")
     unique = list({id(p): p for p in reached}.values())
-    values = dict(zip(map(id, unique), GRAD_OF(outs, cotangents, tuple(unique),
-                                                           retain_graph=bool(retain_graph)))) if unique else {}
+    values = {id(p): _run_hooks(p, g) for p, g in zip(unique, GRAD_OF(outs, cotangents, tuple(unique),
+                                                                      retain_graph=bool(retain_graph)))
+              } if unique else {}
     result = []
     for x in wanted:
         g = values.get(id(x))
@@ -180,6 +187,37 @@ def grad(outputs: Any, inputs: Any, grad_outputs: Any = None, retain_graph: bool
                 g = _op(torch.zeros_like, x)
         result.append(g)
     return tuple(result)
+
+
+def _hooks(real: torch.Tensor, name: str) -> list[Any]:
+    """The hooks `real` holds in its attribute `name` (`_backward_hooks`, `_post_accumulate_grad_hooks`), read
+    with a guard on the attribute and on the keys of its dict: a hook registered or removed later is a miss."""
+    hooks = _attribute(real, name)
+    if hooks is None:
+        return []
+    current_state().outside.observe(current_state().guards, hooks, "keys")
+    return list(hooks.values())
+
+
+def _run_hooks(p: TensorProxy, g: TensorProxy) -> TensorProxy:
+    """The gradient `g` of `p` after the hooks registered on the tensor from outside `p` stands for
+    (`Tensor.register_hook`), which eager runs on it before accumulating it or returning it; each is traced."""
+    real = real_tensor(p)
+    if real is None:
+        return g
+    for hook in _hooks(real, "_backward_hooks"):
+        result = call(hook, (g,), {})
+        if result is not None:
+            g = result
+    return g
+
+
+def _run_post_accumulate_hooks(real: torch.Tensor) -> None:
+    """The hooks eager runs on the leaf `real` once its gradient is accumulated
+    (`Tensor.register_post_accumulate_grad_hook`), each traced; they get the tensor itself, as in eager."""
+    for hook in _hooks(real, "_post_accumulate_grad_hooks"):
+        if call(hook, (real,), {}) is not None:
+            raise RuntimeError("Tensor post accumulate grad hooks should return None.")
 
 
 def _made_leaf(p: TensorProxy) -> list[Any] | None:

@@ -536,7 +536,8 @@ def _restore_contents(container: Any, before: Any) -> None:
 # Attributes of a tensor that the trace specialises on by reading them (the capture checks shape,
 # dtype, device and requires_grad of every captured tensor; these others are guarded by value).
 _READ_NATIVELY = frozenset({"grad", "is_leaf", "grad_fn", "layout", "is_sparse", "is_quantized", "is_meta",
-                            "is_nested", "_base", "names", "_version", "retains_grad", "is_mkldnn"})
+                            "is_nested", "_base", "names", "_version", "retains_grad", "is_mkldnn",
+                            "_backward_hooks", "_post_accumulate_grad_hooks"})
 
 
 def tensor_attribute(outside: Outside, guards: dict[Any, Any], t: Tensor, name: str, capture: Callable[[Tensor], Any]

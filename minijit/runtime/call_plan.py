@@ -199,7 +199,10 @@ _SETS = ("setattr", "accumulate grad")
 
 def _obeys_layout_contract(grad: torch.Tensor, t: torch.Tensor) -> bool:
     """Whether eager's AccumulateGrad keeps `grad` as the new `t.grad` as it is: laid out like `t` where `t` is
-    dense (strides equal wherever a size is not 1), else contiguous. Otherwise it copies it into that layout."""
+    dense (strides equal wherever a size is not 1), else contiguous. Otherwise it copies it into that layout.
+    A sparse gradient (an `Embedding(sparse=True)`'s) it keeps as it is."""
+    if grad.layout != torch.strided:
+        return True
     order = sorted(range(t.ndim), key=lambda d: -t.stride(d))
     expected, dense = 1, True
     for d in reversed(order):

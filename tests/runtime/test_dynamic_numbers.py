@@ -442,3 +442,55 @@ def test_a_bool_or_float_int_argument_raises_as_in_eager_even_where_the_result_i
 
     eager, jit = _outcomes(f, minijit.jit(f), torch.randn(4, 6), value)
     assert jit == eager
+
+
+def test_a_symbolic_number_not_in_a_dict_or_set_is_guarded_against_each_key():
+    """`n in {2, 5}` on a counter gone symbolic: a lookup that finds no key compares nothing, so the outcome is
+    decided by comparing with each key (n != 2, n != 5, guarded), not by the hash of the value seen; a lookup that
+    hashes a symbolic number natively (`dict.get`) relies on the value: a trace per value, as right as eager."""
+    from collections import Counter
+
+    class Stepper:
+        def __init__(self):
+            self.epoch, self.scale, self.milestones = 0, 1.0, Counter([2, 5, 5, 9])
+
+        def step(self):
+            self.epoch += 1
+            hit = self.epoch in {5: "a", 9: "b"}, {3: 0.1, 7: 0.2}.get(self.epoch, 1.0)  # dict.get hashes natively
+            if self.epoch not in self.milestones:
+                return self.scale, hit
+            self.scale = self.scale * 0.5 ** self.milestones[self.epoch]
+            return self.scale, hit
+
+    eager, traced = Stepper(), Stepper()
+    step = minijit.jit(traced.step)
+    for _ in range(12):
+        assert step() == eager.step()
+    assert minijit.cache_info(step).misses <= 12, minijit.cache_info(step)
+
+
+def test_the_multistep_lr_scheduler_stepped_inside_the_jitted_step_matches_eager():
+    """MultiStepLR asks `last_epoch not in milestones` (a Counter) on every step: the lr drops at each milestone."""
+    runs = []
+    for use_jit in (False, True):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        schedule = torch.optim.lr_scheduler.MultiStepLR(opt, [2, 5, 9], gamma=0.3)
+
+        def step(opt=opt, schedule=schedule):
+            opt.step()
+            schedule.step()
+
+        step = minijit.jit(step) if use_jit else step
+        lrs = []
+        for i in range(12):
+            model(torch.ones(3, 4) * i).sum().backward()
+            step()
+            opt.zero_grad()
+            lrs.append(opt.param_groups[0]["lr"])
+        runs.append((lrs, [p.detach() for p in model.parameters()]))
+    (want_lrs, want), (have_lrs, have) = runs
+    assert have_lrs == want_lrs
+    for w, h in zip(want, have, strict=True):
+        torch.testing.assert_close(h, w, **TOL)

@@ -260,3 +260,104 @@ def test_other_orders_of_a_step_match_eager(step_fn):
         x, y = torch.randn(5, 6), torch.randint(0, 3, (5,))
         torch.testing.assert_close(step(m2, o2, x, y), step_fn(m1, o1, x, y))
         _same_state(m1, m2, o1, o2)
+
+
+def test_tensor_hooks_on_parameters_and_arguments_run_as_in_eager_when_registered_or_removed_between_calls():
+    """`Tensor.register_hook` on a leaf a traced backward reaches: eager runs the hook on the gradient before
+    accumulating it (and before `torch.autograd.grad` returns it). The hooks are traced with the gradient; the
+    guard holds each tensor's hooks, so one registered or removed between calls is a miss, not a stale trace."""
+
+    def step(model, w, x):
+        (model(x) * w).sum().backward()
+        return torch.autograd.grad((model(x) * w).sum(), w)[0]
+
+    m1, _, m2, _ = _pair(_mlp, lambda m: None)
+    w1, w2 = torch.ones(3, requires_grad=True), torch.ones(3, requires_grad=True)
+    jitted = minijit.jit(step)
+    handles: dict[int, list] = {1: [], 2: []}
+    for i in range(6):
+        for side, m, w in ((1, m1, w1), (2, m2, w2)):
+            if i == 1:
+                handles[side] += [m[0].weight.register_hook(lambda g: g * 3), w.register_hook(lambda g: g + 1)]
+            if i == 3:
+                m[2].bias.register_hook(lambda g: None)  # None: the gradient as it was
+            if i == 4:
+                handles[side][0].remove()
+        x = torch.randn(5, 6)
+        torch.testing.assert_close(jitted(m2, w2, x), step(m1, w1, x))
+        _same_state(m1, m2)
+        torch.testing.assert_close(w2.grad, w1.grad)
+    assert jitted.cache_info().misses <= 5, jitted.cache_info()
+
+
+def test_a_hook_on_an_argument_with_a_history_runs_once_as_in_eager():
+    """A hook on a tensor computed outside with grad: eager's backward through its history runs it (so the trace
+    does not); `torch.autograd.grad` of it returns the gradient after the hook, as eager's."""
+
+    def step(t):
+        (t * 3).sum().backward(retain_graph=True)
+        return torch.autograd.grad((t * 3).sum(), t)[0]
+
+    w1, w2 = torch.ones(3, requires_grad=True), torch.ones(3, requires_grad=True)
+    jitted = minijit.jit(step)
+    for i in range(3):
+        t1, t2 = w1 * 2, w2 * 2
+        if i:
+            t1.register_hook(lambda g: g * 10)
+            t2.register_hook(lambda g: g * 10)
+        torch.testing.assert_close(jitted(t2), step(t1))
+        torch.testing.assert_close(w2.grad, w1.grad)
+
+
+def test_post_accumulate_grad_hooks_run_an_optimizer_in_backward_as_in_eager():
+    """`register_post_accumulate_grad_hook` on each parameter (an optimizer stepped inside the backward, one per
+    parameter): eager runs the hook on the parameter once its gradient is accumulated; so does the trace."""
+
+    def setup(model):
+        opts = {p: torch.optim.AdamW([p], lr=1e-2) for p in model.parameters()}
+
+        def hook(p):
+            opts[p].step()
+            opts[p].zero_grad()
+
+        for p in model.parameters():
+            p.register_post_accumulate_grad_hook(hook)
+        return opts
+
+    def step(model, x, y):
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+
+    m1, o1, m2, o2 = _pair(_mlp, setup)
+    jitted = minijit.jit(step)
+    for _ in range(5):
+        x, y = torch.randn(5, 6), torch.randint(0, 3, (5,))
+        jitted(m2, x, y)
+        step(m1, x, y)
+        _same_state(m1, m2)
+        for p1, p2 in zip(m1.parameters(), m2.parameters()):
+            for k, v in o1[p1].state[p1].items():
+                torch.testing.assert_close(o2[p2].state[p2][k], v)
+    assert jitted.cache_info().misses <= 2, jitted.cache_info()
+
+
+def test_a_sparse_embedding_gradient_is_set_sparse_as_in_eager():
+    """`nn.Embedding(sparse=True)`: eager's AccumulateGrad keeps the sparse gradient as the new `.grad`; the call
+    sets it as it is (it was copied into a dense tensor, which raised), and SGD steps with it as in eager."""
+
+    def step(model, opt, ix):
+        model(ix).sum().backward()
+        grad = model[0].weight.grad
+        opt.step()
+        return grad
+
+    m1, o1, m2, o2 = _pair(lambda: torch.nn.Sequential(torch.nn.Embedding(10, 4, sparse=True), torch.nn.Linear(4, 2)),
+                           lambda m: torch.optim.SGD(m.parameters(), lr=0.1))
+    jitted = minijit.jit(step)
+    for i in range(3):
+        ix = torch.tensor([i, 2 * i + 1])
+        have, want = jitted(m2, o2, ix), step(m1, o1, ix)
+        assert have.layout == want.layout == torch.sparse_coo
+        torch.testing.assert_close(have.to_dense(), want.to_dense())
+        _same_state(m1, m2)
+        o1.zero_grad()
+        o2.zero_grad()

@@ -298,6 +298,16 @@ def del_item(container: Any, key: Any) -> None:
     del container[key]
 
 
+_HASHED = (dict, set, frozenset, collections.Counter, collections.OrderedDict, collections.defaultdict)
+_NUMBERS = (int, float, bool)
+_PLAIN_KEYS = (*_NUMBERS, str, bytes, type(None))
+
+
+def _plain_keys(container: Any) -> bool:
+    """Whether `container`'s keys are few plain values, whose `==` with a number is the number's own comparison."""
+    return len(container) <= 16 and all(type(k) in _PLAIN_KEYS for k in container)
+
+
 def contains(container: Any, item: Any) -> bool:
     """item in container."""
     container = traced(container)
@@ -313,6 +323,11 @@ def contains(container: Any, item: Any) -> bool:
                 return False
             if x is item or truth(compare(x, item, "==")):
                 return True
+    if isinstance(item, NumberProxy) and type(container) in _HASHED and _plain_keys(container):
+        # Compared with each key, not hashed: hashing relies on the value, a trace per value.
+        if current_state().outside.is_root(container):
+            current_state().outside.observe(current_state().guards, container, "keys")
+        return any(type(k) in _NUMBERS and truth(compare(item, k, "==")) for k in container)
     result = item in container
     if current_state().outside.is_root(container):
         if isinstance(container, dict | set | frozenset):
