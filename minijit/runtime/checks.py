@@ -21,6 +21,7 @@ import ast
 import dataclasses
 import functools
 import math
+import re
 import string
 import types
 import warnings
@@ -372,6 +373,8 @@ def _captured_changed(name: str, now: Any, expected: tuple[Any, ...]) -> str:
 
 
 _GONE = object()
+# A layout check a decision on a tensor's strides recorded (`k.stride() == (16, 1, 1)`): the tensor's name.
+_LAYOUT_CHECK = re.compile(r"(\w+)\.(?:stride\(\)|storage_offset\(\)) == ")
 _MINUS_ZERO = "-0.0"  # what a cache key holds for the float -0.0
 
 
@@ -534,11 +537,17 @@ class Prologue:
 
     def differs_in_captured_sizes(self, args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[Any]) -> bool:
         """Whether the checks this call fails are all of tensors read from outside with constant sizes, each of the
-        rank, dtype, device and requires_grad it had: a call that differs from the entry's in those sizes alone."""
+        rank, dtype, device and requires_grad it had (and, of those, the exact strides or offset a layout decision
+        checked: a tensor that grows is laid out anew): a call that differs from the entry's in those sizes alone."""
         failed = self.failed_checks(args, kwargs, flat)
         if not failed:
             return False
+        resized, relaid = set(), set()
         for check in failed:
+            laid_out = _LAYOUT_CHECK.match(check.subject) if check.aspect == "constraint" else None
+            if laid_out is not None:
+                relaid.add(laid_out[1])
+                continue
             if check.aspect != "captured" or isinstance(check.expected[0], int):
                 return False
             now = self._run(check, self.inputs, flat, guard=True)[1]
@@ -546,7 +555,8 @@ class Prologue:
             if not (isinstance(now, Tensor) and now.ndim == len(shape)
                     and (now.dtype, now.device, now.requires_grad) == (dtype, device, requires_grad)):
                 return False
-        return True
+            resized.add(check.subject)
+        return bool(resized) and relaid <= resized
 
     def changed_reads(self, args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[Any]) -> list[Check]:
         """The checks of numbers read from outside that this call fails, whatever its key checks say (its sizes

@@ -41,6 +41,37 @@ def test_only_the_sizes_that_changed_go_symbolic_then_one_more_trace_for_a_size_
     assert all(type(d) is not int for d in jf.last_traces()[0].args[0].shape)
 
 
+class _Cache:
+    """State read from outside the call that grows each call, as a decoder's key/value cache."""
+
+
+def _grow(cache, x):
+    k = torch.cat([cache.k, x], 1)
+    cache.k = k
+    return k.transpose(1, 2).reshape(2, -1).sum(-1)  # (a reshape: a decision on k's strides, checked by the guard)
+
+
+def test_state_that_grows_goes_symbolic_at_its_first_growth_though_its_first_layout_was_checked():
+    # The first cache, of length 1, is laid out as a transpose (its stride along the length is 1): the growing
+    # tensor is laid out anew by cat, so the call fails the entry's check of the old strides as well as of the
+    # sizes. That is a miss by sizes too (with the Inductor executor, a BART decoder's cache took a trace more).
+    def run(fn):
+        torch.manual_seed(0)
+        cache = _Cache()
+        cache.k = torch.randn(2, 16, 1).transpose(1, 2)
+        return [fn(cache, torch.full((2, 1, 16), float(i))) for i in range(6)], cache.k
+
+    jf = minijit.jit(_grow)
+    want, want_k = run(_grow)
+    for _ in range(2):
+        got, got_k = run(jf)
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b)
+        torch.testing.assert_close(got_k, want_k)
+    info = minijit.cache_info(jf)
+    assert info.misses == 2 and "sizes and numbers made symbolic" in info.dynamic[0], info
+
+
 def test_numbers_that_change_are_symbolic_too():
     jf = minijit.jit(_program)
     x = torch.randn(3, 4)
