@@ -91,7 +91,7 @@ class AutomaticDynamic:
         key = _sizes_free_key(args, kwargs)
         traced = self.keys.get(key)
         kept = [tuple(a if a == b else None for a, b in zip(was[1], now[1], strict=True))
-                for was, now in zip(traced, shapes, strict=True)] if traced is not None else None
+                for was, now in zip(traced, shapes, strict=True)] if _alike(traced, shapes) else None
         if kept is not None:
             self.sizes[key] = kept
         self.decisions.append(f"sizes and numbers made symbolic: {reason}" + _sizes_words(shapes, kept))
@@ -112,7 +112,7 @@ class AutomaticDynamic:
         (`shapes`) differ in become symbolic, for the call's trace and those after it. Whether there were any."""
         key = _sizes_free_key(args, kwargs)
         kept = self.sizes.get(key) if self.switched else None
-        if kept is None:
+        if kept is None or not _alike([("", k) for k in kept], shapes):
             return False
         wider = [tuple(None if k is not None and k != n else k for k, n in zip(was, now[1], strict=True))
                  for was, now in zip(kept, shapes, strict=True)]
@@ -130,6 +130,13 @@ class AutomaticDynamic:
         self.switched, self.refused = False, True
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         self.decisions.append(f"kept constant values: the trace with symbolic sizes was refused ({first})")
+
+
+def _alike(traced: Any, shapes: ArgumentShapes) -> bool:
+    """Whether `traced` (shapes noted under the call's key) has as many tensors of the same ranks as `shapes`: the
+    key says so; anything else (never seen) leaves every size symbolic rather than fail the call."""
+    return traced is not None and len(traced) == len(shapes) and all(
+        len(a[1]) == len(b[1]) for a, b in zip(traced, shapes))
 
 
 def _sizes_words(shapes: ArgumentShapes, kept: list[tuple[int | None, ...]] | None) -> str:
