@@ -49,7 +49,7 @@ from minijit.frontend.guards import (
     record,
     short_repr,
 )
-from minijit.ir import Proxy
+from minijit.ir import Proxy, TensorProxy
 from minijit.ir.containers import contains_proxy
 from minijit.ir.context import add_constraint, current_trace, where_now
 from minijit.ir.proxies import number_values
@@ -81,7 +81,8 @@ class Effect:
     `object.__setattr__`, where a class's own `__setattr__` was interpreted; "accumulate grad": a tensor's new
     `.grad` made by a backward, laid out as eager's AccumulateGrad lays it out), "setitem",
     "delitem", "cell" (a closure cell assigned), "call" (a container method: `key` is its
-    name, `value` its arguments and keywords) or "replace" (a list or dict argument's new contents).
+    name, `value` its arguments and keywords) or "replace" (a list or dict's new contents: an argument's, or one
+    from outside that native code changed).
     `holder` is the object written (held by reference), the `Source` of a tensor (read again on
     each call) or the path to an argument (minijit.runtime.arguments.ArgumentPath).
     """
@@ -444,6 +445,17 @@ class Outside:
         """Log a call made for its effect alone (`print`): not made now, made by every call after its computation."""
         self.effects.append(Effect("function", fn, None, (args, kwargs)))
 
+    def remember_contents(self, container: Any) -> None:
+        """Keep the contents of root `container` (a list or dict), put back when the capture ends."""
+        self._remember_contents(container)
+
+    def replace_contents(self, container: Any) -> None:
+        """Log root `container`'s contents now (native code changed them: `heapq.heappush(h, 3)`) as what every
+        call puts into it; its contents before are kept (`remember_contents`) and put back when the capture ends.
+        Every element was guarded as native code read it, so a call that finds others misses."""
+        self.effects.append(Effect("replace", container, None,
+                                   dict(container) if isinstance(container, dict) else list(container)))
+
     def _remember_contents(self, container: Any) -> None:
         if id(container) in self.changed:
             return
@@ -563,10 +575,12 @@ def check_no_proxy_left(outside: Outside) -> None:
     for obj, label in outside.roots.values():
         for where, value in _shallow_contents(obj):
             if isinstance(value, Proxy):
+                what = (f"a traced tensor ({value.name})" if isinstance(value, TensorProxy) else
+                        f"a symbolic number ({value.name}, a size or number that may change from call to call)")
                 raise UnsupportedSyntaxError(
-                    f"a traced tensor ({value.name}) was stored into {where} of a {type(obj).__name__} ({label}) that "
-                    "exists outside the jitted call, by code minijit runs natively; it cannot be replayed. Return "
-                    "the tensor from the jitted function and store it outside")
+                    f"{what} was stored into {where} of a {type(obj).__name__} ({label}) that exists outside the "
+                    "jitted call, by code minijit runs natively (heapq, bisect, a C method); it cannot be replayed. "
+                    "Return the value from the jitted function and store it outside")
     for obj in outside.returned:
         if contains_proxy(obj):
             raise UnsupportedSyntaxError(

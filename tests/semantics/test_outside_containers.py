@@ -243,3 +243,43 @@ def test_a_list_changed_after_an_op_read_it() -> None:
     jf = minijit.jit(f)
     for i in range(3):
         assert_same(jf(_value(i)), f(_value(i)), f"call {i}")
+
+
+def test_a_symbolic_number_pushed_into_an_outside_heap_is_refused_as_a_number_not_a_tensor() -> None:
+    # heapq runs natively: the push cannot be replayed on later calls, so it is refused, and the error says what
+    # was stored (eager's heap holds the ints pushed).
+    import heapq
+
+    heap: list[int] = []
+
+    def push(x: torch.Tensor, k: int) -> torch.Tensor:
+        heapq.heappush(heap, k)
+        return x * k
+
+    jf = minijit.jit(push, cache="symbolic values")
+    with pytest.raises(minijit.UnsupportedSyntaxError, match=r"a symbolic number \(k, .*heappush"):
+        jf(torch.ones(2), 3)
+    assert heap == []  # the refused trace's push was undone
+
+
+def test_native_code_that_changes_an_outside_list_or_dict_lands_on_every_call_as_in_eager() -> None:
+    # heapq and bisect change the list they are given in C: no traced opcode logs the write. It is replayed as the
+    # list's new contents (every element was guarded as they read it: a list that differs next time misses).
+    import bisect
+    import heapq
+
+    def make(heap: list[int], ordered: list[int], counts: dict[str, int]) -> Callable[[torch.Tensor], torch.Tensor]:
+        def step(x: torch.Tensor) -> torch.Tensor:  # the containers are the closure's: from outside the call
+            heapq.heappush(heap, 3)
+            bisect.insort(ordered, 5)
+            dict.update(counts, n=len(heap))
+            return x + len(ordered)
+
+        return step
+
+    eager_state: list[Any] = [[], [1, 9], {}]
+    jitted_state: list[Any] = [[], [1, 9], {}]
+    step, jf = make(*eager_state), minijit.jit(make(*jitted_state))
+    for _ in range(4):
+        torch.testing.assert_close(jf(torch.ones(2)), step(torch.ones(2)))
+        assert jitted_state == eager_state, (jitted_state, eager_state)
