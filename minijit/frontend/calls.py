@@ -33,7 +33,7 @@ from minijit.frontend.frame import current_state, observe_iteration, observe_map
 from minijit.frontend.interpreter import run_function
 from minijit.frontend.lookasides import LOOKASIDES
 from minijit.frontend.native_tensors import run_native
-from minijit.frontend.outside import item_label, mutator_of
+from minijit.frontend.outside import contents_of, item_label, mutator_of, same_contents
 from minijit.frontend.torch_function import dispatch_order, overloaded_arguments
 from minijit.ir import Proxy, TensorProxy, current_trace, tree_map
 from minijit.ir.context import where_now
@@ -430,48 +430,16 @@ def _call_native_with_proxies(fn: Any, args: tuple[Any, ...] | list[Any], kwargs
             args = [interpreted_iterable(a) for a in args]
         elif consumes == "first" or len(args) == 1:
             args = [interpreted_iterable(args[0]), *args[1:]]
-    given = _outside_containers(args, kwargs)
+    outside = current_state().outside
+    # Lists and dicts from outside that native code may change (`heapq.heappush(h, 3)`): no traced opcode sees it.
+    given = [(x, contents_of(x)) for x in (*args, *kwargs.values())
+             if type(x) in (list, dict) and outside.is_root(x)] if outside.roots else []
     result = run_native(fn, *args, **kwargs)
     for container, before in given:
-        if _contents(container) != before:  # (by identity: no proxy's == runs)
-            _refuse_proxy_stored_natively(fn, container)
-            current_state().outside.replace_contents(container)
+        if not same_contents(container, before):
+            outside.changed_natively(container, before, getattr(fn, "__qualname__", repr(fn)))
     # A parameter of a jitted module that native code returns (a weak reference's target) is its proxy.
-    return current_state().outside.seen(result)
-
-
-def _outside_containers(args: Any, kwargs: dict[str, Any]) -> list[tuple[Any, list[int]]]:
-    """The lists and dicts from outside the call among the arguments of a native call, each with its contents (ids),
-    which are kept and put back when the capture ends: native code may change one (`heapq.heappush(h, 3)`,
-    `bisect.insort`), a write no traced opcode logs, replayed then as the container's new contents."""
-    outside = current_state().outside
-    if not outside.roots:
-        return []
-    found = [x for x in (*args, *kwargs.values()) if type(x) in (list, dict) and outside.is_root(x)]
-    for container in found:
-        outside.remember_contents(container)
-    return [(container, _contents(container)) for container in found]
-
-
-def _contents(container: Any) -> list[int]:
-    """The identities of a list's items, or a dict's keys and values, in order."""
-    if type(container) is dict:
-        return [id(x) for item in dict.items(container) for x in item]
-    return [id(x) for x in container]
-
-
-def _refuse_proxy_stored_natively(fn: Any, container: Any) -> None:
-    """Refuse, at the call, a proxy native code `fn` stored into `container` (from outside the call): the capture's
-    end puts the container's contents back, so no proxy reaches the user's object."""
-    stored = next((v for v in (container.values() if type(container) is dict else container)
-                   if isinstance(v, Proxy)), None)
-    if stored is not None:
-        what = f"a traced tensor ({stored.name})" if isinstance(stored, TensorProxy) else \
-            f"a symbolic number ({stored.name}, a size or number that may change from call to call)"
-        raise UnsupportedSyntaxError(
-            f"{what} was stored into a {type(container).__name__} that exists outside the jitted call by "
-            f"{getattr(fn, '__qualname__', fn)!s}{where_now()}, which minijit runs natively; it cannot be replayed. "
-            "Return the value from the jitted function and store it outside")
+    return outside.seen(result)
 
 
 # Native callables that iterate over their positional arguments ("first": only the first one;

@@ -270,10 +270,10 @@ def slot_attribute(obj: Any, name: Any) -> bool:
 
 
 @functools.cache
-def _has_slots(cls: type) -> bool:
-    """Whether instances of `cls` store attributes in `__slots__` of a class written in Python."""
-    return any(isinstance(v, types.MemberDescriptorType) for k in cls.__mro__ if "__slots__" in vars(k)
-               for v in vars(k).values())
+def slot_names(cls: type) -> tuple[str, ...]:
+    """The attributes instances of `cls` store in `__slots__` of classes written in Python, sorted."""
+    return tuple(sorted({n for k in cls.__mro__ if "__slots__" in vars(k) for n, v in vars(k).items()
+                         if isinstance(v, types.MemberDescriptorType)}))
 
 
 def may_have_guarded_attributes(value: Any) -> bool:
@@ -287,7 +287,7 @@ def may_have_guarded_attributes(value: Any) -> bool:
         module = getattr(value, "__module__", "") or ""
         return module.split(".")[0] not in _SKIPPED_MODULES and module != "builtins"
     return (hasattr(value, "__dict__") or isinstance(value, list | dict | set | tuple | collections.deque | weakref.ref)
-            or _has_slots(type(value)))
+            or bool(slot_names(type(value))))
 
 
 def is_users_module(module: types.ModuleType) -> bool:
@@ -509,4 +509,4 @@ def not_in_history(tensors: Sequence[torch.Tensor], read: Sequence[torch.Tensor]
 
 __all__ = ["accumulated_leaves", "bind", "build_guard", "guard_expression", "guard_names", "GuardEntry", "has_snapshot",
            "is_constant", "is_symbolic_number_value", "is_users_module", "MISSING", "not_in_history", "NumberSlot",
-           "record", "slot_attribute", "same_keys", "Source", "TensorSeen"]
+           "record", "same_keys", "slot_attribute", "slot_names", "Source", "TensorSeen"]

@@ -48,6 +48,7 @@ from minijit.frontend.guards import (
     may_have_guarded_attributes,
     record,
     short_repr,
+    slot_names,
 )
 from minijit.ir import Proxy, TensorProxy
 from minijit.ir.containers import contains_proxy
@@ -445,21 +446,25 @@ class Outside:
         """Log a call made for its effect alone (`print`): not made now, made by every call after its computation."""
         self.effects.append(Effect("function", fn, None, (args, kwargs)))
 
-    def remember_contents(self, container: Any) -> None:
-        """Keep the contents of root `container` (a list or dict), put back when the capture ends."""
-        self._remember_contents(container)
+    def changed_natively(self, container: Any, before: Any, by: str) -> None:
+        """Native code `by` changed the root list or dict `container` (`heapq.heappush(h, 3)`: no traced opcode saw
+        the write), whose contents were `before` (`contents_of`): those are put back when the capture ends, and its
+        new ones are what every call puts into it (every element was guarded as native code read it, so a call
+        finding others misses). A proxy among them is refused: native code's write is not replayed with each
+        call's value of it."""
+        self._remember_contents(container, before)
+        stored = next((v for _, v in _shallow_contents(container) if isinstance(v, Proxy)), None)
+        if stored is not None:
+            raise UnsupportedSyntaxError(
+                f"{_stored_words(stored)} was stored into a {type(container).__name__} that exists outside the jitted "
+                f"call by {by}{where_now()}, which minijit runs natively; it cannot be replayed. Return the value from "
+                "the jitted function and store it outside")
+        self.effects.append(Effect("replace", container, None, contents_of(container)))
 
-    def replace_contents(self, container: Any) -> None:
-        """Log root `container`'s contents now (native code changed them: `heapq.heappush(h, 3)`) as what every
-        call puts into it; its contents before are kept (`remember_contents`) and put back when the capture ends.
-        Every element was guarded as native code read it, so a call that finds others misses."""
-        self.effects.append(Effect("replace", container, None,
-                                   dict(container) if isinstance(container, dict) else list(container)))
-
-    def _remember_contents(self, container: Any) -> None:
+    def _remember_contents(self, container: Any, before: Any = None) -> None:
         if id(container) in self.changed:
             return
-        before = dict(container) if isinstance(container, dict) else list(container)
+        before = contents_of(container) if before is None else before
         self.changed[id(container)] = (container, before)
         self.undo.append(lambda: _restore_contents(container, before))
 
@@ -524,11 +529,23 @@ def _restore_cell(cell: types.CellType, old: Any) -> None:
         cell.cell_contents = old
 
 
+def contents_of(container: Any) -> Any:
+    """A shallow copy of a list's or dict's contents, for `same_contents` and to put them back."""
+    return dict(container) if isinstance(container, dict) else list(container)
+
+
+def same_contents(container: Any, before: Any) -> bool:
+    """Whether `container` holds what `contents_of` copied: items, or keys and values in order, by identity (a traced
+    value's == would record into the trace)."""
+    now = list(dict.items(container)) if isinstance(container, dict) else list(container)
+    was = list(before.items()) if isinstance(before, dict) else before
+    return len(now) == len(was) and all(
+        (a[0] is b[0] and a[1] is b[1]) if isinstance(before, dict) else a is b for a, b in zip(now, was))
+
+
 def _restore_contents(container: Any, before: Any) -> None:
     if isinstance(container, dict):
-        # Values by identity (a traced value's == would record into the trace), keys and their order too.
-        now = list(dict.items(container))
-        if len(now) != len(before) or any(k is not k0 or v is not v0 for (k, v), (k0, v0) in zip(now, before.items())):
+        if not same_contents(container, before):
             # OrderedDict keeps its own order list beside the dict's: only its methods keep the two in step.
             kind = collections.OrderedDict if isinstance(container, collections.OrderedDict) else dict
             kind.clear(container)
@@ -575,10 +592,8 @@ def check_no_proxy_left(outside: Outside) -> None:
     for obj, label in outside.roots.values():
         for where, value in _shallow_contents(obj):
             if isinstance(value, Proxy):
-                what = (f"a traced tensor ({value.name})" if isinstance(value, TensorProxy) else
-                        f"a symbolic number ({value.name}, a size or number that may change from call to call)")
                 raise UnsupportedSyntaxError(
-                    f"{what} was stored into {where} of a {type(obj).__name__} ({label}) that exists outside the "
+                    f"{_stored_words(value)} was stored into {where} of a {type(obj).__name__} ({label}) that exists outside the "
                     "jitted call, by code minijit runs natively (heapq, bisect, a C method); it cannot be replayed. "
                     "Return the value from the jitted function and store it outside")
     for obj in outside.returned:
@@ -586,6 +601,13 @@ def check_no_proxy_left(outside: Outside) -> None:
             raise UnsupportedSyntaxError(
                 f"the jitted call returns the {type(obj).__name__} it was given, and a traced tensor is still inside "
                 "it where minijit cannot replay the write that put it there. Return the tensor itself")
+
+
+def _stored_words(value: Proxy) -> str:
+    """A proxy found stored in an object from outside, named for an error message."""
+    if isinstance(value, TensorProxy):
+        return f"a traced tensor ({value.name})"
+    return f"a symbolic number ({value.name}, a size or number that may change from call to call)"
 
 
 def _slots(obj: Any) -> list[tuple[str, Any, Any]]:
@@ -602,9 +624,7 @@ def _slot_values(obj: Any) -> list[tuple[str, Any]]:
     """(name, value) for each `__slots__` attribute `obj` has set."""
     if isinstance(obj, type):
         return []
-    names = {n for k in type(obj).__mro__ if "__slots__" in vars(k) for n, v in vars(k).items()
-             if isinstance(v, types.MemberDescriptorType)}
-    return [(n, v) for n in sorted(names) if (v := getattr(obj, n, MISSING)) is not MISSING]
+    return [(n, v) for n in slot_names(type(obj)) if (v := getattr(obj, n, MISSING)) is not MISSING]
 
 
 def _shallow_contents(obj: Any) -> list[tuple[str, Any]]:

@@ -89,11 +89,11 @@ class AutomaticDynamic:
         arguments (`shapes`) that differ from the call traced under its key become symbolic, the others stay."""
         self.switched = True
         key = _sizes_free_key(args, kwargs)
-        traced = self.keys.get(key)
-        kept = [tuple(a if a == b else None for a, b in zip(was[1], now[1], strict=True))
-                for was, now in zip(traced, shapes, strict=True)] if _alike(traced, shapes) else None
-        if kept is not None:
-            self.sizes[key] = kept
+        noted = [sizes for _, sizes in self.keys.get(key, ())]
+        kept = None
+        if noted and _alike(noted, shapes):
+            kept = self.sizes[key] = [tuple(a if a == b else None for a, b in zip(was, now))
+                                      for was, (_, now) in zip(noted, shapes)]
         self.decisions.append(f"sizes and numbers made symbolic: {reason}" + _sizes_words(shapes, kept))
 
     def undo(self) -> None:
@@ -112,7 +112,7 @@ class AutomaticDynamic:
         (`shapes`) differ in become symbolic, for the call's trace and those after it. Whether there were any."""
         key = _sizes_free_key(args, kwargs)
         kept = self.sizes.get(key) if self.switched else None
-        if kept is None or not _alike([("", k) for k in kept], shapes):
+        if kept is None or not _alike(kept, shapes):
             return False
         wider = [tuple(None if k is not None and k != n else k for k, n in zip(was, now[1], strict=True))
                  for was, now in zip(kept, shapes, strict=True)]
@@ -132,11 +132,10 @@ class AutomaticDynamic:
         self.decisions.append(f"kept constant values: the trace with symbolic sizes was refused ({first})")
 
 
-def _alike(traced: Any, shapes: ArgumentShapes) -> bool:
-    """Whether `traced` (shapes noted under the call's key) has as many tensors of the same ranks as `shapes`: the
-    key says so; anything else (never seen) leaves every size symbolic rather than fail the call."""
-    return traced is not None and len(traced) == len(shapes) and all(
-        len(a[1]) == len(b[1]) for a, b in zip(traced, shapes))
+def _alike(noted: list[tuple[Any, ...]], shapes: ArgumentShapes) -> bool:
+    """Whether the sizes `noted` under the call's key are of as many tensors of the same ranks as `shapes`: the key
+    says so; anything else (never seen) leaves every size symbolic rather than fail the call."""
+    return len(noted) == len(shapes) and all(len(a) == len(b) for a, (_, b) in zip(noted, shapes))
 
 
 def _sizes_words(shapes: ArgumentShapes, kept: list[tuple[int | None, ...]] | None) -> str:

@@ -581,14 +581,15 @@ class JitFunction:
         first call that misses only by those (minijit.runtime.dynamic). A call that failed the guard of an entry
         under its own key (strides, aliasing, a value read from outside) differs by more than its sizes."""
         auto = self._automatic
+        shapes = tensor_shapes(self.fn, args, kwargs) if auto is not None else []
         if auto is None or guard_failed or not auto.should_switch(args, kwargs):
             if auto is not None and auto.switched:  # a size kept constant that this call differs in goes symbolic
-                auto.widen(args, kwargs, tensor_shapes(self.fn, args, kwargs))
+                auto.widen(args, kwargs, shapes)
             entry = self._compile(args, kwargs)
             if auto is not None and not self._symbolic and isinstance(entry, CompiledEntry):
-                auto.traced_constant(args, kwargs, tensor_shapes(self.fn, args, kwargs))
+                auto.traced_constant(args, kwargs, shapes)
             return entry
-        auto.switch(reason, args, kwargs, tensor_shapes(self.fn, args, kwargs))
+        auto.switch(reason, args, kwargs, shapes)
         self._set_symbolic(True)
         # The numbers read from outside that changed since the entry used last go symbolic with the sizes, in the
         # same trace, as torch.compile's automatic dynamic does (a cache's length counter: prefill, then decode).
