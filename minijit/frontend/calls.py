@@ -303,7 +303,10 @@ def _call_root_method(owner: Any, fn: Any, args: tuple[Any, ...] | list[Any], kw
     if mutator_of(owner, name):
         if current_trace() is not None:
             outside.call_mutator(guards, owner, name, tuple(args), kwargs)
-    elif isinstance(owner, dict) and name == "get" and args:
+        result = _call_native(fn, args, kwargs)
+        outside.settled(owner)
+        return result
+    if isinstance(owner, dict) and name == "get" and args:
         present = dict.__contains__(owner, args[0])
         if present:
             value = dict.__getitem__(owner, args[0])

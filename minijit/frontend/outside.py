@@ -142,8 +142,10 @@ class Outside:
     undo: list[Callable[[], None]] = field(default_factory=list)
     # (id(holder), key) the trace wrote: reading them back needs no guard.
     written: set[tuple[int, Any]] = field(default_factory=set)
-    # id -> (container, a copy of its contents before the trace changed it).
+    # id -> (container, a copy of its contents before the trace changed it, with what other threads wrote into it
+    # since folded in), and id -> a copy of its contents after the trace's last write into it (`settled`).
     changed: dict[int, tuple[Any, Any]] = field(default_factory=dict)
+    settled_contents: dict[int, Any] = field(default_factory=dict)
     # ids of roots whose whole contents are already guarded (lists/dicts/sets of constants), or
     # that the cache key covers (a jitted module's hook dicts).
     whole: set[int] = field(default_factory=set)
@@ -460,13 +462,34 @@ class Outside:
                 f"call by {by}{where_now()}, which minijit runs natively; it cannot be replayed. Return the value from "
                 "the jitted function and store it outside")
         self.effects.append(Effect("replace", container, None, contents_of(container)))
+        self.settled(container)
 
     def _remember_contents(self, container: Any, before: Any = None) -> None:
-        if id(container) in self.changed:
-            return
+        """Keep `container`'s contents before the trace's first write into it (`before`: as they were before a native
+        call that changed it), to put back when the capture ends."""
         before = contents_of(container) if before is None else before
+        if id(container) in self.changed:
+            self._fold_in_others(container, before)
+            return
         self.changed[id(container)] = (container, before)
-        self.undo.append(lambda: _restore_contents(container, before))
+        self.undo.append(lambda: self._put_back(container))
+
+    def settled(self, container: Any) -> None:
+        """The trace's write into `container` is done: what it holds now is the trace's own doing."""
+        if id(container) in self.changed:
+            self.settled_contents[id(container)] = contents_of(container)
+
+    def _fold_in_others(self, container: Any, now: Any) -> None:
+        """Another thread may have written into `container` since the trace's last write (a server's threads sharing
+        a log): what it wrote goes into the contents put back, so that it is not lost when the capture ends."""
+        settled = self.settled_contents.get(id(container))
+        if settled is not None and not _same(now, settled):
+            _, before = self.changed[id(container)]
+            self.changed[id(container)] = (container, with_others_writes(before, settled, now))
+
+    def _put_back(self, container: Any) -> None:
+        self._fold_in_others(container, contents_of(container))
+        _restore_contents(container, self.changed[id(container)][1])
 
     def _holder(self, holder: Any) -> Any:
         """What an effect on `holder` is replayed on: the object itself, or a tensor's source."""
@@ -531,16 +554,50 @@ def _restore_cell(cell: types.CellType, old: Any) -> None:
 
 def contents_of(container: Any) -> Any:
     """A shallow copy of a list's or dict's contents, for `same_contents` and to put them back."""
-    return dict(container) if isinstance(container, dict) else list(container)
+    return dict(dict.items(container)) if isinstance(container, dict) else list(container)
 
 
 def same_contents(container: Any, before: Any) -> bool:
     """Whether `container` holds what `contents_of` copied: items, or keys and values in order, by identity (a traced
     value's == would record into the trace)."""
-    now = list(dict.items(container)) if isinstance(container, dict) else list(container)
-    was = list(before.items()) if isinstance(before, dict) else before
-    return len(now) == len(was) and all(
-        (a[0] is b[0] and a[1] is b[1]) if isinstance(before, dict) else a is b for a, b in zip(now, was))
+    return _same(dict(dict.items(container)) if isinstance(container, dict) else list(container), before)
+
+
+def _same(now: Any, was: Any) -> bool:
+    """Whether two copies made by `contents_of` hold the same objects in the same order."""
+    if isinstance(was, dict):
+        return len(now) == len(was) and all(a[0] is b[0] and a[1] is b[1] for a, b in zip(now.items(), was.items()))
+    return len(now) == len(was) and all(a is b for a, b in zip(now, was))
+
+
+def with_others_writes(before: Any, settled: Any, now: Any) -> Any:
+    """`before` (copied by `contents_of`) with the writes that turned `settled` into `now` applied: keys set or
+    deleted; elements added (at the end) or removed, by identity."""
+    if isinstance(before, dict):
+        if any(isinstance(k, Proxy) for k in (*settled, *now)):
+            return before  # a symbolic key: looking it up would compare it, and record that into the trace
+        merged = dict(before)
+        for k, v in now.items():
+            if k not in settled or settled[k] is not v:
+                merged[k] = v
+        for k in settled:
+            if k not in now:
+                merged.pop(k, None)
+        return merged
+    unmatched = collections.Counter(map(id, settled))
+    added = []
+    for v in now:
+        if unmatched[id(v)]:
+            unmatched[id(v)] -= 1
+        else:
+            added.append(v)
+    kept = []
+    for v in before:
+        if unmatched[id(v)]:
+            unmatched[id(v)] -= 1  # another thread removed it
+        else:
+            kept.append(v)
+    return kept + added
 
 
 def _restore_contents(container: Any, before: Any) -> None:

@@ -209,7 +209,14 @@ class Symbol:
         if trace is None:
             if self.fn is not None:
                 return self.fn(*args, **kwargs)
-            raise MinijitError(f"{self.id} can only be called while tracing")
+            held = next((a for a in (*args, *kwargs.values()) if isinstance(a, Proxy)), None)
+            if held is None:
+                raise MinijitError(f"{self.id} can only be called while tracing")
+            raise MinijitError(
+                f"{self.id} was given {held!r}, a value of a trace that is not being made in this thread: a "
+                "value minijit traces reached code outside its trace (another thread reading an object that traced "
+                "code wrote into while minijit was tracing it, or a value kept from inside a trace). Read shared "
+                "objects the jitted function writes into only between its calls")
         return trace.record(self, args, kwargs)
 
     def bind(self, *args: Any, output: Any, subsymbols: tuple[BoundSymbol, ...] = (),

@@ -314,3 +314,74 @@ def test_the_entry_order_is_read_while_other_threads_mark_entries_used():
         assert pool.submit(read_recent).result() == 3000 * 8
         for marker in markers:
             marker.result()
+
+
+
+def _writes_while_held(fn: Callable[[torch.Tensor], torch.Tensor], gate: _Gate, other: Callable[[], Any]) -> Any:
+    """`fn(x)` in this thread, held at `gate` half-way while another thread runs `other`."""
+    gate.armed.set()
+    thread = threading.Thread(target=lambda: (gate.reached.wait(timeout=30), other(), gate.release.set()))
+    thread.start()
+    try:
+        return fn(torch.zeros(2))
+    finally:
+        gate.release.set()
+        thread.join()
+
+
+@pytest.mark.parametrize("writer", ["eager", "jitted"])
+def test_writes_another_thread_makes_while_a_capture_writes_the_same_containers_are_kept(writer):
+    # A capture writes into outside containers for real and puts them back when it ends; what another thread wrote
+    # into them meanwhile (eager code, or a jitted function) stays. The capture's own writes are made by the first
+    # call after it, so the list's elements may come in another order than eager's: an order threads could give.
+    def scenario(jit: Callable[[Any], Any]) -> tuple[Any, list[str], dict[str, int]]:
+        log, table, gate = ["old"], {"a": 1, "c": 3}, _Gate()
+
+        def other_writes(t: torch.Tensor) -> torch.Tensor:
+            log.append("other")
+            log.remove("old")
+            table["b"] = 2
+            del table["c"]
+            return t + 1
+
+        def f(x: torch.Tensor) -> torch.Tensor:
+            log.append("f")
+            table["a"] = 10
+            gate()
+            log.append("g")
+            return x + len(log) + sum(table.values())
+
+        writes = jit(other_writes) if writer == "jitted" else other_writes
+        result = _writes_while_held(jit(f), gate, lambda: writes(torch.ones(1)))
+        assert not gate.timed_out.is_set()
+        return result, log, table
+
+    expected, eager_log, eager_table = scenario(lambda fn: fn)
+    result, log, table = scenario(minijit.jit)
+    torch.testing.assert_close(result, expected)
+    assert table == eager_table
+    assert sorted(log) == sorted(eager_log)
+
+
+def test_a_value_another_thread_finds_while_a_capture_writes_it_out_is_refused_by_name():
+    # A capture writes for real, so another thread reading the list meanwhile finds a value of the trace: computing
+    # with it fails, naming the op and what happened, rather than giving anything.
+    values, gate, found = [], _Gate(), []
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        y = x * 3
+        values.append(y)
+        gate()
+        return y
+
+    def other() -> None:
+        try:
+            found.append(values[-1] * 2)
+        except minijit.MinijitError as e:
+            found.append(e)
+
+    result = _writes_while_held(minijit.jit(f), gate, other)
+    torch.testing.assert_close(result, torch.zeros(2) * 3)
+    assert len(values) == 1 and values[0] is result  # as in eager: the stored tensor is the one returned
+    assert isinstance(found[0], minijit.MinijitError) and "not being made in this thread" in str(found[0])
+    assert "mul" in str(found[0])

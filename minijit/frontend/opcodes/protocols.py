@@ -260,6 +260,7 @@ def get_item(container: Any, key: Any) -> Any:
         value = container.default_factory()
         outside.write_item(container, key, value)
         dict.__setitem__(container, key, value)
+        outside.settled(container)
         return value
     try:
         value = container[key]
@@ -283,9 +284,11 @@ def set_item(container: Any, key: Any, value: Any) -> None:
     if "__setitem__" in python_members(type(container)):
         call_dunder(container, "__setitem__", key, value)
         return
-    if current_state().outside.is_root(container) and current_trace() is not None:
-        current_state().outside.write_item(container, key, value)
+    outside = current_state().outside
+    if outside.is_root(container) and current_trace() is not None:
+        outside.write_item(container, key, value)
     container[key] = value
+    outside.settled(container)
 
 
 def del_item(container: Any, key: Any) -> None:
@@ -293,9 +296,11 @@ def del_item(container: Any, key: Any) -> None:
     if "__delitem__" in python_members(type(container)):
         call_dunder(container, "__delitem__", key)
         return
-    if current_state().outside.is_root(container) and current_trace() is not None:
-        current_state().outside.write_item(container, key, None, delete=True)
+    outside = current_state().outside
+    if outside.is_root(container) and current_trace() is not None:
+        outside.write_item(container, key, None, delete=True)
     del container[key]
+    outside.settled(container)
 
 
 _HASHED = (dict, set, frozenset, collections.Counter, collections.OrderedDict, collections.defaultdict)
