@@ -387,7 +387,7 @@ def build_guard(entries: list[GuardEntry]) -> Callable[[], bool] | None:
 def guard_names() -> dict[str, Any]:
     """The names `guard_expression`'s source reads besides those it binds: the start of a guard's environment."""
     return {"_MISSING": _MISSING, "_Tensor": torch.Tensor, "_same_keys": same_keys, "_dict_get": dict.get,
-            "_own_dict": own_dict, "_copysign": math.copysign}
+            "_own_dict": own_dict, "_copysign": math.copysign, "math": math}
 
 
 def guard_expression(env: dict[str, Any], i: int, entry: GuardEntry) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import functools
+import math
 import sys
 import types
 from collections.abc import Callable
@@ -29,7 +30,7 @@ from minijit.frontend.frame import NULL, Frame, current_frame, current_state
 from minijit.frontend.torch_function import has_override
 from minijit.ir import NumberProxy, TensorProxy, current_trace
 from minijit.ir.context import note_state_read, where_now
-from minijit.ir.proxies import user_text
+from minijit.ir.proxies import number_value, user_text
 from minijit.ops import aten_prims, prims
 from minijit.ops.autocast import clear_cast_cache
 
@@ -174,13 +175,53 @@ def round_(number: Any, ndigits: Any = None) -> Any:
 
 @lookaside(float)
 def float_(*args: Any) -> Any:
-    """float(); of a one-element TensorProxy, a number the trace computes when it runs (as Tensor.item())."""
+    """float(); of a one-element TensorProxy, a number the trace computes when it runs (as Tensor.item()); of a
+    symbolic number, one the trace computes (`number_function`)."""
     if len(args) == 1 and isinstance(args[0], TensorProxy):
         x = args[0]
         if not x.dtype.is_floating_point:
             x = prims.convert_element_type(x, torch.float64)
         return aten_prims.item(x)
-    return float(*args)
+    return number_function("float", float, args)
+
+
+@lookaside(int)
+def int_(*args: Any, **kwargs: Any) -> Any:
+    """int(); of a symbolic number, one the trace computes (`number_function`)."""
+    return number_function("int", int, args) if not kwargs else int(*args, **kwargs)
+
+
+def number_function(op: str, native: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    """`native(*args)` (`int`, `float`, `math.cos`, ...): where an argument is a symbolic number, the number prim
+    `prims.num_<op>`, so that the trace computes it with each call's value rather than rely on this one's (an lr
+    schedule's `math.cos(math.pi * epoch / T)` would trace once per epoch). A conversion that changes nothing
+    (`int(n)` of an int, `math.floor(n)`) is the number itself."""
+    symbolic = [a for a in args if isinstance(a, NumberProxy) and not a.read]
+    if not symbolic or not all(isinstance(a, int | float | NumberProxy) and type(a) is not bool for a in args):
+        return native(*args)
+    native(*[number_value(a) for a in args])  # eager's error for this call's values (`math.sqrt(-1)`), if any
+    if len(args) == 1 and args[0].python_type is (float if op == "float" else int) and op in _SAME_FOR_ITS_TYPE:
+        return args[0]
+    return prims.NUMBER_PRIMS[op](*args)
+
+
+# Conversions that give back a number of the type they convert to.
+_SAME_FOR_ITS_TYPE = frozenset({"int", "float", "floor", "ceil", "trunc"})
+
+
+
+def _math_function(op: str) -> Callable[..., Any]:
+    native = getattr(math, op)
+
+    def function(*args: Any) -> Any:
+        return number_function(op, native, args)
+
+    function.__doc__ = f"math.{op}; of a symbolic number, one the trace computes (`number_function`)."
+    return function
+
+
+for _name in prims.MATH_FUNCTIONS:
+    LOOKASIDES[getattr(math, _name)] = _math_function(_name)
 
 
 def _text_of(native: Callable[..., Any]) -> Callable[..., Any]:

@@ -84,7 +84,9 @@ class NumberProxy(Proxy):
     number prims (dispatched through `NUMBER_METHODS`, filled in by minijit.ops) and
     gives new proxies.
 
-    `bool()`, `int()`, `float()`, `str()` and formatting have one meaning wherever they run:
+    (Traced code's calls `int(n)`, `float(n)` and `math.cos(n)`, ... are number prims:
+    minijit.frontend.lookasides.number_function.) The conversions `bool()`, `int()`, `float()`, `str()` and
+    formatting have one meaning wherever they run:
     the value, relied on (`x.shape[1]` is 4): a capture records the fact as a constraint, which
     the cache entry's guard checks on later calls; a value the trace computes (`Tensor.item()`)
     is read through the capture's value reader, and refused where there is none (in a pass).
@@ -125,6 +127,13 @@ class NumberProxy(Proxy):
 
     def type_string(self) -> str:
         return f"{self.python_type.__name__} {self.value}"
+
+    def __getattr__(self, name: str) -> Any:
+        # The other methods and attributes of int and float (`f.is_integer()`, `n.bit_length()`): the value's,
+        # relied on as a conversion relies on it.
+        if name.startswith("__") or name in NumberProxy.__slots__ or not hasattr(self.python_type, name):
+            raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+        return getattr(self.python_type(self._specialise()), name)
 
     def _specialise(self) -> Any:
         """The value, relied on: guarded where the compile still records guards (a capture); a value

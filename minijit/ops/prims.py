@@ -862,10 +862,19 @@ no_grad_update = _prim("no_grad_update", _no_grad_update_meta)
 
 # -- arithmetic on symbolic Python numbers ("symbolic values" mode) ---------------------
 
+# The functions of the math module a trace computes with a symbolic number, each call with its own value.
+MATH_FUNCTIONS = ("cos", "sin", "tan", "acos", "asin", "atan", "atan2", "cosh", "sinh", "tanh", "acosh", "asinh",
+                  "atanh", "exp", "exp2", "expm1", "log", "log1p", "log2", "log10", "sqrt", "pow", "fmod", "erf",
+                  "erfc", "floor", "ceil", "trunc", "hypot", "degrees", "radians")
+
 NUMBER_OPS = {
     "add": ("+", operator.add), "sub": ("-", operator.sub), "mul": ("*", operator.mul),
     "truediv": ("/", operator.truediv), "floordiv": ("//", operator.floordiv), "mod": ("%", operator.mod),
     "pow": ("**", operator.pow), "neg": ("-", operator.neg), "pos": ("+", operator.pos), "abs": ("abs", operator.abs),
+    # Conversions and the math module's functions, written as calls: `float(n)`, `math.cos(t)` (an lr schedule's
+    # cosine, computed by each call rather than fixed to the value traced).
+    "int": ("int", int), "float": ("float", float),
+    **{name: (f"math.{name}", getattr(math, name)) for name in MATH_FUNCTIONS},
 }
 
 
@@ -878,8 +887,10 @@ def _number_meta(op: str) -> Callable[..., Any]:
         exprs = [a.expr if isinstance(a, NumberProxy) else repr(a) for a in args]
         if any(isinstance(a, NumberProxy) and a.expr is None for a in args):
             expr = None
+        elif symbol[0].isalpha():
+            expr = f"{symbol}({', '.join(exprs)})"
         elif len(args) == 1:
-            expr = f"abs({exprs[0]})" if op == "abs" else f"({symbol}{exprs[0]})"
+            expr = f"({symbol}{exprs[0]})"
         else:
             expr = f"({exprs[0]} {symbol} {exprs[1]})"
         out: NumberProxy

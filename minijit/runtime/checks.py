@@ -731,4 +731,5 @@ _ENV: dict[str, Any] = {
     "_not_in_history": not_in_history,
     "_row_major": tensor_row_major,
     "_copysign": math.copysign,
+    "math": math,  # number prims' expressions (`math.cos(epoch)`) in constraints
 }

@@ -494,3 +494,81 @@ def test_the_multistep_lr_scheduler_stepped_inside_the_jitted_step_matches_eager
     assert have_lrs == want_lrs
     for w, h in zip(want, have, strict=True):
         torch.testing.assert_close(h, w, **TOL)
+
+
+@pytest.mark.parametrize("make_schedule", [
+    lambda opt: torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=20),
+    lambda opt: torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.5, total_steps=40),
+    lambda opt: torch.optim.lr_scheduler.CyclicLR(opt, base_lr=0.01, max_lr=0.1, step_size_up=4),
+    lambda opt: torch.optim.lr_scheduler.CosineAnnealingWarmRestarts(opt, T_0=5, T_mult=2),
+    lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * s / 30))),
+], ids=["CosineAnnealingLR", "OneCycleLR", "CyclicLR", "CosineAnnealingWarmRestarts", "LambdaLR-cosine"])
+def test_a_scheduler_computing_with_math_stepped_inside_the_jitted_step_traces_a_few_times(make_schedule):
+    """`math.cos(math.pi * epoch / T)`, `math.floor`, `int()` and `float()` of the schedule's numbers are computed by
+    each call (number prims), not fixed to the traced epoch's value: a trace per phase, not one per step."""
+    runs = []
+    for use_jit in (False, True):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        schedule = make_schedule(opt)
+
+        def step(opt=opt, schedule=schedule):
+            opt.step()
+            schedule.step()
+
+        jitted = minijit.jit(step) if use_jit else step
+        lrs = []
+        for i in range(24):
+            model(torch.ones(3, 4) * (i % 5)).sum().backward()
+            jitted()
+            opt.zero_grad()
+            lrs.append(opt.param_groups[0]["lr"])
+        runs.append((lrs, [p.detach() for p in model.parameters()], jitted))
+    (want_lrs, want, _), (have_lrs, have, jitted) = runs
+    for h, w in zip(have_lrs, want_lrs, strict=True):
+        assert h == pytest.approx(w, rel=1e-12, abs=1e-15)
+    for w, h in zip(want, have, strict=True):
+        torch.testing.assert_close(h, w, **TOL)
+    info = minijit.cache_info(jitted)
+    assert info.misses <= 5, info
+
+
+@pytest.mark.parametrize("op", ["cos", "exp", "log", "sqrt", "floor", "ceil", "trunc", "atan2", "pow", "int", "float"])
+def test_math_functions_and_conversions_of_symbolic_numbers_are_computed_by_each_call(op):
+    fn = {"int": int, "float": float}.get(op) or getattr(math, op)
+
+    def f(x, n, g):
+        if op in ("atan2", "pow"):
+            return x * fn(g, n) + fn(n, 2)
+        return x * fn(g) + fn(n)
+
+    jf = minijit.jit(f)
+    for n, g in [(1, 0.5), (2, 1.5), (3, 2.25), (7, 0.125), (4, 9.0)]:
+        x = torch.ones(3)
+        torch.testing.assert_close(jf(x, n, g), f(x, n, g), rtol=1e-6, atol=0)
+    assert minijit.cache_info(jf).misses <= 2, minijit.cache_info(jf)
+
+
+def test_a_math_domain_error_is_eagers_on_every_call():
+    def f(x, g):
+        return x * math.sqrt(g)
+
+    jf = minijit.jit(f)
+    for g in (1.0, 4.0, -1.0, 9.0, -4.0):
+        try:
+            want = f(torch.ones(2), g)
+        except ValueError as e:
+            with pytest.raises(ValueError, match=str(e)):
+                jf(torch.ones(2), g)
+        else:
+            torch.testing.assert_close(jf(torch.ones(2), g), want)
+
+
+def test_methods_of_a_symbolic_float_are_the_values():
+    def f(x, g):
+        return x * g, float(g).is_integer(), g.as_integer_ratio()
+
+    jf = minijit.jit(f)
+    for g in (0.5, 1.5, 2.0, 3.0):
+        assert jf(torch.ones(2), g)[1:] == f(torch.ones(2), g)[1:]

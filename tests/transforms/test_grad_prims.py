@@ -222,8 +222,7 @@ NOT_DIFFERENTIABLE = {
     "uniform", "normal", "random_integers", "exponential", "bernoulli", "randperm", "multinomial", "manual_seed",
     "seed", "initial_seed", "get_rng_state", "set_rng_state",
     # Arithmetic on symbolic Python numbers: their outputs are numbers, not tensors.
-    "num_add", "num_sub", "num_mul", "num_truediv", "num_floordiv", "num_mod", "num_pow", "num_neg", "num_pos",
-    "num_abs",
+    *(f"num_{op}" for op in prims.NUMBER_OPS),
     # A constant: it takes no tensor that could require grad.
     "tensor_constant",
     # Attention kernels that only the VJP rule of ltorch.scaled_dot_product_attention records,
