@@ -83,3 +83,17 @@ def test_traced_code_sees_eagers_classes(fn: Callable[..., Any], cache: str) -> 
         for g, w in zip(got, want, strict=True):
             assert type(g) is type(w), (rows, k, g, w)
             assert torch.equal(g, w) if isinstance(w, torch.Tensor) else g == w, (rows, k, g, w)
+
+
+def test_a_tensors_shape_is_a_torch_size_where_its_sizes_are_constants():
+    # Where no size is symbolic, `x.shape` is eager's torch.Size: its text, class and numel() (sizes that went
+    # symbolic are a tuple of them: noted in docs/design.md).
+    def f(x):
+        s = x.shape
+        return x + 1, [str(s), f"{s}", repr(s[1:]), isinstance(s, torch.Size), type(s).__name__, s.numel(),
+                       x.size() == s, str(x.T.shape)]
+
+    jf = minijit.jit(f, cache="constant values")
+    for shape in [(2, 3), (4, 3, 1)]:
+        x = torch.ones(shape)
+        assert jf(x)[1] == f(x)[1]

@@ -22,7 +22,7 @@ from minijit.frontend.guards import (
 from minijit.frontend.opcodes.protocols import delete_attribute, load_attr, stand_in, store_attr
 from minijit.frontend.opcodes.table import handles
 from minijit.frontend.outside import tensor_attribute
-from minijit.ir import current_trace
+from minijit.ir import TensorProxy, current_trace
 
 _UNBOUND = "cannot access local variable '{}' where it is not associated with a value"
 _UNBOUND_FREE = "cannot access free variable '{}' where it is not associated with a value in enclosing scope"
@@ -356,6 +356,8 @@ def attribute(frame: Frame | None, obj: Any, name: str) -> Any:
         trace = current_trace()
         if trace is not None and trace.capture_tensor is not None:
             return tensor_attribute(current_state().outside, current_state().guards, obj, name, trace.capture_tensor)
+    if name == "shape" and type(obj) is TensorProxy:
+        return obj.size()  # a torch.Size, as eager's, where no size is symbolic
     obj = stand_in(obj)
     outside = current_state().outside
     try:
