@@ -297,12 +297,27 @@ def _dereference(ref: weakref.ReferenceType) -> Any:
     return value
 
 
+# Methods of a list or deque that only store their arguments (never iterate or compare them).
+_STORING = frozenset({"append", "appendleft", "insert"})
+
+
 def _call_root_method(owner: Any, fn: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> Any:
     """A C method of a container from outside the call: reads are guarded, writes are effects."""
     outside, guards, name = current_state().outside, current_state().guards, fn.__name__
     if mutator_of(owner, name):
         if current_trace() is not None:
             outside.call_mutator(guards, owner, name, tuple(args), kwargs)
+        if name in _STORING and not kwargs and (type(owner) is list or (
+                type(owner) is collections.deque and owner.maxlen is None)):
+            # Only stores its argument: made right after the contents are kept (`before_write`), and what it makes
+            # of them is known, so that another thread's write at that moment is not taken for this one.
+            before = outside.before_write(owner)
+            result = fn(*args)
+            after = list(before)
+            getattr(after, "insert" if name == "appendleft" else name)(*((0, *args) if name == "appendleft" else args))
+            outside.settled(owner, after)
+            return result
+        outside.before_write(owner)
         result = _call_native(fn, args, kwargs)
         outside.settled(owner)
         return result

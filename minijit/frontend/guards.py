@@ -182,6 +182,9 @@ class GuardEntry:
     shadow: dict[str, Any] | None = field(default=None, repr=False)
     # The name of the object read from, where it has one (`param_groups_0`), for messages.
     owner: str = ""
+    # Of a list, dict or set of constants: its contents when the trace read it, which the guard compares with (another
+    # thread may change the container before the guard is made).
+    contents: Any = field(default=None, repr=False, compare=False)
 
     def __str__(self) -> str:
         where = {"global": "global", "builtin": "builtin", "cell": "closure variable", "attribute": "attribute",
@@ -239,14 +242,15 @@ def is_constant(value: Any) -> bool:
 
 
 def _snapshot(value: Any) -> Any:
-    """A copy of a list/dict/set of constants (guarded by equality), else None."""
+    """A copy of a list/dict/set of constants (guarded by equality), else None. The copy is made first, natively, in
+    one step: another thread may be changing the container."""
     t = type(value)
-    if t is list and all(is_constant(v) for v in value):
-        return list(value)
-    if t is set and all(is_constant(v) for v in value):
-        return set(value)
-    if t is dict and all(is_constant(k) and is_constant(v) for k, v in value.items()):
-        return dict(value)
+    if t is list or t is set:
+        copy = t(value)
+        return copy if all(is_constant(v) for v in copy) else None
+    if t is dict:
+        copy = dict(value)
+        return copy if all(is_constant(k) and is_constant(v) for k, v in copy.items()) else None
     return None
 
 
@@ -349,7 +353,7 @@ def record(guards: dict[tuple[Any, ...], GuardEntry], kind: str, namespace: Any,
         return
     if isinstance(value, torch.Tensor):
         value = TensorSeen.of(value)  # read again on each call: the guard checks only that it is still a tensor
-    guards[key] = GuardEntry(kind, namespace, name, value, shadow, owner)
+    guards[key] = GuardEntry(kind, namespace, name, value, shadow, owner, _snapshot(value))
 
 
 def build_guard(entries: list[GuardEntry]) -> Callable[[], bool] | None:
@@ -424,7 +428,7 @@ def guard_expression(env: dict[str, Any], i: int, entry: GuardEntry) -> str:
         # subclass's `get`, which may mean something else: transformers' _CanRecordRegistry.get(model))
         read = f"_dict_get({ns}, {key}, _MISSING)"
     value = entry.value
-    snapshot = _snapshot(value)
+    snapshot = entry.contents if entry.contents is not None else _snapshot(value)
     if isinstance(value, TensorSeen):
         term = f"isinstance({read}, _Tensor)"
     elif isinstance(value, NumberSlot):

@@ -405,8 +405,7 @@ class Outside:
         self.effects.append(Effect(op, target, name, value))
 
     def write_item(self, container: Any, key: Any, value: Any, delete: bool = False) -> None:
-        """Log `container[key] = value` (or `del container[key]`) on a root, and how to undo it."""
-        self._remember_contents(container)
+        """Log `container[key] = value` (or `del container[key]`) on a root (`before_write` keeps how to undo it)."""
         if contains_proxy(key):
             # A key the call computes (a symbolic number): replayed with each call's value of it, as a
             # method's arguments are, not with the proxy itself.
@@ -441,7 +440,6 @@ class Outside:
         reads = next((r for (cls, m), r in _MUTATORS.items() if m == method and isinstance(container, cls)), False)
         if reads:
             self.observe(guards, container, "iterate")
-        self._remember_contents(container)
         self.effects.append(Effect("call", container, method, (args, dict(kwargs))))
 
     def call_function(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -464,20 +462,28 @@ class Outside:
         self.effects.append(Effect("replace", container, None, contents_of(container)))
         self.settled(container)
 
-    def _remember_contents(self, container: Any, before: Any = None) -> None:
-        """Keep `container`'s contents before the trace's first write into it (`before`: as they were before a native
-        call that changed it), to put back when the capture ends."""
-        before = contents_of(container) if before is None else before
+    def _remember_contents(self, container: Any, before: Any) -> None:
+        """Keep `container`'s contents before the trace's first write into it (`before`, copied by `contents_of`), to
+        put back when the capture ends."""
         if id(container) in self.changed:
             self._fold_in_others(container, before)
             return
         self.changed[id(container)] = (container, before)
         self.undo.append(lambda: self._put_back(container))
 
-    def settled(self, container: Any) -> None:
-        """The trace's write into `container` is done: what it holds now is the trace's own doing."""
+    def before_write(self, container: Any) -> Any:
+        """The trace is about to write into the root `container` natively (`write_item`, `call_mutator` logged it):
+        keep its contents, to put back when the capture ends, and return them. Called right before the write, so
+        that what another thread writes in between is not taken for the trace's own."""
+        now = contents_of(container)
+        self._remember_contents(container, now)
+        return now
+
+    def settled(self, container: Any, contents: Any = None) -> None:
+        """The trace's write into `container` is done: what it holds now (or `contents`, what the write made of the
+        contents `before_write` returned) is the trace's own doing."""
         if id(container) in self.changed:
-            self.settled_contents[id(container)] = contents_of(container)
+            self.settled_contents[id(container)] = contents_of(container) if contents is None else contents
 
     def _fold_in_others(self, container: Any, now: Any) -> None:
         """Another thread may have written into `container` since the trace's last write (a server's threads sharing
@@ -486,9 +492,14 @@ class Outside:
         if settled is not None and not _same(now, settled):
             _, before = self.changed[id(container)]
             self.changed[id(container)] = (container, with_others_writes(before, settled, now))
+            self.settled_contents[id(container)] = now
 
     def _put_back(self, container: Any) -> None:
-        self._fold_in_others(container, contents_of(container))
+        for _ in range(64):  # until no other thread wrote while the last writes were folded in
+            now = contents_of(container)
+            self._fold_in_others(container, now)
+            if same_contents(container, now):
+                break
         _restore_contents(container, self.changed[id(container)][1])
 
     def _holder(self, holder: Any) -> Any:
@@ -674,7 +685,8 @@ def _slots(obj: Any) -> list[tuple[str, Any, Any]]:
     if isinstance(obj, list | tuple):
         return [("item", i, v) for i, v in enumerate(obj)]
     own = getattr(obj, "__dict__", None)
-    return [("attribute", k, v) for k, v in [*(own.items() if isinstance(own, dict) else ()), *_slot_values(obj)]]
+    return [("attribute", k, v) for k, v in [*(list(dict.items(own)) if isinstance(own, dict) else ()),
+                                             *_slot_values(obj)]]
 
 
 def _slot_values(obj: Any) -> list[tuple[str, Any]]:
@@ -685,10 +697,11 @@ def _slot_values(obj: Any) -> list[tuple[str, Any]]:
 
 
 def _shallow_contents(obj: Any) -> list[tuple[str, Any]]:
+    # Each read through one native copy: another thread may be changing the object.
     if isinstance(obj, dict):
-        return [(f"item [{k!r}]", v) for k, v in obj.items()]
+        return [(f"item [{k!r}]", v) for k, v in list(dict.items(obj))]
     if isinstance(obj, list | tuple | collections.deque):
-        return [(f"item [{i}]", v) for i, v in enumerate(obj)]
+        return [(f"item [{i}]", v) for i, v in enumerate(list(obj))]
     return [(f"attribute {k!r}", v) for _, k, v in _slots(obj)]
 
 

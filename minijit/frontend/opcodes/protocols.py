@@ -26,6 +26,7 @@ from minijit.frontend.native_tensors import COMPUTING_ITERATORS, run_native
 from minijit.frontend.outside import item_label
 from minijit.frontend.torch_function import OPERATOR_METHODS, overrides_torch_function
 from minijit.ir import NumberProxy, TensorProxy, current_trace
+from minijit.ir.containers import contains_proxy
 from minijit.ir.context import where_now
 from minijit.ir.proxies import SWAPPED, guarded_compare, user_text
 from minijit.ops.ltorch.inplace import make_leaf
@@ -259,6 +260,7 @@ def get_item(container: Any, key: Any) -> Any:
             raise KeyError(key)
         value = container.default_factory()
         outside.write_item(container, key, value)
+        outside.before_write(container)
         dict.__setitem__(container, key, value)
         outside.settled(container)
         return value
@@ -285,10 +287,19 @@ def set_item(container: Any, key: Any, value: Any) -> None:
         call_dunder(container, "__setitem__", key, value)
         return
     outside = current_state().outside
-    if outside.is_root(container) and current_trace() is not None:
-        outside.write_item(container, key, value)
+    if not (outside.is_root(container) and current_trace() is not None):
+        container[key] = value
+        return
+    outside.write_item(container, key, value)
+    before = outside.before_write(container)
     container[key] = value
-    outside.settled(container)
+    if (type(container) is dict and not contains_proxy(key)) or (type(container) is list and type(key) is int):
+        # What the write made of the contents kept: another thread's write at that moment is not taken for it.
+        after = type(before)(before)  # (`before` is kept as it is: the contents to put back)
+        after[key] = value
+        outside.settled(container, after)
+    else:
+        outside.settled(container)
 
 
 def del_item(container: Any, key: Any) -> None:
@@ -299,6 +310,7 @@ def del_item(container: Any, key: Any) -> None:
     outside = current_state().outside
     if outside.is_root(container) and current_trace() is not None:
         outside.write_item(container, key, None, delete=True)
+        outside.before_write(container)
     del container[key]
     outside.settled(container)
 
