@@ -56,3 +56,46 @@ def test_sizes_read_by_the_backward_only_match_eager(name: str) -> None:
         torch.testing.assert_close(w.grad, w_eager.grad)
     # New sizes and positions reuse the one trace.
     assert minijit.cache_info(jf).entries == 1
+
+
+def _second_order(fn: Callable[..., Any], x: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gradient of `fn(x, target)` made with create_graph=True, and a Hessian-vector product through it."""
+    x = x.detach().clone().requires_grad_()
+    (g,) = torch.autograd.grad(fn(x, target), x, create_graph=True)
+    v = torch.randn(g.shape, dtype=g.dtype, generator=torch.Generator().manual_seed(1))
+    assert g.requires_grad, "the gradient made with create_graph=True has no history"
+    (hv,) = torch.autograd.grad((g * v).sum(), x)
+    return g, hv
+
+
+def test_double_backward_of_cross_entropy_differentiates_its_log_softmax() -> None:
+    # cross_entropy's VJP rule computes log_softmax on the way to the loss and saves it; the backward reads it, so
+    # a second backward must differentiate it too (constant sizes take the rule; symbolic ones decompose the op).
+    def fn(x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(x, target)
+
+    jf = minijit.jit(fn)
+    for n in (4, 5, 3):
+        torch.manual_seed(n)
+        x, target = torch.randn(n, 4, dtype=torch.float64), torch.randint(0, 4, (n,))
+        for got, expected in zip(_second_order(jf, x, target), _second_order(fn, x, target)):
+            torch.testing.assert_close(got, expected)
+
+
+def test_sizes_an_opaque_op_s_rule_multiplies_are_bound_in_the_forward() -> None:
+    # torch.dist runs as an opaque op; its VJP rule's forward computes with the symbolic sizes of both inputs,
+    # which no op of the trace reads before the split (dce dropped their `prims.shape`).
+    def fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.dist(x, y)
+
+    jf = minijit.jit(fn, cache="symbolic values")
+    for n in (5, 3):
+        torch.manual_seed(n)
+        x, y = torch.randn(n, 2, n, dtype=torch.float64), torch.randn(n, 1, n, dtype=torch.float64)
+        xs, ys = x.clone().requires_grad_(), y.clone().requires_grad_()
+        xe, ye = x.clone().requires_grad_(), y.clone().requires_grad_()
+        got, expected = jf(xs, ys), fn(xe, ye)
+        torch.testing.assert_close(got, expected)
+        for g, e in zip(torch.autograd.grad(got, (xs, ys)), torch.autograd.grad(expected, (xe, ye))):
+            torch.testing.assert_close(g, e)
+    assert minijit.cache_info(jf).entries == 1
