@@ -99,3 +99,25 @@ def test_sizes_an_opaque_op_s_rule_multiplies_are_bound_in_the_forward() -> None
         for g, e in zip(torch.autograd.grad(got, (xs, ys)), torch.autograd.grad(expected, (xe, ye))):
             torch.testing.assert_close(g, e)
     assert minijit.cache_info(jf).entries == 1
+
+
+def test_double_backward_through_an_opaque_op_keeps_the_history() -> None:
+    # softmax with a symbolic dim, and dist always, run as opaque torch ops; their backward differentiates the op
+    # with torch's autograd, which under a double backward must keep the saved inputs' history.
+    def fn(x: torch.Tensor, y: torch.Tensor, dim: int) -> torch.Tensor:
+        return torch.softmax(x, dim) * torch.dist(x, y)
+
+    def second_order(f: Callable[..., Any], x: torch.Tensor, y: torch.Tensor, dim: int) -> list[torch.Tensor]:
+        x, y = x.clone().requires_grad_(), y.clone().requires_grad_()
+        out = f(x, y, dim)
+        w = torch.randn(out.shape, dtype=out.dtype, generator=torch.Generator().manual_seed(1))
+        grads = torch.autograd.grad((out * w).sum(), (x, y), create_graph=True)
+        assert all(g.requires_grad for g in grads), "a gradient made with create_graph=True has no history"
+        return [*grads, *torch.autograd.grad(sum((g * g).sum() for g in grads), (x, y))]
+
+    jf = minijit.jit(fn)
+    for n, dim in ((4, 0), (5, 1), (3, 0)):
+        torch.manual_seed(n)
+        x, y = torch.randn(n, 3, dtype=torch.float64), torch.randn(1, 3, dtype=torch.float64)
+        for got, expected in zip(second_order(jf, x, y, dim), second_order(fn, x, y, dim)):
+            torch.testing.assert_close(got, expected)
