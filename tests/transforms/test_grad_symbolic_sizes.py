@@ -121,3 +121,24 @@ def test_double_backward_through_an_opaque_op_keeps_the_history() -> None:
         x, y = torch.randn(n, 3, dtype=torch.float64), torch.randn(1, 3, dtype=torch.float64)
         for got, expected in zip(second_order(jf, x, y, dim), second_order(fn, x, y, dim)):
             torch.testing.assert_close(got, expected)
+
+
+def test_double_backward_of_silu_differentiates_its_backward() -> None:
+    # A double backward runs the backward again as eager ops; aten.silu_backward has no derivative, so under grad
+    # mode eager's autograd computes silu's backward with torch ops instead, and so must minijit's.
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.silu(x)
+
+    def second_order(f: Callable[..., Any], x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = x.clone().requires_grad_()
+        out = f(x)
+        w = torch.randn(out.shape, dtype=out.dtype, generator=torch.Generator().manual_seed(1))
+        (g,) = torch.autograd.grad((out * w).sum(), x, create_graph=True)
+        (h,) = torch.autograd.grad((g * g).sum(), x)
+        return g, h
+
+    jf = minijit.jit(fn)
+    for n in (4, 5, 3):
+        x = torch.randn(n, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(n))
+        for got, expected in zip(second_order(jf, x), second_order(fn, x)):
+            torch.testing.assert_close(got, expected)
