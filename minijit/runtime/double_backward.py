@@ -20,10 +20,11 @@ see) that eager autograd differentiates, so every higher order is eager's too:
 - `Recompute`: what remains, per call, where the saved values cannot carry their history: a CUDA graph's
   forward saved its own copy of an input, or a hidden output is an input or another output itself
   (`SavedBackward.holds`), or, per entry, the hidden outputs do not close (the second backward would read
-  more computed values after a few rounds). The functional trace (the one the grad pass split) then runs
-  again on the call's inputs, with grad mode on, and eager autograd differentiates it with
-  `create_graph=True`. Such a call keeps its inputs until its result dies: the one case where it holds
-  more than eager's saved tensors.
+  more computed values after a few rounds), or a backward reads a value a VJP rule computed on the way to its
+  op's outputs (cross_entropy's log_softmax: on no tape, so no second backward differentiates it). The
+  functional trace (the one the grad pass split) then runs again on the call's inputs, with grad mode on, and
+  eager autograd differentiates it with `create_graph=True`. Such a call keeps its inputs until its result
+  dies: the one case where it holds more than eager's saved tensors.
 
 What the recompute must reproduce is checked when the entry is compiled, and a trace
 it cannot reproduce is refused at the double backward with the reason:

@@ -160,6 +160,9 @@ class _Splitter:
         self.tape: list[_TapeEntry] = []
         # (input requiring grad, its new value) for each write-back into such an input
         self.dirty: list[tuple[TensorProxy, Any]] = []
+        # Values a VJP rule's forward computed from values requiring grad on the way to its op's outputs (the
+        # log_softmax inside cross_entropy's rule): off the tape, so no backward differentiates them
+        self.intermediates: set[str] = set()
 
     # -- forward ------------------------------------------------------------------------------
     def forward(self, bsym: BoundSymbol) -> None:
@@ -262,7 +265,9 @@ class _Splitter:
         rename.bind(new_leaves, old_leaves, keep=bsym.proxy_args())
         # Where the rule recorded the symbol itself, keep the original bound symbol: it has
         # the user's argument form (keywords stay keywords), which executors call as is.
-        self.fwd.extend(bsym if b.sym is bsym.sym and b.output is bsym.output else b for b in map(rename.bsym, recorded))
+        renamed = list(map(rename.bsym, recorded))
+        self.fwd.extend(bsym if b.sym is bsym.sym and b.output is bsym.output else b for b in renamed)
+        self.intermediates |= _intermediates(renamed, {p.name for p in bsym.proxy_outputs()}, self.requires)
         saved = rename(saved)
         self.tape.append(_TapeEntry(rule, bsym, args, saved, kwargs))
         # An opaque op's outputs require grad as torch's autograd says on its meta run: the new running statistics
@@ -345,6 +350,21 @@ class _Splitter:
             g = prims.convert_element_type(g, x.dtype)
         old = cotangents.get(x.name)
         cotangents[x.name] = g if old is None else prims.add(old, g)
+
+
+def _intermediates(recorded: Sequence[BoundSymbol], outputs: Collection[str], requires: Collection[str]) -> set[str]:
+    """The differentiable values of a VJP rule's `recorded` forward computed from values in `requires`, by calls
+    that make none of the op's `outputs` (a layer norm's mean and rstd come with its output, and are left out:
+    eager's own double backward treats such values as functions of the inputs, not as values with history)."""
+    depends, found = set(requires), set()
+    for b in recorded:
+        if not any(a.name in depends for a in b.proxy_args()):
+            continue
+        made = list(b.proxy_outputs())
+        depends.update(o.name for o in made)
+        if not any(o.name in outputs for o in made):
+            found.update(o.name for o in made if isinstance(o, TensorProxy) and is_differentiable(o))
+    return found
 
 
 def _read_names(bsyms: Sequence[BoundSymbol]) -> set[str]:
@@ -439,7 +459,8 @@ def _second_backward(splitter: _Splitter, fwd: Trace, saved: list[Proxy], overwr
     differentiates them, taking a cotangent for each. That backward may read more computed values, which
     become hidden too, until it reads none that is not (None when that takes more than a few rounds). Inputs
     carry their own history, and outputs theirs. Values outside the tape (a layer norm's mean and rstd, which
-    eager's own double backward treats as constants) are not differentiated.
+    eager's own double backward treats as constants) are not differentiated. None too where a backward reads a
+    value a rule's forward computed on the way to its op's outputs (`_intermediates`): its history is on no tape.
     """
     inputs = {p.name for p in splitter.trace.args}
     outputs = {p.name for p in tree_flatten(splitter.trace.output) if isinstance(p, Proxy)}
@@ -448,6 +469,12 @@ def _second_backward(splitter: _Splitter, fwd: Trace, saved: list[Proxy], overwr
         return [p for p in values if isinstance(p, TensorProxy) and p.name in splitter.requires
                 and p.name not in inputs and p.name not in outputs]
 
+    def off_tape(values: Sequence[Proxy]) -> bool:
+        # A rule's intermediate carries no history, and no backward differentiates it: only a recompute can.
+        return any(p.name in splitter.intermediates for p in values)
+
+    if off_tape(saved):
+        return None
     hidden = {p.name: p for p in computed(saved)}
     if not hidden:
         return _SecondBackward(saved, (), None, ())
@@ -455,6 +482,8 @@ def _second_backward(splitter: _Splitter, fwd: Trace, saved: list[Proxy], overwr
         bwd, reads = splitter.backward(list(hidden.values()))
         if fuses:
             bwd, reads = _recompute_cheap_residuals(fwd, bwd, reads, splitter.requires, overwritten)
+        if off_tape(reads):
+            return None
         new = [p for p in computed(reads) if p.name not in hidden]
         if not new:
             break
@@ -509,14 +538,15 @@ def _keep_old_values(fwd: Trace, saved: Sequence[Proxy], overwritten: Collection
 
 
 def _bind_input_sizes(fwd: Trace, saved: Sequence[Proxy]) -> Trace:
-    """`fwd` binding the symbolic sizes it saves but no longer binds: an input's at its top, a size only the
-    trace knows (`nonzero`'s count, minijit/ops/unbacked.py) right after the op that made its tensor.
+    """`fwd` binding the symbolic sizes it saves or reads but no longer binds: an input's at its top, a size only
+    the trace knows (`nonzero`'s count, minijit/ops/unbacked.py) right after the op that made its tensor.
 
     dce drops a `prims.shape` or `prims.size` whose sizes nothing in the forward reads; a backward rule
-    reading `x.shape` still needs them.
+    reading `x.shape` still needs them, and so does a VJP rule's forward computing with them (an opaque op's
+    rule multiplies sizes).
     """
     defined = {p.name for p in fwd.args} | {p.name for b in fwd.bound_symbols for p in b.proxy_outputs()}
-    missing = {p.name for p in saved if isinstance(p, NumberProxy) and p.name not in defined}
+    missing = {p.name for p in [*saved, *fwd.free_proxies()] if isinstance(p, NumberProxy) and p.name not in defined}
     if not missing:
         return fwd
     edits = Edits(fwd)

@@ -153,7 +153,16 @@ def embedding_dense_backward(grad_output: TensorProxy, indices: TensorProxy, num
     return P.index_add(zeros, flat, g2, 0)
 
 
-@ltorch_op("silu_backward", impl=aten.silu_backward.default)
+def _silu_backward_eager(grad_output: torch.Tensor, self: torch.Tensor) -> torch.Tensor:
+    """aten.silu_backward, or under grad mode (a double backward) its formula in torch ops, as eager's autograd
+    computes it there: aten.silu_backward has no derivative."""
+    if torch.is_grad_enabled() and (grad_output.requires_grad or self.requires_grad):
+        s = torch.sigmoid(self)
+        return grad_output * (s * (1 + self * (1 - s)))
+    return aten.silu_backward.default(grad_output, self)
+
+
+@ltorch_op("silu_backward", impl=_silu_backward_eager)
 def silu_backward(grad_output: TensorProxy, self: TensorProxy) -> TensorProxy:
     """aten.silu_backward: grad_output * silu'(self), with s = sigmoid(self): s * (1 + self * (1 - s))."""
     dtype = compute_dtype(self.dtype)

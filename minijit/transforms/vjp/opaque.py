@@ -113,12 +113,16 @@ class OpaqueVjp:
         wanted = set(self.diff)
         inputs: dict[int, torch.Tensor] = {}
         position = iter(range(1 << 62))
+        # Grad mode on: a double backward runs this on saved values that carry their history
+        # (runtime/double_backward.py); the gradients must carry it on, as eager's do.
+        differentiable = torch.is_grad_enabled()
 
         def leaf(x: Any) -> Any:
             i = next(position)
             if i in wanted:
-                # One leaf per occurrence: `f(x, x)` gives x a gradient from each, which the grad pass sums.
-                inputs[i] = x.detach().requires_grad_(True)
+                # One input per occurrence: `f(x, x)` gives x a gradient from each, which the grad pass sums.
+                # Under a double backward a view of x, which keeps x's history: a detached leaf would cut it.
+                inputs[i] = x.view_as(x) if differentiable and x.requires_grad else x.detach().requires_grad_(True)
                 return inputs[i]
             return x
 
@@ -131,7 +135,7 @@ class OpaqueVjp:
         if not pairs:
             return tuple(torch.zeros_like(x) for x in xs)
         return tuple(torch.autograd.grad([o for o, _ in pairs], xs, [g for _, g in pairs], allow_unused=True,
-                                         materialize_grads=True))
+                                         materialize_grads=True, create_graph=differentiable))
 
     def __repr__(self) -> str:
         return f"<vjp of {describe(self.fn)}>"
