@@ -133,3 +133,65 @@ def test_every_mode_is_accepted(cache):
     x = torch.randn(2, 3)
     torch.testing.assert_close(jf(x, 2), _program(x, 2))
     assert jf.options()["cache"] == cache
+
+
+# Found by tests/runtime/test_dimension_fuzz.py (sizes changing dim by dim); each is wrong with constant sizes too.
+
+
+def _eager_and_jit(fn, *args):
+    """(eager's outcome, the jitted function's): ("returned", value) or ("raised", the exception)."""
+    outcomes = []
+    for f in (fn, minijit.jit(fn)):
+        try:
+            outcomes.append(("returned", f(*args)))
+        except Exception as e:
+            outcomes.append(("raised", e))
+    return outcomes
+
+
+def test_a_split_of_a_dim_gone_to_zero_is_one_empty_piece():
+    # A size of 0 stays a constant of the trace; eager's split gives one empty piece for it, not none.
+    def f(x):
+        return x.split(2, 1), x.split(3, 0)
+
+    jf = minijit.jit(f)
+    for shape in [(3, 4), (3, 5), (3, 0), (0, 5)]:
+        x = torch.randn(shape)
+        got, want = jf(x), f(x)
+        assert [len(p) for p in got] == [len(p) for p in want], shape
+        for a, b in zip(got, want, strict=True):
+            for p, q in zip(a, b, strict=True):
+                torch.testing.assert_close(p, q)
+
+
+def test_a_layer_norm_s_weight_of_another_size_than_a_dim_gone_to_one_raises_as_in_eager():
+    # normalized_shape follows x's last dim; the weight does not: at size 1 it broadcast to a wrong answer (where
+    # the norm is decomposed: x requires grad).
+    def f(x, w):
+        return torch.nn.functional.layer_norm(x, x.shape[-1:], w)
+
+    w = torch.randn(5)
+    for n in [5, 1]:
+        (want, eager_value), (got, value) = _eager_and_jit(f, torch.randn(3, n, requires_grad=True), w)
+        assert got == want, (n, eager_value, value)
+
+
+def test_a_reduction_over_a_dim_named_twice_raises_as_in_eager():
+    (want, _), (got, value) = _eager_and_jit(lambda x: x.mean((0, -2)), torch.randn(2, 3, requires_grad=True))
+    assert want == got == "raised", value
+
+
+def test_a_returned_copy_made_by_a_cast_round_trip_does_not_alias_the_input():
+    # clone + contiguous are a cast round trip: dropped, the detached result was the argument's own memory.
+    def f(a):
+        t = a.clone()
+        u = t.contiguous(memory_format=torch.channels_last).detach()
+        (t * t).sum().backward()
+        return u
+
+    a = torch.randn(2, 3, 4, 4, requires_grad=True)
+    want = f(a.detach().clone().requires_grad_())
+    got = minijit.jit(f)(a)
+    assert got.untyped_storage().data_ptr() != a.untyped_storage().data_ptr()
+    assert got.stride() == want.stride()
+    torch.testing.assert_close(got, want)
