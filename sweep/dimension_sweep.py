@@ -8,11 +8,14 @@ import time
 import warnings
 from collections import Counter
 
+import tests.runtime.test_dimension_fuzz as fuzz
 from tests.runtime.test_dimension_fuzz import run_one
 
 
 def main(first: int, last: int) -> None:
-    """Run seeds [first, last), printing each mismatch and a summary."""
+    """Run seeds [first, last), printing each mismatch and a summary (CALLS calls each: argv[3], else the test's)."""
+    if len(sys.argv) > 3:
+        fuzz.CALLS = int(sys.argv[3])
     warnings.simplefilter("ignore")
     start, outcomes, kinds = time.time(), Counter(), Counter()
     for seed in range(first, last):

@@ -56,6 +56,8 @@ class Structure:
     c: list[str] | None
     family: str  # "broadcast" (b is a's last dims) or "matmul" (b is (..., K, M))
     grad: str  # "", "inside" (.backward() in the program) or "outside" (autograd.grad on the results)
+    # The int argument `n`: a letter's size plus this offset (at least 0), as a size passed along with the tensors
+    n: tuple[str, int]
 
 
 def draw_structure(rng: random.Random) -> Structure:
@@ -71,7 +73,7 @@ def draw_structure(rng: random.Random) -> Structure:
         family = "matmul"
     c = rng.choice([None, [a[-1]], list(a)])
     grad = rng.choice(["", "", "", "inside", "outside"])
-    return Structure(a, b, c, family, grad)
+    return Structure(a, b, c, family, grad, (rng.choice(a), rng.choice([0, 0, -1, 1])))
 
 
 # Steps: (the ranks a step needs, as a predicate on the structure; its text). `t` is the working tensor, of a's
@@ -102,6 +104,12 @@ def _steps(s: Structure) -> list[str]:
         "outs.append(t.permute(*reversed(range(t.dim()))))", "outs.append(t.transpose(0, {d}))",
         "outs.append(a.mul_(2))", "a[0] += 1", "a[..., :1].fill_(3)", "b.add_(1)", "a.clamp_(max=1)",
         "outs.append(b.copy_(b * 2))",
+        # the int argument n, a size passed with the tensors
+        "outs.append(t[..., :n])", "outs.append(t.narrow(-1, 0, min(n, t.shape[-1])))",
+        "outs.append(torch.arange(n) + t.shape[0])", "outs.append(t.new_zeros(n, t.shape[-1]))",
+        "for i in range(min(n, 3)):\n    t = t + i", "if n == t.shape[-1]:\n    t = t * 3",
+        "outs.append(a.reshape(-1, n))", "outs.append(n * a.shape[-1])", "outs.append(t.flatten()[:n])",
+        "outs.append(torch.full((n,), float(a.shape[0])))", "outs.append(t.unsqueeze(0).expand(n, *t.shape))",
     ]
     if ra >= 2:
         steps += ["outs.append(t @ t.mT)", "outs.append(t.mT @ t)", "a[:, 0] += 1", "outs.append(a.mT.add_(1))",
@@ -132,7 +140,7 @@ def _steps(s: Structure) -> list[str]:
 
 
 def random_program(rng: random.Random, s: Structure) -> str:
-    """The source of `program(a, b, c)`."""
+    """The source of `program(a, b, c, n)`."""
     ra = len(s.a)
 
     def fill(step: str) -> str:
@@ -149,16 +157,19 @@ def random_program(rng: random.Random, s: Structure) -> str:
                  rng.choice(["(t * t).sum().backward()", "t.sum().backward(retain_graph=True)",
                              "outs.append(torch.autograd.grad(t.sum(), [a], allow_unused=True))"]), "t = t.detach()"]
     body.append(rng.choice(["return t, outs", "return outs", "return outs, t.shape"]))
-    return "def program(a, b, c):\n" + textwrap.indent("\n".join(body), "    ")
+    return "def program(a, b, c, n):\n" + textwrap.indent("\n".join(body), "    ")
 
 
 @dataclasses.dataclass
 class Call:
-    """One call's sizes and layouts: the letters' sizes, a dim of an argument set apart (to 1), a layout each."""
+    """One call's sizes and layouts: the letters' sizes, a dim of an argument set apart (to 1), a layout each, a's
+    dtype, and whether `c` is passed by keyword."""
 
     sizes: dict[str, int]
     overrides: dict[tuple[str, int], int]
     layouts: dict[str, str]
+    dtype: torch.dtype = torch.float32
+    keyword: bool = False
 
     def shape(self, arg: str, letters: list[str]) -> tuple[int, ...]:
         return tuple(self.overrides.get((arg, i), self.sizes[x]) for i, x in enumerate(letters))
@@ -171,11 +182,20 @@ def first_call(rng: random.Random) -> Call:
 def next_call(rng: random.Random, s: Structure, calls: list[Call]) -> tuple[str, Call]:
     """The next call: one kind of change from the last (or back to an earlier call's sizes)."""
     last = calls[-1]
-    new = Call(dict(last.sizes), dict(last.overrides), dict(last.layouts))
+    new = Call(dict(last.sizes), dict(last.overrides), dict(last.layouts), last.dtype, last.keyword)
     used = sorted(set(s.a + s.b + (s.c or [])))
     letter = rng.choice(used)
-    kind = rng.choice(["dim", "dim", "dim", "back", "back", "one", "zero", "equal", "broadcast", "layout", "same"])
-    if kind == "dim":
+    kind = rng.choice(["dim", "dim", "dim", "back", "back", "one", "zero", "equal", "broadcast", "layout", "same",
+                       "two dims", "dim and layout", "dtype", "keyword"])
+    if kind in ("two dims", "dim and layout"):
+        words, new = next_call(rng, s, [*calls, dataclasses.replace(last, sizes={
+            **last.sizes, letter: rng.choice([n for n in [*SIZES, 6, 7] if n != last.sizes[letter]])})])
+        return f"{kind} {letter}={new.sizes[letter]}, {words}", new
+    if kind == "dtype":
+        new.dtype = torch.float64 if last.dtype == torch.float32 else torch.float32
+    elif kind == "keyword":
+        new.keyword = not last.keyword
+    elif kind == "dim":
         new.sizes[letter] = rng.choice([n for n in [*SIZES, 6, 7] if n != last.sizes[letter]])
     elif kind == "back":
         new = dataclasses.replace(rng.choice(calls[:-1] or calls))
@@ -195,13 +215,23 @@ def next_call(rng: random.Random, s: Structure, calls: list[Call]) -> tuple[str,
             new.overrides[(arg, dim)] = 1
     elif kind == "layout":
         arg = rng.choice(["a", "b", "c"] if s.c else ["a", "b"])
-        new.layouts[arg] = rng.choice(["contiguous", "transposed", "sliced", "expanded", "channels_last", "offset"])
+        new.layouts[arg] = rng.choice(["contiguous", "transposed", "sliced", "expanded", "channels_last", "offset"]
+                                      + ["alias"] * (arg == "c"))
     words = {"dim": f"{letter}={new.sizes[letter]}", "one": f"{letter}=1", "zero": f"{letter}=0"}
     return f"{kind} {words.get(kind, '')}".strip(), new
 
 
-def make_tensor(shape: tuple[int, ...], layout: str, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def make_tensor(shape: tuple[int, ...], layout: str, gen: torch.Generator,
+                dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
     """(a tensor of `shape` laid out as `layout` says, the buffer it views): built alike from equal generators."""
+    x, base = _laid_out(shape, layout, gen)
+    if dtype != torch.float32:
+        base = base.to(dtype)
+        x = base.as_strided(x.shape, x.stride(), x.storage_offset())
+    return x, base
+
+
+def _laid_out(shape: tuple[int, ...], layout: str, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     n = len(shape)
     if layout == "transposed" and n >= 2:
         base = torch.randn(*shape[:-2], shape[-1], shape[-2], generator=gen)
@@ -233,7 +263,13 @@ def make_inputs(s: Structure, call: Call, seed: int) -> tuple[list[torch.Tensor]
             bases.append(None)
             continue
         base_layout = call.layouts[name]
-        x, base = make_tensor(call.shape(name, letters), base_layout, gen)
+        dtype = call.dtype if name != "b" else torch.float32  # (b promotes; a norm's weight c must be a's dtype)
+        if base_layout == "alias":  # c shares a's memory: a itself, or a's first row
+            x = args[0] if letters == s.a else args[0][(0,) * (len(s.a) - 1)]
+            args.append(x)
+            bases.append(bases[0])
+            continue
+        x, base = make_tensor(call.shape(name, letters), base_layout, gen, dtype)
         if s.grad and name in "ab":
             base.requires_grad_(True)
             x = base if x is base else _same_view(x, base)
@@ -328,8 +364,10 @@ def _tensors(x: Any) -> list[torch.Tensor]:
 def run_side(fn: Any, s: Structure, call: Call, seed: int) -> tuple[str, Any, list[Any], list[Any]]:
     """(outcome, the result or exception, [a, b, c] and their buffers after the call, grads)."""
     args, bases = make_inputs(s, call, seed)
+    letter, offset = s.n
+    n = max(call.sizes[letter] + offset, 0)
     try:
-        result = fn(*args)
+        result = fn(*args[:2], c=args[2], n=n) if call.keyword else fn(*args, n)
     except MinijitError as e:
         return "refused", e, args + bases, []
     except Exception as e:  # (eager raising is an outcome to compare)
