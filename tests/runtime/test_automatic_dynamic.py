@@ -195,3 +195,32 @@ def test_a_returned_copy_made_by_a_cast_round_trip_does_not_alias_the_input():
     assert got.untyped_storage().data_ptr() != a.untyped_storage().data_ptr()
     assert got.stride() == want.stride()
     torch.testing.assert_close(got, want)
+
+
+def test_a_batch_by_matrix_matmul_in_the_backward_of_a_transposed_argument_runs():
+    # The backward's matmul of a batch by a matrix was computed into the dead buffer of `a + ...`, laid out as the
+    # transposed `a`: torch.matmul folds the batch through a view of `out`, and raised.
+    def f(a, b):
+        t = a + (a @ b).sum(-1, keepdim=True)
+        return torch.autograd.grad(t.sum(), [a])
+
+    def transposed():
+        return torch.randn(5, 5, 3, generator=torch.Generator().manual_seed(0)).requires_grad_().transpose(-1, -2)
+
+    b = torch.randn(5, 3)
+    torch.testing.assert_close(minijit.jit(f)(transposed(), b), f(transposed(), b))
+
+
+def test_a_view_returned_expanded_to_a_written_argument_s_shape_still_views_its_own_base():
+    # expand_as(b, a) views b and only reads a's shape; the memory model had it in a's memory too, so with `a`
+    # written the result came back as a copy (a later write into it no longer reached b, as in eager).
+    def f(a, b):
+        r = b.expand_as(a)
+        a[0] += 1
+        return r
+
+    for n in [1, 3]:
+        a, b = torch.randn(3), torch.randn(n)
+        r = minijit.jit(f)(a, b)
+        assert r.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+        assert r.stride() == f(a.clone(), b).stride()

@@ -15,7 +15,7 @@ writes into the arguments and views of them, and arguments that require grad (`.
 from one seed, layouts included). Results (equal, or close where floats reorder), Python values, the arguments (and
 the buffers they view) after the call, gradients, each returned tensor's strides on dims longer than 1, and whether
 it aliases an input (and which) must match; an exception in one must be one in the other. Outcomes are counted
-(`minijit.cache_info`); a hit for argument shapes the function was never called with (only an entry with symbolic
+(`minijit.cache_info`); a hit for argument sizes the function was never called with (only an entry with symbolic
 dims can serve it) must be common, so the test fails where automatic dynamic is bypassed.
 `MINIJIT_DIMENSION_FUZZ_PROGRAMS` sets how many programs run (each CI lane its own seeds, `tests.lanes`).
 """
@@ -36,10 +36,11 @@ import minijit
 from minijit.errors import MinijitError
 from tests.lanes import lane_seeds
 
-PROGRAMS = int(os.environ.get("MINIJIT_DIMENSION_FUZZ_PROGRAMS", "24"))
+PROGRAMS = int(os.environ.get("MINIJIT_DIMENSION_FUZZ_PROGRAMS", "40"))
 CALLS = 6
-# Of the calls after each program's first that return: hits for argument shapes never seen before.
-MIN_SYMBOLIC_HIT_SHARE = 0.1
+# Hits for argument sizes the function was never called with, per program (one in five to one in three programs
+# has one, by lane; none with cache="constant values", whose guards check every size).
+MIN_SYMBOLIC_HITS_PER_PROGRAM = 1 / 8
 TOL = {"rtol": 1e-4, "atol": 1e-4}
 LETTERS = "BNMK"
 # A `torch.Size` returned comes back as a tuple (not chased here: it is so with constant sizes too).
@@ -264,7 +265,8 @@ def make_inputs(s: Structure, call: Call, seed: int) -> tuple[list[torch.Tensor]
             continue
         base_layout = call.layouts[name]
         dtype = call.dtype if name != "b" else torch.float32  # (b promotes; a norm's weight c must be a's dtype)
-        if base_layout == "alias":  # c shares a's memory: a itself, or a's first row
+        if base_layout == "alias" and (letters == s.a or 0 not in args[0].shape[:-1]):
+            # c shares a's memory: a itself, or a's first row (where a has one; else c is a tensor of its own)
             x = args[0] if letters == s.a else args[0][(0,) * (len(s.a) - 1)]
             args.append(x)
             bases.append(bases[0])
@@ -408,7 +410,7 @@ def run_one(seed: int, outcomes: Counter[str], jit_each_call: bool = False) -> s
         where = (f"\nseed {seed}, call {i} ({outcome}); again: "
                  f"`from tests.runtime.test_dimension_fuzz import *; run_one({seed}, Counter())`\n{source}\n"
                  + "\n".join(history))
-        shapes = tuple((tuple(x.shape), x.stride()) for x in have[2][:3] if x is not None)
+        shapes = tuple(tuple(x.shape) for x in have[2][:3] if x is not None)  # (strides: not all guarded)
         new_shapes = shapes not in seen
         seen.add(shapes)
         if have[0] == "refused":
@@ -436,7 +438,6 @@ def run_one(seed: int, outcomes: Counter[str], jit_each_call: bool = False) -> s
 def test_random_programs_over_sizes_changing_dim_by_dim_match_eager() -> None:
     outcomes: Counter[str] = Counter()
     mismatches = [m for seed in lane_seeds(PROGRAMS) if (m := run_one(seed, outcomes)) is not None]
-    later = sum(v for k, v in outcomes.items() if k not in ("symbolic hits", "eager raised")) - PROGRAMS
     print(f"\n{PROGRAMS} programs: {dict(outcomes)}")
     assert not mismatches, "\n\n".join(mismatches)
-    assert outcomes["symbolic hits"] >= MIN_SYMBOLIC_HIT_SHARE * later, dict(outcomes)
+    assert outcomes["symbolic hits"] >= max(1, int(MIN_SYMBOLIC_HITS_PER_PROGRAM * PROGRAMS)), dict(outcomes)
