@@ -61,6 +61,22 @@ class Mha(nn.Module):
         return self.attn(q, k, v, key_padding_mask=mask)
 
 
+class CausalEncoder(nn.Module):
+    """nn.TransformerEncoderLayer with a causal mask the size of the sequence and a key padding mask."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+
+    def forward(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        causal = nn.Transformer.generate_square_subsequent_mask(x.shape[1])
+        return self.layer(x + k - v, src_mask=causal, src_key_padding_mask=mask)
+
+
+def channels_last(shapes: list[tuple[int, ...]]) -> Callable[[int, torch.Generator], tuple[Any, ...]]:
+    return lambda i, g: (torch.randn(shapes[i], generator=g).contiguous(memory_format=torch.channels_last),)
+
+
 class Rnn(nn.Module):
     """An LSTM or GRU whose output and final state are returned."""
 
@@ -83,6 +99,9 @@ def cases() -> dict[str, tuple[Callable[[], nn.Module], Callable[[int, torch.Gen
         "Conv2d": (lambda: nn.Sequential(nn.Conv2d(3, 4, 3, stride=2, padding=1), nn.ReLU()), conv_inputs(hw), 7),
         "Conv2d+AdaptiveAvgPool2d": (lambda: nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.AdaptiveAvgPool2d((2, 3)),
                                                            nn.Flatten()), conv_inputs(hw), 7),
+        "Conv2d channels_last": (lambda: nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU()),
+                                 channels_last(hw), 7),
+        "TransformerEncoderLayer causal+padding": (CausalEncoder, mha_inputs(seq), 7),
         "LSTM": (lambda: Rnn("LSTM", False), rnn_inputs(seq, 4), 7),
         "GRU batch_first": (lambda: Rnn("GRU", True), rnn_inputs([(b, n) for n, b in seq], 4), 7),
         "MultiheadAttention": (Mha, mha_inputs(seq), 7),
