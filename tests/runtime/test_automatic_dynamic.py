@@ -224,3 +224,23 @@ def test_a_view_returned_expanded_to_a_written_argument_s_shape_still_views_its_
         r = minijit.jit(f)(a, b)
         assert r.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
         assert r.stride() == f(a.clone(), b).stride()
+
+
+@pytest.mark.xfail(strict=True, reason="contiguous(memory_format=) and clone(memory_format=) decompose to a same-dtype "
+                   "convert_element_type, which keeps the input's layout: where the call is split for grad, the "
+                   "result comes back row-major (fixing it needs a copy prim that takes a layout)")
+def test_a_channels_last_copy_of_an_argument_that_requires_grad_is_laid_out_channels_last():
+    def f(a):
+        return a.contiguous(memory_format=torch.channels_last)
+
+    a = torch.randn(2, 3, 4, 4, requires_grad=True)
+    assert minijit.jit(f)(a).stride() == f(a).stride()
+
+
+@pytest.mark.xfail(strict=True, reason="a torch.Size returned is printed into the trace as a tuple (and is a tuple of "
+                   "number proxies where sizes are symbolic)")
+def test_a_returned_shape_is_a_torch_size():
+    def f(a):
+        return a.shape
+
+    assert type(minijit.jit(f)(torch.randn(2, 3))) is torch.Size
