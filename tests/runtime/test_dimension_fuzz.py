@@ -111,6 +111,11 @@ def _steps(s: Structure) -> list[str]:
         "for i in range(min(n, 3)):\n    t = t + i", "if n == t.shape[-1]:\n    t = t * 3",
         "outs.append(a.reshape(-1, n))", "outs.append(n * a.shape[-1])", "outs.append(t.flatten()[:n])",
         "outs.append(torch.full((n,), float(a.shape[0])))", "outs.append(t.unsqueeze(0).expand(n, *t.shape))",
+        # sizes of different arguments compared (one may be a constant of the trace, the other symbolic)
+        "if a.shape[0] == b.shape[-1]:\n    outs.append(a.sum(0))\nelse:\n    outs.append(b.sum(-1))",
+        "outs.append(torch.zeros(a.shape[0], b.shape[-1]) + t.mean())", "outs.append(a.new_ones(b.shape) * 2)",
+        "outs.append(t.reshape(b.shape[0], -1))", "outs.append(t[: max(a.shape[0], b.shape[0]) - 1])",
+        "outs.append(t.flatten()[: min(a.shape[-1], b.shape[-1])])",
     ]
     if ra >= 2:
         steps += ["outs.append(t @ t.mT)", "outs.append(t.mT @ t)", "a[:, 0] += 1", "outs.append(a.mT.add_(1))",
