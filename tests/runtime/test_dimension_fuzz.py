@@ -169,13 +169,14 @@ def random_program(rng: random.Random, s: Structure) -> str:
 @dataclasses.dataclass
 class Call:
     """One call's sizes and layouts: the letters' sizes, a dim of an argument set apart (to 1), a layout each, a's
-    dtype, and whether `c` is passed by keyword."""
+    dtype, whether `c` is passed by keyword, and whether the call is made under torch.no_grad()."""
 
     sizes: dict[str, int]
     overrides: dict[tuple[str, int], int]
     layouts: dict[str, str]
     dtype: torch.dtype = torch.float32
     keyword: bool = False
+    no_grad: bool = False
 
     def shape(self, arg: str, letters: list[str]) -> tuple[int, ...]:
         return tuple(self.overrides.get((arg, i), self.sizes[x]) for i, x in enumerate(letters))
@@ -188,11 +189,11 @@ def first_call(rng: random.Random) -> Call:
 def next_call(rng: random.Random, s: Structure, calls: list[Call]) -> tuple[str, Call]:
     """The next call: one kind of change from the last (or back to an earlier call's sizes)."""
     last = calls[-1]
-    new = Call(dict(last.sizes), dict(last.overrides), dict(last.layouts), last.dtype, last.keyword)
+    new = Call(dict(last.sizes), dict(last.overrides), dict(last.layouts), last.dtype, last.keyword, last.no_grad)
     used = sorted(set(s.a + s.b + (s.c or [])))
     letter = rng.choice(used)
     kind = rng.choice(["dim", "dim", "dim", "back", "back", "one", "zero", "equal", "broadcast", "layout", "same",
-                       "two dims", "dim and layout", "dtype", "keyword"])
+                       "two dims", "dim and layout", "dtype", "keyword", "no_grad"])
     if kind in ("two dims", "dim and layout"):
         words, new = next_call(rng, s, [*calls, dataclasses.replace(last, sizes={
             **last.sizes, letter: rng.choice([n for n in [*SIZES, 6, 7] if n != last.sizes[letter]])})])
@@ -201,6 +202,8 @@ def next_call(rng: random.Random, s: Structure, calls: list[Call]) -> tuple[str,
         new.dtype = torch.float64 if last.dtype == torch.float32 else torch.float32
     elif kind == "keyword":
         new.keyword = not last.keyword
+    elif kind == "no_grad":
+        new.no_grad = not last.no_grad
     elif kind == "dim":
         new.sizes[letter] = rng.choice([n for n in [*SIZES, 6, 7] if n != last.sizes[letter]])
     elif kind == "back":
@@ -374,13 +377,16 @@ def run_side(fn: Any, s: Structure, call: Call, seed: int) -> tuple[str, Any, li
     letter, offset = s.n
     n = max(call.sizes[letter] + offset, 0)
     try:
-        result = fn(*args[:2], c=args[2], n=n) if call.keyword else fn(*args, n)
+        with torch.set_grad_enabled(not call.no_grad):
+            result = fn(*args[:2], c=args[2], n=n) if call.keyword else fn(*args, n)
     except MinijitError as e:
         return "refused", e, args + bases, []
     except Exception as e:  # (eager raising is an outcome to compare)
         return "raised", e, args + bases, []
     try:
-        grads = _grads(result, bases, s) if s.grad else []
+        # (not after a call under no_grad: a view the program returns as it came in is the argument itself there,
+        # which autograd then reaches; eager's view does not: test_automatic_dynamic.py, an xfail)
+        grads = _grads(result, bases, s) if s.grad and not call.no_grad else []
     except Exception as e:
         return "raised", e, args + bases, []
     return "returned", result, args + bases, grads
