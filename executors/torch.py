@@ -66,7 +66,7 @@ class TorchExecutor(OperatorExecutor):
         method = _inplace_method(fn)
         if method is not None and producer.args and producer.args[0] is out and out not in _ids(producer.args[1:]):
             return producer.replace(sym=self._inplace_symbol(producer.sym, method))
-        if _in(fn, _OUT_NOT_POINTWISE) and not reads_out and _accepts_out(fn, producer, out):
+        if _in(fn, _OUT_NOT_POINTWISE) and not reads_out and not _folds(fn, producer) and _accepts_out(fn, producer, out):
             return producer.replace(sym=self._out_symbol(producer.sym), kwargs={**producer.kwargs, "out": out})
         return None
 
@@ -129,6 +129,16 @@ def _is_pointwise_with_out(fn: Any) -> bool:
 
 
 _OUT_PROBES: dict[Any, bool] = {}
+
+
+def _folds(fn: Any, producer: BoundSymbol) -> bool:
+    """Whether `producer` is a torch.matmul of a batch by a matrix or vector (or the reverse), which folds the batch
+    into rows and writes `out` through a view of it: an `out` laid out otherwise (a buffer the trace made by
+    `a + b` with a transposed `a`) raises."""
+    if fn is not torch.matmul:
+        return False
+    ranks = [x.ndim for x in producer.args[:2] if isinstance(x, TensorProxy)]
+    return len(ranks) == 2 and max(ranks) >= 3 and min(ranks) <= 2
 
 
 def _accepts_out(fn: Any, producer: BoundSymbol, out: TensorProxy) -> bool:

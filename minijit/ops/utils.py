@@ -212,14 +212,19 @@ def refuse_non_int(op: str, what: str, x: Any) -> None:
 
 
 def canonical_dims(dims: int | Sequence[int] | None, ndim: int) -> tuple[int, ...]:
-    """A tuple of wrapped dims; None or () means every dim."""
+    """A tuple of wrapped dims, sorted; None or () means every dim. A dim named twice is a MetaError, as in eager's
+    reductions (`sum((0, 0))`, `sum((0, -2))` of a matrix)."""
     if dims is None:
         return tuple(range(ndim))
     if isinstance(dims, int):
         dims = (dims,)
     if len(dims) == 0:
         return tuple(range(ndim))
-    return tuple(sorted({canonical_dim(d, ndim) for d in dims}))
+    wrapped = [canonical_dim(d, ndim) for d in dims]
+    if len(set(wrapped)) != len(wrapped):
+        raise MetaError(f"dim {next(d for d in wrapped if wrapped.count(d) > 1)} appears multiple times in the list "
+                        f"of dims {tuple(dims)}")
+    return tuple(sorted(wrapped))
 
 
 def is_number(x: Any) -> bool:

@@ -198,8 +198,9 @@ class MemoryModel:
             where = old = None  # a region: its outputs are its own values (or the inputs it wrote)
         elif bsym.may_alias_input():
             viewing = self._views is not None
-            where = self._union(self._where, bsym.proxy_args())
-            old = self._union(self._old, bsym.proxy_args())
+            viewed = _viewed_arguments(bsym)
+            where = self._union(self._where, viewed)
+            old = self._union(self._old, viewed)
             if not where:  # a view of constants only: memory of its own, but not memory it allocated
                 where = old = None
                 allocated = False
@@ -499,6 +500,15 @@ class ViewGraph:
         for position, t in written:
             last[find(id(t))] = position  # (in order: the last one stays)
         return {i: last[find(i)] for i in list(parent) if find(i) in last}
+
+
+def _viewed_arguments(bsym: BoundSymbol) -> list[Proxy]:
+    """The arguments a view op's outputs may share memory with: those its symbol's `views` names (`expand_as(b, a)`
+    views b, never a, whose shape only it reads); all its arguments where that names none."""
+    views = bsym.sym.effects.views
+    refs = views if type(views) is tuple else (views,)
+    found = [x for ref in refs if ref is not None for x in tree_iter(bsym.argument(ref)) if isinstance(x, Proxy)]
+    return found or list(bsym.proxy_args())
 
 
 def view_graph(trace: Trace) -> ViewGraph:

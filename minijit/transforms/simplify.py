@@ -87,11 +87,23 @@ def _cast_round_trip_rule(trace: Trace) -> Rule:
     # A copy whose memory an op reads (`as_strided`) is laid out otherwise than the tensor it copies.
     laid_out = layout_read(trace)
     memory: list[MemoryModel] = []  # built on first need
+    returned_storages: list[frozenset[Any]] = []  # the memory the outputs live in, on first need
 
     def in_input_memory(p: Proxy) -> bool:
         if not memory:
             memory.append(memory_model(trace))
         return bool(memory[0].input_storages(p))
+
+    def returned(p: Proxy) -> bool:
+        """Whether `p` is returned, itself or through a view (`x.clone().detach()`)."""
+        if id(p) in outputs:
+            return True
+        if not memory:
+            memory.append(memory_model(trace))
+        if not returned_storages:
+            returned_storages.append(frozenset().union(*(memory[0].storages(o) for o in tree_flatten(trace.output)
+                                                         if isinstance(o, TensorProxy))))
+        return bool(memory[0].storages(p) & returned_storages[0])
 
     def drop_round_trip(bsym: BoundSymbol, env: ProxyMap) -> list[BoundSymbol] | None:
         cast = _cast_of(bsym)
@@ -99,7 +111,7 @@ def _cast_round_trip_rule(trace: Trace) -> Rule:
             return None
         x, out = cast
         origin = source_of.get(x)
-        aliases_input = id(out) in outputs and origin is not None and in_input_memory(origin)
+        aliases_input = origin is not None and returned(out) and in_input_memory(origin)
         if (origin is not None and origin.dtype == out.dtype and is_lossless_cast(origin.dtype, x.dtype)
                 and not aliases_input and id(out) not in laid_out):
             env[out] = origin

@@ -133,3 +133,131 @@ def test_every_mode_is_accepted(cache):
     x = torch.randn(2, 3)
     torch.testing.assert_close(jf(x, 2), _program(x, 2))
     assert jf.options()["cache"] == cache
+
+
+# Found by tests/runtime/test_dimension_fuzz.py (sizes changing dim by dim); each is wrong with constant sizes too.
+
+
+def _eager_and_jit(fn, *args):
+    """(eager's outcome, the jitted function's): ("returned", value) or ("raised", the exception)."""
+    outcomes = []
+    for f in (fn, minijit.jit(fn)):
+        try:
+            outcomes.append(("returned", f(*args)))
+        except Exception as e:
+            outcomes.append(("raised", e))
+    return outcomes
+
+
+def test_a_split_of_a_dim_gone_to_zero_is_one_empty_piece():
+    # A size of 0 stays a constant of the trace; eager's split gives one empty piece for it, not none.
+    def f(x):
+        return x.split(2, 1), x.split(3, 0)
+
+    jf = minijit.jit(f)
+    for shape in [(3, 4), (3, 5), (3, 0), (0, 5)]:
+        x = torch.randn(shape)
+        got, want = jf(x), f(x)
+        assert [len(p) for p in got] == [len(p) for p in want], shape
+        for a, b in zip(got, want, strict=True):
+            for p, q in zip(a, b, strict=True):
+                torch.testing.assert_close(p, q)
+
+
+def test_a_layer_norm_s_weight_of_another_size_than_a_dim_gone_to_one_raises_as_in_eager():
+    # normalized_shape follows x's last dim; the weight does not: at size 1 it broadcast to a wrong answer (where
+    # the norm is decomposed: x requires grad).
+    def f(x, w):
+        return torch.nn.functional.layer_norm(x, x.shape[-1:], w)
+
+    w = torch.randn(5)
+    for n in [5, 1]:
+        (want, eager_value), (got, value) = _eager_and_jit(f, torch.randn(3, n, requires_grad=True), w)
+        assert got == want, (n, eager_value, value)
+
+
+def test_a_reduction_over_a_dim_named_twice_raises_as_in_eager():
+    (want, _), (got, value) = _eager_and_jit(lambda x: x.mean((0, -2)), torch.randn(2, 3, requires_grad=True))
+    assert want == got == "raised", value
+
+
+def test_a_returned_copy_made_by_a_cast_round_trip_does_not_alias_the_input():
+    # clone + contiguous are a cast round trip: dropped, the detached result was the argument's own memory.
+    def f(a):
+        t = a.clone()
+        u = t.contiguous(memory_format=torch.channels_last).detach()
+        (t * t).sum().backward()
+        return u
+
+    a = torch.randn(2, 3, 4, 4, requires_grad=True)
+    want = f(a.detach().clone().requires_grad_())
+    got = minijit.jit(f)(a)
+    assert got.untyped_storage().data_ptr() != a.untyped_storage().data_ptr()
+    assert got.stride() == want.stride()
+    torch.testing.assert_close(got, want)
+
+
+def test_a_batch_by_matrix_matmul_in_the_backward_of_a_transposed_argument_runs():
+    # The backward's matmul of a batch by a matrix was computed into the dead buffer of `a + ...`, laid out as the
+    # transposed `a`: torch.matmul folds the batch through a view of `out`, and raised.
+    def f(a, b):
+        t = a + (a @ b).sum(-1, keepdim=True)
+        return torch.autograd.grad(t.sum(), [a])
+
+    def transposed():
+        return torch.randn(5, 5, 3, generator=torch.Generator().manual_seed(0)).requires_grad_().transpose(-1, -2)
+
+    b = torch.randn(5, 3)
+    torch.testing.assert_close(minijit.jit(f)(transposed(), b), f(transposed(), b))
+
+
+def test_a_view_returned_expanded_to_a_written_argument_s_shape_still_views_its_own_base():
+    # expand_as(b, a) views b and only reads a's shape; the memory model had it in a's memory too, so with `a`
+    # written the result came back as a copy (a later write into it no longer reached b, as in eager).
+    def f(a, b):
+        r = b.expand_as(a)
+        a[0] += 1
+        return r
+
+    for n in [1, 3]:
+        a, b = torch.randn(3), torch.randn(n)
+        r = minijit.jit(f)(a, b)
+        assert r.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+        assert r.stride() == f(a.clone(), b).stride()
+
+
+@pytest.mark.xfail(strict=True, reason="contiguous(memory_format=) and clone(memory_format=) decompose to a same-dtype "
+                   "convert_element_type, which keeps the input's layout: where the call is split for grad, the "
+                   "result comes back row-major (fixing it needs a copy prim that takes a layout)")
+def test_a_channels_last_copy_of_an_argument_that_requires_grad_is_laid_out_channels_last():
+    def f(a):
+        return a.contiguous(memory_format=torch.channels_last)
+
+    a = torch.randn(2, 3, 4, 4, requires_grad=True)
+    assert minijit.jit(f)(a).stride() == f(a).stride()
+
+
+@pytest.mark.xfail(strict=True, reason="a torch.Size returned is printed into the trace as a tuple (and is a tuple of "
+                   "number proxies where sizes are symbolic)")
+def test_a_returned_shape_is_a_torch_size():
+    def f(a):
+        return a.shape
+
+    assert type(minijit.jit(f)(torch.randn(2, 3))) is torch.Size
+
+
+@pytest.mark.xfail(strict=True, reason="a view op that changes nothing (`a.view(-1)` of a vector, `a[:]`, `a.expand_as(a)`) "
+                   "returns its argument's proxy, so the call returns the argument itself where eager returns a new "
+                   "view: under no_grad autograd then reaches the argument through it, and `r.requires_grad_(False)` "
+                   "changes the argument (fixing it needs an alias prim for such views)")
+@pytest.mark.parametrize("view", ["view", "getitem", "expand_as"])
+def test_a_view_that_changes_nothing_returns_a_new_tensor_as_in_eager(view):
+    def f(a):
+        return {"view": lambda: a.view(-1), "getitem": lambda: a[:], "expand_as": lambda: a.expand_as(a)}[view]()
+
+    a = torch.randn(3, requires_grad=True)
+    with torch.no_grad():
+        want, got = f(a), minijit.jit(f)(a)
+    assert (got is a) == (want is a)
+    assert torch.autograd.grad(got.sum(), [a], allow_unused=True) == torch.autograd.grad(want.sum(), [a],
+                                                                                          allow_unused=True)

@@ -351,13 +351,19 @@ def log_softmax(input: TensorProxy, dim: int | None = None, _stacklevel: int = 3
 
 # -- normalization ---------------------------------------------------------------------------
 
-def _normalized_dims(op: str, input: TensorProxy, normalized_shape: Sequence[int]) -> tuple[int, ...]:  # noqa: A002
+def _normalized_dims(op: str, input: TensorProxy, normalized_shape: Sequence[int],  # noqa: A002
+                     *affine: TensorProxy | None) -> tuple[int, ...]:
+    """The trailing dims `normalized_shape` names; the `affine` tensors given (weight, bias) must be of that shape,
+    as eager checks (broadcast against the input, a weight of another size would give a value where eager raises)."""
     _tensor(op, input)
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
     n = len(shape)
     if n == 0 or n > input.ndim or not rule_same_shape(input.shape[input.ndim - n:], shape):
         raise fail(op, f"normalized_shape {shape} does not match the trailing dims of an input of shape "
                        f"{tuple(input.shape)}")
+    for name, t in zip(("weight", "bias"), affine, strict=False):
+        if t is not None and not rule_same_shape(t.shape, shape):
+            raise fail(op, f"{name} of shape {tuple(t.shape)} is not of normalized_shape {shape}")
     return tuple(range(input.ndim - n, input.ndim))
 
 
@@ -365,7 +371,7 @@ def _normalized_dims(op: str, input: TensorProxy, normalized_shape: Sequence[int
 def layer_norm(input: TensorProxy, normalized_shape: Sequence[int], weight: TensorProxy | None = None,  # noqa: A002
                bias: TensorProxy | None = None, eps: float = 1e-5) -> TensorProxy:
     """F.layer_norm: (x - mean) / sqrt(var + eps) * weight + bias over the trailing dims."""
-    dims = _normalized_dims("layer_norm", input, normalized_shape)
+    dims = _normalized_dims("layer_norm", input, normalized_shape, weight, bias)
     x = _float_input("layer_norm", input)
     var, mean = prims.var_mean(x, dims, 0)
     rstd = rsqrt(add(keep_dims(var, x.shape, dims), eps))
@@ -381,7 +387,7 @@ def layer_norm(input: TensorProxy, normalized_shape: Sequence[int], weight: Tens
 def rms_norm(input: TensorProxy, normalized_shape: Sequence[int], weight: TensorProxy | None = None,  # noqa: A002
              eps: float | None = None) -> TensorProxy:
     """F.rms_norm: x / sqrt(mean(x^2) + eps) * weight (eps defaults to the compute dtype's epsilon)."""
-    dims = _normalized_dims("rms_norm", input, normalized_shape)
+    dims = _normalized_dims("rms_norm", input, normalized_shape, weight)
     x = _float_input("rms_norm", input)
     if eps is None:
         eps = torch.finfo(x.dtype).eps

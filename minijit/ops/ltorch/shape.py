@@ -390,6 +390,7 @@ def split(tensor: TensorProxy, split_size_or_sections: int | Sequence[int], dim:
             raise _fail("split", f"split size {size} must be positive for a dim of size {n}")
         count = int(n // size) if size else 0  # the number of outputs: specialised on symbolic sizes
         sizes = [size] * count + ([n - count * size] if rule_compare(n, "!=", count * size) else []) if size else [0]
+        sizes = sizes or [0]  # a dim of size 0 splits into one empty piece, as eager's
     else:
         sizes = list(split_size_or_sections)
         seen_values(*sizes)  # sizes the trace computes: their checks below read only the outcome
