@@ -293,7 +293,8 @@ def broadcast_to(input: TensorProxy, size: Sequence[Any]) -> TensorProxy:  # noq
 def contiguous(a: TensorProxy, memory_format: torch.memory_format = torch.contiguous_format) -> TensorProxy:
     """Tensor.contiguous: the input itself where its eager layout already is `memory_format`, else a copy."""
     if is_already_contiguous(a, memory_format) is False:
-        return fresh(a)
+        # Not `fresh`: its copy keeps `a`'s layout where the op runs decomposed (under autograd).
+        return prims.copy_in_format(a, memory_format)
     return a
 
 
