@@ -38,9 +38,13 @@ SEQ2SEQ = {
 }
 
 
+DTYPE = getattr(torch, os.environ.get("DTYPE", "float32"))
+
+
 def build(name: str, attn: str = "eager", **over: Any) -> torch.nn.Module:
-    """A tiny model with random weights (seed 0)."""
+    """A tiny model with random weights (seed 0), in the dtype named by $DTYPE."""
     torch.manual_seed(0)
+    over.setdefault("dtype", DTYPE)
     if name in CAUSAL:
         cfg = AutoConfig.for_model(name, **{**CAUSAL[name], **over}, **TOKENS)
         return transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=attn).eval()

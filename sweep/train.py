@@ -14,6 +14,7 @@ from common import SEQ2SEQ, VOCAB, build
 name = sys.argv[1]
 attn = sys.argv[2] if len(sys.argv) > 2 else "eager"
 STEPS = 6
+AUTOCAST = bool(__import__("os").environ.get("AUTOCAST"))
 DROP = float(__import__("os").environ.get("DROP", "0"))
 SHAPES = [(2, 5), (3, 7), (1, 4), (2, 9), (4, 6), (3, 3)]
 
@@ -77,7 +78,8 @@ for s in range(STEPS):
     for model, fb, st, opt, sched, _ in (ref, jit):
         torch.manual_seed(7 + s)
         opt.zero_grad(set_to_none=True)
-        losses.append(fb(**kw))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=AUTOCAST):
+            losses.append(fb(**kw))
         grads = [p.grad for p in model.parameters()]
         losses.append(grads)
         st()
