@@ -382,16 +382,17 @@ def test_as_strided_reads_a_copy_that_is_not_folded_into_its_source() -> None:
     torch.testing.assert_close(minijit.jit(fn)(x), fn(x))
 
 
+@pytest.mark.parametrize("op", ["contiguous", "clone"])
 @pytest.mark.parametrize("fmt", ["contiguous", "channels_last"])
 @pytest.mark.parametrize("requires_grad", [False, True])
-def test_contiguous_copy_under_autograd_is_laid_out_as_eager_s(fmt: str, requires_grad: bool) -> None:
-    """Under autograd `contiguous()` runs decomposed: its copy was a same-dtype conversion, which keeps the input's
-    layout (the result was the transpose's strides, and `as_strided` read the wrong elements). The copy is laid
-    out in the memory format asked for, its gradient passed through, as eager's."""
+def test_contiguous_copy_under_autograd_is_laid_out_as_eager_s(op: str, fmt: str, requires_grad: bool) -> None:
+    """Under autograd `contiguous()` and `clone(memory_format=...)` run decomposed: their copy was a same-dtype
+    conversion, which keeps the input's layout (the result was the transpose's strides, and `as_strided` read the
+    wrong elements). The copy is laid out in the memory format asked for, its gradient passed through, as eager's."""
     memory_format = torch.contiguous_format if fmt == "contiguous" else torch.channels_last
 
     def fn(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        y = (x * 2).transpose(1, 3).contiguous(memory_format=memory_format)
+        y = getattr((x * 2).transpose(1, 3), op)(memory_format=memory_format)
         return y, y.as_strided((2, 3), (1, 2)) * 1
 
     x = torch.randn(2, 3, 4, 5, requires_grad=requires_grad)

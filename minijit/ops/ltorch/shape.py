@@ -300,7 +300,10 @@ def contiguous(a: TensorProxy, memory_format: torch.memory_format = torch.contig
 
 @ltorch_op(torch_fns=[torch.clone, torch.Tensor.clone], methods=["clone"])
 def clone(input: TensorProxy, *, memory_format: torch.memory_format = torch.preserve_format) -> TensorProxy:  # noqa: A002
-    """torch.clone: a new tensor with the same values (a same-dtype convert_element_type)."""
+    """torch.clone: a new tensor with the same values (a same-dtype convert_element_type), laid out in
+    `memory_format` where one is given."""
+    if memory_format != torch.preserve_format:
+        return prims.copy_in_format(input, memory_format)
     return fresh(input)
 
 
