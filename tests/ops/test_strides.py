@@ -407,17 +407,21 @@ def test_contiguous_copy_under_autograd_is_laid_out_as_eager_s(op: str, fmt: str
         torch.testing.assert_close(got_grad, want_grad, rtol=0, atol=0)
 
 
-@pytest.mark.xfail(strict=True, reason="under autograd the forward runs prims whose results the torch executor lays "
-                   "out otherwise than eager's op (zeros_like -> full: row-major; masked_fill -> where, flip): "
-                   "as_strided reads the runtime layout, not the eager one minijit worked out")
-@pytest.mark.parametrize("op", ["zeros_like", "masked_fill", "flip"])
+@pytest.mark.parametrize("op", ["zeros_like", "zeros_like_read", "masked_fill", "flip"])
 def test_as_strided_under_autograd_reads_eager_s_layout_of_a_decomposed_op(op: str) -> None:
-    ops = {"zeros_like": lambda y: torch.zeros_like(y) + y, "masked_fill": lambda y: y.masked_fill(y > 100, 0.0),
-           "flip": lambda y: y.flip(0)}
+    """Under autograd the forward ran these ops as prims, which the torch executor lays out otherwise than eager's
+    op (`flip`, `masked_fill` as `where`, an add of `zeros_like`'s row-major `full`): `as_strided` read the wrong
+    elements. An op whose result's layout is read runs as eager's, differentiated by torch's autograd."""
+    ops = {"zeros_like": lambda y: torch.zeros_like(y) + y, "zeros_like_read": torch.zeros_like,
+           "masked_fill": lambda y: y.masked_fill(y > 5, 0.0), "flip": lambda y: y.flip(0)}
 
     def fn(x: torch.Tensor) -> torch.Tensor:
         y = ops[op]((x * 2).t())
-        return y.as_strided((2, 2), (1, 2)) * 1
+        return y.as_strided((2, 2), (1, 2)) * x[0, 1]
 
     x = torch.arange(12.0).reshape(3, 4).requires_grad_(True)
-    torch.testing.assert_close(minijit.jit(fn)(x), fn(x), rtol=0, atol=0)
+    want, got = fn(x), minijit.jit(fn)(x)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    weights = torch.randn(want.shape)
+    torch.testing.assert_close(torch.autograd.grad((got * weights).sum(), x),
+                               torch.autograd.grad((want * weights).sum(), x), rtol=0, atol=0)
