@@ -243,8 +243,9 @@ class _Splitter:
     def _layout_read(self, bsym: BoundSymbol) -> bool:
         """Differentiate `bsym` by torch's autograd over its eager callable where an op reads the layout of a result
         (`as_strided`): its decomposition's prims lay results out otherwise than eager's op (`flip`, `masked_fill`).
-        Whether it did."""
-        if OPAQUE in bsym.sym.tags or not any(id(p) in layout_read(self.trace) for p in bsym.proxy_outputs()):
+        Ops that may return views or their input (`contiguous`, `reshape`) keep their rules. Whether it did."""
+        if OPAQUE in bsym.sym.tags or bsym.sym.effects.views is not None \
+                or not any(id(p) in layout_read(self.trace) for p in bsym.proxy_outputs()):
             return False
         eager = eager_impl(bsym.sym)
         return eager is not None and self._apply_rule(bsym, eager_autograd_rule(bsym.sym, eager), bsym.args,
