@@ -149,12 +149,12 @@ def run_case(label: str, model: torch.nn.Module, jitted: Any, seed: int, **kw: A
     before = minijit.cache_info(jitted).misses
     try:
         want = gen(model, None, seed, **kw)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         print(f"  SKIP {label}: eager raised {type(e).__name__}: {str(e)[:150]}")
         return True
     try:
         have = gen(model, jitted, seed, **kw)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         print(f"  FAIL {label}: jit raised {type(e).__name__}: {str(e)[:300]}")
         traceback.print_exc(limit=-6)
         return False

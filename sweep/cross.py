@@ -4,9 +4,9 @@ with assisted decoding: python sweep/cross.py."""
 from __future__ import annotations
 
 import torch
+from common import build, prompt, run_case
 
 import minijit
-from common import build, prompt, run_case
 
 model = build("gpt2", "eager", add_cross_attention=True)
 jitted = minijit.jit(model.forward)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import sys
 
-import minijit
 from common import SEQ2SEQ, build, prompt, run_case
+
+import minijit
 
 name = sys.argv[1]
 attn = sys.argv[2] if len(sys.argv) > 2 else "eager"
@@ -38,7 +39,7 @@ if name not in SEQ2SEQ:
     cases.append(("use_cache=False", 15, dict(**p, **N, **SC, use_cache=False)))
     cases.append(("output attn/hidden", 16, dict(**p, **N, **SC, output_attentions=True,
                                                   output_hidden_states=True)))
-only = sys.argv[3:] 
+only = sys.argv[3:]
 bad = 0
 for label, seed, kw in cases:
     if only and not any(o in label for o in only):

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import sys
 
-import torch
+from common import build, prompt, run_case
 
 import minijit
-from common import build, prompt, run_case
 
 name = sys.argv[1]
 attn = sys.argv[2] if len(sys.argv) > 2 else "eager"

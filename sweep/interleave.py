@@ -6,9 +6,9 @@ from __future__ import annotations
 import sys
 
 import torch
+from common import build, compare, gen, prompt
 
 import minijit
-from common import build, compare, gen, prompt
 
 name = sys.argv[1]
 attn = sys.argv[2] if len(sys.argv) > 2 else "eager"
@@ -47,7 +47,7 @@ for label, fwds in patterns.items():
     try:
         have = run(fwds)
         probs = [f"turn {i}: {p}" for i, (a, b) in enumerate(zip(want, have)) for p in compare(a, b)]
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         import traceback
         traceback.print_exc(limit=-5)
         probs = [f"raised {type(e).__name__}: {e}"]

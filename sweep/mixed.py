@@ -6,9 +6,9 @@ import copy
 import sys
 
 import torch
+from common import build, compare, gen, prompt
 
 import minijit
-from common import build, compare, gen, prompt, run_case
 
 name = sys.argv[1]
 attn = sys.argv[2] if len(sys.argv) > 2 else "eager"
@@ -30,7 +30,7 @@ for i, (b, t) in enumerate([(1, 5), (1, 8), (1, 3)]):
     try:
         have = gen(model, jitted, 0, **p, max_new_tokens=8, assistant_model=assistant, **SC)
         probs = compare(want, have)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         probs = [f"raised {type(e).__name__}: {e}"]
     bad += bool(probs)
     print(f"  {'ok' if not probs else 'FAIL'} assisted {b}x{t}: main misses {minijit.cache_info(jitted).misses}"
@@ -63,7 +63,7 @@ for i, (b, t) in enumerate([(2, 6), (1, 4), (2, 9)]):
             if not (torch.equal(le.keys, lj.keys) and torch.equal(le.values, lj.values)):
                 probs.append("cache contents differ after")
                 break
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         probs = [f"raised {type(e).__name__}: {e}"]
     bad += bool(probs)
     print(f"  {'ok' if not probs else 'FAIL'} eager pkv {b}x{t}: {probs} misses {minijit.cache_info(jitted).misses}")

@@ -6,10 +6,10 @@ from __future__ import annotations
 import sys
 
 import torch
+from common import build, prompt
 from transformers import DynamicCache
 
 import minijit
-from common import build, prompt
 
 name = sys.argv[1]
 model = build(name, sys.argv[2] if len(sys.argv) > 2 else "eager")
@@ -56,6 +56,7 @@ with torch.no_grad():
         have = torch.cat(loop(jstep, seed, b, t, n), 1)
         ok = torch.equal(want, have)
         bad += not ok
-        print(f"seed {seed} {b}x{t}: {'ok' if ok else 'FAIL'} {want.tolist() if not ok else ''} {have.tolist() if not ok else ''}")
+        detail = "" if ok else f"{want.tolist()} {have.tolist()}"
+        print(f"seed {seed} {b}x{t}: {'ok' if ok else 'FAIL'} {detail}")
 print(minijit.cache_info(jstep))
 print(name, "FAILURES:", bad)

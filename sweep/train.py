@@ -3,13 +3,12 @@ AdamW (jitted separately) with a cosine schedule; python sweep/train.py NAME [AT
 
 from __future__ import annotations
 
-import copy
 import sys
 
 import torch
+from common import SEQ2SEQ, VOCAB, build
 
 import minijit
-from common import SEQ2SEQ, VOCAB, build
 
 name = sys.argv[1]
 attn = sys.argv[2] if len(sys.argv) > 2 else "eager"
@@ -59,12 +58,12 @@ def make(jit: bool):
     if jit:
         jm = minijit.jit(model)
 
-        def fwd_bwd(**kw):  # noqa: F811
+        def fwd_bwd(**kw):
             loss = jm(**kw).loss
             loss.backward()
             return loss
 
-        step = minijit.jit(step)  # noqa: F811
+        step = minijit.jit(step)
         return model, fwd_bwd, step, opt, sched, jm
     return model, fwd_bwd, step, opt, sched, None
 

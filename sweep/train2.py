@@ -3,13 +3,12 @@ dropout; python sweep/train2.py NAME [ATTN] [ckpt]."""
 
 from __future__ import annotations
 
-import os
 import sys
 
 import torch
+from common import VOCAB, build
 
 import minijit
-from common import VOCAB, build
 
 name = sys.argv[1]
 attn = sys.argv[2] if len(sys.argv) > 2 else "eager"
