@@ -387,6 +387,7 @@ _PRIM_IMPLS: dict[Symbol, Any] = {
     # copy=True: a same-dtype conversion is how ltorch.clone makes a new tensor.
     prims.convert_element_type: lambda x, dtype: x.to(dtype, copy=True),
     prims.device_put: lambda x, device: x.to(device),
+    prims.copy_in_format: lambda x, memory_format: x.clone(memory_format=memory_format),
     prims.topk: lambda x, k, dim, largest, is_sorted: tuple(torch.topk(x, k, dim, largest, is_sorted)),
     prims.sort: lambda x, dim, descending, stable: tuple(torch.sort(x, dim=dim, descending=descending, stable=stable)),
     prims.broadcast_in_dim: _broadcast_in_dim,

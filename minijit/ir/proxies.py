@@ -818,10 +818,25 @@ class _BoundMethod:
         return self.fn(self.self, *args, **kwargs)
 
 
+# Reflected operators eager calls with the tensor first (`Tensor.__rmul__` is `self.mul(other)`): a Python number
+# stays a wrapped number, which the kernel computes with in its own precision where `torch.mul(number, x)` rounds
+# it to x's dtype first (bfloat16, float16).
+_SELF_FIRST = frozenset({"add", "mul", "bitwise_and", "bitwise_or", "bitwise_xor"})
+
+
+def _reflected_operator(method: str, self: TensorProxy, other: Any) -> Any:
+    """`other <op> self` as eager's reflected operator computes it."""
+    if method in _SELF_FIRST:
+        return TENSOR_METHODS[method](self, other)
+    if method == "div":  # `Tensor.__rtruediv__`: `self.reciprocal() * other`, two roundings
+        return TENSOR_METHODS["mul"](TENSOR_METHODS["reciprocal"](self), other)
+    return TENSOR_METHODS[method](other, self)
+
+
 def _operator(method: str, reflected: bool = False) -> Callable[..., Any]:
     if reflected:
         def op(self: TensorProxy, other: Any) -> Any:
-            return TENSOR_METHODS[method](other, self)
+            return _reflected_operator(method, self, other)
     else:
         def op(self: TensorProxy, *args: Any) -> Any:
             return TENSOR_METHODS[method](self, *args)

@@ -17,6 +17,18 @@ from minijit.ir import Symbol, Tag
 EAGER_BY_SYMBOL: dict[Symbol, Callable[..., Any]] = {}
 
 
+
+
+def _convert(x: Any, dtype: Any) -> Any:
+    """A conversion as the torch executor runs it, laid out as eager's `to` lays it out (the input's layout)."""
+    return x.to(dtype, copy=True)
+
+
+# Prims recorded at the top of a trace where the user's code called an op (autocast's casts in front of it), by id:
+# the eager callable they stand for, so that the layouts of the op's results are known.
+_PRIMS_EAGER: dict[str, Callable[..., Any]] = {"prims.convert_element_type": _convert}
+
+
 def eager_implementations() -> dict[Symbol, Callable[..., Any]]:
     """ltorch op -> its eager callable, for executors."""
     return dict(EAGER_BY_SYMBOL)
@@ -25,7 +37,7 @@ def eager_implementations() -> dict[Symbol, Callable[..., Any]]:
 def eager_impl(sym: Symbol) -> Callable[..., Any] | None:
     """The eager callable that runs `sym` with a bound symbol's own arguments: an ltorch op's, or an opaque
     torch op itself; None for others."""
-    found = EAGER_BY_SYMBOL.get(sym)
+    found = EAGER_BY_SYMBOL.get(sym) or (_PRIMS_EAGER.get(sym.id) if sym.is_prim else None)
     if found is None and Tag.OPAQUE in sym.tags:
         return sym.fn
     return found

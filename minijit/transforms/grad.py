@@ -42,7 +42,7 @@ from minijit.ops import aten_prims, prims
 from minijit.ops.eager_facts import eager_impl
 from minijit.ops.opaque import OPAQUE
 from minijit.transforms.dce import dce
-from minijit.transforms.memory import memory_model
+from minijit.transforms.memory import layout_read, memory_model
 from minijit.transforms.vjp import KeywordGrads, VjpRule, rule_for
 from minijit.transforms.vjp.opaque import eager_autograd_rule
 
@@ -187,6 +187,8 @@ class _Splitter:
             # The arguments as recorded, which the eager callable takes as they are (no defaults filled in).
             if self._apply_rule(bsym, eager_autograd_rule(bsym.sym, eager), bsym.args, bsym.kwargs):
                 return
+        if self._layout_read(bsym):
+            return
         rule = self._executor_rule(bsym) or rule_for(bsym.sym)
         bound = _bind(bsym, rule) if rule is not None else None
         if rule is not None and bound is not None and self._apply_rule(bsym, rule, *bound):
@@ -240,6 +242,17 @@ class _Splitter:
                     "the out-of-place op instead"
                 )
         self.fwd.append(bsym)
+
+    def _layout_read(self, bsym: BoundSymbol) -> bool:
+        """Differentiate `bsym` by torch's autograd over its eager callable where an op reads the layout of a result
+        (`as_strided`): its decomposition's prims lay results out otherwise than eager's op (`flip`, `masked_fill`).
+        Ops that may return views or their input (`contiguous`, `reshape`) keep their rules. Whether it did."""
+        if OPAQUE in bsym.sym.tags or bsym.sym.effects.views is not None \
+                or not any(id(p) in layout_read(self.trace) for p in bsym.proxy_outputs()):
+            return False
+        eager = eager_impl(bsym.sym)
+        return eager is not None and self._apply_rule(bsym, eager_autograd_rule(bsym.sym, eager), bsym.args,
+                                                      bsym.kwargs)
 
     def _takes_history(self, p: TensorProxy, bsym: BoundSymbol) -> bool:
         """Whether the write-back `bsym` into input `p` (not requiring grad) gives it a value requiring grad."""

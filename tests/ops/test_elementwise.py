@@ -104,3 +104,28 @@ def test_where_as_a_tensor_method_takes_the_tensor_as_input(form: str) -> None:
     assert torch.equal(minijit.jit(f)(a, m, b), f(a, m, b))
     x = torch.randn(16, generator=gen)
     assert torch.equal(minijit.jit(lambda x, m: x.where(m, 0.5))(x, m), x.where(m, 0.5))
+
+
+REFLECTED = {"radd": lambda x: 0.044715 + x, "rmul": lambda x: 0.044715 * x, "rsub": lambda x: 1.7 - x,
+             "rtruediv": lambda x: 3.3 / x, "rtruediv_int": lambda x: 3 / x, "rpow": lambda x: 1.3 ** x,
+             "rfloordiv": lambda x: 3.3 // x, "rmod": lambda x: 3.3 % x, "rand": lambda x: 6 & x.int()}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", list(REFLECTED))
+def test_reflected_operator_with_a_number_computes_as_eager_s(name: str, dtype: torch.dtype) -> None:
+    """`0.044715 * x` is eager's `x.mul(0.044715)` (the number stays a wrapped number, computed with in float32),
+    `3.3 / x` its `x.reciprocal() * 3.3`: recorded as `mul(0.044715, x)` and `div(3.3, x)` they rounded otherwise,
+    bit for bit (GPT-2's GELU in bfloat16)."""
+    import minijit
+
+    fn = REFLECTED[name]
+    x = (torch.rand(256, generator=torch.Generator().manual_seed(0)) + 0.5).to(dtype)
+    want, got = fn(x), minijit.jit(fn)(x)
+    assert got.dtype == want.dtype
+    assert torch.equal(got, want), (got.double() - want.double()).abs().max()
+    if dtype.is_floating_point and name not in ("rfloordiv", "rmod", "rand"):
+        x.requires_grad_(True)
+        want_grad = torch.autograd.grad(fn(x).sum(), x)
+        got_grad = torch.autograd.grad(minijit.jit(fn)(x).sum(), x)
+        torch.testing.assert_close(got_grad, want_grad, rtol=0, atol=0)

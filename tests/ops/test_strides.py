@@ -380,3 +380,48 @@ def test_as_strided_reads_a_copy_that_is_not_folded_into_its_source() -> None:
 
     x = torch.randn(2, 4, 4)
     torch.testing.assert_close(minijit.jit(fn)(x), fn(x))
+
+
+@pytest.mark.parametrize("op", ["contiguous", "clone"])
+@pytest.mark.parametrize("fmt", ["contiguous", "channels_last"])
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_contiguous_copy_under_autograd_is_laid_out_as_eager_s(op: str, fmt: str, requires_grad: bool) -> None:
+    """Under autograd `contiguous()` and `clone(memory_format=...)` run decomposed: their copy was a same-dtype
+    conversion, which keeps the input's layout (the result was the transpose's strides, and `as_strided` read the
+    wrong elements). The copy is laid out in the memory format asked for, its gradient passed through, as eager's."""
+    memory_format = torch.contiguous_format if fmt == "contiguous" else torch.channels_last
+
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = getattr((x * 2).transpose(1, 3), op)(memory_format=memory_format)
+        return y, y.as_strided((2, 3), (1, 2)) * 1
+
+    x = torch.randn(2, 3, 4, 5, requires_grad=requires_grad)
+    want, got = fn(x), minijit.jit(fn)(x)
+    for w, g in zip(want, got):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+        assert g.stride() == w.stride()
+    if requires_grad:
+        weights = torch.randn(want[0].shape)
+        want_grad = torch.autograd.grad((want[0] * weights).sum() + want[1].sum(), x)
+        got_grad = torch.autograd.grad((got[0] * weights).sum() + got[1].sum(), x)
+        torch.testing.assert_close(got_grad, want_grad, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("op", ["zeros_like", "zeros_like_read", "masked_fill", "flip"])
+def test_as_strided_under_autograd_reads_eager_s_layout_of_a_decomposed_op(op: str) -> None:
+    """Under autograd the forward ran these ops as prims, which the torch executor lays out otherwise than eager's
+    op (`flip`, `masked_fill` as `where`, an add of `zeros_like`'s row-major `full`): `as_strided` read the wrong
+    elements. An op whose result's layout is read runs as eager's, differentiated by torch's autograd."""
+    ops = {"zeros_like": lambda y: torch.zeros_like(y) + y, "zeros_like_read": torch.zeros_like,
+           "masked_fill": lambda y: y.masked_fill(y > 5, 0.0), "flip": lambda y: y.flip(0)}
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        y = ops[op]((x * 2).t())
+        return y.as_strided((2, 2), (1, 2)) * x[0, 1]
+
+    x = torch.arange(12.0).reshape(3, 4).requires_grad_(True)
+    want, got = fn(x), minijit.jit(fn)(x)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    weights = torch.randn(want.shape)
+    torch.testing.assert_close(torch.autograd.grad((got * weights).sum(), x),
+                               torch.autograd.grad((want * weights).sum(), x), rtol=0, atol=0)

@@ -314,3 +314,22 @@ def test_custom_functions_under_autocast() -> None:
         (want, *want_grads), (got, *got_grads) = grads
         assert_same(got, want)
         assert_same(got_grads, want_grads)
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_layout_of_a_result_of_cast_arguments_is_known(requires_grad: bool) -> None:
+    """The casts autocast records in front of an op are prims, whose layout was unknown: `contiguous()`, `stride()`
+    of a matmul's or an attention's result were refused (a Hugging Face model's `attn_output.transpose(1,
+    2).contiguous()` under autocast). A cast lays its result out as eager's `to` does."""
+    def fn(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = (x @ w).transpose(0, 1)
+        a = F.scaled_dot_product_attention(x[None, None], x[None, None], x[None, None]).transpose(1, 2)
+        return y.contiguous(), a.contiguous(), torch.tensor(y.stride())
+
+    x, w = torch.randn(3, 4, requires_grad=requires_grad), torch.randn(4, 5, requires_grad=requires_grad)
+    jf = minijit.jit(fn)
+    with torch.autocast("cpu", dtype=BF16):
+        for _ in range(2):
+            want, got = fn(x, w), jf(x, w)
+            assert_same(got, want)
+            assert [g.stride() for g in got] == [v.stride() for v in want]

@@ -293,13 +293,17 @@ def broadcast_to(input: TensorProxy, size: Sequence[Any]) -> TensorProxy:  # noq
 def contiguous(a: TensorProxy, memory_format: torch.memory_format = torch.contiguous_format) -> TensorProxy:
     """Tensor.contiguous: the input itself where its eager layout already is `memory_format`, else a copy."""
     if is_already_contiguous(a, memory_format) is False:
-        return fresh(a)
+        # Not `fresh`: its copy keeps `a`'s layout where the op runs decomposed (under autograd).
+        return prims.copy_in_format(a, memory_format)
     return a
 
 
 @ltorch_op(torch_fns=[torch.clone, torch.Tensor.clone], methods=["clone"])
 def clone(input: TensorProxy, *, memory_format: torch.memory_format = torch.preserve_format) -> TensorProxy:  # noqa: A002
-    """torch.clone: a new tensor with the same values (a same-dtype convert_element_type)."""
+    """torch.clone: a new tensor with the same values (a same-dtype convert_element_type), laid out in
+    `memory_format` where one is given."""
+    if memory_format != torch.preserve_format:
+        return prims.copy_in_format(input, memory_format)
     return fresh(input)
 
 

@@ -460,6 +460,16 @@ def unbind_bwd(saved: Saved, *gs: TensorProxy | None) -> tuple[Any, ...]:
     return (_pieces_bwd(saved, gs, keeps_dim=False), None)
 
 
+@vjp(prims.copy_in_format)
+def copy_in_format_fwd(x: TensorProxy, memory_format: torch.memory_format) -> tuple[TensorProxy, Saved]:
+    return prims.copy_in_format(x, memory_format), ()
+
+
+@copy_in_format_fwd.backward
+def copy_in_format_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
+    return (g, None)
+
+
 @vjp("prims.clone")
 def clone_fwd(x: TensorProxy) -> tuple[TensorProxy, Saved]:
     return prims.clone(x), ()
