@@ -17,8 +17,6 @@ from minijit.ir import Symbol, Tag
 EAGER_BY_SYMBOL: dict[Symbol, Callable[..., Any]] = {}
 
 
-
-
 def _convert(x: Any, dtype: Any) -> Any:
     """A conversion as the torch executor runs it, laid out as eager's `to` lays it out (the input's layout)."""
     return x.to(dtype, copy=True)

@@ -807,6 +807,8 @@ def _clone_meta(x: TensorProxy) -> TensorProxy:
 
 # A fresh tensor with x's values: never an alias of x, unlike reshape or convert_element_type.
 clone = _prim("clone", _clone_meta)
+
+
 def _copy_in_format_meta(x: TensorProxy, memory_format: torch.memory_format) -> TensorProxy:
     _check_tensor("copy_in_format", x)
     if not isinstance(memory_format, torch.memory_format):
@@ -817,6 +819,8 @@ def _copy_in_format_meta(x: TensorProxy, memory_format: torch.memory_format) -> 
 # A fresh tensor with x's values laid out in `memory_format` (`Tensor.contiguous`'s copy), where `clone` and a
 # same-dtype `convert_element_type` keep x's layout.
 copy_in_format = _prim("copy_in_format", _copy_in_format_meta)
+
+
 # -- tensors from outside the trace ---------------------------------------------------
 
 def _tensor_constant_meta(value: torch.Tensor) -> TensorProxy:
