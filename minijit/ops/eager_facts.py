@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from minijit.ir import Symbol, Tag
+from minijit.ops import prims
 
 # ltorch symbol -> the eager callable that implements it with the same signature (`ltorch_op` fills it in)
 EAGER_BY_SYMBOL: dict[Symbol, Callable[..., Any]] = {}
@@ -22,9 +23,9 @@ def _convert(x: Any, dtype: Any) -> Any:
     return x.to(dtype, copy=True)
 
 
-# Prims recorded at the top of a trace where the user's code called an op (autocast's casts in front of it), by id:
-# the eager callable they stand for, so that the layouts of the op's results are known.
-_PRIMS_EAGER: dict[str, Callable[..., Any]] = {"prims.convert_element_type": _convert}
+# Prims recorded at the top of a trace where the user's code called an op (autocast's casts in front of it): the
+# eager callable they stand for, so that the layouts of the op's results are known.
+_PRIMS_EAGER: dict[Symbol, Callable[..., Any]] = {prims.convert_element_type: _convert}
 
 
 def eager_implementations() -> dict[Symbol, Callable[..., Any]]:
@@ -35,7 +36,7 @@ def eager_implementations() -> dict[Symbol, Callable[..., Any]]:
 def eager_impl(sym: Symbol) -> Callable[..., Any] | None:
     """The eager callable that runs `sym` with a bound symbol's own arguments: an ltorch op's, or an opaque
     torch op itself; None for others."""
-    found = EAGER_BY_SYMBOL.get(sym) or (_PRIMS_EAGER.get(sym.id) if sym.is_prim else None)
+    found = EAGER_BY_SYMBOL.get(sym) or _PRIMS_EAGER.get(sym)
     if found is None and Tag.OPAQUE in sym.tags:
         return sym.fn
     return found

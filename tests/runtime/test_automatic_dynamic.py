@@ -226,9 +226,6 @@ def test_a_view_returned_expanded_to_a_written_argument_s_shape_still_views_its_
         assert r.stride() == f(a.clone(), b).stride()
 
 
-@pytest.mark.xfail(strict=True, reason="contiguous(memory_format=) and clone(memory_format=) decompose to a same-dtype "
-                   "convert_element_type, which keeps the input's layout: where the call is split for grad, the "
-                   "result comes back row-major (fixing it needs a copy prim that takes a layout)")
 def test_a_channels_last_copy_of_an_argument_that_requires_grad_is_laid_out_channels_last():
     def f(a):
         return a.contiguous(memory_format=torch.channels_last)

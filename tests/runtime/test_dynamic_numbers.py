@@ -572,3 +572,17 @@ def test_methods_of_a_symbolic_float_are_the_values():
     jf = minijit.jit(f)
     for g in (0.5, 1.5, 2.0, 3.0):
         assert jf(torch.ones(2), g)[1:] == f(torch.ones(2), g)[1:]
+
+
+def test_an_expand_size_of_minus_one_from_an_int_argument_keeps_the_dim_as_in_eager():
+    # A symbolic -1 keeps the dim's size, relied on (a constraint); before, the symbolic trace was refused and each
+    # value traced again with constants.
+    def f(x, n, m):
+        return x.expand(n, m) * 2
+
+    jf = minijit.jit(f)
+    x = torch.ones(1, 3)
+    for n, m in [(4, 3), (2, -1), (5, -1), (-1, 3), (-1, -1), (3, 3)]:
+        torch.testing.assert_close(jf(x, n, m), f(x, n, m))
+    info = minijit.cache_info(jf)
+    assert info.hits >= 2 and not any("refused" in r for r in info.miss_reasons), info

@@ -122,6 +122,7 @@ CASES += [
     ("cumsum", lambda: (_t(3, 4), 0)),
     ("device_put", lambda: (_t(3, 4), torch.device("cpu"))),
     ("clone", lambda: (_t(3, 4),)),
+    ("copy_in_format", lambda: (_t(2, 3, 4, 5).transpose(1, 3), torch.channels_last)),
     ("take", lambda: (_t(5, 3), torch.tensor([0, 2, 2, 4]), 0)),
     ("take_along_axis", lambda: (_t(3, 4), torch.randint(0, 4, (3, 6)), 1)),
     ("index_add", lambda: (_t(5, 3), torch.tensor([0, 2, 2]), _t(3, 3), 0)),

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from minijit.errors import MetaError, UnsupportedOpError
-from minijit.ir import VIEWS_ANY_LAYOUT, VIEWS_IF_SPLITS, Effects, Tag, TensorProxy
+from minijit.ir import VIEWS_ANY_LAYOUT, VIEWS_IF_SPLITS, Effects, NumberProxy, Tag, TensorProxy
 from minijit.ir.context import where_now
 from minijit.ir.proxies import broadcasts_to, equal_sizes, number_value, rule_compare, rule_same_shape
 from minijit.ops import prims
@@ -263,7 +263,7 @@ def _expand(op: str, a: TensorProxy, sizes: tuple[Any, ...]) -> TensorProxy:
                 raise _fail(op, f"-1 is not allowed for the new leading dim {i} in {list(sizes)}")
             continue
         old = a.shape[i - offset]
-        if type(size) is int and size == -1:
+        if _keeps_size(size):
             shape[i] = old
         elif not broadcasts_to(old, size):
             raise _fail(op, f"the size {old} of dim {i - offset} must match {size} in {list(sizes)} "
@@ -271,6 +271,14 @@ def _expand(op: str, a: TensorProxy, sizes: tuple[Any, ...]) -> TensorProxy:
     if offset == 0 and all(map(equal_sizes, shape, a.shape)):
         return a
     return prims.broadcast_in_dim(a, tuple(shape), tuple(range(offset, len(shape))))
+
+
+def _keeps_size(size: Any) -> bool:
+    """Whether an expand size is -1 (keep the dim's size): a symbolic number (an int argument) only where its value
+    is, relied on then (a size is never -1, so nothing is relied on otherwise)."""
+    if type(size) is int:
+        return size == -1
+    return isinstance(size, NumberProxy) and number_value(size) == -1 and rule_compare(size, "==", -1)
 
 
 @ltorch_op(torch_fns=[torch.Tensor.expand_as], methods=["expand_as"], effects=REORDERING_VIEW)
