@@ -35,6 +35,7 @@ import torch
 import minijit
 from minijit.errors import MinijitError
 from tests.lanes import lane_seeds
+from tests.runtime.test_dynamic_values_fuzz import _outcome, _short
 
 PROGRAMS = int(os.environ.get("MINIJIT_DIMENSION_FUZZ_PROGRAMS", "40"))
 CALLS = 6
@@ -336,18 +337,6 @@ def difference(have: Any, want: Any, where: str, ours: list[Any], theirs: list[A
     if type(have) is not type(want) or have != want:
         return f"{where}: {have!r} (jit) != {want!r} (eager)"
     return None
-
-
-def _short(x: Any) -> str:
-    text = repr(x)
-    return text if len(text) < 300 else text[:300] + "..."
-
-
-def _outcome(before: minijit.CacheInfo, after: minijit.CacheInfo) -> str:
-    for name in ("rebound", "misses", "eager_calls", "hits"):
-        if getattr(after, name) > getattr(before, name):
-            return name
-    return "none"
 
 
 def _grads(result: Any, bases: list[Any], s: Structure) -> list[Any]:

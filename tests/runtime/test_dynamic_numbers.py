@@ -469,43 +469,9 @@ def test_a_symbolic_number_not_in_a_dict_or_set_is_guarded_against_each_key():
     assert minijit.cache_info(step).misses <= 12, minijit.cache_info(step)
 
 
-def test_the_multistep_lr_scheduler_stepped_inside_the_jitted_step_matches_eager():
-    """MultiStepLR asks `last_epoch not in milestones` (a Counter) on every step: the lr drops at each milestone."""
-    runs = []
-    for use_jit in (False, True):
-        torch.manual_seed(0)
-        model = torch.nn.Linear(4, 2)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-        schedule = torch.optim.lr_scheduler.MultiStepLR(opt, [2, 5, 9], gamma=0.3)
-
-        def step(opt=opt, schedule=schedule):
-            opt.step()
-            schedule.step()
-
-        step = minijit.jit(step) if use_jit else step
-        lrs = []
-        for i in range(12):
-            model(torch.ones(3, 4) * i).sum().backward()
-            step()
-            opt.zero_grad()
-            lrs.append(opt.param_groups[0]["lr"])
-        runs.append((lrs, [p.detach() for p in model.parameters()]))
-    (want_lrs, want), (have_lrs, have) = runs
-    assert have_lrs == want_lrs
-    for w, h in zip(want, have, strict=True):
-        torch.testing.assert_close(h, w, **TOL)
-
-
-@pytest.mark.parametrize("make_schedule", [
-    lambda opt: torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=20),
-    lambda opt: torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.5, total_steps=40),
-    lambda opt: torch.optim.lr_scheduler.CyclicLR(opt, base_lr=0.01, max_lr=0.1, step_size_up=4),
-    lambda opt: torch.optim.lr_scheduler.CosineAnnealingWarmRestarts(opt, T_0=5, T_mult=2),
-    lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * s / 30))),
-], ids=["CosineAnnealingLR", "OneCycleLR", "CyclicLR", "CosineAnnealingWarmRestarts", "LambdaLR-cosine"])
-def test_a_scheduler_computing_with_math_stepped_inside_the_jitted_step_traces_a_few_times(make_schedule):
-    """`math.cos(math.pi * epoch / T)`, `math.floor`, `int()` and `float()` of the schedule's numbers are computed by
-    each call (number prims), not fixed to the traced epoch's value: a trace per phase, not one per step."""
+def _stepped_inside(make_schedule, steps):
+    """SGD with momentum and `make_schedule(opt)` stepped inside one jitted step, `steps` times, and the same eagerly:
+    (the eager lrs and parameters, the jitted ones, the jitted step)."""
     runs = []
     for use_jit in (False, True):
         torch.manual_seed(0)
@@ -519,17 +485,38 @@ def test_a_scheduler_computing_with_math_stepped_inside_the_jitted_step_traces_a
 
         jitted = minijit.jit(step) if use_jit else step
         lrs = []
-        for i in range(24):
+        for i in range(steps):
             model(torch.ones(3, 4) * (i % 5)).sum().backward()
             jitted()
             opt.zero_grad()
             lrs.append(opt.param_groups[0]["lr"])
         runs.append((lrs, [p.detach() for p in model.parameters()], jitted))
     (want_lrs, want, _), (have_lrs, have, jitted) = runs
-    for h, w in zip(have_lrs, want_lrs, strict=True):
-        assert h == pytest.approx(w, rel=1e-12, abs=1e-15)
     for w, h in zip(want, have, strict=True):
         torch.testing.assert_close(h, w, **TOL)
+    return want_lrs, have_lrs, jitted
+
+
+def test_the_multistep_lr_scheduler_stepped_inside_the_jitted_step_matches_eager():
+    """MultiStepLR asks `last_epoch not in milestones` (a Counter) on every step: the lr drops at each milestone."""
+    want_lrs, have_lrs, _ = _stepped_inside(lambda opt: torch.optim.lr_scheduler.MultiStepLR(opt, [2, 5, 9], gamma=0.3),
+                                            12)
+    assert have_lrs == want_lrs
+
+
+@pytest.mark.parametrize("make_schedule", [
+    lambda opt: torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=20),
+    lambda opt: torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.5, total_steps=40),
+    lambda opt: torch.optim.lr_scheduler.CyclicLR(opt, base_lr=0.01, max_lr=0.1, step_size_up=4),
+    lambda opt: torch.optim.lr_scheduler.CosineAnnealingWarmRestarts(opt, T_0=5, T_mult=2),
+    lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * s / 30))),
+], ids=["CosineAnnealingLR", "OneCycleLR", "CyclicLR", "CosineAnnealingWarmRestarts", "LambdaLR-cosine"])
+def test_a_scheduler_computing_with_math_stepped_inside_the_jitted_step_traces_a_few_times(make_schedule):
+    """`math.cos(math.pi * epoch / T)`, `math.floor`, `int()` and `float()` of the schedule's numbers are computed by
+    each call (number prims), not fixed to the traced epoch's value: a trace per phase, not one per step."""
+    want_lrs, have_lrs, jitted = _stepped_inside(make_schedule, 24)
+    for h, w in zip(have_lrs, want_lrs, strict=True):
+        assert h == pytest.approx(w, rel=1e-12, abs=1e-15)
     info = minijit.cache_info(jitted)
     assert info.misses <= 5, info
 
