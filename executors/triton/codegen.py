@@ -320,7 +320,7 @@ def build_graph(region: Region) -> tuple[list[Node], list[Store], dict[int, int]
             continue
         if sym in ELEMENTWISE:
             node = Node("elementwise", tuple(out.shape), out.dtype, tuple(arg(a) for a in bsym.args), {"prim": sym})
-        elif sym is prims.convert_element_type:
+        elif sym is prims.convert_element_type or sym is prims.copy_in_format:  # (a copy: a cast to its own dtype)
             node = Node("cast", tuple(out.shape), out.dtype, (arg(bsym.args[0]),))
         elif sym in REMAPS:
             dims = remap_dims(bsym)

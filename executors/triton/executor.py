@@ -229,7 +229,8 @@ def _regroups_rows(b: BoundSymbol, domain: tuple[int, ...]) -> bool:
 
 # What the kernels compute: row reductions (var_mean computes both of its parts in one), and every prim claimed.
 _ROW_REDUCTIONS = frozenset({*REDUCTIONS, prims.var_mean})
-_CLAIMED = frozenset({*ELEMENTWISE, *REMAPS, *_ROW_REDUCTIONS, *PLACEMENTS, prims.convert_element_type})
+_CLAIMED = frozenset({*ELEMENTWISE, *REMAPS, *_ROW_REDUCTIONS, *PLACEMENTS, prims.convert_element_type,
+                      prims.copy_in_format})
 _PRIMS = frozenset(prims.ALL_PRIMS.values())
 
 
@@ -277,6 +278,8 @@ class TritonExecutor(FusionExecutor):
         sym = bsym.sym
         if sym not in _CLAIMED and not (sym.effects.copies and sym in _PRIMS):
             return False
+        if sym is prims.copy_in_format and bsym.args[1:] != (torch.contiguous_format,):
+            return False  # a kernel stores its results row-major: `contiguous()`'s copy, not a channels-last one
         if sym.effects.copies and not self.fuse_copies_to_out:
             return False
         values = [*bsym.args, *bsym.kwargs.values()]

@@ -574,3 +574,23 @@ def test_reshapes_fuse_and_views_of_outputs_stay_views():
     for got, want in zip(jf(x, y), f(x, y), strict=True):
         torch.testing.assert_close(got, want)
     assert "torchex.prims_reshape" not in final_source(jf) and "torchex.reshape" not in final_source(jf)
+
+
+def test_a_contiguous_copy_fuses_and_is_laid_out_as_eager_s():
+    # `contiguous()` copies through prims.copy_in_format: a kernel computes it with its neighbours, and stores it
+    # row-major as eager's copy is; a channels-last copy stays with torch.
+    x = make((4, 8), torch.float32, "contiguous")
+
+    def f(x):
+        return (x.t() * 2).contiguous() + 1, (x.t() * 3).contiguous()
+
+    jf = minijit.jit(f, executors=["triton"])
+    for have, want in zip(jf(x), f(x), strict=True):
+        torch.testing.assert_close(have, want)
+        assert have.stride() == want.stride()
+    assert_fused(jf)
+    y = make((2, 3, 4, 5), torch.float32, "contiguous")
+    jg = minijit.jit(lambda y: (y * 2).contiguous(memory_format=torch.channels_last), executors=["triton"])
+    have, want = jg(y), (y * 2).contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(have, want)
+    assert have.stride() == want.stride()
