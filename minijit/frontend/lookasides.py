@@ -193,8 +193,8 @@ def int_(*args: Any, **kwargs: Any) -> Any:
 
 def number_function(op: str, native: Callable[..., Any], args: tuple[Any, ...]) -> Any:
     """`native(*args)` (`int`, `float`, `math.cos`, ...): where an argument is a symbolic number, the number prim
-    `prims.num_<op>`, so that the trace computes it with each call's value rather than rely on this one's (an lr
-    schedule's `math.cos(math.pi * epoch / T)` would trace once per epoch). A conversion that changes nothing
+    `prims.num_<op>` (`num_math_cos`), so that the trace computes it with each call's value rather than rely on this
+    one's (an lr schedule's `math.cos(math.pi * epoch / T)` would trace once per epoch). A conversion that changes nothing
     (`int(n)` of an int, `math.floor(n)`) is the number itself."""
     symbolic = [a for a in args if isinstance(a, NumberProxy) and not a.read]
     if not symbolic or not all(isinstance(a, int | float | NumberProxy) and type(a) is not bool for a in args):
@@ -206,17 +206,17 @@ def number_function(op: str, native: Callable[..., Any], args: tuple[Any, ...]) 
 
 
 # Conversions that give back a number of the type they convert to.
-_SAME_FOR_ITS_TYPE = frozenset({"int", "float", "floor", "ceil", "trunc"})
+_SAME_FOR_ITS_TYPE = frozenset({"int", "float", "math_floor", "math_ceil", "math_trunc"})
 
 
 
-def _math_function(op: str) -> Callable[..., Any]:
-    native = getattr(math, op)
+def _math_function(name: str) -> Callable[..., Any]:
+    native = getattr(math, name)
 
     def function(*args: Any) -> Any:
-        return number_function(op, native, args)
+        return number_function(f"math_{name}", native, args)
 
-    function.__doc__ = f"math.{op}; of a symbolic number, one the trace computes (`number_function`)."
+    function.__doc__ = f"math.{name}; of a symbolic number, one the trace computes (`number_function`)."
     return function
 
 

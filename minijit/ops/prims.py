@@ -888,7 +888,8 @@ NUMBER_OPS = {
     # Conversions and the math module's functions, written as calls: `float(n)`, `math.cos(t)` (an lr schedule's
     # cosine, computed by each call rather than fixed to the value traced).
     "int": ("int", int), "float": ("float", float),
-    **{name: (f"math.{name}", getattr(math, name)) for name in MATH_FUNCTIONS},
+    # (`math_pow`, not `pow`: math.pow always gives a float, where `n ** 2` of an int is an int)
+    **{f"math_{name}": (f"math.{name}", getattr(math, name)) for name in MATH_FUNCTIONS},
 }
 
 

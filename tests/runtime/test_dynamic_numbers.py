@@ -573,3 +573,15 @@ def test_an_expand_size_of_minus_one_from_an_int_argument_keeps_the_dim_as_in_ea
         torch.testing.assert_close(jf(x, n, m), f(x, n, m))
     info = minijit.cache_info(jf)
     assert info.hits >= 2 and not any("refused" in r for r in info.miss_reasons), info
+
+
+def test_arithmetic_on_a_symbolic_int_keeps_eagers_types():
+    # `n ** 2` of an int is an int: the math module's pow (always a float) is a prim of its own, not `**`'s.
+    def f(x, n):
+        results = [n ** 2, 2 ** n, n * 2, n // 2, n % 3, -n, abs(n), n + True, n / 2, math.pow(n, 2), math.floor(n / 2)]
+        return x * 1.0, results, [type(r).__name__ for r in results]
+
+    jf = minijit.jit(f)
+    for n in (1, 2, 3, 5, 4):
+        assert jf(torch.ones(1), n)[1:] == f(torch.ones(1), n)[1:]
+    assert minijit.cache_info(jf).hits >= 2
