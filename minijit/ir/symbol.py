@@ -62,6 +62,8 @@ class Effects:
       are computed by the trace (minijit/ops/unbacked.py) or checked by it.
     - `external`: changes state outside the trace's tensors (a seed, a Python
       object): never removed, never reordered.
+    - `raises`: raises for some values of its number arguments (`n / m` with m 0,
+      `math.floor(nan)`): kept where nothing uses its result, as eager raises there.
 
     Facts of a view (with `views`):
 
@@ -102,6 +104,7 @@ class Effects:
     random: bool = False
     data_dependent: bool = False
     external: bool = False
+    raises: bool = False
     reorders: bool = False
     view_layouts: str | None = None
     moves_values: bool = False

@@ -923,5 +923,7 @@ def _number_meta(op: str) -> Callable[..., Any]:
 
 
 # `prims.num_add`, ...: by the key of NUMBER_OPS, also the methods of number proxies.
-NUMBER_PRIMS = {op: _prim(f"num_{op}", _number_meta(op)) for op in NUMBER_OPS}
+# All but add, sub, mul, neg, pos and abs raise for some values (a zero divisor, `int(nan)`, `math.sqrt(-1)`).
+NUMBER_PRIMS = {op: _prim(f"num_{op}", _number_meta(op),
+                          Effects(raises=op not in ("add", "sub", "mul", "neg", "pos", "abs"))) for op in NUMBER_OPS}
 NUMBER_METHODS.update(NUMBER_PRIMS)

@@ -18,13 +18,19 @@ def dce(trace: Trace, *, keep_sizes: bool = False) -> Trace:
     for i in reversed(range(len(trace.bound_symbols))):
         bsym = trace.bound_symbols[i]
         if (bsym.sym.effects.has_side_effects or bsym.written() or bsym.is_random()
-                or any(p.name in needed for p in bsym.proxy_outputs())):
+                or any(p.name in needed for p in bsym.proxy_outputs()) or _may_raise(bsym)):
             _mark_used(bsym, needed)
             if keep_sizes:
                 _mark_sizes(bsym, needed)
         else:
             edits.drop(i)
     return edits.apply(pass_name="dce")
+
+
+def _may_raise(bsym: BoundSymbol) -> bool:
+    """A number prim on a symbolic number that raises for some values (`n / m` with m 0): eager raises there even where
+    nothing uses the result."""
+    return bsym.sym.effects.raises and any(isinstance(p, NumberProxy) for p in bsym.proxy_args())
 
 
 def _mark_sizes(bsym: BoundSymbol, needed: set[str]) -> None:

@@ -585,3 +585,25 @@ def test_arithmetic_on_a_symbolic_int_keeps_eagers_types():
     for n in (1, 2, 3, 5, 4):
         assert jf(torch.ones(1), n)[1:] == f(torch.ones(1), n)[1:]
     assert minijit.cache_info(jf).hits >= 2
+
+
+@pytest.mark.parametrize("case", ["divide", "floor divide", "modulo", "floor of nan", "int of inf", "sqrt"])
+def test_number_arithmetic_whose_result_is_unused_raises_where_eager_raises(case):
+    # dce keeps a number prim that raises for some values (Effects.raises): eager computes it, and raises there.
+    compute = {"divide": lambda n, g: n / (n - 3), "floor divide": lambda n, g: n // (n - 3),
+               "modulo": lambda n, g: n % (n - 3), "floor of nan": lambda n, g: math.floor(g),
+               "int of inf": lambda n, g: int(g), "sqrt": lambda n, g: math.sqrt(g - 1)}[case]
+
+    def f(x, n, g):
+        unused = compute(n, g)  # noqa: F841
+        return x * 2
+
+    jf = minijit.jit(f)
+    for n, g in [(1, 1.5), (2, 2.5), (4, 3.5), (3, float("nan")), (5, float("inf")), (6, 0.5)]:
+        try:
+            want = f(torch.ones(1), n, g)
+        except (ArithmeticError, ValueError) as e:
+            with pytest.raises(type(e)):
+                jf(torch.ones(1), n, g)
+        else:
+            torch.testing.assert_close(jf(torch.ones(1), n, g), want)
