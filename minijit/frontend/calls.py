@@ -314,7 +314,10 @@ def _call_root_method(owner: Any, fn: Any, args: tuple[Any, ...] | list[Any], kw
             before = outside.before_write(owner)
             result = fn(*args)
             after = list(before)
-            getattr(after, "insert" if name == "appendleft" else name)(*((0, *args) if name == "appendleft" else args))
+            if name == "appendleft":
+                after.insert(0, *args)
+            else:
+                getattr(after, name)(*args)  # append, insert
             outside.settled(owner, after)
             return result
         outside.before_write(owner)

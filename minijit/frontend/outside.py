@@ -571,7 +571,7 @@ def contents_of(container: Any) -> Any:
 def same_contents(container: Any, before: Any) -> bool:
     """Whether `container` holds what `contents_of` copied: items, or keys and values in order, by identity (a traced
     value's == would record into the trace)."""
-    return _same(dict(dict.items(container)) if isinstance(container, dict) else list(container), before)
+    return _same(contents_of(container), before)
 
 
 def _same(now: Any, was: Any) -> bool:

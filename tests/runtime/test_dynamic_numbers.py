@@ -559,6 +559,7 @@ def test_methods_of_a_symbolic_float_are_the_values():
     jf = minijit.jit(f)
     for g in (0.5, 1.5, 2.0, 3.0):
         assert jf(torch.ones(2), g)[1:] == f(torch.ones(2), g)[1:]
+    assert minijit.cache_info(jf).eager_calls == 0  # traced, not run eagerly after the trace failed
 
 
 def test_an_expand_size_of_minus_one_from_an_int_argument_keeps_the_dim_as_in_eager():
