@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from minijit.errors import UnsupportedSyntaxError
+from minijit.ir.proxies import number_value
 
 # The iterators whose remaining items can be read, and whose position can be set, without advancing them.
 _REWINDABLE = (type(iter([])), type(iter(())), type(iter(range(0))))
@@ -62,9 +63,12 @@ def standing_in(args: tuple[Any, ...], kwargs: dict[str, Any]
 
 
 def consumed(position: int, before: Any) -> int:
-    """How many items the trace took from an `ArgumentIterator` whose snapshot state was `before`."""
+    """How many items the trace took from an `ArgumentIterator` whose snapshot state was `before`.
+
+    The positions may be symbolic (an int attribute that changed between calls goes symbolic), but their
+    difference counts the trace's `next` calls, which its path fixes: read on the call traced."""
     _, attributes = before
-    return position - dict(attributes)["position"]
+    return number_value(position) - number_value(dict(attributes)["position"])
 
 
 def advance(originals: list[tuple[int, Any, int]], taken: dict[int, int]) -> None:

@@ -240,6 +240,23 @@ def test_range_iterator_and_keyword():
     assert list(mine) == list(theirs) == [4]
 
 
+def test_iterator_of_numbers_that_change_each_call():
+    # The numbers go symbolic on the second call (automatic dynamic), the iterator's position with them: the
+    # count of items taken is still the trace's, not a symbolic number converted unguarded.
+    def f(x, it):
+        total = x + next(it)
+        while (n := next(it)) < 6:  # how many items depends on their values
+            total = total * n
+        return total
+
+    jf = minijit.jit(f)
+    for start in (0, 1, 2, 3, 4):
+        mine, theirs = iter(range(start, start + 9)), iter(range(start, start + 9))
+        x = torch.randn(2)
+        _same(jf(x, mine), f(x, theirs))
+        assert list(mine) == list(theirs)
+
+
 def test_generator_argument_refused_clearly():
     with pytest.raises(minijit.MinijitError, match="advancing the generator"):
         minijit.jit(_two_next)((t for t in [torch.ones(1)] * 3), torch.ones(1))
