@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from typing import Any
 
 import torch
 
+from executors import torch_foreach
 from minijit.extend import (
     OPAQUE,
     BoundSymbol,
@@ -69,6 +70,14 @@ class TorchExecutor(OperatorExecutor):
         if _in(fn, _OUT_NOT_POINTWISE) and not reads_out and not _folds(fn, producer) and _accepts_out(fn, producer, out):
             return producer.replace(sym=self._out_symbol(producer.sym), kwargs={**producer.kwargs, "out": out})
         return None
+
+    def group_key(self, bsym: BoundSymbol, writes_first_argument: bool) -> Hashable | None:
+        """Pointwise ops on CPU tensors: a `torch._foreach_*` call over their lists (executors/torch_foreach.py)."""
+        return torch_foreach.group_key(bsym, writes_first_argument)
+
+    def grouped(self, bsyms: Sequence[BoundSymbol], key: Hashable) -> BoundSymbol:
+        """One `torch._foreach_*` call running `bsyms`."""
+        return torch_foreach.grouped(bsyms, key, self.namespace)
 
     def allocates_output(self, bsym: BoundSymbol) -> bool:
         """Pointwise ops and matmul/cat without `out=`: torch returns a new tensor for each call."""
@@ -434,7 +443,10 @@ def _sdpa_flash_backward(grad_out: torch.Tensor, query: torch.Tensor, key: torch
 
 _PRIM_IMPLS[prims.sdpa_flash] = _sdpa_flash
 _PRIM_IMPLS[prims.sdpa_flash_backward] = _sdpa_flash_backward
-_PRIM_IMPLS.update(aten_prim_implementations())  # convolution, pooling, batch norm, ...: one aten call each
+# Convolution, pooling, batch norm, ...: one aten call each, made without torch's Python wrapper around an aten op
+# (`OpOverload.__call__`, a frame per call).
+_PRIM_IMPLS.update({sym: fn._op if isinstance(fn, torch._ops.OpOverload) else fn
+                    for sym, fn in aten_prim_implementations().items()})
 _PRIM_IMPLS.update({prims.NUMBER_PRIMS[op]: fn for op, (_, fn) in prims.NUMBER_OPS.items()})
 # The other prims run as the torch function they are named after (`prims.exp` as `torch.exp`).
 _PRIM_IMPLS.update({sym: getattr(torch, sym.name) for sym in prims.ALL_PRIMS.values()

@@ -33,7 +33,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -152,6 +152,20 @@ class Executor:
         anything else: an argument, a constant, a tensor cached by the executor.
         """
         return False
+
+    def group_key(self, bsym: BoundSymbol, writes_first_argument: bool) -> Hashable | None:
+        """The kind of multi-tensor call `bsym` (a bound symbol this executor runs) may join, or None (the default).
+
+        Independent calls with equal keys are gathered into one call, made by `grouped`
+        (minijit.transforms.grouping). `writes_first_argument`: `bsym` writes its result into its
+        first argument's tensor (`out=` that tensor), as torch.optim's foreach code does.
+        """
+        return None
+
+    def grouped(self, bsyms: Sequence[BoundSymbol], key: Hashable) -> BoundSymbol:
+        """One bound symbol doing what `bsyms` (calls whose `group_key` is `key`) do, in order; its output is the
+        tuple of theirs."""
+        raise NotImplementedError(f"{self.name} groups no calls")
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"

@@ -53,6 +53,7 @@ FIRST_CALL = {"mlp": ("eager", "minijit", "minijit+inductor", "torch.compile"),
               "llama": ("eager", "minijit"),
               "generate-llama-dynamic": ("eager", "minijit", "torch.compile"),
               "lr-schedule": ("eager", "minijit", "torch.compile"),
+              "lr-schedule-small": ("eager", "minijit", "torch.compile"),
               "serving": ("eager", "minijit", "torch.compile")}
 # Fresh processes per first-call figure (the median is reported) where a run takes seconds, not minutes.
 FIRST_CALL_RUNS = {"eager": 3, "minijit": 3}
@@ -246,6 +247,9 @@ def workloads() -> list[Workload]:
     fn, make, loop = bench_loops.lr_schedule_loop()
     found.append(Workload("lr-schedule", "jit(opt.step) AdamW 8 x 256², cosine lr schedule (a new lr each step)",
                           fn, make, "loop", loop=loop))
+    fn, make, loop = bench_loops.lr_schedule_loop(bench_loops.TRANSFORMER_SHAPES)
+    found.append(Workload("lr-schedule-small", "jit(opt.step) AdamW, 60 parameters of a small transformer (128² and "
+                          "512 x 128 weights, biases, norms), cosine lr schedule", fn, make, "loop", loop=loop))
     for whole in (True, False):
         fn, make, loop = bench_loops.train_step_loop(whole)
         found.append(Workload("train-step" if whole else "train-step-parts",
@@ -598,7 +602,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--first-call-timeout", type=float, default=240.0)
     parser.add_argument("--only", default=None,
                         help="comma-separated workload keys (overhead,pointwise,mlp,adam,adam-optim,gpt,mutation,sdpa,"
-                             "llama,lr-schedule,train-step,train-step-parts,generate-{llama,qwen2}-{dynamic,static},generate-bart-dynamic,serving)")
+                             "llama,lr-schedule,lr-schedule-small,train-step,train-step-parts,generate-{llama,qwen2}-{dynamic,static},generate-bart-dynamic,serving)")
     parser.add_argument("--variants", default=None,
                         help=f"comma-separated variants, eager first (default: all of {','.join(VARIANTS)})")
     parser.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"), help="markdown file to write ('' for none)")

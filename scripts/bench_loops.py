@@ -68,13 +68,18 @@ def scheduled_step(opt: torch.optim.Optimizer) -> None:
     opt.step()
 
 
-def lr_schedule_loop() -> tuple[Callable[..., Any], Callable[[], list[Any]], Callable[..., Any]]:
-    """AdamW over 8 parameters of 256 x 256, a cosine lr schedule stepped after every optimizer step: a new lr
-    on every call."""
+# A small transformer's parameters: per layer two weights, their biases and a norm's weight and bias.
+TRANSFORMER_SHAPES = [(128, 128), (128,), (512, 128), (512,), (128,), (128,)] * 10
+
+
+def lr_schedule_loop(shapes: list[tuple[int, ...]] | None = None
+                     ) -> tuple[Callable[..., Any], Callable[[], list[Any]], Callable[..., Any]]:
+    """AdamW over parameters of `shapes` (default: 8 of 256 x 256), a cosine lr schedule stepped after every optimizer
+    step: a new lr on every call."""
     def make() -> list[Any]:
-        params = [torch.randn(256, 256, requires_grad=True) for _ in range(8)]
+        params = [torch.randn(*shape, requires_grad=True) for shape in shapes or [(256, 256)] * 8]
         for p in params:
-            p.grad = torch.randn(256, 256) * 0.01
+            p.grad = torch.randn(p.shape) * 0.01
         opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01)
         return [opt, torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=100)]
 

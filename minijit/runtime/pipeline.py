@@ -67,6 +67,7 @@ from minijit.transforms import check_copies, claim_executors, dce, write_copies_
 from minijit.transforms.buffer_reuse import reuse_buffers
 from minijit.transforms.functionalize import FunctionalizeResult
 from minijit.transforms.grad import SplitResult, release_dead_values, requires_grad_inputs, split_forward_backward
+from minijit.transforms.grouping import group_calls
 from minijit.transforms.inline_grad import (
     expand_inline_grads,
     has_inline_grads,
@@ -319,6 +320,9 @@ PASSES: tuple[Pass, ...] = (
     Pass("write copies in place", lambda t, ctx: write_copies_in_place(t, ctx.executors),
          lambda ctx: ctx.writes_inputs, writes=True),
     Pass("reuse buffers", lambda t, ctx: reuse_buffers(t, ctx.executors), _reuses_buffers, writes=True),
+    # (not on a backward: an optimizer step is a forward where its parameters require grad, a backward gains little)
+    Pass("group calls", lambda t, ctx: group_calls(t, ctx.executors), lambda ctx: ctx.part != "backward",
+         writes=True),
     Pass("release dead values", lambda t, ctx: release_dead_values(t), lambda ctx: _half(ctx) or ctx.inline_grads),
 )
 

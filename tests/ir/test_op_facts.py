@@ -153,6 +153,7 @@ _OUT_BY_NAME = re.compile(r"""["']out["']""")
 # Files where `out` is torch's own keyword: the torch calls a user makes with `out=` (opaque.py, values.py), the
 # `out=` forms the torch executor makes, and the declarations of the prims that take one and of `Effects`.
 _OUT_IS_TORCH_S_KEYWORD = {"minijit/ops/opaque.py", "minijit/runtime/values.py", "executors/torch.py",
+                           "executors/torch_foreach.py",
                            "minijit/ops/prims.py", "minijit/ir/symbol.py"}
 
 

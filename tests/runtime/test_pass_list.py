@@ -22,7 +22,7 @@ def test_the_no_grad_trace_runs_the_passes_whose_condition_holds():
     jf(torch.randn(3, 4), torch.randn(4, 5))
     assert _names(minijit.last_traces(jf)) == [
         "capture", "functionalize", "dce", "simplify",
-        "claim executors", "dce", "write copies in place", "reuse buffers"]
+        "claim executors", "dce", "write copies in place", "reuse buffers", "group calls"]
 
 
 def test_forward_and_backward_run_the_same_list_under_their_conditions():
@@ -30,7 +30,7 @@ def test_forward_and_backward_run_the_same_list_under_their_conditions():
     jf(torch.randn(3, 4), torch.randn(4, 5, requires_grad=True))
     assert _names(minijit.last_traces(jf))[4:] == [
         "split forward/backward", "dce", "claim executors", "dce", "write copies in place", "reuse buffers",
-        "release dead values"]
+        "group calls", "release dead values"]
     # A backward that writes no input of the forward neither writes copies in place nor reuses buffers.
     assert _names(minijit.last_backward_traces(jf)) == [
         "split forward/backward", "simplify", "dce", "claim executors", "dce", "release dead values"]
@@ -46,13 +46,13 @@ def test_check_copies_runs_as_a_hook_once_the_writes_are_settled(monkeypatch, gr
     jf(torch.randn(3, 4), torch.randn(4, 5, requires_grad=grad))
     # Once per trace whose writes the passes decide: the no-grad trace, or the forward (not this backward).
     # One switch: off at 0, on by default and with every pass checked.
-    assert seen == ([] if level == "0" else ["reuse buffers"])
+    assert seen == ([] if level == "0" else ["group calls"])
 
 
 def test_the_pass_list_and_the_checks_in_order():
     assert [p.name for p in pipeline.PASSES] == [
         "functionalize", "dce", "simplify", "expand inline gradients", "split forward/backward",
-        "simplify", "dce", "claim executors", "dce", "write copies in place", "reuse buffers",
+        "simplify", "dce", "claim executors", "dce", "write copies in place", "reuse buffers", "group calls",
         "release dead values"]
     assert [c.name for c in pipeline.AFTER_PASS] == ["verify", "check copies", "check writes after checks"]
     assert {type(p) for p in (*pipeline.PASSES, *pipeline.AFTER_PASS)} == {pipeline.Pass}

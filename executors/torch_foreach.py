@@ -1,0 +1,168 @@
+"""The torch executor's multi-tensor calls: independent calls of one pointwise op, one `torch._foreach_*` call.
+
+minijit.transforms.grouping finds the calls that may run together; this module says which calls
+form a group (`group_key`) and makes the call that runs them (`grouped`). A group runs exactly as
+its members did, one after the other: on the CPU a `torch._foreach_*` op is a loop calling the
+op of each member (the same kernel, the same result to the bit), without a Python call and a
+dispatch per tensor. Only CPU tensors are grouped: on a GPU, foreach kernels may round otherwise
+than the single op, and the fusion executors claim these ops there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from minijit.extend import BoundSymbol, Effects, NumberProxy, Symbol, TensorProxy
+
+
+@dataclass(frozen=True)
+class _Form:
+    """How a torch op's call maps onto its foreach op: what each positional argument may be, and the keywords."""
+
+    foreach: str  # the name of the foreach op, without `torch.` and the trailing `_` of its in-place form
+    arguments: str  # per positional argument: "T" a tensor, "TN" a tensor or a number (one per member, or one)
+    keywords: dict[str, str]  # keyword -> "N" a number (one per member, or one; passed positionally, last),
+    #                            "C" a number equal in every member (passed as the keyword)
+
+
+_UNARY = ("abs", "neg", "sqrt", "rsqrt", "exp", "expm1", "log", "log1p", "log2", "log10", "sin", "cos", "tan",
+          "tanh", "sinh", "cosh", "asin", "acos", "atan", "sigmoid", "reciprocal", "sign", "ceil", "floor", "round",
+          "trunc", "frac", "erf", "erfc", "lgamma")
+_FORMS: dict[Any, _Form] = {
+    **{getattr(torch, name): _Form(f"_foreach_{name}", "T", {}) for name in _UNARY},
+    torch.add: _Form("_foreach_add", "T", {}),  # (its second argument: below, by its kind)
+    torch.sub: _Form("_foreach_sub", "T", {}),
+    torch.mul: _Form("_foreach_mul", "TN", {}),
+    torch.div: _Form("_foreach_div", "TN", {}),
+    torch.pow: _Form("_foreach_pow", "TN", {}),
+    torch.lerp: _Form("_foreach_lerp", "TTN", {}),
+    torch.addcmul: _Form("_foreach_addcmul", "TTT", {"value": "N"}),
+    torch.addcdiv: _Form("_foreach_addcdiv", "TTT", {"value": "N"}),
+}
+# add and sub take `alpha` with a second list of tensors, a number (one per member, or one) without it.
+_ADD_TENSORS = _Form("", "TT", {"alpha": "C"})
+_ADD_NUMBERS = _Form("", "TN", {})
+
+
+def _form(bsym: BoundSymbol) -> _Form | None:
+    try:
+        form = _FORMS.get(bsym.sym.fn)
+    except TypeError:  # an unhashable implementation
+        return None
+    if form is None or not bsym.args:
+        return None
+    if form.foreach in ("_foreach_add", "_foreach_sub"):
+        shape = _ADD_TENSORS if len(bsym.args) > 1 and isinstance(bsym.args[1], TensorProxy) else _ADD_NUMBERS
+        return _Form(form.foreach, shape.arguments, shape.keywords)
+    return form
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, NumberProxy) or type(x) in (int, float)
+
+
+# How a member leaves its result: in a new tensor, in its first argument's tensor (`out=` that tensor), or in
+# another tensor (`out=`, where the copy analysis or buffer reuse put it).
+NEW, IN_PLACE, INTO = "new", "in place", "into"
+# A member writing into another tensor joins a group only where its tensors are this small (elements): the group
+# computes into new tensors and copies them into the `out`s, a second pass over memory, which costs less than a
+# dispatch per member only for small tensors.
+_INTO_MOST = 1 << 15
+
+
+def group_key(bsym: BoundSymbol, writes_first_argument: bool) -> Hashable | None:
+    """The kind of multi-tensor call `bsym` may join (equal keys: one call), or None.
+
+    A member leaves its result in a new tensor, in its first argument's tensor, or in a small `out`
+    tensor; every tensor of it is a CPU tensor of the first argument's dtype.
+    """
+    form = _form(bsym)
+    output = bsym.output
+    if form is None or not isinstance(output, TensorProxy) or len(bsym.args) != len(form.arguments):
+        return None
+    keywords = {k: v for k, v in bsym.kwargs.items() if k != "out"}
+    if not set(keywords) <= set(form.keywords):
+        return None
+    first, out = bsym.args[0], bsym.kwargs.get("out")
+    if not isinstance(first, TensorProxy) or first.device.type != "cpu":
+        return None
+    mode = NEW if out is None else IN_PLACE if writes_first_argument else INTO
+    tensors = [x for x in bsym.args if isinstance(x, TensorProxy)] + ([out] if mode is INTO else [])
+    if any(t.device != first.device or t.dtype != first.dtype for t in tensors):
+        return None
+    if mode is INTO and not all(type(n) is int and n <= _INTO_MOST for n in (t.numel() for t in tensors)):
+        return None
+    kinds: list[Hashable] = []
+    for kind, x in zip(form.arguments, bsym.args, strict=True):
+        if isinstance(x, TensorProxy) and "T" in kind:
+            kinds.append("T")
+        elif "N" in kind and _is_number(x):
+            kinds.append(("N", x.python_type if isinstance(x, NumberProxy) else type(x)))
+        else:
+            return None
+    for k, v in sorted(keywords.items()):
+        if not _is_number(v) or (form.keywords[k] == "C" and isinstance(v, NumberProxy)):
+            return None
+        kinds.append((k, v) if form.keywords[k] == "C" else (k, "N"))
+    return form.foreach, mode, first.dtype, tuple(kinds)
+
+
+def _one_or_each(values: Sequence[Any]) -> Any:
+    """One number where every member passes the same, else a tuple of each member's."""
+    first = values[0]
+    if all(v is first for v in values) or (
+            not isinstance(first, NumberProxy)
+            and all(type(v) is type(first) and v == first for v in values)):
+        return first
+    return tuple(values)
+
+
+_SYMBOLS: dict[str, Symbol] = {}
+
+
+def grouped(bsyms: Sequence[BoundSymbol], key: Hashable, namespace: str) -> BoundSymbol:
+    """One call running `bsyms` (calls with the `group_key` `key`), in order; its output is the tuple of theirs."""
+    mode = key[1]
+    first = bsyms[0]
+    form = _form(first)
+    assert form is not None
+    args: list[Any] = []
+    for i in range(len(form.arguments)):
+        values = [b.args[i] for b in bsyms]
+        args.append(tuple(values) if isinstance(values[0], TensorProxy) else _one_or_each(values))
+    keywords = {}
+    for k, kind in form.keywords.items():
+        if k in first.kwargs:
+            if kind == "N":
+                args.append(_one_or_each([b.kwargs[k] for b in bsyms]))
+            else:
+                keywords[k] = first.kwargs[k]
+    if mode is INTO:
+        keywords["out"] = tuple(b.kwargs["out"] for b in bsyms)
+    name = form.foreach[1:] + {NEW: "", IN_PLACE: "_", INTO: "_into"}[mode]
+    sym = _SYMBOLS.get(name)
+    if sym is None:
+        effects = {NEW: Effects(), IN_PLACE: Effects(writes=(0,)), INTO: Effects(writes=("out",), unread=("out",))}
+        sym = _SYMBOLS[name] = Symbol(name, None, namespace=namespace, is_prim=True, effects=effects[mode],
+                                      fn=_runner(form.foreach, mode))
+    return sym.bind(*args, output=tuple(b.output for b in bsyms), source=first.source, **keywords)
+
+
+def _runner(foreach: str, mode: str) -> Callable[..., Any]:
+    op = getattr(torch, f"{foreach}_" if mode is IN_PLACE else foreach)
+
+    def run(*args: Any, out: Any = None, **kwargs: Any) -> Any:
+        lists = [list(a) if type(a) is tuple else a for a in args]
+        result = op(*lists, **kwargs)
+        if mode is IN_PLACE:
+            return args[0]
+        if mode is INTO:  # (each result computed before any `out` is written: an `out` may be an operand)
+            torch._foreach_copy_(list(out), result)
+            return out
+        return result
+    run.__name__ = op.__name__
+    return run
