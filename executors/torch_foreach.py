@@ -10,6 +10,7 @@ than the single op, and the fusion executors claim these ops there.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -61,6 +62,11 @@ def _form(bsym: BoundSymbol) -> _Form | None:
     return form
 
 
+def _small(t: TensorProxy) -> bool:
+    """Whether `t` has constant sizes and at most `_INTO_MOST` elements."""
+    return all(type(n) is int for n in t.shape) and math.prod(t.shape) <= _INTO_MOST
+
+
 def _is_number(x: Any) -> bool:
     return isinstance(x, NumberProxy) or type(x) in (int, float)
 
@@ -94,7 +100,7 @@ def group_key(bsym: BoundSymbol, writes_first_argument: bool) -> Hashable | None
     tensors = [x for x in bsym.args if isinstance(x, TensorProxy)] + ([out] if mode is INTO else [])
     if any(t.device != first.device or t.dtype != first.dtype for t in tensors):
         return None
-    if mode is INTO and not all(type(n) is int and n <= _INTO_MOST for n in (t.numel() for t in tensors)):
+    if mode is INTO and not all(_small(t) for t in tensors):
         return None
     kinds: list[Hashable] = []
     for kind, x in zip(form.arguments, bsym.args, strict=True):
