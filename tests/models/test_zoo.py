@@ -346,3 +346,20 @@ def test_packed_sequences_match_eager(kind: type[nn.RNNBase]) -> None:
         for (name, p), q in zip(model.named_parameters(), jitted.parameters(), strict=True):
             torch.testing.assert_close(q.grad, p.grad, msg=name)
     assert minijit.cache_info(jitted).hits == 2
+
+
+def test_a_packed_sequence_argument_matches_eager() -> None:
+    """A PackedSequence given to a jitted LSTM: its data's size goes symbolic on the second call; the packed kernel
+    (it reads the batch sizes) is never run on fake tensors with symbolic sizes (that crashed the process)."""
+    torch.manual_seed(0)
+    model = nn.LSTM(3, 4)
+    jitted = minijit.jit(copy.deepcopy(model))
+    for lengths in ([5, 3, 2], [4, 4, 1], [6, 2]):
+        seqs = [torch.randn(n, 3) for n in lengths]
+        eager_seqs, jit_seqs = ([s.clone().requires_grad_() for s in seqs] for _ in "ab")
+        want, got = model(nn.utils.rnn.pack_sequence(eager_seqs)), jitted(nn.utils.rnn.pack_sequence(jit_seqs))
+        torch.testing.assert_close(got[0].data, want[0].data)
+        torch.testing.assert_close(got[1], want[1])
+        (want[0].data.sum() + want[1][0].sum()).backward()
+        (got[0].data.sum() + got[1][0].sum()).backward()
+        torch.testing.assert_close([s.grad for s in jit_seqs], [s.grad for s in eager_seqs])
