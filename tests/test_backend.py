@@ -141,3 +141,26 @@ def test_hugging_face_llama_matches_eager():
     for (name, p), q in zip(model.named_parameters(), compiled_model.parameters(), strict=True):
         torch.testing.assert_close(q.grad, p.grad, msg=lambda m, name=name: f"{name}.grad: {m}")
     assert minijit.backend.pieces() and all("torchex." in t[-1].python() for t in minijit.backend.last_traces())
+
+
+def test_a_backward_called_in_compiled_code_is_not_captured_by_dynamo():
+    """`loss.backward()` inside the compiled function: autograd runs the pieces' backward from a frame Dynamo
+    evaluates; minijit's generated backward is skipped by Dynamo with all it calls. (It was captured as user code and
+    jitted again as more pieces; an opaque op's gradient, weight_norm's, then ran Dynamo out of memory.)"""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3)
+    compiled_model = copy.deepcopy(model)
+
+    def step(m, x, y):
+        loss = torch.nn.functional.mse_loss(m(x), y)
+        loss.backward()
+        return loss.detach()
+
+    compiled_step = torch.compile(step, backend="minijit")
+    for n in (3, 5):
+        x, y = torch.randn(n, 4), torch.randn(n, 3)
+        torch.testing.assert_close(compiled_step(compiled_model, x, y), step(model, x, y))
+    for (name, p), q in zip(model.named_parameters(), compiled_model.parameters(), strict=True):
+        torch.testing.assert_close(q.grad, p.grad, msg=name)
+    traced = [n.meta.get("stack_trace", "") for piece in minijit.backend.pieces() for n in piece.fn.__self__.graph.nodes]
+    assert not any("<minijit" in t for t in traced)

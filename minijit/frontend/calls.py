@@ -522,7 +522,21 @@ def torch_name(fn: Any) -> str:
         return f"torch.{path}"
     if isinstance(getattr(fn, "__self__", None), torch.Tensor):
         return f"torch.Tensor.{fn.__name__}"
+    maker = _wrapper_maker(fn)
+    if maker is not None:
+        # `torch.func.jacrev(g)` returns a function wearing g's name (functools.wraps): name both.
+        return f"the function {torch_name(maker)} made of {_callable_name(fn.__wrapped__)}"
     return _callable_name(fn)
+
+
+def _wrapper_maker(fn: Any) -> Any:
+    """The torch function that made `fn`, a closure wrapping another function with functools.wraps
+    (`torch.func.jacrev(g)`), or None."""
+    if type(fn) is not types.FunctionType or getattr(fn, "__wrapped__", None) is None:
+        return None
+    outer = fn.__code__.co_qualname.split(".<locals>")[0]
+    maker = fn.__globals__.get(outer)
+    return maker if callable(maker) and maker is not fn and "<locals>" in fn.__code__.co_qualname else None
 
 
 def _callable_name(fn: Any) -> str:

@@ -67,9 +67,11 @@ def _real(x: Any) -> bool:
 def _called_by_minijit() -> bool:
     """True when the torch operation was called by minijit's own machinery (a meta run, a layout query), not by
     native code the interpreter ran for the user's code: the first frame below torch's is minijit's, outside
-    its frontend."""
+    its frontend. Another of these modes passing the operation on (modes nest where native code runs inside
+    traced code inside native code) is skipped too: it already asked."""
     frame = sys._getframe(2)
-    while frame is not None and frame.f_globals.get("__name__", "").startswith("torch"):
+    while frame is not None and (frame.f_globals.get("__name__", "").startswith("torch")
+                                 or frame.f_code is _ComputeOnProxies.__torch_function__.__code__):
         frame = frame.f_back
     module = frame.f_globals.get("__name__", "") if frame is not None else ""
     return (module.startswith(("minijit.", "executors.")) and not module.startswith("minijit.frontend")) \

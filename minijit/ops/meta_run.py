@@ -308,7 +308,7 @@ def _run(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], 
         with recorder.mode:
             out = fn(*margs, **mkwargs)
     except Exception as e:
-        raise _explain(e, recorder.calls, what) from e
+        raise _explain(e, recorder.calls, what, fn, args) from e
 
     storage_of = _storage_positions(inputs)
     written: dict[int, None] = {}
@@ -485,13 +485,28 @@ def _describe(out: Any, by_id: dict[int, int], storage_of: dict[int, int], devic
 
 
 _DATA_DEPENDENT_TAGS = (torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output)
+# Torch functions whose kernels read the values of a CPU tensor argument (a packed sequence's lengths or batch
+# sizes) to size their results, with no tag saying so: no meta or fake tensor can stand in for it (a run on fake
+# tensors with symbolic sizes may crash), so they run on the real values only (`kernel_reads_values`).
+_READS_VALUES = frozenset({"_pack_padded_sequence", "_pad_packed_sequence", "lstm", "gru", "rnn_tanh", "rnn_relu"})
 
 
-def _explain(e: Exception, calls: list[Any], what: str) -> Exception:
-    """The MinijitError for a meta run that raised `e` (after the ATen `calls` it made)."""
+def kernel_reads_values(fn: Any, args: tuple[Any, ...]) -> bool:
+    """Whether the torch function `fn` reads the values of a tensor among `args` in its kernel: the packing of
+    sequences, and the recurrent nets on a packed batch (`torch.lstm(data, batch_sizes, ...)`, whose second
+    argument is a tensor)."""
+    name = getattr(fn, "__name__", None)
+    if name not in _READS_VALUES or not (getattr(fn, "__module__", None) or "torch").startswith("torch"):
+        return False
+    return name.startswith("_") or (len(args) > 1 and isinstance(args[1], TensorProxy | torch.Tensor))
+
+
+def _explain(e: Exception, calls: list[Any], what: str, fn: Any = None, args: tuple[Any, ...] = ()) -> Exception:
+    """The MinijitError for a meta run of `fn(*args)` that raised `e` (after the ATen `calls` it made)."""
     last = calls[-1][0] if calls else None
     text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     if (last is not None and any(tag in last.tags for tag in _DATA_DEPENDENT_TAGS)) or \
+            (fn is not None and kernel_reads_values(fn, args)) or \
             "no data" in text or "cannot be called on meta tensors" in text:
         op = f" ({last})" if last is not None else ""
         return DataDependentShapeError(

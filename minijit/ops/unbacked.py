@@ -35,6 +35,7 @@ from minijit.ir.containers import sequence_leaves
 from minijit.ir.context import current_trace, where_now
 from minijit.ir.proxies import UnbackedSize, data_dependent, number_value
 from minijit.ops import aten_prims
+from minijit.ops.meta_run import kernel_reads_values
 from minijit.ops.symbolic_sizes import SymbolicShapes, _expr, _number, _size_source, _sympy, _Unsupported, record_guards
 
 __all__ = ["bind_unbacked_sizes", "unbacked_shapes"]
@@ -116,6 +117,8 @@ def unbacked_shapes(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], what
     """Per tensor of `real` (the results of `fn(*args, **kwargs)` on the real values, flattened), its shape with
     a fresh `IntegerProxy` for each size that depends on the values, and those proxies; None where torch's kernel
     cannot say which sizes those are (the caller checks the shapes seen). `what` names the op in their origin."""
+    if kernel_reads_values(fn, args):
+        return None
     session = _session()
     created: list[Any] = []
     before = len(session.env.guards)

@@ -31,6 +31,11 @@ call eagerly from its inputs and differentiates it with eager autograd
 (`minijit/runtime/double_backward.py`), so its gradients are differentiable again. Only in that
 second case does the call keep its inputs (until its result dies); otherwise it keeps what eager
 keeps, the values its backward reads.
+
+Autograd's engine calls the generated backward from wherever `backward()` was called, also from code running
+under `torch.compile`, whose frame evaluation would capture minijit's backward (and what it calls) as user code
+and compile it again: the backward's code is marked for Dynamo to skip, with everything it calls
+(`hidden_from_dynamo`).
 """
 
 from __future__ import annotations
@@ -45,6 +50,17 @@ from minijit.errors import InplaceError, MinijitError
 from minijit.ir import tree_map
 from minijit.runtime.autocast import no_autocast
 from minijit.runtime.double_backward import Recompute, SavedBackward
+
+
+def hidden_from_dynamo(fn: Callable[..., Any]) -> None:
+    """Mark `fn`'s code so that Dynamo's frame evaluation skips it and every frame it calls (the skip
+    `torch.compiler.disable` makes, without importing Dynamo: torch's C extension holds the per-code table)."""
+    frames = getattr(torch._C, "_dynamo", None)
+    frames = getattr(frames, "eval_frame", None)
+    set_strategy = getattr(frames, "set_code_exec_strategy", None)
+    if set_strategy is not None:
+        skip = frames._FrameAction.SKIP
+        set_strategy(fn.__code__, frames._FrameExecStrategy(skip, skip))
 
 
 @dataclass(frozen=True)

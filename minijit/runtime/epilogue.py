@@ -146,6 +146,8 @@ class Epilogue:
             source = self._function_class(h, grad) + "\n\n" + self._call(h, self._apply(h, grad))
         self.source = source
         exec(compiled_code(source, f"<minijit epilogue {name}>"), self.env)
+        if h["_JitFunction"] in self.env:  # its backward runs wherever backward() was called: Dynamo must not trace it
+            autograd.hidden_from_dynamo(self.env[h["_JitFunction"]].backward)
         self.function = self.env[h["call"]]
         self.function.__minijit_source__ = source  # type: ignore[attr-defined]
 
@@ -168,6 +170,8 @@ class Epilogue:
         if plan.result is not None:
             env[h["_result"]] = plan.result
         exec(compiled_code(self.source, f"<minijit epilogue {self.name}>"), env)
+        if h["_JitFunction"] in env:
+            autograd.hidden_from_dynamo(env[h["_JitFunction"]].backward)
         copy.function = env[h["call"]]
         copy.function.__minijit_source__ = self.source  # type: ignore[attr-defined]
         return copy

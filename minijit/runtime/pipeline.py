@@ -450,6 +450,7 @@ def _compile(arguments: CallArguments, executors: Sequence[Any], constraints: li
         reader = ValueReader(trace, lambda: arguments.flat + [t for _, _, t in found.captured_inputs], _evaluate_prefix)
         escaped: list[Escaped] = []
         containers = None
+        grad_mode = torch.is_grad_enabled()
         try:
             with tracing(trace), recording_constraints(constraints), reading_values(reader):
                 pargs, pkwargs = arguments.proxify(trace, pinned, constant_sizes)
@@ -465,6 +466,9 @@ def _compile(arguments: CallArguments, executors: Sequence[Any], constraints: li
                     trace.output = interpret(fn, pargs, pkwargs, finish=finish, guards=found.guards, escaped=escaped)
                 containers.check_unchanged()
         except BaseException as error:
+            # The traced code switches grad mode for real; a raise between its switches (Dynamo's graphs call
+            # `torch._C._set_grad_enabled(False)` and later `(True)`, with no `with` to undo it) must not leave it so.
+            torch.set_grad_enabled(grad_mode)
             if escaped and escaped[0].error is error and _runs_eagerly(escaped[0], trace, containers):
                 raise RaisedWhileTracing(error, escaped[0].where) from error
             raise

@@ -28,6 +28,7 @@ the new trace (a synthetic base's members, a setitem's region).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -417,7 +418,10 @@ class _Functionalizer:
 
     def emit(self, bsym: BoundSymbol) -> None:
         """Append `bsym` reading current values: as it is, or recorded again where an argument changed."""
-        result = replay_bsym(bsym, self.resolve, sym=layout_free(bsym.sym), reuse_unchanged=True)
+        # An op the code ran under torch.no_grad() is recorded again with grad off, as captured: a torch op's
+        # meta run asks autograd (an `out=` op refuses arguments that require grad only with grad on).
+        with torch.no_grad() if self._recorded_without_grad(bsym) else contextlib.nullcontext():
+            result = replay_bsym(bsym, self.resolve, sym=layout_free(bsym.sym), reuse_unchanged=True)
         parent = bsym.viewed_tensor()
         is_view = parent is not None and bsym.is_view()
         for old, new in zip(tree_flatten(bsym.output), tree_flatten(result), strict=True):

@@ -316,17 +316,50 @@ def test_transformer_encoder_fast_path_runs_as_one_opaque_op_per_layer() -> None
     assert len(fast) == 2
 
 
-def test_packed_sequences_are_refused_as_data_dependent() -> None:
-    """pack_padded_sequence sorts and cuts the batch by the lengths' values: a clear error, never a wrong answer."""
+class _Packed(nn.Module):
+    def __init__(self, kind: type[nn.RNNBase]):
+        super().__init__()
+        self.rnn = kind(4, 3, batch_first=True, bidirectional=True)
 
-    class Packed(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.lstm = nn.LSTM(4, 4, batch_first=True)
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        packed = nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+        out, h = self.rnn(packed)
+        return nn.utils.rnn.pad_packed_sequence(out, batch_first=True)[0], h[0] if isinstance(h, tuple) else h
 
-        def forward(self, x, lengths):
-            packed = nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
-            return nn.utils.rnn.pad_packed_sequence(self.lstm(packed)[0], batch_first=True)[0]
 
-    with pytest.raises(minijit.MinijitError, match="_pack_padded_sequence"):
-        minijit.jit(Packed())(torch.randn(3, 5, 4), torch.tensor([5, 3, 2]))
+@pytest.mark.parametrize("kind", [nn.LSTM, nn.GRU])
+def test_packed_sequences_match_eager(kind: type[nn.RNNBase]) -> None:
+    """pack_padded_sequence, a recurrent net on the packed batch, pad_packed_sequence: their kernels read the lengths
+    (batch sizes), so each is recorded whole, run on the real values while tracing, its shapes checked on every call;
+    lengths of the same sum and maximum reuse the trace. Outputs and gradients equal eager's."""
+    torch.manual_seed(0)
+    model = _Packed(kind)
+    jitted = minijit.jit(copy.deepcopy(model))
+    for lengths in ([5, 3, 2], [2, 5, 3], [4, 5, 1], [3, 1, 2, 2]):
+        x = torch.randn(len(lengths), max(lengths), 4)
+        x_eager, x_jit = x.clone().requires_grad_(), x.clone().requires_grad_()
+        want, got = model(x_eager, torch.tensor(lengths)), jitted(x_jit, torch.tensor(lengths))
+        torch.testing.assert_close(got, want)
+        sum(t.sum() for t in want).backward()
+        sum(t.sum() for t in got).backward()
+        torch.testing.assert_close(x_jit.grad, x_eager.grad)
+        for (name, p), q in zip(model.named_parameters(), jitted.parameters(), strict=True):
+            torch.testing.assert_close(q.grad, p.grad, msg=name)
+    assert minijit.cache_info(jitted).hits == 2
+
+
+def test_a_packed_sequence_argument_matches_eager() -> None:
+    """A PackedSequence given to a jitted LSTM: its data's size goes symbolic on the second call; the packed kernel
+    (it reads the batch sizes) is never run on fake tensors with symbolic sizes (that crashed the process)."""
+    torch.manual_seed(0)
+    model = nn.LSTM(3, 4)
+    jitted = minijit.jit(copy.deepcopy(model))
+    for lengths in ([5, 3, 2], [4, 4, 1], [6, 2]):
+        seqs = [torch.randn(n, 3) for n in lengths]
+        eager_seqs, jit_seqs = ([s.clone().requires_grad_() for s in seqs] for _ in "ab")
+        want, got = model(nn.utils.rnn.pack_sequence(eager_seqs)), jitted(nn.utils.rnn.pack_sequence(jit_seqs))
+        torch.testing.assert_close(got[0].data, want[0].data)
+        torch.testing.assert_close(got[1], want[1])
+        (want[0].data.sum() + want[1][0].sum()).backward()
+        (got[0].data.sum() + got[1][0].sum()).backward()
+        torch.testing.assert_close([s.grad for s in jit_seqs], [s.grad for s in eager_seqs])

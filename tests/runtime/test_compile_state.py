@@ -97,3 +97,24 @@ def test_a_jitted_function_called_inside_a_jitted_function():
     want = outer(x)
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(torch.autograd.grad(got.sum(), x)[0], torch.autograd.grad(want.sum(), x)[0])
+
+
+def _grad_off_then_refused(x: torch.Tensor) -> torch.Tensor:
+    # As Dynamo's graphs switch grad mode: plain calls, no `with` to undo them if something raises in between.
+    torch._C._set_grad_enabled(False)
+    y = (x * 2).numpy()  # refused: native code on a traced tensor
+    torch._C._set_grad_enabled(True)
+    return torch.from_numpy(y)
+
+
+def test_a_refused_capture_leaves_the_callers_grad_mode_as_it_was():
+    """The traced code switches grad mode for real while it is captured; a refusal between two switches left grad
+    off for everything the caller ran next (a torch.compile graph with `torch.no_grad()` inside, refused by minijit)."""
+    for _ in range(2):
+        try:
+            minijit.jit(_grad_off_then_refused)(torch.randn(3, requires_grad=True))
+        except minijit.MinijitError:
+            pass
+        grad_on = torch.is_grad_enabled()
+        torch.set_grad_enabled(True)  # for the tests after this one, whatever happened
+        assert grad_on

@@ -501,3 +501,27 @@ def test_value_moved_under_no_grad_leaves_its_history_behind(fn: Callable[..., A
         assert got.requires_grad == want.requires_grad
         assert torch.autograd.grad((got * 2 + w_jit).sum(), w_jit)[0].tolist() == \
             torch.autograd.grad((want * 2 + w_eager).sum(), w_eager)[0].tolist()
+
+
+def _power_iteration(w: torch.Tensor, u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """nn.utils.spectral_norm's power method: `out=` ops under no_grad on values computed from `w`."""
+    with torch.no_grad():
+        for _ in range(2):
+            u = torch.nn.functional.normalize(torch.mv(w, v), dim=0, out=u)
+            v = torch.nn.functional.normalize(torch.mv(w.t(), u), dim=0, out=v)
+    return (w * u[:, None] * v).sum()
+
+
+def test_out_ops_under_no_grad_recorded_again_with_grad_off() -> None:
+    """An op the code ran under no_grad, recorded again by functionalize (its `out=` tensor was written before) with
+    arguments that require grad: recorded with grad off as captured, so its `out=` is allowed, as in eager."""
+    jf = minijit.jit(_power_iteration)
+    for n in (4, 6, 3):
+        g = torch.Generator().manual_seed(n)
+        w, u, v = torch.randn(5, n, generator=g), torch.randn(5, generator=g), torch.randn(n, generator=g)
+        w_eager, w_jit = w.clone().requires_grad_(), w.clone().requires_grad_()
+        u_jit, v_jit = u.clone(), v.clone()
+        want, got = _power_iteration(w_eager, u, v), jf(w_jit, u_jit, v_jit)
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close((u_jit, v_jit), (u, v))
+        torch.testing.assert_close(torch.autograd.grad(got, w_jit)[0], torch.autograd.grad(want, w_eager)[0])

@@ -29,11 +29,15 @@ from minijit.ops.ltorch.shape import cat, chunk, stack, transpose, unbind
 from minijit.ops.opaque import opaque_call
 from minijit.ops.registry import declare_op, ltorch_op
 from minijit.ops.symbolic_sizes import size_rule
-from minijit.ops.utils import fail
+from minijit.ops.utils import fail, unsupported
 
 State = tuple[TensorProxy, ...]  # (h,) or (h, c)
 # (input projection of one step, state, w_hh, b_hh, w_hr) -> new state
 Cell = Callable[[TensorProxy, State, TensorProxy, Any, Any], State]
+
+# A packed sequence (nn.utils.rnn.PackedSequence): no decomposition; the torch op is recorded whole, run on the real
+# batch sizes while tracing (its kernel reads their values), its result's shape checked on every call.
+PACKED = "packed sequences (nn.utils.rnn.PackedSequence) have no decomposition"
 
 
 def _lstm_cell(x_proj: TensorProxy, state: State, w_hh: TensorProxy, b_hh: Any, w_hr: Any) -> State:
@@ -98,7 +102,7 @@ def _recurrent(op: str, input: TensorProxy, hx: State, params: Sequence[Any], ha
                num_layers: int, dropout_p: float, train: bool, bidirectional: bool,
                batch_first: bool) -> tuple[TensorProxy, tuple[TensorProxy, ...]]:
     if not isinstance(params, list | tuple):
-        raise fail(op, "packed sequences (nn.utils.rnn.PackedSequence) are not supported; pad the batch instead")
+        raise unsupported(op, PACKED)
     if not isinstance(input, TensorProxy) or input.ndim != 3:
         raise fail(op, f"expects a 3-d input, got {getattr(input, 'shape', input)}")
     directions = 2 if bidirectional else 1
@@ -164,7 +168,7 @@ def lstm(input: TensorProxy, hx: Sequence[TensorProxy], params: Sequence[TensorP
          batch_first: bool) -> tuple[TensorProxy, TensorProxy, TensorProxy]:
     """_VF.lstm (nn.LSTM): (output, h_n, c_n) of a stacked, possibly bidirectional LSTM."""
     if isinstance(hx, TensorProxy) or len(hx) != 2:
-        raise fail("lstm", "packed sequences (nn.utils.rnn.PackedSequence) are not supported; pad the batch instead")
+        raise unsupported("lstm", PACKED)
     output, (h, c) = _recurrent("lstm", input, tuple(hx), params, has_biases, num_layers, dropout, train,
                                 bidirectional, batch_first)
     return output, h, c
