@@ -91,6 +91,41 @@ def test_checkpoint_in_a_dynamo_graph():
     assert "tag_activation_checkpoint" in minijit.backend.pieces()[0].fn.__self__.code  # the graph minijit ran
 
 
+class _GeLU(torch.autograd.Function):
+    """BLOOM's GeLUFunction: a tanh GeLU saving its input, its backward written out."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * 0.5 * (1.0 + torch.tanh(0.79788456 * x * (1 + 0.044715 * x * x)))
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        t = torch.tanh(0.79788456 * x * (1 + 0.044715 * x * x))
+        return g * (0.5 * x * ((1 - t * t) * (0.79788456 + 0.1070322243 * x * x)) + 0.5 * (1 + t))
+
+
+class CustomFunction(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 8)
+
+    def forward(self, x):
+        return _GeLU.apply(self.a(x)).sum(-1)
+
+
+def test_a_custom_autograd_function_in_a_dynamo_graph(recwarn):
+    # Dynamo keeps it as torch.ops.higher_order.autograd_function_apply(fwd_body, bwd_body, *args): traced as the
+    # custom Function it stands for, not run eagerly (no TracingRaisedWarning).
+    torch.manual_seed(0)
+    x = torch.randn(3, 4, requires_grad=True)
+    _compare(CustomFunction(), [(x,)])
+    assert "autograd_function_apply" in minijit.backend.pieces()[0].fn.__self__.code
+    assert "autograd_function." in minijit.backend.last_traces()[0][0].python()  # as captured
+    assert not [w for w in recwarn if issubclass(w.category, minijit.TracingRaisedWarning)]
+
+
 def test_sizes_dynamo_made_dynamic_stay_symbolic():
     class Net(nn.Module):
         def __init__(self):

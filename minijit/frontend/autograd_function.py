@@ -18,6 +18,9 @@ As in eager, the forward runs with grad disabled, so tensors it reads from elsew
 Like eager with `set_materialize_grads(True)` (the default), the backward receives zeros
 for outputs nobody differentiated; with materialization off it receives them as well,
 which changes no gradient. `ctx.mark_dirty` (an in-place forward) is refused.
+
+Dynamo's graphs hold a custom Function as `torch.ops.higher_order.autograd_function_apply(fwd_body, bwd_body,
+*args)`: traced as a Function whose forward and backward call those bodies (`dynamo_function_apply`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch._functorch.autograd_function import autograd_function_apply
 
 from minijit.errors import MinijitError, UnsupportedSyntaxError
 from minijit.frontend.calls import call, should_interpret
@@ -146,6 +150,33 @@ def function_apply(cls: type, *args: Any, **kwargs: Any) -> Any:
         raise UnsupportedSyntaxError(f"{cls.__name__}.apply with keyword arguments{where_now()} is not supported "
                                      "by minijit; pass them positionally")
     return _CustomFunctionCall(cls, args).run()
+
+
+@lookaside(autograd_function_apply)
+def dynamo_function_apply(fwd: Any, bwd: Any, *args: Any, **kwargs: Any) -> Any:
+    """Dynamo's form of `Fn.apply(*args)` in the graphs it hands the backend (`torch.compile(backend="minijit")`):
+    `autograd_function_apply(fwd_body, bwd_body, *args, non_differentiable_idx=..., saved_for_backward_idx=...)`,
+    `fwd_body(*args)` giving the outputs and the values `bwd_body(*grads, *values)` reads. Traced as the custom
+    Function it stands for."""
+    non_differentiable = set(kwargs.get("non_differentiable_idx", ()))
+    if kwargs.get("dirty_idx"):
+        raise UnsupportedSyntaxError(f"autograd_function_apply with dirty_idx{where_now()} (ctx.mark_dirty, an in-place "
+                                     "custom Function forward) is not supported by minijit")
+
+    # These two run natively, as minijit's own code does; the graphs' code they call is interpreted.
+    def forward(ctx: Any, *inputs: Any) -> Any:
+        output, ctx.saved_values = _call(fwd.forward, inputs)
+        several = isinstance(output, tuple | list)
+        ctx.mark_non_differentiable(*(x for i, x in enumerate(output if several else (output,))
+                                      if i in non_differentiable))
+        return output
+
+    def backward(ctx: Any, *grads: Any) -> Any:
+        return _call(bwd.forward, (*grads, *ctx.saved_values))
+
+    cls = type("DynamoAutogradFunction", (torch.autograd.Function,),
+               {"forward": staticmethod(forward), "backward": staticmethod(backward)})
+    return function_apply(cls, *args)
 
 
 class _CustomFunctionCall:

@@ -255,6 +255,19 @@ def type_(*args: Any, **kwargs: Any) -> Any:
     return type(*args, **kwargs)
 
 
+@lookaside(torch.Size)
+def size_(*args: Any) -> Any:
+    """torch.Size(sizes); with symbolic sizes among them, a tuple, as `x.shape` is where a size is symbolic (Dynamo's
+    graphs build sizes so: `torch.Size([s0, s1, 48])`)."""
+    if len(args) != 1:
+        return torch.Size(*args)
+    sizes = tuple(_iterable(args[0]))  # (read once: it may be a generator)
+    if any(isinstance(d, NumberProxy) and d.python_type is int for d in sizes):
+        torch.Size(number_value(d) if isinstance(d, NumberProxy) else d for d in sizes)  # eager's errors
+        return sizes
+    return torch.Size(sizes)
+
+
 @lookaside(super)
 def super_(*args: Any) -> super:
     """Zero-argument super() reads `__class__` and the first argument from the interpreted frame."""

@@ -220,24 +220,44 @@ def _replay(bsym: BoundSymbol, trace: Trace, inputs: dict[int, TensorProxy]) -> 
 def _run_on_meta(bsym: BoundSymbol, impl: Callable[..., Any],
                  layout_of: Callable[[TensorProxy], Layout | None]) -> list[Any] | None:
     """`bsym`'s eager implementation run on meta tensors laid out as `layout_of` says, its results flattened;
-    None where it does not run on meta tensors."""
-    metas: dict[int, torch.Tensor] = {}
+    None where it does not run on meta tensors.
 
-    def to_meta(x: Any) -> Any:
-        if isinstance(x, TensorProxy):
-            return metas.setdefault(id(x), meta_like(x, layout_of(x)))
-        return number_value(x) if isinstance(x, NumberProxy) else x
+    Where it raises on meta tensors and takes 0-dim tensors, it runs again with those as CPU tensors: an
+    overload taking a Scalar reads a 0-dim tensor's value (`torch.clamp(x, 0, t)`), which a meta tensor has
+    not; a CPU 0-dim tensor goes with tensors of any device, as in eager. Its value (zero) cannot change a
+    result's layout, only sizes, which `_replay` compares; a result viewing it is refused (its offset would be
+    the stand-in's).
+    """
+    for scalars_on_cpu in (False, True):
+        metas: dict[int, torch.Tensor] = {}
 
-    margs, mkwargs = tree_map(to_meta, (bsym.args, bsym.kwargs))
-    margs = [torch.device("meta") if isinstance(a, torch.device) else a for a in margs]
-    if not metas or "device" in mkwargs:
-        # A factory (`torch.zeros(n, device=d)`) or a move (`x.to(device=d)`): nothing allocated on d.
-        mkwargs["device"] = "meta"
-    try:
-        with outside_inference_mode(), torch.no_grad(), replay_layouts(bsym, impl):
-            return tree_flatten(results_as_tuple(impl(*margs, **mkwargs)))
-    except Exception:
-        return None  # the eager implementation does not run on meta tensors: layout unknown
+        def to_meta(x: Any, scalars_on_cpu: bool = scalars_on_cpu, metas: dict[int, torch.Tensor] = metas) -> Any:
+            if isinstance(x, TensorProxy):
+                if scalars_on_cpu and x.ndim == 0:
+                    return metas.setdefault(id(x), torch.zeros((), dtype=x.dtype))
+                return metas.setdefault(id(x), meta_like(x, layout_of(x)))
+            return number_value(x) if isinstance(x, NumberProxy) else x
+
+        margs, mkwargs = tree_map(to_meta, (bsym.args, bsym.kwargs))
+        margs = [torch.device("meta") if isinstance(a, torch.device) else a for a in margs]
+        if not metas or "device" in mkwargs:
+            # A factory (`torch.zeros(n, device=d)`) or a move (`x.to(device=d)`): nothing allocated on d.
+            mkwargs["device"] = "meta"
+        try:
+            with outside_inference_mode(), torch.no_grad(), replay_layouts(bsym, impl):
+                result = tree_flatten(results_as_tuple(impl(*margs, **mkwargs)))
+        except Exception:
+            # The eager implementation does not run on meta tensors: layout unknown, unless 0-dim ones were why.
+            if scalars_on_cpu or not any(isinstance(a, TensorProxy) and a.ndim == 0 for a in bsym.proxy_args()):
+                return None
+            continue
+        if scalars_on_cpu:
+            stand_ins = {t.untyped_storage().data_ptr() for t in metas.values() if t.device.type == "cpu"}
+            if any(isinstance(v, torch.Tensor) and v.device.type == "cpu"
+                   and v.untyped_storage().data_ptr() in stand_ins for v in result):
+                return None
+        return result
+    return None
 
 
 def _facts(result: list[Any]) -> list[Any]:

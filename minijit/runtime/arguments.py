@@ -121,13 +121,16 @@ class CallArguments:
         tensor_index = itertools.count()  # the position of each tensor among the arguments' tensors
         # A module's forward names its parameters after their paths (`fc1_weight`).
         leaf_names: list[str] | None = getattr(self.fn, "param_names", None)
-        for name, value, part in zip(self.names, (*self.args, *self.kwargs.values()), self.parts, strict=True):
+        for index, (name, value, part) in enumerate(zip(self.names, (*self.args, *self.kwargs.values()), self.parts,
+                                                        strict=True)):
             count = [0]
-            is_module_params = name == "params" and leaf_names is not None
+            # A module's parameters are its forward's first argument.
+            is_module_params = index == 0 and leaf_names is not None
 
-            def wanted_name(name: str = name, count: list[int] = count) -> str:
+            def wanted_name(name: str = name, count: list[int] = count, is_module_params: bool = is_module_params
+                            ) -> str:
                 count[0] += 1
-                if name == "params" and leaf_names is not None:
+                if is_module_params:
                     return leaf_names[count[0] - 1]
                 return name if count[0] == 1 else f"{name}_{count[0] - 1}"
 
@@ -222,8 +225,8 @@ def read_arguments(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[s
     parts: list[tuple[Spec, list[Any]] | None] = []
     flat: list[Any] = []
     for i, (name, value) in enumerate(zip(names, (*args, *kwargs.values()), strict=True)):
-        params.append(safe_name(name))
-        checks += _argument_checks(name, params[-1], value, i >= len(args), state_checks, symbolic)
+        params.append(_param_name(name, params))
+        checks += _argument_checks(name, params[-1], value, i, i >= len(args), state_checks, symbolic)
         if type(value) is set:
             parts.append(None)
             continue
@@ -243,9 +246,19 @@ def call_checks(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
     params, checks = [], _call_state_checks()
     state_checks = getattr(fn, "state_checks", None)
     for i, (name, value) in enumerate(zip(parameter_names(fn, args, kwargs), (*args, *kwargs.values()), strict=True)):
-        params.append(safe_name(name))
-        checks += _argument_checks(name, params[-1], value, i >= len(args), state_checks, symbolic)
+        params.append(_param_name(name, params))
+        checks += _argument_checks(name, params[-1], value, i, i >= len(args), state_checks, symbolic)
     return params, checks
+
+
+def _param_name(name: str, taken: list[str]) -> str:
+    """`check_call`'s parameter for the argument `name`: `safe_name`, with a suffix where an earlier argument took
+    it (a module's forward taking `**kwargs` may be given a keyword named as its leading `params`)."""
+    param, n = safe_name(name), 0
+    while param in taken:
+        n += 1
+        param = f"{safe_name(name)}_{n}"
+    return param
 
 
 def _call_state_checks() -> list[Check]:
@@ -254,12 +267,13 @@ def _call_state_checks() -> list[Check]:
             Check("autocast", "autocast", AUTOCAST, any_autocast_enabled() and autocast_state(), explain=_autocast_changed)]
 
 
-def _argument_checks(name: str, param: str, value: Any, keyword: bool, state_checks: Callable[..., Any] | None,
-                     symbolic: bool) -> list[Check]:
-    """The checks on one argument, `param` in `check_call`: its keyword's name, then what `walk` specialises on
-    (a module's forward names its parameters and its tree's state by path: minijit.runtime.module_forward)."""
+def _argument_checks(name: str, param: str, value: Any, position: int, keyword: bool,
+                     state_checks: Callable[..., Any] | None, symbolic: bool) -> list[Check]:
+    """The checks on one argument, `param` in `check_call` and the call's `position`-th: its keyword's name, then
+    what `walk` specialises on (a module's forward names its parameters and its tree's state by path, its first two
+    arguments: minijit.runtime.module_forward)."""
     checks = [Check(argument_label(name), "keyword", param, name)] if keyword else []
-    found = state_checks(name, param, value, symbolic) if state_checks is not None else None
+    found = state_checks(position, param, value, symbolic) if state_checks is not None and not keyword else None
     if found is None:
         walk(value, checks, symbolic, (argument_label(name), param))
     else:

@@ -71,7 +71,9 @@ class ModuleForward:
         self._states: dict[tuple[Any, ...], ModuleState] = previous._states if same_layout else {}
         self.fetch = _compile_fetch(module, self.slots, self.module_paths, self._states)
         forward_params = list(inspect.signature(module.forward).parameters.values())
-        lead = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_ONLY) for n in ("params", "state")]
+        # The two leading arguments' names, unlike any of the forward's own (RWKV's forward takes `state`).
+        taken = {p.name for p in forward_params}
+        lead = [inspect.Parameter(_fresh(n, taken), inspect.Parameter.POSITIONAL_ONLY) for n in ("params", "state")]
         self.__signature__ = inspect.Signature(lead + forward_params)
 
     def __call__(self, params: tuple[Any, ...], state: ModuleState, *args: Any, **kwargs: Any) -> Any:
@@ -104,19 +106,28 @@ class ModuleForward:
         keyed, whole = _covered_by_state(self.module, shown)
         return OutsideView(tensors, shown, keyed, whole)
 
-    def state_checks(self, name: str, subject: str, value: Any, symbolic: bool) -> list[Check] | None:
-        """The checks on the `params` and `state` arguments, named by path (None for the other arguments)."""
-        if name == "params":
+    def state_checks(self, position: int, subject: str, value: Any, symbolic: bool) -> list[Check] | None:
+        """The checks on the `params` and `state` arguments (positions 0 and 1), named by path (None for the
+        other arguments)."""
+        if position == 0:
             checks = [Check("self", "length", subject, (type(value), len(value)),
                             explain=functools.partial(_slots_changed, self))]
             for i, ((path, *_), tensor) in enumerate(zip(self.slots, value, strict=True)):
                 checks += [dataclasses.replace(c, explain=functools.partial(_unless_slots_changed, self, c))
                            for c in tensor_checks(f"self.{path}", f"{subject}[{i}]", tensor, symbolic)]
             return checks
-        if name == "state":  # interned: the key holds it by identity
+        if position == 1:  # interned: the key holds it by identity
             return [Check("self", "object", subject, (type(value), id(value)),
                           explain=functools.partial(_state_changed, value))]
         return None
+
+
+def _fresh(base: str, taken: set[str]) -> str:
+    """`base`, or `module_<base>` with underscores added, whichever is first not in `taken`."""
+    name = base
+    while name in taken:
+        name = f"module_{base}" if name == base else name + "_"
+    return name
 
 
 def _slots(module: torch.nn.Module) -> list[tuple[str, str, str, str]]:

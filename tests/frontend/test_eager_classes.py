@@ -97,3 +97,19 @@ def test_a_tensors_shape_is_a_torch_size_where_its_sizes_are_constants():
     for shape in [(2, 3), (4, 3, 1)]:
         x = torch.ones(shape)
         assert jf(x)[1] == f(x)[1]
+
+
+def test_a_torch_size_built_of_symbolic_sizes_is_taken_as_a_shape() -> None:
+    # Dynamo's graphs build shapes so (GPT-2's Conv1D under torch.compile(backend="minijit") with dynamic shapes):
+    # a tuple of the sizes, as `x.shape` is once they went symbolic; eager's errors for a size that is no int.
+    def f(x):
+        size = torch.Size([x.shape[0] * 2, x.shape[1] // 2])
+        return x.view(size) + 1, x.view(torch.Size(d for d in x.shape[::-1])), tuple(size)
+
+    jf = minijit.jit(f, cache="symbolic values")
+    for rows in (2, 3, 5):
+        x = torch.randn(rows, 4)
+        got, want = jf(x), f(x)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]) and got[2] == want[2]
+    with pytest.raises(TypeError):
+        minijit.jit(lambda x: torch.Size([x.shape[0] / 2]), cache="symbolic values")(torch.ones(4, 2))

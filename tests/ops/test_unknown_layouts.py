@@ -68,6 +68,10 @@ ALLOWED = {
     # Known: torch's named result tuples.
     "sort, contiguous": _written_through_contiguous(lambda x: x.transpose(1, 3).sort(1)[0]),
     "topk, contiguous": _written_through_contiguous(lambda x: x.transpose(1, 3).topk(2, 1)[0]),
+    # Known from a replay with the 0-dim tensor on the CPU: the Scalar overload reads its value, which a meta
+    # tensor has not (DeBERTa's relative positions clamp by a 0-dim tensor).
+    "clamp by a 0-dim tensor, contiguous": _written_through_contiguous(lambda x: torch.clamp(x.transpose(1, 3), 0,
+                                                                                             x.amax())),
     "max, strides": lambda x: torch.tensor(x.transpose(1, 3).max(1)[0].stride()),
     "sort indices, strides": lambda x: torch.tensor(x.transpose(1, 3).sort(1)[1].stride()),
 }

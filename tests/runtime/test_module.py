@@ -183,3 +183,29 @@ def test_a_global_old_style_backward_hook_is_refused_under_grad(mlp):
     finally:
         handle.remove()
         module._global_is_full_backward_hook = kind
+
+
+class _Named(torch.nn.Module):
+    """A forward taking arguments named as minijit's own leading ones (RWKV's forward takes `state`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(3, 3)
+
+    def forward(self, x, state=None, params=None):
+        return self.fc(x) * state + params.sum()
+
+
+class _Keywords(_Named):
+    def forward(self, x, **kwargs):
+        return self.fc(x) * kwargs["state"] + kwargs["params"].sum()
+
+
+@pytest.mark.parametrize("cls", [_Named, _Keywords])
+def test_arguments_named_params_or_state_are_the_callers(cls):
+    torch.manual_seed(0)
+    module = cls()
+    jm = minijit.jit(module)
+    for n in (2, 2, 4):  # a new shape, then other values of the same
+        x, state, params = torch.randn(n, 3), torch.randn(3), torch.randn(n)
+        torch.testing.assert_close(jm(x, state=state, params=params), module(x, state=state, params=params))
