@@ -142,17 +142,15 @@ class ValueReader:
         """Record `fn(*args, **kwargs)`, an op whose result's shape depends on the values (`nonzero`), with the
         shapes it gives on the real values, each checked right after it; NotImplemented where it cannot be."""
         leaves = tree_flatten((args, kwargs))
-        if not self.readable_here() or "out" in kwargs:
+        if not self.readable_here() or "out" in kwargs or any(isinstance(x, NumberProxy) for x in leaves):
             return NotImplemented
-        # Symbolic numbers among the arguments (`total_length=x.shape[1]`) are passed on as they are: the op runs
-        # here on their values on this call, and the trace checks the shapes it gives on every call.
-        proxies = [x for x in leaves if isinstance(x, TensorProxy | NumberProxy)]
+        proxies = [x for x in leaves if isinstance(x, TensorProxy)]
         values = self._real_values(proxies)
         if values is None:
             return NotImplemented
         # The real values require grad as their proxies do, so that the outputs require grad as eager's would.
         by_id = {id(p): r.detach().requires_grad_(p.requires_grad and (r.is_floating_point() or r.is_complex()))
-                 if isinstance(p, TensorProxy) else p.python_type(r) for p, r in zip(proxies, values, strict=True)}
+                 for p, r in zip(proxies, values, strict=True)}
         real_args, real_kwargs = tree_map(lambda x: by_id.get(id(x), x), (args, kwargs))
         with rng_preserved():
             real_out = fn(*real_args, **real_kwargs)

@@ -183,16 +183,3 @@ def test_ops_on_counts_compare_outcomes_not_counts(fn):
     for v in ([1.0, 2, -3, 4, -5, 6], [1.0, -2, -3, 4, -5, -6], [1.0, 2, 3, 4, 5, 6], [-1.0, 2, 3, -4, -5, -6]):
         assert_same(jf(torch.tensor(v)), fn(torch.tensor(v)))
     assert minijit.cache_info(jf).misses == 1, minijit.cache_info(jf)
-
-
-def _counts(x, n):
-    return torch.bincount(x, minlength=n).float() * 2, torch.repeat_interleave(x, x % 3 + n).sum()
-
-
-def test_an_op_of_data_dependent_size_taking_a_symbolic_number():
-    """`torch.bincount(x, minlength=n)` with `n` a symbolic number: the op runs on the real values and `n`'s value on
-    the call traced; the trace runs it with each call's `n` (it was refused; the default mode then kept constants)."""
-    jitted = minijit.jit(_counts, cache="symbolic values")
-    for size, n in [(5, 3), (6, 8), (7, 2), (6, 9), (4, 1)]:
-        x = torch.randint(0, 6, (size,), generator=torch.Generator().manual_seed(size + n))
-        assert_same(jitted(x, n), _counts(x, n))
