@@ -12,7 +12,9 @@
   A function that writes into its mapped inputs (or tensors from outside) is traced once per sample instead, its
   results stacked, as eager's writes land in those tensors.
 
-Refused by name where eager would give something else: a gradient of a tensor that requires grad outside (eager's
+As in eager, `grad(f)` raises where `f` writes in place into a tensor it did not make (a module's running statistics
+captured from outside): torch.func refuses to mutate a captured tensor. Refused by name where eager would give
+something else: a gradient of a tensor that requires grad outside (eager's
 result is then differentiable again; minijit's inline gradients are not), and `randomness="different"`/`"same"`
 for a function that draws random numbers (with "error", such a function raises as in eager). `chunk_size` is
 accepted and means nothing here (the whole batch is one call).
@@ -71,8 +73,11 @@ def _differentiated(func: Callable[..., Any], argnums: int | tuple[int, ...], ha
     for i in positions:
         args[i] = pytree.tree_map(lambda x: _fresh_leaf(x, what), args[i])
         leaves[i] = args[i]
+    trace = current_trace()
+    start = len(trace.bound_symbols)
     with torch.enable_grad():
         out = call(func, tuple(args), kwargs)
+    _refuse_captured_writes(trace, start, what, {id(x) for x in pytree.tree_leaves(leaves)})
     value, aux = (out if has_aux else (out, None))
     if has_aux and not (isinstance(out, tuple) and len(out) == 2):
         raise RuntimeError(f"{what}(f)(*args): output of function f should be a tuple: (output, aux) if has_aux is True")
@@ -90,6 +95,27 @@ def _differentiated(func: Callable[..., Any], argnums: int | tuple[int, ...], ha
         start += n
     result = per_arg[0] if isinstance(argnums, int) else tuple(per_arg)
     return result, call(torch.Tensor.detach, (value,), {}), aux
+
+
+def _refuse_captured_writes(trace: Trace, start: int, what: str, leaves: set[int]) -> None:
+    """Raise eager's error where the function differentiated (recorded from `start` on) wrote in place into a tensor
+    it did not make (from outside, or an argument not differentiated), or into a view of one: torch.func refuses
+    such a write ("would mutate a captured Tensor"), and minijit would carry it out."""
+    if not trace.recording_user_call:
+        return
+    producers = {id(o): b for b in trace.bound_symbols for o in b.proxy_outputs()}
+    made_inside = {id(o) for b in trace.bound_symbols[start:] for o in b.proxy_outputs()}
+    for bsym in trace.bound_symbols[start:]:
+        for t in bsym.written():
+            root = t
+            while (producer := producers.get(id(root))) is not None and producer.viewed_argument(root) is not None:
+                root = producer.viewed_argument(root)
+            if id(root) not in made_inside and id(root) not in leaves:
+                raise RuntimeError(
+                    f"During a grad (vjp, jvp, grad, etc) transform, the function provided attempted to call in-place "
+                    f"operation ({bsym.sym.name}{where(bsym.source)}) that would mutate a captured Tensor ({what}, as "
+                    "in eager). This is not supported; please rewrite the function being transformed to explicitly "
+                    "accept the mutated Tensor(s) as inputs.")
 
 
 @lookaside(torch._functorch.eager_transforms.grad_impl)

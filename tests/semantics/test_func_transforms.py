@@ -263,3 +263,30 @@ def test_a_transformed_function_returned_by_a_jitted_call_works_as_eagers():
     torch.testing.assert_close(jit_grad(w, x), eager_grad(w, x))
     torch.testing.assert_close(jit_gv(w, x), eager_gv(w, x))
     torch.testing.assert_close(jit_map(x), eager_map(x))
+
+
+def test_grad_of_a_function_writing_a_captured_tensor_raises_as_in_eager():
+    # BatchNorm in training writes its running statistics, captured from outside the transform: eager's
+    # torch.func refuses the write; minijit must not carry it out.
+    bn = torch.nn.BatchNorm1d(3)
+    params = {k: v.detach() for k, v in bn.named_parameters()}
+
+    def f(p, x):
+        return torch.func.grad(lambda q: torch.func.functional_call(bn, q, (x,)).pow(2).sum())(p)
+
+    def inside(x):  # writes only what it made itself: allowed, as in eager
+        def g(y):
+            z = y * 2
+            z.add_(1)
+            return (z * y).sum()
+        return torch.func.grad(g)(x)
+
+    x = torch.randn(4, 3)
+    outcomes = []
+    for fn in (f, minijit.jit(f)):
+        bn.running_mean.zero_()
+        with pytest.raises(RuntimeError, match="would mutate a captured Tensor"):
+            fn(params, x)
+        outcomes.append(bn.running_mean.clone())
+    assert torch.equal(outcomes[0], outcomes[1])
+    assert torch.equal(minijit.jit(inside)(x), inside(x))
