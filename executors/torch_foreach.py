@@ -150,8 +150,8 @@ def grouped(bsyms: Sequence[BoundSymbol], key: Hashable, namespace: str) -> Boun
 def _runner(foreach: str, mode: str) -> Callable[..., Any]:
     op = getattr(torch, f"{foreach}_" if mode is IN_PLACE else foreach)
 
-    def run(*args: Any, **kwargs: Any) -> Any:
-        result = op(*[list(a) if type(a) is tuple else a for a in args], **kwargs)
+    def run(*args: Any, **kwargs: Any) -> Any:  # (torch takes the tuples of tensors and numbers as lists)
+        result = op(*args, **kwargs)
         return args[0] if mode is IN_PLACE else result
     run.__name__ = op.__name__
     return run

@@ -50,23 +50,19 @@ def group_calls(trace: Trace, executors: Sequence[Any]) -> Trace:
         writes_first = into is not None and bool(b.args) and same_tensor(b.argument(into), b.args[0])
         keys.append(None if ex is None else ex.group_key(b, writes_first))
         same_tensor.follow(b)
-    counts: dict[Hashable, int] = {}
-    for k in keys:
-        if k is not None:
-            counts[k] = counts.get(k, 0) + 1
-    if not any(n > 1 for n in counts.values()):
-        return Edits(trace).apply(pass_name="group calls")
-    later: list[int | None] = [None] * len(keys)
+    later: list[int | None] = [None] * len(keys)  # the position of the next call with the same key
     seen: dict[Hashable, int] = {}
     for i in range(len(keys) - 1, -1, -1):
         if keys[i] is not None:
             later[i] = seen.get(keys[i])
             seen[keys[i]] = i
+    if all(n is None for n in later):
+        return Edits(trace).apply(pass_name="group calls")
     accesses = _Accesses(trace.bound_symbols, memory_model(trace))
     edits = Edits(trace)
     taken: set[int] = set()
     for i, key in enumerate(keys):
-        if key is None or i in taken or counts[key] < 2:
+        if key is None or i in taken or later[i] is None:
             continue
         members = _members(bsyms, later, i, taken, accesses)
         if len(members) < 2:
