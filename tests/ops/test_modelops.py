@@ -99,6 +99,34 @@ def test_batch_norm_writes_running_stats_like_eager() -> None:
         torch.testing.assert_close(s, e)
 
 
+
+@pytest.mark.parametrize("training", [False, True])
+@pytest.mark.parametrize("module", ["BatchNorm2d", "BatchNorm1d", "InstanceNorm2d", "InstanceNorm2d tracked"])
+def test_norms_of_an_empty_batch_match_eager(module, training) -> None:
+    """An empty batch: eager normalizes nothing and gives the weight and bias zero gradients; minijit's backward
+    ran aten's batch-norm backward kernel, which divides by the batch's size (the process died of SIGFPE), and its
+    instance norm refused the batch. An instance norm tracking statistics sets them to nan, as eager's does."""
+    cls = getattr(torch.nn, module.split()[0])
+    make = (lambda: cls(5, track_running_stats=True)) if "tracked" in module else (lambda: cls(5))
+    torch.manual_seed(0)
+    eager = make().double().train(training)
+    jitted = make().double().train(training)
+    jitted.load_state_dict(eager.state_dict())
+    compiled = minijit.jit(jitted)
+    shape = (0, 5) if module == "BatchNorm1d" else (0, 5, 2, 2)
+    for _ in range(2):
+        x = torch.randn(shape, dtype=torch.float64)
+        xe, xj = x.clone().requires_grad_(), x.clone().requires_grad_()
+        out_e, out_j = eager(xe), compiled(xj)
+        out_e.sum().backward()
+        out_j.sum().backward()
+        torch.testing.assert_close(out_j, out_e)
+        torch.testing.assert_close(xj.grad, xe.grad)
+        for p, q in zip(jitted.parameters(), eager.parameters(), strict=True):
+            torch.testing.assert_close(p.grad, q.grad)
+        for b, c in zip(jitted.buffers(), eager.buffers(), strict=True):
+            torch.testing.assert_close(b, c, equal_nan=True)
+
 def test_one_hot_and_histc() -> None:
     idx = torch.tensor([[0, 3], [2, 1]])
     torch.testing.assert_close(minijit.jit(lambda i: F.one_hot(i, 5))(idx), F.one_hot(idx, 5))

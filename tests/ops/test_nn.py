@@ -7,6 +7,7 @@ import itertools
 import pytest
 import torch
 
+import minijit
 from minijit.errors import MetaError, UnsupportedOpError
 from minijit.ops import ltorch
 from minijit.ops.registry import ltorch_symbol_for
@@ -299,3 +300,30 @@ def test_gpt_block_through_jit_matches_eager(dtype) -> None:
     # Claimed at the ltorch level: one eager call per high-level op, not its decomposition.
     source = minijit.last_traces(jf)[-1].python(subsymbol_depth=0)
     assert source.count("torchex.scaled_dot_product_attention(") == 1 and source.count("torchex.layer_norm(") == 2
+
+
+@pytest.mark.parametrize("name", ["cross_entropy", "nll_loss"])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("case", ["every target ignored", "-inf where ignored"])
+def test_ignored_targets_value_and_gradient(name, reduction, case) -> None:
+    """An ignored target adds nothing, not 0 times its term: with every target ignored the mean's gradient is 0 in
+    eager (minijit's was nan), and a -inf log-probability where the target is ignored leaves the loss finite."""
+    x = torch.randn(3, 4, dtype=torch.float64)
+    target = torch.tensor([1, 1, 1] if case == "every target ignored" else [1, 0, 2])
+    if case == "-inf where ignored":
+        x[0, 0] = -float("inf")  # row 0's target is ignored: its class 0 stands in for it
+    if name == "nll_loss":
+        x = x.log_softmax(1)
+    kwargs = dict(reduction=reduction, ignore_index=1, weight=torch.rand(4, dtype=torch.float64))
+    if name == "cross_entropy":
+        kwargs["label_smoothing"] = 0.2
+
+    def run(fn):
+        leaf = x.clone().requires_grad_()
+        loss = fn(leaf, target, **kwargs)
+        loss.sum().backward()
+        return loss.detach(), leaf.grad
+
+    (expected, expected_grad), (actual, actual_grad) = run(getattr(F, name)), run(minijit.jit(getattr(F, name)))
+    torch.testing.assert_close(actual, expected, equal_nan=True)
+    torch.testing.assert_close(actual_grad, expected_grad, equal_nan=True)

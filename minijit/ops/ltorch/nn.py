@@ -510,7 +510,9 @@ def _nll(op: str, logp: TensorProxy, target: TensorProxy, weight: TensorProxy | 
     safe = where(ignored, 0, target)
     picked = reshape_to(prims.take_along_axis(logp, unsqueeze_at(safe, (1,)), 1), target.shape)
     w = _picked_weights(safe, ignored, weight, logp.dtype)
-    loss = neg(mul(picked, w))
+    # An ignored target's loss is 0 by `where`, not by its weight 0: a product with 0 would make its value nan
+    # where the log-probability is -inf, and its gradient nan where the mean divides by 0 (every target ignored).
+    loss = where(ignored, 0, neg(mul(picked, w)))
     if reduction == "mean":
         return div(sum_(loss), sum_(w)), w, ignored
     return _reduce(loss, reduction), w, ignored

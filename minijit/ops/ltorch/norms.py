@@ -59,7 +59,12 @@ def batch_norm(input: TensorProxy, running_mean: TensorProxy | None, running_var
                momentum: Any = 0.1, eps: float = 1e-5) -> TensorProxy:
     """F.batch_norm over dim 1; in training the running statistics (if given) are updated in place."""
     if isinstance(input, TensorProxy) and input.ndim >= 1 and rule_compare(numel_of(input.shape), "==", 0):
-        return prims.clone(input)  # as eager: nothing to normalize, no statistics to update
+        # As eager: nothing to normalize, no statistics to update; the weight and bias still take part, so that
+        # their gradients are zeros (as eager's), not None, and no kernel runs on an empty batch.
+        out = prims.clone(input)
+        if weight is not None:
+            out = mul(out, weight[0])
+        return out if bias is None else add(out, bias[0])
     if not isinstance(input, TensorProxy) or input.ndim < 2:
         raise fail("batch_norm", f"expects an input with a channel dim 1, got {getattr(input, 'shape', input)}")
     c = input.shape[1]
@@ -107,11 +112,19 @@ def instance_norm(input: TensorProxy, running_mean: TensorProxy | None = None,  
         return None if x is None else reshape_to(expand_to(unsqueeze_at(x, (0,)), (n, c)), (n * c,))
 
     planes = reshape_to(input, (1, n * c, *input.shape[2:]))
-    if running_mean is None or running_var is None:
+    if rule_compare(numel_of(input.shape), "==", 0):
+        # An empty batch: batch norm's own path for it, which leaves the (repeated) statistics as they were.
+        out = batch_norm(planes, None, None, repeated(weight), repeated(bias), True, momentum, eps)
+        new_mean, new_var = repeated(running_mean), repeated(running_var)
+        if running_mean is None or running_var is None:
+            return reshape_to(out, input.shape)
+    elif running_mean is None or running_var is None:
         out = aten_prims.batch_norm_no_stats(planes, repeated(weight), repeated(bias), True, momentum, eps)[0]
         return reshape_to(out, input.shape)
-    out, _, _, new_mean, new_var = aten_prims.batch_norm_training(
-        planes, repeated(weight), repeated(bias), repeated(running_mean), repeated(running_var), True, momentum, eps)
+    else:
+        out, _, _, new_mean, new_var = aten_prims.batch_norm_training(
+            planes, repeated(weight), repeated(bias), repeated(running_mean), repeated(running_var), True, momentum,
+            eps)
     with torch.no_grad():  # eager's kernel updates the running statistics without history
         prims.copy_(to_dtype(mean(reshape_to(new_mean, (n, c)), 0), running_mean.dtype), running_mean)
         prims.copy_(to_dtype(mean(reshape_to(new_var, (n, c)), 0), running_var.dtype), running_var)
