@@ -502,6 +502,28 @@ def alias_groups(values: list[Any]) -> tuple[list[list[int]], list[list[int]]]:
     return identical, partial
 
 
+def _overlapping(values: list[Any], group: list[int]) -> list[list[int]]:
+    """The inputs at `group` (tensors sharing one storage) split into groups whose byte ranges overlap, in order.
+
+    Ranges that overlap count as overlapping even where the elements interleave (`t[::2]`, `t[1::2]`)."""
+    spans = []
+    for i in group:
+        v = values[i]
+        start = v.storage_offset() * v.element_size()
+        extent = sum((s - 1) * st for s, st in zip(v.shape, v.stride(), strict=True)) + 1 if v.numel() else 0
+        spans.append((start, start + extent * v.element_size(), i))
+    components = [[i] for start, stop, i in spans if stop == start]  # an empty tensor overlaps nothing
+    end = -1
+    for start, stop, i in sorted(s for s in spans if s[1] > s[0]):
+        if start < end:
+            components[-1].append(i)
+            end = max(end, stop)
+        else:
+            components.append([i])
+            end = stop
+    return [sorted(c) for c in components]
+
+
 def repeating(values: tuple[Any, ...], positions: tuple[int, ...]) -> tuple[int, ...]:
     """The positions among `positions` of the tensors in `values` that repeat their own elements (`o.expand(4, 4)`).
 
@@ -600,7 +622,15 @@ def plan_aliasing(trace: Trace, flat: list[Any]) -> AliasPlan:
     if not written:
         return AliasPlan(written)
     mutated = set(written)
-    identical, partial = alias_groups(flat)
+    identical, sharing = alias_groups(flat)
+    # Inputs that share a storage but whose bytes lie apart (the parameters viewing one flat buffer, FSDP's flat
+    # gradients) are independent memories: each is an input of its own, as unaliased inputs are. The guard checks
+    # where each sits in the storage (`alias_layout`), and their sizes are constant (pinned below), so they lie
+    # apart on every call the entry serves.
+    partial, apart = [], []
+    for group in sharing:
+        for component in _overlapping(flat, group):
+            (partial if len(component) > 1 else apart).append(component)
     # Inputs that repeat elements (`o.expand(4, 4)`, which eager lets zero_ fill) cannot take a copy back:
     # written, they are rebuilt from a synthetic base, alone or with the other inputs sharing their storage.
     repeats = [g for g in identical if torch._debug_has_internal_overlap(flat[g[0]]) == 1]
@@ -610,7 +640,7 @@ def plan_aliasing(trace: Trace, flat: list[Any]) -> AliasPlan:
     partial = partial + [[i] for i, p in enumerate(trace.args) if i not in grouped and p.name in mutated
                          and isinstance(flat[i], torch.Tensor) and torch._debug_has_internal_overlap(flat[i]) == 1]
     written_groups = [group for group in partial if any(trace.args[i].name in mutated for i in group)]
-    pins = frozenset(i for group in identical + written_groups for i in group
+    pins = frozenset(i for group in identical + written_groups + apart for i in group
                      if not all(type(d) is int for d in trace.args[i].shape))
     return AliasPlan(written, tuple(map(tuple, identical)), tuple(map(tuple, written_groups)), pins)
 
