@@ -623,14 +623,18 @@ def plan_aliasing(trace: Trace, flat: list[Any]) -> AliasPlan:
         return AliasPlan(written)
     mutated = set(written)
     identical, sharing = alias_groups(flat)
-    # Inputs that share a storage but whose bytes lie apart (the parameters viewing one flat buffer, FSDP's flat
+    # Inputs that share a storage but whose bytes all lie apart (the parameters viewing one flat buffer, FSDP's flat
     # gradients) are independent memories: each is an input of its own, as unaliased inputs are. The guard checks
     # where each sits in the storage (`alias_layout`), and their sizes are constant (pinned below), so they lie
-    # apart on every call the entry serves.
+    # apart on every call the entry serves. Where any of them overlap, the storage's inputs stay one group: a
+    # synthetic base spans its storage from the start, over the bytes of the others too.
     partial, apart = [], []
     for group in sharing:
-        for component in _overlapping(flat, group):
-            (partial if len(component) > 1 else apart).append(component)
+        components = _overlapping(flat, group)
+        if all(len(c) == 1 for c in components):
+            apart += components
+        else:
+            partial.append(group)
     # Inputs that repeat elements (`o.expand(4, 4)`, which eager lets zero_ fill) cannot take a copy back:
     # written, they are rebuilt from a synthetic base, alone or with the other inputs sharing their storage.
     repeats = [g for g in identical if torch._debug_has_internal_overlap(flat[g[0]]) == 1]

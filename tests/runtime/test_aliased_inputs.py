@@ -294,3 +294,23 @@ def test_parameters_viewing_one_flat_buffer_step_as_eager(foreach):
         for a, b in zip(ours[2], theirs[2], strict=True):
             for key, value in theirs[3].state[b].items():
                 assert torch.equal(ours[3].state[a][key], value), key
+
+
+def test_views_of_one_storage_some_apart_some_overlapping_match_eager():
+    # Two overlapping pairs and views lying apart, in one storage: one synthetic base for all of them (a base spans
+    # the storage from its start, so two would write over each other's bytes).
+    def f(vs, ws):
+        for t in vs:
+            t.mul_(1.5).add_(0.25)
+        return [w.sqrt() for w in ws]
+
+    def make(x):
+        return [x[i:i + 8] for i in range(0, 40, 8)], [x[0:8], x[36:40]]
+
+    jf = minijit.jit(f)
+    for _ in range(2):
+        x = torch.rand(40) + 0.5
+        ours = x.clone()
+        for g, w in zip(jf(*make(ours)), f(*make(x)), strict=True):
+            assert torch.equal(g, w)
+        assert torch.equal(ours, x)
