@@ -44,7 +44,7 @@ from minijit.runtime.checks import AUTOCAST, GRAD_MODE, Check, argument_label, s
 from minijit.runtime.iterators import ArgumentIterator, consumed
 from minijit.transforms import functionalize as functionalize_trace
 from minijit.transforms.functionalize import FunctionalizeResult, SyntheticBase
-from minijit.transforms.memory import inputs_written
+from minijit.transforms.memory import inputs_written, layout_read
 from minijit.transforms.view_updates import view_shares_memory
 
 Tensor = torch.Tensor
@@ -628,10 +628,12 @@ def plan_aliasing(trace: Trace, flat: list[Any]) -> AliasPlan:
     # where each sits in the storage (`alias_layout`), and their sizes are constant (pinned below), so they lie
     # apart on every call the entry serves. Where any of them overlap, the storage's inputs stay one group: a
     # synthetic base spans its storage from the start, over the bytes of the others too.
+    # Not where an op reads the layout of one (`as_strided`, which may reach past its bytes into the others').
     partial, apart = [], []
+    reads_layout = layout_read(trace)
     for group in sharing:
         components = _overlapping(flat, group)
-        if all(len(c) == 1 for c in components):
+        if all(len(c) == 1 for c in components) and not any(id(trace.args[i]) in reads_layout for i in group):
             apart += components
         else:
             partial.append(group)

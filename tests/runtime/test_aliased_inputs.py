@@ -314,3 +314,19 @@ def test_views_of_one_storage_some_apart_some_overlapping_match_eager():
         for g, w in zip(jf(*make(ours)), f(*make(x)), strict=True):
             assert torch.equal(g, w)
         assert torch.equal(ours, x)
+
+
+def test_views_lying_apart_read_past_their_bytes_by_as_strided_match_eager():
+    # `as_strided` on one view reaches the other's bytes: they stay one synthetic base, not independent inputs.
+    def f(a, b):
+        b.mul_(2)
+        a.as_strided((8,), (1,), 0).add_(1)
+        b.mul_(2)
+        return a * 1, b * 1
+
+    for _ in range(2):
+        x = torch.arange(8.0)
+        ours = x.clone()
+        for g, w in zip(minijit.jit(f)(ours[0:4], ours[4:8]), f(x[0:4], x[4:8]), strict=True):
+            assert torch.equal(g, w)
+        assert torch.equal(ours, x)
