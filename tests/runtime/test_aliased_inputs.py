@@ -330,3 +330,29 @@ def test_views_lying_apart_read_past_their_bytes_by_as_strided_match_eager():
         for g, w in zip(minijit.jit(f)(ours[0:4], ours[4:8]), f(x[0:4], x[4:8]), strict=True):
             assert torch.equal(g, w)
         assert torch.equal(ours, x)
+
+
+def test_is_between_inputs_that_are_one_tensor_object_matches_eager_and_is_guarded():
+    # The same tensor passed twice is two trace inputs: `is` answers as eager does, and a call where the answer
+    # changes misses.
+    def f(ts, c):
+        out = []
+        for t in ts:
+            out.append(t * 3 if t is c else t + c)
+            c.add_(1)  # written: `c` and an element that is `c` are one memory, as in eager
+        return out
+
+    jf = minijit.jit(f)
+    y, z = torch.rand(3), torch.rand(3)
+    for args in ((lambda: ([y, z], z)), (lambda: ([y, z], y)), (lambda: ([y, y], y)), (lambda: ([y, z], z))):
+        (ts, c), (ts2, c2) = args(), args()
+        saved = {id(t): t.clone() for t in (y, z)}
+        want = f(ts, c)
+        after = {i: t.clone() for i, t in ((id(y), y), (id(z), z))}
+        for t in (y, z):
+            t.copy_(saved[id(t)])
+        for g, w in zip(jf(ts2, c2), want, strict=True):
+            assert torch.equal(g, w)
+        assert torch.equal(y, after[id(y)]) and torch.equal(z, after[id(z)])
+    info = minijit.cache_info(jf)
+    assert info.hits == 1, info
