@@ -495,11 +495,15 @@ def alias_groups(values: list[Any]) -> tuple[list[list[int]], list[list[int]]]:
     for group in by_storage.values():
         if len(group) < 2:
             continue
-        lead = values[group[0]]
-        same = all((values[i].data_ptr(), values[i].shape, values[i].stride(), values[i].dtype)
-                   == (lead.data_ptr(), lead.shape, lead.stride(), lead.dtype) for i in group)
-        (identical if same else partial).append(group)
+        (identical if _same_view(values, group) else partial).append(group)
     return identical, partial
+
+
+def _same_view(values: list[Any], group: list[int]) -> bool:
+    """Whether the tensors at `group` are one view: the same memory, sizes, strides and dtype."""
+    lead = values[group[0]]
+    return all((values[i].data_ptr(), values[i].shape, values[i].stride(), values[i].dtype)
+               == (lead.data_ptr(), lead.shape, lead.stride(), lead.dtype) for i in group)
 
 
 def _overlapping(values: list[Any], group: list[int]) -> list[list[int]]:
@@ -628,13 +632,18 @@ def plan_aliasing(trace: Trace, flat: list[Any]) -> AliasPlan:
     # where each sits in the storage (`alias_layout`), and their sizes are constant (pinned below), so they lie
     # apart on every call the entry serves. Where any of them overlap, the storage's inputs stay one group: a
     # synthetic base spans its storage from the start, over the bytes of the others too.
-    # Not where an op reads the layout of one (`as_strided`, which may reach past its bytes into the others').
+    # The same view passed more than once among them is one memory, as identical inputs are. Not where an op
+    # reads the layout of one (`as_strided`, which may reach past its bytes into the others'), nor where one
+    # repeats its elements (rebuilt from a synthetic base).
     partial, apart = [], []
     reads_layout = layout_read(trace)
     for group in sharing:
         components = _overlapping(flat, group)
-        if all(len(c) == 1 for c in components) and not any(id(trace.args[i]) in reads_layout for i in group):
-            apart += components
+        if (all(len(c) == 1 or _same_view(flat, c) for c in components)
+                and not any(id(trace.args[i]) in reads_layout for i in group)
+                and not any(torch._debug_has_internal_overlap(flat[i]) == 1 for i in group)):
+            apart += [c for c in components if len(c) == 1]
+            identical += [c for c in components if len(c) > 1]
         else:
             partial.append(group)
     # Inputs that repeat elements (`o.expand(4, 4)`, which eager lets zero_ fill) cannot take a copy back:

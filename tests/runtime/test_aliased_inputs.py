@@ -356,3 +356,21 @@ def test_is_between_inputs_that_are_one_tensor_object_matches_eager_and_is_guard
         assert torch.equal(y, after[id(y)]) and torch.equal(z, after[id(z)])
     info = minijit.cache_info(jf)
     assert info.hits == 1, info
+
+
+def test_the_same_view_twice_among_views_lying_apart_matches_eager():
+    # Parameters viewing one buffer, one of them passed twice: one memory for the two, the others independent.
+    def f(ps):
+        with torch.no_grad():
+            for p in ps:
+                p.mul_(2).add_(1)
+        return [p * 1 for p in ps]
+
+    for _ in range(2):
+        flat = torch.rand(12)
+        ours = flat.clone()
+        mine = [torch.nn.Parameter(ours[i:i + 4]) for i in (0, 4, 8)]
+        theirs = [torch.nn.Parameter(flat[i:i + 4]) for i in (0, 4, 8)]
+        for g, w in zip(minijit.jit(f)([*mine, mine[1]]), f([*theirs, theirs[1]]), strict=True):
+            assert torch.equal(g, w)
+        assert torch.equal(ours, flat)
