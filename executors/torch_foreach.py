@@ -48,6 +48,12 @@ _ADD_TENSORS = _Form("", "TT", {"alpha": "C"})
 _ADD_NUMBERS = _Form("", "TN", {})
 
 
+# The one foreach op on the CPU that computes otherwise than its op: `torch._foreach_mul_(tensors, number)` on these
+# dtypes rounds the number to the tensor's dtype first (`mul(x, 0.9, out=x)` on bfloat16 multiplies by 0.9, the
+# foreach op by 0.8984375), so such calls stay alone.
+_ROUNDS_NUMBER_FIRST = (torch.float16, torch.bfloat16)
+
+
 def _form(bsym: BoundSymbol) -> _Form | None:
     try:
         form = _FORMS.get(bsym.sym.fn)
@@ -91,6 +97,9 @@ def group_key(bsym: BoundSymbol, writes_first_argument: bool) -> Hashable | None
     if out is not None and not writes_first_argument:
         return None
     mode = NEW if out is None else IN_PLACE
+    if (form.foreach == "_foreach_mul" and mode is IN_PLACE and first.dtype in _ROUNDS_NUMBER_FIRST
+            and _is_number(bsym.args[1])):
+        return None
     if any(isinstance(t, TensorProxy) and (t.device != first.device or t.dtype != first.dtype) for t in bsym.args):
         return None
     kinds: list[Hashable] = []

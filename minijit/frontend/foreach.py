@@ -8,8 +8,10 @@ is a list (or tuple) gives element `i` to call `i`; anything else (a number, a 0
 is passed to every call. The "scalars" of `_foreach_addcmul/addcdiv` may also be a 1-D tensor,
 one value per element.
 
-On a CPU, eager torch runs these ops the same way (its foreach "slow path" is this loop);
-elsewhere a fusion executor may fuse the recorded elementwise ops across the list.
+On a CPU, eager torch runs these ops the same way (its foreach "slow path" is this loop), with one
+difference the lookaside follows: `_foreach_mul_(tensors, number)` on float16/bfloat16 tensors first rounds
+the number to the tensor's dtype (`t.mul_(tensor(number, dtype=t.dtype))`), where `t.mul_(number)` does
+not. Elsewhere a fusion executor may fuse the recorded elementwise ops across the list.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from minijit.errors import UnsupportedOpError
 from minijit.frontend.calls import call
 from minijit.frontend.frame import observe_iteration
 from minijit.frontend.lookasides import LOOKASIDES
-from minijit.ir import TensorProxy
+from minijit.ir import NumberProxy, TensorProxy
 from minijit.ir.context import where_now
 
 # foreach op (without the trailing "_") -> the per-tensor torch callable, where it is not torch.<name>.
@@ -79,6 +81,21 @@ def _tensor_value(value: Any) -> bool:
     return isinstance(value, torch.Tensor | TensorProxy)
 
 
+# dtypes whose CPU `_foreach_mul_` rounds a number operand to the tensor's dtype before multiplying.
+_ROUNDS_NUMBER_FIRST = (torch.float16, torch.bfloat16)
+
+
+def _as_eager_foreach_mul_(args: list[Any]) -> list[Any]:
+    """The per-tensor arguments of one element of the CPU's `_foreach_mul_(tensors, number)`: a float16 or bfloat16
+    tensor's number becomes a 0-dim tensor of its dtype, as eager's kernel rounds it (`t.mul_(0.9)` computes with 0.9,
+    `torch._foreach_mul_([t], 0.9)` with bfloat16's 0.8984375)."""
+    t, other = args[0], args[1] if len(args) > 1 else None
+    if (_tensor_value(t) and t.dtype in _ROUNDS_NUMBER_FIRST and t.device.type == "cpu"
+            and (isinstance(other, NumberProxy) or type(other) in (int, float, bool))):
+        return [t, call(torch.full, ((), other), {"dtype": t.dtype, "device": t.device}), *args[2:]]
+    return args
+
+
 def _addc(op: Callable[..., Any], a: Any, t1: Any, t2: Any, value: Any) -> Any:
     """a + value * op(t1, t2) where `value` is a 0-dim tensor (torch's addcmul/addcdiv take only numbers)."""
     return call(torch.add, (a, call(torch.mul, (call(op, (t1, t2), {}), value), {})), {})
@@ -98,6 +115,8 @@ def _foreach_lookaside(name: str, inplace: bool) -> Callable[..., Any]:
                     call(torch.Tensor.copy_, (element_args[0], result), {})
                 results.append(result)
             elif inplace and method is not None:
+                if name == "mul":
+                    element_args = _as_eager_foreach_mul_(element_args)
                 call(method, element_args, element_kwargs)
             elif inplace:  # no in-place Tensor method (maximum_): the op, then a copy into the element
                 call(torch.Tensor.copy_, (element_args[0], call(per_tensor, element_args, element_kwargs)), {})

@@ -56,6 +56,9 @@ class CaptureState:
     # Input name -> the tensor the call passed as an argument (its leaf's `.grad` is read and accumulated into
     # through the call's own input: minijit/frontend/backward.py).
     arguments: dict[str, torch.Tensor] = field(default_factory=dict)
+    # (input name, input name, whether they are one tensor object) for each `a is b` the code evaluated on two
+    # trace inputs: the same tensor passed twice is two inputs, so `is` is answered by the real tensors and guarded.
+    identities: list[tuple[str, str, bool]] = field(default_factory=list)
     # id -> [tensor, its .grad or None]: leaves requiring grad the traced code made itself (`x.detach().requires_grad_()`,
     # `torch.zeros(..., requires_grad=True)`), whose gradients are values of the trace.
     made_leaves: dict[int, list[Any]] = field(default_factory=dict)

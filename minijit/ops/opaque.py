@@ -152,8 +152,13 @@ def _into_out(sym: Symbol, args: tuple[Any, ...] | list[Any], kwargs: dict[str, 
     copy = TENSOR_METHODS["copy_"]
     trace = current_trace()
     user_call = trace is not None and trace.recording_user_call
-    operands = tuple(x for x in tree_flatten((args, {k: v for k, v in kwargs.items() if k != "out"}))
-                     if isinstance(x, TensorProxy))
+    # A tensor from outside the call (an item of a global list) comes here as itself: its proxy is what the copy
+    # writes and what the op read.
+    capture = trace.capture_tensor if trace is not None else None
+    as_proxy = (lambda x: capture(x) if isinstance(x, torch.Tensor) else x) if capture is not None else (lambda x: x)
+    targets = tuple(as_proxy(t) for t in targets)
+    operands = tuple(p for x in tree_flatten((args, {k: v for k, v in kwargs.items() if k != "out"}))
+                     if isinstance(p := as_proxy(x), TensorProxy))
     for target, value in zip(targets, results, strict=True):
         copy(target, value)
         if user_call and trace.bound_symbols and trace.bound_symbols[-1].output is target:

@@ -44,7 +44,7 @@ from minijit.runtime.checks import AUTOCAST, GRAD_MODE, Check, argument_label, s
 from minijit.runtime.iterators import ArgumentIterator, consumed
 from minijit.transforms import functionalize as functionalize_trace
 from minijit.transforms.functionalize import FunctionalizeResult, SyntheticBase
-from minijit.transforms.memory import inputs_written
+from minijit.transforms.memory import inputs_written, layout_read
 from minijit.transforms.view_updates import view_shares_memory
 
 Tensor = torch.Tensor
@@ -495,11 +495,37 @@ def alias_groups(values: list[Any]) -> tuple[list[list[int]], list[list[int]]]:
     for group in by_storage.values():
         if len(group) < 2:
             continue
-        lead = values[group[0]]
-        same = all((values[i].data_ptr(), values[i].shape, values[i].stride(), values[i].dtype)
-                   == (lead.data_ptr(), lead.shape, lead.stride(), lead.dtype) for i in group)
-        (identical if same else partial).append(group)
+        (identical if _same_view(values, group) else partial).append(group)
     return identical, partial
+
+
+def _same_view(values: list[Any], group: list[int]) -> bool:
+    """Whether the tensors at `group` are one view: the same memory, sizes, strides and dtype."""
+    lead = values[group[0]]
+    return all((values[i].data_ptr(), values[i].shape, values[i].stride(), values[i].dtype)
+               == (lead.data_ptr(), lead.shape, lead.stride(), lead.dtype) for i in group)
+
+
+def _overlapping(values: list[Any], group: list[int]) -> list[list[int]]:
+    """The inputs at `group` (tensors sharing one storage) split into groups whose byte ranges overlap, in order.
+
+    Ranges that overlap count as overlapping even where the elements interleave (`t[::2]`, `t[1::2]`)."""
+    spans = []
+    for i in group:
+        v = values[i]
+        start = v.storage_offset() * v.element_size()
+        extent = sum((s - 1) * st for s, st in zip(v.shape, v.stride(), strict=True)) + 1 if v.numel() else 0
+        spans.append((start, start + extent * v.element_size(), i))
+    components = [[i] for start, stop, i in spans if stop == start]  # an empty tensor overlaps nothing
+    end = -1
+    for start, stop, i in sorted(s for s in spans if s[1] > s[0]):
+        if start < end:
+            components[-1].append(i)
+            end = max(end, stop)
+        else:
+            components.append([i])
+            end = stop
+    return [sorted(c) for c in components]
 
 
 def repeating(values: tuple[Any, ...], positions: tuple[int, ...]) -> tuple[int, ...]:
@@ -600,7 +626,26 @@ def plan_aliasing(trace: Trace, flat: list[Any]) -> AliasPlan:
     if not written:
         return AliasPlan(written)
     mutated = set(written)
-    identical, partial = alias_groups(flat)
+    identical, sharing = alias_groups(flat)
+    # Inputs that share a storage but whose bytes all lie apart (the parameters viewing one flat buffer, FSDP's flat
+    # gradients) are independent memories: each is an input of its own, as unaliased inputs are. The guard checks
+    # where each sits in the storage (`alias_layout`), and their sizes are constant (pinned below), so they lie
+    # apart on every call the entry serves. Where any of them overlap, the storage's inputs stay one group: a
+    # synthetic base spans its storage from the start, over the bytes of the others too.
+    # The same view passed more than once among them is one memory, as identical inputs are. Not where an op
+    # reads the layout of one (`as_strided`, which may reach past its bytes into the others'), nor where one
+    # repeats its elements (rebuilt from a synthetic base).
+    partial, apart = [], []
+    reads_layout = layout_read(trace)
+    for group in sharing:
+        components = _overlapping(flat, group)
+        if (all(len(c) == 1 or _same_view(flat, c) for c in components)
+                and not any(id(trace.args[i]) in reads_layout for i in group)
+                and not any(torch._debug_has_internal_overlap(flat[i]) == 1 for i in group)):
+            apart += [c for c in components if len(c) == 1]
+            identical += [c for c in components if len(c) > 1]
+        else:
+            partial.append(group)
     # Inputs that repeat elements (`o.expand(4, 4)`, which eager lets zero_ fill) cannot take a copy back:
     # written, they are rebuilt from a synthetic base, alone or with the other inputs sharing their storage.
     repeats = [g for g in identical if torch._debug_has_internal_overlap(flat[g[0]]) == 1]
@@ -610,7 +655,7 @@ def plan_aliasing(trace: Trace, flat: list[Any]) -> AliasPlan:
     partial = partial + [[i] for i, p in enumerate(trace.args) if i not in grouped and p.name in mutated
                          and isinstance(flat[i], torch.Tensor) and torch._debug_has_internal_overlap(flat[i]) == 1]
     written_groups = [group for group in partial if any(trace.args[i].name in mutated for i in group)]
-    pins = frozenset(i for group in identical + written_groups for i in group
+    pins = frozenset(i for group in identical + written_groups + apart for i in group
                      if not all(type(d) is int for d in trace.args[i].shape))
     return AliasPlan(written, tuple(map(tuple, identical)), tuple(map(tuple, written_groups)), pins)
 

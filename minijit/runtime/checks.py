@@ -321,12 +321,13 @@ def safe_name(name: str) -> str:
 def guard_checks(constraints: Sequence[str], values: Sequence[GuardEntry],
                  captured: Sequence[tuple[str, Source, TensorSeen | int | float]], aliasing: InputAliasing | None,
                  input_names: Sequence[str], env: dict[str, Any], symbolic_captured: AbstractSet[str] = frozenset(),
-                 kept: Mapping[int, Check] | None = None) -> list[Check]:
+                 kept: Mapping[int, Check] | None = None,
+                 identities: Sequence[tuple[str, str, bool]] = ()) -> list[Check]:
     """The checks the key cannot make, over the trace's inputs: constraints on symbolic values, values the
     code read from outside, tensors it read from outside (fetched in the guard), and how inputs share memory.
     A captured tensor named in `symbolic_captured` has its rank checked here, its sizes by the constraints.
     `kept`: the checks of values read, by position, that a rebound entry keeps as they are (what they read is
-    bound in `env` already)."""
+    bound in `env` already). `identities`: (input, input, whether one object) for each `a is b` the code asked."""
     env.update(guard_names())
     checks = [Check("constraint failed", "constraint", c, True, keyed=False, explain=_constraint_failed) for c in constraints]
     for i, value in enumerate(values):
@@ -345,6 +346,9 @@ def guard_checks(constraints: Sequence[str], values: Sequence[GuardEntry],
                             explain=lambda now, expected, name=name: _captured_changed(name, now, expected)))
     if aliasing is not None:
         checks += aliasing.checks(input_names, env)
+    for a, b, same in identities:
+        checks.append(Check(f"{a} is {b}", "aliases", f"({a} is {b})", same, keyed=False,
+                            explain=lambda now, expected, a=a, b=b: f"`{a} is {b}` changed: {now} != {expected}"))
     return checks
 
 

@@ -73,7 +73,7 @@ def compile_prologue(entry: Any, call: tuple[list[str], list[Check]], keywords: 
     names = input_names(traces[0])
     env, kept_checks = kept if kept is not None else ({}, None)
     checks = call[1] + guard_checks(constraints, values, captured, aliases, names, env,
-                                    entry.capture.symbolic_captured, kept_checks)
+                                    entry.capture.symbolic_captured, kept_checks, entry.capture.identities)
     reads = [(name, source.expression(env)) for name, source, _ in captured]
     own = names[: len(names) - len(captured)]
     value_guards = [c.describe() for c in entry.capture.value_checks]

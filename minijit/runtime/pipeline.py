@@ -102,6 +102,8 @@ class CaptureResult:
     call_plan: CallPlan = field(default_factory=CallPlan)
     # The values the code read from its tensors (`if x.sum() > 0`), in order: the trace checks each.
     value_checks: list[ValueCheck] = field(default_factory=list)
+    # (input name, input name, whether one tensor object) for each `a is b` on two trace inputs (CaptureState).
+    identities: list[tuple[str, str, bool]] = field(default_factory=list)
     # (op, the user's line) for each op recorded inside a user's `try` whose `except` may catch its error.
     ops_in_try: list[tuple[str, SourceLocation]] = field(default_factory=list)
     # argument position -> how many items the code took from the iterator passed there (minijit.runtime.iterators).
@@ -481,6 +483,7 @@ def _compile(arguments: CallArguments, executors: Sequence[Any], constraints: li
         found.call_plan.inputs = [p.name for p in trace.args[: len(arguments.flat)]]
         found.made_leaves = [leaf for leaf, _ in state.made_leaves.values()]
         found.value_checks = reader.checks
+        found.identities = list(dict.fromkeys(state.identities))
         return trace, found
 
     start = time.perf_counter()

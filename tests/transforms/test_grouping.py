@@ -98,3 +98,53 @@ def test_a_number_per_tensor_that_changes_each_call():
             assert torch.equal(g, w)
         assert all(torch.equal(m, x) for m, x in zip(mine, xs, strict=True))
     assert {"foreach_mul_", "foreach_add_", "foreach_exp"} <= set(_grouped_names(jf)), minijit.last_traces(jf)[-1]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_an_in_place_multiply_by_a_number_in_half_precision_equals_eager_to_the_bit(dtype):
+    # On the CPU, `torch._foreach_mul_(ts, 0.9)` rounds 0.9 to the tensors' dtype first, where `t.mul_(0.9)` does
+    # not: a loop of `mul_` stays a loop (not grouped into the foreach op), and a foreach op written in the code (the
+    # foreach optimizers' weight decay, `_foreach_mul_(exp_avgs, beta)`) keeps its rounding.
+    def loop(ts, s):
+        for t in ts:
+            t.mul_(0.9).mul_(s)
+        return [t.add(1) for t in ts]
+
+    def foreach(ts, s):
+        torch._foreach_mul_(ts, 0.9)
+        torch._foreach_mul_(ts, [s] * len(ts))
+        return [t.add(1) for t in ts]
+
+    torch.manual_seed(0)
+    for f in (loop, foreach):
+        jf = minijit.jit(f)
+        for s in (0.7, 0.3, 0.1):  # the number symbolic from the second call on
+            ts = [torch.rand(64).to(dtype) for _ in range(6)]
+            mine = [t.clone() for t in ts]
+            for g, w in zip(jf(mine, s), f(ts, s), strict=True):
+                assert torch.equal(g, w)
+            assert all(torch.equal(m, t) for m, t in zip(mine, ts, strict=True)), f.__name__
+
+
+def test_a_half_precision_optimizer_step_equals_eager_to_the_bit():
+    torch.manual_seed(0)
+    mine, theirs = _params(6), _params(6)
+    for ps in (mine, theirs):
+        with torch.no_grad():
+            for p in ps:
+                p.data = p.data.to(torch.bfloat16)
+                p.grad = p.grad.to(torch.bfloat16)
+    with torch.no_grad():
+        for a, b in zip(mine, theirs, strict=True):
+            a.copy_(b)
+            a.grad.copy_(b.grad)
+    for opt_class, options in ((torch.optim.Adadelta, {"foreach": False}), (torch.optim.AdamW, {"foreach": True})):
+        opt, eager_opt = (opt_class(ps, weight_decay=0.1, **options) for ps in (mine, theirs))
+        step = minijit.jit(lambda opt=opt: opt.step())
+        for _ in range(3):
+            step()
+            eager_opt.step()
+            for a, b in zip(mine, theirs, strict=True):
+                assert torch.equal(a, b), opt_class
+                for key, value in eager_opt.state[b].items():
+                    assert torch.equal(opt.state[a][key], value), (opt_class, key)

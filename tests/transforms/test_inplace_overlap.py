@@ -260,3 +260,31 @@ def test_one_layout_at_two_offsets_needs_no_enumeration(name, monkeypatch):
     fn, make = ORDER_DEPENDENT["strided slices"]
     with pytest.raises(InplaceError, match="order the kernel visits"):
         minijit.jit(fn)(*make())
+
+
+_OUTSIDE: list[torch.Tensor] = []
+
+
+def _out_into_outside():
+    torch.add(_OUTSIDE[0], 1.25, out=_OUTSIDE[1])
+    return _OUTSIDE[1] * 2
+
+
+@pytest.mark.parametrize("lo", [4, 8])
+def test_out_into_a_tensor_from_outside_overlapping_its_operand_as_eager(lo):
+    # The tensors come from a global list (captured as themselves, not as arguments): the out= tensor is still
+    # checked against the op's operand, as eager's kernel checks it.
+    b = torch.arange(16.0)
+    _OUTSIDE[:] = [b[0:8], b[lo:lo + 8]]
+    try:
+        want, eager_error = _out_into_outside(), None
+    except RuntimeError as e:
+        want, eager_error = None, e
+    mine = torch.arange(16.0)
+    _OUTSIDE[:] = [mine[0:8], mine[lo:lo + 8]]
+    if eager_error is not None:
+        with pytest.raises(InplaceError, match="share memory"):
+            minijit.jit(_out_into_outside)()
+    else:
+        assert torch.equal(minijit.jit(_out_into_outside)(), want)
+        assert torch.equal(mine, b)

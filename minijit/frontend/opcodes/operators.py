@@ -6,6 +6,8 @@ added TO_BOOL (conditional jumps then take only bools) and a COMPARE_OP bit aski
 
 from __future__ import annotations
 
+from typing import Any
+
 from minijit.frontend.code import Inst
 from minijit.frontend.frame import Frame
 from minijit.frontend.opcodes.protocols import (
@@ -19,6 +21,8 @@ from minijit.frontend.opcodes.protocols import (
     unary_op,
 )
 from minijit.frontend.opcodes.table import handles
+from minijit.ir import TensorProxy
+from minijit.ir.context import current_trace
 
 
 @handles("UNARY_POSITIVE", until="3.11")
@@ -66,7 +70,24 @@ def to_bool(frame: Frame, inst: Inst) -> None:
 def is_op(frame: Frame, inst: Inst) -> None:
     """a is b (argument 1: is not)."""
     b = frame.stack.pop()
-    frame.stack[-1] = (frame.stack[-1] is b) != bool(inst.arg)
+    frame.stack[-1] = _is(frame.stack[-1], b) != bool(inst.arg)
+
+
+def _is(a: Any, b: Any) -> bool:
+    """`a is b`, where two trace inputs standing for one tensor object (passed twice, or read twice from outside)
+    are two proxies: answered by the tensors they stand for, and guarded (the capture's `identities`)."""
+    if a is b or not (isinstance(a, TensorProxy) and isinstance(b, TensorProxy)):
+        return a is b
+    trace = current_trace()
+    capture = trace.capture if trace is not None else None
+    if capture is None:
+        return False
+    real = [capture.arguments.get(p.name, capture.captured_from.get(p.name)) for p in (a, b)]
+    if real[0] is None or real[1] is None or not any(p is a for p in trace.args) or not any(p is b for p in trace.args):
+        return False  # a tensor the trace computed is a new object, as eager's is
+    same = real[0] is real[1]
+    capture.identities.append((a.name, b.name, same))
+    return same
 
 
 @handles("CONTAINS_OP")
