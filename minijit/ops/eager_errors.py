@@ -13,6 +13,7 @@ tensors, or has no meta kernel) the error stays a plain `MetaError`, which no us
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import torch
@@ -44,6 +45,49 @@ def eager_refusal(sym: Symbol, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
         return None
     text = str(found).strip().splitlines()[0] if str(found).strip() else type(found).__name__
     return as_eager(MetaError(f"{sym.id}: torch raised {type(found).__name__}: {text}{where_now()}"), type(found))
+
+
+def out_dtype_refusal(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> MinijitError | None:
+    """Eager's refusal of `fn(*args, **kwargs, out=out)` where the out= tensors' dtypes differ from the results' (which
+    they can hold), as a MetaError of eager's type; None where eager casts into them (its elementwise ops and most
+    reductions do; `gather`, `mm`, `amax`, `clamp`... want the result's dtype exactly)."""
+    concrete = _concrete(tuple(args), kwargs)
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            results = fn(*concrete[0], **concrete[1])
+    except Exception:  # the call does not run on stand-ins: eager's answer is not found here
+        return None
+    targets = out if isinstance(out, tuple | list) else (out,)
+    made = results if isinstance(results, tuple | list) else (results,)
+    if len(made) != len(targets) or not all(isinstance(r, torch.Tensor) for r in made):
+        return None
+    outs = [torch.empty(r.shape, dtype=t.dtype, device=r.device) for r, t in zip(made, targets, strict=True)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        found = _raised(fn, (concrete[0], {**concrete[1], "out": type(out)(outs) if targets is out else outs[0]}))
+    if not isinstance(found, RuntimeError):
+        return None
+    text = str(found).strip().splitlines()[0]
+    name = getattr(fn, "__name__", "the op")
+    return as_eager(MetaError(f"torch.{name} with out=: torch raised RuntimeError: {text}{where_now()}"), RuntimeError)
+
+
+def _concrete(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The call with each tensor proxy a CPU tensor of zeros where all are small CPU tensors, else a meta tensor."""
+    proxies = [x for x in tree_flatten((args, kwargs)) if isinstance(x, TensorProxy)]
+    small = all(x.device.type == "cpu" for x in proxies) and sum(math.prod(_sizes(x)) for x in proxies) <= 2**16
+
+    def stand_in(x: Any) -> Any:
+        if isinstance(x, TensorProxy):
+            layout = None if small else known_layout(x)
+            if layout is not None:
+                return meta_like(x, layout)
+            return torch.zeros(_sizes(x), dtype=x.dtype) if small else torch.empty(_sizes(x), dtype=x.dtype,
+                                                                                    device="meta")
+        return x.value if isinstance(x, NumberProxy) else x
+
+    return tree_map(stand_in, (args, dict(kwargs)))
 
 
 def _raised_on_meta(sym: Symbol, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Exception | None:

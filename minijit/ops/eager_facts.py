@@ -44,7 +44,8 @@ def eager_impl(sym: Symbol) -> Callable[..., Any] | None:
 # Eager refuses any overlap of the written tensor with an operand (ATen's assert_no_overlap),
 # the same elements in the same order included.
 REFUSES_ANY_OVERLAP = frozenset({"index_copy_", "index_add_", "index_reduce_", "index_put_", "put_", "scatter_",
-                                 "scatter_add_", "scatter_reduce_", "cat"})
+                                 "scatter_add_", "scatter_reduce_", "cat", "gather", "index_select", "take",
+                                 "take_along_dim"})
 # A 0-d tensor operand is read as a number before the write (`x.fill_(x[0])`).
 READS_SCALAR_FIRST = frozenset({"fill_", "masked_fill_", "index_fill_"})
 

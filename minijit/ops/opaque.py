@@ -63,6 +63,7 @@ from minijit.ir.proxies import TENSOR_METHOD_FALLBACKS, TENSOR_METHODS, rule_sam
 from minijit.ops import prims
 from minijit.ops.aliases import canonical, resolve
 from minijit.ops.autocast import active_autocast, opaque_autocast_arguments
+from minijit.ops.eager_errors import out_dtype_refusal
 from minijit.ops.eager_facts import write_facts
 from minijit.ops.meta_run import READS_STORAGE, MetaResult, TensorMeta, map_leaves, named_tuple_for, run_on_meta
 from minijit.ops.number_args import check_dtype, numbers_only, takes_tensor_first, with_tensor_input
@@ -114,7 +115,7 @@ def call_ltorch(fn: Any, sym: Symbol, args: tuple[Any, ...] | list[Any], kwargs:
         out = kwargs.get("out")
         if out is None or "out" in _parameters(sym):
             return sym(*args, **kwargs)
-        return _into_out(sym, args, kwargs, out)
+        return _into_out(fn, sym, args, kwargs, out)
     except DECLINED as declined:
         trace = current_trace()
         if trace is None or not is_opaque_candidate(fn) or isinstance(declined, TracesEagerBody):
@@ -129,8 +130,9 @@ def call_ltorch(fn: Any, sym: Symbol, args: tuple[Any, ...] | list[Any], kwargs:
         return result
 
 
-def _into_out(sym: Symbol, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any], out: Any) -> Any:
-    """`sym` without `out=`, its results copied into `out` (declined where eager would resize or refuse `out`)."""
+def _into_out(fn: Any, sym: Symbol, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any], out: Any) -> Any:
+    """`sym` without `out=`, its results copied into `out` (declined where eager would resize or refuse `out`; where
+    eager refuses an `out` of another dtype, which not every op casts into, its error for torch callable `fn`)."""
     targets = out if isinstance(out, tuple | list) else (out,)
     if torch.is_grad_enabled() and any(isinstance(x, TensorProxy) and x.requires_grad
                                        for x in tree_flatten((args, kwargs))):
@@ -149,6 +151,10 @@ def _into_out(sym: Symbol, args: tuple[Any, ...] | list[Any], kwargs: dict[str, 
                 value.dtype, target.dtype):
             raise UnsupportedOpError(f"{sym.id} with out= {target.type_string()} for a result {value.type_string()}"
                                      f"{where_now()}: minijit does not resize out= tensors or cast into them")
+    if any(t.dtype != v.dtype for t, v in zip(targets, results, strict=True)):
+        refused = out_dtype_refusal(fn, tuple(args), {k: v for k, v in kwargs.items() if k != "out"}, out)
+        if refused is not None:
+            raise refused
     copy = TENSOR_METHODS["copy_"]
     trace = current_trace()
     user_call = trace is not None and trace.recording_user_call

@@ -127,6 +127,18 @@ def test_norms_of_an_empty_batch_match_eager(module, training) -> None:
         for b, c in zip(jitted.buffers(), eager.buffers(), strict=True):
             torch.testing.assert_close(b, c, equal_nan=True)
 
+
+@pytest.mark.parametrize(("training", "eps"), [(True, 0.0), (True, -1.0), (False, -1.0)])
+def test_batch_norm_eps_refused_as_eager(training, eps) -> None:
+    """F.batch_norm refuses eps <= 0 in training and eps < 0 in evaluation (ValueError), which its ltorch op checks."""
+    module = torch.nn.BatchNorm1d(3, eps=eps).train(training)
+    x = torch.randn(4, 3)
+    with pytest.raises(ValueError, match="eps must be") as eager:
+        module(x)
+    with pytest.raises(ValueError, match="eps must be") as jitted:
+        minijit.jit(module)(x)
+    assert str(eager.value) in str(jitted.value)
+
 def test_one_hot_and_histc() -> None:
     idx = torch.tensor([[0, 3], [2, 1]])
     torch.testing.assert_close(minijit.jit(lambda i: F.one_hot(i, 5))(idx), F.one_hot(idx, 5))

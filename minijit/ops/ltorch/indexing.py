@@ -533,7 +533,12 @@ def _gather_index(op: str, idx: TensorProxy) -> TensorProxy:
     return idx
 
 
-@ltorch_op(torch_fns=[torch.index_select, torch.Tensor.index_select], methods=["index_select"])
+# With out=, eager refuses any overlap of the result with an operand, the same elements included.
+_GATHERS = Effects(refuses_overlap=True)
+
+
+@ltorch_op(torch_fns=[torch.index_select, torch.Tensor.index_select], methods=["index_select"],
+           effects=_GATHERS)
 def index_select(input: TensorProxy, dim: int, index: TensorProxy) -> TensorProxy:  # noqa: A002
     """torch.index_select: the slices of `dim` at `index`, in order."""
     d = canonical_dim(dim, input.ndim)
@@ -543,7 +548,8 @@ def index_select(input: TensorProxy, dim: int, index: TensorProxy) -> TensorProx
     return prims.take(input, idx, d)
 
 
-@ltorch_op(torch_fns=[torch.take, torch.Tensor.take], methods=["take"])
+@ltorch_op(torch_fns=[torch.take, torch.Tensor.take], methods=["take"],
+           effects=_GATHERS)
 def take(input: TensorProxy, index: TensorProxy) -> TensorProxy:  # noqa: A002
     """torch.take: elements of the flattened input at `index`, in index's shape."""
     idx = _as_index("take", index, ndim=None)
@@ -564,7 +570,8 @@ def _check_gather_shapes(op: str, input: TensorProxy, index: TensorProxy, d: int
         raise _fail(op, f"index {list(index.shape)} is larger than src {list(other.shape)}")
 
 
-@ltorch_op(torch_fns=[torch.gather, torch.Tensor.gather], methods=["gather"])
+@ltorch_op(torch_fns=[torch.gather, torch.Tensor.gather], methods=["gather"],
+           effects=_GATHERS)
 def gather(input: TensorProxy, dim: int, index: TensorProxy, *, sparse_grad: bool = False) -> TensorProxy:  # noqa: A002
     """torch.gather: out[i][j] = input[index[i][j]][j] (for dim 0), in index's shape."""
     if isinstance(index, TensorProxy) and isinstance(input, TensorProxy) and (
@@ -578,7 +585,8 @@ def gather(input: TensorProxy, dim: int, index: TensorProxy, *, sparse_grad: boo
     return prims.take_along_axis(input, idx, d)
 
 
-@ltorch_op(torch_fns=[torch.take_along_dim, torch.Tensor.take_along_dim], methods=["take_along_dim"])
+@ltorch_op(torch_fns=[torch.take_along_dim, torch.Tensor.take_along_dim], methods=["take_along_dim"],
+           effects=_GATHERS)
 def take_along_dim(input: TensorProxy, indices: TensorProxy, dim: int | None = None) -> TensorProxy:  # noqa: A002
     """torch.take_along_dim: gather with broadcasting (of the flattened tensors when dim is None)."""
     idx = _as_index("take_along_dim", indices, ndim=None)

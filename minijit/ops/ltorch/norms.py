@@ -58,6 +58,10 @@ def batch_norm(input: TensorProxy, running_mean: TensorProxy | None, running_var
                weight: TensorProxy | None = None, bias: TensorProxy | None = None, training: bool = False,
                momentum: Any = 0.1, eps: float = 1e-5) -> TensorProxy:
     """F.batch_norm over dim 1; in training the running statistics (if given) are updated in place."""
+    if training and rule_compare(eps, "<=", 0):
+        raise fail("batch_norm", f"batch_norm eps must be positive during training, but got {eps}")
+    if rule_compare(eps, "<", 0):
+        raise fail("batch_norm", f"batch_norm eps must be non-negative, but got {eps}")
     if isinstance(input, TensorProxy) and input.ndim >= 1 and rule_compare(numel_of(input.shape), "==", 0):
         # As eager: nothing to normalize, no statistics to update; the weight and bias still take part, so that
         # their gradients are zeros (as eager's), not None, and no kernel runs on an empty batch.
