@@ -7,6 +7,7 @@ import itertools
 import pytest
 import torch
 
+import minijit
 from minijit.errors import MetaError, UnsupportedOpError
 from minijit.ops import ltorch
 from minijit.ops.registry import ltorch_symbol_for
@@ -299,3 +300,26 @@ def test_gpt_block_through_jit_matches_eager(dtype) -> None:
     # Claimed at the ltorch level: one eager call per high-level op, not its decomposition.
     source = minijit.last_traces(jf)[-1].python(subsymbol_depth=0)
     assert source.count("torchex.scaled_dot_product_attention(") == 1 and source.count("torchex.layer_norm(") == 2
+
+
+@pytest.mark.parametrize("kind", ["cross_entropy", "smoothed", "nll_none", "nll_weighted"])
+def test_decomposed_nll_gives_ignored_targets_eagers_zero(kind) -> None:
+    """Under symbolic sizes (and with label smoothing) nll_loss runs decomposed; an ignored target must add an
+    exact zero to the loss and its gradient, as eager's kernel skips it, even where the mean divides by a total
+    weight of 0 (every target ignored) or the ignored row's log-probability at class 0 is -inf."""
+    fns = {"cross_entropy": lambda x, t: F.cross_entropy(x, t, ignore_index=2),
+           "smoothed": lambda x, t: F.cross_entropy(x, t, ignore_index=2, label_smoothing=0.1),
+           "nll_none": lambda x, t: F.nll_loss(x.log_softmax(1), t, ignore_index=2, reduction="none"),
+           "nll_weighted": lambda x, t: F.nll_loss(x.log_softmax(1), t, torch.tensor([1.0, 0.5, 2.0, 1.0]),
+                                                   ignore_index=2)}
+    fn = fns[kind]
+    jitted = minijit.jit(fn, cache="symbolic values")
+    x0 = torch.randn(3, 4)
+    x0[1, 0] = -float("inf")  # a row whose target is ignored
+    for t in (torch.tensor([1, 2, 3]), torch.tensor([2, 2, 2])):
+        x, xj = x0.clone().requires_grad_(), x0.clone().requires_grad_()
+        expected, actual = fn(x, t), jitted(xj, t)
+        torch.testing.assert_close(actual, expected, equal_nan=True)
+        expected.sum().backward()
+        actual.sum().backward()
+        torch.testing.assert_close(xj.grad, x.grad, equal_nan=True)

@@ -510,7 +510,9 @@ def _nll(op: str, logp: TensorProxy, target: TensorProxy, weight: TensorProxy | 
     safe = where(ignored, 0, target)
     picked = reshape_to(prims.take_along_axis(logp, unsqueeze_at(safe, (1,)), 1), target.shape)
     w = _picked_weights(safe, ignored, weight, logp.dtype)
-    loss = neg(mul(picked, w))
+    # where, not the zero weight alone: an ignored target adds an exact 0 to the loss and its gradient, as eager's
+    # kernel skips it (0 * -inf and 0 * the mean's 1 / 0 when every target is ignored are nan)
+    loss = where(ignored, 0, neg(mul(picked, w)))
     if reduction == "mean":
         return div(sum_(loss), sum_(w)), w, ignored
     return _reduce(loss, reduction), w, ignored
