@@ -50,14 +50,19 @@ def _mask_error(op: str) -> UnsupportedOpError:
 
 
 def _constant_index(op: str, values: Sequence[Any], device: torch.device) -> TensorProxy:
-    """An int64 index tensor holding the (nested) list of ints `values`, built from prims."""
-    as_tensor = torch.tensor(values)
+    """An int64 index tensor holding the (nested) list of ints `values`, built from prims (symbolic ints among them
+    become elements computed at run time)."""
+    as_tensor = torch.tensor(_placeholders(values))
     if as_tensor.dtype == torch.bool:
         raise _mask_error(op)
     if as_tensor.dtype != torch.int64:
         raise _fail(op, f"a list index must hold ints, got {values!r}")
     flat = as_tensor.flatten().tolist()
     n = len(flat)
+    symbolic = _leaves(values)
+    if any(isinstance(v, NumberProxy) for v in symbolic):
+        index = prims.cat([prims.full((1,), v, dtype=torch.int64, device=device) for v in symbolic], 0)
+        return reshape_to(index, tuple(as_tensor.shape))
     step = flat[1] - flat[0] if n > 1 else 1
     if n and all(b - a == step for a, b in itertools.pairwise(flat)):
         index = prims.iota(n, start=flat[0], step=step, dtype=torch.int64, device=device)
@@ -66,6 +71,23 @@ def _constant_index(op: str, values: Sequence[Any], device: torch.device) -> Ten
     else:
         index = prims.full((0,), 0, dtype=torch.int64, device=device)
     return reshape_to(index, tuple(as_tensor.shape))
+
+
+def _placeholders(values: Any) -> Any:
+    """The (nested) list `values` with each symbolic number replaced by a number of its type, for torch.tensor to
+    tell the shape and dtype of."""
+    if isinstance(values, list | tuple):
+        return [_placeholders(v) for v in values]
+    if isinstance(values, NumberProxy):
+        return 0 if isinstance(values, IntegerProxy) else 0.5
+    return values
+
+
+def _leaves(values: Any) -> list[Any]:
+    """The numbers of the (nested) list `values`, in row-major order."""
+    if isinstance(values, list | tuple):
+        return [leaf for v in values for leaf in _leaves(v)]
+    return [values]
 
 
 def _is_int(x: Any) -> bool:
