@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import minijit
 from minijit.errors import MetaError, UnsupportedOpError
 from minijit.ops import ltorch
 from tests.ops.opinfo_util import REDUCTION_CASES, OpCase, assert_matches, case_params, run_case
@@ -99,3 +100,20 @@ def test_nuclear_norm_is_unsupported_by_the_decomposition() -> None:
     # Eager accepts it: the interpreter records it as an opaque torch op (tests/ops/test_opaque.py).
     with pytest.raises(UnsupportedOpError, match="norm: p='nuc' is not supported"):
         trace_call(lambda a: ltorch.norm(a, "nuc"), torch.randn(2, 3))
+
+
+def test_logsumexp_over_an_empty_dim_under_grad_matches_eager() -> None:
+    """logsumexp decomposed (under grad) over a dim of size 0, constant or symbolic: -inf and a zero-size gradient
+    as eager's, not the maximum's 'Expected reduction dim to have non-zero size'."""
+    def f(x):
+        return x.logsumexp(0), x.logsumexp(1)
+
+    jitted = minijit.jit(f)
+    for n in (2, 0, 3, 0):
+        x = torch.randn(n, 3, requires_grad=True)
+        xj = x.detach().clone().requires_grad_()
+        expected, actual = f(x), jitted(xj)
+        torch.testing.assert_close(actual, expected)
+        sum(e.sum() for e in expected).backward()
+        sum(a.sum() for a in actual).backward()
+        torch.testing.assert_close(xj.grad, x.grad)

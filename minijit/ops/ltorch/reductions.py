@@ -268,9 +268,13 @@ def logsumexp(input: TensorProxy, dim: Any, keepdim: bool = False) -> TensorProx
     dtype = input.dtype if _is_float(input.dtype) else torch.get_default_dtype()
     dims = reduction_dims("logsumexp", dim, input.ndim)
     x = to_dtype(input, compute_dtype_for(dtype))
-    top = keep_dims(prims.amax(x, dims), x.shape, dims)
-    # An infinite maximum would give inf - inf = nan; shifting by 0 there is exact anyway.
-    top = where(isinf(top), 0, top)
+    if rule_compare(numel_of(x.shape, dims), "==", 0):
+        # No element to take the maximum of (amax raises there): the empty sum's log is -inf, as eager's
+        top = prims.full(tuple(1 if i in dims else s for i, s in enumerate(x.shape)), 0, dtype=x.dtype, device=x.device)
+    else:
+        top = keep_dims(prims.amax(x, dims), x.shape, dims)
+        # An infinite maximum would give inf - inf = nan; shifting by 0 there is exact anyway.
+        top = where(isinf(top), 0, top)
     out = add(log(prims.sum(exp(sub(x, top)), dims)), reshape_to(top, tuple(s for i, s in enumerate(x.shape) if i not in dims)))
     return _finish(out, dtype, input.shape, dims, keepdim)
 
