@@ -279,3 +279,18 @@ def test_list_index_holding_a_symbolic_int_matches_eager() -> None:
             jitted(x, n)
     info = jitted.cache_info()
     assert info.misses == 1 and info.eager_calls == 0, info
+
+
+def test_a_float_slice_bound_raises_eagers_type_error() -> None:
+    """`x[:n]` with n a float (plain, or a number made symbolic that is a float on a later call): eager's TypeError,
+    which the user's `except TypeError` catches, not a MinijitError of minijit's limitations."""
+    def f(x, n):
+        try:
+            return x[:n]
+        except TypeError:
+            return x * 2
+
+    jitted = minijit.jit(f)
+    x = torch.arange(4.0)
+    for n in (2, 3, 2.5, 1, 1.0):
+        torch.testing.assert_close(jitted(x, n), f(x, n))

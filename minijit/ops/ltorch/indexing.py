@@ -124,6 +124,10 @@ def _key_items(op: str, a: TensorProxy, key: Any) -> list[Any]:
                 raise _fail(op, f"tensors used as indices must be integer or bool tensors, got {item.dtype}")
         elif isinstance(item, slice):
             for part in (item.start, item.stop, item.step):
+                if type(part) is float or (isinstance(part, NumberProxy) and part.python_type is float):
+                    # eager's TypeError for bad input (a MetaError is typed as eager's error), not a limitation
+                    value = part.value if isinstance(part, NumberProxy) else part
+                    raise _fail(op, f"slice indices must be integers or None, got {value!r}")
                 if part is not None and not _is_int(part):
                     raise UnsupportedOpError(f"ltorch.{op}: slice bounds must be ints, got "
                                              f"{type(part).__name__}{where_now()}")
