@@ -117,3 +117,18 @@ def test_logsumexp_over_an_empty_dim_under_grad_matches_eager() -> None:
         sum(e.sum() for e in expected).backward()
         sum(a.sum() for a in actual).backward()
         torch.testing.assert_close(xj.grad, x.grad)
+
+
+@pytest.mark.parametrize("op", ["cumsum", "max", "diff", "norm", "repeat_interleave"])
+def test_a_symbolic_number_as_a_dim_order_or_count_matches_eager(op) -> None:
+    """A number argument made symbolic (it changed between calls) given as a dim, a difference's order, a norm's
+    ord or a repeat count: its value is relied on (the guard checks it), as for a plain int, where the proxy was
+    refused as no int ('dim must be an int, got <IntegerProxy d: int 0>')."""
+    fns = {"cumsum": lambda x, d: x.cumsum(d), "max": lambda x, d: x.max(d).values,
+           "diff": lambda x, d: torch.diff(x, n=d % 3, dim=d), "norm": lambda x, d: x.norm(d + 2),
+           "repeat_interleave": lambda x, d: x.repeat_interleave(d + 1, 0)}
+    fn = fns[op]
+    jitted = minijit.jit(fn, cache="symbolic values")
+    for d in (0, 1, -1):
+        x = torch.randn(3, 4)
+        torch.testing.assert_close(jitted(x, d), fn(x, d))

@@ -28,6 +28,7 @@ from minijit.ops.utils import (
     fail,
     numel_of,
     refuse_non_int,
+    relied_on,
     reshape_to,
     tensor_argument,
     to_dtype,
@@ -142,6 +143,7 @@ def _declare_max_min(name: str, reduce: Any, arg_reduce: Any, binary: Any) -> An
             return binary(input, dim)
         if dim is None:
             return reduce(input)
+        dim = relied_on(dim)
         if not isinstance(dim, int):
             raise fail(name, f"dim must be an int, got {dim!r}")
         values = reduce(input, dim, keepdim)
@@ -285,6 +287,7 @@ def cumsum(input: TensorProxy, dim: int, *, dtype: torch.dtype | None = None) ->
     tensor_argument("cumsum", input)
     if dtype is None:
         dtype = input.dtype if _is_float(input.dtype) else torch.int64
+    dim = relied_on(dim)
     if not isinstance(dim, int):
         raise fail("cumsum", f"dim must be an int, got {dim!r}")
     d = reduction_dims("cumsum", dim, input.ndim)[0]
@@ -297,6 +300,7 @@ def diff(input: TensorProxy, n: int = 1, dim: int = -1, prepend: TensorProxy | N
     """torch.diff: the `n`-th forward difference along `dim` (a logical xor for bool), after joining
     `prepend` and `append` to `input` along `dim`."""
     tensor_argument("diff", input)
+    n, dim = relied_on(n), relied_on(dim)
     if not isinstance(n, int) or n < 0:
         raise fail("diff", f"order must be a non-negative int, got {n!r}")
     if input.ndim == 0:
@@ -325,6 +329,7 @@ def vector_norm_of(op: str, x: TensorProxy, ord: Any, dim: Any, keepdim: bool, d
         x = to_dtype(x, dtype)
     if not _is_float(x.dtype):
         raise fail(op, f"needs a floating point or complex input, got {x.dtype}")
+    ord = relied_on(ord)  # noqa: A001
     if not isinstance(ord, int | float) or isinstance(ord, bool):
         raise fail(op, f"ord must be a number, got {ord!r}")
     dims = reduction_dims(op, dim, x.ndim)
