@@ -323,3 +323,26 @@ def test_decomposed_nll_gives_ignored_targets_eagers_zero(kind) -> None:
         expected.sum().backward()
         actual.sum().backward()
         torch.testing.assert_close(xj.grad, x.grad, equal_nan=True)
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_batch_norm_of_an_empty_batch_matches_eager(training) -> None:
+    """F.batch_norm of a batch of 0 (a batch size that changes to 0): eager runs no batch norm, returns
+    `input * weight[0] + bias[0]`, so weight and bias get zero gradients (None skipped an optimizer's weight decay);
+    in evaluation mode the backward ran the batch norm backward kernel on the empty input, which killed the
+    process (SIGFPE)."""
+    def f(x, mean, var, w, b):
+        return F.batch_norm(x, mean, var, w, b, training=training)
+
+    jitted = minijit.jit(f)
+    for n in (3, 0):
+        args = [torch.randn(n, 4, requires_grad=True), torch.zeros(4), torch.ones(4),
+                torch.rand(4, requires_grad=True), torch.rand(4, requires_grad=True)]
+        copies = [a.detach().clone().requires_grad_(a.requires_grad) for a in args]
+        expected, actual = f(*args), jitted(*copies)
+        torch.testing.assert_close(actual, expected)
+        expected.sum().backward()
+        actual.sum().backward()
+        for a, c in zip(args, copies, strict=True):
+            torch.testing.assert_close(c.grad, a.grad)
+            torch.testing.assert_close(c, a)  # the running statistics too

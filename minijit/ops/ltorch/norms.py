@@ -59,7 +59,13 @@ def batch_norm(input: TensorProxy, running_mean: TensorProxy | None, running_var
                momentum: Any = 0.1, eps: float = 1e-5) -> TensorProxy:
     """F.batch_norm over dim 1; in training the running statistics (if given) are updated in place."""
     if isinstance(input, TensorProxy) and input.ndim >= 1 and rule_compare(numel_of(input.shape), "==", 0):
-        return prims.clone(input)  # as eager: nothing to normalize, no statistics to update
+        # As eager: nothing to normalize, no statistics to update; the output still depends on weight[0] and
+        # bias[0], so that they get eager's zero gradients (not None, which an optimizer's weight decay skips)
+        out = prims.clone(input)
+        for param, combine in ((weight, mul), (bias, add)):
+            if isinstance(param, TensorProxy) and param.ndim == 1 and rule_compare(param.shape[0], ">", 0):
+                out = combine(out, reshape_to(prims.slice_prim(param, [0], [1], [1]), ()))
+        return out
     if not isinstance(input, TensorProxy) or input.ndim < 2:
         raise fail("batch_norm", f"expects an input with a channel dim 1, got {getattr(input, 'shape', input)}")
     c = input.shape[1]

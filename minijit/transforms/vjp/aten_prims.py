@@ -15,9 +15,11 @@ from typing import Any
 from minijit.errors import UnsupportedOpError
 from minijit.ir import TensorProxy
 from minijit.ir.context import where_now
+from minijit.ir.proxies import rule_compare
 from minijit.ops import aten_prims as A
 from minijit.ops import prims as P
 from minijit.ops.registry import ALL_LTORCH
+from minijit.ops.utils import numel_of
 from minijit.transforms.vjp.registry import cast_like, compute_dtype, matrix_transpose, vjp
 
 Saved = tuple[Any, ...]
@@ -158,8 +160,10 @@ batch_norm_no_stats_fwd.backward(batch_norm_training_bwd)  # saves what batch_no
 @vjp("ltorch.batch_norm")
 def batch_norm_fwd(input: TensorProxy, running_mean: Any, running_var: Any, weight: Any = None,  # noqa: A002
                    bias: Any = None, training: bool = False, momentum: Any = 0.1, eps: Any = 1e-5) -> Any:
-    # In eval mode the op stays one F.batch_norm call; in training its decomposition's prims have rules.
-    if training or running_mean is None or running_var is None:
+    # In eval mode the op stays one F.batch_norm call; in training its decomposition's prims have rules, and so
+    # they do for an empty input (eager's kernel then runs no batch norm; its backward kernel crashes on one)
+    if training or running_mean is None or running_var is None or (
+            isinstance(input, TensorProxy) and rule_compare(numel_of(input.shape), "==", 0)):
         return NotImplemented
     out = ALL_LTORCH["batch_norm"](input, running_mean, running_var, weight, bias, training, momentum, eps)
     return out, (input, weight, bias, running_mean, running_var, eps)
