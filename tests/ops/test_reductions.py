@@ -132,3 +132,21 @@ def test_a_symbolic_number_as_a_dim_order_or_count_matches_eager(op) -> None:
     for d in (0, 1, -1):
         x = torch.randn(3, 4)
         torch.testing.assert_close(jitted(x, d), fn(x, d))
+
+
+def test_max_of_an_empty_tensor_raises_eagers_runtime_error() -> None:
+    """x.max() / x.min() of no element, under grad too (where the maximum's kernel raised IndexError): eager's
+    RuntimeError, which the caller's `except RuntimeError` catches."""
+    def f(x):
+        return x.max() + x.min()
+
+    jitted = minijit.jit(f)
+    for n in (3, 0, 2, 0):
+        x = torch.randn(n, 2, requires_grad=True)
+        if n:
+            torch.testing.assert_close(jitted(x), f(x))
+            continue
+        with pytest.raises(RuntimeError, match="Expected reduction dim to be specified"):
+            f(x)
+        with pytest.raises(RuntimeError, match="Expected reduction dim to be specified"):
+            jitted(x)

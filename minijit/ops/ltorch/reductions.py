@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from minijit.errors import MetaError
+from minijit.errors import MetaError, as_eager
 from minijit.ir import TensorProxy
 from minijit.ir.proxies import rule_compare, rule_same_shape
 from minijit.ops import prims
@@ -142,6 +142,9 @@ def _declare_max_min(name: str, reduce: Any, arg_reduce: Any, binary: Any) -> An
         if isinstance(dim, TensorProxy):  # torch.max(input, other)
             return binary(input, dim)
         if dim is None:
+            if rule_compare(numel_of(input.shape), "==", 0):  # eager's RuntimeError, not the maximum's IndexError
+                raise as_eager(fail(name, f"{name}(): Expected reduction dim to be specified for input.numel() == 0. "
+                                          "Specify the reduction dim with the 'dim' argument."), RuntimeError)
             return reduce(input)
         dim = relied_on(dim)
         if not isinstance(dim, int):
