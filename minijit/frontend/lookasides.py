@@ -24,7 +24,7 @@ import torch.utils.checkpoint
 from torch.optim.optimizer import _get_value as _optimizer_get_value
 from torch.optim.optimizer import _stack_if_compiling as _optimizer_stack_if_compiling
 
-from minijit.errors import UnsupportedSyntaxError
+from minijit.errors import MetaError, UnsupportedSyntaxError, as_eager
 from minijit.frontend.code import code_info
 from minijit.frontend.frame import NULL, Frame, current_frame, current_state
 from minijit.frontend.torch_function import has_override
@@ -33,6 +33,7 @@ from minijit.ir.context import note_state_read, where_now
 from minijit.ir.proxies import number_value, user_text
 from minijit.ops import aten_prims, prims
 from minijit.ops.autocast import clear_cast_cache
+from minijit.ops.utils import broadcast_shapes
 
 LOOKASIDES: dict[Any, Callable[..., Any]] = {}
 
@@ -266,6 +267,20 @@ def size_(*args: Any) -> Any:
         torch.Size(number_value(d) if isinstance(d, NumberProxy) else d for d in sizes)  # eager's errors
         return sizes
     return torch.Size(sizes)
+
+
+@lookaside(torch.broadcast_shapes)
+def broadcast_shapes_(*shapes: Any) -> Any:
+    """torch.broadcast_shapes; of shapes with symbolic sizes, broadcast as an op's operands are (each outcome
+    guarded), where torch's own (run on the proxies) took them for a factory's sizes and raised. A mismatch is
+    eager's RuntimeError (a MetaError typed so)."""
+    given = [tuple(_iterable(s)) if not isinstance(s, int | NumberProxy) else (s,) for s in shapes]
+    if not any(isinstance(d, NumberProxy) for shape in given for d in shape):
+        return torch.broadcast_shapes(*shapes)
+    try:
+        return size_(broadcast_shapes(*given))
+    except MetaError as error:
+        raise as_eager(error, RuntimeError) from None
 
 
 @lookaside(super)

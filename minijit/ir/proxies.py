@@ -104,7 +104,7 @@ class NumberProxy(Proxy):
     decompositions, VJP rules), which run in the capture and again where a pass records the op.
     """
 
-    __slots__ = ("expr", "origin", "outcomes", "python_type", "read", "seen", "value")
+    __slots__ = ("addends", "expr", "origin", "outcomes", "python_type", "read", "seen", "value")
 
     def __init__(self, value: int | float | bool, python_type: type, name: str | None = None,
                  expr: str | None = None):
@@ -124,6 +124,10 @@ class NumberProxy(Proxy):
         # Of a seen value: (op, the other operand) -> the outcome the trace checks, from where the capture read it
         # on (`_checked_outcome`): asked again, by the capture or a pass after it, it is that outcome.
         self.outcomes: dict[tuple[str, str], bool] | None = None
+        # Of an int made by `a + b` (prims.num_add): (a, b), so that `(a + b) - a` is `b` itself, not a new value
+        # only the trace knows (a gradient sliced out of a concatenation of sizes only the trace knows has the
+        # size of its input: `_minus_addend`)
+        self.addends: tuple[Any, Any] | None = None
 
     def type_string(self) -> str:
         return f"{self.python_type.__name__} {self.value}"
@@ -552,8 +556,21 @@ def _number_operator(method: str, reflected: bool = False) -> Callable[..., Any]
                 return self
             if method == "mod" and args and type(args[0]) is int and args[0] == 1 and self.python_type is int:
                 return 0  # any int is divisible by 1 (`numel % 1` in `x.view(-1)`'s check)
+            if method == "sub" and args and self.addends is not None:
+                other = _minus_addend(self.addends, args[0])
+                if other is not None:
+                    return other
             return NUMBER_METHODS[method](self, *args)
     return op
+
+
+def _minus_addend(addends: tuple[Any, Any], subtracted: Any) -> Any:
+    """`(a + b) - subtracted` where it is `a` or `b` itself (ints: exact), else None."""
+    a, b = addends
+    for one, rest in ((a, b), (b, a)):
+        if one is subtracted or (type(one) is int and type(subtracted) is int and one == subtracted):
+            return rest
+    return None
 
 
 def _is_identity(method: str, other: Any, reflected: bool) -> bool:

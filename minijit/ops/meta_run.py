@@ -192,7 +192,7 @@ def _with_symbolic_shapes(fn: Callable[..., Any], args: tuple[Any, ...], kwargs:
                                          reads_layout=fn in READS_STORAGE)
     if derived is None:
         _specialise((args, kwargs))
-        return result
+        return _argument_shapes(result, leaves)
     shapes = iter(derived)
 
     def with_shape(meta: TensorMeta | None, _: int) -> TensorMeta | None:
@@ -200,6 +200,27 @@ def _with_symbolic_shapes(fn: Callable[..., Any], args: tuple[Any, ...], kwargs:
         return None if meta is None else replace(meta, shape=shape)
 
     return replace(result, outputs=map_leaves(result.outputs, with_shape))
+
+
+def _argument_shapes(result: MetaResult, leaves: list[Any]) -> MetaResult:
+    """`result` (of a run whose arguments' symbolic sizes were specialised) with each output whose shape is a tensor
+    argument's, as traced, given that argument's sizes: equal on every call the trace serves (the guard checks their
+    values), and the same sizes to the passes after the capture, which compare sizes without recording anything (an
+    in-place opaque op's result written back through a view of its input was refused: a constant against a proxy)."""
+    by_values: dict[tuple[int, ...], tuple[Any, ...]] = {}
+    for x in leaves:
+        if isinstance(x, TensorProxy) and not any(data_dependent(d) or (isinstance(d, NumberProxy) and d.read)
+                                                  for d in x.shape):
+            by_values.setdefault(tuple(number_value(d) for d in x.shape), tuple(x.shape))
+    if not any(isinstance(d, NumberProxy) for shape in by_values.values() for d in shape):
+        return result
+
+    def with_shape(meta: TensorMeta | None, _: int) -> TensorMeta | None:
+        shape = None if meta is None else by_values.get(tuple(meta.shape))
+        return meta if shape is None else replace(meta, shape=shape)
+
+    return replace(result, outputs=map_leaves(result.outputs, with_shape),
+                   written_meta=tuple(with_shape(m, 0) for m in result.written_meta))
 
 
 def _specialise(args: Any) -> None:

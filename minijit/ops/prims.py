@@ -918,6 +918,8 @@ def _number_meta(op: str) -> Callable[..., Any]:
         # Computed from values the trace computes, all seen (their real values): so is the result.
         computed = [a for a in args if data_dependent(a)]
         out.seen = bool(computed) and all(a.seen for a in computed)
+        if op == "add" and type(result) is int and all(type(a) is int or isinstance(a, IntegerProxy) for a in args):
+            out.addends = (args[0], args[1])
         return out
     return meta
 

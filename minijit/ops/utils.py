@@ -211,6 +211,12 @@ def refuse_non_int(op: str, what: str, x: Any) -> None:
         raise MetaError(f"ltorch.{op}: {what} must be an int, got {type(x).__name__} {x}{where_now()}")
 
 
+def relied_on(x: Any) -> Any:
+    """`x`, or the value of `x`, a symbolic number, relied on (the trace's guard checks it): for an argument an op
+    decides on as a whole (a dim, an order, a norm's ord), where a proxy would otherwise be refused as no int."""
+    return x.python_type(x) if isinstance(x, NumberProxy) else x
+
+
 def canonical_dims(dims: int | Sequence[int] | None, ndim: int) -> tuple[int, ...]:
     """A tuple of wrapped dims, sorted; None or () means every dim. A dim named twice is a MetaError, as in eager's
     reductions (`sum((0, 0))`, `sum((0, -2))` of a matrix)."""

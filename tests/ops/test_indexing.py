@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import minijit
 from minijit.errors import MetaError, UnsupportedOpError
 from tests.ops.eager_check import DTYPES, check_against_eager, make, tt
 from tests.oputil import trace_call
@@ -257,3 +258,39 @@ def test_random_keys_match_eager():
         positions = torch.arange(x.numel()).reshape(shape)[_key(items, tensors)]
         if positions.unique().numel() == positions.numel():  # repeated positions: eager is order-dependent
             check_against_eager(_assign_key(items), x, make(tuple(result.shape), seed=1), *tensors)
+
+
+def test_list_index_holding_a_symbolic_int_matches_eager() -> None:
+    """`x[[0, n]]` with n a symbolic number (an argument that changed): the list becomes an index tensor whose
+    element is computed at run time (torch.tensor of the list saw the proxy and the call ran eagerly), with eager's
+    values, negative indices and IndexError out of range, and the writes `x[[n]] = v` too."""
+    def f(x, n):
+        y = x.clone()
+        y[[n, 1]] += 10
+        return x[[0, n]], x[..., [n, 1, n]], y
+
+    jitted = minijit.jit(f, cache="symbolic values")
+    x = torch.arange(20.0).reshape(4, 5)
+    for n in (2, 3, -1, -4):
+        for actual, expected in zip(jitted(x, n), f(x, n), strict=True):
+            torch.testing.assert_close(actual, expected)
+    for n in (4, -5):
+        with pytest.raises(IndexError):
+            jitted(x, n)
+    info = jitted.cache_info()
+    assert info.misses == 1 and info.eager_calls == 0, info
+
+
+def test_a_float_slice_bound_raises_eagers_type_error() -> None:
+    """`x[:n]` with n a float (plain, or a number made symbolic that is a float on a later call): eager's TypeError,
+    which the user's `except TypeError` catches, not a MinijitError of minijit's limitations."""
+    def f(x, n):
+        try:
+            return x[:n]
+        except TypeError:
+            return x * 2
+
+    jitted = minijit.jit(f)
+    x = torch.arange(4.0)
+    for n in (2, 3, 2.5, 1, 1.0):
+        torch.testing.assert_close(jitted(x, n), f(x, n))

@@ -327,3 +327,49 @@ def test_ignored_targets_value_and_gradient(name, reduction, case) -> None:
     (expected, expected_grad), (actual, actual_grad) = run(getattr(F, name)), run(minijit.jit(getattr(F, name)))
     torch.testing.assert_close(actual, expected, equal_nan=True)
     torch.testing.assert_close(actual_grad, expected_grad, equal_nan=True)
+
+
+@pytest.mark.parametrize("kind", ["cross_entropy", "smoothed", "nll_none", "nll_weighted"])
+def test_decomposed_nll_gives_ignored_targets_eagers_zero(kind) -> None:
+    """Under symbolic sizes (and with label smoothing) nll_loss runs decomposed; an ignored target must add an
+    exact zero to the loss and its gradient, as eager's kernel skips it, even where the mean divides by a total
+    weight of 0 (every target ignored) or the ignored row's log-probability at class 0 is -inf."""
+    fns = {"cross_entropy": lambda x, t: F.cross_entropy(x, t, ignore_index=2),
+           "smoothed": lambda x, t: F.cross_entropy(x, t, ignore_index=2, label_smoothing=0.1),
+           "nll_none": lambda x, t: F.nll_loss(x.log_softmax(1), t, ignore_index=2, reduction="none"),
+           "nll_weighted": lambda x, t: F.nll_loss(x.log_softmax(1), t, torch.tensor([1.0, 0.5, 2.0, 1.0]),
+                                                   ignore_index=2)}
+    fn = fns[kind]
+    jitted = minijit.jit(fn, cache="symbolic values")
+    x0 = torch.randn(3, 4)
+    x0[1, 0] = -float("inf")  # a row whose target is ignored
+    for t in (torch.tensor([1, 2, 3]), torch.tensor([2, 2, 2])):
+        x, xj = x0.clone().requires_grad_(), x0.clone().requires_grad_()
+        expected, actual = fn(x, t), jitted(xj, t)
+        torch.testing.assert_close(actual, expected, equal_nan=True)
+        expected.sum().backward()
+        actual.sum().backward()
+        torch.testing.assert_close(xj.grad, x.grad, equal_nan=True)
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_batch_norm_of_an_empty_batch_matches_eager(training) -> None:
+    """F.batch_norm of a batch of 0 (a batch size that changes to 0): eager runs no batch norm, returns
+    `input * weight[0] + bias[0]`, so weight and bias get zero gradients (None skipped an optimizer's weight decay);
+    in evaluation mode the backward ran the batch norm backward kernel on the empty input, which killed the
+    process (SIGFPE)."""
+    def f(x, mean, var, w, b):
+        return F.batch_norm(x, mean, var, w, b, training=training)
+
+    jitted = minijit.jit(f)
+    for n in (3, 0):
+        args = [torch.randn(n, 4, requires_grad=True), torch.zeros(4), torch.ones(4),
+                torch.rand(4, requires_grad=True), torch.rand(4, requires_grad=True)]
+        copies = [a.detach().clone().requires_grad_(a.requires_grad) for a in args]
+        expected, actual = f(*args), jitted(*copies)
+        torch.testing.assert_close(actual, expected)
+        expected.sum().backward()
+        actual.sum().backward()
+        for a, c in zip(args, copies, strict=True):
+            torch.testing.assert_close(c.grad, a.grad)
+            torch.testing.assert_close(c, a)  # the running statistics too

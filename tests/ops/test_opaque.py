@@ -338,3 +338,21 @@ def test_data_dependent_output_shape_into_out_is_refused_naming_op_and_line():
     message = str(info.value)
     assert "nonzero" in message and "depends on the" in message
     assert f"{os.path.basename(__file__)}:{_line_of(into_out, 'torch.nonzero')}" in message
+
+
+def test_an_opaque_in_place_op_then_a_write_through_a_view_under_symbolic_sizes() -> None:
+    """`x.fill_diagonal_(k)` (an opaque op whose sizes are specialised under symbolic sizes) then `x[::2].mul_(-1)`:
+    its functional form's result has x's sizes, not constants equal to them only by the guard, so the write back
+    through the strided view matches its region (it was refused: 'value f32[2, 2] does not match the region
+    f32[i8, i1]'); values and the written argument as eager's."""
+    def f(x, k):
+        x.fill_diagonal_(k)
+        x[::2].mul_(-1)
+        return x.sum(0)
+
+    jitted = minijit.jit(f, cache="symbolic values")
+    for n, m in ((4, 2), (3, 3)):
+        x = torch.randn(n, m)
+        expected_x = x.clone()
+        torch.testing.assert_close(jitted(x, 2), f(expected_x, 2))
+        torch.testing.assert_close(x, expected_x)

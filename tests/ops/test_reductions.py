@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import minijit
 from minijit.errors import MetaError, UnsupportedOpError
 from minijit.ops import ltorch
 from tests.ops.opinfo_util import REDUCTION_CASES, OpCase, assert_matches, case_params, run_case
@@ -99,3 +100,53 @@ def test_nuclear_norm_is_unsupported_by_the_decomposition() -> None:
     # Eager accepts it: the interpreter records it as an opaque torch op (tests/ops/test_opaque.py).
     with pytest.raises(UnsupportedOpError, match="norm: p='nuc' is not supported"):
         trace_call(lambda a: ltorch.norm(a, "nuc"), torch.randn(2, 3))
+
+
+def test_logsumexp_over_an_empty_dim_under_grad_matches_eager() -> None:
+    """logsumexp decomposed (under grad) over a dim of size 0, constant or symbolic: -inf and a zero-size gradient
+    as eager's, not the maximum's 'Expected reduction dim to have non-zero size'."""
+    def f(x):
+        return x.logsumexp(0), x.logsumexp(1)
+
+    jitted = minijit.jit(f)
+    for n in (2, 0, 3, 0):
+        x = torch.randn(n, 3, requires_grad=True)
+        xj = x.detach().clone().requires_grad_()
+        expected, actual = f(x), jitted(xj)
+        torch.testing.assert_close(actual, expected)
+        sum(e.sum() for e in expected).backward()
+        sum(a.sum() for a in actual).backward()
+        torch.testing.assert_close(xj.grad, x.grad)
+
+
+@pytest.mark.parametrize("op", ["cumsum", "max", "diff", "norm", "repeat_interleave"])
+def test_a_symbolic_number_as_a_dim_order_or_count_matches_eager(op) -> None:
+    """A number argument made symbolic (it changed between calls) given as a dim, a difference's order, a norm's
+    ord or a repeat count: its value is relied on (the guard checks it), as for a plain int, where the proxy was
+    refused as no int ('dim must be an int, got <IntegerProxy d: int 0>')."""
+    fns = {"cumsum": lambda x, d: x.cumsum(d), "max": lambda x, d: x.max(d).values,
+           "diff": lambda x, d: torch.diff(x, n=d % 3, dim=d), "norm": lambda x, d: x.norm(d + 2),
+           "repeat_interleave": lambda x, d: x.repeat_interleave(d + 1, 0)}
+    fn = fns[op]
+    jitted = minijit.jit(fn, cache="symbolic values")
+    for d in (0, 1, -1):
+        x = torch.randn(3, 4)
+        torch.testing.assert_close(jitted(x, d), fn(x, d))
+
+
+def test_max_of_an_empty_tensor_raises_eagers_runtime_error() -> None:
+    """x.max() / x.min() of no element, under grad too (where the maximum's kernel raised IndexError): eager's
+    RuntimeError, which the caller's `except RuntimeError` catches."""
+    def f(x):
+        return x.max() + x.min()
+
+    jitted = minijit.jit(f)
+    for n in (3, 0, 2, 0):
+        x = torch.randn(n, 2, requires_grad=True)
+        if n:
+            torch.testing.assert_close(jitted(x), f(x))
+            continue
+        with pytest.raises(RuntimeError, match="Expected reduction dim to be specified"):
+            f(x)
+        with pytest.raises(RuntimeError, match="Expected reduction dim to be specified"):
+            jitted(x)

@@ -220,3 +220,20 @@ def test_symbolic_sizes_reuse_one_trace(fn):
         x = torch.arange(float(shape[0] * shape[1])).reshape(shape)
         torch.testing.assert_close(jf(x.clone()), fn(x.clone()), rtol=0, atol=0)
     assert minijit.cache_info(jf).misses == 1
+
+
+def test_broadcast_shapes_of_symbolic_sizes_matches_eager() -> None:
+    """torch.broadcast_shapes of shapes with symbolic sizes (torch's own, run on the proxies, raised 'unexpected
+    keyword argument device'; under "automatic" the function then stayed constant): eager's sizes, and eager's
+    RuntimeError, which the user's `except` catches, where they do not broadcast."""
+    def f(x, y):
+        try:
+            shape = torch.broadcast_shapes(x.shape, y.shape, (1,))
+        except RuntimeError:
+            return x.sum()
+        return x.expand(shape) + y
+
+    jitted = minijit.jit(f, cache="symbolic values")
+    for a, b in (((1, 3), (2, 3)), ((2, 3), (3, 3)), ((4, 3), (1, 3)), ((1, 3), (4, 3))):
+        x, y = torch.randn(a), torch.randn(b)
+        torch.testing.assert_close(jitted(x, y), f(x, y))

@@ -79,6 +79,29 @@ def test_gradients_through_a_boolean_mask():
     assert minijit.cache_info(jf).misses == 1
 
 
+def shaped_selection(x):
+    picked = x[x > 0]
+    return (torch.cat([picked, x]) * torch.arange(picked.shape[0] + x.shape[0]),  # a slice of (n + 6) - n: 6
+            F.pad(picked, (1, 2)), picked.reshape(1, -1) * 2, torch.stack([picked, picked * 3]),
+            picked.unsqueeze(0).t().contiguous(), picked[:2] * 5)
+
+
+def test_gradients_through_shape_ops_on_a_selection():
+    """cat, pad, reshape, stack, transpose and slices of a selection, under grad: the VJP rules give each input a
+    gradient of its own size, without comparing sizes only the trace knows (which refused)."""
+    jf = minijit.jit(shaped_selection)
+    for mask in ([1, 0, 1, 0, 1, 0], [1, 1, 0, 1, 1, 0], [0] * 6):
+        mask = torch.tensor(mask)
+        x = torch.randn(6).abs() * (mask * 2 - 1)
+        x, x_eager = x.requires_grad_(), x.detach().clone().requires_grad_()
+        got, want = jf(x), shaped_selection(x_eager)
+        assert_same(got, want)
+        sum(o.sum() for o in got).backward()
+        sum(o.sum() for o in want).backward()
+        torch.testing.assert_close(x.grad, x_eager.grad, **TOL)
+    assert minijit.cache_info(jf).eager_calls == 0
+
+
 def branch_on_count(x):
     kept = x[x > 0]
     if kept.shape[0] > 2:  # a decision on the count: one trace per outcome, checked by the trace

@@ -50,14 +50,19 @@ def _mask_error(op: str) -> UnsupportedOpError:
 
 
 def _constant_index(op: str, values: Sequence[Any], device: torch.device) -> TensorProxy:
-    """An int64 index tensor holding the (nested) list of ints `values`, built from prims."""
-    as_tensor = torch.tensor(values)
+    """An int64 index tensor holding the (nested) list of ints `values`, built from prims (symbolic ints among them
+    become elements computed at run time)."""
+    as_tensor = torch.tensor(_placeholders(values))
     if as_tensor.dtype == torch.bool:
         raise _mask_error(op)
     if as_tensor.dtype != torch.int64:
         raise _fail(op, f"a list index must hold ints, got {values!r}")
     flat = as_tensor.flatten().tolist()
     n = len(flat)
+    symbolic = _leaves(values)
+    if any(isinstance(v, NumberProxy) for v in symbolic):
+        index = prims.cat([prims.full((1,), v, dtype=torch.int64, device=device) for v in symbolic], 0)
+        return reshape_to(index, tuple(as_tensor.shape))
     step = flat[1] - flat[0] if n > 1 else 1
     if n and all(b - a == step for a, b in itertools.pairwise(flat)):
         index = prims.iota(n, start=flat[0], step=step, dtype=torch.int64, device=device)
@@ -66,6 +71,23 @@ def _constant_index(op: str, values: Sequence[Any], device: torch.device) -> Ten
     else:
         index = prims.full((0,), 0, dtype=torch.int64, device=device)
     return reshape_to(index, tuple(as_tensor.shape))
+
+
+def _placeholders(values: Any) -> Any:
+    """The (nested) list `values` with each symbolic number replaced by a number of its type, for torch.tensor to
+    tell the shape and dtype of."""
+    if isinstance(values, list | tuple):
+        return [_placeholders(v) for v in values]
+    if isinstance(values, NumberProxy):
+        return 0 if isinstance(values, IntegerProxy) else 0.5
+    return values
+
+
+def _leaves(values: Any) -> list[Any]:
+    """The numbers of the (nested) list `values`, in row-major order."""
+    if isinstance(values, list | tuple):
+        return [leaf for v in values for leaf in _leaves(v)]
+    return [values]
 
 
 def _is_int(x: Any) -> bool:
@@ -102,6 +124,10 @@ def _key_items(op: str, a: TensorProxy, key: Any) -> list[Any]:
                 raise _fail(op, f"tensors used as indices must be integer or bool tensors, got {item.dtype}")
         elif isinstance(item, slice):
             for part in (item.start, item.stop, item.step):
+                if type(part) is float or (isinstance(part, NumberProxy) and part.python_type is float):
+                    # eager's TypeError for bad input (a MetaError is typed as eager's error), not a limitation
+                    value = part.value if isinstance(part, NumberProxy) else part
+                    raise _fail(op, f"slice indices must be integers or None, got {value!r}")
                 if part is not None and not _is_int(part):
                     raise UnsupportedOpError(f"ltorch.{op}: slice bounds must be ints, got "
                                              f"{type(part).__name__}{where_now()}")

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from minijit.errors import MetaError
+from minijit.errors import MetaError, as_eager
 from minijit.ir import TensorProxy
 from minijit.ir.proxies import rule_compare, rule_same_shape
 from minijit.ops import prims
@@ -28,6 +28,7 @@ from minijit.ops.utils import (
     fail,
     numel_of,
     refuse_non_int,
+    relied_on,
     reshape_to,
     tensor_argument,
     to_dtype,
@@ -141,7 +142,11 @@ def _declare_max_min(name: str, reduce: Any, arg_reduce: Any, binary: Any) -> An
         if isinstance(dim, TensorProxy):  # torch.max(input, other)
             return binary(input, dim)
         if dim is None:
+            if rule_compare(numel_of(input.shape), "==", 0):  # eager's RuntimeError, not the maximum's IndexError
+                raise as_eager(fail(name, f"{name}(): Expected reduction dim to be specified for input.numel() == 0. "
+                                          "Specify the reduction dim with the 'dim' argument."), RuntimeError)
             return reduce(input)
+        dim = relied_on(dim)
         if not isinstance(dim, int):
             raise fail(name, f"dim must be an int, got {dim!r}")
         values = reduce(input, dim, keepdim)
@@ -268,9 +273,13 @@ def logsumexp(input: TensorProxy, dim: Any, keepdim: bool = False) -> TensorProx
     dtype = input.dtype if _is_float(input.dtype) else torch.get_default_dtype()
     dims = reduction_dims("logsumexp", dim, input.ndim)
     x = to_dtype(input, compute_dtype_for(dtype))
-    top = keep_dims(prims.amax(x, dims), x.shape, dims)
-    # An infinite maximum would give inf - inf = nan; shifting by 0 there is exact anyway.
-    top = where(isinf(top), 0, top)
+    if rule_compare(numel_of(x.shape, dims), "==", 0):
+        # No element to take the maximum of (amax raises there): the empty sum's log is -inf, as eager's
+        top = prims.full(tuple(1 if i in dims else s for i, s in enumerate(x.shape)), 0, dtype=x.dtype, device=x.device)
+    else:
+        top = keep_dims(prims.amax(x, dims), x.shape, dims)
+        # An infinite maximum would give inf - inf = nan; shifting by 0 there is exact anyway.
+        top = where(isinf(top), 0, top)
     out = add(log(prims.sum(exp(sub(x, top)), dims)), reshape_to(top, tuple(s for i, s in enumerate(x.shape) if i not in dims)))
     return _finish(out, dtype, input.shape, dims, keepdim)
 
@@ -281,6 +290,7 @@ def cumsum(input: TensorProxy, dim: int, *, dtype: torch.dtype | None = None) ->
     tensor_argument("cumsum", input)
     if dtype is None:
         dtype = input.dtype if _is_float(input.dtype) else torch.int64
+    dim = relied_on(dim)
     if not isinstance(dim, int):
         raise fail("cumsum", f"dim must be an int, got {dim!r}")
     d = reduction_dims("cumsum", dim, input.ndim)[0]
@@ -293,6 +303,7 @@ def diff(input: TensorProxy, n: int = 1, dim: int = -1, prepend: TensorProxy | N
     """torch.diff: the `n`-th forward difference along `dim` (a logical xor for bool), after joining
     `prepend` and `append` to `input` along `dim`."""
     tensor_argument("diff", input)
+    n, dim = relied_on(n), relied_on(dim)
     if not isinstance(n, int) or n < 0:
         raise fail("diff", f"order must be a non-negative int, got {n!r}")
     if input.ndim == 0:
@@ -321,6 +332,7 @@ def vector_norm_of(op: str, x: TensorProxy, ord: Any, dim: Any, keepdim: bool, d
         x = to_dtype(x, dtype)
     if not _is_float(x.dtype):
         raise fail(op, f"needs a floating point or complex input, got {x.dtype}")
+    ord = relied_on(ord)  # noqa: A001
     if not isinstance(ord, int | float) or isinstance(ord, bool):
         raise fail(op, f"ord must be a number, got {ord!r}")
     dims = reduction_dims(op, dim, x.ndim)

@@ -32,6 +32,7 @@ from minijit.ops.utils import (
     is_number,
     larger,
     refuse_non_int,
+    relied_on,
     reshape_to,
     shape_arg,
     smaller,
@@ -609,6 +610,7 @@ def repeat_interleave(input: TensorProxy, repeats: Any = None, dim: int | None =
         raise UnsupportedOpError(
             f"ltorch.repeat_interleave with repeats given as a tensor{where_now()}: the output's shape depends on the "
             "tensor's values, which a trace cannot; pass repeats as an int, or give output_size")
+    repeats = relied_on(repeats)
     if type(repeats) is not int or repeats < 0:
         raise _fail("repeat_interleave", f"repeats must be a non-negative int, got {repeats!r}")
     a = reshape_to(input, (math.prod(input.shape),)) if dim is None else input

@@ -196,7 +196,8 @@ def pow_bwd(saved: tuple[Any, ...], g: TensorProxy) -> tuple[Any, ...]:
 
     def grad_exponent() -> TensorProxy:
         # d/db a**b = a**b * log(a); 0 where a == 0 and b >= 0, as torch does.
-        d = P.mul(out, P.log(a) if is_tensor(a) else math.log(a) if a > 0 else float("nan"))
+        # a number base's log as eager's Scalar log: -inf at 0 (0 ** b for b < 0 is inf: the gradient -inf), nan below
+        d = P.mul(out, P.log(a) if is_tensor(a) else math.log(a) if a > 0 else -math.inf if a == 0 else math.nan)
         if is_tensor(a):
             d = P.where(P.logical_and(P.eq(a, 0), P.ge(b, 0)), zeros_like(d), d)
         elif a == 0:

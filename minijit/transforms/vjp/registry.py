@@ -173,7 +173,8 @@ def sum_to_shape(g: TensorProxy, shape: Sequence[Any]) -> TensorProxy:
 def reshape_to(x: TensorProxy, shape: Sequence[Any]) -> TensorProxy:
     """`x` reshaped to `shape`, or `x` itself when it already has that shape."""
     shape = tuple(shape)
-    return x if rule_same_shape(x.shape, shape) else prims.reshape(x, shape)
+    # The ranks first: sizes of different ranks are not compared (one only the trace knows could not be)
+    return x if len(x.shape) == len(shape) and rule_same_shape(x.shape, shape) else prims.reshape(x, shape)
 
 
 def cast_like(g: TensorProxy, x: TensorProxy) -> TensorProxy:
