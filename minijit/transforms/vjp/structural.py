@@ -127,9 +127,10 @@ def slice_fwd(x: TensorProxy, start_indices: Sequence[int], end_indices: Sequenc
 @slice_fwd.backward
 def slice_bwd(saved: Saved, g: TensorProxy) -> tuple[Any, ...]:
     shape, starts, ends, strides = saved
-    if any(computed_int(d) for d in (*g.shape, *shape)):
-        # Bounds or sizes the trace computes (`x[:n.item()]`, minijit.ops.runtime_bounds; `x[x > 0][:2]`): nothing
-        # to compare, so the gradient is written into zeros where the slice read, whatever its length.
+    if any(computed_int(d) for d in (*g.shape, *shape, *starts, *strides)):
+        # Bounds, steps or sizes the trace computes (`x[:n.item()]`, minijit.ops.runtime_bounds; `x[::n.item() + 1]`;
+        # `x[x > 0][:2]`): nothing to compare, so the gradient is written into zeros where the slice read, whatever
+        # its length.
         zeros = P.full(tuple(shape), 0, dtype=g.dtype, device=g.device)
         return (P.slice_scatter(zeros, g, list(starts), list(ends), list(strides)), None, None, None)
     for dim, (size, start, stride) in enumerate(zip(shape, starts, strides)):
