@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from minijit.errors import MetaError, MinijitError, as_eager
+from minijit.errors import EAGER_TYPES, MetaError, MinijitError, as_eager
 from minijit.ir import NumberProxy, Symbol, TensorProxy, tree_flatten, tree_map
 from minijit.ir.context import where_now
 from minijit.ops.eager_facts import eager_impl
@@ -47,10 +47,14 @@ def eager_refusal(sym: Symbol, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
     return as_eager(MetaError(f"{sym.id}: torch raised {type(found).__name__}: {text}{where_now()}"), type(found))
 
 
-def out_dtype_refusal(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> MinijitError | None:
-    """Eager's refusal of `fn(*args, **kwargs, out=out)` where the out= tensors' dtypes differ from the results' (which
-    they can hold), as a MetaError of eager's type; None where eager casts into them (its elementwise ops and most
-    reductions do; `gather`, `mm`, `amax`, `clamp`... want the result's dtype exactly)."""
+def out_refusal(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
+                shared: bool = False) -> MinijitError | None:
+    """Eager's refusal of `fn(*args, **kwargs, out=out)` because of `out=` itself, as a MetaError of eager's type; None
+    where eager takes that `out` (or where the call does not run on stand-ins, so eager's answer is not found here).
+
+    It runs `fn` on stand-ins (`_concrete`) once without `out=` and once with stand-ins shaped and typed like the out=
+    tensors: an error only the second call raises is the out= tensors' (a dtype eager will not cast into, a shape it
+    will not resize, `flip` taking no `out`, `where`'s out= overload wanting a tensor `other`)."""
     concrete = _concrete(tuple(args), kwargs)
     try:
         with torch.no_grad(), warnings.catch_warnings():
@@ -60,17 +64,25 @@ def out_dtype_refusal(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ou
         return None
     targets = out if isinstance(out, tuple | list) else (out,)
     made = results if isinstance(results, tuple | list) else (results,)
-    if len(made) != len(targets) or not all(isinstance(r, torch.Tensor) for r in made):
+    if not all(isinstance(t, TensorProxy | torch.Tensor) for t in targets) or not all(
+            isinstance(r, torch.Tensor) for r in made):
         return None
-    outs = [torch.empty(r.shape, dtype=t.dtype, device=r.device) for r, t in zip(made, targets, strict=True)]
+    device = made[0].device if made else "cpu"
+    # With `shared`, an out= tensor that is also an argument is that argument's stand-in, so eager sees the overlap
+    # (some ops refuse any overlap; where none needs resizing, functionalization refuses it with its own words).
+    same = {id(p): c for p, c in zip(tree_flatten((args, kwargs)), tree_flatten(concrete), strict=True)
+            if shared and isinstance(p, TensorProxy | torch.Tensor) and isinstance(c, torch.Tensor)}
+    outs = [same.get(id(t)) if id(t) in same else torch.empty(
+        _sizes(t) if isinstance(t, TensorProxy) else t.shape, dtype=t.dtype, device=device) for t in targets]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         found = _raised(fn, (concrete[0], {**concrete[1], "out": type(out)(outs) if targets is out else outs[0]}))
-    if not isinstance(found, RuntimeError):
+    if found is None or not isinstance(found, EAGER_TYPES):
         return None
-    text = str(found).strip().splitlines()[0]
+    text = str(found).strip().splitlines()[0] if str(found).strip() else type(found).__name__
     name = getattr(fn, "__name__", "the op")
-    return as_eager(MetaError(f"torch.{name} with out=: torch raised RuntimeError: {text}{where_now()}"), RuntimeError)
+    return as_eager(MetaError(f"torch.{name} with out=: torch raised {type(found).__name__}: {text}{where_now()}"),
+                    type(found))
 
 
 def _concrete(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
