@@ -206,3 +206,41 @@ def test_std_and_norms_where_the_result_is_zero(name: str, fn: Callable[..., Any
     # Eager's std and norm backward give 0 where the result is 0; differentiating sqrt there gives nan.
     torch.manual_seed(0)
     _check(fn, _rows_with_a_constant_and_a_zero_row(), dtype=dtype)
+
+
+def _forward_then_backward(fn: Callable[..., Any], backward: Callable[[Any], None]) -> tuple[str, Any]:
+    """Where `fn(x)` then `backward(out)` stops: ("forward", error), ("backward", error) or ("done", x.grad)."""
+    x = torch.tensor([1.5, -2.5, 3.0, 7.0], requires_grad=True)
+    try:
+        out = fn(x)
+    except Exception as error:
+        return "forward", error
+    try:
+        backward(out)
+    except Exception as error:
+        return "backward", error
+    return "done", x.grad
+
+
+FLOOR_DIVIDES = {
+    "floordiv_operator": (lambda x: x // 2, lambda out: out.sum().backward()),
+    "floor_divide_tensors": (lambda x: torch.floor_divide(x, x.detach() + 10), lambda out: out.sum().backward()),
+    "rfloordiv": (lambda x: 7 // x, lambda out: out.sum().backward()),
+    "div_floor_mode": (lambda x: torch.div(x, 2, rounding_mode="floor"), lambda out: out.sum().backward()),
+    "not_reached": (lambda x: (x * 2, x // 2), lambda out: out[0].sum().backward()),
+    "reached_of_two": (lambda x: (x * 2, x // 2), lambda out: out[1].sum().backward()),
+}
+
+
+@pytest.mark.parametrize("name", list(FLOOR_DIVIDES))
+def test_floor_divide_backward_raises_where_eager_does(name: str) -> None:
+    # Eager has no derivative for floor_divide: `.backward()` raises when it reaches the op (div with
+    # rounding_mode="floor" has a zero gradient); the forward works.
+    fn, backward = FLOOR_DIVIDES[name]
+    want_stage, want = _forward_then_backward(fn, backward)
+    got_stage, got = _forward_then_backward(minijit.jit(fn), backward)
+    assert got_stage == want_stage
+    if want_stage == "done":
+        torch.testing.assert_close(got, want)
+    else:
+        assert isinstance(got, type(want))

@@ -17,7 +17,8 @@ from typing import Any
 from minijit.errors import UnsupportedOpError
 from minijit.ir import TensorProxy
 from minijit.ir.context import where_now
-from minijit.ops import prims
+from minijit.ops import aten_prims, prims
+from minijit.ops.registry import ALL_LTORCH
 from minijit.transforms.vjp.registry import VjpRule, is_tensor, vjp, zeros_like
 
 P = prims
@@ -268,6 +269,19 @@ floor_divide_fwd = _binary(prims.floor_divide)
 
 @floor_divide_fwd.backward
 def floor_divide_bwd(saved: tuple[Any, ...], g: TensorProxy) -> tuple[Any, ...]:
+    return tuple(zeros_like(x) if is_tensor(x) else None for x in saved)
+
+
+@vjp("ltorch.floor_divide")
+def ltorch_floor_divide_fwd(a: Any, b: Any) -> tuple[TensorProxy, tuple[Any, ...]]:
+    return ALL_LTORCH["floor_divide"](a, b), (a, b)
+
+
+@ltorch_floor_divide_fwd.backward
+def ltorch_floor_divide_bwd(saved: tuple[Any, ...], g: TensorProxy) -> tuple[Any, ...]:
+    # Eager has no derivative for torch.floor_divide (`//`): its backward raises where it reaches the op, while
+    # div(rounding_mode='floor'), the same prim, has a zero gradient.
+    aten_prims.no_derivative(g, "floor_divide")
     return tuple(zeros_like(x) if is_tensor(x) else None for x in saved)
 
 
