@@ -244,3 +244,31 @@ def test_floor_divide_backward_raises_where_eager_does(name: str) -> None:
         torch.testing.assert_close(got, want)
     else:
         assert isinstance(got, type(want))
+
+
+ORDER_ZERO_NORMS = {
+    "vector_norm": lambda x: torch.linalg.vector_norm(x, 0),
+    "vector_norm_dim_float": lambda x: torch.linalg.vector_norm(x, 0.0, dim=1, keepdim=True),
+    "tensor_norm": lambda x: x.norm(0),
+    "torch_norm_dim": lambda x: torch.norm(x, p=0, dim=0),
+    "with_another_use": lambda x: torch.linalg.vector_norm(x, 0) + x.sum(),
+    "order_two": lambda x: torch.linalg.vector_norm(x, 2),
+}
+
+
+@pytest.mark.parametrize("name", list(ORDER_ZERO_NORMS))
+def test_norm_of_order_zero_requires_grad_like_eager(name: str) -> None:
+    # The count of nonzeros: eager's result requires grad, and its backward gives x no gradient.
+    fn = ORDER_ZERO_NORMS[name]
+    results = []
+    for f in (fn, minijit.jit(fn)):
+        x = torch.tensor([[1.5, 0.0, -2.0], [0.0, 3.0, 0.5]], requires_grad=True)
+        out = f(x)
+        if out.requires_grad:
+            out.sum().backward()
+        results.append((out, out.requires_grad, x.grad))
+    (want, want_rg, want_grad), (got, got_rg, got_grad) = results
+    torch.testing.assert_close(got, want)
+    assert got_rg == want_rg and (got_grad is None) == (want_grad is None)
+    if want_grad is not None:
+        torch.testing.assert_close(got_grad, want_grad)

@@ -328,3 +328,37 @@ def native_dropout_bwd(saved: tuple[Any, ...], g: TensorProxy | None, g_mask: An
     # The forward's mask, saved: the backward never draws again.
     mask, scale = saved
     return P.native_dropout_backward(g, mask, scale), None
+
+
+# -- norms of order 0 ----------------------------------------------------------------------------------------------
+# The count of nonzero elements: eager's result requires grad, but its backward gives no gradient (`x.grad` stays
+# None where nothing else reaches x); the decomposition's cast to bool would make the result constant.
+
+def _order_zero(order: Any) -> bool:
+    return isinstance(order, int | float) and not isinstance(order, bool) and order == 0
+
+
+@vjp("ltorch.vector_norm")
+def vector_norm_fwd(x: TensorProxy, ord: Any = 2, dim: Any = None, keepdim: bool = False, *,  # noqa: A002
+                    dtype: Any = None) -> Any:
+    if not _order_zero(ord):
+        return NotImplemented
+    return ALL_LTORCH["vector_norm"](x, ord, dim, keepdim, dtype=dtype), ()
+
+
+@vector_norm_fwd.backward
+def vector_norm_bwd(saved: tuple[Any, ...], g: TensorProxy) -> tuple[Any, ...]:
+    return None, None, None, None
+
+
+@vjp("ltorch.norm")
+def norm_fwd(input: TensorProxy, p: Any = "fro", dim: Any = None, keepdim: bool = False,  # noqa: A002
+             dtype: Any = None) -> Any:
+    if not _order_zero(p):
+        return NotImplemented
+    return ALL_LTORCH["norm"](input, p, dim, keepdim, dtype), ()
+
+
+@norm_fwd.backward
+def norm_bwd(saved: tuple[Any, ...], g: TensorProxy) -> tuple[Any, ...]:
+    return None, None, None, None, None
