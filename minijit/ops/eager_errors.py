@@ -29,7 +29,10 @@ def eager_error(error: MinijitError, sym: Symbol, args: tuple[Any, ...], kwargs:
     """`error`, raised while recording the user's call of ltorch op `sym`, typed as eager's error for that call."""
     if not isinstance(error, MetaError) or getattr(type(error), "eager_type", None) is not None:
         return error
-    raised = getattr(error, "eager_raised", None)
+    # Eager's own CPU kernels decide where they run on stand-ins: a meta kernel may raise another type than the
+    # kernel does (aminmax on an empty dim: RuntimeError on meta, IndexError on the CPU), or an AssertionError.
+    found = raised_on_cpu(eager_impl(sym), args, kwargs)
+    raised = type(found) if found is not None else getattr(error, "eager_raised", None)
     if raised is None:
         found = _raised_on_meta(sym, args, kwargs)
         raised = None if found is None else type(found)
@@ -118,24 +121,32 @@ def _raised_on_meta(sym: Symbol, args: tuple[Any, ...], kwargs: dict[str, Any]) 
             return x.value
         return x
 
-    # On CPU tensors, eager's own kernels decide, on small tensors of zeros: meta kernels skip some checks (the
-    # dtypes a CPU kernel supports) and raise others as another type (`normal_` on int64: RuntimeError on meta,
-    # NotImplementedError on the CPU).
-    proxies = [x for x in tree_flatten((tuple(args), kwargs)) if isinstance(x, TensorProxy)]
-    if proxies and all(x.device.type == "cpu" for x in proxies) and sum(math.prod(_sizes(x)) for x in proxies) <= 2**16:
-
-        def to_zeros(x: Any) -> Any:
-            if isinstance(x, TensorProxy):
-                return torch.zeros(_sizes(x), dtype=x.dtype)
-            return x.value if isinstance(x, NumberProxy) else x
-
-        found = _raised(impl, tree_map(to_zeros, (tuple(args), dict(kwargs))))
-        if found is not None:
-            return found
+    found = raised_on_cpu(impl, args, kwargs)
+    if found is not None:
+        return found
     found = _raised(impl, tree_map(to_meta, (tuple(args), dict(kwargs))))
     # On meta tensors a NotImplementedError is the meta kernel's limit (`torch.where(mask)` runs nonzero, whose
     # size depends on the values), never eager refusing.
     return None if isinstance(found, NotImplementedError) else found
+
+
+def raised_on_cpu(impl: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Exception | None:
+    """The exception `impl` raises on small CPU tensors of zeros like the proxies, where all are small CPU tensors.
+
+    On CPU tensors, eager's own kernels decide: meta kernels skip some checks (the dtypes a CPU kernel supports)
+    and raise others as another type (`normal_` on int64: RuntimeError on meta, NotImplementedError on the CPU)."""
+    proxies = [x for x in tree_flatten((tuple(args), kwargs)) if isinstance(x, TensorProxy)]
+    if impl is None or not proxies or not all(x.device.type == "cpu" for x in proxies) or \
+            sum(math.prod(_sizes(x)) for x in proxies) > 2**16:
+        return None
+
+    def to_zeros(x: Any) -> Any:
+        if isinstance(x, TensorProxy):
+            return torch.zeros(_sizes(x), dtype=x.dtype)
+        return x.value if isinstance(x, NumberProxy) else x
+
+    with torch.random.fork_rng(devices=[]):  # a random op's draws here leave torch's generator as it was
+        return _raised(impl, tree_map(to_zeros, (tuple(args), dict(kwargs))))
 
 
 def _raised(impl: Any, call: tuple[tuple[Any, ...], dict[str, Any]]) -> Exception | None:
