@@ -32,7 +32,7 @@ def _error_cases(info: Any) -> list[Any]:
 # whose eager type is not found yet). Every other op raises eager's type.
 OWN_REFUSALS = frozenset({
     "arange", "kthvalue", "masked_select", "narrow", "__rdiv__", "index_select",
-    "take", "histogramdd", "cat", "unbind", "jiterator_binary", "jiterator_binary_return_by_ref",
+    "take", "histogramdd", "cat", "jiterator_binary", "jiterator_binary_return_by_ref",
 })
 
 
