@@ -149,6 +149,23 @@ def raised_on_cpu(impl: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> E
         return _raised(impl, tree_map(to_zeros, (tuple(args), dict(kwargs))))
 
 
+def raised_for_any_values(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Exception | None:
+    """The exception eager's `fn` raises on small CPU tensors of zeros like the proxies where it raises on meta
+    tensors too, so not because of the values (zeros make `inv` singular and integer division divide by zero);
+    None otherwise."""
+    found = raised_on_cpu(fn, args, kwargs)
+    if found is None:
+        return None
+
+    def to_meta(x: Any) -> Any:
+        if isinstance(x, TensorProxy):
+            return torch.empty(_sizes(x), dtype=x.dtype, device="meta")
+        return x.value if isinstance(x, NumberProxy) else x
+
+    on_meta = _raised(fn, tree_map(to_meta, (tuple(args), dict(kwargs))))
+    return None if on_meta is None or isinstance(on_meta, NotImplementedError) else found
+
+
 def _raised(impl: Any, call: tuple[tuple[Any, ...], dict[str, Any]]) -> Exception | None:
     """The exception `impl(*args, **kwargs)` raises (none for a missing meta kernel), or None."""
     try:

@@ -55,7 +55,15 @@ from typing import Any
 import torch
 from torch._library.custom_ops import CustomOpDef
 
-from minijit.errors import DataDependentShapeError, DeviceError, InplaceError, MinijitError, TracesEagerBody, UnsupportedOpError
+from minijit.errors import (
+    DataDependentShapeError,
+    DeviceError,
+    InplaceError,
+    MinijitError,
+    TracesEagerBody,
+    UnsupportedOpError,
+    as_eager,
+)
 from minijit.ir import Effects, Symbol, Tag, TensorProxy, current_trace, tree_flatten, tree_map
 from minijit.ir.containers import sequence_leaves
 from minijit.ir.context import value_reader, where_now
@@ -63,7 +71,7 @@ from minijit.ir.proxies import TENSOR_METHOD_FALLBACKS, TENSOR_METHODS, rule_sam
 from minijit.ops import prims
 from minijit.ops.aliases import canonical, resolve
 from minijit.ops.autocast import active_autocast, opaque_autocast_arguments
-from minijit.ops.eager_errors import out_refusal
+from minijit.ops.eager_errors import out_refusal, raised_for_any_values
 from minijit.ops.eager_facts import write_facts
 from minijit.ops.meta_run import READS_STORAGE, MetaResult, TensorMeta, map_leaves, named_tuple_for, run_on_meta
 from minijit.ops.number_args import check_dtype, numbers_only, takes_tensor_first, with_tensor_input
@@ -119,15 +127,30 @@ def call_ltorch(fn: Any, sym: Symbol, args: tuple[Any, ...] | list[Any], kwargs:
     except DECLINED as declined:
         trace = current_trace()
         if trace is None or not is_opaque_candidate(fn) or isinstance(declined, TracesEagerBody):
-            raise
+            raise _as_eager_refusal(declined, fn, args, kwargs) from declined.__cause__
         try:
             result = opaque_call(fn, tuple(args), kwargs)
         except MinijitError:
-            raise declined from None
+            raise _as_eager_refusal(declined, fn, args, kwargs) from None
         # Why the decomposition was not used, for debugging and docs/ops.md.
         if trace.capture is not None:
             trace.capture.declined.append((sym.id, f"{type(declined).__name__}: {declined}"))
         return result
+
+
+def _as_eager_refusal(declined: Exception, fn: Any, args: Any, kwargs: dict[str, Any]) -> Exception:
+    """`declined`, minijit's refusal of a call, as eager's error type too where eager's CPU kernel raises for the
+    same call on stand-ins whatever their values (`torch.arange(0, 1, 0, out=o)`: ValueError), so the user's `except`
+    behaves the same (a refusal typed for an error eager would not raise would send the user's code to its handler)."""
+    if not isinstance(declined, UnsupportedOpError) or getattr(type(declined), "eager_type", None) is not None:
+        return declined
+    found = raised_for_any_values(fn, tuple(args), kwargs)
+    if found is None:
+        return declined
+    typed = as_eager(declined, type(found))
+    if typed is not declined:
+        typed.__traceback__ = declined.__traceback__
+    return typed
 
 
 def _into_out(fn: Any, sym: Symbol, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any], out: Any) -> Any:

@@ -31,7 +31,7 @@ def _error_cases(info: Any) -> list[Any]:
 # would resize, an out= that is a view overlapping an operand, a data-dependent size, no meta kernel; or a check
 # whose eager type is not found yet). Every other op raises eager's type.
 OWN_REFUSALS = frozenset({
-    "arange", "kthvalue", "masked_select", "narrow", "__rdiv__", "index_select",
+    "kthvalue", "masked_select", "__rdiv__", "index_select",
     "take", "histogramdd", "cat", "jiterator_binary", "jiterator_binary_return_by_ref",
 })
 
