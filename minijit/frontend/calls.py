@@ -255,11 +255,18 @@ def _with_known_numbers_if_refused(fn: Callable[..., Any], args: Any, kwargs: di
     numbers given as those numbers, as eager reads them where it needs an int (minijit/frontend/folding.py)."""
     try:
         return fn(*args, **kwargs)
-    except MinijitError:
+    except MinijitError as refused:
         numbers = with_known_numbers(args, kwargs)
         if numbers is None:
             raise
-    return fn(*numbers[0], **numbers[1])
+        try:
+            return fn(*numbers[0], **numbers[1])
+        except MinijitError:
+            # Refused with the numbers too: where the call as made was refused as eager refuses it, that is
+            # eager's error (`torch.unbind` of a 0-dim int tensor: IndexError, not unbinding a number's TypeError).
+            if getattr(type(refused), "eager_type", None) is None:
+                raise
+            raise refused from None
 
 
 def dispatch_torch_function(fn: Any, overloaded: list[Any], args: tuple[Any, ...] | list[Any],

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from minijit.errors import MetaError, UnsupportedSyntaxError, ValueGuardMiss
+from minijit.errors import MetaError, UnsupportedSyntaxError, ValueGuardMiss, as_eager
 from minijit.ir import TENSOR_METHODS, Effects, FloatProxy, IntegerProxy, NumberProxy, Symbol, Tag, TensorProxy, tree_map
 from minijit.ir.context import value_reader, where_now
 from minijit.ir.layouts import outside_inference_mode
@@ -537,3 +537,23 @@ def _tolist(x: TensorProxy) -> Any:
 
 
 TENSOR_METHODS["tolist"] = _tolist
+
+
+def _no_derivative_meta(g: Any, op: str) -> None:
+    """No output: the backward of an op eager has no derivative for records it where a gradient reaches the op."""
+
+
+def _no_derivative_impl(g: Any, op: str) -> None:
+    # Autograd runs eager's node only where the backward reaches it; here an output's cotangent that autograd left
+    # None comes as zeros, so a zero `g` may be one not reached: only a nonzero one is surely reached (the backward
+    # is linear in the cotangents). A reached op whose cotangent is all zeros gets zero gradients, unlike eager.
+    if not bool(g.ne(0).any()):
+        return
+    raise as_eager(MetaError(f"the derivative for '{op}' is not implemented (as in eager, which raises when the "
+                             "backward reaches it); compute it under torch.no_grad() or detach its inputs"),
+                   RuntimeError)
+
+
+# external: never dropped or moved, so the backward raises where eager's would, at `.backward()`, not before.
+no_derivative = prims._prim("no_derivative", _no_derivative_meta, Effects(external=True))
+ATEN_IMPLS[no_derivative] = _no_derivative_impl

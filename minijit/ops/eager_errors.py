@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from minijit.errors import MetaError, MinijitError, as_eager
+from minijit.errors import EAGER_TYPES, MetaError, MinijitError, as_eager
 from minijit.ir import NumberProxy, Symbol, TensorProxy, tree_flatten, tree_map
 from minijit.ir.context import where_now
 from minijit.ops.eager_facts import eager_impl
@@ -29,7 +29,10 @@ def eager_error(error: MinijitError, sym: Symbol, args: tuple[Any, ...], kwargs:
     """`error`, raised while recording the user's call of ltorch op `sym`, typed as eager's error for that call."""
     if not isinstance(error, MetaError) or getattr(type(error), "eager_type", None) is not None:
         return error
-    raised = getattr(error, "eager_raised", None)
+    # Eager's own CPU kernels decide where they run on stand-ins: a meta kernel may raise another type than the
+    # kernel does (aminmax on an empty dim: RuntimeError on meta, IndexError on the CPU), or an AssertionError.
+    found = raised_on_cpu(eager_impl(sym), args, kwargs)
+    raised = type(found) if found is not None else getattr(error, "eager_raised", None)
     if raised is None:
         found = _raised_on_meta(sym, args, kwargs)
         raised = None if found is None else type(found)
@@ -47,10 +50,14 @@ def eager_refusal(sym: Symbol, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
     return as_eager(MetaError(f"{sym.id}: torch raised {type(found).__name__}: {text}{where_now()}"), type(found))
 
 
-def out_dtype_refusal(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> MinijitError | None:
-    """Eager's refusal of `fn(*args, **kwargs, out=out)` where the out= tensors' dtypes differ from the results' (which
-    they can hold), as a MetaError of eager's type; None where eager casts into them (its elementwise ops and most
-    reductions do; `gather`, `mm`, `amax`, `clamp`... want the result's dtype exactly)."""
+def out_refusal(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
+                shared: bool = False) -> MinijitError | None:
+    """Eager's refusal of `fn(*args, **kwargs, out=out)` because of `out=` itself, as a MetaError of eager's type; None
+    where eager takes that `out` (or where the call does not run on stand-ins, so eager's answer is not found here).
+
+    It runs `fn` on stand-ins (`_concrete`) once without `out=` and once with stand-ins shaped and typed like the out=
+    tensors: an error only the second call raises is the out= tensors' (a dtype eager will not cast into, a shape it
+    will not resize, `flip` taking no `out`, `where`'s out= overload wanting a tensor `other`)."""
     concrete = _concrete(tuple(args), kwargs)
     try:
         with torch.no_grad(), warnings.catch_warnings():
@@ -60,17 +67,25 @@ def out_dtype_refusal(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ou
         return None
     targets = out if isinstance(out, tuple | list) else (out,)
     made = results if isinstance(results, tuple | list) else (results,)
-    if len(made) != len(targets) or not all(isinstance(r, torch.Tensor) for r in made):
+    if not all(isinstance(t, TensorProxy | torch.Tensor) for t in targets) or not all(
+            isinstance(r, torch.Tensor) for r in made):
         return None
-    outs = [torch.empty(r.shape, dtype=t.dtype, device=r.device) for r, t in zip(made, targets, strict=True)]
+    device = made[0].device if made else "cpu"
+    # With `shared`, an out= tensor that is also an argument is that argument's stand-in, so eager sees the overlap
+    # (some ops refuse any overlap; where none needs resizing, functionalization refuses it with its own words).
+    same = {id(p): c for p, c in zip(tree_flatten((args, kwargs)), tree_flatten(concrete), strict=True)
+            if shared and isinstance(p, TensorProxy | torch.Tensor) and isinstance(c, torch.Tensor)}
+    outs = [same.get(id(t)) if id(t) in same else torch.empty(
+        _sizes(t) if isinstance(t, TensorProxy) else t.shape, dtype=t.dtype, device=device) for t in targets]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         found = _raised(fn, (concrete[0], {**concrete[1], "out": type(out)(outs) if targets is out else outs[0]}))
-    if not isinstance(found, RuntimeError):
+    if found is None or not isinstance(found, EAGER_TYPES):
         return None
-    text = str(found).strip().splitlines()[0]
+    text = str(found).strip().splitlines()[0] if str(found).strip() else type(found).__name__
     name = getattr(fn, "__name__", "the op")
-    return as_eager(MetaError(f"torch.{name} with out=: torch raised RuntimeError: {text}{where_now()}"), RuntimeError)
+    return as_eager(MetaError(f"torch.{name} with out=: torch raised {type(found).__name__}: {text}{where_now()}"),
+                    type(found))
 
 
 def _concrete(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -106,24 +121,49 @@ def _raised_on_meta(sym: Symbol, args: tuple[Any, ...], kwargs: dict[str, Any]) 
             return x.value
         return x
 
-    # On CPU tensors, eager's own kernels decide, on small tensors of zeros: meta kernels skip some checks (the
-    # dtypes a CPU kernel supports) and raise others as another type (`normal_` on int64: RuntimeError on meta,
-    # NotImplementedError on the CPU).
-    proxies = [x for x in tree_flatten((tuple(args), kwargs)) if isinstance(x, TensorProxy)]
-    if proxies and all(x.device.type == "cpu" for x in proxies) and sum(math.prod(_sizes(x)) for x in proxies) <= 2**16:
-
-        def to_zeros(x: Any) -> Any:
-            if isinstance(x, TensorProxy):
-                return torch.zeros(_sizes(x), dtype=x.dtype)
-            return x.value if isinstance(x, NumberProxy) else x
-
-        found = _raised(impl, tree_map(to_zeros, (tuple(args), dict(kwargs))))
-        if found is not None:
-            return found
+    found = raised_on_cpu(impl, args, kwargs)
+    if found is not None:
+        return found
     found = _raised(impl, tree_map(to_meta, (tuple(args), dict(kwargs))))
     # On meta tensors a NotImplementedError is the meta kernel's limit (`torch.where(mask)` runs nonzero, whose
     # size depends on the values), never eager refusing.
     return None if isinstance(found, NotImplementedError) else found
+
+
+def raised_on_cpu(impl: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Exception | None:
+    """The exception `impl` raises on small CPU tensors of zeros like the proxies, where all are small CPU tensors.
+
+    On CPU tensors, eager's own kernels decide: meta kernels skip some checks (the dtypes a CPU kernel supports)
+    and raise others as another type (`normal_` on int64: RuntimeError on meta, NotImplementedError on the CPU)."""
+    proxies = [x for x in tree_flatten((tuple(args), kwargs)) if isinstance(x, TensorProxy)]
+    if impl is None or not proxies or not all(x.device.type == "cpu" for x in proxies) or \
+            sum(math.prod(_sizes(x)) for x in proxies) > 2**16:
+        return None
+
+    def to_zeros(x: Any) -> Any:
+        if isinstance(x, TensorProxy):
+            return torch.zeros(_sizes(x), dtype=x.dtype)
+        return x.value if isinstance(x, NumberProxy) else x
+
+    with torch.random.fork_rng(devices=[]):  # a random op's draws here leave torch's generator as it was
+        return _raised(impl, tree_map(to_zeros, (tuple(args), dict(kwargs))))
+
+
+def raised_for_any_values(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Exception | None:
+    """The exception eager's `fn` raises on small CPU tensors of zeros like the proxies where it raises on meta
+    tensors too, so not because of the values (zeros make `inv` singular and integer division divide by zero);
+    None otherwise."""
+    found = raised_on_cpu(fn, args, kwargs)
+    if found is None:
+        return None
+
+    def to_meta(x: Any) -> Any:
+        if isinstance(x, TensorProxy):
+            return torch.empty(_sizes(x), dtype=x.dtype, device="meta")
+        return x.value if isinstance(x, NumberProxy) else x
+
+    on_meta = _raised(fn, tree_map(to_meta, (tuple(args), dict(kwargs))))
+    return None if on_meta is None or isinstance(on_meta, NotImplementedError) else found
 
 
 def _raised(impl: Any, call: tuple[tuple[Any, ...], dict[str, Any]]) -> Exception | None:

@@ -43,6 +43,7 @@ from minijit.ir.containers import sequence_leaves
 from minijit.ir.context import where_now
 from minijit.ir.layouts import outside_inference_mode
 from minijit.ir.proxies import data_dependent, number_value
+from minijit.ops.eager_errors import raised_on_cpu
 from minijit.ops.strides import eager_layout, known_layout, meta_like
 from minijit.ops.symbolic_sizes import has_symbolic_sizes, size_rule, symbolic_output_shapes
 
@@ -329,7 +330,7 @@ def _run(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], 
         with recorder.mode:
             out = fn(*margs, **mkwargs)
     except Exception as e:
-        raise _explain(e, recorder.calls, what, fn, args) from e
+        raise _explain(e, recorder.calls, what, fn, args, kwargs) from e
 
     storage_of = _storage_positions(inputs)
     written: dict[int, None] = {}
@@ -522,7 +523,8 @@ def kernel_reads_values(fn: Any, args: tuple[Any, ...]) -> bool:
     return name.startswith("_") or (len(args) > 1 and isinstance(args[1], TensorProxy | torch.Tensor))
 
 
-def _explain(e: Exception, calls: list[Any], what: str, fn: Any = None, args: tuple[Any, ...] = ()) -> Exception:
+def _explain(e: Exception, calls: list[Any], what: str, fn: Any = None, args: tuple[Any, ...] = (),
+             kwargs: dict[str, Any] | None = None) -> Exception:
     """The MinijitError for a meta run of `fn(*args)` that raised `e` (after the ATen `calls` it made)."""
     last = calls[-1][0] if calls else None
     text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
@@ -539,6 +541,11 @@ def _explain(e: Exception, calls: list[Any], what: str, fn: Any = None, args: tu
         op = f" ({last})" if last is not None else ""
         return UnsupportedOpError(f"{what}: torch has no meta kernel for it{op}, so minijit cannot know its "
                                   "result's shape; call it outside the jitted function")
+    # Where the proxies are small CPU tensors, eager's own kernel decides the error's type and words: a meta kernel
+    # may raise another type (an AssertionError, RuntimeError for aminmax's IndexError).
+    found = raised_on_cpu(fn, args, kwargs or {}) if fn is not None else None
+    if found is not None and str(found).strip():
+        e, text = found, str(found).strip().splitlines()[0]
     error = MetaError(f"{what}: torch raised {type(e).__name__}: {text}")
     error.eager_raised = type(e)  # type: ignore[attr-defined]
     return error

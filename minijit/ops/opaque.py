@@ -55,7 +55,15 @@ from typing import Any
 import torch
 from torch._library.custom_ops import CustomOpDef
 
-from minijit.errors import DataDependentShapeError, DeviceError, InplaceError, MinijitError, TracesEagerBody, UnsupportedOpError
+from minijit.errors import (
+    DataDependentShapeError,
+    DeviceError,
+    InplaceError,
+    MinijitError,
+    TracesEagerBody,
+    UnsupportedOpError,
+    as_eager,
+)
 from minijit.ir import Effects, Symbol, Tag, TensorProxy, current_trace, tree_flatten, tree_map
 from minijit.ir.containers import sequence_leaves
 from minijit.ir.context import value_reader, where_now
@@ -63,7 +71,7 @@ from minijit.ir.proxies import TENSOR_METHOD_FALLBACKS, TENSOR_METHODS, rule_sam
 from minijit.ops import prims
 from minijit.ops.aliases import canonical, resolve
 from minijit.ops.autocast import active_autocast, opaque_autocast_arguments
-from minijit.ops.eager_errors import out_dtype_refusal
+from minijit.ops.eager_errors import out_refusal, raised_for_any_values
 from minijit.ops.eager_facts import write_facts
 from minijit.ops.meta_run import READS_STORAGE, MetaResult, TensorMeta, map_leaves, named_tuple_for, run_on_meta
 from minijit.ops.number_args import check_dtype, numbers_only, takes_tensor_first, with_tensor_input
@@ -119,27 +127,46 @@ def call_ltorch(fn: Any, sym: Symbol, args: tuple[Any, ...] | list[Any], kwargs:
     except DECLINED as declined:
         trace = current_trace()
         if trace is None or not is_opaque_candidate(fn) or isinstance(declined, TracesEagerBody):
-            raise
+            raise _as_eager_refusal(declined, fn, args, kwargs) from declined.__cause__
         try:
             result = opaque_call(fn, tuple(args), kwargs)
         except MinijitError:
-            raise declined from None
+            raise _as_eager_refusal(declined, fn, args, kwargs) from None
         # Why the decomposition was not used, for debugging and docs/ops.md.
         if trace.capture is not None:
             trace.capture.declined.append((sym.id, f"{type(declined).__name__}: {declined}"))
         return result
 
 
+def _as_eager_refusal(declined: Exception, fn: Any, args: Any, kwargs: dict[str, Any]) -> Exception:
+    """`declined`, minijit's refusal of a call, as eager's error type too where eager's CPU kernel raises for the
+    same call on stand-ins whatever their values (`torch.arange(0, 1, 0, out=o)`: ValueError), so the user's `except`
+    behaves the same (a refusal typed for an error eager would not raise would send the user's code to its handler)."""
+    if not isinstance(declined, UnsupportedOpError) or getattr(type(declined), "eager_type", None) is not None:
+        return declined
+    found = raised_for_any_values(fn, tuple(args), kwargs)
+    if found is None:
+        return declined
+    typed = as_eager(declined, type(found))
+    if typed is not declined:
+        typed.__traceback__ = declined.__traceback__
+    return typed
+
+
 def _into_out(fn: Any, sym: Symbol, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any], out: Any) -> Any:
-    """`sym` without `out=`, its results copied into `out` (declined where eager would resize or refuse `out`; where
-    eager refuses an `out` of another dtype, which not every op casts into, its error for torch callable `fn`)."""
+    """`sym` without `out=`, its results copied into `out`: where eager refuses this `out` (of a dtype or shape torch
+    callable `fn` will not take, or `fn` takes no `out=`), eager's error; declined where eager would resize it."""
     targets = out if isinstance(out, tuple | list) else (out,)
     if torch.is_grad_enabled() and any(isinstance(x, TensorProxy) and x.requires_grad
                                        for x in tree_flatten((args, kwargs))):
         raise InplaceError(f"{sym.id}{where_now()}: functions with out=... arguments don't support automatic "
                            "differentiation, but one of the arguments requires grad (as in eager); call it without "
                            "out=, or under torch.no_grad()")
-    result = sym(*args, **{k: v for k, v in kwargs.items() if k != "out"})
+    plain = {k: v for k, v in kwargs.items() if k != "out"}
+    refused = out_refusal(fn, tuple(args), plain, out)
+    if refused is not None:  # eager refuses this out= (a dtype or shape it will not take, or no out= at all)
+        raise refused
+    result = sym(*args, **plain)
     results = result if isinstance(result, tuple | list) else (result,)
     if len(targets) != len(results):
         raise UnsupportedOpError(f"{sym.id} with {len(targets)} out= tensors for {len(results)} results{where_now()}")
@@ -149,12 +176,11 @@ def _into_out(fn: Any, sym: Symbol, args: tuple[Any, ...] | list[Any], kwargs: d
                               f"{target.device}{where_now()}")
         if not rule_same_shape(tuple(target.shape), tuple(value.shape)) or target.device != value.device or not torch.can_cast(
                 value.dtype, target.dtype):
+            refused = out_refusal(fn, tuple(args), plain, out, shared=True)
+            if refused is not None:  # eager refuses to resize an out= that is also an operand
+                raise refused
             raise UnsupportedOpError(f"{sym.id} with out= {target.type_string()} for a result {value.type_string()}"
                                      f"{where_now()}: minijit does not resize out= tensors or cast into them")
-    if any(t.dtype != v.dtype for t, v in zip(targets, results, strict=True)):
-        refused = out_dtype_refusal(fn, tuple(args), {k: v for k, v in kwargs.items() if k != "out"}, out)
-        if refused is not None:
-            raise refused
     copy = TENSOR_METHODS["copy_"]
     trace = current_trace()
     user_call = trace is not None and trace.recording_user_call

@@ -150,9 +150,9 @@ def test_the_name_check_catches_what_it_is_for():
 _OUT_BY_NAME = re.compile(r"""["']out["']""")
 
 
-# Files where `out` is torch's own keyword: the torch calls a user makes with `out=` (opaque.py, values.py; eager's
-# answer to one, eager_errors.py), the `out=` forms the torch executor makes, and the declarations of the prims that
-# take one and of `Effects`.
+# Files where `out` is torch's own keyword: the torch calls a user makes with `out=` (opaque.py, values.py, and
+# eager_errors.py asking eager about them), the `out=` forms the torch executor makes, and the declarations of the
+# prims that take one and of `Effects`.
 _OUT_IS_TORCH_S_KEYWORD = {"minijit/ops/opaque.py", "minijit/runtime/values.py", "minijit/ops/eager_errors.py",
                            "executors/torch.py",
                            "executors/torch_foreach.py",

@@ -356,3 +356,17 @@ def test_an_opaque_in_place_op_then_a_write_through_a_view_under_symbolic_sizes(
         expected_x = x.clone()
         torch.testing.assert_close(jitted(x, 2), f(expected_x, 2))
         torch.testing.assert_close(x, expected_x)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x, o: torch.flip(x, [0], out=o),  # flip takes no out=
+    lambda x, o: torch.where(x > 0, x, 0.0, out=o),  # where's out= overload wants a tensor `other`
+    lambda x, o: torch.cat([x, x], out=x),  # out= overlapping an input
+], ids=["flip_no_out", "where_number_other", "cat_into_input"])
+def test_out_that_eager_refuses_raises_eager_type(fn):
+    x, o = _randn(4), torch.empty(4)
+    with pytest.raises(Exception) as eager:
+        fn(x.clone(), o.clone())
+    with pytest.raises(type(eager.value)) as got:
+        minijit.jit(fn)(x.clone(), o.clone())
+    assert isinstance(got.value, MinijitError)

@@ -27,6 +27,15 @@ def _error_cases(info: Any) -> list[Any]:
     return list(info.error_inputs(device="cpu"))
 
 
+# Ops some of whose error inputs minijit refuses with a MinijitError not of eager's type (its own refusal: an out= it
+# would resize, an out= that is a view overlapping an operand, a data-dependent size, no meta kernel; or a check
+# whose eager type is not found yet). Every other op raises eager's type.
+OWN_REFUSALS = frozenset({
+    "kthvalue", "masked_select", "__rdiv__", "index_select",
+    "take", "histogramdd", "cat", "jiterator_binary", "jiterator_binary_return_by_ref",
+})
+
+
 @pytest.mark.parametrize("info", ENTRIES, ids=[f"{i.name}.{i.variant_test_name}".rstrip(".") for i in ENTRIES])
 def test_what_eager_refuses_minijit_refuses(info: Any) -> None:
     for case in _error_cases(info):
@@ -42,8 +51,8 @@ def test_what_eager_refuses_minijit_refuses(info: Any) -> None:
                 continue  # this build of torch accepts it
             with pytest.raises(Exception) as raised:
                 minijit.jit(lambda *a, **k: info.op(*a, **k))(*args, **kwargs)
-        assert isinstance(raised.value, type(eager) | MinijitError), (
-            f"{info.name}: eager raised {eager!r}, minijit {raised.value!r}")
+        allowed = type(eager) | MinijitError if info.name in OWN_REFUSALS else type(eager)
+        assert isinstance(raised.value, allowed), f"{info.name}: eager raised {eager!r}, minijit {raised.value!r}"
 
 
 OUT_OF_ANOTHER_DTYPE = {

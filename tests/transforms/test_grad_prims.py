@@ -223,6 +223,8 @@ NOT_DIFFERENTIABLE = {
     # state, and the probabilities of bernoulli and multinomial, which must not require grad.
     "uniform", "normal", "random_integers", "exponential", "bernoulli", "randperm", "multinomial", "manual_seed",
     "seed", "initial_seed", "get_rng_state", "set_rng_state",
+    # Recorded by backward rules only (eager has no derivative for the op): it has no output.
+    "no_derivative",
     # Arithmetic on symbolic Python numbers: their outputs are numbers, not tensors.
     *(f"num_{op}" for op in prims.NUMBER_OPS),
     # A constant: it takes no tensor that could require grad.

@@ -206,3 +206,69 @@ def test_std_and_norms_where_the_result_is_zero(name: str, fn: Callable[..., Any
     # Eager's std and norm backward give 0 where the result is 0; differentiating sqrt there gives nan.
     torch.manual_seed(0)
     _check(fn, _rows_with_a_constant_and_a_zero_row(), dtype=dtype)
+
+
+def _forward_then_backward(fn: Callable[..., Any], backward: Callable[[Any], None]) -> tuple[str, Any]:
+    """Where `fn(x)` then `backward(out)` stops: ("forward", error), ("backward", error) or ("done", x.grad)."""
+    x = torch.tensor([1.5, -2.5, 3.0, 7.0], requires_grad=True)
+    try:
+        out = fn(x)
+    except Exception as error:
+        return "forward", error
+    try:
+        backward(out)
+    except Exception as error:
+        return "backward", error
+    return "done", x.grad
+
+
+FLOOR_DIVIDES = {
+    "floordiv_operator": (lambda x: x // 2, lambda out: out.sum().backward()),
+    "floor_divide_tensors": (lambda x: torch.floor_divide(x, x.detach() + 10), lambda out: out.sum().backward()),
+    "rfloordiv": (lambda x: 7 // x, lambda out: out.sum().backward()),
+    "div_floor_mode": (lambda x: torch.div(x, 2, rounding_mode="floor"), lambda out: out.sum().backward()),
+    "not_reached": (lambda x: (x * 2, x // 2), lambda out: out[0].sum().backward()),
+    "reached_of_two": (lambda x: (x * 2, x // 2), lambda out: out[1].sum().backward()),
+}
+
+
+@pytest.mark.parametrize("name", list(FLOOR_DIVIDES))
+def test_floor_divide_backward_raises_where_eager_does(name: str) -> None:
+    # Eager has no derivative for floor_divide: `.backward()` raises when it reaches the op (div with
+    # rounding_mode="floor" has a zero gradient); the forward works.
+    fn, backward = FLOOR_DIVIDES[name]
+    want_stage, want = _forward_then_backward(fn, backward)
+    got_stage, got = _forward_then_backward(minijit.jit(fn), backward)
+    assert got_stage == want_stage
+    if want_stage == "done":
+        torch.testing.assert_close(got, want)
+    else:
+        assert isinstance(got, type(want))
+
+
+ORDER_ZERO_NORMS = {
+    "vector_norm": lambda x: torch.linalg.vector_norm(x, 0),
+    "vector_norm_dim_float": lambda x: torch.linalg.vector_norm(x, 0.0, dim=1, keepdim=True),
+    "tensor_norm": lambda x: x.norm(0),
+    "torch_norm_dim": lambda x: torch.norm(x, p=0, dim=0),
+    "with_another_use": lambda x: torch.linalg.vector_norm(x, 0) + x.sum(),
+    "order_two": lambda x: torch.linalg.vector_norm(x, 2),
+}
+
+
+@pytest.mark.parametrize("name", list(ORDER_ZERO_NORMS))
+def test_norm_of_order_zero_requires_grad_like_eager(name: str) -> None:
+    # The count of nonzeros: eager's result requires grad, and its backward gives x no gradient.
+    fn = ORDER_ZERO_NORMS[name]
+    results = []
+    for f in (fn, minijit.jit(fn)):
+        x = torch.tensor([[1.5, 0.0, -2.0], [0.0, 3.0, 0.5]], requires_grad=True)
+        out = f(x)
+        if out.requires_grad:
+            out.sum().backward()
+        results.append((out, out.requires_grad, x.grad))
+    (want, want_rg, want_grad), (got, got_rg, got_grad) = results
+    torch.testing.assert_close(got, want)
+    assert got_rg == want_rg and (got_grad is None) == (want_grad is None)
+    if want_grad is not None:
+        torch.testing.assert_close(got_grad, want_grad)

@@ -17,7 +17,8 @@ from typing import Any
 from minijit.errors import UnsupportedOpError
 from minijit.ir import TensorProxy
 from minijit.ir.context import where_now
-from minijit.ops import prims
+from minijit.ops import aten_prims, prims
+from minijit.ops.registry import ALL_LTORCH
 from minijit.transforms.vjp.registry import VjpRule, is_tensor, vjp, zeros_like
 
 P = prims
@@ -271,6 +272,19 @@ def floor_divide_bwd(saved: tuple[Any, ...], g: TensorProxy) -> tuple[Any, ...]:
     return tuple(zeros_like(x) if is_tensor(x) else None for x in saved)
 
 
+@vjp("ltorch.floor_divide")
+def ltorch_floor_divide_fwd(a: Any, b: Any) -> tuple[TensorProxy, tuple[Any, ...]]:
+    return ALL_LTORCH["floor_divide"](a, b), (a, b)
+
+
+@ltorch_floor_divide_fwd.backward
+def ltorch_floor_divide_bwd(saved: tuple[Any, ...], g: TensorProxy) -> tuple[Any, ...]:
+    # Eager has no derivative for torch.floor_divide (`//`): its backward raises where it reaches the op, while
+    # div(rounding_mode='floor'), the same prim, has a zero gradient.
+    aten_prims.no_derivative(g, "floor_divide")
+    return tuple(zeros_like(x) if is_tensor(x) else None for x in saved)
+
+
 # -- ternary -------------------------------------------------------------------------
 
 @vjp(prims.where)
@@ -314,3 +328,37 @@ def native_dropout_bwd(saved: tuple[Any, ...], g: TensorProxy | None, g_mask: An
     # The forward's mask, saved: the backward never draws again.
     mask, scale = saved
     return P.native_dropout_backward(g, mask, scale), None
+
+
+# -- norms of order 0 ----------------------------------------------------------------------------------------------
+# The count of nonzero elements: eager's result requires grad, but its backward gives no gradient (`x.grad` stays
+# None where nothing else reaches x); the decomposition's cast to bool would make the result constant.
+
+def _order_zero(order: Any) -> bool:
+    return isinstance(order, int | float) and not isinstance(order, bool) and order == 0
+
+
+@vjp("ltorch.vector_norm")
+def vector_norm_fwd(x: TensorProxy, ord: Any = 2, dim: Any = None, keepdim: bool = False, *,  # noqa: A002
+                    dtype: Any = None) -> Any:
+    if not _order_zero(ord):
+        return NotImplemented
+    return ALL_LTORCH["vector_norm"](x, ord, dim, keepdim, dtype=dtype), ()
+
+
+@vector_norm_fwd.backward
+def vector_norm_bwd(saved: tuple[Any, ...], g: TensorProxy) -> tuple[Any, ...]:
+    return None, None, None, None
+
+
+@vjp("ltorch.norm")
+def norm_fwd(input: TensorProxy, p: Any = "fro", dim: Any = None, keepdim: bool = False,  # noqa: A002
+             dtype: Any = None) -> Any:
+    if not _order_zero(p):
+        return NotImplemented
+    return ALL_LTORCH["norm"](input, p, dim, keepdim, dtype), ()
+
+
+@norm_fwd.backward
+def norm_bwd(saved: tuple[Any, ...], g: TensorProxy) -> tuple[Any, ...]:
+    return None, None, None, None, None
