@@ -85,7 +85,8 @@ def _resized(info: Any, sample: Any) -> list[Any]:
     sizes = sorted({d for x in leaves if isinstance(x, torch.Tensor) for d in x.shape if d > 1})
     made = []
     for v in sizes[:2]:
-        for new in (v + 1, 1, 0):
+        # eager's native_batch_norm dies of SIGFPE on a 0-size copy of its samples
+        for new in (v + 1, 1) if "batch_norm" in info.name else (v + 1, 1, 0):
             reseed(len(made) + 7)
             a, b, k = tree_unflatten([_regrown(x, v, new) for x in leaves], spec)
             copy = SampleInput(a, args=tuple(b), kwargs=k)
