@@ -251,6 +251,12 @@ def infer_shape(op: str, shape: Sequence[Any], numel: Any) -> tuple[Any, ...]:
     for d in shape:
         if type(d) is not int and not isinstance(d, IntegerProxy):
             raise MetaError(f"ltorch.{op}: shape {shape} must contain ints, got {type(d).__name__}{where_now()}")
+    # A symbolic entry (an outside int under symbolic values) that is negative is guarded to its value: -1 is the
+    # size to infer, as a plain -1 is (`x.view(n, -1)` with n and -1 passed in).
+    shape = tuple(-1 if isinstance(d, IntegerProxy) and rule_compare(d, "<", 0) and rule_compare(d, "==", -1) else d
+                  for d in shape)
+    if any(isinstance(d, IntegerProxy) and rule_compare(d, "<", 0) for d in shape):
+        raise MetaError(f"ltorch.{op}: invalid shape dimension in {list(shape)}{where_now()}")
     unknown = [i for i, d in enumerate(shape) if type(d) is int and d == -1]
     if len(unknown) > 1:
         raise MetaError(f"ltorch.{op}: only one dimension can be inferred, shape {list(shape)}{where_now()}")

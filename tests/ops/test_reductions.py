@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import warnings
+from typing import Any
+
 import pytest
 import torch
 
@@ -150,3 +153,25 @@ def test_max_of_an_empty_tensor_raises_eagers_runtime_error() -> None:
             f(x)
         with pytest.raises(RuntimeError, match="Expected reduction dim to be specified"):
             jitted(x)
+
+
+@pytest.mark.parametrize("shape, dim, correction", [
+    ((2, 2), None, 4), ((3,), None, 3), ((1, 1, 1), None, 1), ((2, 3), 1, 3), ((2, 3), 1, 4), ((2, 3), 0, 2.5),
+    ((5, 1, 5), (1,), 1.3),
+])
+def test_var_gradient_with_no_degree_of_freedom_left_matches_eager(shape: Any, dim: Any, correction: Any) -> None:
+    # correction >= the reduced count: eager's gradient is 2 / (n - correction) as it is over some dims (negative,
+    # or infinite), NaN or infinite over all (`x.var()`); minijit clamped n - correction at 0 (OpInfo's var_mean
+    # with dim=(1,), correction=1.3 on a size-1 dim gave NaN).
+    for fn in (lambda x: torch.var_mean(x, dim=dim, correction=correction),
+               lambda x: torch.std(x, dim=dim, correction=correction)):
+        x = torch.randn(shape, dtype=torch.float64, requires_grad=True)
+        mine = x.detach().clone().requires_grad_()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # eager's "degrees of freedom is <= 0"
+            want = fn(x)
+            have = minijit.jit(fn)(mine)
+        want, have = (want, have) if isinstance(want, tuple) else ((want,), (have,))
+        cotangents = [torch.randn_like(w) for w in want]
+        torch.testing.assert_close(torch.autograd.grad(have, mine, cotangents)[0],
+                                   torch.autograd.grad(want, x, cotangents)[0], equal_nan=True)

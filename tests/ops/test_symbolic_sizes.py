@@ -240,3 +240,30 @@ def test_abs_of_a_symbolic_size_is_a_number() -> None:
         x, y = torch.randn(n), torch.randn(m)
         torch.testing.assert_close(jf(x, y), f(x, y))
     assert minijit.cache_info(jf).misses == 1, str(minijit.cache_info(jf))
+
+
+@pytest.mark.parametrize("fn, cases", [
+    (torch.nn.functional.pixel_shuffle, [((2, 8, 3, 3), 2), ((2, 9, 2, 3), 3), ((1, 4, 2, 2), 1)]),
+    (torch.nn.functional.pixel_unshuffle, [((2, 2, 4, 6), 2), ((2, 1, 6, 3), 3), ((1, 4, 2, 2), 1)]),
+])
+def test_pixel_shuffle_factor_may_be_a_symbolic_int(fn: Any, cases: list[Any]) -> None:
+    # Under symbolic values an outside int factor is an IntegerProxy: once refused as "not a positive int".
+    jf = minijit.jit(lambda x, r: fn(x, r), cache="symbolic values")
+    for shape, r in cases + cases[:1]:
+        x = torch.randn(shape)
+        assert torch.equal(jf(x, r), fn(x, r))
+
+
+def test_view_reshape_unflatten_take_a_symbolic_minus_one() -> None:
+    # Under symbolic values `x.view(n, -1)` with n and -1 passed in gets -1 as an IntegerProxy: it was refused as
+    # "invalid for input of size" (the -1 taken as a size); a negative one is guarded to its value.
+    def f(x: torch.Tensor, a: int, b: int) -> Any:
+        return x.view(a, b) + 0, x.unflatten(0, (a, b)), x.reshape(a, b)
+
+    jf = minijit.jit(f, cache="symbolic values")
+    for n, a, b in ((12, 3, -1), (20, 4, -1), (20, 4, 5), (20, -1, 5), (0, 0, 4), (12, 3, -1)):
+        x = torch.randn(n)
+        for have, want in zip(jf(x, a, b), f(x, a, b), strict=True):
+            assert torch.equal(have, want)
+    with pytest.raises(RuntimeError):
+        jf(torch.randn(12), 3, -2)

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from minijit.ir import NumberProxy, TensorProxy
+from minijit.ir import IntegerProxy, NumberProxy, TensorProxy
 from minijit.ops import aten_prims, prims
 from minijit.ops.ltorch.pooling import adaptive_avg_pool1d, adaptive_avg_pool2d, adaptive_avg_pool3d
 from minijit.ops.registry import ltorch_op
@@ -101,7 +101,8 @@ def upsample_bilinear(input: TensorProxy, size: Any = None, scale_factor: Any = 
 def _shuffle_input(op: str, input: Any, factor: Any) -> TensorProxy:  # noqa: A002
     if not isinstance(input, TensorProxy) or input.ndim < 3:
         raise fail(op, f"expects an input of at least 3 dims, got {getattr(input, 'shape', input)}")
-    if not isinstance(factor, int) or factor <= 0:
+    # A symbolic factor (an outside int under symbolic values) is kept: its comparisons record constraints.
+    if not (type(factor) is int or isinstance(factor, IntegerProxy)) or factor <= 0:
         raise fail(op, f"the factor must be a positive int, got {factor!r}")
     return input
 

@@ -231,8 +231,19 @@ def var_mean_bwd(saved: Saved, g_var: TensorProxy | None, g_mean: TensorProxy | 
         grad = P.div(restore_reduced(g_mean, x.shape, dims), n)
     if g_var is not None:
         centered = P.sub(x, restore_reduced(mean, x.shape, dims))
-        scale = 2 / larger(n - correction, 0) if rule_compare(n - correction, ">", 0) else float("inf")
-        term = P.mul(P.mul(restore_reduced(g_var, x.shape, dims), centered), scale)
+        g = restore_reduced(g_var, x.shape, dims)
+        if rule_compare(n - correction, ">", 0):
+            term = P.mul(P.mul(g, centered), 2 / larger(n - correction, 0))
+        elif len(dims) == x.ndim:
+            # No degree of freedom left, over every element (`x.var()`): eager's gradient is NaN where x equals
+            # the mean, else infinite, of the cotangent's sign.
+            nans = P.add(zeros_like(centered), float("nan"))
+            term = P.mul(g, P.where(P.eq(centered, 0), nans, float("inf")))
+        else:
+            # Over some dims, eager scales by 2 / (n - correction) as it is: negative past the correction
+            # (`var(x, dim=1, correction=1.3)` of one row), infinite at it.
+            scale = 2 / (n - correction) if rule_compare(n - correction, "!=", 0) else float("inf")
+            term = P.mul(P.mul(g, centered), scale)
         grad = term if grad is None else P.add(grad, term)
     return (grad, None, None)
 
