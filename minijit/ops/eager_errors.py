@@ -55,12 +55,12 @@ def out_refusal(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
     """Eager's refusal of `fn(*args, **kwargs, out=out)` because of `out=` itself, as a MetaError of eager's type; None
     where eager takes that `out` (or where the call does not run on stand-ins, so eager's answer is not found here).
 
-    It runs `fn` on stand-ins (`_concrete`) once without `out=` and once with stand-ins shaped and typed like the out=
+    It runs `fn` on stand-ins (`_stand_ins`) once without `out=` and once with stand-ins shaped and typed like the out=
     tensors: an error only the second call raises is the out= tensors' (a dtype eager will not cast into, a shape it
     will not resize, `flip` taking no `out`, `where`'s out= overload wanting a tensor `other`)."""
-    concrete = _concrete(tuple(args), kwargs)
+    concrete = _stand_ins(args, kwargs, on_cpu=_small_cpu(args, kwargs))
     try:
-        with torch.no_grad(), warnings.catch_warnings():
+        with torch.no_grad(), warnings.catch_warnings(), torch.random.fork_rng(devices=[]):
             warnings.simplefilter("ignore")
             results = fn(*concrete[0], **concrete[1])
     except Exception:  # the call does not run on stand-ins: eager's answer is not found here
@@ -88,43 +88,35 @@ def out_refusal(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
                     type(found))
 
 
-def _concrete(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """The call with each tensor proxy a CPU tensor of zeros where all are small CPU tensors, else a meta tensor."""
-    proxies = [x for x in tree_flatten((args, kwargs)) if isinstance(x, TensorProxy)]
-    small = all(x.device.type == "cpu" for x in proxies) and sum(math.prod(_sizes(x)) for x in proxies) <= 2**16
+def _small_cpu(args: Any, kwargs: dict[str, Any]) -> bool:
+    """Whether the tensor proxies of a call are all CPU tensors, few elements in all (stand-ins of zeros are cheap)."""
+    proxies = [x for x in tree_flatten((tuple(args), kwargs)) if isinstance(x, TensorProxy)]
+    return all(x.device.type == "cpu" for x in proxies) and sum(math.prod(_sizes(x)) for x in proxies) <= 2**16
 
+
+def _stand_ins(args: Any, kwargs: dict[str, Any], on_cpu: bool) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The call with each tensor proxy a CPU tensor of zeros (`on_cpu`) or a meta tensor (of its layout where known),
+    and each number proxy its value."""
     def stand_in(x: Any) -> Any:
         if isinstance(x, TensorProxy):
-            layout = None if small else known_layout(x)
-            if layout is not None:
-                return meta_like(x, layout)
-            return torch.zeros(_sizes(x), dtype=x.dtype) if small else torch.empty(_sizes(x), dtype=x.dtype,
-                                                                                    device="meta")
+            if on_cpu:
+                return torch.zeros(_sizes(x), dtype=x.dtype)
+            layout = known_layout(x)
+            return meta_like(x, layout) if layout is not None else torch.empty(_sizes(x), dtype=x.dtype, device="meta")
         return x.value if isinstance(x, NumberProxy) else x
 
-    return tree_map(stand_in, (args, dict(kwargs)))
+    return tree_map(stand_in, (tuple(args), dict(kwargs)))
 
 
 def _raised_on_meta(sym: Symbol, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Exception | None:
-    """The exception eager's implementation of `sym` raises on meta tensors like the proxies, if any."""
+    """The exception eager's implementation of `sym` raises on stand-ins like the proxies (CPU ones first), if any."""
     impl = eager_impl(sym)
     if impl is None:
         return None
-
-    def to_meta(x: Any) -> Any:
-        if isinstance(x, TensorProxy):
-            layout = known_layout(x)
-            if layout is not None:
-                return meta_like(x, layout)
-            return torch.empty(_sizes(x), dtype=x.dtype, device="meta")
-        if isinstance(x, NumberProxy):
-            return x.value
-        return x
-
     found = raised_on_cpu(impl, args, kwargs)
     if found is not None:
         return found
-    found = _raised(impl, tree_map(to_meta, (tuple(args), dict(kwargs))))
+    found = _raised(impl, _stand_ins(args, kwargs, on_cpu=False))
     # On meta tensors a NotImplementedError is the meta kernel's limit (`torch.where(mask)` runs nonzero, whose
     # size depends on the values), never eager refusing.
     return None if isinstance(found, NotImplementedError) else found
@@ -135,18 +127,10 @@ def raised_on_cpu(impl: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> E
 
     On CPU tensors, eager's own kernels decide: meta kernels skip some checks (the dtypes a CPU kernel supports)
     and raise others as another type (`normal_` on int64: RuntimeError on meta, NotImplementedError on the CPU)."""
-    proxies = [x for x in tree_flatten((tuple(args), kwargs)) if isinstance(x, TensorProxy)]
-    if impl is None or not proxies or not all(x.device.type == "cpu" for x in proxies) or \
-            sum(math.prod(_sizes(x)) for x in proxies) > 2**16:
+    if impl is None or not any(isinstance(x, TensorProxy) for x in tree_flatten((tuple(args), kwargs))) or \
+            not _small_cpu(args, kwargs):
         return None
-
-    def to_zeros(x: Any) -> Any:
-        if isinstance(x, TensorProxy):
-            return torch.zeros(_sizes(x), dtype=x.dtype)
-        return x.value if isinstance(x, NumberProxy) else x
-
-    with torch.random.fork_rng(devices=[]):  # a random op's draws here leave torch's generator as it was
-        return _raised(impl, tree_map(to_zeros, (tuple(args), dict(kwargs))))
+    return _raised(impl, _stand_ins(args, kwargs, on_cpu=True))
 
 
 def raised_for_any_values(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Exception | None:
@@ -156,20 +140,14 @@ def raised_for_any_values(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     found = raised_on_cpu(fn, args, kwargs)
     if found is None:
         return None
-
-    def to_meta(x: Any) -> Any:
-        if isinstance(x, TensorProxy):
-            return torch.empty(_sizes(x), dtype=x.dtype, device="meta")
-        return x.value if isinstance(x, NumberProxy) else x
-
-    on_meta = _raised(fn, tree_map(to_meta, (tuple(args), dict(kwargs))))
+    on_meta = _raised(fn, _stand_ins(args, kwargs, on_cpu=False))
     return None if on_meta is None or isinstance(on_meta, NotImplementedError) else found
 
 
 def _raised(impl: Any, call: tuple[tuple[Any, ...], dict[str, Any]]) -> Exception | None:
     """The exception `impl(*args, **kwargs)` raises (none for a missing meta kernel), or None."""
     try:
-        with torch.no_grad():
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):  # a random op's draws leave the generator as it was
             impl(*call[0], **call[1])
     except NotImplementedError as e:
         return None if "Meta" in str(e) else e
