@@ -55,10 +55,10 @@ def out_refusal(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
     """Eager's refusal of `fn(*args, **kwargs, out=out)` because of `out=` itself, as a MetaError of eager's type; None
     where eager takes that `out` (or where the call does not run on stand-ins, so eager's answer is not found here).
 
-    It runs `fn` on stand-ins (`_stand_ins`) once without `out=` and once with stand-ins shaped and typed like the out=
+    It runs `fn` on stand-ins (`stand_ins`) once without `out=` and once with stand-ins shaped and typed like the out=
     tensors: an error only the second call raises is the out= tensors' (a dtype eager will not cast into, a shape it
     will not resize, `flip` taking no `out`, `where`'s out= overload wanting a tensor `other`)."""
-    concrete = _stand_ins(args, kwargs, on_cpu=_small_cpu(args, kwargs))
+    concrete = stand_ins(args, kwargs, on_cpu=_small_cpu(args, kwargs))
     try:
         with torch.no_grad(), warnings.catch_warnings(), torch.random.fork_rng(devices=[]):
             warnings.simplefilter("ignore")
@@ -94,18 +94,26 @@ def _small_cpu(args: Any, kwargs: dict[str, Any]) -> bool:
     return all(x.device.type == "cpu" for x in proxies) and sum(math.prod(_sizes(x)) for x in proxies) <= 2**16
 
 
-def _stand_ins(args: Any, kwargs: dict[str, Any], on_cpu: bool) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def stand_ins(args: Any, kwargs: dict[str, Any], on_cpu: bool) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """The call with each tensor proxy a CPU tensor of zeros (`on_cpu`) or a meta tensor (of its layout where known),
-    and each number proxy its value."""
+    one per proxy (a tensor given twice is one tensor, as in eager), and each number proxy its value."""
+    made: dict[int, torch.Tensor] = {}
+
     def stand_in(x: Any) -> Any:
         if isinstance(x, TensorProxy):
-            if on_cpu:
-                return torch.zeros(_sizes(x), dtype=x.dtype)
-            layout = known_layout(x)
-            return meta_like(x, layout) if layout is not None else torch.empty(_sizes(x), dtype=x.dtype, device="meta")
+            if id(x) not in made:
+                made[id(x)] = _tensor_like(x, on_cpu)
+            return made[id(x)]
         return x.value if isinstance(x, NumberProxy) else x
 
     return tree_map(stand_in, (tuple(args), dict(kwargs)))
+
+
+def _tensor_like(x: TensorProxy, on_cpu: bool) -> torch.Tensor:
+    if on_cpu:
+        return torch.zeros(_sizes(x), dtype=x.dtype)
+    layout = known_layout(x)
+    return meta_like(x, layout) if layout is not None else torch.empty(_sizes(x), dtype=x.dtype, device="meta")
 
 
 def _raised_on_meta(sym: Symbol, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Exception | None:
@@ -116,7 +124,7 @@ def _raised_on_meta(sym: Symbol, args: tuple[Any, ...], kwargs: dict[str, Any]) 
     found = raised_on_cpu(impl, args, kwargs)
     if found is not None:
         return found
-    found = _raised(impl, _stand_ins(args, kwargs, on_cpu=False))
+    found = _raised(impl, stand_ins(args, kwargs, on_cpu=False))
     # On meta tensors a NotImplementedError is the meta kernel's limit (`torch.where(mask)` runs nonzero, whose
     # size depends on the values), never eager refusing.
     return None if isinstance(found, NotImplementedError) else found
@@ -130,7 +138,7 @@ def raised_on_cpu(impl: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> E
     if impl is None or not any(isinstance(x, TensorProxy) for x in tree_flatten((tuple(args), kwargs))) or \
             not _small_cpu(args, kwargs):
         return None
-    return _raised(impl, _stand_ins(args, kwargs, on_cpu=True))
+    return _raised(impl, stand_ins(args, kwargs, on_cpu=True))
 
 
 def raised_for_any_values(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Exception | None:
@@ -140,7 +148,7 @@ def raised_for_any_values(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     found = raised_on_cpu(fn, args, kwargs)
     if found is None:
         return None
-    on_meta = _raised(fn, _stand_ins(args, kwargs, on_cpu=False))
+    on_meta = _raised(fn, stand_ins(args, kwargs, on_cpu=False))
     return None if on_meta is None or isinstance(on_meta, NotImplementedError) else found
 
 

@@ -8,15 +8,18 @@ the first of `torch_fns`) with the bound symbol's arguments unchanged.
 
 from __future__ import annotations
 
+import functools
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
 
 from minijit.errors import MetaError, MinijitError
-from minijit.ir import NO_EFFECTS, TENSOR_METHODS, Effects, Symbol, check_table, current_trace
+from minijit.ir import NO_EFFECTS, TENSOR_METHODS, Effects, Symbol, TensorProxy, check_table, current_trace
+from minijit.ops import prims
 from minijit.ops.autocast import autocast_arguments
-from minijit.ops.eager_errors import eager_error, eager_refusal
+from minijit.ops.eager_errors import eager_error, eager_refusal, stand_ins
 from minijit.ops.eager_facts import EAGER_BY_SYMBOL
 from minijit.ops.number_args import known_slice_bounds, note_number_tensor
 
@@ -107,6 +110,9 @@ def ltorch_op(
         op_name = name or decomposition.__name__
         if op_name in ALL_LTORCH:
             raise ValueError(f"ltorch op {op_name!r} is declared twice")
+        eager = impl if impl is not None else (torch_fns[0] if torch_fns else None)
+        if effects.views is not None and not effects.same_if_unchanged and eager is not None:
+            decomposition = _new_objects_as_eager(decomposition, eager)
         sym = LtorchSymbol(op_name, decomposition, namespace="ltorch", effects=effects, tags=frozenset(tags))
         sym.__doc__ = decomposition.__doc__
         ALL_LTORCH[op_name] = sym
@@ -114,12 +120,58 @@ def ltorch_op(
             TORCH_TO_LTORCH[fn] = sym
         for method in methods:
             TENSOR_METHODS[method] = sym
-        eager = impl if impl is not None else (torch_fns[0] if torch_fns else None)
         if eager is not None:
             EAGER_BY_SYMBOL[sym] = eager
         return sym
 
     return register
+
+
+def _new_objects_as_eager(decomposition: Callable[..., Any], eager: Callable[..., Any]) -> Callable[..., Any]:
+    """A view op's decomposition that, called by the user's code, hands back a new tensor where it would hand back
+    an argument unchanged and eager makes a new view of it (`x.view(x.shape)`, `x[:]`, `x.permute(0, 1)`): an
+    identity view, as eager's, viewing the argument. Where eager returns the argument itself (`x.flatten()` of a
+    1-d `x`), so does the op. The object matters after the call: an in-place change of the result's metadata
+    (`y.unsqueeze_(0)`), a hook registered on it, or `y is x`, must not reach or find the argument."""
+
+    @functools.wraps(decomposition)
+    def decompose(*args: Any, **kwargs: Any) -> Any:
+        output = decomposition(*args, **kwargs)
+        trace = current_trace()
+        if trace is None or not trace.in_user_op:
+            return output
+        outputs = list(output) if isinstance(output, (tuple, list)) else [output]
+        given = {id(a) for a in (*args, *kwargs.values()) if isinstance(a, TensorProxy)}
+        if not any(isinstance(o, TensorProxy) and id(o) in given for o in outputs):
+            return output
+        made = _eager_objects(eager, args, kwargs)
+        if made is None or len(made) != len(outputs):
+            return output
+        fresh = [_identity_view(o) if isinstance(o, TensorProxy) and id(o) in given and not made[i] else o
+                 for i, o in enumerate(outputs)]
+        return fresh[0] if not isinstance(output, (tuple, list)) else type(output)(fresh)
+
+    return decompose
+
+
+def _eager_objects(eager: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[bool] | None:
+    """For each output of `eager` run on meta stand-ins of the call, whether it is one of its arguments itself;
+    None where eager does not run on them."""
+    call_args, call_kwargs = stand_ins(args, kwargs, on_cpu=False)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            result = eager(*call_args, **call_kwargs)
+    except Exception:  # a meta kernel's limit: keep the decomposition's answer
+        return None
+    given = {id(a) for a in (*call_args, *call_kwargs.values()) if isinstance(a, torch.Tensor)}
+    results = list(result) if isinstance(result, (tuple, list)) else [result]
+    return [id(r) in given for r in results]
+
+
+def _identity_view(a: TensorProxy) -> TensorProxy:
+    """A new view of all of `a`, laid out as `a`."""
+    return prims.transpose(a, tuple(range(a.ndim)))
 
 
 def declare_op(name: str, decomposition: Callable[..., Any], doc: str, **options: Any) -> Symbol:

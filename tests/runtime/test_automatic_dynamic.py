@@ -243,10 +243,6 @@ def test_a_returned_shape_is_a_torch_size():
     assert type(minijit.jit(f)(torch.randn(2, 3))) is torch.Size
 
 
-@pytest.mark.xfail(strict=True, reason="a view op that changes nothing (`a.view(-1)` of a vector, `a[:]`, `a.expand_as(a)`) "
-                   "returns its argument's proxy, so the call returns the argument itself where eager returns a new "
-                   "view: under no_grad autograd then reaches the argument through it, and `r.requires_grad_(False)` "
-                   "changes the argument (fixing it needs an alias prim for such views)")
 @pytest.mark.parametrize("view", ["view", "getitem", "expand_as"])
 def test_a_view_that_changes_nothing_returns_a_new_tensor_as_in_eager(view):
     def f(a):
