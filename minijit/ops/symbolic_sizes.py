@@ -27,6 +27,7 @@ before: never a size that is wrong for some input.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -387,28 +388,23 @@ def _expr(d: Any) -> Any:
     return _sympy().Integer(int(d))
 
 
-_SOURCES: dict[int, Any] = {}
-
-
+@functools.cache
 def _size_source(index: int) -> Any:
     """The `torch._guards.Source` a `ShapeEnv` names symbol `index` by (only its name is read here)."""
-    source = _SOURCES.get(index)
-    if source is None:
-        from torch._guards import GuardSource, Source
+    from torch._guards import GuardSource, Source
 
-        @dataclasses.dataclass(frozen=True)
-        class SizeSource(Source):
-            index: int
+    @dataclasses.dataclass(frozen=True)
+    class SizeSource(Source):
+        index: int
 
-            @property
-            def name(self) -> str:
-                return f"size{self.index}"
+        @property
+        def name(self) -> str:
+            return f"size{self.index}"
 
-            def guard_source(self) -> GuardSource:
-                return GuardSource.LOCAL
+        def guard_source(self) -> GuardSource:
+            return GuardSource.LOCAL
 
-        source = _SOURCES[index] = SizeSource(index)
-    return source
+    return SizeSource(index)
 
 
 # -- back to minijit's numbers ----------------------------------------------------------------------
