@@ -37,7 +37,7 @@ import torch
 from minijit.ir import IntegerProxy, NumberProxy, TensorProxy, tree_flatten
 from minijit.ir.containers import sequence_leaves
 from minijit.ir.context import add_constraint, capturing
-from minijit.ir.proxies import data_dependent, guarded_compare
+from minijit.ir.proxies import SWAPPED, data_dependent, guarded_compare
 
 __all__ = ["SIZE_RULES", "SymbolicShapes", "derive", "has_symbolic_sizes", "size_rule", "symbolic_output_shapes"]
 
@@ -436,13 +436,10 @@ def record_guards(found: SymbolicShapes, env: dict[Any, Any]) -> None:
                 _compare(env[sym], "<=", high)
 
 
-_SWAPPED = {"==": "==", "!=": "!=", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
-
-
 def _compare(a: Any, op: str, b: Any) -> None:
     """Record `a <op> b` (numbers or number proxies; true on the traced values) as a constraint."""
     if not isinstance(a, NumberProxy):
-        a, b, op = b, a, _SWAPPED[op]
+        a, b, op = b, a, SWAPPED[op]
     if isinstance(a, NumberProxy) and not guarded_compare(a, op, b):
         raise _Unsupported(f"{a} {op} {b} is false")
 
@@ -453,7 +450,7 @@ def _record(guard: Any, env: dict[Any, Any]) -> None:
     if isinstance(guard, sympy.And):
         for part in guard.args:
             _record(part, env)
-    elif isinstance(guard, sympy.Rel) and guard.rel_op in _SWAPPED:
+    elif isinstance(guard, sympy.Rel) and guard.rel_op in SWAPPED:
         _compare(_number(guard.lhs, env), guard.rel_op, _number(guard.rhs, env))
     else:
         values = {s: sympy.Integer(p.value if isinstance(p, NumberProxy) else p) for s, p in env.items()}
@@ -465,7 +462,7 @@ def _record(guard: Any, env: dict[Any, Any]) -> None:
 def _condition(guard: Any, env: dict[Any, Any]) -> str:
     """A guard (relations joined by and, or, not) as the Python text of a constraint."""
     sympy = _sympy()
-    if isinstance(guard, sympy.Rel) and guard.rel_op in _SWAPPED:
+    if isinstance(guard, sympy.Rel) and guard.rel_op in SWAPPED:
         lhs, rhs = (_text(_number(x, env)) for x in (guard.lhs, guard.rhs))
         return f"({lhs} {guard.rel_op} {rhs})"
     if isinstance(guard, sympy.And | sympy.Or):
