@@ -372,14 +372,17 @@ def derive(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
             outputs.append(tuple(_expr(d) for d in leaf.shape))
         else:
             outputs.append(None)
-    ranges = []
-    for sym in names:
-        vr = env.var_to_range[sym]
-        sympy = _sympy()
-        low = int(vr.lower) if isinstance(vr.lower, sympy.Integer) else 0
-        ranges.append((low, int(vr.upper) if isinstance(vr.upper, sympy.Integer) else None))
     guards = tuple(g.expr for g in env.guards)
-    return SymbolicShapes(tuple(symbols), tuple(outputs), guards, tuple(ranges), tuple(names))
+    ranges = tuple(size_range(env, sym) for sym in names)
+    return SymbolicShapes(tuple(symbols), tuple(outputs), guards, ranges, tuple(names))
+
+
+def size_range(env: Any, sym: Any) -> tuple[int, int | None]:
+    """(lowest, highest or None for unbounded) value of the torch symbol `sym` that the `ShapeEnv` `env` allows."""
+    vr = env.var_to_range[sym]
+    sympy = _sympy()
+    low = int(vr.lower) if isinstance(vr.lower, sympy.Integer) else 0
+    return low, int(vr.upper) if isinstance(vr.upper, sympy.Integer) else None
 
 
 def _expr(d: Any) -> Any:
