@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from minijit.extend import BoundSymbol, Effects, NumberProxy, Symbol, TensorProxy
+from minijit.extend import FOREACH_MUL_ROUNDS_NUMBER_FIRST, BoundSymbol, Effects, NumberProxy, Symbol, TensorProxy
 
 
 @dataclass(frozen=True)
@@ -46,12 +46,6 @@ _FORMS: dict[Any, _Form] = {
 # add and sub take `alpha` with a second list of tensors, a number (one per member, or one) without it.
 _ADD_TENSORS = _Form("", "TT", {"alpha": "C"})
 _ADD_NUMBERS = _Form("", "TN", {})
-
-
-# The one foreach op on the CPU that computes otherwise than its op: `torch._foreach_mul_(tensors, number)` on these
-# dtypes rounds the number to the tensor's dtype first (`mul(x, 0.9, out=x)` on bfloat16 multiplies by 0.9, the
-# foreach op by 0.8984375), so such calls stay alone.
-_ROUNDS_NUMBER_FIRST = (torch.float16, torch.bfloat16)
 
 
 def _form(bsym: BoundSymbol) -> _Form | None:
@@ -97,7 +91,8 @@ def group_key(bsym: BoundSymbol, writes_first_argument: bool) -> Hashable | None
     if out is not None and not writes_first_argument:
         return None
     mode = NEW if out is None else IN_PLACE
-    if (form.foreach == "_foreach_mul" and mode is IN_PLACE and first.dtype in _ROUNDS_NUMBER_FIRST
+    # The foreach op would round the number first where its members do not: such calls stay alone.
+    if (form.foreach == "_foreach_mul" and mode is IN_PLACE and first.dtype in FOREACH_MUL_ROUNDS_NUMBER_FIRST
             and _is_number(bsym.args[1])):
         return None
     if any(isinstance(t, TensorProxy) and (t.device != first.device or t.dtype != first.dtype) for t in bsym.args):

@@ -55,7 +55,7 @@ from minijit.ir import (
 )
 from minijit.ops import cuda_attention, prims
 from minijit.ops.aten_prims import aten_prim_implementations
-from minijit.ops.eager_facts import eager_implementations
+from minijit.ops.eager_facts import FOREACH_MUL_ROUNDS_NUMBER_FIRST, eager_implementations
 from minijit.ops.opaque import OPAQUE
 from minijit.ops.registry import ALL_LTORCH, ltorch_symbol_for
 from minijit.transforms.fusion import Region
@@ -63,8 +63,9 @@ from minijit.transforms.vjp import VjpRule, add_rule
 from minijit.transforms.vjp.registry import check_rule_signature
 
 __all__ = [
-    "OPAQUE", "BoundSymbol", "Effects", "Executor", "ExecutorUnavailableError", "FusionExecutor", "Implementation",
-    "MinijitError", "NumberProxy", "OperatorExecutor", "Proxy", "Region", "Symbol", "Tag", "TensorProxy",
+    "FOREACH_MUL_ROUNDS_NUMBER_FIRST", "OPAQUE", "BoundSymbol", "Effects", "Executor", "ExecutorUnavailableError",
+    "FusionExecutor", "Implementation", "MinijitError", "NumberProxy", "OperatorExecutor", "Proxy", "Region", "Symbol",
+    "Tag", "TensorProxy",
     "add_default_executor", "aten_prim_implementations", "check_table", "cuda_attention", "get_default_executors",
     "get_executor", "ltorch_eager_implementations", "prims", "register_executor", "remove_default_executor",
     "resolve_executors", "resolve_symbol",

@@ -15,7 +15,8 @@ one instruction at a time, so that every call can be inspected before it happens
 - `calls`: what a call does: ltorch symbol for a torch callable, lookaside, interpret
   Python code, or run natively after checking that no proxy goes where it cannot.
 - `lookasides`: replacements for builtins that must see the interpreter's view
-  (`super()`, `isinstance(proxy, torch.Tensor)`, `map(f, ...)`, class bodies, ...);
+  (`super()`, `isinstance(proxy, torch.Tensor)`, ...; in `interpreted_lookasides`, those that run
+  Python code through the interpreter: `map(f, ...)`, class bodies, ...);
   `nondeterminism`: torch's RNG state calls recorded into the trace, and Python's random,
   numpy.random, clocks and entropy refused (their values would be frozen at trace time);
   `scan`: `associative_scan` traced as the scan it computes.
@@ -40,6 +41,7 @@ from minijit.frontend import (
     communication,  # noqa: F401  (refuses torch.distributed's calls without traced tensors)
     foreach,  # noqa: F401  (registers the torch._foreach_* lookasides)
     func_transforms,  # noqa: F401  (registers torch.func.grad, grad_and_value and vmap)
+    interpreted_lookasides,  # noqa: F401  (registers map, len, getattr, class statements, checkpoint, ...)
     module_hooks,  # noqa: F401  (registers the BackwardHook lookaside: modules' full backward hooks)
     nondeterminism,  # noqa: F401  (registers the RNG, clock and entropy lookasides)
     scan,  # noqa: F401  (registers the associative_scan lookaside)

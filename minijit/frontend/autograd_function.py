@@ -35,7 +35,7 @@ from torch._functorch.autograd_function import autograd_function_apply
 from minijit.errors import MinijitError, UnsupportedSyntaxError
 from minijit.frontend.calls import call, should_interpret
 from minijit.frontend.lookasides import lookaside
-from minijit.ir import CaptureState, Proxy, Symbol, Tag, TensorProxy, Trace, tracing, tree_flatten, tree_map
+from minijit.ir import Proxy, Symbol, Tag, TensorProxy, Trace, tracing, tree_flatten, tree_map
 from minijit.ir.context import current_trace, where_now
 from minijit.ir.rewrite import replay
 from minijit.ops import prims
@@ -122,15 +122,6 @@ def _user_function(cls: type, name: str) -> Any:
     return fn
 
 
-def _sub_trace(outer: Trace, name: str) -> Trace:
-    sub = Trace(name, _names=outer.names, _layouts=outer.layouts)
-    # A state of its own (what it records without grad, its casts): only the hook and the role are the outer's.
-    sub.capture = CaptureState(capture_tensor=outer.capture_tensor,
-                               captures_user_code=outer.capture is not None and outer.capture.captures_user_code)
-    sub.source = outer.source
-    return sub
-
-
 def _no_grad(sub: Trace) -> set[str]:
     """The names a sub-trace recorded or wrote under torch.no_grad()."""
     assert sub.capture is not None
@@ -207,7 +198,7 @@ class _CustomFunctionCall:
 
     # -- forward -------------------------------------------------------------------------
     def capture_forward(self) -> tuple[Trace, list[Any]]:
-        raw = _sub_trace(self.outer, f"{self.name}_forward")
+        raw = self.outer.nested(f"{self.name}_forward")
         raw.args = list({id(a): a for a in self.args if isinstance(a, Proxy)}.values())
         forward = _user_function(self.cls, "forward")
         with tracing(raw), torch.no_grad():
@@ -238,7 +229,7 @@ class _CustomFunctionCall:
 
     # -- backward ------------------------------------------------------------------------
     def capture_backward(self, fwd: Trace, out_leaves: list[Any]) -> tuple[Trace, list[Proxy]]:
-        raw = _sub_trace(self.outer, f"{self.name}_backward")
+        raw = self.outer.nested(f"{self.name}_backward")
         cotangents = [TensorProxy.like(x, requires_grad=False) if isinstance(x, TensorProxy) else None
                       for x in out_leaves]
         backward = _user_function(self.cls, "backward")

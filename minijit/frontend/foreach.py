@@ -28,6 +28,7 @@ from minijit.frontend.frame import observe_iteration
 from minijit.frontend.lookasides import LOOKASIDES
 from minijit.ir import NumberProxy, TensorProxy
 from minijit.ir.context import where_now
+from minijit.ops.eager_facts import FOREACH_MUL_ROUNDS_NUMBER_FIRST
 
 # foreach op (without the trailing "_") -> the per-tensor torch callable, where it is not torch.<name>.
 _PER_TENSOR = {"norm": torch.linalg.vector_norm, "max": torch.amax}
@@ -81,16 +82,12 @@ def _tensor_value(value: Any) -> bool:
     return isinstance(value, torch.Tensor | TensorProxy)
 
 
-# dtypes whose CPU `_foreach_mul_` rounds a number operand to the tensor's dtype before multiplying.
-_ROUNDS_NUMBER_FIRST = (torch.float16, torch.bfloat16)
-
-
 def _as_eager_foreach_mul_(args: list[Any]) -> list[Any]:
     """The per-tensor arguments of one element of the CPU's `_foreach_mul_(tensors, number)`: a float16 or bfloat16
     tensor's number becomes a 0-dim tensor of its dtype, as eager's kernel rounds it (`t.mul_(0.9)` computes with 0.9,
     `torch._foreach_mul_([t], 0.9)` with bfloat16's 0.8984375)."""
     t, other = args[0], args[1] if len(args) > 1 else None
-    if (_tensor_value(t) and t.dtype in _ROUNDS_NUMBER_FIRST and t.device.type == "cpu"
+    if (_tensor_value(t) and t.dtype in FOREACH_MUL_ROUNDS_NUMBER_FIRST and t.device.type == "cpu"
             and (isinstance(other, NumberProxy) or type(other) in (int, float, bool))):
         return [t, call(torch.full, ((), other), {"dtype": t.dtype, "device": t.device}), *args[2:]]
     return args

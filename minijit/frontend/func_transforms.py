@@ -41,7 +41,7 @@ from minijit.frontend.batching import Batching
 from minijit.frontend.calls import call
 from minijit.frontend.frame import current_state
 from minijit.frontend.lookasides import lookaside
-from minijit.ir import CaptureState, NumberProxy, TensorProxy, Trace, current_trace, tracing
+from minijit.ir import NumberProxy, TensorProxy, Trace, current_trace, tracing
 from minijit.ir.context import where_now
 from minijit.transforms.functionalize import functionalize
 from minijit.transforms.inline_grad import expand_inline_grads, has_inline_grads
@@ -227,10 +227,7 @@ class _VmapCall:
 
     def _trace_one_sample(self, outer: Any) -> tuple[Trace, list[TensorProxy | None]]:
         """`func` traced into a sub-trace of its own, on one sample of each mapped tensor (a fresh proxy)."""
-        sub = Trace(f"{_name(self.func)}_sample", _names=outer.names, _layouts=outer.layouts)
-        sub.capture = CaptureState(capture_tensor=outer.capture_tensor,
-                                   captures_user_code=outer.capture is not None and outer.capture.captures_user_code)
-        sub.source = outer.source
+        sub = outer.nested(f"{_name(self.func)}_sample")
         samples: list[TensorProxy | None] = []
         with tracing(sub):
             for x, d in zip(self.leaves, self.dims):

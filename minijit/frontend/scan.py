@@ -36,8 +36,9 @@ import torch.utils._pytree as pytree
 from torch._prims_common import canonicalize_dim
 
 from minijit.errors import UnsupportedOpError, where
+from minijit.frontend.calls import call
 from minijit.frontend.frame import current_state
-from minijit.frontend.lookasides import _call, lookaside
+from minijit.frontend.lookasides import lookaside
 from minijit.ir import BoundSymbol, Effects, NumberProxy, Symbol, TensorProxy, current_trace, tree_flatten
 from minijit.ir.containers import contains_proxy
 from minijit.ir.context import where_now
@@ -88,26 +89,26 @@ if _associative_scan is not None:
         if length == 1:
             # Eager's scan returns each leaf as it is (a view): nothing is combined, so `xs` is not in
             # the result's history beyond that view (a leaf whose result is unused gets no gradient).
-            return pytree.tree_unflatten([_call(torch.movedim, (_call(torch.movedim, (x, dim, 0), {}), 0, dim), {})
+            return pytree.tree_unflatten([call(torch.movedim, (call(torch.movedim, (x, dim, 0), {}), 0, dim), {})
                                           for x in leaves], spec)
         order = range(length - 1, -1, -1) if reverse else range(length)
 
         def element(i: int) -> list[Any]:
-            return [_call(torch.select, (x, dim, i), {}) for x in leaves]
+            return [call(torch.select, (x, dim, i), {}) for x in leaves]
 
         steps: dict[int, list[Any]] = {}
         carry: list[Any] | None = None
         for i in order:
             current = element(i)
             if carry is not None:
-                combined = _call(combine_fn, (pytree.tree_unflatten(carry, spec), pytree.tree_unflatten(current, spec)),
+                combined = call(combine_fn, (pytree.tree_unflatten(carry, spec), pytree.tree_unflatten(current, spec)),
                                  {})
                 current = pytree.tree_leaves(combined)
                 if len(current) != len(leaves):
                     raise ValueError(f"The number of leaves of the combine_fn output ({len(current)}) does not "
                                      f"match the number of leaves of xs ({len(leaves)})")
             carry = steps[i] = current
-        outs = [_call(torch.stack, ([steps[i][k] for i in range(length)], dim), {}) for k in range(len(leaves))]
+        outs = [call(torch.stack, ([steps[i][k] for i in range(length)], dim), {}) for k in range(len(leaves))]
         return pytree.tree_unflatten(outs, spec)
 
 
@@ -122,10 +123,10 @@ def _keepable(combine_fn: Any, leaves: list[TensorProxy], spec: Any, dim: int) -
     holding no traced value, whose result on two elements (traced once, here) is like an element."""
     if not isinstance(combine_fn, types.FunctionType) or _holds_traced(combine_fn, 4):
         return False
-    element = pytree.tree_unflatten([_call(torch.select, (x, dim, 0), {}) for x in leaves], spec)
+    element = pytree.tree_unflatten([call(torch.select, (x, dim, 0), {}) for x in leaves], spec)
     trace, outside = current_trace(), current_state().outside
     recorded, effects = len(trace.bound_symbols), len(outside.effects)
-    result, result_spec = pytree.tree_flatten(_call(combine_fn, (element, element), {}))
+    result, result_spec = pytree.tree_flatten(call(combine_fn, (element, element), {}))
     _refuse_effects(combine_fn, trace.bound_symbols[recorded:], outside.effects[effects:])
     return result_spec == spec and all(
         isinstance(r, TensorProxy) and r.dtype == x.dtype and r.device == x.device and r.ndim == x.ndim - 1

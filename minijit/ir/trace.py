@@ -242,6 +242,16 @@ class Trace:
             return int(folded)
         return None
 
+    def nested(self, name: str) -> Trace:
+        """A trace recorded inside this one's capture (a custom Function's forward or backward, a vmap sample): the
+        names, layouts and source line are this one's; its capture state is its own (what it records without grad,
+        its casts), with only this one's tensor hook and role."""
+        sub = Trace(name, _names=self.names, _layouts=self.layouts)
+        sub.capture = CaptureState(capture_tensor=self.capture_tensor,
+                                   captures_user_code=self.capture is not None and self.capture.captures_user_code)
+        sub.source = self.source
+        return sub
+
     def derive(self, bound_symbols: Iterable[BoundSymbol], *, pass_name: str,
                output: Any = None, args: list[Proxy] | None = None) -> Trace:
         """A new trace with the same inputs, names, input aliasing and output note, the given bound symbols, and `output`."""

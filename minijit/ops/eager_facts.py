@@ -1,5 +1,5 @@
-"""Facts of eager torch: the callable that runs each ltorch op, and what eager's kernels do when the tensor an op
-writes overlaps one of its operands, by torch op name.
+"""Facts of eager torch: the callable that runs each ltorch op, what eager's kernels do when the tensor an op
+writes overlaps one of its operands, by torch op name, and where a foreach op rounds otherwise than its op.
 
 The overlap facts are facts of `Effects` (minijit.ir.symbol) for the ops minijit knows by their torch
 name only: opaque torch ops, and the in-place ltorch ops declared in a loop
@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+
+import torch
 
 from minijit.ir import Symbol, Tag
 from minijit.ops import prims
@@ -54,3 +56,9 @@ def write_facts(name: str) -> dict[str, bool]:
     """The `Effects` fields about overlapping writes for the torch op `name` (`index_copy_`, `Tensor.index_copy_`)."""
     op = name.rsplit(".", 1)[-1]
     return {"refuses_overlap": op in REFUSES_ANY_OVERLAP, "reads_scalar_first": op in READS_SCALAR_FIRST}
+
+
+# The one foreach op on the CPU that computes otherwise than its per-tensor op: `torch._foreach_mul_(tensors, number)`
+# on these dtypes rounds the number to the tensor's dtype first (`t.mul_(0.9)` on bfloat16 multiplies by 0.9, the
+# foreach op by 0.8984375).
+FOREACH_MUL_ROUNDS_NUMBER_FIRST = frozenset({torch.float16, torch.bfloat16})

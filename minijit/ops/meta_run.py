@@ -30,7 +30,8 @@ meta kernels' dependencies then.)
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import functools
+from collections import OrderedDict, namedtuple
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -464,17 +465,10 @@ def map_leaves(outputs: Any, fn: Callable[[TensorMeta | None, int], Any]) -> Any
     return walk(outputs)
 
 
-_NAMED_TUPLES: dict[type, type] = {}
-
-
+@functools.cache
 def named_tuple_for(t: type) -> type:
     """A named tuple class with the fields of a torch structseq type (`torch.return_types.max`)."""
-    cls = _NAMED_TUPLES.get(t)
-    if cls is None:
-        from collections import namedtuple
-
-        cls = _NAMED_TUPLES[t] = namedtuple(t.__name__, t.__match_args__)
-    return cls
+    return namedtuple(t.__name__, t.__match_args__)
 
 
 def _describe(out: Any, by_id: dict[int, int], storage_of: dict[int, int], device: torch.device,

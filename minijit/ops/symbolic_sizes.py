@@ -27,6 +27,7 @@ before: never a size that is wrong for some input.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -36,7 +37,7 @@ import torch
 from minijit.ir import IntegerProxy, NumberProxy, TensorProxy, tree_flatten
 from minijit.ir.containers import sequence_leaves
 from minijit.ir.context import add_constraint, capturing
-from minijit.ir.proxies import data_dependent, guarded_compare
+from minijit.ir.proxies import SWAPPED, data_dependent, guarded_compare
 
 __all__ = ["SIZE_RULES", "SymbolicShapes", "derive", "has_symbolic_sizes", "size_rule", "symbolic_output_shapes"]
 
@@ -371,14 +372,17 @@ def derive(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
             outputs.append(tuple(_expr(d) for d in leaf.shape))
         else:
             outputs.append(None)
-    ranges = []
-    for sym in names:
-        vr = env.var_to_range[sym]
-        sympy = _sympy()
-        low = int(vr.lower) if isinstance(vr.lower, sympy.Integer) else 0
-        ranges.append((low, int(vr.upper) if isinstance(vr.upper, sympy.Integer) else None))
     guards = tuple(g.expr for g in env.guards)
-    return SymbolicShapes(tuple(symbols), tuple(outputs), guards, tuple(ranges), tuple(names))
+    ranges = tuple(size_range(env, sym) for sym in names)
+    return SymbolicShapes(tuple(symbols), tuple(outputs), guards, ranges, tuple(names))
+
+
+def size_range(env: Any, sym: Any) -> tuple[int, int | None]:
+    """(lowest, highest or None for unbounded) value of the torch symbol `sym` that the `ShapeEnv` `env` allows."""
+    vr = env.var_to_range[sym]
+    sympy = _sympy()
+    low = int(vr.lower) if isinstance(vr.lower, sympy.Integer) else 0
+    return low, int(vr.upper) if isinstance(vr.upper, sympy.Integer) else None
 
 
 def _expr(d: Any) -> Any:
@@ -387,28 +391,23 @@ def _expr(d: Any) -> Any:
     return _sympy().Integer(int(d))
 
 
-_SOURCES: dict[int, Any] = {}
-
-
+@functools.cache
 def _size_source(index: int) -> Any:
     """The `torch._guards.Source` a `ShapeEnv` names symbol `index` by (only its name is read here)."""
-    source = _SOURCES.get(index)
-    if source is None:
-        from torch._guards import GuardSource, Source
+    from torch._guards import GuardSource, Source
 
-        @dataclasses.dataclass(frozen=True)
-        class SizeSource(Source):
-            index: int
+    @dataclasses.dataclass(frozen=True)
+    class SizeSource(Source):
+        index: int
 
-            @property
-            def name(self) -> str:
-                return f"size{self.index}"
+        @property
+        def name(self) -> str:
+            return f"size{self.index}"
 
-            def guard_source(self) -> GuardSource:
-                return GuardSource.LOCAL
+        def guard_source(self) -> GuardSource:
+            return GuardSource.LOCAL
 
-        source = _SOURCES[index] = SizeSource(index)
-    return source
+    return SizeSource(index)
 
 
 # -- back to minijit's numbers ----------------------------------------------------------------------
@@ -440,13 +439,10 @@ def record_guards(found: SymbolicShapes, env: dict[Any, Any]) -> None:
                 _compare(env[sym], "<=", high)
 
 
-_SWAPPED = {"==": "==", "!=": "!=", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
-
-
 def _compare(a: Any, op: str, b: Any) -> None:
     """Record `a <op> b` (numbers or number proxies; true on the traced values) as a constraint."""
     if not isinstance(a, NumberProxy):
-        a, b, op = b, a, _SWAPPED[op]
+        a, b, op = b, a, SWAPPED[op]
     if isinstance(a, NumberProxy) and not guarded_compare(a, op, b):
         raise _Unsupported(f"{a} {op} {b} is false")
 
@@ -457,7 +453,7 @@ def _record(guard: Any, env: dict[Any, Any]) -> None:
     if isinstance(guard, sympy.And):
         for part in guard.args:
             _record(part, env)
-    elif isinstance(guard, sympy.Rel) and guard.rel_op in _SWAPPED:
+    elif isinstance(guard, sympy.Rel) and guard.rel_op in SWAPPED:
         _compare(_number(guard.lhs, env), guard.rel_op, _number(guard.rhs, env))
     else:
         values = {s: sympy.Integer(p.value if isinstance(p, NumberProxy) else p) for s, p in env.items()}
@@ -469,7 +465,7 @@ def _record(guard: Any, env: dict[Any, Any]) -> None:
 def _condition(guard: Any, env: dict[Any, Any]) -> str:
     """A guard (relations joined by and, or, not) as the Python text of a constraint."""
     sympy = _sympy()
-    if isinstance(guard, sympy.Rel) and guard.rel_op in _SWAPPED:
+    if isinstance(guard, sympy.Rel) and guard.rel_op in SWAPPED:
         lhs, rhs = (_text(_number(x, env)) for x in (guard.lhs, guard.rhs))
         return f"({lhs} {guard.rel_op} {rhs})"
     if isinstance(guard, sympy.And | sympy.Or):

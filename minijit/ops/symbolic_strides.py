@@ -61,6 +61,7 @@ from minijit.ops.symbolic_sizes import (
     either_constraint,
     equalities,
     same_at_ones,
+    size_range,
 )
 
 __all__ = ["symbolic_contiguous", "symbolic_layout", "symbolic_viewable"]
@@ -511,11 +512,10 @@ def _new_guards(session: _Session) -> list[Any]:
     sympy = _sympy()
     found = [guard.expr for guard in session.env.guards[session.recorded:]]
     for sym, d in session.symbols.items():
-        vr = session.env.var_to_range[sym]
-        low = int(vr.lower) if isinstance(vr.lower, sympy.Integer) else 0
+        low, high = size_range(session.env, sym)
         found.append(sym >= max(low, min(session.hint(d), 2)))  # at least 2, or 1 for a size traced at 1
-        if isinstance(vr.upper, sympy.Integer):
-            found.append(sym <= int(vr.upper))
+        if high is not None:
+            found.append(sym <= high)
     return [relation for relation in found if relation is not sympy.true]
 
 

@@ -36,7 +36,16 @@ from minijit.ir.context import current_trace, where_now
 from minijit.ir.proxies import UnbackedSize, data_dependent, number_value
 from minijit.ops import aten_prims
 from minijit.ops.meta_run import kernel_reads_values
-from minijit.ops.symbolic_sizes import SymbolicShapes, _expr, _number, _size_source, _sympy, _Unsupported, record_guards
+from minijit.ops.symbolic_sizes import (
+    SymbolicShapes,
+    _expr,
+    _number,
+    _size_source,
+    _sympy,
+    _Unsupported,
+    record_guards,
+    size_range,
+)
 
 __all__ = ["bind_unbacked_sizes", "unbacked_shapes"]
 
@@ -155,7 +164,7 @@ def unbacked_shapes(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], what
     if any(g.free_symbols - set(session.numbers) for g in guards):
         return None
     env = {**session.numbers, **fresh}
-    ranges = tuple(_range(session.env, sym) for sym in created)
+    ranges = tuple(size_range(session.env, sym) for sym in created)
     try:
         shapes = [tuple(_number(_expr(d), env) for d in t.shape) for t in leaves]
         record_guards(SymbolicShapes((), (), guards, ranges, tuple(created)), env)  # on sizes known before
@@ -169,13 +178,6 @@ def unbacked_shapes(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], what
         session.numbers[sym] = proxy
         session.nodes[proxy.name] = next(d for t in leaves for d in t.shape if _expr(d) == sym)
     return shapes, list(fresh.values())
-
-
-def _range(env: Any, sym: Any) -> tuple[int, int | None]:
-    vr = env.var_to_range[sym]
-    sympy = _sympy()
-    low = int(vr.lower) if isinstance(vr.lower, sympy.Integer) else 0
-    return low, int(vr.upper) if isinstance(vr.upper, sympy.Integer) else None
 
 
 def bind_unbacked_sizes(out: Any, fresh: list[IntegerProxy]) -> None:

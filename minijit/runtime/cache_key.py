@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from minijit.runtime.autocast import any_autocast_enabled, autocast_state
-from minijit.runtime.checks import AUTOCAST, GRAD_MODE, Check, tensor_checks, walk
+from minijit.runtime.checks import AUTOCAST, GRAD_MODE, Check, tensor_checks, torch_tensor_check, walk
 
 Tensor = torch.Tensor
 
@@ -64,25 +64,13 @@ class KeyMemo:
         walk(values, found, symbolic)
         part = tuple(found)
         # (Plain tensors and parameters only: a subclass may read its metadata in Python, apart from what C checks.)
-        check = _metadata_check(values) if all(type(v) in _PLAIN for v in values) else None
+        check = torch_tensor_check(values) if all(type(v) in _PLAIN for v in values) else None
         if check is not None:
             self._last[position] = (symbolic, len(values), check, part)
         return part
 
 
 _PLAIN = (Tensor, torch.nn.Parameter)
-
-
-def _metadata_check(values: tuple[Any, ...]) -> Callable[..., bool] | None:
-    """A C check that tensors have the types, sizes, strides, dtypes, devices, requires_grad and dispatch keys of
-    `values` (tensors), or None where torch lacks it."""
-    try:
-        from torch._C._dynamo.guards import TensorGuards
-
-        return TensorGuards(*values, dynamic_dims_sizes=[list(v.shape) for v in values],
-                            dynamic_dims_strides=[list(v.stride()) for v in values]).check
-    except (ImportError, TypeError, RuntimeError):
-        return None
 
 
 def _read(check: Check) -> str:
@@ -120,17 +108,12 @@ def _make_positional_tensor_key(arity: int, symbolic: bool = False) -> Any:
 
 
 def exact_tensor_check(args: tuple[Any, ...]) -> Callable[..., bool] | None:
-    """A check, run in C, that a call passes plain tensors with exactly the metadata of `args`: type, sizes,
-    strides, dtype, device, requires_grad and dispatch keys (these include autocast's thread-local keys).
-
-    A call it accepts has the cache key of `args` (grad mode apart, which the caller checks; `args` must
-    come from a call made with autocast off): the hit path tries it before computing a key. It is
-    torch's tensor check for Dynamo's guards (`torch._C._dynamo.guards`, a C module that does not import
-    torch._dynamo); None where torch lacks it or `args` are not all plain tensors.
-    """
+    """`torch_tensor_check` of `args`, a call's plain tensors (None where they are not all plain tensors): a call
+    it accepts has the cache key of `args` (grad mode apart, which the caller checks; `args` must come from a call
+    made with autocast off), so the hit path tries it before computing a key."""
     if not 0 < len(args) < 16 or any(type(a) is not Tensor for a in args):
         return None
-    return _metadata_check(args)
+    return torch_tensor_check(args)
 
 
 # Key functions for calls with 0 to 15 positional tensors, by arity, for each cache mode.

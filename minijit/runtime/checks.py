@@ -623,14 +623,22 @@ def _captured_at_once(checks: Sequence[Check], env: dict[str, Any]) -> tuple[str
 
 @functools.lru_cache(maxsize=64)  # an entry rebound to new objects checks the same parameters again
 def _tensor_check(metadata: tuple[tuple[Any, ...], ...]) -> Callable[..., bool] | None:
-    """Torch's C check of tensors with these (type, shape, dtype, device, requires_grad), or None where there is
-    none."""
+    """Torch's C check of tensors with these (type, shape, dtype, device, requires_grad), strides left free, or
+    None where there is none."""
+    return torch_tensor_check([_stand_in(*m) for m in metadata], strides=False)
+
+
+def torch_tensor_check(tensors: Sequence[Tensor], *, strides: bool = True) -> Callable[..., bool] | None:
+    """A check, run in C, that tensors have exactly the types, sizes, dtypes, devices, requires_grad and dispatch
+    keys of `tensors` (these include autocast's thread-local keys), and their strides where `strides`; None where
+    torch lacks it. It is torch's tensor check for Dynamo's guards (`torch._C._dynamo.guards`, a C module that does
+    not import torch._dynamo)."""
     try:
         from torch._C._dynamo.guards import TensorGuards
 
-        stand_ins = [_stand_in(*m) for m in metadata]
-        return TensorGuards(*stand_ins, dynamic_dims_sizes=[list(t.shape) for t in stand_ins],
-                            dynamic_dims_strides=[[None] * t.ndim for t in stand_ins]).check
+        return TensorGuards(*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
+                            dynamic_dims_strides=[list(t.stride()) if strides else [None] * t.ndim
+                                                  for t in tensors]).check
     except (ImportError, TypeError, RuntimeError):
         return None
 

@@ -44,6 +44,7 @@ from typing import Any
 import torch
 
 from minijit.ir import Tag, Trace, tree_flatten, tree_map
+from minijit.runtime.checks import torch_tensor_check
 
 _use_count = torch._C._storage_Use_Count
 MAX_INSTANCES = 3  # graphs per kind of call: another is captured while the results of one are alive
@@ -251,7 +252,7 @@ class GraphedCallable:
         key = self._key(inputs)
         if isinstance(key, str):
             return key
-        check = _tensor_check(tensors)
+        check = torch_tensor_check(tensors) if tensors else lambda: True
         if check is not None and len(self.kinds) < 8:
             scalars = tuple(k for k, t in enumerate(tensors) if t.device.type != BACKEND.device_type)
             self.kinds.append((check, others, scalars, key[0]))
@@ -374,20 +375,6 @@ def _rebuilt(tree: Any, leaves: Any) -> Any:
     if type(tree) is tuple and not any(isinstance(x, tuple | list | dict | slice) for x in tree):
         return tuple(next(leaves) for _ in tree)
     return tree_map(lambda _: next(leaves), tree)
-
-
-def _tensor_check(tensors: list[torch.Tensor]) -> Callable[..., bool] | None:
-    """A check, in C, that tensors have exactly these tensors' types, sizes, strides, dtypes, devices,
-    requires_grad and dispatch keys (torch's tensor guard, as the cache's exact check), or None without it."""
-    if not tensors:
-        return lambda: True
-    try:
-        from torch._C._dynamo.guards import TensorGuards
-
-        return TensorGuards(*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
-                            dynamic_dims_strides=[list(t.stride()) for t in tensors]).check
-    except (ImportError, TypeError, RuntimeError):
-        return None
 
 
 def _view_of(inputs: tuple[Any, ...], i: int, delta: int, shape: tuple[int, ...], stride: tuple[int, ...]) -> Any:

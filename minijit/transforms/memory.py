@@ -179,11 +179,7 @@ class MemoryModel:
         i = self._index
         self._index += 1
         for p in read_proxies(bsym):
-            self._proxy_readers.setdefault(id(p), []).append(i)
-            for s in self.storages(p):
-                self._readers.setdefault(s, []).append(i)
-            for s in self._old.get(id(p), ()):
-                self._old_readers.setdefault(s, []).append(i)
+            self._read(p, i)
         outs = list(bsym.proxy_outputs())
         targets = bsym.written()
         if targets:
@@ -214,12 +210,8 @@ class MemoryModel:
         for o in outs:
             if targets and id(o) in self._where:
                 continue  # an in-place op hands back the tensor it wrote: it lives where it lived
-            if viewing and where is not None and not self._shares(bsym, o):
-                own = frozenset({o.name})
-                self._place(o, own, own)
-                self._home.setdefault(o.name, o)
-                self._fresh.add(id(o))
-            elif where is None:
+            # Memory of its own: a view op's output that does not share is one it allocated (`allocated` holds).
+            if where is None or (viewing and not self._shares(bsym, o)):
                 own = frozenset({o.name})
                 self._place(o, own, own)
                 self._home.setdefault(o.name, o)
@@ -240,14 +232,17 @@ class MemoryModel:
 
     def add_output(self, output: Any) -> None:
         """Count the trace's output as a read, at the index after the last bound symbol."""
-        i = self._index
         for p in tree_iter(output):
             if isinstance(p, Proxy):
-                self._proxy_readers.setdefault(id(p), []).append(i)
-                for s in self.storages(p):
-                    self._readers.setdefault(s, []).append(i)
-                for s in self._old.get(id(p), ()):
-                    self._old_readers.setdefault(s, []).append(i)
+                self._read(p, self._index)
+
+    def _read(self, p: Proxy, i: int) -> None:
+        """Record that index `i` reads `p`: the proxy, its storages, and the storages it held before a write."""
+        self._proxy_readers.setdefault(id(p), []).append(i)
+        for s in self.storages(p):
+            self._readers.setdefault(s, []).append(i)
+        for s in self._old.get(id(p), ()):
+            self._old_readers.setdefault(s, []).append(i)
 
     def _write(self, bsym: BoundSymbol, i: int, targets: list[TensorProxy], outs: list[Proxy]) -> None:
         copied = _copies_into(bsym)
