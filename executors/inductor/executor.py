@@ -10,7 +10,9 @@ caller's tensors itself, with no copy afterwards, and a mutated input ends up
 exactly as eager would leave it (docs/design.md, invariants 1 and 2). torch.compile does
 not guard against inputs that share memory, so a call where a tensor the region
 writes overlaps another input runs the same function uncompiled (torch calls in
-trace order, eager's semantics).
+trace order, eager's semantics). Where the trace's memory model shows that no input the
+region writes can share memory with another (`Region.sharing`: each is an input of the
+trace kept apart by the entry's guard, or memory the trace allocated), no call looks.
 
 Symbolic sizes and numbers ("symbolic values" and automatic dynamic) enter a region as
 inputs, and `prims.shape` and the integer number prims as members: such a region is
@@ -81,10 +83,13 @@ class CompiledRegion:
     with the call's own tensors, whose types (`nn.Parameter`), `requires_grad` and layouts its guards check, so
     that the compiled function serves the calls after it without compiling again."""
 
-    def __init__(self, compiled: Callable[..., Any], src: RegionSource, key: str, plain: Callable[..., Any]):
+    def __init__(self, compiled: Callable[..., Any], src: RegionSource, key: str, plain: Callable[..., Any],
+                 checks_overlap: bool = True):
         self.compiled = compiled
         self.plain = plain
-        self.written = src.written
+        # The inputs whose storages each call compares: none where the trace's memory model shows every input the
+        # region writes to have memory of its own on every call its entry's guard lets through.
+        self.written = src.written if checks_overlap else []
         self.source = src.source
         self.passthrough = src.passthrough
         self.key = key
@@ -263,7 +268,9 @@ class InductorExecutor(FusionExecutor):
             return None
         try:
             src = region_source(region)
-            key = src.source + "|" + ";".join(_metadata(p) for p in region.inputs) + f"|grad={torch.is_grad_enabled()}"
+            checks_overlap = region.sharing is None or not region.sharing.isdisjoint(src.written)
+            key = (src.source + "|" + ";".join(_metadata(p) for p in region.inputs)
+                   + f"|grad={torch.is_grad_enabled()}|overlap={checks_overlap}")
         except NotFusible:
             return None
         with CACHE.lock:
@@ -273,7 +280,7 @@ class InductorExecutor(FusionExecutor):
                 hit.uses += 1
                 return hit
         try:
-            compiled = self._compile(region, src, key)
+            compiled = self._compile(region, src, key, checks_overlap)
         except Exception as e:  # a region torch.compile cannot take leaves it to the torch executor
             warnings.warn(f"minijit: inductor could not compile {region.name} ({len(region.members)} prims), "
                           f"running it with torch instead: {type(e).__name__}: {str(e)[:300]}", stacklevel=2)
@@ -284,7 +291,7 @@ class InductorExecutor(FusionExecutor):
             CACHE.entries[key] = compiled
         return compiled
 
-    def _compile(self, region: Region, src: RegionSource, key: str) -> CompiledRegion:
+    def _compile(self, region: Region, src: RegionSource, key: str, checks_overlap: bool) -> CompiledRegion:
         # Inductor lays out a result its own way even where the torch calls give a contiguous one (keys put after
         # an empty cache come out transposed), and the next call's guard then sees a layout the trace did not: a
         # result contiguous when the torch calls run on example inputs is returned `.contiguous()`, which
@@ -305,7 +312,7 @@ class InductorExecutor(FusionExecutor):
         dynamic = any(isinstance(p, NumberProxy) or _symbolic(p) for p in region.inputs)
         compiled = torch.compile(make_function(src, marked=dynamic), backend="inductor", dynamic=dynamic,
                                  fullgraph=True)
-        return CompiledRegion(compiled, src, key, fn)
+        return CompiledRegion(compiled, src, key, fn, checks_overlap)
 
 
 def _draws_nothing(bsym: BoundSymbol) -> bool:

@@ -472,12 +472,31 @@ def _storage_key(t: Tensor) -> int:
     return ptr if ptr else id(t)  # empty storages share address 0 without sharing memory
 
 
+# Tensor methods called through `map`, one C call per tensor (a guard over an optimizer's state calls them on
+# hundreds of tensors per call).
+_UNTYPED_STORAGE = Tensor.untyped_storage
+_STORAGE_ADDRESS = torch.UntypedStorage.data_ptr
+_IS_CONTIGUOUS = Tensor.is_contiguous
+
+
+@functools.lru_cache(maxsize=256)
+def _apart(n: int) -> tuple[int, ...]:
+    """The alias pattern of `n` inputs that share no storage."""
+    return tuple(range(n))
+
+
 def alias_pattern(*values: Any) -> tuple[int, ...]:
     """Which inputs share storage: the position of the first input with the same storage, per input.
 
     Part of the guard of traces that write into their inputs (docs/design.md, invariant 1): a trace
     functionalized for distinct inputs is wrong for aliased ones, and the other way round.
     """
+    # The usual answer first, in C calls: every tensor has a storage of its own (none of them empty, whose
+    # address 0 says nothing), so each input is its own first.
+    tensors = [v for v in values if isinstance(v, Tensor)]
+    addresses = {*map(_STORAGE_ADDRESS, map(_UNTYPED_STORAGE, tensors))}
+    if len(addresses) == len(tensors) and 0 not in addresses:
+        return _apart(len(values))
     first: dict[int, int] = {}
     pattern = []
     for i, v in enumerate(values):  # (a loop, `_storage_key` written out: part of every hit's guard)
@@ -533,7 +552,13 @@ def repeating(values: tuple[Any, ...], positions: tuple[int, ...]) -> tuple[int,
 
     A trace that writes such an input rebuilds it from a synthetic base; one that writes a plain tensor copies
     back into it, which eager refuses for a tensor repeating elements: the guard keeps them apart."""
-    # (a contiguous tensor repeats none: asked first, it answers faster than the overlap check)
+    # (a contiguous tensor repeats none: asked first, it answers faster than the overlap check; all of them at once
+    # in C calls where every one is a tensor)
+    try:
+        if all(map(_IS_CONTIGUOUS, [values[i] for i in positions])):
+            return ()
+    except TypeError:  # (not a tensor: asked one by one below)
+        pass
     return tuple(i for i in positions if isinstance(v := values[i], Tensor) and not v.is_contiguous()
                  and torch._debug_has_internal_overlap(v) == 1)
 

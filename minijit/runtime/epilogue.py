@@ -64,6 +64,15 @@ def around(names: Sequence[str], mutated_inputs: Sequence[str], write_sites: Seq
                   tuple(i for i, n in enumerate(names) if n in sites), no_grad)
 
 
+# From this many inputs an inference tensor may not be, the epilogue asks about them all at once first.
+ASKED_AT_ONCE = 4
+
+
+def any_inference(tensors: tuple[torch.Tensor, ...]) -> bool:
+    """Whether any of `tensors` was made under `torch.inference_mode()`, asked in one C call per tensor."""
+    return any(map(torch.Tensor.is_inference, tensors))
+
+
 def _refused_inference_write(name: str, site: str) -> InplaceError:
     return InplaceError(
         f"{site}: an in-place write into {name}, a tensor made under torch.inference_mode(), outside inference mode "
@@ -134,6 +143,7 @@ class Epilogue:
             h["_trace"]: trace, h["_no_grad"]: torch.no_grad, h["_no_autocast"]: no_autocast,
             h["_inference_mode"]: torch.is_inference_mode_enabled, h["_refused"]: _refused_inference_write,
             h["_bump"]: torch.autograd.graph.increment_version, h["_as_strided"]: torch.as_strided,
+            h["_any_inference"]: any_inference,
             h["_rng_states"]: rng_states, h["_set_rng_states"]: set_rng_states, h["_ValueGuardMiss"]: ValueGuardMiss,
             h["_MinijitError"]: MinijitError, h["_fallback"]: fallback}
         if grad is None:
@@ -195,7 +205,10 @@ class Epilogue:
         `no_grad`), its result assigned to `into` (else to `ran`), the version bumps."""
         names, lines = self.body.names, []
         if self.body.inference_writes:
-            lines.append(f"if not {h['_inference_mode']}():  # eager refuses in-place writes into inference tensors")
+            test = f"not {h['_inference_mode']}()"
+            if len(self.body.inference_writes) >= ASKED_AT_ONCE:  # (one C call per tensor; which one, only if any)
+                test += f" and {h['_any_inference']}({_tuple(names[i] for i, _ in self.body.inference_writes)})"
+            lines.append(f"if {test}:  # eager refuses in-place writes into inference tensors")
             for i, site in self.body.inference_writes:
                 lines += [f"    if {names[i]}.is_inference():", f"        raise {h['_refused']}({names[i]!r}, {site!r})"]
         modes = [f"{h['_no_grad']}()"] * (self.body.no_grad or no_grad) + [f"{h['_no_autocast']}()"] * self.autocast_off

@@ -230,6 +230,10 @@ class JitFunction:
         # computation, the entry), or None where that entry has no exact check. One tuple, replaced whole:
         # a thread reads it once, whatever other threads' calls make the last entry meanwhile.
         self._fast: tuple[Any, ...] | None = None
+        # The hit path's try for a call passing no tensor (`jit(opt.step)`, `jf(opt)`: its objects checked by
+        # identity), from the last such call's entry: (arity, the entry's `check_call`, its guard, computation, the
+        # entry), or None. `check_call` makes every check the key makes, and such a call has no flat inputs.
+        self._objects: tuple[Any, ...] | None = None
         # Held by a miss while it looks again, compiles and adds the entry, so that threads missing on one
         # signature at once trace it once; hits never take it (docs/design.md, "Threads"). Re-entrant: code run
         # under it (a lazy module's eager first call) may call this function again on the same thread.
@@ -285,6 +289,14 @@ class JitFunction:
                             return entry.computation(*args)
                         except (ValueGuardMiss, RaisedInTry) as failed:
                             return self._serve(args, kwargs, (args, kwargs), (Decision(HIT, entry), failed))[0]
+        objects = self._objects
+        if objects is not None and not kwargs and len(args) == objects[0] and objects[1](*args) and (
+                objects[2] is None or objects[2]()):
+            self._hits += 1
+            try:
+                return objects[3]()
+            except (ValueGuardMiss, RaisedInTry) as failed:
+                return self._serve(args, kwargs, (args, kwargs), (Decision(HIT, objects[4]), failed))[0]
         return self._call_general(args, kwargs)
 
     def _call_general(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -320,6 +332,9 @@ class JitFunction:
                 self._last = entry
             else:
                 self._remember(entry, decision.key[0])
+                self._objects = (len(args), entry.prologue.check_call, entry.guard, entry.computation, entry) if (
+                    not decision.flat and not kwargs and given[0] is args and entry.prologue is not None
+                    and not entry.capture.call_plan.writes_arguments and self.cache_mode != "no caching") else None
             # A trace that writes into a list or dict argument finds the caller's through CALL_ARGUMENTS.
             token = CALL_ARGUMENTS.set((*args, *kwargs.values())) if entry.capture.call_plan.writes_arguments else None
             try:
@@ -615,7 +630,7 @@ class JitFunction:
         self._entries = {}
         self._limit.clear()
         self._info.entries = 0
-        self._fast = None
+        self._fast = self._objects = None
         return entry
 
     def _set_symbolic(self, symbolic: bool) -> None:

@@ -24,8 +24,8 @@ from typing import Any
 from minijit.errors import UnsupportedOpError, where
 from minijit.ir import BoundSymbol, Trace
 from minijit.ir.rewrite import expand
-from minijit.transforms.fusion import Region, partition, region_bound_symbol
-from minijit.transforms.memory import layout_read
+from minijit.transforms.fusion import Region, partition, region_bound_symbol, sharing_inputs
+from minijit.transforms.memory import layout_read, memory_model
 
 Entry = tuple[BoundSymbol, Any]
 
@@ -90,6 +90,7 @@ def claim_executors(trace: Trace, executors: Sequence[Any]) -> Trace:
         def fuse(region: Region, ex: Any = ex, rest: Sequence[Any] = executors[i + 1:],
                  counter: list[int] = counter) -> list[Entry]:
             region.name = f"fusion_{counter[0]}"
+            region.sharing = sharing_inputs(region, memory_model(trace))
             fn = ex.fuse(region)
             if fn is None:
                 # Declined: its members go to the executors after this one.

@@ -23,8 +23,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from minijit.ir import BoundSymbol, Effects, Proxy, Symbol, tree_iter
+from minijit.ir import BoundSymbol, Effects, Proxy, Symbol, TensorProxy, tree_iter
 from minijit.ops.opaque import OPAQUE
+from minijit.transforms.memory import MemoryModel
 
 
 @dataclass
@@ -34,12 +35,17 @@ class Region:
     `inputs` are the proxies the members read and do not produce (in order of first
     use); `outputs` the proxies they produce that anything after the region uses,
     including tensors written in place; `name` is unique within the trace.
+    `sharing`: the positions of the inputs that may share memory with another input on a call the entry's guard
+    lets through (`sharing_inputs`, from the trace's memory model); an input not among them has memory of its own
+    on every such call, so an executor need not look at the call's storages to know a write into it misses the
+    region's other inputs. None: not known (any input may).
     """
 
     name: str
     members: list[BoundSymbol]
     inputs: list[Proxy]
     outputs: list[Proxy]
+    sharing: frozenset[int] | None = None
 
     @property
     def inplace(self) -> bool:
@@ -70,6 +76,22 @@ def _region(name: str, members: list[BoundSymbol], used_outside: set[str]) -> Re
             produced[p.name] = p
     outputs = [p for n, p in produced.items() if n in used_outside]
     return Region(name, list(members), list(inputs.values()), outputs)
+
+
+def sharing_inputs(region: Region, memory: MemoryModel) -> frozenset[int]:
+    """The positions of the region's tensor inputs that may share memory with another of its inputs, by `memory`
+    (the model of the trace the region is cut from). The model places the trace's inputs as the entry's guard
+    keeps them (each in a storage of its own, or sharing one with its alias group), views where their bases live
+    and other results in new storages, so its answer holds on every call that passes the guard."""
+    tensors = [(i, p) for i, p in enumerate(region.inputs) if isinstance(p, TensorProxy)]
+    # (a value the walk never met, made inside a decomposition, might view anything: no answer for it)
+    if any(memory.producer(p) is None and p.name not in memory.leaders for _, p in tensors):
+        return frozenset(i for i, _ in tensors)
+    count: dict[str, int] = {}
+    for _, p in tensors:
+        for s in memory.storages(p):
+            count[s] = count.get(s, 0) + 1
+    return frozenset(i for i, p in tensors if any(count[s] > 1 for s in memory.storages(p)))
 
 
 def region_bound_symbol(region: Region, namespace: str, fn: Callable[..., Any], random_note: str = "") -> BoundSymbol:

@@ -497,3 +497,29 @@ def test_each_region_function_has_a_source_file_of_its_own():
     assert None not in files and len(files) == 2
     assert inspect.getsource(a) == src.source
     torch.testing.assert_close(a(torch.ones(3))[0], torch.sin(torch.ones(3)))
+
+
+def test_an_entry_traced_for_separate_inputs_never_serves_aliased_ones():
+    # A region whose written inputs the trace's memory model shows apart from its other inputs does not look at
+    # the call's storages: the entry's guard (which inputs share memory, the tensors read from outside among them)
+    # keeps calls with aliased inputs away.
+    held = [torch.randn(4)]
+
+    def write_then_read_held(a, b):
+        a.mul_(2).add_(1)
+        return (b * 3).sin() + held[0].sum().cos()
+
+    def make(alias):
+        torch.manual_seed(0)
+        x, other, outside = torch.randn(4), torch.randn(4), torch.randn(4)
+        args = {"none": (x, other), "same": (x, x), "overlapping view": (x, x[1:3]), "held": (x, other)}[alias]
+        return args, x if alias == "held" else outside  # "held": the tensor read from outside is the one written
+
+    jf = minijit.jit(write_then_read_held, executors=["inductor"])
+    for alias in ["none", "same", "overlapping view", "none", "held", "same", "none"]:
+        (a, b), held[0] = make(alias)
+        got = jf(a, b)
+        (ea, eb), held[0] = make(alias)
+        torch.testing.assert_close(got, write_then_read_held(ea, eb), msg=alias)
+        torch.testing.assert_close(a, ea, msg=alias)
+    assert "inductorex.fusion_" in final_source(jf)

@@ -168,3 +168,47 @@ def test_a_long_tuple_of_tensors_keeps_its_key_part_only_while_its_metadata_hold
     with torch.no_grad():
         args = (tuple(params), torch.ones(2))
         assert cache_key(args, {}, symbolic, memo) == cache_key(args, {}, symbolic)
+
+
+class Holder:
+    """An object passed alone (no tensor argument): its tensors are read from it, the object checked by identity."""
+
+    def __init__(self, scale: float) -> None:
+        self.x = torch.arange(3.0)
+        self.scale = scale
+
+
+def scaled_step(h: Holder) -> torch.Tensor:
+    h.x.mul_(h.scale)
+    if h.x.sum() > 40:  # a value read from a tensor: one entry per side
+        return h.x - 1
+    return h.x + 1
+
+
+def test_calls_passing_only_objects_hit_without_the_dispatcher_and_fail_over_as_it_would() -> None:
+    # A call passing no tensor is served from the last such call's entry (its key's checks and its guard) without
+    # reaching `_dispatch`; every other outcome goes through `_serve`, deciding what the dispatcher decides.
+    jf = minijit.jit(scaled_step)
+    mine, theirs = [Holder(2.0), Holder(2.0)], [Holder(2.0), Holder(2.0)]
+    calls = [
+        (0, {"miss": 1}),
+        (0, {"hit": 1}),
+        (1, {"rebind": 1}),  # another object of the same kind: the entry moves to it
+        (1, {"hit": 1}),
+        (1, {"hit": 1}),
+        (1, {"hit": 1, "miss": 1}),  # the sum passes 40: the value check fails, no entry for that side yet
+        (1, {"hit": 1}),
+        (0, None),  # back to the first object (moved again: which entry first is the dispatcher's business)
+    ]
+    for i, (which, expected) in enumerate(calls, start=1):
+        result, decided = _decided(jf, lambda which=which: jf(mine[which]))
+        assert torch.equal(result, scaled_step(theirs[which])), f"call {i}"
+        assert torch.equal(mine[which].x, theirs[which].x), f"call {i}"
+        assert expected is None or decided == expected, f"call {i}: {decided}"
+    mine[0].scale = theirs[0].scale = 0.5  # a number read from the object changed: the guard fails
+    result = jf(mine[0])
+    assert torch.equal(result, scaled_step(theirs[0])) and torch.equal(mine[0].x, theirs[0].x)
+    with torch.no_grad():  # grad mode is part of the key: checked on the object path too
+        before = minijit.cache_info(jf).misses
+        assert torch.equal(jf(mine[0]), scaled_step(theirs[0]))
+        assert minijit.cache_info(jf).misses == before + 1

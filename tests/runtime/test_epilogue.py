@@ -86,6 +86,32 @@ def test_a_write_into_an_inference_tensor_is_refused_before_anything_runs() -> N
     torch.testing.assert_close(x, kept)
 
 
+@pytest.mark.parametrize("which", [0, 4])
+def test_a_write_into_one_of_many_inputs_made_under_inference_mode_is_refused_naming_it(which: int) -> None:
+    # Five written inputs: asked about all at once first, then one by one for the one to name.
+    def f(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, d: torch.Tensor, e: torch.Tensor) -> None:
+        for t in (a, b, c, d, e):
+            t.mul_(2)
+
+    jf = minijit.jit(f)
+    jf(*[torch.randn(3) for _ in range(5)])
+    tensors = [torch.randn(3) for _ in range(5)]
+    with torch.inference_mode():
+        tensors[which] = torch.randn(3)
+    with pytest.raises(RuntimeError, match="inference"):
+        f(*[t.clone() if i != which else t for i, t in enumerate(tensors)])  # eager refuses it too
+    kept = [t.clone() for t in tensors]
+    with pytest.raises(InplaceError, match=f"into {'abcde'[which]}, a tensor made under torch.inference_mode"):
+        jf(*tensors)
+    for t, k in zip(tensors, kept, strict=True):  # nothing was written
+        torch.testing.assert_close(t, k)
+    ran = [torch.randn(3) for _ in range(5)]  # and no inference tensor: the call runs
+    want = [t * 2 for t in ran]
+    jf(*ran)
+    for t, w in zip(ran, want, strict=True):
+        torch.testing.assert_close(t, w)
+
+
 def test_a_split_entry_prints_its_forward_and_call_and_differentiates_as_eager() -> None:
     def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         BOX.w = w * SCALE
