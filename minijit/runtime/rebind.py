@@ -450,10 +450,13 @@ class _Pairs:
         return dataclasses.replace(g, namespace=namespace, name=name, value=value, shadow=shadow)
 
     def plan(self, p: CallPlan) -> CallPlan:
+        """Call plan `p` moved; what it says of the trace (which results are inputs, whether its effects write into
+        the call's arguments) stays."""
         effects = [(self._effect(e), self.spec(spec)) for e, spec in p.effects]
-        return CallPlan(captured=[(self.source(s), t) for s, t in p.captured],
-                        result=None if p.result is None else self.spec(p.result), effects=effects,
-                        passthrough=list(p.passthrough), inputs=list(p.inputs))
+        return dataclasses.replace(p, captured=[(self.source(s), t) for s, t in p.captured],
+                                   result=None if p.result is None else self.spec(p.result), effects=effects,
+                                   passthrough=list(p.passthrough), effect_passthrough=list(p.effect_passthrough),
+                                   inputs=list(p.inputs))
 
     def _effect(self, e: Effect) -> Effect:
         """Effect `e` of a call plan moved (itself where nothing it writes through moves)."""

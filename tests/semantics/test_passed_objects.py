@@ -611,3 +611,24 @@ def test_a_function_the_trace_made_over_the_old_object_is_not_kept_by_a_rebind()
         mine, eagers = Scaled(scale), Scaled(scale)
         torch.testing.assert_close(jitted(mine, x), store_a_closure(eagers, x))
         torch.testing.assert_close(mine.fn(x), eagers.fn(x))
+
+
+def test_a_rebound_entry_writes_into_the_list_its_call_passed() -> None:
+    """An entry whose trace appends to a list argument, rebound to a new object: the moved entry still finds the
+    call's list (its call plan kept that its effects write into the arguments; it lost that, and the call raised)."""
+    class Box:
+        def __init__(self, scale: float) -> None:
+            self.scale = scale
+
+    def f(box: Box, out: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        out.append(x * box.scale)
+        return x + 1
+
+    jitted = minijit.jit(f)
+    x = torch.randn(3)
+    for _ in range(3):
+        have, want = [], []
+        torch.testing.assert_close(jitted(Box(2.0), have, x), f(Box(2.0), want, x))
+        assert len(have) == len(want) == 1
+        torch.testing.assert_close(have[0], want[0])
+    assert minijit.cache_info(jitted).rebound == 2, str(minijit.cache_info(jitted))
