@@ -668,16 +668,18 @@ def held_by_bound_self(fn: Any) -> set[int]:
 
 def _held(x: Any) -> Any:
     """What `x` (an object `_has_parts` accepts) holds: the values `_parts` pairs, on one side."""
-    if isinstance(x, list | tuple):
+    # (asked of its type, as `_has_parts` does: `isinstance` reads a transformers config's `__class__` through its
+    # Python `__getattribute__`, and the instance dict is read as `object` reads it, for the same reason)
+    t = type(x)
+    if issubclass(t, list | tuple):
         return x
-    if isinstance(x, dict):
+    if issubclass(t, dict):
         return x.values()
-    if isinstance(x, types.CellType):
+    if t is types.CellType:
         return () if (held := _contents(x)) is _NOWHERE else (held,)
-    if isinstance(x, weakref.ref):
+    if issubclass(t, weakref.ref):
         return (x(),)
-    # (the instance dict read as `object` reads it: a transformers config's `__getattribute__` is Python code)
-    return (own_dict(x), x.__closure__) if isinstance(x, types.FunctionType) and x.__closure__ else (own_dict(x),)
+    return (own_dict(x), x.__closure__) if t is types.FunctionType and x.__closure__ else (own_dict(x),)
 
 
 def _has_parts(x: Any) -> bool:
