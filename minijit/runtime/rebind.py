@@ -178,9 +178,22 @@ def _refs(g: GuardEntry) -> list[int]:
         held.append(ns)
     held += [ns, g.value, g.shadow]
     # Only what `_Pairs.walk` can reach (a number, None or a module never moves itself; a tensor moves only where
-    # it is a key: its values are read afresh through sources).
-    return ([id(x) for x in held if _walked_kind(type(x))]
-            + [id(k) for k in keys if isinstance(k, torch.Tensor) or _has_parts(k)])
+    # it is a key: its values are read afresh through sources). What a tuple holds counts as named by the entry
+    # itself: `table[(cache, 0)]` reads through the cache as much as `cache.x` does (a tuple, made anew by whoever
+    # builds the key, is never part of the argument the walk pairs).
+    return ([id(x) for x in _with_tuple_items(held) if _walked_kind(type(x))]
+            + [id(k) for k in _with_tuple_items(keys) if isinstance(k, torch.Tensor) or _has_parts(k)])
+
+
+def _with_tuple_items(values: list[Any]) -> list[Any]:
+    """`values`, and the items of those that are tuples, and of theirs."""
+    found = []
+    while values:
+        x = values.pop()
+        found.append(x)
+        if type(x) is tuple:
+            values.extend(x)
+    return found
 
 
 def _keys(g: GuardEntry) -> tuple[Any, ...]:

@@ -713,3 +713,24 @@ def test_a_cache_of_another_make_is_no_recipe_rebind(change: Any, monkeypatch: p
     for h, w in zip(_steps(jitted, have_cache, inputs), _steps(attend, want_cache, inputs), strict=True):
         torch.testing.assert_close(h, w)
     assert minijit.cache_info(jitted).decisions["rebind"] > rebinds
+
+
+@pytest.mark.parametrize("same_value", [False, True], ids=["other-value", "same-value"])
+def test_a_value_read_at_a_key_naming_the_object_is_read_at_the_new_one(same_value: bool) -> None:
+    """The trace read `table[(obj, 0)]`: a tuple key naming the argument object. A new object of the same kind reads
+    the value at its own key, as eager does (the guard entry was left with the old object's key, the table's entry
+    for it still held: the old value, silently)."""
+    class Obj:
+        pass
+
+    table: dict[tuple[Any, int], float] = {}
+
+    def f(obj: Obj, x: torch.Tensor) -> torch.Tensor:
+        return x * table[(obj, 0)]
+
+    jitted = minijit.jit(f)
+    x = torch.randn(3)
+    for i in range(3):
+        obj = Obj()
+        table[(obj, 0)] = 2.0 if same_value else 2.0 + i
+        torch.testing.assert_close(jitted(obj, x), f(obj, x))
