@@ -356,7 +356,19 @@ def read_check(env: dict[str, Any], i: int, value: GuardEntry) -> Check:
     """The check of the `i`th value read from outside (what it reads bound in `env`)."""
     # Labelled lazily: the value read may be a big object (a model's config), worded only for a miss.
     return Check("a value read from outside", "read", guard_expression(env, i, value), True, keyed=False,
-                 explain=lambda now, expected: f"{value} changed", read=value)
+                 explain=_read_changed(value), read=value)
+
+
+def moved_read_check(check: Check, value: GuardEntry) -> Check:
+    """`check`, of a value read from outside, for guard entry `value`: its entry moved to new objects, which the
+    environment binds under the names `check`'s test reads (runtime/rebind.py), so the test is the same words."""
+    moved = object.__new__(Check)  # (its fields copied: a rebind makes one per moved value, `__init__` costs more)
+    moved.__dict__.update(check.__dict__, explain=_read_changed(value), read=value)
+    return moved
+
+
+def _read_changed(value: GuardEntry) -> Callable[[Any, Any], str]:
+    return lambda now, expected: f"{value} changed"
 
 
 def _constraint_failed(now: Any, expected: Any) -> str:
@@ -410,6 +422,12 @@ class Prologue:
         # an argument may hold to (by id): built by runtime/rebind.py.
         self.guard_refs: tuple[list[Any], dict[int, tuple[int, ...]]] | None = None
         self.env_refs: dict[int, tuple[str, ...]] | None = None
+        # Which checks and sources a rebind moved to make this prologue, where their tests read word for word as
+        # the ones they replaced (runtime/rebind.py `_Recipe`): the next rebind moving the same ones need not
+        # generate their words again.
+        self.recipe: Any = None
+        # The positions of the captured inputs' and the call plan's sources a rebind looks at (runtime/rebind.py).
+        self.source_looks: tuple[tuple[int, ...], tuple[int, ...]] | None = None
         # Where the checks of the values read begin in `checks` (a rebind replaces some in place): set by
         # runtime/guards.py, which puts the call's checks and the constraints before them.
         self.reads_at: int | None = None
@@ -455,6 +473,7 @@ class Prologue:
         copy = object.__new__(Prologue)
         copy.__dict__.update({k: v for k, v in self.__dict__.items() if k != "_probes"})  # probes run in `env`
         copy.checks, copy.tests, copy.env, copy.guard_refs, copy.env_refs = checks, tests, env, None, None
+        copy.recipe = copy.source_looks = None
         copy._define(self.exact_guard is not self.guard)
         return copy
 

@@ -47,12 +47,13 @@ from minijit.frontend.guards import (
     is_constant,
     is_symbolic_number_value,
     may_have_guarded_attributes,
+    own_dict,
 )
 from minijit.frontend.outside import Effect
 from minijit.ir.containers import Constant, Mapping, Registered, Sequence, Spec
 from minijit.runtime.arguments import call_checks, object_arguments
 from minijit.runtime.call_plan import CallPlan
-from minijit.runtime.checks import KEY_VALUE_KINDS, Check, Prologue, read_check
+from minijit.runtime.checks import KEY_VALUE_KINDS, Check, Prologue, moved_read_check, read_check
 from minijit.runtime.guards import compile_prologue
 
 _DEPTH = 8
@@ -99,10 +100,13 @@ def rebind(entry: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: di
                 if not _may_hold(guards[i]):
                     return None  # a value read from the new objects differs: no need to compile a guard to know
                 moved.append(i)
-        capture = dataclasses.replace(
-            entry.capture, guards=guards,
-            captured_inputs=[(name, pairs.source(s), t) for name, s, t in entry.capture.captured_inputs],
-            call_plan=pairs.plan(entry.capture.call_plan))
+        looks = _source_looks(entry)
+        captured = list(entry.capture.captured_inputs)
+        for k in looks[0]:
+            name, source, t = captured[k]
+            captured[k] = (name, pairs.source(source), t)
+        capture = dataclasses.replace(entry.capture, guards=guards, captured_inputs=captured,
+                                      call_plan=pairs.plan(entry.capture.call_plan, looks[1]))
     except _Unpaired:
         return None
     copy = dataclasses.replace(entry, capture=capture, arg_objects=objects)
@@ -114,6 +118,7 @@ def rebind(entry: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: di
                                          (_moved_env(entry.prologue, pairs)[0], _kept(entry, guards)))
     elif len(env) == names:  # (a name the moved checks bound is in no table: it is made again where needed)
         copy.prologue.env_refs = env_refs
+    copy.prologue.source_looks = looks  # (the sources are moved in place: at the same positions)
     copy.guard = copy.prologue.guard
     if not copy.prologue.holds(args, kwargs, flat):
         return None
@@ -173,9 +178,22 @@ def _refs(g: GuardEntry) -> list[int]:
         held.append(ns)
     held += [ns, g.value, g.shadow]
     # Only what `_Pairs.walk` can reach (a number, None or a module never moves itself; a tensor moves only where
-    # it is a key: its values are read afresh through sources).
-    return ([id(x) for x in held if _walked_kind(type(x))]
-            + [id(k) for k in keys if isinstance(k, torch.Tensor) or _has_parts(k)])
+    # it is a key: its values are read afresh through sources). What a tuple holds counts as named by the entry
+    # itself: `table[(cache, 0)]` reads through the cache as much as `cache.x` does (a tuple, made anew by whoever
+    # builds the key, is never part of the argument the walk pairs).
+    return ([id(x) for x in _with_tuple_items(held) if _walked_kind(type(x))]
+            + [id(k) for k in _with_tuple_items(keys) if isinstance(k, torch.Tensor) or _has_parts(k)])
+
+
+def _with_tuple_items(values: list[Any]) -> list[Any]:
+    """`values`, and the items of those that are tuples, and of theirs."""
+    found = []
+    while values:
+        x = values.pop()
+        found.append(x)
+        if type(x) is tuple:
+            values.extend(x)
+    return found
 
 
 def _keys(g: GuardEntry) -> tuple[Any, ...]:
@@ -200,6 +218,36 @@ def _guard_refs(entry: Any) -> dict[int, tuple[int, ...]]:
     return refs
 
 
+def _source_looks(entry: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The positions of the entry's captured inputs, and of its call plan's captured tensors, whose sources a rebind
+    may move or refuse (`_may_move_source`): made once per entry, then carried to its rebound copies. The others (a
+    model's parameters, read through the module) are the same sources in the copy, and not looked at."""
+    kept = entry.prologue.source_looks
+    if kept is not None:
+        return kept
+    looks = (tuple(k for k, (_, s, _) in enumerate(entry.capture.captured_inputs) if _may_move_source(s)),
+             tuple(k for k, (s, _) in enumerate(entry.capture.call_plan.captured) if _may_move_source(s)))
+    entry.prologue.source_looks = looks
+    return looks
+
+
+def _may_move_source(s: Any) -> bool:
+    """Whether `_Pairs.source` may change source `s`, or refuse it: where it reads through a tensor or an object with
+    parts (its holder, a key of an item), which a walk may reach, or find holding part of the old argument. A module,
+    a class, a number is never reached, nor looked into (`_Pairs.move`)."""
+    while isinstance(s, Source):
+        if s.access == "item" and _may_move(s.key):
+            return True
+        s = s.holder
+    return _may_move(s)
+
+
+def _may_move(x: Any) -> bool:
+    if type(x) is tuple:
+        return any(_may_move(k) for k in x)
+    return not is_constant(x) and (isinstance(x, torch.Tensor) or _walked_kind(type(x)))
+
+
 def _moved_refs(refs: dict[int, tuple[int, ...]], pairs: _Pairs) -> dict[int, tuple[int, ...]]:
     """`refs` for the moved guard entries, changed in place (its entry is being replaced by the moved one): the
     positions that referred to an object of the old argument refer to its partner, as each reference to it moved
@@ -219,37 +267,74 @@ def _moved_prologue(entry: Any, capture: Any, call: list[Check], moved: list[int
     """The old prologue with the checks of the `moved` values read (and the call's) made anew over `env`, where
     every test reads word for word as before (the usual case: the objects moved keep their names in `env`); None
     otherwise (then `compile_prologue` makes it). Only what moved is looked at: the checks of a model's thousand
-    reads are the old ones, and the source is not generated again."""
+    reads are the old ones, and the source is not generated again. Where the old prologue was itself made so, by
+    moving the same checks and sources (its `_Recipe`), their words are not generated again either."""
     old = entry.prologue
     base = old.reads_at
-    if base is None or len(call) != base - len(entry.constraints):
+    if (base is None or len(call) != base - len(entry.constraints)
+            or not len(old.captured) == len(capture.captured_inputs) == len(entry.capture.captured_inputs)):
         return None
-    checks, tests = list(old.checks), dict(old.tests)
-    for position, check in enumerate(call):
-        before = checks[position]
-        if check is before:  # (made from the entry's: `_entry_call_checks`)
-            continue
-        if before.keyed != check.keyed or tests[id(before)] != (test := check.test(env)):
+    checks, tests = list(old.checks), old.tests.copy()  # (`copy`: a dict its rebinds popped from copies fastest so)
+    recipe = _Recipe.of(checks, call, moved, capture.captured_inputs, entry.capture.captured_inputs)
+    known = recipe == old.recipe
+    for position in recipe.calls:
+        before, check = checks[position], call[position]
+        if known and check.aspect == "object":
+            test = tests.pop(id(before))  # (the id's name in `env` is bound to the call's object's id: `_moved_env`)
+        elif before.keyed != check.keyed or tests.pop(id(before)) != (test := check.test(env)):
             return None
         checks[position] = check
-        del tests[id(before)]
         tests[id(check)] = test
     for i in moved:
-        before = checks[base + i]
+        before, value = checks[base + i], capture.guards[i]
         if before.read is not entry.capture.guards[i]:
             return None
-        check = read_check(env, i, capture.guards[i])
-        test = check.test(env)
-        if test != tests.pop(id(before)):
-            return None
+        if known and _bound_as_before(env, i, value):
+            check, test = moved_read_check(before, value), tests.pop(id(before))
+        else:
+            check = read_check(env, i, value)
+            if tests.pop(id(before)) != (test := check.test(env)):
+                return None
         checks[base + i], tests[id(check)] = check, test
     # (a source that did not move reads through the objects it did, under the same names)
-    sources = zip(capture.captured_inputs, entry.capture.captured_inputs, old.captured, strict=True)
-    if len(old.captured) != len(capture.captured_inputs) or any(
-            source is not before and (name, source.expression(env)) != words
-            for (name, source, _), (_, before, _), words in sources):
+    if not known and any((name, source.expression(env)) != old.captured[k]
+                         for k in recipe.sources for name, source, _ in (capture.captured_inputs[k],)):
         return None
-    return old.moved(checks, tests, env)
+    moved_prologue = old.moved(checks, tests, env)
+    moved_prologue.recipe = recipe
+    return moved_prologue
+
+
+def _bound_as_before(env: dict[str, Any], i: int, value: GuardEntry) -> bool:
+    """Whether `env` binds what the moved guard entry `value` (the `i`th) refers to under the names the old entry's
+    test read (`guard_expression`'s): its namespace, shadow and value. The moved environment binds each object's
+    partner under the object's names (`_moved_env`); a tuple of keys is the one object a move makes anew, bound here
+    as `guard_expression` binds it."""
+    if value.kind == "keys":
+        env[f"_v{i}"] = value.value
+    return ((isinstance(value.namespace, Source) or env.get(f"_ns{i}") is value.namespace)
+            and env.get(f"_g{i}") is value.shadow and env.get(f"_v{i}", value.value) is value.value)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Recipe:
+    """What a rebind moved to make a prologue out of the old one, word for word: the positions of the call's checks
+    made anew (an object's identity), of the guard entries moved, of the captured inputs' sources moved. A rebind of
+    the moved entry that moves the same ones (new objects at the places of the old: another `DynamicCache` of the
+    same layers) finds each test the same words over the same names, as the rebind before it found them."""
+
+    calls: tuple[int, ...]
+    moved: tuple[int, ...]
+    sources: tuple[int, ...]
+
+    @staticmethod
+    def of(checks: list[Check], call: list[Check], moved: list[int], captured: list[tuple[str, Source, Any]],
+           captured_before: list[tuple[str, Source, Any]]) -> _Recipe:
+        """The recipe of a rebind making `call` the call's checks (in place of the first of `checks`), moving the
+        guard entries at `moved` and the captured inputs `captured_before` to `captured`."""
+        sources = zip(captured, captured_before, strict=True)
+        return _Recipe(tuple(p for p, check in enumerate(call) if check is not checks[p]), tuple(moved),
+                       tuple(k for k, ((_, now, _), (_, before, _)) in enumerate(sources) if now is not before))
 
 
 def _moved_env(old: Prologue, pairs: _Pairs) -> tuple[dict[str, Any], dict[int, tuple[str, ...]]]:
@@ -258,29 +343,43 @@ def _moved_env(old: Prologue, pairs: _Pairs) -> tuple[dict[str, Any], dict[int, 
     the new environment's `env_refs`. Only the names of the objects the walk reached are visited: an environment
     holds a name for each of a model's thousand reads, and few of them are the argument's."""
     partner = pairs.partner
-    env = dict(old.env)
+    env = old.env.copy()
     refs = _env_refs(old)
-    moved_refs = dict(refs)
+    moved_refs = refs.copy()
+    # `bind`'s table of the names bound to each object (by id) and id (by value), changed where they moved: the
+    # keys of the old objects' names taken out first, then their partners' put in (a partner may be an old object).
+    bound = dict(old.env.get("_bound_names", {}))
+    gone: list[tuple[Any, ...]] = []
+    now_bound: dict[tuple[Any, ...], str] = {}
     for i in pairs.reached.intersection(refs):
         # (a name whose object changed since the table was made, one of the prologue's own, is not the object's)
         names = [name for name in moved_refs.pop(i) if id(env.get(name, _NOWHERE)) == i]
-        if i in partner:
-            now = partner[i]
+        now = partner.get(i, _NOWHERE)
+        if now is not _NOWHERE:
             env.update(dict.fromkeys(names, now))
             moved_refs[id(now)] = (*moved_refs.get(id(now), ()), *names)
         else:
             for name in names:
                 del env[name]
+        for name in names:
+            key = (i, name.rstrip("0123456789"))
+            if bound.get(key) == name:
+                gone.append(key)
+                if now is not _NOWHERE:
+                    now_bound[(id(now), key[1])] = name
+    for i, now in partner.items():  # the id of a moved object, bound by value: its partner's, under the same name
+        key = (i, "_id", int)
+        name = bound.get(key)
+        if name is not None and name in env:
+            gone.append(key)
+            env[name] = id(now)
+            now_bound[bound_key(id(now), "_id")] = name
+    for key in gone:
+        bound.pop(key, None)
+    bound.update(now_bound)
     for name in _MUTABLE_NAMES:
         if name in env:
             env[name] = type(env[name])(env[name])
-    bound: dict[tuple[Any, ...], str] = {}
-    for key, name in old.env.get("_bound_names", {}).items():
-        if name not in env:
-            continue
-        if len(key) == 3 and key[1] == "_id" and key[0] in partner:  # the id of a moved object: its partner's
-            env[name] = id(partner[key[0]])
-        bound[bound_key(env[name], key[1])] = name
     env["_bound_names"] = bound
     return env, moved_refs
 
@@ -413,7 +512,9 @@ class _Pairs:
         if known is None:
             self.refers[id(value)] = False  # (a cycle back to it adds nothing)
             self.keep.append(value)
-            known = self.refers[id(value)] = any(self._refers_to_old(v, depth + 1) for v in _held(value))
+            reached = self.reached  # (a module's dict of parameters holds tensors: no call for each)
+            known = self.refers[id(value)] = any(
+                id(v) in reached or (_walked_kind(type(v)) and self._refers_to_old(v, depth + 1)) for v in _held(value))
         return known
 
     def key(self, key: Any) -> Any:
@@ -430,7 +531,7 @@ class _Pairs:
             holder = self.source(s.holder) if isinstance(s.holder, Source) else self.move(s.holder)
             key = self.key(s.key) if s.access == "item" else s.key
             moved = self.sources[id(s)] = (
-                s if holder is s.holder and key is s.key else dataclasses.replace(s, holder=holder, key=key))
+                s if holder is s.holder and key is s.key else _replaced(s, holder=holder, key=key))
         return moved
 
     def guard(self, g: GuardEntry, compared: Any) -> GuardEntry:
@@ -447,31 +548,58 @@ class _Pairs:
         shadow = None if g.shadow is None else self.move(g.shadow)
         if namespace is g.namespace and value is g.value and shadow is g.shadow and name is g.name:
             return g
-        return dataclasses.replace(g, namespace=namespace, name=name, value=value, shadow=shadow)
+        return _replaced(g, namespace=namespace, name=name, value=value, shadow=shadow)
 
-    def plan(self, p: CallPlan) -> CallPlan:
+    def plan(self, p: CallPlan, looks: tuple[int, ...]) -> CallPlan:
+        """Call plan `p` moved (its captured tensors' sources at `looks` only: `_source_looks`); what it says of the
+        trace (which results are inputs, whether its effects write into the call's arguments) stays."""
         effects = [(self._effect(e), self.spec(spec)) for e, spec in p.effects]
-        return CallPlan(captured=[(self.source(s), t) for s, t in p.captured],
-                        result=None if p.result is None else self.spec(p.result), effects=effects,
-                        passthrough=list(p.passthrough), inputs=list(p.inputs))
+        captured = list(p.captured)
+        for k in looks:
+            source, t = captured[k]
+            captured[k] = (self.source(source), t)
+        return dataclasses.replace(p, captured=captured,
+                                   result=None if p.result is None else self.spec(p.result), effects=effects,
+                                   passthrough=list(p.passthrough), effect_passthrough=list(p.effect_passthrough),
+                                   inputs=list(p.inputs))
 
     def _effect(self, e: Effect) -> Effect:
         """Effect `e` of a call plan moved (itself where nothing it writes through moves)."""
         holder = self.source(e.holder) if isinstance(e.holder, Source) else self.move(e.holder)
         key = self.key(e.key) if e.op in ("setitem", "delitem") else e.key
-        return e if holder is e.holder and key is e.key else dataclasses.replace(e, holder=holder, key=key)
+        return e if holder is e.holder and key is e.key else _replaced(e, holder=holder, key=key)
 
     def spec(self, s: Spec) -> Spec:
+        """Spec `s` moved (itself where nothing in it moves: a result's specs are read, never changed)."""
         if isinstance(s, Constant):
-            return Constant(self.move(s.value))
+            value = self.move(s.value)
+            return s if value is s.value else Constant(value)
         if isinstance(s, Sequence):
-            return Sequence(s.kind, [self.spec(c) for c in s.children])
+            children = [self.spec(c) for c in s.children]
+            return s if _same_items(children, s.children) else Sequence(s.kind, children)
         if isinstance(s, Mapping):
-            return Mapping(s.kind, [self.key(k) for k in s.keys], [self.spec(c) for c in s.children], list(s.names),
-                           [self.spec(a) for a in s.attributes])
+            keys, children = [self.key(k) for k in s.keys], [self.spec(c) for c in s.children]
+            attributes = [self.spec(a) for a in s.attributes]
+            if _same_items(keys, s.keys) and _same_items(children, s.children) and _same_items(attributes, s.attributes):
+                return s
+            return Mapping(s.kind, keys, children, list(s.names), attributes)
         if isinstance(s, Registered):
-            return Registered(s.kind, s.context, [self.spec(c) for c in s.children])
+            children = [self.spec(c) for c in s.children]
+            return s if _same_items(children, s.children) else Registered(s.kind, s.context, children)
         return s
+
+
+def _same_items(now: list[Any], before: Any) -> bool:
+    return all(a is b for a, b in zip(now, before, strict=True))
+
+
+def _replaced(record: Any, **changes: Any) -> Any:
+    """`dataclasses.replace(record, **changes)` for a record whose `__init__` only stores its fields (a `Source`, a
+    `GuardEntry`, an `Effect`: no `__post_init__`, no slots): its fields copied, without running `__init__`, which
+    cost most of moving a rebound entry's sources and guard entries."""
+    copy = object.__new__(type(record))
+    copy.__dict__.update(record.__dict__, **changes)
+    return copy
 
 
 def _may_hold(g: GuardEntry) -> bool:
@@ -553,15 +681,18 @@ def held_by_bound_self(fn: Any) -> set[int]:
 
 def _held(x: Any) -> Any:
     """What `x` (an object `_has_parts` accepts) holds: the values `_parts` pairs, on one side."""
-    if isinstance(x, list | tuple):
+    # (asked of its type, as `_has_parts` does: `isinstance` reads a transformers config's `__class__` through its
+    # Python `__getattribute__`, and the instance dict is read as `object` reads it, for the same reason)
+    t = type(x)
+    if issubclass(t, list | tuple):
         return x
-    if isinstance(x, dict):
+    if issubclass(t, dict):
         return x.values()
-    if isinstance(x, types.CellType):
+    if t is types.CellType:
         return () if (held := _contents(x)) is _NOWHERE else (held,)
-    if isinstance(x, weakref.ref):
+    if issubclass(t, weakref.ref):
         return (x(),)
-    return (x.__dict__, x.__closure__) if isinstance(x, types.FunctionType) and x.__closure__ else (x.__dict__,)
+    return (own_dict(x), x.__closure__) if t is types.FunctionType and x.__closure__ else (own_dict(x),)
 
 
 def _has_parts(x: Any) -> bool:

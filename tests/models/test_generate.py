@@ -245,3 +245,36 @@ def test_generate_with_the_inductor_executor_traces_as_the_default_executors_do(
         prompt = _prompt()
         assert torch.equal(_generate(model, jitted, seed=seed, **prompt), _generate(model, None, seed=seed, **prompt))
     assert minijit.cache_info(jitted).misses == 2, str(minijit.cache_info(jitted))
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_many_generations_rebind_from_the_recipe_and_match_eager(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each generate() makes a new DynamicCache: after the first rebind of each entry, the later ones reuse its
+    recipe's words (minijit.runtime.rebind._Recipe). Every generation equals eager token for token, two rebinds each,
+    and the checks made from the recipe read the generation's own cache."""
+    from minijit.runtime import rebind as rebinding
+
+    made: list[Any] = []
+    original = rebinding.moved_read_check
+    monkeypatch.setattr(rebinding, "moved_read_check", lambda *a: made.append(a[1]) or original(*a))
+    torch.manual_seed(0)
+    model = MODELS["llama"]()
+    jitted = minijit.jit(model.forward)
+    caches: list[Any] = []
+    original_forward = jitted.__call__
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        caches.append(kwargs.get("past_key_values"))
+        return original_forward(*args, **kwargs)
+
+    for seed in range(5):
+        prompt = _prompt()
+        want = _generate(model, None, seed=seed, **prompt)
+        made.clear()
+        have = _generate(model, forward, seed=seed, **prompt)
+        assert torch.equal(have, want), f"{have.tolist()} != {want.tolist()}"
+        if seed >= 2:
+            layers = {id(layer) for layer in caches[-1].layers}
+            assert any(id(g.namespace) in layers for g in made), "no recipe check read this generation's cache"
+    info = minijit.cache_info(jitted)
+    assert info.misses == 2 and info.decisions["rebind"] == 4 * 2, str(info)

@@ -611,3 +611,126 @@ def test_a_function_the_trace_made_over_the_old_object_is_not_kept_by_a_rebind()
         mine, eagers = Scaled(scale), Scaled(scale)
         torch.testing.assert_close(jitted(mine, x), store_a_closure(eagers, x))
         torch.testing.assert_close(mine.fn(x), eagers.fn(x))
+
+
+def test_a_rebound_entry_writes_into_the_list_its_call_passed() -> None:
+    """An entry whose trace appends to a list argument, rebound to a new object: the moved entry still finds the
+    call's list (its call plan kept that its effects write into the arguments; it lost that, and the call raised)."""
+    class Box:
+        def __init__(self, scale: float) -> None:
+            self.scale = scale
+
+    def f(box: Box, out: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        out.append(x * box.scale)
+        return x + 1
+
+    jitted = minijit.jit(f)
+    x = torch.randn(3)
+    for _ in range(3):
+        have, want = [], []
+        torch.testing.assert_close(jitted(Box(2.0), have, x), f(Box(2.0), want, x))
+        assert len(have) == len(want) == 1
+        torch.testing.assert_close(have[0], want[0])
+    assert minijit.cache_info(jitted).rebound == 2, str(minijit.cache_info(jitted))
+
+
+def _recipe_uses(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The checks a rebind made from its recipe (`rebind._Recipe`: the old prologue's words reused), as made."""
+    from minijit.runtime import rebind as rebinding
+
+    made: list[Any] = []
+    original = rebinding.moved_read_check
+    monkeypatch.setattr(rebinding, "moved_read_check", lambda *a: made.append(a[1]) or original(*a))
+    return made
+
+
+def test_later_rebinds_follow_the_recipe_and_match_eager(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second and later rebinds of an entry to a new cache of the same make reuse the words the first one
+    checked (its recipe): every generation equals eager, each is two rebinds, and the recipe's checks read the
+    generation's own objects."""
+    made = _recipe_uses(monkeypatch)
+    jitted = minijit.jit(attend, cache="symbolic values")
+    for generation in range(6):
+        inputs = _generation(4, seed=generation)
+        have_cache, want_cache = GrowingCache(), GrowingCache()
+        for h, w in zip(_steps(jitted, have_cache, inputs), _steps(attend, want_cache, inputs), strict=True):
+            torch.testing.assert_close(h, w)
+        for h, w in zip(_state(have_cache), _state(want_cache), strict=True):
+            torch.testing.assert_close(h, w)
+        if generation >= 3:  # (the first rebind of each entry, in generation 1, makes its recipe)
+            mine = {id(x) for x in (have_cache, vars(have_cache), have_cache.layers)}
+            assert any(id(g.namespace) in mine or id(g.shadow) in mine for g in made), "no check of this cache"
+        made.clear()
+    info = minijit.cache_info(jitted)
+    assert info.misses == 2 and info.rebound == 10 and info.decisions["rebind"] == 10, str(info)
+
+
+class OtherLayer(Layer):
+    """A layer of another type, holding the same state."""
+
+
+def _other_count(cache: GrowingCache) -> None:
+    cache.layers.append(Layer())
+
+
+def _shared_layer(cache: GrowingCache) -> None:
+    cache.layers[1] = cache.layers[0]
+
+
+def _other_type(cache: GrowingCache) -> None:
+    cache.layers[1].__class__ = OtherLayer
+
+
+@pytest.mark.parametrize("change", [_other_count, _shared_layer, _other_type], ids=["count", "shared", "type"])
+def test_a_cache_of_another_make_is_no_recipe_rebind(change: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After rebinds that made recipes, a new cache of another make before its decoding step (a third layer, one
+    layer object at two places, a layer of another type) is not moved by the recipe: a miss, or a rebind whose
+    every check was made again, equal to eager; the next cache of the usual make is a recipe rebind again."""
+    made = _recipe_uses(monkeypatch)
+    jitted = minijit.jit(attend, cache="symbolic values")
+    for generation in range(3):
+        inputs = _generation(3, seed=generation)
+        have_cache, want_cache = GrowingCache(), GrowingCache()
+        for h, w in zip(_steps(jitted, have_cache, inputs), _steps(attend, want_cache, inputs), strict=True):
+            torch.testing.assert_close(h, w)
+    inputs = _generation(3, seed=7)
+    have_cache, want_cache = GrowingCache(), GrowingCache()
+    for h, w in zip(_steps(jitted, have_cache, inputs[:1]), _steps(attend, want_cache, inputs[:1]), strict=True):
+        torch.testing.assert_close(h, w)
+    change(have_cache)
+    change(want_cache)
+    made.clear()
+    info = minijit.cache_info(jitted)  # (the same object, updated: its counts are copied)
+    misses, rebound = info.misses, info.rebound
+    for h, w in zip(_steps(jitted, have_cache, inputs[1:]), _steps(attend, want_cache, inputs[1:]), strict=True):
+        torch.testing.assert_close(h, w)
+    for h, w in zip(_state(have_cache), _state(want_cache), strict=True):
+        torch.testing.assert_close(h, w)
+    assert info.misses > misses or (info.rebound > rebound and not made), str(info)
+    rebinds = info.decisions["rebind"]
+    inputs = _generation(3, seed=8)
+    have_cache, want_cache = GrowingCache(), GrowingCache()
+    for h, w in zip(_steps(jitted, have_cache, inputs), _steps(attend, want_cache, inputs), strict=True):
+        torch.testing.assert_close(h, w)
+    assert minijit.cache_info(jitted).decisions["rebind"] > rebinds
+
+
+@pytest.mark.parametrize("same_value", [False, True], ids=["other-value", "same-value"])
+def test_a_value_read_at_a_key_naming_the_object_is_read_at_the_new_one(same_value: bool) -> None:
+    """The trace read `table[(obj, 0)]`: a tuple key naming the argument object. A new object of the same kind reads
+    the value at its own key, as eager does (the guard entry was left with the old object's key, the table's entry
+    for it still held: the old value, silently)."""
+    class Obj:
+        pass
+
+    table: dict[tuple[Any, int], float] = {}
+
+    def f(obj: Obj, x: torch.Tensor) -> torch.Tensor:
+        return x * table[(obj, 0)]
+
+    jitted = minijit.jit(f)
+    x = torch.randn(3)
+    for i in range(3):
+        obj = Obj()
+        table[(obj, 0)] = 2.0 if same_value else 2.0 + i
+        torch.testing.assert_close(jitted(obj, x), f(obj, x))
