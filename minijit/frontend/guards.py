@@ -83,7 +83,10 @@ def bind(env: dict[str, Any], value: Any, prefix: str) -> str:
     name = bound.get(key)
     if name is not None and (env.get(name) is value or (len(key) == 3 and env.get(name) == value)):
         return name
-    name = f"{prefix}{len(env)}"
+    n = len(env)
+    while f"{prefix}{n}" in env:  # (a rebind's environment drops names, so its size may name a bound one)
+        n += 1
+    name = f"{prefix}{n}"
     env[name] = value
     bound[key] = name
     return name
