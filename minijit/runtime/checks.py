@@ -379,6 +379,8 @@ def _captured_changed(name: str, now: Any, expected: tuple[Any, ...]) -> str:
 _GONE = object()
 # A layout check a decision on a tensor's strides recorded (`k.stride() == (16, 1, 1)`): the tensor's name.
 _LAYOUT_CHECK = re.compile(r"(\w+)\.(?:stride\(\)|storage_offset\(\)) == ")
+# A size kept constant by a trace with symbolic sizes (`keys.shape[2] == 8`): the tensor's name.
+_KEPT_SIZE = re.compile(r"(\w+)\.shape\[\d+\] == \d+")
 _MINUS_ZERO = "-0.0"  # what a cache key holds for the float -0.0
 
 
@@ -541,16 +543,22 @@ class Prologue:
 
     def differs_in_captured_sizes(self, args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[Any]) -> bool:
         """Whether the checks this call fails are all of tensors read from outside with constant sizes, each of the
-        rank, dtype, device and requires_grad it had (and, of those, the exact strides or offset a layout decision
+        rank, dtype, device and requires_grad it had, or of sizes such a tensor traced with symbolic ones kept
+        constant (`keys.shape[0] == 2`; and, of those tensors, the exact strides or offset a layout decision
         checked: a tensor that grows is laid out anew): a call that differs from the entry's in those sizes alone."""
         failed = self.failed_checks(args, kwargs, flat)
         if not failed:
             return False
+        captured = {name for name, _ in self.captured}
         resized, relaid = set(), set()
         for check in failed:
             laid_out = _LAYOUT_CHECK.match(check.subject) if check.aspect == "constraint" else None
             if laid_out is not None:
                 relaid.add(laid_out[1])
+                continue
+            kept = _KEPT_SIZE.fullmatch(check.subject) if check.aspect == "constraint" else None
+            if kept is not None and kept[1] in captured:
+                resized.add(kept[1])
                 continue
             if check.aspect != "captured" or isinstance(check.expected[0], int):
                 return False
