@@ -408,6 +408,8 @@ def guard_expression(env: dict[str, Any], i: int, entry: GuardEntry) -> str:
     kind = entry.kind
     if kind == "contains":
         return f"(({key} in {ns}) is {entry.value!r})"
+    if kind == "length" and entry.value == 0 and type(entry.namespace) in _SIZED_BY_TRUTH:
+        return f"not {ns}"  # (an empty hook dict of each module: a hit's guard asks a hundred of them)
     if kind == "length":
         return f"len({ns}) == {entry.value!r}"
     if kind == "keys":
@@ -452,6 +454,8 @@ def guard_expression(env: dict[str, Any], i: int, entry: GuardEntry) -> str:
     return term
 
 
+# Built-in containers whose truth is their length: `not x` tests emptiness at less cost than `len(x) == 0`.
+_SIZED_BY_TRUTH = frozenset({dict, list, tuple, collections.OrderedDict})
 # The local a test reads a value into, to check its type and then its value: a name no trace input or tensor
 # read from outside takes (those are named after the user's variables and attributes, `_x` among them).
 _READ = "_minijit_read"

@@ -391,6 +391,10 @@ def _captured_changed(name: str, now: Any, expected: tuple[Any, ...]) -> str:
 _GONE = object()
 # A layout check a decision on a tensor's strides recorded (`k.stride() == (16, 1, 1)`): the tensor's name.
 _LAYOUT_CHECK = re.compile(r"(\w+)\.(?:stride\(\)|storage_offset\(\)) == ")
+# A layout check that a tensor is row-major (minijit.ir.layouts.tensor_row_major): the tensor's name.
+_ROW_MAJOR = re.compile(r"_row_major\((\w+)\)")
+# A size kept constant by a trace with symbolic sizes (`keys.shape[2] == 8`): the tensor's name.
+_KEPT_SIZE = re.compile(r"(\w+)\.shape\[\d+\] == \d+")
 _MINUS_ZERO = "-0.0"  # what a cache key holds for the float -0.0
 
 
@@ -437,7 +441,8 @@ class Prologue:
         # read moved (runtime/rebind.py): their tests are the same words over the same names in `env`.
         known = previous.tests if previous is not None else {}
         # Each check's test, by the check's id (a rebind compares the words of the checks it makes anew with them).
-        self.tests = tests = {id(c): known.get(id(c)) or c.test(env) for c in checks}
+        pinned = _pinned_shapes(checks)
+        self.tests = tests = {id(c): known.get(id(c)) or _test(c, env, pinned) for c in checks}
         # A keyword's name is checked by calling `check_call` with it: its test is "True", left out.
         key_tests = [t for c in checks if c.keyed and (t := tests[id(c)]) != "True"]
         guard_tests = _tests(tests, [c for c in checks if not c.keyed], at_once)
@@ -560,16 +565,22 @@ class Prologue:
 
     def differs_in_captured_sizes(self, args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[Any]) -> bool:
         """Whether the checks this call fails are all of tensors read from outside with constant sizes, each of the
-        rank, dtype, device and requires_grad it had (and, of those, the exact strides or offset a layout decision
+        rank, dtype, device and requires_grad it had, or of sizes such a tensor traced with symbolic ones kept
+        constant (`keys.shape[0] == 2`; and, of those tensors, the exact strides or offset a layout decision
         checked: a tensor that grows is laid out anew): a call that differs from the entry's in those sizes alone."""
         failed = self.failed_checks(args, kwargs, flat)
         if not failed:
             return False
+        captured = {name for name, _ in self.captured}
         resized, relaid = set(), set()
         for check in failed:
             laid_out = _LAYOUT_CHECK.match(check.subject) if check.aspect == "constraint" else None
             if laid_out is not None:
                 relaid.add(laid_out[1])
+                continue
+            kept = _KEPT_SIZE.fullmatch(check.subject) if check.aspect == "constraint" else None
+            if kept is not None and kept[1] in captured:
+                resized.add(kept[1])
                 continue
             if check.aspect != "captured" or isinstance(check.expected[0], int):
                 return False
@@ -667,6 +678,22 @@ def _stand_in(cls: type, shape: torch.Size, dtype: torch.dtype, device: torch.de
     types exactly."""
     t = torch.empty_strided(shape, (0,) * len(shape), dtype=dtype, device=device, requires_grad=requires_grad)
     return torch.nn.Parameter(t, requires_grad=requires_grad) if cls is torch.nn.Parameter else t
+
+
+def _pinned_shapes(checks: Sequence[Check]) -> frozenset[str]:
+    """The names of the tensors read from outside whose guard checks their whole shape, one with no size 0 or 1."""
+    return frozenset(c.subject for c in checks if c.aspect == "captured" and not isinstance(c.expected[0], int)
+                     and 0 not in c.expected[0] and 1 not in c.expected[0])
+
+
+def _test(check: Check, env: dict[str, Any], pinned: frozenset[str]) -> str:
+    """`check.test(env)`; for `_row_major(w)` of a tensor of a `pinned` shape (a module's weight), torch's
+    `is_contiguous()` first: with no size 0 or 1 a contiguous tensor is row-major, and the guard checks that shape
+    too, so the answer is the same at a third of the cost on the hit path."""
+    found = _ROW_MAJOR.fullmatch(check.subject) if check.aspect == "constraint" else None
+    if found is not None and found[1] in pinned:
+        return f"({found[1]}.is_contiguous() or {check.subject})"
+    return check.test(env)
 
 
 def _tests(tests: dict[int, str], checks: Sequence[Check], at_once: tuple[str, set[int]]) -> list[str]:

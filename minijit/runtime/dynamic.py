@@ -10,8 +10,13 @@ dynamic marks only the dims that changed): the one entry serves all their values
 on checked by its guard). A later call that differs in a size kept constant makes that size symbolic too, and is
 traced again (`AutomaticDynamic.widen`). So does a call that fails an entry's guard only by the sizes
 of tensors it reads from outside, each of the same rank, dtype and device (an encoder-decoder's decoder, called
-with one new token each time, and a cache that grows: `Prologue.differs_in_captured_sizes`); there the sizes of
-state tensors read from objects become symbolic (minijit.runtime.inputs). `cache_info().dynamic` says when and why. The entries
+with one new token each time, and a cache that grows: `Prologue.differs_in_captured_sizes`). The state tensors read
+from objects (a cache layer's `keys`) are treated alike, by input name (minijit.runtime.inputs): each symbolic trace
+makes symbolic the sizes that differ from those of the trace before under its key (`AutomaticDynamic.state_sizes`),
+the others constant; a tensor first met in a symbolic trace keeps all its sizes constant until a call differs in
+one. Such a call fails the guard by those sizes alone, and its trace replaces the entry it failed (a decode loop:
+the prompt, the first step with the cache's length constant, then one entry for every length).
+`cache_info().dynamic` says when and why. The entries
 traced before the switch still serve the calls they match (`JitFunction._find_kept`): a generation's
 prompt, traced with constant sizes, is not traced again for the next generation.
 
@@ -35,6 +40,7 @@ constants, which the guard compares whole.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +59,9 @@ MAX_DECISIONS = 50
 _NUMBER_READS = frozenset({"global", "cell", "attribute", "item"})
 # (a label naming each tensor argument, its shape), in the order of the arguments' tensors (`tensor_shapes`)
 ArgumentShapes = list[tuple[str, tuple[int, ...]]]
+# The sizes of a state tensor read from an object as a trace took them: a constant size as an int, a symbolic one
+# as None.
+StateSizes = tuple[int | None, ...]
 
 
 @dataclass
@@ -68,17 +77,46 @@ class AutomaticDynamic:
     # one as None (a key switched to without a call traced before it, none: all its sizes are symbolic)
     sizes: dict[tuple[Any, ...], list[tuple[int | None, ...]]] = field(default_factory=dict)
     switched: bool = False
+    # Per sizes-free key: the sizes of each state tensor read from an object (by its input name) in the trace made
+    # last under the key (those of the constant traces before the switch, evicted with `keys`)
+    state: dict[tuple[Any, ...], dict[str, StateSizes]] = field(default_factory=dict)
+    # Whether two keys differ only in the identities of argument objects (minijit.runtime.rebind): a call under a
+    # key not traced yet, because it passes a new cache object, compares its state tensors with those of the
+    # latest such key
+    objects_only: Callable[[tuple[Any, ...], tuple[Any, ...]], bool] | None = None
     # The decisions, in words, for cache_info
     decisions: list[str] = field(default_factory=list)
     # Set when a symbolic trace was refused: the function keeps constant values from then on.
     refused: bool = False
 
-    def traced_constant(self, args: tuple[Any, ...], kwargs: dict[str, Any], shapes: ArgumentShapes) -> None:
-        """Note a call traced with constant values, whose tensor arguments have `shapes`."""
+    def traced_constant(self, args: tuple[Any, ...], kwargs: dict[str, Any], shapes: ArgumentShapes,
+                        state: dict[str, StateSizes]) -> None:
+        """Note a call traced with constant values, whose tensor arguments have `shapes`, and the state tensors it
+        read from objects `state`."""
         if not self.switched and not self.refused:
-            self.keys[_sizes_free_key(args, kwargs)] = shapes
+            key = _sizes_free_key(args, kwargs)
+            self.keys[key], self.state[key] = shapes, state
             if len(self.keys) > MAX_KEYS:
+                self.state.pop(next(iter(self.keys)), None)
                 del self.keys[next(iter(self.keys))]
+
+    def state_sizes(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, StateSizes]:
+        """The sizes of the state tensors read from objects in the trace made last under the call's key, by input
+        name (`tensor_capturer`'s `noted`: those the call's trace differs in become symbolic)."""
+        return self._noted_state(_sizes_free_key(args, kwargs))
+
+    def traced_symbolic(self, args: tuple[Any, ...], kwargs: dict[str, Any], state: dict[str, StateSizes]) -> None:
+        """Note the sizes of the state tensors a trace with symbolic values read from objects (`state`), the
+        decision in words where some went symbolic that the trace before under the key kept constant."""
+        key = _sizes_free_key(args, kwargs)
+        before = self._noted_state(key)
+        went = [f"{name} {_dims(dims)}" for name, sizes in state.items()
+                if (dims := [d for d, k in enumerate(sizes) if k is None and _was_constant(before.get(name), d)])]
+        self.state[key] = {**before, **state}
+        if len(self.state) > MAX_KEYS:
+            del self.state[next(iter(self.state))]
+        if went:
+            self.decisions.append("sizes of tensors read from objects made symbolic: " + "; ".join(went))
 
     def should_switch(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         """Whether this missing call differs from a traced one only in sizes and numbers."""
@@ -125,6 +163,12 @@ class AutomaticDynamic:
             f"{label} {_dims(dims)} (shape {shape})" for label, dims, shape in changed if dims))
         return True
 
+    def _noted_state(self, key: tuple[Any, ...]) -> dict[str, StateSizes]:
+        found = self.state.get(key)
+        if found is None and self.objects_only is not None:
+            found = next((sizes for k, sizes in reversed(self.state.items()) if self.objects_only(k, key)), None)
+        return found or {}
+
     def refuse(self, error: MinijitError) -> None:
         """Note that the symbolic trace was refused: back to constant values, for good."""
         self.switched, self.refused = False, True
@@ -144,8 +188,13 @@ def _sizes_words(shapes: ArgumentShapes, kept: list[tuple[int | None, ...]] | No
         return " (symbolic: every size; no call under this key was traced before)"
     changed = [f"{label} {_dims([d for d, k in enumerate(sizes) if k is None])}"
                for (label, _), sizes in zip(shapes, kept, strict=True) if None in sizes]
-    return (f" (symbolic: {', '.join(changed) or 'no size of an argument'}, and every size of the tensors read from "
-            "objects; the arguments' other sizes stay constants of the trace)")
+    return (f" (symbolic: {', '.join(changed) or 'no size of an argument'}; the arguments' other sizes stay "
+            "constants of the trace)")
+
+
+def _was_constant(sizes: StateSizes | None, dim: int) -> bool:
+    """Whether a state tensor's size `dim` was a constant of the trace before (or the tensor was not in it)."""
+    return sizes is None or dim >= len(sizes) or sizes[dim] is not None
 
 
 def _dims(dims: list[int]) -> str:

@@ -8,7 +8,7 @@ of Tensor subclasses and, in "symbolic values" mode, sizes other than 0 as
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -21,7 +21,7 @@ from minijit.ir.context import where_now
 from minijit.ops import prims
 from minijit.ops.strides import note_layout
 from minijit.runtime.arguments import make_sizes_symbolic, refuse_tensor_subclass
-from minijit.runtime.dynamic import DynamicNumbers, slot_key
+from minijit.runtime.dynamic import DynamicNumbers, StateSizes, slot_key
 
 Tensor = torch.Tensor
 
@@ -33,7 +33,8 @@ def input_names(trace: Trace) -> list[str]:
 
 def tensor_capturer(trace: Trace, inputs: list[tuple[str, Source, Tensor]], constants: list[Tensor],
                     symbolic: bool = False, pinned: frozenset[int] = frozenset(),
-                    symbolic_names: set[str] | None = None) -> Callable[[Tensor], Proxy]:
+                    symbolic_names: set[str] | None = None, noted: Mapping[str, StateSizes] | None = None,
+                    state_sizes: dict[str, StateSizes] | None = None) -> Callable[[Tensor], Proxy]:
     """The `trace.capture_tensor` hook: the proxy of a real tensor met among an op's arguments, once per tensor.
 
     A tensor read from outside the call (minijit.frontend.outside knows its source) becomes
@@ -44,6 +45,11 @@ def tensor_capturer(trace: Trace, inputs: list[tuple[str, Source, Tensor]], cons
     Hugging Face cache layer's `keys`, which grows from call to call) gets symbolic sizes, unless
     its input position is `pinned`; its name is added to `symbolic_names` (the guard then checks
     its rank, the constraints its sizes). Parameters, buffers, globals and items keep their sizes.
+    `noted` (cache="automatic" once symbolic, minijit.runtime.dynamic): the sizes such a tensor of the same input
+    name had in the trace made before under the call's key, a size kept constant as an int, a symbolic one as
+    None; only the sizes that differ from those become symbolic (all stay constant where none were noted, or of
+    another rank: symbolic once they change, as torch.compile's automatic dynamic does). Each such tensor's sizes
+    as traced (constant: an int; symbolic: None) go into `state_sizes`, by input name.
     A tensor the interpretation sees as a proxy already (a jitted module's parameter: `Outside.seen`)
     is that proxy.
     """
@@ -67,10 +73,13 @@ def tensor_capturer(trace: Trace, inputs: list[tuple[str, Source, Tensor]], cons
             inputs.append((proxy.name, source, t))
             if trace.capture is not None:
                 trace.capture.captured_from[proxy.name] = t
-            if symbolic and position not in pinned and _is_state_tensor(t, source):
-                make_sizes_symbolic(proxy)
-                if symbolic_names is not None:
-                    symbolic_names.add(proxy.name)
+            if _is_state_tensor(t, source):
+                if symbolic and position not in pinned:
+                    make_sizes_symbolic(proxy, None if noted is None else kept_sizes(proxy.shape, noted.get(proxy.name)))
+                    if symbolic_names is not None:
+                        symbolic_names.add(proxy.name)
+                if state_sizes is not None:
+                    state_sizes[proxy.name] = tuple(d if isinstance(d, int) else None for d in proxy.shape)
         else:
             if t.requires_grad and torch.is_grad_enabled():
                 raise UnsupportedOpError(
@@ -122,6 +131,14 @@ def number_capturer(trace: Trace, inputs: list[tuple[str, Source, Any]], dynamic
         return captured[key]
 
     return capture
+
+
+def kept_sizes(shape: tuple[int, ...], noted: StateSizes | None) -> StateSizes:
+    """The sizes of a tensor read from an object that stay constants of the trace (the others None: symbolic): those
+    equal to the `noted` ones of the trace before; all of them where none were noted, or of another rank."""
+    if noted is None or len(noted) != len(shape):
+        return tuple(shape)
+    return tuple(d if d == k else None for d, k in zip(shape, noted, strict=True))
 
 
 def _is_state_tensor(t: Tensor, source: Source) -> bool:

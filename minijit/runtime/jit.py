@@ -205,7 +205,7 @@ class JitFunction:
         self._keys = POSITIONAL_TENSOR_SYMBOLIC_KEYS if self._symbolic else POSITIONAL_TENSOR_KEYS
         self._key_memo = KeyMemo()  # (a jitted module's parameters: their part of the key, from call to call)
         # cache="automatic": constant values until a call misses only by its sizes or numbers.
-        self._automatic = AutomaticDynamic() if cache == "automatic" else None
+        self._automatic = AutomaticDynamic(objects_only=differs_in_objects_only) if cache == "automatic" else None
         # Not with constant values: numbers read from outside that changed between calls, made symbolic.
         self._numbers = DynamicNumbers() if cache in ("automatic", "symbolic values") else None
         # key -> the entries compiled for calls with that key, told apart by their guards.
@@ -538,13 +538,13 @@ class JitFunction:
 
     def _miss(self, key: tuple[Any, ...], args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[Any],
               same_key: list[CompiledEntry]) -> CompiledEntry | RaisedWhileTracing:
+        # The entry used last where it is under the key, else the newest.
+        last = next((e for e in same_key if e is self._last), same_key[-1] if same_key else None)
         if self.cache_mode == "no caching":
             reason = "caching is off (cache='no caching')"
         else:
             # Against the most recently used entries only: a miss costs the same however many entries there are.
             previous = [e.prologue for e in self._limit.recent(EXPLAINED_AGAINST)]
-            # Against the entry used last where it is under the key, else the newest.
-            last = next((e for e in same_key if e is self._last), same_key[-1] if same_key else None)
             reason = explain_miss(previous, [last.prologue] if last is not None else [], args, kwargs, flat)
         self._note_miss(reason)
         if same_key and self._numbers is not None:
@@ -553,11 +553,18 @@ class JitFunction:
                 return entry
         # A call failing only the checks of tensors read from outside, and those by their sizes alone (the cache an
         # encoder-decoder's decoder grows, called with one new token each time), misses by its sizes as one whose
-        # arguments' sizes differ does: with cache="automatic" it goes symbolic.
-        newest = same_key[-1] if same_key and self._automatic is not None and not self._symbolic else None
-        sizes_only = newest is not None and newest.prologue is not None and newest.prologue.differs_in_captured_sizes(
-            args, kwargs, flat)
-        return self._compile_miss(args, kwargs, reason, flat, guard_failed=bool(same_key) and not sizes_only)
+        # arguments' sizes differ does: with cache="automatic" it goes symbolic. Once symbolic, the entry it failed
+        # kept those sizes constant: the new trace, with them symbolic, serves its calls too and replaces it (kept,
+        # it would be one more entry to rebind to the next generate()'s cache).
+        failed = (None if not same_key or self._automatic is None
+                  else same_key[-1] if not self._symbolic else last)
+        sizes_only = (failed is not None and failed.prologue is not None
+                      and failed.prologue.differs_in_captured_sizes(args, kwargs, flat))
+        entry = self._compile_miss(args, kwargs, reason, flat, guard_failed=bool(same_key) and not sizes_only)
+        if sizes_only and self._symbolic and failed in same_key and isinstance(entry, CompiledEntry):
+            _take_out(self._entries, key, failed)
+            self._limit.remove(failed)
+        return entry
 
     def _compile_with_dynamic_numbers(self, key: tuple[Any, ...], args: tuple[Any, ...], kwargs: dict[str, Any],
                                       flat: list[Any], same_key: list[CompiledEntry]
@@ -602,7 +609,7 @@ class JitFunction:
                 auto.widen(args, kwargs, shapes)
             entry = self._compile(args, kwargs)
             if auto is not None and not self._symbolic and isinstance(entry, CompiledEntry):
-                auto.traced_constant(args, kwargs, shapes)
+                auto.traced_constant(args, kwargs, shapes, entry.capture.state_sizes)
             return entry
         auto.switch(reason, args, kwargs, shapes)
         self._set_symbolic(True)
@@ -640,12 +647,17 @@ class JitFunction:
     def _compile(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> CompiledEntry | RaisedWhileTracing:
         """The entry compiled for the call, or, where its code raised while traced, the `RaisedWhileTracing` to
         run it eagerly with (returned, not raised: the eager run must not see it as the exception being handled)."""
-        constant_sizes = self._automatic.constant_sizes(args, kwargs) if self._automatic and self._symbolic else None
+        auto = self._automatic if self._symbolic else None
+        constant_sizes = auto.constant_sizes(args, kwargs) if auto is not None else None
         try:
-            return compile_for(self.fn, args, kwargs, self.executors, symbolic=self._symbolic,
-                               cuda_graphs=self.cuda_graphs, numbers=self._numbers, constant_sizes=constant_sizes)
+            entry = compile_for(self.fn, args, kwargs, self.executors, symbolic=self._symbolic,
+                                cuda_graphs=self.cuda_graphs, numbers=self._numbers, constant_sizes=constant_sizes,
+                                state_sizes=auto.state_sizes(args, kwargs) if auto is not None else None)
         except RaisedWhileTracing as raised:
             return raised
+        if auto is not None:
+            auto.traced_symbolic(args, kwargs, entry.capture.state_sizes)
+        return entry
 
     def _warn_retrace(self, reason: str) -> None:
         if self.warn_retraces_after is not None and self._info.misses > self.warn_retraces_after:

@@ -7,7 +7,7 @@ import os
 import re
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -50,7 +50,7 @@ from minijit.runtime.call_plan import CallPlan, finish_capture
 from minijit.runtime.checks import Prologue
 from minijit.runtime.cuda_graphs import GraphedCallable, GraphFamily, graph_refusal
 from minijit.runtime.double_backward import Recompute, SavedBackward, recompute_for
-from minijit.runtime.dynamic import DynamicNumbers
+from minijit.runtime.dynamic import DynamicNumbers, StateSizes
 from minijit.runtime.epilogue import Epilogue, around
 from minijit.runtime.fallback import Fallback, RaisedWhileTracing
 from minijit.runtime.guards import compile_prologue, drop_implied
@@ -90,6 +90,9 @@ class CaptureResult:
     captured_inputs: list[tuple[str, Source, torch.Tensor | TensorSeen | int | float]] = field(default_factory=list)
     # Names of the captured tensors traced with symbolic sizes (the guard checks their rank and constraints).
     symbolic_captured: set[str] = field(default_factory=set)
+    # The sizes of the captured state tensors read from objects, by input name, as traced (symbolic ones None;
+    # minijit.runtime.inputs.tensor_capturer)
+    state_sizes: dict[str, StateSizes] = field(default_factory=dict)
     # Tensors made while tracing that the trace holds as constants (kept alive with the entry).
     constants: list[torch.Tensor] = field(default_factory=list)
     # Names of the values computed under torch.no_grad(): constants for grad, free to write into leaves.
@@ -355,12 +358,14 @@ def run_passes(trace: Trace, ctx: PassContext, passes: Sequence[Pass]) -> None:
 def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
                 executors: Sequence[Any], symbolic: bool = False, cuda_graphs: bool = False,
                 numbers: DynamicNumbers | None = None,
-                constant_sizes: Sequence[tuple[int | None, ...]] | None = None) -> CompiledEntry:
+                constant_sizes: Sequence[tuple[int | None, ...]] | None = None,
+                state_sizes: Mapping[str, StateSizes] | None = None) -> CompiledEntry:
     """Capture `fn` on proxies of `args`, run the passes, and compile the final trace.
 
     With `symbolic`, sizes and Python numbers are traced as symbolic values, and the
     entry's guard checks the constraints the trace relied on; `constant_sizes`, per tensor argument,
-    gives the sizes kept constant as ints (`CallArguments.proxify`). With `cuda_graphs`, the
+    gives the sizes kept constant as ints (`CallArguments.proxify`); `state_sizes`, per state tensor read from an
+    object, those of the trace before (only those that differ become symbolic: `tensor_capturer`). With `cuda_graphs`, the
     compiled traces replay from CUDA graphs where they can (minijit.runtime.cuda_graphs).
     Numbers read from outside at the dynamic sources of `numbers` are symbolic inputs of the
     trace, read afresh on every call (minijit.runtime.dynamic).
@@ -373,7 +378,8 @@ def compile_for(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
         constraints: list[str] = []
         state_reads: dict[str, Callable[[], Any]] = {}
         with knowing_constraints(constraints), guarding_layouts(constraints), noting_state_reads(state_reads):
-            entry = _compile(arguments, executors, constraints, pinned, cuda_graphs, numbers, constant_sizes)
+            entry = _compile(arguments, executors, constraints, pinned, cuda_graphs, numbers, constant_sizes,
+                             state_sizes)
         if not isinstance(entry, NeedsPins):
             break
         # Written inputs that share memory are rebuilt from their storage by their concrete layouts:
@@ -415,7 +421,8 @@ def _dump_traces(entry: CompiledEntry) -> None:
 def _compile(arguments: CallArguments, executors: Sequence[Any], constraints: list[str],
              pinned: frozenset[int] = frozenset(), cuda_graphs: bool = False,
              numbers: DynamicNumbers | None = None,
-             constant_sizes: Sequence[tuple[int | None, ...]] | None = None) -> CompiledEntry | NeedsPins:
+             constant_sizes: Sequence[tuple[int | None, ...]] | None = None,
+             state_sizes: Mapping[str, StateSizes] | None = None) -> CompiledEntry | NeedsPins:
     """Capture, then the passes, then the compiled entry; `NeedsPins` where the capture must be redone with more
     input sizes constant (decided from the call's inputs and the inputs the captured trace writes)."""
     fn, symbolic = arguments.fn, arguments.symbolic
@@ -429,7 +436,7 @@ def _compile(arguments: CallArguments, executors: Sequence[Any], constraints: li
         found = CaptureResult()
         state = trace.capture = CaptureState(
             capture_tensor=tensor_capturer(trace, found.captured_inputs, found.constants, symbolic, pinned,
-                                           found.symbolic_captured),
+                                           found.symbolic_captured, state_sizes, found.state_sizes),
             captures_user_code=True, try_probe=user_try_location,
             numbers_stay_tensors=cuda_graphs or any(getattr(e, "numbers_stay_tensors", False) for e in executors),
             capture_number=number_capturer(trace, found.captured_inputs, numbers) if numbers and numbers.sources

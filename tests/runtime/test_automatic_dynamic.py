@@ -31,7 +31,7 @@ def test_only_the_sizes_that_changed_go_symbolic_then_one_more_trace_for_a_size_
     sizes = jf.last_traces()[0].args[0].shape
     assert sizes[0] == 4 and type(sizes[0]) is int and type(sizes[1]) is not int, sizes
     info = minijit.cache_info(jf)
-    assert info.misses == 2 and "(symbolic: x dim 1, and" in info.dynamic[0], info
+    assert info.misses == 2 and "(symbolic: x dim 1;" in info.dynamic[0], info
     for shape in [(6, 7), (2, 9), (5, 3), (4, 4), (3, 1)]:
         x = torch.randn(shape)
         torch.testing.assert_close(jf(x, 2), _program(x, 2))
@@ -70,6 +70,76 @@ def test_state_that_grows_goes_symbolic_at_its_first_growth_though_its_first_lay
         torch.testing.assert_close(got_k, want_k)
     info = minijit.cache_info(jf)
     assert info.misses == 2 and "sizes and numbers made symbolic" in info.dynamic[0], info
+
+
+def _decode(cache, x):
+    """A prompt (no cache yet: made here), then one step at a time, as a decoder's forward with a cache object."""
+    k = x if getattr(cache, "k", None) is None else torch.cat([cache.k, x], 1)
+    cache.k = k
+    return (k.softmax(1) * x[:, -1:]).sum(1)
+
+
+def _captured_sizes(jf, name):
+    """The sizes the last call's trace took the tensor it read from outside as `name` with."""
+    return next(p.shape for p in jf.last_traces()[0].args if getattr(p, "name", None) == name)
+
+
+def test_a_state_tensor_keeps_constant_the_sizes_that_did_not_change():
+    # Read from an object (not an argument), the cache's batch and width stay constants of the trace at the switch,
+    # as the arguments' unchanged sizes do; only its length, which changed, goes symbolic.
+    def run(fn, lengths, batch=2):
+        torch.manual_seed(0)
+        cache = _Cache()
+        cache.k = torch.randn(batch, 3, 16)
+        return [fn(cache, torch.randn(batch, n, 16)) for n in lengths]
+
+    jf = minijit.jit(_decode)
+    for lengths in ([4, 1, 1, 1, 1], [4, 1, 1]):
+        for got, want in zip(run(jf, lengths), run(_decode, lengths), strict=True):
+            torch.testing.assert_close(got, want)
+    info = minijit.cache_info(jf)
+    assert info.misses == 2, info
+    sizes = _captured_sizes(jf, "k")
+    assert [type(d) is int for d in sizes] == [True, False, True] and sizes[0] == 2 and sizes[2] == 16, sizes
+    # Another batch size: one more trace, with the batch symbolic in the state tensor as in the argument.
+    for got, want in zip(run(jf, [4, 1, 1, 1], batch=3), run(_decode, [4, 1, 1, 1], batch=3), strict=True):
+        torch.testing.assert_close(got, want)
+    info = minijit.cache_info(jf)
+    assert info.misses == 4 and [type(d) is int for d in _captured_sizes(jf, "k")] == [False, False, True], info
+    assert any("sizes of tensors read from objects made symbolic: k dim 0" in d for d in info.dynamic), info
+
+
+def test_a_state_tensor_first_read_after_the_switch_goes_symbolic_when_it_grows():
+    # The prompt makes the cache inside the call; the first step reads it (all its sizes constant), the second
+    # finds it longer: its length goes symbolic, and that entry replaces the step's. Three traces for any number of
+    # steps, as torch.compile compiles three times; a second generation, on a new cache object, traces nothing.
+    def run(fn, steps):
+        torch.manual_seed(0)
+        cache = _Cache()
+        return [fn(cache, torch.randn(2, n, 16)) for n in [5] + [1] * steps]
+
+    jf = minijit.jit(_decode)
+    for steps in (8, 4):
+        for got, want in zip(run(jf, steps), run(_decode, steps), strict=True):
+            torch.testing.assert_close(got, want)
+    info = minijit.cache_info(jf)
+    assert info.misses == 3 and info.entries == 1, info
+    assert any("sizes of tensors read from objects made symbolic: k dim 1" in d for d in info.dynamic), info
+    sizes = _captured_sizes(jf, "k")
+    assert [type(d) is int for d in sizes] == [True, False, True], sizes
+
+
+def test_symbolic_values_still_make_every_size_of_a_state_tensor_symbolic():
+    def run(fn):
+        torch.manual_seed(0)
+        cache = _Cache()
+        cache.k = torch.randn(2, 3, 16)
+        return [fn(cache, torch.randn(2, n, 16)) for n in [4, 1, 1]]
+
+    jf = minijit.jit(_decode, cache="symbolic values")
+    for got, want in zip(run(jf), run(_decode), strict=True):
+        torch.testing.assert_close(got, want)
+    assert all(type(d) is not int for d in _captured_sizes(jf, "k"))
 
 
 def test_numbers_that_change_are_symbolic_too():
