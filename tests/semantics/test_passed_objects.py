@@ -644,6 +644,14 @@ def _recipe_uses(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     return made
 
 
+def _same_as_eager(jitted: Any, have_cache: Any, want_cache: Any, inputs: list[Any]) -> None:
+    """The jitted steps of `inputs` on `have_cache` equal eager's on `want_cache`, and so do the caches after."""
+    for h, w in zip(_steps(jitted, have_cache, inputs), _steps(attend, want_cache, inputs), strict=True):
+        torch.testing.assert_close(h, w)
+    for h, w in zip(_state(have_cache), _state(want_cache), strict=True):
+        torch.testing.assert_close(h, w)
+
+
 def test_later_rebinds_follow_the_recipe_and_match_eager(monkeypatch: pytest.MonkeyPatch) -> None:
     """The second and later rebinds of an entry to a new cache of the same make reuse the words the first one
     checked (its recipe): every generation equals eager, each is two rebinds, and the recipe's checks read the
@@ -653,10 +661,7 @@ def test_later_rebinds_follow_the_recipe_and_match_eager(monkeypatch: pytest.Mon
     for generation in range(6):
         inputs = _generation(4, seed=generation)
         have_cache, want_cache = GrowingCache(), GrowingCache()
-        for h, w in zip(_steps(jitted, have_cache, inputs), _steps(attend, want_cache, inputs), strict=True):
-            torch.testing.assert_close(h, w)
-        for h, w in zip(_state(have_cache), _state(want_cache), strict=True):
-            torch.testing.assert_close(h, w)
+        _same_as_eager(jitted, have_cache, want_cache, inputs)
         if generation >= 3:  # (the first rebind of each entry, in generation 1, makes its recipe)
             mine = {id(x) for x in (have_cache, vars(have_cache), have_cache.layers)}
             assert any(id(g.namespace) in mine or id(g.shadow) in mine for g in made), "no check of this cache"
@@ -690,28 +695,20 @@ def test_a_cache_of_another_make_is_no_recipe_rebind(change: Any, monkeypatch: p
     jitted = minijit.jit(attend, cache="symbolic values")
     for generation in range(3):
         inputs = _generation(3, seed=generation)
-        have_cache, want_cache = GrowingCache(), GrowingCache()
-        for h, w in zip(_steps(jitted, have_cache, inputs), _steps(attend, want_cache, inputs), strict=True):
-            torch.testing.assert_close(h, w)
+        _same_as_eager(jitted, GrowingCache(), GrowingCache(), inputs)
     inputs = _generation(3, seed=7)
     have_cache, want_cache = GrowingCache(), GrowingCache()
-    for h, w in zip(_steps(jitted, have_cache, inputs[:1]), _steps(attend, want_cache, inputs[:1]), strict=True):
-        torch.testing.assert_close(h, w)
+    _same_as_eager(jitted, have_cache, want_cache, inputs[:1])
     change(have_cache)
     change(want_cache)
     made.clear()
     info = minijit.cache_info(jitted)  # (the same object, updated: its counts are copied)
     misses, rebound = info.misses, info.rebound
-    for h, w in zip(_steps(jitted, have_cache, inputs[1:]), _steps(attend, want_cache, inputs[1:]), strict=True):
-        torch.testing.assert_close(h, w)
-    for h, w in zip(_state(have_cache), _state(want_cache), strict=True):
-        torch.testing.assert_close(h, w)
+    _same_as_eager(jitted, have_cache, want_cache, inputs[1:])
     assert info.misses > misses or (info.rebound > rebound and not made), str(info)
     rebinds = info.decisions["rebind"]
     inputs = _generation(3, seed=8)
-    have_cache, want_cache = GrowingCache(), GrowingCache()
-    for h, w in zip(_steps(jitted, have_cache, inputs), _steps(attend, want_cache, inputs), strict=True):
-        torch.testing.assert_close(h, w)
+    _same_as_eager(jitted, GrowingCache(), GrowingCache(), inputs)
     assert minijit.cache_info(jitted).decisions["rebind"] > rebinds
 
 
