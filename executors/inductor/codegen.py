@@ -51,8 +51,8 @@ def literal(x: Any) -> str:
         return repr(x) if math.isfinite(x) else f"float({str(x)!r})"
     if isinstance(x, complex):
         return f"complex({literal(x.real)}, {literal(x.imag)})"
-    if isinstance(x, torch.dtype):
-        return str(x)
+    if isinstance(x, torch.dtype | torch.memory_format | torch.layout):
+        return str(x)  # `torch.float32`, `torch.contiguous_format`, `torch.strided`
     if isinstance(x, torch.device):
         return f"torch.device({str(x)!r})"
     if isinstance(x, tuple):
@@ -61,6 +61,22 @@ def literal(x: Any) -> str:
     if isinstance(x, list):
         return "[" + ", ".join(literal(i) for i in x) + "]"
     raise NotFusible(f"no literal for {type(x).__name__} {x!r}")
+
+
+def writable(bsym: BoundSymbol) -> bool:
+    """Whether every argument of `bsym` that is not a proxy has a literal: one member without one would make its
+    whole region not fusible (`region_source` raises), so such a member is left out of regions instead."""
+    def ok(x: Any) -> bool:
+        if isinstance(x, Proxy):
+            return True
+        if isinstance(x, tuple | list):
+            return all(ok(i) for i in x)
+        try:
+            literal(x)
+        except NotFusible:
+            return False
+        return True
+    return all(ok(x) for x in bsym.args) and all(ok(x) for x in bsym.kwargs.values())
 
 
 class _Writer:

@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from executors.inductor.codegen import NotFusible, RegionSource, make_function, region_source
+from executors.inductor.codegen import NotFusible, RegionSource, make_function, region_source, writable
 from minijit.extend import (
     BoundSymbol,
     FusionExecutor,
@@ -227,14 +227,15 @@ class InductorExecutor(FusionExecutor):
         """Prims on tensors of a device Inductor compiles for, and the size arithmetic on symbolic numbers."""
         sym = bsym.sym
         if sym in WHOLE:
-            return _draws_nothing(bsym) and _scores(bsym) >= WHOLE_FROM_SCORES and self._tensors_ok(bsym)
+            return (_draws_nothing(bsym) and _scores(bsym) >= WHOLE_FROM_SCORES and self._tensors_ok(bsym)
+                    and writable(bsym))
         if sym not in _PRIMS or sym in EXCLUDED:
             return False
         if sym is prims.matmul and not self.fuse_matmul:
             return False
         if (sym.effects.copies and not self.fuse_copies_to_out) or sym.effects.external:
             return False  # an external prim (a value check that may end the call) stays where it is
-        if not self._tensors_ok(bsym):
+        if not self._tensors_ok(bsym) or not writable(bsym):
             return False
         outs = list(bsym.proxy_outputs())
         if sym in NUMBER_RESULTS:

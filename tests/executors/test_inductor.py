@@ -201,6 +201,23 @@ def test_single_op_regions_run_as_torch_calls():
     assert "torchex." in src and "inductorex." not in src, src
 
 
+def test_a_copy_into_a_memory_format_fuses_with_its_neighbours():
+    # `.contiguous()` of a transposed value is `prims.copy_in_format(x, torch.contiguous_format)`: a region holding it
+    # could not be written out (no literal for the format), and the whole trace ran as torch calls (a prompt's
+    # attention output in generate(), 244 prims).
+    def f(x):
+        y = (x * 2).transpose(0, 1).contiguous()
+        return y * 3 + 1, y.is_contiguous()
+
+    x = torch.randn(4, 3)
+    jf = minijit.jit(f, executors=["inductor"])
+    got, want = jf(x), f(x)
+    torch.testing.assert_close(got[0], want[0])
+    assert got[1] == want[1] and got[0].stride() == want[0].stride()
+    src = final_source(jf)
+    assert "inductorex." in src and "torchex." not in src, src
+
+
 def test_unavailable_without_a_cpp_compiler(monkeypatch):
     from torch._inductor import cpp_builder
 
