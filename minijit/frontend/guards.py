@@ -415,23 +415,7 @@ def guard_expression(env: dict[str, Any], i: int, entry: GuardEntry) -> str:
     if kind == "keys":
         env[f"_v{i}"] = entry.value
         return f"_same_keys({ns}, _v{i})"
-    if kind == "cell":
-        read = f"{ns}.cell_contents"
-    elif kind == "attribute" and _reads_through_python(entry.namespace):
-        read = f"_own_dict({ns}).get({key}, _MISSING)"  # (skips the class's own `__getattribute__`: see below)
-    elif kind == "attribute" and slot_attribute(entry.namespace, entry.name):
-        read = f"getattr({ns}, {key}, _MISSING)"
-    elif kind == "attribute":
-        read = f"{ns}.__dict__.get({key}, _MISSING)"
-    elif kind == "tensor attribute":
-        read = f"getattr({ns}, {key}, _MISSING)"
-    elif kind == "referent":
-        read = f"{ns}()"
-    elif kind == "item" and not isinstance(entry.namespace, dict):
-        read = f"{ns}[{key}]"
-    else:  # globals, builtins and dict items: dict's own `get` (it never runs a defaultdict's factory, nor a
-        # subclass's `get`, which may mean something else: transformers' _CanRecordRegistry.get(model))
-        read = f"_dict_get({ns}, {key}, _MISSING)"
+    read = _READS[read_form(entry)].format(ns=ns, key=key)
     value = entry.value
     snapshot = entry.contents if entry.contents is not None else _snapshot(value)
     if isinstance(value, TensorSeen):
@@ -452,6 +436,30 @@ def guard_expression(env: dict[str, Any], i: int, entry: GuardEntry) -> str:
         env[f"_g{i}"] = entry.shadow
         term = f"{entry.name!r} not in _g{i} and {term}"
     return term
+
+
+def read_form(entry: GuardEntry) -> str:
+    """How the guard of a value read (not of a container's length, keys or membership) reads it again: a key of
+    `_READS`."""
+    kind = entry.kind
+    if kind == "attribute" and _reads_through_python(entry.namespace):
+        return "own dict"  # (skips the class's own `__getattribute__`: see `_reads_through_python`)
+    if kind == "attribute" and slot_attribute(entry.namespace, entry.name):
+        return "getattr"
+    if kind in ("cell", "referent", "attribute"):
+        return kind
+    if kind == "tensor attribute":
+        return "getattr"
+    if kind == "item" and not isinstance(entry.namespace, dict):
+        return "subscript"
+    # globals, builtins and dict items: dict's own `get` (it never runs a defaultdict's factory, nor a subclass's
+    # `get`, which may mean something else: transformers' _CanRecordRegistry.get(model))
+    return "dict get"
+
+
+_READS = {"own dict": "_own_dict({ns}).get({key}, _MISSING)", "getattr": "getattr({ns}, {key}, _MISSING)",
+          "cell": "{ns}.cell_contents", "referent": "{ns}()", "attribute": "{ns}.__dict__.get({key}, _MISSING)",
+          "subscript": "{ns}[{key}]", "dict get": "_dict_get({ns}, {key}, _MISSING)"}
 
 
 # Built-in containers whose truth is their length: `not x` tests emptiness at less cost than `len(x) == 0`.

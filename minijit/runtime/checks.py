@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from minijit.frontend.guards import (
+    MISSING,
     GuardEntry,
     Source,
     TensorSeen,
@@ -40,6 +41,7 @@ from minijit.frontend.guards import (
     guard_expression,
     guard_names,
     not_in_history,
+    read_form,
     short_repr,
 )
 from minijit.ir.containers import flatten, is_container, is_tensor, is_tensor_or_number
@@ -436,7 +438,7 @@ class Prologue:
         # runtime/guards.py, which puts the call's checks and the constraints before them.
         self.reads_at: int | None = None
         env.update(_ENV)
-        at_once = _captured_at_once(checks, env)
+        at_once = [_captured_at_once(checks, env), *_reads_at_once(checks)]
         # `previous`: the prologue of the entry this one was rebound from, whose checks it shares where nothing they
         # read moved (runtime/rebind.py): their tests are the same words over the same names in `env`.
         known = previous.tests if previous is not None else {}
@@ -696,18 +698,44 @@ def _test(check: Check, env: dict[str, Any], pinned: frozenset[str]) -> str:
     return check.test(env)
 
 
-def _tests(tests: dict[int, str], checks: Sequence[Check], at_once: tuple[str, set[int]]) -> list[str]:
-    """The tests of `checks` (by id in `tests`), those that `at_once` makes together replaced by its one test,
-    where they began."""
-    test, covered = at_once
+def _tests(tests: dict[int, str], checks: Sequence[Check], at_once: Sequence[tuple[str, set[int]]]) -> list[str]:
+    """The tests of `checks` (by id in `tests`), those that a group of `at_once` makes together replaced by its one
+    test (none where it is ""), where the first of them was."""
+    group = {i: k for k, (_, covered) in enumerate(at_once) for i in covered}
+    done: set[int] = set()
     found: list[str] = []
     for c in checks:
-        if id(c) not in covered:
+        k = group.get(id(c))
+        if k is None:
             found.append(tests[id(c)])
-        elif test:
-            found.append(test)
-            test = ""
+        elif k not in done:
+            done.add(k)
+            if at_once[k][0]:
+                found.append(at_once[k][0])
     return found
+
+
+def _reads_at_once(checks: Sequence[Check]) -> list[tuple[str, set[int]]]:
+    """[("", ids)] of the checks of values read from outside that other checks imply, which the guard leaves out:
+    `key in d` is True where the guard reads `d[key]` (a plain dict) and finds a value (nn.Module's `__getattr__`
+    asks both, of each module's `_parameters`, `_buffers` and `_modules`). A rebind pairs objects one to one, so
+    names bound to one object stay bound to one object."""
+    present = {(id(c.read.namespace), c.read.name) for c in checks
+               if c.read is not None and not c.keyed and not isinstance(c.read.namespace, Source)
+               and c.read.kind not in ("contains", "length", "keys") and read_form(c.read) == "dict get"
+               and c.read.value is not MISSING and _hashable(c.read.name)}
+    implied = {id(c) for c in checks if c.read is not None and not c.keyed and c.read.kind == "contains"
+               and c.read.value is True and type(c.read.namespace) is dict and _hashable(c.read.name)
+               and (id(c.read.namespace), c.read.name) in present}
+    return [("", implied)] if implied else []
+
+
+def _hashable(key: Any) -> bool:
+    try:
+        hash(key)
+    except TypeError:
+        return False
+    return True
 
 
 # What the hit path's exact check (torch's TensorGuards: sizes, strides, dtype, device, dispatch keys) fixes

@@ -217,3 +217,29 @@ def test_a_tensor_read_from_outside_named_like_the_guards_read_local_keeps_its_e
         y = torch.randn(3)
         torch.testing.assert_close(jf(y), _reads_an_attribute_named_like_the_guards_local(y), rtol=0, atol=0)
     assert minijit.cache_info(jf).misses <= 2
+
+
+SETTINGS: dict[str, Any] = {}
+
+
+def scaled_if_set(x):
+    if "scale" in SETTINGS:
+        return x * SETTINGS["scale"]
+    return x + 1
+
+
+def test_a_membership_test_implied_by_the_item_read_is_left_out_and_its_removal_still_misses() -> None:
+    # `"scale" in SETTINGS` then `SETTINGS["scale"]`: the guard's read of the item, finding that object, implies the
+    # membership; the key gone, that read fails too (a miss, traced again, as eager sees the key gone).
+    scale = torch.tensor(3.0)
+    SETTINGS["scale"] = scale
+    jf = minijit.jit(scaled_if_set)
+    x = torch.randn(3)
+    torch.testing.assert_close(jf(x), scaled_if_set(x))
+    prologue = jf.last_prologue()
+    assert "'scale' in _ns" not in prologue and "'scale'" in prologue, prologue
+    SETTINGS.pop("scale")
+    torch.testing.assert_close(jf(x), scaled_if_set(x))
+    assert minijit.cache_info(jf).misses == 2
+    SETTINGS["scale"] = 2.0  # another value under the key: a number, checked by its value
+    torch.testing.assert_close(jf(x), scaled_if_set(x))
