@@ -731,3 +731,31 @@ def test_a_value_read_at_a_key_naming_the_object_is_read_at_the_new_one(same_val
         obj = Obj()
         table[(obj, 0)] = 2.0 if same_value else 2.0 + i
         torch.testing.assert_close(jitted(obj, x), f(obj, x))
+
+
+class Options:
+    """An object holding a dict of settings that the function asks for membership, then reads."""
+
+    def __init__(self, **settings: Any) -> None:
+        self.settings = dict(settings)
+
+
+def scaled_by_option(x: torch.Tensor, options: Options) -> torch.Tensor:
+    if "scale" in options.settings:
+        return x * options.settings["scale"]
+    return x - 1
+
+
+@pytest.mark.parametrize("scale", [torch.tensor(3.0), 3.0])
+def test_a_new_object_without_the_key_its_entry_read_is_no_hit(scale: Any) -> None:
+    # The guard reads `settings["scale"]` and leaves out `"scale" in settings`, which that read implies; moved to a new
+    # object whose dict lacks the key, the read fails: a miss, as eager takes the other branch.
+    jitted = minijit.jit(scaled_by_option)
+    x = torch.randn(3)
+    torch.testing.assert_close(jitted(x, Options(scale=scale)), scaled_by_option(x, Options(scale=scale)))
+    torch.testing.assert_close(jitted(x, Options(scale=scale)), scaled_by_option(x, Options(scale=scale)))
+    assert minijit.cache_info(jitted).rebound == 1
+    torch.testing.assert_close(jitted(x, Options()), scaled_by_option(x, Options()))
+    torch.testing.assert_close(jitted(x, Options(scale=scale)), scaled_by_option(x, Options(scale=scale)))
+    info = minijit.cache_info(jitted)
+    assert info.misses == 2 and info.rebound == 2, str(info)
