@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from minijit.frontend.guards import (
-    MISSING,
     GuardEntry,
     Source,
     TensorSeen,
@@ -41,13 +40,13 @@ from minijit.frontend.guards import (
     guard_expression,
     guard_names,
     not_in_history,
-    read_form,
     short_repr,
 )
 from minijit.ir.containers import flatten, is_container, is_tensor, is_tensor_or_number
 from minijit.ir.layouts import tensor_row_major
 from minijit.ir.proxies import zero_sign_test
 from minijit.runtime.autocast import any_autocast_enabled, autocast_state
+from minijit.runtime.read_groups import read_groups
 
 if TYPE_CHECKING:
     from minijit.runtime.arguments import InputAliasing
@@ -78,8 +77,10 @@ class Check:
     expected: Any
     keyed: bool = True
     explain: Callable[[Any, Any], str] | None = None
-    # For a check of a value read from outside ("read"): the guard entry it checks.
+    # For a check of a value read from outside ("read"): the guard entry it checks, and its position among the
+    # entry's guard entries (its test's names: `_ns<at>`, `_v<at>`).
     read: GuardEntry | None = None
+    at: int | None = None
 
     def key_values(self) -> tuple[Any, ...]:
         """What the cache key holds for this check, in key order (nothing for a check the guard makes)."""
@@ -358,7 +359,7 @@ def read_check(env: dict[str, Any], i: int, value: GuardEntry) -> Check:
     """The check of the `i`th value read from outside (what it reads bound in `env`)."""
     # Labelled lazily: the value read may be a big object (a model's config), worded only for a miss.
     return Check("a value read from outside", "read", guard_expression(env, i, value), True, keyed=False,
-                 explain=_read_changed(value), read=value)
+                 explain=_read_changed(value), read=value, at=i)
 
 
 def moved_read_check(check: Check, value: GuardEntry) -> Check:
@@ -438,13 +439,14 @@ class Prologue:
         # runtime/guards.py, which puts the call's checks and the constraints before them.
         self.reads_at: int | None = None
         env.update(_ENV)
-        at_once = [_captured_at_once(checks, env), *_reads_at_once(checks)]
+        captured_at_once = _captured_at_once(checks, env)
         # `previous`: the prologue of the entry this one was rebound from, whose checks it shares where nothing they
         # read moved (runtime/rebind.py): their tests are the same words over the same names in `env`.
         known = previous.tests if previous is not None else {}
         # Each check's test, by the check's id (a rebind compares the words of the checks it makes anew with them).
         pinned = _pinned_shapes(checks)
         self.tests = tests = {id(c): known.get(id(c)) or _test(c, env, pinned) for c in checks}
+        at_once = [captured_at_once, *read_groups(checks, tests, env)]
         # A keyword's name is checked by calling `check_call` with it: its test is "True", left out.
         key_tests = [t for c in checks if c.keyed and (t := tests[id(c)]) != "True"]
         guard_tests = _tests(tests, [c for c in checks if not c.keyed], at_once)
@@ -713,29 +715,6 @@ def _tests(tests: dict[int, str], checks: Sequence[Check], at_once: Sequence[tup
             if at_once[k][0]:
                 found.append(at_once[k][0])
     return found
-
-
-def _reads_at_once(checks: Sequence[Check]) -> list[tuple[str, set[int]]]:
-    """[("", ids)] of the checks of values read from outside that other checks imply, which the guard leaves out:
-    `key in d` is True where the guard reads `d[key]` (a plain dict) and finds a value (nn.Module's `__getattr__`
-    asks both, of each module's `_parameters`, `_buffers` and `_modules`). A rebind pairs objects one to one, so
-    names bound to one object stay bound to one object."""
-    present = {(id(c.read.namespace), c.read.name) for c in checks
-               if c.read is not None and not c.keyed and not isinstance(c.read.namespace, Source)
-               and c.read.kind not in ("contains", "length", "keys") and read_form(c.read) == "dict get"
-               and c.read.value is not MISSING and _hashable(c.read.name)}
-    implied = {id(c) for c in checks if c.read is not None and not c.keyed and c.read.kind == "contains"
-               and c.read.value is True and type(c.read.namespace) is dict and _hashable(c.read.name)
-               and (id(c.read.namespace), c.read.name) in present}
-    return [("", implied)] if implied else []
-
-
-def _hashable(key: Any) -> bool:
-    try:
-        hash(key)
-    except TypeError:
-        return False
-    return True
 
 
 # What the hit path's exact check (torch's TensorGuards: sizes, strides, dtype, device, dispatch keys) fixes

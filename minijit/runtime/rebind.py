@@ -55,6 +55,7 @@ from minijit.runtime.arguments import call_checks, object_arguments
 from minijit.runtime.call_plan import CallPlan
 from minijit.runtime.checks import KEY_VALUE_KINDS, Check, Prologue, moved_read_check, read_check
 from minijit.runtime.guards import compile_prologue
+from minijit.runtime.read_groups import SEEN
 
 _DEPTH = 8
 
@@ -407,8 +408,9 @@ def _kept(entry: Any, guards: list[GuardEntry]) -> dict[int, Check]:
     return kept
 
 
-# The containers in a prologue's environment that generating it adds to (`bind`, `guard_checks`).
-_MUTABLE_NAMES = ("_TENSOR_TYPES", "_captured_types")
+# The containers in a prologue's environment that generating it adds to (`bind`, `guard_checks`), or that its guard
+# writes into (the dict versions its groups passed with: runtime/read_groups.py).
+_MUTABLE_NAMES = ("_TENSOR_TYPES", "_captured_types", SEEN)
 
 
 class _Unpaired(Exception):
