@@ -373,3 +373,25 @@ def test_batch_norm_of_an_empty_batch_matches_eager(training) -> None:
         for a, c in zip(args, copies, strict=True):
             torch.testing.assert_close(c.grad, a.grad)
             torch.testing.assert_close(c, a)  # the running statistics too
+
+
+@pytest.mark.parametrize("shape", [(1, 6, 0), (2, 6, 0, 3), (0, 6, 3), (2, 6, 3)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_group_norm_of_empty_groups_matches_eager(shape, dtype) -> None:
+    """F.group_norm whose groups hold no elements (an empty spatial dim): eager's weight gradient is each channel's
+    sum over its positions times the group's rstd, nan there (its rstd of nothing is nan), where a sum over the
+    positions of the normalized values (minijit's) was 0; the bias gradient is 0 in both."""
+    def f(x, w, b):
+        return F.group_norm(x, 2, w, b)
+
+    args = [torch.randn(shape, dtype=dtype), torch.randn(6, dtype=dtype), torch.randn(6, dtype=dtype)]
+    cotangent = torch.randn(shape, dtype=dtype)
+    results = []
+    for fn in (f, minijit.jit(f)):
+        leaves = [a.clone().requires_grad_() for a in args]
+        out = fn(*leaves)
+        results.append((out, *torch.autograd.grad(out, leaves, cotangent)))
+    for actual, expected in zip(results[1], results[0], strict=True):
+        assert actual.dtype == expected.dtype
+        torch.testing.assert_close(actual, expected, equal_nan=True)
+
