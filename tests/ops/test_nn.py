@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import minijit
-from minijit.errors import MetaError, UnsupportedOpError
+from minijit.errors import MetaError, MinijitError, UnsupportedOpError
 from minijit.ops import ltorch
 from minijit.ops.registry import ltorch_symbol_for
 from tests.ops.opinfo_util import FLOAT_DTYPES, NN_CASES, TOLERANCES, OpCase, assert_matches, case_params, run_case
@@ -395,3 +395,22 @@ def test_group_norm_of_empty_groups_matches_eager(shape, dtype) -> None:
         assert actual.dtype == expected.dtype
         torch.testing.assert_close(actual, expected, equal_nan=True)
 
+
+@pytest.mark.parametrize("call", ["nll_loss", "cross_entropy", "smoothed", "empty batch", "2d"])
+def test_class_weights_requiring_grad_are_refused_as_eager(call) -> None:
+    """Eager's nll_loss kernels have no derivative for the class weights and raise a RuntimeError where they require
+    grad (in grad mode); the decomposition differentiated them and returned a gradient."""
+    fns = {"nll_loss": lambda x, t, w: F.nll_loss(x, t, w),
+           "cross_entropy": lambda x, t, w: F.cross_entropy(x, t, w),
+           "smoothed": lambda x, t, w: F.cross_entropy(x, t, w, label_smoothing=0.1),
+           "empty batch": lambda x, t, w: F.cross_entropy(x[:0], t[:0], w, reduction="sum"),
+           "2d": lambda x, t, w: F.nll_loss(x.unsqueeze(-1), t.unsqueeze(-1), w)}
+    fn = fns[call]
+    args = (torch.randn(3, 4, requires_grad=True), torch.tensor([1, 0, 3]), torch.rand(4, requires_grad=True))
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        fn(*args)
+    with pytest.raises(RuntimeError, match="not differentiable") as raised:
+        minijit.jit(fn)(*args)
+    assert isinstance(raised.value, MinijitError)
+    with torch.no_grad():  # no refusal outside grad mode
+        torch.testing.assert_close(minijit.jit(fn)(*args), fn(*args))

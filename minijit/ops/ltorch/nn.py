@@ -516,6 +516,12 @@ def _nll(op: str, logp: TensorProxy, target: TensorProxy, weight: TensorProxy | 
          reduction: str) -> tuple[TensorProxy, TensorProxy, TensorProxy]:
     """(reduced loss, the per-element weights, the ignore mask) of batched log-probabilities (N, C, ...)."""
     _class_targets(op, logp, target)
+    if isinstance(weight, TensorProxy) and weight.requires_grad and torch.is_grad_enabled():
+        # Eager's nll_loss kernels have no derivative for the class weights and refuse them (a RuntimeError); the
+        # decomposition would differentiate them.
+        error = fail(op, "is not differentiable with respect to the class weights: weight cannot require grad")
+        error.eager_raised = RuntimeError  # type: ignore[attr-defined]
+        raise error
     target = to_dtype(target, torch.int64)
     ignored = eq(target, ignore_index)
     safe = where(ignored, 0, target)
