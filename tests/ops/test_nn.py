@@ -414,3 +414,32 @@ def test_class_weights_requiring_grad_are_refused_as_eager(call) -> None:
     assert isinstance(raised.value, MinijitError)
     with torch.no_grad():  # no refusal outside grad mode
         torch.testing.assert_close(minijit.jit(fn)(*args), fn(*args))
+
+
+@pytest.mark.parametrize(("dtype", "param_dtype"), [(torch.float32, torch.bfloat16), (torch.float32, torch.float64),
+                                                    (torch.bfloat16, torch.float16), (torch.bfloat16, torch.float32)])
+@pytest.mark.parametrize("shape", [(2, 6, 4), (1, 6, 0)])
+def test_group_norm_parameter_dtypes_as_eager(dtype, param_dtype, shape) -> None:
+    """Eager's CPU group_norm takes a weight and bias of the input's dtype, or float32 ones for a bfloat16 input,
+    and raises for any other mix; differentiated, the decomposition promoted them and returned a result."""
+    def f(x, w, b):
+        return F.group_norm(x, 2, w, b)
+
+    given = (torch.randn(shape, dtype=dtype), torch.rand(6, dtype=param_dtype), torch.rand(6, dtype=param_dtype))
+
+    def run(fn):
+        args = [a.clone().requires_grad_() for a in given]
+        try:
+            out = fn(*args)
+        except RuntimeError as e:
+            return e
+        return out, *torch.autograd.grad(out, args, torch.ones_like(out))
+
+    expected, actual = run(f), run(minijit.jit(f))
+    if isinstance(expected, RuntimeError):
+        assert isinstance(actual, MinijitError) and isinstance(actual, RuntimeError), actual
+        return
+    for a, e in zip(actual, expected, strict=True):
+        assert a.dtype == e.dtype
+        torch.testing.assert_close(a, e, equal_nan=True)
+

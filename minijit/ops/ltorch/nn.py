@@ -397,6 +397,20 @@ def rms_norm(input: TensorProxy, normalized_shape: Sequence[int], weight: Tensor
     return mul(out, weight) if weight is not None else out
 
 
+def _cpu_parameter_dtypes(op: str, input: TensorProxy, *parameters: TensorProxy | None) -> None:  # noqa: A002
+    """Eager's CPU norm kernels take parameters of the input's dtype, or float32 ones for a bfloat16 or float16
+    input, and raise a RuntimeError for any other mix ("mixed dtype (CPU)"), where a decomposition would promote."""
+    given = [p.dtype for p in parameters if isinstance(p, TensorProxy)]
+    if input.device.type != "cpu" or all(d == input.dtype for d in given):
+        return
+    if input.dtype in (torch.bfloat16, torch.float16) and all(d == torch.float32 for d in given):
+        return
+    error = fail(op, f"mixed dtype (CPU): the weight and bias must be of the input's dtype {input.dtype}, or float32 "
+                     f"for a bfloat16 or float16 input; got {', '.join(map(str, given))}")
+    error.eager_raised = RuntimeError  # type: ignore[attr-defined]
+    raise error
+
+
 @ltorch_op(torch_fns=[F.group_norm])
 def group_norm(input: TensorProxy, num_groups: int, weight: TensorProxy | None = None,  # noqa: A002
                bias: TensorProxy | None = None, eps: float = 1e-5) -> TensorProxy:
@@ -405,6 +419,7 @@ def group_norm(input: TensorProxy, num_groups: int, weight: TensorProxy | None =
     _tensor("group_norm", input)
     if input.ndim < 2 or rule_compare(input.shape[1] % num_groups, "!=", 0):
         raise fail("group_norm", f"an input of shape {tuple(input.shape)} cannot be split into {num_groups} groups")
+    _cpu_parameter_dtypes("group_norm", input, weight, bias)
     n, c = input.shape[0], input.shape[1]
     x = _float_input("group_norm", input)
     var, mean = prims.var_mean(reshape_to(x, (n, num_groups, numel_of(input.shape[1:]) // num_groups)), (2,), 0)
