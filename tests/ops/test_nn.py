@@ -443,3 +443,33 @@ def test_group_norm_parameter_dtypes_as_eager(dtype, param_dtype, shape) -> None
         assert a.dtype == e.dtype
         torch.testing.assert_close(a, e, equal_nan=True)
 
+
+@pytest.mark.parametrize("use_input_stats", [True, False])
+@pytest.mark.parametrize("affine", [True, False])
+@pytest.mark.parametrize("shape", [(0, 3, 4), (2, 3, 0)])
+def test_instance_norm_of_an_empty_input_matches_eager(use_input_stats, affine, shape) -> None:
+    """F.instance_norm of an empty input runs eager's batch norm of (1, N * C, ...) with the weight and bias
+    repeated N times, which indexes them: an empty batch with a weight raises (IndexError) in eager, with or
+    without input statistics; without them minijit normalized by the running statistics and returned."""
+    def f(x, mean, var, w, b):
+        return F.instance_norm(x, mean, var, w, b, use_input_stats=use_input_stats)
+
+    given = [torch.randn(shape), torch.zeros(3), torch.ones(3), torch.rand(3), torch.rand(3)]
+    if not affine:
+        given[3:] = [None, None]
+
+    def run(fn):
+        args = [a if a is None else a.clone().requires_grad_(i in (0, 3, 4)) for i, a in enumerate(given)]
+        try:
+            out = fn(*args)
+        except IndexError as e:
+            return e
+        leaves = [a for a in args if a is not None and a.requires_grad]
+        return out, *torch.autograd.grad(out, leaves, torch.randn(shape)), *args[1:3]
+
+    expected, actual = run(f), run(minijit.jit(f))
+    if isinstance(expected, IndexError):
+        assert isinstance(actual, IndexError), actual
+        return
+    for a, e in zip(actual, expected, strict=True):
+        torch.testing.assert_close(a, e, equal_nan=True)
