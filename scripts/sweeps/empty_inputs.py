@@ -1,5 +1,6 @@
 """Normalization and reduction ops on inputs with a zero-size dim (in each position the op accepts), jitted against
-eager: outputs (values, nan placement, dtypes) and `torch.autograd.grad` of every floating input; where eager raises,
+eager: outputs (values, nan placement, dtypes) and `torch.autograd.grad` of every floating input, for a fresh jit, one
+that saw the empty dims at sizes 2 and 4 first, and the gradients taken inside the traced function; where eager raises,
 the jitted call must raise too. `python scripts/sweeps/empty_inputs.py [-v]`: one line per mismatch, then counts.
 """
 
@@ -108,6 +109,97 @@ def _reduction_cases() -> list[Case]:
     return found
 
 
+def _more_reduction_cases() -> list[Case]:
+    """Reduction and scan forms beyond the plain ones: keepdim, dtype=, the nan-skipping and running ones."""
+    found: list[Case] = []
+    for shape in [(0,), (0, 3), (3, 0), (2, 0, 3)]:
+        x = _args(_randn(*shape))
+        for dim in (0, -1):
+            found += [
+                (f"var keepdim dim={dim} {shape}", lambda x, d=dim: x.var(d, keepdim=True), x),
+                (f"std unbiased=False dim={dim} {shape}", lambda x, d=dim: torch.std(x, d, unbiased=False), x),
+                (f"var_mean correction=2 dim={dim} {shape}", lambda x, d=dim: torch.var_mean(x, d, correction=2), x),
+                (f"mean keepdim dtype dim={dim} {shape}",
+                 lambda x, d=dim: x.mean(d, keepdim=True, dtype=torch.float64), x),
+                (f"sum dtype dim={dim} {shape}", lambda x, d=dim: x.sum(d, dtype=torch.float64), x),
+                (f"nanmean dim={dim} {shape}", lambda x, d=dim: x.nanmean(d), x),
+                (f"nansum dim={dim} {shape}", lambda x, d=dim: x.nansum(d), x),
+                (f"logcumsumexp dim={dim} {shape}", lambda x, d=dim: torch.logcumsumexp(x, d), x),
+                (f"cummax dim={dim} {shape}", lambda x, d=dim: torch.cummax(x, d), x),
+                (f"cummin dim={dim} {shape}", lambda x, d=dim: torch.cummin(x, d), x),
+                (f"aminmax dim={dim} {shape}", lambda x, d=dim: torch.aminmax(x, dim=d), x),
+                (f"softmax dtype dim={dim} {shape}", lambda x, d=dim: F.softmax(x, d, dtype=torch.float64), x),
+                (f"softmin dim={dim} {shape}", lambda x, d=dim: F.softmin(x, d), x),
+                (f"logsumexp keepdim dim={dim} {shape}", lambda x, d=dim: torch.logsumexp(x, d, keepdim=True), x),
+                (f"vector_norm keepdim dim={dim} {shape}",
+                 lambda x, d=dim: torch.linalg.vector_norm(x, 2, d, keepdim=True), x),
+                (f"normalize p=inf dim={dim} {shape}", lambda x, d=dim: F.normalize(x, float("inf"), d), x),
+            ]
+        found += [(f"nanmean {shape}", lambda x: x.nanmean(), x), (f"prod {shape}", lambda x: x.prod(), x),
+                  (f"std_mean {shape}", lambda x: torch.std_mean(x), x)]
+        if len(shape) == 2:
+            found += [(f"matrix norm {p} {shape}", lambda x, q=p: torch.linalg.matrix_norm(x, q), x)
+                      for p in ("fro", 1, float("inf"))]
+    return found
+
+
+def _more_norm_cases() -> list[Case]:
+    """Normalization forms beyond the plain ones: one affine tensor, no running statistics, only some grads."""
+    found: list[Case] = []
+    for shape, norm in [((0, 4), (4,)), ((3, 0), (0,)), ((3, 0, 4), (4,))]:
+        found += [(f"layer_norm weight only {shape}", lambda x, w, n=norm: F.layer_norm(x, n, w),
+                   _args(_randn(*shape), _randn(*norm))),
+                  (f"layer_norm bias only {shape}", lambda x, b, n=norm: F.layer_norm(x, n, None, b),
+                   _args(_randn(*shape), _randn(*norm))),
+                  (f"rms_norm eps {shape}", lambda x, w, n=norm: F.rms_norm(x, n, w, 1e-3),
+                   _args(_randn(*shape), _randn(*norm)))]
+    for shape in [(1, 6, 0), (2, 6, 0, 3), (0, 6, 3)]:
+        found += [(f"group_norm weight only {shape}", lambda x, w: F.group_norm(x, 3, w), _args(_randn(*shape),
+                                                                                                  _randn(6))),
+                  (f"group_norm groups=channels {shape}", lambda x, w, b: F.group_norm(x, 6, w, b),
+                   _args(_randn(*shape), _randn(6), _randn(6))),
+                  (f"group_norm one group {shape}", lambda x, w, b: F.group_norm(x, 1, w, b),
+                   _args(_randn(*shape), _randn(6), _randn(6))),
+                  (f"group_norm affine only {shape}", lambda x, w, b: F.group_norm(x.detach(), 2, w, b),
+                   _args(_randn(*shape), _randn(6), _randn(6))),
+                  (f"GroupNorm module-like bfloat16 weight {shape}",
+                   lambda x, w, b: F.group_norm(x, 2, w.bfloat16(), b.bfloat16()),
+                   _args(_randn(*shape), _randn(6), _randn(6)))]
+    for shape in [(0, 3, 4), (2, 3, 0)]:
+        found += [(f"instance_norm running stats, use_input_stats=False {shape}",
+                   lambda x, w, b: F.instance_norm(x, torch.zeros(3), torch.ones(3), w, b, use_input_stats=False),
+                   _args(_randn(*shape), _randn(3), _randn(3)))]
+    for shape in [(0, 3), (0, 3, 5), (4, 3, 0)]:
+        found += [(f"batch_norm eval, input grad only {shape}",
+                   lambda x, w, b: F.batch_norm(x, torch.zeros(3), torch.ones(3), w.detach(), b.detach()),
+                   _args(_randn(*shape), _randn(3), _randn(3)))]
+    return found
+
+
+def _pointwise_loss_cases() -> list[Case]:
+    """Losses of empty batches: a mean over nothing is nan, its gradient empty."""
+    found: list[Case] = []
+    for shape in [(0,), (0, 3), (3, 0)]:
+        for reduction in ("mean", "sum", "none"):
+            xy = _args(_randn(*shape), _randn(*shape))
+            found += [(f"{name} {reduction} {shape}", lambda x, y, n=name, r=reduction: getattr(F, n)(x, y, reduction=r),
+                       xy) for name in ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "soft_margin_loss",
+                                        "binary_cross_entropy_with_logits")]
+            found.append((f"binary_cross_entropy {reduction} {shape}",
+                          lambda x, y, r=reduction: F.binary_cross_entropy(x.sigmoid(), y.sigmoid(), reduction=r), xy))
+            found.append((f"kl_div {reduction} {shape}",
+                          lambda x, y, r=reduction: F.kl_div(x, y.log_softmax(-1), reduction=r, log_target=True), xy))
+        found.append((f"kl_div batchmean {shape}",
+                      lambda x, y: F.kl_div(x, y.softmax(-1), reduction="batchmean"), _args(_randn(*shape),
+                                                                                           _randn(*shape))))
+        if len(shape) == 2:
+            found += [(f"cosine_similarity dim={d} {shape}", lambda x, y, d=d: F.cosine_similarity(x, y, d),
+                       _args(_randn(*shape), _randn(*shape))) for d in (0, 1)]
+            found.append((f"pairwise_distance {shape}", lambda x, y: F.pairwise_distance(x, y),
+                          _args(_randn(*shape), _randn(*shape))))
+    return found
+
+
 def _loss_cases() -> list[Case]:
     found: list[Case] = []
     empty_targets = lambda dtype: torch.zeros(0, dtype=torch.long)
@@ -137,7 +229,8 @@ def _loss_cases() -> list[Case]:
 
 def cases() -> list[Case]:
     """(label, function, arguments in a dtype) for every op and empty shape the sweep tries."""
-    return _norm_cases() + _reduction_cases() + _loss_cases()
+    return (_norm_cases() + _more_norm_cases() + _reduction_cases() + _more_reduction_cases() + _loss_cases()
+            + _pointwise_loss_cases())
 
 
 def _flat(x: Any) -> list[torch.Tensor]:
@@ -192,15 +285,33 @@ def _resized(args: tuple[Any, ...], size: int) -> tuple[Any, ...]:
     return tuple(grown(a) for a in args)
 
 
-def compare(label: str, fn: Callable[..., Any], make: Callable[[torch.dtype], tuple[Any, ...]],
-            dtype: torch.dtype, warm: bool) -> list[str]:
-    """The differences between eager and a fresh jit of `fn` on these arguments, in words; with `warm`, the jit
-    is first called with the empty dims of sizes 2 and 4 (its default cache mode then traces symbolic sizes)."""
+def _with_grads(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` returning its outputs detached and `torch.autograd.grad` of them (cotangents of ones) for its floating
+    inputs."""
+    def both(*args: Any) -> Any:
+        out = fn(*args)
+        outs = [t for t in _flat(out) if t.requires_grad]
+        leaves = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+        ones = [torch.ones_like(t) for t in outs]
+        grads = torch.autograd.grad(outs, leaves, ones, allow_unused=True) if outs else ()
+        return [t.detach() for t in _flat(out)], grads
+    return both
+
+
+MODES = ("fresh", "after sizes 2, 4", "grads traced")
+
+
+def compare(fn: Callable[..., Any], make: Callable[[torch.dtype], tuple[Any, ...]], dtype: torch.dtype,
+            mode: str) -> list[str]:
+    """The differences between eager and a fresh jit of `fn` on these arguments, in words. Modes: "fresh"; "after
+    sizes 2, 4": the jit is first called with the empty dims of those sizes (its default cache mode then traces
+    symbolic sizes); "grads traced": `fn` and its gradients in one traced function."""
     torch.manual_seed(0)
     args = make(dtype)
+    fn = _with_grads(fn) if mode == "grads traced" else fn
     want_kind, want = _run(fn, args, 1)
     jitted = minijit.jit(fn)
-    for size in (2, 4) if warm else ():
+    for size in (2, 4) if mode == "after sizes 2, 4" else ():
         _run(jitted, _resized(args, size), 1)
     have_kind, have = _run(jitted, args, 1)
     if want_kind != have_kind:
@@ -216,10 +327,10 @@ def main(verbose: bool) -> None:
     total = bad = 0
     for label, fn, make in cases():
         for dtype in DTYPES:
-            for warm in (False, True):
+            for mode in MODES:
                 total += 1
-                found = compare(label, fn, make, dtype, warm)
-                what = f"{label} {dtype}{' after sizes 2, 4' if warm else ''}"
+                found = compare(fn, make, dtype, mode)
+                what = f"{label} {dtype} ({mode})"
                 if found:
                     bad += 1
                     print(f"MISMATCH {what}:\n    " + "\n    ".join(found), flush=True)
