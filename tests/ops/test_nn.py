@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import minijit
-from minijit.errors import MetaError, UnsupportedOpError
+from minijit.errors import MetaError, MinijitError, UnsupportedOpError
 from minijit.ops import ltorch
 from minijit.ops.registry import ltorch_symbol_for
 from tests.ops.opinfo_util import FLOAT_DTYPES, NN_CASES, TOLERANCES, OpCase, assert_matches, case_params, run_case
@@ -373,3 +373,103 @@ def test_batch_norm_of_an_empty_batch_matches_eager(training) -> None:
         for a, c in zip(args, copies, strict=True):
             torch.testing.assert_close(c.grad, a.grad)
             torch.testing.assert_close(c, a)  # the running statistics too
+
+
+@pytest.mark.parametrize("shape", [(1, 6, 0), (2, 6, 0, 3), (0, 6, 3), (2, 6, 3)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_group_norm_of_empty_groups_matches_eager(shape, dtype) -> None:
+    """F.group_norm whose groups hold no elements (an empty spatial dim): eager's weight gradient is each channel's
+    sum over its positions times the group's rstd, nan there (its rstd of nothing is nan), where a sum over the
+    positions of the normalized values (minijit's) was 0; the bias gradient is 0 in both."""
+    def f(x, w, b):
+        return F.group_norm(x, 2, w, b)
+
+    args = [torch.randn(shape, dtype=dtype), torch.randn(6, dtype=dtype), torch.randn(6, dtype=dtype)]
+    cotangent = torch.randn(shape, dtype=dtype)
+    results = []
+    for fn in (f, minijit.jit(f)):
+        leaves = [a.clone().requires_grad_() for a in args]
+        out = fn(*leaves)
+        results.append((out, *torch.autograd.grad(out, leaves, cotangent)))
+    for actual, expected in zip(results[1], results[0], strict=True):
+        assert actual.dtype == expected.dtype
+        torch.testing.assert_close(actual, expected, equal_nan=True)
+
+
+@pytest.mark.parametrize("call", ["nll_loss", "cross_entropy", "smoothed", "empty batch", "2d"])
+def test_class_weights_requiring_grad_are_refused_as_eager(call) -> None:
+    """Eager's nll_loss kernels have no derivative for the class weights and raise a RuntimeError where they require
+    grad (in grad mode); the decomposition differentiated them and returned a gradient."""
+    fns = {"nll_loss": lambda x, t, w: F.nll_loss(x, t, w),
+           "cross_entropy": lambda x, t, w: F.cross_entropy(x, t, w),
+           "smoothed": lambda x, t, w: F.cross_entropy(x, t, w, label_smoothing=0.1),
+           "empty batch": lambda x, t, w: F.cross_entropy(x[:0], t[:0], w, reduction="sum"),
+           "2d": lambda x, t, w: F.nll_loss(x.unsqueeze(-1), t.unsqueeze(-1), w)}
+    fn = fns[call]
+    args = (torch.randn(3, 4, requires_grad=True), torch.tensor([1, 0, 3]), torch.rand(4, requires_grad=True))
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        fn(*args)
+    with pytest.raises(RuntimeError, match="not differentiable") as raised:
+        minijit.jit(fn)(*args)
+    assert isinstance(raised.value, MinijitError)
+    with torch.no_grad():  # no refusal outside grad mode
+        torch.testing.assert_close(minijit.jit(fn)(*args), fn(*args))
+
+
+@pytest.mark.parametrize(("dtype", "param_dtype"), [(torch.float32, torch.bfloat16), (torch.float32, torch.float64),
+                                                    (torch.bfloat16, torch.float16), (torch.bfloat16, torch.float32)])
+@pytest.mark.parametrize("shape", [(2, 6, 4), (1, 6, 0)])
+def test_group_norm_parameter_dtypes_as_eager(dtype, param_dtype, shape) -> None:
+    """Eager's CPU group_norm takes a weight and bias of the input's dtype, or float32 ones for a bfloat16 input,
+    and raises for any other mix; differentiated, the decomposition promoted them and returned a result."""
+    def f(x, w, b):
+        return F.group_norm(x, 2, w, b)
+
+    given = (torch.randn(shape, dtype=dtype), torch.rand(6, dtype=param_dtype), torch.rand(6, dtype=param_dtype))
+
+    def run(fn):
+        args = [a.clone().requires_grad_() for a in given]
+        try:
+            out = fn(*args)
+        except RuntimeError as e:
+            return e
+        return out, *torch.autograd.grad(out, args, torch.ones_like(out))
+
+    expected, actual = run(f), run(minijit.jit(f))
+    if isinstance(expected, RuntimeError):
+        assert isinstance(actual, MinijitError) and isinstance(actual, RuntimeError), actual
+        return
+    for a, e in zip(actual, expected, strict=True):
+        assert a.dtype == e.dtype
+        torch.testing.assert_close(a, e, equal_nan=True)
+
+
+@pytest.mark.parametrize("use_input_stats", [True, False])
+@pytest.mark.parametrize("affine", [True, False])
+@pytest.mark.parametrize("shape", [(0, 3, 4), (2, 3, 0)])
+def test_instance_norm_of_an_empty_input_matches_eager(use_input_stats, affine, shape) -> None:
+    """F.instance_norm of an empty input runs eager's batch norm of (1, N * C, ...) with the weight and bias
+    repeated N times, which indexes them: an empty batch with a weight raises (IndexError) in eager, with or
+    without input statistics; without them minijit normalized by the running statistics and returned."""
+    def f(x, mean, var, w, b):
+        return F.instance_norm(x, mean, var, w, b, use_input_stats=use_input_stats)
+
+    given = [torch.randn(shape), torch.zeros(3), torch.ones(3), torch.rand(3), torch.rand(3)]
+    if not affine:
+        given[3:] = [None, None]
+
+    def run(fn):
+        args = [a if a is None else a.clone().requires_grad_(i in (0, 3, 4)) for i, a in enumerate(given)]
+        try:
+            out = fn(*args)
+        except IndexError as e:
+            return e
+        leaves = [a for a in args if a is not None and a.requires_grad]
+        return out, *torch.autograd.grad(out, leaves, torch.randn(shape)), *args[1:3]
+
+    expected, actual = run(f), run(minijit.jit(f))
+    if isinstance(expected, IndexError):
+        assert isinstance(actual, IndexError), actual
+        return
+    for a, e in zip(actual, expected, strict=True):
+        torch.testing.assert_close(a, e, equal_nan=True)

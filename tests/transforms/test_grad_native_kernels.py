@@ -192,6 +192,22 @@ def test_nll_loss_decompositions_match_the_aten_kernels(reduction, weighted, bat
     torch.testing.assert_close(got, want, equal_nan=True)
 
 
+@pytest.mark.parametrize("shape", [(4,), (2, 3), (0,)])
+def test_layer_norm_over_every_dim_with_grads_taken_inside(shape):
+    """Over every dim the bias's gradient is grad_out itself: native_layer_norm_backward's decomposition returned its
+    input as its result, and a `torch.autograd.grad` in the traced function then read a value never assigned
+    (UnboundLocalError). Values and gradients against eager."""
+    def f(x, w, b):
+        out = F.layer_norm(x, shape, w, b)
+        return out.detach(), torch.autograd.grad(out, (x, w, b), torch.ones_like(out))
+
+    args = [torch.randn(shape, dtype=torch.float64, requires_grad=True) for _ in range(3)]
+    (want, want_grads), (got, got_grads) = f(*args), minijit.jit(f)(*args)
+    torch.testing.assert_close(got, want, equal_nan=True)
+    for h, e in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(h, e, equal_nan=True)
+
+
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run on the GPU machine)")
 
 

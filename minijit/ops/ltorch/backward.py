@@ -129,7 +129,9 @@ def native_layer_norm_backward(grad_out: TensorProxy, input: TensorProxy, normal
     if output_mask[1] and isinstance(weight, TensorProxy):
         gw = _cast_like(P.sum(P.mul(g, xhat), batch) if batch else P.mul(g, xhat), weight)
     if output_mask[2] and isinstance(bias, TensorProxy):
-        gb = _cast_like(P.sum(g, batch) if batch else g, bias)
+        # Over every dim the bias's gradient is grad_out's values: a copy, as eager's (the op's result is never its
+        # input).
+        gb = _cast_like(P.sum(g, batch) if batch else P.clone(g), bias)
     return gx, gw, gb
 
 

@@ -397,23 +397,49 @@ def rms_norm(input: TensorProxy, normalized_shape: Sequence[int], weight: Tensor
     return mul(out, weight) if weight is not None else out
 
 
+def _cpu_parameter_dtypes(op: str, input: TensorProxy, *parameters: TensorProxy | None) -> None:  # noqa: A002
+    """Eager's CPU norm kernels take parameters of the input's dtype, or float32 ones for a bfloat16 or float16
+    input, and raise a RuntimeError for any other mix ("mixed dtype (CPU)"), where a decomposition would promote."""
+    given = [p.dtype for p in parameters if isinstance(p, TensorProxy)]
+    if input.device.type != "cpu" or all(d == input.dtype for d in given):
+        return
+    if input.dtype in (torch.bfloat16, torch.float16) and all(d == torch.float32 for d in given):
+        return
+    error = fail(op, f"mixed dtype (CPU): the weight and bias must be of the input's dtype {input.dtype}, or float32 "
+                     f"for a bfloat16 or float16 input; got {', '.join(map(str, given))}")
+    error.eager_raised = RuntimeError  # type: ignore[attr-defined]
+    raise error
+
+
 @ltorch_op(torch_fns=[F.group_norm])
 def group_norm(input: TensorProxy, num_groups: int, weight: TensorProxy | None = None,  # noqa: A002
                bias: TensorProxy | None = None, eps: float = 1e-5) -> TensorProxy:
-    """F.group_norm: layer norm over each group of channels (dim 1), then a per-channel affine map."""
+    """F.group_norm: each group of channels (dim 1) normalized by its mean and variance, then a per-channel affine
+    map, folded into one scale and shift per sample and channel."""
     _tensor("group_norm", input)
     if input.ndim < 2 or rule_compare(input.shape[1] % num_groups, "!=", 0):
         raise fail("group_norm", f"an input of shape {tuple(input.shape)} cannot be split into {num_groups} groups")
+    _cpu_parameter_dtypes("group_norm", input, weight, bias)
     n, c = input.shape[0], input.shape[1]
-    x = reshape_to(_float_input("group_norm", input), (n, num_groups, numel_of(input.shape[1:]) // num_groups))
-    var, mean = prims.var_mean(x, (2,), 0)
-    out = mul(sub(x, keep_dims(mean, x.shape, (2,))), rsqrt(add(keep_dims(var, x.shape, (2,)), eps)))
-    out = reshape_to(out, input.shape)
-    affine_shape = (c,) + (1,) * (input.ndim - 2)
+    x = _float_input("group_norm", input)
+    var, mean = prims.var_mean(reshape_to(x, (n, num_groups, numel_of(input.shape[1:]) // num_groups)), (2,), 0)
+    # As eager's kernels: one scale and shift per (sample, channel), out = x * scale + shift. The weight's gradient
+    # is then each channel's sum over its positions times the group's rstd, as eager's backward computes it: nan
+    # (eager's) where the positions are empty (rstd is nan), not a sum over nothing (0).
+    per_group = (n, num_groups, c // num_groups)
+
+    def each_channel(stat: TensorProxy) -> TensorProxy:  # (n, groups) -> (n, c)
+        return reshape_to(expand_to(keep_dims(stat, per_group, (2,)), per_group), (n, c))
+
+    scale = each_channel(rsqrt(add(var, eps)))
+    shift = neg(mul(each_channel(mean), scale))
     if weight is not None:
-        out = mul(out, reshape_to(weight, affine_shape))
+        weight = reshape_to(weight, (c,))
+        scale, shift = mul(scale, weight), mul(shift, weight)
     if bias is not None:
-        out = add(out, reshape_to(bias, affine_shape))
+        shift = add(shift, reshape_to(bias, (c,)))
+    per_channel = (n, c) + (1,) * (input.ndim - 2)
+    out = add(mul(x, reshape_to(scale, per_channel)), reshape_to(shift, per_channel))
     return to_dtype(out, input.dtype)
 
 
@@ -505,6 +531,12 @@ def _nll(op: str, logp: TensorProxy, target: TensorProxy, weight: TensorProxy | 
          reduction: str) -> tuple[TensorProxy, TensorProxy, TensorProxy]:
     """(reduced loss, the per-element weights, the ignore mask) of batched log-probabilities (N, C, ...)."""
     _class_targets(op, logp, target)
+    if isinstance(weight, TensorProxy) and weight.requires_grad and torch.is_grad_enabled():
+        # Eager's nll_loss kernels have no derivative for the class weights and refuse them (a RuntimeError); the
+        # decomposition would differentiate them.
+        error = fail(op, "is not differentiable with respect to the class weights: weight cannot require grad")
+        error.eager_raised = RuntimeError  # type: ignore[attr-defined]
+        raise error
     target = to_dtype(target, torch.int64)
     ignored = eq(target, ignore_index)
     safe = where(ignored, 0, target)

@@ -111,11 +111,13 @@ def instance_norm(input: TensorProxy, running_mean: TensorProxy | None = None,  
     n, c = input.shape[0], input.shape[1]
     for x, what in ((running_mean, "running_mean"), (running_var, "running_var"), (weight, "weight"), (bias, "bias")):
         _per_channel("instance_norm", x, c, what)
+    empty = rule_compare(numel_of(input.shape), "==", 0)
     if not use_input_stats:
         if running_mean is None or running_var is None:
             raise fail("instance_norm", "expected running_mean and running_var when use_input_stats=False")
-        return normalize_with(input, running_mean, running_var, weight, bias, eps)
-    if rule_compare(numel_of(input.shape[2:]), "==", 1):
+        if not empty:
+            return normalize_with(input, running_mean, running_var, weight, bias, eps)
+    elif rule_compare(numel_of(input.shape[2:]), "==", 1):
         raise fail("instance_norm", f"expected more than 1 spatial element when training, got input size "
                                     f"{list(input.shape)}")
     # As torch: one batch norm over an input of shape (1, N * C, ...), per-channel tensors repeated N times.
@@ -123,11 +125,12 @@ def instance_norm(input: TensorProxy, running_mean: TensorProxy | None = None,  
         return None if x is None else reshape_to(expand_to(unsqueeze_at(x, (0,)), (n, c)), (n * c,))
 
     planes = reshape_to(input, (1, n * c, *input.shape[2:]))
-    if rule_compare(numel_of(input.shape), "==", 0):
-        # An empty batch: batch norm's own path for it, which leaves the (repeated) statistics as they were.
+    if empty:
+        # An empty batch, with or without input statistics: batch norm's own path for it, which leaves the
+        # (repeated) statistics as they were (and indexes the repeated weight and bias, raising eager's IndexError).
         out = batch_norm(planes, None, None, repeated(weight), repeated(bias), True, momentum, eps)
         new_mean, new_var = repeated(running_mean), repeated(running_var)
-        if running_mean is None or running_var is None:
+        if not use_input_stats or running_mean is None or running_var is None:
             return reshape_to(out, input.shape)
     elif running_mean is None or running_var is None:
         out = aten_prims.batch_norm_no_stats(planes, repeated(weight), repeated(bias), True, momentum, eps)[0]
