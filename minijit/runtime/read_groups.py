@@ -12,14 +12,17 @@ such checks at less cost, each giving the same answer as the checks one by one:
   dict's version is one it had when the whole group last passed; else the group's checks run, and the version is
   kept where they pass. Only checks whose answer follows from the dict's contents alone join: a value compared by
   identity, by type, or by equality where it is an immutable constant; membership, length, and the keys' order
-  of a dict or defaultdict (an OrderedDict reorders without a change of version). Where this Python's instance
-  dicts do not take a new version on an attribute's change (3.13 keeps instance attributes outside the dict
-  object), no group is made (`DICT_VERSIONS`).
+  of a dict or defaultdict (an OrderedDict reorders without a change of version). The version is CPython's own
+  (`ma_version_tag`, PEP 509) only on Python 3.11: from 3.12 torch counts the events of a dict watcher it attaches
+  instead, which some changes of an instance's attributes do not send (3.12.1: a test here saw an attribute change
+  with no new version), and 3.13 keeps instance attributes outside the dict object. So groups are made on 3.11
+  only, after a probe (`DICT_VERSIONS`); elsewhere every check runs on every call, as before.
 """
 
 from __future__ import annotations
 
 import collections
+import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -37,8 +40,10 @@ SEEN = "_dict_versions"
 
 
 def _find_dict_version() -> Any:
-    """torch's reader of a dict's version, where this Python's dicts take a new version on every change of an
-    instance's attributes and of a dict's items; else None."""
+    """torch's reader of a dict's version where it reads CPython's own (Python 3.11) and, probed, this Python's dicts
+    take a new version on every change of an instance's attributes and of a dict's items; else None."""
+    if sys.version_info[:2] != (3, 11):
+        return None
     try:
         from torch._C._dynamo.guards import dict_version
     except ImportError:

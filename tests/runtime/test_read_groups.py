@@ -86,7 +86,8 @@ def test_an_ordered_dict_reordered_after_hits_is_seen() -> None:
     _same(jitted, from_order, x)
 
 
-@pytest.mark.skipif(read_groups.DICT_VERSIONS is None, reason="this Python's dicts do not version every change")
+@pytest.mark.skipif(read_groups.DICT_VERSIONS is None,
+                    reason="no dict versions read here (CPython's own are read on Python 3.11 only)")
 def test_every_change_of_a_dict_or_an_instances_attributes_takes_a_new_version() -> None:
     version = read_groups.DICT_VERSIONS
     h = Holder()
