@@ -44,6 +44,7 @@ from typing import Any
 import torch
 
 from executors.inductor.codegen import NotFusible, RegionSource, make_function, region_source, writable
+from executors.inductor.direct import DirectGraph, GlobalState
 from minijit.extend import (
     BoundSymbol,
     FusionExecutor,
@@ -97,6 +98,12 @@ class CompiledRegion:
         self.uses = 0
         self.note = "inductor"
         self._direct = all(i is None for i in src.passthrough)
+        # The compiled graph called without torch.compile's frame, where it may be (`direct.py`); the backend
+        # leaves the graph it compiles in `_captured`, taken up after the call that compiled it.
+        self.graph: DirectGraph | None = None
+        self._captured: tuple[int, DirectGraph | None] | None = None  # (the compiling thread, its graph)
+        self._numbers_at: list[bool] = []
+        self._n_returned = src.n_returned
 
     def __call__(self, *inputs: Any) -> tuple[Any, ...]:
         # torch.compile assumes the inputs it was compiled for do not overlap (their storages
@@ -121,15 +128,43 @@ class CompiledRegion:
         return tuple(next(returned) if i is None else inputs[i] for i in self.passthrough)
 
     def _run_compiled(self, inputs: tuple[Any, ...]) -> Any:
+        graph = self.graph
+        if graph is not None and graph.admits(inputs):
+            return graph(inputs)
+        state = _global_state()
         try:
-            return self.compiled(*inputs)
+            result = self.compiled(*inputs)
         except torch._dynamo.exc.TorchDynamoException as e:
             # torch.compile compiles on the first call, and again where its guards fail (a new layout, a 0/1
             # size); a compile may fail: nothing has run yet, so the torch calls take this call and the later ones.
             warnings.warn(f"minijit: inductor could not compile a region, running it with torch from now on: "
                           f"{type(e).__name__}: {str(e)[:300]}", stacklevel=3)
             self.compiled = self.plain
+            self.graph = None
             return self.plain(*inputs)
+        captured, self._captured = self._captured, None
+        if captured is not None and captured[0] == threading.get_ident() and captured[1] is not None:
+            # (this call compiled a graph: the next calls like it go to it directly)
+            captured[1].state = state
+            self.graph = captured[1]
+        return result
+
+    def backend(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        """torch.compile's backend for this region: Inductor's (`compile_fx`, as `backend="inductor"`), keeping
+        how to call the graph it compiles directly."""
+        from torch._inductor.compile_fx import compile_fx
+
+        fn = compile_fx(gm, example_inputs)
+        self._captured = (threading.get_ident(),
+                          DirectGraph.capture(gm, example_inputs, fn, self._numbers_at, self._n_returned))
+        return fn
+
+
+def _global_state() -> GlobalState | None:
+    """The global state a graph compiles under; None where this torch cannot record it (then no graph is called
+    directly)."""
+    guard = getattr(torch._C._dynamo.guards, "GlobalStateGuard", None)
+    return GlobalState(guard()) if guard is not None else None
 
 
 class _RegionCache:
@@ -311,9 +346,11 @@ class InductorExecutor(FusionExecutor):
         # Symbolic sizes or numbers: torch.compile specializes none of them; the dims the trace holds constant are
         # marked static inside the compiled function (codegen.static_marks).
         dynamic = any(isinstance(p, NumberProxy) or _symbolic(p) for p in region.inputs)
-        compiled = torch.compile(make_function(src, marked=dynamic), backend="inductor", dynamic=dynamic,
-                                 fullgraph=True)
-        return CompiledRegion(compiled, src, key, fn, checks_overlap)
+        region_call = CompiledRegion(fn, src, key, fn, checks_overlap)
+        region_call._numbers_at = [isinstance(p, NumberProxy) for p in region.inputs]
+        region_call.compiled = torch.compile(make_function(src, marked=dynamic), backend=region_call.backend,
+                                             dynamic=dynamic, fullgraph=True)
+        return region_call
 
 
 def _draws_nothing(bsym: BoundSymbol) -> bool:

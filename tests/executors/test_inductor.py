@@ -399,8 +399,9 @@ def test_a_region_that_fails_to_compile_again_runs_its_torch_calls(monkeypatch):
         raise torch._dynamo.exc.TorchRuntimeError("a compile for new inputs failed")
 
     monkeypatch.setattr(region, "compiled", recompile_fails)
+    strided = torch.randn(8)[::2]  # (a layout the graph was not compiled for: torch.compile's guards fail)
     with pytest.warns(UserWarning, match="could not compile a region"):
-        torch.testing.assert_close(jf(x * 2), f(x * 2))
+        torch.testing.assert_close(jf(strided), f(strided))
     torch.testing.assert_close(jf(x * 3), f(x * 3))
 
 
@@ -540,3 +541,71 @@ def test_an_entry_traced_for_separate_inputs_never_serves_aliased_ones():
         torch.testing.assert_close(got, write_then_read_held(ea, eb), msg=alias)
         torch.testing.assert_close(a, ea, msg=alias)
     assert "inductorex.fusion_" in final_source(jf)
+
+
+def test_a_region_s_graph_is_called_without_torch_compile_s_frame():
+    # Once compiled, an optimizer step's region calls the graph Inductor compiled directly (executors/inductor/
+    # direct.py): the lr, lifted by torch.compile into a tensor input, still changes every call.
+    runs = []
+    for jitted in (False, True):
+        params, opt, schedule = _adamw_with_schedule(1)
+        step = minijit.jit(opt.step, executors=["inductor"]) if jitted else opt.step
+        through_frame = []
+        for i in range(6):
+            for p in params:
+                p.grad = torch.randn(4, 3, generator=torch.Generator().manual_seed(i))
+            with torch.no_grad():
+                step()
+            schedule.step()
+            if jitted and i == 1:
+                regions = [r for r in CACHE.entries.values() if "lerp" in r.source and r.graph]
+                assert regions
+                for region in regions:
+                    region.compiled = _counted(region.compiled, through_frame)
+        runs.append([p.detach().clone() for p in params])
+    torch.testing.assert_close(runs[1], runs[0])
+    assert through_frame == []
+
+
+def _counted(fn, calls):
+    def counted(*args):
+        calls.append(1)
+        return fn(*args)
+
+    return counted
+
+
+def _scaled_exp(x):
+    return (x.sin() * 2.75).exp() + x
+
+
+def test_a_layout_the_graph_was_not_compiled_for_goes_through_torch_compile():
+    # The graph called directly was compiled for its inputs' strides; a transposed input goes through
+    # torch.compile's frame, which compiles again (Inductor's own size check would raise otherwise).
+    jf = minijit.jit(_scaled_exp, executors=["inductor"])
+    x = torch.randn(6, 6)
+    for arg in (x, x, x.t(), x.t(), x):
+        torch.testing.assert_close(jf(arg), _scaled_exp(arg))
+    (region,) = [r for r in CACHE.entries.values() if "prims_mul(v0, 2.75)" in r.source]
+    assert region.graph is not None
+
+
+def _scaled_exp_again(x):
+    return (x.sin() * 2.625).exp() + x
+
+
+def test_a_graph_is_called_directly_only_under_the_state_it_was_compiled_under():
+    jf = minijit.jit(_scaled_exp_again, executors=["inductor"])
+    x = torch.randn(5)
+    with torch.no_grad():
+        torch.testing.assert_close(jf(x), _scaled_exp_again(x))
+        torch.testing.assert_close(jf(x), _scaled_exp_again(x))
+    (region,) = [r for r in CACHE.entries.values() if "prims_mul(v0, 2.625)" in r.source and r.graph]
+    with torch.no_grad():
+        assert region.graph.admits((x,))
+        assert not region.graph.admits((torch.randn(10)[::2],))
+        with torch.autocast("cpu"):
+            assert not region.graph.admits((x,))
+    assert not region.graph.admits((x,))  # (grad mode on)
+    with torch.inference_mode():
+        assert not region.graph.admits((x,))
