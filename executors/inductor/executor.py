@@ -2,7 +2,8 @@
 
 Each region is written out as a Python function of torch calls (the torch executor's
 implementations of its prims, see `codegen.py`) and compiled with
-`torch.compile(fn, backend="inductor", fullgraph=True)`. In-place members
+`torch.compile(fn, fullgraph=True)` with Inductor as its backend (`CompiledRegion.backend`, which also keeps
+how to call the compiled graph without torch.compile's frame: `direct.py`). In-place members
 (`copy_`, `copy_to_out_`) stay in that function: torch.compile keeps the mutation
 semantics of eager code (it functionalizes the graph and Inductor stores the new
 values straight into the input buffers), so a region writes its results into the
