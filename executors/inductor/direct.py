@@ -37,9 +37,9 @@ class DirectGraph:
 
     __slots__ = ("fn", "numbers", "order", "state", "strides", "tensors")
 
-    def __init__(self, fn: Callable[..., Any], order: list[int], numbers: list[tuple[int, torch.dtype]],
-                 tensors: list[int], strides: list[tuple[int, ...]]):
-        self.fn = fn
+    def __init__(self, order: list[int], numbers: list[tuple[int, torch.dtype]], tensors: list[int],
+                 strides: list[tuple[int, ...]]):
+        self.fn: Callable[..., Any] | None = None  # the compiled graph (set once compiled)
         self.order = order  # per graph input, the region input it is
         self.numbers = numbers  # per number input (graph position): the dtype of the 0-dim tensor it becomes
         self.tensors = tensors  # the region inputs that are tensors
@@ -47,9 +47,9 @@ class DirectGraph:
         self.state: GlobalState | None = None  # the state it was compiled under (set by the caller, outside the compile)
 
     @staticmethod
-    def capture(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], fn: Callable[..., Any],
-                numbers_at: Sequence[bool], n_returned: int) -> DirectGraph | None:
-        """The direct call of `fn`, the graph `gm` compiled, for a region whose inputs are numbers where
+    def capture(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], numbers_at: Sequence[bool],
+                n_returned: int) -> DirectGraph | None:
+        """The direct call of the graph `gm` once compiled, for a region whose inputs are numbers where
         `numbers_at` says so and tensors elsewhere, returning `n_returned` tensors; None where the graph takes or
         returns anything else (a size as a symbol, an input left out or read twice, an output Dynamo makes
         outside the graph)."""
@@ -84,7 +84,7 @@ class DirectGraph:
             return None
         if len(set(outputs)) != len(outputs):
             return None
-        return DirectGraph(fn, order, numbers, sorted(tensors), [tensors[k] for k in sorted(tensors)])
+        return DirectGraph(order, numbers, sorted(tensors), [tensors[k] for k in sorted(tensors)])
 
     def admits(self, inputs: Sequence[Any]) -> bool:
         """Whether this call may skip torch.compile's frame: compiled under today's global state, no mode active,

@@ -155,10 +155,23 @@ class CompiledRegion:
         how to call the graph it compiles directly."""
         from torch._inductor.compile_fx import compile_fx
 
-        fn = compile_fx(gm, example_inputs)
-        self._captured = (threading.get_ident(),
-                          DirectGraph.capture(gm, example_inputs, fn, self._numbers_at, self._n_returned))
+        graph = DirectGraph.capture(gm, example_inputs, self._numbers_at, self._n_returned)
+        # A graph called directly has its inputs' layouts checked before each call (`DirectGraph.admits`), and
+        # through the frame by torch.compile's guards: Inductor's own check of each input's sizes and strides
+        # would be a third.
+        patches = {"size_asserts": False} if graph is not None and _has_size_asserts() else {}
+        fn = compile_fx(gm, example_inputs, config_patches=patches)
+        if graph is not None:
+            graph.fn = fn
+        self._captured = (threading.get_ident(), graph)
         return fn
+
+
+def _has_size_asserts() -> bool:
+    """Whether this Inductor has the setting that leaves out its input size checks."""
+    import torch._inductor.config as inductor_config
+
+    return isinstance(getattr(inductor_config, "size_asserts", None), bool)
 
 
 def _global_state() -> GlobalState | None:
