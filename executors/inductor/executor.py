@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 from executors.inductor.codegen import NotFusible, RegionSource, make_function, region_source, writable
-from executors.inductor.direct import DirectGraph, GlobalState
+from executors.inductor.direct import Direct, DirectGraph, GlobalState
 from minijit.extend import (
     BoundSymbol,
     FusionExecutor,
@@ -103,6 +103,9 @@ class CompiledRegion:
         # leaves the graph it compiles in `_captured`, taken up after the call that compiled it.
         self.graph: DirectGraph | None = None
         self._captured: tuple[int, DirectGraph | None] | None = None  # (the compiling thread, its graph)
+        # Where no graph is called directly: the cache entry of `compiled` that served the last call through the
+        # frame, run without it where its guards pass.
+        self.direct: Direct | None = None
         self._numbers_at: list[bool] = []
         self._n_returned = src.n_returned
 
@@ -132,6 +135,11 @@ class CompiledRegion:
         graph = self.graph
         if graph is not None and graph.admits(inputs):
             return graph(inputs)
+        direct = self.direct
+        if direct is not None:
+            ran, result = direct.run(inputs)
+            if ran:
+                return result
         state = _global_state()
         try:
             result = self.compiled(*inputs)
@@ -141,13 +149,15 @@ class CompiledRegion:
             warnings.warn(f"minijit: inductor could not compile a region, running it with torch from now on: "
                           f"{type(e).__name__}: {str(e)[:300]}", stacklevel=3)
             self.compiled = self.plain
-            self.graph = None
+            self.graph = self.direct = None
             return self.plain(*inputs)
         captured, self._captured = self._captured, None
         if captured is not None and captured[0] == threading.get_ident() and captured[1] is not None:
             # (this call compiled a graph: the next calls like it go to it directly)
             captured[1].state = state
-            self.graph = captured[1]
+            self.graph, self.direct = captured[1], None
+        else:  # (the entry that served this call, run without the frame next time)
+            self.direct = Direct.find(self.compiled, inputs)
         return result
 
     def backend(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:

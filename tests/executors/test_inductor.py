@@ -8,6 +8,7 @@ where compiling again is the bug.
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import pytest
@@ -568,6 +569,7 @@ def test_a_region_s_graph_is_called_without_torch_compile_s_frame():
 
 
 def _counted(fn, calls):
+    @functools.wraps(fn)  # (keeping torch.compile's attributes, which `Direct.find` reads)
     def counted(*args):
         calls.append(1)
         return fn(*args)
@@ -609,3 +611,33 @@ def test_a_graph_is_called_directly_only_under_the_state_it_was_compiled_under()
     assert not region.graph.admits((x,))  # (grad mode on)
     with torch.inference_mode():
         assert not region.graph.admits((x,))
+
+
+def _cos_rows(x):
+    return (x.cos() * 1.375).exp().sum(-1)
+
+
+def test_a_region_with_symbolic_sizes_runs_the_frame_s_entry_where_its_guards_pass():
+    # A region over symbolic sizes runs the code torch.compile's frame ran for its last call, where the entry's
+    # guards (torch.compile's own) pass (executors/inductor/direct.py, `Direct`); a size they exclude (1)
+    # goes through the frame, which compiles again.
+    jf = minijit.jit(_cos_rows, executors=["inductor"], cache="symbolic values")
+    through_frame = []
+    with torch.no_grad():
+        for n in (5, 7, 9, 1, 6, 11, 12):
+            x = torch.randn(3, n)
+            torch.testing.assert_close(jf(x), _cos_rows(x))
+            if n == 7:
+                (region,) = [r for r in CACHE.entries.values() if "1.375)" in r.source]
+                assert region.graph is None and region.direct is not None
+                region.compiled = _counted(region.compiled, through_frame)
+    assert len(through_frame) == 2  # (sizes 1, then 6 back to the first entry: 9, 11 and 12 ran without it)
+
+
+def _counted(fn, calls):
+    @functools.wraps(fn)  # (keeping torch.compile's attributes, which `Direct.find` reads)
+    def counted(*args):
+        calls.append(1)
+        return fn(*args)
+
+    return counted
