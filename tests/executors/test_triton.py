@@ -339,7 +339,9 @@ def test_backward_regions_match_eager(dtype, layout):
     grads = torch.autograd.grad(outs, (x, w), gs)
     ref_grads = torch.autograd.grad(refs, (x, w), gs)
     # The exact answer, in float64 from the same inputs: the kernels compute in float32, eager
-    # in the input dtype, so in half precision each is held to its distance from the exact one.
+    # in the input dtype, so in half precision each is held to its distance from the exact one,
+    # plus one rounding of the output (an element 1 ulp off where eager's was half an ulp off:
+    # 1 seed in 100 put a bfloat16 gradient of -48.18 at -48.0, eager at -48.25).
     x64, w64 = (t.detach().double().requires_grad_() for t in (x, w))
     exact = eager(x64, w64)
     exact = (*exact, *torch.autograd.grad(exact, (x64, w64), [g.double() for g in gs]))
@@ -348,7 +350,8 @@ def test_backward_regions_match_eager(dtype, layout):
             torch.testing.assert_close(out, ref, **TOL[dtype])
         else:
             eager_error = (ref.double() - ex).abs().max().item()
-            assert (out.double() - ex).abs().max().item() <= 2 * eager_error + TOL[dtype]["atol"]
+            rounding = torch.finfo(dtype).eps * ex.abs()
+            assert ((out.double() - ex).abs() <= 2 * eager_error + TOL[dtype]["atol"] + rounding).all()
     backward = jf.last_backward_traces()[-1].python()
     assert "tritonex.fusion_" in backward, backward
 
