@@ -33,6 +33,7 @@ always; the graph it compiles, or the entry it runs, is the one used next.
 
 from __future__ import annotations
 
+import inspect
 import re
 import types
 from collections.abc import Callable, Sequence
@@ -156,13 +157,17 @@ class Direct:
         except (ImportError, AttributeError, TypeError):
             return None
         names = fn.__code__.co_varnames[:fn.__code__.co_argcount]
-        if len(names) != len(inputs) or fn.__code__.co_flags & (_VARARGS | _VARKEYWORDS):
+        if len(names) != len(inputs) or fn.__code__.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS):
             return None
         frame_locals = dict(zip(names, inputs, strict=True))
         for entry in entries:  # (in the frame's order: the first whose guards pass is the one it runs)
             guards = getattr(entry, "guard_manager", None)
             if guards is not None and guards.check(frame_locals):
-                return Direct(guards, types.FunctionType(entry.code, fn.__globals__, fn.__name__), names)
+                try:
+                    code = types.FunctionType(entry.code, fn.__globals__, fn.__name__)
+                except TypeError:  # (code that needs a closure: the frame runs it)
+                    return None
+                return Direct(guards, code, names)
         return None
 
     def run(self, inputs: Sequence[Any]) -> tuple[bool, Any]:
@@ -170,7 +175,3 @@ class Direct:
         if not self.guards.check(dict(zip(self.names, inputs, strict=True))):
             return False, None
         return True, self.code(*inputs)
-
-
-_VARARGS = 0x04  # inspect.CO_VARARGS
-_VARKEYWORDS = 0x08  # inspect.CO_VARKEYWORDS

@@ -632,12 +632,3 @@ def test_a_region_with_symbolic_sizes_runs_the_frame_s_entry_where_its_guards_pa
                 assert region.graph is None and region.direct is not None
                 region.compiled = _counted(region.compiled, through_frame)
     assert len(through_frame) == 2  # (sizes 1, then 6 back to the first entry: 9, 11 and 12 ran without it)
-
-
-def _counted(fn, calls):
-    @functools.wraps(fn)  # (keeping torch.compile's attributes, which `Direct.find` reads)
-    def counted(*args):
-        calls.append(1)
-        return fn(*args)
-
-    return counted
