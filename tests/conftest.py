@@ -1,6 +1,7 @@
 """Test-session set-up shared by every test module."""
 
 import os
+import types
 from typing import Any
 
 import torch
@@ -15,6 +16,14 @@ if not torch.cuda.is_available():
 # than cores, torch's thread pools spin against each other (on 2 cores, the model tests' CPU time is 4x).
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
+
+# torch.manual_seed also queues a reseed for each device initialised lazily (CUDA, XPU, MTIA) and keeps the
+# caller's stack with it, which torch shows only if that device's initialisation later fails. Under pytest's
+# deep stacks the three `traceback.format_stack()` calls take ~2 ms a seed: a tenth of the module-database
+# tests' time, where each call seeds. The tests' devices never fail to initialise, so no stack is kept.
+_NO_STACK = types.SimpleNamespace(format_stack=lambda: ["(the stack is not recorded in minijit's tests)\n"])
+for _lazy_device in (torch.cuda, torch.xpu, torch.mtia):
+    _lazy_device.traceback = _NO_STACK  # type: ignore[attr-defined]
 
 # Every pass's trace is verified (minijit/transforms/verify.py) in the whole test session:
 # a pass that breaks a trace rule fails the test that ran it, naming the pass and the line.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -10,7 +10,7 @@ from minijit.errors import MinijitError
 from minijit.ir.context import current_trace
 from minijit.ir.printing import Constants, output_source, to_source
 from minijit.ir.proxies import Proxy, TensorProxy
-from minijit.ir.pytree import tree_flatten, tree_iter
+from minijit.ir.pytree import tree_flatten
 
 
 @dataclass(frozen=True)
@@ -248,17 +248,23 @@ class BoundSymbol:
         """A copy with some fields changed."""
         return replace(self, **changes)
 
-    def proxy_args(self) -> Iterator[Proxy]:
+    # A bound symbol's arguments and outputs are not changed once it is made (a pass makes a new one, with
+    # `replace`), so their proxies are found once: every pass and analysis asks for them, millions of times
+    # in the test suite. The tuples live in the instance's __dict__, which `replace` does not carry over.
+    def proxy_args(self) -> tuple[Proxy, ...]:
         """The proxies among the arguments, in order (with repeats)."""
-        for x in tree_iter((self.args, self.kwargs)):
-            if isinstance(x, Proxy):
-                yield x
+        found = self.__dict__.get("_proxy_args")
+        if found is None:
+            found = self.__dict__["_proxy_args"] = tuple(
+                x for x in tree_flatten((self.args, self.kwargs)) if isinstance(x, Proxy))
+        return found
 
-    def proxy_outputs(self) -> Iterator[Proxy]:
+    def proxy_outputs(self) -> tuple[Proxy, ...]:
         """The proxies among the outputs, in order."""
-        for x in tree_iter(self.output):
-            if isinstance(x, Proxy):
-                yield x
+        found = self.__dict__.get("_proxy_outputs")
+        if found is None:
+            found = self.__dict__["_proxy_outputs"] = tuple(x for x in tree_flatten(self.output) if isinstance(x, Proxy))
+        return found
 
     # -- effects (declared on the symbol, resolved on this call's arguments) -----------
     def argument(self, ref: ArgRef) -> Any:

@@ -41,7 +41,7 @@ it, if any.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,11 +63,15 @@ ViewRule = Callable[[Trace, TensorProxy, list[tuple[BoundSymbol, Proxy]]], bool]
 def read_proxies(bsym: BoundSymbol) -> Iterable[Proxy]:
     """The proxies `bsym` reads (not the arguments its symbol declares `Effects.unread`: an `out=`)."""
     unread = bsym.sym.effects.unread
-    args, kwargs = bsym.args, bsym.kwargs
-    if unread:
-        args = tuple(a for i, a in enumerate(args) if i not in unread)
-        kwargs = {k: v for k, v in kwargs.items() if k not in unread}
-    for x in tree_iter((args, kwargs)):
+    if not unread:
+        return bsym.proxy_args()
+    args = tuple(a for i, a in enumerate(bsym.args) if i not in unread)
+    kwargs = {k: v for k, v in bsym.kwargs.items() if k not in unread}
+    return _proxies_in((args, kwargs))
+
+
+def _proxies_in(tree: Any) -> Iterator[Proxy]:
+    for x in tree_iter(tree):
         if isinstance(x, Proxy):
             yield x
 
