@@ -425,3 +425,43 @@ def test_as_strided_under_autograd_reads_eager_s_layout_of_a_decomposed_op(op: s
     weights = torch.randn(want.shape)
     torch.testing.assert_close(torch.autograd.grad((got * weights).sum(), x),
                                torch.autograd.grad((want * weights).sum(), x), rtol=0, atol=0)
+
+
+def test_a_second_compile_reuses_the_order_only_answers_and_behaves_as_the_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Which inputs an op's output layout depends on only through their order (`strides._order_only_inputs`) is
+    answered once per op and argument layouts in a process: a second function alike replays nothing, and
+    serves, misses and raises on the same calls as the first, and as eager."""
+    from minijit.ops import strides
+
+    replays: list[object] = []
+    original = strides._loose_candidates
+    monkeypatch.setattr(strides, "_loose_candidates", lambda *a: replays.append(a[0]) or original(*a))
+    monkeypatch.setattr(strides, "_ORDER_ONLY_SEEN", {})
+
+    def program(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return (x * 2 + y).view(-1)
+
+    calls = [
+        (torch.arange(24.0).reshape(4, 6), torch.ones(4, 6)),
+        (torch.arange(28.0).reshape(4, 7)[:, :6], torch.ones(4, 6)),  # row-major with gaps: the same layout out
+        (torch.arange(24.0).reshape(6, 4).t(), torch.ones(6, 4).t()),  # transposed: eager's view raises
+    ]
+    infos = []
+    for round_ in range(2):
+        jf = minijit.jit(program)
+        for x, y in calls:
+            try:
+                want = program(x, y)
+            except RuntimeError as error:
+                with pytest.raises(MinijitError, match="view size is not compatible"):
+                    jf(x, y)
+                assert "view size" in str(error)
+                continue
+            torch.testing.assert_close(jf(x, y), want)
+        info = minijit.cache_info(jf)
+        infos.append((info.hits, info.misses))
+        if round_ == 0:
+            assert replays, "the first compile worked its answers out"
+            replays.clear()
+    assert not replays, "the second compile replayed what the first had answered"
+    assert infos[0] == infos[1] and infos[0][0] >= 1, infos
