@@ -3,7 +3,7 @@
 from minijit.ir.capture_state import CaptureState
 from minijit.ir.context import current_trace, tracing
 from minijit.ir.proxies import TENSOR_METHODS, FloatProxy, IntegerProxy, NumberProxy, Proxy, TensorProxy
-from minijit.ir.pytree import tree_flatten, tree_iter, tree_map
+from minijit.ir.pytree import tree_flatten, tree_iter, tree_map, tree_structure
 from minijit.ir.symbol import (
     NO_EFFECTS,
     VIEWS_ANY_LAYOUT,
@@ -23,5 +23,5 @@ __all__ = [
     "CaptureState", "Effects", "FloatProxy", "IntegerProxy", "NumberProxy", "Proxy", "SourceLocation", "Symbol", "Tag",
     "TensorProxy",
     "Trace", "check_table", "current_trace", "tracing",
-    "tree_flatten", "tree_iter", "tree_map",
+    "tree_flatten", "tree_iter", "tree_map", "tree_structure",
 ]

@@ -56,6 +56,19 @@ def tree_iter(tree: Any) -> Iterator[Any]:
     return iter(tree_flatten(tree))
 
 
+def tree_structure(tree: Any) -> Any:
+    """A hashable picture of how `tree`'s containers nest (a dict's keys too), without its leaves: with
+    `tree_flatten`'s leaves, a key for the whole tree."""
+    t = type(tree)
+    if t is dict:
+        return (t, tuple((k, tree_structure(v)) for k, v in tree.items()))
+    if t is slice:
+        return (t, tree_structure(tree.start), tree_structure(tree.stop), tree_structure(tree.step))
+    if t is tuple or t is list or (isinstance(tree, tuple) and hasattr(tree, "_fields")):
+        return (t, tuple(tree_structure(v) for v in tree))
+    return None
+
+
 def tree_map(fn: Callable[[Any], Any], tree: Any) -> Any:
     """Rebuild `tree` with every leaf replaced by `fn(leaf)`."""
     t = type(tree)

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from minijit.errors import DataDependentShapeError, MetaError, UnsupportedOpError
-from minijit.ir import NumberProxy, TensorProxy, tree_flatten
+from minijit.ir import NumberProxy, TensorProxy, tree_flatten, tree_structure
 from minijit.ir.containers import sequence_leaves
 from minijit.ir.context import where_now
 from minijit.ir.layouts import outside_inference_mode
@@ -245,21 +245,12 @@ def _signature(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             parts.append(_leaf_key(x, seen))
         parts.append(tuple(kwargs))
         parts.append(len(args))
-        parts.append(_structure(args))
+        parts.append(tree_structure(args))
         key = tuple(parts)
         hash(key)
         return key
     except TypeError:
         return None
-
-
-def _structure(x: Any) -> Any:
-    t = type(x)
-    if t is tuple or t is list:
-        return (t, tuple(_structure(v) for v in x))
-    if t is dict:
-        return (t, tuple((k, _structure(v)) for k, v in x.items()))
-    return None
 
 
 def _leaf_key(x: Any, seen: dict[int, int]) -> Any:

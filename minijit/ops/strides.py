@@ -53,7 +53,7 @@ from typing import Any
 import torch
 
 from minijit.errors import MetaError, UnsupportedMethodError
-from minijit.ir import TENSOR_METHODS, BoundSymbol, NumberProxy, Proxy, TensorProxy, Trace, tree_flatten, tree_map
+from minijit.ir import TENSOR_METHODS, BoundSymbol, NumberProxy, Proxy, TensorProxy, Trace, tree_flatten, tree_map, tree_structure
 from minijit.ir.context import add_layout_check, current_trace, where_now
 from minijit.ir.layouts import (
     Layout,
@@ -316,31 +316,25 @@ def _replay_key(bsym: BoundSymbol, impl: Callable[..., Any], args: list[TensorPr
     first: dict[int, int] = {}
     for i, a in enumerate(args):
         first.setdefault(id(a), i)
-
-    def frozen(x: Any) -> Any:
-        t = type(x)
-        if t is tuple or t is list:
-            return (t, tuple(frozen(v) for v in x))
-        if t is dict:
-            return (t, tuple((k, frozen(v)) for k, v in x.items()))
-        if t is slice:
-            return (t, frozen(x.start), frozen(x.stop), frozen(x.step))
+    parts: list[Any] = [bsym.sym, impl, any(isinstance(o, TensorProxy) and o.requires_grad for o in bsym.proxy_outputs()),
+                        tree_structure((bsym.args, bsym.kwargs))]
+    for x in tree_flatten((bsym.args, bsym.kwargs)):
         if isinstance(x, TensorProxy):
             layout = layouts.get(x)
-            return (TensorProxy, first[id(x)], id(x) in candidates, _sizes(x), x.dtype, x.device,
-                    layout.strides, layout.offset, layout.conj, layout.neg)
-        if isinstance(x, NumberProxy):
-            return (NumberProxy, x.python_type, number_value(x))
-        if isinstance(x, Proxy | torch.Tensor):  # (a tensor's == is not a truth value)
-            raise TypeError(x)
-        hash(x)
-        return (t, x)
-
+            parts.append((first[id(x)], id(x) in candidates, _sizes(x), x.dtype, x.device, layout.strides,
+                          layout.offset, layout.conj, layout.neg))
+        elif isinstance(x, NumberProxy):
+            parts.append((x.python_type, number_value(x)))
+        elif isinstance(x, Proxy | torch.Tensor):  # (a tensor's == is not a truth value)
+            return None
+        else:
+            parts.append((type(x), x))
+    key = tuple(parts)
     try:
-        return (bsym.sym, impl, frozen((bsym.args, bsym.kwargs)),
-                any(isinstance(o, TensorProxy) and o.requires_grad for o in bsym.proxy_outputs()))
+        hash(key)
     except TypeError:  # an unhashable argument: answered without the table
         return None
+    return key
 
 
 def _loose_candidates(bsym: BoundSymbol, impl: Callable[..., Any], candidates: dict[int, TensorProxy],
