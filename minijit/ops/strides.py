@@ -311,13 +311,13 @@ def _replay_key(bsym: BoundSymbol, impl: Callable[..., Any], args: list[TensorPr
                 layouts: LayoutTable) -> Any | None:
     """What the replays of `_order_only_inputs` depend on: the op and its eager implementation, each tensor
     argument's sizes, dtype, device, layout and whether it is a candidate (by the position of its first
-    appearance, so that a tensor passed twice stays one tensor), the other arguments' types and values, and
-    whether the outputs require grad; None where an argument has no hashable value."""
+    appearance, so that a tensor passed twice stays one tensor), the other arguments' types and values, whether
+    the outputs require grad, and the default dtype; None where an argument has no hashable value."""
     first: dict[int, int] = {}
     for i, a in enumerate(args):
         first.setdefault(id(a), i)
     parts: list[Any] = [bsym.sym, impl, any(isinstance(o, TensorProxy) and o.requires_grad for o in bsym.proxy_outputs()),
-                        tree_structure((bsym.args, bsym.kwargs))]
+                        torch.get_default_dtype(), tree_structure((bsym.args, bsym.kwargs))]
     for x in tree_flatten((bsym.args, bsym.kwargs)):
         if isinstance(x, TensorProxy):
             layout = layouts.get(x)
