@@ -286,16 +286,16 @@ def _order_only_inputs(bsym: BoundSymbol, impl: Callable[..., Any], args: list[T
                   and 0 not in _sizes(a) and row_major(_sizes(a), layouts.get(a).strides)}
     if not candidates:
         return set()
-    key = _replay_key(bsym, impl, args, candidates, layouts)
+    first: dict[int, int] = {}  # a tensor argument -> the position of its first appearance in `args`
+    for i, a in enumerate(args):
+        first.setdefault(id(a), i)
+    key = _replay_key(bsym, impl, first, candidates, layouts)
     if key is not None and (known := _ORDER_ONLY_SEEN.get(key)) is not None:
         return {id(args[i]) for i in known}
     loose = _loose_candidates(bsym, impl, candidates, layouts, expected)
     if key is not None:
         if len(_ORDER_ONLY_SEEN) >= _ORDER_ONLY_SEEN_MAX:
             _ORDER_ONLY_SEEN.clear()
-        first: dict[int, int] = {}
-        for i, a in enumerate(args):
-            first.setdefault(id(a), i)
         _ORDER_ONLY_SEEN[key] = tuple(first[k] for k in loose)
     return loose
 
@@ -307,15 +307,12 @@ _ORDER_ONLY_SEEN: dict[Any, tuple[int, ...]] = {}
 _ORDER_ONLY_SEEN_MAX = 4096
 
 
-def _replay_key(bsym: BoundSymbol, impl: Callable[..., Any], args: list[TensorProxy], candidates: dict[int, TensorProxy],
+def _replay_key(bsym: BoundSymbol, impl: Callable[..., Any], first: dict[int, int], candidates: dict[int, TensorProxy],
                 layouts: LayoutTable) -> Any | None:
     """What the replays of `_order_only_inputs` depend on: the op and its eager implementation, each tensor
     argument's sizes, dtype, device, layout and whether it is a candidate (by the position of its first
     appearance, so that a tensor passed twice stays one tensor), the other arguments' types and values, whether
     the outputs require grad, and the default dtype; None where an argument has no hashable value."""
-    first: dict[int, int] = {}
-    for i, a in enumerate(args):
-        first.setdefault(id(a), i)
     parts: list[Any] = [bsym.sym, impl, any(isinstance(o, TensorProxy) and o.requires_grad for o in bsym.proxy_outputs()),
                         torch.get_default_dtype(), tree_structure((bsym.args, bsym.kwargs))]
     for x in tree_flatten((bsym.args, bsym.kwargs)):
