@@ -41,7 +41,7 @@ it, if any.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,13 +67,7 @@ def read_proxies(bsym: BoundSymbol) -> Iterable[Proxy]:
         return bsym.proxy_args()
     args = tuple(a for i, a in enumerate(bsym.args) if i not in unread)
     kwargs = {k: v for k, v in bsym.kwargs.items() if k not in unread}
-    return _proxies_in((args, kwargs))
-
-
-def _proxies_in(tree: Any) -> Iterator[Proxy]:
-    for x in tree_iter(tree):
-        if isinstance(x, Proxy):
-            yield x
+    return (x for x in tree_iter((args, kwargs)) if isinstance(x, Proxy))
 
 
 def input_leaders(trace: Trace) -> dict[str, str]:
